@@ -1,0 +1,514 @@
+//! The number caches: one [`PhoneCache`] per upstream, sharing one [`Generations`]
+//! table for invalidation by seller.
+//!
+//! What a cache does, beyond bounded storage:
+//! - **TTL per entry**, positive and negative (a 404 is cached as "no number").
+//! - **stale-if-error**: an expired entry is kept (until evicted by capacity) and
+//!   served for `max_stale` past its TTL, but only when the upstream fails. A cache
+//!   built with `stale_negatives = false` never serves an expired "no number": the
+//!   anonymous cache, whose seller may have paid since.
+//! - **Coalescing**: concurrent misses for one key share one fetch. The fetch runs in
+//!   its own task, so a caller that gives up (its request was cancelled or decided
+//!   early) neither cancels it nor makes the next caller start another; it ends by
+//!   itself within the upstream timeout.
+//! - **Invalidation by seller in O(1)**: every entry carries the generation of its
+//!   seller's slot at the moment its fetch started; bumping the slot makes every
+//!   entry of that seller invisible at once, and a fetch that started before the
+//!   bump writes an answer nobody will ever read. Slots are hashed (65,536 of them),
+//!   so an invalidation may also expire a few unrelated sellers: a harmless refetch.
+//!
+//! Storage is `quick_cache` (S3-FIFO, one flat table per shard) rather than moka:
+//! we keep expired entries on purpose (stale-if-error) and coalesce in detached
+//! tasks, so moka's TTL eviction and cancel-on-drop `get_with` would be features
+//! to work around, and quick_cache costs a fraction of moka's bytes per entry (see
+//! README, "Caching"). An entry is 16 bytes: the phone as a `u64`, the expiry in
+//! deciseconds and the generation.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
+use tokio::time::Instant;
+
+use crate::ids::UserId;
+use crate::phone::Phone;
+use crate::upstream::UpstreamError;
+
+/// What an upstream said about a key: a number, or "none" (404).
+pub type FetchResult = Result<Option<Phone>, UpstreamError>;
+
+/// The answer a caller gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Found(Phone),
+    NotFound,
+    Failed(UpstreamError),
+}
+
+/// Where the answer came from (for metrics and tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// A fresh entry.
+    Hit,
+    /// This caller started the fetch.
+    Miss,
+    /// This caller joined a fetch already under way.
+    Coalesced,
+    /// The fetch failed and an expired entry within `max_stale` was served.
+    Stale,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lookup {
+    pub answer: Answer,
+    pub via: Via,
+}
+
+/// Time-to-live settings of one cache.
+#[derive(Debug, Clone, Copy)]
+pub struct Ttls {
+    pub positive: Duration,
+    pub negative: Duration,
+    pub max_stale: Duration,
+    /// Whether an expired "no number" may be served while the upstream fails.
+    pub stale_negatives: bool,
+}
+
+/// Per-seller generation counters, hashed into a fixed table (bounded memory,
+/// lock-free reads: one relaxed atomic load per lookup).
+pub struct Generations {
+    slots: Box<[AtomicU32]>,
+}
+
+const GENERATION_SLOTS: usize = 1 << 16;
+
+impl Default for Generations {
+    fn default() -> Self {
+        Generations {
+            slots: (0..GENERATION_SLOTS).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+}
+
+impl Generations {
+    fn slot(&self, user: UserId) -> &AtomicU32 {
+        // Fibonacci hashing: the top 16 bits of the product spread sequential ids.
+        let index = (user.get().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize;
+        &self.slots[index % self.slots.len()]
+    }
+
+    pub fn current(&self, user: UserId) -> u32 {
+        self.slot(user).load(Ordering::Acquire)
+    }
+
+    /// Makes every cached entry of `user` invisible and stops in-flight fetches
+    /// started before now from being read back.
+    pub fn invalidate(&self, user: UserId) {
+        self.slot(user).fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// One cached answer: 16 bytes.
+#[derive(Clone, Copy)]
+struct Entry {
+    /// `0` means "no number" (a cached 404).
+    phone: u64,
+    /// End of freshness, in deciseconds since the cache's epoch (13 years of range).
+    fresh_until: u32,
+    generation: u32,
+}
+
+type SharedFetch = Shared<BoxFuture<'static, FetchResult>>;
+
+/// A bounded, TTL'd, coalescing cache of phone answers keyed by `K`.
+#[derive(Clone)]
+pub struct PhoneCache<K> {
+    inner: Arc<Inner<K>>,
+}
+
+struct Inner<K> {
+    name: &'static str,
+    entries: quick_cache::sync::Cache<K, Entry>,
+    /// Fetches under way, by key and generation. A plain mutex: it is held for a
+    /// map operation only, and only on misses.
+    inflight: Mutex<HashMap<(K, u32), SharedFetch>>,
+    generations: Arc<Generations>,
+    ttls: Ttls,
+    epoch: Instant,
+}
+
+impl<K> PhoneCache<K>
+where
+    K: Copy + Eq + Hash + Send + Sync + 'static,
+{
+    pub fn new(
+        name: &'static str,
+        capacity: u64,
+        ttls: Ttls,
+        generations: Arc<Generations>,
+    ) -> Self {
+        let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
+        PhoneCache {
+            inner: Arc::new(Inner {
+                name,
+                entries: quick_cache::sync::Cache::new(capacity),
+                inflight: Mutex::new(HashMap::new()),
+                generations,
+                ttls,
+                epoch: Instant::now(),
+            }),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.inner.name
+    }
+
+    /// Entries held, fresh or expired.
+    pub fn len(&self) -> usize {
+        self.inner.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inner.entries.is_empty()
+    }
+
+    /// A fresh answer if there is one, without fetching: the allocation-free fast path.
+    pub fn get_fresh(&self, key: &K, user: UserId) -> Option<Option<Phone>> {
+        let inner = &*self.inner;
+        let entry = inner.entries.get(key)?;
+        (entry.generation == inner.generations.current(user) && inner.now() < entry.fresh_until)
+            .then(|| Phone::from_u64(entry.phone))
+    }
+
+    /// The cached answer if fresh; otherwise the result of `fetch`, shared with every
+    /// concurrent caller of the same key, falling back to a stale entry if it fails.
+    ///
+    /// `fetch` must bound its own duration (the upstream timeout does).
+    pub async fn get_or_fetch<F, Fut>(&self, key: K, user: UserId, fetch: F) -> Lookup
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = FetchResult> + Send + 'static,
+    {
+        let inner = &*self.inner;
+        let generation = inner.generations.current(user);
+        let cached = inner
+            .entries
+            .get(&key)
+            .filter(|e| e.generation == generation);
+        if let Some(entry) = cached {
+            if inner.now() < entry.fresh_until {
+                return Lookup {
+                    answer: answer_of(entry.phone),
+                    via: Via::Hit,
+                };
+            }
+        }
+
+        let (fetch, via) = self.join_or_start(key, user, generation, fetch);
+        match fetch.await {
+            Ok(phone) => Lookup {
+                answer: phone.map_or(Answer::NotFound, Answer::Found),
+                via,
+            },
+            Err(error) => match cached.filter(|e| inner.stale_usable(e)) {
+                Some(entry) => Lookup {
+                    answer: answer_of(entry.phone),
+                    via: Via::Stale,
+                },
+                None => Lookup {
+                    answer: Answer::Failed(error),
+                    via,
+                },
+            },
+        }
+    }
+
+    fn join_or_start<F, Fut>(
+        &self,
+        key: K,
+        user: UserId,
+        generation: u32,
+        fetch: F,
+    ) -> (SharedFetch, Via)
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = FetchResult> + Send + 'static,
+    {
+        let mut inflight = self.inner.lock_inflight();
+        if let Some(shared) = inflight.get(&(key, generation)) {
+            return (shared.clone(), Via::Coalesced);
+        }
+        let upstream_call = fetch();
+        let inner = Arc::clone(&self.inner);
+        // The task takes the inflight lock to remove itself, and we hold it until
+        // the entry is inserted below, so it can never remove before we insert.
+        let task = tokio::spawn(async move {
+            let result = upstream_call.await;
+            if let Ok(phone) = &result {
+                inner.store(key, user, generation, *phone);
+            }
+            inner.lock_inflight().remove(&(key, generation));
+            result
+        });
+        let shared = async move { task.await.unwrap_or(Err(UpstreamError::Internal)) }
+            .boxed()
+            .shared();
+        inflight.insert((key, generation), shared.clone());
+        (shared, Via::Miss)
+    }
+
+    #[cfg(test)]
+    fn insert_for_test(&self, key: K, user: UserId, phone: Option<Phone>) {
+        let generation = self.inner.generations.current(user);
+        self.inner.store(key, user, generation, phone);
+    }
+}
+
+impl<K: Copy + Eq + Hash> Inner<K> {
+    /// Deciseconds since the epoch, saturating (13 years of uptime).
+    fn now(&self) -> u32 {
+        let tenths = self.epoch.elapsed().as_millis() / 100;
+        u32::try_from(tenths).unwrap_or(u32::MAX)
+    }
+
+    fn store(&self, key: K, user: UserId, generation: u32, phone: Option<Phone>) {
+        // An invalidation since the fetch started: the answer may be older than it.
+        if self.generations.current(user) != generation {
+            return;
+        }
+        let ttl = if phone.is_some() {
+            self.ttls.positive
+        } else {
+            self.ttls.negative
+        };
+        let ttl_tenths = u32::try_from(ttl.as_millis().div_ceil(100)).unwrap_or(u32::MAX);
+        self.entries.insert(
+            key,
+            Entry {
+                phone: phone.map_or(0, Phone::to_u64),
+                fresh_until: self.now().saturating_add(ttl_tenths),
+                generation,
+            },
+        );
+    }
+
+    fn stale_usable(&self, entry: &Entry) -> bool {
+        if entry.phone == 0 && !self.ttls.stale_negatives {
+            return false;
+        }
+        let stale_tenths = u32::try_from(self.ttls.max_stale.as_millis() / 100).unwrap_or(u32::MAX);
+        self.now() < entry.fresh_until.saturating_add(stale_tenths)
+    }
+
+    fn lock_inflight(&self) -> std::sync::MutexGuard<'_, HashMap<(K, u32), SharedFetch>> {
+        // The map stays consistent even if a holder panicked: every operation on it
+        // is a single insert, get or remove.
+        self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn answer_of(phone: u64) -> Answer {
+    Phone::from_u64(phone).map_or(Answer::NotFound, Answer::Found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn user(id: u64) -> UserId {
+        UserId::new(id).unwrap()
+    }
+
+    fn phone(text: &str) -> Phone {
+        Phone::parse(text).unwrap()
+    }
+
+    fn cache(stale_negatives: bool) -> PhoneCache<u64> {
+        PhoneCache::new(
+            "test",
+            1000,
+            Ttls {
+                positive: Duration::from_secs(10),
+                negative: Duration::from_secs(2),
+                max_stale: Duration::from_secs(60),
+                stale_negatives,
+            },
+            Arc::new(Generations::default()),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fresh_entries_are_hits_until_their_ttl() {
+        let c = cache(true);
+        let p = phone("+79161234567");
+        let got = c
+            .get_or_fetch(1, user(1), || async move { Ok(Some(p)) })
+            .await;
+        assert_eq!(
+            got,
+            Lookup {
+                answer: Answer::Found(p),
+                via: Via::Miss
+            }
+        );
+        let got = c.get_or_fetch(1, user(1), || async { Ok(None) }).await;
+        assert_eq!(
+            got,
+            Lookup {
+                answer: Answer::Found(p),
+                via: Via::Hit
+            }
+        );
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let got = c.get_or_fetch(1, user(1), || async { Ok(None) }).await;
+        assert_eq!(
+            got,
+            Lookup {
+                answer: Answer::NotFound,
+                via: Via::Miss
+            }
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn negative_entries_use_the_negative_ttl() {
+        let c = cache(true);
+        c.get_or_fetch(1, user(1), || async { Ok(None) }).await;
+        assert_eq!(c.get_fresh(&1, user(1)), Some(None));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(c.get_fresh(&1, user(1)), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stale_is_served_only_when_the_upstream_fails_and_within_max_stale() {
+        let c = cache(true);
+        let p = phone("+79161234567");
+        c.insert_for_test(1, user(1), Some(p));
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let got = c
+            .get_or_fetch(1, user(1), || async { Err(UpstreamError::Timeout) })
+            .await;
+        assert_eq!(
+            got,
+            Lookup {
+                answer: Answer::Found(p),
+                via: Via::Stale
+            }
+        );
+        tokio::time::advance(Duration::from_secs(41)).await;
+        let got = c
+            .get_or_fetch(1, user(1), || async { Err(UpstreamError::Timeout) })
+            .await;
+        assert_eq!(got.answer, Answer::Failed(UpstreamError::Timeout));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_negatives_are_not_served_stale_when_forbidden() {
+        let c = cache(false);
+        c.insert_for_test(1, user(1), None);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let got = c
+            .get_or_fetch(1, user(1), || async { Err(UpstreamError::Status(500)) })
+            .await;
+        assert_eq!(got.answer, Answer::Failed(UpstreamError::Status(500)));
+        let c = cache(true);
+        c.insert_for_test(1, user(1), None);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let got = c
+            .get_or_fetch(1, user(1), || async { Err(UpstreamError::Status(500)) })
+            .await;
+        assert_eq!(
+            got,
+            Lookup {
+                answer: Answer::NotFound,
+                via: Via::Stale
+            }
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_misses_share_one_fetch_even_if_the_first_caller_leaves() {
+        let c = cache(true);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let p = phone("+79161234567");
+        let fetch = |calls: Arc<AtomicUsize>| {
+            move || async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(Some(p))
+            }
+        };
+        // The first caller starts the fetch and gives up after 10 ms.
+        let first = tokio::time::timeout(
+            Duration::from_millis(10),
+            c.get_or_fetch(7, user(7), fetch(calls.clone())),
+        )
+        .await;
+        assert!(first.is_err());
+        let second = c.get_or_fetch(7, user(7), fetch(calls.clone())).await;
+        assert_eq!(
+            second,
+            Lookup {
+                answer: Answer::Found(p),
+                via: Via::Coalesced
+            }
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn invalidation_hides_entries_and_in_flight_answers() {
+        let c = cache(true);
+        let old = phone("+79161234567");
+        let new = phone("+79160000000");
+        c.insert_for_test(1, user(1), Some(old));
+        c.inner.generations.invalidate(user(1));
+        assert_eq!(c.get_fresh(&1, user(1)), None);
+
+        // A fetch under way when the seller is invalidated...
+        let slow = {
+            let c = c.clone();
+            tokio::spawn(async move {
+                c.get_or_fetch(2, user(1), || async move {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Ok(Some(old))
+                })
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        c.inner.generations.invalidate(user(1));
+        // ...is not joined by a request after the invalidation...
+        let fresh = c
+            .get_or_fetch(2, user(1), || async move { Ok(Some(new)) })
+            .await;
+        assert_eq!(
+            fresh,
+            Lookup {
+                answer: Answer::Found(new),
+                via: Via::Miss
+            }
+        );
+        // ...and does not write its older answer back.
+        assert_eq!(slow.await.unwrap().answer, Answer::Found(old));
+        assert_eq!(c.get_fresh(&2, user(1)), Some(Some(new)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn invalidated_entries_are_not_served_stale() {
+        let c = cache(true);
+        c.insert_for_test(1, user(1), Some(phone("+79161234567")));
+        c.inner.generations.invalidate(user(1));
+        let got = c
+            .get_or_fetch(1, user(1), || async { Err(UpstreamError::Timeout) })
+            .await;
+        assert_eq!(got.answer, Answer::Failed(UpstreamError::Timeout));
+    }
+}

@@ -1,0 +1,216 @@
+//! The admin API (SPEC 3): status sync, status lookup, cache invalidation, behind
+//! a bearer token; and the operations routes (health, readiness, metrics), open.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::extract::{Path, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+
+use super::error::ApiError;
+use super::extract::{Json, field_error};
+use crate::config::Secret;
+use crate::ids::UserId;
+use crate::resolve::Caches;
+use crate::status::{MAX_VERSION, StatusService};
+use crate::upstream::StatusItem;
+
+/// Items one webhook delivery may hold.
+pub const MAX_WEBHOOK_ITEMS: usize = 10_000;
+/// Ids one snapshot may hold.
+pub const MAX_SNAPSHOT_IDS: usize = 10_000_000;
+/// Sellers one invalidation may name.
+pub const MAX_INVALIDATE_IDS: usize = 10_000;
+
+/// What the admin routes may reach: the write side of the status set, the caches
+/// (to invalidate), the token, readiness and the metrics renderer. Not the resolver.
+#[derive(Clone)]
+pub struct AdminState {
+    pub status: StatusService,
+    pub caches: Caches,
+    pub token: Arc<Secret>,
+    pub shutting_down: Arc<AtomicBool>,
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+}
+
+/// Refuses every `/admin/` request without the configured bearer token; with no
+/// token configured, refuses all of them. The comparison is constant-time in the
+/// token's contents (its length may leak, which says little about a random token).
+pub async fn require_token(
+    State(state): State<AdminState>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let expected = state.token.expose().as_bytes();
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    match given {
+        Some(given) if !expected.is_empty() && bool::from(given.ct_eq(expected)) => {
+            Ok(next.run(request).await)
+        }
+        _ => Err(ApiError::Unauthorized),
+    }
+}
+
+#[derive(Deserialize)]
+pub struct WebhookBody {
+    items: Vec<StatusItem>,
+}
+
+pub async fn post_statuses(
+    State(state): State<AdminState>,
+    Json(body): Json<WebhookBody>,
+) -> Result<Response, ApiError> {
+    if body.items.is_empty() || body.items.len() > MAX_WEBHOOK_ITEMS {
+        return Err(ApiError::bad_request(format!(
+            "items: must hold 1 to {MAX_WEBHOOK_ITEMS} items, got {}",
+            body.items.len()
+        )));
+    }
+    for (i, item) in body.items.iter().enumerate() {
+        UserId::new(item.user_id).map_err(|e| field_error(&format!("items[{i}].user_id"), e))?;
+        if !(1..=MAX_VERSION).contains(&item.version) {
+            return Err(field_error(
+                &format!("items[{i}].version"),
+                format!("must be an integer in 1..={MAX_VERSION}"),
+            ));
+        }
+    }
+    let applied = state.status.apply_changes(&body.items).await.map_err(|e| {
+        tracing::error!(error = %e, "status webhook not stored");
+        ApiError::Unavailable {
+            detail: "the status store is unavailable",
+        }
+    })?;
+    tracing::info!(
+        applied = applied.applied,
+        ignored = applied.ignored,
+        "status webhook applied"
+    );
+    Ok(axum::Json(applied).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct SnapshotBody {
+    version: u64,
+    enabled_user_ids: Vec<u64>,
+}
+
+pub async fn put_statuses(
+    State(state): State<AdminState>,
+    Json(body): Json<SnapshotBody>,
+) -> Result<Response, ApiError> {
+    if !(1..=MAX_VERSION).contains(&body.version) {
+        return Err(field_error(
+            "version",
+            format!("must be an integer in 1..={MAX_VERSION}"),
+        ));
+    }
+    if body.enabled_user_ids.len() > MAX_SNAPSHOT_IDS {
+        return Err(field_error(
+            "enabled_user_ids",
+            format!("must hold at most {MAX_SNAPSHOT_IDS} ids"),
+        ));
+    }
+    for (i, id) in body.enabled_user_ids.iter().enumerate() {
+        UserId::new(*id).map_err(|e| field_error(&format!("enabled_user_ids[{i}]"), e))?;
+    }
+    let count = body.enabled_user_ids.len();
+    state
+        .status
+        .apply_snapshot(body.version, body.enabled_user_ids)
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "status snapshot not stored");
+            ApiError::Unavailable {
+                detail: "the status store is unavailable",
+            }
+        })?;
+    tracing::info!(
+        version = body.version,
+        enabled = count,
+        "status snapshot applied"
+    );
+    Ok(
+        axum::Json(serde_json::json!({ "version": body.version, "enabled": count }))
+            .into_response(),
+    )
+}
+
+pub async fn get_status(
+    State(state): State<AdminState>,
+    Path(user_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let user = UserId::parse(&user_id).map_err(|e| field_error("user_id", e))?;
+    let status = state.status.set().get(user);
+    Ok(axum::Json(serde_json::json!({
+        "user_id": user,
+        "enabled": status.enabled,
+        "version": status.version,
+    }))
+    .into_response())
+}
+
+#[derive(Deserialize)]
+pub struct InvalidateBody {
+    user_ids: Vec<u64>,
+}
+
+pub async fn invalidate(
+    State(state): State<AdminState>,
+    Json(body): Json<InvalidateBody>,
+) -> Result<Response, ApiError> {
+    if body.user_ids.is_empty() || body.user_ids.len() > MAX_INVALIDATE_IDS {
+        return Err(field_error(
+            "user_ids",
+            format!("must hold 1 to {MAX_INVALIDATE_IDS} ids"),
+        ));
+    }
+    let users = body
+        .user_ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| UserId::new(*id).map_err(|e| field_error(&format!("user_ids[{i}]"), e)))
+        .collect::<Result<Vec<_>, _>>()?;
+    for user in &users {
+        state.caches.invalidate(*user);
+    }
+    tracing::info!(sellers = users.len(), "caches invalidated");
+    Ok(axum::Json(serde_json::json!({ "invalidated": users.len() })).into_response())
+}
+
+pub async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Ready once the status set is loaded, and no longer once shutdown has begun.
+pub async fn readyz(State(state): State<AdminState>) -> Response {
+    if state.shutting_down.load(Ordering::Acquire) {
+        return ApiError::Unavailable {
+            detail: "shutting down",
+        }
+        .into_response();
+    }
+    if !state.status.is_loaded() {
+        return ApiError::Unavailable {
+            detail: "the call-tracking status set is not loaded yet",
+        }
+        .into_response();
+    }
+    (StatusCode::OK, "ready").into_response()
+}
+
+pub async fn metrics(State(state): State<AdminState>) -> Response {
+    crate::telemetry::record_gauges(&state.status, &state.caches);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}

@@ -1,0 +1,129 @@
+//! `ApiError`, the one error type of both listeners, and its RFC 9457 problem
+//! document. 5xx bodies stay generic; the cause goes to the log where it arose.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::resolve::ResolveError;
+
+/// Seconds a client should wait before retrying a 503.
+pub const RETRY_AFTER_UNAVAILABLE_S: u64 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiError {
+    /// Missing, malformed or out-of-range input; the text says which and why.
+    BadRequest(String),
+    /// The seller has no number to show.
+    NoPhone,
+    /// No such route.
+    RouteNotFound,
+    MethodNotAllowed,
+    /// Body over the route's limit (bytes).
+    PayloadTooLarge(usize),
+    Unauthorized,
+    TooManyRequests {
+        retry_after_s: u64,
+    },
+    /// Cannot decide safely, or shedding load.
+    Unavailable {
+        detail: &'static str,
+    },
+}
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub title: &'static str,
+    pub status: u16,
+    pub detail: String,
+}
+
+impl ApiError {
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        ApiError::BadRequest(detail.into())
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::NoPhone | ApiError::RouteNotFound => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    pub fn problem(&self) -> Problem {
+        let status = self.status();
+        let detail = match self {
+            ApiError::BadRequest(detail) => detail.clone(),
+            ApiError::NoPhone => "the seller has no phone number to show".into(),
+            ApiError::RouteNotFound => "no such route".into(),
+            ApiError::MethodNotAllowed => "method not allowed on this route".into(),
+            ApiError::PayloadTooLarge(limit) => format!("body over the limit of {limit} bytes"),
+            ApiError::Unauthorized => "a valid bearer token is required".into(),
+            ApiError::TooManyRequests { .. } => "rate limit exceeded".into(),
+            ApiError::Unavailable { detail } => (*detail).into(),
+        };
+        Problem {
+            kind: "about:blank",
+            title: status.canonical_reason().unwrap_or("Error"),
+            status: status.as_u16(),
+            detail,
+        }
+    }
+}
+
+impl From<ResolveError> for ApiError {
+    fn from(error: ResolveError) -> Self {
+        match error {
+            ResolveError::NoPhone => ApiError::NoPhone,
+            ResolveError::Unavailable { .. } => ApiError::Unavailable {
+                detail: "the number cannot be decided safely right now",
+            },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let problem = self.problem();
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        let mut response = (self.status(), body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        match self {
+            ApiError::Unavailable { .. } => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(RETRY_AFTER_UNAVAILABLE_S),
+                );
+            }
+            ApiError::TooManyRequests { retry_after_s } => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+            }
+            ApiError::Unauthorized => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+/// Fallback of both routers: unknown paths are problem documents too.
+pub async fn route_not_found() -> ApiError {
+    ApiError::RouteNotFound
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}

@@ -1,0 +1,168 @@
+//! Extractors whose rejections are `ApiError`s: a JSON body that answers 413 over
+//! the route's limit and 400 with serde's explanation otherwise, and query
+//! parameters parsed into the domain types.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use crate::ids::{AdId, CategoryId, UserId};
+use crate::phone::Phone;
+use crate::resolve::Request as ResolveRequest;
+
+/// A JSON body. The route's `DefaultBodyLimit` bounds it.
+pub struct Json<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let limit = req.extensions().get::<BodyLimit>().map_or(0, |l| l.0);
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge(limit)
+            } else {
+                ApiError::bad_request(format!("could not read the body: {rejection}"))
+            }
+        })?;
+        serde_json::from_slice(&bytes)
+            .map(Json)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    }
+}
+
+/// The body limit of a route, recorded as a request extension so the 413 can say it.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit(pub usize);
+
+/// Parses the query of `GET /v1/public-phone`. Unknown parameters are ignored; a
+/// known one given twice is refused (which one would the caller mean?). A literal
+/// `+` is kept as a plus, not read as a form-encoded space: `phone=+7916...` sent
+/// unescaped is the common mistake, and no valid value needs a space there.
+///
+/// # Errors
+/// The first missing, repeated or invalid parameter, named.
+pub fn public_phone_query(query: Option<&str>) -> Result<ResolveRequest, ApiError> {
+    let mut user = None;
+    let mut ad = None;
+    let mut category = None;
+    let mut phone = None;
+    let query = query.unwrap_or_default();
+    let query = if query.contains('+') {
+        std::borrow::Cow::Owned(query.replace('+', "%2B"))
+    } else {
+        std::borrow::Cow::Borrowed(query)
+    };
+    for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+        let slot = match &*key {
+            "user_id" => &mut user,
+            "ad_id" => &mut ad,
+            "category_id" => &mut category,
+            "phone" => &mut phone,
+            _ => continue,
+        };
+        if slot.replace(value).is_some() {
+            return Err(ApiError::bad_request(format!(
+                "{key}: given more than once"
+            )));
+        }
+    }
+    let user = required("user_id", user)?;
+    let ad = required("ad_id", ad)?;
+    let category = required("category_id", category)?;
+    Ok(ResolveRequest {
+        user: UserId::parse(&user).map_err(|e| field_error("user_id", e))?,
+        ad: AdId::parse(&ad).map_err(|e| field_error("ad_id", e))?,
+        category: CategoryId::parse(&category).map_err(|e| field_error("category_id", e))?,
+        phone: phone
+            .map(|p| Phone::parse(&p).map_err(|e| field_error("phone", e)))
+            .transpose()?,
+    })
+}
+
+fn required<T>(name: &str, value: Option<T>) -> Result<T, ApiError> {
+    value.ok_or_else(|| ApiError::bad_request(format!("{name}: required")))
+}
+
+/// A 400 naming the field.
+pub fn field_error(field: &str, error: impl std::fmt::Display) -> ApiError {
+    ApiError::bad_request(format!("{field}: {error}"))
+}
+
+/// Parses one batch item (a JSON object with the query's fields, numbers as JSON
+/// integers) into a request.
+///
+/// # Errors
+/// As [`public_phone_query`].
+pub fn batch_item(item: &serde_json::Value) -> Result<ResolveRequest, ApiError> {
+    let object = item
+        .as_object()
+        .ok_or_else(|| ApiError::bad_request("item: must be a JSON object"))?;
+    let integer = |name: &str| -> Result<u64, ApiError> {
+        match object.get(name) {
+            None | Some(serde_json::Value::Null) => {
+                Err(ApiError::bad_request(format!("{name}: required")))
+            }
+            Some(value) => value.as_u64().ok_or_else(|| {
+                ApiError::bad_request(format!("{name}: must be a positive JSON integer"))
+            }),
+        }
+    };
+    let user = UserId::new(integer("user_id")?).map_err(|e| field_error("user_id", e))?;
+    let ad = AdId::new(integer("ad_id")?).map_err(|e| field_error("ad_id", e))?;
+    let category =
+        CategoryId::new(integer("category_id")?).map_err(|e| field_error("category_id", e))?;
+    let phone = match object.get("phone") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(text)) => {
+            Some(Phone::parse(text).map_err(|e| field_error("phone", e))?)
+        }
+        Some(_) => return Err(ApiError::bad_request("phone: must be a string")),
+    };
+    Ok(ResolveRequest {
+        user,
+        ad,
+        category,
+        phone,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn detail(query: &str) -> String {
+        match public_phone_query(Some(query)) {
+            Err(ApiError::BadRequest(detail)) => detail,
+            other => panic!("{query}: expected 400, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_a_full_query() {
+        let r = public_phone_query(Some(
+            "user_id=42&ad_id=1001&category_id=9&phone=%2B7%20916%20123-45-67&x=1",
+        ))
+        .unwrap();
+        assert_eq!(r.user.get(), 42);
+        assert_eq!(r.ad.get(), 1001);
+        assert_eq!(r.category.get(), 9);
+        assert_eq!(r.phone.unwrap().to_string(), "+79161234567");
+        let r = public_phone_query(Some("user_id=42&ad_id=1&category_id=9&phone=+79161234567"))
+            .unwrap();
+        assert_eq!(r.phone.unwrap().to_string(), "+79161234567");
+    }
+
+    #[test]
+    fn names_the_bad_parameter() {
+        assert!(detail("ad_id=1&category_id=1").starts_with("user_id: required"));
+        assert!(detail("user_id=0&ad_id=1&category_id=1").starts_with("user_id:"));
+        assert!(detail("user_id=1&ad_id=9223372036854775808&category_id=1").starts_with("ad_id:"));
+        assert!(detail("user_id=1&ad_id=1&category_id=2147483648").starts_with("category_id:"));
+        assert!(detail("user_id=1&ad_id=1&category_id=1&phone=").starts_with("phone:"));
+        assert!(detail("user_id=1&ad_id=1&category_id=1&phone=79161234567").starts_with("phone:"));
+        assert!(detail("user_id=1&user_id=2&ad_id=1&category_id=1").contains("more than once"));
+    }
+}

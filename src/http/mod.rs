@@ -1,0 +1,78 @@
+//! The two routers: public (SPEC 2) and admin (SPEC 3). Every error on either is
+//! an `ApiError` problem document, unknown routes and methods included.
+
+pub mod admin;
+pub mod error;
+pub mod extract;
+pub mod public;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::middleware::{self, Next};
+use axum::routing::{MethodRouter, get, post, put};
+
+use crate::resolve::Resolver;
+use admin::AdminState;
+use extract::BodyLimit;
+
+/// Applies a body limit and records it so a 413 can name it. Applied to a router
+/// it sets the default; applied to one route's handler it overrides it, since the
+/// innermost setting is the one the extractor sees.
+fn body_limit<S: Clone + Send + Sync + 'static>(
+    route: MethodRouter<S>,
+    limit: usize,
+) -> MethodRouter<S> {
+    route
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn(
+            move |mut request: Request, next: Next| async move {
+                request.extensions_mut().insert(BodyLimit(limit));
+                next.run(request).await
+            },
+        ))
+}
+
+pub fn public_router(resolver: Arc<Resolver>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/public-phone", get(public::public_phone))
+        .route(
+            "/v1/public-phones/batch",
+            body_limit(post(public::batch), max_body_bytes),
+        )
+        .fallback(error::route_not_found)
+        .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(middleware::from_fn(crate::telemetry::track_request))
+        .with_state(resolver)
+}
+
+pub fn admin_router(state: AdminState, max_body_bytes: usize, max_snapshot_bytes: usize) -> Router {
+    let protected = Router::new()
+        .route(
+            "/admin/v1/calltracking/statuses",
+            body_limit(put(admin::put_statuses), max_snapshot_bytes)
+                .merge(body_limit(post(admin::post_statuses), max_body_bytes)),
+        )
+        .route(
+            "/admin/v1/calltracking/statuses/{user_id}",
+            get(admin::get_status),
+        )
+        .route(
+            "/admin/v1/cache/invalidate",
+            body_limit(post(admin::invalidate), max_body_bytes),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            admin::require_token,
+        ));
+    Router::new()
+        .route("/healthz", get(admin::healthz))
+        .route("/readyz", get(admin::readyz))
+        .route("/metrics", get(admin::metrics))
+        .merge(protected)
+        .fallback(error::route_not_found)
+        .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(middleware::from_fn(crate::telemetry::track_request))
+        .with_state(state)
+}

@@ -1,0 +1,29 @@
+//! phones-gateway decides which phone number a buyer sees for a classified ad:
+//! a paid anonymous number, a call-tracking number or the seller's real number.
+//!
+//! The map, top down (arrows point one way: http -> resolve -> cache/upstream):
+//! - [`config`]: the configuration tree, defaults, loading and validation.
+//! - [`app`]: builds the parts from a `Config` and runs both listeners.
+//! - [`http`]: the public and admin routers, extractors, errors as problem+json.
+//! - [`resolve`]: the selection rules (pure, in `resolve::rules`) and the
+//!   concurrent fan-out to the sources.
+//! - [`cache`]: TTL'd, coalescing, stale-if-error caches with O(1) invalidation.
+//! - [`upstream`]: typed clients of the three upstreams over one pooled client.
+//! - [`status`]: the in-memory call-tracking status set and its write path.
+//! - [`phone`], [`ids`]: domain types parsed once at the edge.
+//! - [`telemetry`]: logs, metrics, request tracking.
+//! - [`sim`]: the upstream simulator for the demo, tests and load runs.
+
+#![forbid(unsafe_code)]
+
+pub mod app;
+pub mod cache;
+pub mod config;
+pub mod http;
+pub mod ids;
+pub mod phone;
+pub mod resolve;
+pub mod sim;
+pub mod status;
+pub mod telemetry;
+pub mod upstream;

@@ -1,0 +1,158 @@
+//! The `phones-gateway` command: `serve`, `simulate`, `demo` (the default).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use phones_gateway::app::App;
+use phones_gateway::config::{Config, Secret};
+use phones_gateway::sim::{self, SimConfig};
+use phones_gateway::upstream::StatusItem;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Decides which phone number a buyer sees for a classified ad."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the service.
+    Serve {
+        /// A TOML file layered over the built-in defaults (config/default.toml).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Run the upstream simulator (all three upstreams and the status feed).
+    Simulate(SimConfig),
+    /// Run the service on 127.0.0.1 against an in-process simulator (the default).
+    Demo {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    match cli.command.unwrap_or(Command::Demo { config: None }) {
+        Command::Serve { config } => {
+            let config = load(config)?;
+            phones_gateway::telemetry::init_logs(&config.log.filter)?;
+            runtime.block_on(serve(config))
+        }
+        Command::Simulate(sim_config) => {
+            phones_gateway::telemetry::init_logs("info")?;
+            runtime.block_on(simulate(sim_config))
+        }
+        Command::Demo { config } => {
+            let config = load(config)?;
+            phones_gateway::telemetry::init_logs(&config.log.filter)?;
+            runtime.block_on(demo(config))
+        }
+    }
+}
+
+fn load(file: Option<PathBuf>) -> anyhow::Result<Config> {
+    // Printed as is: the message names the key at fault.
+    Config::load(file.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let app = App::build(config).await?;
+    tracing::info!(public = %app.public_addr(), admin = %app.admin_addr(), "listening");
+    app.run(shutdown_signal()).await
+}
+
+async fn simulate(config: SimConfig) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .with_context(|| format!("binding {}", config.addr))?;
+    tracing::info!(addr = %listener.local_addr()?, "simulator listening");
+    sim::serve(listener, config, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn demo(mut config: Config) -> anyhow::Result<()> {
+    let sim_config = SimConfig {
+        latency_ms: 20,
+        ..SimConfig::default()
+    };
+    let statuses = sim_config.statuses;
+    let sim_listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+    let sim_url = format!("http://{}", sim_listener.local_addr()?);
+    tokio::spawn(sim::serve(sim_listener, sim_config, std::future::pending()));
+
+    config.upstreams.real_phone.base_url = sim_url.clone();
+    config.upstreams.anonymous.base_url = sim_url.clone();
+    config.upstreams.calltracking.base_url = sim_url;
+    config.server.public_addr.set_ip([127, 0, 0, 1].into());
+    config.server.admin_addr.set_ip([127, 0, 0, 1].into());
+    if config.admin.token.is_empty() {
+        config.admin.token = Secret::new(random_token()?);
+    }
+    let token = config.admin.token.clone();
+    let app = App::build(config).await?;
+    // What the simulated status feed holds, as the webhook would deliver it.
+    let items: Vec<StatusItem> = (1..=statuses)
+        .map(|i| StatusItem {
+            user_id: i * 4,
+            enabled: true,
+            version: 1,
+        })
+        .collect();
+    app.status().apply_changes(&items).await?;
+
+    let (public, admin) = (app.public_addr(), app.admin_addr());
+    println!(
+        "\nphones-gateway demo: simulated upstreams (20 ms latency), {statuses} call-tracking sellers\n\
+         public API  http://{public}\n\
+         admin API   http://{admin}   token: {token}\n\n\
+         try:\n\
+         \x20 curl -s 'http://{public}/v1/public-phone?user_id=41&ad_id=1001&category_id=1'   # real\n\
+         \x20 curl -s 'http://{public}/v1/public-phone?user_id=40&ad_id=1001&category_id=1'   # calltracking\n\
+         \x20 curl -s 'http://{public}/v1/public-phone?user_id=41&ad_id=1003&category_id=9'   # anonymous\n\
+         \x20 curl -s 'http://{public}/v1/public-phone?user_id=50&ad_id=1001&category_id=1'   # 404, no phone\n\
+         \x20 curl -s -XPOST http://{public}/v1/public-phones/batch -d '{{\"items\":[{{\"user_id\":41,\"ad_id\":1,\"category_id\":1}},{{\"user_id\":0,\"ad_id\":2,\"category_id\":1}}]}}'\n\
+         \x20 curl -s -H 'Authorization: Bearer {token}' http://{admin}/admin/v1/calltracking/statuses/40\n\
+         \x20 curl -s -H 'Authorization: Bearer {token}' -XPOST http://{admin}/admin/v1/calltracking/statuses -d '{{\"items\":[{{\"user_id\":41,\"enabled\":true,\"version\":2}}]}}'\n\
+         \x20 curl -s http://{admin}/metrics\n\nCtrl-C stops it.\n",
+        token = token.expose(),
+    );
+    app.run(shutdown_signal()).await
+}
+
+fn random_token() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

@@ -1,0 +1,312 @@
+//! Resolving one request: which sources apply, asking them (through the caches)
+//! concurrently, and deciding with [`rules::Rules::decide`] as answers arrive.
+//!
+//! Anonymous and real start at once; call tracking starts as soon as the real
+//! number is known (it maps real to virtual). After every answer the rules are
+//! consulted and the request returns as soon as it is decided: a found anonymous
+//! number does not wait for the real one, and a lower source is never revealed
+//! while a higher one is still pending. Fetches a returning request leaves behind
+//! keep running in the cache's own tasks and fill the cache.
+//!
+//! When everything needed is fresh in the caches the decision is made without
+//! starting any future (the hit path).
+
+pub mod rules;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use foldhash::HashSet;
+
+use crate::cache::{Answer, Generations, Lookup, PhoneCache, Ttls};
+use crate::config::{CacheConfig, Config, Source};
+use crate::ids::{AdId, CategoryId, UserId};
+use crate::phone::Phone;
+use crate::status::StatusSet;
+use crate::upstream::Upstreams;
+use rules::{Decision, Rules, SourceState, States};
+
+/// What the buyer asked about.
+#[derive(Debug, Clone, Copy)]
+pub struct Request {
+    pub user: UserId,
+    pub ad: AdId,
+    pub category: CategoryId,
+    /// The seller's real number, when the caller already has it.
+    pub phone: Option<Phone>,
+}
+
+/// The number to show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resolved {
+    pub kind: Source,
+    pub phone: Phone,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error("the seller has no phone")]
+    NoPhone,
+    #[error("cannot decide safely")]
+    Unavailable { fail_closed: Option<Source> },
+}
+
+/// The three caches and the generation table they share.
+#[derive(Clone)]
+pub struct Caches {
+    /// Keyed by (user, ad).
+    pub real_phone: PhoneCache<(u64, u64)>,
+    /// Keyed by (user, ad).
+    pub anonymous: PhoneCache<(u64, u64)>,
+    /// Keyed by (user, real phone).
+    pub calltracking: PhoneCache<(u64, u64)>,
+    pub generations: Arc<Generations>,
+}
+
+impl Caches {
+    pub fn new(config: &Config) -> Self {
+        let generations = Arc::new(Generations::default());
+        let build = |name, c: &CacheConfig, stale_negatives| {
+            let ttls = Ttls {
+                positive: std::time::Duration::from_secs(c.ttl_s),
+                negative: std::time::Duration::from_secs(c.negative_ttl_s),
+                max_stale: std::time::Duration::from_secs(c.max_stale_s),
+                stale_negatives,
+            };
+            PhoneCache::new(name, c.capacity, ttls, generations.clone())
+        };
+        Caches {
+            real_phone: build("real_phone", &config.cache.real_phone, true),
+            // SPEC 6: an expired "no anonymous number" is never used; the seller
+            // may have paid since.
+            anonymous: build("anonymous", &config.cache.anonymous, false),
+            calltracking: build("calltracking", &config.cache.calltracking, true),
+            generations,
+        }
+    }
+
+    /// Drops every cached number of `user` (SPEC 3, cache invalidation).
+    pub fn invalidate(&self, user: UserId) {
+        self.generations.invalidate(user);
+    }
+}
+
+type LookupFuture<'a> = Pin<Box<dyn Future<Output = Lookup> + Send + 'a>>;
+
+pub struct Resolver {
+    rules: Rules,
+    anonymous_categories: HashSet<u64>,
+    upstreams: Arc<Upstreams>,
+    caches: Caches,
+    status: Arc<StatusSet>,
+}
+
+impl Resolver {
+    pub fn new(
+        config: &Config,
+        upstreams: Arc<Upstreams>,
+        caches: Caches,
+        status: Arc<StatusSet>,
+    ) -> Self {
+        Resolver {
+            rules: Rules {
+                order: config.selection.order.clone(),
+                anonymous: config.upstreams.anonymous.on_error,
+                calltracking: config.upstreams.calltracking.on_error,
+                real: config.upstreams.real_phone.on_error,
+            },
+            anonymous_categories: config
+                .selection
+                .anonymous_categories
+                .iter()
+                .copied()
+                .collect(),
+            upstreams,
+            caches,
+            status,
+        }
+    }
+
+    pub fn caches(&self) -> &Caches {
+        &self.caches
+    }
+
+    /// # Errors
+    /// `NoPhone` when no source has a number; `Unavailable` when a source failed and
+    /// the rules forbid answering without it.
+    pub async fn resolve(&self, req: &Request) -> Result<Resolved, ResolveError> {
+        let result = self.decide(req).await;
+        match &result {
+            Ok(r) => tracing::debug!(
+                user_id = %req.user, ad_id = %req.ad, kind = r.kind.as_str(),
+                phone = %r.phone.masked(), "resolved"
+            ),
+            Err(ResolveError::Unavailable {
+                fail_closed: Some(source),
+            }) => tracing::warn!(
+                user_id = %req.user, ad_id = %req.ad, source = source.as_str(),
+                "source failed closed; answering 503"
+            ),
+            Err(e) => tracing::debug!(user_id = %req.user, ad_id = %req.ad, "{e}"),
+        }
+        result
+    }
+
+    async fn decide(&self, req: &Request) -> Result<Resolved, ResolveError> {
+        let order = &self.rules.order;
+        let anonymous_applies = order.contains(&Source::Anonymous)
+            && self.anonymous_categories.contains(&req.category.get());
+        let calltracking_applies =
+            order.contains(&Source::Calltracking) && self.status.is_enabled(req.user);
+        let real_in_order = order.contains(&Source::Real);
+        let real_needed = real_in_order || calltracking_applies;
+        let user = req.user;
+        let ad_key = (user.get(), req.ad.get());
+
+        // What the caches (or the caller) already know.
+        let real_known: Option<Option<Phone>> = match req.phone {
+            Some(phone) => Some(Some(phone)),
+            None if real_needed => self.caches.real_phone.get_fresh(&ad_key, user),
+            None => None,
+        };
+        let mut states = States {
+            anonymous: if anonymous_applies {
+                known(self.caches.anonymous.get_fresh(&ad_key, user))
+            } else {
+                SourceState::NotApplicable
+            },
+            real: if real_in_order {
+                known(real_known)
+            } else {
+                SourceState::NotApplicable
+            },
+            calltracking: match (calltracking_applies, real_known) {
+                (false, _) => SourceState::NotApplicable,
+                (true, Some(Some(real))) => known(
+                    self.caches
+                        .calltracking
+                        .get_fresh(&(user.get(), real.to_u64()), user),
+                ),
+                (true, Some(None)) => SourceState::NotFound,
+                (true, None) => SourceState::Pending,
+            },
+        };
+        if let Some(done) = finished(self.rules.decide(&states)) {
+            return done;
+        }
+
+        // Ask what is still pending, concurrently.
+        let mut anonymous: Option<LookupFuture<'_>> =
+            (states.anonymous == SourceState::Pending).then(|| self.lookup_anonymous(req));
+        let mut real: Option<LookupFuture<'_>> =
+            (real_needed && real_known.is_none()).then(|| self.lookup_real(req));
+        let mut calltracking: Option<LookupFuture<'_>> = match real_known {
+            Some(Some(phone)) if states.calltracking == SourceState::Pending => {
+                Some(self.lookup_calltracking(user, phone))
+            }
+            _ => None,
+        };
+        loop {
+            tokio::select! {
+                lookup = poll_some(&mut anonymous), if anonymous.is_some() => {
+                    anonymous = None;
+                    states.anonymous = state_of(&lookup.answer);
+                }
+                lookup = poll_some(&mut real), if real.is_some() => {
+                    real = None;
+                    let state = state_of(&lookup.answer);
+                    if real_in_order {
+                        states.real = state;
+                    }
+                    if calltracking_applies {
+                        match state {
+                            SourceState::Found(phone) => {
+                                calltracking = Some(self.lookup_calltracking(user, phone));
+                            }
+                            other => states.calltracking = other,
+                        }
+                    }
+                }
+                lookup = poll_some(&mut calltracking), if calltracking.is_some() => {
+                    calltracking = None;
+                    states.calltracking = state_of(&lookup.answer);
+                }
+                else => {
+                    // Unreachable by construction: a pending state always has its
+                    // future. Fail closed rather than loop.
+                    tracing::error!(?states, "resolve: pending source without a call");
+                    return Err(ResolveError::Unavailable { fail_closed: None });
+                }
+            }
+            if let Some(done) = finished(self.rules.decide(&states)) {
+                return done;
+            }
+        }
+    }
+
+    fn lookup_anonymous(&self, req: &Request) -> LookupFuture<'_> {
+        let (user, ad) = (req.user, req.ad);
+        let upstreams = self.upstreams.clone();
+        Box::pin(self.caches.anonymous.get_or_fetch(
+            (user.get(), ad.get()),
+            user,
+            move || async move { upstreams.anonymous(user, ad).await },
+        ))
+    }
+
+    fn lookup_real(&self, req: &Request) -> LookupFuture<'_> {
+        let (user, ad) = (req.user, req.ad);
+        let upstreams = self.upstreams.clone();
+        Box::pin(self.caches.real_phone.get_or_fetch(
+            (user.get(), ad.get()),
+            user,
+            move || async move { upstreams.real_phone(user, ad).await },
+        ))
+    }
+
+    fn lookup_calltracking(&self, user: UserId, phone: Phone) -> LookupFuture<'_> {
+        let upstreams = self.upstreams.clone();
+        Box::pin(self.caches.calltracking.get_or_fetch(
+            (user.get(), phone.to_u64()),
+            user,
+            move || async move { upstreams.virtual_number(user, phone).await },
+        ))
+    }
+}
+
+/// A cache answer known without fetching, as a source state.
+fn known(fresh: Option<Option<Phone>>) -> SourceState {
+    match fresh {
+        Some(Some(phone)) => SourceState::Found(phone),
+        Some(None) => SourceState::NotFound,
+        None => SourceState::Pending,
+    }
+}
+
+fn state_of(answer: &Answer) -> SourceState {
+    match answer {
+        Answer::Found(phone) => SourceState::Found(*phone),
+        Answer::NotFound => SourceState::NotFound,
+        Answer::Failed(_) => SourceState::Failed,
+    }
+}
+
+fn finished(decision: Decision) -> Option<Result<Resolved, ResolveError>> {
+    match decision {
+        Decision::Wait => None,
+        Decision::Answer(kind, phone) => Some(Ok(Resolved { kind, phone })),
+        Decision::NoPhone => Some(Err(ResolveError::NoPhone)),
+        Decision::Unavailable { fail_closed } => {
+            Some(Err(ResolveError::Unavailable { fail_closed }))
+        }
+    }
+}
+
+/// Awaits the future in `slot`; only polled when the slot is full (select guard).
+async fn poll_some(slot: &mut Option<LookupFuture<'_>>) -> Lookup {
+    match slot {
+        Some(future) => future.await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,201 @@
+//! The selection rules of SPEC 5 as a pure function: given what each source has
+//! answered so far, is the request decided, and how?
+//!
+//! Sources are walked in the configured order. A source that does not apply, or
+//! answered "no number", is skipped. One still pending stops the walk (`Wait`):
+//! nothing below it may be revealed before it has answered. A failed source either
+//! ends the walk with `Unavailable` (fail_closed) or is skipped (fall_through).
+//! With no source left: `Unavailable` if any applicable source failed (we cannot
+//! tell the seller has no number), else `NoPhone`.
+
+use crate::config::{OnError, Source};
+use crate::phone::Phone;
+
+/// What one source has told us so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceState {
+    NotApplicable,
+    Pending,
+    Found(Phone),
+    NotFound,
+    Failed,
+}
+
+/// The state of every source for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct States {
+    pub anonymous: SourceState,
+    pub calltracking: SourceState,
+    pub real: SourceState,
+}
+
+impl States {
+    pub fn of(&self, source: Source) -> SourceState {
+        match source {
+            Source::Anonymous => self.anonymous,
+            Source::Calltracking => self.calltracking,
+            Source::Real => self.real,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Show this number.
+    Answer(Source, Phone),
+    /// No source has a number for this seller: 404.
+    NoPhone,
+    /// Cannot decide safely: 503. `failed` is the fail-closed source, if one.
+    Unavailable { fail_closed: Option<Source> },
+    /// A source that matters has not answered yet.
+    Wait,
+}
+
+/// The order and the failure policy of each source.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    pub order: Vec<Source>,
+    pub anonymous: OnError,
+    pub calltracking: OnError,
+    pub real: OnError,
+}
+
+impl Rules {
+    pub fn policy(&self, source: Source) -> OnError {
+        match source {
+            Source::Anonymous => self.anonymous,
+            Source::Calltracking => self.calltracking,
+            Source::Real => self.real,
+        }
+    }
+
+    pub fn decide(&self, states: &States) -> Decision {
+        let mut any_failed = false;
+        for &source in &self.order {
+            match states.of(source) {
+                SourceState::NotApplicable | SourceState::NotFound => {}
+                SourceState::Pending => return Decision::Wait,
+                SourceState::Found(phone) => return Decision::Answer(source, phone),
+                SourceState::Failed => match self.policy(source) {
+                    OnError::FailClosed => {
+                        return Decision::Unavailable {
+                            fail_closed: Some(source),
+                        };
+                    }
+                    OnError::FallThrough => any_failed = true,
+                },
+            }
+        }
+        if any_failed {
+            Decision::Unavailable { fail_closed: None }
+        } else {
+            Decision::NoPhone
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Source::*;
+    use SourceState::*;
+
+    fn p(n: u64) -> Phone {
+        Phone::from_u64(n).unwrap()
+    }
+
+    fn rules() -> Rules {
+        Rules {
+            order: vec![Anonymous, Calltracking, Real],
+            anonymous: OnError::FailClosed,
+            calltracking: OnError::FallThrough,
+            real: OnError::FallThrough,
+        }
+    }
+
+    const A: u64 = 78_000_000_001;
+    const C: u64 = 78_000_000_002;
+    const R: u64 = 79_161_234_567;
+
+    #[test]
+    fn the_rule_table() {
+        let unavailable = Decision::Unavailable { fail_closed: None };
+        let closed = Decision::Unavailable {
+            fail_closed: Some(Anonymous),
+        };
+        #[rustfmt::skip]
+        let table = [
+            // anonymous        calltracking      real           -> decision
+            ((Found(p(A)),     Found(p(C)),      Found(p(R))),     Decision::Answer(Anonymous, p(A))),
+            ((Found(p(A)),     Pending,          Pending),         Decision::Answer(Anonymous, p(A))),
+            ((Pending,         Found(p(C)),      Found(p(R))),     Decision::Wait),
+            ((NotFound,        Found(p(C)),      Found(p(R))),     Decision::Answer(Calltracking, p(C))),
+            ((NotApplicable,   Found(p(C)),      Found(p(R))),     Decision::Answer(Calltracking, p(C))),
+            ((NotApplicable,   Pending,          Found(p(R))),     Decision::Wait),
+            ((NotApplicable,   NotApplicable,    Found(p(R))),     Decision::Answer(Real, p(R))),
+            ((NotFound,        NotApplicable,    Pending),         Decision::Wait),
+            ((NotFound,        NotFound,         Found(p(R))),     Decision::Answer(Real, p(R))),
+            ((NotApplicable,   NotApplicable,    NotFound),        Decision::NoPhone),
+            ((NotFound,        NotFound,         NotFound),        Decision::NoPhone),
+            // anonymous fails closed: never reveals what is below it
+            ((Failed,          Found(p(C)),      Found(p(R))),     closed),
+            ((Failed,          Pending,          Pending),         closed),
+            // calltracking falls through to the real number
+            ((NotApplicable,   Failed,           Found(p(R))),     Decision::Answer(Real, p(R))),
+            ((NotFound,        Failed,           NotFound),        unavailable),
+            ((NotApplicable,   Failed,           Failed),          unavailable),
+            ((NotApplicable,   NotApplicable,    Failed),          unavailable),
+        ];
+        let rules = rules();
+        for ((anonymous, calltracking, real), want) in table {
+            let states = States {
+                anonymous,
+                calltracking,
+                real,
+            };
+            assert_eq!(rules.decide(&states), want, "{states:?}");
+        }
+    }
+
+    #[test]
+    fn policies_and_order_are_configurable() {
+        let mut rules = rules();
+        rules.anonymous = OnError::FallThrough;
+        let states = States {
+            anonymous: Failed,
+            calltracking: NotApplicable,
+            real: Found(p(R)),
+        };
+        assert_eq!(rules.decide(&states), Decision::Answer(Real, p(R)));
+
+        rules.calltracking = OnError::FailClosed;
+        let states = States {
+            anonymous: NotFound,
+            calltracking: Failed,
+            real: Found(p(R)),
+        };
+        assert_eq!(
+            rules.decide(&states),
+            Decision::Unavailable {
+                fail_closed: Some(Calltracking)
+            }
+        );
+
+        let rules = Rules {
+            order: vec![Real, Anonymous],
+            ..super::tests::rules()
+        };
+        let states = States {
+            anonymous: Found(p(A)),
+            calltracking: Found(p(C)),
+            real: Found(p(R)),
+        };
+        assert_eq!(rules.decide(&states), Decision::Answer(Real, p(R)));
+        let states = States {
+            anonymous: Found(p(A)),
+            calltracking: Found(p(C)),
+            real: NotFound,
+        };
+        assert_eq!(rules.decide(&states), Decision::Answer(Anonymous, p(A)));
+    }
+}

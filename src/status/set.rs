@@ -1,0 +1,274 @@
+//! [`StatusSet`]: which sellers have call tracking on, in memory.
+//!
+//! A `papaya` lock-free hash map from user id to `(version, enabled)` packed in one
+//! `u64`: readers never wait on a writer, not even for a shard lock (dashmap's
+//! shards are `RwLock`s), and a delta costs one insert instead of the copy of a
+//! whole copy-on-write set. The benches/status_set.rs table backs the choice.
+//! Writers must be serialised by the caller (`StatusService` does); each user's
+//! transition is then atomic, while a snapshot becomes visible user by user.
+
+use foldhash::fast::RandomState;
+
+use crate::ids::UserId;
+use crate::upstream::StatusItem;
+
+/// A user's call-tracking status; version 0 means never seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Status {
+    pub enabled: bool,
+    pub version: u64,
+}
+
+impl Status {
+    fn pack(self) -> u64 {
+        (self.version << 1) | u64::from(self.enabled)
+    }
+    fn unpack(packed: u64) -> Self {
+        Status {
+            enabled: packed & 1 == 1,
+            version: packed >> 1,
+        }
+    }
+}
+
+/// Counts of one delta delivery.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Applied {
+    pub applied: u64,
+    pub ignored: u64,
+}
+
+/// Largest version accepted: versions are stored shifted by one bit (and as a
+/// signed 64-bit integer in PostgreSQL).
+pub const MAX_VERSION: u64 = i64::MAX as u64;
+
+pub struct StatusSet {
+    map: papaya::HashMap<u64, u64, RandomState>,
+}
+
+impl Default for StatusSet {
+    fn default() -> Self {
+        StatusSet {
+            map: papaya::HashMap::builder()
+                .hasher(RandomState::default())
+                .build(),
+        }
+    }
+}
+
+impl StatusSet {
+    /// The hot-path question: is call tracking on for this seller?
+    pub fn is_enabled(&self, user: UserId) -> bool {
+        self.map.pin().get(&user.get()).is_some_and(|p| p & 1 == 1)
+    }
+
+    pub fn get(&self, user: UserId) -> Status {
+        self.map.pin().get(&user.get()).map_or(
+            Status {
+                enabled: false,
+                version: 0,
+            },
+            |p| Status::unpack(*p),
+        )
+    }
+
+    /// Users with any stored status (enabled or not).
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn enabled_count(&self) -> usize {
+        self.map.pin().values().filter(|p| *p & 1 == 1).count()
+    }
+
+    /// Applies each item whose version is above the stored one, in order, as if
+    /// each were its own delivery.
+    pub fn apply_changes(&self, items: &[StatusItem]) -> Applied {
+        let map = self.map.pin();
+        let mut counts = Applied::default();
+        for item in items {
+            let stored = map
+                .get(&item.user_id)
+                .map_or(0, |p| Status::unpack(*p).version);
+            if item.version > stored {
+                let status = Status {
+                    enabled: item.enabled,
+                    version: item.version,
+                };
+                map.insert(item.user_id, status.pack());
+                counts.applied += 1;
+            } else {
+                counts.ignored += 1;
+            }
+        }
+        counts
+    }
+
+    /// Afterwards exactly `enabled` users are on, except entries whose stored version
+    /// is above `version`, which keep theirs; all others take `version`.
+    /// `enabled` must be sorted and deduplicated.
+    pub fn apply_snapshot(&self, version: u64, enabled: &[u64]) {
+        debug_assert!(enabled.is_sorted());
+        let map = self.map.pin();
+        for (user, packed) in map.iter() {
+            if Status::unpack(*packed).version <= version {
+                let on = enabled.binary_search(user).is_ok();
+                map.insert(
+                    *user,
+                    Status {
+                        enabled: on,
+                        version,
+                    }
+                    .pack(),
+                );
+            }
+        }
+        for user in enabled {
+            let keep = map
+                .get(user)
+                .is_some_and(|p| Status::unpack(*p).version >= version);
+            if !keep {
+                map.insert(
+                    *user,
+                    Status {
+                        enabled: true,
+                        version,
+                    }
+                    .pack(),
+                );
+            }
+        }
+    }
+
+    /// Replaces the contents, for loading at start.
+    pub fn load(&self, rows: impl IntoIterator<Item = (u64, Status)>) {
+        let map = self.map.pin();
+        map.clear();
+        for (user, status) in rows {
+            map.insert(user, status.pack());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(user_id: u64, enabled: bool, version: u64) -> StatusItem {
+        StatusItem {
+            user_id,
+            enabled,
+            version,
+        }
+    }
+
+    fn user(id: u64) -> UserId {
+        UserId::new(id).unwrap()
+    }
+
+    #[test]
+    fn newer_versions_apply_older_and_equal_are_ignored() {
+        let set = StatusSet::default();
+        let got = set.apply_changes(&[
+            item(1, true, 5),
+            item(1, false, 5),
+            item(1, false, 4),
+            item(2, true, 1),
+            item(1, false, 6),
+        ]);
+        assert_eq!(
+            got,
+            Applied {
+                applied: 3,
+                ignored: 2
+            }
+        );
+        assert_eq!(
+            set.get(user(1)),
+            Status {
+                enabled: false,
+                version: 6
+            }
+        );
+        assert!(set.is_enabled(user(2)));
+        assert_eq!(
+            set.get(user(3)),
+            Status {
+                enabled: false,
+                version: 0
+            }
+        );
+    }
+
+    #[test]
+    fn snapshot_sets_exactly_the_listed_users_except_newer_entries() {
+        let set = StatusSet::default();
+        set.apply_changes(&[
+            item(1, true, 5),
+            item(2, true, 20),
+            item(3, false, 20),
+            item(4, true, 10),
+        ]);
+        set.apply_snapshot(10, &[3, 5, 6]);
+        assert_eq!(
+            set.get(user(1)),
+            Status {
+                enabled: false,
+                version: 10
+            }
+        );
+        assert_eq!(
+            set.get(user(2)),
+            Status {
+                enabled: true,
+                version: 20
+            }
+        ); // newer: kept
+        assert_eq!(
+            set.get(user(3)),
+            Status {
+                enabled: false,
+                version: 20
+            }
+        ); // newer: kept
+        assert_eq!(
+            set.get(user(4)),
+            Status {
+                enabled: false,
+                version: 10
+            }
+        ); // equal: takes snapshot
+        assert_eq!(
+            set.get(user(5)),
+            Status {
+                enabled: true,
+                version: 10
+            }
+        );
+        assert_eq!(
+            set.get(user(6)),
+            Status {
+                enabled: true,
+                version: 10
+            }
+        );
+        assert_eq!(set.enabled_count(), 3);
+    }
+
+    #[test]
+    fn the_largest_version_round_trips() {
+        let set = StatusSet::default();
+        set.apply_changes(&[item(1, true, MAX_VERSION)]);
+        assert_eq!(
+            set.get(user(1)),
+            Status {
+                enabled: true,
+                version: MAX_VERSION
+            }
+        );
+    }
+}

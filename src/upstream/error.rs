@@ -1,0 +1,60 @@
+//! `UpstreamError`: every way an upstream call can fail, as one cheap, cloneable
+//! value (coalesced waiters all receive the same failure).
+
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamError {
+    /// No complete answer within the upstream's timeout.
+    #[error("timed out")]
+    Timeout,
+    /// Could not connect, or the connection broke.
+    #[error("connection failed: {0}")]
+    Connect(String),
+    /// An HTTP status the contract does not allow.
+    #[error("unexpected status {0}")]
+    Status(u16),
+    /// A body that does not parse, or a phone that does not normalise.
+    #[error("bad answer: {0}")]
+    Decode(String),
+    /// The fetch task itself died (a bug); treated as any other failure.
+    #[error("fetch task failed")]
+    Internal,
+}
+
+impl UpstreamError {
+    /// A short label for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            UpstreamError::Timeout => "timeout",
+            UpstreamError::Connect(_) => "connect",
+            UpstreamError::Status(_) => "status",
+            UpstreamError::Decode(_) => "decode",
+            UpstreamError::Internal => "internal",
+        }
+    }
+}
+
+/// Which upstream a call went to; names appear in logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamName {
+    RealPhone,
+    Anonymous,
+    Calltracking,
+}
+
+impl UpstreamName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamName::RealPhone => "real_phone",
+            UpstreamName::Anonymous => "anonymous",
+            UpstreamName::Calltracking => "calltracking",
+        }
+    }
+}
+
+impl fmt::Display for UpstreamName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -1,0 +1,206 @@
+//! The three upstreams, as typed calls over one pooled `reqwest::Client`.
+//!
+//! Every call is bounded by its upstream's timeout (connect, headers and body
+//! together) and every answer is validated: the status the contract allows, a JSON
+//! body of the right shape, a phone that normalises. Anything else is an
+//! [`UpstreamError`]. Nothing here caches or decides; see `resolve`.
+
+mod error;
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+pub use error::{UpstreamError, UpstreamName};
+
+use crate::config::{UpstreamConfig, UpstreamsConfig};
+use crate::ids::{AdId, UserId};
+use crate::phone::Phone;
+
+/// Largest upstream body read; a phone answer is tens of bytes, a status page of
+/// 10,000 items under a megabyte.
+const MAX_BODY_BYTES: usize = 4 << 20;
+/// Below the keep-alive of common upstream servers (60 s and up), so the pool
+/// drops a connection before the server does and never sends on a dead one.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Idle connections kept per upstream host: enough for thousands of requests a
+/// second at tens of milliseconds each.
+const POOL_MAX_IDLE_PER_HOST: usize = 512;
+
+/// One upstream's address and time limit.
+#[derive(Debug, Clone)]
+struct Endpoint {
+    name: UpstreamName,
+    base: String,
+    timeout: Duration,
+}
+
+impl Endpoint {
+    fn new(name: UpstreamName, config: &UpstreamConfig) -> Self {
+        Endpoint {
+            name,
+            base: config.base_url.trim_end_matches('/').to_owned(),
+            timeout: config.timeout(),
+        }
+    }
+}
+
+/// The typed clients of the three upstreams. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Upstreams {
+    http: reqwest::Client,
+    real_phone: Endpoint,
+    anonymous: Endpoint,
+    calltracking: Endpoint,
+}
+
+#[derive(Deserialize)]
+struct PhoneBody {
+    phone: String,
+}
+
+#[derive(Deserialize)]
+struct VirtualPhoneBody {
+    virtual_phone: String,
+}
+
+/// One status change from the call-tracking side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+pub struct StatusItem {
+    pub user_id: u64,
+    pub enabled: bool,
+    pub version: u64,
+}
+
+/// A page of the status feed; no items means caught up.
+#[derive(Debug, Clone, Deserialize)]
+pub struct StatusPage {
+    pub items: Vec<StatusItem>,
+    pub next_cursor: Option<String>,
+}
+
+impl Upstreams {
+    /// # Errors
+    /// The HTTP client could not be built (no TLS backend or resolver).
+    pub fn new(config: &UpstreamsConfig) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
+            .tcp_nodelay(true)
+            .user_agent(concat!("phones-gateway/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Upstreams {
+            http,
+            real_phone: Endpoint::new(UpstreamName::RealPhone, &config.real_phone),
+            anonymous: Endpoint::new(UpstreamName::Anonymous, &config.anonymous),
+            calltracking: Endpoint::new(
+                UpstreamName::Calltracking,
+                &config.calltracking.as_upstream(),
+            ),
+        })
+    }
+
+    /// The seller's real number; `None` when the seller has no phone (404).
+    ///
+    /// # Errors
+    /// Any answer but 200 with a valid phone or 404.
+    pub async fn real_phone(&self, user: UserId, ad: AdId) -> Result<Option<Phone>, UpstreamError> {
+        let url = format!("{}/v1/users/{user}/phone?ad_id={ad}", self.real_phone.base);
+        let body: Option<PhoneBody> = self.get_json(&self.real_phone, &url).await?;
+        body.map(|b| parse_phone(&b.phone)).transpose()
+    }
+
+    /// The ad's anonymous number; `None` when none is connected (404).
+    ///
+    /// # Errors
+    /// Any answer but 200 with a valid phone or 404.
+    pub async fn anonymous(&self, user: UserId, ad: AdId) -> Result<Option<Phone>, UpstreamError> {
+        let url = format!(
+            "{}/v1/anonymous-numbers?user_id={user}&ad_id={ad}",
+            self.anonymous.base
+        );
+        let body: Option<PhoneBody> = self.get_json(&self.anonymous, &url).await?;
+        body.map(|b| parse_phone(&b.phone)).transpose()
+    }
+
+    /// The call-tracking number for the seller's real number; `None` on 404.
+    ///
+    /// # Errors
+    /// Any answer but 200 with a valid phone or 404.
+    pub async fn virtual_number(
+        &self,
+        user: UserId,
+        phone: Phone,
+    ) -> Result<Option<Phone>, UpstreamError> {
+        // `+` must be escaped in a query; the rest of a normalised phone is digits.
+        let url = format!(
+            "{}/v1/virtual-numbers?user_id={user}&phone=%2B{}",
+            self.calltracking.base,
+            phone.to_u64()
+        );
+        let body: Option<VirtualPhoneBody> = self.get_json(&self.calltracking, &url).await?;
+        body.map(|b| parse_phone(&b.virtual_phone)).transpose()
+    }
+
+    /// One page of the status feed after `cursor` (from the start when `None`).
+    ///
+    /// # Errors
+    /// Any answer but 200 with a page; a 404 is a failure here too.
+    pub async fn status_page(
+        &self,
+        cursor: Option<&str>,
+        limit: u32,
+    ) -> Result<StatusPage, UpstreamError> {
+        let mut url = format!("{}/v1/statuses?limit={limit}", self.calltracking.base);
+        if let Some(cursor) = cursor {
+            url.push_str("&after=");
+            url.extend(form_urlencoded::byte_serialize(cursor.as_bytes()));
+        }
+        self.get_json(&self.calltracking, &url)
+            .await?
+            .ok_or(UpstreamError::Status(404))
+    }
+
+    /// GET `url`, bounded by the endpoint's timeout: 200 -> parsed body,
+    /// 404 -> `None`, anything else -> error.
+    async fn get_json<T: DeserializeOwned>(
+        &self,
+        endpoint: &Endpoint,
+        url: &str,
+    ) -> Result<Option<T>, UpstreamError> {
+        let call = async {
+            let mut response = self.http.get(url).send().await.map_err(connect_error)?;
+            match response.status().as_u16() {
+                200 => {}
+                404 => return Ok(None),
+                other => return Err(UpstreamError::Status(other)),
+            }
+            let mut body = Vec::new();
+            while let Some(chunk) = response.chunk().await.map_err(connect_error)? {
+                if body.len() + chunk.len() > MAX_BODY_BYTES {
+                    return Err(UpstreamError::Decode("body too large".into()));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            serde_json::from_slice(&body)
+                .map(Some)
+                .map_err(|e| UpstreamError::Decode(e.to_string()))
+        };
+        let result = tokio::time::timeout(endpoint.timeout, call)
+            .await
+            .unwrap_or(Err(UpstreamError::Timeout));
+        if let Err(error) = &result {
+            tracing::debug!(upstream = %endpoint.name, %error, "upstream call failed");
+        }
+        result
+    }
+}
+
+fn connect_error(error: reqwest::Error) -> UpstreamError {
+    UpstreamError::Connect(error.without_url().to_string())
+}
+
+fn parse_phone(text: &str) -> Result<Phone, UpstreamError> {
+    Phone::parse(text).map_err(|e| UpstreamError::Decode(format!("phone {e}")))
+}
