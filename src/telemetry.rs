@@ -45,7 +45,7 @@ pub fn metrics_handle() -> PrometheusHandle {
                         0.25, 0.3, 0.5, 1.0, 2.5,
                     ],
                 )
-                .and_then(|b| Ok(b.build_recorder()))
+                .map(PrometheusBuilder::build_recorder)
                 .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
             let handle = recorder.handle();
             // Fails only if another recorder was installed first; then ours renders

@@ -1,0 +1,211 @@
+//! SPEC 6: caching, negative caching, TTL, stale-if-error, invalidation.
+
+use std::time::Duration;
+
+use crate::support::{Reply, TestApp};
+use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
+
+const SHORT_TTLS: &str = r#"
+    [cache.real_phone]
+    ttl_s = 1
+    negative_ttl_s = 1
+    max_stale_s = 60
+    [cache.anonymous]
+    ttl_s = 1
+    negative_ttl_s = 1
+    max_stale_s = 60
+    [cache.calltracking]
+    ttl_s = 1
+    negative_ttl_s = 1
+    max_stale_s = 60
+"#;
+
+/// Just past a one-second TTL (the caches count in tenths of a second).
+const PAST_TTL: Duration = Duration::from_millis(1300);
+
+#[tokio::test]
+async fn a_cached_number_is_served_without_asking_again() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.anonymous.reply(Reply::NotFound);
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    app.enable_calltracking(1, 1).await;
+    for _ in 0..3 {
+        app.phone(1, 1, ANON_CATEGORY)
+            .await
+            .assert_number(VIRTUAL, "calltracking");
+    }
+    assert_eq!(
+        (
+            app.anonymous.calls(),
+            app.real.calls(),
+            app.calltracking.calls()
+        ),
+        (1, 1, 1)
+    );
+    // Another ad of the same seller is another key.
+    app.phone(1, 2, ANON_CATEGORY)
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+    assert_eq!(
+        (
+            app.anonymous.calls(),
+            app.real.calls(),
+            app.calltracking.calls()
+        ),
+        (2, 2, 1)
+    );
+}
+
+#[tokio::test]
+async fn a_404_is_cached_too() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::NotFound);
+    app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(404);
+    app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(404);
+    assert_eq!(app.real.calls(), 1);
+}
+
+#[tokio::test]
+async fn failures_are_not_cached() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Status(500));
+    app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(503);
+    app.real.reply(Reply::Phone(REAL));
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    assert_eq!(app.real.calls(), 2);
+}
+
+#[tokio::test]
+async fn entries_expire_after_their_ttl() {
+    let app = TestApp::spawn_with(SHORT_TTLS).await;
+    app.real.reply(Reply::Phone(REAL));
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    app.real.reply(Reply::NotFound);
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    assert_eq!(app.real.calls(), 1);
+    tokio::time::sleep(PAST_TTL).await;
+    app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(404);
+    assert_eq!(app.real.calls(), 2);
+    // The 404 has its own TTL.
+    app.real.reply(Reply::Phone(REAL));
+    app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(404);
+    tokio::time::sleep(PAST_TTL).await;
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    assert_eq!(app.real.calls(), 3);
+}
+
+#[tokio::test]
+async fn an_expired_number_is_served_while_the_upstream_fails() {
+    let app = TestApp::spawn_with(SHORT_TTLS).await;
+    app.real.reply(Reply::Phone(REAL));
+    app.anonymous.reply(Reply::Phone(ANON));
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    app.phone(2, 1, ANON_CATEGORY)
+        .await
+        .assert_number(ANON, "anonymous");
+    tokio::time::sleep(PAST_TTL).await;
+    app.real.reply(Reply::Status(500));
+    app.anonymous.reply(Reply::Hang);
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    app.phone(2, 1, ANON_CATEGORY)
+        .await
+        .assert_number(ANON, "anonymous");
+    // Stale only while failing: a working upstream's new answer wins.
+    app.real.reply(Reply::NotFound);
+    app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(404);
+}
+
+#[tokio::test]
+async fn an_expired_no_anonymous_number_is_never_used() {
+    let app = TestApp::spawn_with(SHORT_TTLS).await;
+    app.real.reply(Reply::Phone(REAL));
+    app.anonymous.reply(Reply::NotFound);
+    app.phone(1, 1, ANON_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    tokio::time::sleep(PAST_TTL).await;
+    app.anonymous.reply(Reply::Status(500));
+    // The seller may have paid since: fail closed, never the real number.
+    let got = app.phone(1, 1, ANON_CATEGORY).await;
+    got.assert_problem(503);
+    assert!(!got.text.contains(REAL));
+}
+
+#[tokio::test]
+async fn invalidation_drops_every_number_of_the_seller() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    app.phone(1, 2, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    app.phone(2, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    assert_eq!(app.real.calls(), 3);
+    app.invalidate(&[1]).await;
+    app.real.reply(Reply::Phone("+79160000000"));
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number("+79160000000", "real");
+    app.phone(1, 2, PLAIN_CATEGORY)
+        .await
+        .assert_number("+79160000000", "real");
+    assert_eq!(app.real.calls(), 5);
+}
+
+#[tokio::test]
+async fn invalidated_numbers_are_not_served_stale_either() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    app.invalidate(&[1]).await;
+    app.real.reply(Reply::Status(500));
+    app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(503);
+}
+
+#[tokio::test]
+async fn a_fetch_started_before_an_invalidation_never_writes_its_answer_back() {
+    let app = TestApp::spawn_with("[upstreams.real_phone]\ntimeout_ms = 3000").await;
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(600));
+    let before = {
+        let (public, http) = (app.public.clone(), app.http.clone());
+        tokio::spawn(async move {
+            let url = format!("{public}/v1/public-phone?user_id=1&ad_id=1&category_id=1");
+            crate::support::read(http.get(url).send().await.unwrap()).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(app.real.calls(), 1, "the old fetch is under way");
+    app.invalidate(&[1]).await;
+    app.real.reply(Reply::Phone("+79160000000"));
+    // After the invalidation: not joined to the old fetch.
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number("+79160000000", "real");
+    // The old fetch ends with the old number for its own caller...
+    before.await.unwrap().assert_number(REAL, "real");
+    // ...and does not overwrite the new one.
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number("+79160000000", "real");
+    assert_eq!(app.real.calls(), 2);
+}
