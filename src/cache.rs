@@ -263,8 +263,8 @@ where
         (shared, Via::Miss)
     }
 
-    #[cfg(test)]
-    fn insert_for_test(&self, key: K, user: UserId, phone: Option<Phone>) {
+    /// Stores an answer as if just fetched (warming, benches, tests).
+    pub fn insert(&self, key: K, user: UserId, phone: Option<Phone>) {
         let generation = self.inner.generations.current(user);
         self.inner.store(key, user, generation, phone);
     }
@@ -390,7 +390,7 @@ mod tests {
     async fn stale_is_served_only_when_the_upstream_fails_and_within_max_stale() {
         let c = cache(true);
         let p = phone("+79161234567");
-        c.insert_for_test(1, user(1), Some(p));
+        c.insert(1, user(1), Some(p));
         tokio::time::advance(Duration::from_secs(30)).await;
         let got = c
             .get_or_fetch(1, user(1), || async { Err(UpstreamError::Timeout) })
@@ -412,14 +412,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn expired_negatives_are_not_served_stale_when_forbidden() {
         let c = cache(false);
-        c.insert_for_test(1, user(1), None);
+        c.insert(1, user(1), None);
         tokio::time::advance(Duration::from_secs(3)).await;
         let got = c
             .get_or_fetch(1, user(1), || async { Err(UpstreamError::Status(500)) })
             .await;
         assert_eq!(got.answer, Answer::Failed(UpstreamError::Status(500)));
         let c = cache(true);
-        c.insert_for_test(1, user(1), None);
+        c.insert(1, user(1), None);
         tokio::time::advance(Duration::from_secs(3)).await;
         let got = c
             .get_or_fetch(1, user(1), || async { Err(UpstreamError::Status(500)) })
@@ -468,7 +468,7 @@ mod tests {
         let c = cache(true);
         let old = phone("+79161234567");
         let new = phone("+79160000000");
-        c.insert_for_test(1, user(1), Some(old));
+        c.insert(1, user(1), Some(old));
         c.inner.generations.invalidate(user(1));
         assert_eq!(c.get_fresh(&1, user(1)), None);
 
@@ -504,7 +504,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn invalidated_entries_are_not_served_stale() {
         let c = cache(true);
-        c.insert_for_test(1, user(1), Some(phone("+79161234567")));
+        c.insert(1, user(1), Some(phone("+79161234567")));
         c.inner.generations.invalidate(user(1));
         let got = c
             .get_or_fetch(1, user(1), || async { Err(UpstreamError::Timeout) })
