@@ -36,7 +36,7 @@ impl App {
     /// # Errors
     /// A listener address that cannot be bound, or an HTTP client that cannot be built.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let store: Arc<dyn StatusStore> = Arc::new(MemoryStore);
+        let store: Arc<dyn StatusStore> = Arc::new(MemoryStore::default());
         Self::build_with_store(config, store).await
     }
 

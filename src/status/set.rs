@@ -144,6 +144,15 @@ impl StatusSet {
         }
     }
 
+    /// Every stored status.
+    pub fn rows(&self) -> Vec<(u64, Status)> {
+        self.map
+            .pin()
+            .iter()
+            .map(|(user, packed)| (*user, Status::unpack(*packed)))
+            .collect()
+    }
+
     /// Replaces the contents, for loading at start.
     pub fn load(&self, rows: impl IntoIterator<Item = (u64, Status)>) {
         let map = self.map.pin();

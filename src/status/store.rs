@@ -1,10 +1,10 @@
 //! [`StatusStore`]: where the status set is made durable. The interface the
-//! database-backed stores implement; [`MemoryStore`] keeps nothing beyond the
-//! process (the in-memory set itself is the only copy).
+//! database-backed stores implement; [`MemoryStore`] keeps its copy in this
+//! process only.
 
 use futures_util::future::BoxFuture;
 
-use super::set::Status;
+use super::set::{Status, StatusSet};
 use crate::upstream::StatusItem;
 
 #[derive(Debug, thiserror::Error)]
@@ -28,18 +28,31 @@ pub trait StatusStore: Send + Sync {
     fn load(&self) -> BoxFuture<'_, Result<Vec<(u64, Status)>, StoreError>>;
 }
 
-/// No durability: a restart forgets every status.
-#[derive(Debug, Default)]
-pub struct MemoryStore;
+/// No durability: a copy in this process, lost on restart. Kept as a store of its
+/// own so that loading (which replaces the in-memory set) behaves as with a database.
+#[derive(Default)]
+pub struct MemoryStore {
+    statuses: StatusSet,
+}
 
 impl StatusStore for MemoryStore {
-    fn apply_changes<'a>(&'a self, _: &'a [StatusItem]) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn apply_changes<'a>(
+        &'a self,
+        items: &'a [StatusItem],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.statuses.apply_changes(items);
         Box::pin(async { Ok(()) })
     }
-    fn apply_snapshot<'a>(&'a self, _: u64, _: &'a [u64]) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn apply_snapshot<'a>(
+        &'a self,
+        version: u64,
+        enabled: &'a [u64],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.statuses.apply_snapshot(version, enabled);
         Box::pin(async { Ok(()) })
     }
     fn load(&self) -> BoxFuture<'_, Result<Vec<(u64, Status)>, StoreError>> {
-        Box::pin(async { Ok(Vec::new()) })
+        let rows = self.statuses.rows();
+        Box::pin(async { Ok(rows) })
     }
 }
