@@ -8,6 +8,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -16,7 +17,8 @@ use crate::config::Config;
 use crate::http::admin::AdminState;
 use crate::http::{admin_router, public_router};
 use crate::resolve::{Caches, Resolver};
-use crate::status::{MemoryStore, StatusService, StatusStore};
+use crate::status::StatusService;
+use crate::store::Store;
 use crate::upstream::Upstreams;
 
 pub struct App {
@@ -26,35 +28,33 @@ pub struct App {
     admin_router: axum::Router,
     status: StatusService,
     caches: Caches,
+    upstreams: Arc<Upstreams>,
+    config: Arc<Config>,
     /// Flipped first on shutdown so `/readyz` turns 503 while requests drain.
     shutting_down: Arc<AtomicBool>,
 }
 
 impl App {
-    /// Builds every part and binds both listeners.
+    /// Builds every part and binds both listeners. The status set is loaded by
+    /// [`App::run`], so the listeners answer (and `/readyz` says 503) meanwhile.
     ///
     /// # Errors
-    /// A listener address that cannot be bound, or an HTTP client that cannot be built.
+    /// A listener address that cannot be bound, an HTTP client that cannot be
+    /// built, or a database URL that cannot be opened.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let store: Arc<dyn StatusStore> = Arc::new(MemoryStore::default());
-        Self::build_with_store(config, store).await
-    }
-
-    /// As [`App::build`], with the status store given.
-    ///
-    /// # Errors
-    /// As [`App::build`].
-    pub async fn build_with_store(
-        config: Config,
-        store: Arc<dyn StatusStore>,
-    ) -> anyhow::Result<Self> {
+        let store = Store::connect(
+            config.database.url.expose(),
+            config.database.max_connections,
+        )
+        .await
+        .context("opening database.url")?;
         let upstreams =
             Arc::new(Upstreams::new(&config.upstreams).context("building the HTTP client")?);
         let caches = Caches::new(&config);
         let status = StatusService::new(store);
         let resolver = Arc::new(Resolver::new(
             &config,
-            upstreams,
+            upstreams.clone(),
             caches.clone(),
             status.set().clone(),
         ));
@@ -86,6 +86,8 @@ impl App {
             ),
             status,
             caches,
+            upstreams,
+            config: Arc::new(config),
             shutting_down,
         })
     }
@@ -111,8 +113,9 @@ impl App {
         &self.caches
     }
 
-    /// Loads the status set, serves both listeners, and returns once `shutdown`
-    /// has completed and in-flight requests have drained.
+    /// Migrates and loads the status set in the background, then runs the sync
+    /// and feed loops; serves both listeners; returns once `shutdown` has
+    /// completed, in-flight requests have drained and the loops are stopped.
     ///
     /// # Errors
     /// A listener failed.
@@ -121,23 +124,11 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let status = self.status.clone();
-        let loader = tokio::spawn(async move {
-            let mut delay = std::time::Duration::from_millis(100);
-            loop {
-                match status.load().await {
-                    Ok(count) => {
-                        tracing::info!(count, "call-tracking status set loaded");
-                        return;
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "loading the status set failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(std::time::Duration::from_secs(5));
-                    }
-                }
-            }
-        });
+        let background = tokio::spawn(background(
+            self.status.clone(),
+            self.upstreams.clone(),
+            self.config.clone(),
+        ));
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
@@ -153,9 +144,57 @@ impl App {
             let _ = stop_tx.send(true);
         });
         let (public, admin) = tokio::join!(public.into_future(), admin.into_future());
-        loader.abort();
+        background.abort();
+        let _ = background.await;
+        self.status.store().close().await;
         public.context("public listener")?;
         admin.context("admin listener")?;
         Ok(())
+    }
+}
+
+/// Migrates (if configured) and loads the status set, retrying until the
+/// database answers; then runs the sync loop and, if enabled, the feed loop.
+/// Aborting this task stops all of them.
+async fn background(status: StatusService, upstreams: Arc<Upstreams>, config: Arc<Config>) {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let loaded = async {
+            if config.database.migrate_on_start {
+                status.store().migrate().await?;
+            }
+            status.load().await
+        };
+        match loaded.await {
+            Ok(count) => {
+                tracing::info!(
+                    count,
+                    store = status.store().kind(),
+                    "call-tracking status set loaded"
+                );
+                break;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "loading the status set failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    let sync = crate::status::sync::run(
+        status.clone(),
+        Duration::from_millis(config.database.sync_interval_ms),
+    );
+    let feed_config = &config.upstreams.calltracking.status_feed;
+    if feed_config.enabled {
+        let feed = crate::status::feed::run(
+            status,
+            upstreams,
+            Duration::from_millis(feed_config.interval_ms),
+            feed_config.limit,
+        );
+        tokio::join!(sync, feed);
+    } else {
+        sync.await;
     }
 }

@@ -50,6 +50,9 @@ pub struct AdminConfig {
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
     pub url: Secret,
+    pub max_connections: u32,
+    pub migrate_on_start: bool,
+    pub sync_interval_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -283,10 +286,22 @@ impl Config {
             ));
         }
         let db = self.database.url.expose();
-        if db != "memory" {
+        if !["sqlite:", "postgres:", "postgresql:"]
+            .iter()
+            .any(|scheme| db.starts_with(scheme))
+        {
             return Err(invalid(
                 "database.url",
-                "only \"memory\" is supported by this build",
+                "must start with sqlite: or postgres:",
+            ));
+        }
+        if !(1..=1000).contains(&self.database.max_connections) {
+            return Err(invalid("database.max_connections", "must be in 1..=1000"));
+        }
+        if !(10..=60_000).contains(&self.database.sync_interval_ms) {
+            return Err(invalid(
+                "database.sync_interval_ms",
+                "must be in 10..=60000",
             ));
         }
         let upstreams = [
@@ -402,6 +417,10 @@ mod tests {
         assert_eq!(c.cache.real_phone.negative_ttl_s, 60);
         assert_eq!(c.cache.real_phone.max_stale_s, 3600);
         assert!(c.admin.token.is_empty());
+        assert_eq!(
+            c.database.url.expose(),
+            "sqlite://phones-gateway.db?mode=rwc"
+        );
         assert_eq!(c.rate_limit.per_viewer_per_minute, 0);
     }
 

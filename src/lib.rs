@@ -9,7 +9,9 @@
 //!   concurrent fan-out to the sources.
 //! - [`cache`]: TTL'd, coalescing, stale-if-error caches with O(1) invalidation.
 //! - [`upstream`]: typed clients of the three upstreams over one pooled client.
-//! - [`status`]: the in-memory call-tracking status set and its write path.
+//! - [`status`]: the in-memory call-tracking status set, its write path, the
+//!   replica sync loop and the status-feed puller.
+//! - [`store`]: sqlx storage of the status set, SQLite or PostgreSQL.
 //! - [`phone`], [`ids`]: domain types parsed once at the edge.
 //! - [`telemetry`]: logs, metrics, request tracking.
 //! - [`sim`]: the upstream simulator for the demo, tests and load runs.
@@ -25,5 +27,6 @@ pub mod phone;
 pub mod resolve;
 pub mod sim;
 pub mod status;
+pub mod store;
 pub mod telemetry;
 pub mod upstream;

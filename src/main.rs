@@ -27,6 +27,11 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Apply the database migrations and exit.
+    Migrate {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Run the upstream simulator (all three upstreams and the status feed).
     Simulate(SimConfig),
     /// Run the service on 127.0.0.1 against an in-process simulator (the default).
@@ -47,6 +52,17 @@ fn main() -> anyhow::Result<()> {
             let config = load(config)?;
             phones_gateway::telemetry::init_logs(&config.log.filter)?;
             runtime.block_on(serve(config))
+        }
+        Command::Migrate { config } => {
+            let config = load(config)?;
+            phones_gateway::telemetry::init_logs(&config.log.filter)?;
+            runtime.block_on(async {
+                let store =
+                    phones_gateway::store::Store::connect(config.database.url.expose(), 1).await?;
+                store.migrate().await?;
+                tracing::info!(store = store.kind(), "migrations applied");
+                anyhow::Ok(())
+            })
         }
         Command::Simulate(sim_config) => {
             phones_gateway::telemetry::init_logs("info")?;
@@ -108,7 +124,10 @@ async fn demo(mut config: Config) -> anyhow::Result<()> {
             version: 1,
         })
         .collect();
-    app.status().apply_changes(&items).await?;
+    app.status().store().migrate().await?;
+    for chunk in items.chunks(10_000) {
+        app.status().apply_changes(chunk, None).await?;
+    }
 
     let (public, admin) = (app.public_addr(), app.admin_addr());
     println!(

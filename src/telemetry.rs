@@ -89,6 +89,8 @@ pub async fn track_request(request: Request, next: Next) -> Response {
 pub fn record_gauges(status: &StatusService, caches: &Caches) {
     metrics::gauge!("phones_gateway_status_set_users").set(status.set().len() as f64);
     metrics::gauge!("phones_gateway_status_set_enabled").set(status.set().enabled_count() as f64);
+    metrics::gauge!("phones_gateway_status_sync_lag_seconds")
+        .set(status.sync_lag_ms() as f64 / 1000.0);
     for cache in [&caches.real_phone, &caches.anonymous, &caches.calltracking] {
         metrics::gauge!("phones_gateway_cache_entries", "cache" => cache.name())
             .set(cache.len() as f64);

@@ -1,76 +1,155 @@
-//! The call-tracking status set: in-memory reads ([`StatusSet`]) and the write path
-//! ([`StatusService`]) that makes a change durable in the [`StatusStore`] before it
-//! changes memory.
+//! The call-tracking status set: in-memory reads ([`StatusSet`]), the write path
+//! and catch-up ([`StatusService`]), and the background loops that keep replicas
+//! converged ([`sync`]) and pull the status feed ([`feed`]).
 
+pub mod feed;
 mod set;
-mod store;
+pub mod sync;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 pub use set::{Applied, MAX_VERSION, Status, StatusSet};
-pub use store::{MemoryStore, StatusStore, StoreError};
 
+use crate::store::{CHANGES_PAGE, Store, StoreError, Watermark};
 use crate::upstream::StatusItem;
 
-/// Owns the write path: one writer at a time (a tokio mutex, held across the store
-/// call), store first, memory second, so memory never holds a change the store
-/// refused and the counts in memory match what was stored.
+/// Owns the status set's consistency with the store.
+///
+/// Writes go to the store first (one transaction each) and are acknowledged after
+/// commit. Memory learns of every change, local or from another replica, one way:
+/// [`StatusService::catch_up`] reads the store's change log after the last row it
+/// applied, in change order, and overwrites those users in memory. A local write
+/// catches up before it answers, so the writer reads its own write.
 #[derive(Clone)]
 pub struct StatusService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     set: Arc<StatusSet>,
-    store: Arc<dyn StatusStore>,
-    writer: Arc<tokio::sync::Mutex<()>>,
-    /// Set once the set was loaded from the store; `/readyz` waits for it.
-    loaded: Arc<AtomicBool>,
+    store: Store,
+    /// One local writer at a time: SQLite has one writer anyway, and PostgreSQL
+    /// writers queue on the advisory lock; queueing here spares a connection.
+    writer: tokio::sync::Mutex<()>,
+    /// The change-log position applied to memory; the mutex makes catch-ups
+    /// run one at a time so rows are applied in order.
+    watermark: tokio::sync::Mutex<Watermark>,
+    /// Set once the first catch-up (the load) finished; `/readyz` waits for it.
+    loaded: AtomicBool,
+    /// Unix time (ms) of the last successful catch-up, for the sync-lag gauge.
+    last_sync_ms: AtomicI64,
+    /// Whether this replica currently polls the status feed.
+    feed_leader: AtomicBool,
 }
 
 impl StatusService {
-    pub fn new(store: Arc<dyn StatusStore>) -> Self {
+    pub fn new(store: Store) -> Self {
         StatusService {
-            set: Arc::new(StatusSet::default()),
-            store,
-            writer: Arc::new(tokio::sync::Mutex::new(())),
-            loaded: Arc::new(AtomicBool::new(false)),
+            inner: Arc::new(Inner {
+                set: Arc::new(StatusSet::default()),
+                store,
+                writer: tokio::sync::Mutex::new(()),
+                watermark: tokio::sync::Mutex::new((0, 0)),
+                loaded: AtomicBool::new(false),
+                last_sync_ms: AtomicI64::new(0),
+                feed_leader: AtomicBool::new(false),
+            }),
         }
     }
 
     /// The read side, for the request path.
     pub fn set(&self) -> &Arc<StatusSet> {
-        &self.set
+        &self.inner.set
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.inner.store
     }
 
     pub fn is_loaded(&self) -> bool {
-        self.loaded.load(Ordering::Acquire)
+        self.inner.loaded.load(Ordering::Acquire)
     }
 
-    /// Loads every stored status into memory.
+    pub fn is_feed_leader(&self) -> bool {
+        self.inner.feed_leader.load(Ordering::Acquire)
+    }
+
+    fn set_feed_leader(&self, leader: bool) {
+        self.inner.feed_leader.store(leader, Ordering::Release);
+        metrics::gauge!("phones_gateway_status_feed_leader").set(f64::from(u8::from(leader)));
+    }
+
+    /// Milliseconds since the last successful catch-up (0 before the first).
+    pub fn sync_lag_ms(&self) -> i64 {
+        let last = self.inner.last_sync_ms.load(Ordering::Acquire);
+        if last == 0 {
+            0
+        } else {
+            (unix_ms() - last).max(0)
+        }
+    }
+
+    /// Loads the whole set (a catch-up from the start), then marks it loaded.
     ///
     /// # Errors
-    /// The store could not be read.
+    /// The store could not be read; nothing is marked loaded.
     pub async fn load(&self) -> Result<usize, StoreError> {
-        let _writer = self.writer.lock().await;
-        let rows = self.store.load().await?;
-        let count = rows.len();
-        self.set.load(rows);
-        self.loaded.store(true, Ordering::Release);
+        let count = self.catch_up().await?;
+        self.inner.loaded.store(true, Ordering::Release);
         Ok(count)
     }
 
-    /// Applies a delta delivery (webhook or feed page).
+    /// Applies every change after the watermark to memory; returns how many rows.
     ///
     /// # Errors
-    /// The store refused it; memory is unchanged.
-    pub async fn apply_changes(&self, items: &[StatusItem]) -> Result<Applied, StoreError> {
-        let _writer = self.writer.lock().await;
-        self.store.apply_changes(items).await?;
-        Ok(self.set.apply_changes(items))
+    /// The store could not be read; what was applied before the error stays.
+    pub async fn catch_up(&self) -> Result<usize, StoreError> {
+        let mut watermark = self.inner.watermark.lock().await;
+        let mut total = 0;
+        loop {
+            let rows = self
+                .inner
+                .store
+                .changes_after(*watermark, CHANGES_PAGE)
+                .await?;
+            for row in &rows {
+                self.inner.set.put(row.user_id, row.status);
+            }
+            total += rows.len();
+            if let Some(last) = rows.last() {
+                *watermark = (last.seq, i64::try_from(last.user_id).unwrap_or(i64::MAX));
+                metrics::gauge!("phones_gateway_status_last_change_seq").set(last.seq as f64);
+            }
+            if (rows.len() as i64) < CHANGES_PAGE {
+                break;
+            }
+        }
+        self.inner.last_sync_ms.store(unix_ms(), Ordering::Release);
+        Ok(total)
+    }
+
+    /// Applies a delta delivery (webhook, or a feed page with its cursor).
+    ///
+    /// # Errors
+    /// The store refused it; nothing was applied.
+    pub async fn apply_changes(
+        &self,
+        items: &[StatusItem],
+        cursor: Option<&str>,
+    ) -> Result<Applied, StoreError> {
+        let counts = {
+            let _writer = self.inner.writer.lock().await;
+            self.inner.store.apply_changes(items, cursor).await?
+        };
+        self.catch_up_after_write().await;
+        Ok(counts)
     }
 
     /// Applies a full snapshot; `enabled` is sorted and deduplicated here.
     ///
     /// # Errors
-    /// The store refused it; memory is unchanged.
+    /// The store refused it; nothing was applied.
     pub async fn apply_snapshot(
         &self,
         version: u64,
@@ -78,9 +157,24 @@ impl StatusService {
     ) -> Result<(), StoreError> {
         enabled.sort_unstable();
         enabled.dedup();
-        let _writer = self.writer.lock().await;
-        self.store.apply_snapshot(version, &enabled).await?;
-        self.set.apply_snapshot(version, &enabled);
+        {
+            let _writer = self.inner.writer.lock().await;
+            self.inner.store.apply_snapshot(version, &enabled).await?;
+        }
+        self.catch_up_after_write().await;
         Ok(())
     }
+
+    /// The change is durable; if memory cannot follow right now, the sync loop will.
+    async fn catch_up_after_write(&self) {
+        if let Err(error) = self.catch_up().await {
+            tracing::warn!(%error, "catch-up after a write failed; the sync loop will retry");
+        }
+    }
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

@@ -108,58 +108,9 @@ impl StatusSet {
         counts
     }
 
-    /// Afterwards exactly `enabled` users are on, except entries whose stored version
-    /// is above `version`, which keep theirs; all others take `version`.
-    /// `enabled` must be sorted and deduplicated.
-    pub fn apply_snapshot(&self, version: u64, enabled: &[u64]) {
-        debug_assert!(enabled.is_sorted());
-        let map = self.map.pin();
-        for (user, packed) in map.iter() {
-            if Status::unpack(*packed).version <= version {
-                let on = enabled.binary_search(user).is_ok();
-                map.insert(
-                    *user,
-                    Status {
-                        enabled: on,
-                        version,
-                    }
-                    .pack(),
-                );
-            }
-        }
-        for user in enabled {
-            let keep = map
-                .get(user)
-                .is_some_and(|p| Status::unpack(*p).version >= version);
-            if !keep {
-                map.insert(
-                    *user,
-                    Status {
-                        enabled: true,
-                        version,
-                    }
-                    .pack(),
-                );
-            }
-        }
-    }
-
-    /// Every stored status.
-    pub fn rows(&self) -> Vec<(u64, Status)> {
-        self.map
-            .pin()
-            .iter()
-            .map(|(user, packed)| (*user, Status::unpack(*packed)))
-            .collect()
-    }
-
-    /// Replaces the contents, for loading at start.
-    pub fn load(&self, rows: impl IntoIterator<Item = (u64, Status)>) {
-        let map = self.map.pin();
-        map.clear();
-        for (user, status) in rows {
-            map.insert(user, status.pack());
-        }
+    /// Sets a user's status as stored (catch-up from the store, which is the truth).
+    pub fn put(&self, user_id: u64, status: Status) {
+        self.map.pin().insert(user_id, status.pack());
     }
 }
 
@@ -211,61 +162,6 @@ mod tests {
                 version: 0
             }
         );
-    }
-
-    #[test]
-    fn snapshot_sets_exactly_the_listed_users_except_newer_entries() {
-        let set = StatusSet::default();
-        set.apply_changes(&[
-            item(1, true, 5),
-            item(2, true, 20),
-            item(3, false, 20),
-            item(4, true, 10),
-        ]);
-        set.apply_snapshot(10, &[3, 5, 6]);
-        assert_eq!(
-            set.get(user(1)),
-            Status {
-                enabled: false,
-                version: 10
-            }
-        );
-        assert_eq!(
-            set.get(user(2)),
-            Status {
-                enabled: true,
-                version: 20
-            }
-        ); // newer: kept
-        assert_eq!(
-            set.get(user(3)),
-            Status {
-                enabled: false,
-                version: 20
-            }
-        ); // newer: kept
-        assert_eq!(
-            set.get(user(4)),
-            Status {
-                enabled: false,
-                version: 10
-            }
-        ); // equal: takes snapshot
-        assert_eq!(
-            set.get(user(5)),
-            Status {
-                enabled: true,
-                version: 10
-            }
-        );
-        assert_eq!(
-            set.get(user(6)),
-            Status {
-                enabled: true,
-                version: 10
-            }
-        );
-        assert_eq!(set.enabled_count(), 3);
     }
 
     #[test]

@@ -144,6 +144,7 @@ pub struct TestApp {
     pub calltracking: Fake,
     pub http: reqwest::Client,
     _stop: tokio::sync::oneshot::Sender<()>,
+    _dir: tempfile::TempDir,
 }
 
 /// An HTTP answer, read whole.
@@ -167,8 +168,11 @@ impl TestApp {
         let real = Fake::start("phone").await;
         let anonymous = Fake::start("phone").await;
         let calltracking = Fake::start("virtual_phone").await;
+        let dir = tempfile::tempdir().unwrap();
         let base = format!(
             r#"
+            [database]
+            url = "sqlite://{}/gateway.db"
             [server]
             public_addr = "127.0.0.1:0"
             admin_addr = "127.0.0.1:0"
@@ -181,7 +185,10 @@ impl TestApp {
             [upstreams.calltracking]
             base_url = "{}"
             "#,
-            real.url, anonymous.url, calltracking.url
+            dir.path().display(),
+            real.url,
+            anonymous.url,
+            calltracking.url
         );
         let figment = figment::Figment::from(figment::providers::Toml::string(
             phones_gateway::config::DEFAULT_TOML,
@@ -189,7 +196,7 @@ impl TestApp {
         .merge(figment::providers::Toml::string(&base))
         .merge(figment::providers::Toml::string(overlay));
         let config = Config::from_figment(figment).expect("test config is valid");
-        Self::spawn_config(config, real, anonymous, calltracking).await
+        Self::spawn_config(config, real, anonymous, calltracking, dir).await
     }
 
     async fn spawn_config(
@@ -197,6 +204,7 @@ impl TestApp {
         real: Fake,
         anonymous: Fake,
         calltracking: Fake,
+        dir: tempfile::TempDir,
     ) -> TestApp {
         let app = App::build(config).await.expect("app builds");
         let public = format!("http://{}", app.public_addr());
@@ -213,6 +221,7 @@ impl TestApp {
             calltracking,
             http: reqwest::Client::new(),
             _stop: stop,
+            _dir: dir,
         };
         // Ready once the status set is loaded.
         for _ in 0..100 {

@@ -1,0 +1,260 @@
+//! Durable storage of the call-tracking status set, through sqlx: SQLite (one
+//! replica, the embedded default) or PostgreSQL (a cluster), behind one [`Store`].
+//!
+//! Every write is one transaction that stamps the rows it changes with the next
+//! *change sequence* value. Writers are serialised (PostgreSQL: a transaction-level
+//! advisory lock taken before the sequence value; SQLite: its single writer), so
+//! sequence values become visible in order and a reader that asks for "changes
+//! after (seq, user)" can never skip a row. That question, [`Store::changes_after`],
+//! is the only way memory learns about changes: at start-up, after a local write,
+//! on a PostgreSQL notification, and on a short poll.
+
+mod postgres;
+mod sqlite;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::status::{Applied, Status};
+use crate::upstream::StatusItem;
+
+pub use postgres::FEED_LOCK;
+
+/// The PostgreSQL notification channel of status changes.
+pub fn postgres_channel() -> &'static str {
+    postgres::CHANNEL
+}
+
+/// Rows read per catch-up query.
+pub const CHANGES_PAGE: i64 = 50_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("unsupported database URL (expected sqlite:// or postgres://)")]
+    UnsupportedUrl,
+}
+
+/// A stored status and the change that last touched it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Row {
+    pub user_id: u64,
+    pub status: Status,
+    pub seq: i64,
+}
+
+/// A position in the change log: (change_seq, user_id) of the last row seen.
+pub type Watermark = (i64, i64);
+
+#[derive(Debug, Clone)]
+pub enum Store {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+}
+
+impl Store {
+    /// Opens a pool. SQLite creates the file (and its directory) now; PostgreSQL
+    /// connects lazily, so a database that is down at start delays readiness
+    /// instead of failing the start.
+    ///
+    /// # Errors
+    /// A URL that does not parse, or an SQLite file that cannot be created.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        if url.starts_with("sqlite:") {
+            sqlite::connect(url, max_connections)
+                .await
+                .map(Store::Sqlite)
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            postgres::connect(url, max_connections).map(Store::Postgres)
+        } else {
+            Err(StoreError::UnsupportedUrl)
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Store::Sqlite(_) => "sqlite",
+            Store::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Applies the embedded migrations of this database kind.
+    ///
+    /// # Errors
+    /// The database is unreachable or a migration failed.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        match self {
+            Store::Sqlite(pool) => sqlx::migrate!("migrations/sqlite").run(pool).await?,
+            Store::Postgres(pool) => sqlx::migrate!("migrations/postgres").run(pool).await?,
+        }
+        Ok(())
+    }
+
+    /// Applies a delta delivery in one transaction (with the feed cursor that
+    /// brought it, if any); returns what applied and what was ignored.
+    ///
+    /// # Errors
+    /// The database refused or is unreachable; nothing was applied.
+    pub async fn apply_changes(
+        &self,
+        items: &[StatusItem],
+        cursor: Option<&str>,
+    ) -> Result<Applied, StoreError> {
+        timed("apply_changes", async {
+            match self {
+                Store::Sqlite(pool) => sqlite::apply_changes(pool, items, cursor).await,
+                Store::Postgres(pool) => postgres::apply_changes(pool, items, cursor).await,
+            }
+        })
+        .await
+    }
+
+    /// Applies a full snapshot in one transaction; `enabled` is sorted and unique.
+    ///
+    /// # Errors
+    /// As [`Store::apply_changes`].
+    pub async fn apply_snapshot(&self, version: u64, enabled: &[u64]) -> Result<(), StoreError> {
+        timed("apply_snapshot", async {
+            match self {
+                Store::Sqlite(pool) => sqlite::apply_snapshot(pool, version, enabled).await,
+                Store::Postgres(pool) => postgres::apply_snapshot(pool, version, enabled).await,
+            }
+        })
+        .await
+    }
+
+    /// Up to `limit` rows changed after `after`, in change order.
+    ///
+    /// # Errors
+    /// The database is unreachable.
+    pub async fn changes_after(
+        &self,
+        after: Watermark,
+        limit: i64,
+    ) -> Result<Vec<Row>, StoreError> {
+        timed("changes_after", async {
+            match self {
+                Store::Sqlite(pool) => sqlite::changes_after(pool, after, limit).await,
+                Store::Postgres(pool) => postgres::changes_after(pool, after, limit).await,
+            }
+        })
+        .await
+    }
+
+    /// The status feed's stored cursor.
+    ///
+    /// # Errors
+    /// The database is unreachable.
+    pub async fn feed_cursor(&self) -> Result<Option<String>, StoreError> {
+        let query = "SELECT cursor FROM status_feed_cursor WHERE id = 1";
+        let cursor = match self {
+            Store::Sqlite(pool) => sqlx::query_scalar(query).fetch_optional(pool).await?,
+            Store::Postgres(pool) => sqlx::query_scalar(query).fetch_optional(pool).await?,
+        };
+        Ok(cursor)
+    }
+
+    pub async fn close(&self) {
+        match self {
+            Store::Sqlite(pool) => pool.close().await,
+            Store::Postgres(pool) => pool.close().await,
+        }
+    }
+}
+
+async fn timed<T>(operation: &'static str, f: impl Future<Output = T>) -> T {
+    let start = std::time::Instant::now();
+    let out = f.await;
+    metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => operation)
+        .record(start.elapsed().as_secs_f64());
+    out
+}
+
+/// Which items of a delivery apply, given the stored versions, taking items in
+/// order as if each were its own delivery; and the final row of each changed user.
+pub fn plan_changes(
+    items: &[StatusItem],
+    stored: &HashMap<u64, u64>,
+) -> (Applied, Vec<StatusItem>) {
+    let mut latest: HashMap<u64, StatusItem> = HashMap::new();
+    let mut counts = Applied::default();
+    for item in items {
+        let current = latest
+            .get(&item.user_id)
+            .map(|i| i.version)
+            .or_else(|| stored.get(&item.user_id).copied())
+            .unwrap_or(0);
+        if item.version > current {
+            latest.insert(item.user_id, *item);
+            counts.applied += 1;
+        } else {
+            counts.ignored += 1;
+        }
+    }
+    let mut rows: Vec<StatusItem> = latest.into_values().collect();
+    rows.sort_unstable_by_key(|r| r.user_id);
+    (counts, rows)
+}
+
+/// Distinct users of a delivery.
+fn users_of(items: &[StatusItem]) -> Vec<u64> {
+    let mut users: Vec<u64> = items.iter().map(|i| i.user_id).collect();
+    users.sort_unstable();
+    users.dedup();
+    users
+}
+
+/// Versions and ids are at most `i64::MAX` (validated at the edge); stored signed.
+fn signed(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn unsigned(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+/// How long a connection attempt may take before the operation fails (and the
+/// webhook answers 503) rather than hanging on a dead database.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(user_id: u64, enabled: bool, version: u64) -> StatusItem {
+        StatusItem {
+            user_id,
+            enabled,
+            version,
+        }
+    }
+
+    #[test]
+    fn plan_takes_items_in_order_against_stored_versions() {
+        let stored = HashMap::from([(1, 10), (2, 3)]);
+        let items = [
+            item(1, true, 10),
+            item(1, false, 11),
+            item(1, true, 11),
+            item(2, true, 4),
+            item(3, true, 1),
+            item(3, false, 1),
+            item(2, false, 2),
+        ];
+        let (counts, rows) = plan_changes(&items, &stored);
+        assert_eq!(
+            counts,
+            Applied {
+                applied: 3,
+                ignored: 4
+            }
+        );
+        assert_eq!(
+            rows,
+            [item(1, false, 11), item(2, true, 4), item(3, true, 1)]
+        );
+    }
+}

@@ -1,0 +1,180 @@
+//! The PostgreSQL store: for a cluster of replicas. Writers take a
+//! transaction-level advisory lock before the change sequence value, so values
+//! commit in order; each write notifies `calltracking_status` on commit (a hint to
+//! the other replicas to catch up; the poll covers a lost one).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::str::FromStr;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Row as _};
+
+use super::{Row, StoreError, Watermark, plan_changes, signed, unsigned, users_of};
+use crate::status::{Applied, Status};
+use crate::upstream::StatusItem;
+
+/// The notification channel of status changes.
+pub const CHANNEL: &str = "calltracking_status";
+/// Advisory lock key serialising writers ("ctstatus" in ASCII).
+const WRITE_LOCK: i64 = 0x6374_7374_6174_7573;
+/// Advisory lock key of the status-feed leader.
+pub const FEED_LOCK: i64 = 0x6374_6665_6564_6c64;
+/// Ids sent per COPY message.
+const COPY_CHUNK: usize = 100_000;
+
+pub fn options(url: &str) -> Result<PgConnectOptions, StoreError> {
+    Ok(PgConnectOptions::from_str(url)?)
+}
+
+pub fn connect(url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(super::ACQUIRE_TIMEOUT)
+        .connect_lazy_with(options(url)?))
+}
+
+async fn begin_write(
+    pool: &PgPool,
+) -> Result<(sqlx::Transaction<'static, sqlx::Postgres>, i64), StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(WRITE_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    let seq: i64 = sqlx::query_scalar("SELECT nextval('calltracking_change_seq')")
+        .fetch_one(&mut *tx)
+        .await?;
+    Ok((tx, seq))
+}
+
+async fn notify_and_commit(
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    seq: i64,
+) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(seq.to_string())
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+pub async fn apply_changes(
+    pool: &PgPool,
+    items: &[StatusItem],
+    cursor: Option<&str>,
+) -> Result<Applied, StoreError> {
+    let (mut tx, seq) = begin_write(pool).await?;
+    let users: Vec<i64> = users_of(items).into_iter().map(signed).collect();
+    let stored: HashMap<u64, u64> =
+        sqlx::query("SELECT user_id, version FROM calltracking_status WHERE user_id = ANY($1)")
+            .bind(&users)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .map(|row| (unsigned(row.get(0)), unsigned(row.get(1))))
+            .collect();
+    let (counts, rows) = plan_changes(items, &stored);
+    if !rows.is_empty() {
+        let ids: Vec<i64> = rows.iter().map(|r| signed(r.user_id)).collect();
+        let enabled: Vec<bool> = rows.iter().map(|r| r.enabled).collect();
+        let versions: Vec<i64> = rows.iter().map(|r| signed(r.version)).collect();
+        sqlx::query(
+            "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) \
+             SELECT u, e, v, $4 FROM UNNEST($1::int8[], $2::bool[], $3::int8[]) AS t(u, e, v) \
+             ON CONFLICT (user_id) DO UPDATE SET enabled = excluded.enabled, \
+             version = excluded.version, change_seq = excluded.change_seq \
+             WHERE excluded.version > calltracking_status.version",
+        )
+        .bind(&ids)
+        .bind(&enabled)
+        .bind(&versions)
+        .bind(seq)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if let Some(cursor) = cursor {
+        sqlx::query(
+            "INSERT INTO status_feed_cursor (id, cursor) VALUES (1, $1) \
+             ON CONFLICT (id) DO UPDATE SET cursor = excluded.cursor",
+        )
+        .bind(cursor)
+        .execute(&mut *tx)
+        .await?;
+    }
+    notify_and_commit(tx, seq).await?;
+    Ok(counts)
+}
+
+pub async fn apply_snapshot(
+    pool: &PgPool,
+    version: u64,
+    enabled: &[u64],
+) -> Result<(), StoreError> {
+    let (mut tx, seq) = begin_write(pool).await?;
+    sqlx::query("CREATE TEMP TABLE snapshot_ids (user_id BIGINT PRIMARY KEY) ON COMMIT DROP")
+        .execute(&mut *tx)
+        .await?;
+    let mut copy = tx
+        .copy_in_raw("COPY snapshot_ids (user_id) FROM STDIN")
+        .await?;
+    let mut buffer = String::new();
+    for chunk in enabled.chunks(COPY_CHUNK) {
+        buffer.clear();
+        for user in chunk {
+            // Writing to a String cannot fail.
+            let _ = writeln!(buffer, "{user}");
+        }
+        copy.send(buffer.as_bytes()).await?;
+    }
+    copy.finish().await?;
+    let version = signed(version);
+    sqlx::query(
+        "UPDATE calltracking_status s \
+         SET enabled = EXISTS (SELECT 1 FROM snapshot_ids t WHERE t.user_id = s.user_id), \
+             version = $1, change_seq = $2 \
+         WHERE s.version <= $1",
+    )
+    .bind(version)
+    .bind(seq)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) \
+         SELECT user_id, true, $1, $2 FROM snapshot_ids ON CONFLICT (user_id) DO NOTHING",
+    )
+    .bind(version)
+    .bind(seq)
+    .execute(&mut *tx)
+    .await?;
+    notify_and_commit(tx, seq).await
+}
+
+pub async fn changes_after(
+    pool: &PgPool,
+    after: Watermark,
+    limit: i64,
+) -> Result<Vec<Row>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT user_id, enabled, version, change_seq FROM calltracking_status \
+         WHERE (change_seq, user_id) > ($1, $2) ORDER BY change_seq, user_id LIMIT $3",
+    )
+    .bind(after.0)
+    .bind(after.1)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| Row {
+            user_id: unsigned(row.get(0)),
+            status: Status {
+                enabled: row.get(1),
+                version: unsigned(row.get(2)),
+            },
+            seq: row.get(3),
+        })
+        .collect())
+}

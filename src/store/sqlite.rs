@@ -1,0 +1,171 @@
+//! The SQLite store: the embedded default, for one replica. WAL journal,
+//! `synchronous = FULL` (an acknowledged change survives a crash of the machine,
+//! not only of the process), one writer at a time by SQLite's own lock.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{QueryBuilder, Row as _, Sqlite, SqlitePool};
+
+use super::{
+    ACQUIRE_TIMEOUT, Row, StoreError, Watermark, plan_changes, signed, unsigned, users_of,
+};
+use crate::status::{Applied, Status};
+use crate::upstream::StatusItem;
+
+/// Bound parameters per statement, under SQLite's limit of 32,766.
+const MAX_PARAMS: usize = 30_000;
+
+pub async fn connect(url: &str, max_connections: u32) -> Result<SqlitePool, StoreError> {
+    let options = SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(std::time::Duration::from_secs(5));
+    if let Some(dir) = options.get_filename().parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir).map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
+        }
+    }
+    Ok(SqlitePoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_with(options)
+        .await?)
+}
+
+async fn next_seq(tx: &mut sqlx::SqliteConnection) -> Result<i64, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT COALESCE(MAX(change_seq), 0) + 1 FROM calltracking_status")
+            .fetch_one(tx)
+            .await?,
+    )
+}
+
+pub async fn apply_changes(
+    pool: &SqlitePool,
+    items: &[StatusItem],
+    cursor: Option<&str>,
+) -> Result<Applied, StoreError> {
+    let mut tx = pool.begin().await?;
+    let mut stored = HashMap::new();
+    for chunk in users_of(items).chunks(MAX_PARAMS) {
+        let mut query = QueryBuilder::<Sqlite>::new(
+            "SELECT user_id, version FROM calltracking_status WHERE user_id IN (",
+        );
+        let mut list = query.separated(", ");
+        for user in chunk {
+            list.push_bind(signed(*user));
+        }
+        query.push(")");
+        for row in query.build().fetch_all(&mut *tx).await? {
+            stored.insert(unsigned(row.get(0)), unsigned(row.get(1)));
+        }
+    }
+    let (counts, rows) = plan_changes(items, &stored);
+    if !rows.is_empty() {
+        let seq = next_seq(&mut tx).await?;
+        for chunk in rows.chunks(MAX_PARAMS / 3) {
+            let mut query = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) ",
+            );
+            query.push_values(chunk, |mut b, row| {
+                b.push_bind(signed(row.user_id))
+                    .push_bind(row.enabled)
+                    .push_bind(signed(row.version))
+                    .push_bind(seq);
+            });
+            query.push(
+                " ON CONFLICT (user_id) DO UPDATE SET enabled = excluded.enabled, \
+                 version = excluded.version, change_seq = excluded.change_seq \
+                 WHERE excluded.version > calltracking_status.version",
+            );
+            query.build().execute(&mut *tx).await?;
+        }
+    }
+    if let Some(cursor) = cursor {
+        sqlx::query(
+            "INSERT INTO status_feed_cursor (id, cursor) VALUES (1, ?) \
+             ON CONFLICT (id) DO UPDATE SET cursor = excluded.cursor",
+        )
+        .bind(cursor)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(counts)
+}
+
+pub async fn apply_snapshot(
+    pool: &SqlitePool,
+    version: u64,
+    enabled: &[u64],
+) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await?;
+    let seq = next_seq(&mut tx).await?;
+    sqlx::query("CREATE TEMP TABLE IF NOT EXISTS snapshot_ids (user_id INTEGER PRIMARY KEY)")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("DELETE FROM snapshot_ids")
+        .execute(&mut *tx)
+        .await?;
+    for chunk in enabled.chunks(MAX_PARAMS) {
+        let mut query = QueryBuilder::<Sqlite>::new("INSERT INTO snapshot_ids (user_id) ");
+        query.push_values(chunk, |mut b, user| {
+            b.push_bind(signed(*user));
+        });
+        query.build().execute(&mut *tx).await?;
+    }
+    let version = signed(version);
+    sqlx::query(
+        "UPDATE calltracking_status \
+         SET enabled = (user_id IN (SELECT user_id FROM snapshot_ids)), version = ?1, change_seq = ?2 \
+         WHERE version <= ?1",
+    )
+    .bind(version)
+    .bind(seq)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) \
+         SELECT user_id, 1, ?1, ?2 FROM snapshot_ids WHERE true \
+         ON CONFLICT (user_id) DO NOTHING",
+    )
+    .bind(version)
+    .bind(seq)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM snapshot_ids")
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+pub async fn changes_after(
+    pool: &SqlitePool,
+    after: Watermark,
+    limit: i64,
+) -> Result<Vec<Row>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT user_id, enabled, version, change_seq FROM calltracking_status \
+         WHERE (change_seq, user_id) > (?, ?) ORDER BY change_seq, user_id LIMIT ?",
+    )
+    .bind(after.0)
+    .bind(after.1)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| Row {
+            user_id: unsigned(row.get(0)),
+            status: Status {
+                enabled: row.get(1),
+                version: unsigned(row.get(2)),
+            },
+            seq: row.get(3),
+        })
+        .collect())
+}
