@@ -6,7 +6,11 @@
 mod admin;
 mod bad_input;
 mod caching;
+mod durability;
+mod feed;
+mod pg;
 mod privacy;
+mod replicas;
 mod selection;
 mod support;
 

@@ -143,6 +143,8 @@ pub struct TestApp {
     pub anonymous: Fake,
     pub calltracking: Fake,
     pub http: reqwest::Client,
+    /// The app's status service (leadership, direct checks).
+    pub status: phones_gateway::status::StatusService,
     _stop: tokio::sync::oneshot::Sender<()>,
     _dir: tempfile::TempDir,
 }
@@ -162,8 +164,14 @@ impl TestApp {
         Self::spawn_with("").await
     }
 
-    /// Starts the app with `overlay` (TOML) over the test defaults.
+    /// Starts the app with `overlay` (TOML) over the test defaults, on a fresh
+    /// SQLite file.
     pub async fn spawn_with(overlay: &str) -> TestApp {
+        Self::spawn_on(None, overlay).await
+    }
+
+    /// Starts the app on the database at `url` (a fresh SQLite file when `None`).
+    pub async fn spawn_on(url: Option<&str>, overlay: &str) -> TestApp {
         init_logs();
         let real = Fake::start("phone").await;
         let anonymous = Fake::start("phone").await;
@@ -172,7 +180,7 @@ impl TestApp {
         let base = format!(
             r#"
             [database]
-            url = "sqlite://{}/gateway.db"
+            url = "{}"
             [server]
             public_addr = "127.0.0.1:0"
             admin_addr = "127.0.0.1:0"
@@ -185,7 +193,10 @@ impl TestApp {
             [upstreams.calltracking]
             base_url = "{}"
             "#,
-            dir.path().display(),
+            url.map_or_else(
+                || format!("sqlite://{}/gateway.db", dir.path().display()),
+                str::to_owned
+            ),
             real.url,
             anonymous.url,
             calltracking.url
@@ -209,6 +220,7 @@ impl TestApp {
         let app = App::build(config).await.expect("app builds");
         let public = format!("http://{}", app.public_addr());
         let admin = format!("http://{}", app.admin_addr());
+        let status = app.status().clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(app.run(async move {
             let _ = stopped.await;
@@ -220,11 +232,12 @@ impl TestApp {
             anonymous,
             calltracking,
             http: reqwest::Client::new(),
+            status,
             _stop: stop,
             _dir: dir,
         };
         // Ready once the status set is loaded.
-        for _ in 0..100 {
+        for _ in 0..500 {
             if test_app.get_admin("/readyz").await.status == 200 {
                 return test_app;
             }

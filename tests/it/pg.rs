@@ -1,0 +1,200 @@
+//! Throwaway PostgreSQL clusters for tests: `initdb` in a temp dir, a free port,
+//! run as the `postgres` user when we are root (PostgreSQL refuses root). Each test
+//! that needs PostgreSQL gets its own cluster, stopped when dropped, so a test may
+//! stop or restart it freely. With `TEST_POSTGRES_URL` set, tests that do not
+//! need to stop the server use a fresh database on that server instead.
+//! Under `CI=true` a PostgreSQL that cannot be had fails the test; elsewhere the
+//! test is skipped with a message.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+pub struct PgCluster {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+/// Runs a PostgreSQL binary, as `postgres` when we are root.
+fn pg_command(program: &str, args: &[&str]) -> Result<(), String> {
+    let output = if is_root() {
+        Command::new("runuser")
+            .args(["-u", "postgres", "--", program])
+            .args(args)
+            .output()
+    } else {
+        Command::new(program).args(args).output()
+    }
+    .map_err(|e| format!("{program}: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{program} {args:?} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl PgCluster {
+    /// Starts a new cluster.
+    ///
+    /// # Errors
+    /// The PostgreSQL binaries are missing or failed.
+    pub fn start() -> Result<PgCluster, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("pg-test-")
+            .tempdir()
+            .map_err(|e| e.to_string())?;
+        if is_root() {
+            let status = Command::new("chown")
+                .args(["-R", "postgres", &dir.path().display().to_string()])
+                .status()
+                .map_err(|e| e.to_string())?;
+            if !status.success() {
+                return Err("chown to postgres failed".into());
+            }
+        }
+        let cluster = PgCluster {
+            dir,
+            port: free_port(),
+        };
+        pg_command(
+            "initdb",
+            &[
+                "-D",
+                &cluster.data(),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+        )?;
+        cluster.start_server()?;
+        Ok(cluster)
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("server.log")
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Starts (again) a stopped server on the same port and data.
+    pub fn start_server(&self) -> Result<(), String> {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            self.port,
+            self.dir.path().display()
+        );
+        pg_command(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data(),
+                "-o",
+                &options,
+                "-l",
+                &self.log().display().to_string(),
+                "-w",
+                "start",
+            ],
+        )
+    }
+
+    /// Stops the server, dropping every connection (`-m fast`).
+    pub fn stop_server(&self) -> Result<(), String> {
+        pg_command("pg_ctl", &["-D", &self.data(), "-m", "fast", "-w", "stop"])
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        let _ = pg_command(
+            "pg_ctl",
+            &["-D", &self.data(), "-m", "immediate", "-w", "stop"],
+        );
+    }
+}
+
+/// A PostgreSQL database for one test: its own cluster, or (with
+/// `TEST_POSTGRES_URL`) a fresh database on the given server.
+pub struct TestDb {
+    pub url: String,
+    pub cluster: Option<PgCluster>,
+}
+
+fn unavailable(why: &str) -> Option<TestDb> {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("PostgreSQL is required in CI and could not be had: {why}");
+    }
+    eprintln!("skipped: no PostgreSQL ({why}); set TEST_POSTGRES_URL or install PostgreSQL");
+    None
+}
+
+/// A database for a test that does not stop the server.
+pub async fn database() -> Option<TestDb> {
+    if let Ok(url) = std::env::var("TEST_POSTGRES_URL") {
+        let name = format!("t_{:016x}", rand_u64());
+        let mut admin = match <sqlx::PgConnection as sqlx::Connection>::connect(&url).await {
+            Ok(c) => c,
+            Err(e) => return unavailable(&e.to_string()),
+        };
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let base = url.rsplit_once('/').map_or(url.as_str(), |(b, _)| b);
+        return Some(TestDb {
+            url: format!("{base}/{name}"),
+            cluster: None,
+        });
+    }
+    cluster()
+}
+
+/// A database on a cluster of the test's own, which it may stop and start.
+pub fn cluster() -> Option<TestDb> {
+    match PgCluster::start() {
+        Ok(cluster) => Some(TestDb {
+            url: cluster.url(),
+            cluster: Some(cluster),
+        }),
+        Err(e) => unavailable(&e),
+    }
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    );
+    h.finish()
+}
