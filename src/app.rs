@@ -137,13 +137,33 @@ impl App {
         let admin =
             axum::serve(self.admin, self.admin_router).with_graceful_shutdown(stopped(stop_rx));
         let shutting_down = self.shutting_down;
+        let pause = Duration::from_millis(self.config.server.shutdown_pause_ms);
+        let drain = Duration::from_millis(self.config.server.drain_timeout_ms);
+        let (deadline_tx, deadline_rx) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
             shutdown.await;
             shutting_down.store(true, Ordering::Release);
-            tracing::info!("shutting down: draining in-flight requests");
+            tracing::info!(
+                ?pause,
+                "shutting down: /readyz answers 503; pausing for the load balancer"
+            );
+            tokio::time::sleep(pause).await;
+            tracing::info!(
+                ?drain,
+                "shutting down: no new connections; draining in-flight requests"
+            );
             let _ = stop_tx.send(true);
+            tokio::time::sleep(drain).await;
+            let _ = deadline_tx.send(());
         });
-        let (public, admin) = tokio::join!(public.into_future(), admin.into_future());
+        let served = async { tokio::join!(public.into_future(), admin.into_future()) };
+        let (public, admin) = tokio::select! {
+            results = served => results,
+            _ = deadline_rx => {
+                tracing::warn!("drain deadline passed; dropping the remaining connections");
+                (Ok(()), Ok(()))
+            }
+        };
         background.abort();
         let _ = background.await;
         self.status.store().close().await;

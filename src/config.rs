@@ -38,6 +38,8 @@ pub struct ServerConfig {
     pub admin_addr: SocketAddr,
     pub max_body_bytes: usize,
     pub max_snapshot_bytes: usize,
+    pub shutdown_pause_ms: u64,
+    pub drain_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -284,6 +286,15 @@ impl Config {
                 "server.max_snapshot_bytes",
                 "must be at least server.max_body_bytes",
             ));
+        }
+        if self.server.shutdown_pause_ms > 600_000 {
+            return Err(invalid(
+                "server.shutdown_pause_ms",
+                "must be at most 600000",
+            ));
+        }
+        if !(1..=600_000).contains(&self.server.drain_timeout_ms) {
+            return Err(invalid("server.drain_timeout_ms", "must be in 1..=600000"));
         }
         let db = self.database.url.expose();
         if !["sqlite:", "postgres:", "postgresql:"]

@@ -27,6 +27,11 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Load and validate the configuration, print the verdict, and exit.
+    CheckConfig {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Apply the database migrations and exit.
     Migrate {
         #[arg(long)]
@@ -52,6 +57,11 @@ fn main() -> anyhow::Result<()> {
             let config = load(config)?;
             phones_gateway::telemetry::init_logs(&config.log.filter)?;
             runtime.block_on(serve(config))
+        }
+        Command::CheckConfig { config } => {
+            load(config)?;
+            println!("configuration ok");
+            Ok(())
         }
         Command::Migrate { config } => {
             let config = load(config)?;

@@ -12,6 +12,7 @@ mod pg;
 mod privacy;
 mod replicas;
 mod selection;
+mod shutdown;
 mod support;
 
 /// Numbers the fake upstreams hand out.

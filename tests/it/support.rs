@@ -145,7 +145,8 @@ pub struct TestApp {
     pub http: reqwest::Client,
     /// The app's status service (leadership, direct checks).
     pub status: phones_gateway::status::StatusService,
-    _stop: tokio::sync::oneshot::Sender<()>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    running: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -222,7 +223,7 @@ impl TestApp {
         let admin = format!("http://{}", app.admin_addr());
         let status = app.status().clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(app.run(async move {
+        let running = tokio::spawn(app.run(async move {
             let _ = stopped.await;
         }));
         let test_app = TestApp {
@@ -233,7 +234,8 @@ impl TestApp {
             calltracking,
             http: reqwest::Client::new(),
             status,
-            _stop: stop,
+            stop: Some(stop),
+            running: Some(running),
             _dir: dir,
         };
         // Ready once the status set is loaded.
@@ -244,6 +246,15 @@ impl TestApp {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("app never became ready");
+    }
+
+    /// Sends the shutdown signal (as SIGTERM does) and returns the running app's
+    /// handle, which completes once it has drained.
+    pub fn shutdown(&mut self) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.running.take().expect("shut down once")
     }
 
     pub async fn phone(&self, user: u64, ad: u64, category: u64) -> Answer {

@@ -1,0 +1,155 @@
+{{/*
+Chart name, truncated to the 63 characters of a DNS label.
+*/}}
+{{- define "phones-gateway.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: <release>-<chart>, or the release name alone when it already holds
+the chart name. 57 characters leave room for the "-admin" suffix.
+*/}}
+{{- define "phones-gateway.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 57 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 57 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 57 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+chart label value: name-version.
+*/}}
+{{- define "phones-gateway.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels on every resource.
+*/}}
+{{- define "phones-gateway.labels" -}}
+helm.sh/chart: {{ include "phones-gateway.chart" . }}
+{{ include "phones-gateway.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: phones-gateway
+{{- end }}
+
+{{/*
+Labels that select the pods (immutable in a Deployment: never add to these).
+*/}}
+{{- define "phones-gateway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "phones-gateway.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+ServiceAccount name.
+*/}}
+{{- define "phones-gateway.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "phones-gateway.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The image reference.
+*/}}
+{{- define "phones-gateway.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/*
+The port of a "host:port" listen address, e.g. "0.0.0.0:8080" -> 8080.
+Usage: include "phones-gateway.addrPort" (list "server.public_addr" $addr)
+*/}}
+{{- define "phones-gateway.addrPort" -}}
+{{- $key := index . 0 }}
+{{- $addr := toString (index . 1) }}
+{{- $port := regexFind "[0-9]+$" $addr }}
+{{- if or (not $port) (not (regexMatch ":[0-9]+$" $addr)) }}
+{{- fail (printf "config.%s must be host:port, got %q" $key $addr) }}
+{{- end }}
+{{- $port }}
+{{- end }}
+
+{{/* The container's public port, from config.server.public_addr. */}}
+{{- define "phones-gateway.publicPort" -}}
+{{- include "phones-gateway.addrPort" (list "server.public_addr" (dig "server" "public_addr" "0.0.0.0:8080" .Values.config)) }}
+{{- end }}
+
+{{/* The container's admin port, from config.server.admin_addr. */}}
+{{- define "phones-gateway.adminPort" -}}
+{{- include "phones-gateway.addrPort" (list "server.admin_addr" (dig "server" "admin_addr" "0.0.0.0:8081" .Values.config)) }}
+{{- end }}
+
+{{/*
+Whole-number floats to int64, recursively, in place (maps and lists). Helm
+reads every YAML number as float64, and toToml would then write 300 as 300.0,
+which the service refuses for an integer key.
+Usage: include "phones-gateway.intify" $map  (renders nothing)
+*/}}
+{{- define "phones-gateway.intify" -}}
+{{- $m := . }}
+{{- range $k, $v := $m }}
+{{- if kindIs "map" $v }}
+{{- include "phones-gateway.intify" $v }}
+{{- else if kindIs "slice" $v }}
+{{- $out := list }}
+{{- range $e := $v }}
+{{- if and (kindIs "float64" $e) (eq $e (floor $e)) }}
+{{- $out = append $out (int64 $e) }}
+{{- else }}
+{{- if kindIs "map" $e }}{{ include "phones-gateway.intify" $e }}{{ end }}
+{{- $out = append $out $e }}
+{{- end }}
+{{- end }}
+{{- $_ := set $m $k $out }}
+{{- else if and (kindIs "float64" $v) (eq $v (floor $v)) }}
+{{- $_ := set $m $k (int64 $v) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The rendered config.toml: .Values.config with whole numbers as integers.
+*/}}
+{{- define "phones-gateway.configToml" -}}
+{{- $config := deepCopy .Values.config }}
+{{- include "phones-gateway.intify" $config }}
+{{- toToml $config }}
+{{- end }}
+
+{{/*
+Refuses values that would deploy something broken or leak a secret.
+*/}}
+{{- define "phones-gateway.validate" -}}
+{{- if dig "admin" "token" "" .Values.config }}
+{{- fail "config.admin.token must stay empty: put the token in a Secret and set adminToken.secretName (the ConfigMap is not secret)" }}
+{{- end }}
+{{- $dbUrl := toString (dig "database" "url" "" .Values.config) }}
+{{- if and (not .Values.database.secretName) (or (contains "@" $dbUrl) (contains "password" $dbUrl)) }}
+{{- fail "config.database.url looks like it holds credentials: put the URL in a Secret and set database.secretName" }}
+{{- end }}
+{{- if .Values.persistence.enabled }}
+{{- if or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1) }}
+{{- fail "persistence (a SQLite file) is for a single replica: set replicaCount: 1 and autoscaling.enabled: false, or use PostgreSQL (database.secretName)" }}
+{{- end }}
+{{- end }}
+{{- $pauseMs := dig "server" "shutdown_pause_ms" 0 .Values.config | int64 }}
+{{- $drainMs := dig "server" "drain_timeout_ms" 0 .Values.config | int64 }}
+{{- $needS := add (int64 .Values.lifecycle.preStopSleepSeconds) (div (add $pauseMs $drainMs 999) 1000) }}
+{{- if le (int64 .Values.lifecycle.terminationGracePeriodSeconds) $needS }}
+{{- fail (printf "lifecycle.terminationGracePeriodSeconds (%d) must exceed preStopSleepSeconds + (server.shutdown_pause_ms + server.drain_timeout_ms)/1000 = %d" (int64 .Values.lifecycle.terminationGracePeriodSeconds) $needS) }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
+{{- fail "autoscaling.minReplicas must not exceed autoscaling.maxReplicas" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,67 @@
+//! Graceful shutdown: readiness first, a pause, then drain with a hard deadline.
+
+use std::time::{Duration, Instant};
+
+use crate::support::{Reply, TestApp, read};
+use crate::{PLAIN_CATEGORY, REAL};
+
+#[tokio::test]
+async fn shutdown_turns_readyz_503_then_drains_in_flight_requests() {
+    let mut app = TestApp::spawn_with(
+        "[server]\nshutdown_pause_ms = 300\n[upstreams.real_phone]\ntimeout_ms = 2000",
+    )
+    .await;
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(600));
+    let in_flight = {
+        let (public, http) = (app.public.clone(), app.http.clone());
+        tokio::spawn(async move {
+            let url =
+                format!("{public}/v1/public-phone?user_id=1&ad_id=1&category_id={PLAIN_CATEGORY}");
+            read(http.get(url).send().await.unwrap()).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stopped = app.shutdown();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // During the pause: not ready, still serving.
+    app.get_admin("/readyz").await.assert_problem(503);
+    assert_eq!(app.get_admin("/healthz").await.status, 200);
+    in_flight.await.unwrap().assert_number(REAL, "real");
+    stopped.await.unwrap().unwrap();
+    assert!(
+        app.http
+            .get(format!("{}/healthz", app.admin))
+            .send()
+            .await
+            .is_err(),
+        "listener closed"
+    );
+}
+
+#[tokio::test]
+async fn the_drain_has_a_hard_deadline() {
+    let mut app = TestApp::spawn_with(
+        "[server]\ndrain_timeout_ms = 300\n[upstreams.real_phone]\ntimeout_ms = 10000",
+    )
+    .await;
+    app.real.reply(Reply::Hang);
+    let (public, http) = (app.public.clone(), app.http.clone());
+    let _hung = tokio::spawn(async move {
+        http.get(format!(
+            "{public}/v1/public-phone?user_id=1&ad_id=1&category_id=1"
+        ))
+        .send()
+        .await
+    });
+    // An idle keep-alive connection must not hold the drain open either.
+    assert_eq!(app.get_admin("/healthz").await.status, 200);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let start = Instant::now();
+    app.shutdown().await.unwrap().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+}
