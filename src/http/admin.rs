@@ -21,8 +21,6 @@ use crate::upstream::StatusItem;
 
 /// Items one webhook delivery may hold.
 pub const MAX_WEBHOOK_ITEMS: usize = 10_000;
-/// Ids one snapshot may hold.
-pub const MAX_SNAPSHOT_IDS: usize = 10_000_000;
 /// Sellers one invalidation may name.
 pub const MAX_INVALIDATE_IDS: usize = 10_000;
 
@@ -100,51 +98,18 @@ pub async fn post_statuses(
     Ok(axum::Json(applied).into_response())
 }
 
-#[derive(Deserialize)]
-pub struct SnapshotBody {
-    version: u64,
-    enabled_user_ids: Vec<u64>,
-}
-
+/// The snapshot PUT; the body is streamed (see `http::snapshot`).
 pub async fn put_statuses(
     State(state): State<AdminState>,
-    Json(body): Json<SnapshotBody>,
+    request: Request,
 ) -> Result<Response, ApiError> {
-    if !(1..=MAX_VERSION).contains(&body.version) {
-        return Err(field_error(
-            "version",
-            format!("must be an integer in 1..={MAX_VERSION}"),
-        ));
-    }
-    if body.enabled_user_ids.len() > MAX_SNAPSHOT_IDS {
-        return Err(field_error(
-            "enabled_user_ids",
-            format!("must hold at most {MAX_SNAPSHOT_IDS} ids"),
-        ));
-    }
-    for (i, id) in body.enabled_user_ids.iter().enumerate() {
-        UserId::new(*id).map_err(|e| field_error(&format!("enabled_user_ids[{i}]"), e))?;
-    }
-    let count = body.enabled_user_ids.len();
-    state
-        .status
-        .apply_snapshot(body.version, body.enabled_user_ids)
-        .await
-        .map_err(|e| {
-            tracing::error!(error = %e, "status snapshot not stored");
-            ApiError::Unavailable {
-                detail: "the status store is unavailable",
-            }
-        })?;
-    tracing::info!(
-        version = body.version,
-        enabled = count,
-        "status snapshot applied"
-    );
-    Ok(
-        axum::Json(serde_json::json!({ "version": body.version, "enabled": count }))
-            .into_response(),
-    )
+    let limit = request
+        .extensions()
+        .get::<super::extract::BodyLimit>()
+        .map_or(usize::MAX, |l| l.0);
+    let (version, count) = super::snapshot::load(&state.status, request.into_body(), limit).await?;
+    tracing::info!(version, ids = count, "status snapshot applied");
+    Ok(axum::Json(serde_json::json!({ "version": version, "enabled": count })).into_response())
 }
 
 pub async fn get_status(

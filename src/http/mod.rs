@@ -5,6 +5,7 @@ pub mod admin;
 pub mod error;
 pub mod extract;
 pub mod public;
+pub mod snapshot;
 
 use std::sync::Arc;
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 pub use set::{Applied, MAX_VERSION, Status, StatusSet};
 
-use crate::store::{CHANGES_PAGE, Store, StoreError, Watermark};
+use crate::store::{CHANGES_PAGE, SnapshotLoad, Store, StoreError, Watermark};
 use crate::upstream::StatusItem;
 
 /// Owns the status set's consistency with the store.
@@ -146,23 +146,42 @@ impl StatusService {
         Ok(counts)
     }
 
-    /// Applies a full snapshot; `enabled` is sorted and deduplicated here.
+    /// Starts a full snapshot (see [`SnapshotLoad`]); finish it with
+    /// [`StatusService::finish_snapshot`].
+    ///
+    /// # Errors
+    /// The store is unreachable.
+    pub async fn begin_snapshot(&self) -> Result<SnapshotLoad, StoreError> {
+        self.inner.store.begin_snapshot().await
+    }
+
+    /// Applies a loaded snapshot at `version`, then catches memory up.
     ///
     /// # Errors
     /// The store refused it; nothing was applied.
-    pub async fn apply_snapshot(
+    pub async fn finish_snapshot(
         &self,
+        load: SnapshotLoad,
         version: u64,
-        mut enabled: Vec<u64>,
     ) -> Result<(), StoreError> {
-        enabled.sort_unstable();
-        enabled.dedup();
         {
             let _writer = self.inner.writer.lock().await;
-            self.inner.store.apply_snapshot(version, &enabled).await?;
+            load.finish(version).await?;
         }
         self.catch_up_after_write().await;
         Ok(())
+    }
+
+    /// A whole snapshot from ids in memory (benches, tools).
+    ///
+    /// # Errors
+    /// As [`StatusService::finish_snapshot`].
+    pub async fn apply_snapshot(&self, version: u64, enabled: &[u64]) -> Result<(), StoreError> {
+        let mut load = self.begin_snapshot().await?;
+        for chunk in enabled.chunks(100_000) {
+            load.push(chunk).await?;
+        }
+        self.finish_snapshot(load, version).await
     }
 
     /// The change is durable; if memory cannot follow right now, the sync loop will.

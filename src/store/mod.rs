@@ -112,18 +112,22 @@ impl Store {
         .await
     }
 
-    /// Applies a full snapshot in one transaction; `enabled` is sorted and unique.
+    /// Starts a full snapshot: ids are pushed in chunks (duplicates allowed), then
+    /// [`SnapshotLoad::finish`] applies it in the same transaction. Dropping the
+    /// load unfinished rolls it back.
     ///
     /// # Errors
-    /// As [`Store::apply_changes`].
-    pub async fn apply_snapshot(&self, version: u64, enabled: &[u64]) -> Result<(), StoreError> {
-        timed("apply_snapshot", async {
-            match self {
-                Store::Sqlite(pool) => sqlite::apply_snapshot(pool, version, enabled).await,
-                Store::Postgres(pool) => postgres::apply_snapshot(pool, version, enabled).await,
-            }
+    /// The database is unreachable.
+    pub async fn begin_snapshot(&self) -> Result<SnapshotLoad, StoreError> {
+        Ok(SnapshotLoad {
+            started: std::time::Instant::now(),
+            tx: match self {
+                Store::Sqlite(pool) => SnapshotTx::Sqlite(sqlite::begin_snapshot(pool).await?),
+                Store::Postgres(pool) => {
+                    SnapshotTx::Postgres(postgres::begin_snapshot(pool).await?)
+                }
+            },
         })
-        .await
     }
 
     /// Up to `limit` rows changed after `after`, in change order.
@@ -162,6 +166,44 @@ impl Store {
             Store::Sqlite(pool) => pool.close().await,
             Store::Postgres(pool) => pool.close().await,
         }
+    }
+}
+
+/// A snapshot being loaded: one open transaction holding a temporary table of ids.
+pub struct SnapshotLoad {
+    tx: SnapshotTx,
+    started: std::time::Instant,
+}
+
+enum SnapshotTx {
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+}
+
+impl SnapshotLoad {
+    /// Adds enabled ids (validated by the caller).
+    ///
+    /// # Errors
+    /// The database failed; drop the load.
+    pub async fn push(&mut self, ids: &[u64]) -> Result<(), StoreError> {
+        match &mut self.tx {
+            SnapshotTx::Sqlite(tx) => sqlite::push_snapshot(tx, ids).await,
+            SnapshotTx::Postgres(tx) => postgres::push_snapshot(tx, ids).await,
+        }
+    }
+
+    /// Applies the snapshot at `version` and commits.
+    ///
+    /// # Errors
+    /// The database failed; nothing was applied.
+    pub async fn finish(self, version: u64) -> Result<(), StoreError> {
+        let result = match self.tx {
+            SnapshotTx::Sqlite(tx) => sqlite::finish_snapshot(tx, version).await,
+            SnapshotTx::Postgres(tx) => postgres::finish_snapshot(tx, version).await,
+        };
+        metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => "apply_snapshot")
+            .record(self.started.elapsed().as_secs_f64());
+        result
     }
 }
 

@@ -20,8 +20,6 @@ pub const CHANNEL: &str = "calltracking_status";
 const WRITE_LOCK: i64 = 0x6374_7374_6174_7573;
 /// Advisory lock key of the status-feed leader.
 pub const FEED_LOCK: i64 = 0x6374_6665_6564_6c64;
-/// Ids sent per COPY message.
-const COPY_CHUNK: usize = 100_000;
 
 pub fn options(url: &str) -> Result<PgConnectOptions, StoreError> {
     Ok(PgConnectOptions::from_str(url)?)
@@ -108,28 +106,51 @@ pub async fn apply_changes(
     Ok(counts)
 }
 
-pub async fn apply_snapshot(
+/// Starts a snapshot: a transaction with an empty temporary table of ids. The
+/// writers' advisory lock is taken only in [`finish_snapshot`], so a long upload
+/// does not hold up other replicas' writes.
+pub async fn begin_snapshot(
     pool: &PgPool,
-    version: u64,
-    enabled: &[u64],
-) -> Result<(), StoreError> {
-    let (mut tx, seq) = begin_write(pool).await?;
-    sqlx::query("CREATE TEMP TABLE snapshot_ids (user_id BIGINT PRIMARY KEY) ON COMMIT DROP")
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("CREATE TEMP TABLE snapshot_ids (user_id BIGINT NOT NULL) ON COMMIT DROP")
         .execute(&mut *tx)
         .await?;
+    Ok(tx)
+}
+
+/// One COPY per pushed chunk.
+pub async fn push_snapshot(tx: &mut sqlx::PgConnection, ids: &[u64]) -> Result<(), StoreError> {
     let mut copy = tx
         .copy_in_raw("COPY snapshot_ids (user_id) FROM STDIN")
         .await?;
-    let mut buffer = String::new();
-    for chunk in enabled.chunks(COPY_CHUNK) {
-        buffer.clear();
-        for user in chunk {
-            // Writing to a String cannot fail.
-            let _ = writeln!(buffer, "{user}");
-        }
-        copy.send(buffer.as_bytes()).await?;
+    let mut buffer = String::with_capacity(ids.len() * 12);
+    for user in ids {
+        // Writing to a String cannot fail.
+        let _ = writeln!(buffer, "{user}");
     }
+    copy.send(buffer.as_bytes()).await?;
     copy.finish().await?;
+    Ok(())
+}
+
+pub async fn finish_snapshot(
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    version: u64,
+) -> Result<(), StoreError> {
+    sqlx::query("CREATE INDEX ON snapshot_ids (user_id)")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("ANALYZE snapshot_ids")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(WRITE_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    let seq: i64 = sqlx::query_scalar("SELECT nextval('calltracking_change_seq')")
+        .fetch_one(&mut *tx)
+        .await?;
     let version = signed(version);
     sqlx::query(
         "UPDATE calltracking_status s \
@@ -143,7 +164,7 @@ pub async fn apply_snapshot(
     .await?;
     sqlx::query(
         "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) \
-         SELECT user_id, true, $1, $2 FROM snapshot_ids ON CONFLICT (user_id) DO NOTHING",
+         SELECT DISTINCT user_id, true, $1, $2 FROM snapshot_ids ON CONFLICT (user_id) DO NOTHING",
     )
     .bind(version)
     .bind(seq)

@@ -97,26 +97,41 @@ pub async fn apply_changes(
     Ok(counts)
 }
 
-pub async fn apply_snapshot(
+/// Starts a snapshot: a transaction with an empty temporary table of ids. Only
+/// the temporary database is written until [`finish_snapshot`], so the upload
+/// does not hold the main database's write lock.
+pub async fn begin_snapshot(
     pool: &SqlitePool,
-    version: u64,
-    enabled: &[u64],
-) -> Result<(), StoreError> {
+) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
     let mut tx = pool.begin().await?;
-    let seq = next_seq(&mut tx).await?;
-    sqlx::query("CREATE TEMP TABLE IF NOT EXISTS snapshot_ids (user_id INTEGER PRIMARY KEY)")
+    sqlx::query("CREATE TEMP TABLE IF NOT EXISTS snapshot_ids (user_id INTEGER NOT NULL)")
         .execute(&mut *tx)
         .await?;
     sqlx::query("DELETE FROM snapshot_ids")
         .execute(&mut *tx)
         .await?;
-    for chunk in enabled.chunks(MAX_PARAMS) {
+    Ok(tx)
+}
+
+pub async fn push_snapshot(tx: &mut sqlx::SqliteConnection, ids: &[u64]) -> Result<(), StoreError> {
+    for chunk in ids.chunks(MAX_PARAMS) {
         let mut query = QueryBuilder::<Sqlite>::new("INSERT INTO snapshot_ids (user_id) ");
         query.push_values(chunk, |mut b, user| {
             b.push_bind(signed(*user));
         });
         query.build().execute(&mut *tx).await?;
     }
+    Ok(())
+}
+
+pub async fn finish_snapshot(
+    mut tx: sqlx::Transaction<'static, Sqlite>,
+    version: u64,
+) -> Result<(), StoreError> {
+    sqlx::query("CREATE INDEX IF NOT EXISTS temp.snapshot_ids_user ON snapshot_ids (user_id)")
+        .execute(&mut *tx)
+        .await?;
+    let seq = next_seq(&mut tx).await?;
     let version = signed(version);
     sqlx::query(
         "UPDATE calltracking_status \
@@ -129,14 +144,14 @@ pub async fn apply_snapshot(
     .await?;
     sqlx::query(
         "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) \
-         SELECT user_id, 1, ?1, ?2 FROM snapshot_ids WHERE true \
+         SELECT DISTINCT user_id, 1, ?1, ?2 FROM snapshot_ids WHERE true \
          ON CONFLICT (user_id) DO NOTHING",
     )
     .bind(version)
     .bind(seq)
     .execute(&mut *tx)
     .await?;
-    sqlx::query("DELETE FROM snapshot_ids")
+    sqlx::query("DROP TABLE temp.snapshot_ids")
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;

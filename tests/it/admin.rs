@@ -253,3 +253,76 @@ async fn operations_routes_answer_without_a_token() {
         metrics.text
     );
 }
+
+#[tokio::test]
+async fn snapshot_bodies_stream_in_any_key_order_and_bad_ones_change_nothing() {
+    let app =
+        TestApp::spawn_with("[server]\nmax_body_bytes = 1000\nmax_snapshot_bytes = 200000").await;
+    let put = |body: String| {
+        let app = &app;
+        async move {
+            read(
+                app.http
+                    .put(format!("{}{STATUSES}", app.admin))
+                    .bearer_auth(TOKEN)
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await
+        }
+    };
+    // Version after the ids, unknown keys skipped, larger than the ordinary body limit.
+    let ids: Vec<u64> = (1..=20_000).collect();
+    let body = format!(
+        r#"{{"enabled_user_ids": {}, "note": {{"x": [1, "y"]}}, "version": 4}}"#,
+        json!(ids)
+    );
+    assert!(body.len() > 1000);
+    let got = put(body).await;
+    assert_eq!(got.status, 200, "{got:?}");
+    assert_eq!(
+        app.get_admin(&format!("{STATUSES}/20000")).await.body["enabled"],
+        true
+    );
+
+    // A bad id deep in the body, trailing garbage, a body over the snapshot limit:
+    // nothing of them applies.
+    let mut bad = ids.clone();
+    bad[15_000] = 0;
+    let got = put(format!(
+        r#"{{"version": 5, "enabled_user_ids": {}}}"#,
+        json!(bad)
+    ))
+    .await;
+    got.assert_problem(400);
+    assert!(
+        got.body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("enabled_user_ids[15000]"),
+        "{got:?}"
+    );
+    put(r#"{"version": 5, "enabled_user_ids": [1]} x"#.to_string())
+        .await
+        .assert_problem(400);
+    put(r#"{"version": 5, "enabled_user_ids": [1], "enabled_user_ids": [2]}"#.to_string())
+        .await
+        .assert_problem(400);
+    put(r#"{"version": 5, "enabled_user_ids": [1.5]}"#.to_string())
+        .await
+        .assert_problem(400);
+    let huge: Vec<u64> = (1..=40_000).collect();
+    put(format!(
+        r#"{{"version": 5, "enabled_user_ids": {}}}"#,
+        json!(huge)
+    ))
+    .await
+    .assert_problem(413);
+    let got = app.get_admin(&format!("{STATUSES}/1")).await;
+    assert_eq!(
+        got.body,
+        json!({ "user_id": 1, "enabled": true, "version": 4 })
+    );
+}

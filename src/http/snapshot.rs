@@ -1,0 +1,249 @@
+//! The snapshot PUT, streamed: up to 10,000,000 ids without holding the body or
+//! the id list in memory.
+//!
+//! The body flows through a bounded channel into a blocking task that parses it
+//! with serde_json (any key order, unknown keys skipped) and hands ids on in
+//! chunks through a second bounded channel; the request task writes each chunk
+//! into the store's open snapshot transaction (COPY on PostgreSQL). Memory stays
+//! at a few chunks whatever the body size. Any bad id, a bad version or a body
+//! over `server.max_snapshot_bytes` rolls the transaction back: nothing applies.
+
+use std::fmt;
+use std::io::{self, Read};
+
+use axum::body::{Body, Bytes};
+use futures_util::StreamExt;
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use tokio::sync::mpsc;
+
+use super::error::ApiError;
+use crate::ids::UserId;
+use crate::status::{MAX_VERSION, StatusService};
+
+/// Ids per chunk handed to the store.
+const ID_CHUNK: usize = 100_000;
+/// Ids one snapshot may hold.
+pub const MAX_SNAPSHOT_IDS: usize = 10_000_000;
+const TOO_LARGE: &str = "snapshot body over the limit";
+
+/// Streams `body` into a snapshot and applies it; returns (version, ids read).
+///
+/// # Errors
+/// 400 for a body that does not parse or holds a bad value, 413 over `limit`
+/// bytes, 503 when the store fails.
+pub async fn load(
+    status: &StatusService,
+    body: Body,
+    limit: usize,
+) -> Result<(u64, usize), ApiError> {
+    let (bytes_tx, bytes_rx) = mpsc::channel::<io::Result<Bytes>>(4);
+    let (ids_tx, mut ids_rx) = mpsc::channel::<Vec<u64>>(2);
+    let forward = tokio::spawn(async move {
+        let mut stream = body.into_data_stream();
+        let mut total = 0usize;
+        while let Some(chunk) = stream.next().await {
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                Err(e) => {
+                    let _ = bytes_tx.send(Err(io::Error::other(e))).await;
+                    return false;
+                }
+            };
+            total += chunk.len();
+            if total > limit {
+                let _ = bytes_tx.send(Err(io::Error::other(TOO_LARGE))).await;
+                return true;
+            }
+            if bytes_tx.send(Ok(chunk)).await.is_err() {
+                return false;
+            }
+        }
+        false
+    });
+    let parser = tokio::task::spawn_blocking(move || {
+        let reader = io::BufReader::with_capacity(
+            64 * 1024,
+            ChannelReader {
+                rx: bytes_rx,
+                current: Bytes::new(),
+            },
+        );
+        let mut deserializer = serde_json::Deserializer::from_reader(reader);
+        let version = SnapshotSeed {
+            sink: Sink {
+                tx: ids_tx,
+                chunk: Vec::new(),
+            },
+        }
+        .deserialize(&mut deserializer)?;
+        deserializer.end()?;
+        Ok::<_, serde_json::Error>(version)
+    });
+
+    let unavailable = |e: crate::store::StoreError| {
+        tracing::error!(error = %e, "status snapshot not stored");
+        ApiError::Unavailable {
+            detail: "the status store is unavailable",
+        }
+    };
+    let mut load = status.begin_snapshot().await.map_err(unavailable)?;
+    let mut count = 0;
+    while let Some(ids) = ids_rx.recv().await {
+        count += ids.len();
+        load.push(&ids).await.map_err(unavailable)?;
+    }
+    let parsed = parser
+        .await
+        .map_err(|_| ApiError::bad_request("could not read the body"))?;
+    let too_large = forward.await.unwrap_or(false);
+    let version = match parsed {
+        Ok(version) => version,
+        Err(_) if too_large => return Err(ApiError::PayloadTooLarge(limit)),
+        Err(e) => return Err(ApiError::bad_request(format!("invalid snapshot: {e}"))),
+    };
+    status
+        .finish_snapshot(load, version)
+        .await
+        .map_err(unavailable)?;
+    Ok((version, count))
+}
+
+/// Blocking `Read` over the body chunks.
+struct ChannelReader {
+    rx: mpsc::Receiver<io::Result<Bytes>>,
+    current: Bytes,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                None => return Ok(0),
+                Some(chunk) => self.current = chunk?,
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
+    }
+}
+
+/// Collects ids into chunks and hands them to the request task.
+struct Sink {
+    tx: mpsc::Sender<Vec<u64>>,
+    chunk: Vec<u64>,
+}
+
+impl Sink {
+    fn push<E: de::Error>(&mut self, id: u64) -> Result<(), E> {
+        self.chunk.push(id);
+        if self.chunk.len() >= ID_CHUNK {
+            self.flush()
+        } else {
+            Ok(())
+        }
+    }
+
+    fn flush<E: de::Error>(&mut self) -> Result<(), E> {
+        if self.chunk.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.chunk, Vec::with_capacity(ID_CHUNK));
+        self.tx
+            .blocking_send(chunk)
+            .map_err(|_| E::custom("the snapshot was abandoned"))
+    }
+}
+
+struct SnapshotSeed {
+    sink: Sink,
+}
+
+impl<'de> DeserializeSeed<'de> for SnapshotSeed {
+    type Value = u64;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for SnapshotSeed {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(r#"{"version": V, "enabled_user_ids": [...]}"#)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<u64, A::Error> {
+        let mut version = None;
+        let mut ids_seen = false;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match &*key {
+                "version" => version = Some(map.next_value::<u64>()?),
+                "enabled_user_ids" if ids_seen => {
+                    return Err(de::Error::custom("enabled_user_ids: given twice"));
+                }
+                "enabled_user_ids" => {
+                    ids_seen = true;
+                    map.next_value_seed(Ids {
+                        sink: &mut self.sink,
+                    })?;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        if !ids_seen {
+            return Err(de::Error::custom("enabled_user_ids: required"));
+        }
+        match version {
+            Some(v) if (1..=MAX_VERSION).contains(&v) => {
+                self.sink.flush()?;
+                Ok(v)
+            }
+            Some(_) => Err(de::Error::custom(format!(
+                "version: must be an integer in 1..={MAX_VERSION}"
+            ))),
+            None => Err(de::Error::custom("version: required")),
+        }
+    }
+}
+
+struct Ids<'a> {
+    sink: &'a mut Sink,
+}
+
+impl<'de> DeserializeSeed<'de> for Ids<'_> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Ids<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array of user ids")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut index = 0usize;
+        while let Some(id) = seq.next_element::<u64>()? {
+            if UserId::new(id).is_err() {
+                return Err(de::Error::custom(format!(
+                    "enabled_user_ids[{index}]: must be an integer in 1..={}",
+                    UserId::MAX
+                )));
+            }
+            index += 1;
+            if index > MAX_SNAPSHOT_IDS {
+                return Err(de::Error::custom(format!(
+                    "enabled_user_ids: at most {MAX_SNAPSHOT_IDS} ids"
+                )));
+            }
+            self.sink.push(id)?;
+        }
+        Ok(())
+    }
+}
