@@ -66,7 +66,8 @@ pub async fn apply_changes(
     let (counts, rows) = plan_changes(items, &stored);
     if !rows.is_empty() {
         let seq = next_seq(&mut tx).await?;
-        for chunk in rows.chunks(MAX_PARAMS / 3) {
+        // Four parameters per row.
+        for chunk in rows.chunks(MAX_PARAMS / 4) {
             let mut query = QueryBuilder::<Sqlite>::new(
                 "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) ",
             );

@@ -326,3 +326,24 @@ async fn snapshot_bodies_stream_in_any_key_order_and_bad_ones_change_nothing() {
         json!({ "user_id": 1, "enabled": true, "version": 4 })
     );
 }
+
+#[tokio::test]
+async fn a_webhook_of_ten_thousand_items_applies_in_one_delivery() {
+    let app = TestApp::spawn().await;
+    let items: Vec<_> = (1..=10_000u64)
+        .map(|u| json!({ "user_id": u, "enabled": u % 2 == 0, "version": 1 }))
+        .collect();
+    let got = app
+        .send_admin(Method::POST, STATUSES, &json!({ "items": items }))
+        .await;
+    assert_eq!(
+        got.body,
+        json!({ "applied": 10_000, "ignored": 0 }),
+        "{got:?}"
+    );
+    let got = app.get_admin(&format!("{STATUSES}/10000")).await;
+    assert_eq!(
+        got.body,
+        json!({ "user_id": 10_000, "enabled": true, "version": 1 })
+    );
+}
