@@ -15,6 +15,9 @@ use tokio::net::TcpListener;
 
 use crate::config::Config;
 use crate::http::admin::AdminState;
+use crate::http::public::PublicState;
+use crate::http::ratelimit::ViewerLimiter;
+use crate::http::shed::Shed;
 use crate::http::{admin_router, public_router};
 use crate::resolve::{Caches, Resolver};
 use crate::status::StatusService;
@@ -30,6 +33,8 @@ pub struct App {
     caches: Caches,
     upstreams: Arc<Upstreams>,
     config: Arc<Config>,
+    /// The per-viewer limit, swept by a background task; `None` when off.
+    limiter: Option<Arc<ViewerLimiter>>,
     /// Flipped first on shutdown so `/readyz` turns 503 while requests drain.
     shutting_down: Arc<AtomicBool>,
 }
@@ -42,6 +47,8 @@ impl App {
     /// A listener address that cannot be bound, an HTTP client that cannot be
     /// built, or a database URL that cannot be opened.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
+        // The recorder first: the parts register their metrics as they are built.
+        let metrics = crate::telemetry::metrics_handle();
         let store = Store::connect(
             config.database.url.expose(),
             config.database.max_connections,
@@ -64,11 +71,12 @@ impl App {
             caches: caches.clone(),
             token: Arc::new(config.admin.token.clone()),
             shutting_down: shutting_down.clone(),
-            metrics: crate::telemetry::metrics_handle(),
+            metrics,
         };
         if config.admin.token.is_empty() {
             tracing::warn!("admin.token is empty: every /admin/ route answers 401");
         }
+        let limiter = ViewerLimiter::new(config.rate_limit.per_viewer_per_minute);
         let public = TcpListener::bind(config.server.public_addr)
             .await
             .with_context(|| format!("binding server.public_addr {}", config.server.public_addr))?;
@@ -78,7 +86,15 @@ impl App {
         Ok(App {
             public,
             admin,
-            public_router: public_router(resolver, config.server.max_body_bytes),
+            public_router: public_router(
+                PublicState {
+                    resolver,
+                    limiter: limiter.clone(),
+                },
+                config.server.max_body_bytes,
+                Shed::new(config.server.max_in_flight),
+            ),
+            limiter,
             admin_router: admin_router(
                 admin_state,
                 config.server.max_body_bytes,
@@ -129,6 +145,7 @@ impl App {
             self.upstreams.clone(),
             self.config.clone(),
         ));
+        let sweep = self.limiter.clone().map(|l| tokio::spawn(l.sweep()));
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
@@ -166,6 +183,9 @@ impl App {
         };
         background.abort();
         let _ = background.await;
+        if let Some(sweep) = sweep {
+            sweep.abort();
+        }
         self.status.store().close().await;
         public.context("public listener")?;
         admin.context("admin listener")?;

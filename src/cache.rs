@@ -140,6 +140,37 @@ struct Inner<K> {
     generations: Arc<Generations>,
     ttls: Ttls,
     epoch: Instant,
+    /// `phones_gateway_cache_lookups_total{cache, result}`, registered once so the
+    /// hit path increments an atomic instead of looking a metric up.
+    lookups: LookupCounters,
+}
+
+struct LookupCounters {
+    hit: metrics::Counter,
+    miss: metrics::Counter,
+    coalesced: metrics::Counter,
+    stale_served: metrics::Counter,
+}
+
+impl LookupCounters {
+    fn new(cache: &'static str) -> Self {
+        let counter = |result: &'static str| metrics::counter!("phones_gateway_cache_lookups_total", "cache" => cache, "result" => result);
+        LookupCounters {
+            hit: counter("hit"),
+            miss: counter("miss"),
+            coalesced: counter("coalesced"),
+            stale_served: counter("stale_served"),
+        }
+    }
+
+    fn record(&self, via: Via) {
+        match via {
+            Via::Hit => self.hit.increment(1),
+            Via::Miss => self.miss.increment(1),
+            Via::Coalesced => self.coalesced.increment(1),
+            Via::Stale => self.stale_served.increment(1),
+        }
+    }
 }
 
 impl<K> PhoneCache<K>
@@ -161,6 +192,7 @@ where
                 generations,
                 ttls,
                 epoch: Instant::now(),
+                lookups: LookupCounters::new(name),
             }),
         }
     }
@@ -182,8 +214,12 @@ where
     pub fn get_fresh(&self, key: &K, user: UserId) -> Option<Option<Phone>> {
         let inner = &*self.inner;
         let entry = inner.entries.get(key)?;
-        (entry.generation == inner.generations.current(user) && inner.now() < entry.fresh_until)
-            .then(|| Phone::from_u64(entry.phone))
+        let fresh =
+            entry.generation == inner.generations.current(user) && inner.now() < entry.fresh_until;
+        if fresh {
+            inner.lookups.record(Via::Hit);
+        }
+        fresh.then(|| Phone::from_u64(entry.phone))
     }
 
     /// The cached answer if fresh; otherwise the result of `fetch`, shared with every
@@ -191,6 +227,16 @@ where
     ///
     /// `fetch` must bound its own duration (the upstream timeout does).
     pub async fn get_or_fetch<F, Fut>(&self, key: K, user: UserId, fetch: F) -> Lookup
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = FetchResult> + Send + 'static,
+    {
+        let lookup = self.lookup(key, user, fetch).await;
+        self.inner.lookups.record(lookup.via);
+        lookup
+    }
+
+    async fn lookup<F, Fut>(&self, key: K, user: UserId, fetch: F) -> Lookup
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = FetchResult> + Send + 'static,

@@ -40,6 +40,7 @@ pub struct ServerConfig {
     pub max_snapshot_bytes: usize,
     pub shutdown_pause_ms: u64,
     pub drain_timeout_ms: u64,
+    pub max_in_flight: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -286,6 +287,9 @@ impl Config {
                 "server.max_snapshot_bytes",
                 "must be at least server.max_body_bytes",
             ));
+        }
+        if self.server.max_in_flight == 0 {
+            return Err(invalid("server.max_in_flight", "must be above 0"));
         }
         if self.server.shutdown_pause_ms > 600_000 {
             return Err(invalid(

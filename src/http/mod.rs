@@ -5,18 +5,19 @@ pub mod admin;
 pub mod error;
 pub mod extract;
 pub mod public;
+pub mod ratelimit;
+pub mod shed;
 pub mod snapshot;
-
-use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::middleware::{self, Next};
 use axum::routing::{MethodRouter, get, post, put};
 
-use crate::resolve::Resolver;
 use admin::AdminState;
 use extract::BodyLimit;
+use public::PublicState;
+use shed::Shed;
 
 /// Applies a body limit and records it so a 413 can name it. Applied to a router
 /// it sets the default; applied to one route's handler it overrides it, since the
@@ -35,7 +36,7 @@ fn body_limit<S: Clone + Send + Sync + 'static>(
         ))
 }
 
-pub fn public_router(resolver: Arc<Resolver>, max_body_bytes: usize) -> Router {
+pub fn public_router(state: PublicState, max_body_bytes: usize, shed: Shed) -> Router {
     Router::new()
         .route("/v1/public-phone", get(public::public_phone))
         .route(
@@ -44,8 +45,9 @@ pub fn public_router(resolver: Arc<Resolver>, max_body_bytes: usize) -> Router {
         )
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(middleware::from_fn_with_state(shed, shed::admit))
         .layer(middleware::from_fn(crate::telemetry::track_request))
-        .with_state(resolver)
+        .with_state(state)
 }
 
 pub fn admin_router(state: AdminState, max_body_bytes: usize, max_snapshot_bytes: usize) -> Router {

@@ -3,12 +3,14 @@
 use std::sync::Arc;
 
 use axum::extract::{RawQuery, State};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
 use super::extract::{Json, batch_item, public_phone_query};
+use super::ratelimit::ViewerLimiter;
 use crate::config::Source;
 use crate::ids::{AdId, UserId};
 use crate::phone::Phone;
@@ -25,12 +27,30 @@ pub struct PublicPhone {
     pub ad_id: AdId,
 }
 
+/// What the public routes reach: the resolver and the viewer limit.
+#[derive(Clone)]
+pub struct PublicState {
+    pub resolver: Arc<Resolver>,
+    /// `None` when `rate_limit.per_viewer_per_minute` is 0.
+    pub limiter: Option<Arc<ViewerLimiter>>,
+}
+
+impl PublicState {
+    fn admit(&self, headers: &HeaderMap, items: usize) -> Result<(), ApiError> {
+        self.limiter
+            .as_ref()
+            .map_or(Ok(()), |l| l.check(headers, items))
+    }
+}
+
 pub async fn public_phone(
-    State(resolver): State<Arc<Resolver>>,
+    State(state): State<PublicState>,
+    headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let request = public_phone_query(query.as_deref())?;
-    let body = answer(&resolver, &request).await?;
+    state.admit(&headers, 1)?;
+    let body = answer(&state.resolver, &request).await?;
     Ok(axum::Json(body).into_response())
 }
 
@@ -61,7 +81,8 @@ enum BatchResult {
 }
 
 pub async fn batch(
-    State(resolver): State<Arc<Resolver>>,
+    State(state): State<PublicState>,
+    headers: HeaderMap,
     Json(body): Json<BatchBody>,
 ) -> Result<Response, ApiError> {
     if body.items.is_empty() || body.items.len() > MAX_BATCH_ITEMS {
@@ -70,8 +91,9 @@ pub async fn batch(
             body.items.len()
         )));
     }
+    state.admit(&headers, body.items.len())?;
     let results = join_all(body.items.iter().map(|item| {
-        let resolver = &resolver;
+        let resolver = &*state.resolver;
         async move {
             let outcome = match batch_item(item) {
                 Ok(request) => answer(resolver, &request).await,

@@ -100,6 +100,46 @@ pub struct Resolver {
     upstreams: Arc<Upstreams>,
     caches: Caches,
     status: Arc<StatusSet>,
+    counters: Counters,
+}
+
+/// Decision metrics, registered once (the hit path increments atomics only).
+struct Counters {
+    /// `phones_gateway_selections_total{kind}`, by `Source` index.
+    selections: [metrics::Counter; 3],
+    /// `phones_gateway_fail_closed_total{source}`.
+    fail_closed: [metrics::Counter; 3],
+    /// `phones_gateway_fall_through_total{source}`.
+    fall_through: [metrics::Counter; 3],
+    /// `phones_gateway_resolve_failures_total{reason}`: no_phone, unavailable.
+    no_phone: metrics::Counter,
+    unavailable: metrics::Counter,
+}
+
+const SOURCES: [Source; 3] = [Source::Anonymous, Source::Calltracking, Source::Real];
+
+fn index(source: Source) -> usize {
+    match source {
+        Source::Anonymous => 0,
+        Source::Calltracking => 1,
+        Source::Real => 2,
+    }
+}
+
+impl Counters {
+    fn new() -> Self {
+        let by_source = |name: &'static str, label: &'static str| {
+            SOURCES.map(|s| metrics::counter!(name, label => s.as_str()))
+        };
+        let failure = |reason: &'static str| metrics::counter!("phones_gateway_resolve_failures_total", "reason" => reason);
+        Counters {
+            selections: by_source("phones_gateway_selections_total", "kind"),
+            fail_closed: by_source("phones_gateway_fail_closed_total", "source"),
+            fall_through: by_source("phones_gateway_fall_through_total", "source"),
+            no_phone: failure("no_phone"),
+            unavailable: failure("unavailable"),
+        }
+    }
 }
 
 impl Resolver {
@@ -125,7 +165,43 @@ impl Resolver {
             upstreams,
             caches,
             status,
+            counters: Counters::new(),
         }
+    }
+
+    /// The result, if decided; counts the decision and every source it fell through.
+    fn finish(&self, states: &States) -> Option<Result<Resolved, ResolveError>> {
+        let decision = self.rules.decide(states);
+        let counters = &self.counters;
+        let stop_at = match decision {
+            Decision::Wait => return None,
+            Decision::Answer(kind, _) => {
+                counters.selections[index(kind)].increment(1);
+                Some(kind)
+            }
+            Decision::NoPhone => {
+                counters.no_phone.increment(1);
+                None
+            }
+            Decision::Unavailable { fail_closed } => {
+                match fail_closed {
+                    Some(source) => counters.fail_closed[index(source)].increment(1),
+                    None => counters.unavailable.increment(1),
+                }
+                fail_closed
+            }
+        };
+        for &source in &self.rules.order {
+            if Some(source) == stop_at {
+                break;
+            }
+            if states.of(source) == SourceState::Failed
+                && self.rules.policy(source) == crate::config::OnError::FallThrough
+            {
+                counters.fall_through[index(source)].increment(1);
+            }
+        }
+        finished(decision)
     }
 
     pub fn caches(&self) -> &Caches {
@@ -192,7 +268,7 @@ impl Resolver {
                 (true, None) => SourceState::Pending,
             },
         };
-        if let Some(done) = finished(self.rules.decide(&states)) {
+        if let Some(done) = self.finish(&states) {
             return done;
         }
 
@@ -239,7 +315,7 @@ impl Resolver {
                     return Err(ResolveError::Unavailable { fail_closed: None });
                 }
             }
-            if let Some(done) = finished(self.rules.decide(&states)) {
+            if let Some(done) = self.finish(&states) {
                 return done;
             }
         }

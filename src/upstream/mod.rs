@@ -187,11 +187,23 @@ impl Upstreams {
                 .map(Some)
                 .map_err(|e| UpstreamError::Decode(e.to_string()))
         };
+        let start = std::time::Instant::now();
         let result = tokio::time::timeout(endpoint.timeout, call)
             .await
             .unwrap_or(Err(UpstreamError::Timeout));
+        let outcome = match &result {
+            Ok(Some(_)) => "ok",
+            Ok(None) => "not_found",
+            Err(UpstreamError::Timeout) => "timeout",
+            Err(_) => "error",
+        };
+        let upstream = endpoint.name.as_str();
+        metrics::counter!("phones_gateway_upstream_requests_total", "upstream" => upstream, "outcome" => outcome)
+            .increment(1);
+        metrics::histogram!("phones_gateway_upstream_request_duration_seconds", "upstream" => upstream)
+            .record(start.elapsed().as_secs_f64());
         if let Err(error) = &result {
-            tracing::debug!(upstream = %endpoint.name, %error, "upstream call failed");
+            tracing::debug!(upstream, %error, "upstream call failed");
         }
         result
     }

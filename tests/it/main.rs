@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod abuse;
 mod admin;
 mod bad_input;
 mod caching;

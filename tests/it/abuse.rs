@@ -1,0 +1,118 @@
+//! SPEC 9 and overload: per-viewer rate limit, load shedding.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::support::{Reply, TestApp, read};
+use crate::{PLAIN_CATEGORY, REAL};
+
+async fn as_viewer(app: &TestApp, viewer: Option<&str>, user: u64) -> crate::support::Answer {
+    let url = format!(
+        "{}/v1/public-phone?user_id={user}&ad_id=1&category_id={PLAIN_CATEGORY}",
+        app.public
+    );
+    let mut request = app.http.get(url);
+    if let Some(viewer) = viewer {
+        request = request.header("x-viewer-id", viewer);
+    }
+    read(request.send().await.unwrap()).await
+}
+
+#[tokio::test]
+async fn a_viewer_past_the_limit_gets_429_and_no_upstream_is_called() {
+    let app = TestApp::spawn_with("[rate_limit]\nper_viewer_per_minute = 3").await;
+    app.real.reply(Reply::Phone(REAL));
+    for user in 1..=3 {
+        as_viewer(&app, Some("buyer-1"), user)
+            .await
+            .assert_number(REAL, "real");
+    }
+    let calls = app.real.calls();
+    let refused = as_viewer(&app, Some("buyer-1"), 4).await;
+    refused.assert_problem(429);
+    let retry: u64 = refused.retry_after.as_deref().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert_eq!(
+        app.real.calls(),
+        calls,
+        "no upstream call for a refused request"
+    );
+    // Cached answers count too.
+    as_viewer(&app, Some("buyer-1"), 1)
+        .await
+        .assert_problem(429);
+    // Other viewers, and requests without a viewer, are not affected.
+    as_viewer(&app, Some("buyer-2"), 1)
+        .await
+        .assert_number(REAL, "real");
+    for _ in 0..5 {
+        as_viewer(&app, None, 1).await.assert_number(REAL, "real");
+    }
+    // Each batch item counts as one.
+    let batch = |n: usize| {
+        json!({ "items": vec![json!({ "user_id": 9, "ad_id": 1, "category_id": 1 }); n] })
+            .to_string()
+    };
+    let post = |viewer: &'static str, body: String| {
+        let app = &app;
+        async move {
+            read(
+                app.http
+                    .post(format!("{}/v1/public-phones/batch", app.public))
+                    .header("x-viewer-id", viewer)
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await
+        }
+    };
+    assert_eq!(post("buyer-3", batch(2)).await.status, 200);
+    post("buyer-3", batch(2)).await.assert_problem(429);
+    post("buyer-4", batch(4)).await.assert_problem(429);
+}
+
+#[tokio::test]
+async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
+    let app = TestApp::spawn_with(
+        "[server]\nmax_in_flight = 2\n[upstreams.real_phone]\ntimeout_ms = 5000",
+    )
+    .await;
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(800));
+    let slow: Vec<_> = (1..=2)
+        .map(|user| {
+            let (public, http) = (app.public.clone(), app.http.clone());
+            tokio::spawn(async move {
+                read(
+                    http.get(format!(
+                        "{public}/v1/public-phone?user_id={user}&ad_id=1&category_id=1"
+                    ))
+                    .send()
+                    .await
+                    .unwrap(),
+                )
+                .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start = Instant::now();
+    let shed = app.phone(3, 1, PLAIN_CATEGORY).await;
+    shed.assert_problem(503);
+    assert!(shed.retry_after.is_some());
+    assert!(
+        start.elapsed() < Duration::from_millis(300),
+        "shed at once, not queued: {:?}",
+        start.elapsed()
+    );
+    assert_eq!(app.get_admin("/readyz").await.status, 200);
+    for request in slow {
+        request.await.unwrap().assert_number(REAL, "real");
+    }
+    app.phone(3, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+}
