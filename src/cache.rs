@@ -294,14 +294,15 @@ where
         let inner = Arc::clone(&self.inner);
         // The task takes the inflight lock to remove itself, and we hold it until
         // the entry is inserted below, so it can never remove before we insert.
-        let task = tokio::spawn(async move {
+        // The fetch logs under the span of the request that started it.
+        let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
             let result = upstream_call.await;
             if let Ok(phone) = &result {
                 inner.store(key, user, generation, *phone);
             }
             inner.lock_inflight().remove(&(key, generation));
             result
-        });
+        }));
         let shared = async move { task.await.unwrap_or(Err(UpstreamError::Internal)) }
             .boxed()
             .shared();

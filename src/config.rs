@@ -62,6 +62,17 @@ pub struct DatabaseConfig {
 #[serde(deny_unknown_fields)]
 pub struct LogConfig {
     pub filter: String,
+    pub format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One JSON object per line (production).
+    Json,
+    /// Readable lines (the demo, a terminal).
+    Text,
 }
 
 #[derive(Debug, Clone, Deserialize)]

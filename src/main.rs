@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use phones_gateway::app::App;
-use phones_gateway::config::{Config, Secret};
+use phones_gateway::config::{Config, LogFormat, Secret};
 use phones_gateway::sim::{self, SimConfig};
 use phones_gateway::upstream::StatusItem;
 
@@ -55,7 +55,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command.unwrap_or(Command::Demo { config: None }) {
         Command::Serve { config } => {
             let config = load(config)?;
-            phones_gateway::telemetry::init_logs(&config.log.filter)?;
+            phones_gateway::telemetry::init_logs(&config.log.filter, config.log.format)?;
             runtime.block_on(serve(config))
         }
         Command::CheckConfig { config } => {
@@ -65,7 +65,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Migrate { config } => {
             let config = load(config)?;
-            phones_gateway::telemetry::init_logs(&config.log.filter)?;
+            phones_gateway::telemetry::init_logs(&config.log.filter, config.log.format)?;
             runtime.block_on(async {
                 let store =
                     phones_gateway::store::Store::connect(config.database.url.expose(), 1).await?;
@@ -75,12 +75,12 @@ fn main() -> anyhow::Result<()> {
             })
         }
         Command::Simulate(sim_config) => {
-            phones_gateway::telemetry::init_logs("info")?;
+            phones_gateway::telemetry::init_logs("info", LogFormat::Text)?;
             runtime.block_on(simulate(sim_config))
         }
         Command::Demo { config } => {
             let config = load(config)?;
-            phones_gateway::telemetry::init_logs(&config.log.filter)?;
+            phones_gateway::telemetry::init_logs(&config.log.filter, LogFormat::Text)?;
             runtime.block_on(demo(config))
         }
     }

@@ -4,8 +4,13 @@
 //! Phone numbers never reach a log line or a label: code logs `phone.masked()`,
 //! and `Phone`'s `Debug` is masked too.
 
-use std::sync::OnceLock;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
+
+use axum::http::HeaderValue;
+use tracing::Instrument;
 
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
@@ -13,22 +18,64 @@ use axum::response::Response;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
+pub use crate::config::LogFormat;
+
 use crate::resolve::Caches;
 use crate::status::StatusService;
 
-/// Installs the global subscriber: `RUST_LOG` if set, else `filter`.
+/// The header carrying a request's id, taken from the caller or set by us,
+/// answered back and forwarded to the upstreams.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+tokio::task_local! {
+    /// The id of the request this task serves.
+    static REQUEST_ID: Arc<str>;
+}
+
+/// The current request's id, for forwarding to upstreams.
+pub fn current_request_id() -> Option<Arc<str>> {
+    REQUEST_ID.try_with(Arc::clone).ok()
+}
+
+/// Installs the global subscriber: `RUST_LOG` if set, else `filter`; JSON lines
+/// for production, readable text for people.
 ///
 /// # Errors
 /// A filter that does not parse, or a subscriber already installed.
-pub fn init_logs(filter: &str) -> anyhow::Result<()> {
+pub fn init_logs(filter: &str, format: LogFormat) -> anyhow::Result<()> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(env) if !env.is_empty() => EnvFilter::try_new(env)?,
         _ => EnvFilter::try_new(filter)?,
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .try_init()
-        .map_err(|e| anyhow::anyhow!(e))
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
+        LogFormat::Text => builder.try_init(),
+    }
+    .map_err(|e| anyhow::anyhow!(e))
+}
+
+/// A caller's id is kept if it is short, visible ASCII; else we make one.
+fn request_id_of(request: &Request) -> Arc<str> {
+    static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+    static SEED: OnceLock<foldhash::fast::RandomState> = OnceLock::new();
+    let given = request
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()));
+    match given {
+        Some(id) => Arc::from(id),
+        None => {
+            let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+            let id = SEED.get_or_init(Default::default).hash_one(n);
+            Arc::from(format!("{id:016x}"))
+        }
+    }
 }
 
 /// The process-wide Prometheus recorder (the `metrics` facade is global; several
@@ -56,8 +103,10 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-/// Counts and times every request by matched route and status.
+/// Gives every request an id (its span carries it onto every log line, and it is
+/// answered in `x-request-id`), and counts and times it by route and status.
 pub async fn track_request(request: Request, next: Next) -> Response {
+    let request_id = request_id_of(&request);
     let route = request
         .extensions()
         .get::<MatchedPath>()
@@ -75,7 +124,13 @@ pub async fn track_request(request: Request, next: Next) -> Response {
             _ => "other",
         });
     let start = Instant::now();
-    let response = next.run(request).await;
+    let span = tracing::info_span!("request", request_id = &*request_id, route);
+    let mut response = REQUEST_ID
+        .scope(request_id.clone(), next.run(request).instrument(span))
+        .await;
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
     let status = response.status().as_u16().to_string();
     metrics::histogram!(
         "phones_gateway_http_request_duration_seconds",

@@ -324,29 +324,36 @@ impl Resolver {
     fn lookup_anonymous(&self, req: &Request) -> LookupFuture<'_> {
         let (user, ad) = (req.user, req.ad);
         let upstreams = self.upstreams.clone();
+        let request_id = crate::telemetry::current_request_id();
         Box::pin(self.caches.anonymous.get_or_fetch(
             (user.get(), ad.get()),
             user,
-            move || async move { upstreams.anonymous(user, ad).await },
+            move || async move { upstreams.anonymous(user, ad, request_id.as_deref()).await },
         ))
     }
 
     fn lookup_real(&self, req: &Request) -> LookupFuture<'_> {
         let (user, ad) = (req.user, req.ad);
         let upstreams = self.upstreams.clone();
+        let request_id = crate::telemetry::current_request_id();
         Box::pin(self.caches.real_phone.get_or_fetch(
             (user.get(), ad.get()),
             user,
-            move || async move { upstreams.real_phone(user, ad).await },
+            move || async move { upstreams.real_phone(user, ad, request_id.as_deref()).await },
         ))
     }
 
     fn lookup_calltracking(&self, user: UserId, phone: Phone) -> LookupFuture<'_> {
         let upstreams = self.upstreams.clone();
+        let request_id = crate::telemetry::current_request_id();
         Box::pin(self.caches.calltracking.get_or_fetch(
             (user.get(), phone.to_u64()),
             user,
-            move || async move { upstreams.virtual_number(user, phone).await },
+            move || async move {
+                upstreams
+                    .virtual_number(user, phone, request_id.as_deref())
+                    .await
+            },
         ))
     }
 }

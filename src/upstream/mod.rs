@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use tracing::Instrument;
 
 pub use error::{UpstreamError, UpstreamName};
 
@@ -105,9 +106,14 @@ impl Upstreams {
     ///
     /// # Errors
     /// Any answer but 200 with a valid phone or 404.
-    pub async fn real_phone(&self, user: UserId, ad: AdId) -> Result<Option<Phone>, UpstreamError> {
+    pub async fn real_phone(
+        &self,
+        user: UserId,
+        ad: AdId,
+        request_id: Option<&str>,
+    ) -> Result<Option<Phone>, UpstreamError> {
         let url = format!("{}/v1/users/{user}/phone?ad_id={ad}", self.real_phone.base);
-        let body: Option<PhoneBody> = self.get_json(&self.real_phone, &url).await?;
+        let body: Option<PhoneBody> = self.get_json(&self.real_phone, &url, request_id).await?;
         body.map(|b| parse_phone(&b.phone)).transpose()
     }
 
@@ -115,12 +121,17 @@ impl Upstreams {
     ///
     /// # Errors
     /// Any answer but 200 with a valid phone or 404.
-    pub async fn anonymous(&self, user: UserId, ad: AdId) -> Result<Option<Phone>, UpstreamError> {
+    pub async fn anonymous(
+        &self,
+        user: UserId,
+        ad: AdId,
+        request_id: Option<&str>,
+    ) -> Result<Option<Phone>, UpstreamError> {
         let url = format!(
             "{}/v1/anonymous-numbers?user_id={user}&ad_id={ad}",
             self.anonymous.base
         );
-        let body: Option<PhoneBody> = self.get_json(&self.anonymous, &url).await?;
+        let body: Option<PhoneBody> = self.get_json(&self.anonymous, &url, request_id).await?;
         body.map(|b| parse_phone(&b.phone)).transpose()
     }
 
@@ -132,6 +143,7 @@ impl Upstreams {
         &self,
         user: UserId,
         phone: Phone,
+        request_id: Option<&str>,
     ) -> Result<Option<Phone>, UpstreamError> {
         // `+` must be escaped in a query; the rest of a normalised phone is digits.
         let url = format!(
@@ -139,7 +151,8 @@ impl Upstreams {
             self.calltracking.base,
             phone.to_u64()
         );
-        let body: Option<VirtualPhoneBody> = self.get_json(&self.calltracking, &url).await?;
+        let body: Option<VirtualPhoneBody> =
+            self.get_json(&self.calltracking, &url, request_id).await?;
         body.map(|b| parse_phone(&b.virtual_phone)).transpose()
     }
 
@@ -157,7 +170,7 @@ impl Upstreams {
             url.push_str("&after=");
             url.extend(form_urlencoded::byte_serialize(cursor.as_bytes()));
         }
-        self.get_json(&self.calltracking, &url)
+        self.get_json(&self.calltracking, &url, None)
             .await?
             .ok_or(UpstreamError::Status(404))
     }
@@ -168,9 +181,14 @@ impl Upstreams {
         &self,
         endpoint: &Endpoint,
         url: &str,
+        request_id: Option<&str>,
     ) -> Result<Option<T>, UpstreamError> {
         let call = async {
-            let mut response = self.http.get(url).send().await.map_err(connect_error)?;
+            let mut request = self.http.get(url);
+            if let Some(id) = request_id {
+                request = request.header(crate::telemetry::REQUEST_ID_HEADER, id);
+            }
+            let mut response = request.send().await.map_err(connect_error)?;
             match response.status().as_u16() {
                 200 => {}
                 404 => return Ok(None),
@@ -188,7 +206,8 @@ impl Upstreams {
                 .map_err(|e| UpstreamError::Decode(e.to_string()))
         };
         let start = std::time::Instant::now();
-        let result = tokio::time::timeout(endpoint.timeout, call)
+        let span = tracing::debug_span!("upstream", upstream = endpoint.name.as_str());
+        let result = tokio::time::timeout(endpoint.timeout, call.instrument(span))
             .await
             .unwrap_or(Err(UpstreamError::Timeout));
         let outcome = match &result {

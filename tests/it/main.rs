@@ -9,6 +9,7 @@ mod bad_input;
 mod caching;
 mod durability;
 mod feed;
+mod operations;
 mod pg;
 mod privacy;
 mod replicas;

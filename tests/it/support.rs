@@ -45,6 +45,7 @@ pub struct Fake {
     behaviour: Arc<Mutex<Behaviour>>,
     calls: Arc<AtomicUsize>,
     uris: Arc<Mutex<Vec<String>>>,
+    request_ids: Arc<Mutex<Vec<String>>>,
 }
 
 impl Fake {
@@ -58,6 +59,7 @@ impl Fake {
             })),
             calls: Arc::new(AtomicUsize::new(0)),
             uris: Arc::new(Mutex::new(Vec::new())),
+            request_ids: Arc::new(Mutex::new(Vec::new())),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -83,11 +85,22 @@ impl Fake {
     pub fn uris(&self) -> Vec<String> {
         self.uris.lock().unwrap().clone()
     }
+
+    /// The `x-request-id` of every call received.
+    pub fn request_ids(&self) -> Vec<String> {
+        self.request_ids.lock().unwrap().clone()
+    }
 }
 
 async fn answer(State(fake): State<Fake>, request: Request) -> Response {
     fake.calls.fetch_add(1, Ordering::SeqCst);
     fake.uris.lock().unwrap().push(request.uri().to_string());
+    if let Some(id) = request.headers().get("x-request-id") {
+        fake.request_ids
+            .lock()
+            .unwrap()
+            .push(id.to_str().unwrap().to_owned());
+    }
     let Behaviour { reply, delay } = fake.behaviour.lock().unwrap().clone();
     tokio::time::sleep(delay).await;
     match reply {

@@ -1,0 +1,227 @@
+//! Operating it: request ids, and every metric family moving after real traffic.
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::json;
+
+use crate::support::{Reply, TestApp, read};
+use crate::{ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
+
+#[tokio::test]
+async fn request_ids_are_kept_or_made_answered_and_forwarded_upstream() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    let url = format!(
+        "{}/v1/public-phone?user_id=1&ad_id=1&category_id=1",
+        app.public
+    );
+    let response = app
+        .http
+        .get(&url)
+        .header("x-request-id", "req-abc-123")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["x-request-id"], "req-abc-123");
+    assert_eq!(app.real.request_ids(), ["req-abc-123"]);
+    let response = app
+        .http
+        .get(format!(
+            "{}/v1/public-phone?user_id=2&ad_id=1&category_id=1",
+            app.public
+        ))
+        .send()
+        .await
+        .unwrap();
+    let made = response.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(made.len(), 16, "{made}");
+    assert_eq!(app.real.request_ids()[1], made);
+    // A header that is not a sane id is replaced.
+    let response = app
+        .http
+        .get(&url)
+        .header("x-request-id", "a".repeat(200))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["x-request-id"].len(), 16);
+}
+
+/// The sum of a metric's series whose labels include `labels`.
+fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+            (metric == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
+            .then(|| value.parse::<f64>().ok())
+            .flatten()
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn every_metric_family_moves_with_real_traffic() {
+    let app = TestApp::spawn_with(
+        r#"
+        [rate_limit]
+        per_viewer_per_minute = 1
+        [server]
+        max_in_flight = 1
+        [cache.real_phone]
+        ttl_s = 1
+        "#,
+    )
+    .await;
+    let scrape = || async {
+        read(
+            app.http
+                .get(format!("{}/metrics", app.admin))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+        .text
+    };
+    let before = scrape().await;
+
+    app.real.reply(Reply::Phone(REAL));
+    app.anonymous.reply(Reply::Status(500));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    app.enable_calltracking(2, 1).await;
+    app.enable_calltracking(8, 1).await;
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real"); // miss
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real"); // hit
+    app.phone(2, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+    app.phone(3, 1, ANON_CATEGORY).await.assert_problem(503); // fail closed
+    app.calltracking.reply(Reply::Status(500));
+    app.phone(8, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real"); // calltracking falls through
+    app.real.reply(Reply::NotFound);
+    app.phone(4, 1, PLAIN_CATEGORY).await.assert_problem(404);
+    app.real.reply(Reply::Hang);
+    app.phone(5, 1, PLAIN_CATEGORY).await.assert_problem(503); // timeout
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real"); // stale served
+    // A second request while one is in flight: max_in_flight = 1 sheds it.
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(150));
+    let (a, b) = tokio::join!(app.phone(6, 1, PLAIN_CATEGORY), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        app.phone(6, 1, PLAIN_CATEGORY).await
+    });
+    a.assert_number(REAL, "real");
+    b.assert_problem(503);
+    let viewer = |n| {
+        let app = &app;
+        async move {
+            read(
+                app.http
+                    .get(format!(
+                        "{}/v1/public-phone?user_id={n}&ad_id=1&category_id=1",
+                        app.public
+                    ))
+                    .header("x-viewer-id", "v")
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await
+        }
+    };
+    viewer(1).await;
+    viewer(1).await.assert_problem(429);
+    app.send_admin(
+        Method::PUT,
+        "/admin/v1/calltracking/statuses",
+        &json!({ "version": 5, "enabled_user_ids": [2, 7] }),
+    )
+    .await;
+
+    let after = scrape().await;
+    let moved = |name: &str, labels: &[(&str, &str)]| {
+        let (b, a) = (sum(&before, name, labels), sum(&after, name, labels));
+        assert!(a > b, "{name} {labels:?} did not move: {b} -> {a}\n{after}");
+    };
+    moved(
+        "phones_gateway_http_request_duration_seconds_count",
+        &[("route", "/v1/public-phone"), ("status", "200")],
+    );
+    moved(
+        "phones_gateway_http_request_duration_seconds_count",
+        &[("route", "/v1/public-phone"), ("status", "503")],
+    );
+    for outcome in ["ok", "not_found", "timeout", "error"] {
+        moved(
+            "phones_gateway_upstream_requests_total",
+            &[("outcome", outcome)],
+        );
+    }
+    moved(
+        "phones_gateway_upstream_request_duration_seconds_count",
+        &[("upstream", "real_phone")],
+    );
+    for result in ["hit", "miss", "stale_served"] {
+        moved(
+            "phones_gateway_cache_lookups_total",
+            &[("cache", "real_phone"), ("result", result)],
+        );
+    }
+    moved("phones_gateway_selections_total", &[("kind", "real")]);
+    moved(
+        "phones_gateway_selections_total",
+        &[("kind", "calltracking")],
+    );
+    moved(
+        "phones_gateway_fail_closed_total",
+        &[("source", "anonymous")],
+    );
+    moved(
+        "phones_gateway_fall_through_total",
+        &[("source", "calltracking")],
+    );
+    moved(
+        "phones_gateway_resolve_failures_total",
+        &[("reason", "no_phone")],
+    );
+    moved("phones_gateway_shed_total", &[]);
+    moved("phones_gateway_rate_limited_total", &[]);
+    moved(
+        "phones_gateway_db_operation_duration_seconds_count",
+        &[("operation", "apply_changes")],
+    );
+    moved(
+        "phones_gateway_db_operation_duration_seconds_count",
+        &[("operation", "apply_snapshot")],
+    );
+    assert!(sum(&after, "phones_gateway_status_set_users", &[]) >= 2.0);
+    assert!(sum(&after, "phones_gateway_status_last_change_seq", &[]) >= 1.0);
+    assert!(after.contains("phones_gateway_status_sync_lag_seconds"));
+    assert!(
+        sum(
+            &after,
+            "phones_gateway_cache_entries",
+            &[("cache", "real_phone")]
+        ) >= 1.0
+    );
+    // No phone number in any label or value line.
+    assert!(!after.contains("79161234567") && !after.contains("74951234567"));
+}
