@@ -29,6 +29,14 @@ pub struct Config {
     pub selection: SelectionConfig,
     pub cache: CachesConfig,
     pub rate_limit: RateLimitConfig,
+    pub runtime: RuntimeConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// 0: follow the cgroup CPU quota (or the cores when there is none).
+    pub worker_threads: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -298,6 +306,9 @@ impl Config {
                 "server.max_snapshot_bytes",
                 "must be at least server.max_body_bytes",
             ));
+        }
+        if self.runtime.worker_threads > 1024 {
+            return Err(invalid("runtime.worker_threads", "must be at most 1024"));
         }
         if self.server.max_in_flight == 0 {
             return Err(invalid("server.max_in_flight", "must be above 0"));

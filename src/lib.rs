@@ -14,6 +14,7 @@
 //! - [`store`]: sqlx storage of the status set, SQLite or PostgreSQL.
 //! - [`phone`], [`ids`]: domain types parsed once at the edge.
 //! - [`telemetry`]: logs, metrics, request tracking.
+//! - [`runtime`]: tokio worker threads sized to the container's CPU quota.
 //! - [`sim`]: the upstream simulator for the demo, tests and load runs.
 
 #![forbid(unsafe_code)]
@@ -25,6 +26,7 @@ pub mod http;
 pub mod ids;
 pub mod phone;
 pub mod resolve;
+pub mod runtime;
 pub mod sim;
 pub mod status;
 pub mod store;

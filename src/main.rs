@@ -48,15 +48,11 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
     match cli.command.unwrap_or(Command::Demo { config: None }) {
         Command::Serve { config } => {
             let config = load(config)?;
             phones_gateway::telemetry::init_logs(&config.log.filter, config.log.format)?;
-            runtime.block_on(serve(config))
+            runtime(config.runtime.worker_threads)?.block_on(serve(config))
         }
         Command::CheckConfig { config } => {
             load(config)?;
@@ -66,7 +62,7 @@ fn main() -> anyhow::Result<()> {
         Command::Migrate { config } => {
             let config = load(config)?;
             phones_gateway::telemetry::init_logs(&config.log.filter, config.log.format)?;
-            runtime.block_on(async {
+            runtime(1)?.block_on(async {
                 let store =
                     phones_gateway::store::Store::connect(config.database.url.expose(), 1).await?;
                 store.migrate().await?;
@@ -76,14 +72,25 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Simulate(sim_config) => {
             phones_gateway::telemetry::init_logs("info", LogFormat::Text)?;
-            runtime.block_on(simulate(sim_config))
+            runtime(0)?.block_on(simulate(sim_config))
         }
         Command::Demo { config } => {
             let config = load(config)?;
             phones_gateway::telemetry::init_logs(&config.log.filter, LogFormat::Text)?;
-            runtime.block_on(demo(config))
+            runtime(config.runtime.worker_threads)?.block_on(demo(config))
         }
     }
+}
+
+/// A multi-threaded runtime sized by `runtime::worker_threads`.
+fn runtime(configured: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let (workers, source) = phones_gateway::runtime::worker_threads(configured);
+    tracing::info!(workers, source, "tokio worker threads");
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")
 }
 
 fn load(file: Option<PathBuf>) -> anyhow::Result<Config> {

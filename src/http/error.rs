@@ -22,6 +22,8 @@ pub enum ApiError {
     /// Body over the route's limit (bytes).
     PayloadTooLarge(usize),
     Unauthorized,
+    /// The resource is busy with another request.
+    Conflict(&'static str),
     TooManyRequests {
         retry_after_s: u64,
     },
@@ -53,6 +55,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -68,6 +71,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(limit) => format!("body over the limit of {limit} bytes"),
             ApiError::Unauthorized => "a valid bearer token is required".into(),
             ApiError::TooManyRequests { .. } => "rate limit exceeded".into(),
+            ApiError::Conflict(detail) => (*detail).into(),
             ApiError::Unavailable { detail } => (*detail).into(),
         };
         Problem {

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod error;
 pub mod extract;
+pub mod profile;
 pub mod public;
 pub mod ratelimit;
 pub mod shed;
@@ -61,6 +62,7 @@ pub fn admin_router(state: AdminState, max_body_bytes: usize, max_snapshot_bytes
             "/admin/v1/calltracking/statuses/{user_id}",
             get(admin::get_status),
         )
+        .route("/admin/v1/debug/pprof/profile", get(profile::profile))
         .route(
             "/admin/v1/cache/invalidate",
             body_limit(post(admin::invalidate), max_body_bytes),

@@ -10,10 +10,10 @@ use crate::pg;
 use crate::support::TOKEN;
 
 /// The real binary, started as operators start it.
-struct Process {
+pub struct Process {
     child: Child,
-    admin: String,
-    http: reqwest::Client,
+    pub admin: String,
+    pub http: reqwest::Client,
 }
 
 fn free_port() -> u16 {
@@ -25,7 +25,7 @@ fn free_port() -> u16 {
 }
 
 impl Process {
-    async fn start(database_url: &str) -> Process {
+    pub async fn start(database_url: &str) -> Process {
         let admin_port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_phones-gateway"))
             .arg("serve")

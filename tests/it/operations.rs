@@ -225,3 +225,52 @@ async fn every_metric_family_moves_with_real_traffic() {
     // No phone number in any label or value line.
     assert!(!after.contains("79161234567") && !after.contains("74951234567"));
 }
+
+/// Profiled in a process of its own: the profiler's SIGPROF stays out of the
+/// test binary.
+#[tokio::test]
+async fn a_cpu_profile_is_taken_on_demand_behind_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let process =
+        crate::durability::Process::start(&format!("sqlite://{}/gw.db", dir.path().display()))
+            .await;
+    let url = |query: &str| format!("{}/admin/v1/debug/pprof/profile?{query}", process.admin);
+    let without = read(process.http.get(url("seconds=1")).send().await.unwrap()).await;
+    without.assert_problem(401);
+    let get = |query: &'static str| {
+        let (http, url) = (process.http.clone(), url(query));
+        async move {
+            read(
+                http.get(url)
+                    .bearer_auth(crate::support::TOKEN)
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await
+        }
+    };
+    get("seconds=0").await.assert_problem(400);
+    get("seconds=1&format=pdf").await.assert_problem(400);
+    let top = get("seconds=1&format=top").await;
+    assert_eq!(top.status, 200, "{top:?}");
+    assert!(top.text.contains("samples over 1s"), "{}", top.text);
+    // Some work to sample while the flamegraph is taken.
+    let busy = {
+        let (http, admin) = (process.http.clone(), process.admin.clone());
+        tokio::spawn(async move {
+            for _ in 0..300 {
+                let _ = http.get(format!("{admin}/metrics")).send().await;
+            }
+        })
+    };
+    let svg = get("seconds=1").await;
+    busy.abort();
+    assert_eq!(svg.status, 200);
+    assert_eq!(svg.content_type, "image/svg+xml");
+    assert!(
+        svg.text.contains("<svg"),
+        "{}",
+        &svg.text[..svg.text.len().min(200)]
+    );
+}
