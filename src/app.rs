@@ -55,8 +55,10 @@ impl App {
         )
         .await
         .context("opening database.url")?;
-        let upstreams =
-            Arc::new(Upstreams::new(&config.upstreams).context("building the HTTP client")?);
+        let upstreams = Arc::new(
+            Upstreams::new(&config.upstreams, config.breaker)
+                .context("building the HTTP client")?,
+        );
         let caches = Caches::new(&config);
         let status = StatusService::new(store);
         let resolver = Arc::new(Resolver::new(

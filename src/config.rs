@@ -30,6 +30,19 @@ pub struct Config {
     pub cache: CachesConfig,
     pub rate_limit: RateLimitConfig,
     pub runtime: RuntimeConfig,
+    pub breaker: BreakerConfig,
+}
+
+/// Circuit breaker settings, applied to each upstream.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerConfig {
+    pub enabled: bool,
+    pub consecutive_failures: u32,
+    pub failure_ratio: f64,
+    pub min_calls: u32,
+    pub window_s: u64,
+    pub open_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -49,6 +62,7 @@ pub struct ServerConfig {
     pub shutdown_pause_ms: u64,
     pub drain_timeout_ms: u64,
     pub max_in_flight: usize,
+    pub request_deadline_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -307,8 +321,27 @@ impl Config {
                 "must be at least server.max_body_bytes",
             ));
         }
+        let b = &self.breaker;
+        if b.consecutive_failures == 0 {
+            return Err(invalid("breaker.consecutive_failures", "must be above 0"));
+        }
+        if !(b.failure_ratio > 0.0 && b.failure_ratio <= 1.0) {
+            return Err(invalid("breaker.failure_ratio", "must be in (0, 1]"));
+        }
+        if b.window_s == 0 || b.open_ms == 0 {
+            return Err(invalid(
+                "breaker.window_s / breaker.open_ms",
+                "must be above 0",
+            ));
+        }
         if self.runtime.worker_threads > 1024 {
             return Err(invalid("runtime.worker_threads", "must be at most 1024"));
+        }
+        if !(1..=60_000).contains(&self.server.request_deadline_ms) {
+            return Err(invalid(
+                "server.request_deadline_ms",
+                "must be in 1..=60000",
+            ));
         }
         if self.server.max_in_flight == 0 {
             return Err(invalid("server.max_in_flight", "must be above 0"));

@@ -101,6 +101,8 @@ pub struct Resolver {
     caches: Caches,
     status: Arc<StatusSet>,
     counters: Counters,
+    /// `server.request_deadline_ms`: no request waits on sources longer.
+    deadline: std::time::Duration,
 }
 
 /// Decision metrics, registered once (the hit path increments atomics only).
@@ -166,6 +168,7 @@ impl Resolver {
             caches,
             status,
             counters: Counters::new(),
+            deadline: std::time::Duration::from_millis(config.server.request_deadline_ms),
         }
     }
 
@@ -283,8 +286,20 @@ impl Resolver {
             }
             _ => None,
         };
+        let deadline = tokio::time::sleep(self.deadline);
+        tokio::pin!(deadline);
         loop {
             tokio::select! {
+                () = &mut deadline => {
+                    // Whatever has not answered by the deadline has failed; the
+                    // rules decide with that (fail-closed sources answer 503).
+                    for state in [&mut states.anonymous, &mut states.calltracking, &mut states.real] {
+                        if *state == SourceState::Pending {
+                            *state = SourceState::Failed;
+                        }
+                    }
+                    tracing::debug!(user_id = %req.user, ad_id = %req.ad, "request deadline reached");
+                }
                 lookup = poll_some(&mut anonymous), if anonymous.is_some() => {
                     anonymous = None;
                     states.anonymous = state_of(&lookup.answer);

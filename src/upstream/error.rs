@@ -17,6 +17,9 @@ pub enum UpstreamError {
     /// A body that does not parse, or a phone that does not normalise.
     #[error("bad answer: {0}")]
     Decode(String),
+    /// The circuit breaker is open: the upstream was not called.
+    #[error("circuit open")]
+    CircuitOpen,
     /// The fetch task itself died (a bug); treated as any other failure.
     #[error("fetch task failed")]
     Internal,
@@ -30,6 +33,7 @@ impl UpstreamError {
             UpstreamError::Connect(_) => "connect",
             UpstreamError::Status(_) => "status",
             UpstreamError::Decode(_) => "decode",
+            UpstreamError::CircuitOpen => "circuit_open",
             UpstreamError::Internal => "internal",
         }
     }

@@ -5,6 +5,7 @@
 //! body of the right shape, a phone that normalises. Anything else is an
 //! [`UpstreamError`]. Nothing here caches or decides; see `resolve`.
 
+mod breaker;
 mod error;
 
 use std::time::Duration;
@@ -15,9 +16,10 @@ use tracing::Instrument;
 
 pub use error::{UpstreamError, UpstreamName};
 
-use crate::config::{UpstreamConfig, UpstreamsConfig};
+use crate::config::{BreakerConfig, UpstreamConfig, UpstreamsConfig};
 use crate::ids::{AdId, UserId};
 use crate::phone::Phone;
+use breaker::Breaker;
 
 /// Largest upstream body read; a phone answer is tens of bytes, a status page of
 /// 10,000 items under a megabyte.
@@ -30,25 +32,25 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
 const POOL_MAX_IDLE_PER_HOST: usize = 512;
 
 /// One upstream's address and time limit.
-#[derive(Debug, Clone)]
 struct Endpoint {
     name: UpstreamName,
     base: String,
     timeout: Duration,
+    breaker: Breaker,
 }
 
 impl Endpoint {
-    fn new(name: UpstreamName, config: &UpstreamConfig) -> Self {
+    fn new(name: UpstreamName, config: &UpstreamConfig, breaker: BreakerConfig) -> Self {
         Endpoint {
             name,
             base: config.base_url.trim_end_matches('/').to_owned(),
             timeout: config.timeout(),
+            breaker: Breaker::new(name.as_str(), breaker),
         }
     }
 }
 
-/// The typed clients of the three upstreams. Cheap to clone.
-#[derive(Debug, Clone)]
+/// The typed clients of the three upstreams; share it behind an `Arc`.
 pub struct Upstreams {
     http: reqwest::Client,
     real_phone: Endpoint,
@@ -84,7 +86,7 @@ pub struct StatusPage {
 impl Upstreams {
     /// # Errors
     /// The HTTP client could not be built (no TLS backend or resolver).
-    pub fn new(config: &UpstreamsConfig) -> Result<Self, reqwest::Error> {
+    pub fn new(config: &UpstreamsConfig, breaker: BreakerConfig) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
@@ -93,11 +95,12 @@ impl Upstreams {
             .build()?;
         Ok(Upstreams {
             http,
-            real_phone: Endpoint::new(UpstreamName::RealPhone, &config.real_phone),
-            anonymous: Endpoint::new(UpstreamName::Anonymous, &config.anonymous),
+            real_phone: Endpoint::new(UpstreamName::RealPhone, &config.real_phone, breaker),
+            anonymous: Endpoint::new(UpstreamName::Anonymous, &config.anonymous, breaker),
             calltracking: Endpoint::new(
                 UpstreamName::Calltracking,
                 &config.calltracking.as_upstream(),
+                breaker,
             ),
         })
     }
@@ -206,14 +209,21 @@ impl Upstreams {
                 .map_err(|e| UpstreamError::Decode(e.to_string()))
         };
         let start = std::time::Instant::now();
-        let span = tracing::debug_span!("upstream", upstream = endpoint.name.as_str());
-        let result = tokio::time::timeout(endpoint.timeout, call.instrument(span))
-            .await
-            .unwrap_or(Err(UpstreamError::Timeout));
+        let result = if endpoint.breaker.allow() {
+            let span = tracing::debug_span!("upstream", upstream = endpoint.name.as_str());
+            let result = tokio::time::timeout(endpoint.timeout, call.instrument(span))
+                .await
+                .unwrap_or(Err(UpstreamError::Timeout));
+            endpoint.breaker.record(result.is_ok());
+            result
+        } else {
+            Err(UpstreamError::CircuitOpen)
+        };
         let outcome = match &result {
             Ok(Some(_)) => "ok",
             Ok(None) => "not_found",
             Err(UpstreamError::Timeout) => "timeout",
+            Err(UpstreamError::CircuitOpen) => "circuit_open",
             Err(_) => "error",
         };
         let upstream = endpoint.name.as_str();

@@ -77,7 +77,7 @@ async fn a_viewer_past_the_limit_gets_429_and_no_upstream_is_called() {
 #[tokio::test]
 async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
     let app = TestApp::spawn_with(
-        "[server]\nmax_in_flight = 2\n[upstreams.real_phone]\ntimeout_ms = 5000",
+        "[server]\nmax_in_flight = 2\nrequest_deadline_ms = 10000\n[upstreams.real_phone]\ntimeout_ms = 5000",
     )
     .await;
     app.real

@@ -183,7 +183,10 @@ async fn invalidated_numbers_are_not_served_stale_either() {
 
 #[tokio::test]
 async fn a_fetch_started_before_an_invalidation_never_writes_its_answer_back() {
-    let app = TestApp::spawn_with("[upstreams.real_phone]\ntimeout_ms = 3000").await;
+    let app = TestApp::spawn_with(
+        "[server]\nrequest_deadline_ms = 10000\n[upstreams.real_phone]\ntimeout_ms = 3000",
+    )
+    .await;
     app.real
         .reply_after(Reply::Phone(REAL), Duration::from_millis(600));
     let before = {

@@ -1,23 +1,9 @@
-//! SPEC 10: no full phone number in the logs.
+//! SPEC 10: no full phone number in the logs. Besides this test, every `TestApp`
+//! checks the logs of the whole test binary so far when it is dropped, so the
+//! traffic of the entire suite is covered.
 
-use crate::support::{Reply, TestApp, captured_logs};
+use crate::support::{Reply, TestApp, captured_logs, full_numbers};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
-
-/// Every `+` followed by 8 or more digits (separators allowed) in `text`.
-fn full_numbers(text: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for (start, _) in text.match_indices('+') {
-        let digits: String = text[start + 1..]
-            .chars()
-            .take_while(|c| c.is_ascii_digit() || matches!(c, ' ' | '-' | '(' | ')'))
-            .filter(char::is_ascii_digit)
-            .collect();
-        if digits.len() >= 8 {
-            found.push(format!("+{digits}"));
-        }
-    }
-    found
-}
 
 #[tokio::test]
 async fn no_full_phone_number_in_the_logs() {

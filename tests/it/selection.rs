@@ -268,6 +268,8 @@ async fn fail_closed_and_order_are_configurable() {
 async fn cold_latency_is_the_max_of_independent_calls_not_their_sum() {
     let app = TestApp::spawn_with(
         r#"
+        [server]
+        request_deadline_ms = 10000
         [upstreams.real_phone]
         timeout_ms = 2000
         [upstreams.anonymous]
@@ -300,7 +302,10 @@ async fn cold_latency_is_the_max_of_independent_calls_not_their_sum() {
 
 #[tokio::test]
 async fn a_decided_request_does_not_wait_for_calls_that_cannot_change_it() {
-    let app = TestApp::spawn_with("[upstreams.real_phone]\ntimeout_ms = 5000").await;
+    let app = TestApp::spawn_with(
+        "[server]\nrequest_deadline_ms = 10000\n[upstreams.real_phone]\ntimeout_ms = 5000",
+    )
+    .await;
     app.anonymous
         .reply_after(Reply::Phone(ANON), Duration::from_millis(20));
     app.real
@@ -318,7 +323,10 @@ async fn a_decided_request_does_not_wait_for_calls_that_cannot_change_it() {
 
 #[tokio::test]
 async fn a_lower_source_is_not_revealed_while_a_higher_one_is_pending() {
-    let app = TestApp::spawn_with("[upstreams.anonymous]\ntimeout_ms = 2000").await;
+    let app = TestApp::spawn_with(
+        "[server]\nrequest_deadline_ms = 10000\n[upstreams.anonymous]\ntimeout_ms = 2000",
+    )
+    .await;
     app.anonymous
         .reply_after(Reply::Phone(ANON), Duration::from_millis(300));
     app.real.reply(Reply::Phone(REAL));

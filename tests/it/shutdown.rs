@@ -8,7 +8,7 @@ use crate::{PLAIN_CATEGORY, REAL};
 #[tokio::test]
 async fn shutdown_turns_readyz_503_then_drains_in_flight_requests() {
     let mut app = TestApp::spawn_with(
-        "[server]\nshutdown_pause_ms = 300\n[upstreams.real_phone]\ntimeout_ms = 2000",
+        "[server]\nshutdown_pause_ms = 300\nrequest_deadline_ms = 10000\n[upstreams.real_phone]\ntimeout_ms = 2000",
     )
     .await;
     app.real
@@ -42,7 +42,7 @@ async fn shutdown_turns_readyz_503_then_drains_in_flight_requests() {
 #[tokio::test]
 async fn the_drain_has_a_hard_deadline() {
     let mut app = TestApp::spawn_with(
-        "[server]\ndrain_timeout_ms = 300\n[upstreams.real_phone]\ntimeout_ms = 10000",
+        "[server]\ndrain_timeout_ms = 300\nrequest_deadline_ms = 20000\n[upstreams.real_phone]\ntimeout_ms = 10000",
     )
     .await;
     app.real.reply(Reply::Hang);

@@ -115,6 +115,22 @@ async fn answer(State(fake): State<Fake>, request: Request) -> Response {
     }
 }
 
+/// Every `+` followed by 8 or more digits (separators allowed) in `text`.
+pub fn full_numbers(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for (start, _) in text.match_indices('+') {
+        let digits: String = text[start + 1..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || matches!(c, ' ' | '-' | '(' | ')'))
+            .filter(char::is_ascii_digit)
+            .collect();
+        if digits.len() >= 8 {
+            found.push(format!("+{digits}"));
+        }
+    }
+    found
+}
+
 /// Everything the app logs, captured once for the whole test binary.
 pub fn captured_logs() -> String {
     String::from_utf8_lossy(&LOGS.get_or_init(Default::default).lock().unwrap()).into_owned()
@@ -161,6 +177,20 @@ pub struct TestApp {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     running: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     _dir: tempfile::TempDir,
+}
+
+impl Drop for TestApp {
+    /// Privacy across the whole suite: whatever traffic ran so far, in any test,
+    /// left no full phone number in the logs.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let leaked = full_numbers(&captured_logs());
+            assert!(
+                leaked.is_empty(),
+                "full phone numbers in the logs: {leaked:?}"
+            );
+        }
+    }
 }
 
 /// An HTTP answer, read whole.

@@ -1,0 +1,203 @@
+//! Faults (issue 5): circuit breakers, the request deadline, and anonymous-eligible
+//! traffic while the anonymous upstream is garbage, hung, at its timeout or killed:
+//! never a real or call-tracking number, always an answer within the deadline.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+use crate::support::{Reply, TestApp, read};
+use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
+
+#[tokio::test]
+async fn an_open_circuit_fails_fast_and_a_probe_closes_it() {
+    let app = TestApp::spawn_with("[breaker]\nconsecutive_failures = 3\nopen_ms = 500").await;
+    app.real.reply(Reply::Status(500));
+    for user in 1..=3 {
+        app.phone(user, 1, PLAIN_CATEGORY).await.assert_problem(503);
+    }
+    assert_eq!(app.real.calls(), 3);
+    // Open: the upstream is not called, the answer is immediate.
+    app.real.reply(Reply::Phone(REAL));
+    let start = Instant::now();
+    app.phone(4, 1, PLAIN_CATEGORY).await.assert_problem(503);
+    assert!(start.elapsed() < Duration::from_millis(200));
+    assert_eq!(app.real.calls(), 3);
+    // After open_ms one probe goes through; it succeeds and closes the circuit.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    app.phone(5, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    app.phone(6, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    assert_eq!(app.real.calls(), 5);
+}
+
+#[tokio::test]
+async fn the_request_deadline_bounds_the_real_then_calltracking_chain() {
+    let app = TestApp::spawn_with(
+        r#"
+        [server]
+        request_deadline_ms = 400
+        [upstreams.real_phone]
+        timeout_ms = 1000
+        [upstreams.anonymous]
+        timeout_ms = 1000
+        [upstreams.calltracking]
+        timeout_ms = 1000
+        "#,
+    )
+    .await;
+    app.enable_calltracking(1, 1).await;
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(250));
+    app.calltracking
+        .reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(250));
+    let start = Instant::now();
+    // The chain would take 500 ms; at 400 calltracking (fall_through) is skipped.
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_millis(800),
+        "{took:?}"
+    );
+    // A hung anonymous upstream (fail_closed) answers 503 at the deadline.
+    app.anonymous.reply(Reply::Hang);
+    let start = Instant::now();
+    app.phone(2, 1, ANON_CATEGORY).await.assert_problem(503);
+    assert!(
+        start.elapsed() < Duration::from_millis(800),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+const DEADLINE_MS: u64 = 500;
+
+/// Sends `n` anonymous-eligible requests (10 at a time) for fresh sellers, some
+/// with call tracking on; each must be 503 or the anonymous number, within the
+/// deadline and some slack.
+async fn never_reveals(app: &TestApp, first_user: u64, n: u64) -> (usize, usize) {
+    let results: Vec<_> = futures_util::stream::iter(first_user..first_user + n)
+        .map(|user| async move {
+            let start = Instant::now();
+            let url = format!(
+                "{}/v1/public-phone?user_id={user}&ad_id=1&category_id={ANON_CATEGORY}",
+                app.public
+            );
+            let got = read(app.http.get(url).send().await.unwrap()).await;
+            (got, start.elapsed())
+        })
+        .buffer_unordered(10)
+        .collect()
+        .await;
+    let (mut anonymous, mut refused) = (0, 0);
+    for (got, took) in results {
+        assert!(
+            took < Duration::from_millis(DEADLINE_MS + 700),
+            "no answer within the deadline: {took:?}"
+        );
+        match got.status {
+            503 => refused += 1,
+            200 => {
+                assert_eq!(
+                    got.body["kind"], "anonymous",
+                    "revealed while anonymous failed: {got:?}"
+                );
+                anonymous += 1;
+            }
+            _ => panic!("unexpected answer {got:?}"),
+        }
+        assert!(
+            !got.text.contains(REAL) && !got.text.contains(VIRTUAL),
+            "{got:?}"
+        );
+    }
+    (anonymous, refused)
+}
+
+async fn faulty_anonymous_app() -> TestApp {
+    let app = TestApp::spawn_with(&format!("[server]\nrequest_deadline_ms = {DEADLINE_MS}")).await;
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    let items: Vec<_> = (1..2000u64)
+        .step_by(2)
+        .map(|user| serde_json::json!({ "user_id": user, "enabled": true, "version": 1 }))
+        .collect();
+    let body = serde_json::json!({ "items": items });
+    let got = app
+        .send_admin(
+            reqwest::Method::POST,
+            "/admin/v1/calltracking/statuses",
+            &body,
+        )
+        .await;
+    assert_eq!(got.status, 200);
+    app
+}
+
+#[tokio::test]
+async fn a_garbage_hung_or_at_timeout_anonymous_upstream_never_reveals() {
+    let app = faulty_anonymous_app().await;
+    app.anonymous.reply(Reply::Garbage);
+    assert_eq!(never_reveals(&app, 1, 60).await, (0, 60));
+    app.anonymous.reply(Reply::Hang);
+    assert_eq!(never_reveals(&app, 101, 30).await, (0, 30));
+    // Exactly at the 300 ms timeout: either the number arrives in time or 503.
+    app.anonymous
+        .reply_after(Reply::Phone(ANON), Duration::from_millis(300));
+    let (anonymous, refused) = never_reveals(&app, 201, 40).await;
+    assert_eq!(anonymous + refused, 40);
+}
+
+#[tokio::test]
+async fn an_anonymous_upstream_killed_mid_load_never_reveals() {
+    // The simulator as the anonymous upstream, in a process of its own to kill.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut sim = Command::new(env!("CARGO_BIN_EXE_phones-gateway"))
+        .args(["simulate", "--addr", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let app = TestApp::spawn_with(&format!(
+        "[server]\nrequest_deadline_ms = {DEADLINE_MS}\n[upstreams.anonymous]\nbase_url = \"http://127.0.0.1:{port}\""
+    ))
+    .await;
+    app.real.reply(Reply::Phone(REAL));
+    // Load while healthy: the simulator connects (user + ad) % 3 == 0.
+    let load = {
+        let (public, http) = (app.public.clone(), app.http.clone());
+        tokio::spawn(async move {
+            for user in 1000..1300u64 {
+                let url = format!(
+                    "{public}/v1/public-phone?user_id={user}&ad_id=2&category_id={ANON_CATEGORY}"
+                );
+                let _ = http.get(url).send().await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    sim.kill().unwrap(); // SIGKILL, mid-load
+    sim.wait().unwrap();
+    load.await.unwrap();
+    // Every request after the kill, for sellers not cached: 503, never a number.
+    assert_eq!(never_reveals(&app, 5000, 60).await, (0, 60));
+}
