@@ -93,17 +93,25 @@ fn render(duration: Duration, top: bool) -> Result<Vec<u8>, pprof::Error> {
     let mut total = 0;
     for (frames, count) in &report.data {
         total += count;
-        let leaf = frames
-            .frames
-            .first()
-            .and_then(|inlined| inlined.first())
-            .map_or_else(|| "unknown".to_owned(), pprof::Symbol::name);
+        // The innermost frame; its symbols run from the innermost inlined
+        // function to the function the code physically belongs to. Name both.
+        let leaf = frames.frames.first().map_or_else(
+            || "unknown".to_owned(),
+            |inlined| match (inlined.first(), inlined.last()) {
+                (Some(inner), Some(outer)) if inlined.len() > 1 => {
+                    format!("{} (inlined: {})", outer.name(), inner.name())
+                }
+                (Some(only), _) => only.name(),
+                _ => "unknown".to_owned(),
+            },
+        );
         *own.entry(leaf).or_default() += count;
     }
     let mut rows: Vec<_> = own.into_iter().collect();
     rows.sort_by_key(|row| std::cmp::Reverse(row.1));
-    let mut text =
-        format!("{total} samples over {duration:?} at {SAMPLE_HZ} Hz; own samples per function:\n");
+    let mut text = format!(
+        "{total} samples over {duration:?} at {SAMPLE_HZ} Hz; own samples per function (the function the code belongs to, and the innermost inlined one):\n"
+    );
     for (name, count) in rows.into_iter().take(TOP_LINES) {
         let share = 100.0 * count as f64 / total.max(1) as f64;
         let _ = writeln!(text, "{count:>8} {share:>6.2}%  {name}");
