@@ -157,7 +157,9 @@ pub enum OnError {
 }
 
 /// A number source, as named in `selection.order` and in answers' `kind`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Source {
     Anonymous,

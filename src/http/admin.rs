@@ -8,15 +8,16 @@ use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
+use utoipa::ToSchema;
 
-use super::error::ApiError;
+use super::error::{ApiError, Problem};
 use super::extract::{Json, field_error};
 use crate::config::Secret;
 use crate::ids::UserId;
 use crate::resolve::Caches;
-use crate::status::{MAX_VERSION, StatusService};
+use crate::status::{Applied, MAX_VERSION, StatusService};
 use crate::upstream::StatusItem;
 
 /// Items one webhook delivery may hold.
@@ -56,11 +57,74 @@ pub async fn require_token(
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 pub struct WebhookBody {
+    #[schema(min_items = 1, max_items = 10000)]
     items: Vec<StatusItem>,
 }
 
+/// A user id in a list: 1..=2^63-1 (documentation only).
+pub struct UserIdValue;
+
+impl utoipa::PartialSchema for UserIdValue {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(1))
+            .into()
+    }
+}
+
+impl ToSchema for UserIdValue {}
+
+/// The snapshot PUT body (streamed; see `http::snapshot`).
+#[derive(ToSchema)]
+#[allow(dead_code)] // documentation only
+pub struct SnapshotBody {
+    #[schema(minimum = 1)]
+    version: i64,
+    #[schema(value_type = Vec<UserIdValue>, max_items = 10000000)]
+    enabled_user_ids: Vec<i64>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SnapshotApplied {
+    version: u64,
+    /// Ids read (duplicates included).
+    enabled: usize,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct UserStatus {
+    #[schema(value_type = i64, minimum = 1)]
+    user_id: UserId,
+    enabled: bool,
+    /// 0 for a user never seen.
+    #[schema(value_type = i64, minimum = 0)]
+    version: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Invalidated {
+    invalidated: usize,
+}
+
+#[utoipa::path(
+    post,
+    path = "/admin/v1/calltracking/statuses",
+    tag = "admin",
+    security(("bearer" = [])),
+    request_body = WebhookBody,
+    responses(
+        (status = 200, description = "Stored; what applied and what was ignored", body = Applied),
+        (status = 400, description = "Bad JSON or a bad item; nothing applied", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over server.max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database cannot take it; nothing applied", body = Problem, content_type = "application/problem+json"),
+    )
+)]
 pub async fn post_statuses(
     State(state): State<AdminState>,
     Json(body): Json<WebhookBody>,
@@ -99,6 +163,20 @@ pub async fn post_statuses(
 }
 
 /// The snapshot PUT; the body is streamed (see `http::snapshot`).
+#[utoipa::path(
+    put,
+    path = "/admin/v1/calltracking/statuses",
+    tag = "admin",
+    security(("bearer" = [])),
+    request_body = SnapshotBody,
+    responses(
+        (status = 200, description = "Applied", body = SnapshotApplied),
+        (status = 400, description = "Bad JSON, version or id; nothing applied", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over server.max_snapshot_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database cannot take it; nothing applied", body = Problem, content_type = "application/problem+json"),
+    )
+)]
 pub async fn put_statuses(
     State(state): State<AdminState>,
     request: Request,
@@ -109,28 +187,58 @@ pub async fn put_statuses(
         .map_or(usize::MAX, |l| l.0);
     let (version, count) = super::snapshot::load(&state.status, request.into_body(), limit).await?;
     tracing::info!(version, ids = count, "status snapshot applied");
-    Ok(axum::Json(serde_json::json!({ "version": version, "enabled": count })).into_response())
+    Ok(axum::Json(SnapshotApplied {
+        version,
+        enabled: count,
+    })
+    .into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/admin/v1/calltracking/statuses/{user_id}",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("user_id" = i64, Path, minimum = 1)),
+    responses(
+        (status = 200, description = "The stored status", body = UserStatus),
+        (status = 400, description = "A bad user id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
+    )
+)]
 pub async fn get_status(
     State(state): State<AdminState>,
     Path(user_id): Path<String>,
 ) -> Result<Response, ApiError> {
     let user = UserId::parse(&user_id).map_err(|e| field_error("user_id", e))?;
     let status = state.status.set().get(user);
-    Ok(axum::Json(serde_json::json!({
-        "user_id": user,
-        "enabled": status.enabled,
-        "version": status.version,
-    }))
+    Ok(axum::Json(UserStatus {
+        user_id: user,
+        enabled: status.enabled,
+        version: status.version,
+    })
     .into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 pub struct InvalidateBody {
+    #[schema(value_type = Vec<UserIdValue>, min_items = 1, max_items = 10000)]
     user_ids: Vec<u64>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/admin/v1/cache/invalidate",
+    tag = "admin",
+    security(("bearer" = [])),
+    request_body = InvalidateBody,
+    responses(
+        (status = 200, description = "Every cached number of those sellers dropped", body = Invalidated),
+        (status = 400, description = "Bad JSON or a bad id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over server.max_body_bytes", body = Problem, content_type = "application/problem+json"),
+    )
+)]
 pub async fn invalidate(
     State(state): State<AdminState>,
     Json(body): Json<InvalidateBody>,
@@ -151,14 +259,24 @@ pub async fn invalidate(
         state.caches.invalidate(*user);
     }
     tracing::info!(sellers = users.len(), "caches invalidated");
-    Ok(axum::Json(serde_json::json!({ "invalidated": users.len() })).into_response())
+    Ok(axum::Json(Invalidated {
+        invalidated: users.len(),
+    })
+    .into_response())
 }
 
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "The process runs", body = String, content_type = "text/plain")))]
 pub async fn healthz() -> &'static str {
     "ok"
 }
 
 /// Ready once the status set is loaded, and no longer once shutdown has begun.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = String, content_type = "text/plain"),
+        (status = 503, description = "Not loaded yet, or shutting down", body = Problem, content_type = "application/problem+json"),
+    ))]
 pub async fn readyz(State(state): State<AdminState>) -> Response {
     if state.shutting_down.load(Ordering::Acquire) {
         return ApiError::Unavailable {
@@ -175,6 +293,8 @@ pub async fn readyz(State(state): State<AdminState>) -> Response {
     (StatusCode::OK, "ready").into_response()
 }
 
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AdminState>) -> Response {
     crate::telemetry::record_gauges(&state.status, &state.caches);
     (

@@ -34,12 +34,16 @@ pub enum ApiError {
 }
 
 /// An RFC 9457 problem document.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Problem {
     #[serde(rename = "type")]
+    #[schema(value_type = String, example = "about:blank")]
     pub kind: &'static str,
+    #[schema(value_type = String, example = "Bad Request")]
     pub title: &'static str,
+    #[schema(example = 400)]
     pub status: u16,
+    #[schema(example = "user_id: required")]
     pub detail: String,
 }
 

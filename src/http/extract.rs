@@ -38,23 +38,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
 pub struct BodyLimit(pub usize);
 
 /// Parses the query of `GET /v1/public-phone`. Unknown parameters are ignored; a
-/// known one given twice is refused (which one would the caller mean?). A literal
-/// `+` is kept as a plus, not read as a form-encoded space: `phone=+7916...` sent
-/// unescaped is the common mistake, and no valid value needs a space there.
+/// known one given twice is refused (which one would the caller mean?). The
+/// query is form-decoded (`+` is a space), with one leniency: a `phone` whose raw
+/// value starts with a literal `+` keeps it as a plus, since `phone=+7916...` sent
+/// unescaped is the common client mistake and no valid number starts with a space.
 ///
 /// # Errors
 /// The first missing, repeated or invalid parameter, named.
 pub fn public_phone_query(query: Option<&str>) -> Result<ResolveRequest, ApiError> {
+    let query = query.unwrap_or_default();
     let mut user = None;
     let mut ad = None;
     let mut category = None;
     let mut phone = None;
-    let query = query.unwrap_or_default();
-    let query = if query.contains('+') {
-        std::borrow::Cow::Owned(query.replace('+', "%2B"))
-    } else {
-        std::borrow::Cow::Borrowed(query)
-    };
     for (key, value) in form_urlencoded::parse(query.as_bytes()) {
         let slot = match &*key {
             "user_id" => &mut user,
@@ -69,6 +65,17 @@ pub fn public_phone_query(query: Option<&str>) -> Result<ResolveRequest, ApiErro
             )));
         }
     }
+    // The leniency is a second reading, tried only when the form-decoded one fails.
+    let raw_plus = query.split('&').any(|pair| pair.starts_with("phone=+"));
+    let phone = phone
+        .map(|p| {
+            Phone::parse(&p).or_else(|error| match p.strip_prefix(' ') {
+                Some(rest) if raw_plus => Phone::parse(&format!("+{rest}")).map_err(|_| error),
+                _ => Err(error),
+            })
+        })
+        .transpose()
+        .map_err(|e| field_error("phone", e));
     let user = required("user_id", user)?;
     let ad = required("ad_id", ad)?;
     let category = required("category_id", category)?;
@@ -76,9 +83,7 @@ pub fn public_phone_query(query: Option<&str>) -> Result<ResolveRequest, ApiErro
         user: UserId::parse(&user).map_err(|e| field_error("user_id", e))?,
         ad: AdId::parse(&ad).map_err(|e| field_error("ad_id", e))?,
         category: CategoryId::parse(&category).map_err(|e| field_error("category_id", e))?,
-        phone: phone
-            .map(|p| Phone::parse(&p).map_err(|e| field_error("phone", e)))
-            .transpose()?,
+        phone: phone?,
     })
 }
 

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod error;
 pub mod extract;
+pub mod openapi;
 pub mod profile;
 pub mod public;
 pub mod ratelimit;
@@ -75,6 +76,8 @@ pub fn admin_router(state: AdminState, max_body_bytes: usize, max_snapshot_bytes
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::readyz))
         .route("/metrics", get(admin::metrics))
+        .route("/openapi/public.json", get(openapi::public_json))
+        .route("/openapi/admin.json", get(openapi::admin_json))
         .merge(protected)
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)

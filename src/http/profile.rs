@@ -22,6 +22,22 @@ const TOP_LINES: usize = 30;
 
 static RUNNING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+#[utoipa::path(
+    get,
+    path = "/admin/v1/debug/pprof/profile",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(
+        ("seconds" = Option<u32>, Query, minimum = 1, maximum = 60, description = "How long to sample (default 10)"),
+        ("format" = Option<String>, Query, description = "flamegraph (SVG, default) or top (text)"),
+    ),
+    responses(
+        (status = 200, description = "A flamegraph (image/svg+xml) or a text list (text/plain)", body = String, content_type = "image/svg+xml"),
+        (status = 400, description = "A bad parameter", body = super::error::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or a wrong token", body = super::error::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A profile is already being taken", body = super::error::Problem, content_type = "application/problem+json"),
+    )
+)]
 pub async fn profile(RawQuery(query): RawQuery) -> Result<Response, ApiError> {
     let mut seconds = 10;
     let mut top = false;

@@ -7,8 +7,9 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
-use super::error::ApiError;
+use super::error::{ApiError, Problem};
 use super::extract::{Json, batch_item, public_phone_query};
 use super::ratelimit::ViewerLimiter;
 use crate::config::Source;
@@ -19,11 +20,16 @@ use crate::resolve::{Request, Resolver};
 /// Items a batch may hold.
 pub const MAX_BATCH_ITEMS: usize = 100;
 
-#[derive(Debug, Serialize)]
+/// The number to show.
+#[derive(Debug, Serialize, ToSchema)]
 pub struct PublicPhone {
+    /// Normalised E.164.
+    #[schema(value_type = String, pattern = r"^\+[1-9][0-9]{7,14}$", example = "+79161234567")]
     pub phone: Phone,
     pub kind: Source,
+    #[schema(value_type = i64, minimum = 1)]
     pub user_id: UserId,
+    #[schema(value_type = i64, minimum = 1)]
     pub ad_id: AdId,
 }
 
@@ -43,6 +49,26 @@ impl PublicState {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/public-phone",
+    tag = "public",
+    params(
+        ("user_id" = i64, Query, minimum = 1, description = "The seller"),
+        ("ad_id" = i64, Query, minimum = 1, description = "The ad"),
+        ("category_id" = i32, Query, minimum = 1, description = "The ad's category"),
+        ("phone" = Option<String>, Query, pattern = r"^[ ()-]*\+[ ()-]*[1-9]([ ()-]*[0-9]){7,14}[ ()-]*$",
+            description = "The seller's real number, if known: E.164, spaces, hyphens and parentheses allowed"),
+        ("X-Viewer-Id" = Option<String>, Header, description = "The buyer, for the per-viewer limit"),
+    ),
+    responses(
+        (status = 200, description = "The number to show", body = PublicPhone),
+        (status = 400, description = "A missing or invalid parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The seller has no number to show", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The viewer is over the limit", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Cannot decide safely, or shedding load", body = Problem, content_type = "application/problem+json"),
+    )
+)]
 pub async fn public_phone(
     State(state): State<PublicState>,
     headers: HeaderMap,
@@ -64,22 +90,49 @@ async fn answer(resolver: &Resolver, request: &Request) -> Result<PublicPhone, A
     })
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 pub struct BatchBody {
+    /// Each item is an object with the single endpoint's parameters: `user_id`,
+    /// `ad_id`, `category_id` (JSON integers) and an optional `phone`. Items are
+    /// checked one by one: an item that breaks those rules, whatever its shape,
+    /// gets its own 400 problem in the results; it does not make the batch a bad
+    /// request. So the schema constrains only the count.
+    #[schema(value_type = Vec<Value>, min_items = 1, max_items = 100)]
     items: Vec<serde_json::Value>,
 }
 
+/// The batch answer: one result per item, in order.
+#[derive(Serialize, ToSchema)]
+pub struct BatchResults {
+    results: Vec<BatchResult>,
+}
+
 /// One result of a batch: the single endpoint's body, or its problem document.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(untagged)]
-enum BatchResult {
+pub enum BatchResult {
     Ok(PublicPhone),
     Err {
-        ad_id: serde_json::Value,
-        error: super::error::Problem,
+        /// The item's `ad_id` when it was an integer.
+        ad_id: Option<i64>,
+        error: Problem,
     },
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/public-phones/batch",
+    tag = "public",
+    request_body = BatchBody,
+    params(("X-Viewer-Id" = Option<String>, Header, description = "The buyer; each item counts once")),
+    responses(
+        (status = 200, description = "One result per item, in order", body = BatchResults),
+        (status = 400, description = "Bad JSON, or not 1 to 100 items", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over server.max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The viewer is over the limit", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Shedding load", body = Problem, content_type = "application/problem+json"),
+    )
+)]
 pub async fn batch(
     State(state): State<PublicState>,
     headers: HeaderMap,
@@ -101,10 +154,7 @@ pub async fn batch(
             };
             outcome.map_or_else(
                 |error| BatchResult::Err {
-                    ad_id: item
-                        .get("ad_id")
-                        .cloned()
-                        .unwrap_or(serde_json::Value::Null),
+                    ad_id: item.get("ad_id").and_then(serde_json::Value::as_i64),
                     error: error.problem(),
                 },
                 BatchResult::Ok,
@@ -112,5 +162,5 @@ pub async fn batch(
         }
     }))
     .await;
-    Ok(axum::Json(serde_json::json!({ "results": results })).into_response())
+    Ok(axum::Json(BatchResults { results }).into_response())
 }

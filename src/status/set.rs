@@ -32,7 +32,7 @@ impl Status {
 }
 
 /// Counts of one delta delivery.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct Applied {
     pub applied: u64,
     pub ignored: u64,

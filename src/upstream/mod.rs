@@ -69,10 +69,13 @@ struct VirtualPhoneBody {
 }
 
 /// One status change from the call-tracking side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
 pub struct StatusItem {
+    #[schema(value_type = i64, minimum = 1)]
     pub user_id: u64,
     pub enabled: bool,
+    /// Monotonic per user at the source.
+    #[schema(value_type = i64, minimum = 1)]
     pub version: u64,
 }
 

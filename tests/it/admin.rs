@@ -347,3 +347,44 @@ async fn a_webhook_of_ten_thousand_items_applies_in_one_delivery() {
         json!({ "user_id": 10_000, "enabled": true, "version": 1 })
     );
 }
+
+#[tokio::test]
+async fn the_openapi_documents_describe_both_listeners() {
+    let app = TestApp::spawn().await;
+    let public = read(
+        app.http
+            .get(format!("{}/openapi/public.json", app.admin))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(public.status, 200);
+    assert!(
+        public.body["paths"]["/v1/public-phone"]["get"].is_object(),
+        "{}",
+        public.text
+    );
+    assert!(public.body["paths"]["/v1/public-phones/batch"]["post"].is_object());
+    let admin = read(
+        app.http
+            .get(format!("{}/openapi/admin.json", app.admin))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    for path in [
+        STATUSES,
+        "/admin/v1/cache/invalidate",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ] {
+        assert!(admin.body["paths"][path].is_object(), "{path} missing");
+    }
+    assert_eq!(
+        admin.body["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+}
