@@ -17,8 +17,9 @@ use crate::config::Config;
 use crate::http::admin::AdminState;
 use crate::http::public::PublicState;
 use crate::http::ratelimit::ViewerLimiter;
+use crate::http::serve::{ConnLimits, serve};
 use crate::http::shed::Shed;
-use crate::http::{admin_router, public_router};
+use crate::http::{Limits, admin_router, public_router};
 use crate::resolve::{Caches, Resolver};
 use crate::status::StatusService;
 use crate::store::Store;
@@ -85,6 +86,12 @@ impl App {
         let admin = TcpListener::bind(config.server.admin_addr)
             .await
             .with_context(|| format!("binding server.admin_addr {}", config.server.admin_addr))?;
+        let limits = Limits {
+            max_body_bytes: config.server.max_body_bytes,
+            max_snapshot_bytes: config.server.max_snapshot_bytes,
+            max_header_bytes: config.server.max_header_bytes,
+            body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),
+        };
         Ok(App {
             public,
             admin,
@@ -93,15 +100,11 @@ impl App {
                     resolver,
                     limiter: limiter.clone(),
                 },
-                config.server.max_body_bytes,
+                limits,
                 Shed::new(config.server.max_in_flight),
             ),
             limiter,
-            admin_router: admin_router(
-                admin_state,
-                config.server.max_body_bytes,
-                config.server.max_snapshot_bytes,
-            ),
+            admin_router: admin_router(admin_state, limits),
             status,
             caches,
             upstreams,
@@ -151,10 +154,18 @@ impl App {
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let public = axum::serve(self.public, self.public_router)
-            .with_graceful_shutdown(stopped(stop_rx.clone()));
-        let admin =
-            axum::serve(self.admin, self.admin_router).with_graceful_shutdown(stopped(stop_rx));
+        let conn = ConnLimits {
+            header_read_timeout: Duration::from_millis(self.config.server.header_read_timeout_ms),
+            // Hyper's hard bound, above the problem-document limit of the routers.
+            max_head_bytes: (self.config.server.max_header_bytes * 2).max(16 * 1024),
+        };
+        let public = serve(
+            self.public,
+            self.public_router,
+            conn,
+            stopped(stop_rx.clone()),
+        );
+        let admin = serve(self.admin, self.admin_router, conn, stopped(stop_rx));
         let shutting_down = self.shutting_down;
         let pause = Duration::from_millis(self.config.server.shutdown_pause_ms);
         let drain = Duration::from_millis(self.config.server.drain_timeout_ms);
@@ -175,7 +186,7 @@ impl App {
             tokio::time::sleep(drain).await;
             let _ = deadline_tx.send(());
         });
-        let served = async { tokio::join!(public.into_future(), admin.into_future()) };
+        let served = async { tokio::join!(public, admin) };
         let (public, admin) = tokio::select! {
             results = served => results,
             _ = deadline_rx => {

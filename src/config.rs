@@ -63,6 +63,9 @@ pub struct ServerConfig {
     pub drain_timeout_ms: u64,
     pub max_in_flight: usize,
     pub request_deadline_ms: u64,
+    pub max_header_bytes: usize,
+    pub header_read_timeout_ms: u64,
+    pub body_read_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -338,6 +341,26 @@ impl Config {
         }
         if self.runtime.worker_threads > 1024 {
             return Err(invalid("runtime.worker_threads", "must be at most 1024"));
+        }
+        if !(4096..=1 << 20).contains(&self.server.max_header_bytes) {
+            return Err(invalid(
+                "server.max_header_bytes",
+                "must be in 4096..=1048576",
+            ));
+        }
+        for (key, value) in [
+            (
+                "server.header_read_timeout_ms",
+                self.server.header_read_timeout_ms,
+            ),
+            (
+                "server.body_read_timeout_ms",
+                self.server.body_read_timeout_ms,
+            ),
+        ] {
+            if !(1..=600_000).contains(&value) {
+                return Err(invalid(key, "must be in 1..=600000"));
+            }
         }
         if !(1..=60_000).contains(&self.server.request_deadline_ms) {
             return Err(invalid(

@@ -184,7 +184,11 @@ pub async fn put_statuses(
     let limit = request
         .extensions()
         .get::<super::extract::BodyLimit>()
-        .map_or(usize::MAX, |l| l.0);
+        .copied()
+        .unwrap_or(super::extract::BodyLimit {
+            max_bytes: usize::MAX,
+            read_timeout: std::time::Duration::from_secs(10),
+        });
     let (version, count) = super::snapshot::load(&state.status, request.into_body(), limit).await?;
     tracing::info!(version, ids = count, "status snapshot applied");
     Ok(axum::Json(SnapshotApplied {

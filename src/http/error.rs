@@ -21,6 +21,10 @@ pub enum ApiError {
     MethodNotAllowed,
     /// Body over the route's limit (bytes).
     PayloadTooLarge(usize),
+    /// Request line and headers over `server.max_header_bytes`.
+    HeadersTooLarge(usize),
+    /// The client sent its body too slowly.
+    RequestTimeout,
     Unauthorized,
     /// The resource is busy with another request.
     Conflict(&'static str),
@@ -58,6 +62,8 @@ impl ApiError {
             ApiError::NoPhone | ApiError::RouteNotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -73,6 +79,10 @@ impl ApiError {
             ApiError::RouteNotFound => "no such route".into(),
             ApiError::MethodNotAllowed => "method not allowed on this route".into(),
             ApiError::PayloadTooLarge(limit) => format!("body over the limit of {limit} bytes"),
+            ApiError::HeadersTooLarge(limit) => {
+                format!("request line and headers over the limit of {limit} bytes")
+            }
+            ApiError::RequestTimeout => "the body was not received in time".into(),
             ApiError::Unauthorized => "a valid bearer token is required".into(),
             ApiError::TooManyRequests { .. } => "rate limit exceeded".into(),
             ApiError::Conflict(detail) => (*detail).into(),

@@ -19,23 +19,39 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let limit = req.extensions().get::<BodyLimit>().map_or(0, |l| l.0);
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge(limit)
-            } else {
-                ApiError::bad_request(format!("could not read the body: {rejection}"))
-            }
-        })?;
+        let limit = req
+            .extensions()
+            .get::<BodyLimit>()
+            .copied()
+            .unwrap_or(BodyLimit {
+                max_bytes: 0,
+                read_timeout: std::time::Duration::from_secs(10),
+            });
+        let read = Bytes::from_request(req, state);
+        let bytes = tokio::time::timeout(limit.read_timeout, read)
+            .await
+            .map_err(|_| ApiError::RequestTimeout)?
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::PayloadTooLarge(limit.max_bytes)
+                } else {
+                    ApiError::bad_request(format!("could not read the body: {rejection}"))
+                }
+            })?;
         serde_json::from_slice(&bytes)
             .map(Json)
             .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
     }
 }
 
-/// The body limit of a route, recorded as a request extension so the 413 can say it.
+/// The body limits of a route, recorded as a request extension so the extractors
+/// can apply them and a 413 can say the size.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyLimit(pub usize);
+pub struct BodyLimit {
+    pub max_bytes: usize,
+    /// The whole body must arrive within this time (a slow client gets 408).
+    pub read_timeout: std::time::Duration,
+}
 
 /// Parses the query of `GET /v1/public-phone`. Unknown parameters are ignored; a
 /// known one given twice is refused (which one would the caller mean?). The

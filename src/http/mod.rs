@@ -8,6 +8,7 @@ pub mod openapi;
 pub mod profile;
 pub mod public;
 pub mod ratelimit;
+pub mod serve;
 pub mod shed;
 pub mod snapshot;
 
@@ -21,43 +22,72 @@ use extract::BodyLimit;
 use public::PublicState;
 use shed::Shed;
 
-/// Applies a body limit and records it so a 413 can name it. Applied to a router
-/// it sets the default; applied to one route's handler it overrides it, since the
-/// innermost setting is the one the extractor sees.
+/// Applies a body limit and records it so the extractors can apply it and a 413
+/// can name it. Applied to one route's handler it overrides the router's, since
+/// the innermost setting is the one the extractor sees.
 fn body_limit<S: Clone + Send + Sync + 'static>(
     route: MethodRouter<S>,
-    limit: usize,
+    limit: BodyLimit,
 ) -> MethodRouter<S> {
     route
-        .layer(DefaultBodyLimit::max(limit))
+        .layer(DefaultBodyLimit::max(limit.max_bytes))
         .layer(middleware::from_fn(
             move |mut request: Request, next: Next| async move {
-                request.extensions_mut().insert(BodyLimit(limit));
+                request.extensions_mut().insert(limit);
                 next.run(request).await
             },
         ))
 }
 
-pub fn public_router(state: PublicState, max_body_bytes: usize, shed: Shed) -> Router {
+/// Limits both routers apply to every request.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    pub max_snapshot_bytes: usize,
+    pub max_header_bytes: usize,
+    pub body_read_timeout: std::time::Duration,
+}
+
+impl Limits {
+    fn body(&self) -> BodyLimit {
+        BodyLimit {
+            max_bytes: self.max_body_bytes,
+            read_timeout: self.body_read_timeout,
+        }
+    }
+    fn snapshot(&self) -> BodyLimit {
+        BodyLimit {
+            max_bytes: self.max_snapshot_bytes,
+            read_timeout: self.body_read_timeout,
+        }
+    }
+}
+
+pub fn public_router(state: PublicState, limits: Limits, shed: Shed) -> Router {
+    let max_header_bytes = limits.max_header_bytes;
     Router::new()
         .route("/v1/public-phone", get(public::public_phone))
         .route(
             "/v1/public-phones/batch",
-            body_limit(post(public::batch), max_body_bytes),
+            body_limit(post(public::batch), limits.body()),
         )
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(middleware::from_fn_with_state(shed, shed::admit))
+        .layer(middleware::from_fn(move |request, next| {
+            serve::limit_headers(max_header_bytes, request, next)
+        }))
         .layer(middleware::from_fn(crate::telemetry::track_request))
         .with_state(state)
 }
 
-pub fn admin_router(state: AdminState, max_body_bytes: usize, max_snapshot_bytes: usize) -> Router {
+pub fn admin_router(state: AdminState, limits: Limits) -> Router {
+    let max_header_bytes = limits.max_header_bytes;
     let protected = Router::new()
         .route(
             "/admin/v1/calltracking/statuses",
-            body_limit(put(admin::put_statuses), max_snapshot_bytes)
-                .merge(body_limit(post(admin::post_statuses), max_body_bytes)),
+            body_limit(put(admin::put_statuses), limits.snapshot())
+                .merge(body_limit(post(admin::post_statuses), limits.body())),
         )
         .route(
             "/admin/v1/calltracking/statuses/{user_id}",
@@ -66,7 +96,7 @@ pub fn admin_router(state: AdminState, max_body_bytes: usize, max_snapshot_bytes
         .route("/admin/v1/debug/pprof/profile", get(profile::profile))
         .route(
             "/admin/v1/cache/invalidate",
-            body_limit(post(admin::invalidate), max_body_bytes),
+            body_limit(post(admin::invalidate), limits.body()),
         )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -81,6 +111,9 @@ pub fn admin_router(state: AdminState, max_body_bytes: usize, max_snapshot_bytes
         .merge(protected)
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(middleware::from_fn(move |request, next| {
+            serve::limit_headers(max_header_bytes, request, next)
+        }))
         .layer(middleware::from_fn(crate::telemetry::track_request))
         .with_state(state)
 }

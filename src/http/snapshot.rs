@@ -25,6 +25,15 @@ const ID_CHUNK: usize = 100_000;
 /// Ids one snapshot may hold.
 pub const MAX_SNAPSHOT_IDS: usize = 10_000_000;
 const TOO_LARGE: &str = "snapshot body over the limit";
+const TIMED_OUT: &str = "snapshot body not received in time";
+
+/// How the body forwarding ended.
+#[derive(Clone, Copy)]
+enum Forwarded {
+    Done,
+    TooLarge,
+    TimedOut,
+}
 
 /// Streams `body` into a snapshot and applies it; returns (version, ids read).
 ///
@@ -34,31 +43,40 @@ const TOO_LARGE: &str = "snapshot body over the limit";
 pub async fn load(
     status: &StatusService,
     body: Body,
-    limit: usize,
+    limits: super::extract::BodyLimit,
 ) -> Result<(u64, usize), ApiError> {
+    let limit = limits.max_bytes;
     let (bytes_tx, bytes_rx) = mpsc::channel::<io::Result<Bytes>>(4);
     let (ids_tx, mut ids_rx) = mpsc::channel::<Vec<u64>>(2);
+    // A large snapshot may take a while to upload: the read timeout bounds the
+    // silence between chunks, not the whole body.
+    let idle = limits.read_timeout;
     let forward = tokio::spawn(async move {
         let mut stream = body.into_data_stream();
         let mut total = 0usize;
-        while let Some(chunk) = stream.next().await {
+        loop {
+            let Ok(chunk) = tokio::time::timeout(idle, stream.next()).await else {
+                let _ = bytes_tx.send(Err(io::Error::other(TIMED_OUT))).await;
+                return Forwarded::TimedOut;
+            };
+            let Some(chunk) = chunk else { break };
             let chunk = match chunk {
                 Ok(chunk) => chunk,
                 Err(e) => {
                     let _ = bytes_tx.send(Err(io::Error::other(e))).await;
-                    return false;
+                    return Forwarded::Done;
                 }
             };
             total += chunk.len();
             if total > limit {
                 let _ = bytes_tx.send(Err(io::Error::other(TOO_LARGE))).await;
-                return true;
+                return Forwarded::TooLarge;
             }
             if bytes_tx.send(Ok(chunk)).await.is_err() {
-                return false;
+                return Forwarded::Done;
             }
         }
-        false
+        Forwarded::Done
     });
     let parser = tokio::task::spawn_blocking(move || {
         let reader = io::BufReader::with_capacity(
@@ -95,11 +113,14 @@ pub async fn load(
     let parsed = parser
         .await
         .map_err(|_| ApiError::bad_request("could not read the body"))?;
-    let too_large = forward.await.unwrap_or(false);
-    let version = match parsed {
-        Ok(version) => version,
-        Err(_) if too_large => return Err(ApiError::PayloadTooLarge(limit)),
-        Err(e) => return Err(ApiError::bad_request(format!("invalid snapshot: {e}"))),
+    let forwarded = forward.await.unwrap_or(Forwarded::Done);
+    let version = match (parsed, forwarded) {
+        (Ok(version), _) => version,
+        (Err(_), Forwarded::TooLarge) => return Err(ApiError::PayloadTooLarge(limit)),
+        (Err(_), Forwarded::TimedOut) => return Err(ApiError::RequestTimeout),
+        (Err(e), Forwarded::Done) => {
+            return Err(ApiError::bad_request(format!("invalid snapshot: {e}")));
+        }
     };
     status
         .finish_snapshot(load, version)

@@ -10,6 +10,7 @@ mod caching;
 mod durability;
 mod faults;
 mod feed;
+mod limits;
 mod operations;
 mod pg;
 mod privacy;
