@@ -86,16 +86,7 @@ pub async fn load(
                 current: Bytes::new(),
             },
         );
-        let mut deserializer = serde_json::Deserializer::from_reader(reader);
-        let version = SnapshotSeed {
-            sink: Sink {
-                tx: ids_tx,
-                chunk: Vec::new(),
-            },
-        }
-        .deserialize(&mut deserializer)?;
-        deserializer.end()?;
-        Ok::<_, serde_json::Error>(version)
+        parse(reader, |chunk| ids_tx.blocking_send(chunk).is_ok())
     });
 
     let unavailable = |e: crate::store::StoreError| {
@@ -129,6 +120,28 @@ pub async fn load(
     Ok((version, count))
 }
 
+/// Parses a snapshot body from `reader`, handing ids to `deliver` in chunks of
+/// up to 100,000 (it answers false to abandon the parse); returns the version.
+/// Blocking; the request path runs it on a blocking thread, fuzzing directly.
+///
+/// # Errors
+/// A body that is not JSON of the snapshot's shape, or holds a bad value.
+pub fn parse(
+    reader: impl Read,
+    deliver: impl FnMut(Vec<u64>) -> bool,
+) -> Result<u64, serde_json::Error> {
+    let mut deserializer = serde_json::Deserializer::from_reader(reader);
+    let version = SnapshotSeed {
+        sink: Sink {
+            deliver: Box::new(deliver),
+            chunk: Vec::new(),
+        },
+    }
+    .deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(version)
+}
+
 /// Blocking `Read` over the body chunks.
 struct ChannelReader {
     rx: mpsc::Receiver<io::Result<Bytes>>,
@@ -150,12 +163,12 @@ impl Read for ChannelReader {
 }
 
 /// Collects ids into chunks and hands them to the request task.
-struct Sink {
-    tx: mpsc::Sender<Vec<u64>>,
+struct Sink<'a> {
+    deliver: Box<dyn FnMut(Vec<u64>) -> bool + 'a>,
     chunk: Vec<u64>,
 }
 
-impl Sink {
+impl Sink<'_> {
     fn push<E: de::Error>(&mut self, id: u64) -> Result<(), E> {
         self.chunk.push(id);
         if self.chunk.len() >= ID_CHUNK {
@@ -170,24 +183,26 @@ impl Sink {
             return Ok(());
         }
         let chunk = std::mem::replace(&mut self.chunk, Vec::with_capacity(ID_CHUNK));
-        self.tx
-            .blocking_send(chunk)
-            .map_err(|_| E::custom("the snapshot was abandoned"))
+        if (self.deliver)(chunk) {
+            Ok(())
+        } else {
+            Err(E::custom("the snapshot was abandoned"))
+        }
     }
 }
 
-struct SnapshotSeed {
-    sink: Sink,
+struct SnapshotSeed<'a> {
+    sink: Sink<'a>,
 }
 
-impl<'de> DeserializeSeed<'de> for SnapshotSeed {
+impl<'de> DeserializeSeed<'de> for SnapshotSeed<'_> {
     type Value = u64;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
         d.deserialize_map(self)
     }
 }
 
-impl<'de> Visitor<'de> for SnapshotSeed {
+impl<'de> Visitor<'de> for SnapshotSeed<'_> {
     type Value = u64;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -230,18 +245,18 @@ impl<'de> Visitor<'de> for SnapshotSeed {
     }
 }
 
-struct Ids<'a> {
-    sink: &'a mut Sink,
+struct Ids<'a, 'b> {
+    sink: &'a mut Sink<'b>,
 }
 
-impl<'de> DeserializeSeed<'de> for Ids<'_> {
+impl<'de> DeserializeSeed<'de> for Ids<'_, '_> {
     type Value = ();
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_seq(self)
     }
 }
 
-impl<'de> Visitor<'de> for Ids<'_> {
+impl<'de> Visitor<'de> for Ids<'_, '_> {
     type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,0 +1,44 @@
+//! Memory of the per-viewer limit under a flood of distinct viewers: 1,000,000
+//! viewer ids (as a scraper rotating ids would send), one reveal each, then the
+//! RSS growth per viewer. `cargo bench --bench limiter_memory`; under `cargo test`
+//! 20,000 viewers as a smoke check.
+
+#![allow(clippy::unwrap_used)]
+
+use axum::http::{HeaderMap, HeaderValue};
+use phones_gateway::http::ratelimit::ViewerLimiter;
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 4096
+}
+
+fn main() {
+    let viewers: u64 = if std::env::args().any(|a| a == "--bench") {
+        1_000_000
+    } else {
+        20_000
+    };
+    let limiter = ViewerLimiter::new(60).unwrap();
+    let before = rss_bytes();
+    let mut headers = HeaderMap::new();
+    for viewer in 0..viewers {
+        headers.insert(
+            "x-viewer-id",
+            HeaderValue::from_str(&format!("scraper-{viewer:016x}")).unwrap(),
+        );
+        assert!(limiter.check(&headers, 1).is_ok());
+    }
+    let after = rss_bytes();
+    println!(
+        "limiter_memory: {} viewers remembered after {viewers} distinct; RSS grew {:.1} MiB, {:.1} bytes per viewer",
+        limiter.len(),
+        (after - before) as f64 / 1048576.0,
+        (after - before) as f64 / viewers as f64
+    );
+}
