@@ -1,0 +1,169 @@
+//! The hit path, in process: what one answered-from-cache request costs in time
+//! and in allocations (the `-benchmem` of Rust: a counting global allocator).
+//!
+//! - `resolve/hit`: `Resolver::resolve` with every source fresh in the caches;
+//! - `router/hit`: the whole public router (`tower::ServiceExt::oneshot`, no
+//!   sockets): query parsing, shedding, request tracking, resolve, JSON;
+//! - `router/hello`: a bare axum hello-world router, the baseline;
+//! - `phone/parse`, `phone/format`: parsing and printing a number.
+//!
+//! Before timing, each case is run 10,000 times under the counting allocator and
+//! allocations and bytes per operation are printed.
+
+#![allow(clippy::unwrap_used)]
+
+use std::alloc::System;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::Request;
+use criterion::{Criterion, criterion_group, criterion_main};
+use phones_gateway::config::Config;
+use phones_gateway::http::public::PublicState;
+use phones_gateway::http::shed::Shed;
+use phones_gateway::http::{Limits, public_router};
+use phones_gateway::ids::{AdId, CategoryId, UserId};
+use phones_gateway::phone::Phone;
+use phones_gateway::resolve::{Caches, Request as Lookup, Resolver};
+use phones_gateway::status::StatusSet;
+use phones_gateway::upstream::{StatusItem, Upstreams};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+use tower::ServiceExt;
+
+// The allocator that counts (stats_alloc keeps the unsafe out of this crate).
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+fn per_op(name: &str, runs: u64, mut op: impl FnMut()) {
+    op();
+    let region = Region::new(GLOBAL);
+    for _ in 0..runs {
+        op();
+    }
+    let stats = region.change();
+    println!(
+        "allocations {name:<14} {:>6.2} allocs/op {:>8.1} bytes/op",
+        (stats.allocations + stats.reallocations) as f64 / runs as f64,
+        (stats.bytes_allocated + stats.bytes_reallocated.max(0) as usize) as f64 / runs as f64
+    );
+}
+
+struct Fixture {
+    resolver: Arc<Resolver>,
+    router: axum::Router,
+    hello: axum::Router,
+    request: Lookup,
+}
+
+fn fixture() -> Fixture {
+    let config = Config::from_toml("").unwrap();
+    let upstreams = Arc::new(Upstreams::new(&config.upstreams, config.breaker).unwrap());
+    let caches = Caches::new(&config);
+    let status = Arc::new(StatusSet::default());
+    status.apply_changes(&[StatusItem {
+        user_id: 42,
+        enabled: true,
+        version: 1,
+    }]);
+    let user = UserId::new(42).unwrap();
+    let real = Phone::parse("+79161234567").unwrap();
+    // Every source this request needs is fresh in the caches: anonymous (category
+    // 9) has no number, call tracking maps the real number.
+    caches.anonymous.insert((42, 1001), user, None);
+    caches.real_phone.insert((42, 1001), user, Some(real));
+    caches
+        .calltracking
+        .insert((42, real.to_u64()), user, Phone::parse("+74951234567").ok());
+    let resolver = Arc::new(Resolver::new(&config, upstreams, caches, status));
+    let limits = Limits {
+        max_body_bytes: 1 << 20,
+        max_snapshot_bytes: 1 << 20,
+        max_header_bytes: 16384,
+        body_read_timeout: Duration::from_secs(10),
+    };
+    let router = public_router(
+        PublicState {
+            resolver: resolver.clone(),
+            limiter: None,
+        },
+        limits,
+        Shed::new(4096),
+    );
+    let hello = axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));
+    let request = Lookup {
+        user,
+        ad: AdId::new(1001).unwrap(),
+        category: CategoryId::new(9).unwrap(),
+        phone: None,
+    };
+    Fixture {
+        resolver,
+        router,
+        hello,
+        request,
+    }
+}
+
+fn benches(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let f = runtime.block_on(async { fixture() });
+    let uri = "/v1/public-phone?user_id=42&ad_id=1001&category_id=9";
+    let hit = runtime.block_on(f.resolver.resolve(&f.request)).unwrap();
+    assert_eq!(
+        hit.phone.to_string(),
+        "+74951234567",
+        "the fixture is a hit on call tracking"
+    );
+
+    per_op("resolve/hit", 10_000, || {
+        black_box(runtime.block_on(f.resolver.resolve(&f.request)).unwrap());
+    });
+    per_op("router/hit", 10_000, || {
+        let request = Request::get(uri).body(Body::empty()).unwrap();
+        black_box(runtime.block_on(f.router.clone().oneshot(request)).unwrap());
+    });
+    per_op("router/hello", 10_000, || {
+        let request = Request::get("/").body(Body::empty()).unwrap();
+        black_box(runtime.block_on(f.hello.clone().oneshot(request)).unwrap());
+    });
+    per_op("phone/parse", 10_000, || {
+        black_box(Phone::parse(black_box("+7 (916) 123-45-67")).unwrap());
+    });
+
+    c.bench_function("resolve/hit", |b| {
+        b.iter(|| {
+            runtime
+                .block_on(f.resolver.resolve(black_box(&f.request)))
+                .unwrap()
+        })
+    });
+    c.bench_function("router/hit", |b| {
+        b.iter(|| {
+            let request = Request::get(uri).body(Body::empty()).unwrap();
+            runtime.block_on(f.router.clone().oneshot(request)).unwrap()
+        })
+    });
+    c.bench_function("router/hello", |b| {
+        b.iter(|| {
+            let request = Request::get("/").body(Body::empty()).unwrap();
+            runtime.block_on(f.hello.clone().oneshot(request)).unwrap()
+        })
+    });
+    c.bench_function("phone/parse", |b| {
+        b.iter(|| Phone::parse(black_box("+7 (916) 123-45-67")))
+    });
+    let phone = Phone::parse("+79161234567").unwrap();
+    c.bench_function("phone/format", |b| b.iter(|| black_box(phone).to_string()));
+}
+
+criterion_group! {
+    name = hot_path;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    targets = benches
+}
+criterion_main!(hot_path);
