@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""The load harness: builds release, starts the simulator, the gateway and a bare
+axum hello-world (examples/hello.rs), drives them with wrk (closed model, maximum
+throughput) and oha (open model, constant rate, latency-corrected so coordinated
+omission cannot hide the tail), and writes BENCHMARKS.md with a latency plot per
+scenario (PNG, under benches/load/plots/).
+
+Servers run pinned to core 0 with one tokio worker; the load tools and the
+simulator to core 1, so CPU per request is the server's alone. Everything binds
+127.0.0.1 and stops by itself.
+
+    benches/load/harness.py [--seconds 10] [--soak 300] [--quick]
+"""
+import argparse, json, os, re, shutil, signal, subprocess, sys, tempfile, time, urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LOAD = os.path.join(ROOT, "benches", "load")
+BIN = os.path.join(ROOT, "target", "release", "phones-gateway")
+HELLO = os.path.join(ROOT, "target", "release", "examples", "hello")
+SIM, GW, ADMIN, HELLO_PORT = 19300, 19301, 19302, 19400
+TOKEN = "harness-token"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
+
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def rss_mib(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def wait_http(url, seconds=20):
+    end = time.time() + seconds
+    while time.time() < end:
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return
+        except Exception:
+            time.sleep(0.1)
+    raise SystemExit(f"not up: {url}")
+
+
+class Server:
+    def __init__(self, cmd, env=None, core="0", ready=None):
+        full_env = dict(os.environ, **(env or {}))
+        self.proc = subprocess.Popen(["taskset", "-c", core] + cmd, env=full_env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if ready:
+            wait_http(ready)
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def simulator(**flags):
+    cmd = [BIN, "simulate", "--addr", f"127.0.0.1:{SIM}"]
+    for k, v in flags.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    return Server(cmd, core="1")
+
+
+def gateway(db_dir, anonymous_url=None):
+    upstream = f"http://127.0.0.1:{SIM}"
+    env = {
+        "PHONES_GATEWAY__SERVER__PUBLIC_ADDR": f"127.0.0.1:{GW}",
+        "PHONES_GATEWAY__SERVER__ADMIN_ADDR": f"127.0.0.1:{ADMIN}",
+        "PHONES_GATEWAY__ADMIN__TOKEN": TOKEN,
+        "PHONES_GATEWAY__LOG__FILTER": "error",
+        "PHONES_GATEWAY__RUNTIME__WORKER_THREADS": "1",
+        "PHONES_GATEWAY__DATABASE__URL": f"sqlite://{db_dir}/gw.db",
+        "PHONES_GATEWAY__UPSTREAMS__REAL_PHONE__BASE_URL": upstream,
+        "PHONES_GATEWAY__UPSTREAMS__ANONYMOUS__BASE_URL": anonymous_url or upstream,
+        "PHONES_GATEWAY__UPSTREAMS__CALLTRACKING__BASE_URL": upstream,
+    }
+    gw = Server([BIN, "serve"], env=env, ready=f"http://127.0.0.1:{ADMIN}/readyz")
+    # Call tracking on for sellers that are multiples of 4 (as the simulator's feed).
+    items = [{"user_id": 4 * k, "enabled": True, "version": 1} for k in range(1, 10001)]
+    request = urllib.request.Request(f"http://127.0.0.1:{ADMIN}/admin/v1/calltracking/statuses",
+                                     data=json.dumps({"items": items}).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+    urllib.request.urlopen(request).read()
+    return gw
+
+
+def parse_wrk(text):
+    def ms(value):
+        number, unit = re.match(r"([\d.]+)(\w+)", value).groups()
+        return float(number) * {"us": 0.001, "ms": 1, "s": 1000, "m": 60000}[unit]
+    out = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))}
+    out["requests"] = int(re.search(r"(\d+) requests in", text).group(1))
+    for p in ("50", "75", "90", "99"):
+        m = re.search(rf"^\s+{p}%\s+(\S+)", text, re.M)
+        out[f"p{p}"] = ms(m.group(1)) if m else None
+    out["max"] = ms(re.search(r"Latency\s+\S+\s+\S+\s+(\S+)", text).group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    out["non2xx"] = int(non2xx.group(1)) if non2xx else 0
+    out["errors"] = sum(int(g) for g in errors.groups()) if errors else 0
+    return out
+
+
+def wrk(url, seconds, connections=64, script=None, args=()):
+    cmd = ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency"]
+    if script:
+        cmd += ["-s", os.path.join(LOAD, script)]
+    cmd += [url]
+    if args:
+        cmd += ["--"] + list(args)
+    return parse_wrk(run(cmd))
+
+
+def oha(url, seconds, rate, connections=64):
+    out = run(["taskset", "-c", "1", "oha", "-z", f"{seconds}s", "-q", str(rate), "-c", str(connections),
+               "--latency-correction", "--no-tui", "--output-format", "json", url])
+    data = json.loads(out)
+    pct = data["latencyPercentiles"]
+    codes = data.get("statusCodeDistribution", {})
+    return {
+        "rps": data["summary"]["requestsPerSec"],
+        "requests": sum(codes.values()),
+        "p50": pct["p50"] * 1000, "p90": pct["p90"] * 1000, "p99": pct["p99"] * 1000,
+        "p99.9": pct["p99.9"] * 1000, "max": data["summary"]["slowest"] * 1000,
+        "errors": sum(data.get("errorDistribution", {}).values()),
+        "non2xx": sum(v for k, v in codes.items() if not k.startswith("2")),
+    }
+
+
+def measured(server, load):
+    """Runs `load()` and adds the server's CPU per request and RSS."""
+    before = cpu_seconds(server.pid)
+    result = load()
+    used = cpu_seconds(server.pid) - before
+    result["cpu_us_per_req"] = used / max(result["requests"], 1) * 1e6
+    result["rss_mib"] = rss_mib(server.pid)
+    return result
+
+
+def plot(name, rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for label, r in rows:
+        keys = [k for k in ("p50", "p75", "p90", "p99", "p99.9", "max") if r.get(k) is not None]
+        ax.plot(keys, [r[k] for k in keys], marker="o", label=label)
+    ax.set_yscale("log")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title(name)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--soak", type=int, default=300)
+    parser.add_argument("--quick", action="store_true", help="3 s per run, 30 s soak")
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.soak = 3, 30
+    for tool in ("wrk", "oha", "taskset"):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} is missing (apt-get install -y wrk; cargo install oha --locked)")
+    run(["cargo", "build", "--release", "--quiet", "--bin", "phones-gateway", "--example", "hello"], cwd=ROOT)
+    plots = os.path.join(LOAD, "plots")
+    os.makedirs(plots, exist_ok=True)
+    s = args.seconds
+    results = {}
+    base = f"http://127.0.0.1:{GW}"
+    hot_url = f"{base}/v1/public-phone?user_id=41&ad_id=1001&category_id=1"
+    with tempfile.TemporaryDirectory() as db:
+        # The machine's HTTP limit.
+        hello = Server([HELLO, f"127.0.0.1:{HELLO_PORT}", "1"], ready=f"http://127.0.0.1:{HELLO_PORT}/")
+        results["hello: max (wrk)"] = measured(hello, lambda: wrk(f"http://127.0.0.1:{HELLO_PORT}/", s))
+        sim = simulator(latency_ms=5)
+        gw = gateway(db)
+        urllib.request.urlopen(hot_url).read()
+        results["(a) all hits: max (wrk)"] = measured(gw, lambda: wrk(hot_url, s))
+        half = int(results["(a) all hits: max (wrk)"]["rps"] / 2)
+        results[f"hello: {half}/s (oha)"] = measured(hello, lambda: oha(f"http://127.0.0.1:{HELLO_PORT}/", s, half))
+        results[f"(a) all hits: {half}/s (oha)"] = measured(gw, lambda: oha(hot_url, s, half))
+        hello.stop()
+        results["(b) Zipf mix: max (wrk)"] = measured(gw, lambda: wrk(base, s, script="hot.lua"))
+        gw.stop(); sim.stop()
+
+        sim = simulator(latency_ms=50)
+        gw = gateway(db)
+        results["(c) cold, real only, 50 ms: (wrk)"] = measured(gw, lambda: wrk(base, s, 32, "cold.lua", ("1", "1")))
+        results["(c) cold, full chain, 50 ms each: (wrk)"] = measured(gw, lambda: wrk(base, s, 32, "cold.lua", ("9", "0")))
+        gw.stop(); sim.stop()
+
+        sim = simulator(latency_ms=5, anonymous_latency_ms=300)
+        gw = gateway(db)
+        results["(d) anonymous at its 300 ms timeout, Zipf (wrk)"] = measured(gw, lambda: wrk(base, s, script="hot.lua"))
+        gw.stop(); sim.stop()
+
+        sim = simulator(latency_ms=5)
+        gw = gateway(db, anonymous_url="http://127.0.0.1:9")
+        results["(e) anonymous down, Zipf (wrk)"] = measured(gw, lambda: wrk(base, s, script="hot.lua"))
+
+        # Soak: half the Zipf maximum over 90,000 (seller, ad) keys drawn at random
+        # (every cache fills, then holds), RSS sampled every 10 s.
+        rate = int(results["(b) Zipf mix: max (wrk)"]["rps"] / 2)
+        soak = subprocess.Popen(["taskset", "-c", "1", "oha", "-z", f"{args.soak}s", "-q", str(rate), "-c", "64",
+                                 "--latency-correction", "--no-tui", "--output-format", "json", "--rand-regex-url",
+                                 rf"{base}/v1/public-phone\?user_id=[1-9][0-9]{{3}}&ad_id=1[0-9]&category_id=1"],
+                                stdout=subprocess.PIPE, text=True)
+        samples = []
+        start = time.time()
+        while soak.poll() is None:
+            samples.append((round(time.time() - start), rss_mib(gw.pid)))
+            time.sleep(10 if not args.quick else 3)
+        soak_data = json.loads(soak.stdout.read())
+        gw.stop(); sim.stop()
+
+    spike = subprocess.run(["cargo", "bench", "--quiet", "--bench", "spike"], cwd=ROOT, capture_output=True, text=True).stdout
+
+    # Report.
+    machine = run(["uname", "-srm"]).strip()
+    cpu = re.search(r"model name\s*:\s*(.*)", open("/proc/cpuinfo").read()).group(1)
+    lines = ["# Benchmarks", "",
+             f"Machine: {machine}, {cpu}, {os.cpu_count()} cores shared with the load tool. "
+             f"Servers pinned to core 0 (one tokio worker), wrk/oha and the simulator to core 1. "
+             f"{s} s per run. Produced by `benches/load/harness.py`; compare ratios within one run.", "",
+             "| scenario | req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | non-2xx | errors | server CPU us/req | RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        cell = lambda k: "" if r.get(k) is None else f"{r[k]:.2f}"
+        lines.append(f"| {name} | {r['rps']:.0f} | {cell('p50')} | {cell('p90')} | {cell('p99')} | {cell('p99.9')} | "
+                     f"{cell('max')} | {r['non2xx']} | {r['errors']} | {r['cpu_us_per_req']:.2f} | {r['rss_mib']:.1f} |")
+    hello_max, hits_max = results["hello: max (wrk)"], results["(a) all hits: max (wrk)"]
+    hello_half = results[f"hello: {half}/s (oha)"]
+    hits_half = results[f"(a) all hits: {half}/s (oha)"]
+    rss = [m for t, m in samples if t >= min(60, args.soak // 5)]
+    lines += ["", "## Targets", "",
+              "| target | bar | measured |", "|---|---|---|",
+              f"| hit-path throughput vs hello-world | >= 0.85 | {hits_max['rps'] / hello_max['rps']:.2f} |",
+              f"| hit-path CPU per request vs hello-world | <= 1.15x | {hits_max['cpu_us_per_req'] / hello_max['cpu_us_per_req']:.2f}x ({hits_max['cpu_us_per_req']:.2f} vs {hello_max['cpu_us_per_req']:.2f} us) |",
+              f"| open model at {half}/s: p99 vs hello-world | <= 1.5x | {hits_half['p99'] / hello_half['p99']:.2f}x |",
+              f"| open model at {half}/s: p99.9 vs hello-world | <= 1.5x | {hits_half['p99.9'] / hello_half['p99.9']:.2f}x |",
+              f"| cold p50, real only (slowest upstream 50 ms) | <= 51 ms | {results['(c) cold, real only, 50 ms: (wrk)']['p50']:.2f} ms |",
+              f"| cold p50, full chain (real then calltracking: 100 ms) | <= 101 ms | {results['(c) cold, full chain, 50 ms each: (wrk)']['p50']:.2f} ms |",
+              f"| soak {args.soak} s at {rate}/s: errors | 0 | {sum(soak_data.get('errorDistribution', {}).values())} |",
+              f"| soak RSS after warm-up, max/min | <= 1.05 | {max(rss) / min(rss):.3f} ({min(rss):.1f} to {max(rss):.1f} MiB) |" if rss else "| soak RSS | | no samples |",
+              "", "## Spike (open model, `cargo bench --bench spike`)", "", "```", spike.strip(), "```", "",
+              "## Plots", ""]
+    groups = {
+        "hello vs all hits (open model)": [(f"hello {half}/s", hello_half), (f"all hits {half}/s", hits_half)],
+        "closed model maxima": [(k, v) for k, v in results.items() if "max (wrk)" in k],
+        "cold path": [(k, v) for k, v in results.items() if k.startswith("(c)")],
+        "faults": [(k, v) for k, v in results.items() if k.startswith(("(d)", "(e)"))],
+    }
+    for i, (title, rows) in enumerate(groups.items()):
+        path = os.path.join(plots, f"{i}-{re.sub(r'[^a-z]+', '-', title.lower()).strip('-')}.png")
+        plot(title, rows, path)
+        lines.append(f"![{title}]({os.path.relpath(path, ROOT)})")
+    lines += ["", "Soak RSS samples (s, MiB): " + ", ".join(f"{t}:{m:.1f}" for t, m in samples), ""]
+    open(os.path.join(ROOT, "BENCHMARKS.md"), "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
