@@ -58,6 +58,8 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    // As the app: the Prometheus recorder first, so metrics cost what they do live.
+    let _ = phones_gateway::telemetry::metrics_handle();
     let config = Config::from_toml("").unwrap();
     let upstreams = Arc::new(Upstreams::new(&config.upstreams, config.breaker).unwrap());
     let caches = Caches::new(&config);
@@ -89,7 +91,7 @@ fn fixture() -> Fixture {
             limiter: None,
         },
         limits,
-        Shed::new(4096),
+        Shed::new(4096, 16384),
     );
     let hello = axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));
     let request = Lookup {

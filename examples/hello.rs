@@ -13,7 +13,8 @@ fn main() -> std::io::Result<()> {
         .build()?
         .block_on(async {
             let listener = tokio::net::TcpListener::bind(&addr).await?;
-            let app = axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));
+            let app =
+                axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));
             axum::serve(listener, app).await
         })
 }

@@ -101,7 +101,7 @@ impl App {
                     limiter: limiter.clone(),
                 },
                 limits,
-                Shed::new(config.server.max_in_flight),
+                Shed::new(config.server.max_in_flight, config.server.max_header_bytes),
             ),
             limiter,
             admin_router: admin_router(admin_state, limits),

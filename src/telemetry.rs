@@ -73,7 +73,12 @@ fn request_id_of(request: &Request) -> Arc<str> {
         None => {
             let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
             let id = SEED.get_or_init(Default::default).hash_one(n);
-            Arc::from(format!("{id:016x}"))
+            // Sixteen hex digits, formatted on the stack: one allocation, the Arc.
+            let mut hex = [0u8; 16];
+            for (i, byte) in hex.iter_mut().enumerate() {
+                *byte = b"0123456789abcdef"[((id >> (60 - 4 * i)) & 0xf) as usize];
+            }
+            Arc::from(std::str::from_utf8(&hex).unwrap_or("0000000000000000"))
         }
     }
 }
@@ -131,13 +136,25 @@ pub async fn track_request(request: Request, next: Next) -> Response {
     if let Ok(value) = HeaderValue::from_str(&request_id) {
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
-    let status = response.status().as_u16().to_string();
-    metrics::histogram!(
-        "phones_gateway_http_request_duration_seconds",
-        "route" => route, "status" => status
-    )
-    .record(start.elapsed().as_secs_f64());
+    duration_histogram(route, response.status().as_u16()).record(start.elapsed().as_secs_f64());
     response
+}
+
+/// `phones_gateway_http_request_duration_seconds{route, status}`, registered once
+/// per pair: a lock-free lookup instead of building a labelled key per request.
+fn duration_histogram(route: &'static str, status: u16) -> metrics::Histogram {
+    static HISTOGRAMS: OnceLock<papaya::HashMap<(&'static str, u16), metrics::Histogram>> =
+        OnceLock::new();
+    let map = HISTOGRAMS.get_or_init(papaya::HashMap::new).pin();
+    if let Some(histogram) = map.get(&(route, status)) {
+        return histogram.clone();
+    }
+    let histogram = metrics::histogram!(
+        "phones_gateway_http_request_duration_seconds",
+        "route" => route, "status" => status.to_string()
+    );
+    map.insert((route, status), histogram.clone());
+    histogram
 }
 
 /// Gauges computed at scrape time.

@@ -64,7 +64,6 @@ impl Limits {
 }
 
 pub fn public_router(state: PublicState, limits: Limits, shed: Shed) -> Router {
-    let max_header_bytes = limits.max_header_bytes;
     Router::new()
         .route("/v1/public-phone", get(public::public_phone))
         .route(
@@ -74,15 +73,12 @@ pub fn public_router(state: PublicState, limits: Limits, shed: Shed) -> Router {
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(middleware::from_fn_with_state(shed, shed::admit))
-        .layer(middleware::from_fn(move |request, next| {
-            serve::limit_headers(max_header_bytes, request, next)
-        }))
         .layer(middleware::from_fn(crate::telemetry::track_request))
         .with_state(state)
 }
 
 pub fn admin_router(state: AdminState, limits: Limits) -> Router {
-    let max_header_bytes = limits.max_header_bytes;
+    let admission = Shed::unlimited(limits.max_header_bytes);
     let protected = Router::new()
         .route(
             "/admin/v1/calltracking/statuses",
@@ -111,9 +107,7 @@ pub fn admin_router(state: AdminState, limits: Limits) -> Router {
         .merge(protected)
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
-        .layer(middleware::from_fn(move |request, next| {
-            serve::limit_headers(max_header_bytes, request, next)
-        }))
+        .layer(middleware::from_fn_with_state(admission, shed::admit))
         .layer(middleware::from_fn(crate::telemetry::track_request))
         .with_state(state)
 }

@@ -5,21 +5,16 @@
 //! keep-alive connections are closed at once and busy ones after their response.
 //!
 //! Hyper answers a head over the hard bound with a bare 431; the finer limit
-//! (`server.max_header_bytes`, a problem document) is `limit_headers` below.
+//! (`server.max_header_bytes`, a problem document) is in `shed::admit`.
 
 use std::future::Future;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::Request;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-
-use super::error::ApiError;
 
 /// Connection limits.
 #[derive(Debug, Clone, Copy)]
@@ -73,18 +68,4 @@ pub async fn serve(
     drop(listener);
     graceful.shutdown().await;
     Ok(())
-}
-
-/// 431 problem for a request whose headers together exceed `max_bytes`.
-pub async fn limit_headers(max_bytes: usize, request: Request, next: Next) -> Response {
-    let size: usize = request
-        .headers()
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 4)
-        .sum::<usize>()
-        + request.uri().to_string().len();
-    if size > max_bytes {
-        return ApiError::HeadersTooLarge(max_bytes).into_response();
-    }
-    next.run(request).await
 }
