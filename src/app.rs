@@ -151,6 +151,7 @@ impl App {
             self.config.clone(),
         ));
         let sweep = self.limiter.clone().map(|l| tokio::spawn(l.sweep()));
+        let upkeep = tokio::spawn(crate::telemetry::metrics_upkeep());
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
@@ -199,6 +200,7 @@ impl App {
         if let Some(sweep) = sweep {
             sweep.abort();
         }
+        upkeep.abort();
         self.status.store().close().await;
         public.context("public listener")?;
         admin.context("admin listener")?;

@@ -108,6 +108,18 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// Drains recorded histogram samples into their buckets every 5 s. The Prometheus
+/// recorder keeps raw samples until a scrape or an upkeep; without this, a
+/// replica nobody scrapes grows by every request's sample (the soak found it:
+/// about 0.7 MiB/s at 40k requests/s). Runs until aborted.
+pub async fn metrics_upkeep() {
+    let handle = metrics_handle();
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        handle.run_upkeep();
+    }
+}
+
 /// Gives every request an id (its span carries it onto every log line, and it is
 /// answered in `x-request-id`), and counts and times it by route and status.
 pub async fn track_request(request: Request, next: Next) -> Response {
