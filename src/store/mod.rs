@@ -46,6 +46,22 @@ pub struct Row {
     pub seq: i64,
 }
 
+/// A row as both databases return it: (user_id, enabled, version, change_seq).
+type RowTuple = (i64, bool, i64, i64);
+
+impl From<RowTuple> for Row {
+    fn from((user_id, enabled, version, seq): RowTuple) -> Self {
+        Row {
+            user_id: unsigned(user_id),
+            status: Status {
+                enabled,
+                version: unsigned(version),
+            },
+            seq,
+        }
+    }
+}
+
 /// A position in the change log: (change_seq, user_id) of the last row seen.
 pub type Watermark = (i64, i64);
 

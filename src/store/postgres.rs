@@ -10,8 +10,8 @@ use std::str::FromStr;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Row as _};
 
-use super::{Row, StoreError, Watermark, plan_changes, signed, unsigned, users_of};
-use crate::status::{Applied, Status};
+use super::{Row, RowTuple, StoreError, Watermark, plan_changes, signed, unsigned, users_of};
+use crate::status::Applied;
 use crate::upstream::StatusItem;
 
 /// The notification channel of status changes.
@@ -178,7 +178,7 @@ pub async fn changes_after(
     after: Watermark,
     limit: i64,
 ) -> Result<Vec<Row>, StoreError> {
-    let rows = sqlx::query(
+    let rows: Vec<RowTuple> = sqlx::query_as(
         "SELECT user_id, enabled, version, change_seq FROM calltracking_status \
          WHERE (change_seq, user_id) > ($1, $2) ORDER BY change_seq, user_id LIMIT $3",
     )
@@ -187,15 +187,5 @@ pub async fn changes_after(
     .bind(limit)
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|row| Row {
-            user_id: unsigned(row.get(0)),
-            status: Status {
-                enabled: row.get(1),
-                version: unsigned(row.get(2)),
-            },
-            seq: row.get(3),
-        })
-        .collect())
+    Ok(rows.into_iter().map(Row::from).collect())
 }

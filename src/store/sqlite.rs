@@ -9,9 +9,9 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{QueryBuilder, Row as _, Sqlite, SqlitePool};
 
 use super::{
-    ACQUIRE_TIMEOUT, Row, StoreError, Watermark, plan_changes, signed, unsigned, users_of,
+    ACQUIRE_TIMEOUT, Row, RowTuple, StoreError, Watermark, plan_changes, signed, unsigned, users_of,
 };
-use crate::status::{Applied, Status};
+use crate::status::Applied;
 use crate::upstream::StatusItem;
 
 /// Bound parameters per statement, under SQLite's limit of 32,766.
@@ -164,7 +164,7 @@ pub async fn changes_after(
     after: Watermark,
     limit: i64,
 ) -> Result<Vec<Row>, StoreError> {
-    let rows = sqlx::query(
+    let rows: Vec<RowTuple> = sqlx::query_as(
         "SELECT user_id, enabled, version, change_seq FROM calltracking_status \
          WHERE (change_seq, user_id) > (?, ?) ORDER BY change_seq, user_id LIMIT ?",
     )
@@ -173,15 +173,5 @@ pub async fn changes_after(
     .bind(limit)
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|row| Row {
-            user_id: unsigned(row.get(0)),
-            status: Status {
-                enabled: row.get(1),
-                version: unsigned(row.get(2)),
-            },
-            seq: row.get(3),
-        })
-        .collect())
+    Ok(rows.into_iter().map(Row::from).collect())
 }
