@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
-use phones_gateway::store::plan_changes;
+use phones_gateway::status::plan_changes;
 use phones_gateway::upstream::StatusItem;
 
 #[derive(serde::Deserialize)]

@@ -144,16 +144,7 @@ pub async fn post_statuses(
             ));
         }
     }
-    let applied = state
-        .status
-        .apply_changes(&body.items, None)
-        .await
-        .map_err(|e| {
-            tracing::error!(error = %e, "status webhook not stored");
-            ApiError::Unavailable {
-                detail: "the status store is unavailable",
-            }
-        })?;
+    let applied = state.status.apply_changes(&body.items, None).await?;
     tracing::info!(
         applied = applied.applied,
         ignored = applied.ignored,

@@ -108,6 +108,16 @@ impl From<ResolveError> for ApiError {
     }
 }
 
+/// The database could not take a write: 503, the cause to the log.
+impl From<crate::store::StoreError> for ApiError {
+    fn from(error: crate::store::StoreError) -> Self {
+        tracing::error!(%error, "status store unavailable");
+        ApiError::Unavailable {
+            detail: "the status store is unavailable",
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let problem = self.problem();

@@ -89,17 +89,11 @@ pub async fn load(
         parse(reader, |chunk| ids_tx.blocking_send(chunk).is_ok())
     });
 
-    let unavailable = |e: crate::store::StoreError| {
-        tracing::error!(error = %e, "status snapshot not stored");
-        ApiError::Unavailable {
-            detail: "the status store is unavailable",
-        }
-    };
-    let mut load = status.begin_snapshot().await.map_err(unavailable)?;
+    let mut load = status.begin_snapshot().await?;
     let mut count = 0;
     while let Some(ids) = ids_rx.recv().await {
         count += ids.len();
-        load.push(&ids).await.map_err(unavailable)?;
+        load.push(&ids).await?;
     }
     let parsed = parser
         .await
@@ -113,10 +107,7 @@ pub async fn load(
             return Err(ApiError::bad_request(format!("invalid snapshot: {e}")));
         }
     };
-    status
-        .finish_snapshot(load, version)
-        .await
-        .map_err(unavailable)?;
+    status.finish_snapshot(load, version).await?;
     Ok((version, count))
 }
 

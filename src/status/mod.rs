@@ -9,7 +9,7 @@ pub mod sync;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-pub use set::{Applied, MAX_VERSION, Status, StatusSet};
+pub use set::{Applied, MAX_VERSION, Status, StatusSet, plan_changes};
 
 use crate::store::{CHANGES_PAGE, SnapshotLoad, Store, StoreError, Watermark};
 use crate::upstream::StatusItem;

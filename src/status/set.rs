@@ -7,6 +7,8 @@
 //! Writers must be serialised by the caller (`StatusService` does); each user's
 //! transition is then atomic, while a snapshot becomes visible user by user.
 
+use std::collections::HashMap;
+
 use foldhash::fast::RandomState;
 
 use crate::ids::UserId;
@@ -86,24 +88,26 @@ impl StatusSet {
     }
 
     /// Applies each item whose version is above the stored one, in order, as if
-    /// each were its own delivery.
+    /// each were its own delivery (the rule of [`plan_changes`]).
     pub fn apply_changes(&self, items: &[StatusItem]) -> Applied {
         let map = self.map.pin();
-        let mut counts = Applied::default();
-        for item in items {
-            let stored = map
-                .get(&item.user_id)
-                .map_or(0, |p| Status::unpack(*p).version);
-            if item.version > stored {
-                let status = Status {
-                    enabled: item.enabled,
-                    version: item.version,
-                };
-                map.insert(item.user_id, status.pack());
-                counts.applied += 1;
-            } else {
-                counts.ignored += 1;
-            }
+        let stored = items
+            .iter()
+            .filter_map(|i| {
+                map.get(&i.user_id)
+                    .map(|p| (i.user_id, Status::unpack(*p).version))
+            })
+            .collect();
+        let (counts, rows) = plan_changes(items, &stored);
+        for row in rows {
+            map.insert(
+                row.user_id,
+                Status {
+                    enabled: row.enabled,
+                    version: row.version,
+                }
+                .pack(),
+            );
         }
         counts
     }
@@ -112,6 +116,32 @@ impl StatusSet {
     pub fn put(&self, user_id: u64, status: Status) {
         self.map.pin().insert(user_id, status.pack());
     }
+}
+
+/// Which items of a delivery apply, given the stored versions, taking items in
+/// order as if each were its own delivery; and the final row of each changed user.
+pub fn plan_changes(
+    items: &[StatusItem],
+    stored: &HashMap<u64, u64>,
+) -> (Applied, Vec<StatusItem>) {
+    let mut latest: HashMap<u64, StatusItem> = HashMap::new();
+    let mut counts = Applied::default();
+    for item in items {
+        let current = latest
+            .get(&item.user_id)
+            .map(|i| i.version)
+            .or_else(|| stored.get(&item.user_id).copied())
+            .unwrap_or(0);
+        if item.version > current {
+            latest.insert(item.user_id, *item);
+            counts.applied += 1;
+        } else {
+            counts.ignored += 1;
+        }
+    }
+    let mut rows: Vec<StatusItem> = latest.into_values().collect();
+    rows.sort_unstable_by_key(|r| r.user_id);
+    (counts, rows)
 }
 
 #[cfg(test)]
@@ -161,6 +191,32 @@ mod tests {
                 enabled: false,
                 version: 0
             }
+        );
+    }
+
+    #[test]
+    fn plan_takes_items_in_order_against_stored_versions() {
+        let stored = HashMap::from([(1, 10), (2, 3)]);
+        let items = [
+            item(1, true, 10),
+            item(1, false, 11),
+            item(1, true, 11),
+            item(2, true, 4),
+            item(3, true, 1),
+            item(3, false, 1),
+            item(2, false, 2),
+        ];
+        let (counts, rows) = plan_changes(&items, &stored);
+        assert_eq!(
+            counts,
+            Applied {
+                applied: 3,
+                ignored: 4
+            }
+        );
+        assert_eq!(
+            rows,
+            [item(1, false, 11), item(2, true, 4), item(3, true, 1)]
         );
     }
 

@@ -12,7 +12,6 @@
 mod postgres;
 mod sqlite;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::status::{Applied, Status};
@@ -231,32 +230,6 @@ async fn timed<T>(operation: &'static str, f: impl Future<Output = T>) -> T {
     out
 }
 
-/// Which items of a delivery apply, given the stored versions, taking items in
-/// order as if each were its own delivery; and the final row of each changed user.
-pub fn plan_changes(
-    items: &[StatusItem],
-    stored: &HashMap<u64, u64>,
-) -> (Applied, Vec<StatusItem>) {
-    let mut latest: HashMap<u64, StatusItem> = HashMap::new();
-    let mut counts = Applied::default();
-    for item in items {
-        let current = latest
-            .get(&item.user_id)
-            .map(|i| i.version)
-            .or_else(|| stored.get(&item.user_id).copied())
-            .unwrap_or(0);
-        if item.version > current {
-            latest.insert(item.user_id, *item);
-            counts.applied += 1;
-        } else {
-            counts.ignored += 1;
-        }
-    }
-    let mut rows: Vec<StatusItem> = latest.into_values().collect();
-    rows.sort_unstable_by_key(|r| r.user_id);
-    (counts, rows)
-}
-
 /// Distinct users of a delivery.
 fn users_of(items: &[StatusItem]) -> Vec<u64> {
     let mut users: Vec<u64> = items.iter().map(|i| i.user_id).collect();
@@ -277,42 +250,3 @@ fn unsigned(value: i64) -> u64 {
 /// How long a connection attempt may take before the operation fails (and the
 /// webhook answers 503) rather than hanging on a dead database.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn item(user_id: u64, enabled: bool, version: u64) -> StatusItem {
-        StatusItem {
-            user_id,
-            enabled,
-            version,
-        }
-    }
-
-    #[test]
-    fn plan_takes_items_in_order_against_stored_versions() {
-        let stored = HashMap::from([(1, 10), (2, 3)]);
-        let items = [
-            item(1, true, 10),
-            item(1, false, 11),
-            item(1, true, 11),
-            item(2, true, 4),
-            item(3, true, 1),
-            item(3, false, 1),
-            item(2, false, 2),
-        ];
-        let (counts, rows) = plan_changes(&items, &stored);
-        assert_eq!(
-            counts,
-            Applied {
-                applied: 3,
-                ignored: 4
-            }
-        );
-        assert_eq!(
-            rows,
-            [item(1, false, 11), item(2, true, 4), item(3, true, 1)]
-        );
-    }
-}

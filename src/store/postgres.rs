@@ -10,8 +10,8 @@ use std::str::FromStr;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Row as _};
 
-use super::{Row, RowTuple, StoreError, Watermark, plan_changes, signed, unsigned, users_of};
-use crate::status::Applied;
+use super::{Row, RowTuple, StoreError, Watermark, signed, unsigned, users_of};
+use crate::status::{Applied, plan_changes};
 use crate::upstream::StatusItem;
 
 /// The notification channel of status changes.

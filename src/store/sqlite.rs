@@ -8,10 +8,8 @@ use std::str::FromStr;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row as _, Sqlite, SqlitePool};
 
-use super::{
-    ACQUIRE_TIMEOUT, Row, RowTuple, StoreError, Watermark, plan_changes, signed, unsigned, users_of,
-};
-use crate::status::Applied;
+use super::{ACQUIRE_TIMEOUT, Row, RowTuple, StoreError, Watermark, signed, unsigned, users_of};
+use crate::status::{Applied, plan_changes};
 use crate::upstream::StatusItem;
 
 /// Bound parameters per statement, under SQLite's limit of 32,766.
