@@ -92,6 +92,13 @@ impl Process {
         serde_json::from_str(&response.text().await.unwrap()).unwrap()
     }
 
+    /// SIGTERM, then the exit status.
+    fn sigterm(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        self.child.wait().unwrap()
+    }
+
     fn sigkill(mut self) {
         self.child.kill().unwrap(); // SIGKILL on Unix: no clean shutdown
         self.child.wait().unwrap();
@@ -149,4 +156,14 @@ async fn postgres_statuses_survive_a_sigkill() {
         return;
     };
     statuses_survive_sigkill(&db.url).await;
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let process = Process::start(&format!("sqlite://{}/gw.db", dir.path().display())).await;
+    let status = tokio::task::spawn_blocking(move || process.sigterm())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
 }
