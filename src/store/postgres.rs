@@ -36,14 +36,22 @@ async fn begin_write(
     pool: &PgPool,
 ) -> Result<(sqlx::Transaction<'static, sqlx::Postgres>, i64), StoreError> {
     let mut tx = pool.begin().await?;
+    let seq = take_write_turn(&mut tx).await?;
+    Ok((tx, seq))
+}
+
+/// Waits for the writers' lock, then draws this transaction's change sequence
+/// value: in that order, so values commit in the order they were drawn.
+async fn take_write_turn(tx: &mut sqlx::PgConnection) -> Result<i64, StoreError> {
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(WRITE_LOCK)
         .execute(&mut *tx)
         .await?;
-    let seq: i64 = sqlx::query_scalar("SELECT nextval('calltracking_change_seq')")
-        .fetch_one(&mut *tx)
-        .await?;
-    Ok((tx, seq))
+    Ok(
+        sqlx::query_scalar("SELECT nextval('calltracking_change_seq')")
+            .fetch_one(&mut *tx)
+            .await?,
+    )
 }
 
 async fn notify_and_commit(
@@ -144,13 +152,7 @@ pub async fn finish_snapshot(
     sqlx::query("ANALYZE snapshot_ids")
         .execute(&mut *tx)
         .await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(WRITE_LOCK)
-        .execute(&mut *tx)
-        .await?;
-    let seq: i64 = sqlx::query_scalar("SELECT nextval('calltracking_change_seq')")
-        .fetch_one(&mut *tx)
-        .await?;
+    let seq = take_write_turn(&mut tx).await?;
     let version = signed(version);
     sqlx::query(
         "UPDATE calltracking_status s \

@@ -191,3 +191,35 @@ async fn sqlite_webhook_answers_503_when_the_database_is_gone() {
         "memory unchanged"
     );
 }
+
+#[tokio::test]
+async fn readyz_is_503_until_the_status_set_is_loaded() {
+    let Some(db) = pg::cluster() else { return };
+    let cluster = db.cluster.as_ref().unwrap();
+    assert_eq!(
+        set(&TestApp::spawn_on(Some(&db.url), "").await, 42, true, 1).await,
+        200
+    );
+    // The database is down when a replica starts: it serves, but is not ready.
+    cluster.stop_server().unwrap();
+    let app = TestApp::start_on(Some(&db.url), "").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let not_yet = app.get_admin("/readyz").await;
+    not_yet.assert_problem(503);
+    assert_eq!(app.get_admin("/healthz").await.status, 200);
+    cluster.start_server().unwrap();
+    // Ready only once loaded, and then with what was stored.
+    let start = Instant::now();
+    while app.get_admin("/readyz").await.status != 200 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        app.status
+            .set()
+            .is_enabled(phones_gateway::ids::UserId::new(42).unwrap())
+    );
+}

@@ -214,8 +214,16 @@ impl TestApp {
         Self::spawn_on(None, overlay).await
     }
 
-    /// Starts the app on the database at `url` (a fresh SQLite file when `None`).
+    /// Starts the app on the database at `url` (a fresh SQLite file when `None`)
+    /// and waits until it is ready.
     pub async fn spawn_on(url: Option<&str>, overlay: &str) -> TestApp {
+        let app = Self::start_on(url, overlay).await;
+        app.wait_ready().await;
+        app
+    }
+
+    /// Starts the app without waiting for readiness.
+    pub async fn start_on(url: Option<&str>, overlay: &str) -> TestApp {
         init_logs();
         let real = Fake::start("phone").await;
         let anonymous = Fake::start("phone").await;
@@ -251,10 +259,10 @@ impl TestApp {
         .merge(figment::providers::Toml::string(&base))
         .merge(figment::providers::Toml::string(overlay));
         let config = Config::from_figment(figment).expect("test config is valid");
-        Self::spawn_config(config, real, anonymous, calltracking, dir).await
+        Self::start_config(config, real, anonymous, calltracking, dir).await
     }
 
-    async fn spawn_config(
+    async fn start_config(
         config: Config,
         real: Fake,
         anonymous: Fake,
@@ -269,7 +277,7 @@ impl TestApp {
         let running = tokio::spawn(app.run(async move {
             let _ = stopped.await;
         }));
-        let test_app = TestApp {
+        TestApp {
             public,
             admin,
             real,
@@ -280,11 +288,14 @@ impl TestApp {
             stop: Some(stop),
             running: Some(running),
             _dir: dir,
-        };
-        // Ready once the status set is loaded.
+        }
+    }
+
+    /// Waits (up to 5 s) until `/readyz` answers 200: the status set is loaded.
+    pub async fn wait_ready(&self) {
         for _ in 0..500 {
-            if test_app.get_admin("/readyz").await.status == 200 {
-                return test_app;
+            if self.get_admin("/readyz").await.status == 200 {
+                return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
