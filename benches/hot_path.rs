@@ -2,8 +2,8 @@
 //! and in allocations (the `-benchmem` of Rust: a counting global allocator).
 //!
 //! - `resolve/hit`: `Resolver::resolve` with every source fresh in the caches;
-//! - `router/hit`: the whole public router (`tower::ServiceExt::oneshot`, no
-//!   sockets): query parsing, shedding, request tracking, resolve, JSON;
+//! - `router/hit`: the whole public service as a listener runs it (`Front`, no
+//!   sockets): request tracking, shedding, query parsing, resolve, JSON;
 //! - `router/hello`: a bare axum hello-world router, the baseline;
 //! - `phone/parse`, `phone/format`: parsing and printing a number.
 //!
@@ -20,7 +20,9 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::Request;
 use criterion::{Criterion, criterion_group, criterion_main};
+use hyper::service::Service as _;
 use phones_gateway::config::Config;
+use phones_gateway::http::front::Front;
 use phones_gateway::http::public::PublicState;
 use phones_gateway::http::shed::Shed;
 use phones_gateway::http::{Limits, public_router};
@@ -52,7 +54,7 @@ fn per_op(name: &str, runs: u64, mut op: impl FnMut()) {
 
 struct Fixture {
     resolver: Arc<Resolver>,
-    router: axum::Router,
+    router: Front,
     hello: axum::Router,
     request: Lookup,
 }
@@ -85,12 +87,13 @@ fn fixture() -> Fixture {
         max_header_bytes: 16384,
         body_read_timeout: Duration::from_secs(10),
     };
-    let router = public_router(
-        PublicState {
-            resolver: resolver.clone(),
-            limiter: None,
-        },
-        limits,
+    let state = PublicState {
+        resolver: resolver.clone(),
+        limiter: None,
+    };
+    let router = Front::public(
+        public_router(state.clone(), limits),
+        state,
         Shed::new(4096, 16384),
     );
     let hello = axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));
@@ -127,7 +130,7 @@ fn benches(c: &mut Criterion) {
     });
     per_op("router/hit", 10_000, || {
         let request = Request::get(uri).body(Body::empty()).unwrap();
-        black_box(runtime.block_on(f.router.clone().oneshot(request)).unwrap());
+        black_box(runtime.block_on(f.router.call(request)).unwrap());
     });
     per_op("router/hello", 10_000, || {
         let request = Request::get("/").body(Body::empty()).unwrap();
@@ -147,7 +150,7 @@ fn benches(c: &mut Criterion) {
     c.bench_function("router/hit", |b| {
         b.iter(|| {
             let request = Request::get(uri).body(Body::empty()).unwrap();
-            runtime.block_on(f.router.clone().oneshot(request)).unwrap()
+            runtime.block_on(f.router.call(request)).unwrap()
         })
     });
     c.bench_function("router/hello", |b| {

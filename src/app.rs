@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 
 use crate::config::Config;
 use crate::http::admin::AdminState;
+use crate::http::front::Front;
 use crate::http::public::PublicState;
 use crate::http::ratelimit::ViewerLimiter;
 use crate::http::serve::{ConnLimits, serve};
@@ -28,8 +29,8 @@ use crate::upstream::Upstreams;
 pub struct App {
     public: TcpListener,
     admin: TcpListener,
-    public_router: axum::Router,
-    admin_router: axum::Router,
+    public_front: Front,
+    admin_front: Front,
     status: StatusService,
     caches: Caches,
     upstreams: Arc<Upstreams>,
@@ -92,19 +93,23 @@ impl App {
             max_header_bytes: config.server.max_header_bytes,
             body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),
         };
+        let public_state = PublicState {
+            resolver,
+            limiter: limiter.clone(),
+        };
         Ok(App {
             public,
             admin,
-            public_router: public_router(
-                PublicState {
-                    resolver,
-                    limiter: limiter.clone(),
-                },
-                limits,
+            public_front: Front::public(
+                public_router(public_state.clone(), limits),
+                public_state,
                 Shed::new(config.server.max_in_flight, config.server.max_header_bytes),
             ),
             limiter,
-            admin_router: admin_router(admin_state, limits),
+            admin_front: Front::admin(
+                admin_router(admin_state, limits),
+                config.server.max_header_bytes,
+            ),
             status,
             caches,
             upstreams,
@@ -162,11 +167,11 @@ impl App {
         };
         let public = serve(
             self.public,
-            self.public_router,
+            self.public_front,
             conn,
             stopped(stop_rx.clone()),
         );
-        let admin = serve(self.admin, self.admin_router, conn, stopped(stop_rx));
+        let admin = serve(self.admin, self.admin_front, conn, stopped(stop_rx));
         let shutting_down = self.shutting_down;
         let pause = Duration::from_millis(self.config.server.shutdown_pause_ms);
         let drain = Duration::from_millis(self.config.server.drain_timeout_ms);

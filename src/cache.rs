@@ -320,7 +320,9 @@ where
 impl<K: Copy + Eq + Hash> Inner<K> {
     /// Deciseconds since the epoch, saturating (13 years of uptime).
     fn now(&self) -> u32 {
-        let tenths = self.epoch.elapsed().as_millis() / 100;
+        // Seconds and millis, not `as_millis()`: no 128-bit division per lookup.
+        let elapsed = self.epoch.elapsed();
+        let tenths = elapsed.as_secs() * 10 + u64::from(elapsed.subsec_millis() / 100);
         u32::try_from(tenths).unwrap_or(u32::MAX)
     }
 

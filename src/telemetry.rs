@@ -1,20 +1,16 @@
 //! Logs and metrics plumbing: the tracing subscriber, the process-wide Prometheus
-//! recorder, and the request-tracking middleware.
+//! recorder, request ids and the request-duration histogram.
 //!
 //! Phone numbers never reach a log line or a label: code logs `phone.masked()`,
 //! and `Phone`'s `Debug` is masked too.
 
+use std::future::Future;
 use std::hash::BuildHasher;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::Duration;
 
-use axum::http::HeaderValue;
-use tracing::Instrument;
-
-use axum::extract::{MatchedPath, Request};
-use axum::middleware::Next;
-use axum::response::Response;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
@@ -29,12 +25,20 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 tokio::task_local! {
     /// The id of the request this task serves.
-    static REQUEST_ID: Arc<str>;
+    static REQUEST_ID: HeaderValue;
 }
 
 /// The current request's id, for forwarding to upstreams.
-pub fn current_request_id() -> Option<Arc<str>> {
-    REQUEST_ID.try_with(Arc::clone).ok()
+pub fn current_request_id() -> Option<HeaderValue> {
+    REQUEST_ID.try_with(HeaderValue::clone).ok()
+}
+
+/// Runs `future` as the request `id`: upstream calls it makes forward the id.
+pub fn with_request_id<F: Future>(
+    id: HeaderValue,
+    future: F,
+) -> tokio::task::futures::TaskLocalFuture<HeaderValue, F> {
+    REQUEST_ID.scope(id, future)
 }
 
 /// Installs the global subscriber: `RUST_LOG` if set, else `filter`; JSON lines
@@ -59,28 +63,26 @@ pub fn init_logs(filter: &str, format: LogFormat) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!(e))
 }
 
-/// A caller's id is kept if it is short, visible ASCII; else we make one.
-fn request_id_of(request: &Request) -> Arc<str> {
+/// A request's id: the caller's `x-request-id` if it is short, visible ASCII
+/// (kept as is: no copy), else sixteen hex digits we make.
+pub fn request_id_of(headers: &HeaderMap) -> HeaderValue {
     static SEQUENCE: AtomicU64 = AtomicU64::new(0);
     static SEED: OnceLock<foldhash::fast::RandomState> = OnceLock::new();
-    let given = request
-        .headers()
-        .get(REQUEST_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()));
-    match given {
-        Some(id) => Arc::from(id),
-        None => {
-            let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
-            let id = SEED.get_or_init(Default::default).hash_one(n);
-            // Sixteen hex digits, formatted on the stack: one allocation, the Arc.
-            let mut hex = [0u8; 16];
-            for (i, byte) in hex.iter_mut().enumerate() {
-                *byte = b"0123456789abcdef"[((id >> (60 - 4 * i)) & 0xf) as usize];
-            }
-            Arc::from(std::str::from_utf8(&hex).unwrap_or("0000000000000000"))
-        }
+    let given = headers.get(REQUEST_ID_HEADER).filter(|v| {
+        let v = v.as_bytes();
+        !v.is_empty() && v.len() <= 128 && v.iter().all(u8::is_ascii_graphic)
+    });
+    if let Some(id) = given {
+        return id.clone();
     }
+    let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+    let id = SEED.get_or_init(Default::default).hash_one(n);
+    let mut hex = [0u8; 16];
+    for (i, byte) in hex.iter_mut().enumerate() {
+        *byte = b"0123456789abcdef"[((id >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    // Hex digits are always a valid header value; the fallback is never taken.
+    HeaderValue::from_bytes(&hex).unwrap_or(HeaderValue::from_static("0"))
 }
 
 /// The process-wide Prometheus recorder (the `metrics` facade is global; several
@@ -120,36 +122,10 @@ pub async fn metrics_upkeep() {
     }
 }
 
-/// Gives every request an id (its span carries it onto every log line, and it is
-/// answered in `x-request-id`), and counts and times it by route and status.
-pub async fn track_request(request: Request, next: Next) -> Response {
-    let request_id = request_id_of(&request);
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", |p| match p.as_str() {
-            "/v1/public-phone" => "/v1/public-phone",
-            "/v1/public-phones/batch" => "/v1/public-phones/batch",
-            "/admin/v1/calltracking/statuses" => "/admin/v1/calltracking/statuses",
-            "/admin/v1/calltracking/statuses/{user_id}" => {
-                "/admin/v1/calltracking/statuses/{user_id}"
-            }
-            "/admin/v1/cache/invalidate" => "/admin/v1/cache/invalidate",
-            "/healthz" => "/healthz",
-            "/readyz" => "/readyz",
-            "/metrics" => "/metrics",
-            _ => "other",
-        });
-    let start = Instant::now();
-    let span = tracing::info_span!("request", request_id = &*request_id, route);
-    let mut response = REQUEST_ID
-        .scope(request_id.clone(), next.run(request).instrument(span))
-        .await;
-    if let Ok(value) = HeaderValue::from_str(&request_id) {
-        response.headers_mut().insert(REQUEST_ID_HEADER, value);
-    }
-    duration_histogram(route, response.status().as_u16()).record(start.elapsed().as_secs_f64());
-    response
+/// Records one answered request in
+/// `phones_gateway_http_request_duration_seconds{route, status}`.
+pub fn record_request(route: &'static str, status: StatusCode, elapsed: Duration) {
+    duration_histogram(route, status.as_u16()).record(elapsed.as_secs_f64());
 }
 
 /// `phones_gateway_http_request_duration_seconds{route, status}`, registered once

@@ -2,6 +2,8 @@
 //! the route's limit and 400 with serde's explanation otherwise, and query
 //! parameters parsed into the domain types.
 
+use std::borrow::Cow;
+
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
@@ -63,24 +65,12 @@ pub struct BodyLimit {
 /// The first missing, repeated or invalid parameter, named.
 pub fn public_phone_query(query: Option<&str>) -> Result<ResolveRequest, ApiError> {
     let query = query.unwrap_or_default();
-    let mut user = None;
-    let mut ad = None;
-    let mut category = None;
-    let mut phone = None;
-    for (key, value) in form_urlencoded::parse(query.as_bytes()) {
-        let slot = match &*key {
-            "user_id" => &mut user,
-            "ad_id" => &mut ad,
-            "category_id" => &mut category,
-            "phone" => &mut phone,
-            _ => continue,
-        };
-        if slot.replace(value).is_some() {
-            return Err(ApiError::bad_request(format!(
-                "{key}: given more than once"
-            )));
-        }
-    }
+    let QueryFields {
+        user,
+        ad,
+        category,
+        phone,
+    } = QueryFields::of(query)?;
     // The leniency is a second reading, tried only when the form-decoded one fails.
     let raw_plus = query.split('&').any(|pair| pair.starts_with("phone=+"));
     let phone = phone
@@ -101,6 +91,56 @@ pub fn public_phone_query(query: Option<&str>) -> Result<ResolveRequest, ApiErro
         category: CategoryId::parse(&category).map_err(|e| field_error("category_id", e))?,
         phone: phone?,
     })
+}
+
+/// The known parameters of the lookup, as given.
+#[derive(Debug, Default, PartialEq)]
+struct QueryFields<'a> {
+    user: Option<Cow<'a, str>>,
+    ad: Option<Cow<'a, str>>,
+    category: Option<Cow<'a, str>>,
+    phone: Option<Cow<'a, str>>,
+}
+
+impl<'a> QueryFields<'a> {
+    fn of(query: &'a str) -> Result<Self, ApiError> {
+        // Without `%` or `+` form decoding changes nothing: split in place (the
+        // hit path; decoding and UTF-8 checks were a tenth of a hit's own CPU).
+        if query.bytes().any(|b| b == b'%' || b == b'+') {
+            return Self::decoded(query);
+        }
+        let mut fields = QueryFields::default();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            fields.set(key, Cow::Borrowed(value))?;
+        }
+        Ok(fields)
+    }
+
+    fn decoded(query: &'a str) -> Result<Self, ApiError> {
+        let mut fields = QueryFields::default();
+        for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+            fields.set(&key, value)?;
+        }
+        Ok(fields)
+    }
+
+    /// Keeps a known parameter; unknown ones are ignored, a repeated one refused.
+    fn set(&mut self, key: &str, value: Cow<'a, str>) -> Result<(), ApiError> {
+        let slot = match key {
+            "user_id" => &mut self.user,
+            "ad_id" => &mut self.ad,
+            "category_id" => &mut self.category,
+            "phone" => &mut self.phone,
+            _ => return Ok(()),
+        };
+        if slot.replace(value).is_some() {
+            return Err(ApiError::bad_request(format!(
+                "{key}: given more than once"
+            )));
+        }
+        Ok(())
+    }
 }
 
 fn required<T>(name: &str, value: Option<T>) -> Result<T, ApiError> {
@@ -174,6 +214,24 @@ mod tests {
         let r = public_phone_query(Some("user_id=42&ad_id=1&category_id=9&phone=+79161234567"))
             .unwrap();
         assert_eq!(r.phone.unwrap().to_string(), "+79161234567");
+    }
+
+    #[test]
+    fn splitting_in_place_reads_as_form_decoding() {
+        for query in [
+            "user_id=42&ad_id=1001&category_id=9",
+            "&&user_id=42&&ad_id=1001&category_id=9&x&y=&=z&=&",
+            "user_id=42&ad_id=1001&category_id=9&phone=(916)1234567&phone_x=1",
+            "user_id=42&ad_id=1001&category_id",
+            "user_id&user_id=",
+            "user_id=4=2&ad_id==1",
+            "ad_id=1&ad_id=2",
+            "",
+        ] {
+            let fast = QueryFields::of(query).map_err(|e| format!("{e:?}"));
+            let decoded = QueryFields::decoded(query).map_err(|e| format!("{e:?}"));
+            assert_eq!(fast, decoded, "{query}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod error;
 pub mod extract;
+pub mod front;
 pub mod openapi;
 pub mod profile;
 pub mod public;
@@ -20,7 +21,6 @@ use axum::routing::{MethodRouter, get, post, put};
 use admin::AdminState;
 use extract::BodyLimit;
 use public::PublicState;
-use shed::Shed;
 
 /// Applies a body limit and records it so the extractors can apply it and a 413
 /// can name it. Applied to one route's handler it overrides the router's, since
@@ -63,22 +63,22 @@ impl Limits {
     }
 }
 
-pub fn public_router(state: PublicState, limits: Limits, shed: Shed) -> Router {
+/// The public routes. Request tracking and shedding wrap it in [`front::Front`],
+/// which also answers `GET /v1/public-phone` without it.
+pub fn public_router(state: PublicState, limits: Limits) -> Router {
     Router::new()
-        .route("/v1/public-phone", get(public::public_phone))
+        .route(public::PUBLIC_PHONE_PATH, get(public::public_phone))
         .route(
             "/v1/public-phones/batch",
             body_limit(post(public::batch), limits.body()),
         )
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
-        .layer(middleware::from_fn_with_state(shed, shed::admit))
-        .layer(middleware::from_fn(crate::telemetry::track_request))
         .with_state(state)
 }
 
+/// The admin routes; [`front::Front`] tracks requests and applies the header limit.
 pub fn admin_router(state: AdminState, limits: Limits) -> Router {
-    let admission = Shed::unlimited(limits.max_header_bytes);
     let protected = Router::new()
         .route(
             "/admin/v1/calltracking/statuses",
@@ -107,7 +107,5 @@ pub fn admin_router(state: AdminState, limits: Limits) -> Router {
         .merge(protected)
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
-        .layer(middleware::from_fn_with_state(admission, shed::admit))
-        .layer(middleware::from_fn(crate::telemetry::track_request))
         .with_state(state)
 }

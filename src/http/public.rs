@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{RawQuery, State};
+use axum::extract::{Request as HttpRequest, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
@@ -16,6 +16,9 @@ use crate::config::Source;
 use crate::ids::{AdId, UserId};
 use crate::phone::Phone;
 use crate::resolve::{Request, Resolver};
+
+/// The lookup's path.
+pub const PUBLIC_PHONE_PATH: &str = "/v1/public-phone";
 
 /// Items a batch may hold.
 pub const MAX_BATCH_ITEMS: usize = 100;
@@ -69,15 +72,22 @@ impl PublicState {
         (status = 503, description = "Cannot decide safely, or shedding load", body = Problem, content_type = "application/problem+json"),
     )
 )]
-pub async fn public_phone(
-    State(state): State<PublicState>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Result<Response, ApiError> {
-    let request = public_phone_query(query.as_deref())?;
-    state.admit(&headers, 1)?;
-    let body = answer(&state.resolver, &request).await?;
-    Ok(axum::Json(body).into_response())
+pub async fn public_phone(State(state): State<PublicState>, request: HttpRequest) -> Response {
+    lookup(&state, request.headers(), request.uri().query()).await
+}
+
+/// `GET /v1/public-phone`: the handler above, and the hit path itself
+/// ([`super::front`] calls it without the router).
+pub async fn lookup(state: &PublicState, headers: &HeaderMap, query: Option<&str>) -> Response {
+    let answered = async {
+        let request = public_phone_query(query)?;
+        state.admit(headers, 1)?;
+        answer(&state.resolver, &request).await
+    };
+    match answered.await {
+        Ok(body) => axum::Json(body).into_response(),
+        Err(error) => error.into_response(),
+    }
 }
 
 async fn answer(resolver: &Resolver, request: &Request) -> Result<PublicPhone, ApiError> {

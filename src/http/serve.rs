@@ -5,16 +5,16 @@
 //! keep-alive connections are closed at once and busy ones after their response.
 //!
 //! Hyper answers a head over the hard bound with a bare 431; the finer limit
-//! (`server.max_header_bytes`, a problem document) is in `shed::admit`.
+//! (`server.max_header_bytes`, a problem document) is in `shed`.
 
 use std::future::Future;
 use std::time::Duration;
 
-use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+
+use super::front::Front;
 
 /// Connection limits.
 #[derive(Debug, Clone, Copy)]
@@ -25,14 +25,14 @@ pub struct ConnLimits {
     pub max_head_bytes: usize,
 }
 
-/// Serves `router` until `shutdown` completes, then closes the listener and waits
+/// Serves `front` until `shutdown` completes, then closes the listener and waits
 /// for open connections to finish (the caller bounds that wait).
 ///
 /// # Errors
 /// None today: accept errors (too many open files, say) are logged and retried.
 pub async fn serve(
     listener: TcpListener,
-    router: Router,
+    front: Front,
     limits: ConnLimits,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
@@ -55,7 +55,7 @@ pub async fn serve(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let service = TowerToHyperService::new(router.clone());
+                let service = front.clone();
                 let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
                 tokio::spawn(async move {
                     // Errors here are the client's (reset, timeout, bad request).

@@ -1,25 +1,23 @@
-//! Admission, the first thing a request meets inside request tracking (one layer,
-//! so one boxed future per request, not two):
+//! Admission, the first thing a request meets inside request tracking
+//! ([`super::front`]):
 //! - request line and headers over `server.max_header_bytes` get a 431 problem;
 //! - load shedding: at most `server.max_in_flight` public requests at once; one
-//!   more is answered 503 with `Retry-After` at once, never queued. A semaphore
-//!   `try_acquire`: no `Buffer` in front to shed spuriously, no concurrency limit
-//!   below it to queue. The admin listener is not shed (its `Shed` has no
-//!   permits), so probes and metrics answer while the public one sheds.
+//!   more is answered 503 with `Retry-After` at once, never queued. A counter of
+//!   requests in flight (a semaphore's `try_acquire`, without the lock a
+//!   semaphore takes to release): no `Buffer` in front to shed spuriously, no
+//!   concurrency limit below it to queue. The admin listener is not shed, so
+//!   probes and metrics answer while the public one sheds.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use tokio::sync::Semaphore;
+use axum::extract::Request;
 
 use super::error::ApiError;
 
-#[derive(Clone)]
 pub struct Shed {
-    /// `None`: never shed (the admin listener).
-    permits: Option<Arc<Semaphore>>,
+    in_flight: AtomicUsize,
+    /// `usize::MAX`: never shed (the admin listener).
+    max_in_flight: usize,
     shed: metrics::Counter,
     max_header_bytes: usize,
 }
@@ -27,7 +25,8 @@ pub struct Shed {
 impl Shed {
     pub fn new(max_in_flight: usize, max_header_bytes: usize) -> Self {
         Shed {
-            permits: Some(Arc::new(Semaphore::new(max_in_flight))),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight,
             shed: metrics::counter!("phones_gateway_shed_total"),
             max_header_bytes,
         }
@@ -36,37 +35,58 @@ impl Shed {
     /// The header limit only.
     pub fn unlimited(max_header_bytes: usize) -> Self {
         Shed {
-            permits: None,
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: usize::MAX,
             shed: metrics::counter!("phones_gateway_shed_total"),
             max_header_bytes,
         }
     }
+
+    /// A 431 when the request line and headers are over the limit.
+    ///
+    /// # Errors
+    /// `HeadersTooLarge`.
+    pub fn check_head(&self, request: &Request) -> Result<(), ApiError> {
+        let head: usize = request
+            .headers()
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 4)
+            .sum::<usize>()
+            + request
+                .uri()
+                .path_and_query()
+                .map_or(0, |p| p.as_str().len());
+        if head > self.max_header_bytes {
+            return Err(ApiError::HeadersTooLarge(self.max_header_bytes));
+        }
+        Ok(())
+    }
+
+    /// A place among the requests in flight, held until the answer is made.
+    ///
+    /// # Errors
+    /// `Unavailable` (503) when every place is taken.
+    pub fn permit(&self) -> Result<Permit<'_>, ApiError> {
+        // Taken before it is checked, so two requests racing for the last place
+        // cannot both have it; the loser gives it back.
+        let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let permit = Permit(&self.in_flight);
+        if before < self.max_in_flight {
+            return Ok(permit);
+        }
+        drop(permit);
+        self.shed.increment(1);
+        Err(ApiError::Unavailable {
+            detail: "overloaded: too many requests in flight",
+        })
+    }
 }
 
-pub async fn admit(State(shed): State<Shed>, request: Request, next: Next) -> Response {
-    let head: usize = request
-        .headers()
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 4)
-        .sum::<usize>()
-        + request
-            .uri()
-            .path_and_query()
-            .map_or(0, |p| p.as_str().len());
-    if head > shed.max_header_bytes {
-        return ApiError::HeadersTooLarge(shed.max_header_bytes).into_response();
-    }
-    let Some(permits) = &shed.permits else {
-        return next.run(request).await;
-    };
-    match permits.clone().try_acquire_owned() {
-        Ok(_permit) => next.run(request).await,
-        Err(_) => {
-            shed.shed.increment(1);
-            ApiError::Unavailable {
-                detail: "overloaded: too many requests in flight",
-            }
-            .into_response()
-        }
+/// A request in flight; dropping it (answered, or cancelled) frees its place.
+pub struct Permit<'a>(&'a AtomicUsize);
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }

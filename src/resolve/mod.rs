@@ -343,7 +343,15 @@ impl Resolver {
         Box::pin(self.caches.anonymous.get_or_fetch(
             (user.get(), ad.get()),
             user,
-            move || async move { upstreams.anonymous(user, ad, request_id.as_deref()).await },
+            move || async move {
+                upstreams
+                    .anonymous(
+                        user,
+                        ad,
+                        request_id.as_ref().and_then(|id| id.to_str().ok()),
+                    )
+                    .await
+            },
         ))
     }
 
@@ -354,7 +362,15 @@ impl Resolver {
         Box::pin(self.caches.real_phone.get_or_fetch(
             (user.get(), ad.get()),
             user,
-            move || async move { upstreams.real_phone(user, ad, request_id.as_deref()).await },
+            move || async move {
+                upstreams
+                    .real_phone(
+                        user,
+                        ad,
+                        request_id.as_ref().and_then(|id| id.to_str().ok()),
+                    )
+                    .await
+            },
         ))
     }
 
@@ -366,7 +382,11 @@ impl Resolver {
             user,
             move || async move {
                 upstreams
-                    .virtual_number(user, phone, request_id.as_deref())
+                    .virtual_number(
+                        user,
+                        phone,
+                        request_id.as_ref().and_then(|id| id.to_str().ok()),
+                    )
                     .await
             },
         ))
