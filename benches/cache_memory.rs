@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use phones_gateway::cache::{Generations, PhoneCache, Ttls};
+use phones_gateway::cache::{Clock, Generations, PhoneCache, Ttls};
 use phones_gateway::ids::UserId;
 use phones_gateway::phone::Phone;
 
@@ -40,6 +40,7 @@ fn main() {
         entries,
         ttls,
         Arc::new(Generations::default()),
+        Clock::new(),
     );
     let base = Phone::parse("+79160000000").unwrap().to_u64();
     for i in 1..=entries {

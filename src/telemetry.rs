@@ -1,5 +1,5 @@
 //! Logs and metrics plumbing: the tracing subscriber, the process-wide Prometheus
-//! recorder, request ids and the request-duration histogram.
+//! recorder, request ids.
 //!
 //! Phone numbers never reach a log line or a label: code logs `phone.masked()`,
 //! and `Phone`'s `Debug` is masked too.
@@ -8,9 +8,8 @@ use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
@@ -120,29 +119,6 @@ pub async fn metrics_upkeep() {
         tokio::time::sleep(std::time::Duration::from_secs(5)).await;
         handle.run_upkeep();
     }
-}
-
-/// Records one answered request in
-/// `phones_gateway_http_request_duration_seconds{route, status}`.
-pub fn record_request(route: &'static str, status: StatusCode, elapsed: Duration) {
-    duration_histogram(route, status.as_u16()).record(elapsed.as_secs_f64());
-}
-
-/// `phones_gateway_http_request_duration_seconds{route, status}`, registered once
-/// per pair: a lock-free lookup instead of building a labelled key per request.
-fn duration_histogram(route: &'static str, status: u16) -> metrics::Histogram {
-    static HISTOGRAMS: OnceLock<papaya::HashMap<(&'static str, u16), metrics::Histogram>> =
-        OnceLock::new();
-    let map = HISTOGRAMS.get_or_init(papaya::HashMap::new).pin();
-    if let Some(histogram) = map.get(&(route, status)) {
-        return histogram.clone();
-    }
-    let histogram = metrics::histogram!(
-        "phones_gateway_http_request_duration_seconds",
-        "route" => route, "status" => status.to_string()
-    );
-    map.insert((route, status), histogram.clone());
-    histogram
 }
 
 /// Gauges computed at scrape time.

@@ -292,9 +292,7 @@ pub async fn readyz(State(state): State<AdminState>) -> Response {
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AdminState>) -> Response {
     crate::telemetry::record_gauges(&state.status, &state.caches);
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
-        .into_response()
+    let mut text = state.metrics.render();
+    super::durations::render(&mut text);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -72,11 +72,11 @@ pub fn public_phone_query(query: Option<&str>) -> Result<ResolveRequest, ApiErro
         phone,
     } = QueryFields::of(query)?;
     // The leniency is a second reading, tried only when the form-decoded one fails.
-    let raw_plus = query.split('&').any(|pair| pair.starts_with("phone=+"));
+    let raw_plus = || query.split('&').any(|pair| pair.starts_with("phone=+"));
     let phone = phone
         .map(|p| {
             Phone::parse(&p).or_else(|error| match p.strip_prefix(' ') {
-                Some(rest) if raw_plus => Phone::parse(&format!("+{rest}")).map_err(|_| error),
+                Some(rest) if raw_plus() => Phone::parse(&format!("+{rest}")).map_err(|_| error),
                 _ => Err(error),
             })
         })

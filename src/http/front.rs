@@ -22,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use tower_service::Service;
 use tracing::Instrument;
 
+use super::durations;
 use super::public::{self, PUBLIC_PHONE_PATH, PublicState};
 use super::shed::Shed;
 use crate::telemetry;
@@ -85,7 +86,9 @@ impl Inner {
                 return public::lookup(state, request.headers(), request.uri().query()).await;
             }
         }
-        match self.router.clone().call(request).await {
+        // Boxed: the router's future would otherwise make every request's boxed
+        // future larger, the lookup's included.
+        match Box::pin(self.router.clone().call(request)).await {
             Ok(response) => response,
             Err(never) => match never {},
         }
@@ -101,10 +104,28 @@ where
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
+    fn call(&self, request: axum::http::Request<B>) -> Self::Future {
+        self.call_holding(request, ())
+    }
+}
+
+impl Front {
+    /// Answers `request`, keeping `held` until the answer is made (the
+    /// connection's watchdog counts the request in service meanwhile).
+    ///
     /// Request tracking: an id (the caller's or a new one; its span carries it
     /// onto every log line, it is forwarded upstream and answered back), and the
     /// duration by route and status.
-    fn call(&self, request: axum::http::Request<B>) -> Self::Future {
+    pub fn call_holding<B, H>(
+        &self,
+        request: axum::http::Request<B>,
+        held: H,
+    ) -> Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>
+    where
+        B: HttpBody<Data = Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+        H: Send + 'static,
+    {
         let start = Instant::now();
         let id = telemetry::request_id_of(request.headers());
         let route = (self.inner.route_of)(request.uri().path());
@@ -120,10 +141,11 @@ where
         .instrument(span);
         Box::pin(async move {
             let mut response = answer.await;
+            drop(held);
             response
                 .headers_mut()
                 .insert(telemetry::REQUEST_ID_HEADER, id);
-            telemetry::record_request(route, response.status(), start.elapsed());
+            durations::record(route, response.status().as_u16(), start.elapsed());
             Ok(response)
         })
     }
@@ -184,5 +206,28 @@ mod tests {
             "unmatched"
         );
         assert_eq!(admin_route("/nope"), "unmatched");
+    }
+
+    #[test]
+    fn every_label_has_its_series() {
+        let paths = [
+            "/v1/public-phone",
+            "/v1/public-phones/batch",
+            "/admin/v1/calltracking/statuses",
+            "/admin/v1/calltracking/statuses/7",
+            "/admin/v1/cache/invalidate",
+            "/admin/v1/debug/pprof/profile",
+            "/healthz",
+            "/readyz",
+            "/metrics",
+            "/openapi/public.json",
+            "/openapi/admin.json",
+            "/x",
+        ];
+        for path in paths {
+            for label in [public_route(path), admin_route(path)] {
+                assert!(super::durations::ROUTES.contains(&label), "{label}");
+            }
+        }
     }
 }

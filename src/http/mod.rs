@@ -2,6 +2,7 @@
 //! an `ApiError` problem document, unknown routes and methods included.
 
 pub mod admin;
+pub mod durations;
 pub mod error;
 pub mod extract;
 pub mod front;

@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::{Request as HttpRequest, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
@@ -85,9 +86,49 @@ pub async fn lookup(state: &PublicState, headers: &HeaderMap, query: Option<&str
         answer(&state.resolver, &request).await
     };
     match answered.await {
-        Ok(body) => axum::Json(body).into_response(),
+        Ok(body) => {
+            let mut response = Response::new(Body::from(body.to_json()));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            response
+        }
         Err(error) => error.into_response(),
     }
+}
+
+impl PublicPhone {
+    /// The body serde would write (a test holds them equal), written directly:
+    /// every field is digits or a fixed word, so nothing needs escaping, and the
+    /// hit path skips the serializer (a twentieth of a hit's CPU).
+    fn to_json(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(96);
+        out.extend_from_slice(br#"{"phone":"+"#);
+        push_decimal(&mut out, self.phone.to_u64());
+        out.extend_from_slice(br#"","kind":""#);
+        out.extend_from_slice(self.kind.as_str().as_bytes());
+        out.extend_from_slice(br#"","user_id":"#);
+        push_decimal(&mut out, self.user_id.get());
+        out.extend_from_slice(br#","ad_id":"#);
+        push_decimal(&mut out, self.ad_id.get());
+        out.push(b'}');
+        out
+    }
+}
+
+fn push_decimal(out: &mut Vec<u8>, mut value: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[start..]);
 }
 
 async fn answer(resolver: &Resolver, request: &Request) -> Result<PublicPhone, ApiError> {
@@ -173,4 +214,34 @@ pub async fn batch(
     }))
     .await;
     Ok(axum::Json(BatchResults { results }).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_written_body_is_what_serde_writes() {
+        for (phone, kind, user, ad) in [
+            ("+79161234567", Source::Real, 1, 1),
+            ("+12345678", Source::Anonymous, 42, 1001),
+            (
+                "+999999999999999",
+                Source::Calltracking,
+                i64::MAX as u64,
+                10,
+            ),
+        ] {
+            let body = PublicPhone {
+                phone: Phone::parse(phone).unwrap(),
+                kind,
+                user_id: UserId::new(user).unwrap(),
+                ad_id: AdId::new(ad).unwrap(),
+            };
+            assert_eq!(
+                String::from_utf8(body.to_json()).unwrap(),
+                serde_json::to_string(&body).unwrap()
+            );
+        }
+    }
 }

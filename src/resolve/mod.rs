@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use foldhash::HashSet;
 
-use crate::cache::{Answer, Generations, Lookup, PhoneCache, Ttls};
+use crate::cache::{Answer, Clock, Generations, Lookup, PhoneCache, Ttls};
 use crate::config::{CacheConfig, Config, Source};
 use crate::ids::{AdId, CategoryId, UserId};
 use crate::phone::Phone;
@@ -62,11 +62,14 @@ pub struct Caches {
     /// Keyed by (user, real phone).
     pub calltracking: PhoneCache<(u64, u64)>,
     pub generations: Arc<Generations>,
+    /// The three caches' clock.
+    pub clock: Clock,
 }
 
 impl Caches {
     pub fn new(config: &Config) -> Self {
         let generations = Arc::new(Generations::default());
+        let clock = Clock::new();
         let build = |name, c: &CacheConfig, stale_negatives| {
             let ttls = Ttls {
                 positive: std::time::Duration::from_secs(c.ttl_s),
@@ -74,7 +77,7 @@ impl Caches {
                 max_stale: std::time::Duration::from_secs(c.max_stale_s),
                 stale_negatives,
             };
-            PhoneCache::new(name, c.capacity, ttls, generations.clone())
+            PhoneCache::new(name, c.capacity, ttls, generations.clone(), clock)
         };
         Caches {
             real_phone: build("real_phone", &config.cache.real_phone, true),
@@ -83,6 +86,7 @@ impl Caches {
             anonymous: build("anonymous", &config.cache.anonymous, false),
             calltracking: build("calltracking", &config.cache.calltracking, true),
             generations,
+            clock,
         }
     }
 
@@ -93,6 +97,15 @@ impl Caches {
 }
 
 type LookupFuture<'a> = Pin<Box<dyn Future<Output = Lookup> + Send + 'a>>;
+
+/// A request the caches could not decide: the states so far and what applies.
+struct Plan {
+    states: States,
+    real_known: Option<Option<Phone>>,
+    calltracking_applies: bool,
+    real_in_order: bool,
+    real_needed: bool,
+}
 
 pub struct Resolver {
     rules: Rules,
@@ -233,6 +246,17 @@ impl Resolver {
     }
 
     async fn decide(&self, req: &Request) -> Result<Resolved, ResolveError> {
+        match self.plan(req) {
+            Ok(done) => done,
+            // Boxed: the hit path then neither builds nor moves the asking future
+            // (a quarter of the whole request future's size).
+            Err(plan) => Box::pin(self.ask(req, plan)).await,
+        }
+    }
+
+    /// What the caches (or the caller) already know: the decision when that
+    /// suffices (the hit path), else what is left to ask.
+    fn plan(&self, req: &Request) -> Result<Result<Resolved, ResolveError>, Plan> {
         let order = &self.rules.order;
         let anonymous_applies = order.contains(&Source::Anonymous)
             && self.anonymous_categories.contains(&req.category.get());
@@ -242,16 +266,18 @@ impl Resolver {
         let real_needed = real_in_order || calltracking_applies;
         let user = req.user;
         let ad_key = (user.get(), req.ad.get());
+        // One clock reading for every cache this request looks at.
+        let now = self.caches.clock.now();
 
         // What the caches (or the caller) already know.
         let real_known: Option<Option<Phone>> = match req.phone {
             Some(phone) => Some(Some(phone)),
-            None if real_needed => self.caches.real_phone.get_fresh(&ad_key, user),
+            None if real_needed => self.caches.real_phone.get_fresh_at(&ad_key, user, now),
             None => None,
         };
-        let mut states = States {
+        let states = States {
             anonymous: if anonymous_applies {
-                known(self.caches.anonymous.get_fresh(&ad_key, user))
+                known(self.caches.anonymous.get_fresh_at(&ad_key, user, now))
             } else {
                 SourceState::NotApplicable
             },
@@ -262,20 +288,37 @@ impl Resolver {
             },
             calltracking: match (calltracking_applies, real_known) {
                 (false, _) => SourceState::NotApplicable,
-                (true, Some(Some(real))) => known(
-                    self.caches
-                        .calltracking
-                        .get_fresh(&(user.get(), real.to_u64()), user),
-                ),
+                (true, Some(Some(real))) => known(self.caches.calltracking.get_fresh_at(
+                    &(user.get(), real.to_u64()),
+                    user,
+                    now,
+                )),
                 (true, Some(None)) => SourceState::NotFound,
                 (true, None) => SourceState::Pending,
             },
         };
-        if let Some(done) = self.finish(&states) {
-            return done;
+        match self.finish(&states) {
+            Some(done) => Ok(done),
+            None => Err(Plan {
+                states,
+                real_known,
+                calltracking_applies,
+                real_in_order,
+                real_needed,
+            }),
         }
+    }
 
-        // Ask what is still pending, concurrently.
+    /// Asks what is still pending, concurrently, deciding as answers arrive.
+    async fn ask(&self, req: &Request, plan: Plan) -> Result<Resolved, ResolveError> {
+        let Plan {
+            mut states,
+            real_known,
+            calltracking_applies,
+            real_in_order,
+            real_needed,
+        } = plan;
+        let user = req.user;
         let mut anonymous: Option<LookupFuture<'_>> =
             (states.anonymous == SourceState::Pending).then(|| self.lookup_anonymous(req));
         let mut real: Option<LookupFuture<'_>> =

@@ -95,3 +95,47 @@ async fn a_request_head_sent_too_slowly_closes_the_connection() {
         tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut Vec::new())).await;
     assert!(read.is_ok());
 }
+
+#[tokio::test]
+async fn a_connection_in_service_is_kept_and_an_idle_one_is_closed() {
+    // Head deadline 200 ms; the answer takes 700 ms, over three deadlines.
+    let app = TestApp::spawn_with(
+        "[server]\nheader_read_timeout_ms = 200\nrequest_deadline_ms = 3000\n\
+         [upstreams.real_phone]\ntimeout_ms = 2000",
+    )
+    .await;
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(700));
+    let mut stream = TcpStream::connect(host_port(&app.public)).await.unwrap();
+    let head = format!(
+        "GET /v1/public-phone?user_id=1&ad_id=1&category_id={PLAIN_CATEGORY} HTTP/1.1\r\nhost: x\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !answer.ends_with(b"}") {
+        let n = tokio::time::timeout(Duration::from_secs(3), stream.read(&mut chunk))
+            .await
+            .expect("no answer")
+            .unwrap();
+        assert!(n > 0, "closed while the request was in service: {answer:?}");
+        answer.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    // Idle after its answer: closed after one to two periods (plus scheduling slack).
+    let idle = Instant::now();
+    let read =
+        tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut Vec::new())).await;
+    assert!(read.is_ok(), "an idle keep-alive connection was kept");
+    assert!(
+        idle.elapsed() < Duration::from_millis(1000),
+        "{:?}",
+        idle.elapsed()
+    );
+    assert!(
+        idle.elapsed() >= Duration::from_millis(190),
+        "{:?}",
+        idle.elapsed()
+    );
+}
