@@ -1,13 +1,17 @@
-//! Bytes of RSS per cached real number: fills the real-phone cache's type with
-//! 5,000,000 (user, ad) -> phone entries and divides the growth of the process's
-//! resident set by the count. `cargo bench --bench cache_memory` measures 5M;
-//! under `cargo test` it runs 50,000 entries as a smoke check.
+//! The cache at 5,000,000 entries: bytes of RSS per cached real number (fills the
+//! real-phone cache's type with (user, ad) -> phone entries and divides the growth
+//! of the process's resident set by the count), then, on that full cache, the
+//! time of a hit, a miss, and an insert that evicts (criterion).
+//! `cargo bench --bench cache_memory` measures 5M; under `cargo test` it runs
+//! 50,000 entries and each timing once, as a smoke check.
 
 #![allow(clippy::unwrap_used)]
 
+use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
+use criterion::Criterion;
 use phones_gateway::cache::{Clock, Generations, PhoneCache, Ttls};
 use phones_gateway::ids::UserId;
 use phones_gateway::phone::Phone;
@@ -58,5 +62,59 @@ fn main() {
     assert!(
         held > entries * 9 / 10,
         "the cache should hold most entries"
+    );
+
+    // Timings on the full cache. Keys are visited in a scattered order (a
+    // multiplicative step), as requests would, not in insertion order.
+    let present: Vec<(u64, u64)> = (0..100_000u64)
+        .map(|n| n.wrapping_mul(0x9E37_79B9) % entries + 1)
+        .map(|i| (i / 3 + 1, i))
+        .filter(|&(user, ad)| {
+            cache
+                .get_fresh(&(user, ad), UserId::new(user).unwrap())
+                .is_some()
+        })
+        .collect();
+    assert!(!present.is_empty());
+    let mut criterion = Criterion::default()
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1))
+        .configure_from_args();
+    let mut n = 0usize;
+    criterion.bench_function("cache/hit", |b| {
+        b.iter(|| {
+            n = (n + 1) % present.len();
+            let (user, ad) = present[n];
+            black_box(cache.get_fresh(&(user, ad), UserId::new(user).unwrap()))
+        })
+    });
+    let mut m = 0u64;
+    criterion.bench_function("cache/miss", |b| {
+        b.iter(|| {
+            m = m.wrapping_add(0x9E37_79B9);
+            let user = m % entries + 1;
+            // Ads past every inserted one: never present.
+            black_box(cache.get_fresh(
+                &(user, entries + 1 + m % entries),
+                UserId::new(user).unwrap(),
+            ))
+        })
+    });
+    let mut k = entries;
+    criterion.bench_function("cache/insert_evicting", |b| {
+        b.iter(|| {
+            k += 1;
+            let user = UserId::new(k / 3 + 1).unwrap();
+            cache.insert(
+                (user.get(), k),
+                user,
+                Phone::from_u64(base + k % 10_000_000),
+            );
+        })
+    });
+    criterion.final_summary();
+    println!(
+        "cache_memory: after the timings {} entries held",
+        cache.len()
     );
 }

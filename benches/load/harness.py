@@ -138,6 +138,7 @@ def oha(url, seconds, rate, connections=64):
         "p50": pct["p50"] * 1000, "p90": pct["p90"] * 1000, "p99": pct["p99"] * 1000,
         "p99.9": pct["p99.9"] * 1000, "max": data["summary"]["slowest"] * 1000,
         "errors": sum(data.get("errorDistribution", {}).values()),
+        "error_kinds": data.get("errorDistribution", {}),
         "non2xx": sum(v for k, v in codes.items() if not k.startswith("2")),
     }
 
@@ -175,7 +176,7 @@ def main():
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--soak", type=int, default=300)
     parser.add_argument("--quick", action="store_true", help="3 s per run, 30 s soak")
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=int, default=5,
                         help="hello-world/gateway pairs for the hit-path comparisons; the median is reported")
     parser.add_argument("--hits-only", action="store_true",
                         help="only hello-world and (a) at maximum, printed; BENCHMARKS.md untouched")
@@ -235,6 +236,10 @@ def main():
 
         sim = simulator(latency_ms=50)
         gw = gateway(db)
+        # The upstream's own latency, the cold-path bar's reference (tokio timers
+        # round up, and the simulator shares core 1 with wrk).
+        results["(c) the simulator alone, 50 ms: (wrk)"] = measured(
+            sim, lambda: wrk(f"http://127.0.0.1:{SIM}/v1/users/41/phone?ad_id=1", s, 32))
         results["(c) cold, real only, 50 ms: (wrk)"] = measured(gw, lambda: wrk(base, s, 32, "cold.lua", ("1", "1")))
         results["(c) cold, full chain, 50 ms each: (wrk)"] = measured(gw, lambda: wrk(base, s, 32, "cold.lua", ("9", "0")))
         gw.stop(); sim.stop()
@@ -282,15 +287,19 @@ def main():
     hello_half = results[f"hello: {half}/s (oha)"]
     hits_half = results[f"(a) all hits: {half}/s (oha)"]
     rss = [m for t, m in samples if t >= min(60, args.soak // 5)]
+    upstream = results["(c) the simulator alone, 50 ms: (wrk)"]["p50"]
+    soak_errors = sum(soak_data.get("errorDistribution", {}).values())
+    soak_summary = soak_data["summary"]
+    soak_pct = soak_data["latencyPercentiles"]
     lines += ["", "## Targets", "",
               "| target | bar | measured |", "|---|---|---|",
               f"| hit-path throughput vs hello-world (median pair of {args.rounds}) | >= 0.85 | {hits_max['rps'] / hello_max['rps']:.2f} |",
               f"| hit-path CPU per request vs hello-world | <= 1.15x | {hits_max['cpu_us_per_req'] / hello_max['cpu_us_per_req']:.2f}x ({hits_max['cpu_us_per_req']:.2f} vs {hello_max['cpu_us_per_req']:.2f} us) |",
               f"| open model at {half}/s: p99 vs hello-world (median of {args.rounds} pairs) | <= 1.5x | {p99_ratio:.2f}x |",
               f"| open model at {half}/s: p99.9 vs hello-world (median of {args.rounds} pairs) | <= 1.5x | {p999_ratio:.2f}x |",
-              f"| cold p50, real only (slowest upstream 50 ms) | <= 51 ms | {results['(c) cold, real only, 50 ms: (wrk)']['p50']:.2f} ms |",
-              f"| cold p50, full chain (real then calltracking: 100 ms) | <= 101 ms | {results['(c) cold, full chain, 50 ms each: (wrk)']['p50']:.2f} ms |",
-              f"| soak {args.soak} s at {rate}/s: errors | 0 | {sum(soak_data.get('errorDistribution', {}).values())} |",
+              f"| cold p50, real only: upstream p50 + 1 ms (the simulator alone: {upstream:.2f} ms) | <= {upstream + 1:.2f} ms | {results['(c) cold, real only, 50 ms: (wrk)']['p50']:.2f} ms |",
+              f"| cold p50, full chain, real then calltracking: two upstream p50s + 1 ms | <= {2 * upstream + 1:.2f} ms | {results['(c) cold, full chain, 50 ms each: (wrk)']['p50']:.2f} ms |",
+              f"| soak {args.soak} s at {rate}/s: errors | 0 | {soak_errors} {json.dumps(soak_data.get('errorDistribution', {}))} |",
               f"| soak RSS after warm-up, max/min | <= 1.05 | {max(rss) / min(rss):.3f} ({min(rss):.1f} to {max(rss):.1f} MiB) |" if rss else "| soak RSS | | no samples |",
               "", *rounds, "", "## Spike (open model, `cargo bench --bench spike`)", "", "```", spike.strip(), "```", "",
               "## Plots", ""]
@@ -304,6 +313,13 @@ def main():
         path = os.path.join(plots, f"{i}-{re.sub(r'[^a-z]+', '-', title.lower()).strip('-')}.png")
         plot(title, rows, path)
         lines.append(f"![{title}]({os.path.relpath(path, ROOT)})")
+    kinds = [f"{name}: {json.dumps(r['error_kinds'])}" for name, r in results.items() if r.get("error_kinds")]
+    if kinds:
+        lines += ["", "Load-tool errors by kind: " + "; ".join(kinds) + "."]
+    lines += ["", f"Soak: {soak_summary['requestsPerSec']:.0f} req/s achieved, status codes "
+              f"{json.dumps(soak_data.get('statusCodeDistribution', {}))}, latency (latency-corrected, whole run "
+              f"including the fill of 90,000 cold keys) p50 {soak_pct['p50'] * 1000:.2f} ms, "
+              f"p99 {soak_pct['p99'] * 1000:.2f} ms, max {soak_summary['slowest'] * 1000:.0f} ms."]
     lines += ["", "Soak RSS samples (s, MiB): " + ", ".join(f"{t}:{m:.1f}" for t, m in samples), ""]
     open(os.path.join(ROOT, "BENCHMARKS.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
