@@ -4,7 +4,9 @@
 //! The map, top down (arrows point one way: http -> resolve -> cache/upstream):
 //! - [`config`]: the configuration tree, defaults, loading and validation.
 //! - [`app`]: builds the parts from a `Config` and runs both listeners.
-//! - [`http`]: the public and admin routers, extractors, errors as problem+json.
+//! - [`http`]: each listener's front service (request tracking, admission, the
+//!   hit path without the router), the public and admin routers, extractors,
+//!   errors as problem+json, request-duration buckets, connection serving.
 //! - [`resolve`]: the selection rules (pure, in `resolve::rules`) and the
 //!   concurrent fan-out to the sources.
 //! - [`cache`]: TTL'd, coalescing, stale-if-error caches with O(1) invalidation.
@@ -13,7 +15,7 @@
 //!   replica sync loop and the status-feed puller.
 //! - [`store`]: sqlx storage of the status set, SQLite or PostgreSQL.
 //! - [`phone`], [`ids`]: domain types parsed once at the edge.
-//! - [`telemetry`]: logs, metrics, request tracking.
+//! - [`telemetry`]: logs, the metrics recorder, request ids.
 //! - [`runtime`]: tokio worker threads sized to the container's CPU quota.
 //! - [`sim`]: the upstream simulator for the demo, tests and load runs.
 

@@ -1,5 +1,7 @@
 //! The two routers: public (SPEC 2) and admin (SPEC 3). Every error on either is
-//! an `ApiError` problem document, unknown routes and methods included.
+//! an `ApiError` problem document, unknown routes and methods included. Each
+//! listener serves its router through a [`front::Front`] ([`serve::serve`]),
+//! which tracks and admits every request and answers the public lookup itself.
 
 pub mod admin;
 pub mod durations;
