@@ -103,8 +103,8 @@ fn overflow() -> &'static papaya::HashMap<(&'static str, u16), Series> {
     OVERFLOW.get_or_init(papaya::HashMap::new)
 }
 
-/// Records one answered request. `route` is one of [`ROUTES`]; anything else
-/// counts as `unmatched`.
+/// Records one answered request. `route` is one of the labels in `ROUTES`;
+/// anything else counts as `unmatched`.
 pub fn record(route: &'static str, status: u16, elapsed: Duration) {
     let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
     let index = ROUTES
