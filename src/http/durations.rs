@@ -34,13 +34,12 @@ const BOUNDS_NS: [u64; 15] = [
     2_500_000_000,
 ];
 
-/// Every route label either listener uses ([`super::front`]); the last one is
-/// also where any other label is counted.
-pub(super) const ROUTES: [&str; 12] = [
+/// Every route label: the public listener's exact paths, the admin listener's
+/// exact paths, then the admin path with a parameter, then everything else.
+const ROUTES: [&str; 12] = [
     "/v1/public-phone",
     "/v1/public-phones/batch",
-    "/admin/v1/calltracking/statuses",
-    "/admin/v1/calltracking/statuses/{user_id}",
+    STATUSES,
     "/admin/v1/cache/invalidate",
     "/admin/v1/debug/pprof/profile",
     "/healthz",
@@ -48,8 +47,50 @@ pub(super) const ROUTES: [&str; 12] = [
     "/metrics",
     "/openapi/public.json",
     "/openapi/admin.json",
+    "/admin/v1/calltracking/statuses/{user_id}",
     "unmatched",
 ];
+const STATUSES: &str = "/admin/v1/calltracking/statuses";
+const PUBLIC: std::ops::Range<usize> = 0..2;
+const ADMIN: std::ops::Range<usize> = 2..10;
+const STATUS_OF_USER: Route = Route(10);
+const UNMATCHED: Route = Route(11);
+
+/// A request's route label, as an index into [`ROUTES`] (the label of a path is
+/// found once per request, and the series by index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route(usize);
+
+impl Route {
+    /// The label of a path on the public listener.
+    pub fn public(path: &str) -> Route {
+        Route::exact(PUBLIC, path).unwrap_or(UNMATCHED)
+    }
+
+    /// The label of a path on the admin listener.
+    pub fn admin(path: &str) -> Route {
+        Route::exact(ADMIN, path).unwrap_or_else(|| {
+            match path
+                .strip_prefix(STATUSES)
+                .and_then(|p| p.strip_prefix('/'))
+            {
+                Some(user) if !user.is_empty() && !user.contains('/') => STATUS_OF_USER,
+                _ => UNMATCHED,
+            }
+        })
+    }
+
+    fn exact(range: std::ops::Range<usize>, path: &str) -> Option<Route> {
+        ROUTES[range.clone()]
+            .iter()
+            .position(|r| *r == path)
+            .map(|i| Route(range.start + i))
+    }
+
+    pub fn label(self) -> &'static str {
+        ROUTES[self.0]
+    }
+}
 
 /// Distinct statuses a route keeps in its own slots; more (none today) go to a
 /// map.
@@ -103,15 +144,10 @@ fn overflow() -> &'static papaya::HashMap<(&'static str, u16), Series> {
     OVERFLOW.get_or_init(papaya::HashMap::new)
 }
 
-/// Records one answered request. `route` is one of the labels in `ROUTES`;
-/// anything else counts as `unmatched`.
-pub fn record(route: &'static str, status: u16, elapsed: Duration) {
+/// Records one answered request.
+pub fn record(route: Route, status: u16, elapsed: Duration) {
     let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-    let index = ROUTES
-        .iter()
-        .position(|r| *r == route)
-        .unwrap_or(ROUTES.len() - 1);
-    for slot in &TABLE[index] {
+    for slot in &TABLE[route.0] {
         let holder = match slot.status.load(Ordering::Acquire) {
             0 => match slot
                 .status
@@ -129,7 +165,7 @@ pub fn record(route: &'static str, status: u16, elapsed: Duration) {
     }
     overflow()
         .pin()
-        .get_or_insert_with((ROUTES[index], status), Series::default)
+        .get_or_insert_with((route.label(), status), Series::default)
         .record(ns);
 }
 
@@ -189,12 +225,12 @@ mod tests {
 
     #[test]
     fn buckets_are_cumulative_and_bounds_inclusive() {
-        let route = "/openapi/admin.json";
+        let route = Route::admin("/openapi/admin.json");
         record(route, 299, Duration::from_micros(100)); // le 0.0001, inclusive
         record(route, 299, Duration::from_micros(101)); // le 0.00025
         record(route, 299, Duration::from_secs(3)); // +Inf only
         let out = rendered();
-        let series = format!("route=\"{route}\",status=\"299\"");
+        let series = format!("route=\"{}\",status=\"299\"", route.label());
         for line in [
             format!("{NAME}_bucket{{{series},le=\"0.0001\"}} 1\n"),
             format!("{NAME}_bucket{{{series},le=\"0.00025\"}} 2\n"),
@@ -208,18 +244,38 @@ mod tests {
     }
 
     #[test]
-    fn statuses_beyond_the_slots_and_unknown_routes_are_kept_too() {
+    fn statuses_beyond_the_slots_are_kept_too() {
         let statuses = 600..600 + SLOTS as u16 + 2;
         for status in statuses.clone() {
-            record("/healthz", status, Duration::from_millis(1));
+            record(Route::admin("/healthz"), status, Duration::from_millis(1));
         }
-        record("/not/a/route", 299, Duration::from_millis(1));
         let out = rendered();
         for status in statuses {
             let line = format!("{NAME}_count{{route=\"/healthz\",status=\"{status}\"}} 1\n");
             assert!(out.contains(&line), "{line}{out}");
         }
-        let line = format!("{NAME}_count{{route=\"unmatched\",status=\"299\"}} 1\n");
-        assert!(out.contains(&line), "{line}{out}");
+    }
+
+    #[test]
+    fn labels_routes_by_listener_and_path() {
+        let label = |route: Route| route.label();
+        assert_eq!(label(Route::public("/v1/public-phone")), "/v1/public-phone");
+        assert_eq!(label(Route::public("/v1/public-phone/")), "unmatched");
+        assert_eq!(label(Route::public("/healthz")), "unmatched");
+        assert_eq!(label(Route::admin("/v1/public-phone")), "unmatched");
+        assert_eq!(label(Route::admin("/healthz")), "/healthz");
+        assert_eq!(label(Route::admin(STATUSES)), STATUSES);
+        assert_eq!(
+            label(Route::admin("/admin/v1/calltracking/statuses/42")),
+            "/admin/v1/calltracking/statuses/{user_id}"
+        );
+        assert_eq!(
+            label(Route::admin("/admin/v1/calltracking/statuses/")),
+            "unmatched"
+        );
+        assert_eq!(
+            label(Route::admin("/admin/v1/calltracking/statuses/4/2")),
+            "unmatched"
+        );
     }
 }

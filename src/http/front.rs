@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use tower_service::Service;
 use tracing::Instrument;
 
-use super::durations;
+use super::durations::{self, Route};
 use super::public::{self, PUBLIC_PHONE_PATH, PublicState};
 use super::shed::Shed;
 use crate::telemetry;
@@ -37,7 +37,7 @@ struct Inner {
     router: Router,
     shed: Shed,
     /// The route label of a path, for the duration histogram.
-    route_of: fn(&str) -> &'static str,
+    route_of: fn(&str) -> Route,
     /// Set on the public listener: `GET /v1/public-phone` is answered directly.
     lookup: Option<PublicState>,
 }
@@ -45,18 +45,23 @@ struct Inner {
 impl Front {
     /// The public listener: shedding, and the lookup answered directly.
     pub fn public(router: Router, state: PublicState, shed: Shed) -> Self {
-        Front::new(router, shed, public_route, Some(state))
+        Front::new(router, shed, Route::public, Some(state))
     }
 
     /// The admin listener: the header limit only, never shed.
     pub fn admin(router: Router, max_header_bytes: usize) -> Self {
-        Front::new(router, Shed::unlimited(max_header_bytes), admin_route, None)
+        Front::new(
+            router,
+            Shed::unlimited(max_header_bytes),
+            Route::admin,
+            None,
+        )
     }
 
     fn new(
         router: Router,
         shed: Shed,
-        route_of: fn(&str) -> &'static str,
+        route_of: fn(&str) -> Route,
         lookup: Option<PublicState>,
     ) -> Self {
         Front {
@@ -132,7 +137,7 @@ impl Front {
         let span = tracing::info_span!(
             "request",
             request_id = id.to_str().unwrap_or_default(),
-            route
+            route = route.label()
         );
         let answer = telemetry::with_request_id(
             id.clone(),
@@ -148,86 +153,5 @@ impl Front {
             durations::record(route, response.status().as_u16(), start.elapsed());
             Ok(response)
         })
-    }
-}
-
-/// Route labels of the public listener.
-fn public_route(path: &str) -> &'static str {
-    match path {
-        "/v1/public-phone" => "/v1/public-phone",
-        "/v1/public-phones/batch" => "/v1/public-phones/batch",
-        _ => "unmatched",
-    }
-}
-
-/// Route labels of the admin listener.
-fn admin_route(path: &str) -> &'static str {
-    const STATUSES: &str = "/admin/v1/calltracking/statuses";
-    match path {
-        STATUSES => STATUSES,
-        "/admin/v1/cache/invalidate" => "/admin/v1/cache/invalidate",
-        "/admin/v1/debug/pprof/profile" => "/admin/v1/debug/pprof/profile",
-        "/healthz" => "/healthz",
-        "/readyz" => "/readyz",
-        "/metrics" => "/metrics",
-        "/openapi/public.json" => "/openapi/public.json",
-        "/openapi/admin.json" => "/openapi/admin.json",
-        _ => match path
-            .strip_prefix(STATUSES)
-            .and_then(|p| p.strip_prefix('/'))
-        {
-            Some(user) if !user.is_empty() && !user.contains('/') => {
-                "/admin/v1/calltracking/statuses/{user_id}"
-            }
-            _ => "unmatched",
-        },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn labels_routes_by_path() {
-        assert_eq!(public_route("/v1/public-phone"), "/v1/public-phone");
-        assert_eq!(public_route("/v1/public-phone/"), "unmatched");
-        assert_eq!(
-            admin_route("/admin/v1/calltracking/statuses/42"),
-            "/admin/v1/calltracking/statuses/{user_id}"
-        );
-        assert_eq!(
-            admin_route("/admin/v1/calltracking/statuses"),
-            "/admin/v1/calltracking/statuses"
-        );
-        assert_eq!(admin_route("/admin/v1/calltracking/statuses/"), "unmatched");
-        assert_eq!(
-            admin_route("/admin/v1/calltracking/statuses/4/2"),
-            "unmatched"
-        );
-        assert_eq!(admin_route("/nope"), "unmatched");
-    }
-
-    #[test]
-    fn every_label_has_its_series() {
-        let paths = [
-            "/v1/public-phone",
-            "/v1/public-phones/batch",
-            "/admin/v1/calltracking/statuses",
-            "/admin/v1/calltracking/statuses/7",
-            "/admin/v1/cache/invalidate",
-            "/admin/v1/debug/pprof/profile",
-            "/healthz",
-            "/readyz",
-            "/metrics",
-            "/openapi/public.json",
-            "/openapi/admin.json",
-            "/x",
-        ];
-        for path in paths {
-            for label in [public_route(path), admin_route(path)] {
-                assert!(super::durations::ROUTES.contains(&label), "{label}");
-            }
-        }
     }
 }
