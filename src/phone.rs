@@ -91,37 +91,9 @@ impl Phone {
     }
 }
 
-/// `+` and up to 15 digits, written on the stack: the hit path serialises one
-/// per answer, and this is a third of the cost of `format_args!`.
-struct Text {
-    bytes: [u8; 1 + MAX_DIGITS],
-    start: usize,
-}
-
-impl Text {
-    fn of(phone: Phone) -> Self {
-        let mut bytes = [b'+'; 1 + MAX_DIGITS];
-        let mut value = phone.0.get();
-        let mut start = bytes.len();
-        while value > 0 {
-            start -= 1;
-            bytes[start] = b'0' + (value % 10) as u8;
-            value /= 10;
-        }
-        // A phone has at most 15 digits, so the `+` slot before them is left.
-        start -= 1;
-        Text { bytes, start }
-    }
-
-    fn as_str(&self) -> &str {
-        // Only `+` and ASCII digits were written.
-        std::str::from_utf8(&self.bytes[self.start..]).unwrap_or("+")
-    }
-}
-
 impl fmt::Display for Phone {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(Text::of(*self).as_str())
+        write!(f, "+{}", self.0)
     }
 }
 
@@ -149,7 +121,7 @@ impl fmt::Display for Masked {
 
 impl serde::Serialize for Phone {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(Text::of(*self).as_str())
+        s.collect_str(self)
     }
 }
 
