@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::pg;
+use crate::pg::free_port;
 use crate::support::TOKEN;
 
 /// The real binary, started as operators start it.
@@ -14,14 +15,6 @@ pub struct Process {
     child: Child,
     pub admin: String,
     pub http: reqwest::Client,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl Process {

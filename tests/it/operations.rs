@@ -81,17 +81,7 @@ async fn every_metric_family_moves_with_real_traffic() {
         "#,
     )
     .await;
-    let scrape = || async {
-        read(
-            app.http
-                .get(format!("{}/metrics", app.admin))
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await
-        .text
-    };
+    let scrape = || async { app.get_admin("/metrics").await.text };
     let before = scrape().await;
 
     app.real.reply(Reply::Phone(REAL));

@@ -9,6 +9,15 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+/// A port free on 127.0.0.1 at the time of asking.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 pub struct PgCluster {
     dir: tempfile::TempDir,
     port: u16,
@@ -41,14 +50,6 @@ fn pg_command(program: &str, args: &[&str]) -> Result<(), String> {
             String::from_utf8_lossy(&output.stderr)
         ))
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl PgCluster {
