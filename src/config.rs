@@ -62,7 +62,10 @@ pub struct ServerConfig {
     pub shutdown_pause_ms: u64,
     pub drain_timeout_ms: u64,
     pub max_in_flight: usize,
-    pub request_deadline_ms: u64,
+    /// `None`: the longest path through the configured upstream timeouts (see
+    /// [`Config::request_deadline`]); an explicit value may not be below it.
+    #[serde(default)]
+    pub request_deadline_ms: Option<u64>,
     pub max_header_bytes: usize,
     pub header_read_timeout_ms: u64,
     pub body_read_timeout_ms: u64,
@@ -114,6 +117,9 @@ pub struct UpstreamConfig {
     pub base_url: String,
     pub timeout_ms: u64,
     pub on_error: OnError,
+    /// Calls to this upstream in flight at once; 0 means `server.max_in_flight`.
+    /// Read it through [`Config::upstream_max_in_flight`].
+    pub max_in_flight: usize,
 }
 
 impl UpstreamConfig {
@@ -128,6 +134,7 @@ pub struct CalltrackingUpstreamConfig {
     pub base_url: String,
     pub timeout_ms: u64,
     pub on_error: OnError,
+    pub max_in_flight: usize,
     pub status_feed: StatusFeedConfig,
 }
 
@@ -137,6 +144,7 @@ impl CalltrackingUpstreamConfig {
             base_url: self.base_url.clone(),
             timeout_ms: self.timeout_ms,
             on_error: self.on_error,
+            max_in_flight: self.max_in_flight,
         }
     }
 }
@@ -237,27 +245,17 @@ impl fmt::Debug for Secret {
 }
 
 impl<'de> Deserialize<'de> for Secret {
-    /// Accepts numbers too: an all-digit token from the environment arrives as one.
+    /// Strings only: a secret read as a number would already have lost its
+    /// leading zeros. From the environment, secrets arrive verbatim as strings
+    /// ([`SECRET_KEYS`]).
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = Secret;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Secret, E> {
-                Ok(Secret(v.to_owned()))
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Secret, E> {
-                Ok(Secret(v.to_string()))
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Secret, E> {
-                Ok(Secret(v.to_string()))
-            }
-        }
-        d.deserialize_any(V)
+        String::deserialize(d).map(Secret)
     }
 }
+
+/// Keys whose environment values are taken verbatim: figment would read
+/// `0123456789` as a number (dropping the zero) and `true` as a boolean.
+const SECRET_KEYS: [&str; 2] = ["admin.token", "database.url"];
 
 /// A configuration that cannot run, naming the key at fault.
 #[derive(Debug, thiserror::Error)]
@@ -291,7 +289,7 @@ impl Config {
             }
             figment = figment.merge(Toml::file(path));
         }
-        Self::from_figment(figment.merge(Env::prefixed(ENV_PREFIX).split("__")))
+        Self::from_figment(figment.merge(environment()))
     }
 
     /// The built-in defaults with `overlay` (TOML text) merged over them.
@@ -312,132 +310,223 @@ impl Config {
         Ok(config)
     }
 
-    /// Checks what types cannot: ranges, URLs, the order list.
+    /// Checks what types cannot: every number in a range that runs (a duration
+    /// or size far out of range would overflow a clock or an allocation deep
+    /// inside a request), URLs, the order list. Each section checks its own keys.
     ///
     /// # Errors
     /// The first key whose value cannot run.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.server.max_body_bytes == 0 {
-            return Err(invalid("server.max_body_bytes", "must be above 0"));
-        }
-        if self.server.max_snapshot_bytes < self.server.max_body_bytes {
-            return Err(invalid(
-                "server.max_snapshot_bytes",
-                "must be at least server.max_body_bytes",
-            ));
-        }
-        let b = &self.breaker;
-        if b.consecutive_failures == 0 {
-            return Err(invalid("breaker.consecutive_failures", "must be above 0"));
-        }
-        if !(b.failure_ratio > 0.0 && b.failure_ratio <= 1.0) {
-            return Err(invalid("breaker.failure_ratio", "must be in (0, 1]"));
-        }
-        if b.window_s == 0 || b.open_ms == 0 {
-            return Err(invalid(
-                "breaker.window_s / breaker.open_ms",
-                "must be above 0",
-            ));
-        }
-        if self.runtime.worker_threads > 1024 {
-            return Err(invalid("runtime.worker_threads", "must be at most 1024"));
-        }
-        if !(4096..=1 << 20).contains(&self.server.max_header_bytes) {
-            return Err(invalid(
-                "server.max_header_bytes",
-                "must be in 4096..=1048576",
-            ));
-        }
-        for (key, value) in [
-            (
-                "server.header_read_timeout_ms",
-                self.server.header_read_timeout_ms,
-            ),
-            (
-                "server.body_read_timeout_ms",
-                self.server.body_read_timeout_ms,
-            ),
-        ] {
-            if !(1..=600_000).contains(&value) {
-                return Err(invalid(key, "must be in 1..=600000"));
-            }
-        }
-        if !(1..=60_000).contains(&self.server.request_deadline_ms) {
-            return Err(invalid(
+        self.server.validate()?;
+        if let Some(explicit) = self.server.request_deadline_ms {
+            let longest = self.longest_upstream_path_ms();
+            in_range(
                 "server.request_deadline_ms",
-                "must be in 1..=60000",
-            ));
+                explicit,
+                longest..=600_000,
+                " (at least the longest path through the upstream timeouts, \
+                 max(anonymous, real_phone + calltracking))",
+            )?;
         }
-        if self.server.max_in_flight == 0 {
-            return Err(invalid("server.max_in_flight", "must be above 0"));
+        self.database.validate()?;
+        self.upstreams.validate()?;
+        self.selection.validate()?;
+        self.cache.real_phone.validate("cache.real_phone")?;
+        self.cache.anonymous.validate("cache.anonymous")?;
+        self.cache.calltracking.validate("cache.calltracking")?;
+        in_range(
+            "rate_limit.per_viewer_per_minute",
+            self.rate_limit.per_viewer_per_minute,
+            0..=1_000_000,
+            "",
+        )?;
+        in_range(
+            "runtime.worker_threads",
+            self.runtime.worker_threads,
+            0..=1024,
+            "",
+        )?;
+        self.breaker.validate()
+    }
+
+    /// max(anonymous, real_phone + calltracking) of the configured timeouts: how
+    /// long a request may need when every call answers within its own timeout.
+    pub fn longest_upstream_path_ms(&self) -> u64 {
+        let u = &self.upstreams;
+        u.anonymous
+            .timeout_ms
+            .max(u.real_phone.timeout_ms + u.calltracking.timeout_ms)
+    }
+
+    /// `server.request_deadline_ms`, or by default the longest path through the
+    /// upstream timeouts, so a call answering within its own timeout is never cut.
+    pub fn request_deadline(&self) -> Duration {
+        Duration::from_millis(
+            self.server
+                .request_deadline_ms
+                .unwrap_or_else(|| self.longest_upstream_path_ms()),
+        )
+    }
+
+    /// Calls in flight allowed to one upstream: its `max_in_flight`, or
+    /// `server.max_in_flight` when that is 0 (each public request in flight makes
+    /// at most one call to each upstream).
+    pub fn upstream_max_in_flight(&self, upstream: &UpstreamConfig) -> usize {
+        match upstream.max_in_flight {
+            0 => self.server.max_in_flight,
+            n => n,
         }
-        if self.server.shutdown_pause_ms > 600_000 {
-            return Err(invalid(
-                "server.shutdown_pause_ms",
-                "must be at most 600000",
-            ));
+    }
+}
+
+/// `Ok` when `value` is in `range`, else an error naming `key` and the range.
+fn in_range<T>(
+    key: &str,
+    value: T,
+    range: std::ops::RangeInclusive<T>,
+    why: &str,
+) -> Result<(), ConfigError>
+where
+    T: PartialOrd + fmt::Display,
+{
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(invalid(
+        key,
+        format!(
+            "must be in {}..={}{why}, got {value}",
+            range.start(),
+            range.end()
+        ),
+    ))
+}
+
+/// Ten minutes: the longest any wait, pause or timeout key may be.
+const MAX_WAIT_MS: u64 = 600_000;
+
+impl ServerConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        in_range(
+            "server.max_body_bytes",
+            self.max_body_bytes,
+            1..=1 << 30,
+            "",
+        )?;
+        in_range(
+            "server.max_snapshot_bytes",
+            self.max_snapshot_bytes,
+            self.max_body_bytes..=1 << 34,
+            " (at least server.max_body_bytes)",
+        )?;
+        in_range(
+            "server.max_header_bytes",
+            self.max_header_bytes,
+            4096..=1 << 20,
+            "",
+        )?;
+        in_range(
+            "server.max_in_flight",
+            self.max_in_flight,
+            1..=1_000_000,
+            "",
+        )?;
+        in_range(
+            "server.shutdown_pause_ms",
+            self.shutdown_pause_ms,
+            0..=MAX_WAIT_MS,
+            "",
+        )?;
+        for (key, value) in [
+            ("server.drain_timeout_ms", self.drain_timeout_ms),
+            ("server.header_read_timeout_ms", self.header_read_timeout_ms),
+            ("server.body_read_timeout_ms", self.body_read_timeout_ms),
+        ] {
+            in_range(key, value, 1..=MAX_WAIT_MS, "")?;
         }
-        if !(1..=600_000).contains(&self.server.drain_timeout_ms) {
-            return Err(invalid("server.drain_timeout_ms", "must be in 1..=600000"));
-        }
-        let db = self.database.url.expose();
+        Ok(())
+    }
+}
+
+impl DatabaseConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let url = self.url.expose();
         if !["sqlite:", "postgres:", "postgresql:"]
             .iter()
-            .any(|scheme| db.starts_with(scheme))
+            .any(|scheme| url.starts_with(scheme))
         {
             return Err(invalid(
                 "database.url",
                 "must start with sqlite: or postgres:",
             ));
         }
-        if !(1..=1000).contains(&self.database.max_connections) {
-            return Err(invalid("database.max_connections", "must be in 1..=1000"));
-        }
-        if !(10..=60_000).contains(&self.database.sync_interval_ms) {
-            return Err(invalid(
-                "database.sync_interval_ms",
-                "must be in 10..=60000",
-            ));
-        }
+        in_range(
+            "database.max_connections",
+            self.max_connections,
+            1..=1000,
+            "",
+        )?;
+        in_range(
+            "database.sync_interval_ms",
+            self.sync_interval_ms,
+            10..=60_000,
+            "",
+        )
+    }
+}
+
+impl UpstreamsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
         let upstreams = [
-            ("upstreams.real_phone", self.upstreams.real_phone.clone()),
-            ("upstreams.anonymous", self.upstreams.anonymous.clone()),
-            (
-                "upstreams.calltracking",
-                self.upstreams.calltracking.as_upstream(),
-            ),
+            ("upstreams.real_phone", self.real_phone.clone()),
+            ("upstreams.anonymous", self.anonymous.clone()),
+            ("upstreams.calltracking", self.calltracking.as_upstream()),
         ];
         for (key, upstream) in upstreams {
             validate_base_url(&format!("{key}.base_url"), &upstream.base_url)?;
-            if !(1..=60_000).contains(&upstream.timeout_ms) {
-                return Err(invalid(format!("{key}.timeout_ms"), "must be in 1..=60000"));
-            }
+            in_range(
+                &format!("{key}.timeout_ms"),
+                upstream.timeout_ms,
+                1..=60_000,
+                "",
+            )?;
+            in_range(
+                &format!("{key}.max_in_flight"),
+                upstream.max_in_flight,
+                0..=1_000_000,
+                " (0: server.max_in_flight)",
+            )?;
         }
-        let feed = &self.upstreams.calltracking.status_feed;
-        if feed.interval_ms == 0 {
-            return Err(invalid(
-                "upstreams.calltracking.status_feed.interval_ms",
-                "must be above 0",
-            ));
-        }
-        if !(1..=10_000).contains(&feed.limit) {
-            return Err(invalid(
-                "upstreams.calltracking.status_feed.limit",
-                "must be in 1..=10000",
-            ));
-        }
-        if self.selection.order.is_empty() {
+        let feed = &self.calltracking.status_feed;
+        in_range(
+            "upstreams.calltracking.status_feed.interval_ms",
+            feed.interval_ms,
+            1..=3_600_000,
+            "",
+        )?;
+        in_range(
+            "upstreams.calltracking.status_feed.limit",
+            feed.limit,
+            1..=10_000,
+            "",
+        )
+    }
+}
+
+impl SelectionConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.order.is_empty() {
             return Err(invalid("selection.order", "must name at least one source"));
         }
-        for (i, source) in self.selection.order.iter().enumerate() {
-            if self.selection.order[..i].contains(source) {
+        for (i, source) in self.order.iter().enumerate() {
+            if self.order[..i].contains(source) {
                 return Err(invalid(
                     "selection.order",
                     format!("\"{}\" is listed twice", source.as_str()),
                 ));
             }
         }
-        for category in &self.selection.anonymous_categories {
+        for category in &self.anonymous_categories {
             if crate::ids::CategoryId::new(*category).is_err() {
                 return Err(invalid(
                     "selection.anonymous_categories",
@@ -445,32 +534,75 @@ impl Config {
                 ));
             }
         }
-        let caches = [
-            ("cache.real_phone", self.cache.real_phone),
-            ("cache.anonymous", self.cache.anonymous),
-            ("cache.calltracking", self.cache.calltracking),
-        ];
-        for (key, cache) in caches {
-            if cache.capacity == 0 {
-                return Err(invalid(format!("{key}.capacity"), "must be above 0"));
-            }
-            for (name, value) in [
-                ("ttl_s", cache.ttl_s),
-                ("negative_ttl_s", cache.negative_ttl_s),
-            ] {
-                if !(1..=86_400 * 7).contains(&value) {
-                    return Err(invalid(format!("{key}.{name}"), "must be in 1..=604800"));
-                }
-            }
-            if cache.max_stale_s > 86_400 * 7 {
-                return Err(invalid(
-                    format!("{key}.max_stale_s"),
-                    "must be at most 604800",
-                ));
-            }
-        }
         Ok(())
     }
+}
+
+/// A week: the longest TTL or stale window.
+const MAX_TTL_S: u64 = 7 * 86_400;
+
+impl CacheConfig {
+    fn validate(&self, section: &str) -> Result<(), ConfigError> {
+        // 10^8 entries is about 5.6 GB at the measured 56 B an entry.
+        in_range(
+            &format!("{section}.capacity"),
+            self.capacity,
+            1..=100_000_000,
+            "",
+        )?;
+        in_range(&format!("{section}.ttl_s"), self.ttl_s, 1..=MAX_TTL_S, "")?;
+        in_range(
+            &format!("{section}.negative_ttl_s"),
+            self.negative_ttl_s,
+            1..=MAX_TTL_S,
+            "",
+        )?;
+        in_range(
+            &format!("{section}.max_stale_s"),
+            self.max_stale_s,
+            0..=MAX_TTL_S,
+            "",
+        )
+    }
+}
+
+impl BreakerConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        in_range(
+            "breaker.consecutive_failures",
+            self.consecutive_failures,
+            1..=1_000_000,
+            "",
+        )?;
+        if !(self.failure_ratio > 0.0 && self.failure_ratio <= 1.0) {
+            return Err(invalid("breaker.failure_ratio", "must be in (0, 1]"));
+        }
+        in_range("breaker.min_calls", self.min_calls, 1..=1_000_000, "")?;
+        in_range("breaker.window_s", self.window_s, 1..=3600, "")?;
+        in_range("breaker.open_ms", self.open_ms, 1..=3_600_000, "")
+    }
+}
+
+/// `PHONES_GATEWAY__` variables, parsed as figment does (numbers, booleans,
+/// lists), except the [`SECRET_KEYS`], which are taken as the exact strings given.
+fn environment() -> Figment {
+    let mut env = Figment::from(Env::prefixed(ENV_PREFIX).split("__").ignore(&SECRET_KEYS));
+    for (name, value) in std::env::vars() {
+        let Some(rest) = strip_prefix_ignore_case(&name, ENV_PREFIX) else {
+            continue;
+        };
+        let key = rest.replace("__", ".").to_ascii_lowercase();
+        if SECRET_KEYS.contains(&key.as_str()) {
+            env = env.merge(figment::providers::Serialized::default(&key, value));
+        }
+    }
+    env
+}
+
+fn strip_prefix_ignore_case<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = text.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &text[prefix.len()..])
 }
 
 fn validate_base_url(key: &str, url: &str) -> Result<(), ConfigError> {
@@ -560,6 +692,136 @@ mod tests {
             assert_eq!(format!("{:?}", c.admin.token), "\"<redacted>\"");
             Ok(())
         });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, not ours
+    fn secrets_from_the_environment_are_taken_verbatim() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("PHONES_GATEWAY__ADMIN__TOKEN", "0123456789");
+            jail.set_env(
+                "PHONES_GATEWAY__DATABASE__URL",
+                "postgres://gw:007@db/gw?sslmode=disable",
+            );
+            let c = Config::load(None).expect("loads");
+            assert_eq!(c.admin.token.expose(), "0123456789");
+            assert_eq!(
+                c.database.url.expose(),
+                "postgres://gw:007@db/gw?sslmode=disable"
+            );
+            for verbatim in ["true", "[1, 2]", "1e3", "  spaced  "] {
+                jail.set_env("PHONES_GATEWAY__ADMIN__TOKEN", verbatim);
+                let c = Config::load(None).expect("loads");
+                assert_eq!(c.admin.token.expose(), verbatim);
+            }
+            // Other keys are still parsed as figment does.
+            jail.set_env("PHONES_GATEWAY__SERVER__MAX_IN_FLIGHT", "0128");
+            assert_eq!(Config::load(None).expect("loads").server.max_in_flight, 128);
+            // The largest u64 (only the environment can say it): refused, named.
+            jail.set_env("PHONES_GATEWAY__BREAKER__WINDOW_S", "18446744073709551615");
+            let e = Config::load(None).expect_err("refused").to_string();
+            assert!(e.contains("breaker.window_s"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_request_deadline_defaults_to_the_longest_upstream_path() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.request_deadline(), Duration::from_millis(600));
+        let c = Config::from_toml("[upstreams.anonymous]\ntimeout_ms = 800").unwrap();
+        assert_eq!(c.request_deadline(), Duration::from_millis(800));
+        let c = Config::from_toml(
+            "[upstreams.real_phone]\ntimeout_ms = 250\n[upstreams.calltracking]\ntimeout_ms = 400",
+        )
+        .unwrap();
+        assert_eq!(c.request_deadline(), Duration::from_millis(650));
+        let c = Config::from_toml("[server]\nrequest_deadline_ms = 900").unwrap();
+        assert_eq!(c.request_deadline(), Duration::from_millis(900));
+        // Below the longest path: refused, naming the key.
+        let e = error_of("[server]\nrequest_deadline_ms = 500");
+        assert!(e.contains("server.request_deadline_ms"), "{e}");
+        let e = error_of(
+            "[server]\nrequest_deadline_ms = 700\n[upstreams.anonymous]\ntimeout_ms = 800",
+        );
+        assert!(e.contains("server.request_deadline_ms"), "{e}");
+    }
+
+    #[test]
+    fn every_duration_and_size_is_bounded() {
+        for (toml, key) in [
+            (
+                "[breaker]\nwindow_s = 9223372036854775807",
+                "breaker.window_s",
+            ),
+            (
+                "[breaker]\nopen_ms = 9223372036854775807",
+                "breaker.open_ms",
+            ),
+            ("[breaker]\nmin_calls = 0", "breaker.min_calls"),
+            (
+                "[breaker]\nconsecutive_failures = 0",
+                "breaker.consecutive_failures",
+            ),
+            (
+                "[server]\nmax_body_bytes = 9223372036854775807",
+                "server.max_body_bytes",
+            ),
+            (
+                "[server]\nmax_snapshot_bytes = 9223372036854775807",
+                "server.max_snapshot_bytes",
+            ),
+            (
+                "[server]\nmax_in_flight = 9223372036854775807",
+                "server.max_in_flight",
+            ),
+            (
+                "[server]\nshutdown_pause_ms = 9223372036854775807",
+                "server.shutdown_pause_ms",
+            ),
+            ("[server]\ndrain_timeout_ms = 0", "server.drain_timeout_ms"),
+            (
+                "[server]\nrequest_deadline_ms = 9223372036854775807",
+                "server.request_deadline_ms",
+            ),
+            (
+                "[cache.real_phone]\ncapacity = 9223372036854775807",
+                "cache.real_phone.capacity",
+            ),
+            (
+                "[cache.calltracking]\nmax_stale_s = 9223372036854775807",
+                "cache.calltracking.max_stale_s",
+            ),
+            ("[cache.anonymous]\nttl_s = 0", "cache.anonymous.ttl_s"),
+            (
+                "[upstreams.real_phone]\nmax_in_flight = 9223372036854775807",
+                "upstreams.real_phone.max_in_flight",
+            ),
+            (
+                "[upstreams.calltracking.status_feed]\ninterval_ms = 9223372036854775807",
+                "upstreams.calltracking.status_feed.interval_ms",
+            ),
+            (
+                "[rate_limit]\nper_viewer_per_minute = 4294967295",
+                "rate_limit.per_viewer_per_minute",
+            ),
+            (
+                "[database]\nsync_interval_ms = 9223372036854775807",
+                "database.sync_interval_ms",
+            ),
+        ] {
+            let e = error_of(toml);
+            assert!(e.contains(key), "{toml}: {e}");
+        }
+    }
+
+    #[test]
+    fn upstream_concurrency_defaults_to_the_public_bound() {
+        let c = Config::from_toml("[server]\nmax_in_flight = 64").unwrap();
+        assert_eq!(c.upstream_max_in_flight(&c.upstreams.real_phone), 64);
+        let c = Config::from_toml("[upstreams.anonymous]\nmax_in_flight = 7").unwrap();
+        assert_eq!(c.upstream_max_in_flight(&c.upstreams.anonymous), 7);
+        assert_eq!(c.upstream_max_in_flight(&c.upstreams.real_phone), 4096);
     }
 
     #[test]
