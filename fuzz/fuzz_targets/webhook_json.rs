@@ -23,7 +23,7 @@ fuzz_target!(|data: &[u8]| {
         .take(3)
         .map(|i| (i.user_id, i.version / 2))
         .collect();
-    let (counts, rows) = plan_changes(&body.items, &stored);
+    let (counts, rows) = plan_changes(&body.items, &stored, 0);
     assert_eq!(counts.applied + counts.ignored, body.items.len() as u64);
     assert!(rows.len() as u64 <= counts.applied);
 });

@@ -9,9 +9,9 @@ pub mod sync;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-pub use set::{Applied, MAX_VERSION, Status, StatusSet, plan_changes};
+pub use set::{Applied, MAX_VERSION, Status, StatusSet, Tracking, plan_changes};
 
-use crate::store::{CHANGES_PAGE, SnapshotLoad, Store, StoreError, Watermark};
+use crate::store::{CHANGES_PAGE, FLOOR_USER, SnapshotLoad, Store, StoreError, Watermark};
 use crate::upstream::StatusItem;
 
 /// Owns the status set's consistency with the store.
@@ -35,8 +35,6 @@ struct Inner {
     /// The change-log position applied to memory; the mutex makes catch-ups
     /// run one at a time so rows are applied in order.
     watermark: tokio::sync::Mutex<Watermark>,
-    /// Set once the first catch-up (the load) finished; `/readyz` waits for it.
-    loaded: AtomicBool,
     /// Unix time (ms) of the last successful catch-up, for the sync-lag gauge.
     last_sync_ms: AtomicI64,
     /// Whether this replica currently polls the status feed.
@@ -51,7 +49,6 @@ impl StatusService {
                 store,
                 writer: tokio::sync::Mutex::new(()),
                 watermark: tokio::sync::Mutex::new((0, 0)),
-                loaded: AtomicBool::new(false),
                 last_sync_ms: AtomicI64::new(0),
                 feed_leader: AtomicBool::new(false),
             }),
@@ -67,8 +64,10 @@ impl StatusService {
         &self.inner.store
     }
 
+    /// Whether the first catch-up (the load) finished; `/readyz` and the
+    /// request path wait for it.
     pub fn is_loaded(&self) -> bool {
-        self.inner.loaded.load(Ordering::Acquire)
+        self.inner.set.is_loaded()
     }
 
     pub fn is_feed_leader(&self) -> bool {
@@ -96,7 +95,7 @@ impl StatusService {
     /// The store could not be read; nothing is marked loaded.
     pub async fn load(&self) -> Result<usize, StoreError> {
         let count = self.catch_up().await?;
-        self.inner.loaded.store(true, Ordering::Release);
+        self.inner.set.mark_loaded();
         Ok(count)
     }
 
@@ -114,7 +113,11 @@ impl StatusService {
                 .changes_after(*watermark, CHANGES_PAGE)
                 .await?;
             for row in &rows {
-                self.inner.set.put(row.user_id, row.status);
+                if row.user_id == FLOOR_USER {
+                    self.inner.set.put_floor(row.status.version);
+                } else {
+                    self.inner.set.put(row.user_id, row.status);
+                }
             }
             total += rows.len();
             if let Some(last) = rows.last() {

@@ -6,8 +6,14 @@
 //! whole copy-on-write set. The benches/status_set.rs table backs the choice.
 //! Writers must be serialised by the caller (`StatusService` does); each user's
 //! transition is then atomic, while a snapshot becomes visible user by user.
+//!
+//! Two facts beside the map: the *floor*, the version of the last snapshot, which
+//! every user the map does not hold has (disabled: a snapshot speaks for every
+//! user, listed or not); and whether the set was *loaded* at all. Before it is,
+//! nothing is known of anyone ([`Tracking::Unknown`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use foldhash::fast::RandomState;
 
@@ -46,6 +52,19 @@ pub const MAX_VERSION: u64 = i64::MAX as u64;
 
 pub struct StatusSet {
     map: papaya::HashMap<u64, u64, RandomState>,
+    /// The version of every user the map does not hold (disabled).
+    floor: AtomicU64,
+    /// Set once the stored set was read into the map.
+    loaded: AtomicBool,
+}
+
+/// What this replica knows of a seller's call tracking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tracking {
+    On,
+    Off,
+    /// The set is not loaded yet: the seller may have call tracking on.
+    Unknown,
 }
 
 impl Default for StatusSet {
@@ -54,12 +73,26 @@ impl Default for StatusSet {
             map: papaya::HashMap::builder()
                 .hasher(RandomState::default())
                 .build(),
+            floor: AtomicU64::new(0),
+            loaded: AtomicBool::new(false),
         }
     }
 }
 
 impl StatusSet {
-    /// The hot-path question: is call tracking on for this seller?
+    /// The hot-path question: is call tracking on for this seller, and is that known?
+    pub fn tracking(&self, user: UserId) -> Tracking {
+        if !self.loaded.load(Ordering::Acquire) {
+            return Tracking::Unknown;
+        }
+        if self.is_enabled(user) {
+            Tracking::On
+        } else {
+            Tracking::Off
+        }
+    }
+
+    /// Whether the map has call tracking on for this seller (loaded or not).
     pub fn is_enabled(&self, user: UserId) -> bool {
         self.map.pin().get(&user.get()).is_some_and(|p| p & 1 == 1)
     }
@@ -68,10 +101,29 @@ impl StatusSet {
         self.map.pin().get(&user.get()).map_or(
             Status {
                 enabled: false,
-                version: 0,
+                version: self.floor(),
             },
             |p| Status::unpack(*p),
         )
+    }
+
+    /// The last snapshot's version: what an unlisted, never-changed user has.
+    pub fn floor(&self) -> u64 {
+        self.floor.load(Ordering::Acquire)
+    }
+
+    /// Sets the floor as stored (catch-up from the store).
+    pub fn put_floor(&self, version: u64) {
+        self.floor.store(version, Ordering::Release);
+    }
+
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
+    }
+
+    /// The stored set is in memory: from now on an absent user is known to be off.
+    pub fn mark_loaded(&self) {
+        self.loaded.store(true, Ordering::Release);
     }
 
     /// Users with any stored status (enabled or not).
@@ -98,7 +150,7 @@ impl StatusSet {
                     .map(|p| (i.user_id, Status::unpack(*p).version))
             })
             .collect();
-        let (counts, rows) = plan_changes(items, &stored);
+        let (counts, rows) = plan_changes(items, &stored, self.floor());
         for row in rows {
             map.insert(
                 row.user_id,
@@ -120,9 +172,11 @@ impl StatusSet {
 
 /// Which items of a delivery apply, given the stored versions, taking items in
 /// order as if each were its own delivery; and the final row of each changed user.
+/// A user with no stored version has the `floor` (the last snapshot's version).
 pub fn plan_changes(
     items: &[StatusItem],
     stored: &HashMap<u64, u64>,
+    floor: u64,
 ) -> (Applied, Vec<StatusItem>) {
     let mut latest: HashMap<u64, StatusItem> = HashMap::new();
     let mut counts = Applied::default();
@@ -131,7 +185,7 @@ pub fn plan_changes(
             .get(&item.user_id)
             .map(|i| i.version)
             .or_else(|| stored.get(&item.user_id).copied())
-            .unwrap_or(0);
+            .unwrap_or(floor);
         if item.version > current {
             latest.insert(item.user_id, *item);
             counts.applied += 1;
@@ -206,7 +260,7 @@ mod tests {
             item(3, false, 1),
             item(2, false, 2),
         ];
-        let (counts, rows) = plan_changes(&items, &stored);
+        let (counts, rows) = plan_changes(&items, &stored, 0);
         assert_eq!(
             counts,
             Applied {
@@ -218,6 +272,40 @@ mod tests {
             rows,
             [item(1, false, 11), item(2, true, 4), item(3, true, 1)]
         );
+    }
+
+    #[test]
+    fn an_unseen_user_has_the_floor() {
+        let set = StatusSet::default();
+        set.put_floor(100);
+        assert_eq!(
+            set.get(user(7)),
+            Status {
+                enabled: false,
+                version: 100
+            }
+        );
+        let got = set.apply_changes(&[item(7, true, 50), item(7, true, 100), item(8, true, 101)]);
+        assert_eq!(
+            got,
+            Applied {
+                applied: 1,
+                ignored: 2
+            }
+        );
+        assert!(!set.is_enabled(user(7)));
+        assert!(set.is_enabled(user(8)));
+    }
+
+    #[test]
+    fn tracking_is_unknown_until_loaded() {
+        let set = StatusSet::default();
+        set.apply_changes(&[item(1, true, 1)]);
+        assert_eq!(set.tracking(user(1)), Tracking::Unknown);
+        assert_eq!(set.tracking(user(2)), Tracking::Unknown);
+        set.mark_loaded();
+        assert_eq!(set.tracking(user(1)), Tracking::On);
+        assert_eq!(set.tracking(user(2)), Tracking::Off);
     }
 
     #[test]

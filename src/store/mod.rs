@@ -12,6 +12,7 @@
 mod postgres;
 mod sqlite;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::status::{Applied, Status};
@@ -26,6 +27,13 @@ pub fn postgres_channel() -> &'static str {
 
 /// Rows read per catch-up query.
 pub const CHANGES_PAGE: i64 = 50_000;
+
+/// The row that holds the snapshot floor (migration 0002): user ids start at 1,
+/// so user 0 is free. Its version is the last snapshot's; every user without a
+/// row of their own has that version, disabled. A snapshot moves it like any
+/// other row at or below its version; deltas read it as the version of users
+/// without a row; catch-up hands it over with the other rows, in change order.
+pub const FLOOR_USER: u64 = 0;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -230,12 +238,21 @@ async fn timed<T>(operation: &'static str, f: impl Future<Output = T>) -> T {
     out
 }
 
-/// Distinct users of a delivery.
+/// Distinct users of a delivery, and the floor row: the stored versions a
+/// delivery is planned against.
 fn users_of(items: &[StatusItem]) -> Vec<u64> {
     let mut users: Vec<u64> = items.iter().map(|i| i.user_id).collect();
+    users.push(FLOOR_USER);
     users.sort_unstable();
     users.dedup();
     users
+}
+
+/// Plans a delivery against the stored versions read with [`users_of`] (the
+/// floor row among them).
+fn plan(items: &[StatusItem], mut stored: HashMap<u64, u64>) -> (Applied, Vec<StatusItem>) {
+    let floor = stored.remove(&FLOOR_USER).unwrap_or(0);
+    crate::status::plan_changes(items, &stored, floor)
 }
 
 /// Versions and ids are at most `i64::MAX` (validated at the edge); stored signed.

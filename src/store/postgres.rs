@@ -10,8 +10,8 @@ use std::str::FromStr;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Row as _};
 
-use super::{Row, RowTuple, StoreError, Watermark, signed, unsigned, users_of};
-use crate::status::{Applied, plan_changes};
+use super::{Row, RowTuple, StoreError, Watermark, plan, signed, unsigned, users_of};
+use crate::status::Applied;
 use crate::upstream::StatusItem;
 
 /// The notification channel of status changes.
@@ -82,7 +82,7 @@ pub async fn apply_changes(
             .into_iter()
             .map(|row| (unsigned(row.get(0)), unsigned(row.get(1))))
             .collect();
-    let (counts, rows) = plan_changes(items, &stored);
+    let (counts, rows) = plan(items, stored);
     if !rows.is_empty() {
         let ids: Vec<i64> = rows.iter().map(|r| signed(r.user_id)).collect();
         let enabled: Vec<bool> = rows.iter().map(|r| r.enabled).collect();

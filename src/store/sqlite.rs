@@ -8,8 +8,10 @@ use std::str::FromStr;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row as _, Sqlite, SqlitePool};
 
-use super::{ACQUIRE_TIMEOUT, Row, RowTuple, StoreError, Watermark, signed, unsigned, users_of};
-use crate::status::{Applied, plan_changes};
+use super::{
+    ACQUIRE_TIMEOUT, Row, RowTuple, StoreError, Watermark, plan, signed, unsigned, users_of,
+};
+use crate::status::Applied;
 use crate::upstream::StatusItem;
 
 /// Bound parameters per statement, under SQLite's limit of 32,766.
@@ -61,7 +63,7 @@ pub async fn apply_changes(
             stored.insert(unsigned(row.get(0)), unsigned(row.get(1)));
         }
     }
-    let (counts, rows) = plan_changes(items, &stored);
+    let (counts, rows) = plan(items, stored);
     if !rows.is_empty() {
         let seq = next_seq(&mut tx).await?;
         // Four parameters per row.
