@@ -257,6 +257,20 @@ where
         fresh.then(|| Phone::from_u64(entry.phone))
     }
 
+    /// An answer usable when the upstream has failed (stale-if-error): fresh, or
+    /// expired less than `max_stale` ago (never an expired "no number" where
+    /// `stale_negatives` is off). Counted as `stale_served` when there is one.
+    pub fn get_stale(&self, key: &K, user: UserId) -> Option<Option<Phone>> {
+        let inner = &*self.inner;
+        let entry = inner
+            .entries
+            .get(key)
+            .filter(|e| e.generation == inner.generations.current(user))
+            .filter(|e| inner.stale_usable(e))?;
+        inner.lookups.record(Via::Stale);
+        Some(Phone::from_u64(entry.phone))
+    }
+
     /// The cached answer if fresh; otherwise the result of `fetch`, shared with every
     /// concurrent caller of the same key, falling back to a stale entry if it fails.
     ///
@@ -326,16 +340,19 @@ where
             return (shared.clone(), Via::Coalesced);
         }
         let upstream_call = fetch();
-        let inner = Arc::clone(&self.inner);
+        let registered = Registered {
+            inner: Arc::clone(&self.inner),
+            key: (key, generation),
+        };
         // The task takes the inflight lock to remove itself, and we hold it until
         // the entry is inserted below, so it can never remove before we insert.
         // The fetch logs under the span of the request that started it.
         let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
             let result = upstream_call.await;
             if let Ok(phone) = &result {
-                inner.store(key, user, generation, *phone);
+                registered.inner.store(key, user, generation, *phone);
             }
-            inner.lock_inflight().remove(&(key, generation));
+            drop(registered);
             result
         }));
         let shared = async move { task.await.unwrap_or(Err(UpstreamError::Internal)) }
@@ -349,6 +366,21 @@ where
     pub fn insert(&self, key: K, user: UserId, phone: Option<Phone>) {
         let generation = self.inner.generations.current(user);
         self.inner.store(key, user, generation, phone);
+    }
+}
+
+/// A fetch's place in the in-flight registry, given up however the fetch ends:
+/// answered, or its task panicked or was dropped. Otherwise every later request
+/// for the key would join the dead fetch and fail until the key's seller was
+/// invalidated.
+struct Registered<K: Copy + Eq + Hash> {
+    inner: Arc<Inner<K>>,
+    key: (K, u32),
+}
+
+impl<K: Copy + Eq + Hash> Drop for Registered<K> {
+    fn drop(&mut self) {
+        self.inner.lock_inflight().remove(&self.key);
     }
 }
 
@@ -512,6 +544,43 @@ mod tests {
                 via: Via::Stale
             }
         );
+    }
+
+    #[tokio::test]
+    async fn a_panicking_fetch_fails_its_callers_and_does_not_wedge_the_key() {
+        let c = cache(true);
+        let got = c
+            .get_or_fetch(1, user(1), || async {
+                panic!("a bug inside the fetch");
+            })
+            .await;
+        assert_eq!(got.answer, Answer::Failed(UpstreamError::Internal));
+        // The next request starts a fetch of its own instead of joining the dead one.
+        let p = phone("+79161234567");
+        let got = c
+            .get_or_fetch(1, user(1), || async move { Ok(Some(p)) })
+            .await;
+        assert_eq!(
+            got,
+            Lookup {
+                answer: Answer::Found(p),
+                via: Via::Miss
+            }
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn get_stale_serves_within_max_stale_only() {
+        let c = cache(false);
+        let p = phone("+79161234567");
+        c.insert(1, user(1), Some(p));
+        c.insert(2, user(2), None);
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert_eq!(c.get_stale(&1, user(1)), Some(Some(p)));
+        // The anonymous rule: an expired "no number" is never served.
+        assert_eq!(c.get_stale(&2, user(2)), None);
+        tokio::time::advance(Duration::from_secs(41)).await;
+        assert_eq!(c.get_stale(&1, user(1)), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -23,7 +23,7 @@ use crate::cache::{Answer, Clock, Generations, Lookup, PhoneCache, Ttls};
 use crate::config::{CacheConfig, Config, Source};
 use crate::ids::{AdId, CategoryId, UserId};
 use crate::phone::Phone;
-use crate::status::StatusSet;
+use crate::status::{StatusSet, Tracking};
 use crate::upstream::Upstreams;
 use rules::{Decision, Rules, SourceState, States};
 
@@ -181,7 +181,7 @@ impl Resolver {
             caches,
             status,
             counters: Counters::new(),
-            deadline: std::time::Duration::from_millis(config.server.request_deadline_ms),
+            deadline: config.request_deadline(),
         }
     }
 
@@ -260,8 +260,12 @@ impl Resolver {
         let order = &self.rules.order;
         let anonymous_applies = order.contains(&Source::Anonymous)
             && self.anonymous_categories.contains(&req.category.get());
-        let calltracking_applies =
-            order.contains(&Source::Calltracking) && self.status.is_enabled(req.user);
+        let tracking = if order.contains(&Source::Calltracking) {
+            self.status.tracking(req.user)
+        } else {
+            Tracking::Off
+        };
+        let calltracking_applies = tracking == Tracking::On;
         let real_in_order = order.contains(&Source::Real);
         let real_needed = real_in_order || calltracking_applies;
         let user = req.user;
@@ -286,15 +290,18 @@ impl Resolver {
             } else {
                 SourceState::NotApplicable
             },
-            calltracking: match (calltracking_applies, real_known) {
-                (false, _) => SourceState::NotApplicable,
-                (true, Some(Some(real))) => known(self.caches.calltracking.get_fresh_at(
+            calltracking: match (tracking, real_known) {
+                // Until the status set is loaded, the seller may have call
+                // tracking on: nothing below it may be shown (SPEC 7).
+                (Tracking::Unknown, _) => SourceState::Unknown,
+                (Tracking::Off, _) => SourceState::NotApplicable,
+                (Tracking::On, Some(Some(real))) => known(self.caches.calltracking.get_fresh_at(
                     &(user.get(), real.to_u64()),
                     user,
                     now,
                 )),
-                (true, Some(None)) => SourceState::NotFound,
-                (true, None) => SourceState::Pending,
+                (Tracking::On, Some(None)) => SourceState::NotFound,
+                (Tracking::On, None) => SourceState::Pending,
             },
         };
         match self.finish(&states) {
@@ -319,6 +326,9 @@ impl Resolver {
             real_needed,
         } = plan;
         let user = req.user;
+        // The real number once known (given, cached or answered): call tracking
+        // maps it, also to a stale value at the deadline.
+        let mut real_phone = real_known.flatten();
         let mut anonymous: Option<LookupFuture<'_>> =
             (states.anonymous == SourceState::Pending).then(|| self.lookup_anonymous(req));
         let mut real: Option<LookupFuture<'_>> =
@@ -334,14 +344,10 @@ impl Resolver {
         loop {
             tokio::select! {
                 () = &mut deadline => {
-                    // Whatever has not answered by the deadline has failed; the
-                    // rules decide with that (fail-closed sources answer 503).
-                    for state in [&mut states.anonymous, &mut states.calltracking, &mut states.real] {
-                        if *state == SourceState::Pending {
-                            *state = SourceState::Failed;
-                        }
-                    }
                     tracing::debug!(user_id = %req.user, ad_id = %req.ad, "request deadline reached");
+                    self.at_deadline(req, &mut states, real_phone);
+                    // Every state is settled now, so the rules decide below.
+                    (anonymous, real, calltracking) = (None, None, None);
                 }
                 lookup = poll_some(&mut anonymous), if anonymous.is_some() => {
                     anonymous = None;
@@ -352,6 +358,9 @@ impl Resolver {
                     let state = state_of(&lookup.answer);
                     if real_in_order {
                         states.real = state;
+                    }
+                    if let SourceState::Found(phone) = state {
+                        real_phone = Some(phone);
                     }
                     if calltracking_applies {
                         match state {
@@ -376,6 +385,42 @@ impl Resolver {
             if let Some(done) = self.finish(&states) {
                 return done;
             }
+        }
+    }
+
+    /// At the request deadline whatever is still pending has failed, and a failed
+    /// source with a usable stale value serves it (stale-if-error, SPEC 4 and 6),
+    /// exactly as when its upstream call fails: the rules then decide.
+    fn at_deadline(&self, req: &Request, states: &mut States, mut real_phone: Option<Phone>) {
+        let user = req.user;
+        let ad_key = (user.get(), req.ad.get());
+        if states.anonymous == SourceState::Pending {
+            states.anonymous = stale_or_failed(self.caches.anonymous.get_stale(&ad_key, user));
+        }
+        let calltracking_waits_for_real =
+            states.calltracking == SourceState::Pending && real_phone.is_none();
+        if states.real == SourceState::Pending || calltracking_waits_for_real {
+            let stale = self.caches.real_phone.get_stale(&ad_key, user);
+            if let Some(phone) = stale.flatten() {
+                real_phone = Some(phone);
+            }
+            if states.real == SourceState::Pending {
+                states.real = stale_or_failed(stale);
+            }
+            if calltracking_waits_for_real && stale == Some(None) {
+                // A seller with no phone has no call-tracking number either.
+                states.calltracking = SourceState::NotFound;
+            }
+        }
+        if states.calltracking == SourceState::Pending {
+            states.calltracking = match real_phone {
+                Some(phone) => stale_or_failed(
+                    self.caches
+                        .calltracking
+                        .get_stale(&(user.get(), phone.to_u64()), user),
+                ),
+                None => SourceState::Failed,
+            };
         }
     }
 
@@ -442,6 +487,14 @@ fn known(fresh: Option<Option<Phone>>) -> SourceState {
         Some(Some(phone)) => SourceState::Found(phone),
         Some(None) => SourceState::NotFound,
         None => SourceState::Pending,
+    }
+}
+
+/// A stale cache answer as a source state; none usable means the source failed.
+fn stale_or_failed(stale: Option<Option<Phone>>) -> SourceState {
+    match known(stale) {
+        SourceState::Pending => SourceState::Failed,
+        state => state,
     }
 }
 

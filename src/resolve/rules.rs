@@ -3,8 +3,11 @@
 //!
 //! Sources are walked in the configured order. A source that does not apply, or
 //! answered "no number", is skipped. One still pending stops the walk (`Wait`):
-//! nothing below it may be revealed before it has answered. A failed source either
-//! ends the walk with `Unavailable` (fail_closed) or is skipped (fall_through).
+//! nothing below it may be revealed before it has answered. A source whose
+//! applicability is not known yet (call tracking while the status set loads) is
+//! pending for good: nothing will tell during this request, so the walk ends there
+//! with `Unavailable`, whatever its policy. A failed source either ends the walk
+//! with `Unavailable` (fail_closed) or is skipped (fall_through).
 //! With no source left: `Unavailable` if any applicable source failed (we cannot
 //! tell the seller has no number), else `NoPhone`.
 
@@ -15,6 +18,8 @@ use crate::phone::Phone;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceState {
     NotApplicable,
+    /// Whether it applies is not known yet, and will not be during this request.
+    Unknown,
     Pending,
     Found(Phone),
     NotFound,
@@ -75,6 +80,7 @@ impl Rules {
             match states.of(source) {
                 SourceState::NotApplicable | SourceState::NotFound => {}
                 SourceState::Pending => return Decision::Wait,
+                SourceState::Unknown => return Decision::Unavailable { fail_closed: None },
                 SourceState::Found(phone) => return Decision::Answer(source, phone),
                 SourceState::Failed => match self.policy(source) {
                     OnError::FailClosed => {
@@ -145,6 +151,12 @@ mod tests {
             ((NotFound,        Failed,           NotFound),        unavailable),
             ((NotApplicable,   Failed,           Failed),          unavailable),
             ((NotApplicable,   NotApplicable,    Failed),          unavailable),
+            // call tracking unknown (status set loading): blocks what is below it
+            ((Found(p(A)),     Unknown,          Found(p(R))),     Decision::Answer(Anonymous, p(A))),
+            ((Pending,         Unknown,          Found(p(R))),     Decision::Wait),
+            ((NotFound,        Unknown,          Found(p(R))),     unavailable),
+            ((NotApplicable,   Unknown,          Found(p(R))),     unavailable),
+            ((NotApplicable,   Unknown,          Pending),         unavailable),
         ];
         let rules = rules();
         for ((anonymous, calltracking, real), want) in table {
