@@ -63,7 +63,7 @@ fn fixture() -> Fixture {
     // As the app: the Prometheus recorder first, so metrics cost what they do live.
     let _ = phones_gateway::telemetry::metrics_handle();
     let config = Config::from_toml("").unwrap();
-    let upstreams = Arc::new(Upstreams::new(&config.upstreams, config.breaker).unwrap());
+    let upstreams = Arc::new(Upstreams::new(&config).unwrap());
     let caches = Caches::new(&config);
     let status = Arc::new(StatusSet::default());
     status.apply_changes(&[StatusItem {

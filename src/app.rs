@@ -57,10 +57,7 @@ impl App {
         )
         .await
         .context("opening database.url")?;
-        let upstreams = Arc::new(
-            Upstreams::new(&config.upstreams, config.breaker)
-                .context("building the HTTP client")?,
-        );
+        let upstreams = Arc::new(Upstreams::new(&config).context("building the HTTP client")?);
         let caches = Caches::new(&config);
         let status = StatusService::new(store);
         let resolver = Arc::new(Resolver::new(

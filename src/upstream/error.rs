@@ -20,6 +20,9 @@ pub enum UpstreamError {
     /// The circuit breaker is open: the upstream was not called.
     #[error("circuit open")]
     CircuitOpen,
+    /// `max_in_flight` calls to this upstream are under way: it was not called.
+    #[error("too many calls in flight")]
+    Saturated,
     /// The fetch task itself died (a bug); treated as any other failure.
     #[error("fetch task failed")]
     Internal,
@@ -34,6 +37,7 @@ impl UpstreamError {
             UpstreamError::Status(_) => "status",
             UpstreamError::Decode(_) => "decode",
             UpstreamError::CircuitOpen => "circuit_open",
+            UpstreamError::Saturated => "saturated",
             UpstreamError::Internal => "internal",
         }
     }

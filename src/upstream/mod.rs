@@ -4,10 +4,18 @@
 //! together) and every answer is validated: the status the contract allows, a JSON
 //! body of the right shape, a phone that normalises. Anything else is an
 //! [`UpstreamError`]. Nothing here caches or decides; see `resolve`.
+//!
+//! Calls in flight are bounded per upstream (`upstreams.<name>.max_in_flight`):
+//! a fetch outlives the request that started it (the cache runs it in its own
+//! task, to its timeout), so clients that send and reset at once would otherwise
+//! drive the upstream's concurrency at the raw request rate, past anything
+//! `server.max_in_flight` admits. A call over the bound is not made: it fails at
+//! once as [`UpstreamError::Saturated`], and the source's `on_error` applies.
 
 mod breaker;
 mod error;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -16,7 +24,7 @@ use tracing::Instrument;
 
 pub use error::{UpstreamError, UpstreamName};
 
-use crate::config::{BreakerConfig, UpstreamConfig, UpstreamsConfig};
+use crate::config::{BreakerConfig, Config, UpstreamConfig};
 use crate::ids::{AdId, UserId};
 use crate::phone::Phone;
 use breaker::Breaker;
@@ -31,22 +39,50 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
 /// second at tens of milliseconds each.
 const POOL_MAX_IDLE_PER_HOST: usize = 512;
 
-/// One upstream's address and time limit.
+/// One upstream's address and limits.
 struct Endpoint {
     name: UpstreamName,
     base: String,
     timeout: Duration,
     breaker: Breaker,
+    /// Calls under way, and the most allowed at once.
+    in_flight: AtomicUsize,
+    max_in_flight: usize,
 }
 
 impl Endpoint {
-    fn new(name: UpstreamName, config: &UpstreamConfig, breaker: BreakerConfig) -> Self {
+    fn new(
+        name: UpstreamName,
+        config: &UpstreamConfig,
+        breaker: BreakerConfig,
+        max_in_flight: usize,
+    ) -> Self {
         Endpoint {
             name,
             base: config.base_url.trim_end_matches('/').to_owned(),
             timeout: config.timeout(),
             breaker: Breaker::new(name.as_str(), breaker),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight,
         }
+    }
+
+    /// A place among this upstream's calls in flight, or `None` when all are taken.
+    fn slot(&self) -> Option<Slot<'_>> {
+        // Taken before it is checked, so two calls racing for the last place
+        // cannot both have it; the loser gives it back.
+        let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let slot = Slot(&self.in_flight);
+        (before < self.max_in_flight).then_some(slot)
+    }
+}
+
+/// A call in flight; dropping it (answered, timed out or cancelled) frees its place.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -89,21 +125,25 @@ pub struct StatusPage {
 impl Upstreams {
     /// # Errors
     /// The HTTP client could not be built (no TLS backend or resolver).
-    pub fn new(config: &UpstreamsConfig, breaker: BreakerConfig) -> Result<Self, reqwest::Error> {
+    pub fn new(config: &Config) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
             .tcp_nodelay(true)
             .user_agent(concat!("phones-gateway/", env!("CARGO_PKG_VERSION")))
             .build()?;
+        let endpoint = |name, upstream: &UpstreamConfig| {
+            let max_in_flight = config.upstream_max_in_flight(upstream);
+            Endpoint::new(name, upstream, config.breaker, max_in_flight)
+        };
+        let upstreams = &config.upstreams;
         Ok(Upstreams {
             http,
-            real_phone: Endpoint::new(UpstreamName::RealPhone, &config.real_phone, breaker),
-            anonymous: Endpoint::new(UpstreamName::Anonymous, &config.anonymous, breaker),
-            calltracking: Endpoint::new(
+            real_phone: endpoint(UpstreamName::RealPhone, &upstreams.real_phone),
+            anonymous: endpoint(UpstreamName::Anonymous, &upstreams.anonymous),
+            calltracking: endpoint(
                 UpstreamName::Calltracking,
-                &config.calltracking.as_upstream(),
-                breaker,
+                &upstreams.calltracking.as_upstream(),
             ),
         })
     }
@@ -212,7 +252,10 @@ impl Upstreams {
                 .map_err(|e| UpstreamError::Decode(e.to_string()))
         };
         let start = std::time::Instant::now();
-        let result = if endpoint.breaker.allow() {
+        let slot = endpoint.slot();
+        let result = if slot.is_none() {
+            Err(UpstreamError::Saturated)
+        } else if endpoint.breaker.allow() {
             let span = tracing::debug_span!("upstream", upstream = endpoint.name.as_str());
             let result = tokio::time::timeout(endpoint.timeout, call.instrument(span))
                 .await
@@ -227,6 +270,7 @@ impl Upstreams {
             Ok(None) => "not_found",
             Err(UpstreamError::Timeout) => "timeout",
             Err(UpstreamError::CircuitOpen) => "circuit_open",
+            Err(UpstreamError::Saturated) => "saturated",
             Err(_) => "error",
         };
         let upstream = endpoint.name.as_str();
@@ -234,6 +278,7 @@ impl Upstreams {
             .increment(1);
         metrics::histogram!("phones_gateway_upstream_request_duration_seconds", "upstream" => upstream)
             .record(start.elapsed().as_secs_f64());
+        drop(slot);
         if let Err(error) = &result {
             tracing::debug!(upstream, %error, "upstream call failed");
         }
