@@ -524,3 +524,89 @@ async fn poll_some(slot: &mut Option<LookupFuture<'_>>) -> Lookup {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn phone(text: &str) -> Phone {
+        Phone::parse(text).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_the_deadline_pending_sources_serve_usable_stale_values_or_fail() {
+        let config = Config::from_toml(
+            "[cache.real_phone]\ncapacity = 100\n[cache.anonymous]\ncapacity = 100\n\
+             [cache.calltracking]\ncapacity = 100",
+        )
+        .unwrap();
+        let caches = Caches::new(&config);
+        let status = Arc::new(StatusSet::default());
+        status.mark_loaded();
+        let upstreams = Arc::new(Upstreams::new(&config).unwrap());
+        let resolver = Resolver::new(&config, upstreams, caches.clone(), status);
+        let (real, virtual_number, anonymous) = (
+            phone("+79161234567"),
+            phone("+74951234567"),
+            phone("+78001112233"),
+        );
+        let user = UserId::new(42).unwrap();
+        let req = Request {
+            user,
+            ad: AdId::new(1).unwrap(),
+            category: CategoryId::new(9).unwrap(),
+            phone: None,
+        };
+        caches.real_phone.insert((42, 1), user, Some(real));
+        caches
+            .calltracking
+            .insert((42, real.to_u64()), user, Some(virtual_number));
+        caches.anonymous.insert((42, 1), user, Some(anonymous));
+        // Past every TTL, within max_stale.
+        tokio::time::advance(Duration::from_secs(1000)).await;
+        let pending = States {
+            anonymous: SourceState::Pending,
+            calltracking: SourceState::Pending,
+            real: SourceState::Pending,
+        };
+        let mut states = pending;
+        resolver.at_deadline(&req, &mut states, None);
+        assert_eq!(
+            states,
+            States {
+                anonymous: SourceState::Found(anonymous),
+                calltracking: SourceState::Found(virtual_number),
+                real: SourceState::Found(real),
+            }
+        );
+        // The real number already known: call tracking's stale value for it.
+        let mut states = States {
+            real: SourceState::Found(real),
+            ..pending
+        };
+        resolver.at_deadline(&req, &mut states, Some(real));
+        assert_eq!(states.calltracking, SourceState::Found(virtual_number));
+        // Nothing usable (another seller): everything pending has failed.
+        let other = Request {
+            user: UserId::new(43).unwrap(),
+            ..req
+        };
+        let mut states = pending;
+        resolver.at_deadline(&other, &mut states, None);
+        assert_eq!(
+            states,
+            States {
+                anonymous: SourceState::Failed,
+                calltracking: SourceState::Failed,
+                real: SourceState::Failed,
+            }
+        );
+        // Past max_stale: failed too.
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        let mut states = pending;
+        resolver.at_deadline(&req, &mut states, None);
+        assert_eq!(states.real, SourceState::Failed);
+        assert_eq!(states.calltracking, SourceState::Failed);
+    }
+}

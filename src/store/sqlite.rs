@@ -145,7 +145,8 @@ pub async fn finish_snapshot(
     .await?;
     sqlx::query(
         "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) \
-         SELECT DISTINCT user_id, 1, ?1, ?2 FROM snapshot_ids WHERE true \
+         SELECT DISTINCT user_id, 1, ?1, ?2 FROM snapshot_ids \
+         WHERE (SELECT version FROM calltracking_status WHERE user_id = 0) <= ?1 \
          ON CONFLICT (user_id) DO NOTHING",
     )
     .bind(version)
