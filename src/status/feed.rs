@@ -2,84 +2,43 @@
 //! feed and stores what it gets through the same write path as the webhook, with
 //! the feed cursor in the same transaction as the changes it brought.
 //!
-//! Leadership with PostgreSQL is `pg_try_advisory_lock` held on a dedicated
-//! connection outside the pool: a pooled connection can be recycled silently,
-//! which would hand the lock to nobody (or to two leaders). The leader checks its
-//! connection before every poll; if it is gone, so is the lock, and it stops
-//! polling until it wins the lock again. With SQLite the one replica leads.
+//! Which replica leads is the store's business ([`crate::store::Leadership`]):
+//! this loop asks for leadership every interval, and while it holds it, polls,
+//! checking before each poll that it still does.
 
 use std::time::Duration;
-
-use sqlx::{Connection, PgConnection};
 
 use super::StatusService;
 use crate::ids::UserId;
 use crate::status::MAX_VERSION;
-use crate::store::Store;
 use crate::upstream::{StatusItem, Upstreams};
 
-/// Runs until the task is aborted.
+/// Runs until its task is cancelled.
 pub async fn run(
     service: StatusService,
     upstreams: std::sync::Arc<Upstreams>,
     interval: Duration,
     limit: u32,
 ) {
-    match service.store().clone() {
-        Store::Sqlite(_) => {
-            service.set_feed_leader(true);
-            loop {
-                poll(&service, &upstreams, limit).await;
-                tokio::time::sleep(interval).await;
-            }
-        }
-        Store::Postgres(pool) => loop {
-            let options = pool.connect_options().as_ref().clone();
-            match PgConnection::connect_with(&options).await {
-                Ok(mut connection) => {
-                    lead_while_locked(&service, &upstreams, &mut connection, interval, limit).await;
+    loop {
+        match service.store().try_lead().await {
+            Ok(Some(mut leadership)) => {
+                tracing::info!("status feed: this replica is the leader");
+                service.set_feed_leader(true);
+                loop {
+                    poll(&service, &upstreams, limit).await;
+                    tokio::time::sleep(interval).await;
+                    if !leadership.still_held().await {
+                        break;
+                    }
                 }
-                Err(error) => tracing::warn!(%error, "status feed: cannot connect for leadership"),
+                tracing::warn!("status feed: no longer the leader");
+                service.set_feed_leader(false);
             }
-            service.set_feed_leader(false);
-            tokio::time::sleep(interval).await;
-        },
-    }
-}
-
-/// Tries for the lock every interval; while held, polls. Returns when the
-/// connection fails (the lock went with it).
-async fn lead_while_locked(
-    service: &StatusService,
-    upstreams: &Upstreams,
-    connection: &mut PgConnection,
-    interval: Duration,
-    limit: u32,
-) {
-    loop {
-        let locked: Result<bool, _> = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-            .bind(crate::store::FEED_LOCK)
-            .fetch_one(&mut *connection)
-            .await;
-        match locked {
-            Ok(true) => break,
-            Ok(false) => tokio::time::sleep(interval).await,
-            Err(error) => {
-                tracing::warn!(%error, "status feed: leadership connection lost");
-                return;
-            }
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, "status feed: cannot ask for leadership"),
         }
-    }
-    tracing::info!("status feed: this replica is the leader");
-    service.set_feed_leader(true);
-    loop {
-        poll(service, upstreams, limit).await;
         tokio::time::sleep(interval).await;
-        if let Err(error) = connection.ping().await {
-            tracing::warn!(%error, "status feed: leadership connection lost; no longer leader");
-            service.set_feed_leader(false);
-            return;
-        }
     }
 }
 

@@ -10,6 +10,7 @@
 //! on a PostgreSQL notification, and on a short poll.
 
 mod postgres;
+mod signals;
 mod sqlite;
 
 use std::collections::HashMap;
@@ -18,12 +19,7 @@ use std::time::Duration;
 use crate::status::{Applied, Status};
 use crate::upstream::StatusItem;
 
-pub use postgres::FEED_LOCK;
-
-/// The PostgreSQL notification channel of status changes.
-pub fn postgres_channel() -> &'static str {
-    postgres::CHANNEL
-}
+pub use signals::{ChangeHints, Leadership};
 
 /// Rows read per catch-up query.
 pub const CHANGES_PAGE: i64 = 50_000;
@@ -169,6 +165,20 @@ impl Store {
             }
         })
         .await
+    }
+
+    /// Hints that the change log may have grown (see [`ChangeHints`]); a broken
+    /// listener is retried every `retry`.
+    pub fn change_hints(&self, retry: Duration) -> ChangeHints {
+        ChangeHints::of(self, retry)
+    }
+
+    /// Feed leadership, if no other replica holds it (see [`Leadership`]).
+    ///
+    /// # Errors
+    /// The database is unreachable.
+    pub async fn try_lead(&self) -> Result<Option<Leadership>, StoreError> {
+        Leadership::try_take(self).await
     }
 
     /// The status feed's stored cursor.

@@ -15,11 +15,11 @@ use crate::status::Applied;
 use crate::upstream::StatusItem;
 
 /// The notification channel of status changes.
-pub const CHANNEL: &str = "calltracking_status";
+pub(super) const CHANNEL: &str = "calltracking_status";
 /// Advisory lock key serialising writers ("ctstatus" in ASCII).
 const WRITE_LOCK: i64 = 0x6374_7374_6174_7573;
 /// Advisory lock key of the status-feed leader.
-pub const FEED_LOCK: i64 = 0x6374_6665_6564_6c64;
+pub(super) const FEED_LOCK: i64 = 0x6374_6665_6564_6c64;
 
 pub fn options(url: &str) -> Result<PgConnectOptions, StoreError> {
     Ok(PgConnectOptions::from_str(url)?)

@@ -1,0 +1,139 @@
+//! What the store offers the status loops beyond reads and writes, so that they
+//! never touch a database driver themselves: *change hints* (the change log may
+//! have grown: catch up now rather than at the next poll) and *feed leadership*
+//! (this replica alone polls the status feed).
+//!
+//! PostgreSQL: hints are `LISTEN calltracking_status` notifications, plus one
+//! after every (re)connection of the listener, since notifications sent while it
+//! was away are lost. Leadership is `pg_try_advisory_lock` held on a dedicated
+//! connection outside the pool: a pooled connection can be recycled silently,
+//! which would hand the lock to nobody, or to two leaders. SQLite serves one
+//! replica: it has no hints (the local writer catches up itself) and always leads.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgListener, PgPool};
+use sqlx::{Connection, PgConnection};
+
+use super::postgres::{CHANNEL, FEED_LOCK};
+use super::{Store, StoreError};
+
+/// A source of change hints; see the module doc.
+pub struct ChangeHints {
+    postgres: Option<Listening>,
+}
+
+struct Listening {
+    pool: PgPool,
+    listener: Option<PgListener>,
+    /// Pause between attempts to (re)connect the listener.
+    retry: Duration,
+}
+
+impl ChangeHints {
+    pub(super) fn of(store: &Store, retry: Duration) -> Self {
+        ChangeHints {
+            postgres: match store {
+                Store::Postgres(pool) => Some(Listening {
+                    pool: pool.clone(),
+                    listener: None,
+                    retry,
+                }),
+                Store::Sqlite(_) => None,
+            },
+        }
+    }
+
+    /// Completes at the next hint; with SQLite, never. Cancel-safe: a caller may
+    /// race it against a poll timer and call it again.
+    pub async fn next(&mut self) {
+        match &mut self.postgres {
+            Some(listening) => listening.next().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl Listening {
+    async fn next(&mut self) {
+        loop {
+            let Some(listener) = &mut self.listener else {
+                match self.connect().await {
+                    Ok(listener) => {
+                        self.listener = Some(listener);
+                        // Whatever was committed while nobody listened.
+                        return;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "status sync: cannot listen; polling");
+                        tokio::time::sleep(self.retry).await;
+                        continue;
+                    }
+                }
+            };
+            match listener.try_recv().await {
+                Ok(Some(_)) => return,
+                // The connection dropped and the next try_recv reconnects: the
+                // notifications in between are lost, so this is a hint too.
+                Ok(None) => {
+                    tracing::info!("status sync: listener reconnecting");
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "status sync: listener failed");
+                    self.listener = None;
+                }
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<PgListener, sqlx::Error> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(CHANNEL).await?;
+        Ok(listener)
+    }
+}
+
+/// This replica leads the status feed while it holds this.
+pub enum Leadership {
+    /// The one replica of an SQLite store.
+    Sole,
+    /// The connection holding the session advisory lock.
+    Locked(PgConnection),
+}
+
+impl Leadership {
+    /// Tries to become the leader: `None` when another replica leads.
+    pub(super) async fn try_take(store: &Store) -> Result<Option<Leadership>, StoreError> {
+        let pool = match store {
+            Store::Sqlite(_) => return Ok(Some(Leadership::Sole)),
+            Store::Postgres(pool) => pool,
+        };
+        let options = pool.connect_options().as_ref().clone();
+        let mut connection = PgConnection::connect_with(&options).await?;
+        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(FEED_LOCK)
+            .fetch_one(&mut connection)
+            .await?;
+        if locked {
+            return Ok(Some(Leadership::Locked(connection)));
+        }
+        // Not ours: give the connection back now, not at the next attempt.
+        let _ = connection.close().await;
+        Ok(None)
+    }
+
+    /// Whether leadership still holds: the lock lives as long as its connection.
+    pub async fn still_held(&mut self) -> bool {
+        match self {
+            Leadership::Sole => true,
+            Leadership::Locked(connection) => match connection.ping().await {
+                Ok(()) => true,
+                Err(error) => {
+                    tracing::warn!(%error, "status feed: leadership connection lost");
+                    false
+                }
+            },
+        }
+    }
+}
