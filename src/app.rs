@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::http::admin::AdminState;
@@ -147,13 +149,18 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let background = tokio::spawn(background(
+        let background = Background::default();
+        // Dropping `run` (a test, a caller giving up) stops the tasks too.
+        let _stop_on_drop = background.token.clone().drop_guard();
+        background.spawn(load_then_sync(
             self.status.clone(),
             self.upstreams.clone(),
             self.config.clone(),
         ));
-        let sweep = self.limiter.clone().map(|l| tokio::spawn(l.sweep()));
-        let upkeep = tokio::spawn(crate::telemetry::metrics_upkeep());
+        if let Some(limiter) = self.limiter.clone() {
+            background.spawn(limiter.sweep());
+        }
+        background.spawn(crate::telemetry::metrics_upkeep());
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
@@ -173,7 +180,7 @@ impl App {
         let pause = Duration::from_millis(self.config.server.shutdown_pause_ms);
         let drain = Duration::from_millis(self.config.server.drain_timeout_ms);
         let (deadline_tx, deadline_rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(async move {
+        background.spawn(async move {
             shutdown.await;
             shutting_down.store(true, Ordering::Release);
             tracing::info!(
@@ -197,12 +204,7 @@ impl App {
                 (Ok(()), Ok(()))
             }
         };
-        background.abort();
-        let _ = background.await;
-        if let Some(sweep) = sweep {
-            sweep.abort();
-        }
-        upkeep.abort();
+        background.stop().await;
         self.status.store().close().await;
         public.context("public listener")?;
         admin.context("admin listener")?;
@@ -210,10 +212,35 @@ impl App {
     }
 }
 
+/// The app's background tasks (status load and sync, feed, limiter sweep, metrics
+/// upkeep, the shutdown sequence): started in one place, stopped by one token,
+/// whether `run` ends normally or is dropped.
+#[derive(Default)]
+struct Background {
+    token: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Background {
+    /// Runs `task` until it ends or the token is cancelled.
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let token = self.token.clone();
+        self.tracker.spawn(async move {
+            token.run_until_cancelled(task).await;
+        });
+    }
+
+    /// Cancels every task and waits until all have stopped.
+    async fn stop(self) {
+        self.token.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+}
+
 /// Migrates (if configured) and loads the status set, retrying until the
 /// database answers; then runs the sync loop and, if enabled, the feed loop.
-/// Aborting this task stops all of them.
-async fn background(status: StatusService, upstreams: Arc<Upstreams>, config: Arc<Config>) {
+async fn load_then_sync(status: StatusService, upstreams: Arc<Upstreams>, config: Arc<Config>) {
     let mut delay = Duration::from_millis(100);
     loop {
         let loaded = async {

@@ -284,3 +284,31 @@ async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
         "saturated calls are counted"
     );
 }
+
+#[tokio::test]
+async fn dropping_a_running_app_stops_its_background_tasks() {
+    let feed = crate::support::Fake::start("virtual_phone").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = phones_gateway::config::Config::from_toml(&format!(
+        "[database]\nurl = \"sqlite://{}/gw.db\"\n\
+         [server]\npublic_addr = \"127.0.0.1:0\"\nadmin_addr = \"127.0.0.1:0\"\n\
+         [upstreams.calltracking]\nbase_url = \"{}\"\n\
+         [upstreams.calltracking.status_feed]\nenabled = true\ninterval_ms = 20",
+        dir.path().display(),
+        feed.url
+    ))
+    .unwrap();
+    let app = phones_gateway::app::App::build(config).await.unwrap();
+    let running = tokio::spawn(app.run(std::future::pending()));
+    eventually(Duration::from_secs(5), "the feed is polled", || async {
+        feed.calls() > 2
+    })
+    .await;
+    running.abort();
+    assert!(running.await.unwrap_err().is_cancelled());
+    // A poll already under way may still land; after that, nothing.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let calls = feed.calls();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(feed.calls(), calls, "the feed loop outlived its app");
+}
