@@ -15,9 +15,6 @@ use tracing_subscriber::EnvFilter;
 
 pub use crate::config::LogFormat;
 
-use crate::resolve::Caches;
-use crate::status::StatusService;
-
 /// The header carrying a request's id, taken from the caller or set by us,
 /// answered back and forwarded to the upstreams.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -118,17 +115,5 @@ pub async fn metrics_upkeep() {
     loop {
         tokio::time::sleep(std::time::Duration::from_secs(5)).await;
         handle.run_upkeep();
-    }
-}
-
-/// Gauges computed at scrape time.
-pub fn record_gauges(status: &StatusService, caches: &Caches) {
-    metrics::gauge!("phones_gateway_status_set_users").set(status.set().len() as f64);
-    metrics::gauge!("phones_gateway_status_set_enabled").set(status.set().enabled_count() as f64);
-    metrics::gauge!("phones_gateway_status_sync_lag_seconds")
-        .set(status.sync_lag_ms() as f64 / 1000.0);
-    for cache in [&caches.real_phone, &caches.anonymous, &caches.calltracking] {
-        metrics::gauge!("phones_gateway_cache_entries", "cache" => cache.name())
-            .set(cache.len() as f64);
     }
 }

@@ -291,7 +291,9 @@ pub async fn readyz(State(state): State<AdminState>) -> Response {
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AdminState>) -> Response {
-    crate::telemetry::record_gauges(&state.status, &state.caches);
+    // Gauges are computed at scrape time, each by its owner.
+    state.status.publish_gauges();
+    state.caches.publish_gauges();
     let mut text = state.metrics.render();
     super::durations::render(&mut text);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()

@@ -90,6 +90,14 @@ impl Caches {
         }
     }
 
+    /// Sets the caches' gauges (called at scrape time).
+    pub fn publish_gauges(&self) {
+        for cache in [&self.real_phone, &self.anonymous, &self.calltracking] {
+            metrics::gauge!("phones_gateway_cache_entries", "cache" => cache.name())
+                .set(cache.len() as f64);
+        }
+    }
+
     /// Drops every cached number of `user` (SPEC 3, cache invalidation).
     pub fn invalidate(&self, user: UserId) {
         self.generations.invalidate(user);

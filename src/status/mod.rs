@@ -79,6 +79,15 @@ impl StatusService {
         metrics::gauge!("phones_gateway_status_feed_leader").set(f64::from(u8::from(leader)));
     }
 
+    /// Sets the status set's gauges (called at scrape time).
+    pub fn publish_gauges(&self) {
+        let set = self.set();
+        metrics::gauge!("phones_gateway_status_set_users").set(set.len() as f64);
+        metrics::gauge!("phones_gateway_status_set_enabled").set(set.enabled_count() as f64);
+        metrics::gauge!("phones_gateway_status_sync_lag_seconds")
+            .set(self.sync_lag_ms() as f64 / 1000.0);
+    }
+
     /// Milliseconds since the last successful catch-up (0 before the first).
     pub fn sync_lag_ms(&self) -> i64 {
         let last = self.inner.last_sync_ms.load(Ordering::Acquire);
