@@ -90,7 +90,7 @@ impl App {
             max_body_bytes: config.server.max_body_bytes,
             max_snapshot_bytes: config.server.max_snapshot_bytes,
             max_header_bytes: config.server.max_header_bytes,
-            body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),
+            body_read_timeout: config.server.body_read_timeout,
         };
         let public_state = PublicState {
             resolver,
@@ -165,7 +165,7 @@ impl App {
             let _ = rx.wait_for(|stop| *stop).await;
         };
         let conn = ConnLimits {
-            header_read_timeout: Duration::from_millis(self.config.server.header_read_timeout_ms),
+            header_read_timeout: self.config.server.header_read_timeout,
             // Hyper's hard bound, above the problem-document limit of the routers.
             max_head_bytes: (self.config.server.max_header_bytes * 2).max(16 * 1024),
         };
@@ -177,8 +177,8 @@ impl App {
         );
         let admin = serve(self.admin, self.admin_front, conn, stopped(stop_rx));
         let shutting_down = self.shutting_down;
-        let pause = Duration::from_millis(self.config.server.shutdown_pause_ms);
-        let drain = Duration::from_millis(self.config.server.drain_timeout_ms);
+        let pause = self.config.server.shutdown_pause;
+        let drain = self.config.server.drain_timeout;
         let (deadline_tx, deadline_rx) = tokio::sync::oneshot::channel::<()>();
         background.spawn(async move {
             shutdown.await;
@@ -265,18 +265,11 @@ async fn load_then_sync(status: StatusService, upstreams: Arc<Upstreams>, config
             }
         }
     }
-    let sync = crate::status::sync::run(
-        status.clone(),
-        Duration::from_millis(config.database.sync_interval_ms),
-    );
+    let sync = crate::status::sync::run(status.clone(), config.database.sync_interval);
     let feed_config = &config.upstreams.calltracking.status_feed;
     if feed_config.enabled {
-        let feed = crate::status::feed::run(
-            status,
-            upstreams,
-            Duration::from_millis(feed_config.interval_ms),
-            feed_config.limit,
-        );
+        let feed =
+            crate::status::feed::run(status, upstreams, feed_config.interval, feed_config.limit);
         tokio::join!(sync, feed);
     } else {
         sync.await;

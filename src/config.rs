@@ -41,8 +41,10 @@ pub struct BreakerConfig {
     pub consecutive_failures: u32,
     pub failure_ratio: f64,
     pub min_calls: u32,
-    pub window_s: u64,
-    pub open_ms: u64,
+    #[serde(rename = "window_s", deserialize_with = "units::seconds")]
+    pub window: Duration,
+    #[serde(rename = "open_ms", deserialize_with = "units::millis")]
+    pub open: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -59,16 +61,24 @@ pub struct ServerConfig {
     pub admin_addr: SocketAddr,
     pub max_body_bytes: usize,
     pub max_snapshot_bytes: usize,
-    pub shutdown_pause_ms: u64,
-    pub drain_timeout_ms: u64,
+    #[serde(rename = "shutdown_pause_ms", deserialize_with = "units::millis")]
+    pub shutdown_pause: Duration,
+    #[serde(rename = "drain_timeout_ms", deserialize_with = "units::millis")]
+    pub drain_timeout: Duration,
     pub max_in_flight: usize,
     /// `None`: the longest path through the configured upstream timeouts (see
     /// [`Config::request_deadline`]); an explicit value may not be below it.
-    #[serde(default)]
-    pub request_deadline_ms: Option<u64>,
+    #[serde(
+        default,
+        rename = "request_deadline_ms",
+        deserialize_with = "units::optional_millis"
+    )]
+    pub request_deadline: Option<Duration>,
     pub max_header_bytes: usize,
-    pub header_read_timeout_ms: u64,
-    pub body_read_timeout_ms: u64,
+    #[serde(rename = "header_read_timeout_ms", deserialize_with = "units::millis")]
+    pub header_read_timeout: Duration,
+    #[serde(rename = "body_read_timeout_ms", deserialize_with = "units::millis")]
+    pub body_read_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -83,7 +93,8 @@ pub struct DatabaseConfig {
     pub url: Secret,
     pub max_connections: u32,
     pub migrate_on_start: bool,
-    pub sync_interval_ms: u64,
+    #[serde(rename = "sync_interval_ms", deserialize_with = "units::millis")]
+    pub sync_interval: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -115,24 +126,20 @@ pub struct UpstreamsConfig {
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     pub base_url: String,
-    pub timeout_ms: u64,
+    #[serde(rename = "timeout_ms", deserialize_with = "units::millis")]
+    pub timeout: Duration,
     pub on_error: OnError,
     /// Calls to this upstream in flight at once; 0 means `server.max_in_flight`.
     /// Read it through [`Config::upstream_max_in_flight`].
     pub max_in_flight: usize,
 }
 
-impl UpstreamConfig {
-    pub fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms)
-    }
-}
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CalltrackingUpstreamConfig {
     pub base_url: String,
-    pub timeout_ms: u64,
+    #[serde(rename = "timeout_ms", deserialize_with = "units::millis")]
+    pub timeout: Duration,
     pub on_error: OnError,
     pub max_in_flight: usize,
     pub status_feed: StatusFeedConfig,
@@ -142,7 +149,7 @@ impl CalltrackingUpstreamConfig {
     pub fn as_upstream(&self) -> UpstreamConfig {
         UpstreamConfig {
             base_url: self.base_url.clone(),
-            timeout_ms: self.timeout_ms,
+            timeout: self.timeout,
             on_error: self.on_error,
             max_in_flight: self.max_in_flight,
         }
@@ -153,7 +160,8 @@ impl CalltrackingUpstreamConfig {
 #[serde(deny_unknown_fields)]
 pub struct StatusFeedConfig {
     pub enabled: bool,
-    pub interval_ms: u64,
+    #[serde(rename = "interval_ms", deserialize_with = "units::millis")]
+    pub interval: Duration,
     pub limit: u32,
 }
 
@@ -207,9 +215,12 @@ pub struct CachesConfig {
 #[serde(deny_unknown_fields)]
 pub struct CacheConfig {
     pub capacity: u64,
-    pub ttl_s: u64,
-    pub negative_ttl_s: u64,
-    pub max_stale_s: u64,
+    #[serde(rename = "ttl_s", deserialize_with = "units::seconds")]
+    pub ttl: Duration,
+    #[serde(rename = "negative_ttl_s", deserialize_with = "units::seconds")]
+    pub negative_ttl: Duration,
+    #[serde(rename = "max_stale_s", deserialize_with = "units::seconds")]
+    pub max_stale: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -318,12 +329,12 @@ impl Config {
     /// The first key whose value cannot run.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.server.validate()?;
-        if let Some(explicit) = self.server.request_deadline_ms {
-            let longest = self.longest_upstream_path_ms();
+        if let Some(explicit) = self.server.request_deadline {
+            let longest = self.longest_upstream_path();
             in_range(
                 "server.request_deadline_ms",
-                explicit,
-                longest..=600_000,
+                explicit.as_millis(),
+                longest.as_millis()..=MAX_WAIT_MS.into(),
                 " (at least the longest path through the upstream timeouts, \
                  max(anonymous, real_phone + calltracking))",
             )?;
@@ -351,21 +362,19 @@ impl Config {
 
     /// max(anonymous, real_phone + calltracking) of the configured timeouts: how
     /// long a request may need when every call answers within its own timeout.
-    pub fn longest_upstream_path_ms(&self) -> u64 {
+    pub fn longest_upstream_path(&self) -> Duration {
         let u = &self.upstreams;
         u.anonymous
-            .timeout_ms
-            .max(u.real_phone.timeout_ms + u.calltracking.timeout_ms)
+            .timeout
+            .max(u.real_phone.timeout + u.calltracking.timeout)
     }
 
     /// `server.request_deadline_ms`, or by default the longest path through the
     /// upstream timeouts, so a call answering within its own timeout is never cut.
     pub fn request_deadline(&self) -> Duration {
-        Duration::from_millis(
-            self.server
-                .request_deadline_ms
-                .unwrap_or_else(|| self.longest_upstream_path_ms()),
-        )
+        self.server
+            .request_deadline
+            .unwrap_or_else(|| self.longest_upstream_path())
     }
 
     /// Calls in flight allowed to one upstream: its `max_in_flight`, or
@@ -376,6 +385,26 @@ impl Config {
             0 => self.server.max_in_flight,
             n => n,
         }
+    }
+}
+
+/// Durations are written as integers in the unit their key names (`_ms`, `_s`,
+/// as the documented keys are) and held as `Duration` from the moment they are read.
+mod units {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn millis<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+
+    pub fn seconds<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_secs)
+    }
+
+    pub fn optional_millis<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Option::<u64>::deserialize(d).map(|ms| ms.map(Duration::from_millis))
     }
 }
 
@@ -433,16 +462,16 @@ impl ServerConfig {
         )?;
         in_range(
             "server.shutdown_pause_ms",
-            self.shutdown_pause_ms,
-            0..=MAX_WAIT_MS,
+            self.shutdown_pause.as_millis(),
+            0..=MAX_WAIT_MS.into(),
             "",
         )?;
         for (key, value) in [
-            ("server.drain_timeout_ms", self.drain_timeout_ms),
-            ("server.header_read_timeout_ms", self.header_read_timeout_ms),
-            ("server.body_read_timeout_ms", self.body_read_timeout_ms),
+            ("server.drain_timeout_ms", self.drain_timeout),
+            ("server.header_read_timeout_ms", self.header_read_timeout),
+            ("server.body_read_timeout_ms", self.body_read_timeout),
         ] {
-            in_range(key, value, 1..=MAX_WAIT_MS, "")?;
+            in_range(key, value.as_millis(), 1..=MAX_WAIT_MS.into(), "")?;
         }
         Ok(())
     }
@@ -468,7 +497,7 @@ impl DatabaseConfig {
         )?;
         in_range(
             "database.sync_interval_ms",
-            self.sync_interval_ms,
+            self.sync_interval.as_millis(),
             10..=60_000,
             "",
         )
@@ -486,7 +515,7 @@ impl UpstreamsConfig {
             validate_base_url(&format!("{key}.base_url"), &upstream.base_url)?;
             in_range(
                 &format!("{key}.timeout_ms"),
-                upstream.timeout_ms,
+                upstream.timeout.as_millis(),
                 1..=60_000,
                 "",
             )?;
@@ -500,7 +529,7 @@ impl UpstreamsConfig {
         let feed = &self.calltracking.status_feed;
         in_range(
             "upstreams.calltracking.status_feed.interval_ms",
-            feed.interval_ms,
+            feed.interval.as_millis(),
             1..=3_600_000,
             "",
         )?;
@@ -550,16 +579,21 @@ impl CacheConfig {
             1..=100_000_000,
             "",
         )?;
-        in_range(&format!("{section}.ttl_s"), self.ttl_s, 1..=MAX_TTL_S, "")?;
+        in_range(
+            &format!("{section}.ttl_s"),
+            self.ttl.as_secs(),
+            1..=MAX_TTL_S,
+            "",
+        )?;
         in_range(
             &format!("{section}.negative_ttl_s"),
-            self.negative_ttl_s,
+            self.negative_ttl.as_secs(),
             1..=MAX_TTL_S,
             "",
         )?;
         in_range(
             &format!("{section}.max_stale_s"),
-            self.max_stale_s,
+            self.max_stale.as_secs(),
             0..=MAX_TTL_S,
             "",
         )
@@ -578,8 +612,8 @@ impl BreakerConfig {
             return Err(invalid("breaker.failure_ratio", "must be in (0, 1]"));
         }
         in_range("breaker.min_calls", self.min_calls, 1..=1_000_000, "")?;
-        in_range("breaker.window_s", self.window_s, 1..=3600, "")?;
-        in_range("breaker.open_ms", self.open_ms, 1..=3_600_000, "")
+        in_range("breaker.window_s", self.window.as_secs(), 1..=3600, "")?;
+        in_range("breaker.open_ms", self.open.as_millis(), 1..=3_600_000, "")
     }
 }
 
@@ -636,13 +670,13 @@ mod tests {
         assert_eq!(c.selection.anonymous_categories, [9, 24]);
         assert_eq!(c.upstreams.anonymous.on_error, OnError::FailClosed);
         assert_eq!(c.upstreams.calltracking.on_error, OnError::FallThrough);
-        assert_eq!(c.upstreams.real_phone.timeout_ms, 300);
+        assert_eq!(c.upstreams.real_phone.timeout, Duration::from_millis(300));
         assert_eq!(c.cache.real_phone.capacity, 5_000_000);
         assert_eq!(c.cache.calltracking.capacity, 500_000);
         assert_eq!(c.cache.anonymous.capacity, 1_000_000);
-        assert_eq!(c.cache.anonymous.ttl_s, 300);
-        assert_eq!(c.cache.real_phone.negative_ttl_s, 60);
-        assert_eq!(c.cache.real_phone.max_stale_s, 3600);
+        assert_eq!(c.cache.anonymous.ttl, Duration::from_secs(300));
+        assert_eq!(c.cache.real_phone.negative_ttl, Duration::from_secs(60));
+        assert_eq!(c.cache.real_phone.max_stale, Duration::from_secs(3600));
         assert!(c.admin.token.is_empty());
         assert_eq!(
             c.database.url.expose(),
@@ -686,7 +720,7 @@ mod tests {
             jail.set_env("PHONES_GATEWAY__SELECTION__ANONYMOUS_CATEGORIES", "[9, 31]");
             let c = Config::load(Some(Path::new("gw.toml"))).expect("loads");
             assert_eq!(c.upstreams.real_phone.base_url, "http://file:1");
-            assert_eq!(c.upstreams.real_phone.timeout_ms, 250);
+            assert_eq!(c.upstreams.real_phone.timeout, Duration::from_millis(250));
             assert_eq!(c.admin.token.expose(), "123456");
             assert_eq!(c.selection.anonymous_categories, [9, 31]);
             assert_eq!(format!("{:?}", c.admin.token), "\"<redacted>\"");

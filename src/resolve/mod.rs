@@ -72,9 +72,9 @@ impl Caches {
         let clock = Clock::new();
         let build = |name, c: &CacheConfig, stale_negatives| {
             let ttls = Ttls {
-                positive: std::time::Duration::from_secs(c.ttl_s),
-                negative: std::time::Duration::from_secs(c.negative_ttl_s),
-                max_stale: std::time::Duration::from_secs(c.max_stale_s),
+                positive: c.ttl,
+                negative: c.negative_ttl,
+                max_stale: c.max_stale,
                 stale_negatives,
             };
             PhoneCache::new(name, c.capacity, ttls, generations.clone(), clock)

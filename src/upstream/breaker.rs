@@ -55,7 +55,7 @@ impl Breaker {
     }
 
     fn open_for(&self) -> Duration {
-        Duration::from_millis(self.config.open_ms)
+        self.config.open
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -92,7 +92,7 @@ impl Breaker {
         }
         let now = Instant::now();
         let mut state = self.lock();
-        let window = Duration::from_secs(self.config.window_s);
+        let window = self.config.window;
         if now >= state.window_start + window {
             state.window_start = now;
             state.window_calls = 0;
@@ -144,8 +144,8 @@ mod tests {
                 consecutive_failures: 3,
                 failure_ratio: 0.5,
                 min_calls: 10,
-                window_s: 10,
-                open_ms: 1000,
+                window: Duration::from_secs(10),
+                open: Duration::from_secs(1),
             },
         )
     }

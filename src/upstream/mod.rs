@@ -60,7 +60,7 @@ impl Endpoint {
         Endpoint {
             name,
             base: config.base_url.trim_end_matches('/').to_owned(),
-            timeout: config.timeout(),
+            timeout: config.timeout,
             breaker: Breaker::new(name.as_str(), breaker),
             in_flight: AtomicUsize::new(0),
             max_in_flight,
