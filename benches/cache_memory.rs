@@ -70,9 +70,8 @@ fn main() {
         .map(|n| n.wrapping_mul(0x9E37_79B9) % entries + 1)
         .map(|i| (i / 3 + 1, i))
         .filter(|&(user, ad)| {
-            cache
-                .get_fresh(&(user, ad), UserId::new(user).unwrap())
-                .is_some()
+            cache.get_fresh(&(user, ad), UserId::new(user).unwrap())
+                != phones_gateway::cache::Cached::Miss
         })
         .collect();
     assert!(!present.is_empty());

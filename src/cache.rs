@@ -50,6 +50,22 @@ pub enum Answer {
     Failed(UpstreamError),
 }
 
+/// What a cache knows of a key without asking its upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cached {
+    Phone(Phone),
+    /// The upstream said there is none (a cached 404).
+    NoPhone,
+    /// Nothing usable: only the upstream can tell.
+    Miss,
+}
+
+impl Cached {
+    fn of(phone: u64) -> Self {
+        Phone::from_u64(phone).map_or(Cached::NoPhone, Cached::Phone)
+    }
+}
+
 /// Where the answer came from (for metrics and tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Via {
@@ -242,33 +258,40 @@ where
     }
 
     /// A fresh answer if there is one, without fetching: the allocation-free fast path.
-    pub fn get_fresh(&self, key: &K, user: UserId) -> Option<Option<Phone>> {
+    pub fn get_fresh(&self, key: &K, user: UserId) -> Cached {
         self.get_fresh_at(key, user, self.inner.now())
     }
 
     /// [`PhoneCache::get_fresh`] at `now`, a reading of this cache's [`Clock`].
-    pub fn get_fresh_at(&self, key: &K, user: UserId, now: u32) -> Option<Option<Phone>> {
+    pub fn get_fresh_at(&self, key: &K, user: UserId, now: u32) -> Cached {
         let inner = &*self.inner;
-        let entry = inner.entries.get(key)?;
-        let fresh = entry.generation == inner.generations.current(user) && now < entry.fresh_until;
-        if fresh {
-            inner.lookups.record(Via::Hit);
+        let Some(entry) = inner.entries.get(key) else {
+            return Cached::Miss;
+        };
+        if entry.generation != inner.generations.current(user) || now >= entry.fresh_until {
+            return Cached::Miss;
         }
-        fresh.then(|| Phone::from_u64(entry.phone))
+        inner.lookups.record(Via::Hit);
+        Cached::of(entry.phone)
     }
 
     /// An answer usable when the upstream has failed (stale-if-error): fresh, or
     /// expired less than `max_stale` ago (never an expired "no number" where
     /// `stale_negatives` is off). Counted as `stale_served` when there is one.
-    pub fn get_stale(&self, key: &K, user: UserId) -> Option<Option<Phone>> {
+    pub fn get_stale(&self, key: &K, user: UserId) -> Cached {
         let inner = &*self.inner;
-        let entry = inner
+        let usable = inner
             .entries
             .get(key)
             .filter(|e| e.generation == inner.generations.current(user))
-            .filter(|e| inner.stale_usable(e))?;
-        inner.lookups.record(Via::Stale);
-        Some(Phone::from_u64(entry.phone))
+            .filter(|e| inner.stale_usable(e));
+        match usable {
+            Some(entry) => {
+                inner.lookups.record(Via::Stale);
+                Cached::of(entry.phone)
+            }
+            None => Cached::Miss,
+        }
     }
 
     /// The cached answer if fresh; otherwise the result of `fetch`, shared with every
@@ -494,9 +517,9 @@ mod tests {
     async fn negative_entries_use_the_negative_ttl() {
         let c = cache(true);
         c.get_or_fetch(1, user(1), || async { Ok(None) }).await;
-        assert_eq!(c.get_fresh(&1, user(1)), Some(None));
+        assert_eq!(c.get_fresh(&1, user(1)), Cached::NoPhone);
         tokio::time::advance(Duration::from_secs(3)).await;
-        assert_eq!(c.get_fresh(&1, user(1)), None);
+        assert_eq!(c.get_fresh(&1, user(1)), Cached::Miss);
     }
 
     #[tokio::test(start_paused = true)]
@@ -576,11 +599,11 @@ mod tests {
         c.insert(1, user(1), Some(p));
         c.insert(2, user(2), None);
         tokio::time::advance(Duration::from_secs(30)).await;
-        assert_eq!(c.get_stale(&1, user(1)), Some(Some(p)));
+        assert_eq!(c.get_stale(&1, user(1)), Cached::Phone(p));
         // The anonymous rule: an expired "no number" is never served.
-        assert_eq!(c.get_stale(&2, user(2)), None);
+        assert_eq!(c.get_stale(&2, user(2)), Cached::Miss);
         tokio::time::advance(Duration::from_secs(41)).await;
-        assert_eq!(c.get_stale(&1, user(1)), None);
+        assert_eq!(c.get_stale(&1, user(1)), Cached::Miss);
     }
 
     #[tokio::test(start_paused = true)]
@@ -620,7 +643,7 @@ mod tests {
         let new = phone("+79160000000");
         c.insert(1, user(1), Some(old));
         c.inner.generations.invalidate(user(1));
-        assert_eq!(c.get_fresh(&1, user(1)), None);
+        assert_eq!(c.get_fresh(&1, user(1)), Cached::Miss);
 
         // A fetch under way when the seller is invalidated...
         let slow = {
@@ -648,7 +671,7 @@ mod tests {
         );
         // ...and does not write its older answer back.
         assert_eq!(slow.await.unwrap().answer, Answer::Found(old));
-        assert_eq!(c.get_fresh(&2, user(1)), Some(Some(new)));
+        assert_eq!(c.get_fresh(&2, user(1)), Cached::Phone(new));
     }
 
     #[tokio::test(start_paused = true)]

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use foldhash::HashSet;
 
-use crate::cache::{Answer, Clock, Generations, Lookup, PhoneCache, Ttls};
+use crate::cache::{Answer, Cached, Clock, Generations, Lookup, PhoneCache, Ttls};
 use crate::config::{CacheConfig, Config, Source};
 use crate::ids::{AdId, CategoryId, UserId};
 use crate::phone::Phone;
@@ -109,7 +109,8 @@ type LookupFuture<'a> = Pin<Box<dyn Future<Output = Lookup> + Send + 'a>>;
 /// A request the caches could not decide: the states so far and what applies.
 struct Plan {
     states: States,
-    real_known: Option<Option<Phone>>,
+    /// The real number as given by the caller or cached.
+    real_known: Cached,
     calltracking_applies: bool,
     real_in_order: bool,
     real_needed: bool,
@@ -276,20 +277,22 @@ impl Resolver {
         let calltracking_applies = tracking == Tracking::On;
         let real_in_order = order.contains(&Source::Real);
         let real_needed = real_in_order || calltracking_applies;
-        let user = req.user;
-        let ad_key = (user.get(), req.ad.get());
         // One clock reading for every cache this request looks at.
         let now = self.caches.clock.now();
+        let fresh = |ask: Ask| {
+            let (cache, key) = self.cache_of(req, ask);
+            cache.get_fresh_at(&key, req.user, now)
+        };
 
         // What the caches (or the caller) already know.
-        let real_known: Option<Option<Phone>> = match req.phone {
-            Some(phone) => Some(Some(phone)),
-            None if real_needed => self.caches.real_phone.get_fresh_at(&ad_key, user, now),
-            None => None,
+        let real_known = match req.phone {
+            Some(phone) => Cached::Phone(phone),
+            None if real_needed => fresh(Ask::Real),
+            None => Cached::Miss,
         };
         let states = States {
             anonymous: if anonymous_applies {
-                known(self.caches.anonymous.get_fresh_at(&ad_key, user, now))
+                known(fresh(Ask::Anonymous))
             } else {
                 SourceState::NotApplicable
             },
@@ -303,13 +306,9 @@ impl Resolver {
                 // tracking on: nothing below it may be shown (SPEC 7).
                 (Tracking::Unknown, _) => SourceState::Unknown,
                 (Tracking::Off, _) => SourceState::NotApplicable,
-                (Tracking::On, Some(Some(real))) => known(self.caches.calltracking.get_fresh_at(
-                    &(user.get(), real.to_u64()),
-                    user,
-                    now,
-                )),
-                (Tracking::On, Some(None)) => SourceState::NotFound,
-                (Tracking::On, None) => SourceState::Pending,
+                (Tracking::On, Cached::Phone(real)) => known(fresh(Ask::Calltracking(real))),
+                (Tracking::On, Cached::NoPhone) => SourceState::NotFound,
+                (Tracking::On, Cached::Miss) => SourceState::Pending,
             },
         };
         match self.finish(&states) {
@@ -333,17 +332,19 @@ impl Resolver {
             real_in_order,
             real_needed,
         } = plan;
-        let user = req.user;
         // The real number once known (given, cached or answered): call tracking
         // maps it, also to a stale value at the deadline.
-        let mut real_phone = real_known.flatten();
+        let mut real_phone = match real_known {
+            Cached::Phone(phone) => Some(phone),
+            Cached::NoPhone | Cached::Miss => None,
+        };
         let mut anonymous: Option<LookupFuture<'_>> =
-            (states.anonymous == SourceState::Pending).then(|| self.lookup_anonymous(req));
+            (states.anonymous == SourceState::Pending).then(|| self.lookup(req, Ask::Anonymous));
         let mut real: Option<LookupFuture<'_>> =
-            (real_needed && real_known.is_none()).then(|| self.lookup_real(req));
-        let mut calltracking: Option<LookupFuture<'_>> = match real_known {
-            Some(Some(phone)) if states.calltracking == SourceState::Pending => {
-                Some(self.lookup_calltracking(user, phone))
+            (real_needed && real_known == Cached::Miss).then(|| self.lookup(req, Ask::Real));
+        let mut calltracking: Option<LookupFuture<'_>> = match real_phone {
+            Some(phone) if states.calltracking == SourceState::Pending => {
+                Some(self.lookup(req, Ask::Calltracking(phone)))
             }
             _ => None,
         };
@@ -373,7 +374,7 @@ impl Resolver {
                     if calltracking_applies {
                         match state {
                             SourceState::Found(phone) => {
-                                calltracking = Some(self.lookup_calltracking(user, phone));
+                                calltracking = Some(self.lookup(req, Ask::Calltracking(phone)));
                             }
                             other => states.calltracking = other,
                         }
@@ -400,106 +401,83 @@ impl Resolver {
     /// source with a usable stale value serves it (stale-if-error, SPEC 4 and 6),
     /// exactly as when its upstream call fails: the rules then decide.
     fn at_deadline(&self, req: &Request, states: &mut States, mut real_phone: Option<Phone>) {
-        let user = req.user;
-        let ad_key = (user.get(), req.ad.get());
+        let stale = |ask: Ask| {
+            let (cache, key) = self.cache_of(req, ask);
+            cache.get_stale(&key, req.user)
+        };
         if states.anonymous == SourceState::Pending {
-            states.anonymous = stale_or_failed(self.caches.anonymous.get_stale(&ad_key, user));
+            states.anonymous = stale_or_failed(stale(Ask::Anonymous));
         }
         let calltracking_waits_for_real =
             states.calltracking == SourceState::Pending && real_phone.is_none();
         if states.real == SourceState::Pending || calltracking_waits_for_real {
-            let stale = self.caches.real_phone.get_stale(&ad_key, user);
-            if let Some(phone) = stale.flatten() {
+            let real = stale(Ask::Real);
+            if let Cached::Phone(phone) = real {
                 real_phone = Some(phone);
             }
             if states.real == SourceState::Pending {
-                states.real = stale_or_failed(stale);
+                states.real = stale_or_failed(real);
             }
-            if calltracking_waits_for_real && stale == Some(None) {
+            if calltracking_waits_for_real && real == Cached::NoPhone {
                 // A seller with no phone has no call-tracking number either.
                 states.calltracking = SourceState::NotFound;
             }
         }
         if states.calltracking == SourceState::Pending {
             states.calltracking = match real_phone {
-                Some(phone) => stale_or_failed(
-                    self.caches
-                        .calltracking
-                        .get_stale(&(user.get(), phone.to_u64()), user),
-                ),
+                Some(phone) => stale_or_failed(stale(Ask::Calltracking(phone))),
                 None => SourceState::Failed,
             };
         }
     }
 
-    fn lookup_anonymous(&self, req: &Request) -> LookupFuture<'_> {
+    /// The cache answering `ask`, and its key.
+    fn cache_of(&self, req: &Request, ask: Ask) -> (&PhoneCache<(u64, u64)>, (u64, u64)) {
+        let (user, ad) = (req.user.get(), req.ad.get());
+        match ask {
+            Ask::Anonymous => (&self.caches.anonymous, (user, ad)),
+            Ask::Real => (&self.caches.real_phone, (user, ad)),
+            Ask::Calltracking(real) => (&self.caches.calltracking, (user, real.to_u64())),
+        }
+    }
+
+    /// `ask` through its cache: the cached answer, or the upstream's (coalesced).
+    fn lookup(&self, req: &Request, ask: Ask) -> LookupFuture<'_> {
         let (user, ad) = (req.user, req.ad);
         let upstreams = self.upstreams.clone();
         let request_id = crate::telemetry::current_request_id();
-        Box::pin(self.caches.anonymous.get_or_fetch(
-            (user.get(), ad.get()),
-            user,
-            move || async move {
-                upstreams
-                    .anonymous(
-                        user,
-                        ad,
-                        request_id.as_ref().and_then(|id| id.to_str().ok()),
-                    )
-                    .await
-            },
-        ))
-    }
-
-    fn lookup_real(&self, req: &Request) -> LookupFuture<'_> {
-        let (user, ad) = (req.user, req.ad);
-        let upstreams = self.upstreams.clone();
-        let request_id = crate::telemetry::current_request_id();
-        Box::pin(self.caches.real_phone.get_or_fetch(
-            (user.get(), ad.get()),
-            user,
-            move || async move {
-                upstreams
-                    .real_phone(
-                        user,
-                        ad,
-                        request_id.as_ref().and_then(|id| id.to_str().ok()),
-                    )
-                    .await
-            },
-        ))
-    }
-
-    fn lookup_calltracking(&self, user: UserId, phone: Phone) -> LookupFuture<'_> {
-        let upstreams = self.upstreams.clone();
-        let request_id = crate::telemetry::current_request_id();
-        Box::pin(self.caches.calltracking.get_or_fetch(
-            (user.get(), phone.to_u64()),
-            user,
-            move || async move {
-                upstreams
-                    .virtual_number(
-                        user,
-                        phone,
-                        request_id.as_ref().and_then(|id| id.to_str().ok()),
-                    )
-                    .await
-            },
-        ))
+        let (cache, key) = self.cache_of(req, ask);
+        Box::pin(cache.get_or_fetch(key, user, move || async move {
+            let request_id = request_id.as_ref().and_then(|id| id.to_str().ok());
+            match ask {
+                Ask::Anonymous => upstreams.anonymous(user, ad, request_id).await,
+                Ask::Real => upstreams.real_phone(user, ad, request_id).await,
+                Ask::Calltracking(real) => upstreams.virtual_number(user, real, request_id).await,
+            }
+        }))
     }
 }
 
+/// What one cache and its upstream are asked for a request.
+#[derive(Debug, Clone, Copy)]
+enum Ask {
+    Anonymous,
+    Real,
+    /// The call-tracking number of this real number.
+    Calltracking(Phone),
+}
+
 /// A cache answer known without fetching, as a source state.
-fn known(fresh: Option<Option<Phone>>) -> SourceState {
-    match fresh {
-        Some(Some(phone)) => SourceState::Found(phone),
-        Some(None) => SourceState::NotFound,
-        None => SourceState::Pending,
+fn known(cached: Cached) -> SourceState {
+    match cached {
+        Cached::Phone(phone) => SourceState::Found(phone),
+        Cached::NoPhone => SourceState::NotFound,
+        Cached::Miss => SourceState::Pending,
     }
 }
 
 /// A stale cache answer as a source state; none usable means the source failed.
-fn stale_or_failed(stale: Option<Option<Phone>>) -> SourceState {
+fn stale_or_failed(stale: Cached) -> SourceState {
     match known(stale) {
         SourceState::Pending => SourceState::Failed,
         state => state,
