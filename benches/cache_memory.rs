@@ -36,6 +36,7 @@ fn main() {
         positive: Duration::from_secs(900),
         negative: Duration::from_secs(60),
         max_stale: Duration::from_secs(3600),
+        refresh_ahead: Duration::from_secs(90),
         stale_negatives: true,
     };
     let before = rss_bytes();

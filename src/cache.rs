@@ -7,6 +7,14 @@
 //!   served for `max_stale` past its TTL, but only when the upstream fails. A cache
 //!   built with `stale_negatives = false` never serves an expired "no number": the
 //!   anonymous cache, whose seller may have paid since.
+//! - **Refresh ahead**: a fresh hit within `refresh_ahead` of its expiry (for a
+//!   cached "no number", within a tenth of its shorter TTL at most) is answered at
+//!   once and starts one background fetch of the key, coalesced with any other
+//!   fetch of it; the fetch stores its answer as any fetch does (so it obeys
+//!   invalidation) and, when it fails, leaves the entry as it was. A key asked for
+//!   more often than once per `refresh_ahead` therefore never misses. A failed
+//!   refresh is retried by the next hit in the window (the breaker keeps that
+//!   cheap while the upstream is down).
 //! - **Coalescing**: concurrent misses for one key share one fetch. The fetch runs in
 //!   its own task, so a caller that gives up (its request was cancelled or decided
 //!   early) neither cancels it nor makes the next caller start another; it ends by
@@ -91,6 +99,8 @@ pub struct Ttls {
     pub positive: Duration,
     pub negative: Duration,
     pub max_stale: Duration,
+    /// How long before expiry a hit starts a background refresh (zero: never).
+    pub refresh_ahead: Duration,
     /// Whether an expired "no number" may be served while the upstream fails.
     pub stale_negatives: bool,
 }
@@ -185,6 +195,10 @@ struct Inner<K> {
     inflight: Mutex<HashMap<(K, u32), SharedFetch>>,
     generations: Arc<Generations>,
     ttls: Ttls,
+    /// The refresh-ahead windows in deciseconds, for a number and for a cached
+    /// "no number" (at most a tenth of the negative TTL, so a hot seller without
+    /// a phone is not refreshed on every hit); computed once, read per hit.
+    refresh_window: [u32; 2],
     clock: Clock,
     /// `phones_gateway_cache_lookups_total{cache, result}`, registered once so the
     /// hit path increments an atomic instead of looking a metric up.
@@ -196,6 +210,8 @@ struct LookupCounters {
     miss: metrics::Counter,
     coalesced: metrics::Counter,
     stale_served: metrics::Counter,
+    /// Hits that started a refresh ahead of expiry (also counted as hits).
+    refresh: metrics::Counter,
 }
 
 impl LookupCounters {
@@ -206,6 +222,7 @@ impl LookupCounters {
             miss: counter("miss"),
             coalesced: counter("coalesced"),
             stale_served: counter("stale_served"),
+            refresh: counter("refresh"),
         }
     }
 
@@ -238,6 +255,10 @@ where
                 inflight: Mutex::new(HashMap::new()),
                 generations,
                 ttls,
+                refresh_window: [
+                    tenths(ttls.refresh_ahead),
+                    tenths(ttls.refresh_ahead.min(ttls.negative / 10)),
+                ],
                 clock,
                 lookups: LookupCounters::new(name),
             }),
@@ -264,15 +285,43 @@ where
 
     /// [`PhoneCache::get_fresh`] at `now`, a reading of this cache's [`Clock`].
     pub fn get_fresh_at(&self, key: &K, user: UserId, now: u32) -> Cached {
-        let inner = &*self.inner;
-        let Some(entry) = inner.entries.get(key) else {
+        self.fresh_entry(key, user, now)
+            .map_or(Cached::Miss, |entry| Cached::of(entry.phone))
+    }
+
+    /// [`PhoneCache::get_fresh_at`], and a hit within the refresh-ahead window
+    /// of its expiry starts `refresh` in the background (see the module doc).
+    pub fn get_fresh_refreshing<F, Fut>(
+        &self,
+        key: &K,
+        user: UserId,
+        now: u32,
+        refresh: F,
+    ) -> Cached
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = FetchResult> + Send + 'static,
+    {
+        let Some(entry) = self.fresh_entry(key, user, now) else {
             return Cached::Miss;
         };
-        if entry.generation != inner.generations.current(user) || now >= entry.fresh_until {
-            return Cached::Miss;
+        if now.saturating_add(self.inner.refresh_window(&entry)) >= entry.fresh_until {
+            self.inner.lookups.refresh.increment(1);
+            // Detached and registered: the shared result is not awaited here.
+            drop(self.join_or_start(*key, user, entry.generation, refresh));
         }
-        inner.lookups.record(Via::Hit);
         Cached::of(entry.phone)
+    }
+
+    /// The entry of `key` if it is fresh at `now` for the seller's generation.
+    fn fresh_entry(&self, key: &K, user: UserId, now: u32) -> Option<Entry> {
+        let inner = &*self.inner;
+        let entry = inner
+            .entries
+            .get(key)
+            .filter(|e| e.generation == inner.generations.current(user) && now < e.fresh_until)?;
+        inner.lookups.record(Via::Hit);
+        Some(entry)
     }
 
     /// An answer usable when the upstream has failed (stale-if-error): fresh, or
@@ -433,6 +482,11 @@ impl<K: Copy + Eq + Hash> Inner<K> {
         );
     }
 
+    /// Deciseconds before expiry within which a hit refreshes `entry`.
+    fn refresh_window(&self, entry: &Entry) -> u32 {
+        self.refresh_window[usize::from(entry.phone == 0)]
+    }
+
     fn stale_usable(&self, entry: &Entry) -> bool {
         if entry.phone == 0 && !self.ttls.stale_negatives {
             return false;
@@ -446,6 +500,11 @@ impl<K: Copy + Eq + Hash> Inner<K> {
         // is a single insert, get or remove.
         self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// A duration in deciseconds, saturating.
+fn tenths(duration: Duration) -> u32 {
+    u32::try_from(duration.as_millis() / 100).unwrap_or(u32::MAX)
 }
 
 fn answer_of(phone: u64) -> Answer {
@@ -473,6 +532,7 @@ mod tests {
                 positive: Duration::from_secs(10),
                 negative: Duration::from_secs(2),
                 max_stale: Duration::from_secs(60),
+                refresh_ahead: Duration::from_secs(2),
                 stale_negatives,
             },
             Arc::new(Generations::default()),
@@ -672,6 +732,104 @@ mod tests {
         // ...and does not write its older answer back.
         assert_eq!(slow.await.unwrap().answer, Answer::Found(old));
         assert_eq!(c.get_fresh(&2, user(1)), Cached::Phone(new));
+    }
+
+    /// A fetch for refresh tests: counts its calls, answers `answer` after 50 ms.
+    fn counted(
+        calls: &Arc<AtomicUsize>,
+        answer: FetchResult,
+    ) -> impl FnOnce() -> BoxFuture<'static, FetchResult> {
+        let calls = calls.clone();
+        move || {
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                answer
+            }
+            .boxed()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hit_near_expiry_is_answered_at_once_and_refreshed_in_the_background() {
+        let c = cache(true);
+        let (old, new) = (phone("+79161234567"), phone("+79160000000"));
+        let calls = Arc::new(AtomicUsize::new(0));
+        c.insert(1, user(1), Some(old));
+        // Outside the window (TTL 10 s, refresh 2 s ahead): a plain hit.
+        tokio::time::advance(Duration::from_secs(7)).await;
+        let now = c.inner.now();
+        let got = c.get_fresh_refreshing(&1, user(1), now, counted(&calls, Ok(Some(new))));
+        assert_eq!(got, Cached::Phone(old));
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        // Inside it: the old number at once, one refresh for any number of hits.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let now = c.inner.now();
+        for _ in 0..3 {
+            let got = c.get_fresh_refreshing(&1, user(1), now, counted(&calls, Ok(Some(new))));
+            assert_eq!(got, Cached::Phone(old));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // The refreshed entry is fresh for a whole TTL from the refresh: past
+        // the old expiry the key is still a hit, with the new number.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(c.get_fresh(&1, user(1)), Cached::Phone(new));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_refresh_leaves_the_entry_as_it_was() {
+        let c = cache(true);
+        let old = phone("+79161234567");
+        let calls = Arc::new(AtomicUsize::new(0));
+        c.insert(1, user(1), Some(old));
+        tokio::time::advance(Duration::from_secs(9)).await;
+        let now = c.inner.now();
+        let failing = counted(&calls, Err(UpstreamError::Status(500)));
+        assert_eq!(
+            c.get_fresh_refreshing(&1, user(1), now, failing),
+            Cached::Phone(old)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(c.get_fresh(&1, user(1)), Cached::Phone(old));
+        // It expires when it would have: then it is a miss (and stale-if-error).
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(c.get_fresh(&1, user(1)), Cached::Miss);
+        assert_eq!(c.get_stale(&1, user(1)), Cached::Phone(old));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refresh_under_way_at_an_invalidation_does_not_write_back() {
+        let c = cache(true);
+        let (old, new) = (phone("+79161234567"), phone("+79160000000"));
+        let calls = Arc::new(AtomicUsize::new(0));
+        c.insert(1, user(1), Some(old));
+        tokio::time::advance(Duration::from_secs(9)).await;
+        let now = c.inner.now();
+        c.get_fresh_refreshing(&1, user(1), now, counted(&calls, Ok(Some(new))));
+        c.inner.generations.invalidate(user(1));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(c.get_fresh(&1, user(1)), Cached::Miss);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn negative_entries_refresh_within_a_tenth_of_their_ttl() {
+        let c = cache(true);
+        let calls = Arc::new(AtomicUsize::new(0));
+        c.insert(1, user(1), None);
+        // Negative TTL 2 s: the window is 0.2 s, not the configured 2 s.
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        let now = c.inner.now();
+        c.get_fresh_refreshing(&1, user(1), now, counted(&calls, Ok(None)));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        tokio::time::advance(Duration::from_millis(300)).await;
+        let now = c.inner.now();
+        c.get_fresh_refreshing(&1, user(1), now, counted(&calls, Ok(None)));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -221,6 +221,21 @@ pub struct CacheConfig {
     pub negative_ttl: Duration,
     #[serde(rename = "max_stale_s", deserialize_with = "units::seconds")]
     pub max_stale: Duration,
+    /// `None`: a tenth of the TTL (see [`CacheConfig::refresh_ahead`]).
+    #[serde(
+        default,
+        rename = "refresh_ahead_s",
+        deserialize_with = "units::optional_seconds"
+    )]
+    pub refresh_ahead: Option<Duration>,
+}
+
+impl CacheConfig {
+    /// How long before expiry a hit refreshes an entry in the background:
+    /// `refresh_ahead_s`, by default a tenth of the TTL; zero turns it off.
+    pub fn refresh_ahead(&self) -> Duration {
+        self.refresh_ahead.unwrap_or(self.ttl / 10)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -405,6 +420,10 @@ mod units {
 
     pub fn optional_millis<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
         Option::<u64>::deserialize(d).map(|ms| ms.map(Duration::from_millis))
+    }
+
+    pub fn optional_seconds<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Option::<u64>::deserialize(d).map(|s| s.map(Duration::from_secs))
     }
 }
 
@@ -596,7 +615,16 @@ impl CacheConfig {
             self.max_stale.as_secs(),
             0..=MAX_TTL_S,
             "",
-        )
+        )?;
+        if let Some(ahead) = self.refresh_ahead {
+            in_range(
+                &format!("{section}.refresh_ahead_s"),
+                ahead.as_secs(),
+                0..=self.ttl.as_secs() - 1,
+                " (below ttl_s, or every hit would refresh)",
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -847,6 +875,17 @@ mod tests {
             let e = error_of(toml);
             assert!(e.contains(key), "{toml}: {e}");
         }
+    }
+
+    #[test]
+    fn refresh_ahead_defaults_to_a_tenth_of_the_ttl() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.cache.real_phone.refresh_ahead(), Duration::from_secs(90));
+        assert_eq!(c.cache.anonymous.refresh_ahead(), Duration::from_secs(30));
+        let c = Config::from_toml("[cache.calltracking]\nrefresh_ahead_s = 0").unwrap();
+        assert_eq!(c.cache.calltracking.refresh_ahead(), Duration::ZERO);
+        let e = error_of("[cache.real_phone]\nttl_s = 60\nrefresh_ahead_s = 60");
+        assert!(e.contains("cache.real_phone.refresh_ahead_s"), "{e}");
     }
 
     #[test]

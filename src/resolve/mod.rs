@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use foldhash::HashSet;
 
-use crate::cache::{Answer, Cached, Clock, Generations, Lookup, PhoneCache, Ttls};
+use crate::cache::{Answer, Cached, Clock, FetchResult, Generations, Lookup, PhoneCache, Ttls};
 use crate::config::{CacheConfig, Config, Source};
 use crate::ids::{AdId, CategoryId, UserId};
 use crate::phone::Phone;
@@ -75,6 +75,7 @@ impl Caches {
                 positive: c.ttl,
                 negative: c.negative_ttl,
                 max_stale: c.max_stale,
+                refresh_ahead: c.refresh_ahead(),
                 stale_negatives,
             };
             PhoneCache::new(name, c.capacity, ttls, generations.clone(), clock)
@@ -279,9 +280,10 @@ impl Resolver {
         let real_needed = real_in_order || calltracking_applies;
         // One clock reading for every cache this request looks at.
         let now = self.caches.clock.now();
+        // A hit near expiry also starts a background refresh of its key.
         let fresh = |ask: Ask| {
             let (cache, key) = self.cache_of(req, ask);
-            cache.get_fresh_at(&key, req.user, now)
+            cache.get_fresh_refreshing(&key, req.user, now, || self.fetch(req, ask))
         };
 
         // What the caches (or the caller) already know.
@@ -443,18 +445,25 @@ impl Resolver {
 
     /// `ask` through its cache: the cached answer, or the upstream's (coalesced).
     fn lookup(&self, req: &Request, ask: Ask) -> LookupFuture<'_> {
+        let (cache, key) = self.cache_of(req, ask);
+        let fetch = self.fetch(req, ask);
+        Box::pin(cache.get_or_fetch(key, req.user, move || fetch))
+    }
+
+    /// The upstream call answering `ask`, owning what it needs (it runs in the
+    /// cache's own task, past the request that started it).
+    fn fetch(&self, req: &Request, ask: Ask) -> impl Future<Output = FetchResult> + Send + use<> {
         let (user, ad) = (req.user, req.ad);
         let upstreams = self.upstreams.clone();
         let request_id = crate::telemetry::current_request_id();
-        let (cache, key) = self.cache_of(req, ask);
-        Box::pin(cache.get_or_fetch(key, user, move || async move {
+        async move {
             let request_id = request_id.as_ref().and_then(|id| id.to_str().ok());
             match ask {
                 Ask::Anonymous => upstreams.anonymous(user, ad, request_id).await,
                 Ask::Real => upstreams.real_phone(user, ad, request_id).await,
                 Ask::Calltracking(real) => upstreams.virtual_number(user, real, request_id).await,
             }
-        }))
+        }
     }
 }
 
