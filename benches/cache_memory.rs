@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use phones_gateway::cache::{Clock, Generations, PhoneCache, Ttls};
-use phones_gateway::ids::UserId;
-use phones_gateway::phone::Phone;
+use phones_gateway::domain::Phone;
+use phones_gateway::domain::UserId;
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();

@@ -22,15 +22,16 @@ use axum::http::Request;
 use criterion::{Criterion, criterion_group, criterion_main};
 use hyper::service::Service as _;
 use phones_gateway::config::Config;
+use phones_gateway::domain::Phone;
+use phones_gateway::domain::StatusItem;
+use phones_gateway::domain::{AdId, CategoryId, UserId};
 use phones_gateway::http::front::Front;
 use phones_gateway::http::public::PublicState;
 use phones_gateway::http::shed::Shed;
 use phones_gateway::http::{Limits, public_router};
-use phones_gateway::ids::{AdId, CategoryId, UserId};
-use phones_gateway::phone::Phone;
 use phones_gateway::resolve::{Caches, Request as Lookup, Resolver};
 use phones_gateway::status::StatusSet;
-use phones_gateway::upstream::{StatusItem, Upstreams};
+use phones_gateway::upstream::Upstreams;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tower::ServiceExt;
 
@@ -70,7 +71,9 @@ fn fixture() -> Fixture {
         user_id: 42,
         enabled: true,
         version: 1,
-    }]);
+    }
+    .parse()
+    .unwrap()]);
     let user = UserId::new(42).unwrap();
     let real = Phone::parse("+79161234567").unwrap();
     // Every source this request needs is fresh in the caches: anonymous (category

@@ -39,9 +39,9 @@ use criterion::{
 use dashmap::DashMap;
 use foldhash::HashSet as FoldHashSet;
 use foldhash::fast::RandomState;
-use phones_gateway::ids::UserId;
+use phones_gateway::domain::StatusItem;
+use phones_gateway::domain::UserId;
 use phones_gateway::status::StatusSet;
-use phones_gateway::upstream::StatusItem;
 
 /// Set sizes, with their labels in benchmark ids.
 const SIZES: [(usize, &str); 3] = [(12_000, "12k"), (120_000, "120k"), (1_200_000, "1.2M")];
@@ -143,13 +143,17 @@ impl Data {
 
     fn status_set(&self) -> StatusSet {
         let set = StatusSet::default();
-        let items: Vec<StatusItem> = self
+        let items: Vec<_> = self
             .present
             .iter()
-            .map(|&user_id| StatusItem {
-                user_id,
-                enabled: true,
-                version: 1,
+            .map(|&user_id| {
+                StatusItem {
+                    user_id,
+                    enabled: true,
+                    version: 1,
+                }
+                .parse()
+                .unwrap()
             })
             .collect();
         set.apply_changes(&items);
@@ -418,11 +422,15 @@ fn writes(c: &mut Criterion) {
             b.iter(|| {
                 let (id, on) = step(&mut i);
                 version += 1;
-                black_box(set.apply_changes(&[StatusItem {
-                    user_id: id,
-                    enabled: on,
-                    version,
-                }]))
+                black_box(
+                    set.apply_changes(&[StatusItem {
+                        user_id: id,
+                        enabled: on,
+                        version,
+                    }
+                    .parse()
+                    .unwrap()]),
+                )
             });
         });
     }

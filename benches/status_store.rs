@@ -12,9 +12,9 @@ mod pg;
 
 use std::time::Instant;
 
+use phones_gateway::domain::StatusItem;
 use phones_gateway::status::StatusService;
 use phones_gateway::store::Store;
-use phones_gateway::upstream::StatusItem;
 
 async fn measure(kind: &str, url: &str, ids: usize) {
     let store = Store::connect(url, 8).await.unwrap();
@@ -43,7 +43,8 @@ async fn measure(kind: &str, url: &str, ids: usize) {
         })
         .collect();
     let start = Instant::now();
-    service.apply_changes(&items, None).await.unwrap();
+    let changes: Vec<_> = items.iter().map(|i| i.parse().unwrap()).collect();
+    service.apply_changes(&changes, None).await.unwrap();
     let webhook = start.elapsed();
 
     let fresh = StatusService::new(store.clone());

@@ -43,8 +43,8 @@ use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
 use tokio::time::Instant;
 
-use crate::ids::UserId;
-use crate::phone::Phone;
+use crate::domain::Phone;
+use crate::domain::UserId;
 use crate::upstream::UpstreamError;
 
 /// What an upstream said about a key: a number, or "none" (404).

@@ -13,6 +13,8 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::Deserialize;
 
+pub use crate::domain::{OnError, Source};
+
 /// The documented defaults, key by key.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// Prefix of environment overrides; `__` separates levels.
@@ -163,37 +165,6 @@ pub struct StatusFeedConfig {
     #[serde(rename = "interval_ms", deserialize_with = "units::millis")]
     pub interval: Duration,
     pub limit: u32,
-}
-
-/// What a failed source does (SPEC 5.5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnError {
-    /// Answer 503; reveal nothing further down the order.
-    FailClosed,
-    /// Go on to the next source.
-    FallThrough,
-}
-
-/// A number source, as named in `selection.order` and in answers' `kind`.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize, utoipa::ToSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Source {
-    Anonymous,
-    Calltracking,
-    Real,
-}
-
-impl Source {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Source::Anonymous => "anonymous",
-            Source::Calltracking => "calltracking",
-            Source::Real => "real",
-        }
-    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -575,7 +546,7 @@ impl SelectionConfig {
             }
         }
         for category in &self.anonymous_categories {
-            if crate::ids::CategoryId::new(*category).is_err() {
+            if crate::domain::CategoryId::new(*category).is_err() {
                 return Err(invalid(
                     "selection.anonymous_categories",
                     format!("{category} is not a category id (1..=2147483647)"),

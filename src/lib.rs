@@ -14,7 +14,8 @@
 //! - [`status`]: the in-memory call-tracking status set, its write path, the
 //!   replica sync loop and the status-feed puller.
 //! - [`store`]: sqlx storage of the status set, SQLite or PostgreSQL.
-//! - [`phone`], [`ids`]: domain types parsed once at the edge.
+//! - [`domain`]: `Phone`, ids, sources and the status model: valid values
+//!   only, parsed once at the edge, and the rules that need no I/O.
 //! - [`telemetry`]: logs, the metrics recorder, request ids.
 //! - [`runtime`]: tokio worker threads sized to the container's CPU quota.
 //! - [`sim`]: the upstream simulator for the demo, tests and load runs.
@@ -24,9 +25,8 @@
 pub mod app;
 pub mod cache;
 pub mod config;
+pub mod domain;
 pub mod http;
-pub mod ids;
-pub mod phone;
 pub mod resolve;
 pub mod runtime;
 pub mod sim;

@@ -6,8 +6,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use phones_gateway::app::App;
 use phones_gateway::config::{Config, LogFormat, Secret};
+use phones_gateway::domain::StatusItem;
 use phones_gateway::sim::{self, SimConfig};
-use phones_gateway::upstream::StatusItem;
 
 #[derive(Parser)]
 #[command(
@@ -134,13 +134,17 @@ async fn demo(mut config: Config) -> anyhow::Result<()> {
     let token = config.admin.token.clone();
     let app = App::build(config).await?;
     // What the simulated status feed holds, as the webhook would deliver it.
-    let items: Vec<StatusItem> = (1..=statuses)
-        .map(|i| StatusItem {
-            user_id: i * 4,
-            enabled: true,
-            version: 1,
+    let items = (1..=statuses)
+        .map(|i| {
+            StatusItem {
+                user_id: i * 4,
+                enabled: true,
+                version: 1,
+            }
+            .parse()
         })
-        .collect();
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("demo statuses: {e}"))?;
     app.status().store().migrate().await?;
     for chunk in items.chunks(10_000) {
         app.status().apply_changes(chunk, None).await?;

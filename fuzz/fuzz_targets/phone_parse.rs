@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use phones_gateway::phone::Phone;
+use phones_gateway::domain::Phone;
 
 fuzz_target!(|input: &str| {
     if let Ok(phone) = Phone::parse(input) {

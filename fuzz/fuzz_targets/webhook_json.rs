@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
-use phones_gateway::status::plan_changes;
-use phones_gateway::upstream::StatusItem;
+use phones_gateway::domain::plan_changes;
+use phones_gateway::domain::StatusItem;
 
 #[derive(serde::Deserialize)]
 struct Body {

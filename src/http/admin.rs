@@ -15,10 +15,11 @@ use utoipa::ToSchema;
 use super::error::{ApiError, Problem};
 use super::extract::{Json, field_error};
 use crate::config::Secret;
-use crate::ids::UserId;
+use crate::domain::Applied;
+use crate::domain::StatusItem;
+use crate::domain::UserId;
 use crate::resolve::Caches;
-use crate::status::{Applied, MAX_VERSION, StatusService};
-use crate::upstream::StatusItem;
+use crate::status::StatusService;
 
 /// Items one webhook delivery may hold.
 pub const MAX_WEBHOOK_ITEMS: usize = 10_000;
@@ -135,16 +136,16 @@ pub async fn post_statuses(
             body.items.len()
         )));
     }
-    for (i, item) in body.items.iter().enumerate() {
-        UserId::new(item.user_id).map_err(|e| field_error(&format!("items[{i}].user_id"), e))?;
-        if !(1..=MAX_VERSION).contains(&item.version) {
-            return Err(field_error(
-                &format!("items[{i}].version"),
-                format!("must be an integer in 1..={MAX_VERSION}"),
-            ));
-        }
-    }
-    let applied = state.status.apply_changes(&body.items, None).await?;
+    let changes = body
+        .items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            item.parse()
+                .map_err(|e| field_error(&format!("items[{i}].{}", e.field), e.reason))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let applied = state.status.apply_changes(&changes, None).await?;
     tracing::info!(
         applied = applied.applied,
         ignored = applied.ignored,

@@ -10,8 +10,8 @@ use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
-use crate::ids::{AdId, CategoryId, UserId};
-use crate::phone::Phone;
+use crate::domain::Phone;
+use crate::domain::{AdId, CategoryId, UserId};
 use crate::resolve::Request as ResolveRequest;
 
 /// A JSON body. The route's `DefaultBodyLimit` bounds it.

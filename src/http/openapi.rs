@@ -22,7 +22,7 @@ use super::{admin, error, profile, public};
         public::BatchResults,
         public::BatchResult,
         error::Problem,
-        crate::config::Source
+        crate::domain::Source
     ))
 )]
 pub struct PublicApi;
@@ -48,8 +48,8 @@ pub struct PublicApi;
         admin::InvalidateBody,
         admin::Invalidated,
         admin::UserIdValue,
-        crate::upstream::StatusItem,
-        crate::status::Applied,
+        crate::domain::StatusItem,
+        crate::domain::Applied,
         error::Problem
     )),
     modifiers(&Bearer)

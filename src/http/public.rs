@@ -13,9 +13,9 @@ use utoipa::ToSchema;
 use super::error::{ApiError, Problem};
 use super::extract::{Json, batch_item, public_phone_query};
 use super::ratelimit::ViewerLimiter;
-use crate::config::Source;
-use crate::ids::{AdId, UserId};
-use crate::phone::Phone;
+use crate::domain::Phone;
+use crate::domain::Source;
+use crate::domain::{AdId, UserId};
 use crate::resolve::{Request, Resolver};
 
 /// The lookup's path.

@@ -17,8 +17,9 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
-use crate::ids::UserId;
-use crate::status::{MAX_VERSION, StatusService};
+use crate::domain::MAX_VERSION;
+use crate::domain::UserId;
+use crate::status::StatusService;
 
 /// Ids per chunk handed to the store.
 const ID_CHUNK: usize = 100_000;

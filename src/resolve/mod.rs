@@ -20,9 +20,10 @@ use std::sync::Arc;
 use foldhash::HashSet;
 
 use crate::cache::{Answer, Cached, Clock, FetchResult, Generations, Lookup, PhoneCache, Ttls};
-use crate::config::{CacheConfig, Config, Source};
-use crate::ids::{AdId, CategoryId, UserId};
-use crate::phone::Phone;
+use crate::config::{CacheConfig, Config};
+use crate::domain::Phone;
+use crate::domain::Source;
+use crate::domain::{AdId, CategoryId, UserId};
 use crate::status::{StatusSet, Tracking};
 use crate::upstream::Upstreams;
 use rules::{Decision, Rules, SourceState, States};
@@ -222,7 +223,7 @@ impl Resolver {
                 break;
             }
             if states.of(source) == SourceState::Failed
-                && self.rules.policy(source) == crate::config::OnError::FallThrough
+                && self.rules.policy(source) == crate::domain::OnError::FallThrough
             {
                 counters.fall_through[index(source)].increment(1);
             }

@@ -11,8 +11,8 @@
 //! With no source left: `Unavailable` if any applicable source failed (we cannot
 //! tell the seller has no number), else `NoPhone`.
 
-use crate::config::{OnError, Source};
-use crate::phone::Phone;
+use crate::domain::Phone;
+use crate::domain::{OnError, Source};
 
 /// What one source has told us so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

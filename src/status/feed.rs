@@ -9,9 +9,8 @@
 use std::time::Duration;
 
 use super::StatusService;
-use crate::ids::UserId;
-use crate::status::MAX_VERSION;
-use crate::upstream::{StatusItem, Upstreams};
+use crate::domain::StatusChange;
+use crate::upstream::Upstreams;
 
 /// Runs until its task is cancelled.
 pub async fn run(
@@ -62,11 +61,10 @@ async fn poll(service: &StatusService, upstreams: &Upstreams, limit: u32) {
         if page.items.is_empty() {
             return;
         }
-        let valid: Vec<StatusItem> = page
+        let valid: Vec<StatusChange> = page
             .items
             .iter()
-            .copied()
-            .filter(|i| UserId::new(i.user_id).is_ok() && (1..=MAX_VERSION).contains(&i.version))
+            .filter_map(|item| item.parse().ok())
             .collect();
         if valid.len() < page.items.len() {
             tracing::warn!(

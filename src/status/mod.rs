@@ -9,10 +9,10 @@ pub mod sync;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-pub use set::{Applied, MAX_VERSION, Status, StatusSet, Tracking, plan_changes};
+pub use set::{StatusSet, Tracking};
 
+use crate::domain::{Applied, StatusChange};
 use crate::store::{CHANGES_PAGE, FLOOR_USER, SnapshotLoad, Store, StoreError, Watermark};
-use crate::upstream::StatusItem;
 
 /// Owns the status set's consistency with the store.
 ///
@@ -147,12 +147,12 @@ impl StatusService {
     /// The store refused it; nothing was applied.
     pub async fn apply_changes(
         &self,
-        items: &[StatusItem],
+        changes: &[StatusChange],
         cursor: Option<&str>,
     ) -> Result<Applied, StoreError> {
         let counts = {
             let _writer = self.inner.writer.lock().await;
-            self.inner.store.apply_changes(items, cursor).await?
+            self.inner.store.apply_changes(changes, cursor).await?
         };
         self.catch_up_after_write().await;
         Ok(counts)

@@ -17,38 +17,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use foldhash::fast::RandomState;
 
-use crate::ids::UserId;
-use crate::upstream::StatusItem;
+use crate::domain::{Applied, Status, StatusChange, UserId, plan_changes};
 
-/// A user's call-tracking status; version 0 means never seen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct Status {
-    pub enabled: bool,
-    pub version: u64,
+/// A status packed in one `u64`: the version shifted left, `enabled` in bit 0.
+fn pack(status: Status) -> u64 {
+    (status.version << 1) | u64::from(status.enabled)
 }
 
-impl Status {
-    fn pack(self) -> u64 {
-        (self.version << 1) | u64::from(self.enabled)
-    }
-    fn unpack(packed: u64) -> Self {
-        Status {
-            enabled: packed & 1 == 1,
-            version: packed >> 1,
-        }
+fn unpack(packed: u64) -> Status {
+    Status {
+        enabled: packed & 1 == 1,
+        version: packed >> 1,
     }
 }
-
-/// Counts of one delta delivery.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-pub struct Applied {
-    pub applied: u64,
-    pub ignored: u64,
-}
-
-/// Largest version accepted: versions are stored shifted by one bit (and as a
-/// signed 64-bit integer in PostgreSQL).
-pub const MAX_VERSION: u64 = i64::MAX as u64;
 
 pub struct StatusSet {
     map: papaya::HashMap<u64, u64, RandomState>,
@@ -103,7 +84,7 @@ impl StatusSet {
                 enabled: false,
                 version: self.floor(),
             },
-            |p| Status::unpack(*p),
+            |p| unpack(*p),
         )
     }
 
@@ -139,75 +120,47 @@ impl StatusSet {
         self.map.pin().values().filter(|p| *p & 1 == 1).count()
     }
 
-    /// Applies each item whose version is above the stored one, in order, as if
+    /// Applies each change whose version is above the stored one, in order, as if
     /// each were its own delivery (the rule of [`plan_changes`]).
-    pub fn apply_changes(&self, items: &[StatusItem]) -> Applied {
+    pub fn apply_changes(&self, changes: &[StatusChange]) -> Applied {
         let map = self.map.pin();
-        let stored = items
+        let stored: HashMap<u64, u64> = changes
             .iter()
-            .filter_map(|i| {
-                map.get(&i.user_id)
-                    .map(|p| (i.user_id, Status::unpack(*p).version))
+            .filter_map(|c| {
+                let user = c.user.get();
+                map.get(&user).map(|p| (user, unpack(*p).version))
             })
             .collect();
-        let (counts, rows) = plan_changes(items, &stored, self.floor());
+        let (counts, rows) = plan_changes(changes, &stored, self.floor());
         for row in rows {
-            map.insert(
-                row.user_id,
-                Status {
-                    enabled: row.enabled,
-                    version: row.version,
-                }
-                .pack(),
-            );
+            let status = Status {
+                enabled: row.enabled,
+                version: row.version.get(),
+            };
+            map.insert(row.user.get(), pack(status));
         }
         counts
     }
 
     /// Sets a user's status as stored (catch-up from the store, which is the truth).
     pub fn put(&self, user_id: u64, status: Status) {
-        self.map.pin().insert(user_id, status.pack());
+        self.map.pin().insert(user_id, pack(status));
     }
-}
-
-/// Which items of a delivery apply, given the stored versions, taking items in
-/// order as if each were its own delivery; and the final row of each changed user.
-/// A user with no stored version has the `floor` (the last snapshot's version).
-pub fn plan_changes(
-    items: &[StatusItem],
-    stored: &HashMap<u64, u64>,
-    floor: u64,
-) -> (Applied, Vec<StatusItem>) {
-    let mut latest: HashMap<u64, StatusItem> = HashMap::new();
-    let mut counts = Applied::default();
-    for item in items {
-        let current = latest
-            .get(&item.user_id)
-            .map(|i| i.version)
-            .or_else(|| stored.get(&item.user_id).copied())
-            .unwrap_or(floor);
-        if item.version > current {
-            latest.insert(item.user_id, *item);
-            counts.applied += 1;
-        } else {
-            counts.ignored += 1;
-        }
-    }
-    let mut rows: Vec<StatusItem> = latest.into_values().collect();
-    rows.sort_unstable_by_key(|r| r.user_id);
-    (counts, rows)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::MAX_VERSION;
 
-    fn item(user_id: u64, enabled: bool, version: u64) -> StatusItem {
-        StatusItem {
+    fn item(user_id: u64, enabled: bool, version: u64) -> StatusChange {
+        crate::domain::StatusItem {
             user_id,
             enabled,
             version,
         }
+        .parse()
+        .unwrap()
     }
 
     fn user(id: u64) -> UserId {
@@ -245,32 +198,6 @@ mod tests {
                 enabled: false,
                 version: 0
             }
-        );
-    }
-
-    #[test]
-    fn plan_takes_items_in_order_against_stored_versions() {
-        let stored = HashMap::from([(1, 10), (2, 3)]);
-        let items = [
-            item(1, true, 10),
-            item(1, false, 11),
-            item(1, true, 11),
-            item(2, true, 4),
-            item(3, true, 1),
-            item(3, false, 1),
-            item(2, false, 2),
-        ];
-        let (counts, rows) = plan_changes(&items, &stored, 0);
-        assert_eq!(
-            counts,
-            Applied {
-                applied: 3,
-                ignored: 4
-            }
-        );
-        assert_eq!(
-            rows,
-            [item(1, false, 11), item(2, true, 4), item(3, true, 1)]
         );
     }
 

@@ -16,8 +16,7 @@ mod sqlite;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::status::{Applied, Status};
-use crate::upstream::StatusItem;
+use crate::domain::{Applied, Status, StatusChange};
 
 pub use signals::{ChangeHints, Leadership};
 
@@ -119,7 +118,7 @@ impl Store {
     /// The database refused or is unreachable; nothing was applied.
     pub async fn apply_changes(
         &self,
-        items: &[StatusItem],
+        items: &[StatusChange],
         cursor: Option<&str>,
     ) -> Result<Applied, StoreError> {
         timed("apply_changes", async {
@@ -250,8 +249,8 @@ async fn timed<T>(operation: &'static str, f: impl Future<Output = T>) -> T {
 
 /// Distinct users of a delivery, and the floor row: the stored versions a
 /// delivery is planned against.
-fn users_of(items: &[StatusItem]) -> Vec<u64> {
-    let mut users: Vec<u64> = items.iter().map(|i| i.user_id).collect();
+fn users_of(items: &[StatusChange]) -> Vec<u64> {
+    let mut users: Vec<u64> = items.iter().map(|i| i.user.get()).collect();
     users.push(FLOOR_USER);
     users.sort_unstable();
     users.dedup();
@@ -260,9 +259,9 @@ fn users_of(items: &[StatusItem]) -> Vec<u64> {
 
 /// Plans a delivery against the stored versions read with [`users_of`] (the
 /// floor row among them).
-fn plan(items: &[StatusItem], mut stored: HashMap<u64, u64>) -> (Applied, Vec<StatusItem>) {
+fn plan(items: &[StatusChange], mut stored: HashMap<u64, u64>) -> (Applied, Vec<StatusChange>) {
     let floor = stored.remove(&FLOOR_USER).unwrap_or(0);
-    crate::status::plan_changes(items, &stored, floor)
+    crate::domain::plan_changes(items, &stored, floor)
 }
 
 /// Versions and ids are at most `i64::MAX` (validated at the edge); stored signed.

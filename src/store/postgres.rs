@@ -11,8 +11,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Row as _};
 
 use super::{Row, RowTuple, StoreError, Watermark, plan, signed, unsigned, users_of};
-use crate::status::Applied;
-use crate::upstream::StatusItem;
+use crate::domain::Applied;
+use crate::domain::StatusChange;
 
 /// The notification channel of status changes.
 pub(super) const CHANNEL: &str = "calltracking_status";
@@ -69,7 +69,7 @@ async fn notify_and_commit(
 
 pub async fn apply_changes(
     pool: &PgPool,
-    items: &[StatusItem],
+    items: &[StatusChange],
     cursor: Option<&str>,
 ) -> Result<Applied, StoreError> {
     let (mut tx, seq) = begin_write(pool).await?;
@@ -84,9 +84,9 @@ pub async fn apply_changes(
             .collect();
     let (counts, rows) = plan(items, stored);
     if !rows.is_empty() {
-        let ids: Vec<i64> = rows.iter().map(|r| signed(r.user_id)).collect();
+        let ids: Vec<i64> = rows.iter().map(|r| signed(r.user.get())).collect();
         let enabled: Vec<bool> = rows.iter().map(|r| r.enabled).collect();
-        let versions: Vec<i64> = rows.iter().map(|r| signed(r.version)).collect();
+        let versions: Vec<i64> = rows.iter().map(|r| signed(r.version.get())).collect();
         sqlx::query(
             "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) \
              SELECT u, e, v, $4 FROM UNNEST($1::int8[], $2::bool[], $3::int8[]) AS t(u, e, v) \

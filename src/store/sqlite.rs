@@ -11,8 +11,8 @@ use sqlx::{QueryBuilder, Row as _, Sqlite, SqlitePool};
 use super::{
     ACQUIRE_TIMEOUT, Row, RowTuple, StoreError, Watermark, plan, signed, unsigned, users_of,
 };
-use crate::status::Applied;
-use crate::upstream::StatusItem;
+use crate::domain::Applied;
+use crate::domain::StatusChange;
 
 /// Bound parameters per statement, under SQLite's limit of 32,766.
 const MAX_PARAMS: usize = 30_000;
@@ -45,7 +45,7 @@ async fn next_seq(tx: &mut sqlx::SqliteConnection) -> Result<i64, StoreError> {
 
 pub async fn apply_changes(
     pool: &SqlitePool,
-    items: &[StatusItem],
+    items: &[StatusChange],
     cursor: Option<&str>,
 ) -> Result<Applied, StoreError> {
     let mut tx = pool.begin().await?;
@@ -72,9 +72,9 @@ pub async fn apply_changes(
                 "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) ",
             );
             query.push_values(chunk, |mut b, row| {
-                b.push_bind(signed(row.user_id))
+                b.push_bind(signed(row.user.get()))
                     .push_bind(row.enabled)
-                    .push_bind(signed(row.version))
+                    .push_bind(signed(row.version.get()))
                     .push_bind(seq);
             });
             query.push(

@@ -25,8 +25,7 @@ use tracing::Instrument;
 pub use error::{UpstreamError, UpstreamName};
 
 use crate::config::{BreakerConfig, Config, UpstreamConfig};
-use crate::ids::{AdId, UserId};
-use crate::phone::Phone;
+use crate::domain::{AdId, Phone, StatusItem, UserId};
 use breaker::Breaker;
 
 /// Largest upstream body read; a phone answer is tens of bytes, a status page of
@@ -104,20 +103,10 @@ struct VirtualPhoneBody {
     virtual_phone: String,
 }
 
-/// One status change from the call-tracking side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
-pub struct StatusItem {
-    #[schema(value_type = i64, minimum = 1)]
-    pub user_id: u64,
-    pub enabled: bool,
-    /// Monotonic per user at the source.
-    #[schema(value_type = i64, minimum = 1)]
-    pub version: u64,
-}
-
 /// A page of the status feed; no items means caught up.
 #[derive(Debug, Clone, Deserialize)]
 pub struct StatusPage {
+    /// As delivered: each is checked with [`StatusItem::parse`].
     pub items: Vec<StatusItem>,
     pub next_cursor: Option<String>,
 }

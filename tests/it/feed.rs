@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use phones_gateway::ids::UserId;
+use phones_gateway::domain::UserId;
 use phones_gateway::sim::{self, SimConfig};
 
 use crate::pg;

@@ -24,7 +24,7 @@ async fn converged(app: &TestApp, user: u64, version: u64, limit: Duration) -> D
         let got = app
             .status
             .set()
-            .get(phones_gateway::ids::UserId::new(user).unwrap());
+            .get(phones_gateway::domain::UserId::new(user).unwrap());
         if got.version == version {
             return start.elapsed();
         }
@@ -220,6 +220,6 @@ async fn readyz_is_503_until_the_status_set_is_loaded() {
     assert!(
         app.status
             .set()
-            .is_enabled(phones_gateway::ids::UserId::new(42).unwrap())
+            .is_enabled(phones_gateway::domain::UserId::new(42).unwrap())
     );
 }

@@ -1,0 +1,21 @@
+//! The domain: types that can only hold valid values, parsed once at the edge,
+//! and the rules that need no I/O. Everything else imports from here; this
+//! module imports nothing of the crate above it.
+//!
+//! - [`phone`]: `Phone`, an E.164 number held as eight bytes, masked for display.
+//! - [`ids`]: `UserId`, `AdId`, `CategoryId`.
+//! - [`source`]: `Source` (anonymous, calltracking, real) and `OnError`.
+//! - [`status`]: the call-tracking status model (`Status`, `StatusChange`,
+//!   `Version`, `Applied`) and the version rule, `plan_changes`.
+
+pub mod ids;
+pub mod phone;
+pub mod source;
+pub mod status;
+
+pub use ids::{AdId, CategoryId, IdError, UserId};
+pub use phone::Phone;
+pub use source::{OnError, Source};
+pub use status::{
+    Applied, InvalidItem, MAX_VERSION, Status, StatusChange, StatusItem, Version, plan_changes,
+};

@@ -1,0 +1,174 @@
+//! The module graph points one way: http -> resolve -> (cache, upstream,
+//! status) -> store -> domain. This test reads every `crate::` path in `src/`,
+//! builds the graph between top-level modules and fails on a cycle, naming it,
+//! and on a low module importing anything above it (`domain` imports nothing of
+//! the crate; `config` only the domain; `telemetry` only config and domain).
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+/// What each low module may import.
+const LOW: [(&str, &[&str]); 3] = [
+    ("domain", &[]),
+    ("config", &["domain"]),
+    ("telemetry", &["config", "domain"]),
+];
+
+#[test]
+fn top_level_modules_form_no_cycle() {
+    let graph = module_graph(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src")));
+    assert!(graph.len() > 8, "read the modules: {graph:?}");
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("import cycle between modules: {}", cycle.join(" -> "));
+    }
+}
+
+#[test]
+fn low_modules_import_nothing_above_them() {
+    let graph = module_graph(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src")));
+    for (module, allowed) in LOW {
+        let imports = graph.get(module).cloned().unwrap_or_default();
+        let above: Vec<_> = imports
+            .iter()
+            .filter(|m| !allowed.contains(&m.as_str()))
+            .collect();
+        assert!(above.is_empty(), "{module} imports {above:?}");
+    }
+}
+
+#[test]
+fn the_checker_finds_a_cycle_and_reads_grouped_imports() {
+    let graph = graph_of(&[
+        (
+            "store",
+            "use crate::{domain::{Phone, UserId}, status::Applied};",
+        ),
+        ("status", "use crate::store::Store;"),
+        ("domain", ""),
+    ]);
+    assert_eq!(
+        graph["store"],
+        BTreeSet::from(["domain".to_owned(), "status".to_owned()])
+    );
+    let cycle = find_cycle(&graph).expect("a cycle");
+    assert!(cycle.contains(&"store".to_owned()) && cycle.contains(&"status".to_owned()));
+    let acyclic = graph_of(&[("store", "use crate::domain::X;"), ("domain", "")]);
+    assert_eq!(find_cycle(&acyclic), None);
+}
+
+fn graph_of(modules: &[(&str, &str)]) -> Graph {
+    let mut graph = Graph::new();
+    for (module, text) in modules {
+        add_imports(&mut graph, module, text);
+    }
+    graph
+}
+
+/// Top-level module -> the top-level modules its files name as `crate::...`.
+fn module_graph(src: &Path) -> Graph {
+    let mut graph = Graph::new();
+    let mut files = vec![src.to_path_buf()];
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(&path).unwrap() {
+                files.push(entry.unwrap().path());
+            }
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let relative = path.strip_prefix(src).unwrap();
+        let first = relative.components().next().unwrap().as_os_str();
+        let module = first.to_str().unwrap().trim_end_matches(".rs");
+        if module == "lib" || module == "main" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        add_imports(&mut graph, module, &text);
+    }
+    graph
+}
+
+/// Adds every module named after `crate::` in `text`, alone or in a group
+/// (`crate::{a::X, b}`), skipping comments.
+fn add_imports(graph: &mut Graph, module: &str, text: &str) {
+    let imports = graph.entry(module.to_owned()).or_default();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or_default();
+        for (at, _) in code.match_indices("crate::") {
+            let rest = &code[at + "crate::".len()..];
+            let names = match rest.strip_prefix('{') {
+                Some(group) => group_heads(group),
+                None => vec![head(rest)],
+            };
+            for name in names {
+                if !name.is_empty() && name != module && name != "self" {
+                    imports.insert(name.to_owned());
+                }
+            }
+        }
+    }
+}
+
+/// The first path segment of `path` (`a` of `a::b::C`).
+fn head(path: &str) -> &str {
+    let path = path.trim_start();
+    let end = path
+        .find(|c: char| !c.is_alphanumeric() && c != '_')
+        .unwrap_or(path.len());
+    &path[..end]
+}
+
+/// The first segment of each item of a `{...}` group (its text after `{`),
+/// nested groups skipped over.
+fn group_heads(group: &str) -> Vec<&str> {
+    let mut heads = vec![head(group)];
+    let mut depth = 0;
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => heads.push(head(&group[i + 1..])),
+            _ => {}
+        }
+    }
+    heads
+}
+
+/// A cycle, as the path of modules around it, if there is one.
+fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
+    fn visit(
+        graph: &Graph,
+        node: &str,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|n| n == node) {
+            let mut cycle = path[start..].to_vec();
+            cycle.push(node.to_owned());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(graph, next, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|node| visit(graph, node, &mut Vec::new(), &mut done))
+}
