@@ -24,6 +24,7 @@ use crate::http::serve::{ConnLimits, serve};
 use crate::http::shed::Shed;
 use crate::http::{Limits, admin_router, public_router};
 use crate::resolve::{Caches, Resolver};
+use crate::reveals::Reveals;
 use crate::status::StatusService;
 use crate::store::Store;
 use crate::upstream::Upstreams;
@@ -39,6 +40,8 @@ pub struct App {
     config: Arc<Config>,
     /// The per-viewer limit, swept by a background task; `None` when off.
     limiter: Option<Arc<ViewerLimiter>>,
+    /// The reveal log's buffer, flushed by a background task; `None` when off.
+    reveals: Option<Reveals>,
     /// Flipped first on shutdown so `/readyz` turns 503 while requests drain.
     shutting_down: Arc<AtomicBool>,
 }
@@ -80,6 +83,10 @@ impl App {
             tracing::warn!("admin.token is empty: every /admin/ route answers 401");
         }
         let limiter = ViewerLimiter::new(config.rate_limit.per_viewer_per_minute);
+        let reveals = config
+            .reveals
+            .enabled
+            .then(|| Reveals::new(&config.reveals));
         let public = TcpListener::bind(config.server.public_addr)
             .await
             .with_context(|| format!("binding server.public_addr {}", config.server.public_addr))?;
@@ -105,6 +112,7 @@ impl App {
                 Shed::new(config.server.max_in_flight, config.server.max_header_bytes),
             ),
             limiter,
+            reveals,
             admin_front: Front::admin(
                 admin_router(admin_state, limits),
                 config.server.max_header_bytes,
@@ -138,6 +146,11 @@ impl App {
         &self.caches
     }
 
+    /// The reveal log's buffer, when `reveals.enabled`.
+    pub fn reveals(&self) -> Option<&Reveals> {
+        self.reveals.as_ref()
+    }
+
     /// Migrates and loads the status set in the background, then runs the sync
     /// and feed loops; serves both listeners; returns once `shutdown` has
     /// completed, in-flight requests have drained and the loops are stopped.
@@ -161,6 +174,18 @@ impl App {
             background.spawn(limiter.sweep());
         }
         background.spawn(crate::telemetry::metrics_upkeep());
+        if let Some(reveals) = self.reveals.clone() {
+            let store = self.status.store().clone();
+            let interval = self.config.reveals.flush_interval;
+            // Not cut off at the stop: it writes what is buffered first.
+            background.spawn_until_stopped(|stop| {
+                crate::reveals::flush::run(reveals, store.clone(), interval, stop)
+            });
+            background.spawn(crate::reveals::retention::run(
+                store,
+                self.config.reveals.retention(),
+            ));
+        }
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
@@ -228,6 +253,16 @@ impl Background {
         self.tracker.spawn(async move {
             token.run_until_cancelled(task).await;
         });
+    }
+
+    /// Runs the task made by `task` with the stop token: it ends by itself once
+    /// the token is cancelled (for work that must finish, such as a last flush).
+    fn spawn_until_stopped<F, Fut>(&self, task: F)
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.tracker.spawn(task(self.token.clone()));
     }
 
     /// Cancels every task and waits until all have stopped.

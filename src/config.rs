@@ -33,6 +33,52 @@ pub struct Config {
     pub rate_limit: RateLimitConfig,
     pub runtime: RuntimeConfig,
     pub breaker: BreakerConfig,
+    pub reveals: RevealsConfig,
+}
+
+/// The reveal log (who was shown which seller's number).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RevealsConfig {
+    pub enabled: bool,
+    #[serde(rename = "flush_interval_ms", deserialize_with = "units::millis")]
+    pub flush_interval: Duration,
+    pub max_buffered: usize,
+    pub on_overflow: OnOverflow,
+    pub retention_days: u32,
+}
+
+/// What a full reveal buffer does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnOverflow {
+    /// Drop the reveal (counted) and show the number.
+    Drop,
+    /// Answer 503 rather than show a number that cannot be recorded.
+    Refuse,
+}
+
+impl RevealsConfig {
+    /// How long reveals are kept.
+    pub fn retention(&self) -> Duration {
+        Duration::from_secs(u64::from(self.retention_days) * 86_400)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        in_range(
+            "reveals.flush_interval_ms",
+            self.flush_interval.as_millis(),
+            10..=60_000,
+            "",
+        )?;
+        in_range(
+            "reveals.max_buffered",
+            self.max_buffered,
+            1..=100_000_000,
+            "",
+        )?;
+        in_range("reveals.retention_days", self.retention_days, 1..=3650, "")
+    }
 }
 
 /// Circuit breaker settings, applied to each upstream.
@@ -343,7 +389,8 @@ impl Config {
             0..=1024,
             "",
         )?;
-        self.breaker.validate()
+        self.breaker.validate()?;
+        self.reveals.validate()
     }
 
     /// max(anonymous, real_phone + calltracking) of the configured timeouts: how

@@ -11,6 +11,8 @@
 //!   concurrent fan-out to the sources.
 //! - [`cache`]: TTL'd, coalescing, stale-if-error caches with O(1) invalidation.
 //! - [`upstream`]: typed clients of the three upstreams over one pooled client.
+//! - [`reveals`]: the reveal log: a lock-free buffer on the request path, the
+//!   batch flush with per-ad counts, retention.
 //! - [`status`]: the in-memory call-tracking status set, its write path, the
 //!   replica sync loop and the status-feed puller.
 //! - [`store`]: sqlx storage of the status set, SQLite or PostgreSQL.
@@ -28,6 +30,7 @@ pub mod config;
 pub mod domain;
 pub mod http;
 pub mod resolve;
+pub mod reveals;
 pub mod runtime;
 pub mod sim;
 pub mod status;

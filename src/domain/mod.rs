@@ -5,16 +5,19 @@
 //! - [`phone`]: `Phone`, an E.164 number held as eight bytes, masked for display.
 //! - [`ids`]: `UserId`, `AdId`, `CategoryId`.
 //! - [`source`]: `Source` (anonymous, calltracking, real) and `OnError`.
+//! - [`reveal`]: the reveal log's records (`Reveal`, `Viewer`) and queries.
 //! - [`status`]: the call-tracking status model (`Status`, `StatusChange`,
 //!   `Version`, `Applied`) and the version rule, `plan_changes`.
 
 pub mod ids;
 pub mod phone;
+pub mod reveal;
 pub mod source;
 pub mod status;
 
 pub use ids::{AdId, CategoryId, IdError, UserId};
 pub use phone::Phone;
+pub use reveal::{Reveal, RevealCounts, RevealQuery, RevealsOf, StoredReveal, Viewer};
 pub use source::{OnError, Source};
 pub use status::{
     Applied, InvalidItem, MAX_VERSION, Status, StatusChange, StatusItem, Version, plan_changes,

@@ -10,6 +10,7 @@
 //! on a PostgreSQL notification, and on a short poll.
 
 mod postgres;
+mod reveals;
 mod signals;
 mod sqlite;
 

@@ -1,0 +1,98 @@
+//! The flush task: every `reveals.flush_interval_ms`, everything recorded since
+//! the last write goes to the database in one transaction with its per-ad counts.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::Reveals;
+use crate::domain::Reveal;
+use crate::store::Store;
+
+/// How long the last flush at shutdown keeps trying a failing database.
+const FINAL_FLUSH_FOR: Duration = Duration::from_secs(5);
+
+/// Flushes every `interval` until `stop` is cancelled, then flushes what is left
+/// (trying for a few seconds if the database fails) and returns.
+pub async fn run(reveals: Reveals, store: Store, interval: Duration, stop: CancellationToken) {
+    let Some(mut receiver) = reveals.take_receiver() else {
+        tracing::error!("reveals: a second flush task; the first one owns the buffer");
+        return;
+    };
+    let metrics = FlushMetrics::new();
+    let mut batch: Vec<Reveal> = Vec::new();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = stop.cancelled() => break,
+        }
+        drain(&mut receiver, &mut batch);
+        flush(&reveals, &store, &mut batch, &metrics).await;
+    }
+    // The listeners have drained: what is in the channel now is all there is.
+    let deadline = tokio::time::Instant::now() + FINAL_FLUSH_FOR;
+    drain(&mut receiver, &mut batch);
+    while !batch.is_empty() && tokio::time::Instant::now() < deadline {
+        if !flush(&reveals, &store, &mut batch, &metrics).await {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    if batch.is_empty() {
+        tracing::info!("reveals: flushed at shutdown");
+    } else {
+        tracing::error!(
+            lost = batch.len(),
+            "reveals: the database failed at shutdown; reveals lost"
+        );
+    }
+}
+
+fn drain(receiver: &mut tokio::sync::mpsc::UnboundedReceiver<Reveal>, batch: &mut Vec<Reveal>) {
+    while let Ok(reveal) = receiver.try_recv() {
+        batch.push(reveal);
+    }
+}
+
+/// Writes `batch`; on success empties it and returns true. On failure the batch
+/// stays for the next attempt.
+async fn flush(
+    reveals: &Reveals,
+    store: &Store,
+    batch: &mut Vec<Reveal>,
+    metrics: &FlushMetrics,
+) -> bool {
+    if batch.is_empty() {
+        return true;
+    }
+    let start = std::time::Instant::now();
+    match store.write_reveals(batch).await {
+        Ok(()) => {
+            metrics.duration.record(start.elapsed().as_secs_f64());
+            metrics.rows.record(batch.len() as f64);
+            metrics.written.increment(batch.len() as u64);
+            reveals.written(batch.len());
+            batch.clear();
+            true
+        }
+        Err(error) => {
+            tracing::warn!(%error, waiting = batch.len(), "reveals: write failed; keeping them for the next flush");
+            false
+        }
+    }
+}
+
+struct FlushMetrics {
+    written: metrics::Counter,
+    duration: metrics::Histogram,
+    rows: metrics::Histogram,
+}
+
+impl FlushMetrics {
+    fn new() -> Self {
+        FlushMetrics {
+            written: metrics::counter!("phones_gateway_reveals_written_total"),
+            duration: metrics::histogram!("phones_gateway_reveals_flush_duration_seconds"),
+            rows: metrics::histogram!("phones_gateway_reveals_flush_rows"),
+        }
+    }
+}

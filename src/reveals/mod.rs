@@ -1,0 +1,145 @@
+//! The reveal log (who was shown which seller's number) and the per-ad counts,
+//! written the way high-volume ingest is: buffered in memory, written in
+//! batches, counts aggregated before they reach a row.
+//!
+//! - [`Reveals::record`] is all the request path does: one send on an unbounded
+//!   channel (lock-free for senders: tokio's mpsc is a linked list of blocks
+//!   appended with atomics) and one atomic add. No lock a request can wait on.
+//! - [`flush::run`] drains the channel every `reveals.flush_interval_ms` and
+//!   writes the batch and its counts (one upsert per ad and kind) in one
+//!   transaction ([`crate::store::Store::write_reveals`]). When the database
+//!   fails, the batch stays in memory and is retried with what came since.
+//! - `reveals.max_buffered` bounds what waits in memory (channel and retried
+//!   batch together). Past it, `on_overflow = "drop"` drops the reveal and
+//!   counts it; `"refuse"` makes [`Reveals::record`] fail so the caller answers
+//!   503 instead of showing a number it cannot record.
+//! - A graceful shutdown flushes what is buffered before the process exits; a
+//!   crash loses at most the last flush interval.
+//! - [`retention::run`] deletes rows older than `reveals.retention_days` in
+//!   small batches; the counts are kept.
+
+pub mod flush;
+pub mod retention;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::mpsc;
+
+use crate::config::{OnOverflow, RevealsConfig};
+use crate::domain::Reveal;
+
+/// The recording side of the reveal log; cheap to clone.
+#[derive(Clone)]
+pub struct Reveals {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sender: mpsc::UnboundedSender<Reveal>,
+    /// Taken once by the flush task.
+    receiver: Mutex<Option<mpsc::UnboundedReceiver<Reveal>>>,
+    /// Reveals in memory not yet written: in the channel or in a batch that
+    /// failed to write.
+    buffered: AtomicUsize,
+    max_buffered: usize,
+    on_overflow: OnOverflow,
+    metrics: Metrics,
+}
+
+struct Metrics {
+    recorded: metrics::Counter,
+    dropped: metrics::Counter,
+    refused: metrics::Counter,
+    buffered: metrics::Gauge,
+}
+
+/// The buffer is full and `on_overflow = "refuse"`: do not show the number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the reveal log is full")]
+pub struct Full;
+
+impl Reveals {
+    pub fn new(config: &RevealsConfig) -> Self {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        Reveals {
+            inner: Arc::new(Inner {
+                sender,
+                receiver: Mutex::new(Some(receiver)),
+                buffered: AtomicUsize::new(0),
+                max_buffered: config.max_buffered,
+                on_overflow: config.on_overflow,
+                metrics: Metrics {
+                    recorded: metrics::counter!("phones_gateway_reveals_recorded_total"),
+                    dropped: metrics::counter!("phones_gateway_reveals_dropped_total"),
+                    refused: metrics::counter!("phones_gateway_reveals_refused_total"),
+                    buffered: metrics::gauge!("phones_gateway_reveals_buffered"),
+                },
+            }),
+        }
+    }
+
+    /// Records one number shown.
+    ///
+    /// # Errors
+    /// [`Full`] when the buffer is full and `on_overflow = "refuse"` (nothing is
+    /// recorded: the caller must not show the number). With `"drop"` a full
+    /// buffer drops the reveal, counts it, and answers `Ok`.
+    pub fn record(&self, reveal: Reveal) -> Result<(), Full> {
+        let inner = &*self.inner;
+        // Taken before it is checked, so racing recorders cannot overshoot.
+        let before = inner.buffered.fetch_add(1, Ordering::AcqRel);
+        if before >= inner.max_buffered {
+            inner.buffered.fetch_sub(1, Ordering::AcqRel);
+            return match inner.on_overflow {
+                OnOverflow::Drop => {
+                    inner.metrics.dropped.increment(1);
+                    Ok(())
+                }
+                OnOverflow::Refuse => {
+                    inner.metrics.refused.increment(1);
+                    Err(Full)
+                }
+            };
+        }
+        if inner.sender.send(reveal).is_err() {
+            // The flush task is gone (the app is stopping): nothing will write it.
+            inner.buffered.fetch_sub(1, Ordering::AcqRel);
+            inner.metrics.dropped.increment(1);
+            return Ok(());
+        }
+        inner.metrics.recorded.increment(1);
+        Ok(())
+    }
+
+    /// Reveals in memory, not yet written.
+    pub fn buffered(&self) -> usize {
+        self.inner.buffered.load(Ordering::Acquire)
+    }
+
+    /// Sets the buffered gauge (called at scrape time).
+    pub fn publish_gauges(&self) {
+        self.inner.metrics.buffered.set(self.buffered() as f64);
+    }
+
+    /// The receiving end, once: the flush task owns it.
+    fn take_receiver(&self) -> Option<mpsc::UnboundedReceiver<Reveal>> {
+        self.inner
+            .receiver
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// `n` reveals left memory (written).
+    fn written(&self, n: usize) {
+        self.inner.buffered.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
+/// Microseconds since the Unix epoch, now.
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}

@@ -1,0 +1,316 @@
+//! The reveal log in the database: batches written with their per-ad counts in
+//! one transaction (PostgreSQL: `COPY`; SQLite: multi-row inserts), keyset pages
+//! read newest first, the counts of an ad, and retention in small batches.
+
+use std::fmt::Write as _;
+
+use sqlx::{QueryBuilder, Sqlite};
+
+use super::{Store, StoreError, signed, unsigned};
+use crate::domain::{
+    AdId, CategoryId, Reveal, RevealCounts, RevealQuery, RevealsOf, Source, StoredReveal, UserId,
+    Viewer,
+};
+
+/// Six parameters a row, under SQLite's limit of 32,766 per statement.
+const SQLITE_ROWS_PER_INSERT: usize = 5_000;
+
+/// Per-ad counts of one batch: one row per (ad, kind) that occurs in it.
+pub fn counts_of(reveals: &[Reveal]) -> Vec<(AdId, Source, u64)> {
+    let mut counts: std::collections::HashMap<(AdId, Source), u64> =
+        std::collections::HashMap::new();
+    for reveal in reveals {
+        *counts.entry((reveal.ad, reveal.kind)).or_default() += 1;
+    }
+    let mut counts: Vec<_> = counts
+        .into_iter()
+        .map(|((ad, kind), n)| (ad, kind, n))
+        .collect();
+    counts.sort_unstable_by_key(|&(ad, kind, _)| (ad, kind.as_str()));
+    counts
+}
+
+type RevealRow = (i64, i64, Option<String>, i64, i64, i64, String);
+
+fn stored(row: RevealRow) -> Option<StoredReveal> {
+    let (id, at_us, viewer, user, ad, category, kind) = row;
+    Some(StoredReveal {
+        id,
+        reveal: Reveal {
+            at_us,
+            viewer: viewer.and_then(|v| Viewer::parse(v.as_bytes()).ok()),
+            user: UserId::new(unsigned(user)).ok()?,
+            ad: AdId::new(unsigned(ad)).ok()?,
+            category: CategoryId::new(unsigned(category)).ok()?,
+            kind: kind_of(&kind)?,
+        },
+    })
+}
+
+fn kind_of(text: &str) -> Option<Source> {
+    [Source::Anonymous, Source::Calltracking, Source::Real]
+        .into_iter()
+        .find(|k| k.as_str() == text)
+}
+
+impl Store {
+    /// Writes a batch of reveals and adds its per-ad counts, in one transaction.
+    ///
+    /// # Errors
+    /// The database refused or is unreachable; nothing was written.
+    pub async fn write_reveals(&self, reveals: &[Reveal]) -> Result<(), StoreError> {
+        if reveals.is_empty() {
+            return Ok(());
+        }
+        let counts = counts_of(reveals);
+        super::timed("write_reveals", async {
+            match self {
+                Store::Postgres(pool) => {
+                    let mut tx = pool.begin().await?;
+                    let mut copy = tx
+                        .copy_in_raw(
+                            "COPY reveals (at_us, viewer, user_id, ad_id, category_id, kind) \
+                             FROM STDIN",
+                        )
+                        .await?;
+                    copy.send(copy_text(reveals).as_bytes()).await?;
+                    copy.finish().await?;
+                    let ads: Vec<i64> = counts.iter().map(|c| signed(c.0.get())).collect();
+                    let kinds: Vec<&str> = counts.iter().map(|c| c.1.as_str()).collect();
+                    let ns: Vec<i64> = counts.iter().map(|c| signed(c.2)).collect();
+                    sqlx::query(
+                        "INSERT INTO ad_reveal_counts (ad_id, kind, n) \
+                         SELECT * FROM UNNEST($1::int8[], $2::text[], $3::int8[]) \
+                         ON CONFLICT (ad_id, kind) DO UPDATE SET n = ad_reveal_counts.n + excluded.n",
+                    )
+                    .bind(&ads)
+                    .bind(&kinds)
+                    .bind(&ns)
+                    .execute(&mut *tx)
+                    .await?;
+                    tx.commit().await?;
+                }
+                Store::Sqlite(pool) => {
+                    let mut tx = pool.begin().await?;
+                    for chunk in reveals.chunks(SQLITE_ROWS_PER_INSERT) {
+                        let mut query = QueryBuilder::<Sqlite>::new(
+                            "INSERT INTO reveals (at_us, viewer, user_id, ad_id, category_id, kind) ",
+                        );
+                        query.push_values(chunk, |mut b, r| {
+                            b.push_bind(r.at_us)
+                                .push_bind(r.viewer.as_ref().map(Viewer::as_str))
+                                .push_bind(signed(r.user.get()))
+                                .push_bind(signed(r.ad.get()))
+                                .push_bind(signed(r.category.get()))
+                                .push_bind(r.kind.as_str());
+                        });
+                        query.build().execute(&mut *tx).await?;
+                    }
+                    for chunk in counts.chunks(SQLITE_ROWS_PER_INSERT) {
+                        let mut query =
+                            QueryBuilder::<Sqlite>::new("INSERT INTO ad_reveal_counts (ad_id, kind, n) ");
+                        query.push_values(chunk, |mut b, (ad, kind, n)| {
+                            b.push_bind(signed(ad.get()))
+                                .push_bind(kind.as_str())
+                                .push_bind(signed(*n));
+                        });
+                        query.push(
+                            " ON CONFLICT (ad_id, kind) DO UPDATE SET n = ad_reveal_counts.n + excluded.n",
+                        );
+                        query.build().execute(&mut *tx).await?;
+                    }
+                    tx.commit().await?;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// One page of the log, newest first (at most `query.limit` rows).
+    ///
+    /// # Errors
+    /// The database is unreachable.
+    pub async fn read_reveals(&self, query: &RevealQuery) -> Result<Vec<StoredReveal>, StoreError> {
+        let (column, key) = match &query.of {
+            RevealsOf::Seller(user) => ("user_id", Key::Int(signed(user.get()))),
+            RevealsOf::Viewer(viewer) => ("viewer", Key::Text(viewer.as_str().to_owned())),
+        };
+        let (after_at, after_id) = query.after.unwrap_or((i64::MAX, i64::MAX));
+        // The same text for both databases: `$n` placeholders are numbered
+        // parameters in SQLite too.
+        let sql = format!(
+            "SELECT id, at_us, viewer, user_id, ad_id, category_id, kind FROM reveals \
+             WHERE {column} = $1 AND at_us >= $2 AND at_us < $3 AND (at_us, id) < ($4, $5) \
+             ORDER BY at_us DESC, id DESC LIMIT $6"
+        );
+        let limit = i64::from(query.limit);
+        let rows: Vec<RevealRow> = super::timed("read_reveals", async {
+            match self {
+                Store::Postgres(pool) => {
+                    let q = sqlx::query_as(&sql);
+                    let q = match key {
+                        Key::Int(v) => q.bind(v),
+                        Key::Text(v) => q.bind(v),
+                    };
+                    q.bind(query.since_us)
+                        .bind(query.until_us)
+                        .bind(after_at)
+                        .bind(after_id)
+                        .bind(limit)
+                        .fetch_all(pool)
+                        .await
+                }
+                Store::Sqlite(pool) => {
+                    let q = sqlx::query_as(&sql);
+                    let q = match key {
+                        Key::Int(v) => q.bind(v),
+                        Key::Text(v) => q.bind(v),
+                    };
+                    q.bind(query.since_us)
+                        .bind(query.until_us)
+                        .bind(after_at)
+                        .bind(after_id)
+                        .bind(limit)
+                        .fetch_all(pool)
+                        .await
+                }
+            }
+        })
+        .await?;
+        Ok(rows.into_iter().filter_map(stored).collect())
+    }
+
+    /// The counts of one ad, summed over every replica's flushes so far.
+    ///
+    /// # Errors
+    /// The database is unreachable.
+    pub async fn ad_reveal_counts(&self, ad: AdId) -> Result<RevealCounts, StoreError> {
+        let sql = "SELECT kind, n FROM ad_reveal_counts WHERE ad_id = $1";
+        let rows: Vec<(String, i64)> = match self {
+            Store::Postgres(pool) => {
+                sqlx::query_as(sql)
+                    .bind(signed(ad.get()))
+                    .fetch_all(pool)
+                    .await?
+            }
+            Store::Sqlite(pool) => {
+                sqlx::query_as(sql)
+                    .bind(signed(ad.get()))
+                    .fetch_all(pool)
+                    .await?
+            }
+        };
+        let mut counts = RevealCounts::default();
+        for (kind, n) in rows {
+            if let Some(kind) = kind_of(&kind) {
+                counts.add(kind, unsigned(n));
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Deletes up to `batch` of the oldest reveals before `cutoff_us`; returns how
+    /// many. Small batches keep each transaction (and its locks) short.
+    ///
+    /// # Errors
+    /// The database is unreachable.
+    pub async fn delete_reveals_before(
+        &self,
+        cutoff_us: i64,
+        batch: i64,
+    ) -> Result<u64, StoreError> {
+        let sql = "DELETE FROM reveals WHERE id IN \
+                   (SELECT id FROM reveals WHERE at_us < $1 ORDER BY at_us LIMIT $2)";
+        let deleted = super::timed("delete_reveals", async {
+            match self {
+                Store::Postgres(pool) => sqlx::query(sql)
+                    .bind(cutoff_us)
+                    .bind(batch)
+                    .execute(pool)
+                    .await
+                    .map(|r| r.rows_affected()),
+                Store::Sqlite(pool) => sqlx::query(sql)
+                    .bind(cutoff_us)
+                    .bind(batch)
+                    .execute(pool)
+                    .await
+                    .map(|r| r.rows_affected()),
+            }
+        })
+        .await?;
+        Ok(deleted)
+    }
+}
+
+enum Key {
+    Int(i64),
+    Text(String),
+}
+
+/// Reveals in COPY's text format: tab-separated, `\N` for null. Viewer ids are
+/// visible ASCII, so a backslash is the one character that needs escaping.
+fn copy_text(reveals: &[Reveal]) -> String {
+    let mut text = String::with_capacity(reveals.len() * 64);
+    for r in reveals {
+        let _ = write!(text, "{}\t", r.at_us);
+        match &r.viewer {
+            Some(viewer) => text.push_str(&viewer.as_str().replace('\\', "\\\\")),
+            None => text.push_str("\\N"),
+        }
+        // Writing to a String cannot fail.
+        let _ = writeln!(
+            text,
+            "\t{}\t{}\t{}\t{}",
+            r.user,
+            r.ad,
+            r.category,
+            r.kind.as_str()
+        );
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reveal(ad: u64, kind: Source, viewer: Option<&str>) -> Reveal {
+        Reveal {
+            at_us: 1_700_000_000_000_000,
+            viewer: viewer.map(|v| Viewer::parse(v.as_bytes()).unwrap()),
+            user: UserId::new(42).unwrap(),
+            ad: AdId::new(ad).unwrap(),
+            category: CategoryId::new(9).unwrap(),
+            kind,
+        }
+    }
+
+    #[test]
+    fn counts_are_one_row_per_ad_and_kind() {
+        let batch = [
+            reveal(1, Source::Real, None),
+            reveal(1, Source::Real, None),
+            reveal(2, Source::Anonymous, None),
+            reveal(1, Source::Calltracking, None),
+            reveal(1, Source::Real, None),
+        ];
+        let counts = counts_of(&batch);
+        assert_eq!(counts.len(), 3);
+        assert!(counts.contains(&(AdId::new(1).unwrap(), Source::Real, 3)));
+        assert!(counts.contains(&(AdId::new(1).unwrap(), Source::Calltracking, 1)));
+        assert!(counts.contains(&(AdId::new(2).unwrap(), Source::Anonymous, 1)));
+    }
+
+    #[test]
+    fn copy_text_escapes_and_marks_nulls() {
+        let text = copy_text(&[
+            reveal(1, Source::Real, Some("a\\b")),
+            reveal(2, Source::Anonymous, None),
+        ]);
+        assert_eq!(
+            text,
+            "1700000000000000\ta\\\\b\t42\t1\t9\treal\n1700000000000000\t\\N\t42\t2\t9\tanonymous\n"
+        );
+    }
+}
