@@ -93,6 +93,7 @@ fn fixture() -> Fixture {
     let state = PublicState {
         resolver: resolver.clone(),
         limiter: None,
+        reveals: None,
     };
     let router = Front::public(
         public_router(state.clone(), limits),

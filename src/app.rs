@@ -78,6 +78,7 @@ impl App {
             token: Arc::new(config.admin.token.clone()),
             shutting_down: shutting_down.clone(),
             metrics,
+            reveals_enabled: config.reveals.enabled,
         };
         if config.admin.token.is_empty() {
             tracing::warn!("admin.token is empty: every /admin/ route answers 401");
@@ -102,6 +103,7 @@ impl App {
         let public_state = PublicState {
             resolver,
             limiter: limiter.clone(),
+            reveals: reveals.clone(),
         };
         Ok(App {
             public,

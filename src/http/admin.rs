@@ -35,6 +35,8 @@ pub struct AdminState {
     pub token: Arc<Secret>,
     pub shutting_down: Arc<AtomicBool>,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// `reveals.enabled`: the reveal routes answer 404 when off.
+    pub reveals_enabled: bool,
 }
 
 /// Refuses every `/admin/` request without the configured bearer token; with no

@@ -36,25 +36,29 @@ const BOUNDS_NS: [u64; 15] = [
 
 /// Every route label: the public listener's exact paths, the admin listener's
 /// exact paths, then the admin path with a parameter, then everything else.
-const ROUTES: [&str; 12] = [
+const ROUTES: [&str; 14] = [
     "/v1/public-phone",
     "/v1/public-phones/batch",
     STATUSES,
     "/admin/v1/cache/invalidate",
     "/admin/v1/debug/pprof/profile",
+    "/admin/v1/reveals",
     "/healthz",
     "/readyz",
     "/metrics",
     "/openapi/public.json",
     "/openapi/admin.json",
     "/admin/v1/calltracking/statuses/{user_id}",
+    "/admin/v1/ads/{ad_id}/reveals",
     "unmatched",
 ];
 const STATUSES: &str = "/admin/v1/calltracking/statuses";
+const ADS: &str = "/admin/v1/ads/";
 const PUBLIC: std::ops::Range<usize> = 0..2;
-const ADMIN: std::ops::Range<usize> = 2..10;
-const STATUS_OF_USER: Route = Route(10);
-const UNMATCHED: Route = Route(11);
+const ADMIN: std::ops::Range<usize> = 2..11;
+const STATUS_OF_USER: Route = Route(11);
+const REVEALS_OF_AD: Route = Route(12);
+const UNMATCHED: Route = Route(13);
 
 /// A request's route label, as an index into [`ROUTES`] (the label of a path is
 /// found once per request, and the series by index).
@@ -69,12 +73,23 @@ impl Route {
 
     /// The label of a path on the admin listener.
     pub fn admin(path: &str) -> Route {
+        let one_segment = |s: &str| !s.is_empty() && !s.contains('/');
         Route::exact(ADMIN, path).unwrap_or_else(|| {
-            match path
+            if let Some(user) = path
                 .strip_prefix(STATUSES)
                 .and_then(|p| p.strip_prefix('/'))
             {
-                Some(user) if !user.is_empty() && !user.contains('/') => STATUS_OF_USER,
+                return if one_segment(user) {
+                    STATUS_OF_USER
+                } else {
+                    UNMATCHED
+                };
+            }
+            match path
+                .strip_prefix(ADS)
+                .and_then(|p| p.strip_suffix("/reveals"))
+            {
+                Some(ad) if one_segment(ad) => REVEALS_OF_AD,
                 _ => UNMATCHED,
             }
         })

@@ -88,7 +88,7 @@ impl Inner {
         };
         if let Some(state) = &self.lookup {
             if request.method() == Method::GET && request.uri().path() == PUBLIC_PHONE_PATH {
-                return public::lookup(state, request.headers(), request.uri().query()).await;
+                return public::lookup(state, request.headers(), request.uri().query(), true).await;
             }
         }
         // Boxed: the router's future would otherwise make every request's boxed

@@ -12,6 +12,7 @@ pub mod openapi;
 pub mod profile;
 pub mod public;
 pub mod ratelimit;
+pub mod reveals;
 pub mod serve;
 pub mod shed;
 pub mod snapshot;
@@ -93,6 +94,8 @@ pub fn admin_router(state: AdminState, limits: Limits) -> Router {
             get(admin::get_status),
         )
         .route("/admin/v1/debug/pprof/profile", get(profile::profile))
+        .route("/admin/v1/reveals", get(reveals::list))
+        .route("/admin/v1/ads/{ad_id}/reveals", get(reveals::ad_counts))
         .route(
             "/admin/v1/cache/invalidate",
             body_limit(post(admin::invalidate), limits.body()),

@@ -7,7 +7,7 @@ use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{admin, error, profile, public};
+use super::{admin, error, profile, public, reveals};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -35,6 +35,8 @@ pub struct PublicApi;
         admin::put_statuses,
         admin::get_status,
         admin::invalidate,
+        reveals::list,
+        reveals::ad_counts,
         profile::profile,
         admin::healthz,
         admin::readyz,
@@ -48,6 +50,10 @@ pub struct PublicApi;
         admin::InvalidateBody,
         admin::Invalidated,
         admin::UserIdValue,
+        reveals::RevealPage,
+        reveals::RevealItem,
+        reveals::AdReveals,
+        reveals::ByKind,
         crate::domain::StatusItem,
         crate::domain::Applied,
         error::Problem

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request as HttpRequest, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
@@ -12,11 +12,10 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem};
 use super::extract::{Json, batch_item, public_phone_query};
-use super::ratelimit::ViewerLimiter;
-use crate::domain::Phone;
-use crate::domain::Source;
-use crate::domain::{AdId, UserId};
+use super::ratelimit::{VIEWER_HEADER, ViewerLimiter};
+use crate::domain::{AdId, Phone, Reveal, Source, UserId, Viewer};
 use crate::resolve::{Request, Resolver};
+use crate::reveals::Reveals;
 
 /// The lookup's path.
 pub const PUBLIC_PHONE_PATH: &str = "/v1/public-phone";
@@ -37,12 +36,14 @@ pub struct PublicPhone {
     pub ad_id: AdId,
 }
 
-/// What the public routes reach: the resolver and the viewer limit.
+/// What the public routes reach: the resolver, the viewer limit, the reveal log.
 #[derive(Clone)]
 pub struct PublicState {
     pub resolver: Arc<Resolver>,
     /// `None` when `rate_limit.per_viewer_per_minute` is 0.
     pub limiter: Option<Arc<ViewerLimiter>>,
+    /// `None` when `reveals.enabled` is false.
+    pub reveals: Option<Reveals>,
 }
 
 impl PublicState {
@@ -51,6 +52,42 @@ impl PublicState {
             .as_ref()
             .map_or(Ok(()), |l| l.check(headers, items))
     }
+
+    /// Records a number about to be shown (SPEC 11). With `on_overflow =
+    /// "refuse"` a full log answers 503 instead: no number it cannot record.
+    fn record(
+        &self,
+        request: &Request,
+        viewer: Option<&Viewer>,
+        kind: Source,
+    ) -> Result<(), ApiError> {
+        let Some(reveals) = &self.reveals else {
+            return Ok(());
+        };
+        let reveal = Reveal {
+            at_us: crate::reveals::now_us(),
+            viewer: viewer.cloned(),
+            user: request.user,
+            ad: request.ad,
+            category: request.category,
+            kind,
+        };
+        reveals.record(reveal).map_err(|_| ApiError::Unavailable {
+            detail: "the reveal log is full: numbers cannot be recorded",
+        })
+    }
+}
+
+/// The request's `X-Viewer-Id`, if any.
+///
+/// # Errors
+/// A 400 unless it is 1 to 128 visible ASCII characters.
+fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
+    headers
+        .get(VIEWER_HEADER)
+        .map(|v| Viewer::parse(v.as_bytes()))
+        .transpose()
+        .map_err(|e| ApiError::bad_request(format!("X-Viewer-Id: {e}")))
 }
 
 #[utoipa::path(
@@ -63,7 +100,7 @@ impl PublicState {
         ("category_id" = i32, Query, minimum = 1, description = "The ad's category"),
         ("phone" = Option<String>, Query, pattern = r"^[ ()-]*\+[ ()-]*[1-9]([ ()-]*[0-9]){7,14}[ ()-]*$",
             description = "The seller's real number, if known: E.164, spaces, hyphens and parentheses allowed"),
-        ("X-Viewer-Id" = Option<String>, Header, description = "The buyer, for the per-viewer limit"),
+        ("X-Viewer-Id" = Option<String>, Header, description = "The buyer (1 to 128 visible ASCII characters), for the per-viewer limit and the reveal log"),
     ),
     responses(
         (status = 200, description = "The number to show", body = PublicPhone),
@@ -74,16 +111,29 @@ impl PublicState {
     )
 )]
 pub async fn public_phone(State(state): State<PublicState>, request: HttpRequest) -> Response {
-    lookup(&state, request.headers(), request.uri().query()).await
+    // HEAD answers as GET does but shows no number, so it is not a reveal.
+    let reveal = request.method() == Method::GET;
+    lookup(&state, request.headers(), request.uri().query(), reveal).await
 }
 
 /// `GET /v1/public-phone`: the handler above, and the hit path itself
-/// ([`super::front`] calls it without the router).
-pub async fn lookup(state: &PublicState, headers: &HeaderMap, query: Option<&str>) -> Response {
+/// ([`super::front`] calls it without the router). A 200 is recorded as a
+/// reveal when `reveal` is set.
+pub async fn lookup(
+    state: &PublicState,
+    headers: &HeaderMap,
+    query: Option<&str>,
+    reveal: bool,
+) -> Response {
     let answered = async {
         let request = public_phone_query(query)?;
+        let viewer = viewer_of(headers)?;
         state.admit(headers, 1)?;
-        answer(&state.resolver, &request).await
+        let body = answer(&state.resolver, &request).await?;
+        if reveal {
+            state.record(&request, viewer.as_ref(), body.kind)?;
+        }
+        Ok::<_, ApiError>(body)
     };
     match answered.await {
         Ok(body) => {
@@ -175,7 +225,7 @@ pub enum BatchResult {
     path = "/v1/public-phones/batch",
     tag = "public",
     request_body = BatchBody,
-    params(("X-Viewer-Id" = Option<String>, Header, description = "The buyer; each item counts once")),
+    params(("X-Viewer-Id" = Option<String>, Header, description = "The buyer (1 to 128 visible ASCII characters); each item counts once against the limit and is one reveal")),
     responses(
         (status = 200, description = "One result per item, in order", body = BatchResults),
         (status = 400, description = "Bad JSON, or not 1 to 100 items", body = Problem, content_type = "application/problem+json"),
@@ -195,12 +245,15 @@ pub async fn batch(
             body.items.len()
         )));
     }
+    let viewer = viewer_of(&headers)?;
     state.admit(&headers, body.items.len())?;
     let results = join_all(body.items.iter().map(|item| {
-        let resolver = &*state.resolver;
+        let (state, viewer) = (&state, viewer.as_ref());
         async move {
             let outcome = match batch_item(item) {
-                Ok(request) => answer(resolver, &request).await,
+                Ok(request) => answer(&state.resolver, &request)
+                    .await
+                    .and_then(|body| state.record(&request, viewer, body.kind).map(|()| body)),
                 Err(error) => Err(error),
             };
             outcome.map_or_else(

@@ -16,6 +16,7 @@ mod operations;
 mod pg;
 mod privacy;
 mod replicas;
+mod reveals;
 mod selection;
 mod shutdown;
 mod support;

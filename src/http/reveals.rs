@@ -1,0 +1,271 @@
+//! The reveal log's admin routes (SPEC 11): a seller's or a viewer's reveals,
+//! newest first in keyset pages, and an ad's counts over every replica. Both
+//! answer 404 when `reveals.enabled` is false.
+
+use axum::extract::{Path, RawQuery, State};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use utoipa::ToSchema;
+
+use super::admin::AdminState;
+use super::error::{ApiError, Problem};
+use super::extract::field_error;
+use crate::domain::{AdId, RevealQuery, RevealsOf, Source, StoredReveal, UserId, Viewer};
+
+/// Reveals a page holds by default and at most.
+pub const DEFAULT_LIMIT: u32 = 100;
+pub const MAX_LIMIT: u32 = 1000;
+
+#[derive(Serialize, ToSchema)]
+pub struct RevealItem {
+    /// RFC 3339, UTC, milliseconds.
+    #[schema(example = "2026-11-23T10:00:00.123Z")]
+    at: String,
+    viewer: Option<String>,
+    #[schema(value_type = i64, minimum = 1)]
+    user_id: UserId,
+    #[schema(value_type = i64, minimum = 1)]
+    ad_id: AdId,
+    #[schema(value_type = i64, minimum = 1)]
+    category_id: u64,
+    kind: Source,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct RevealPage {
+    items: Vec<RevealItem>,
+    /// Pass as `cursor` for the next (older) page; null on the last page.
+    next_cursor: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ByKind {
+    anonymous: u64,
+    calltracking: u64,
+    real: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct AdReveals {
+    #[schema(value_type = i64, minimum = 1)]
+    ad_id: AdId,
+    total: u64,
+    by_kind: ByKind,
+}
+
+#[utoipa::path(
+    get,
+    path = "/admin/v1/reveals",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(
+        ("user_id" = Option<i64>, Query, minimum = 1, description = "The seller (exactly one of user_id and viewer)"),
+        ("viewer" = Option<String>, Query, description = "The viewer (X-Viewer-Id) (exactly one of user_id and viewer)"),
+        ("since" = Option<String>, Query, description = "RFC 3339: reveals at or after"),
+        ("until" = Option<String>, Query, description = "RFC 3339: reveals before"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 1000, description = "Page size, default 100"),
+        ("cursor" = Option<String>, Query, description = "The previous page's next_cursor"),
+    ),
+    responses(
+        (status = 200, description = "Reveals, newest first", body = RevealPage),
+        (status = 400, description = "A bad parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The reveal log is off", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list(
+    State(state): State<AdminState>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    if !state.reveals_enabled {
+        return Err(ApiError::RouteNotFound);
+    }
+    let query = parse_query(query.as_deref().unwrap_or_default())?;
+    // One more than asked tells whether there is a next page.
+    let limit = query.limit;
+    let mut rows = state
+        .status
+        .store()
+        .read_reveals(&RevealQuery {
+            limit: limit + 1,
+            ..query
+        })
+        .await?;
+    let next_cursor = if rows.len() > limit as usize {
+        rows.truncate(limit as usize);
+        rows.last()
+            .map(|last| format!("{}.{}", last.reveal.at_us, last.id))
+    } else {
+        None
+    };
+    let items = rows.into_iter().map(item).collect();
+    Ok(axum::Json(RevealPage { items, next_cursor }).into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/admin/v1/ads/{ad_id}/reveals",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("ad_id" = i64, Path, minimum = 1)),
+    responses(
+        (status = 200, description = "The ad's counts over every replica, as written so far", body = AdReveals),
+        (status = 400, description = "A bad ad id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The reveal log is off", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn ad_counts(
+    State(state): State<AdminState>,
+    Path(ad_id): Path<String>,
+) -> Result<Response, ApiError> {
+    if !state.reveals_enabled {
+        return Err(ApiError::RouteNotFound);
+    }
+    let ad = AdId::parse(&ad_id).map_err(|e| field_error("ad_id", e))?;
+    let counts = state.status.store().ad_reveal_counts(ad).await?;
+    Ok(axum::Json(AdReveals {
+        ad_id: ad,
+        total: counts.total(),
+        by_kind: ByKind {
+            anonymous: counts.anonymous,
+            calltracking: counts.calltracking,
+            real: counts.real,
+        },
+    })
+    .into_response())
+}
+
+fn item(row: StoredReveal) -> RevealItem {
+    let reveal = row.reveal;
+    RevealItem {
+        at: rfc3339_ms(reveal.at_us),
+        viewer: reveal.viewer.map(|v| v.as_str().to_owned()),
+        user_id: reveal.user,
+        ad_id: reveal.ad,
+        category_id: reveal.category.get(),
+        kind: reveal.kind,
+    }
+}
+
+/// `at_us` as RFC 3339 in UTC with milliseconds: `2026-11-23T10:00:00.123Z`.
+fn rfc3339_ms(at_us: i64) -> String {
+    let at = OffsetDateTime::from_unix_timestamp_nanos(i128::from(at_us) * 1000)
+        .unwrap_or(OffsetDateTime::UNIX_EPOCH);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second(),
+        at.millisecond()
+    )
+}
+
+fn parse_time(field: &str, text: &str) -> Result<i64, ApiError> {
+    let at = OffsetDateTime::parse(text, &Rfc3339)
+        .map_err(|_| field_error(field, "must be an RFC 3339 time, e.g. 2026-11-23T10:00:00Z"))?;
+    i64::try_from(at.unix_timestamp_nanos() / 1000).map_err(|_| field_error(field, "out of range"))
+}
+
+/// The list route's parameters; unknown ones are ignored, a repeated one refused.
+fn parse_query(query: &str) -> Result<RevealQuery, ApiError> {
+    let mut fields: [Option<String>; 6] = Default::default();
+    const NAMES: [&str; 6] = ["user_id", "viewer", "since", "until", "limit", "cursor"];
+    for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+        if let Some(i) = NAMES.iter().position(|n| *n == key) {
+            if fields[i].replace(value.into_owned()).is_some() {
+                return Err(field_error(NAMES[i], "given more than once"));
+            }
+        }
+    }
+    let [user, viewer, since, until, limit, cursor] = fields;
+    let of = match (user, viewer) {
+        (Some(user), None) => {
+            RevealsOf::Seller(UserId::parse(&user).map_err(|e| field_error("user_id", e))?)
+        }
+        (None, Some(viewer)) => RevealsOf::Viewer(
+            Viewer::parse(viewer.as_bytes()).map_err(|e| field_error("viewer", e))?,
+        ),
+        _ => {
+            return Err(ApiError::bad_request(
+                "exactly one of user_id and viewer is required",
+            ));
+        }
+    };
+    let since_us = since.map_or(Ok(i64::MIN), |t| parse_time("since", &t))?;
+    let until_us = until.map_or(Ok(i64::MAX), |t| parse_time("until", &t))?;
+    let limit = match limit {
+        None => DEFAULT_LIMIT,
+        Some(text) => text
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=MAX_LIMIT).contains(n))
+            .ok_or_else(|| {
+                field_error("limit", format!("must be an integer in 1..={MAX_LIMIT}"))
+            })?,
+    };
+    let after = cursor
+        .map(|c| {
+            c.split_once('.')
+                .and_then(|(at, id)| Some((at.parse().ok()?, id.parse().ok()?)))
+                .ok_or_else(|| field_error("cursor", "not a cursor this route gave"))
+        })
+        .transpose()?;
+    Ok(RevealQuery {
+        of,
+        since_us,
+        until_us,
+        after,
+        limit,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_rfc3339_with_milliseconds() {
+        assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            rfc3339_ms(1_795_428_000_123_456),
+            "2026-11-23T10:00:00.123Z"
+        );
+        assert_eq!(
+            parse_time("since", "2026-11-23T10:00:00.123Z").unwrap(),
+            1_795_428_000_123_000
+        );
+        assert_eq!(
+            parse_time("since", "2026-11-23T13:00:00+03:00").unwrap(),
+            1_795_428_000_000_000
+        );
+        assert!(parse_time("since", "yesterday").is_err());
+    }
+
+    #[test]
+    fn the_query_names_what_is_wrong() {
+        let detail = |q: &str| match parse_query(q) {
+            Err(ApiError::BadRequest(d)) => d,
+            other => panic!("{q}: {other:?}"),
+        };
+        assert!(detail("").contains("exactly one"));
+        assert!(detail("user_id=1&viewer=v").contains("exactly one"));
+        assert!(detail("user_id=0").starts_with("user_id:"));
+        assert!(detail("viewer=a%20b").starts_with("viewer:"));
+        assert!(detail("user_id=1&limit=0").starts_with("limit:"));
+        assert!(detail("user_id=1&limit=1001").starts_with("limit:"));
+        assert!(detail("user_id=1&cursor=x").starts_with("cursor:"));
+        assert!(detail("user_id=1&since=x").starts_with("since:"));
+        let q = parse_query("viewer=v-1&limit=5&cursor=17.3&until=2026-11-23T10:00:00Z").unwrap();
+        assert_eq!(q.limit, 5);
+        assert_eq!(q.after, Some((17, 3)));
+        assert_eq!(q.until_us, 1_795_428_000_000_000);
+    }
+}

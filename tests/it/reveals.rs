@@ -1,0 +1,501 @@
+//! The reveal log (SPEC 11): every number answered is recorded in batches, with
+//! per-ad counts written once per flush, through faults and shutdowns.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::{Reply, TestApp};
+use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, pg};
+
+/// Flush often so tests see their reveals quickly.
+const FAST: &str = "[reveals]\nflush_interval_ms = 50\n";
+
+async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < limit, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn viewed(app: &TestApp, viewer: Option<&str>, path: &str) -> crate::support::Answer {
+    let mut request = app.http.get(format!("{}{path}", app.public));
+    if let Some(viewer) = viewer {
+        request = request.header("x-viewer-id", viewer);
+    }
+    crate::support::read(request.send().await.unwrap()).await
+}
+
+fn lookup(user: u64, ad: u64, category: u64) -> String {
+    format!("/v1/public-phone?user_id={user}&ad_id={ad}&category_id={category}")
+}
+
+/// All reveals of a seller, newest first, following every page.
+async fn reveals_of(app: &TestApp, query: &str) -> Vec<Value> {
+    let mut items = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page_query = match &cursor {
+            Some(c) => format!("{query}&cursor={c}"),
+            None => query.to_owned(),
+        };
+        let page = app
+            .get_admin(&format!("/admin/v1/reveals?{page_query}"))
+            .await;
+        assert_eq!(page.status, 200, "{page:?}");
+        items.extend(page.body["items"].as_array().unwrap().iter().cloned());
+        match page.body["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return items,
+        }
+    }
+}
+
+async fn ad_counts(app: &TestApp, ad: u64) -> Value {
+    let answer = app.get_admin(&format!("/admin/v1/ads/{ad}/reveals")).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    answer.body
+}
+
+#[tokio::test]
+async fn every_answered_number_is_recorded_and_nothing_else() {
+    let app = TestApp::spawn_with(FAST).await;
+    app.real.reply(Reply::Phone(REAL));
+    app.anonymous.reply(Reply::Phone(ANON));
+    viewed(&app, Some("v-1"), &lookup(42, 1, PLAIN_CATEGORY))
+        .await
+        .assert_number(REAL, "real");
+    let batch = app
+        .http
+        .post(format!("{}/v1/public-phones/batch", app.public))
+        .header("x-viewer-id", "v-2")
+        .header("content-type", "application/json")
+        .body(
+            json!({ "items": [
+                { "user_id": 42, "ad_id": 2, "category_id": ANON_CATEGORY },
+                { "user_id": 42, "ad_id": 3, "category_id": PLAIN_CATEGORY },
+                { "user_id": 42, "ad_id": 0, "category_id": PLAIN_CATEGORY },
+            ]})
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let batch = crate::support::read(batch).await;
+    assert_eq!(
+        batch.body["results"][2]["error"]["status"], 400,
+        "{batch:?}"
+    );
+    // Not reveals: HEAD, a 404, a bad request.
+    let head = app
+        .http
+        .head(format!("{}{}", app.public, lookup(42, 4, PLAIN_CATEGORY)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status(), 200);
+    app.real.reply(Reply::NotFound);
+    app.anonymous.reply(Reply::NotFound);
+    viewed(&app, None, &lookup(42, 5, PLAIN_CATEGORY))
+        .await
+        .assert_problem(404);
+    viewed(&app, None, "/v1/public-phone?user_id=42&ad_id=6")
+        .await
+        .assert_problem(400);
+
+    eventually(Duration::from_secs(5), "three reveals written", || async {
+        reveals_of(&app, "user_id=42").await.len() >= 3
+    })
+    .await;
+    // A flush later, still three: nothing else was recorded.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let items = reveals_of(&app, "user_id=42").await;
+    assert_eq!(items.len(), 3, "{items:?}");
+    // Newest first; the batch's two items are its own reveals, in any order.
+    let mut batch_items: Vec<_> = items[..2].to_vec();
+    batch_items.sort_by_key(|i| i["ad_id"].as_u64());
+    assert_eq!(batch_items[0]["ad_id"], 2);
+    assert_eq!(batch_items[0]["kind"], "anonymous");
+    assert_eq!(batch_items[0]["category_id"], ANON_CATEGORY);
+    assert_eq!(batch_items[1]["ad_id"], 3);
+    assert_eq!(batch_items[1]["kind"], "real");
+    assert!(batch_items.iter().all(|i| i["viewer"] == "v-2"));
+    let first = &items[2];
+    assert_eq!(
+        first.as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["ad_id", "at", "category_id", "kind", "user_id", "viewer"]
+    );
+    assert_eq!(first["viewer"], "v-1");
+    assert_eq!(first["user_id"], 42);
+    assert_eq!(first["ad_id"], 1);
+    assert_eq!(first["category_id"], PLAIN_CATEGORY);
+    assert_eq!(first["kind"], "real");
+    let at = first["at"].as_str().unwrap();
+    assert!(at.len() == 24 && at.ends_with('Z'), "{at}");
+    assert!(items[0]["at"].as_str().unwrap() >= at);
+    // No number is stored or answered.
+    assert!(!items.iter().any(|i| i.to_string().contains("7916")));
+    // The viewer's view, and the counts.
+    let of_viewer = reveals_of(&app, "viewer=v-2").await;
+    assert_eq!(of_viewer.len(), 2);
+    assert_eq!(
+        ad_counts(&app, 2).await,
+        json!({ "ad_id": 2, "total": 1, "by_kind": { "anonymous": 1, "calltracking": 0, "real": 0 } })
+    );
+    assert_eq!(ad_counts(&app, 4).await["total"], 0, "HEAD is not counted");
+}
+
+#[tokio::test]
+async fn a_viewer_id_must_be_1_to_128_visible_ascii_characters() {
+    let app = TestApp::spawn_with(FAST).await;
+    app.real.reply(Reply::Phone(REAL));
+    let long = "x".repeat(129);
+    for bad in ["", long.as_str(), "two words", "caf\u{e9}"] {
+        let answer = app
+            .http
+            .get(format!("{}{}", app.public, lookup(1, 1, PLAIN_CATEGORY)))
+            .header(
+                "x-viewer-id",
+                reqwest::header::HeaderValue::from_bytes(bad.as_bytes()).unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+        let answer = crate::support::read(answer).await;
+        answer.assert_problem(400);
+        assert!(
+            answer.body["detail"]
+                .as_str()
+                .unwrap()
+                .contains("X-Viewer-Id"),
+            "{answer:?}"
+        );
+        let batch = app
+            .http
+            .post(format!("{}/v1/public-phones/batch", app.public))
+            .header(
+                "x-viewer-id",
+                reqwest::header::HeaderValue::from_bytes(bad.as_bytes()).unwrap(),
+            )
+            .header("content-type", "application/json")
+            .body(json!({ "items": [{ "user_id": 1, "ad_id": 1, "category_id": 1 }] }).to_string())
+            .send()
+            .await
+            .unwrap();
+        crate::support::read(batch).await.assert_problem(400);
+    }
+    viewed(&app, Some(&"x".repeat(128)), &lookup(1, 1, PLAIN_CATEGORY))
+        .await
+        .assert_number(REAL, "real");
+}
+
+#[tokio::test]
+async fn pages_are_keyset_newest_first_within_the_time_window() {
+    let app = TestApp::spawn_with(FAST).await;
+    app.real.reply(Reply::Phone(REAL));
+    for ad in 1..=5 {
+        viewed(&app, Some("pager"), &lookup(7, ad, PLAIN_CATEGORY))
+            .await
+            .assert_number(REAL, "real");
+    }
+    eventually(Duration::from_secs(5), "five reveals", || async {
+        reveals_of(&app, "user_id=7").await.len() == 5
+    })
+    .await;
+    let first = app.get_admin("/admin/v1/reveals?user_id=7&limit=2").await;
+    let page: Vec<u64> = first.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["ad_id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(page, [5, 4]);
+    let cursor = first.body["next_cursor"].as_str().unwrap();
+    let second = app
+        .get_admin(&format!(
+            "/admin/v1/reveals?user_id=7&limit=2&cursor={cursor}"
+        ))
+        .await;
+    assert_eq!(second.body["items"][0]["ad_id"], 3);
+    let all: Vec<u64> = reveals_of(&app, "user_id=7&limit=2")
+        .await
+        .iter()
+        .map(|i| i["ad_id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(all, [5, 4, 3, 2, 1]);
+    // The window: since is inclusive, until exclusive.
+    let items = reveals_of(&app, "user_id=7").await;
+    let third_at = items[2]["at"].as_str().unwrap().to_owned();
+    let since: Vec<u64> = reveals_of(&app, &format!("user_id=7&since={third_at}"))
+        .await
+        .iter()
+        .map(|i| i["ad_id"].as_u64().unwrap())
+        .collect();
+    assert!(
+        since.starts_with(&[5, 4]) && since.contains(&3),
+        "{since:?}"
+    );
+    let until = reveals_of(&app, "user_id=7&until=2000-01-01T00:00:00Z").await;
+    assert!(until.is_empty());
+    for bad in [
+        "",
+        "user_id=7&viewer=pager",
+        "user_id=7&limit=0",
+        "user_id=7&limit=1001",
+        "user_id=7&since=yesterday",
+        "user_id=7&cursor=nonsense",
+    ] {
+        app.get_admin(&format!("/admin/v1/reveals?{bad}"))
+            .await
+            .assert_problem(400);
+    }
+}
+
+#[tokio::test]
+async fn reveals_off_records_nothing_and_the_routes_are_404() {
+    let app = TestApp::spawn_with("[reveals]\nenabled = false").await;
+    app.real.reply(Reply::Phone(REAL));
+    viewed(&app, Some("v"), &lookup(1, 1, PLAIN_CATEGORY))
+        .await
+        .assert_number(REAL, "real");
+    app.get_admin("/admin/v1/reveals?user_id=1")
+        .await
+        .assert_problem(404);
+    app.get_admin("/admin/v1/ads/1/reveals")
+        .await
+        .assert_problem(404);
+}
+
+#[tokio::test]
+async fn a_graceful_shutdown_writes_what_is_buffered() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/reveals.db", dir.path().display());
+    // A flush interval far beyond the test: only the shutdown can write them.
+    let mut app = TestApp::spawn_on(Some(&url), "[reveals]\nflush_interval_ms = 60000").await;
+    app.real.reply(Reply::Phone(REAL));
+    for ad in 1..=3 {
+        viewed(&app, None, &lookup(9, ad, PLAIN_CATEGORY))
+            .await
+            .assert_number(REAL, "real");
+    }
+    app.shutdown().await.unwrap().unwrap();
+    let again = TestApp::spawn_on(Some(&url), "").await;
+    assert_eq!(reveals_of(&again, "user_id=9").await.len(), 3);
+}
+
+/// Counts every write to a counter row, and the transactions they came in.
+async fn count_counter_writes(url: &str) -> sqlx::PgPool {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    for statement in [
+        "CREATE TABLE counter_writes (tx BIGINT NOT NULL)",
+        "CREATE FUNCTION note_counter_write() RETURNS trigger AS $$ \
+         BEGIN INSERT INTO counter_writes VALUES (txid_current()); RETURN NEW; END $$ LANGUAGE plpgsql",
+        "CREATE TRIGGER counter_write AFTER INSERT OR UPDATE ON ad_reveal_counts \
+         FOR EACH ROW EXECUTE FUNCTION note_counter_write()",
+    ] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    pool
+}
+
+#[tokio::test]
+async fn a_hot_ad_counts_exactly_with_one_counter_write_per_flush() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let app = TestApp::spawn_on(Some(&db.url), "[reveals]\nflush_interval_ms = 100").await;
+    app.real.reply(Reply::Phone(REAL));
+    let pool = count_counter_writes(&db.url).await;
+    const TASKS: u64 = 20;
+    const EACH: u64 = 50;
+    let hammer = (0..TASKS).map(|task| {
+        let (http, url) = (
+            app.http.clone(),
+            format!("{}{}", app.public, lookup(task + 1, 77, PLAIN_CATEGORY)),
+        );
+        tokio::spawn(async move {
+            for _ in 0..EACH {
+                let answer = http.get(&url).send().await.unwrap();
+                assert_eq!(answer.status(), 200);
+            }
+        })
+    });
+    for task in hammer.collect::<Vec<_>>() {
+        task.await.unwrap();
+    }
+    eventually(Duration::from_secs(10), "every reveal counted", || async {
+        ad_counts(&app, 77).await["total"] == TASKS * EACH
+    })
+    .await;
+    assert_eq!(ad_counts(&app, 77).await["by_kind"]["real"], TASKS * EACH);
+    let (writes, flushes): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT tx) FROM counter_writes")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    // One counter row (ad 77, real), written once per flush that carried it.
+    assert_eq!(writes, flushes, "one write per flush");
+    assert!(
+        writes < (TASKS * EACH / 10) as i64,
+        "{writes} counter writes for {} reveals",
+        TASKS * EACH
+    );
+}
+
+#[tokio::test]
+async fn counts_are_summed_over_replicas_on_postgres() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let a = TestApp::spawn_on(Some(&db.url), FAST).await;
+    let b = TestApp::spawn_on(Some(&db.url), FAST).await;
+    for app in [&a, &b] {
+        app.real.reply(Reply::Phone(REAL));
+        for user in 1..=3 {
+            viewed(app, None, &lookup(user, 55, PLAIN_CATEGORY))
+                .await
+                .assert_number(REAL, "real");
+        }
+    }
+    for app in [&a, &b] {
+        eventually(Duration::from_secs(5), "both replicas' reveals", || async {
+            ad_counts(app, 55).await["total"] == 6
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn reveals_wait_in_memory_through_a_database_outage() {
+    let Some(db) = pg::cluster() else { return };
+    let cluster = db.cluster.as_ref().unwrap();
+    let app = TestApp::spawn_on(Some(&db.url), FAST).await;
+    app.real.reply(Reply::Phone(REAL));
+    cluster.stop_server().unwrap();
+    for ad in 1..=4 {
+        viewed(&app, None, &lookup(3, ad, PLAIN_CATEGORY))
+            .await
+            .assert_number(REAL, "real");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.start_server().unwrap();
+    eventually(
+        Duration::from_secs(15),
+        "written once the database is back",
+        || async {
+            let page = app.get_admin("/admin/v1/reveals?user_id=3").await;
+            page.status == 200 && page.body["items"].as_array().unwrap().len() == 4
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn past_max_buffered_reveals_are_dropped_or_the_number_refused() {
+    let Some(db) = pg::cluster() else { return };
+    let cluster = db.cluster.as_ref().unwrap();
+    let drop = TestApp::spawn_on(
+        Some(&db.url),
+        "[reveals]\nflush_interval_ms = 50\nmax_buffered = 2",
+    )
+    .await;
+    let refuse = TestApp::spawn_on(
+        Some(&db.url),
+        "[reveals]\nflush_interval_ms = 50\nmax_buffered = 2\non_overflow = \"refuse\"",
+    )
+    .await;
+    cluster.stop_server().unwrap();
+    for app in [&drop, &refuse] {
+        app.real.reply(Reply::Phone(REAL));
+    }
+    // Two fit in each buffer.
+    for ad in 1..=2 {
+        viewed(&drop, None, &lookup(10, ad, PLAIN_CATEGORY))
+            .await
+            .assert_number(REAL, "real");
+        viewed(&refuse, None, &lookup(11, ad, PLAIN_CATEGORY))
+            .await
+            .assert_number(REAL, "real");
+    }
+    // The third: shown and dropped, or refused.
+    viewed(&drop, None, &lookup(10, 3, PLAIN_CATEGORY))
+        .await
+        .assert_number(REAL, "real");
+    let refused = viewed(&refuse, None, &lookup(11, 3, PLAIN_CATEGORY)).await;
+    refused.assert_problem(503);
+    assert_eq!(refused.retry_after.as_deref(), Some("1"));
+    assert!(
+        drop.get_admin("/metrics")
+            .await
+            .text
+            .contains("phones_gateway_reveals_dropped_total")
+    );
+    cluster.start_server().unwrap();
+    for (app, user) in [(&drop, 10), (&refuse, 11)] {
+        eventually(
+            Duration::from_secs(15),
+            "the buffered two written",
+            || async {
+                let page = app
+                    .get_admin(&format!("/admin/v1/reveals?user_id={user}"))
+                    .await;
+                page.status == 200 && page.body["items"].as_array().unwrap().len() == 2
+            },
+        )
+        .await;
+    }
+    // With room again, refuse shows numbers again.
+    viewed(&refuse, None, &lookup(11, 4, PLAIN_CATEGORY))
+        .await
+        .assert_number(REAL, "real");
+}
+
+#[tokio::test]
+async fn retention_deletes_old_reveals_and_keeps_the_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/retention.db", dir.path().display());
+    let mut app = TestApp::spawn_on(Some(&url), FAST).await;
+    app.real.reply(Reply::Phone(REAL));
+    viewed(&app, None, &lookup(5, 1, PLAIN_CATEGORY))
+        .await
+        .assert_number(REAL, "real");
+    eventually(Duration::from_secs(5), "the recent reveal", || async {
+        reveals_of(&app, "user_id=5").await.len() == 1
+    })
+    .await;
+    app.shutdown().await.unwrap().unwrap();
+    // Reveals from 40 days ago, as an older replica would have written them.
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let old = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        - Duration::from_secs(40 * 86_400))
+    .as_micros() as i64;
+    for i in 0..12_000 {
+        sqlx::query("INSERT INTO reveals (at_us, viewer, user_id, ad_id, category_id, kind) VALUES (?, NULL, 5, 1, 1, 'real')")
+            .bind(old + i)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    sqlx::query("UPDATE ad_reveal_counts SET n = n + 12000 WHERE ad_id = 1 AND kind = 'real'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    // Retention runs at start: more than one batch of old rows goes.
+    let app = TestApp::spawn_on(Some(&url), "").await;
+    eventually(Duration::from_secs(10), "old reveals deleted", || async {
+        reveals_of(&app, "user_id=5&until=2100-01-01T00:00:00Z&limit=1000")
+            .await
+            .len()
+            == 1
+    })
+    .await;
+    assert_eq!(ad_counts(&app, 1).await["total"], 12_001, "counts are kept");
+}
