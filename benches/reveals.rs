@@ -1,0 +1,227 @@
+//! The reveal log at scale, on a throwaway PostgreSQL cluster (and SQLite):
+//! - write throughput: batches as one flush writes them (log rows by COPY and
+//!   the per-ad counts, one transaction), a third of all reveals on one hot ad;
+//!   reveals per second, and how many times the hot ad's counter row was written;
+//! - the request path's cost: `Reveals::record` per call, and memory per
+//!   buffered reveal;
+//! - "a seller's last 100 reveals" with the log at 10,000,000 rows;
+//! - retention: deleting the oldest 1,000,000 rows in small batches.
+//!
+//! `cargo bench --bench reveals` measures at full size (a few minutes); under
+//! `cargo test` it runs small as a smoke check.
+
+#![allow(clippy::unwrap_used)]
+
+#[allow(dead_code)]
+#[path = "../tests/it/pg.rs"]
+mod pg;
+
+use std::time::{Duration, Instant};
+
+use phones_gateway::config::Config;
+use phones_gateway::domain::{
+    AdId, CategoryId, Reveal, RevealQuery, RevealsOf, Source, UserId, Viewer,
+};
+use phones_gateway::reveals::Reveals;
+use phones_gateway::store::Store;
+
+struct Sizes {
+    flushes: usize,
+    per_flush: usize,
+    log_rows: usize,
+    retention_rows: usize,
+}
+
+const HOT_AD: u64 = 1;
+/// Sellers the log is spread over; the one queried has its share.
+const SELLERS: u64 = 100_000;
+
+fn reveal(n: u64, at_us: i64) -> Reveal {
+    // One in three on the hot ad; the rest spread over ads and sellers.
+    let ad = if n % 3 == 0 {
+        HOT_AD
+    } else {
+        2 + n % 1_000_000
+    };
+    Reveal {
+        at_us,
+        viewer: (n % 2 == 0)
+            .then(|| Viewer::parse(format!("v-{}", n % 50_000).as_bytes()).unwrap()),
+        user: UserId::new(1 + n % SELLERS).unwrap(),
+        ad: AdId::new(ad).unwrap(),
+        category: CategoryId::new(1 + n % 40).unwrap(),
+        kind: [Source::Real, Source::Calltracking, Source::Anonymous][(n % 3) as usize],
+    }
+}
+
+fn now_us() -> i64 {
+    phones_gateway::reveals::now_us()
+}
+
+async fn throughput(kind: &str, store: &Store, sizes: &Sizes) {
+    let mut n = 0;
+    let start = Instant::now();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..sizes.flushes {
+        let batch: Vec<Reveal> = (0..sizes.per_flush)
+            .map(|_| {
+                n += 1;
+                reveal(n, now_us())
+            })
+            .collect();
+        let flush = Instant::now();
+        store.write_reveals(&batch).await.unwrap();
+        slowest = slowest.max(flush.elapsed());
+    }
+    let elapsed = start.elapsed();
+    let total = sizes.flushes * sizes.per_flush;
+    let hot = store
+        .ad_reveal_counts(AdId::new(HOT_AD).unwrap())
+        .await
+        .unwrap();
+    println!(
+        "{kind:>8} | write: {total} reveals in {} flushes of {}: {elapsed:.2?} ({:.0} reveals/s), slowest flush {slowest:.2?}; hot ad counted {} times by {} counter writes (one per flush)",
+        sizes.flushes,
+        sizes.per_flush,
+        total as f64 / elapsed.as_secs_f64(),
+        hot.total(),
+        sizes.flushes
+    );
+}
+
+async fn last_100(kind: &str, store: &Store, sizes: &Sizes) {
+    // Fill the log to `log_rows` (old rows first), spread over SELLERS sellers.
+    let have = sizes.flushes * sizes.per_flush;
+    let start = Instant::now();
+    let base = now_us() - 20 * 86_400_000_000;
+    let mut n = 10_000_000_000u64;
+    let mut left = sizes.log_rows.saturating_sub(have);
+    while left > 0 {
+        let chunk = left.min(100_000);
+        let batch: Vec<Reveal> = (0..chunk)
+            .map(|i| {
+                n += 1;
+                reveal(n, base + i as i64)
+            })
+            .collect();
+        store.write_reveals(&batch).await.unwrap();
+        left -= chunk;
+    }
+    let filled = start.elapsed();
+    let query = RevealQuery {
+        of: RevealsOf::Seller(UserId::new(4242).unwrap()),
+        since_us: i64::MIN,
+        until_us: i64::MAX,
+        after: None,
+        limit: 100,
+    };
+    let mut times = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        let rows = store.read_reveals(&query).await.unwrap();
+        times.push(t.elapsed());
+        // At 10M rows the seller has about 100 of its own; fewer in a smoke run.
+        assert!(rows.len() <= 100);
+        assert!(rows.len() == 100 || sizes.log_rows < 10_000_000);
+    }
+    times.sort();
+    println!(
+        "{kind:>8} | log of {} rows (filled in {filled:.2?}): a seller's last 100 p50 {:.2?}, max {:.2?}",
+        sizes.log_rows,
+        times[times.len() / 2],
+        times[times.len() - 1]
+    );
+}
+
+async fn retention(kind: &str, store: &Store, sizes: &Sizes) {
+    // The fill above wrote its rows 20 days back, in order: the oldest
+    // `retention_rows` of them go.
+    let cutoff = now_us() - 20 * 86_400_000_000 + sizes.retention_rows as i64;
+    let start = Instant::now();
+    let deleted = phones_gateway::reveals::retention::delete_before(store, cutoff)
+        .await
+        .unwrap();
+    let elapsed = start.elapsed();
+    println!(
+        "{kind:>8} | retention: {deleted} rows in batches of {} in {elapsed:.2?} ({:.0} rows/s)",
+        phones_gateway::reveals::retention::BATCH,
+        deleted as f64 / elapsed.as_secs_f64()
+    );
+}
+
+async fn measure(kind: &str, url: &str, sizes: &Sizes) {
+    let store = Store::connect(url, 8).await.unwrap();
+    store.migrate().await.unwrap();
+    throughput(kind, &store, sizes).await;
+    last_100(kind, &store, sizes).await;
+    retention(kind, &store, sizes).await;
+    store.close().await;
+}
+
+/// The request path: one record, and the memory a buffered reveal holds.
+fn record_cost(buffered: usize) {
+    let config = Config::from_toml(&format!("[reveals]\nmax_buffered = {buffered}")).unwrap();
+    let reveals = Reveals::new(&config.reveals);
+    let rss = || {
+        std::fs::read_to_string("/proc/self/statm")
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(1)?.parse::<usize>().ok())
+            .map_or(0, |pages| pages * 4096)
+    };
+    let before = rss();
+    let start = Instant::now();
+    for n in 0..buffered as u64 {
+        reveals.record(reveal(n, 0)).unwrap();
+    }
+    let elapsed = start.elapsed();
+    let after = rss();
+    println!(
+        "  record | {buffered} reveals buffered: {:.0} ns per record, {:.0} bytes of RSS per buffered reveal (half with a viewer id)",
+        elapsed.as_nanos() as f64 / buffered as f64,
+        after.saturating_sub(before) as f64 / buffered as f64
+    );
+}
+
+fn main() {
+    let bench = std::env::args().any(|a| a == "--bench");
+    let sizes = if bench {
+        Sizes {
+            flushes: 20,
+            per_flush: 50_000,
+            log_rows: 10_000_000,
+            retention_rows: 1_000_000,
+        }
+    } else {
+        Sizes {
+            flushes: 2,
+            per_flush: 5_000,
+            log_rows: 30_000,
+            retention_rows: 12_000,
+        }
+    };
+    record_cost(if bench { 1_000_000 } else { 10_000 });
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        match pg::PgCluster::start() {
+            Ok(cluster) => measure("postgres", &cluster.url(), &sizes).await,
+            Err(e)
+                if std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false") =>
+            {
+                panic!("no PostgreSQL: {e}")
+            }
+            Err(e) => println!("postgres: skipped ({e})"),
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let small = Sizes {
+            log_rows: sizes.log_rows.min(1_000_000),
+            retention_rows: sizes.retention_rows.min(100_000),
+            ..sizes
+        };
+        measure(
+            "sqlite",
+            &format!("sqlite://{}/reveals.db", dir.path().display()),
+            &small,
+        )
+        .await;
+    });
+}
