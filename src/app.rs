@@ -72,22 +72,22 @@ impl App {
             status.set().clone(),
         ));
         let shutting_down = Arc::new(AtomicBool::new(false));
+        let reveals = config
+            .reveals
+            .enabled
+            .then(|| Reveals::new(&config.reveals));
         let admin_state = AdminState {
             status: status.clone(),
             caches: caches.clone(),
             token: Arc::new(config.admin.token.clone()),
             shutting_down: shutting_down.clone(),
             metrics,
-            reveals_enabled: config.reveals.enabled,
+            reveals: reveals.clone(),
         };
         if config.admin.token.is_empty() {
             tracing::warn!("admin.token is empty: every /admin/ route answers 401");
         }
         let limiter = ViewerLimiter::new(config.rate_limit.per_viewer_per_minute);
-        let reveals = config
-            .reveals
-            .enabled
-            .then(|| Reveals::new(&config.reveals));
         let public = TcpListener::bind(config.server.public_addr)
             .await
             .with_context(|| format!("binding server.public_addr {}", config.server.public_addr))?;

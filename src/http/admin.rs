@@ -35,8 +35,9 @@ pub struct AdminState {
     pub token: Arc<Secret>,
     pub shutting_down: Arc<AtomicBool>,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
-    /// `reveals.enabled`: the reveal routes answer 404 when off.
-    pub reveals_enabled: bool,
+    /// The reveal log's buffer (for its gauge); `None` when `reveals.enabled` is
+    /// false, and then the reveal routes answer 404.
+    pub reveals: Option<crate::reveals::Reveals>,
 }
 
 /// Refuses every `/admin/` request without the configured bearer token; with no
@@ -297,6 +298,9 @@ pub async fn metrics(State(state): State<AdminState>) -> Response {
     // Gauges are computed at scrape time, each by its owner.
     state.status.publish_gauges();
     state.caches.publish_gauges();
+    if let Some(reveals) = &state.reveals {
+        reveals.publish_gauges();
+    }
     let mut text = state.metrics.render();
     super::durations::render(&mut text);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()

@@ -80,7 +80,7 @@ pub async fn list(
     State(state): State<AdminState>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    if !state.reveals_enabled {
+    if state.reveals.is_none() {
         return Err(ApiError::RouteNotFound);
     }
     let query = parse_query(query.as_deref().unwrap_or_default())?;
@@ -123,7 +123,7 @@ pub async fn ad_counts(
     State(state): State<AdminState>,
     Path(ad_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    if !state.reveals_enabled {
+    if state.reveals.is_none() {
         return Err(ApiError::RouteNotFound);
     }
     let ad = AdId::parse(&ad_id).map_err(|e| field_error("ad_id", e))?;
