@@ -67,6 +67,8 @@ fn fixture() -> Fixture {
     let upstreams = Arc::new(Upstreams::new(&config).unwrap());
     let caches = Caches::new(&config);
     let status = Arc::new(StatusSet::default());
+    // Loaded: until it is, call tracking is unknown and nothing below it shows.
+    status.mark_loaded();
     status.apply_changes(&[StatusItem {
         user_id: 42,
         enabled: true,

@@ -33,6 +33,8 @@ struct Sizes {
 }
 
 const HOT_AD: u64 = 1;
+/// Reveal numbers of the fill, apart from the throughput run's.
+const FILL_START: u64 = 10_000_000_000;
 /// Sellers the log is spread over; the one queried has its share.
 const SELLERS: u64 = 100_000;
 
@@ -89,19 +91,21 @@ async fn throughput(kind: &str, store: &Store, sizes: &Sizes) {
     );
 }
 
-async fn last_100(kind: &str, store: &Store, sizes: &Sizes) {
+/// Returns the time of the fill's oldest row.
+async fn last_100(kind: &str, store: &Store, sizes: &Sizes) -> i64 {
     // Fill the log to `log_rows` (old rows first), spread over SELLERS sellers.
     let have = sizes.flushes * sizes.per_flush;
     let start = Instant::now();
     let base = now_us() - 20 * 86_400_000_000;
-    let mut n = 10_000_000_000u64;
+    let mut n = FILL_START;
     let mut left = sizes.log_rows.saturating_sub(have);
     while left > 0 {
         let chunk = left.min(100_000);
+        // Timestamps one microsecond apart, oldest first, across every chunk.
         let batch: Vec<Reveal> = (0..chunk)
-            .map(|i| {
+            .map(|_| {
                 n += 1;
-                reveal(n, base + i as i64)
+                reveal(n, base + (n - FILL_START) as i64)
             })
             .collect();
         store.write_reveals(&batch).await.unwrap();
@@ -131,12 +135,13 @@ async fn last_100(kind: &str, store: &Store, sizes: &Sizes) {
         times[times.len() / 2],
         times[times.len() - 1]
     );
+    base
 }
 
-async fn retention(kind: &str, store: &Store, sizes: &Sizes) {
-    // The fill above wrote its rows 20 days back, in order: the oldest
-    // `retention_rows` of them go.
-    let cutoff = now_us() - 20 * 86_400_000_000 + sizes.retention_rows as i64;
+async fn retention(kind: &str, store: &Store, sizes: &Sizes, base: i64) {
+    // The fill above wrote its rows 20 days back, a microsecond apart from
+    // `base`: the oldest `retention_rows` of them go.
+    let cutoff = base + sizes.retention_rows as i64;
     let start = Instant::now();
     let deleted = phones_gateway::reveals::retention::delete_before(store, cutoff)
         .await
@@ -153,8 +158,8 @@ async fn measure(kind: &str, url: &str, sizes: &Sizes) {
     let store = Store::connect(url, 8).await.unwrap();
     store.migrate().await.unwrap();
     throughput(kind, &store, sizes).await;
-    last_100(kind, &store, sizes).await;
-    retention(kind, &store, sizes).await;
+    let base = last_100(kind, &store, sizes).await;
+    retention(kind, &store, sizes, base).await;
     store.close().await;
 }
 
@@ -213,6 +218,7 @@ fn main() {
         }
         let dir = tempfile::tempdir().unwrap();
         let small = Sizes {
+            flushes: sizes.flushes.min(4),
             log_rows: sizes.log_rows.min(1_000_000),
             retention_rows: sizes.retention_rows.min(100_000),
             ..sizes
