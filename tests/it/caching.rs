@@ -159,13 +159,13 @@ async fn invalidation_drops_every_number_of_the_seller() {
         .assert_number(REAL, "real");
     assert_eq!(app.real.calls(), 3);
     app.invalidate(&[1]).await;
-    app.real.reply(Reply::Phone("+79160000000"));
+    app.real.reply(Reply::Phone(crate::NEW_REAL));
     app.phone(1, 1, PLAIN_CATEGORY)
         .await
-        .assert_number("+79160000000", "real");
+        .assert_number(crate::NEW_REAL, "real");
     app.phone(1, 2, PLAIN_CATEGORY)
         .await
-        .assert_number("+79160000000", "real");
+        .assert_number(crate::NEW_REAL, "real");
     assert_eq!(app.real.calls(), 5);
 }
 
@@ -199,16 +199,16 @@ async fn a_fetch_started_before_an_invalidation_never_writes_its_answer_back() {
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(app.real.calls(), 1, "the old fetch is under way");
     app.invalidate(&[1]).await;
-    app.real.reply(Reply::Phone("+79160000000"));
+    app.real.reply(Reply::Phone(crate::NEW_REAL));
     // After the invalidation: not joined to the old fetch.
     app.phone(1, 1, PLAIN_CATEGORY)
         .await
-        .assert_number("+79160000000", "real");
+        .assert_number(crate::NEW_REAL, "real");
     // The old fetch ends with the old number for its own caller...
     before.await.unwrap().assert_number(REAL, "real");
     // ...and does not overwrite the new one.
     app.phone(1, 1, PLAIN_CATEGORY)
         .await
-        .assert_number("+79160000000", "real");
+        .assert_number(crate::NEW_REAL, "real");
     assert_eq!(app.real.calls(), 2);
 }

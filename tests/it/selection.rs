@@ -381,7 +381,7 @@ async fn batch_answers_each_item_in_order_with_mixed_results() {
     );
     assert_eq!(results[2]["ad_id"], 13);
     assert_eq!(results[2]["error"]["status"], 503);
-    assert_eq!(results[3]["phone"], "+442079460958");
+    assert_eq!(results[3]["phone"], crate::FOREIGN);
     assert_eq!(results[4]["error"]["status"], 400);
     assert!(
         results[4]["error"]["detail"]
