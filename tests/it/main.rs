@@ -7,6 +7,7 @@ mod abuse;
 mod admin;
 mod bad_input;
 mod caching;
+mod child;
 mod durability;
 mod faults;
 mod feed;
