@@ -111,7 +111,10 @@ async fn every_metric_family_moves_with_real_traffic() {
     let statuses = |method: Method, body: serde_json::Value| {
         let request = app
             .http
-            .request(method, format!("{}/admin/v1/calltracking/statuses", app.admin))
+            .request(
+                method,
+                format!("{}/admin/v1/calltracking/statuses", app.admin),
+            )
             .bearer_auth(TOKEN)
             .body(body.to_string());
         async move { read(request.send().await.unwrap()).await }
@@ -147,21 +150,33 @@ async fn every_metric_family_moves_with_real_traffic() {
     real.reply_after(Reply::Phone(REAL), Duration::from_millis(1000));
     let calls = real.calls();
     let (a, b) = tokio::join!(phone(6, PLAIN_CATEGORY), async {
-        eventually("the first request in service", Duration::from_secs(10), || {
-            let now = real.calls();
-            async move { now > calls }
-        })
+        eventually(
+            "the first request in service",
+            Duration::from_secs(10),
+            || {
+                let now = real.calls();
+                async move { now > calls }
+            },
+        )
         .await;
         phone(6, PLAIN_CATEGORY).await
     });
     a.assert_number(REAL, "real");
     b.assert_problem(503);
-    get(&app.public, "/v1/public-phone?user_id=1&ad_id=1&category_id=1", Some("v"))
-        .await
-        .assert_number(REAL, "real");
-    get(&app.public, "/v1/public-phone?user_id=1&ad_id=1&category_id=1", Some("v"))
-        .await
-        .assert_problem(429);
+    get(
+        &app.public,
+        "/v1/public-phone?user_id=1&ad_id=1&category_id=1",
+        Some("v"),
+    )
+    .await
+    .assert_number(REAL, "real");
+    get(
+        &app.public,
+        "/v1/public-phone?user_id=1&ad_id=1&category_id=1",
+        Some("v"),
+    )
+    .await
+    .assert_problem(429);
     let snapshot = json!({ "version": 5, "enabled_user_ids": [2, 7] });
     assert_eq!(statuses(Method::PUT, snapshot).await.status, 200);
 

@@ -27,7 +27,9 @@ struct Slot;
 impl Slot {
     fn take() -> Slot {
         let (count, freed) = &RUNNING;
-        let mut count = count.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut count = count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         while *count >= MAX_CLUSTERS {
             count = freed
                 .wait(count)
@@ -41,7 +43,9 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         let (count, freed) = &RUNNING;
-        *count.lock().unwrap_or_else(std::sync::PoisonError::into_inner) -= 1;
+        *count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) -= 1;
         freed.notify_one();
     }
 }
