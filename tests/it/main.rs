@@ -15,6 +15,7 @@ mod limits;
 mod operations;
 mod pg;
 mod privacy;
+mod promises;
 mod replicas;
 mod selection;
 mod shutdown;
@@ -28,9 +29,18 @@ pub const VIRTUAL: &str = "+74951234567";
 pub const NEW_REAL: &str = "+79160000000";
 pub const OTHER_VIRTUAL: &str = "+74950000001";
 pub const FOREIGN: &str = "+442079460958";
+pub const NEW_ANON: &str = "+78009998877";
 /// Every number the tests use: the privacy scanner looks for each one's digits
 /// in every log line, with or without `+` (`support::leaks_in`).
-pub const NUMBERS: &[&str] = &[REAL, ANON, VIRTUAL, NEW_REAL, OTHER_VIRTUAL, FOREIGN];
+pub const NUMBERS: &[&str] = &[
+    REAL,
+    ANON,
+    VIRTUAL,
+    NEW_REAL,
+    OTHER_VIRTUAL,
+    FOREIGN,
+    NEW_ANON,
+];
 /// A category where anonymous numbers are sold (default config) and one where not.
 pub const ANON_CATEGORY: u64 = 9;
 pub const PLAIN_CATEGORY: u64 = 1;
