@@ -64,6 +64,10 @@ fn main() {
         held > entries * 9 / 10,
         "the cache should hold most entries"
     );
+    assert!(
+        held <= entries,
+        "{held} entries held, over the capacity of {entries}"
+    );
 
     // Timings on the full cache. Keys are visited in a scattered order (a
     // multiplicative step), as requests would, not in insertion order.
@@ -113,8 +117,11 @@ fn main() {
         })
     });
     criterion.final_summary();
-    println!(
-        "cache_memory: after the timings {} entries held",
-        cache.len()
+    let held = cache.len() as u64;
+    println!("cache_memory: after the timings {held} entries held");
+    // Inserting past capacity evicted: the cache stays bounded.
+    assert!(
+        held <= entries,
+        "{held} entries held, over the capacity of {entries}"
     );
 }

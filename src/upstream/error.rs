@@ -14,9 +14,11 @@ pub enum UpstreamError {
     /// An HTTP status the contract does not allow.
     #[error("unexpected status {0}")]
     Status(u16),
-    /// A body that does not parse, or a phone that does not normalise.
+    /// A body that does not parse, or a phone that does not normalise. Only the
+    /// kind of failure, never content: a parser's message quotes the body, and
+    /// the body may hold a number (SPEC 10), so this cannot carry a `String`.
     #[error("bad answer: {0}")]
-    Decode(String),
+    Decode(&'static str),
     /// The circuit breaker is open: the upstream was not called.
     #[error("circuit open")]
     CircuitOpen,

@@ -232,13 +232,13 @@ impl Upstreams {
             let mut body = Vec::new();
             while let Some(chunk) = response.chunk().await.map_err(connect_error)? {
                 if body.len() + chunk.len() > MAX_BODY_BYTES {
-                    return Err(UpstreamError::Decode("body too large".into()));
+                    return Err(UpstreamError::Decode("body too large"));
                 }
                 body.extend_from_slice(&chunk);
             }
             serde_json::from_slice(&body)
                 .map(Some)
-                .map_err(|e| UpstreamError::Decode(e.to_string()))
+                .map_err(|e| UpstreamError::Decode(decode_kind(&e)))
         };
         let start = std::time::Instant::now();
         let slot = endpoint.slot();
@@ -279,6 +279,18 @@ fn connect_error(error: reqwest::Error) -> UpstreamError {
     UpstreamError::Connect(error.without_url().to_string())
 }
 
+/// What kind of body failed to decode. serde's message quotes the body (a
+/// bare-number `phone` would be logged whole), so only its category is kept.
+fn decode_kind(error: &serde_json::Error) -> &'static str {
+    match error.classify() {
+        serde_json::error::Category::Data => "body does not match the contract",
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+            "invalid JSON body"
+        }
+        serde_json::error::Category::Io => "body could not be read",
+    }
+}
+
 fn parse_phone(text: &str) -> Result<Phone, UpstreamError> {
-    Phone::parse(text).map_err(|e| UpstreamError::Decode(format!("phone {e}")))
+    Phone::parse(text).map_err(|_| UpstreamError::Decode("phone does not normalise"))
 }

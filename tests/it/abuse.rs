@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::support::{Reply, TestApp, read};
+use crate::support::{Reply, TestApp, eventually, read};
 use crate::{PLAIN_CATEGORY, REAL};
 
 async fn as_viewer(app: &TestApp, viewer: Option<&str>, user: u64) -> crate::support::Answer {
@@ -38,10 +38,18 @@ async fn a_viewer_past_the_limit_gets_429_and_no_upstream_is_called() {
         calls,
         "no upstream call for a refused request"
     );
-    // Cached answers count too.
-    as_viewer(&app, Some("buyer-1"), 1)
+    // Cached answers count too: a fresh viewer asks for what is now cached; the
+    // cache answers each time, and the fourth request is refused all the same.
+    for _ in 0..3 {
+        as_viewer(&app, Some("buyer-5"), 1)
+            .await
+            .assert_number(REAL, "real");
+    }
+    let calls = app.real.calls();
+    as_viewer(&app, Some("buyer-5"), 1)
         .await
         .assert_problem(429);
+    assert_eq!(app.real.calls(), calls, "the cached answers made no call");
     // Other viewers, and requests without a viewer, are not affected.
     as_viewer(&app, Some("buyer-2"), 1)
         .await
@@ -69,7 +77,13 @@ async fn a_viewer_past_the_limit_gets_429_and_no_upstream_is_called() {
             .await
         }
     };
-    assert_eq!(post("buyer-3", batch(2)).await.status, 200);
+    let got = post("buyer-3", batch(2)).await;
+    assert_eq!(got.status, 200, "{got:?}");
+    let results = got.body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{got:?}");
+    for result in results {
+        assert_eq!(result["phone"], REAL, "{result}");
+    }
     post("buyer-3", batch(2)).await.assert_problem(429);
     post("buyer-4", batch(4)).await.assert_problem(429);
 }
@@ -81,7 +95,7 @@ async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
     )
     .await;
     app.real
-        .reply_after(Reply::Phone(REAL), Duration::from_millis(800));
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(3000));
     let slow: Vec<_> = (1..=2)
         .map(|user| {
             let (public, http) = (app.public.clone(), app.http.clone());
@@ -98,13 +112,20 @@ async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Both slots taken: both requests are at the upstream.
+    eventually("both requests in service", Duration::from_secs(10), || {
+        let calls = app.real.calls();
+        async move { calls == 2 }
+    })
+    .await;
     let start = Instant::now();
     let shed = app.phone(3, 1, PLAIN_CATEGORY).await;
     shed.assert_problem(503);
     assert!(shed.retry_after.is_some());
+    // Queued, it would wait for a slot (about 3 s); the bound leaves room for
+    // two busy cores.
     assert!(
-        start.elapsed() < Duration::from_millis(300),
+        start.elapsed() < Duration::from_millis(1500),
         "shed at once, not queued: {:?}",
         start.elapsed()
     );

@@ -92,7 +92,13 @@ async fn bad_batch_bodies_are_400_and_oversized_ones_413() {
             json!({ "items": vec![item.clone(); 100] }).to_string(),
         )
         .await;
-    assert_eq!(ok.status, 200);
+    assert_eq!(ok.status, 200, "{ok:?}");
+    let results = ok.body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 100);
+    for result in results {
+        assert_eq!(result["phone"], REAL, "{result}");
+        assert_eq!(result["kind"], "real", "{result}");
+    }
     let huge = format!("{{\"items\": [{}]}}", " ".repeat(30_000));
     app.post_public("/v1/public-phones/batch", huge)
         .await
@@ -104,8 +110,11 @@ async fn bad_batch_bodies_are_400_and_oversized_ones_413() {
         .post_public("/v1/public-phones/batch", odd.to_string())
         .await;
     assert_eq!(got.status, 200, "{got:?}");
-    for result in got.body["results"].as_array().unwrap() {
+    let results = got.body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 7, "one result per item: {got:?}");
+    for result in results {
         assert_eq!(result["error"]["status"], 400, "{result}");
+        assert!(result.get("phone").is_none(), "{result}");
     }
 }
 
@@ -171,6 +180,46 @@ async fn bad_admin_bodies_are_400_and_change_nothing() {
             .await
             .assert_problem(400);
     }
+}
+
+/// The item-count limits themselves, not the body limit: a body limit large
+/// enough that 10,001 items fit, so only the count can refuse them.
+#[tokio::test]
+async fn ten_thousand_items_pass_and_one_more_is_a_400() {
+    let app = TestApp::spawn_with("[server]\nmax_body_bytes = 2097152").await;
+    let statuses = "/admin/v1/calltracking/statuses";
+    let items = |n: u64| json!({ "items": (1..=n).map(|user| json!({ "user_id": user, "enabled": true, "version": 1 })).collect::<Vec<_>>() });
+    let got = app.send_admin(Method::POST, statuses, &items(10_001)).await;
+    got.assert_problem(400);
+    assert!(
+        got.body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("items"),
+        "{got:?}"
+    );
+    assert_eq!(
+        app.get_admin(&format!("{statuses}/1")).await.body["version"],
+        0,
+        "nothing was applied"
+    );
+    let got = app.send_admin(Method::POST, statuses, &items(10_000)).await;
+    assert_eq!(got.status, 200, "{got:?}");
+    assert_eq!(got.body["applied"], 10_000);
+
+    let invalidate = "/admin/v1/cache/invalidate";
+    let ids = |n: u64| json!({ "user_ids": (1..=n).collect::<Vec<_>>() });
+    let got = app.send_admin(Method::POST, invalidate, &ids(10_001)).await;
+    got.assert_problem(400);
+    assert!(
+        got.body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("user_ids"),
+        "{got:?}"
+    );
+    let got = app.send_admin(Method::POST, invalidate, &ids(10_000)).await;
+    assert_eq!(got.status, 200, "{got:?}");
 }
 
 #[tokio::test]

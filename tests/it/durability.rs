@@ -1,59 +1,63 @@
 //! SPEC 7 / issue 4: the status set survives a SIGKILL of the process, on SQLite
 //! and on PostgreSQL; and it is loaded before /readyz says ready.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::json;
 
+use crate::child::Spawned;
 use crate::pg;
-use crate::pg::free_port;
-use crate::support::TOKEN;
+use crate::support::{Fake, Reply, TOKEN, Upstream, eventually, read};
+use crate::{PLAIN_CATEGORY, REAL};
 
-/// The real binary, started as operators start it.
+/// The real binary, started as operators start it, logging JSON (as production
+/// does) at trace level into the privacy scanner.
 pub struct Process {
-    child: Child,
+    child: Spawned,
+    pub public: String,
     pub admin: String,
     pub http: reqwest::Client,
 }
 
 impl Process {
     pub async fn start(database_url: &str) -> Process {
-        let admin_port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_phones-gateway"))
+        Self::start_with(database_url, &[]).await
+    }
+
+    /// Starts the binary with extra `PHONES_GATEWAY__*` settings; both listeners
+    /// on port 0, their addresses read back from the "listening" line.
+    pub async fn start_with(database_url: &str, env: &[(&str, &str)]) -> Process {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_phones-gateway"));
+        command
             .arg("serve")
-            .env(
-                "PHONES_GATEWAY__SERVER__PUBLIC_ADDR",
-                format!("127.0.0.1:{}", free_port()),
-            )
-            .env(
-                "PHONES_GATEWAY__SERVER__ADMIN_ADDR",
-                format!("127.0.0.1:{admin_port}"),
-            )
+            .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
+            .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
             .env("PHONES_GATEWAY__ADMIN__TOKEN", TOKEN)
             .env("PHONES_GATEWAY__DATABASE__URL", database_url)
-            .env("PHONES_GATEWAY__LOG__FILTER", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the binary starts");
+            .env("PHONES_GATEWAY__LOG__FILTER", "phones_gateway=trace,info")
+            .env("PHONES_GATEWAY__LOG__FORMAT", "json")
+            .env_remove("RUST_LOG");
+        for (key, value) in env {
+            command.env(format!("PHONES_GATEWAY__{key}"), value);
+        }
+        let child = Spawned::spawn(command, "phones-gateway serve");
+        let limit = Duration::from_secs(30);
+        let addrs = child.logged("listening", &["public", "admin"], limit).await;
+        let (public, admin) = (&addrs[0], &addrs[1]);
         let process = Process {
             child,
-            admin: format!("http://127.0.0.1:{admin_port}"),
+            public: format!("http://{public}"),
+            admin: format!("http://{admin}"),
             http: reqwest::Client::new(),
         };
-        for _ in 0..200 {
-            let ready = process
-                .http
-                .get(format!("{}/readyz", process.admin))
-                .send()
-                .await;
-            if ready.is_ok_and(|r| r.status() == 200) {
-                return process;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the process never became ready");
+        let ready = format!("{}/readyz", process.admin);
+        eventually("the process to become ready", limit, || async {
+            let got = process.http.get(&ready).send().await;
+            got.is_ok_and(|r| r.status() == 200)
+        })
+        .await;
+        process
     }
 
     async fn send(&self, method: reqwest::Method, body: serde_json::Value) -> u16 {
@@ -87,21 +91,11 @@ impl Process {
 
     /// SIGTERM, then the exit status.
     fn sigterm(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        self.child.wait().unwrap()
+        self.child.sigterm()
     }
 
     fn sigkill(mut self) {
-        self.child.kill().unwrap(); // SIGKILL on Unix: no clean shutdown
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill();
     }
 }
 
@@ -151,12 +145,43 @@ async fn postgres_statuses_survive_a_sigkill() {
     statuses_survive_sigkill(&db.url).await;
 }
 
+/// SIGTERM while a request is in service: the request is answered, then the
+/// process exits 0.
 #[tokio::test]
-async fn sigterm_drains_and_exits_zero() {
+async fn sigterm_drains_an_in_flight_request_and_exits_zero() {
     let dir = tempfile::tempdir().unwrap();
-    let process = Process::start(&format!("sqlite://{}/gw.db", dir.path().display())).await;
+    let real = Fake::start(Upstream::RealPhone).await;
+    real.reply_after(Reply::Phone(REAL), Duration::from_millis(1500));
+    let process = Process::start_with(
+        &format!("sqlite://{}/gw.db", dir.path().display()),
+        &[
+            ("UPSTREAMS__REAL_PHONE__BASE_URL", &real.url),
+            ("UPSTREAMS__REAL_PHONE__TIMEOUT_MS", "5000"),
+            ("SERVER__REQUEST_DEADLINE_MS", "8000"),
+        ],
+    )
+    .await;
+    let in_flight = {
+        let url = format!(
+            "{}/v1/public-phone?user_id=1&ad_id=1&category_id={PLAIN_CATEGORY}",
+            process.public
+        );
+        let http = process.http.clone();
+        tokio::spawn(async move { read(http.get(url).send().await.unwrap()).await })
+    };
+    eventually(
+        "the request to reach the upstream",
+        Duration::from_secs(10),
+        || {
+            let calls = real.calls();
+            async move { calls == 1 }
+        },
+    )
+    .await;
     let status = tokio::task::spawn_blocking(move || process.sigterm())
         .await
         .unwrap();
     assert!(status.success(), "{status:?}");
+    in_flight.await.unwrap().assert_number(REAL, "real");
+    assert!(real.unexpected().is_empty(), "{:?}", real.unexpected());
 }

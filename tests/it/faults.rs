@@ -2,12 +2,15 @@
 //! traffic while the anonymous upstream is garbage, hung, at its timeout or killed:
 //! never a real or call-tracking number, always an answer within the deadline.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use crate::support::{Reply, TestApp, read};
+use crate::child::Spawned;
+use crate::support::{Reply, TestApp, eventually, read};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
 #[tokio::test]
@@ -18,11 +21,13 @@ async fn an_open_circuit_fails_fast_and_a_probe_closes_it() {
         app.phone(user, 1, PLAIN_CATEGORY).await.assert_problem(503);
     }
     assert_eq!(app.real.calls(), 3);
-    // Open: the upstream is not called, the answer is immediate.
+    // Open: the upstream (which now answers at once) is not called: 503 without
+    // a call is what "fails fast" means; the time bound only rules out a wait for
+    // some timeout, with room for two busy cores.
     app.real.reply(Reply::Phone(REAL));
     let start = Instant::now();
     app.phone(4, 1, PLAIN_CATEGORY).await.assert_problem(503);
-    assert!(start.elapsed() < Duration::from_millis(200));
+    assert!(start.elapsed() < Duration::from_millis(1500));
     assert_eq!(app.real.calls(), 3);
     // After open_ms one probe goes through; it succeeds and closes the circuit.
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -44,7 +49,7 @@ async fn the_request_deadline_bounds_the_real_then_calltracking_chain() {
         [upstreams.real_phone]
         timeout_ms = 1000
         [upstreams.anonymous]
-        timeout_ms = 1000
+        timeout_ms = 5000
         [upstreams.calltracking]
         timeout_ms = 1000
         "#,
@@ -56,21 +61,24 @@ async fn the_request_deadline_bounds_the_real_then_calltracking_chain() {
     app.calltracking
         .reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(250));
     let start = Instant::now();
-    // The chain would take 500 ms; at 400 calltracking (fall_through) is skipped.
+    // The chain would take 500 ms and answer the virtual number; at 400
+    // calltracking (fall_through) is skipped: the real number shows the cut, the
+    // upper bound (wide, for busy cores) only that nothing waited for a timeout.
     app.phone(1, 1, PLAIN_CATEGORY)
         .await
         .assert_number(REAL, "real");
     let took = start.elapsed();
     assert!(
-        took >= Duration::from_millis(400) && took < Duration::from_millis(800),
+        took >= Duration::from_millis(400) && took < Duration::from_millis(2500),
         "{took:?}"
     );
-    // A hung anonymous upstream (fail_closed) answers 503 at the deadline.
+    // A hung anonymous upstream (fail_closed, 5 s timeout) answers 503 at the
+    // deadline, long before its own timeout.
     app.anonymous.reply(Reply::Hang);
     let start = Instant::now();
     app.phone(2, 1, ANON_CATEGORY).await.assert_problem(503);
     assert!(
-        start.elapsed() < Duration::from_millis(800),
+        start.elapsed() < Duration::from_millis(2500),
         "{:?}",
         start.elapsed()
     );
@@ -80,7 +88,8 @@ const DEADLINE_MS: u64 = 500;
 
 /// Sends `n` anonymous-eligible requests (10 at a time) for fresh sellers, some
 /// with call tracking on; each must be 503 or the anonymous number, within the
-/// deadline and some slack.
+/// deadline and slack for ten concurrent requests on two busy cores (a hung
+/// upstream holds for 60 s, so the bound still tells a deadline from none).
 async fn never_reveals(app: &TestApp, first_user: u64, n: u64) -> (usize, usize) {
     let results: Vec<_> = futures_util::stream::iter(first_user..first_user + n)
         .map(|user| async move {
@@ -98,7 +107,7 @@ async fn never_reveals(app: &TestApp, first_user: u64, n: u64) -> (usize, usize)
     let (mut anonymous, mut refused) = (0, 0);
     for (got, took) in results {
         assert!(
-            took < Duration::from_millis(DEADLINE_MS + 700),
+            took < Duration::from_millis(DEADLINE_MS + 2500),
             "no answer within the deadline: {took:?}"
         );
         match got.status {
@@ -157,47 +166,63 @@ async fn a_garbage_hung_or_at_timeout_anonymous_upstream_never_reveals() {
 #[tokio::test]
 async fn an_anonymous_upstream_killed_mid_load_never_reveals() {
     // The simulator as the anonymous upstream, in a process of its own to kill.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut sim = Command::new(env!("CARGO_BIN_EXE_phones-gateway"))
-        .args(["simulate", "--addr", &format!("127.0.0.1:{port}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..100 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let mut command = Command::new(env!("CARGO_BIN_EXE_phones-gateway"));
+    command.args(["simulate", "--addr", "127.0.0.1:0"]);
+    let mut sim = Spawned::spawn(command, "phones-gateway simulate");
+    let addr = sim
+        .logged("simulator listening", &["addr"], Duration::from_secs(30))
+        .await;
     let app = TestApp::spawn_with(&format!(
-        "[server]\nrequest_deadline_ms = {DEADLINE_MS}\n[upstreams.anonymous]\nbase_url = \"http://127.0.0.1:{port}\""
+        "[server]\nrequest_deadline_ms = {DEADLINE_MS}\n[upstreams.anonymous]\nbase_url = \"http://{}\"",
+        addr[0]
     ))
     .await;
     app.real.reply(Reply::Phone(REAL));
-    // Load while healthy: the simulator connects (user + ad) % 3 == 0.
+    // Load while healthy, through the kill and after it: the simulator connects
+    // an anonymous number when (user + ad) % 3 == 0, else answers 404.
+    let answered = Arc::new(AtomicUsize::new(0));
     let load = {
-        let (public, http) = (app.public.clone(), app.http.clone());
+        let (public, http, answered) = (app.public.clone(), app.http.clone(), answered.clone());
         tokio::spawn(async move {
+            let mut answers = Vec::new();
             for user in 1000..1300u64 {
                 let url = format!(
                     "{public}/v1/public-phone?user_id={user}&ad_id=2&category_id={ANON_CATEGORY}"
                 );
-                let _ = http.get(url).send().await;
+                answers.push((user, read(http.get(url).send().await.unwrap()).await));
+                answered.fetch_add(1, Ordering::SeqCst);
             }
+            answers
         })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    sim.kill().unwrap(); // SIGKILL, mid-load
-    sim.wait().unwrap();
-    load.await.unwrap();
+    // Kill it once the load is under way (30 answers given), mid-load.
+    eventually("the load to get going", Duration::from_secs(30), || {
+        let answered = answered.load(Ordering::SeqCst);
+        async move { answered >= 30 }
+    })
+    .await;
+    sim.kill(); // SIGKILL, mid-load
+    // Every answer, also those in the risky window around the kill: the anonymous
+    // number, or 503, or, only for an ad the simulator has no anonymous number
+    // for (404 is an answer, not a failure), the real number.
+    let answers = load.await.unwrap();
+    let mut refused = 0;
+    for (user, got) in &answers {
+        let has_anonymous = (user + 2) % 3 == 0;
+        match (got.status, got.body["kind"].as_str()) {
+            (200, Some("anonymous")) => assert!(has_anonymous, "{user}: {got:?}"),
+            (200, Some("real")) => assert!(
+                !has_anonymous,
+                "revealed while anonymous failed: {user}: {got:?}"
+            ),
+            (503, _) => refused += 1,
+            _ => panic!("unexpected answer for {user}: {got:?}"),
+        }
+    }
+    assert!(
+        refused > 0,
+        "the kill happened after the load: no failure seen"
+    );
     // Every request after the kill, for sellers not cached: 503, never a number.
     assert_eq!(never_reveals(&app, 5000, 60).await, (0, 60));
 }

@@ -123,13 +123,14 @@ async fn a_connection_in_service_is_kept_and_an_idle_one_is_closed() {
     }
     let text = String::from_utf8_lossy(&answer);
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    // Idle after its answer: closed after one to two periods (plus scheduling slack).
+    // Idle after its answer: closed after one to two periods (plus slack for two
+    // busy cores); a connection kept would hold the read for the whole 10 s.
     let idle = Instant::now();
     let read =
-        tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut Vec::new())).await;
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut Vec::new())).await;
     assert!(read.is_ok(), "an idle keep-alive connection was kept");
     assert!(
-        idle.elapsed() < Duration::from_millis(1000),
+        idle.elapsed() < Duration::from_secs(4),
         "{:?}",
         idle.elapsed()
     );

@@ -1,11 +1,13 @@
-//! Operating it: request ids, and every metric family moving after real traffic.
+//! Operating it: request ids, every metric family moving after real traffic, the
+//! CPU profile.
 
 use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::json;
 
-use crate::support::{Reply, TestApp, read};
+use crate::durability::Process;
+use crate::support::{Fake, Reply, TOKEN, TestApp, Upstream, eventually, read};
 use crate::{ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
 #[tokio::test]
@@ -68,85 +70,117 @@ fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// The metrics recorder is process-wide: in the test binary, every other test's
+/// app moves the same families and sets the same gauges. So this test runs the
+/// binary in a process of its own, against fake upstreams of the test's, and
+/// scrapes that process: every movement it sees is its own traffic's.
 #[tokio::test]
 async fn every_metric_family_moves_with_real_traffic() {
-    let app = TestApp::spawn_with(
-        r#"
-        [rate_limit]
-        per_viewer_per_minute = 1
-        [server]
-        max_in_flight = 1
-        [cache.real_phone]
-        ttl_s = 1
-        "#,
+    let dir = tempfile::tempdir().unwrap();
+    let real = Fake::start(Upstream::RealPhone).await;
+    let anonymous = Fake::start(Upstream::Anonymous).await;
+    let calltracking = Fake::start(Upstream::Calltracking).await;
+    let app = Process::start_with(
+        &format!("sqlite://{}/gw.db", dir.path().display()),
+        &[
+            ("RATE_LIMIT__PER_VIEWER_PER_MINUTE", "1"),
+            ("SERVER__MAX_IN_FLIGHT", "1"),
+            ("SERVER__REQUEST_DEADLINE_MS", "5000"),
+            ("CACHE__REAL_PHONE__TTL_S", "1"),
+            ("UPSTREAMS__REAL_PHONE__BASE_URL", &real.url),
+            ("UPSTREAMS__REAL_PHONE__TIMEOUT_MS", "3000"),
+            ("UPSTREAMS__ANONYMOUS__BASE_URL", &anonymous.url),
+            ("UPSTREAMS__CALLTRACKING__BASE_URL", &calltracking.url),
+        ],
     )
     .await;
-    let scrape = || async { app.get_admin("/metrics").await.text };
-    let before = scrape().await;
+    let get = |base: &str, path: &str, viewer: Option<&str>| {
+        let mut request = app.http.get(format!("{base}{path}")).bearer_auth(TOKEN);
+        if let Some(viewer) = viewer {
+            request = request.header("x-viewer-id", viewer);
+        }
+        async move { read(request.send().await.unwrap()).await }
+    };
+    let phone = |user: u64, category: u64| {
+        get(
+            &app.public,
+            &format!("/v1/public-phone?user_id={user}&ad_id=1&category_id={category}"),
+            None,
+        )
+    };
+    let statuses = |method: Method, body: serde_json::Value| {
+        let request = app
+            .http
+            .request(
+                method,
+                format!("{}/admin/v1/calltracking/statuses", app.admin),
+            )
+            .bearer_auth(TOKEN)
+            .body(body.to_string());
+        async move { read(request.send().await.unwrap()).await }
+    };
+    let scrape = || get(&app.admin, "/metrics", None);
+    let before = scrape().await.text;
 
-    app.real.reply(Reply::Phone(REAL));
-    app.anonymous.reply(Reply::Status(500));
-    app.calltracking.reply(Reply::Phone(VIRTUAL));
-    app.enable_calltracking(2, 1).await;
-    app.enable_calltracking(8, 1).await;
-    app.phone(1, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real"); // miss
-    app.phone(1, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real"); // hit
-    app.phone(2, 1, PLAIN_CATEGORY)
+    real.reply(Reply::Phone(REAL));
+    anonymous.reply(Reply::Status(500));
+    calltracking.reply(Reply::Phone(VIRTUAL));
+    let items = json!({ "items": [
+        { "user_id": 2, "enabled": true, "version": 1 },
+        { "user_id": 8, "enabled": true, "version": 1 },
+    ]});
+    assert_eq!(statuses(Method::POST, items).await.status, 200);
+    phone(1, PLAIN_CATEGORY).await.assert_number(REAL, "real"); // miss
+    phone(1, PLAIN_CATEGORY).await.assert_number(REAL, "real"); // hit
+    phone(2, PLAIN_CATEGORY)
         .await
         .assert_number(VIRTUAL, "calltracking");
-    app.phone(3, 1, ANON_CATEGORY).await.assert_problem(503); // fail closed
-    app.calltracking.reply(Reply::Status(500));
-    app.phone(8, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real"); // calltracking falls through
-    app.real.reply(Reply::NotFound);
-    app.phone(4, 1, PLAIN_CATEGORY).await.assert_problem(404);
-    app.real.reply(Reply::Hang);
-    app.phone(5, 1, PLAIN_CATEGORY).await.assert_problem(503); // timeout
+    phone(3, ANON_CATEGORY).await.assert_problem(503); // fail closed
+    calltracking.reply(Reply::Status(500));
+    phone(8, PLAIN_CATEGORY).await.assert_number(REAL, "real"); // calltracking falls through
+    real.reply(Reply::NotFound);
+    phone(4, PLAIN_CATEGORY).await.assert_problem(404);
+    real.reply(Reply::Hang);
+    phone(5, PLAIN_CATEGORY).await.assert_problem(503); // timeout
+    // Past user 1's one-second TTL (a time, not a synchronisation), with real
+    // hanging: stale served.
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    app.phone(1, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real"); // stale served
-    // A second request while one is in flight: max_in_flight = 1 sheds it.
-    app.real
-        .reply_after(Reply::Phone(REAL), Duration::from_millis(150));
-    let (a, b) = tokio::join!(app.phone(6, 1, PLAIN_CATEGORY), async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        app.phone(6, 1, PLAIN_CATEGORY).await
+    phone(1, PLAIN_CATEGORY).await.assert_number(REAL, "real");
+    // A second request while one is in service: max_in_flight = 1 sheds it.
+    real.reply_after(Reply::Phone(REAL), Duration::from_millis(1000));
+    let calls = real.calls();
+    let (a, b) = tokio::join!(phone(6, PLAIN_CATEGORY), async {
+        eventually(
+            "the first request in service",
+            Duration::from_secs(10),
+            || {
+                let now = real.calls();
+                async move { now > calls }
+            },
+        )
+        .await;
+        phone(6, PLAIN_CATEGORY).await
     });
     a.assert_number(REAL, "real");
     b.assert_problem(503);
-    let viewer = |n| {
-        let app = &app;
-        async move {
-            read(
-                app.http
-                    .get(format!(
-                        "{}/v1/public-phone?user_id={n}&ad_id=1&category_id=1",
-                        app.public
-                    ))
-                    .header("x-viewer-id", "v")
-                    .send()
-                    .await
-                    .unwrap(),
-            )
-            .await
-        }
-    };
-    viewer(1).await;
-    viewer(1).await.assert_problem(429);
-    app.send_admin(
-        Method::PUT,
-        "/admin/v1/calltracking/statuses",
-        &json!({ "version": 5, "enabled_user_ids": [2, 7] }),
+    get(
+        &app.public,
+        "/v1/public-phone?user_id=1&ad_id=1&category_id=1",
+        Some("v"),
     )
-    .await;
+    .await
+    .assert_number(REAL, "real");
+    get(
+        &app.public,
+        "/v1/public-phone?user_id=1&ad_id=1&category_id=1",
+        Some("v"),
+    )
+    .await
+    .assert_problem(429);
+    let snapshot = json!({ "version": 5, "enabled_user_ids": [2, 7] });
+    assert_eq!(statuses(Method::PUT, snapshot).await.status, 200);
 
-    let after = scrape().await;
+    let after = scrape().await.text;
     let moved = |name: &str, labels: &[(&str, &str)]| {
         let (b, a) = (sum(&before, name, labels), sum(&after, name, labels));
         assert!(a > b, "{name} {labels:?} did not move: {b} -> {a}\n{after}");

@@ -3,11 +3,59 @@
 //! that needs PostgreSQL gets its own cluster, stopped when dropped, so a test may
 //! stop or restart it freely. With `TEST_POSTGRES_URL` set, tests that do not
 //! need to stop the server use a fresh database on that server instead.
-//! Under `CI=true` a PostgreSQL that cannot be had fails the test; elsewhere the
-//! test is skipped with a message.
+//!
+//! PostgreSQL must be told its port before it starts, so the port is asked for
+//! free and may be taken by someone else in between: a start that fails is
+//! retried on another port. At most `MAX_CLUSTERS` clusters run at once in a
+//! process, so that the tests do not starve each other (and the machine) of CPU.
+//!
+//! With `REQUIRE_POSTGRES` or `CI` set to anything but empty, `0` or `false`
+//! (`.ci/run` sets `REQUIRE_POSTGRES=1`), a PostgreSQL that cannot be had fails
+//! the test; elsewhere the test says `SKIPPED` in its output and returns.
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::{Condvar, Mutex};
+
+/// Clusters running at once in this process.
+const MAX_CLUSTERS: usize = 2;
+static RUNNING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
+
+/// A place among the `MAX_CLUSTERS`, given back when dropped.
+struct Slot;
+
+impl Slot {
+    fn take() -> Slot {
+        let (count, freed) = &RUNNING;
+        let mut count = count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *count >= MAX_CLUSTERS {
+            count = freed
+                .wait(count)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        *count += 1;
+        Slot
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let (count, freed) = &RUNNING;
+        *count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) -= 1;
+        freed.notify_one();
+    }
+}
+
+/// Whether a PostgreSQL test must fail rather than skip when it has none.
+pub fn required() -> bool {
+    ["REQUIRE_POSTGRES", "CI"].iter().any(|name| {
+        std::env::var(name).is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "no"))
+    })
+}
 
 /// A port free on 127.0.0.1 at the time of asking.
 pub fn free_port() -> u16 {
@@ -21,6 +69,7 @@ pub fn free_port() -> u16 {
 pub struct PgCluster {
     dir: tempfile::TempDir,
     port: u16,
+    _slot: Slot,
 }
 
 fn is_root() -> bool {
@@ -71,9 +120,10 @@ impl PgCluster {
                 return Err("chown to postgres failed".into());
             }
         }
-        let cluster = PgCluster {
+        let mut cluster = PgCluster {
             dir,
             port: free_port(),
+            _slot: Slot::take(),
         };
         pg_command(
             "initdb",
@@ -88,7 +138,17 @@ impl PgCluster {
                 "--no-sync",
             ],
         )?;
-        cluster.start_server()?;
+        // The port was free when asked for; another process may have taken it
+        // since. Try a few.
+        let mut result = cluster.start_server();
+        for _ in 0..4 {
+            if result.is_ok() {
+                break;
+            }
+            cluster.port = free_port();
+            result = cluster.start_server();
+        }
+        result?;
         Ok(cluster)
     }
 
@@ -149,10 +209,14 @@ pub struct TestDb {
 }
 
 fn unavailable(why: &str) -> Option<TestDb> {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("PostgreSQL is required in CI and could not be had: {why}");
+    if required() {
+        panic!("PostgreSQL is required (REQUIRE_POSTGRES / CI) and could not be had: {why}");
     }
-    eprintln!("skipped: no PostgreSQL ({why}); set TEST_POSTGRES_URL or install PostgreSQL");
+    let thread = std::thread::current();
+    eprintln!(
+        "SKIPPED: {}: no PostgreSQL ({why}); set TEST_POSTGRES_URL or install PostgreSQL",
+        thread.name().unwrap_or("a PostgreSQL test")
+    );
     None
 }
 

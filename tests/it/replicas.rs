@@ -58,12 +58,12 @@ async fn a_change_on_one_replica_is_on_the_other_within_a_second() {
     // And the other replica's selection follows: call tracking on at B after a
     // webhook at A.
     b.real.reply(Reply::Phone(REAL));
-    b.calltracking.reply(Reply::Phone("+74950000001"));
+    b.calltracking.reply(Reply::Phone(crate::OTHER_VIRTUAL));
     assert_eq!(set(&a, 7, true, 1).await, 200);
     converged(&b, 7, 1, Duration::from_secs(1)).await;
     b.phone(7, 1, PLAIN_CATEGORY)
         .await
-        .assert_number("+74950000001", "calltracking");
+        .assert_number(crate::OTHER_VIRTUAL, "calltracking");
 }
 
 #[tokio::test]

@@ -192,7 +192,9 @@ async fn upstream_answers_with_separators_are_normalised_and_bad_ones_are_failur
 
 #[tokio::test]
 async fn anonymous_upstream_hang_answers_503_without_revealing() {
-    let app = TestApp::spawn().await;
+    // A far deadline, so that only the anonymous upstream's 300 ms timeout can end
+    // the wait.
+    let app = TestApp::spawn_with("[server]\nrequest_deadline_ms = 8000").await;
     app.anonymous.reply(Reply::Hang);
     app.real.reply(Reply::Phone(REAL));
     let start = Instant::now();
@@ -200,11 +202,12 @@ async fn anonymous_upstream_hang_answers_503_without_revealing() {
     got.assert_problem(503);
     assert!(got.retry_after.is_some(), "{got:?}");
     assert!(!got.text.contains(REAL));
-    // Bounded by the anonymous upstream's 300 ms timeout, not by the hang.
+    // Bounded by the anonymous upstream's 300 ms timeout, not by the hang nor by
+    // the 8 s deadline (the upper bound leaves room for two busy cores).
+    let took = start.elapsed();
     assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        start.elapsed()
+        took >= Duration::from_millis(300) && took < Duration::from_secs(4),
+        "{took:?}"
     );
 }
 
@@ -280,22 +283,23 @@ async fn cold_latency_is_the_max_of_independent_calls_not_their_sum() {
     )
     .await;
     app.enable_calltracking(9, 1).await;
-    // anonymous 400 ms in parallel with real 300 ms then calltracking 150 ms:
-    // max(400, 450) = 450 ms; the sum would be 850 ms.
+    // anonymous 800 ms in parallel with real 600 ms then calltracking 300 ms:
+    // max(800, 900) = 900 ms; the sum would be 1700 ms. The gap is wide enough
+    // for two busy cores.
     app.anonymous
-        .reply_after(Reply::NotFound, Duration::from_millis(400));
+        .reply_after(Reply::NotFound, Duration::from_millis(800));
     app.real
-        .reply_after(Reply::Phone(REAL), Duration::from_millis(300));
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(600));
     app.calltracking
-        .reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(150));
+        .reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(300));
     let start = Instant::now();
     app.phone(9, 1, ANON_CATEGORY)
         .await
         .assert_number(VIRTUAL, "calltracking");
     let took = start.elapsed();
-    assert!(took >= Duration::from_millis(450), "{took:?}");
+    assert!(took >= Duration::from_millis(900), "{took:?}");
     assert!(
-        took < Duration::from_millis(750),
+        took < Duration::from_millis(1500),
         "took {took:?}: calls ran one after another"
     );
 }
@@ -303,19 +307,19 @@ async fn cold_latency_is_the_max_of_independent_calls_not_their_sum() {
 #[tokio::test]
 async fn a_decided_request_does_not_wait_for_calls_that_cannot_change_it() {
     let app = TestApp::spawn_with(
-        "[server]\nrequest_deadline_ms = 10000\n[upstreams.real_phone]\ntimeout_ms = 5000",
+        "[server]\nrequest_deadline_ms = 20000\n[upstreams.real_phone]\ntimeout_ms = 15000",
     )
     .await;
     app.anonymous
         .reply_after(Reply::Phone(ANON), Duration::from_millis(20));
     app.real
-        .reply_after(Reply::Phone(REAL), Duration::from_millis(2000));
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(10_000));
     let start = Instant::now();
     app.phone(1, 1, ANON_CATEGORY)
         .await
         .assert_number(ANON, "anonymous");
     assert!(
-        start.elapsed() < Duration::from_millis(1000),
+        start.elapsed() < Duration::from_secs(5),
         "{:?}",
         start.elapsed()
     );
@@ -338,7 +342,7 @@ async fn a_lower_source_is_not_revealed_while_a_higher_one_is_pending() {
 }
 
 #[tokio::test]
-async fn fifty_concurrent_cold_requests_make_at_most_two_upstream_calls() {
+async fn fifty_concurrent_cold_requests_make_one_upstream_call() {
     let app = TestApp::spawn().await;
     app.real
         .reply_after(Reply::Phone(REAL), Duration::from_millis(100));
@@ -346,7 +350,7 @@ async fn fifty_concurrent_cold_requests_make_at_most_two_upstream_calls() {
     for got in futures_util::future::join_all(requests).await {
         got.assert_number(REAL, "real");
     }
-    assert!(app.real.calls() <= 2, "{} calls", app.real.calls());
+    assert_eq!(app.real.calls(), 1, "concurrent misses coalesce (SPEC 6)");
 }
 
 #[tokio::test]
@@ -381,7 +385,7 @@ async fn batch_answers_each_item_in_order_with_mixed_results() {
     );
     assert_eq!(results[2]["ad_id"], 13);
     assert_eq!(results[2]["error"]["status"], 503);
-    assert_eq!(results[3]["phone"], "+442079460958");
+    assert_eq!(results[3]["phone"], crate::FOREIGN);
     assert_eq!(results[4]["error"]["status"], 400);
     assert!(
         results[4]["error"]["detail"]
