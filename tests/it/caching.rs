@@ -10,14 +10,17 @@ const SHORT_TTLS: &str = r#"
     ttl_s = 1
     negative_ttl_s = 1
     max_stale_s = 60
+    refresh_ahead_s = 0
     [cache.anonymous]
     ttl_s = 1
     negative_ttl_s = 1
     max_stale_s = 60
+    refresh_ahead_s = 0
     [cache.calltracking]
     ttl_s = 1
     negative_ttl_s = 1
     max_stale_s = 60
+    refresh_ahead_s = 0
 "#;
 
 /// Just past a one-second TTL (the caches count in tenths of a second).
@@ -82,9 +85,11 @@ async fn failures_are_not_cached() {
 /// waited for by polling (cached answers make no call), not by a guessed sleep.
 #[tokio::test]
 async fn entries_expire_after_their_ttl() {
-    let app =
-        TestApp::spawn_with("[cache.real_phone]\nttl_s = 3\nnegative_ttl_s = 3\nmax_stale_s = 60")
-            .await;
+    let app = TestApp::spawn_with(
+        // No refresh ahead: this is about expiry itself.
+        "[cache.real_phone]\nttl_s = 3\nnegative_ttl_s = 3\nmax_stale_s = 60\nrefresh_ahead_s = 0",
+    )
+    .await;
     app.real.reply(Reply::Phone(REAL));
     let cached = Instant::now();
     app.phone(1, 1, PLAIN_CATEGORY)

@@ -8,23 +8,10 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::json;
 
-use crate::support::{Reply, TestApp};
+use crate::support::{Reply, TestApp, eventually};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL, pg};
 
 const STATUSES: &str = "/admin/v1/calltracking/statuses";
-
-/// Polls `check` every 20 ms until it holds, for at most `limit`.
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < limit, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test]
 async fn a_replica_whose_status_set_is_not_loaded_never_shows_a_real_number() {
@@ -177,7 +164,7 @@ async fn every_replica_agrees_on_the_snapshot_floor_on_postgres() {
     let got = b.send_admin(Method::POST, STATUSES, &late).await;
     assert_eq!(got.body, json!({ "applied": 0, "ignored": 1 }), "{got:?}");
     for app in [&a, &b] {
-        eventually(Duration::from_secs(5), "the floor replicated", || async {
+        eventually("the floor replicated", Duration::from_secs(5), || async {
             app.get_admin(&format!("{STATUSES}/7")).await.body["version"] == 100
         })
         .await;
@@ -259,7 +246,7 @@ async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
         let sent = impatient.get(url).send().await;
         assert!(sent.is_err(), "gave up: {:?}", sent.map(|r| r.status()));
     }
-    eventually(Duration::from_secs(5), "two calls under way", || async {
+    eventually("two calls under way", Duration::from_secs(5), || async {
         app.real.calls() == 2
     })
     .await;
@@ -287,7 +274,7 @@ async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
 
 #[tokio::test]
 async fn dropping_a_running_app_stops_its_background_tasks() {
-    let feed = crate::support::Fake::start("virtual_phone").await;
+    let feed = crate::support::Fake::start(crate::support::Upstream::Calltracking).await;
     let dir = tempfile::tempdir().unwrap();
     let config = phones_gateway::config::Config::from_toml(&format!(
         "[database]\nurl = \"sqlite://{}/gw.db\"\n\
@@ -300,15 +287,19 @@ async fn dropping_a_running_app_stops_its_background_tasks() {
     .unwrap();
     let app = phones_gateway::app::App::build(config).await.unwrap();
     let running = tokio::spawn(app.run(std::future::pending()));
-    eventually(Duration::from_secs(5), "the feed is polled", || async {
-        feed.calls() > 2
+    eventually("the feed is polled", Duration::from_secs(5), || async {
+        feed.feed_uris().len() > 2
     })
     .await;
     running.abort();
     assert!(running.await.unwrap_err().is_cancelled());
     // A poll already under way may still land; after that, nothing.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let calls = feed.calls();
+    let calls = feed.feed_uris().len();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(feed.calls(), calls, "the feed loop outlived its app");
+    assert_eq!(
+        feed.feed_uris().len(),
+        calls,
+        "the feed loop outlived its app"
+    );
 }

@@ -1,27 +1,15 @@
 //! The reveal log (SPEC 11): every number answered is recorded in batches, with
 //! per-ad counts written once per flush, through faults and shutdowns.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{Reply, TestApp};
+use crate::support::{Reply, TestApp, eventually};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, pg};
 
 /// Flush often so tests see their reveals quickly.
 const FAST: &str = "[reveals]\nflush_interval_ms = 50\n";
-
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < limit, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
 
 async fn viewed(app: &TestApp, viewer: Option<&str>, path: &str) -> crate::support::Answer {
     let mut request = app.http.get(format!("{}{path}", app.public));
@@ -108,7 +96,7 @@ async fn every_answered_number_is_recorded_and_nothing_else() {
         .await
         .assert_problem(400);
 
-    eventually(Duration::from_secs(5), "three reveals written", || async {
+    eventually("three reveals written", Duration::from_secs(5), || async {
         reveals_of(&app, "user_id=42").await.len() >= 3
     })
     .await;
@@ -203,7 +191,7 @@ async fn pages_are_keyset_newest_first_within_the_time_window() {
             .await
             .assert_number(REAL, "real");
     }
-    eventually(Duration::from_secs(5), "five reveals", || async {
+    eventually("five reveals", Duration::from_secs(5), || async {
         reveals_of(&app, "user_id=7").await.len() == 5
     })
     .await;
@@ -328,7 +316,7 @@ async fn a_hot_ad_counts_exactly_with_one_counter_write_per_flush() {
     for task in hammer.collect::<Vec<_>>() {
         task.await.unwrap();
     }
-    eventually(Duration::from_secs(10), "every reveal counted", || async {
+    eventually("every reveal counted", Duration::from_secs(10), || async {
         ad_counts(&app, 77).await["total"] == TASKS * EACH
     })
     .await;
@@ -363,7 +351,7 @@ async fn counts_are_summed_over_replicas_on_postgres() {
         }
     }
     for app in [&a, &b] {
-        eventually(Duration::from_secs(5), "both replicas' reveals", || async {
+        eventually("both replicas' reveals", Duration::from_secs(5), || async {
             ad_counts(app, 55).await["total"] == 6
         })
         .await;
@@ -385,8 +373,8 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     cluster.start_server().unwrap();
     eventually(
-        Duration::from_secs(15),
         "written once the database is back",
+        Duration::from_secs(15),
         || async {
             let page = app.get_admin("/admin/v1/reveals?user_id=3").await;
             page.status == 200 && page.body["items"].as_array().unwrap().len() == 4
@@ -438,8 +426,8 @@ async fn past_max_buffered_reveals_are_dropped_or_the_number_refused() {
     cluster.start_server().unwrap();
     for (app, user) in [(&drop, 10), (&refuse, 11)] {
         eventually(
-            Duration::from_secs(15),
             "the buffered two written",
+            Duration::from_secs(15),
             || async {
                 let page = app
                     .get_admin(&format!("/admin/v1/reveals?user_id={user}"))
@@ -464,7 +452,7 @@ async fn retention_deletes_old_reveals_and_keeps_the_counts() {
     viewed(&app, None, &lookup(5, 1, PLAIN_CATEGORY))
         .await
         .assert_number(REAL, "real");
-    eventually(Duration::from_secs(5), "the recent reveal", || async {
+    eventually("the recent reveal", Duration::from_secs(5), || async {
         reveals_of(&app, "user_id=5").await.len() == 1
     })
     .await;
@@ -490,7 +478,7 @@ async fn retention_deletes_old_reveals_and_keeps_the_counts() {
     pool.close().await;
     // Retention runs at start: more than one batch of old rows goes.
     let app = TestApp::spawn_on(Some(&url), "").await;
-    eventually(Duration::from_secs(10), "old reveals deleted", || async {
+    eventually("old reveals deleted", Duration::from_secs(10), || async {
         reveals_of(&app, "user_id=5&until=2100-01-01T00:00:00Z&limit=1000")
             .await
             .len()
