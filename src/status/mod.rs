@@ -108,7 +108,8 @@ impl StatusService {
         Ok(count)
     }
 
-    /// Applies every change after the watermark to memory; returns how many rows.
+    /// Applies every change after the watermark to memory; returns how many users
+    /// it set (the snapshot floor's row is not a user).
     ///
     /// # Errors
     /// The store could not be read; what was applied before the error stays.
@@ -126,9 +127,9 @@ impl StatusService {
                     self.inner.set.put_floor(row.status.version);
                 } else {
                     self.inner.set.put(row.user_id, row.status);
+                    total += 1;
                 }
             }
-            total += rows.len();
             if let Some(last) = rows.last() {
                 *watermark = (last.seq, i64::try_from(last.user_id).unwrap_or(i64::MAX));
                 metrics::gauge!("phones_gateway_status_last_change_seq").set(last.seq as f64);
