@@ -107,8 +107,9 @@ impl App {
             ),
             limiter,
             admin_front: Front::admin(
-                admin_router(admin_state, limits),
+                admin_router(admin_state.clone(), limits),
                 config.server.max_header_bytes,
+                admin_state.token,
             ),
             status,
             caches,

@@ -1,12 +1,14 @@
 //! The admin API (SPEC 3): status sync, status lookup, cache invalidation, behind
 //! a bearer token; and the operations routes (health, readiness, metrics), open.
+//! The token is checked by the listener's front ([`super::front`]) for every
+//! path under `/admin/`, before routing, so a caller without it learns nothing
+//! (not which routes or methods exist).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::extract::{Path, Request, State};
-use axum::http::{StatusCode, header};
-use axum::middleware::Next;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
@@ -36,24 +38,23 @@ pub struct AdminState {
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
 }
 
-/// Refuses every `/admin/` request without the configured bearer token; with no
-/// token configured, refuses all of them. The comparison is constant-time in the
-/// token's contents (its length may leak, which says little about a random token).
-pub async fn require_token(
-    State(state): State<AdminState>,
-    request: Request,
-    next: Next,
-) -> Result<Response, ApiError> {
-    let expected = state.token.expose().as_bytes();
-    let given = request
-        .headers()
+/// Whether `path` is under the token: `/admin` and everything below it.
+pub fn is_protected(path: &str) -> bool {
+    path.strip_prefix("/admin")
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// Whether `headers` carry the configured bearer token; with no token
+/// configured, never. The comparison is constant-time in the token's contents
+/// (its length may leak, which says little about a random token).
+pub fn has_token(expected: &Secret, headers: &HeaderMap) -> bool {
+    let expected = expected.expose().as_bytes();
+    let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
     match given {
-        Some(given) if !expected.is_empty() && bool::from(given.ct_eq(expected)) => {
-            Ok(next.run(request).await)
-        }
-        _ => Err(ApiError::Unauthorized),
+        Some(given) => !expected.is_empty() && bool::from(given.ct_eq(expected)),
+        None => false,
     }
 }
 
