@@ -165,6 +165,7 @@ impl App {
             header_read_timeout: Duration::from_millis(self.config.server.header_read_timeout_ms),
             // Hyper's hard bound, above the problem-document limit of the routers.
             max_head_bytes: (self.config.server.max_header_bytes * 2).max(16 * 1024),
+            max_header_bytes: self.config.server.max_header_bytes,
         };
         let public = serve(
             self.public,

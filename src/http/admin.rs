@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -15,7 +15,7 @@ use subtle::ConstantTimeEq;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem};
-use super::extract::{Json, field_error};
+use super::extract::{Json, Path, field_error, require_json};
 use crate::config::Secret;
 use crate::ids::UserId;
 use crate::resolve::Caches;
@@ -123,6 +123,7 @@ pub struct Invalidated {
         (status = 400, description = "Bad JSON or a bad item; nothing applied", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over server.max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not sent as application/json", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database cannot take it; nothing applied", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -166,6 +167,7 @@ pub async fn post_statuses(
         (status = 400, description = "Bad JSON, version or id; nothing applied", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over server.max_snapshot_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not sent as application/json", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database cannot take it; nothing applied", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -173,6 +175,7 @@ pub async fn put_statuses(
     State(state): State<AdminState>,
     request: Request,
 ) -> Result<Response, ApiError> {
+    require_json(request.headers())?;
     let limit = request
         .extensions()
         .get::<super::extract::BodyLimit>()
@@ -233,6 +236,7 @@ pub struct InvalidateBody {
         (status = 400, description = "Bad JSON or a bad id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over server.max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not sent as application/json", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn invalidate(

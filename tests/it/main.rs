@@ -8,6 +8,7 @@ mod admin;
 mod bad_input;
 mod caching;
 mod durability;
+mod edges_http;
 mod faults;
 mod feed;
 mod limits;
