@@ -116,8 +116,9 @@ impl App {
             limiter,
             reveals,
             admin_front: Front::admin(
-                admin_router(admin_state, limits),
+                admin_router(admin_state.clone(), limits),
                 config.server.max_header_bytes,
+                admin_state.token,
             ),
             status,
             caches,
@@ -195,6 +196,7 @@ impl App {
             header_read_timeout: self.config.server.header_read_timeout,
             // Hyper's hard bound, above the problem-document limit of the routers.
             max_head_bytes: (self.config.server.max_header_bytes * 2).max(16 * 1024),
+            max_header_bytes: self.config.server.max_header_bytes,
         };
         let public = serve(
             self.public,

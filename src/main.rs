@@ -160,9 +160,9 @@ async fn demo(mut config: Config) -> anyhow::Result<()> {
          \x20 curl -s 'http://{public}/v1/public-phone?user_id=40&ad_id=1001&category_id=1'   # calltracking\n\
          \x20 curl -s 'http://{public}/v1/public-phone?user_id=41&ad_id=1003&category_id=9'   # anonymous\n\
          \x20 curl -s 'http://{public}/v1/public-phone?user_id=50&ad_id=1001&category_id=1'   # 404, no phone\n\
-         \x20 curl -s -XPOST http://{public}/v1/public-phones/batch -d '{{\"items\":[{{\"user_id\":41,\"ad_id\":1,\"category_id\":1}},{{\"user_id\":0,\"ad_id\":2,\"category_id\":1}}]}}'\n\
+         \x20 curl -s -H 'Content-Type: application/json' -XPOST http://{public}/v1/public-phones/batch -d '{{\"items\":[{{\"user_id\":41,\"ad_id\":1,\"category_id\":1}},{{\"user_id\":0,\"ad_id\":2,\"category_id\":1}}]}}'\n\
          \x20 curl -s -H 'Authorization: Bearer {token}' http://{admin}/admin/v1/calltracking/statuses/40\n\
-         \x20 curl -s -H 'Authorization: Bearer {token}' -XPOST http://{admin}/admin/v1/calltracking/statuses -d '{{\"items\":[{{\"user_id\":41,\"enabled\":true,\"version\":2}}]}}'\n\
+         \x20 curl -s -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' -XPOST http://{admin}/admin/v1/calltracking/statuses -d '{{\"items\":[{{\"user_id\":41,\"enabled\":true,\"version\":2}}]}}'\n\
          \x20 curl -s http://{admin}/metrics\n\nCtrl-C stops it.\n",
         token = token.expose(),
     );

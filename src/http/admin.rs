@@ -1,19 +1,21 @@
 //! The admin API (SPEC 3): status sync, status lookup, cache invalidation, behind
 //! a bearer token; and the operations routes (health, readiness, metrics), open.
+//! The token is checked by the listener's front ([`super::front`]) for every
+//! path under `/admin/`, before routing, so a caller without it learns nothing
+//! (not which routes or methods exist).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::extract::{Path, Request, State};
-use axum::http::{StatusCode, header};
-use axum::middleware::Next;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem};
-use super::extract::{Json, field_error};
+use super::extract::{Json, Path, field_error, require_json};
 use crate::config::Secret;
 use crate::domain::Applied;
 use crate::domain::StatusItem;
@@ -40,24 +42,23 @@ pub struct AdminState {
     pub reveals: Option<crate::reveals::Reveals>,
 }
 
-/// Refuses every `/admin/` request without the configured bearer token; with no
-/// token configured, refuses all of them. The comparison is constant-time in the
-/// token's contents (its length may leak, which says little about a random token).
-pub async fn require_token(
-    State(state): State<AdminState>,
-    request: Request,
-    next: Next,
-) -> Result<Response, ApiError> {
-    let expected = state.token.expose().as_bytes();
-    let given = request
-        .headers()
+/// Whether `path` is under the token: `/admin` and everything below it.
+pub fn is_protected(path: &str) -> bool {
+    path.strip_prefix("/admin")
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// Whether `headers` carry the configured bearer token; with no token
+/// configured, never. The comparison is constant-time in the token's contents
+/// (its length may leak, which says little about a random token).
+pub fn has_token(expected: &Secret, headers: &HeaderMap) -> bool {
+    let expected = expected.expose().as_bytes();
+    let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
     match given {
-        Some(given) if !expected.is_empty() && bool::from(given.ct_eq(expected)) => {
-            Ok(next.run(request).await)
-        }
-        _ => Err(ApiError::Unauthorized),
+        Some(given) => !expected.is_empty() && bool::from(given.ct_eq(expected)),
+        None => false,
     }
 }
 
@@ -126,6 +127,7 @@ pub struct Invalidated {
         (status = 400, description = "Bad JSON or a bad item; nothing applied", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over server.max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not sent as application/json", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database cannot take it; nothing applied", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -169,6 +171,7 @@ pub async fn post_statuses(
         (status = 400, description = "Bad JSON, version or id; nothing applied", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over server.max_snapshot_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not sent as application/json", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database cannot take it; nothing applied", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -176,6 +179,7 @@ pub async fn put_statuses(
     State(state): State<AdminState>,
     request: Request,
 ) -> Result<Response, ApiError> {
+    require_json(request.headers())?;
     let limit = request
         .extensions()
         .get::<super::extract::BodyLimit>()
@@ -236,6 +240,7 @@ pub struct InvalidateBody {
         (status = 400, description = "Bad JSON or a bad id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over server.max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not sent as application/json", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn invalidate(

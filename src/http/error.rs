@@ -21,6 +21,11 @@ pub enum ApiError {
     MethodNotAllowed,
     /// Body over the route's limit (bytes).
     PayloadTooLarge(usize),
+    /// A body sent to a JSON route without a JSON content type.
+    UnsupportedMediaType,
+    /// A request target over hyper's bound (65,534 bytes), when the head limit
+    /// is larger still.
+    UriTooLong,
     /// Request line and headers over `server.max_header_bytes`.
     HeadersTooLarge(usize),
     /// The client sent its body too slowly.
@@ -62,6 +67,8 @@ impl ApiError {
             ApiError::NoPhone | ApiError::RouteNotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::UriTooLong => StatusCode::URI_TOO_LONG,
             ApiError::HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -79,6 +86,10 @@ impl ApiError {
             ApiError::RouteNotFound => "no such route".into(),
             ApiError::MethodNotAllowed => "method not allowed on this route".into(),
             ApiError::PayloadTooLarge(limit) => format!("body over the limit of {limit} bytes"),
+            ApiError::UnsupportedMediaType => {
+                "the body must be sent as Content-Type: application/json".into()
+            }
+            ApiError::UriTooLong => "the request target is too long".into(),
             ApiError::HeadersTooLarge(limit) => {
                 format!("request line and headers over the limit of {limit} bytes")
             }

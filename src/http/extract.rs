@@ -1,12 +1,16 @@
-//! Extractors whose rejections are `ApiError`s: a JSON body that answers 413 over
-//! the route's limit and 400 with serde's explanation otherwise, and query
+//! Extractors whose rejections are `ApiError`s: a JSON body that answers 415
+//! without a JSON content type, 413 over the route's limit and 400 with serde's
+//! explanation otherwise; path parameters (400 naming the parameter); and query
 //! parameters parsed into the domain types.
 
 use std::borrow::Cow;
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
+use axum::extract::path::ErrorKind;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
@@ -21,6 +25,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        require_json(req.headers())?;
         let limit = req
             .extensions()
             .get::<BodyLimit>()
@@ -43,6 +48,71 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
         serde_json::from_slice(&bytes)
             .map(Json)
             .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    }
+}
+
+/// A 415 unless the request says its body is JSON: one `Content-Type` whose
+/// type is `application` and subtype `json` or `*+json` (case-insensitive,
+/// parameters such as `charset` allowed). Checked before the body is read.
+///
+/// # Errors
+/// `UnsupportedMediaType`.
+pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let mut values = headers.get_all(header::CONTENT_TYPE).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return Err(ApiError::UnsupportedMediaType);
+    };
+    let essence = value
+        .as_bytes()
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or_default();
+    let essence = essence.trim_ascii();
+    let mut parts = essence.splitn(2, |&b| b == b'/');
+    let (Some(kind), Some(subtype)) = (parts.next(), parts.next()) else {
+        return Err(ApiError::UnsupportedMediaType);
+    };
+    let subtype = subtype.to_ascii_lowercase();
+    let json = subtype == b"json"
+        || (subtype.len() > b"+json".len()
+            && subtype.ends_with(b"+json")
+            && !subtype.contains(&b'/'));
+    if kind.eq_ignore_ascii_case(b"application") && json {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedMediaType)
+    }
+}
+
+/// Path parameters. Axum's own rejection is a `text/plain` 400; this one is a
+/// problem document naming the parameter (an undecodable `%FF`, a value of the
+/// wrong type).
+pub struct Path<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(Path(value)),
+            Err(rejection) => Err(path_error(&rejection)),
+        }
+    }
+}
+
+fn path_error(rejection: &PathRejection) -> ApiError {
+    let PathRejection::FailedToDeserializePathParams(failed) = rejection else {
+        return ApiError::bad_request(format!("path: {}", rejection.body_text()));
+    };
+    match failed.kind() {
+        ErrorKind::InvalidUtf8InPathParam { key } => {
+            field_error(key, "not valid UTF-8 once percent-decoded")
+        }
+        ErrorKind::ParseErrorAtKey {
+            key, expected_type, ..
+        } => field_error(key, format!("must be {expected_type}")),
+        ErrorKind::DeserializeError { key, message, .. } => field_error(key, message),
+        other => ApiError::bad_request(format!("path: {other}")),
     }
 }
 

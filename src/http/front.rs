@@ -1,6 +1,8 @@
 //! What a listener runs for every request, around the router: request tracking
-//! (an id, a span, a duration by route and status) and admission (the header
-//! limit, and shedding on the public listener). The public lookup, the request a
+//! (an id, a span, a duration by route and status) and admission (on the admin
+//! listener the token, checked first for every path under `/admin/` so that
+//! without it nothing, not even a 404 or 405, tells what exists; the header
+//! limit; and shedding on the public listener). The public lookup, the request a
 //! sale day is made of, is answered here without the router.
 //!
 //! One hand-written service instead of `from_fn` layers on the router: the hit
@@ -22,9 +24,12 @@ use axum::response::{IntoResponse, Response};
 use tower_service::Service;
 use tracing::Instrument;
 
+use super::admin;
 use super::durations::{self, Route};
+use super::error::ApiError;
 use super::public::{self, PUBLIC_PHONE_PATH, PublicState};
 use super::shed::Shed;
+use crate::config::Secret;
 use crate::telemetry;
 
 /// A listener's service: cheap to clone (one `Arc`).
@@ -40,21 +45,25 @@ struct Inner {
     route_of: fn(&str) -> Route,
     /// Set on the public listener: `GET /v1/public-phone` is answered directly.
     lookup: Option<PublicState>,
+    /// Set on the admin listener: the bearer token every `/admin/` path needs.
+    token: Option<Arc<Secret>>,
 }
 
 impl Front {
     /// The public listener: shedding, and the lookup answered directly.
     pub fn public(router: Router, state: PublicState, shed: Shed) -> Self {
-        Front::new(router, shed, Route::public, Some(state))
+        Front::new(router, shed, Route::public, Some(state), None)
     }
 
-    /// The admin listener: the header limit only, never shed.
-    pub fn admin(router: Router, max_header_bytes: usize) -> Self {
+    /// The admin listener: the token on `/admin/` paths, the header limit, never
+    /// shed.
+    pub fn admin(router: Router, max_header_bytes: usize, token: Arc<Secret>) -> Self {
         Front::new(
             router,
             Shed::unlimited(max_header_bytes),
             Route::admin,
             None,
+            Some(token),
         )
     }
 
@@ -63,6 +72,7 @@ impl Front {
         shed: Shed,
         route_of: fn(&str) -> Route,
         lookup: Option<PublicState>,
+        token: Option<Arc<Secret>>,
     ) -> Self {
         Front {
             inner: Arc::new(Inner {
@@ -70,6 +80,7 @@ impl Front {
                 shed,
                 route_of,
                 lookup,
+                token,
             }),
         }
     }
@@ -79,6 +90,15 @@ impl Inner {
     /// Admission, then the answer: the lookup directly, anything else by the router.
     /// Takes the `Arc` so the future holds nothing twice (it is boxed per request).
     async fn admit(self: Arc<Self>, request: Request) -> Response {
+        // SPEC 3: the token before anything else, whatever the method and whether
+        // or not the route exists.
+        if let Some(token) = &self.token {
+            if admin::is_protected(request.uri().path())
+                && !admin::has_token(token, request.headers())
+            {
+                return ApiError::Unauthorized.into_response();
+            }
+        }
         if let Err(refused) = self.shed.check_head(&request) {
             return refused.into_response();
         }

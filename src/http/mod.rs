@@ -1,5 +1,13 @@
 //! The two routers: public (SPEC 2) and admin (SPEC 3). Every error on either is
-//! an `ApiError` problem document, unknown routes and methods included. Each
+//! an `ApiError` problem document, unknown routes and methods included; so are
+//! the answers hyper makes before any route is chosen ([`rewrite`]).
+//!
+//! An unknown method that is a valid token (`FOO`, `BREW`) reaches the router like
+//! any other: on an existing route it is a 405 with `Allow`, the answer to a
+//! method the route lacks (RFC 9110 permits a 501 for a method the server does
+//! not recognise, but 405 with `Allow` tells the client what to send instead, and
+//! SPEC 2 lists no 5xx for bad input); on no route, a 404. A method that is not a
+//! token is a malformed request line: a 400. Each
 //! listener serves its router through a [`front::Front`] ([`serve::serve`]),
 //! which tracks and admits every request and answers the public lookup itself.
 
@@ -13,6 +21,7 @@ pub mod profile;
 pub mod public;
 pub mod ratelimit;
 pub mod reveals;
+pub mod rewrite;
 pub mod serve;
 pub mod shed;
 pub mod snapshot;
@@ -81,9 +90,16 @@ pub fn public_router(state: PublicState, limits: Limits) -> Router {
         .with_state(state)
 }
 
-/// The admin routes; [`front::Front`] tracks requests and applies the header limit.
+/// The admin routes. [`front::Front`] tracks requests, applies the header limit
+/// and checks the token for every path under `/admin/` before this router runs
+/// (its fallbacks included: without the token, no 404 or 405 tells what exists).
 pub fn admin_router(state: AdminState, limits: Limits) -> Router {
-    let protected = Router::new()
+    Router::new()
+        .route("/healthz", get(admin::healthz))
+        .route("/readyz", get(admin::readyz))
+        .route("/metrics", get(admin::metrics))
+        .route("/openapi/public.json", get(openapi::public_json))
+        .route("/openapi/admin.json", get(openapi::admin_json))
         .route(
             "/admin/v1/calltracking/statuses",
             body_limit(put(admin::put_statuses), limits.snapshot())
@@ -100,17 +116,6 @@ pub fn admin_router(state: AdminState, limits: Limits) -> Router {
             "/admin/v1/cache/invalidate",
             body_limit(post(admin::invalidate), limits.body()),
         )
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            admin::require_token,
-        ));
-    Router::new()
-        .route("/healthz", get(admin::healthz))
-        .route("/readyz", get(admin::readyz))
-        .route("/metrics", get(admin::metrics))
-        .route("/openapi/public.json", get(openapi::public_json))
-        .route("/openapi/admin.json", get(openapi::admin_json))
-        .merge(protected)
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .with_state(state)

@@ -230,6 +230,7 @@ pub enum BatchResult {
         (status = 200, description = "One result per item, in order", body = BatchResults),
         (status = 400, description = "Bad JSON, or not 1 to 100 items", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over server.max_body_bytes", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not sent as application/json", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "The viewer is over the limit", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Shedding load", body = Problem, content_type = "application/problem+json"),
     )

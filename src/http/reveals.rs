@@ -2,7 +2,7 @@
 //! newest first in keyset pages, and an ad's counts over every replica. Both
 //! answer 404 when `reveals.enabled` is false.
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use time::OffsetDateTime;
@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use super::admin::AdminState;
 use super::error::{ApiError, Problem};
-use super::extract::field_error;
+use super::extract::{Path, field_error};
 use crate::domain::{AdId, RevealQuery, RevealsOf, Source, StoredReveal, UserId, Viewer};
 
 /// Reveals a page holds by default and at most.

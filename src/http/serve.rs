@@ -14,8 +14,9 @@
 //! connected, or between one and two periods after its last answer. That also closes idle
 //! keep-alive connections and clients that stopped reading their answer.
 //!
-//! Hyper answers a head over the hard bound with a bare 431; the finer limit
-//! (`server.max_header_bytes`, a problem document) is in `shed`.
+//! Hyper answers a head over the hard bound with a bare 431 (and a head it cannot
+//! parse with a bare 400); [`ProblemIo`] under each connection rewrites those as
+//! problem documents. The finer limit (`server.max_header_bytes`) is in `shed`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use super::front::Front;
+use super::rewrite::ProblemIo;
 
 /// Connection limits.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +40,8 @@ pub struct ConnLimits {
     pub header_read_timeout: Duration,
     /// Bytes of request head hyper buffers at most (at least 8 KiB).
     pub max_head_bytes: usize,
+    /// `server.max_header_bytes`, named by the 431 of a head over `max_head_bytes`.
+    pub max_header_bytes: usize,
 }
 
 /// Serves `front` until `shutdown` completes, then closes the listener and waits
@@ -73,7 +77,10 @@ pub async fn serve(
                     front: front.clone(),
                     activity: activity.clone(),
                 };
-                let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                let connection = graceful.watch(http.serve_connection(
+                    TokioIo::new(ProblemIo::new(stream, limits.max_header_bytes)),
+                    service,
+                ));
                 let period = limits.header_read_timeout;
                 tokio::spawn(async move {
                     tokio::select! {

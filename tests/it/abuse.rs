@@ -69,6 +69,7 @@ async fn a_viewer_past_the_limit_gets_429_and_no_upstream_is_called() {
                 app.http
                     .post(format!("{}/v1/public-phones/batch", app.public))
                     .header("x-viewer-id", viewer)
+                    .header("content-type", "application/json")
                     .body(body)
                     .send()
                     .await

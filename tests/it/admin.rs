@@ -265,6 +265,7 @@ async fn snapshot_bodies_stream_in_any_key_order_and_bad_ones_change_nothing() {
                 app.http
                     .put(format!("{}{STATUSES}", app.admin))
                     .bearer_auth(TOKEN)
+                    .header("content-type", "application/json")
                     .body(body)
                     .send()
                     .await

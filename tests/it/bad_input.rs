@@ -143,6 +143,7 @@ async fn bad_admin_bodies_are_400_and_change_nothing() {
         app.http
             .post(format!("{}{statuses}", app.admin))
             .bearer_auth(crate::support::TOKEN)
+            .header("content-type", "application/json")
             .body(too_many.to_string())
             .send()
             .await

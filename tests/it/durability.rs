@@ -67,6 +67,7 @@ impl Process {
                 format!("{}/admin/v1/calltracking/statuses", self.admin),
             )
             .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
             .body(body.to_string())
             .send()
             .await

@@ -53,7 +53,7 @@ async fn a_body_sent_too_slowly_gets_408() {
     let app = TestApp::spawn_with(LIMITS).await;
     let mut stream = TcpStream::connect(host_port(&app.public)).await.unwrap();
     stream
-        .write_all(b"POST /v1/public-phones/batch HTTP/1.1\r\nhost: x\r\ncontent-length: 60\r\n\r\n{\"items\": [")
+        .write_all(b"POST /v1/public-phones/batch HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 60\r\n\r\n{\"items\": [")
         .await
         .unwrap();
     let start = Instant::now();

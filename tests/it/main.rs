@@ -10,6 +10,7 @@ mod caching;
 mod child;
 mod durability;
 mod edges;
+mod edges_http;
 mod faults;
 mod feed;
 mod limits;

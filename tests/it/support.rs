@@ -676,6 +676,7 @@ impl TestApp {
         read(
             self.http
                 .post(format!("{}{path}", self.public))
+                .header("content-type", "application/json")
                 .body(body)
                 .send()
                 .await
@@ -689,6 +690,7 @@ impl TestApp {
             self.http
                 .request(method, format!("{}{path}", self.admin))
                 .bearer_auth(TOKEN)
+                .header("content-type", "application/json")
                 .body(body.to_string())
                 .send()
                 .await
