@@ -35,7 +35,7 @@ for chunk in range(8):
         items_t = [dict(i, user_id=i["user_id"] + 4 * t * 1000000) for i in items]
         req = urllib.request.Request("http://127.0.0.1:18081/admin/v1/calltracking/statuses",
             data=json.dumps({"items": items_t}).encode(), method="POST",
-            headers={"Authorization": "Bearer " + token})
+            headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
         urllib.request.urlopen(req).read()
 PY
 echo "== full chain: anonymous || (real -> calltracking), each at ${LATENCY_MS} ms"

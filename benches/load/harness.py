@@ -94,7 +94,8 @@ def gateway(db_dir, anonymous_url=None):
     items = [{"user_id": 4 * k, "enabled": True, "version": 1} for k in range(1, 10001)]
     request = urllib.request.Request(f"http://127.0.0.1:{ADMIN}/admin/v1/calltracking/statuses",
                                      data=json.dumps({"items": items}).encode(), method="POST",
-                                     headers={"Authorization": f"Bearer {TOKEN}"})
+                                     headers={"Authorization": f"Bearer {TOKEN}",
+                                              "Content-Type": "application/json"})
     urllib.request.urlopen(request).read()
     return gw
 

@@ -116,6 +116,7 @@ async fn every_metric_family_moves_with_real_traffic() {
                 format!("{}/admin/v1/calltracking/statuses", app.admin),
             )
             .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
             .body(body.to_string());
         async move { read(request.send().await.unwrap()).await }
     };
