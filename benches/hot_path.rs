@@ -86,22 +86,13 @@ fn fixture() -> Fixture {
         .calltracking
         .insert((42, real.to_u64()), user, Phone::parse("+74951234567").ok());
     let resolver = Arc::new(Resolver::new(&config, upstreams, caches, status));
-    let limits = Limits {
-        max_body_bytes: 1 << 20,
-        max_snapshot_bytes: 1 << 20,
-        max_header_bytes: 16384,
-        body_read_timeout: Duration::from_secs(10),
-    };
     let state = PublicState {
         resolver: resolver.clone(),
         limiter: None,
         reveals: None,
+        limits: Limits::of(&config.server),
     };
-    let router = Front::public(
-        public_router(state.clone(), limits),
-        state,
-        Shed::new(4096, 16384),
-    );
+    let router = Front::public(public_router(state.clone()), state, Shed::new(4096, 16384));
     let hello = axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));
     let request = Lookup {
         user,

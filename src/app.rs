@@ -71,6 +71,7 @@ impl App {
             caches.clone(),
             status.set().clone(),
         ));
+        let limits = Limits::of(&config.server);
         let shutting_down = Arc::new(AtomicBool::new(false));
         let reveals = config
             .reveals
@@ -83,6 +84,7 @@ impl App {
             shutting_down: shutting_down.clone(),
             metrics,
             reveals: reveals.clone(),
+            limits,
         };
         if config.admin.token.is_empty() {
             tracing::warn!("admin.token is empty: every /admin/ route answers 401");
@@ -94,29 +96,24 @@ impl App {
         let admin = TcpListener::bind(config.server.admin_addr)
             .await
             .with_context(|| format!("binding server.admin_addr {}", config.server.admin_addr))?;
-        let limits = Limits {
-            max_body_bytes: config.server.max_body_bytes,
-            max_snapshot_bytes: config.server.max_snapshot_bytes,
-            max_header_bytes: config.server.max_header_bytes,
-            body_read_timeout: config.server.body_read_timeout,
-        };
         let public_state = PublicState {
             resolver,
             limiter: limiter.clone(),
             reveals: reveals.clone(),
+            limits,
         };
         Ok(App {
             public,
             admin,
             public_front: Front::public(
-                public_router(public_state.clone(), limits),
+                public_router(public_state.clone()),
                 public_state,
                 Shed::new(config.server.max_in_flight, config.server.max_header_bytes),
             ),
             limiter,
             reveals,
             admin_front: Front::admin(
-                admin_router(admin_state.clone(), limits),
+                admin_router(admin_state.clone()),
                 config.server.max_header_bytes,
                 admin_state.token,
             ),

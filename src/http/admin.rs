@@ -40,6 +40,13 @@ pub struct AdminState {
     /// The reveal log's buffer (for its gauge); `None` when `reveals.enabled` is
     /// false, and then the reveal routes answer 404.
     pub reveals: Option<crate::reveals::Reveals>,
+    pub limits: super::Limits,
+}
+
+impl axum::extract::FromRef<AdminState> for super::Limits {
+    fn from_ref(state: &AdminState) -> Self {
+        state.limits
+    }
 }
 
 /// Whether `path` is under the token: `/admin` and everything below it.
@@ -180,14 +187,7 @@ pub async fn put_statuses(
     request: Request,
 ) -> Result<Response, ApiError> {
     require_json(request.headers())?;
-    let limit = request
-        .extensions()
-        .get::<super::extract::BodyLimit>()
-        .copied()
-        .unwrap_or(super::extract::BodyLimit {
-            max_bytes: usize::MAX,
-            read_timeout: std::time::Duration::from_secs(10),
-        });
+    let limit = state.limits.snapshot();
     let (version, count) = super::snapshot::load(&state.status, request.into_body(), limit).await?;
     tracing::info!(version, ids = count, "status snapshot applied");
     Ok(axum::Json(SnapshotApplied {

@@ -8,32 +8,32 @@ use std::borrow::Cow;
 use axum::body::Bytes;
 use axum::extract::path::ErrorKind;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use serde::de::DeserializeOwned;
 
+use super::Limits;
 use super::error::ApiError;
 use crate::domain::Phone;
 use crate::domain::{AdId, CategoryId, UserId};
 use crate::resolve::Request as ResolveRequest;
 
-/// A JSON body. The route's `DefaultBodyLimit` bounds it.
+/// A JSON body, bounded by the state's [`Limits`] (the router's
+/// `DefaultBodyLimit` carries the same number to the body reader).
 pub struct Json<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
+impl<S, T> FromRequest<S> for Json<T>
+where
+    S: Send + Sync,
+    Limits: FromRef<S>,
+    T: DeserializeOwned,
+{
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         require_json(req.headers())?;
-        let limit = req
-            .extensions()
-            .get::<BodyLimit>()
-            .copied()
-            .unwrap_or(BodyLimit {
-                max_bytes: 0,
-                read_timeout: std::time::Duration::from_secs(10),
-            });
+        let limit = Limits::from_ref(state).body();
         let read = Bytes::from_request(req, state);
         let bytes = tokio::time::timeout(limit.read_timeout, read)
             .await

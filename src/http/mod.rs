@@ -27,32 +27,16 @@ pub mod shed;
 pub mod snapshot;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request};
-use axum::middleware::{self, Next};
-use axum::routing::{MethodRouter, get, post, put};
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post, put};
 
 use admin::AdminState;
 use extract::BodyLimit;
 use public::PublicState;
 
-/// Applies a body limit and records it so the extractors can apply it and a 413
-/// can name it. Applied to one route's handler it overrides the router's, since
-/// the innermost setting is the one the extractor sees.
-fn body_limit<S: Clone + Send + Sync + 'static>(
-    route: MethodRouter<S>,
-    limit: BodyLimit,
-) -> MethodRouter<S> {
-    route
-        .layer(DefaultBodyLimit::max(limit.max_bytes))
-        .layer(middleware::from_fn(
-            move |mut request: Request, next: Next| async move {
-                request.extensions_mut().insert(limit);
-                next.run(request).await
-            },
-        ))
-}
-
-/// Limits both routers apply to every request.
+/// The request limits of `[server]`, held in both routers' states: the JSON
+/// extractor takes the body limit from there (`FromRef`), the snapshot route its
+/// own, and a 413 names the limit it enforced.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_body_bytes: usize,
@@ -62,13 +46,24 @@ pub struct Limits {
 }
 
 impl Limits {
-    fn body(&self) -> BodyLimit {
+    pub fn of(server: &crate::config::ServerConfig) -> Self {
+        Limits {
+            max_body_bytes: server.max_body_bytes,
+            max_snapshot_bytes: server.max_snapshot_bytes,
+            max_header_bytes: server.max_header_bytes,
+            body_read_timeout: server.body_read_timeout,
+        }
+    }
+
+    /// Every JSON route but the snapshot.
+    pub fn body(&self) -> BodyLimit {
         BodyLimit {
             max_bytes: self.max_body_bytes,
             read_timeout: self.body_read_timeout,
         }
     }
-    fn snapshot(&self) -> BodyLimit {
+    /// The streamed snapshot PUT.
+    pub fn snapshot(&self) -> BodyLimit {
         BodyLimit {
             max_bytes: self.max_snapshot_bytes,
             read_timeout: self.body_read_timeout,
@@ -78,13 +73,12 @@ impl Limits {
 
 /// The public routes. Request tracking and shedding wrap it in [`front::Front`],
 /// which also answers `GET /v1/public-phone` without it.
-pub fn public_router(state: PublicState, limits: Limits) -> Router {
+pub fn public_router(state: PublicState) -> Router {
+    let body = DefaultBodyLimit::max(state.limits.max_body_bytes);
     Router::new()
         .route(public::PUBLIC_PHONE_PATH, get(public::public_phone))
-        .route(
-            "/v1/public-phones/batch",
-            body_limit(post(public::batch), limits.body()),
-        )
+        .route("/v1/public-phones/batch", post(public::batch))
+        .layer(body)
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .with_state(state)
@@ -93,7 +87,10 @@ pub fn public_router(state: PublicState, limits: Limits) -> Router {
 /// The admin routes. [`front::Front`] tracks requests, applies the header limit
 /// and checks the token for every path under `/admin/` before this router runs
 /// (its fallbacks included: without the token, no 404 or 405 tells what exists).
-pub fn admin_router(state: AdminState, limits: Limits) -> Router {
+pub fn admin_router(state: AdminState) -> Router {
+    // Bounds what the JSON extractor reads; the snapshot streams its body and
+    // bounds it itself (`server.max_snapshot_bytes`).
+    let body = DefaultBodyLimit::max(state.limits.max_body_bytes);
     Router::new()
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::readyz))
@@ -102,8 +99,7 @@ pub fn admin_router(state: AdminState, limits: Limits) -> Router {
         .route("/openapi/admin.json", get(openapi::admin_json))
         .route(
             "/admin/v1/calltracking/statuses",
-            body_limit(put(admin::put_statuses), limits.snapshot())
-                .merge(body_limit(post(admin::post_statuses), limits.body())),
+            put(admin::put_statuses).post(admin::post_statuses),
         )
         .route(
             "/admin/v1/calltracking/statuses/{user_id}",
@@ -112,10 +108,8 @@ pub fn admin_router(state: AdminState, limits: Limits) -> Router {
         .route("/admin/v1/debug/pprof/profile", get(profile::profile))
         .route("/admin/v1/reveals", get(reveals::list))
         .route("/admin/v1/ads/{ad_id}/reveals", get(reveals::ad_counts))
-        .route(
-            "/admin/v1/cache/invalidate",
-            body_limit(post(admin::invalidate), limits.body()),
-        )
+        .route("/admin/v1/cache/invalidate", post(admin::invalidate))
+        .layer(body)
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .with_state(state)

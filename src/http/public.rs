@@ -44,6 +44,13 @@ pub struct PublicState {
     pub limiter: Option<Arc<ViewerLimiter>>,
     /// `None` when `reveals.enabled` is false.
     pub reveals: Option<Reveals>,
+    pub limits: super::Limits,
+}
+
+impl axum::extract::FromRef<PublicState> for super::Limits {
+    fn from_ref(state: &PublicState) -> Self {
+        state.limits
+    }
 }
 
 impl PublicState {
