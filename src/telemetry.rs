@@ -81,6 +81,27 @@ pub fn request_id_of(headers: &HeaderMap) -> HeaderValue {
     HeaderValue::from_bytes(&hex).unwrap_or(HeaderValue::from_static("0"))
 }
 
+/// Upper bounds of every `_seconds` histogram, in nanoseconds: the recorder's
+/// and the request-duration buckets of `http::durations` alike (0.3 s is the
+/// default upstream timeout).
+pub const DURATION_BOUNDS_NS: [u64; 15] = [
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    300_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+];
+
 /// The process-wide Prometheus recorder (the `metrics` facade is global; several
 /// apps in one test process share it).
 pub fn metrics_handle() -> PrometheusHandle {
@@ -90,10 +111,7 @@ pub fn metrics_handle() -> PrometheusHandle {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     Matcher::Suffix("_seconds".into()),
-                    &[
-                        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                        0.25, 0.3, 0.5, 1.0, 2.5,
-                    ],
+                    &DURATION_BOUNDS_NS.map(|ns| ns as f64 / 1e9),
                 )
                 .map(PrometheusBuilder::build_recorder)
                 .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());

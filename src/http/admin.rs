@@ -131,11 +131,11 @@ pub struct Invalidated {
     request_body = WebhookBody,
     responses(
         (status = 200, description = "Stored; what applied and what was ignored", body = Applied),
-        (status = 400, description = "Bad JSON or a bad item; nothing applied", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over server.max_body_bytes", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not sent as application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database cannot take it; nothing applied", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Bad JSON or a bad item; nothing applied", body = Problem),
+        (status = 401, description = "No or a wrong token", body = Problem),
+        (status = 413, description = "Body over server.max_body_bytes", body = Problem),
+        (status = 415, description = "The body is not sent as application/json", body = Problem),
+        (status = 503, description = "The database cannot take it; nothing applied", body = Problem),
     )
 )]
 pub async fn post_statuses(
@@ -175,11 +175,11 @@ pub async fn post_statuses(
     request_body = SnapshotBody,
     responses(
         (status = 200, description = "Applied", body = SnapshotApplied),
-        (status = 400, description = "Bad JSON, version or id; nothing applied", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over server.max_snapshot_bytes", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not sent as application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database cannot take it; nothing applied", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Bad JSON, version or id; nothing applied", body = Problem),
+        (status = 401, description = "No or a wrong token", body = Problem),
+        (status = 413, description = "Body over server.max_snapshot_bytes", body = Problem),
+        (status = 415, description = "The body is not sent as application/json", body = Problem),
+        (status = 503, description = "The database cannot take it; nothing applied", body = Problem),
     )
 )]
 pub async fn put_statuses(
@@ -205,8 +205,8 @@ pub async fn put_statuses(
     params(("user_id" = i64, Path, minimum = 1)),
     responses(
         (status = 200, description = "The stored status", body = UserStatus),
-        (status = 400, description = "A bad user id", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A bad user id", body = Problem),
+        (status = 401, description = "No or a wrong token", body = Problem),
     )
 )]
 pub async fn get_status(
@@ -237,10 +237,10 @@ pub struct InvalidateBody {
     request_body = InvalidateBody,
     responses(
         (status = 200, description = "Every cached number of those sellers dropped", body = Invalidated),
-        (status = 400, description = "Bad JSON or a bad id", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over server.max_body_bytes", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not sent as application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Bad JSON or a bad id", body = Problem),
+        (status = 401, description = "No or a wrong token", body = Problem),
+        (status = 413, description = "Body over server.max_body_bytes", body = Problem),
+        (status = 415, description = "The body is not sent as application/json", body = Problem),
     )
 )]
 pub async fn invalidate(
@@ -279,7 +279,7 @@ pub async fn healthz() -> &'static str {
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready", body = String, content_type = "text/plain"),
-        (status = 503, description = "Not loaded yet, or shutting down", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Not loaded yet, or shutting down", body = Problem),
     ))]
 pub async fn readyz(State(state): State<AdminState>) -> Response {
     if state.shutting_down.load(Ordering::Acquire) {

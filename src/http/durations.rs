@@ -13,52 +13,32 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::time::Duration;
 
+// The bucket bounds every `_seconds` histogram shares.
+use super::routes;
+use crate::telemetry::DURATION_BOUNDS_NS as BOUNDS_NS;
+
 const NAME: &str = "phones_gateway_http_request_duration_seconds";
 
-/// Upper bounds in nanoseconds, the same as every other `_seconds` histogram.
-const BOUNDS_NS: [u64; 15] = [
-    100_000,
-    250_000,
-    500_000,
-    1_000_000,
-    2_500_000,
-    5_000_000,
-    10_000_000,
-    25_000_000,
-    50_000_000,
-    100_000_000,
-    250_000_000,
-    300_000_000,
-    500_000_000,
-    1_000_000_000,
-    2_500_000_000,
-];
-
-/// Every route label: the public listener's exact paths, the admin listener's
-/// exact paths, then the admin path with a parameter, then everything else.
-const ROUTES: [&str; 14] = [
-    "/v1/public-phone",
-    "/v1/public-phones/batch",
-    STATUSES,
-    "/admin/v1/cache/invalidate",
-    "/admin/v1/debug/pprof/profile",
-    "/admin/v1/reveals",
-    "/healthz",
-    "/readyz",
-    "/metrics",
-    "/openapi/public.json",
-    "/openapi/admin.json",
-    "/admin/v1/calltracking/statuses/{user_id}",
-    "/admin/v1/ads/{ad_id}/reveals",
-    "unmatched",
-];
-const STATUSES: &str = "/admin/v1/calltracking/statuses";
+/// Every route label: the public listener's paths, then the admin listener's
+/// (those with a parameter matched by prefix), then everything else.
+const ROUTES: [&str; 14] = {
+    let mut all = ["unmatched"; 14];
+    let mut i = 0;
+    while i < routes::PUBLIC.len() {
+        all[i] = routes::PUBLIC[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < routes::ADMIN.len() {
+        all[i + j] = routes::ADMIN[j];
+        j += 1;
+    }
+    all
+};
+const PUBLIC: std::ops::Range<usize> = 0..routes::PUBLIC.len();
+const ADMIN: std::ops::Range<usize> = PUBLIC.end..PUBLIC.end + routes::ADMIN.len();
+const UNMATCHED: Route = Route(ROUTES.len() - 1);
 const ADS: &str = "/admin/v1/ads/";
-const PUBLIC: std::ops::Range<usize> = 0..2;
-const ADMIN: std::ops::Range<usize> = 2..11;
-const STATUS_OF_USER: Route = Route(11);
-const REVEALS_OF_AD: Route = Route(12);
-const UNMATCHED: Route = Route(13);
 
 /// A request's route label, as an index into [`ROUTES`] (the label of a path is
 /// found once per request, and the series by index).
@@ -75,12 +55,13 @@ impl Route {
     pub fn admin(path: &str) -> Route {
         let one_segment = |s: &str| !s.is_empty() && !s.contains('/');
         Route::exact(ADMIN, path).unwrap_or_else(|| {
+            let templated = |template| Route::exact(ADMIN, template).unwrap_or(UNMATCHED);
             if let Some(user) = path
-                .strip_prefix(STATUSES)
+                .strip_prefix(routes::STATUSES)
                 .and_then(|p| p.strip_prefix('/'))
             {
                 return if one_segment(user) {
-                    STATUS_OF_USER
+                    templated(routes::STATUS_OF_USER)
                 } else {
                     UNMATCHED
                 };
@@ -89,7 +70,7 @@ impl Route {
                 .strip_prefix(ADS)
                 .and_then(|p| p.strip_suffix("/reveals"))
             {
-                Some(ad) if one_segment(ad) => REVEALS_OF_AD,
+                Some(ad) if one_segment(ad) => templated(routes::REVEALS_OF_AD),
                 _ => UNMATCHED,
             }
         })
@@ -279,7 +260,7 @@ mod tests {
         assert_eq!(label(Route::public("/healthz")), "unmatched");
         assert_eq!(label(Route::admin("/v1/public-phone")), "unmatched");
         assert_eq!(label(Route::admin("/healthz")), "/healthz");
-        assert_eq!(label(Route::admin(STATUSES)), STATUSES);
+        assert_eq!(label(Route::admin(routes::STATUSES)), routes::STATUSES);
         assert_eq!(
             label(Route::admin("/admin/v1/calltracking/statuses/42")),
             "/admin/v1/calltracking/statuses/{user_id}"

@@ -22,6 +22,7 @@ pub mod public;
 pub mod ratelimit;
 pub mod reveals;
 pub mod rewrite;
+pub mod routes;
 pub mod serve;
 pub mod shed;
 pub mod snapshot;
@@ -76,8 +77,8 @@ impl Limits {
 pub fn public_router(state: PublicState) -> Router {
     let body = DefaultBodyLimit::max(state.limits.max_body_bytes);
     Router::new()
-        .route(public::PUBLIC_PHONE_PATH, get(public::public_phone))
-        .route("/v1/public-phones/batch", post(public::batch))
+        .route(routes::PUBLIC_PHONE, get(public::public_phone))
+        .route(routes::BATCH, post(public::batch))
         .layer(body)
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
@@ -92,23 +93,20 @@ pub fn admin_router(state: AdminState) -> Router {
     // bounds it itself (`server.max_snapshot_bytes`).
     let body = DefaultBodyLimit::max(state.limits.max_body_bytes);
     Router::new()
-        .route("/healthz", get(admin::healthz))
-        .route("/readyz", get(admin::readyz))
-        .route("/metrics", get(admin::metrics))
-        .route("/openapi/public.json", get(openapi::public_json))
-        .route("/openapi/admin.json", get(openapi::admin_json))
+        .route(routes::HEALTHZ, get(admin::healthz))
+        .route(routes::READYZ, get(admin::readyz))
+        .route(routes::METRICS, get(admin::metrics))
+        .route(routes::OPENAPI_PUBLIC, get(openapi::public_json))
+        .route(routes::OPENAPI_ADMIN, get(openapi::admin_json))
         .route(
-            "/admin/v1/calltracking/statuses",
+            routes::STATUSES,
             put(admin::put_statuses).post(admin::post_statuses),
         )
-        .route(
-            "/admin/v1/calltracking/statuses/{user_id}",
-            get(admin::get_status),
-        )
-        .route("/admin/v1/debug/pprof/profile", get(profile::profile))
-        .route("/admin/v1/reveals", get(reveals::list))
-        .route("/admin/v1/ads/{ad_id}/reveals", get(reveals::ad_counts))
-        .route("/admin/v1/cache/invalidate", post(admin::invalidate))
+        .route(routes::STATUS_OF_USER, get(admin::get_status))
+        .route(routes::PROFILE, get(profile::profile))
+        .route(routes::REVEALS, get(reveals::list))
+        .route(routes::REVEALS_OF_AD, get(reveals::ad_counts))
+        .route(routes::INVALIDATE, post(admin::invalidate))
         .layer(body)
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)

@@ -23,7 +23,8 @@ use super::{admin, error, profile, public, reveals};
         public::BatchResult,
         error::Problem,
         crate::domain::Source
-    ))
+    )),
+    modifiers(&ProblemContentType)
 )]
 pub struct PublicApi;
 
@@ -58,9 +59,44 @@ pub struct PublicApi;
         crate::domain::Applied,
         error::Problem
     )),
-    modifiers(&Bearer)
+    modifiers(&Bearer, &ProblemContentType)
 )]
 pub struct AdminApi;
+
+/// Every 4xx and 5xx response is a problem document: the annotations say
+/// `body = Problem`, and this serves it as `application/problem+json`, in one
+/// place instead of on each of them.
+struct ProblemContentType;
+
+impl Modify for ProblemContentType {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.head,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                for (status, response) in &mut operation.responses.responses {
+                    let utoipa::openapi::RefOr::T(response) = response else {
+                        continue;
+                    };
+                    if !(status.starts_with('4') || status.starts_with('5')) {
+                        continue;
+                    }
+                    if let Some(content) = response.content.shift_remove("application/json") {
+                        response
+                            .content
+                            .insert("application/problem+json".to_owned(), content);
+                    }
+                }
+            }
+        }
+    }
+}
 
 struct Bearer;
 
@@ -81,4 +117,55 @@ pub async fn public_json() -> Json<utoipa::openapi::OpenApi> {
 
 pub async fn admin_json() -> Json<utoipa::openapi::OpenApi> {
     Json(AdminApi::openapi())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::http::routes;
+
+    fn paths(api: &utoipa::openapi::OpenApi) -> BTreeSet<&str> {
+        api.paths.paths.keys().map(String::as_str).collect()
+    }
+
+    /// Paths in the annotations are literals: they must be the routers' paths.
+    #[test]
+    fn the_documents_describe_the_routes_the_routers_serve() {
+        let public = PublicApi::openapi();
+        assert_eq!(paths(&public), routes::PUBLIC.into_iter().collect());
+        let admin = AdminApi::openapi();
+        let undocumented: BTreeSet<&str> = [routes::OPENAPI_PUBLIC, routes::OPENAPI_ADMIN].into();
+        let served: BTreeSet<&str> = routes::ADMIN.into_iter().collect();
+        assert_eq!(
+            paths(&admin),
+            served.difference(&undocumented).copied().collect()
+        );
+    }
+
+    #[test]
+    fn every_error_response_is_a_problem_document() {
+        for api in [PublicApi::openapi(), AdminApi::openapi()] {
+            let json = serde_json::to_value(&api).unwrap();
+            let mut errors = 0;
+            for (path, item) in json["paths"].as_object().unwrap() {
+                for (method, operation) in item.as_object().unwrap() {
+                    for (status, response) in operation["responses"].as_object().unwrap() {
+                        if status.starts_with('4') || status.starts_with('5') {
+                            errors += 1;
+                            let types: Vec<_> =
+                                response["content"].as_object().unwrap().keys().collect();
+                            assert_eq!(
+                                types,
+                                ["application/problem+json"],
+                                "{method} {path} {status}"
+                            );
+                        }
+                    }
+                }
+            }
+            assert!(errors > 5, "{errors}");
+        }
+    }
 }

@@ -33,9 +33,9 @@ static RUNNING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     ),
     responses(
         (status = 200, description = "A flamegraph (image/svg+xml) or a text list (text/plain)", body = String, content_type = "image/svg+xml"),
-        (status = 400, description = "A bad parameter", body = super::error::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or a wrong token", body = super::error::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "A profile is already being taken", body = super::error::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A bad parameter", body = super::error::Problem),
+        (status = 401, description = "No or a wrong token", body = super::error::Problem),
+        (status = 409, description = "A profile is already being taken", body = super::error::Problem),
     )
 )]
 pub async fn profile(RawQuery(query): RawQuery) -> Result<Response, ApiError> {

@@ -17,9 +17,6 @@ use crate::domain::{AdId, Phone, Reveal, Source, UserId, Viewer};
 use crate::resolve::{Request, Resolver};
 use crate::reveals::Reveals;
 
-/// The lookup's path.
-pub const PUBLIC_PHONE_PATH: &str = "/v1/public-phone";
-
 /// Items a batch may hold.
 pub const MAX_BATCH_ITEMS: usize = 100;
 
@@ -111,10 +108,10 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
     ),
     responses(
         (status = 200, description = "The number to show", body = PublicPhone),
-        (status = 400, description = "A missing or invalid parameter", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "The seller has no number to show", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The viewer is over the limit", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Cannot decide safely, or shedding load", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A missing or invalid parameter", body = Problem),
+        (status = 404, description = "The seller has no number to show", body = Problem),
+        (status = 429, description = "The viewer is over the limit", body = Problem),
+        (status = 503, description = "Cannot decide safely, or shedding load", body = Problem),
     )
 )]
 pub async fn public_phone(State(state): State<PublicState>, request: HttpRequest) -> Response {
@@ -235,11 +232,11 @@ pub enum BatchResult {
     params(("X-Viewer-Id" = Option<String>, Header, description = "The buyer (1 to 128 visible ASCII characters); each item counts once against the limit and is one reveal")),
     responses(
         (status = 200, description = "One result per item, in order", body = BatchResults),
-        (status = 400, description = "Bad JSON, or not 1 to 100 items", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over server.max_body_bytes", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not sent as application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The viewer is over the limit", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Shedding load", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Bad JSON, or not 1 to 100 items", body = Problem),
+        (status = 413, description = "Body over server.max_body_bytes", body = Problem),
+        (status = 415, description = "The body is not sent as application/json", body = Problem),
+        (status = 429, description = "The viewer is over the limit", body = Problem),
+        (status = 503, description = "Shedding load", body = Problem),
     )
 )]
 pub async fn batch(

@@ -70,10 +70,10 @@ pub struct AdReveals {
     ),
     responses(
         (status = 200, description = "Reveals, newest first", body = RevealPage),
-        (status = 400, description = "A bad parameter", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "The reveal log is off", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A bad parameter", body = Problem),
+        (status = 401, description = "No or a wrong token", body = Problem),
+        (status = 404, description = "The reveal log is off", body = Problem),
+        (status = 503, description = "The database is unavailable", body = Problem),
     )
 )]
 pub async fn list(
@@ -113,10 +113,10 @@ pub async fn list(
     params(("ad_id" = i64, Path, minimum = 1)),
     responses(
         (status = 200, description = "The ad's counts over every replica, as written so far", body = AdReveals),
-        (status = 400, description = "A bad ad id", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or a wrong token", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "The reveal log is off", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A bad ad id", body = Problem),
+        (status = 401, description = "No or a wrong token", body = Problem),
+        (status = 404, description = "The reveal log is off", body = Problem),
+        (status = 503, description = "The database is unavailable", body = Problem),
     )
 )]
 pub async fn ad_counts(
