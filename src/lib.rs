@@ -1,12 +1,15 @@
 //! phones-gateway decides which phone number a buyer sees for a classified ad:
 //! a paid anonymous number, a call-tracking number or the seller's real number.
 //!
-//! The map, top down (arrows point one way: http -> resolve -> cache/upstream):
+//! The map, top down. Arrows point one way, http -> resolve -> (cache, upstream,
+//! status) -> store -> domain, and `tests/arrows.rs` fails on a cycle:
 //! - [`config`]: the configuration tree, defaults, loading and validation.
-//! - [`app`]: builds the parts from a `Config` and runs both listeners.
+//! - [`app`]: builds the parts from a `Config`, runs both listeners and owns
+//!   every background task (one cancellation token, also when dropped).
 //! - [`http`]: each listener's front service (request tracking, admission, the
 //!   hit path without the router), the public and admin routers, extractors,
-//!   errors as problem+json, request-duration buckets, connection serving.
+//!   errors as problem+json, the route list, request-duration buckets,
+//!   connection serving (hyper's own rejections rewritten as problems).
 //! - [`resolve`]: the selection rules (pure, in `resolve::rules`) and the
 //!   concurrent fan-out to the sources.
 //! - [`cache`]: TTL'd, coalescing, stale-if-error caches with O(1) invalidation.
@@ -15,9 +18,10 @@
 //!   batch flush with per-ad counts, retention.
 //! - [`status`]: the in-memory call-tracking status set, its write path, the
 //!   replica sync loop and the status-feed puller.
-//! - [`store`]: sqlx storage of the status set, SQLite or PostgreSQL.
-//! - [`domain`]: `Phone`, ids, sources and the status model: valid values
-//!   only, parsed once at the edge, and the rules that need no I/O.
+//! - [`store`]: everything that speaks SQL (sqlx): the status set, change hints
+//!   and feed leadership, the reveal log; SQLite or PostgreSQL behind one type.
+//! - [`domain`]: `Phone`, ids, sources, the status model and reveal records:
+//!   valid values only, parsed once at the edge, and the rules that need no I/O.
 //! - [`telemetry`]: logs, the metrics recorder, request ids.
 //! - [`runtime`]: tokio worker threads sized to the container's CPU quota.
 //! - [`sim`]: the upstream simulator for the demo, tests and load runs.
