@@ -290,7 +290,7 @@ impl fmt::Debug for Secret {
 impl<'de> Deserialize<'de> for Secret {
     /// Strings only: a secret read as a number would already have lost its
     /// leading zeros. From the environment, secrets arrive verbatim as strings
-    /// ([`SECRET_KEYS`]).
+    /// (`SECRET_KEYS`).
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         String::deserialize(d).map(Secret)
     }
@@ -664,7 +664,7 @@ impl BreakerConfig {
 }
 
 /// `PHONES_GATEWAY__` variables, parsed as figment does (numbers, booleans,
-/// lists), except the [`SECRET_KEYS`], which are taken as the exact strings given.
+/// lists), except the `SECRET_KEYS`, which are taken as the exact strings given.
 fn environment() -> Figment {
     let mut env = Figment::from(Env::prefixed(ENV_PREFIX).split("__").ignore(&SECRET_KEYS));
     for (name, value) in std::env::vars() {

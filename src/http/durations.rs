@@ -40,7 +40,7 @@ const ADMIN: std::ops::Range<usize> = PUBLIC.end..PUBLIC.end + routes::ADMIN.len
 const UNMATCHED: Route = Route(ROUTES.len() - 1);
 const ADS: &str = "/admin/v1/ads/";
 
-/// A request's route label, as an index into [`ROUTES`] (the label of a path is
+/// A request's route label, as an index into `ROUTES` (the label of a path is
 /// found once per request, and the series by index).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Route(usize);
