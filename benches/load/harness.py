@@ -76,7 +76,7 @@ def simulator(**flags):
     return Server(cmd, core="1")
 
 
-def gateway(db_dir, anonymous_url=None):
+def gateway(db_dir, anonymous_url=None, extra_env=None):
     upstream = f"http://127.0.0.1:{SIM}"
     env = {
         "PHONES_GATEWAY__SERVER__PUBLIC_ADDR": f"127.0.0.1:{GW}",
@@ -89,6 +89,7 @@ def gateway(db_dir, anonymous_url=None):
         "PHONES_GATEWAY__UPSTREAMS__ANONYMOUS__BASE_URL": anonymous_url or upstream,
         "PHONES_GATEWAY__UPSTREAMS__CALLTRACKING__BASE_URL": upstream,
     }
+    env.update(extra_env or {})
     gw = Server([BIN, "serve"], env=env, ready=f"http://127.0.0.1:{ADMIN}/readyz")
     # Call tracking on for sellers that are multiples of 4 (as the simulator's feed).
     items = [{"user_id": 4 * k, "enabled": True, "version": 1} for k in range(1, 10001)]
@@ -172,6 +173,30 @@ def plot(name, rows, path):
     plt.close(fig)
 
 
+def reveals_cost(db, hot_url, seconds, rounds):
+    """The hit path's CPU per request with the reveal log off and on (every
+    request a reveal with a viewer id, flushed to SQLite each second), in
+    alternating pairs; the median pair's ratio is the figure."""
+    sim = simulator(latency_ms=5)
+    pairs = []
+    for _ in range(rounds):
+        pair = []
+        for enabled in ("false", "true"):
+            gw = gateway(db, extra_env={"PHONES_GATEWAY__REVEALS__ENABLED": enabled})
+            urllib.request.urlopen(hot_url).read()
+            pair.append(measured(gw, lambda: wrk(hot_url, seconds, script="viewer.lua")))
+            gw.stop()
+        pairs.append(pair)
+    sim.stop()
+    ratio = lambda pair: pair[1]["cpu_us_per_req"] / pair[0]["cpu_us_per_req"]
+    for off, on in pairs:
+        print(f"- round: reveals on/off CPU per request {ratio((off, on)):.3f}x "
+              f"({on['cpu_us_per_req']:.2f} vs {off['cpu_us_per_req']:.2f} us; "
+              f"{on['rps']:.0f} vs {off['rps']:.0f} req/s)")
+    pairs.sort(key=ratio)
+    print(f"median: reveals on costs {ratio(pairs[len(pairs) // 2]):.3f}x the CPU of reveals off")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=10)
@@ -179,12 +204,14 @@ def main():
     parser.add_argument("--quick", action="store_true", help="3 s per run, 30 s soak")
     parser.add_argument("--rounds", type=int, default=5,
                         help="hello-world/gateway pairs for the hit-path comparisons; the median is reported")
+    parser.add_argument("--reveals-cost", action="store_true",
+                        help="only the hit path with the reveal log off and on, alternating, printed")
     parser.add_argument("--hits-only", action="store_true",
                         help="only hello-world and (a) at maximum, printed; BENCHMARKS.md untouched")
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.soak = 3, 30
-    for tool in ("wrk", "oha", "taskset"):
+    for tool in ("wrk", "taskset") if args.reveals_cost else ("wrk", "oha", "taskset"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is missing (apt-get install -y wrk; cargo install oha --locked)")
     run(["cargo", "build", "--release", "--quiet", "--bin", "phones-gateway", "--example", "hello"], cwd=ROOT)
@@ -198,6 +225,9 @@ def main():
         # The machine's HTTP limit, measured in alternation with the gateway: the
         # cores are shared with other machines, so each pair is one comparison
         # and the median pair is reported (every pair's ratios are listed).
+        if args.reveals_cost:
+            reveals_cost(db, hot_url, s, args.rounds)
+            return
         hello_url = f"http://127.0.0.1:{HELLO_PORT}/"
         hello = Server([HELLO, f"127.0.0.1:{HELLO_PORT}", "1"], ready=hello_url)
         sim = simulator(latency_ms=5)
