@@ -49,7 +49,9 @@ impl StatusService {
                 store,
                 writer: tokio::sync::Mutex::new(()),
                 watermark: tokio::sync::Mutex::new((0, 0)),
-                last_sync_ms: AtomicI64::new(0),
+                // Counted from creation until the first catch-up, so a replica
+                // that cannot reach its database at start shows a growing lag.
+                last_sync_ms: AtomicI64::new(unix_ms()),
                 feed_leader: AtomicBool::new(false),
             }),
         }
@@ -88,14 +90,10 @@ impl StatusService {
             .set(self.sync_lag_ms() as f64 / 1000.0);
     }
 
-    /// Milliseconds since the last successful catch-up (0 before the first).
+    /// Milliseconds since the last successful catch-up (or, before the first,
+    /// since this service was created).
     pub fn sync_lag_ms(&self) -> i64 {
-        let last = self.inner.last_sync_ms.load(Ordering::Acquire);
-        if last == 0 {
-            0
-        } else {
-            (unix_ms() - last).max(0)
-        }
+        (unix_ms() - self.inner.last_sync_ms.load(Ordering::Acquire)).max(0)
     }
 
     /// Loads the whole set (a catch-up from the start), then marks it loaded.
