@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-/// What a failed source does (SPEC 5.5).
+/// What a failed source does (docs/rules.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnError {

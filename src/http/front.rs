@@ -91,7 +91,7 @@ impl Inner {
     /// Admission, then the answer: the lookup directly, anything else by the router.
     /// Takes the `Arc` so the future holds nothing twice (it is boxed per request).
     async fn admit(self: Arc<Self>, request: Request) -> Response {
-        // SPEC 3: the token before anything else, whatever the method and whether
+        // docs/api.md: the token before anything else, whatever the method and whether
         // or not the route exists.
         if let Some(token) = &self.token {
             if admin::is_protected(request.uri().path())

@@ -1,4 +1,4 @@
-//! The two routers: public (SPEC 2) and admin (SPEC 3). Every error on either is
+//! The two routers: public (docs/api.md) and admin (docs/api.md). Every error on either is
 //! an `ApiError` problem document, unknown routes and methods included; so are
 //! the answers hyper makes before any route is chosen ([`rewrite`]).
 //!
@@ -6,7 +6,7 @@
 //! any other: on an existing route it is a 405 with `Allow`, the answer to a
 //! method the route lacks (RFC 9110 permits a 501 for a method the server does
 //! not recognise, but 405 with `Allow` tells the client what to send instead, and
-//! SPEC 2 lists no 5xx for bad input); on no route, a 404. A method that is not a
+//! docs/api.md lists no 5xx for bad input); on no route, a 404. A method that is not a
 //! token is a malformed request line: a 400. Each
 //! listener serves its router through a [`front::Front`] ([`serve::serve`]),
 //! which tracks and admits every request and answers the public lookup itself.

@@ -1,4 +1,4 @@
-//! The public API (SPEC 2): one number, or a batch of up to 100.
+//! The public API (docs/api.md): one number, or a batch of up to 100.
 
 use std::sync::Arc;
 
@@ -57,7 +57,7 @@ impl PublicState {
             .map_or(Ok(()), |l| l.check(headers, items))
     }
 
-    /// Records a number about to be shown (SPEC 11). With `on_overflow =
+    /// Records a number about to be shown (docs/api.md#the-reveal-log). With `on_overflow =
     /// "refuse"` a full log answers 503 instead: no number it cannot record.
     fn record(
         &self,

@@ -1,4 +1,4 @@
-//! Per-viewer rate limit on number reveals (SPEC 9), with `governor` (GCRA): a
+//! Per-viewer rate limit on number reveals (docs/api.md), with `governor` (GCRA): a
 //! viewer (`X-Viewer-Id`) may reveal `rate_limit.per_viewer_per_minute` numbers a
 //! minute, in bursts up to that many. Checked before any cache or upstream work;
 //! a batch costs one per item. Requests without the header are not limited.

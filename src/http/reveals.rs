@@ -1,4 +1,4 @@
-//! The reveal log's admin routes (SPEC 11): a seller's or a viewer's reveals,
+//! The reveal log's admin routes (docs/api.md#the-reveal-log): a seller's or a viewer's reveals,
 //! newest first in keyset pages, and an ad's counts over every replica. Both
 //! answer 404 when `reveals.enabled` is false.
 

@@ -1,4 +1,4 @@
-//! Hyper's automatic answers, rewritten as problem documents (SPEC 2: every
+//! Hyper's automatic answers, rewritten as problem documents (docs/api.md: every
 //! rejection is one, also those made before a route is chosen).
 //!
 //! When hyper cannot parse a request head it answers by itself and closes the

@@ -83,7 +83,7 @@ impl Caches {
         };
         Caches {
             real_phone: build("real_phone", &config.cache.real_phone, true),
-            // SPEC 6: an expired "no anonymous number" is never used; the seller
+            // docs/caching.md: an expired "no anonymous number" is never used; the seller
             // may have paid since.
             anonymous: build("anonymous", &config.cache.anonymous, false),
             calltracking: build("calltracking", &config.cache.calltracking, true),
@@ -100,7 +100,7 @@ impl Caches {
         }
     }
 
-    /// Drops every cached number of `user` (SPEC 3, cache invalidation).
+    /// Drops every cached number of `user` (docs/api.md, cache invalidation).
     pub fn invalidate(&self, user: UserId) {
         self.generations.invalidate(user);
     }
@@ -306,7 +306,7 @@ impl Resolver {
             },
             calltracking: match (tracking, real_known) {
                 // Until the status set is loaded, the seller may have call
-                // tracking on: nothing below it may be shown (SPEC 7).
+                // tracking on: nothing below it may be shown (docs/status-sync.md).
                 (Tracking::Unknown, _) => SourceState::Unknown,
                 (Tracking::Off, _) => SourceState::NotApplicable,
                 (Tracking::On, Cached::Phone(real)) => known(fresh(Ask::Calltracking(real))),
@@ -401,7 +401,7 @@ impl Resolver {
     }
 
     /// At the request deadline whatever is still pending has failed, and a failed
-    /// source with a usable stale value serves it (stale-if-error, SPEC 4 and 6),
+    /// source with a usable stale value serves it (stale-if-error, docs/rules.md and docs/caching.md),
     /// exactly as when its upstream call fails: the rules then decide.
     fn at_deadline(&self, req: &Request, states: &mut States, mut real_phone: Option<Phone>) {
         let stale = |ask: Ask| {

@@ -1,4 +1,4 @@
-//! The selection rules of SPEC 5 as a pure function: given what each source has
+//! The selection rules of docs/rules.md as a pure function: given what each source has
 //! answered so far, is the request decided, and how?
 //!
 //! Sources are walked in the configured order. A source that does not apply, or

@@ -1,4 +1,4 @@
-//! The upstream simulator: SPEC 4 for all three upstreams and the status feed on
+//! The upstream simulator: docs/rules.md for all three upstreams and the status feed on
 //! one listener (the paths do not collide, so every base URL may point at it),
 //! with deterministic data and configurable latency, failures and hangs. Used by
 //! the demo, the load harness and tests.

@@ -1,4 +1,4 @@
-//! The status-feed puller (SPEC 7): one replica at a time polls the call-tracking
+//! The status-feed puller (docs/status-sync.md): one replica at a time polls the call-tracking
 //! feed and stores what it gets through the same write path as the webhook, with
 //! the feed cursor in the same transaction as the changes it brought.
 //!

@@ -16,7 +16,7 @@ pub enum UpstreamError {
     Status(u16),
     /// A body that does not parse, or a phone that does not normalise. Only the
     /// kind of failure, never content: a parser's message quotes the body, and
-    /// the body may hold a number (SPEC 10), so this cannot carry a `String`.
+    /// the body may hold a number (docs/README.md#privacy), so this cannot carry a `String`.
     #[error("bad answer: {0}")]
     Decode(&'static str),
     /// The circuit breaker is open: the upstream was not called.

@@ -1,4 +1,4 @@
-//! SPEC 9 and overload: per-viewer rate limit, load shedding.
+//! docs/api.md and overload: per-viewer rate limit, load shedding.
 
 use std::time::{Duration, Instant};
 

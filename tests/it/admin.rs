@@ -1,4 +1,4 @@
-//! SPEC 3: the admin API, its token, status sync semantics, operations routes.
+//! docs/api.md: the admin API, its token, status sync semantics, operations routes.
 
 use reqwest::Method;
 use serde_json::json;

@@ -1,4 +1,4 @@
-//! SPEC 6: caching, negative caching, TTL, stale-if-error, invalidation.
+//! docs/caching.md: caching, negative caching, TTL, stale-if-error, invalidation.
 
 use std::time::{Duration, Instant};
 

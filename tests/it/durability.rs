@@ -1,4 +1,4 @@
-//! SPEC 7 / issue 4: the status set survives a SIGKILL of the process, on SQLite
+//! docs/status-sync.md / issue 4: the status set survives a SIGKILL of the process, on SQLite
 //! and on PostgreSQL; and it is loaded before /readyz says ready.
 
 use std::process::Command;

@@ -1,4 +1,4 @@
-//! SPEC 7: the status-feed pull, its stored cursor, and leadership.
+//! docs/status-sync.md: the status-feed pull, its stored cursor, and leadership.
 
 use std::time::{Duration, Instant};
 

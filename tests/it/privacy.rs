@@ -1,4 +1,4 @@
-//! SPEC 10: no full phone number in the logs. Besides these tests, every log line
+//! docs/README.md#privacy: no full phone number in the logs. Besides these tests, every log line
 //! of the test binary (both formats, trace level) and of every child process is
 //! scanned as it is written (`support::leaks_in`), and every `TestApp` fails its
 //! test on any leak when dropped, so the traffic of the entire suite is covered.

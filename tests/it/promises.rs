@@ -1,4 +1,4 @@
-//! Promises of SPEC 2-7 that no other module covered: batch problems equal to the
+//! Promises of docs/ that no other module covered: batch problems equal to the
 //! single route's, normalised anonymous and call-tracking numbers, snapshots at
 //! exactly an entry's version, refused connections, invalidation of every cache,
 //! eviction at capacity, and the status feed resumed from its stored cursor.
@@ -13,7 +13,7 @@ use crate::{ANON, ANON_CATEGORY, NEW_ANON, OTHER_VIRTUAL, PLAIN_CATEGORY, REAL, 
 
 const STATUSES: &str = "/admin/v1/calltracking/statuses";
 
-/// SPEC 2: a batch item's problem is the document the single route answers,
+/// docs/api.md: a batch item's problem is the document the single route answers,
 /// a 404 included.
 #[tokio::test]
 async fn a_batch_items_problem_is_the_single_routes_a_404_included() {
@@ -56,7 +56,7 @@ async fn a_batch_items_problem_is_the_single_routes_a_404_included() {
     assert_eq!(results[2]["error"]["status"], 400);
 }
 
-/// SPEC 2: output is E.164 also when the anonymous or call-tracking upstream
+/// docs/api.md: output is E.164 also when the anonymous or call-tracking upstream
 /// answered with separators.
 #[tokio::test]
 async fn anonymous_and_calltracking_numbers_are_normalised() {
@@ -73,7 +73,7 @@ async fn anonymous_and_calltracking_numbers_are_normalised() {
         .assert_number(VIRTUAL, "calltracking");
 }
 
-/// SPEC 3: only an entry whose stored version is greater than the snapshot's
+/// docs/api.md: only an entry whose stored version is greater than the snapshot's
 /// keeps its state; one at exactly V takes the snapshot's.
 #[tokio::test]
 async fn a_snapshot_overrides_an_entry_at_exactly_its_version() {
@@ -107,7 +107,7 @@ fn closed_port_url() -> String {
     url
 }
 
-/// SPEC 4: a refused connection is an upstream failure: real answers 503,
+/// docs/rules.md: a refused connection is an upstream failure: real answers 503,
 /// call tracking falls through to the real number.
 #[tokio::test]
 async fn refused_connections_are_upstream_failures() {
@@ -132,7 +132,7 @@ async fn refused_connections_are_upstream_failures() {
         .assert_number(REAL, "real");
 }
 
-/// SPEC 6: invalidation drops the seller's anonymous and call-tracking numbers
+/// docs/caching.md: invalidation drops the seller's anonymous and call-tracking numbers
 /// too, not only the real one.
 #[tokio::test]
 async fn invalidation_drops_anonymous_and_calltracking_numbers() {
@@ -166,7 +166,7 @@ async fn invalidation_drops_anonymous_and_calltracking_numbers() {
     assert_eq!((app.anonymous.calls(), app.calltracking.calls()), (2, 2));
 }
 
-/// SPEC 6: the caches are bounded: past capacity, entries are evicted and asked
+/// docs/caching.md: the caches are bounded: past capacity, entries are evicted and asked
 /// for again.
 #[tokio::test]
 async fn a_cache_at_capacity_evicts() {
@@ -205,7 +205,7 @@ async fn status_of(app: &TestApp, user: u64) -> Value {
     app.get_admin(&format!("{STATUSES}/{user}")).await.body
 }
 
-/// SPEC 4 and 7: the very first poll has no `after`; a restarted replica
+/// docs/rules.md and docs/status-sync.md: the very first poll has no `after`; a restarted replica
 /// resumes from the cursor it stored.
 #[tokio::test]
 async fn a_restarted_replica_resumes_the_feed_from_its_stored_cursor() {

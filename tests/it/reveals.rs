@@ -1,4 +1,4 @@
-//! The reveal log (SPEC 11): every number answered is recorded in batches, with
+//! The reveal log (docs/api.md#the-reveal-log): every number answered is recorded in batches, with
 //! per-ad counts written once per flush, through faults and shutdowns.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! SPEC 5: which number wins, fail-closed and fall-through, concurrency.
+//! docs/rules.md: which number wins, fail-closed and fall-through, concurrency.
 
 use std::time::{Duration, Instant};
 
@@ -350,7 +350,11 @@ async fn fifty_concurrent_cold_requests_make_one_upstream_call() {
     for got in futures_util::future::join_all(requests).await {
         got.assert_number(REAL, "real");
     }
-    assert_eq!(app.real.calls(), 1, "concurrent misses coalesce (SPEC 6)");
+    assert_eq!(
+        app.real.calls(),
+        1,
+        "concurrent misses coalesce (docs/caching.md)"
+    );
 }
 
 #[tokio::test]

@@ -2,7 +2,7 @@
 //! real HTTP servers whose answers, delays and call counts the test controls.
 //!
 //! Two guards run under every test:
-//! - the fakes answer only the request shapes SPEC 4 defines (method, path and
+//! - the fakes answer only the request shapes docs/rules.md defines (method, path and
 //!   query); anything else is answered 400 and recorded, and `TestApp`'s drop
 //!   fails the test, so a wrong path cannot pass as "the seller has no phone";
 //! - the privacy scanner (below) reads every log line as it is written, in the
@@ -126,7 +126,7 @@ impl Fake {
         self.uris.lock().unwrap().clone()
     }
 
-    /// Requests that are not a shape SPEC 4 defines for this upstream.
+    /// Requests that are not a shape docs/rules.md defines for this upstream.
     pub fn unexpected(&self) -> Vec<String> {
         self.unexpected.lock().unwrap().clone()
     }
@@ -169,7 +169,7 @@ fn pairs(query: &str) -> Vec<(&str, &str)> {
         .collect()
 }
 
-/// What a request to `upstream` is, if it is one SPEC 4 defines.
+/// What a request to `upstream` is, if it is one docs/rules.md defines.
 enum Shape {
     Lookup,
     /// A status-feed poll: the position after which to answer, and the limit.
@@ -223,7 +223,11 @@ async fn answer(State(fake): State<Fake>, request: Request) -> Response {
                 .lock()
                 .unwrap()
                 .push(format!("{} {uri}", request.method()));
-            return (StatusCode::BAD_REQUEST, "not a request SPEC 4 defines").into_response();
+            return (
+                StatusCode::BAD_REQUEST,
+                "not a request docs/rules.md defines",
+            )
+                .into_response();
         }
         Some(Shape::Feed(after, limit)) => (after, limit),
         Some(Shape::Lookup) => (usize::MAX, 0),
@@ -282,7 +286,7 @@ pub async fn eventually<F: std::future::Future<Output = bool>>(
 }
 
 // ---------------------------------------------------------------------------
-// The privacy scanner (SPEC 10).
+// The privacy scanner (docs/README.md#privacy).
 
 /// Characters a number may be written with between its digits.
 fn is_separator(c: char) -> bool {
@@ -506,7 +510,7 @@ pub struct TestApp {
 }
 
 impl Drop for TestApp {
-    /// Every request the app made had a shape SPEC 4 defines, and no log line
+    /// Every request the app made had a shape docs/rules.md defines, and no log line
     /// written so far, by this test or any other, held a full number.
     fn drop(&mut self) {
         if std::thread::panicking() {
@@ -516,7 +520,7 @@ impl Drop for TestApp {
             let unexpected = fake.unexpected();
             assert!(
                 unexpected.is_empty(),
-                "{:?} upstream got requests SPEC 4 does not define: {unexpected:?}",
+                "{:?} upstream got requests docs/rules.md does not define: {unexpected:?}",
                 fake.upstream
             );
         }
