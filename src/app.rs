@@ -301,7 +301,11 @@ async fn load_then_sync(status: StatusService, upstreams: Arc<Upstreams>, config
             }
         }
     }
-    let sync = crate::status::sync::run(status.clone(), config.database.sync_interval);
+    let sync = crate::status::sync::run(
+        status.clone(),
+        config.database.sync_interval,
+        config.database.listen,
+    );
     let feed_config = &config.upstreams.calltracking.status_feed;
     if feed_config.enabled {
         let feed =

@@ -141,6 +141,9 @@ pub struct DatabaseConfig {
     pub url: Secret,
     pub max_connections: u32,
     pub migrate_on_start: bool,
+    /// PostgreSQL only: `LISTEN` for change hints; `false` learns changes by
+    /// the catch-up poll alone (behind a transaction pooler, which cannot LISTEN).
+    pub listen: bool,
     #[serde(rename = "sync_interval_ms", deserialize_with = "units::millis")]
     pub sync_interval: Duration,
 }

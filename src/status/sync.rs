@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use super::StatusService;
 
-/// Runs until its task is cancelled.
-pub async fn run(service: StatusService, poll: Duration) {
-    let mut hints = service.store().change_hints(poll);
+/// Runs until its task is cancelled. Without `listen`, the poll alone.
+pub async fn run(service: StatusService, poll: Duration, listen: bool) {
+    let mut hints = service.store().change_hints(poll, listen);
     loop {
         tokio::select! {
             () = hints.next() => {}

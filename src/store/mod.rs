@@ -168,9 +168,10 @@ impl Store {
     }
 
     /// Hints that the change log may have grown (see [`ChangeHints`]); a broken
-    /// listener is retried every `retry`.
-    pub fn change_hints(&self, retry: Duration) -> ChangeHints {
-        ChangeHints::of(self, retry)
+    /// listener is retried every `retry`. Without `listen`, none: the caller's
+    /// poll alone finds changes.
+    pub fn change_hints(&self, retry: Duration, listen: bool) -> ChangeHints {
+        ChangeHints::of(self, retry, listen)
     }
 
     /// Feed leadership, if no other replica holds it (see [`Leadership`]).

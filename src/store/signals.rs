@@ -31,20 +31,20 @@ struct Listening {
 }
 
 impl ChangeHints {
-    pub(super) fn of(store: &Store, retry: Duration) -> Self {
+    pub(super) fn of(store: &Store, retry: Duration, listen: bool) -> Self {
         ChangeHints {
             postgres: match store {
-                Store::Postgres(pool) => Some(Listening {
+                Store::Postgres(pool) if listen => Some(Listening {
                     pool: pool.clone(),
                     listener: None,
                     retry,
                 }),
-                Store::Sqlite(_) => None,
+                Store::Postgres(_) | Store::Sqlite(_) => None,
             },
         }
     }
 
-    /// Completes at the next hint; with SQLite, never. Cancel-safe: a caller may
+    /// Completes at the next hint; with SQLite, or with listening off, never. Cancel-safe: a caller may
     /// race it against a poll timer and call it again.
     pub async fn next(&mut self) {
         match &mut self.postgres {

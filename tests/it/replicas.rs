@@ -223,3 +223,37 @@ async fn readyz_is_503_until_the_status_set_is_loaded() {
             .is_enabled(phones_gateway::domain::UserId::new(42).unwrap())
     );
 }
+
+/// Sessions of the database that are listening for notifications.
+async fn listeners(url: &str) -> i64 {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let n = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    n
+}
+
+#[tokio::test]
+async fn without_listen_replicas_converge_by_the_poll_alone() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let overlay = "[database]\nlisten = false\nsync_interval_ms = 200";
+    let a = TestApp::spawn_on(Some(&db.url), overlay).await;
+    let b = TestApp::spawn_on(Some(&db.url), overlay).await;
+    for i in 1..=5u64 {
+        assert_eq!(set(&a, 2000 + i, true, i).await, 200);
+        // Within a poll or two, with nobody listening.
+        converged(&b, 2000 + i, i, Duration::from_secs(2)).await;
+    }
+    assert_eq!(listeners(&db.url).await, 0, "no session LISTENs");
+    // The default does listen: the check above can tell.
+    let listening = TestApp::spawn_on(Some(&db.url), "").await;
+    crate::support::eventually("a listener", Duration::from_secs(5), || async {
+        listeners(&db.url).await > 0
+    })
+    .await;
+    drop(listening);
+}
