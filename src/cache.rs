@@ -150,7 +150,7 @@ struct Entry {
 }
 
 /// The caches' time: deciseconds since an epoch. Caches sharing one can be
-/// asked with one reading of it ([`PhoneCache::get_fresh_at`]): a clock read is
+/// asked with one reading of it ([`PhoneCache::get_fresh_refreshing`]): a clock read is
 /// a large part of a cache hit.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
@@ -280,17 +280,13 @@ where
 
     /// A fresh answer if there is one, without fetching: the allocation-free fast path.
     pub fn get_fresh(&self, key: &K, user: UserId) -> Cached {
-        self.get_fresh_at(key, user, self.inner.now())
-    }
-
-    /// [`PhoneCache::get_fresh`] at `now`, a reading of this cache's [`Clock`].
-    pub fn get_fresh_at(&self, key: &K, user: UserId, now: u32) -> Cached {
-        self.fresh_entry(key, user, now)
+        self.fresh_entry(key, user, self.inner.now())
             .map_or(Cached::Miss, |entry| Cached::of(entry.phone))
     }
 
-    /// [`PhoneCache::get_fresh_at`], and a hit within the refresh-ahead window
-    /// of its expiry starts `refresh` in the background (see the module doc).
+    /// A fresh answer at `now`, a reading of this cache's [`Clock`]; a hit
+    /// within the refresh-ahead window of its expiry also starts `refresh` in
+    /// the background (see the module doc). The request path's lookup.
     pub fn get_fresh_refreshing<F, Fut>(
         &self,
         key: &K,

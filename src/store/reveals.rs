@@ -12,6 +12,17 @@ use crate::domain::{
     Viewer,
 };
 
+/// Runs one query-building expression on whichever pool this store holds:
+/// sqlx's query types differ per database, so one function cannot take both.
+macro_rules! on_pool {
+    ($store:expr, $pool:ident => $query:expr) => {
+        match $store {
+            Store::Postgres($pool) => $query,
+            Store::Sqlite($pool) => $query,
+        }
+    };
+}
+
 /// Six parameters a row, under SQLite's limit of 32,766 per statement.
 const SQLITE_ROWS_PER_INSERT: usize = 5_000;
 
@@ -146,36 +157,20 @@ impl Store {
         );
         let limit = i64::from(query.limit);
         let rows: Vec<RevealRow> = super::timed("read_reveals", async {
-            match self {
-                Store::Postgres(pool) => {
-                    let q = sqlx::query_as(&sql);
-                    let q = match key {
-                        Key::Int(v) => q.bind(v),
-                        Key::Text(v) => q.bind(v),
-                    };
-                    q.bind(query.since_us)
-                        .bind(query.until_us)
-                        .bind(after_at)
-                        .bind(after_id)
-                        .bind(limit)
-                        .fetch_all(pool)
-                        .await
-                }
-                Store::Sqlite(pool) => {
-                    let q = sqlx::query_as(&sql);
-                    let q = match key {
-                        Key::Int(v) => q.bind(v),
-                        Key::Text(v) => q.bind(v),
-                    };
-                    q.bind(query.since_us)
-                        .bind(query.until_us)
-                        .bind(after_at)
-                        .bind(after_id)
-                        .bind(limit)
-                        .fetch_all(pool)
-                        .await
-                }
-            }
+            on_pool!(self, pool => {
+                let q = sqlx::query_as(&sql);
+                let q = match key {
+                    Key::Int(v) => q.bind(v),
+                    Key::Text(v) => q.bind(v),
+                };
+                q.bind(query.since_us)
+                    .bind(query.until_us)
+                    .bind(after_at)
+                    .bind(after_id)
+                    .bind(limit)
+                    .fetch_all(pool)
+                    .await
+            })
         })
         .await?;
         Ok(rows.into_iter().filter_map(stored).collect())
@@ -187,20 +182,9 @@ impl Store {
     /// The database is unreachable.
     pub async fn ad_reveal_counts(&self, ad: AdId) -> Result<RevealCounts, StoreError> {
         let sql = "SELECT kind, n FROM ad_reveal_counts WHERE ad_id = $1";
-        let rows: Vec<(String, i64)> = match self {
-            Store::Postgres(pool) => {
-                sqlx::query_as(sql)
-                    .bind(signed(ad.get()))
-                    .fetch_all(pool)
-                    .await?
-            }
-            Store::Sqlite(pool) => {
-                sqlx::query_as(sql)
-                    .bind(signed(ad.get()))
-                    .fetch_all(pool)
-                    .await?
-            }
-        };
+        let rows: Vec<(String, i64)> = on_pool!(self, pool => {
+            sqlx::query_as(sql).bind(signed(ad.get())).fetch_all(pool).await?
+        });
         let mut counts = RevealCounts::default();
         for (kind, n) in rows {
             if let Some(kind) = kind_of(&kind) {
@@ -223,20 +207,14 @@ impl Store {
         let sql = "DELETE FROM reveals WHERE id IN \
                    (SELECT id FROM reveals WHERE at_us < $1 ORDER BY at_us LIMIT $2)";
         let deleted = super::timed("delete_reveals", async {
-            match self {
-                Store::Postgres(pool) => sqlx::query(sql)
+            on_pool!(self, pool => {
+                sqlx::query(sql)
                     .bind(cutoff_us)
                     .bind(batch)
                     .execute(pool)
                     .await
-                    .map(|r| r.rows_affected()),
-                Store::Sqlite(pool) => sqlx::query(sql)
-                    .bind(cutoff_us)
-                    .bind(batch)
-                    .execute(pool)
-                    .await
-                    .map(|r| r.rows_affected()),
-            }
+                    .map(|r| r.rows_affected())
+            })
         })
         .await?;
         Ok(deleted)
