@@ -64,7 +64,7 @@ fn fixture() -> Fixture {
     // As the app: the Prometheus recorder first, so metrics cost what they do live.
     let _ = phones_gateway::telemetry::metrics_handle();
     let config = Config::from_toml("").unwrap();
-    let upstreams = Arc::new(Upstreams::new(&config).unwrap());
+    let upstreams = Arc::new(Upstreams::new(&config));
     let caches = Caches::new(&config);
     let status = Arc::new(StatusSet::default());
     // Loaded: until it is, call tracking is unknown and nothing below it shows.

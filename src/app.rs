@@ -44,6 +44,8 @@ pub struct App {
     reveals: Option<Reveals>,
     /// Flipped first on shutdown so `/readyz` turns 503 while requests drain.
     shutting_down: Arc<AtomicBool>,
+    /// Cold admission, watched by a background task.
+    admission: Arc<crate::resolve::admission::Admission>,
 }
 
 impl App {
@@ -62,7 +64,7 @@ impl App {
         )
         .await
         .context("opening database.url")?;
-        let upstreams = Arc::new(Upstreams::new(&config).context("building the HTTP client")?);
+        let upstreams = Arc::new(Upstreams::new(&config));
         let caches = Caches::new(&config);
         let status = StatusService::new(store);
         let resolver = Arc::new(Resolver::new(
@@ -71,6 +73,7 @@ impl App {
             caches.clone(),
             status.set().clone(),
         ));
+        let admission = resolver.admission();
         let limits = Limits::of(&config.server);
         let shutting_down = Arc::new(AtomicBool::new(false));
         let reveals = config
@@ -122,6 +125,7 @@ impl App {
             upstreams,
             config: Arc::new(config),
             shutting_down,
+            admission,
         })
     }
 
@@ -174,6 +178,7 @@ impl App {
             background.spawn(limiter.sweep());
         }
         background.spawn(crate::telemetry::metrics_upkeep());
+        background.spawn_until_stopped(|stop| self.admission.clone().watch(stop));
         if let Some(reveals) = self.reveals.clone() {
             let store = self.status.store().clone();
             let interval = self.config.reveals.flush_interval;

@@ -114,6 +114,9 @@ pub struct ServerConfig {
     #[serde(rename = "drain_timeout_ms", deserialize_with = "units::millis")]
     pub drain_timeout: Duration,
     pub max_in_flight: usize,
+    /// Above this share of worker time busy, requests that need an upstream
+    /// call are shed in proportion (`resolve::admission`); 100: never.
+    pub max_busy_percent: u8,
     /// `None`: the longest path through the configured upstream timeouts (see
     /// [`Config::request_deadline`]); an explicit value may not be below it.
     #[serde(
@@ -501,6 +504,12 @@ impl ServerConfig {
             "",
         )?;
         in_range(
+            "server.max_busy_percent",
+            self.max_busy_percent,
+            50..=100,
+            " (100: never shed on CPU)",
+        )?;
+        in_range(
             "server.shutdown_pause_ms",
             self.shutdown_pause.as_millis(),
             0..=MAX_WAIT_MS.into(),
@@ -689,15 +698,25 @@ fn strip_prefix_ignore_case<'a>(text: &'a str, prefix: &str) -> Option<&'a str> 
 }
 
 fn validate_base_url(key: &str, url: &str) -> Result<(), ConfigError> {
-    let parsed = reqwest::Url::parse(url).map_err(|e| invalid(key, e.to_string()))?;
-    if parsed.scheme() != "http" {
+    // Plain ASCII: the client formats each call's URI onto this base and parses
+    // it with `http::Uri`, which does no host mapping (upstream/mod.rs).
+    let parsed: hyper::Uri = url
+        .parse()
+        .map_err(|e: hyper::http::uri::InvalidUri| invalid(key, format!("not a URL: {e}")))?;
+    if parsed.scheme_str() != Some("http") {
         return Err(invalid(
             key,
             "must be an http:// URL (TLS to upstreams is left to the mesh)",
         ));
     }
-    if parsed.query().is_some() || parsed.fragment().is_some() {
+    if parsed.host().is_none_or(str::is_empty) {
+        return Err(invalid(key, "must name a host"));
+    }
+    if parsed.query().is_some() || url.contains('#') {
         return Err(invalid(key, "must not carry a query or fragment"));
+    }
+    if parsed.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err(invalid(key, "must not carry credentials"));
     }
     Ok(())
 }
@@ -754,6 +773,30 @@ mod tests {
         assert!(e.contains("public_adr"), "{e}");
         let e = error_of("[selection]\nanonymous_categories = [0]");
         assert!(e.contains("selection.anonymous_categories"), "{e}");
+    }
+
+    #[test]
+    fn base_urls_are_plain_http_with_a_host_and_nothing_after_the_path() {
+        for good in [
+            "http://127.0.0.1:9101",
+            "http://real-phone/",
+            "http://h:1/prefix",
+        ] {
+            assert!(validate_base_url("k", good).is_ok(), "{good}");
+        }
+        for bad in [
+            "https://real-phone",
+            "real-phone:9101",
+            "http://",
+            "http://h/?q=1",
+            "http://h/#f",
+            "http://user:secret@h",
+            "http://тел.рф",
+            "not a url",
+        ] {
+            let e = validate_base_url("upstreams.x.base_url", bad).unwrap_err();
+            assert!(e.to_string().contains("upstreams.x.base_url"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -10,13 +10,21 @@ simulator to core 1, so CPU per request is the server's alone. Everything binds
 127.0.0.1 and stops by itself.
 
     benches/load/harness.py [--seconds 10] [--soak 300] [--quick]
+    benches/load/harness.py --cold | --refresh-ahead | --cold-replica   (one scenario, printed)
+
+Beside wrk and oha, two load tools of the project's own (examples/): bare_client,
+the cold path's limit (the gateway's upstream call with nothing around it), and
+openload, an open-model generator with a Zipf key mix that reports per second
+and for the most popular keys.
 """
-import argparse, json, os, re, shutil, signal, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, re, resource, shutil, signal, subprocess, sys, tempfile, time, urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOAD = os.path.join(ROOT, "benches", "load")
 BIN = os.path.join(ROOT, "target", "release", "phones-gateway")
 HELLO = os.path.join(ROOT, "target", "release", "examples", "hello")
+BARE = os.path.join(ROOT, "target", "release", "examples", "bare_client")
+OPENLOAD = os.path.join(ROOT, "target", "release", "examples", "openload")
 SIM, GW, ADMIN, HELLO_PORT = 19300, 19301, 19302, 19400
 TOKEN = "harness-token"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -203,6 +211,154 @@ def reveals_cost(db, hot_url, seconds, rounds):
     print(f"median: reveals on costs {ratio(pairs[len(pairs) // 2]):.3f}x the CPU of reveals off")
 
 
+def child_cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def bare_client(seconds, stack="hyper"):
+    """The cold path's limit: examples/bare_client on core 0, CPU per call."""
+    before = child_cpu_seconds()
+    out = json.loads(run(["taskset", "-c", "0", BARE, f"http://127.0.0.1:{SIM}", "32", str(seconds), stack]))
+    calls = out["calls"] + out["failed"]
+    return {"calls": calls, "failed": out["failed"], "rps": calls / seconds,
+            "cpu_us_per_call": (child_cpu_seconds() - before) / max(calls, 1) * 1e6}
+
+
+def cold_path(db, seconds, rounds):
+    """Server CPU per request when every request misses (simulator at 0 ms, each
+    request a new seller), beside the bare client's CPU per call, alternating;
+    the median of each is the figure. Real only: one upstream call; anonymous
+    category: the anonymous and real calls."""
+    sim = simulator(latency_ms=0)
+    base = f"http://127.0.0.1:{GW}"
+    runs = {"bare hyper-util client, per call": [], "bare reqwest client, per call": [],
+            "miss, real only (1 call)": [], "miss, anonymous category (2 calls)": []}
+    for r in range(rounds):
+        runs["bare hyper-util client, per call"].append(bare_client(seconds)["cpu_us_per_call"])
+        runs["bare reqwest client, per call"].append(bare_client(seconds, "reqwest")["cpu_us_per_call"])
+        gw = gateway(db)
+        offset = str(r * 10_000_000)
+        real = measured(gw, lambda: wrk(base, seconds, 32, "cold.lua", ("1", "1", offset)))
+        anon = measured(gw, lambda: wrk(base, seconds, 32, "cold.lua", ("9", "1", str(r * 10_000_000 + 5_000_000))))
+        gw.stop()
+        runs["miss, real only (1 call)"].append(real["cpu_us_per_req"])
+        runs["miss, anonymous category (2 calls)"].append(anon["cpu_us_per_req"])
+        if real["non2xx"] or anon["non2xx"]:
+            print(f"warning: non-2xx answers on the cold path: {real['non2xx']}, {anon['non2xx']}", file=sys.stderr)
+    sim.stop()
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    figures = {k: median(v) for k, v in runs.items()}
+    lines = ["| server CPU per request or call (us) | median | every round |", "|---|---|---|"]
+    lines += [f"| {k} | {figures[k]:.2f} | {', '.join(f'{x:.2f}' for x in v)} |" for k, v in runs.items()]
+    second_call = figures["miss, anonymous category (2 calls)"] - figures["miss, real only (1 call)"]
+    lines += ["", f"The second upstream call of a request costs {second_call:.2f} us "
+              f"(anonymous category minus real only); the bare client's call {figures['bare hyper-util client, per call']:.2f} us."]
+    return figures, second_call, lines
+
+
+def openload(rate, seconds, connections=64, ads=10000, sellers=2000, top=1000, slow_ms=50, warmup_s=0):
+    out = run(["taskset", "-c", "1", OPENLOAD, f"http://127.0.0.1:{GW}", str(rate), str(seconds),
+               str(connections), str(ads), str(sellers), str(top), str(slow_ms), str(warmup_s)])
+    return json.loads(out)
+
+
+def cache_env(ttl_s, refresh_ahead_s):
+    env = {}
+    for cache in ("REAL_PHONE", "ANONYMOUS", "CALLTRACKING"):
+        env[f"PHONES_GATEWAY__CACHE__{cache}__TTL_S"] = str(ttl_s)
+        env[f"PHONES_GATEWAY__CACHE__{cache}__NEGATIVE_TTL_S"] = str(ttl_s)
+        env[f"PHONES_GATEWAY__CACHE__{cache}__REFRESH_AHEAD_S"] = str(refresh_ahead_s)
+    return env
+
+
+def refresh_ahead(db, rate, seconds):
+    """Zipf at `rate` over `seconds` with every TTL 10 s (at least three TTLs),
+    the simulator at 50 ms so a request that waited on an upstream is plain to
+    see; the top 1,000 ads after a 12 s warm-up: how many took 50 ms or more.
+    Beside it the same run with refresh ahead off, and an all-hit run (TTLs of
+    an hour: nothing expires) whose p99.9 is the bar."""
+    sim = simulator(latency_ms=50)
+    runs = {}
+    for name, env in (("all hits (TTL 1 h)", cache_env(3600, 0)),
+                      ("TTL 10 s, refresh ahead 3 s", cache_env(10, 3)),
+                      ("TTL 10 s, refresh ahead off", cache_env(10, 0))):
+        gw = gateway(db, extra_env=env)
+        runs[name] = openload(rate, seconds, 64, 10000, 2000, 1000, 50, 12)
+        runs[name]["refreshes"] = metric(ADMIN, 'phones_gateway_cache_lookups_total', 'result="refresh"')
+        gw.stop()
+    sim.stop()
+    lines = ["| run | top 1,000 ads: requests | of them 50 ms or more (misses) | top p99.9 ms | all p99 ms | all p99.9 ms | all max ms | background refreshes |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        t, a = r["top"], r["after_warmup"]
+        lines.append(f"| {name} | {t['answered']} | {t['slow']} | {t['p999_ms']:.2f} | {a['p99_ms']:.2f} | "
+                     f"{a['p999_ms']:.2f} | {a['max_ms']:.2f} | {r['refreshes']:.0f} |")
+    return runs, lines
+
+
+def metric(admin_port, name, label=""):
+    """The sum of a counter's series (those with `label`) on the admin listener."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics").read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and label in line and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def cold_replica(db, rate, seconds, connections):
+    """A fresh replica thrown into `rate` (half the hit path's maximum) with a
+    Zipf mix over 100,000 ads of 20,000 sellers, the simulator at 5 ms: per
+    second, answered, shed and the answered p99; with cold admission (the
+    default) and without (server.max_busy_percent = 100)."""
+    sim = simulator(latency_ms=5)
+    runs = {}
+    for name, busy in (("cold admission on (default)", "90"), ("cold admission off", "100")):
+        gw = gateway(db, extra_env={"PHONES_GATEWAY__SERVER__MAX_BUSY_PERCENT": busy})
+        runs[name] = openload(rate, seconds, connections, 100000, 20000, 1000, 255, 0)
+        runs[name]["shed_metric"] = metric(ADMIN, "phones_gateway_shed_total", 'reason="cold"')
+        gw.stop()
+    sim.stop()
+    lines = []
+    for name, r in runs.items():
+        rows = r["per_second"]
+        worst = max(rows, key=lambda row: row["p99_ms"])
+        full = next((row["t"] for row in rows if all(x["shed"] == 0 and x["answered"] >= 0.999 * x["sent"]
+                                                      for x in rows if x["t"] >= row["t"])), None)
+        lines.append(f"- {name}: statuses {json.dumps(r['statuses'])}; worst second's p99 {worst['p99_ms']:.1f} ms "
+                     f"(t = {worst['t']} s); answered p99 over the run {r['after_warmup']['p99_ms']:.1f} ms; "
+                     f"every request answered from t = {full} s on" if full is not None else
+                     f"- {name}: statuses {json.dumps(r['statuses'])}; worst second's p99 {worst['p99_ms']:.1f} ms "
+                     f"(t = {worst['t']} s); still shedding at the end")
+    return runs, lines
+
+
+def plot_per_second(runs, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
+    for name, r in runs.items():
+        rows = r["per_second"]
+        t = [row["t"] for row in rows]
+        axes[0].plot(t, [row["answered"] for row in rows], marker=".", label=name)
+        axes[1].plot(t, [row["shed"] for row in rows], marker=".", label=name)
+        axes[2].plot(t, [max(row["p99_ms"], 0.01) for row in rows], marker=".", label=name)
+    axes[0].set_ylabel("answered / s")
+    axes[1].set_ylabel("shed (503) / s")
+    axes[2].set_ylabel("answered p99 (ms)")
+    axes[2].set_yscale("log")
+    axes[2].set_xlabel("second of the run")
+    axes[0].set_title(title)
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=10)
@@ -214,13 +370,26 @@ def main():
                         help="only the hit path with the reveal log off and on, alternating, printed")
     parser.add_argument("--hits-only", action="store_true",
                         help="only hello-world and (a) at maximum, printed; BENCHMARKS.md untouched")
+    parser.add_argument("--cold", action="store_true",
+                        help="only the cold path's CPU against the bare client, printed")
+    parser.add_argument("--refresh-ahead", action="store_true",
+                        help="only the refresh-ahead Zipf runs, printed")
+    parser.add_argument("--cold-replica", action="store_true",
+                        help="only the cold replica's first seconds, printed and plotted")
+    parser.add_argument("--rate", type=int, default=64000,
+                        help="the open-model rate of --refresh-ahead and --cold-replica alone "
+                             "(a full run uses half the measured hit-path maximum)")
+    parser.add_argument("--connections", type=int, default=1024,
+                        help="the cold replica's client connections")
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.soak = 3, 30
-    for tool in ("wrk", "taskset") if args.reveals_cost else ("wrk", "oha", "taskset"):
+    alone = args.reveals_cost or args.cold or args.refresh_ahead or args.cold_replica
+    for tool in ("wrk", "taskset") if alone else ("wrk", "oha", "taskset"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is missing (apt-get install -y wrk; cargo install oha --locked)")
-    run(["cargo", "build", "--release", "--quiet", "--bin", "phones-gateway", "--example", "hello"], cwd=ROOT)
+    run(["cargo", "build", "--release", "--quiet", "--bin", "phones-gateway", "--example", "hello",
+         "--example", "bare_client", "--example", "openload"], cwd=ROOT)
     plots = os.path.join(LOAD, "plots")
     os.makedirs(plots, exist_ok=True)
     s = args.seconds
@@ -233,6 +402,21 @@ def main():
         # and the median pair is reported (every pair's ratios are listed).
         if args.reveals_cost:
             reveals_cost(db, hot_url, s, args.rounds)
+            return
+        if args.cold:
+            print("\n".join(cold_path(db, s, args.rounds)[2]))
+            return
+        if args.refresh_ahead:
+            print("\n".join(refresh_ahead(db, args.rate, max(s, 40))[1]))
+            return
+        if args.cold_replica:
+            runs, lines = cold_replica(db, args.rate, 30, args.connections)
+            plot_per_second(runs, os.path.join(plots, "4-cold-replica.png"), f"a fresh replica at {args.rate}/s")
+            print("\n".join(lines))
+            for name, r in runs.items():
+                print(name)
+                for row in r["per_second"]:
+                    print("   ", json.dumps(row))
             return
         hello_url = f"http://127.0.0.1:{HELLO_PORT}/"
         hello = Server([HELLO, f"127.0.0.1:{HELLO_PORT}", "1"], ready=hello_url)
@@ -290,6 +474,14 @@ def main():
         gw = gateway(db, anonymous_url="http://127.0.0.1:9")
         results["(e) anonymous down, Zipf (wrk)"] = measured(gw, lambda: wrk(base, s, script="hot.lua"))
 
+        gw.stop(); sim.stop()
+        cold_figures, second_call, cold_lines = cold_path(db, s, 3)
+        ra_runs, ra_lines = refresh_ahead(db, half, max(4 * s, 45))
+        cr_runs, cr_lines = cold_replica(db, half, 30, args.connections)
+        plot_per_second(cr_runs, os.path.join(plots, "4-cold-replica.png"), f"a fresh replica at {half}/s")
+        sim = simulator(latency_ms=5)
+        gw = gateway(db, anonymous_url="http://127.0.0.1:9")
+
         # Soak: half the Zipf maximum over 90,000 (seller, ad) keys drawn at random
         # (every cache fills, then holds), RSS sampled every 10 s.
         rate = int(results["(b) Zipf mix: max (wrk)"]["rps"] / 2)
@@ -340,7 +532,24 @@ def main():
               f"| cold p50, full chain, real then calltracking: two upstream p50s + 1 ms | <= {2 * upstream + 1:.2f} ms | {results['(c) cold, full chain, 50 ms each: (wrk)']['p50']:.2f} ms |",
               f"| soak {args.soak} s at {rate}/s: errors (in flight at the end excluded) | 0 | {soak_errors} (load tool: {json.dumps(soak_data.get('errorDistribution', {}))}) |",
               f"| soak RSS after warm-up, max/min | <= 1.05 | {max(rss) / min(rss):.3f} ({min(rss):.1f} to {max(rss):.1f} MiB) |" if rss else "| soak RSS | | no samples |",
-              "", *rounds, "", "## Spike (open model, `cargo bench --bench spike`)", "", "```", spike.strip(), "```", "",
+              f"| cold path, miss with one upstream call (real only): server CPU | <= 25 us | {cold_figures['miss, real only (1 call)']:.2f} us |",
+              f"| cold path, miss with two upstream calls (anonymous category): server CPU | <= 40 us | {cold_figures['miss, anonymous category (2 calls)']:.2f} us |",
+              f"| cold path, CPU per upstream call (the second call of a request) | <= 15 us | {second_call:.2f} us (the bare client: {cold_figures['bare hyper-util client, per call']:.2f} us) |",
+              f"| refresh ahead: top 1,000 ads, requests of 50 ms or more after warm-up | 0 | {ra_runs['TTL 10 s, refresh ahead 3 s']['top']['slow']} of {ra_runs['TTL 10 s, refresh ahead 3 s']['top']['answered']} (refresh ahead off: {ra_runs['TTL 10 s, refresh ahead off']['top']['slow']}) |",
+              f"| refresh ahead: p99.9 across expiry vs all hits | ~1x | {ra_runs['TTL 10 s, refresh ahead 3 s']['after_warmup']['p999_ms']:.2f} vs {ra_runs['all hits (TTL 1 h)']['after_warmup']['p999_ms']:.2f} ms |",
+              "", *rounds, "",
+              "## Cold path (`harness.py --cold`)", "",
+              "Every request a new seller, the simulator at 0 ms on core 1; server CPU per request. "
+              "The bare client (examples/bare_client.rs) makes the gateway's real-number call with nothing around it, "
+              "on one pinned worker: the limit of this machine and library stack.", "", *cold_lines, "",
+              "## Refresh ahead (`harness.py --refresh-ahead`)", "",
+              f"Zipf over 10,000 ads at {half}/s for {max(4 * s, 45)} s, every TTL 10 s, the simulator at 50 ms; "
+              "figures after a 12 s warm-up, latency from when each request was due (examples/openload.rs).", "",
+              *ra_lines, "",
+              "## A cold replica (`harness.py --cold-replica`)", "",
+              f"A fresh replica at {half}/s (half the hit-path maximum), Zipf over 100,000 ads of 20,000 sellers, "
+              f"{args.connections} client connections, the simulator at 5 ms; 30 s.", "", *cr_lines, "",
+              "## Spike (open model, `cargo bench --bench spike`)", "", "```", spike.strip(), "```", "",
               "## Plots", ""]
     groups = {
         "hello vs all hits (open model)": [(f"hello {half}/s", hello_half), (f"all hits {half}/s", hits_half)],
@@ -352,6 +561,7 @@ def main():
         path = os.path.join(plots, f"{i}-{re.sub(r'[^a-z]+', '-', title.lower()).strip('-')}.png")
         plot(title, rows, path)
         lines.append(f"![{title}]({os.path.relpath(path, ROOT)})")
+    lines.append(f"![a cold replica](benches/load/plots/4-cold-replica.png)")
     kinds = [f"{name}: {json.dumps(r['error_kinds'])}" for name, r in results.items() if r.get("error_kinds")]
     if kinds:
         lines += ["", "Load-tool errors by kind: " + "; ".join(kinds) + "."]

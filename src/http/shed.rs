@@ -27,7 +27,7 @@ impl Shed {
         Shed {
             in_flight: AtomicUsize::new(0),
             max_in_flight,
-            shed: metrics::counter!("phones_gateway_shed_total"),
+            shed: metrics::counter!("phones_gateway_shed_total", "reason" => "in_flight"),
             max_header_bytes,
         }
     }
@@ -37,7 +37,7 @@ impl Shed {
         Shed {
             in_flight: AtomicUsize::new(0),
             max_in_flight: usize::MAX,
-            shed: metrics::counter!("phones_gateway_shed_total"),
+            shed: metrics::counter!("phones_gateway_shed_total", "reason" => "in_flight"),
             max_header_bytes,
         }
     }

@@ -11,6 +11,7 @@
 //! When everything needed is fresh in the caches the decision is made without
 //! starting any future (the hit path).
 
+pub mod admission;
 pub mod rules;
 
 use std::future::Future;
@@ -51,6 +52,9 @@ pub enum ResolveError {
     NoPhone,
     #[error("cannot decide safely")]
     Unavailable { fail_closed: Option<Source> },
+    /// Needs an upstream call while the workers are saturated (`admission`).
+    #[error("shed: the workers are saturated and the answer is not cached")]
+    Overloaded,
 }
 
 /// The three caches and the generation table they share.
@@ -127,6 +131,8 @@ pub struct Resolver {
     counters: Counters,
     /// `server.request_deadline_ms`: no request waits on sources longer.
     deadline: std::time::Duration,
+    /// Whether a request that needs an upstream call is let in now.
+    admission: Arc<admission::Admission>,
 }
 
 /// Decision metrics, registered once (the hit path increments atomics only).
@@ -193,7 +199,13 @@ impl Resolver {
             status,
             counters: Counters::new(),
             deadline: config.request_deadline(),
+            admission: Arc::new(admission::Admission::new(config.server.max_busy_percent)),
         }
+    }
+
+    /// The cold admission this resolver asks; its watcher runs in the background.
+    pub fn admission(&self) -> Arc<admission::Admission> {
+        self.admission.clone()
     }
 
     /// The result, if decided; counts the decision and every source it fell through.
@@ -259,6 +271,9 @@ impl Resolver {
     async fn decide(&self, req: &Request) -> Result<Resolved, ResolveError> {
         match self.plan(req) {
             Ok(done) => done,
+            // Only what needs an upstream call can be shed for CPU: a hit costs
+            // about what a shed does.
+            Err(_) if !self.admission.admit() => Err(ResolveError::Overloaded),
             // Boxed: the hit path then neither builds nor moves the asking future
             // (a quarter of the whole request future's size).
             Err(plan) => Box::pin(self.ask(req, plan)).await,
@@ -540,7 +555,7 @@ mod tests {
         let caches = Caches::new(&config);
         let status = Arc::new(StatusSet::default());
         status.mark_loaded();
-        let upstreams = Arc::new(Upstreams::new(&config).unwrap());
+        let upstreams = Arc::new(Upstreams::new(&config));
         let resolver = Resolver::new(&config, upstreams, caches.clone(), status);
         let (real, virtual_number, anonymous) = (
             phone("+79161234567"),

@@ -138,3 +138,71 @@ async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
         .await
         .assert_number(REAL, "real");
 }
+
+/// Cold admission (docs/caching.md#a-cold-replica): while the runtime's workers
+/// are saturated, uncached requests are shed at once and cached ones answered;
+/// when the pressure goes, uncached ones are let in again. The pressure is a
+/// task that keeps this test's runtime (one thread, the app's too) busy.
+#[tokio::test]
+async fn saturated_workers_shed_uncached_requests_and_keep_answering_cached_ones() {
+    let app = TestApp::spawn_with("[server]\nmax_busy_percent = 60").await;
+    app.real.reply(Reply::Phone(REAL));
+    // Starting up was busy work too: the share may still be climbing back.
+    eventually("a first number cached", Duration::from_secs(10), || async {
+        app.phone(1, 1, PLAIN_CATEGORY).await.status == 200
+    })
+    .await;
+    let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let hog = tokio::spawn({
+        let busy = busy.clone();
+        async move {
+            while busy.load(std::sync::atomic::Ordering::Relaxed) {
+                // Blocks the thread (busy time to the runtime), then lets the
+                // app's tasks run once.
+                std::thread::sleep(Duration::from_millis(5));
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    let mut user = 100;
+    let mut shed = None;
+    let start = Instant::now();
+    while shed.is_none() && start.elapsed() < Duration::from_secs(10) {
+        user += 1;
+        let answer = app.phone(user, 1, PLAIN_CATEGORY).await;
+        if answer.status == 503 {
+            shed = Some(answer);
+        } else {
+            answer.assert_number(REAL, "real");
+        }
+    }
+    let shed = shed.expect("an uncached request is shed while the workers are saturated");
+    shed.assert_problem(503);
+    assert!(shed.retry_after.is_some(), "a shed says when to retry");
+    assert!(
+        shed.body["detail"].as_str().unwrap().contains("overloaded"),
+        "{}",
+        shed.body
+    );
+    // Cached answers are never shed for CPU.
+    for _ in 0..20 {
+        app.phone(1, 1, PLAIN_CATEGORY)
+            .await
+            .assert_number(REAL, "real");
+    }
+    busy.store(false, std::sync::atomic::Ordering::Relaxed);
+    hog.await.unwrap();
+    let calls = app.real.calls();
+    eventually(
+        "uncached requests let in again",
+        Duration::from_secs(10),
+        || {
+            user += 1;
+            let app = &app;
+            let user = user;
+            async move { app.phone(user, 1, PLAIN_CATEGORY).await.status == 200 }
+        },
+    )
+    .await;
+    assert!(app.real.calls() > calls);
+}

@@ -227,7 +227,7 @@ async fn every_metric_family_moves_with_real_traffic() {
         "phones_gateway_resolve_failures_total",
         &[("reason", "no_phone")],
     );
-    moved("phones_gateway_shed_total", &[]);
+    moved("phones_gateway_shed_total", &[("reason", "in_flight")]);
     moved("phones_gateway_rate_limited_total", &[]);
     moved(
         "phones_gateway_db_operation_duration_seconds_count",

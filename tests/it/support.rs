@@ -571,6 +571,10 @@ impl TestApp {
             [server]
             public_addr = "127.0.0.1:0"
             admin_addr = "127.0.0.1:0"
+            # Cold admission off: two busy cores running tests in parallel can
+            # keep a test's runtime saturated for a moment; the test of it
+            # turns it on (abuse.rs).
+            max_busy_percent = 100
             [admin]
             token = "{TOKEN}"
             [upstreams.real_phone]
