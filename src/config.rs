@@ -114,9 +114,11 @@ pub struct ServerConfig {
     #[serde(rename = "drain_timeout_ms", deserialize_with = "units::millis")]
     pub drain_timeout: Duration,
     pub max_in_flight: usize,
-    /// Above this share of worker time busy, requests that need an upstream
-    /// call are shed in proportion (`resolve::admission`); 100: never.
-    pub max_busy_percent: u8,
+    /// When a ready request waits longer than this for a worker thread,
+    /// requests that need an upstream call are shed in proportion
+    /// (`resolve::admission`); zero: never.
+    #[serde(rename = "max_queue_delay_ms", deserialize_with = "units::millis")]
+    pub max_queue_delay: Duration,
     /// `None`: the longest path through the configured upstream timeouts (see
     /// [`Config::request_deadline`]); an explicit value may not be below it.
     #[serde(
@@ -504,10 +506,10 @@ impl ServerConfig {
             "",
         )?;
         in_range(
-            "server.max_busy_percent",
-            self.max_busy_percent,
-            50..=100,
-            " (100: never shed on CPU)",
+            "server.max_queue_delay_ms",
+            self.max_queue_delay.as_millis(),
+            0..=MAX_WAIT_MS.into(),
+            " (0: never shed uncached requests for waiting)",
         )?;
         in_range(
             "server.shutdown_pause_ms",

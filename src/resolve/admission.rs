@@ -1,6 +1,6 @@
-//! Cold admission: while the worker threads are saturated, only a share of the
-//! requests that need an upstream call is let in; the rest are shed at once
-//! (503 with `Retry-After`, `phones_gateway_shed_total{reason="cold"}`).
+//! Cold admission: while requests wait too long for the worker threads, only a
+//! share of the requests that need an upstream call is let in; the rest are shed
+//! at once (503 with `Retry-After`, `phones_gateway_shed_total{reason="cold"}`).
 //!
 //! Why this signal and this action. A fresh replica put under a sale day's load
 //! misses on nearly every key, and a miss costs several times a hit's CPU (it
@@ -10,22 +10,26 @@
 //! comes late. We chose, after reading how others decide:
 //! - Envoy's overload manager watches resources (heap, connections) and
 //!   triggers actions at thresholds: the action here is of that kind (shed a
-//!   class of work), the resource is CPU.
+//!   class of work).
 //! - Netflix's concurrency-limits adapts a limit from latency (Vegas/gradient):
 //!   it needs a stable no-load latency, which a cold path with upstream calls of
 //!   varying speed does not have, and it sheds hits and misses alike.
-//! - Event-loop lag shedding (Node's toobusy) measures how late a timer fires:
-//!   with one worker thread and tokio's timer checked only between tasks, the
-//!   lag at saturation is a millisecond or two, too close to noise to act on.
+//! - Event-loop lag shedding (Node's toobusy) measures how late a timer fires.
+//!   That is what a ready request waits before the worker gets to it, which is
+//!   the waiting to bound; it is the signal here.
+//! - The workers' busy share (tokio's `worker_total_busy_duration`) was tried
+//!   first and dropped: a replica at 95% of a core with every request answered
+//!   in milliseconds looks the same as a drowning one, so it shed for nothing.
 //!
-//! So the signal is the share of time the runtime's workers spent running tasks
-//! (tokio's `worker_total_busy_duration`), sampled every [`INTERVAL`], and the
-//! action sheds only the expensive class, misses: a hit costs little more than
-//! a shed, so hits keep being answered, and the misses let in fill the caches as
-//! fast as the CPU allows, so the share of hits, and then throughput, recover by
-//! themselves. The share of misses admitted follows AIMD, as TCP does: cut by a
-//! quarter each interval the workers were busier than `server.max_busy_percent`,
-//! raised by a tenth of the whole each interval they were not (from the floor
+//! A probe task sleeps [`PROBE`] at a time and records how late it wakes; every
+//! [`INTERVAL`] the worst lateness is compared with `server.max_queue_delay_ms`.
+//! The action sheds only the expensive class, misses: a hit costs little more
+//! than a shed, so hits keep being answered, and the misses let in fill the
+//! caches as fast as the CPU allows, so the share of hits, and then throughput,
+//! recover by themselves. The share of misses admitted follows AIMD, as TCP
+//! does: over the limit it is multiplied by limit/lateness (at most a quarter
+//! off, at least nine tenths off, so a swamped replica cuts hard at once); under
+//! half the limit it climbs by a tenth of the whole per interval (from the floor
 //! to all in about a second). It never drops below [`FLOOR`], so a replica
 //! always makes progress on its cold keys. Admission is a deterministic stride
 //! (every n-th miss), one atomic add per miss and nothing on the hit path.
@@ -36,8 +40,10 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-/// How often the workers' busy share is sampled and the admitted share adjusted.
+/// How often the admitted share is adjusted.
 pub const INTERVAL: Duration = Duration::from_millis(100);
+/// How long the probe sleeps between wake-ups.
+pub const PROBE: Duration = Duration::from_millis(5);
 /// All misses admitted, in fixed point.
 const ALL: u32 = 1 << 16;
 /// The least share of misses admitted (1/64), so cold keys keep filling.
@@ -48,21 +54,21 @@ pub struct Admission {
     share: AtomicU32,
     /// Misses seen, for the stride.
     misses: AtomicU64,
-    /// `server.max_busy_percent` as a fraction; 1.0 or more: never shed.
-    max_busy: f64,
+    /// `server.max_queue_delay_ms`; zero: never shed.
+    max_delay: Duration,
     shed: metrics::Counter,
-    busy_gauge: metrics::Gauge,
+    delay_gauge: metrics::Gauge,
     share_gauge: metrics::Gauge,
 }
 
 impl Admission {
-    pub fn new(max_busy_percent: u8) -> Self {
+    pub fn new(max_delay: Duration) -> Self {
         Admission {
             share: AtomicU32::new(ALL),
             misses: AtomicU64::new(0),
-            max_busy: f64::from(max_busy_percent) / 100.0,
+            max_delay,
             shed: metrics::counter!("phones_gateway_shed_total", "reason" => "cold"),
-            busy_gauge: metrics::gauge!("phones_gateway_worker_busy_ratio"),
+            delay_gauge: metrics::gauge!("phones_gateway_queue_delay_seconds"),
             share_gauge: metrics::gauge!("phones_gateway_cold_admitted_ratio"),
         }
     }
@@ -86,45 +92,46 @@ impl Admission {
         admitted
     }
 
-    /// One control step, given the workers' busy share over the last interval.
-    fn adjust(&self, busy: f64) {
+    /// One control step, given the worst lateness of the probe over the last
+    /// interval.
+    fn adjust(&self, delay: Duration) {
         let share = self.share.load(Ordering::Relaxed);
-        let next = if busy > self.max_busy {
-            (share - share / 4).max(FLOOR)
-        } else {
+        let next = if delay > self.max_delay {
+            let factor = (self.max_delay.as_secs_f64() / delay.as_secs_f64()).clamp(0.1, 0.75);
+            // In range: `share` is at most ALL and the factor below one.
+            ((f64::from(share) * factor) as u32).max(FLOOR)
+        } else if delay < self.max_delay / 2 {
             (share + ALL / 10).min(ALL)
+        } else {
+            share
         };
         self.share.store(next, Ordering::Relaxed);
-        self.busy_gauge.set(busy);
+        self.delay_gauge.set(delay.as_secs_f64());
         self.share_gauge.set(f64::from(next) / f64::from(ALL));
     }
 
-    /// Samples the runtime's workers every [`INTERVAL`] until `stop`.
+    /// Probes the runtime until `stop`.
     pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
-        if self.max_busy >= 1.0 {
+        if self.max_delay.is_zero() {
             return;
         }
-        let metrics = tokio::runtime::Handle::current().metrics();
-        let workers = metrics.num_workers();
-        let busy_total = || {
-            (0..workers)
-                .map(|w| metrics.worker_total_busy_duration(w))
-                .sum::<Duration>()
-        };
-        let mut tick = tokio::time::interval(INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let (mut at, mut busy) = (Instant::now(), busy_total());
+        let (mut worst, mut since) = (Duration::ZERO, Instant::now());
         loop {
+            let due = tokio::time::Instant::now() + PROBE;
             tokio::select! {
                 () = stop.cancelled() => return,
-                _ = tick.tick() => {}
+                () = tokio::time::sleep_until(due) => {}
             }
-            let (now, total) = (Instant::now(), busy_total());
-            let elapsed = now.duration_since(at).as_secs_f64() * workers as f64;
-            if elapsed > 0.0 {
-                self.adjust(total.saturating_sub(busy).as_secs_f64() / elapsed);
+            // tokio's timer fires on the millisecond after `due` at best.
+            let late = tokio::time::Instant::now()
+                .saturating_duration_since(due)
+                .saturating_sub(Duration::from_millis(1));
+            worst = worst.max(late);
+            // A late probe acts at once: the interval has long passed.
+            if since.elapsed() >= INTERVAL {
+                self.adjust(worst);
+                (worst, since) = (Duration::ZERO, Instant::now());
             }
-            (at, busy) = (now, total);
         }
     }
 }
@@ -133,24 +140,47 @@ impl Admission {
 mod tests {
     use super::*;
 
+    const LIMIT: Duration = Duration::from_millis(50);
+
     fn admitted_of(admission: &Admission, n: usize) -> usize {
         (0..n).filter(|_| admission.admit()).count()
     }
 
     #[test]
-    fn all_misses_are_admitted_until_the_workers_are_too_busy() {
-        let admission = Admission::new(90);
-        admission.adjust(0.89);
+    fn all_misses_are_admitted_until_requests_wait_too_long() {
+        let admission = Admission::new(LIMIT);
+        admission.adjust(Duration::from_millis(20));
         assert_eq!(admitted_of(&admission, 1000), 1000);
-        admission.adjust(0.95);
-        assert_eq!(admitted_of(&admission, 1000), 750);
+        admission.adjust(Duration::from_millis(60));
+        assert_eq!(
+            admitted_of(&admission, 1000),
+            750,
+            "a quarter off just over"
+        );
+        admission.adjust(Duration::from_millis(30));
+        assert_eq!(
+            admitted_of(&admission, 1000),
+            750,
+            "held between half and the limit"
+        );
     }
 
     #[test]
-    fn the_share_falls_by_quarters_to_a_floor_and_climbs_back_by_tenths() {
-        let admission = Admission::new(90);
+    fn a_swamped_replica_cuts_hard_at_once() {
+        let admission = Admission::new(LIMIT);
+        admission.adjust(Duration::from_millis(500));
+        assert_eq!(
+            admitted_of(&admission, 1000),
+            100,
+            "limit/lateness, at most nine tenths off"
+        );
+    }
+
+    #[test]
+    fn the_share_falls_to_a_floor_and_climbs_back_by_tenths() {
+        let admission = Admission::new(LIMIT);
         for _ in 0..100 {
-            admission.adjust(1.0);
+            admission.adjust(Duration::from_secs(1));
         }
         assert_eq!(admission.share.load(Ordering::Relaxed), FLOOR);
         assert_eq!(
@@ -158,22 +188,25 @@ mod tests {
             100,
             "a trickle keeps filling the caches"
         );
-        for step in 1..=10 {
-            admission.adjust(0.5);
-            let share = admission.share.load(Ordering::Relaxed);
-            assert!(step < 10 || share == ALL, "all admitted within a second");
+        for _ in 0..10 {
+            admission.adjust(Duration::from_millis(1));
         }
+        assert_eq!(
+            admission.share.load(Ordering::Relaxed),
+            ALL,
+            "all admitted within a second"
+        );
         assert_eq!(admitted_of(&admission, 1000), 1000);
     }
 
     #[tokio::test]
-    async fn at_one_hundred_percent_nothing_watches_and_nothing_is_shed() {
+    async fn at_zero_nothing_watches_and_nothing_is_shed() {
         let stop = CancellationToken::new();
-        let off = Arc::new(Admission::new(100));
+        let off = Arc::new(Admission::new(Duration::ZERO));
         let watching = tokio::time::timeout(INTERVAL * 3, off.clone().watch(stop.clone()));
         assert!(watching.await.is_ok(), "the watcher returns at once");
         assert_eq!(admitted_of(&off, 1000), 1000);
-        let on = Arc::new(Admission::new(90));
+        let on = Arc::new(Admission::new(LIMIT));
         let watching = tokio::time::timeout(INTERVAL * 3, on.watch(stop.clone()));
         assert!(watching.await.is_err(), "the watcher runs until stopped");
     }

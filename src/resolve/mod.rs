@@ -199,7 +199,7 @@ impl Resolver {
             status,
             counters: Counters::new(),
             deadline: config.request_deadline(),
-            admission: Arc::new(admission::Admission::new(config.server.max_busy_percent)),
+            admission: Arc::new(admission::Admission::new(config.server.max_queue_delay)),
         }
     }
 

@@ -139,13 +139,14 @@ async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
         .assert_number(REAL, "real");
 }
 
-/// Cold admission (docs/caching.md#a-cold-replica): while the runtime's workers
-/// are saturated, uncached requests are shed at once and cached ones answered;
-/// when the pressure goes, uncached ones are let in again. The pressure is a
-/// task that keeps this test's runtime (one thread, the app's too) busy.
+/// Cold admission (docs/caching.md#a-cold-replica): while ready work waits too
+/// long for the worker, uncached requests are shed at once and cached ones
+/// answered; when the pressure goes, uncached ones are let in again. The
+/// pressure is a task that holds this test's runtime (one thread, the app's too)
+/// 30 ms at a time.
 #[tokio::test]
 async fn saturated_workers_shed_uncached_requests_and_keep_answering_cached_ones() {
-    let app = TestApp::spawn_with("[server]\nmax_busy_percent = 60").await;
+    let app = TestApp::spawn_with("[server]\nmax_queue_delay_ms = 10").await;
     app.real.reply(Reply::Phone(REAL));
     // Starting up was busy work too: the share may still be climbing back.
     eventually("a first number cached", Duration::from_secs(10), || async {
@@ -159,7 +160,7 @@ async fn saturated_workers_shed_uncached_requests_and_keep_answering_cached_ones
             while busy.load(std::sync::atomic::Ordering::Relaxed) {
                 // Blocks the thread (busy time to the runtime), then lets the
                 // app's tasks run once.
-                std::thread::sleep(Duration::from_millis(5));
+                std::thread::sleep(Duration::from_millis(30));
                 tokio::task::yield_now().await;
             }
         }

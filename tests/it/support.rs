@@ -574,7 +574,7 @@ impl TestApp {
             # Cold admission off: two busy cores running tests in parallel can
             # keep a test's runtime saturated for a moment; the test of it
             # turns it on (abuse.rs).
-            max_busy_percent = 100
+            max_queue_delay_ms = 0
             [admin]
             token = "{TOKEN}"
             [upstreams.real_phone]
