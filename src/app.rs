@@ -58,8 +58,9 @@ impl App {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         // The recorder first: the parts register their metrics as they are built.
         let metrics = crate::telemetry::metrics_handle();
-        let store = Store::connect(
+        let store = Store::connect_via(
             config.database.url.expose(),
+            config.database.direct_url(),
             config.database.max_connections,
         )
         .await

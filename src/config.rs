@@ -144,6 +144,9 @@ pub struct AdminConfig {
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
     pub url: Secret,
+    /// PostgreSQL itself, when `url` is a transaction-mode pooler: migrations
+    /// and feed leadership need a session of their own. Empty: `url`.
+    pub direct_url: Secret,
     pub max_connections: u32,
     pub migrate_on_start: bool,
     /// PostgreSQL only: `LISTEN` for change hints; `false` learns changes by
@@ -306,7 +309,7 @@ impl<'de> Deserialize<'de> for Secret {
 
 /// Keys whose environment values are taken verbatim: figment would read
 /// `0123456789` as a number (dropping the zero) and `true` as a boolean.
-const SECRET_KEYS: [&str; 2] = ["admin.token", "database.url"];
+const SECRET_KEYS: [&str; 3] = ["admin.token", "database.url", "database.direct_url"];
 
 /// A configuration that cannot run, naming the key at fault.
 #[derive(Debug, thiserror::Error)]
@@ -529,6 +532,11 @@ impl ServerConfig {
 }
 
 impl DatabaseConfig {
+    /// Where migrations and feed leadership reach PostgreSQL itself.
+    pub fn direct_url(&self) -> Option<&str> {
+        Some(self.direct_url.expose()).filter(|u| !u.is_empty())
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let url = self.url.expose();
         if !["sqlite:", "postgres:", "postgresql:"]
@@ -539,6 +547,21 @@ impl DatabaseConfig {
                 "database.url",
                 "must start with sqlite: or postgres:",
             ));
+        }
+        let direct = self.direct_url.expose();
+        if !direct.is_empty() {
+            if !url.starts_with("postgres") {
+                return Err(invalid(
+                    "database.direct_url",
+                    "is for PostgreSQL behind a pooler; database.url is not PostgreSQL",
+                ));
+            }
+            if !["postgres:", "postgresql:"]
+                .iter()
+                .any(|scheme| direct.starts_with(scheme))
+            {
+                return Err(invalid("database.direct_url", "must start with postgres:"));
+            }
         }
         in_range(
             "database.max_connections",

@@ -63,8 +63,12 @@ fn main() -> anyhow::Result<()> {
             let config = load(config)?;
             phones_gateway::telemetry::init_logs(&config.log.filter, config.log.format)?;
             runtime(1)?.block_on(async {
-                let store =
-                    phones_gateway::store::Store::connect(config.database.url.expose(), 1).await?;
+                let store = phones_gateway::store::Store::connect_via(
+                    config.database.url.expose(),
+                    config.database.direct_url(),
+                    1,
+                )
+                .await?;
                 store.migrate().await?;
                 tracing::info!(store = store.kind(), "migrations applied");
                 anyhow::Ok(())

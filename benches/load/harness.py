@@ -323,15 +323,15 @@ def metric(admin_port, name, label=""):
 
 
 def cold_replica(db, rate, seconds, connections):
-    """A fresh replica thrown into `rate` (half the hit path's maximum) with a
-    Zipf mix over 100,000 ads of 20,000 sellers, the simulator at 5 ms: per
+    """A fresh replica thrown into `rate` (half the hit path's maximum) with the
+    Zipf mix of hot.lua (10,000 ads of 2,000 sellers), the simulator at 5 ms: per
     second, answered, shed and the answered p99; with cold admission (the
     default) and without (server.max_queue_delay_ms = 0)."""
     sim = simulator(latency_ms=5)
     runs = {}
     for name, delay in (("cold admission on (default)", "50"), ("cold admission off", "0")):
         gw = gateway(db, extra_env={"PHONES_GATEWAY__SERVER__MAX_QUEUE_DELAY_MS": delay})
-        runs[name] = openload(rate, seconds, connections, 100000, 20000, 1000, 255, 0)
+        runs[name] = openload(rate, seconds, connections, 10000, 2000, 1000, 255, 0)
         runs[name]["shed_metric"] = metric(ADMIN, "phones_gateway_shed_total", 'reason="cold"')
         gw.stop()
     sim.stop()
@@ -562,7 +562,7 @@ def main():
               "figures after a 12 s warm-up, latency from when each request was due (examples/openload.rs).", "",
               *ra_lines, "",
               "## A cold replica (`harness.py --cold-replica`)", "",
-              f"A fresh replica at {half}/s (half the hit-path maximum), Zipf over 100,000 ads of 20,000 sellers, "
+              f"A fresh replica at {half}/s (half the hit-path maximum), the Zipf mix (10,000 ads of 2,000 sellers), "
               f"{args.connections} client connections, the simulator at 5 ms; 30 s.", "", *cr_lines, "",
               "## Spike (open model, `cargo bench --bench spike`)", "", "```", spike.strip(), "```", "",
               "## Plots", ""]

@@ -71,7 +71,25 @@ pub type Watermark = (i64, i64);
 #[derive(Debug, Clone)]
 pub enum Store {
     Sqlite(sqlx::SqlitePool),
-    Postgres(sqlx::PgPool),
+    Postgres(Pg),
+}
+
+/// A PostgreSQL store: the pool every query runs on (PostgreSQL itself, or a
+/// transaction-mode pooler in front of it), and where to reach PostgreSQL itself
+/// for the two things that need a session of their own: migrations (sqlx's
+/// migrator holds a session advisory lock) and feed leadership.
+///
+/// Pooler-safe by construction: every statement is unnamed
+/// (`persistent(false)`: a named one would outlive the transaction on a server
+/// connection the pooler hands to another client next), and every statement
+/// runs inside a transaction, even a lone read (sqlx sends an unnamed
+/// statement's parse and its execution as two round trips, which a
+/// transaction-mode pooler may send to two server connections otherwise).
+#[derive(Debug, Clone)]
+pub struct Pg {
+    pool: sqlx::PgPool,
+    /// Boxed: connect options are a few hundred bytes, the pool a pointer.
+    direct: Box<sqlx::postgres::PgConnectOptions>,
 }
 
 impl Store {
@@ -82,12 +100,28 @@ impl Store {
     /// # Errors
     /// A URL that does not parse, or an SQLite file that cannot be created.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        Store::connect_via(url, None, max_connections).await
+    }
+
+    /// As [`Store::connect`]; for PostgreSQL, `direct` (when given) reaches
+    /// PostgreSQL itself when `url` is a transaction-mode pooler (see [`Pg`]).
+    ///
+    /// # Errors
+    /// A URL that does not parse, or an SQLite file that cannot be created.
+    pub async fn connect_via(
+        url: &str,
+        direct: Option<&str>,
+        max_connections: u32,
+    ) -> Result<Store, StoreError> {
         if url.starts_with("sqlite:") {
             sqlite::connect(url, max_connections)
                 .await
                 .map(Store::Sqlite)
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            postgres::connect(url, max_connections).map(Store::Postgres)
+            Ok(Store::Postgres(Pg {
+                pool: postgres::connect(url, max_connections)?,
+                direct: Box::new(postgres::options(direct.unwrap_or(url))?),
+            }))
         } else {
             Err(StoreError::UnsupportedUrl)
         }
@@ -107,7 +141,18 @@ impl Store {
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match self {
             Store::Sqlite(pool) => sqlx::migrate!("migrations/sqlite").run(pool).await?,
-            Store::Postgres(pool) => sqlx::migrate!("migrations/postgres").run(pool).await?,
+            // On a connection of its own to PostgreSQL itself: the migrator's
+            // session lock means nothing through a transaction-mode pooler.
+            Store::Postgres(pg) => {
+                let direct = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(ACQUIRE_TIMEOUT)
+                    .connect_with((*pg.direct).clone())
+                    .await?;
+                let result = sqlx::migrate!("migrations/postgres").run(&direct).await;
+                direct.close().await;
+                result?;
+            }
         }
         Ok(())
     }
@@ -125,7 +170,9 @@ impl Store {
         timed("apply_changes", async {
             match self {
                 Store::Sqlite(pool) => sqlite::apply_changes(pool, items, cursor).await,
-                Store::Postgres(pool) => postgres::apply_changes(pool, items, cursor).await,
+                Store::Postgres(Pg { pool, .. }) => {
+                    postgres::apply_changes(pool, items, cursor).await
+                }
             }
         })
         .await
@@ -142,7 +189,7 @@ impl Store {
             started: std::time::Instant::now(),
             tx: match self {
                 Store::Sqlite(pool) => SnapshotTx::Sqlite(sqlite::begin_snapshot(pool).await?),
-                Store::Postgres(pool) => {
+                Store::Postgres(Pg { pool, .. }) => {
                     SnapshotTx::Postgres(postgres::begin_snapshot(pool).await?)
                 }
             },
@@ -161,7 +208,9 @@ impl Store {
         timed("changes_after", async {
             match self {
                 Store::Sqlite(pool) => sqlite::changes_after(pool, after, limit).await,
-                Store::Postgres(pool) => postgres::changes_after(pool, after, limit).await,
+                Store::Postgres(Pg { pool, .. }) => {
+                    postgres::changes_after(pool, after, limit).await
+                }
             }
         })
         .await
@@ -190,7 +239,15 @@ impl Store {
         let query = "SELECT cursor FROM status_feed_cursor WHERE id = 1";
         let cursor = match self {
             Store::Sqlite(pool) => sqlx::query_scalar(query).fetch_optional(pool).await?,
-            Store::Postgres(pool) => sqlx::query_scalar(query).fetch_optional(pool).await?,
+            Store::Postgres(Pg { pool, .. }) => {
+                let mut tx = pool.begin().await?;
+                let cursor = sqlx::query_scalar(query)
+                    .persistent(false)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                cursor
+            }
         };
         Ok(cursor)
     }
@@ -198,7 +255,7 @@ impl Store {
     pub async fn close(&self) {
         match self {
             Store::Sqlite(pool) => pool.close().await,
-            Store::Postgres(pool) => pool.close().await,
+            Store::Postgres(Pg { pool, .. }) => pool.close().await,
         }
     }
 }

@@ -1,4 +1,6 @@
-//! The PostgreSQL store: for a cluster of replicas. Writers take a
+//! The PostgreSQL store: for a cluster of replicas, directly or through a
+//! transaction-mode pooler (every statement unnamed and in a transaction: see
+//! `super::Pg`). Writers take a
 //! transaction-level advisory lock before the change sequence value, so values
 //! commit in order; each write notifies `calltracking_status` on commit (a hint to
 //! the other replicas to catch up; the poll covers a lost one).
@@ -44,11 +46,13 @@ async fn begin_write(
 /// value: in that order, so values commit in the order they were drawn.
 async fn take_write_turn(tx: &mut sqlx::PgConnection) -> Result<i64, StoreError> {
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .persistent(false)
         .bind(WRITE_LOCK)
         .execute(&mut *tx)
         .await?;
     Ok(
         sqlx::query_scalar("SELECT nextval('calltracking_change_seq')")
+            .persistent(false)
             .fetch_one(&mut *tx)
             .await?,
     )
@@ -59,6 +63,7 @@ async fn notify_and_commit(
     seq: i64,
 ) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_notify($1, $2)")
+        .persistent(false)
         .bind(CHANNEL)
         .bind(seq.to_string())
         .execute(&mut *tx)
@@ -76,6 +81,7 @@ pub async fn apply_changes(
     let users: Vec<i64> = users_of(items).into_iter().map(signed).collect();
     let stored: HashMap<u64, u64> =
         sqlx::query("SELECT user_id, version FROM calltracking_status WHERE user_id = ANY($1)")
+            .persistent(false)
             .bind(&users)
             .fetch_all(&mut *tx)
             .await?
@@ -94,6 +100,7 @@ pub async fn apply_changes(
              version = excluded.version, change_seq = excluded.change_seq \
              WHERE excluded.version > calltracking_status.version",
         )
+        .persistent(false)
         .bind(&ids)
         .bind(&enabled)
         .bind(&versions)
@@ -106,6 +113,7 @@ pub async fn apply_changes(
             "INSERT INTO status_feed_cursor (id, cursor) VALUES (1, $1) \
              ON CONFLICT (id) DO UPDATE SET cursor = excluded.cursor",
         )
+        .persistent(false)
         .bind(cursor)
         .execute(&mut *tx)
         .await?;
@@ -122,6 +130,7 @@ pub async fn begin_snapshot(
 ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
     let mut tx = pool.begin().await?;
     sqlx::query("CREATE TEMP TABLE snapshot_ids (user_id BIGINT NOT NULL) ON COMMIT DROP")
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
     Ok(tx)
@@ -147,9 +156,11 @@ pub async fn finish_snapshot(
     version: u64,
 ) -> Result<(), StoreError> {
     sqlx::query("CREATE INDEX ON snapshot_ids (user_id)")
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
     sqlx::query("ANALYZE snapshot_ids")
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
     let seq = take_write_turn(&mut tx).await?;
@@ -160,6 +171,7 @@ pub async fn finish_snapshot(
              version = $1, change_seq = $2 \
          WHERE s.version <= $1",
     )
+    .persistent(false)
     .bind(version)
     .bind(seq)
     .execute(&mut *tx)
@@ -170,6 +182,7 @@ pub async fn finish_snapshot(
          WHERE (SELECT version FROM calltracking_status WHERE user_id = 0) <= $1 \
          ON CONFLICT (user_id) DO NOTHING",
     )
+    .persistent(false)
     .bind(version)
     .bind(seq)
     .execute(&mut *tx)
@@ -182,14 +195,18 @@ pub async fn changes_after(
     after: Watermark,
     limit: i64,
 ) -> Result<Vec<Row>, StoreError> {
+    // In a transaction, alone as it is: pooler-safe (see `super::Pg`).
+    let mut tx = pool.begin().await?;
     let rows: Vec<RowTuple> = sqlx::query_as(
         "SELECT user_id, enabled, version, change_seq FROM calltracking_status \
          WHERE (change_seq, user_id) > ($1, $2) ORDER BY change_seq, user_id LIMIT $3",
     )
+    .persistent(false)
     .bind(after.0)
     .bind(after.1)
     .bind(limit)
-    .fetch_all(pool)
+    .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(rows.into_iter().map(Row::from).collect())
 }

@@ -6,19 +6,31 @@ use std::fmt::Write as _;
 
 use sqlx::{QueryBuilder, Sqlite};
 
-use super::{Store, StoreError, signed, unsigned};
+use super::{Pg, Store, StoreError, signed, unsigned};
 use crate::domain::{
     AdId, CategoryId, Reveal, RevealCounts, RevealQuery, RevealsOf, Source, StoredReveal, UserId,
     Viewer,
 };
 
-/// Runs one query-building expression on whichever pool this store holds:
-/// sqlx's query types differ per database, so one function cannot take both.
-macro_rules! on_pool {
-    ($store:expr, $pool:ident => $query:expr) => {
+/// Runs one query-building expression in a transaction on whichever pool this
+/// store holds (sqlx's query types differ per database, so one function cannot
+/// take both): a lone statement too, so that it is pooler-safe (see
+/// [`super::Pg`]). Evaluates to the expression's value, or returns the error.
+macro_rules! in_transaction {
+    ($store:expr, $tx:ident => $query:expr) => {
         match $store {
-            Store::Postgres($pool) => $query,
-            Store::Sqlite($pool) => $query,
+            Store::Postgres(Pg { pool, .. }) => {
+                let mut $tx = pool.begin().await?;
+                let value = $query;
+                $tx.commit().await?;
+                value
+            }
+            Store::Sqlite(pool) => {
+                let mut $tx = pool.begin().await?;
+                let value = $query;
+                $tx.commit().await?;
+                value
+            }
         }
     };
 }
@@ -76,7 +88,7 @@ impl Store {
         let counts = counts_of(reveals);
         super::timed("write_reveals", async {
             match self {
-                Store::Postgres(pool) => {
+                Store::Postgres(Pg { pool, .. }) => {
                     let mut tx = pool.begin().await?;
                     let mut copy = tx
                         .copy_in_raw(
@@ -94,6 +106,7 @@ impl Store {
                          SELECT * FROM UNNEST($1::int8[], $2::text[], $3::int8[]) \
                          ON CONFLICT (ad_id, kind) DO UPDATE SET n = ad_reveal_counts.n + excluded.n",
                     )
+                    .persistent(false)
                     .bind(&ads)
                     .bind(&kinds)
                     .bind(&ns)
@@ -157,8 +170,8 @@ impl Store {
         );
         let limit = i64::from(query.limit);
         let rows: Vec<RevealRow> = super::timed("read_reveals", async {
-            on_pool!(self, pool => {
-                let q = sqlx::query_as(&sql);
+            Ok::<_, StoreError>(in_transaction!(self, tx => {
+                let q = sqlx::query_as(&sql).persistent(false);
                 let q = match key {
                     Key::Int(v) => q.bind(v),
                     Key::Text(v) => q.bind(v),
@@ -168,9 +181,9 @@ impl Store {
                     .bind(after_at)
                     .bind(after_id)
                     .bind(limit)
-                    .fetch_all(pool)
-                    .await
-            })
+                    .fetch_all(&mut *tx)
+                    .await?
+            }))
         })
         .await?;
         Ok(rows.into_iter().filter_map(stored).collect())
@@ -182,8 +195,12 @@ impl Store {
     /// The database is unreachable.
     pub async fn ad_reveal_counts(&self, ad: AdId) -> Result<RevealCounts, StoreError> {
         let sql = "SELECT kind, n FROM ad_reveal_counts WHERE ad_id = $1";
-        let rows: Vec<(String, i64)> = on_pool!(self, pool => {
-            sqlx::query_as(sql).bind(signed(ad.get())).fetch_all(pool).await?
+        let rows: Vec<(String, i64)> = in_transaction!(self, tx => {
+            sqlx::query_as(sql)
+                .persistent(false)
+                .bind(signed(ad.get()))
+                .fetch_all(&mut *tx)
+                .await?
         });
         let mut counts = RevealCounts::default();
         for (kind, n) in rows {
@@ -207,14 +224,15 @@ impl Store {
         let sql = "DELETE FROM reveals WHERE id IN \
                    (SELECT id FROM reveals WHERE at_us < $1 ORDER BY at_us LIMIT $2)";
         let deleted = super::timed("delete_reveals", async {
-            on_pool!(self, pool => {
+            Ok::<_, StoreError>(in_transaction!(self, tx => {
                 sqlx::query(sql)
+                    .persistent(false)
                     .bind(cutoff_us)
                     .bind(batch)
-                    .execute(pool)
-                    .await
-                    .map(|r| r.rows_affected())
-            })
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected()
+            }))
         })
         .await?;
         Ok(deleted)

@@ -16,7 +16,7 @@ use sqlx::postgres::{PgListener, PgPool};
 use sqlx::{Connection, PgConnection};
 
 use super::postgres::{CHANNEL, FEED_LOCK};
-use super::{Store, StoreError};
+use super::{Pg, Store, StoreError};
 
 /// A source of change hints; see the module doc.
 pub struct ChangeHints {
@@ -34,7 +34,7 @@ impl ChangeHints {
     pub(super) fn of(store: &Store, retry: Duration, listen: bool) -> Self {
         ChangeHints {
             postgres: match store {
-                Store::Postgres(pool) if listen => Some(Listening {
+                Store::Postgres(Pg { pool, .. }) if listen => Some(Listening {
                     pool: pool.clone(),
                     listener: None,
                     retry,
@@ -105,13 +105,14 @@ pub enum Leadership {
 impl Leadership {
     /// Tries to become the leader: `None` when another replica leads.
     pub(super) async fn try_take(store: &Store) -> Result<Option<Leadership>, StoreError> {
-        let pool = match store {
+        let options = match store {
             Store::Sqlite(_) => return Ok(Some(Leadership::Sole)),
-            Store::Postgres(pool) => pool,
+            // PostgreSQL itself: a session lock means nothing through a pooler.
+            Store::Postgres(Pg { direct, .. }) => direct,
         };
-        let options = pool.connect_options().as_ref().clone();
-        let mut connection = PgConnection::connect_with(&options).await?;
+        let mut connection = PgConnection::connect_with(options).await?;
         let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .persistent(false)
             .bind(FEED_LOCK)
             .fetch_one(&mut connection)
             .await?;

@@ -16,6 +16,7 @@ mod feed;
 mod limits;
 mod operations;
 mod pg;
+mod pgbouncer;
 mod privacy;
 mod promises;
 mod replicas;

@@ -1,0 +1,362 @@
+//! docs/status-sync.md#behind-a-transaction-mode-pooler: replicas through a real
+//! PgBouncer in transaction mode (`database.url` the pooler, `direct_url`
+//! PostgreSQL itself, `listen = false`). The pooler is started by the test, as
+//! the `postgres` user when we are root (it refuses root, like PostgreSQL), with
+//! fewer server connections than the replicas' pools hold, so statements from
+//! different replicas really share server connections. `scripts/test` installs
+//! PgBouncer when it is missing; with `REQUIRE_POSTGRES`/`CI` set a test without
+//! one fails, elsewhere it says SKIPPED.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use phones_gateway::domain::UserId;
+use phones_gateway::sim::{self, SimConfig};
+use serde_json::json;
+
+use crate::pg;
+use crate::support::{TestApp, eventually};
+
+/// A PgBouncer in transaction mode in front of one PostgreSQL, stopped when dropped.
+struct PgBouncer {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+fn binary() -> Option<PathBuf> {
+    ["pgbouncer", "/usr/sbin/pgbouncer"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| {
+            Command::new(p)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+impl PgBouncer {
+    fn start(postgres_port: u16) -> Result<PgBouncer, String> {
+        let binary = binary().ok_or("pgbouncer is not installed (apt-get install -y pgbouncer)")?;
+        let dir = tempfile::Builder::new()
+            .prefix("pgbouncer-test-")
+            .tempdir()
+            .map_err(|e| e.to_string())?;
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        std::fs::write(path("userlist.txt"), "\"postgres\" \"\"\n").map_err(|e| e.to_string())?;
+        {
+            let port = pg::free_port();
+            let ini = format!(
+                "[databases]\n\
+                 postgres = host=127.0.0.1 port={postgres_port} dbname=postgres user=postgres\n\
+                 [pgbouncer]\n\
+                 listen_addr = 127.0.0.1\n\
+                 listen_port = {port}\n\
+                 unix_socket_dir =\n\
+                 auth_type = trust\n\
+                 auth_file = {users}\n\
+                 pool_mode = transaction\n\
+                 default_pool_size = 3\n\
+                 max_client_conn = 500\n\
+                 ignore_startup_parameters = extra_float_digits\n\
+                 logfile = {log}\n\
+                 pidfile = {pid}\n",
+                users = path("userlist.txt"),
+                log = path("pgbouncer.log"),
+                pid = path("pgbouncer.pid"),
+            );
+            std::fs::write(path("pgbouncer.ini"), ini).map_err(|e| e.to_string())?;
+            if is_root() {
+                let chown = Command::new("chown")
+                    .args(["-R", "postgres", &dir.path().display().to_string()])
+                    .status()
+                    .map_err(|e| e.to_string())?;
+                if !chown.success() {
+                    return Err("chown to postgres failed".into());
+                }
+            }
+            let mut command = if is_root() {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--"]).arg(&binary);
+                c
+            } else {
+                Command::new(&binary)
+            };
+            let output = command
+                .args(["-d", &path("pgbouncer.ini")])
+                .output()
+                .map_err(|e| e.to_string())?;
+            let bouncer = PgBouncer { dir, port };
+            if output.status.success() && bouncer.accepts() {
+                return Ok(bouncer);
+            }
+            let why = format!(
+                "pgbouncer failed: {}{} {}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr),
+                std::fs::read_to_string(bouncer.dir.path().join("pgbouncer.log"))
+                    .unwrap_or_default()
+            );
+            drop(bouncer);
+            Err(why)
+        }
+    }
+
+    /// Waits (up to 5 s) until the pooler accepts connections.
+    fn accepts(&self) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn stop(&self) {
+        let pid_file = self.dir.path().join("pgbouncer.pid");
+        if let Ok(pid) = std::fs::read_to_string(pid_file) {
+            let _ = Command::new("kill").args(["-TERM", pid.trim()]).status();
+        }
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// PostgreSQL and a PgBouncer in front of it, or `None` (the test is skipped)
+/// where neither is required; where they are, a failure panics.
+fn pooled() -> Option<(pg::TestDb, PgBouncer)> {
+    let db = pg::cluster()?;
+    let port: u16 = db
+        .url
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .expect("the cluster's URL names its port");
+    match PgBouncer::start(port) {
+        Ok(bouncer) => Some((db, bouncer)),
+        Err(why) if pg::required() => {
+            panic!("PgBouncer is required (REQUIRE_POSTGRES / CI) and could not be had: {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIPPED: no PgBouncer ({why})");
+            None
+        }
+    }
+}
+
+/// The overlay of a replica behind the pooler, with `extra` sections.
+fn through(bouncer: &PgBouncer, db: &pg::TestDb, extra: &str) -> String {
+    format!(
+        "[database]\nurl = \"{}\"\ndirect_url = \"{}\"\nlisten = false\n\
+         sync_interval_ms = 100\nmax_connections = 4\n{extra}\n",
+        bouncer.url(),
+        db.url
+    )
+}
+
+fn enabled(app: &TestApp, user: u64) -> bool {
+    app.status.set().is_enabled(UserId::new(user).unwrap())
+}
+
+async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What PostgreSQL itself sees: its client connections other than this one.
+async fn server_connections(direct: &str) -> i64 {
+    let pool = sqlx::PgPool::connect(direct).await.unwrap();
+    let n = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' \
+         AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    n
+}
+
+#[tokio::test]
+async fn replicas_behind_a_transaction_pooler_converge_by_polling() {
+    let Some((db, bouncer)) = pooled() else {
+        return;
+    };
+    let overlay = through(&bouncer, &db, "");
+    let a = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
+    let b = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
+    let c = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
+    // Webhook deliveries on every replica, seen by all three by polling alone.
+    for (i, app) in [&a, &b, &c].into_iter().enumerate() {
+        let users: Vec<_> = (0..50)
+            .map(|k| json!({"user_id": 1000 * (i as u64 + 1) + k, "enabled": true, "version": 1}))
+            .collect();
+        let answer = app
+            .send_admin(
+                reqwest::Method::POST,
+                "/admin/v1/calltracking/statuses",
+                &json!({ "items": users }),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{:?}", answer.body);
+    }
+    wait_for(
+        "every delivery on every replica",
+        Duration::from_secs(5),
+        || {
+            [&a, &b, &c].iter().all(|app| {
+                [1000, 1049, 2000, 2049, 3000, 3049]
+                    .iter()
+                    .all(|&u| enabled(app, u))
+            })
+        },
+    )
+    .await;
+    // A streamed snapshot (COPY in one transaction) through the pooler.
+    let snapshot = json!({ "version": 5, "enabled_user_ids": [7, 8, 9] });
+    let answer = b
+        .send_admin(
+            reqwest::Method::PUT,
+            "/admin/v1/calltracking/statuses",
+            &snapshot,
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    wait_for(
+        "the snapshot on every replica",
+        Duration::from_secs(5),
+        || {
+            [&a, &b, &c]
+                .iter()
+                .all(|app| enabled(app, 7) && !enabled(app, 1000) && !enabled(app, 3049))
+        },
+    )
+    .await;
+    // More client connections than the pooler's three server connections.
+    assert!(server_connections(&db.url).await <= 3 + 1);
+    // A replica started now loads the set through the pooler.
+    let d = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
+    assert!(enabled(&d, 8) && !enabled(&d, 2000));
+}
+
+#[tokio::test]
+async fn the_reveal_log_is_written_and_read_through_the_pooler() {
+    let Some((db, bouncer)) = pooled() else {
+        return;
+    };
+    let overlay = through(&bouncer, &db, "[reveals]\nflush_interval_ms = 100");
+    let a = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
+    a.real.reply(crate::support::Reply::Phone(crate::REAL));
+    for _ in 0..3 {
+        let answer = a
+            .http
+            .get(format!(
+                "{}/v1/public-phone?user_id=5&ad_id=77&category_id={}",
+                a.public,
+                crate::PLAIN_CATEGORY
+            ))
+            .header("x-viewer-id", "buyer-1")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+    }
+    eventually("three reveals counted", Duration::from_secs(5), || async {
+        let counts = a.get_admin("/admin/v1/ads/77/reveals").await;
+        counts.body["total"] == 3
+    })
+    .await;
+    let log = a.get_admin("/admin/v1/reveals?user_id=5").await;
+    assert_eq!(log.status, 200, "{:?}", log.body);
+    assert_eq!(
+        log.body["items"].as_array().map(Vec::len),
+        Some(3),
+        "{}",
+        log.body
+    );
+}
+
+/// The simulator as the call-tracking upstream, its feed listing `statuses` sellers.
+async fn feed(statuses: u64) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let config = SimConfig {
+        statuses,
+        ..SimConfig::default()
+    };
+    tokio::spawn(sim::serve(listener, config, std::future::pending()));
+    url
+}
+
+#[tokio::test]
+async fn the_feed_has_one_leader_through_direct_url_and_fails_over() {
+    let Some((db, bouncer)) = pooled() else {
+        return;
+    };
+    let feed_url = feed(20).await;
+    let overlay = through(
+        &bouncer,
+        &db,
+        &format!(
+            "[upstreams.calltracking]\nbase_url = \"{feed_url}\"\n\
+             [upstreams.calltracking.status_feed]\nenabled = true\ninterval_ms = 100\nlimit = 7"
+        ),
+    );
+    let a = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
+    let b = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
+    wait_for("the whole feed on both", Duration::from_secs(5), || {
+        enabled(&a, 80) && enabled(&b, 80)
+    })
+    .await;
+    for _ in 0..10 {
+        assert!(
+            a.status.is_feed_leader() ^ b.status.is_feed_leader(),
+            "one leader at a time"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (leader, follower) = if a.status.is_feed_leader() {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let start = Instant::now();
+    drop(leader);
+    wait_for("the follower to lead", Duration::from_secs(5), || {
+        follower.status.is_feed_leader()
+    })
+    .await;
+    eprintln!("feed failover behind the pooler: {:?}", start.elapsed());
+    assert_eq!(
+        follower
+            .status
+            .store()
+            .feed_cursor()
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("20"),
+        "the cursor survived the leader"
+    );
+}
