@@ -64,7 +64,7 @@ def main():
     args = parser.parse_args()
     sh("cargo", "build", "--release", "--quiet", "--bin", "phones-gateway")
     env = {"CLUSTER_DIR": STATE, "PHONES_GATEWAY_BIN": os.path.join(ROOT, "target/release/phones-gateway")}
-    up = ["scripts/cluster", "up", str(args.n), "--base-port", "21080"] + (["--pgbouncer"] if args.pgbouncer else [])
+    up = ["scripts/cluster", "up", str(args.n), "--base-port", os.environ.get("BASE_PORT", "21080")] + (["--pgbouncer"] if args.pgbouncer else [])
     sh(*up, env=env)
     try:
         pg = pg_env()["PG_URL"]
