@@ -26,6 +26,7 @@ pub use error::{UpstreamError, UpstreamName};
 
 use crate::config::{BreakerConfig, Config, UpstreamConfig};
 use crate::domain::{AdId, Phone, StatusItem, UserId};
+use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers};
 use breaker::Breaker;
 
 /// Largest upstream body read; a phone answer is tens of bytes, a status page of
@@ -146,9 +147,12 @@ impl Upstreams {
         user: UserId,
         ad: AdId,
         request_id: Option<&str>,
+        trace: Option<&TraceContext>,
     ) -> Result<Option<Phone>, UpstreamError> {
         let url = format!("{}/v1/users/{user}/phone?ad_id={ad}", self.real_phone.base);
-        let body: Option<PhoneBody> = self.get_json(&self.real_phone, &url, request_id).await?;
+        let body: Option<PhoneBody> = self
+            .get_json(&self.real_phone, &url, request_id, trace)
+            .await?;
         body.map(|b| parse_phone(&b.phone)).transpose()
     }
 
@@ -161,12 +165,15 @@ impl Upstreams {
         user: UserId,
         ad: AdId,
         request_id: Option<&str>,
+        trace: Option<&TraceContext>,
     ) -> Result<Option<Phone>, UpstreamError> {
         let url = format!(
             "{}/v1/anonymous-numbers?user_id={user}&ad_id={ad}",
             self.anonymous.base
         );
-        let body: Option<PhoneBody> = self.get_json(&self.anonymous, &url, request_id).await?;
+        let body: Option<PhoneBody> = self
+            .get_json(&self.anonymous, &url, request_id, trace)
+            .await?;
         body.map(|b| parse_phone(&b.phone)).transpose()
     }
 
@@ -179,6 +186,7 @@ impl Upstreams {
         user: UserId,
         phone: Phone,
         request_id: Option<&str>,
+        trace: Option<&TraceContext>,
     ) -> Result<Option<Phone>, UpstreamError> {
         // `+` must be escaped in a query; the rest of a normalised phone is digits.
         let url = format!(
@@ -186,8 +194,9 @@ impl Upstreams {
             self.calltracking.base,
             phone.to_u64()
         );
-        let body: Option<VirtualPhoneBody> =
-            self.get_json(&self.calltracking, &url, request_id).await?;
+        let body: Option<VirtualPhoneBody> = self
+            .get_json(&self.calltracking, &url, request_id, trace)
+            .await?;
         body.map(|b| parse_phone(&b.virtual_phone)).transpose()
     }
 
@@ -205,7 +214,7 @@ impl Upstreams {
             url.push_str("&after=");
             url.extend(form_urlencoded::byte_serialize(cursor.as_bytes()));
         }
-        self.get_json(&self.calltracking, &url, None)
+        self.get_json(&self.calltracking, &url, None, None)
             .await?
             .ok_or(UpstreamError::Status(404))
     }
@@ -217,13 +226,22 @@ impl Upstreams {
         endpoint: &Endpoint,
         url: &str,
         request_id: Option<&str>,
+        trace: Option<&TraceContext>,
     ) -> Result<Option<T>, UpstreamError> {
-        let call = async {
+        // Runs under the call's own span: exported, it is the parent of what the
+        // upstream does, and `traceparent` names it (docs/tracing.md).
+        let call = move |span: tracing::Span| async move {
             let mut request = self.http.get(url);
             if let Some(id) = request_id {
                 request = request.header(crate::telemetry::REQUEST_ID_HEADER, id);
             }
+            let (traceparent, tracestate) = call_headers(&span, trace);
+            request = request.header(TRACEPARENT, traceparent);
+            if let Some(state) = tracestate {
+                request = request.header(TRACESTATE, state);
+            }
             let mut response = request.send().await.map_err(connect_error)?;
+            span.record("http.response.status_code", response.status().as_u16());
             match response.status().as_u16() {
                 200 => {}
                 404 => return Ok(None),
@@ -245,10 +263,16 @@ impl Upstreams {
         let result = if slot.is_none() {
             Err(UpstreamError::Saturated)
         } else if endpoint.breaker.allow() {
-            let span = tracing::debug_span!("upstream", upstream = endpoint.name.as_str());
-            let result = tokio::time::timeout(endpoint.timeout, call.instrument(span))
-                .await
-                .unwrap_or(Err(UpstreamError::Timeout));
+            let span = tracing::debug_span!(
+                "upstream",
+                upstream = endpoint.name.as_str(),
+                otel.kind = "client",
+                http.response.status_code = tracing::field::Empty,
+            );
+            let result =
+                tokio::time::timeout(endpoint.timeout, call(span.clone()).instrument(span))
+                    .await
+                    .unwrap_or(Err(UpstreamError::Timeout));
             endpoint.breaker.record(result.is_ok());
             result
         } else {

@@ -23,6 +23,7 @@ mod reveals;
 mod selection;
 mod shutdown;
 mod support;
+mod tracing;
 
 /// Numbers the fake upstreams hand out.
 pub const REAL: &str = "+79161234567";
