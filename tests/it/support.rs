@@ -69,6 +69,9 @@ struct Behaviour {
     delay: Duration,
 }
 
+/// The `traceparent` (empty when missing) and `tracestate` of a call.
+pub type Traced = (String, Option<String>);
+
 /// A fake upstream: a real HTTP server on 127.0.0.1:0.
 #[derive(Clone)]
 pub struct Fake {
@@ -80,7 +83,7 @@ pub struct Fake {
     unexpected: Arc<Mutex<Vec<String>>>,
     request_ids: Arc<Mutex<Vec<String>>>,
     /// The `traceparent` and `tracestate` (if any) of every number lookup.
-    traces: Arc<Mutex<Vec<(String, Option<String>)>>>,
+    traces: Arc<Mutex<Vec<Traced>>>,
     /// The status feed's items (call tracking only); the cursor is an index.
     feed: Arc<Mutex<Vec<Value>>>,
     feed_uris: Arc<Mutex<Vec<String>>>,
@@ -141,7 +144,7 @@ impl Fake {
 
     /// The `traceparent` (empty when missing) and `tracestate` of every number
     /// lookup received.
-    pub fn traces(&self) -> Vec<(String, Option<String>)> {
+    pub fn traces(&self) -> Vec<Traced> {
         self.traces.lock().unwrap().clone()
     }
 

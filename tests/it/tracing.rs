@@ -12,7 +12,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
 
 use crate::durability::Process;
-use crate::support::{Answer, Fake, Reply, TestApp, Upstream, eventually, leaks_in, read};
+use crate::support::{Answer, Fake, Reply, TestApp, Traced, Upstream, eventually, leaks_in, read};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -127,7 +127,7 @@ async fn a_request_without_a_traceparent_starts_a_trace_of_its_own() {
     }
     let (real, calltracking) = (app.real.traces(), app.calltracking.traces());
     assert_eq!((real.len(), calltracking.len()), (2, 2));
-    let ids = |calls: &[(String, Option<String>)]| -> Vec<(String, String)> {
+    let ids = |calls: &[Traced]| -> Vec<(String, String)> {
         calls
             .iter()
             .map(|(traceparent, _)| {
