@@ -338,6 +338,9 @@ impl Export {
             .with_level(false)
             .with_target(false)
             .with_tracked_inactivity(false)
+            // Nothing reads OpenTelemetry's current context (ids come from the
+            // spans themselves): not attaching it saves work on every poll.
+            .with_context_activation(false)
             .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
                 meta.is_span()
                     && meta.target().starts_with("phones_gateway")
@@ -524,5 +527,29 @@ mod tests {
         }
         let (call, _) = call_headers(&tracing::Span::none(), None);
         assert!(parse_traceparent(call.as_bytes()).is_some());
+    }
+
+    #[derive(Debug)]
+    struct Refusing;
+
+    impl SpanExporter for Refusing {
+        async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
+            Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(
+                "collector down".into(),
+            ))
+        }
+    }
+
+    #[tokio::test]
+    async fn export_failures_are_returned_and_logged_at_most_once_a_minute() {
+        let exporter = LoggedFailures::new(Refusing);
+        assert!(exporter.export(Vec::new()).await.is_err());
+        let first = exporter.last_logged.lock().unwrap().expect("logged");
+        assert!(exporter.export(Vec::new()).await.is_err());
+        assert_eq!(
+            *exporter.last_logged.lock().unwrap(),
+            Some(first),
+            "the second failure within the minute is not logged"
+        );
     }
 }

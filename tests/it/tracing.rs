@@ -460,3 +460,34 @@ async fn spans_are_exported_over_otlp_http_and_a_callers_unsampled_trace_is_not(
     assert!(hits >= 1, "the hit's request span");
     collector.assert_no_numbers();
 }
+
+/// docs/tracing.md#coalesced-fetches: a fetch that a second request joins
+/// carries the trace of the request that started it, and only that one.
+#[tokio::test]
+async fn a_coalesced_fetch_carries_the_trace_of_the_request_that_started_it() {
+    let app = TestApp::spawn().await;
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(150));
+    let first_trace = "11111111111111111111111111111111";
+    let second_trace = "22222222222222222222222222222222";
+    let path = format!("/v1/public-phone?user_id=5&ad_id=1&category_id={PLAIN_CATEGORY}");
+    let send = |trace: &str| {
+        let request = app
+            .http
+            .get(format!("{}{path}", app.public))
+            .header("traceparent", format!("00-{trace}-{CALLER_SPAN}-01"));
+        async move { read(request.send().await.unwrap()).await }
+    };
+    let first = tokio::spawn(send(first_trace));
+    eventually("the first request's fetch", Duration::from_secs(5), || {
+        let calls = app.real.calls();
+        async move { calls == 1 }
+    })
+    .await;
+    let second = send(second_trace).await;
+    second.assert_number(REAL, "real");
+    first.await.unwrap().assert_number(REAL, "real");
+    let traces = app.real.traces();
+    assert_eq!(traces.len(), 1, "one fetch served both: {traces:?}");
+    assert_eq!(parse(&traces[0].0).1, first_trace);
+}
