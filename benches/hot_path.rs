@@ -9,6 +9,13 @@
 //!
 //! Before timing, each case is run 10,000 times under the counting allocator and
 //! allocations and bytes per operation are printed.
+//!
+//! `HOT_PATH_TRACING` picks the subscriber (one per process, so one per run):
+//! unset, none (as the numbers above were measured); `logs`, the production
+//! JSON log at `info` (the request span is then built); a ratio such as `1.0`
+//! or `0.01`, that log and the span export (docs/tracing.md) at that sample
+//! ratio to a local OTLP/HTTP sink this bench runs on its own thread.
+//! `router/hit-traced` is `router/hit` with a caller's `traceparent`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -60,10 +67,56 @@ struct Fixture {
     request: Lookup,
 }
 
+/// A collector that accepts every export and discards it, on its own thread
+/// and runtime (the bench's runtime only runs while a case is timed).
+fn start_sink() -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(format!("http://{}", listener.local_addr().unwrap()))
+                .unwrap();
+            let sink =
+                axum::Router::new().route("/v1/traces", axum::routing::post(|| async { "" }));
+            axum::serve(listener, sink).await.unwrap();
+        });
+    });
+    rx.recv().unwrap()
+}
+
+/// The subscriber `HOT_PATH_TRACING` asks for; the config overlay that goes with it.
+fn tracing_setup() -> String {
+    use phones_gateway::config::LogFormat;
+    let Ok(mode) = std::env::var("HOT_PATH_TRACING") else {
+        return String::new();
+    };
+    if mode == "logs" {
+        phones_gateway::telemetry::init_logs("info", LogFormat::Json).unwrap();
+        return String::new();
+    }
+    let ratio: f64 = mode.parse().expect("HOT_PATH_TRACING: logs or a ratio");
+    let overlay = format!(
+        "[tracing]\notlp_endpoint = \"{}\"\nsample_ratio = {ratio}",
+        start_sink()
+    );
+    let config = Config::from_toml(&overlay).unwrap();
+    // Leaked: the exporter runs for the whole process.
+    std::mem::forget(
+        phones_gateway::telemetry::init_logs_and_traces("info", LogFormat::Json, &config.tracing)
+            .unwrap(),
+    );
+    println!("tracing: export at sample ratio {ratio}");
+    overlay
+}
+
 fn fixture() -> Fixture {
     // As the app: the Prometheus recorder first, so metrics cost what they do live.
     let _ = phones_gateway::telemetry::metrics_handle();
-    let config = Config::from_toml("").unwrap();
+    let config = Config::from_toml(&tracing_setup()).unwrap();
     let upstreams = Arc::new(Upstreams::new(&config));
     let caches = Caches::new(&config);
     let status = Arc::new(StatusSet::default());
@@ -92,7 +145,8 @@ fn fixture() -> Fixture {
         reveals: None,
         limits: Limits::of(&config.server),
     };
-    let router = Front::public(public_router(state.clone()), state, Shed::new(4096, 16384));
+    let router = Front::public(public_router(state.clone()), state, Shed::new(4096, 16384))
+        .exporting_spans(config.tracing.exports());
     let hello = axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));
     let request = Lookup {
         user,
@@ -147,6 +201,18 @@ fn benches(c: &mut Criterion) {
     c.bench_function("router/hit", |b| {
         b.iter(|| {
             let request = Request::get(uri).body(Body::empty()).unwrap();
+            runtime.block_on(f.router.call(request)).unwrap()
+        })
+    });
+    c.bench_function("router/hit-traced", |b| {
+        b.iter(|| {
+            let request = Request::get(uri)
+                .header(
+                    "traceparent",
+                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                )
+                .body(Body::empty())
+                .unwrap();
             runtime.block_on(f.router.call(request)).unwrap()
         })
     });

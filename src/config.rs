@@ -34,6 +34,54 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     pub breaker: BreakerConfig,
     pub reveals: RevealsConfig,
+    pub tracing: TracingConfig,
+}
+
+/// Distributed tracing (docs/tracing.md): W3C trace context is always
+/// continued; spans are exported only when `otlp_endpoint` is set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The OTLP/HTTP collector's base URL (spans go to `{otlp_endpoint}/v1/traces`);
+    /// empty: no export.
+    pub otlp_endpoint: String,
+    /// The share of new traces recorded; a caller's sampled flag decides for its own.
+    pub sample_ratio: f64,
+}
+
+impl TracingConfig {
+    /// Whether spans are exported at all.
+    pub fn exports(&self) -> bool {
+        !self.otlp_endpoint.is_empty()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            // NaN lands here too.
+            return Err(invalid(
+                "tracing.sample_ratio",
+                format!("must be in 0.0..=1.0, got {}", self.sample_ratio),
+            ));
+        }
+        if self.exports() {
+            let key = "tracing.otlp_endpoint";
+            let parsed: hyper::Uri =
+                self.otlp_endpoint
+                    .parse()
+                    .map_err(|e: hyper::http::uri::InvalidUri| {
+                        invalid(key, format!("not a URL: {e}"))
+                    })?;
+            if !matches!(parsed.scheme_str(), Some("http" | "https"))
+                || parsed.host().is_none_or(str::is_empty)
+            {
+                return Err(invalid(key, "must be an http:// or https:// URL, or empty"));
+            }
+            if parsed.query().is_some() || self.otlp_endpoint.contains('#') {
+                return Err(invalid(key, "must not carry a query or fragment"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The reveal log (who was shown which seller's number).
@@ -401,7 +449,8 @@ impl Config {
             "",
         )?;
         self.breaker.validate()?;
-        self.reveals.validate()
+        self.reveals.validate()?;
+        self.tracing.validate()
     }
 
     /// max(anonymous, real_phone + calltracking) of the configured timeouts: how
@@ -960,6 +1009,9 @@ mod tests {
                 "[database]\nsync_interval_ms = 9223372036854775807",
                 "database.sync_interval_ms",
             ),
+            ("[tracing]\nsample_ratio = 1.5", "tracing.sample_ratio"),
+            ("[tracing]\nsample_ratio = -0.1", "tracing.sample_ratio"),
+            ("[tracing]\nsample_ratio = nan", "tracing.sample_ratio"),
         ] {
             let e = error_of(toml);
             assert!(e.contains(key), "{toml}: {e}");
@@ -990,5 +1042,95 @@ mod tests {
     fn a_missing_file_is_an_error() {
         let e = Config::load(Some(Path::new("/nonexistent/gw.toml"))).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/gw.toml"));
+    }
+
+    #[test]
+    fn tracing_is_off_by_default_and_its_endpoint_must_be_an_http_url() {
+        let c = Config::from_toml("").unwrap();
+        assert!(!c.tracing.exports());
+        assert!((c.tracing.sample_ratio - 0.01).abs() < f64::EPSILON);
+        for endpoint in [
+            "http://otel-collector:4318",
+            "https://collector.example/otlp/",
+        ] {
+            let c =
+                Config::from_toml(&format!("[tracing]\notlp_endpoint = \"{endpoint}\"")).unwrap();
+            assert!(c.tracing.exports());
+        }
+        for endpoint in [
+            "otel-collector:4318",
+            "grpc://collector:4317",
+            "http://c:4318/?x=1",
+            "not a url",
+        ] {
+            let e = error_of(&format!("[tracing]\notlp_endpoint = \"{endpoint}\""));
+            assert!(e.contains("tracing.otlp_endpoint"), "{endpoint}: {e}");
+        }
+    }
+
+    /// The sample configuration of the contract (verbatim but for two comments
+    /// that cited its sections): every section of it parses and validates,
+    /// `[tracing]` included.
+    #[test]
+    fn the_documented_sample_configuration_parses_and_validates() {
+        const SAMPLE: &str = r#"
+[server]
+public_addr = "0.0.0.0:8080"
+admin_addr = "0.0.0.0:8081"
+max_body_bytes = 1048576
+
+[admin]
+token = ""            # usually from the environment
+
+[database]
+url = "sqlite://phones-gateway.db?mode=rwc"   # or postgres://...
+
+[upstreams.real_phone]
+base_url = "http://127.0.0.1:9101"
+timeout_ms = 300
+
+[upstreams.anonymous]
+base_url = "http://127.0.0.1:9102"
+timeout_ms = 300
+on_error = "fail_closed"
+
+[upstreams.calltracking]
+base_url = "http://127.0.0.1:9103"
+timeout_ms = 300
+on_error = "fall_through"
+
+[upstreams.calltracking.status_feed]
+enabled = false
+interval_ms = 1000
+
+[selection]
+order = ["anonymous", "calltracking", "real"]
+anonymous_categories = [9, 24]
+
+[cache.real_phone]          # likewise [cache.anonymous], [cache.calltracking]
+capacity = 5000000
+ttl_s = 900
+negative_ttl_s = 60
+max_stale_s = 3600
+
+[rate_limit]
+per_viewer_per_minute = 0   # 0 = off
+
+[tracing]
+otlp_endpoint = ""          # e.g. "http://otel-collector:4318"; empty = no export
+sample_ratio = 0.01
+
+[reveals]
+enabled = true
+flush_interval_ms = 1000
+max_buffered = 1000000
+on_overflow = "drop"        # or "refuse"
+retention_days = 30
+"#;
+        let c = Config::from_toml(SAMPLE).unwrap();
+        assert_eq!(c.tracing.otlp_endpoint, "");
+        assert!((c.tracing.sample_ratio - 0.01).abs() < f64::EPSILON);
+        assert_eq!(c.upstreams.calltracking.base_url, "http://127.0.0.1:9103");
+        assert_eq!(c.reveals.retention_days, 30);
     }
 }

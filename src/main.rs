@@ -51,8 +51,17 @@ fn main() -> anyhow::Result<()> {
     match cli.command.unwrap_or(Command::Demo { config: None }) {
         Command::Serve { config } => {
             let config = load(config)?;
-            phones_gateway::telemetry::init_logs(&config.log.filter, config.log.format)?;
-            runtime(config.runtime.worker_threads)?.block_on(serve(config))
+            let export = phones_gateway::telemetry::init_logs_and_traces(
+                &config.log.filter,
+                config.log.format,
+                &config.tracing,
+            )?;
+            let served = runtime(config.runtime.worker_threads)?.block_on(serve(config));
+            // The app has stopped: the spans still buffered go out now.
+            if let Some(export) = export {
+                export.shutdown();
+            }
+            served
         }
         Command::CheckConfig { config } => {
             load(config)?;
@@ -80,8 +89,16 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Demo { config } => {
             let config = load(config)?;
-            phones_gateway::telemetry::init_logs(&config.log.filter, LogFormat::Text)?;
-            runtime(config.runtime.worker_threads)?.block_on(demo(config))
+            let export = phones_gateway::telemetry::init_logs_and_traces(
+                &config.log.filter,
+                LogFormat::Text,
+                &config.tracing,
+            )?;
+            let served = runtime(config.runtime.worker_threads)?.block_on(demo(config));
+            if let Some(export) = export {
+                export.shutdown();
+            }
+            served
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Logs and metrics plumbing: the tracing subscriber, the process-wide Prometheus
-//! recorder, request ids.
+//! Logs, metrics and traces plumbing: the tracing subscriber (and the span
+//! export, [`trace`]), the process-wide Prometheus recorder, request ids and
+//! the trace context a request's upstream calls continue.
 //!
 //! Phone numbers never reach a log line or a label: code logs `phone.masked()`,
 //! and `Phone`'s `Debug` is masked too.
@@ -14,27 +15,54 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 pub use crate::config::LogFormat;
+use crate::config::TracingConfig;
+
+pub mod trace;
 
 /// The header carrying a request's id, taken from the caller or set by us,
 /// answered back and forwarded to the upstreams.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
+/// What upstream calls made for a request forward: its id and its trace.
+pub struct RequestContext {
+    id: HeaderValue,
+    trace: trace::Incoming,
+}
+
+impl RequestContext {
+    /// The request `id` and the trace headers of `headers` (not parsed here:
+    /// only an upstream call needs them).
+    pub fn new(id: HeaderValue, headers: &HeaderMap) -> Self {
+        RequestContext {
+            id,
+            trace: trace::Incoming::of(headers),
+        }
+    }
+}
+
 tokio::task_local! {
-    /// The id of the request this task serves.
-    static REQUEST_ID: HeaderValue;
+    /// The request this task serves.
+    static REQUEST: RequestContext;
 }
 
 /// The current request's id, for forwarding to upstreams.
 pub fn current_request_id() -> Option<HeaderValue> {
-    REQUEST_ID.try_with(HeaderValue::clone).ok()
+    REQUEST.try_with(|r| r.id.clone()).ok()
 }
 
-/// Runs `future` as the request `id`: upstream calls it makes forward the id.
-pub fn with_request_id<F: Future>(
-    id: HeaderValue,
+/// The trace the current request's upstream calls continue (the caller's, or
+/// one started for the request on first use).
+pub fn current_trace() -> Option<trace::TraceContext> {
+    REQUEST.try_with(|r| r.trace.context().clone()).ok()
+}
+
+/// Runs `future` as `request`: upstream calls it makes forward its id and
+/// continue its trace.
+pub fn with_request<F: Future>(
+    request: RequestContext,
     future: F,
-) -> tokio::task::futures::TaskLocalFuture<HeaderValue, F> {
-    REQUEST_ID.scope(id, future)
+) -> tokio::task::futures::TaskLocalFuture<RequestContext, F> {
+    REQUEST.scope(request, future)
 }
 
 /// Installs the global subscriber: `RUST_LOG` if set, else `filter`; JSON lines
@@ -43,11 +71,7 @@ pub fn with_request_id<F: Future>(
 /// # Errors
 /// A filter that does not parse, or a subscriber already installed.
 pub fn init_logs(filter: &str, format: LogFormat) -> anyhow::Result<()> {
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(env) if !env.is_empty() => EnvFilter::try_new(env)?,
-        _ => EnvFilter::try_new(filter)?,
-    };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let builder = tracing_subscriber::fmt().with_env_filter(env_filter(filter)?);
     match format {
         LogFormat::Json => builder
             .json()
@@ -57,6 +81,50 @@ pub fn init_logs(filter: &str, format: LogFormat) -> anyhow::Result<()> {
         LogFormat::Text => builder.try_init(),
     }
     .map_err(|e| anyhow::anyhow!(e))
+}
+
+/// As [`init_logs`], and with `tracing.otlp_endpoint` set the span export too
+/// (returned: [`trace::Export::shutdown`] flushes it). Without an endpoint the
+/// subscriber is exactly `init_logs`'s: no tracing layer, no per-span cost.
+///
+/// # Errors
+/// As [`init_logs`], or an exporter that cannot be built.
+pub fn init_logs_and_traces(
+    filter: &str,
+    format: LogFormat,
+    tracing: &TracingConfig,
+) -> anyhow::Result<Option<trace::Export>> {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    if !tracing.exports() {
+        return init_logs(filter, format).map(|()| None);
+    }
+    let export = trace::Export::new(tracing)?;
+    // The filter is the log's alone: the exported spans have their own.
+    let filter = env_filter(filter)?;
+    let logs = match format {
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer().with_filter(filter).boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(export.layer())
+        .try_init()
+        .map_err(|e| anyhow::anyhow!(e))?;
+    Ok(Some(export))
+}
+
+fn env_filter(filter: &str) -> anyhow::Result<EnvFilter> {
+    Ok(match std::env::var("RUST_LOG") {
+        Ok(env) if !env.is_empty() => EnvFilter::try_new(env)?,
+        _ => EnvFilter::try_new(filter)?,
+    })
 }
 
 /// A request's id: the caller's `x-request-id` if it is short, visible ASCII

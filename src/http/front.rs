@@ -48,12 +48,25 @@ struct Inner {
     lookup: Option<PublicState>,
     /// Set on the admin listener: the bearer token every `/admin/` path needs.
     token: Option<Arc<Secret>>,
+    /// `tracing.otlp_endpoint` is set: the request span is exported (else it is
+    /// the log's alone and the trace headers wait for an upstream call).
+    export_spans: bool,
 }
 
 impl Front {
     /// The public listener: shedding, and the lookup answered directly.
     pub fn public(router: Router, state: PublicState, shed: Shed) -> Self {
         Front::new(router, shed, Route::public, Some(state), None)
+    }
+
+    /// Exports each request's span (`tracing.otlp_endpoint` set), continuing
+    /// the caller's trace. Call before the first clone.
+    #[must_use]
+    pub fn exporting_spans(mut self, on: bool) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.export_spans = on;
+        }
+        self
     }
 
     /// The admin listener: the token on `/admin/` paths, the header limit, never
@@ -82,6 +95,7 @@ impl Front {
                 route_of,
                 lookup,
                 token,
+                export_spans: false,
             }),
         }
     }
@@ -140,7 +154,8 @@ impl Front {
     /// connection's watchdog counts the request in service meanwhile).
     ///
     /// Request tracking: an id (the caller's or a new one; its span carries it
-    /// onto every log line, it is forwarded upstream and answered back), and the
+    /// onto every log line, it is forwarded upstream and answered back), the
+    /// trace context upstream calls continue (docs/tracing.md), and the
     /// duration by route and status.
     pub fn call_holding<B, H>(
         &self,
@@ -155,19 +170,37 @@ impl Front {
         let start = Instant::now();
         let id = telemetry::request_id_of(request.headers());
         let route = (self.inner.route_of)(request.uri().path());
-        let span = tracing::info_span!(
-            "request",
-            request_id = id.to_str().unwrap_or_default(),
-            route = route.label()
-        );
-        let answer = telemetry::with_request_id(
-            id.clone(),
+        let context = telemetry::RequestContext::new(id.clone(), request.headers());
+        let (span, exported) = if self.inner.export_spans {
+            let span = tracing::info_span!(
+                "request",
+                request_id = id.to_str().unwrap_or_default(),
+                route = route.label(),
+                otel.kind = "server",
+                http.request.method = request.method().as_str(),
+                http.response.status_code = tracing::field::Empty,
+            );
+            telemetry::trace::continue_trace(&span, request.headers());
+            (span.clone(), Some(span))
+        } else {
+            let span = tracing::info_span!(
+                "request",
+                request_id = id.to_str().unwrap_or_default(),
+                route = route.label()
+            );
+            (span, None)
+        };
+        let answer = telemetry::with_request(
+            context,
             Inner::admit(self.inner.clone(), request.map(Body::new)),
         )
         .instrument(span);
         Box::pin(async move {
             let mut response = answer.await;
             drop(held);
+            if let Some(span) = exported {
+                span.record("http.response.status_code", response.status().as_u16());
+            }
             response
                 .headers_mut()
                 .insert(telemetry::REQUEST_ID_HEADER, id);

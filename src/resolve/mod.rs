@@ -20,7 +20,9 @@ use std::sync::Arc;
 
 use foldhash::HashSet;
 
-use crate::cache::{Answer, Cached, Clock, FetchResult, Generations, Lookup, PhoneCache, Ttls};
+use crate::cache::{
+    Answer, Cached, Clock, FetchResult, Generations, Lookup, PhoneCache, Ttls, Via,
+};
 use crate::config::{CacheConfig, Config};
 use crate::domain::Phone;
 use crate::domain::Source;
@@ -133,6 +135,9 @@ pub struct Resolver {
     deadline: std::time::Duration,
     /// Whether a request that needs an upstream call is let in now.
     admission: Arc<admission::Admission>,
+    /// `tracing.otlp_endpoint` is set: cache outcomes and the decision become
+    /// events of the request's span (docs/tracing.md).
+    export_spans: bool,
 }
 
 /// Decision metrics, registered once (the hit path increments atomics only).
@@ -200,6 +205,7 @@ impl Resolver {
             counters: Counters::new(),
             deadline: config.request_deadline(),
             admission: Arc::new(admission::Admission::new(config.server.max_queue_delay)),
+            export_spans: config.tracing.exports(),
         }
     }
 
@@ -252,6 +258,9 @@ impl Resolver {
     /// the rules forbid answering without it.
     pub async fn resolve(&self, req: &Request) -> Result<Resolved, ResolveError> {
         let result = self.decide(req).await;
+        if self.export_spans {
+            trace_decision(&result);
+        }
         match &result {
             Ok(r) => tracing::debug!(
                 user_id = %req.user, ad_id = %req.ad, kind = r.kind.as_str(),
@@ -299,7 +308,11 @@ impl Resolver {
         // A hit near expiry also starts a background refresh of its key.
         let fresh = |ask: Ask| {
             let (cache, key) = self.cache_of(req, ask);
-            cache.get_fresh_refreshing(&key, req.user, now, || self.fetch(req, ask))
+            let cached = cache.get_fresh_refreshing(&key, req.user, now, || self.fetch(req, ask));
+            if self.export_spans && cached != Cached::Miss {
+                trace_cache(cache.name(), Via::Hit);
+            }
+            cached
         };
 
         // What the caches (or the caller) already know.
@@ -463,23 +476,74 @@ impl Resolver {
     fn lookup(&self, req: &Request, ask: Ask) -> LookupFuture<'_> {
         let (cache, key) = self.cache_of(req, ask);
         let fetch = self.fetch(req, ask);
-        Box::pin(cache.get_or_fetch(key, req.user, move || fetch))
+        let lookup = cache.get_or_fetch(key, req.user, move || fetch);
+        if !self.export_spans {
+            return Box::pin(lookup);
+        }
+        Box::pin(async move {
+            let lookup = lookup.await;
+            trace_cache(cache.name(), lookup.via);
+            lookup
+        })
     }
 
     /// The upstream call answering `ask`, owning what it needs (it runs in the
-    /// cache's own task, past the request that started it).
+    /// cache's own task, past the request that started it). It carries the
+    /// request's id and trace; a fetch that other requests join (coalesced)
+    /// carries those of the request that started it (docs/tracing.md).
     fn fetch(&self, req: &Request, ask: Ask) -> impl Future<Output = FetchResult> + Send + use<> {
         let (user, ad) = (req.user, req.ad);
         let upstreams = self.upstreams.clone();
         let request_id = crate::telemetry::current_request_id();
+        let trace = crate::telemetry::current_trace();
         async move {
             let request_id = request_id.as_ref().and_then(|id| id.to_str().ok());
+            let trace = trace.as_ref();
             match ask {
-                Ask::Anonymous => upstreams.anonymous(user, ad, request_id).await,
-                Ask::Real => upstreams.real_phone(user, ad, request_id).await,
-                Ask::Calltracking(real) => upstreams.virtual_number(user, real, request_id).await,
+                Ask::Anonymous => upstreams.anonymous(user, ad, request_id, trace).await,
+                Ask::Real => upstreams.real_phone(user, ad, request_id, trace).await,
+                Ask::Calltracking(real) => {
+                    upstreams
+                        .virtual_number(user, real, request_id, trace)
+                        .await
+                }
             }
         }
+    }
+}
+
+/// A cache's answer, as an event of the exported request span.
+fn trace_cache(cache: &'static str, via: Via) {
+    let outcome = match via {
+        Via::Hit => "hit",
+        Via::Miss => "miss",
+        Via::Coalesced => "coalesced",
+        Via::Stale => "stale",
+    };
+    crate::telemetry::trace::event(
+        &tracing::Span::current(),
+        "cache",
+        &[("cache", cache), ("outcome", outcome)],
+    );
+}
+
+/// The decision, as an event of the exported request span: its kind or why
+/// there is none, never the number.
+fn trace_decision(result: &Result<Resolved, ResolveError>) {
+    let span = tracing::Span::current();
+    let event = |attributes: &[(&'static str, &'static str)]| {
+        crate::telemetry::trace::event(&span, "decision", attributes);
+    };
+    match result {
+        Ok(resolved) => event(&[("outcome", "answered"), ("kind", resolved.kind.as_str())]),
+        Err(ResolveError::NoPhone) => event(&[("outcome", "no_phone")]),
+        Err(ResolveError::Unavailable {
+            fail_closed: Some(source),
+        }) => event(&[("outcome", "fail_closed"), ("source", source.as_str())]),
+        Err(ResolveError::Unavailable { fail_closed: None }) => {
+            event(&[("outcome", "unavailable")])
+        }
+        Err(ResolveError::Overloaded) => event(&[("outcome", "shed")]),
     }
 }
 

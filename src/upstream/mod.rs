@@ -43,6 +43,7 @@ pub use error::{UpstreamError, UpstreamName};
 
 use crate::config::{BreakerConfig, Config, UpstreamConfig};
 use crate::domain::{AdId, Phone, StatusItem, UserId};
+use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers};
 use breaker::Breaker;
 
 /// Largest upstream body read; a phone answer is tens of bytes, a status page of
@@ -168,9 +169,12 @@ impl Upstreams {
         user: UserId,
         ad: AdId,
         request_id: Option<&str>,
+        trace: Option<&TraceContext>,
     ) -> Result<Option<Phone>, UpstreamError> {
         let url = format!("{}/v1/users/{user}/phone?ad_id={ad}", self.real_phone.base);
-        let body: Option<PhoneBody> = self.get_json(&self.real_phone, url, request_id).await?;
+        let body: Option<PhoneBody> = self
+            .get_json(&self.real_phone, url, request_id, trace)
+            .await?;
         body.map(|b| parse_phone(&b.phone)).transpose()
     }
 
@@ -183,12 +187,15 @@ impl Upstreams {
         user: UserId,
         ad: AdId,
         request_id: Option<&str>,
+        trace: Option<&TraceContext>,
     ) -> Result<Option<Phone>, UpstreamError> {
         let url = format!(
             "{}/v1/anonymous-numbers?user_id={user}&ad_id={ad}",
             self.anonymous.base
         );
-        let body: Option<PhoneBody> = self.get_json(&self.anonymous, url, request_id).await?;
+        let body: Option<PhoneBody> = self
+            .get_json(&self.anonymous, url, request_id, trace)
+            .await?;
         body.map(|b| parse_phone(&b.phone)).transpose()
     }
 
@@ -201,6 +208,7 @@ impl Upstreams {
         user: UserId,
         phone: Phone,
         request_id: Option<&str>,
+        trace: Option<&TraceContext>,
     ) -> Result<Option<Phone>, UpstreamError> {
         // `+` must be escaped in a query; the rest of a normalised phone is digits.
         let url = format!(
@@ -208,8 +216,9 @@ impl Upstreams {
             self.calltracking.base,
             phone.to_u64()
         );
-        let body: Option<VirtualPhoneBody> =
-            self.get_json(&self.calltracking, url, request_id).await?;
+        let body: Option<VirtualPhoneBody> = self
+            .get_json(&self.calltracking, url, request_id, trace)
+            .await?;
         body.map(|b| parse_phone(&b.virtual_phone)).transpose()
     }
 
@@ -227,7 +236,7 @@ impl Upstreams {
             url.push_str("&after=");
             url.extend(form_urlencoded::byte_serialize(cursor.as_bytes()));
         }
-        self.get_json(&self.calltracking, url, None)
+        self.get_json(&self.calltracking, url, None, None)
             .await?
             .ok_or(UpstreamError::Status(404))
     }
@@ -239,8 +248,11 @@ impl Upstreams {
         endpoint: &Endpoint,
         url: String,
         request_id: Option<&str>,
+        trace: Option<&TraceContext>,
     ) -> Result<Option<T>, UpstreamError> {
-        let call = async {
+        // Runs under the call's own span: exported, it is the parent of what the
+        // upstream does, and `traceparent` names it (docs/tracing.md).
+        let call = move |span: tracing::Span| async move {
             // The base URL was checked at start and the rest is ids and digits,
             // so this cannot fail; if it did, the call fails without a panic.
             let uri = hyper::Uri::try_from(url).map_err(|_| UpstreamError::Internal)?;
@@ -248,10 +260,17 @@ impl Upstreams {
                 .header(USER_AGENT, AGENT)
                 .body(Empty::new())
                 .map_err(|_| UpstreamError::Internal)?;
+            let headers = request.headers_mut();
             if let Some(id) = request_id.and_then(|id| HeaderValue::from_str(id).ok()) {
-                request.headers_mut().insert(REQUEST_ID, id);
+                headers.insert(REQUEST_ID, id);
+            }
+            let (traceparent, tracestate) = call_headers(&span, trace);
+            headers.insert(TRACEPARENT, traceparent);
+            if let Some(state) = tracestate {
+                headers.insert(TRACESTATE, state);
             }
             let response = self.http.request(request).await.map_err(connect_error)?;
+            span.record("http.response.status_code", response.status().as_u16());
             match response.status().as_u16() {
                 200 => {}
                 404 => return Ok(None),
@@ -277,10 +296,16 @@ impl Upstreams {
         let result = if slot.is_none() {
             Err(UpstreamError::Saturated)
         } else if endpoint.breaker.allow() {
-            let span = tracing::debug_span!("upstream", upstream = endpoint.name.as_str());
-            let result = tokio::time::timeout(endpoint.timeout, call.instrument(span))
-                .await
-                .unwrap_or(Err(UpstreamError::Timeout));
+            let span = tracing::debug_span!(
+                "upstream",
+                upstream = endpoint.name.as_str(),
+                otel.kind = "client",
+                http.response.status_code = tracing::field::Empty,
+            );
+            let result =
+                tokio::time::timeout(endpoint.timeout, call(span.clone()).instrument(span))
+                    .await
+                    .unwrap_or(Err(UpstreamError::Timeout));
             endpoint.breaker.record(result.is_ok());
             result
         } else {

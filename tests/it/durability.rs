@@ -91,7 +91,7 @@ impl Process {
     }
 
     /// SIGTERM, then the exit status.
-    fn sigterm(mut self) -> std::process::ExitStatus {
+    pub fn sigterm(mut self) -> std::process::ExitStatus {
         self.child.sigterm()
     }
 

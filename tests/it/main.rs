@@ -24,6 +24,7 @@ mod reveals;
 mod selection;
 mod shutdown;
 mod support;
+mod tracing;
 mod upstream_client;
 
 /// Numbers the fake upstreams hand out.

@@ -69,6 +69,9 @@ struct Behaviour {
     delay: Duration,
 }
 
+/// The `traceparent` (empty when missing) and `tracestate` of a call.
+pub type Traced = (String, Option<String>);
+
 /// A fake upstream: a real HTTP server on 127.0.0.1:0.
 #[derive(Clone)]
 pub struct Fake {
@@ -79,6 +82,8 @@ pub struct Fake {
     uris: Arc<Mutex<Vec<String>>>,
     unexpected: Arc<Mutex<Vec<String>>>,
     request_ids: Arc<Mutex<Vec<String>>>,
+    /// The `traceparent` and `tracestate` (if any) of every number lookup.
+    traces: Arc<Mutex<Vec<Traced>>>,
     /// The status feed's items (call tracking only); the cursor is an index.
     feed: Arc<Mutex<Vec<Value>>>,
     feed_uris: Arc<Mutex<Vec<String>>>,
@@ -98,6 +103,7 @@ impl Fake {
             uris: Arc::new(Mutex::new(Vec::new())),
             unexpected: Arc::new(Mutex::new(Vec::new())),
             request_ids: Arc::new(Mutex::new(Vec::new())),
+            traces: Arc::new(Mutex::new(Vec::new())),
             feed: Arc::new(Mutex::new(Vec::new())),
             feed_uris: Arc::new(Mutex::new(Vec::new())),
         };
@@ -134,6 +140,12 @@ impl Fake {
     /// The `x-request-id` of every call received.
     pub fn request_ids(&self) -> Vec<String> {
         self.request_ids.lock().unwrap().clone()
+    }
+
+    /// The `traceparent` (empty when missing) and `tracestate` of every number
+    /// lookup received.
+    pub fn traces(&self) -> Vec<Traced> {
+        self.traces.lock().unwrap().clone()
     }
 
     /// Serves `(user_id, enabled, version)` items on the status feed (call
@@ -251,6 +263,19 @@ async fn answer(State(fake): State<Fake>, request: Request) -> Response {
             .unwrap()
             .push(id.to_str().unwrap().to_owned());
     }
+    let trace = {
+        let header = |name: &str| {
+            request
+                .headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        (
+            header("traceparent").unwrap_or_default(),
+            header("tracestate"),
+        )
+    };
+    fake.traces.lock().unwrap().push(trace);
     let Behaviour { reply, delay } = fake.behaviour.lock().unwrap().clone();
     tokio::time::sleep(delay).await;
     match reply {

@@ -1,0 +1,555 @@
+//! Distributed tracing (docs/tracing.md): W3C trace context in and out, and the
+//! OpenTelemetry export of spans.
+//!
+//! Two modes, chosen once at start by `tracing.otlp_endpoint`:
+//! - **No export** (the default): no span is recorded. Upstream calls still
+//!   carry a `traceparent`: the caller's trace (or a new one) with a fresh span
+//!   id per call, made here. The request's headers are only parsed when an
+//!   upstream call is made, so the hit path does no trace work.
+//! - **Export**: the `tracing-opentelemetry` layer records the `request` and
+//!   `upstream` spans (and nothing else), the request span continues the
+//!   caller's trace, and an upstream call's `traceparent` is its own span's
+//!   context. Spans go out in batches from the SDK's own thread, over OTLP/HTTP
+//!   (protobuf), sampled parent-based at `tracing.sample_ratio`.
+//!
+//! Never a phone number in a span: the spans carry the route, the upstream's
+//! name, cache outcomes, the decision's kind and status codes, nothing else.
+
+use std::cell::OnceCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider as _,
+};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
+};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::config::TracingConfig;
+
+/// The W3C header naming the caller's trace and span.
+pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+/// The W3C header carrying vendors' trace state, forwarded as is.
+pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// The names of the spans exported; every other span and every event stays in
+/// the logs only.
+pub const SPAN_NAMES: [&str; 2] = ["request", "upstream"];
+
+/// The service name spans are exported under.
+const SERVICE_NAME: &str = "phones-gateway";
+
+/// A valid `traceparent`: the caller's trace, its span, its sampled flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parent {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    pub sampled: bool,
+}
+
+/// Parses a `traceparent` value as W3C Trace Context level 1 reads it:
+/// `version-traceid-parentid-flags` in lowercase hex; version `ff` and all-zero
+/// ids are invalid; a version above 00 may append `-...` fields, which are
+/// ignored. `None` for anything else (the request then starts a new trace).
+pub fn parse_traceparent(value: &[u8]) -> Option<Parent> {
+    if value.len() < 55 {
+        return None;
+    }
+    let version = hex_byte(&value[0..2])?;
+    if version == 0xff
+        || (version == 0 && value.len() != 55)
+        || (value.len() > 55 && value[55] != b'-')
+    {
+        return None;
+    }
+    if value[2] != b'-' || value[35] != b'-' || value[52] != b'-' {
+        return None;
+    }
+    let mut trace_id = [0u8; 16];
+    for (i, byte) in trace_id.iter_mut().enumerate() {
+        *byte = hex_byte(&value[3 + 2 * i..5 + 2 * i])?;
+    }
+    let mut span_id = [0u8; 8];
+    for (i, byte) in span_id.iter_mut().enumerate() {
+        *byte = hex_byte(&value[36 + 2 * i..38 + 2 * i])?;
+    }
+    let flags = hex_byte(&value[53..55])?;
+    if trace_id == [0; 16] || span_id == [0; 8] {
+        return None;
+    }
+    Some(Parent {
+        trace_id,
+        span_id,
+        sampled: flags & 1 == 1,
+    })
+}
+
+/// Two lowercase hex digits (W3C forbids uppercase).
+fn hex_byte(pair: &[u8]) -> Option<u8> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    Some(digit(pair[0])? << 4 | digit(pair[1])?)
+}
+
+/// `00-{trace_id}-{span_id}-{flags}`, the only version this writes.
+pub fn format_traceparent(trace_id: [u8; 16], span_id: [u8; 8], sampled: bool) -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 55];
+    out[..3].copy_from_slice(b"00-");
+    for (i, byte) in trace_id.iter().enumerate() {
+        out[3 + 2 * i] = HEX[usize::from(byte >> 4)];
+        out[4 + 2 * i] = HEX[usize::from(byte & 0xf)];
+    }
+    out[35] = b'-';
+    for (i, byte) in span_id.iter().enumerate() {
+        out[36 + 2 * i] = HEX[usize::from(byte >> 4)];
+        out[37 + 2 * i] = HEX[usize::from(byte & 0xf)];
+    }
+    out[52..].copy_from_slice(if sampled { b"-01" } else { b"-00" });
+    // Hex digits and dashes are always a valid header value; the fallback is never taken.
+    HeaderValue::from_bytes(&out).unwrap_or(HeaderValue::from_static("00"))
+}
+
+/// The trace a request's upstream calls continue, when no span is recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext {
+    pub trace_id: [u8; 16],
+    pub sampled: bool,
+    /// The caller's `tracestate`, forwarded with its trace (never with a new one).
+    pub state: Option<HeaderValue>,
+}
+
+impl TraceContext {
+    /// The caller's trace if its `traceparent` is valid, else a new one. A new
+    /// trace is not sampled: nothing of it is recorded here.
+    pub fn continue_or_start(
+        traceparent: Option<&HeaderValue>,
+        tracestate: Option<&HeaderValue>,
+    ) -> Self {
+        match traceparent.and_then(|v| parse_traceparent(v.as_bytes())) {
+            Some(parent) => TraceContext {
+                trace_id: parent.trace_id,
+                sampled: parent.sampled,
+                state: tracestate.cloned(),
+            },
+            None => TraceContext::start(),
+        }
+    }
+
+    /// A new trace.
+    pub fn start() -> Self {
+        TraceContext {
+            trace_id: random_id(),
+            sampled: false,
+            state: None,
+        }
+    }
+}
+
+/// A request's trace headers as received, parsed on first use: an upstream
+/// call (the miss path) parses them, a hit never does.
+#[derive(Debug, Default)]
+pub struct Incoming {
+    traceparent: Option<HeaderValue>,
+    tracestate: Option<HeaderValue>,
+    /// Made once, so every call of the request continues the same trace (a new
+    /// one too).
+    context: OnceCell<TraceContext>,
+}
+
+impl Incoming {
+    /// Takes the headers without parsing them (a header lookup and a reference
+    /// count; `tracestate` only beside a `traceparent`).
+    pub fn of(headers: &HeaderMap) -> Self {
+        let traceparent = headers.get(TRACEPARENT).cloned();
+        let tracestate = traceparent
+            .as_ref()
+            .and_then(|_| headers.get(TRACESTATE).cloned());
+        Incoming {
+            traceparent,
+            tracestate,
+            context: OnceCell::new(),
+        }
+    }
+
+    /// The trace upstream calls continue (parsed, or started, once).
+    pub fn context(&self) -> &TraceContext {
+        self.context.get_or_init(|| {
+            TraceContext::continue_or_start(self.traceparent.as_ref(), self.tracestate.as_ref())
+        })
+    }
+}
+
+/// The `traceparent` (and `tracestate`) of one upstream call made under `span`:
+/// the span's own context when spans are recorded; otherwise `inherited`'s
+/// trace (a new trace when the call serves no request, as a status-feed poll)
+/// with a fresh span id, as the span would have had.
+pub fn call_headers(
+    span: &tracing::Span,
+    inherited: Option<&TraceContext>,
+) -> (HeaderValue, Option<HeaderValue>) {
+    let context = span.context();
+    let otel_span = context.span();
+    let recorded = otel_span.span_context();
+    if recorded.is_valid() {
+        let state = recorded.trace_state().header();
+        return (
+            format_traceparent(
+                recorded.trace_id().to_bytes(),
+                recorded.span_id().to_bytes(),
+                recorded.is_sampled(),
+            ),
+            (!state.is_empty())
+                .then(|| HeaderValue::from_str(&state).ok())
+                .flatten(),
+        );
+    }
+    let started;
+    let trace = match inherited {
+        Some(trace) => trace,
+        None => {
+            started = TraceContext::start();
+            &started
+        }
+    };
+    (
+        format_traceparent(trace.trace_id, random_id(), trace.sampled),
+        trace.state.clone(),
+    )
+}
+
+/// Makes `span` (the request's, export on) continue the caller's trace when its
+/// `traceparent` is valid; otherwise the span starts a trace of its own.
+pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
+    let Some(parent) = headers
+        .get(TRACEPARENT)
+        .and_then(|v| parse_traceparent(v.as_bytes()))
+    else {
+        return;
+    };
+    // An invalid tracestate is dropped; the traceparent still counts.
+    let state = headers
+        .get(TRACESTATE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<TraceState>().ok())
+        .unwrap_or_default();
+    let context = SpanContext::new(
+        TraceId::from_bytes(parent.trace_id),
+        SpanId::from_bytes(parent.span_id),
+        if parent.sampled {
+            TraceFlags::SAMPLED
+        } else {
+            TraceFlags::default()
+        },
+        true,
+        state,
+    );
+    // Fails only without the layer or once the span has started; neither
+    // happens on a fresh request span with export on.
+    let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(context));
+}
+
+/// Adds an event to `span`'s exported span (nothing without export). Names,
+/// keys and values are fixed words: never a number from a request or an upstream.
+pub fn event(
+    span: &tracing::Span,
+    name: &'static str,
+    attributes: &[(&'static str, &'static str)],
+) {
+    span.add_event(
+        name,
+        attributes
+            .iter()
+            .map(|&(key, value)| opentelemetry::KeyValue::new(key, value))
+            .collect(),
+    );
+}
+
+/// Random bytes for a new trace or span id, never all zero.
+fn random_id<const N: usize>() -> [u8; N] {
+    let mut id = [0u8; N];
+    if getrandom::fill(&mut id).is_err() || id == [0; N] {
+        // No randomness from the OS (never seen on Linux): a hashed counter
+        // keeps ids unique within the process, which is what they are for.
+        use std::hash::BuildHasher;
+        static SEQUENCE: AtomicU64 = AtomicU64::new(1);
+        let seed = foldhash::fast::RandomState::default();
+        for chunk in id.chunks_mut(8) {
+            let n = seed.hash_one(SEQUENCE.fetch_add(1, Ordering::Relaxed)) | 1;
+            chunk.copy_from_slice(&n.to_le_bytes()[..chunk.len()]);
+        }
+    }
+    id
+}
+
+/// The OTLP export, when `tracing.otlp_endpoint` is set: the tracer provider
+/// behind the `tracing-opentelemetry` layer. [`Export::shutdown`] flushes.
+#[derive(Debug, Clone)]
+pub struct Export {
+    provider: SdkTracerProvider,
+}
+
+impl Export {
+    /// Builds the exporter and its batch processor (its own thread).
+    ///
+    /// # Errors
+    /// The endpoint does not parse as a URI or the HTTP client cannot be built.
+    pub fn new(config: &TracingConfig) -> anyhow::Result<Self> {
+        use opentelemetry_otlp::WithExportConfig as _;
+        let endpoint = format!("{}/v1/traces", config.otlp_endpoint.trim_end_matches('/'));
+        let otlp = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(endpoint)
+            .with_timeout(EXPORT_TIMEOUT)
+            .build()?;
+        let processor = BatchSpanProcessor::builder(LoggedFailures::new(otlp)).build();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+                config.sample_ratio,
+            ))))
+            .with_resource(
+                opentelemetry_sdk::Resource::builder_empty()
+                    .with_service_name(SERVICE_NAME)
+                    .build(),
+            )
+            .build();
+        Ok(Export { provider })
+    }
+
+    /// The layer recording the exported spans (see [`SPAN_NAMES`]) and no event.
+    pub fn layer<S>(&self) -> impl tracing_subscriber::Layer<S> + Send + Sync + 'static
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
+    {
+        use tracing_subscriber::Layer as _;
+        tracing_opentelemetry::layer()
+            .with_tracer(self.provider.tracer(SERVICE_NAME))
+            .with_location(false)
+            .with_threads(false)
+            .with_level(false)
+            .with_target(false)
+            .with_tracked_inactivity(false)
+            // Nothing reads OpenTelemetry's current context (ids come from the
+            // spans themselves): not attaching it saves work on every poll.
+            .with_context_activation(false)
+            .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+                meta.is_span()
+                    && meta.target().starts_with("phones_gateway")
+                    && SPAN_NAMES.contains(&meta.name())
+            }))
+    }
+
+    /// Exports what is buffered and stops the batch thread. Blocks up to the
+    /// export timeout: call it off the async workers (`spawn_blocking`).
+    pub fn shutdown(&self) {
+        if let Err(error) = self.provider.shutdown() {
+            tracing::warn!(%error, "flushing the last spans failed");
+        }
+    }
+}
+
+/// One export's limit: the batch thread waits no longer for the collector.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Export failures are logged at most this often (and always counted).
+const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The OTLP exporter, its failures counted
+/// (`phones_gateway_trace_export_failures_total`) and logged at most once a
+/// minute: a collector down must not flood the log. Requests never wait on
+/// it: spans are queued (bounded; the SDK drops past 2,048) and sent from the
+/// batch thread.
+#[derive(Debug)]
+struct LoggedFailures<E> {
+    inner: E,
+    last_logged: std::sync::Mutex<Option<Instant>>,
+}
+
+impl<E> LoggedFailures<E> {
+    fn new(inner: E) -> Self {
+        LoggedFailures {
+            inner,
+            last_logged: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn failed(&self, spans: usize, error: &dyn std::fmt::Display) {
+        metrics::counter!("phones_gateway_trace_export_failures_total").increment(1);
+        let mut last = self
+            .last_logged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.is_none_or(|at| at.elapsed() >= FAILURE_LOG_INTERVAL) {
+            *last = Some(Instant::now());
+            tracing::warn!(spans, %error, "exporting spans failed (logged at most once a minute)");
+        }
+    }
+}
+
+impl<E: SpanExporter> SpanExporter for LoggedFailures<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let spans = batch.len();
+        let result = self.inner.export(batch).await;
+        if let Err(error) = &result {
+            self.failed(spans, error);
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_valid_traceparent_parses_and_formats_back() {
+        let parent = parse_traceparent(VALID.as_bytes()).unwrap();
+        assert!(parent.sampled);
+        assert_eq!(parent.trace_id[0], 0x4b);
+        assert_eq!(parent.span_id[7], 0xb7);
+        assert_eq!(
+            format_traceparent(parent.trace_id, parent.span_id, parent.sampled),
+            VALID
+        );
+        let unsampled = VALID.replace("-01", "-00");
+        assert!(!parse_traceparent(unsampled.as_bytes()).unwrap().sampled);
+        // Other flags than sampled are read past.
+        assert!(
+            parse_traceparent(VALID.replace("-01", "-03").as_bytes())
+                .unwrap()
+                .sampled
+        );
+    }
+
+    #[test]
+    fn invalid_traceparents_are_rejected() {
+        for bad in [
+            "",
+            "00",
+            "garbage",
+            // Uppercase, all-zero ids, version ff, wrong separators or lengths.
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0g",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+        ] {
+            assert_eq!(parse_traceparent(bad.as_bytes()), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_later_version_may_append_fields() {
+        let later = format!("{}-whatever", VALID.replacen("00", "cc", 1));
+        assert!(parse_traceparent(later.as_bytes()).is_some());
+        let exact = VALID.replacen("00", "cc", 1);
+        assert!(parse_traceparent(exact.as_bytes()).is_some());
+    }
+
+    #[test]
+    fn without_recorded_spans_calls_continue_the_trace_with_fresh_span_ids() {
+        let mut headers = HeaderMap::new();
+        headers.insert(TRACEPARENT, HeaderValue::from_static(VALID));
+        headers.insert(TRACESTATE, HeaderValue::from_static("vendor=x"));
+        let incoming = Incoming::of(&headers);
+        let trace = incoming.context();
+        let span = tracing::Span::none();
+        let (first, state) = call_headers(&span, Some(trace));
+        let (second, _) = call_headers(&span, Some(trace));
+        let (first, second) = (
+            parse_traceparent(first.as_bytes()).unwrap(),
+            parse_traceparent(second.as_bytes()).unwrap(),
+        );
+        assert_eq!(
+            first.trace_id,
+            parse_traceparent(VALID.as_bytes()).unwrap().trace_id
+        );
+        assert_eq!(first.trace_id, second.trace_id);
+        assert_ne!(first.span_id, second.span_id);
+        assert_ne!(
+            first.span_id,
+            [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]
+        );
+        assert!(first.sampled);
+        assert_eq!(state.unwrap(), "vendor=x");
+    }
+
+    #[test]
+    fn a_missing_or_invalid_traceparent_starts_one_trace_per_request() {
+        for value in [None, Some("00-nonsense")] {
+            let mut headers = HeaderMap::new();
+            headers.insert(TRACESTATE, HeaderValue::from_static("vendor=x"));
+            if let Some(value) = value {
+                headers.insert(TRACEPARENT, HeaderValue::from_static(value));
+            }
+            let incoming = Incoming::of(&headers);
+            let trace = incoming.context().clone();
+            assert_eq!(&trace, incoming.context(), "made once per request");
+            assert!(!trace.sampled);
+            assert_eq!(
+                trace.state, None,
+                "tracestate goes only with its traceparent"
+            );
+            assert_ne!(trace.trace_id, [0; 16]);
+            assert_ne!(trace.trace_id, Incoming::of(&headers).context().trace_id);
+            let (call, state) = call_headers(&tracing::Span::none(), Some(&trace));
+            assert_eq!(
+                parse_traceparent(call.as_bytes()).unwrap().trace_id,
+                trace.trace_id
+            );
+            assert_eq!(state, None);
+        }
+        let (call, _) = call_headers(&tracing::Span::none(), None);
+        assert!(parse_traceparent(call.as_bytes()).is_some());
+    }
+
+    #[derive(Debug)]
+    struct Refusing;
+
+    impl SpanExporter for Refusing {
+        async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
+            Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(
+                "collector down".into(),
+            ))
+        }
+    }
+
+    #[tokio::test]
+    async fn export_failures_are_returned_and_logged_at_most_once_a_minute() {
+        let exporter = LoggedFailures::new(Refusing);
+        assert!(exporter.export(Vec::new()).await.is_err());
+        let first = exporter.last_logged.lock().unwrap().expect("logged");
+        assert!(exporter.export(Vec::new()).await.is_err());
+        assert_eq!(
+            *exporter.last_logged.lock().unwrap(),
+            Some(first),
+            "the second failure within the minute is not logged"
+        );
+    }
+}

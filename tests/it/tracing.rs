@@ -1,0 +1,493 @@
+//! docs/tracing.md: W3C trace context continued to the upstreams, and the OTLP
+//! export of spans to a collector the test runs.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message as _;
+
+use crate::durability::Process;
+use crate::support::{Answer, Fake, Reply, TestApp, Traced, Upstream, eventually, leaks_in, read};
+use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+/// A `traceparent` as W3C level 1 writes it: (version, trace id, parent id, flags).
+fn parse(traceparent: &str) -> (String, String, String, String) {
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(parts.len(), 4, "{traceparent:?}");
+    let hex = |s: &str, len: usize| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    assert!(
+        parts[0] == "00"
+            && hex(parts[1], 32)
+            && hex(parts[2], 16)
+            && hex(parts[3], 2)
+            && parts[1] != "0".repeat(32)
+            && parts[2] != "0".repeat(16),
+        "not a valid traceparent: {traceparent:?}"
+    );
+    (
+        parts[0].to_owned(),
+        parts[1].to_owned(),
+        parts[2].to_owned(),
+        parts[3].to_owned(),
+    )
+}
+
+async fn get(app: &TestApp, path: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut request = app.http.get(format!("{}{path}", app.public));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    read(request.send().await.unwrap()).await
+}
+
+/// A seller with call tracking: one request makes two upstream calls (the real
+/// number, then its call-tracking number).
+async fn two_call_app() -> TestApp {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    for user in 1..=10 {
+        app.enable_calltracking(user, 1).await;
+    }
+    app
+}
+
+fn phone_path(user: u64) -> String {
+    format!("/v1/public-phone?user_id={user}&ad_id=1&category_id={PLAIN_CATEGORY}")
+}
+
+#[tokio::test]
+async fn a_callers_trace_is_continued_with_a_span_of_ours_per_upstream_call() {
+    let app = two_call_app().await;
+    let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
+    get(
+        &app,
+        &phone_path(1),
+        &[
+            ("traceparent", &traceparent),
+            ("tracestate", "vendor=opaque"),
+            ("x-request-id", "req-trace-1"),
+        ],
+    )
+    .await
+    .assert_number(VIRTUAL, "calltracking");
+    let calls: Vec<_> = app
+        .real
+        .traces()
+        .into_iter()
+        .chain(app.calltracking.traces())
+        .collect();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    let mut parents = Vec::new();
+    for (traceparent, tracestate) in &calls {
+        let (_, trace_id, parent, flags) = parse(traceparent);
+        assert_eq!(trace_id, TRACE_ID, "the caller's trace");
+        assert_ne!(
+            parent, CALLER_SPAN,
+            "the parent is our span, not the caller's"
+        );
+        assert_eq!(flags, "01", "the caller's sampled flag");
+        assert_eq!(tracestate.as_deref(), Some("vendor=opaque"));
+        parents.push(parent);
+    }
+    assert_ne!(parents[0], parents[1], "a span per upstream call");
+    // The request id goes on beside it.
+    assert_eq!(app.real.request_ids(), ["req-trace-1"]);
+    assert_eq!(app.calltracking.request_ids(), ["req-trace-1"]);
+    // The caller's unsampled flag is kept too.
+    let unsampled = format!("00-{TRACE_ID}-{CALLER_SPAN}-00");
+    get(&app, &phone_path(2), &[("traceparent", &unsampled)])
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+    let (traceparent, tracestate) = app.real.traces().pop().unwrap();
+    let (_, trace_id, _, flags) = parse(&traceparent);
+    assert_eq!((trace_id.as_str(), flags.as_str()), (TRACE_ID, "00"));
+    assert_eq!(tracestate, None);
+}
+
+#[tokio::test]
+async fn a_request_without_a_traceparent_starts_a_trace_of_its_own() {
+    let app = two_call_app().await;
+    for user in [1, 2] {
+        get(&app, &phone_path(user), &[])
+            .await
+            .assert_number(VIRTUAL, "calltracking");
+    }
+    let (real, calltracking) = (app.real.traces(), app.calltracking.traces());
+    assert_eq!((real.len(), calltracking.len()), (2, 2));
+    let ids = |calls: &[Traced]| -> Vec<(String, String)> {
+        calls
+            .iter()
+            .map(|(traceparent, _)| {
+                let (_, trace_id, parent, _) = parse(traceparent);
+                (trace_id, parent)
+            })
+            .collect()
+    };
+    let (real, calltracking) = (ids(&real), ids(&calltracking));
+    for request in 0..2 {
+        assert_eq!(
+            real[request].0, calltracking[request].0,
+            "one trace per request"
+        );
+        assert_ne!(real[request].1, calltracking[request].1);
+    }
+    assert_ne!(real[0].0, real[1].0, "a new trace per request");
+}
+
+#[tokio::test]
+async fn an_invalid_traceparent_starts_a_new_trace_and_the_request_is_answered() {
+    let app = two_call_app().await;
+    let upper = format!("00-{}-{CALLER_SPAN}-01", TRACE_ID.to_uppercase());
+    let zeros = format!("00-{}-{CALLER_SPAN}-01", "0".repeat(32));
+    let version_ff = format!("ff-{TRACE_ID}-{CALLER_SPAN}-01");
+    let long = format!("00-{TRACE_ID}-{CALLER_SPAN}-01-extra");
+    let invalid = [
+        "garbage",
+        upper.as_str(),
+        zeros.as_str(),
+        version_ff.as_str(),
+        long.as_str(),
+        "",
+    ];
+    for (user, traceparent) in (1..).zip(invalid) {
+        get(
+            &app,
+            &phone_path(user),
+            &[("traceparent", traceparent), ("tracestate", "vendor=x")],
+        )
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+        let (sent, tracestate) = app.calltracking.traces().pop().unwrap();
+        let (_, trace_id, _, flags) = parse(&sent);
+        assert_ne!(trace_id, TRACE_ID, "{traceparent:?} was not continued");
+        assert_eq!(flags, "00", "a new trace without export is not sampled");
+        assert_eq!(
+            tracestate, None,
+            "tracestate goes only with a valid traceparent"
+        );
+        let (real_sent, _) = app.real.traces().pop().unwrap();
+        assert_eq!(
+            parse(&real_sent).1,
+            trace_id,
+            "one new trace for the request"
+        );
+    }
+}
+
+/// What the collector the test runs received: each POST's content type and
+/// decoded body.
+#[derive(Clone, Default)]
+struct Collector {
+    posts: Arc<Mutex<Vec<(String, Bytes)>>>,
+}
+
+impl Collector {
+    async fn start(&self) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let posts = self.posts.clone();
+        let router = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+                let posts = posts.clone();
+                async move {
+                    let content_type = headers
+                        .get("content-type")
+                        .map(|v| v.to_str().unwrap().to_owned())
+                        .unwrap_or_default();
+                    posts.lock().unwrap().push((content_type, body));
+                    // An empty ExportTraceServiceResponse.
+                    (
+                        StatusCode::OK,
+                        [("content-type", "application/x-protobuf")],
+                        Vec::<u8>::new(),
+                    )
+                }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        url
+    }
+
+    /// Every span received, with its service name checked.
+    fn spans(&self) -> Vec<Span> {
+        let mut spans = Vec::new();
+        for (content_type, body) in self.posts.lock().unwrap().iter() {
+            assert_eq!(content_type, "application/x-protobuf");
+            let request = ExportTraceServiceRequest::decode(body.clone()).expect("OTLP protobuf");
+            for resource in request.resource_spans {
+                let service = resource
+                    .resource
+                    .iter()
+                    .flat_map(|r| &r.attributes)
+                    .find(|kv| kv.key == "service.name")
+                    .and_then(|kv| kv.value.clone()?.value);
+                assert_eq!(
+                    service,
+                    Some(AnyValue::StringValue("phones-gateway".into()))
+                );
+                for scope in resource.scope_spans {
+                    spans.extend(scope.spans);
+                }
+            }
+        }
+        spans
+    }
+
+    /// Fails on any phone number in what was exported: the raw bytes (as text)
+    /// and the decoded spans.
+    fn assert_no_numbers(&self) {
+        for (_, body) in self.posts.lock().unwrap().iter() {
+            let raw = String::from_utf8_lossy(body);
+            assert_eq!(leaks_in(&raw), Vec::<String>::new(), "in the raw export");
+        }
+        let decoded = format!("{:?}", self.spans());
+        assert_eq!(leaks_in(&decoded), Vec::<String>::new(), "in {decoded}");
+        for number in [REAL, VIRTUAL, ANON] {
+            let digits = number.trim_start_matches('+');
+            assert!(!decoded.contains(digits), "{number} exported");
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn string_attribute(
+    attributes: &[opentelemetry_proto::tonic::common::v1::KeyValue],
+    key: &str,
+) -> Option<String> {
+    attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| match kv.value.clone()?.value? {
+            AnyValue::StringValue(s) => Some(s),
+            AnyValue::IntValue(i) => Some(i.to_string()),
+            _ => None,
+        })
+}
+
+/// The real binary with export on (sample ratio 1.0) against a collector the
+/// test runs: the request, its upstream calls (whose ids the upstreams saw in
+/// `traceparent`), the cache outcomes and the decision are exported when
+/// SIGTERM flushes; no phone number in any of it; a caller's unsampled trace
+/// exports nothing.
+#[tokio::test]
+async fn spans_are_exported_over_otlp_http_and_a_callers_unsampled_trace_is_not() {
+    let collector = Collector::default();
+    let endpoint = collector.start().await;
+    let real = Fake::start(Upstream::RealPhone).await;
+    let anonymous = Fake::start(Upstream::Anonymous).await;
+    let calltracking = Fake::start(Upstream::Calltracking).await;
+    real.reply(Reply::Phone(REAL));
+    anonymous.reply(Reply::Phone(ANON));
+    calltracking.reply(Reply::NotFound);
+    let dir = tempfile::tempdir().unwrap();
+    let process = Process::start_with(
+        &format!("sqlite://{}/gw.db", dir.path().display()),
+        &[
+            ("UPSTREAMS__REAL_PHONE__BASE_URL", &real.url),
+            ("UPSTREAMS__ANONYMOUS__BASE_URL", &anonymous.url),
+            ("UPSTREAMS__CALLTRACKING__BASE_URL", &calltracking.url),
+            ("TRACING__OTLP_ENDPOINT", &endpoint),
+            ("TRACING__SAMPLE_RATIO", "1.0"),
+        ],
+    )
+    .await;
+    let get = |path: String, traceparent: Option<String>| {
+        let mut request = process.http.get(format!("{}{path}", process.public));
+        if let Some(traceparent) = traceparent {
+            request = request.header("traceparent", traceparent);
+        }
+        async move { read(request.send().await.unwrap()).await }
+    };
+    // Sampled by the caller: anonymous and real asked at once.
+    let sampled = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
+    get(
+        format!("/v1/public-phone?user_id=7&ad_id=1&category_id={ANON_CATEGORY}"),
+        Some(sampled),
+    )
+    .await
+    .assert_number(ANON, "anonymous");
+    // Unsampled by the caller: the upstream is told so, nothing is exported.
+    let unsampled_trace = "0af7651916cd43dd8448eb211c80319c";
+    get(
+        format!("/v1/public-phone?user_id=8&ad_id=1&category_id={PLAIN_CATEGORY}"),
+        Some(format!("00-{unsampled_trace}-b7ad6b7169203331-00")),
+    )
+    .await
+    .assert_number(REAL, "real");
+    // No traceparent: a new trace, sampled at ratio 1.0; then the same again,
+    // answered from the cache (a hit is traced too).
+    for _ in 0..2 {
+        get(
+            format!("/v1/public-phone?user_id=9&ad_id=1&category_id={PLAIN_CATEGORY}"),
+            None,
+        )
+        .await
+        .assert_number(REAL, "real");
+    }
+    // The sampled request's real-number call may still be on its way.
+    eventually("four upstream calls", Duration::from_secs(10), || {
+        let calls = real.calls() + anonymous.calls();
+        async move { calls == 4 }
+    })
+    .await;
+    let sent: Vec<(String, String, String)> = real
+        .traces()
+        .iter()
+        .chain(anonymous.traces().iter())
+        .map(|(traceparent, _)| {
+            let (_, trace, parent, flags) = parse(traceparent);
+            (trace, parent, flags)
+        })
+        .collect();
+    assert_eq!(sent.len(), 4, "{sent:?}");
+    assert!(
+        sent.iter()
+            .any(|(trace, _, flags)| trace == unsampled_trace && flags == "00"),
+        "{sent:?}"
+    );
+    let new_trace = sent
+        .iter()
+        .find(|(trace, _, _)| trace != TRACE_ID && trace != unsampled_trace)
+        .map(|(trace, _, flags)| {
+            assert_eq!(flags, "01", "ratio 1.0 samples a new trace");
+            trace.clone()
+        })
+        .expect("a call of the request without traceparent");
+
+    // SIGTERM: the last spans are flushed before the process exits.
+    let status = tokio::task::spawn_blocking(move || process.sigterm())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let spans = collector.spans();
+    assert!(!spans.is_empty(), "nothing exported");
+    assert!(
+        spans.iter().all(|s| hex(&s.trace_id) != unsampled_trace),
+        "the caller's unsampled trace was exported"
+    );
+
+    // The caller's trace: the request span, child of the caller's span; two
+    // upstream spans under it, whose ids the upstreams received as parent-id.
+    let of_trace = |trace: &str| -> Vec<&Span> {
+        spans.iter().filter(|s| hex(&s.trace_id) == trace).collect()
+    };
+    let traced = of_trace(TRACE_ID);
+    let request = traced
+        .iter()
+        .find(|s| s.name == "request")
+        .expect("the request span");
+    assert_eq!(hex(&request.parent_span_id), CALLER_SPAN);
+    assert_eq!(
+        string_attribute(&request.attributes, "http.response.status_code").as_deref(),
+        Some("200")
+    );
+    let upstream: Vec<&&Span> = traced.iter().filter(|s| s.name == "upstream").collect();
+    assert_eq!(upstream.len(), 2, "{traced:?}");
+    for span in &upstream {
+        assert_eq!(span.parent_span_id, request.span_id);
+        let id = hex(&span.span_id);
+        assert!(
+            sent.iter()
+                .any(|(trace, parent, flags)| trace == TRACE_ID && *parent == id && flags == "01"),
+            "upstream span {id} is not the parent the upstream was told: {sent:?}"
+        );
+    }
+    let mut names: Vec<String> = upstream
+        .iter()
+        .filter_map(|s| string_attribute(&s.attributes, "upstream"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["anonymous", "real_phone"]);
+    // The cache outcomes and the decision, as events of the request span.
+    let events: Vec<(String, Option<String>, Option<String>)> = request
+        .events
+        .iter()
+        .map(|e| {
+            (
+                e.name.clone(),
+                string_attribute(&e.attributes, "outcome"),
+                string_attribute(&e.attributes, "kind"),
+            )
+        })
+        .collect();
+    assert!(
+        events.contains(&("cache".into(), Some("miss".into()), None)),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&(
+            "decision".into(),
+            Some("answered".into()),
+            Some("anonymous".into())
+        )),
+        "{events:?}"
+    );
+
+    // The new trace: exported too, the second request a hit (no upstream span).
+    let new = of_trace(&new_trace);
+    assert!(
+        new.iter()
+            .any(|s| s.name == "request" && s.parent_span_id.is_empty())
+    );
+    assert!(new.iter().any(|s| s.name == "upstream"));
+    let hits = spans
+        .iter()
+        .filter(|s| {
+            s.name == "request"
+                && s.events.iter().any(|e| {
+                    e.name == "cache"
+                        && string_attribute(&e.attributes, "outcome").as_deref() == Some("hit")
+                })
+        })
+        .count();
+    assert!(hits >= 1, "the hit's request span");
+    collector.assert_no_numbers();
+}
+
+/// docs/tracing.md#coalesced-fetches: a fetch that a second request joins
+/// carries the trace of the request that started it, and only that one.
+#[tokio::test]
+async fn a_coalesced_fetch_carries_the_trace_of_the_request_that_started_it() {
+    let app = TestApp::spawn().await;
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(150));
+    let first_trace = "11111111111111111111111111111111";
+    let second_trace = "22222222222222222222222222222222";
+    let path = format!("/v1/public-phone?user_id=5&ad_id=1&category_id={PLAIN_CATEGORY}");
+    let send = |trace: &str| {
+        let request = app
+            .http
+            .get(format!("{}{path}", app.public))
+            .header("traceparent", format!("00-{trace}-{CALLER_SPAN}-01"));
+        async move { read(request.send().await.unwrap()).await }
+    };
+    let first = tokio::spawn(send(first_trace));
+    eventually("the first request's fetch", Duration::from_secs(5), || {
+        let calls = app.real.calls();
+        async move { calls == 1 }
+    })
+    .await;
+    let second = send(second_trace).await;
+    second.assert_number(REAL, "real");
+    first.await.unwrap().assert_number(REAL, "real");
+    let traces = app.real.traces();
+    assert_eq!(traces.len(), 1, "one fetch served both: {traces:?}");
+    assert_eq!(parse(&traces[0].0).1, first_trace);
+}
