@@ -9,7 +9,7 @@ use crate::pg;
 use crate::support::TestApp;
 
 /// The simulator as the call-tracking upstream, its feed listing `statuses` sellers.
-async fn feed(statuses: u64) -> String {
+pub async fn feed(statuses: u64) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let config = SimConfig {
@@ -33,7 +33,7 @@ fn overlay(feed_url: &str) -> String {
     )
 }
 
-async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+pub async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
         assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
@@ -41,7 +41,7 @@ async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
-fn enabled(app: &TestApp, user: u64) -> bool {
+pub fn enabled(app: &TestApp, user: u64) -> bool {
     app.status.set().is_enabled(UserId::new(user).unwrap())
 }
 

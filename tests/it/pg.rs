@@ -72,7 +72,7 @@ pub struct PgCluster {
     _slot: Slot,
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()

@@ -11,10 +11,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use phones_gateway::domain::UserId;
-use phones_gateway::sim::{self, SimConfig};
 use serde_json::json;
 
+use crate::feed::{enabled, feed, wait_for};
 use crate::pg;
 use crate::support::{TestApp, eventually};
 
@@ -34,13 +33,6 @@ fn binary() -> Option<PathBuf> {
                 .output()
                 .is_ok_and(|o| o.status.success())
         })
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
 }
 
 impl PgBouncer {
@@ -74,7 +66,7 @@ impl PgBouncer {
                 pid = path("pgbouncer.pid"),
             );
             std::fs::write(path("pgbouncer.ini"), ini).map_err(|e| e.to_string())?;
-            if is_root() {
+            if pg::is_root() {
                 let chown = Command::new("chown")
                     .args(["-R", "postgres", &dir.path().display().to_string()])
                     .status()
@@ -83,7 +75,7 @@ impl PgBouncer {
                     return Err("chown to postgres failed".into());
                 }
             }
-            let mut command = if is_root() {
+            let mut command = if pg::is_root() {
                 let mut c = Command::new("runuser");
                 c.args(["-u", "postgres", "--"]).arg(&binary);
                 c
@@ -170,18 +162,6 @@ fn through(bouncer: &PgBouncer, db: &pg::TestDb, extra: &str) -> String {
         bouncer.url(),
         db.url
     )
-}
-
-fn enabled(app: &TestApp, user: u64) -> bool {
-    app.status.set().is_enabled(UserId::new(user).unwrap())
-}
-
-async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// What PostgreSQL itself sees: its client connections other than this one.
@@ -295,18 +275,6 @@ async fn the_reveal_log_is_written_and_read_through_the_pooler() {
         "{}",
         log.body
     );
-}
-
-/// The simulator as the call-tracking upstream, its feed listing `statuses` sellers.
-async fn feed(statuses: u64) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let config = SimConfig {
-        statuses,
-        ..SimConfig::default()
-    };
-    tokio::spawn(sim::serve(listener, config, std::future::pending()));
-    url
 }
 
 #[tokio::test]
