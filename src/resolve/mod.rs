@@ -27,7 +27,9 @@ use crate::domain::Phone;
 use crate::domain::Source;
 use crate::domain::{AdId, CategoryId, UserId};
 use crate::status::{StatusSet, Tracking};
+use crate::telemetry::trace::Incoming;
 use crate::upstream::Upstreams;
+use axum::http::HeaderMap;
 use rules::{Decision, Rules, SourceState, States};
 
 /// What the buyer asked about.
@@ -111,7 +113,9 @@ impl Caches {
 type LookupFuture<'a> = Pin<Box<dyn Future<Output = Lookup> + Send + 'a>>;
 
 /// A request the caches could not decide: the states so far and what applies.
-struct Plan {
+struct Plan<'h> {
+    /// The trace its upstream calls continue (a refresh may have started it).
+    trace: Incoming<'h>,
     states: States,
     /// The real number as given by the caller or cached.
     real_known: Cached,
@@ -241,11 +245,19 @@ impl Resolver {
         &self.caches
     }
 
+    /// The number to show for `req`. Its upstream calls continue the trace that
+    /// the request's `headers` name (docs/tracing.md; `None`: a new trace).
+    /// They are only looked at when a call is made: a hit carries a reference.
+    ///
     /// # Errors
     /// `NoPhone` when no source has a number; `Unavailable` when a source failed and
     /// the rules forbid answering without it.
-    pub async fn resolve(&self, req: &Request) -> Result<Resolved, ResolveError> {
-        let result = self.decide(req).await;
+    pub async fn resolve(
+        &self,
+        req: &Request,
+        headers: Option<&HeaderMap>,
+    ) -> Result<Resolved, ResolveError> {
+        let result = self.decide(req, headers).await;
         if self.export_spans {
             trace_decision(&result);
         }
@@ -265,18 +277,30 @@ impl Resolver {
         result
     }
 
-    async fn decide(&self, req: &Request) -> Result<Resolved, ResolveError> {
-        match self.plan(req) {
-            Ok(done) => done,
-            // Boxed: the hit path then neither builds nor moves the asking future
-            // (a quarter of the whole request future's size).
-            Err(plan) => Box::pin(self.ask(req, plan)).await,
-        }
+    async fn decide(
+        &self,
+        req: &Request,
+        headers: Option<&HeaderMap>,
+    ) -> Result<Resolved, ResolveError> {
+        let plan = match self.plan(req, headers) {
+            Ok(done) => return done,
+            Err(plan) => plan,
+        };
+        // Boxed: the hit path then neither builds nor moves the asking future
+        // (a quarter of the whole request future's size). The plan is moved in
+        // before the await, so the request's future has no room for it.
+        Box::pin(self.ask(req, plan)).await
     }
 
     /// What the caches (or the caller) already know: the decision when that
     /// suffices (the hit path), else what is left to ask.
-    fn plan(&self, req: &Request) -> Result<Result<Resolved, ResolveError>, Plan> {
+    fn plan<'h>(
+        &self,
+        req: &Request,
+        headers: Option<&'h HeaderMap>,
+    ) -> Result<Result<Resolved, ResolveError>, Plan<'h>> {
+        // Here, not in the request's future: a hit neither carries nor reads it.
+        let trace = Incoming::new(headers);
         let order = &self.rules.order;
         let anonymous_applies = order.contains(&Source::Anonymous)
             && self.anonymous_categories.contains(&req.category.get());
@@ -293,7 +317,8 @@ impl Resolver {
         // A hit near expiry also starts a background refresh of its key.
         let fresh = |ask: Ask| {
             let (cache, key) = self.cache_of(req, ask);
-            let cached = cache.get_fresh_refreshing(&key, req.user, now, || self.fetch(req, ask));
+            let cached =
+                cache.get_fresh_refreshing(&key, req.user, now, || self.fetch(req, ask, &trace));
             if self.export_spans && cached != Cached::Miss {
                 trace_cache(cache.name(), Via::Hit);
             }
@@ -335,32 +360,35 @@ impl Resolver {
                 calltracking_applies,
                 real_in_order,
                 real_needed,
+                trace,
             }),
         }
     }
 
     /// Asks what is still pending, concurrently, deciding as answers arrive.
-    async fn ask(&self, req: &Request, plan: Plan) -> Result<Resolved, ResolveError> {
+    async fn ask(&self, req: &Request, plan: Plan<'_>) -> Result<Resolved, ResolveError> {
         let Plan {
             mut states,
             real_known,
             calltracking_applies,
             real_in_order,
             real_needed,
+            trace,
         } = plan;
+        let trace = &trace;
         // The real number once known (given, cached or answered): call tracking
         // maps it, also to a stale value at the deadline.
         let mut real_phone = match real_known {
             Cached::Phone(phone) => Some(phone),
             Cached::NoPhone | Cached::Miss => None,
         };
-        let mut anonymous: Option<LookupFuture<'_>> =
-            (states.anonymous == SourceState::Pending).then(|| self.lookup(req, Ask::Anonymous));
+        let mut anonymous: Option<LookupFuture<'_>> = (states.anonymous == SourceState::Pending)
+            .then(|| self.lookup(req, Ask::Anonymous, trace));
         let mut real: Option<LookupFuture<'_>> =
-            (real_needed && real_known == Cached::Miss).then(|| self.lookup(req, Ask::Real));
+            (real_needed && real_known == Cached::Miss).then(|| self.lookup(req, Ask::Real, trace));
         let mut calltracking: Option<LookupFuture<'_>> = match real_phone {
             Some(phone) if states.calltracking == SourceState::Pending => {
-                Some(self.lookup(req, Ask::Calltracking(phone)))
+                Some(self.lookup(req, Ask::Calltracking(phone), trace))
             }
             _ => None,
         };
@@ -390,7 +418,7 @@ impl Resolver {
                     if calltracking_applies {
                         match state {
                             SourceState::Found(phone) => {
-                                calltracking = Some(self.lookup(req, Ask::Calltracking(phone)));
+                                calltracking = Some(self.lookup(req, Ask::Calltracking(phone), trace));
                             }
                             other => states.calltracking = other,
                         }
@@ -458,9 +486,9 @@ impl Resolver {
     }
 
     /// `ask` through its cache: the cached answer, or the upstream's (coalesced).
-    fn lookup(&self, req: &Request, ask: Ask) -> LookupFuture<'_> {
+    fn lookup(&self, req: &Request, ask: Ask, trace: &Incoming<'_>) -> LookupFuture<'_> {
         let (cache, key) = self.cache_of(req, ask);
-        let fetch = self.fetch(req, ask);
+        let fetch = self.fetch(req, ask, trace);
         let lookup = cache.get_or_fetch(key, req.user, move || fetch);
         if !self.export_spans {
             return Box::pin(lookup);
@@ -476,11 +504,16 @@ impl Resolver {
     /// cache's own task, past the request that started it). It carries the
     /// request's id and trace; a fetch that other requests join (coalesced)
     /// carries those of the request that started it (docs/tracing.md).
-    fn fetch(&self, req: &Request, ask: Ask) -> impl Future<Output = FetchResult> + Send + use<> {
+    fn fetch(
+        &self,
+        req: &Request,
+        ask: Ask,
+        trace: &Incoming<'_>,
+    ) -> impl Future<Output = FetchResult> + Send + use<> {
         let (user, ad) = (req.user, req.ad);
         let upstreams = self.upstreams.clone();
         let request_id = crate::telemetry::current_request_id();
-        let trace = crate::telemetry::current_trace();
+        let trace = Some(trace.context().clone());
         async move {
             let request_id = request_id.as_ref().and_then(|id| id.to_str().ok());
             let trace = trace.as_ref();
