@@ -300,7 +300,7 @@ impl Resolver {
         headers: Option<&'h HeaderMap>,
     ) -> Result<Result<Resolved, ResolveError>, Plan<'h>> {
         // Here, not in the request's future: a hit neither carries nor reads it.
-        let trace = Incoming::new(headers);
+        let trace = Incoming::new(headers, self.export_spans);
         let order = &self.rules.order;
         let anonymous_applies = order.contains(&Source::Anonymous)
             && self.anonymous_categories.contains(&req.category.get());
@@ -319,7 +319,7 @@ impl Resolver {
             let (cache, key) = self.cache_of(req, ask);
             let cached =
                 cache.get_fresh_refreshing(&key, req.user, now, || self.fetch(req, ask, &trace));
-            if self.export_spans && cached != Cached::Miss {
+            if trace.exported() && cached != Cached::Miss {
                 trace_cache(cache.name(), Via::Hit);
             }
             cached
@@ -490,7 +490,7 @@ impl Resolver {
         let (cache, key) = self.cache_of(req, ask);
         let fetch = self.fetch(req, ask, trace);
         let lookup = cache.get_or_fetch(key, req.user, move || fetch);
-        if !self.export_spans {
+        if !trace.exported() {
             return Box::pin(lookup);
         }
         Box::pin(async move {
@@ -538,19 +538,14 @@ fn trace_cache(cache: &'static str, via: Via) {
         Via::Coalesced => "coalesced",
         Via::Stale => "stale",
     };
-    crate::telemetry::trace::event(
-        &tracing::Span::current(),
-        "cache",
-        &[("cache", cache), ("outcome", outcome)],
-    );
+    crate::telemetry::trace::event("cache", &[("cache", cache), ("outcome", outcome)]);
 }
 
 /// The decision, as an event of the exported request span: its kind or why
 /// there is none, never the number.
 fn trace_decision(result: &Result<Resolved, ResolveError>) {
-    let span = tracing::Span::current();
     let event = |attributes: &[(&'static str, &'static str)]| {
-        crate::telemetry::trace::event(&span, "decision", attributes);
+        crate::telemetry::trace::event("decision", attributes);
     };
     match result {
         Ok(resolved) => event(&[("outcome", "answered"), ("kind", resolved.kind.as_str())]),

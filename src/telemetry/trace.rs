@@ -163,18 +163,29 @@ impl TraceContext {
 #[derive(Debug, Default)]
 pub struct Incoming<'a> {
     headers: Option<&'a HeaderMap>,
+    /// The current span is a sampled request's exported span.
+    exported: bool,
     /// Made once, so every call of the request continues the same trace (a new
     /// one too). Boxed: the request future holds this, and a hit never fills it.
     context: OnceLock<Box<TraceContext>>,
 }
 
 impl<'a> Incoming<'a> {
-    /// The trace of the request with these headers (`None`: a new trace).
-    pub fn new(headers: Option<&'a HeaderMap>) -> Self {
+    /// The trace of the request with these headers (`None`: a new trace),
+    /// under the current span; `export` is whether spans are exported at all
+    /// (off, the current span is not even looked at).
+    pub fn new(headers: Option<&'a HeaderMap>, export: bool) -> Self {
         Incoming {
             headers,
+            exported: export && current_is_exported(),
             context: OnceLock::new(),
         }
+    }
+
+    /// Whether the request's span is exported (sampled, export on): only then
+    /// are events worth making.
+    pub fn exported(&self) -> bool {
+        self.exported
     }
 
     /// The trace upstream calls continue (parsed, or started, once).
@@ -255,12 +266,7 @@ pub fn sampled(headers: &HeaderMap, ratio: f64) -> bool {
 /// exported request's, else the log's alone. Status-feed polls serve no
 /// request and are not exported.
 pub fn upstream_span(upstream: &'static str) -> tracing::Span {
-    let exported = tracing::Span::current()
-        .context()
-        .span()
-        .span_context()
-        .is_valid();
-    if exported {
+    if current_is_exported() {
         tracing::debug_span!(
             target: "phones_gateway::upstream",
             "upstream",
@@ -304,14 +310,25 @@ pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
     let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(context));
 }
 
-/// Adds an event to `span`'s exported span (nothing without export). Names,
-/// keys and values are fixed words: never a number from a request or an upstream.
-pub fn event(
-    span: &tracing::Span,
-    name: &'static str,
-    attributes: &[(&'static str, &'static str)],
-) {
-    span.add_event(
+/// Whether the current span is an exported one: read from its callsite's
+/// fields, without touching the span (no reference count, no lookup).
+fn current_is_exported() -> bool {
+    tracing::dispatcher::get_default(|dispatch| {
+        dispatch
+            .current_span()
+            .metadata()
+            .is_some_and(|meta| meta.fields().field(EXPORTED_FIELD).is_some())
+    })
+}
+
+/// Adds an event to the current span when it is exported (a sampled request's);
+/// otherwise does nothing, cheaply. Names, keys and values are fixed words:
+/// never a number from a request or an upstream.
+pub fn event(name: &'static str, attributes: &[(&'static str, &'static str)]) {
+    if !current_is_exported() {
+        return;
+    }
+    tracing::Span::current().add_event(
         name,
         attributes
             .iter()
@@ -391,11 +408,7 @@ impl Export {
             // Nothing reads OpenTelemetry's current context (ids come from the
             // spans themselves): not attaching it saves work on every poll.
             .with_context_activation(false)
-            .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
-                meta.is_span()
-                    && meta.target().starts_with("phones_gateway")
-                    && meta.fields().field(EXPORTED_FIELD).is_some()
-            }))
+            .with_filter(ExportedOnly)
     }
 
     /// Exports what is buffered and stops the batch thread. Blocks up to the
@@ -403,6 +416,40 @@ impl Export {
     pub fn shutdown(&self) {
         if let Err(error) = self.provider.shutdown() {
             tracing::warn!(%error, "flushing the last spans failed");
+        }
+    }
+}
+
+/// The export layer's filter: the spans of this crate whose callsite has the
+/// [`EXPORTED_FIELD`], decided once per callsite (every other span and event
+/// costs the layer nothing).
+struct ExportedOnly;
+
+impl ExportedOnly {
+    fn wants(meta: &tracing::Metadata<'_>) -> bool {
+        meta.is_span()
+            && meta.target().starts_with("phones_gateway")
+            && meta.fields().field(EXPORTED_FIELD).is_some()
+    }
+}
+
+impl<S> tracing_subscriber::layer::Filter<S> for ExportedOnly {
+    fn enabled(
+        &self,
+        meta: &tracing::Metadata<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        Self::wants(meta)
+    }
+
+    fn callsite_enabled(
+        &self,
+        meta: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        if Self::wants(meta) {
+            tracing::subscriber::Interest::always()
+        } else {
+            tracing::subscriber::Interest::never()
         }
     }
 }
@@ -527,7 +574,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(TRACEPARENT, HeaderValue::from_static(VALID));
         headers.insert(TRACESTATE, HeaderValue::from_static("vendor=x"));
-        let incoming = Incoming::new(Some(&headers));
+        let incoming = Incoming::new(Some(&headers), false);
         let trace = incoming.context();
         let span = tracing::Span::none();
         let (first, state) = call_headers(&span, Some(trace));
@@ -558,7 +605,7 @@ mod tests {
             if let Some(value) = value {
                 headers.insert(TRACEPARENT, HeaderValue::from_static(value));
             }
-            let incoming = Incoming::new(Some(&headers));
+            let incoming = Incoming::new(Some(&headers), false);
             let trace = incoming.context().clone();
             assert_eq!(&trace, incoming.context(), "made once per request");
             assert!(!trace.sampled);
@@ -569,7 +616,7 @@ mod tests {
             assert_ne!(trace.trace_id, [0; 16]);
             assert_ne!(
                 trace.trace_id,
-                Incoming::new(Some(&headers)).context().trace_id
+                Incoming::new(Some(&headers), false).context().trace_id
             );
             let (call, state) = call_headers(&tracing::Span::none(), Some(&trace));
             assert_eq!(
