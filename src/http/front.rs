@@ -201,6 +201,8 @@ impl Front {
     /// [`Front::call_holding`] for a sampled request: its span is exported,
     /// continues the caller's trace and records the status. A future of its own, so that
     /// without export the hit path's future stays as small as it was.
+    #[cold]
+    #[inline(never)]
     fn call_exported<B, H>(
         &self,
         request: axum::http::Request<B>,

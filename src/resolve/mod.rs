@@ -114,8 +114,8 @@ type LookupFuture<'a> = Pin<Box<dyn Future<Output = Lookup> + Send + 'a>>;
 
 /// A request the caches could not decide: the states so far and what applies.
 struct Plan<'h> {
-    /// The trace its upstream calls continue (a refresh may have started it).
-    trace: Incoming<'h>,
+    /// The request's headers: the trace its upstream calls continue.
+    headers: Option<&'h HeaderMap>,
     states: States,
     /// The real number as given by the caller or cached.
     real_known: Cached,
@@ -299,8 +299,8 @@ impl Resolver {
         req: &Request,
         headers: Option<&'h HeaderMap>,
     ) -> Result<Result<Resolved, ResolveError>, Plan<'h>> {
-        // Here, not in the request's future: a hit neither carries nor reads it.
-        let trace = Incoming::new(headers, self.export_spans);
+        // Cache events only for an exported request span (never without export).
+        let exported = self.export_spans && crate::telemetry::trace::current_is_exported();
         let order = &self.rules.order;
         let anonymous_applies = order.contains(&Source::Anonymous)
             && self.anonymous_categories.contains(&req.category.get());
@@ -317,9 +317,10 @@ impl Resolver {
         // A hit near expiry also starts a background refresh of its key.
         let fresh = |ask: Ask| {
             let (cache, key) = self.cache_of(req, ask);
-            let cached =
-                cache.get_fresh_refreshing(&key, req.user, now, || self.fetch(req, ask, &trace));
-            if trace.exported() && cached != Cached::Miss {
+            // A refresh ahead reads the trace headers; a hit does not.
+            let refresh = || self.fetch(req, ask, &Incoming::new(headers, false));
+            let cached = cache.get_fresh_refreshing(&key, req.user, now, refresh);
+            if exported && cached != Cached::Miss {
                 trace_cache(cache.name(), Via::Hit);
             }
             cached
@@ -360,7 +361,7 @@ impl Resolver {
                 calltracking_applies,
                 real_in_order,
                 real_needed,
-                trace,
+                headers,
             }),
         }
     }
@@ -373,9 +374,10 @@ impl Resolver {
             calltracking_applies,
             real_in_order,
             real_needed,
-            trace,
+            headers,
         } = plan;
-        let trace = &trace;
+        // Parsed (or a trace started) once, for every call this request makes.
+        let trace = &Incoming::new(headers, self.export_spans);
         // The real number once known (given, cached or answered): call tracking
         // maps it, also to a stale value at the deadline.
         let mut real_phone = match real_known {
@@ -531,6 +533,8 @@ impl Resolver {
 }
 
 /// A cache's answer, as an event of the exported request span.
+#[cold]
+#[inline(never)]
 fn trace_cache(cache: &'static str, via: Via) {
     let outcome = match via {
         Via::Hit => "hit",
@@ -543,6 +547,8 @@ fn trace_cache(cache: &'static str, via: Via) {
 
 /// The decision, as an event of the exported request span: its kind or why
 /// there is none, never the number.
+#[cold]
+#[inline(never)]
 fn trace_decision(result: &Result<Resolved, ResolveError>) {
     let event = |attributes: &[(&'static str, &'static str)]| {
         crate::telemetry::trace::event("decision", attributes);

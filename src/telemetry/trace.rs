@@ -312,7 +312,7 @@ pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
 
 /// Whether the current span is an exported one: read from its callsite's
 /// fields, without touching the span (no reference count, no lookup).
-fn current_is_exported() -> bool {
+pub fn current_is_exported() -> bool {
     tracing::dispatcher::get_default(|dispatch| {
         dispatch
             .current_span()
