@@ -146,7 +146,12 @@ fn fixture() -> Fixture {
         limits: Limits::of(&config.server),
     };
     let router = Front::public(public_router(state.clone()), state, Shed::new(4096, 16384))
-        .exporting_spans(config.tracing.exports());
+        .exporting_spans(
+            config
+                .tracing
+                .exports()
+                .then_some(config.tracing.sample_ratio),
+        );
     let hello = axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));
     let request = Lookup {
         user,
@@ -169,7 +174,9 @@ fn benches(c: &mut Criterion) {
         .unwrap();
     let f = runtime.block_on(async { fixture() });
     let uri = "/v1/public-phone?user_id=42&ad_id=1001&category_id=9";
-    let hit = runtime.block_on(f.resolver.resolve(&f.request)).unwrap();
+    let hit = runtime
+        .block_on(f.resolver.resolve(&f.request, None))
+        .unwrap();
     assert_eq!(
         hit.phone.to_string(),
         "+74951234567",
@@ -177,7 +184,11 @@ fn benches(c: &mut Criterion) {
     );
 
     per_op("resolve/hit", 10_000, || {
-        black_box(runtime.block_on(f.resolver.resolve(&f.request)).unwrap());
+        black_box(
+            runtime
+                .block_on(f.resolver.resolve(&f.request, None))
+                .unwrap(),
+        );
     });
     per_op("router/hit", 10_000, || {
         let request = Request::get(uri).body(Body::empty()).unwrap();
@@ -194,7 +205,7 @@ fn benches(c: &mut Criterion) {
     c.bench_function("resolve/hit", |b| {
         b.iter(|| {
             runtime
-                .block_on(f.resolver.resolve(black_box(&f.request)))
+                .block_on(f.resolver.resolve(black_box(&f.request), None))
                 .unwrap()
         })
     });

@@ -114,7 +114,12 @@ impl App {
                 public_state,
                 Shed::new(config.server.max_in_flight, config.server.max_header_bytes),
             )
-            .exporting_spans(config.tracing.exports()),
+            .exporting_spans(
+                config
+                    .tracing
+                    .exports()
+                    .then_some(config.tracing.sample_ratio),
+            ),
             limiter,
             reveals,
             admin_front: Front::admin(

@@ -1,6 +1,6 @@
-//! Logs, metrics and traces plumbing: the tracing subscriber (and the span
-//! export, [`trace`]), the process-wide Prometheus recorder, request ids and
-//! the trace context a request's upstream calls continue.
+//! Logs, metrics and traces plumbing: the tracing subscriber (and, in
+//! [`trace`], trace context and the span export), the process-wide Prometheus
+//! recorder, request ids.
 //!
 //! Phone numbers never reach a log line or a label: code logs `phone.masked()`,
 //! and `Phone`'s `Debug` is masked too.
@@ -23,46 +23,22 @@ pub mod trace;
 /// answered back and forwarded to the upstreams.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
-/// What upstream calls made for a request forward: its id and its trace.
-pub struct RequestContext {
-    id: HeaderValue,
-    trace: trace::Incoming,
-}
-
-impl RequestContext {
-    /// The request `id` and the trace headers of `headers` (not parsed here:
-    /// only an upstream call needs them).
-    pub fn new(id: HeaderValue, headers: &HeaderMap) -> Self {
-        RequestContext {
-            id,
-            trace: trace::Incoming::of(headers),
-        }
-    }
-}
-
 tokio::task_local! {
-    /// The request this task serves.
-    static REQUEST: RequestContext;
+    /// The id of the request this task serves.
+    static REQUEST_ID: HeaderValue;
 }
 
 /// The current request's id, for forwarding to upstreams.
 pub fn current_request_id() -> Option<HeaderValue> {
-    REQUEST.try_with(|r| r.id.clone()).ok()
+    REQUEST_ID.try_with(HeaderValue::clone).ok()
 }
 
-/// The trace the current request's upstream calls continue (the caller's, or
-/// one started for the request on first use).
-pub fn current_trace() -> Option<trace::TraceContext> {
-    REQUEST.try_with(|r| r.trace.context().clone()).ok()
-}
-
-/// Runs `future` as `request`: upstream calls it makes forward its id and
-/// continue its trace.
-pub fn with_request<F: Future>(
-    request: RequestContext,
+/// Runs `future` as the request `id`: upstream calls it makes forward the id.
+pub fn with_request_id<F: Future>(
+    id: HeaderValue,
     future: F,
-) -> tokio::task::futures::TaskLocalFuture<RequestContext, F> {
-    REQUEST.scope(request, future)
+) -> tokio::task::futures::TaskLocalFuture<HeaderValue, F> {
+    REQUEST_ID.scope(id, future)
 }
 
 /// Installs the global subscriber: `RUST_LOG` if set, else `filter`; JSON lines

@@ -48,9 +48,10 @@ struct Inner {
     lookup: Option<PublicState>,
     /// Set on the admin listener: the bearer token every `/admin/` path needs.
     token: Option<Arc<Secret>>,
-    /// `tracing.otlp_endpoint` is set: the request span is exported (else it is
-    /// the log's alone and the trace headers wait for an upstream call).
-    export_spans: bool,
+    /// `tracing.sample_ratio` when `tracing.otlp_endpoint` is set: a sampled
+    /// request's span is exported. Otherwise (and for unsampled requests) the
+    /// span is the log's alone and the trace headers wait for an upstream call.
+    export_ratio: Option<f64>,
 }
 
 impl Front {
@@ -59,12 +60,13 @@ impl Front {
         Front::new(router, shed, Route::public, Some(state), None)
     }
 
-    /// Exports each request's span (`tracing.otlp_endpoint` set), continuing
-    /// the caller's trace. Call before the first clone.
+    /// Exports the span of each sampled request (`tracing.otlp_endpoint` set),
+    /// at `ratio` unless the caller's `traceparent` decides. Call before the
+    /// first clone.
     #[must_use]
-    pub fn exporting_spans(mut self, on: bool) -> Self {
+    pub fn exporting_spans(mut self, ratio: Option<f64>) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.export_spans = on;
+            inner.export_ratio = ratio;
         }
         self
     }
@@ -95,7 +97,7 @@ impl Front {
                 route_of,
                 lookup,
                 token,
-                export_spans: false,
+                export_ratio: None,
             }),
         }
     }
@@ -170,37 +172,68 @@ impl Front {
         let start = Instant::now();
         let id = telemetry::request_id_of(request.headers());
         let route = (self.inner.route_of)(request.uri().path());
-        let context = telemetry::RequestContext::new(id.clone(), request.headers());
-        let (span, exported) = if self.inner.export_spans {
-            let span = tracing::info_span!(
-                "request",
-                request_id = id.to_str().unwrap_or_default(),
-                route = route.label(),
-                otel.kind = "server",
-                http.request.method = request.method().as_str(),
-                http.response.status_code = tracing::field::Empty,
-            );
-            telemetry::trace::continue_trace(&span, request.headers());
-            (span.clone(), Some(span))
-        } else {
-            let span = tracing::info_span!(
-                "request",
-                request_id = id.to_str().unwrap_or_default(),
-                route = route.label()
-            );
-            (span, None)
-        };
-        let answer = telemetry::with_request(
-            context,
+        if let Some(ratio) = self.inner.export_ratio {
+            if telemetry::trace::sampled(request.headers(), ratio) {
+                return self.call_exported(request, held, start, id, route);
+            }
+        }
+        let span = tracing::info_span!(
+            "request",
+            request_id = id.to_str().unwrap_or_default(),
+            route = route.label()
+        );
+        let answer = telemetry::with_request_id(
+            id.clone(),
             Inner::admit(self.inner.clone(), request.map(Body::new)),
         )
         .instrument(span);
         Box::pin(async move {
             let mut response = answer.await;
             drop(held);
-            if let Some(span) = exported {
-                span.record("http.response.status_code", response.status().as_u16());
-            }
+            response
+                .headers_mut()
+                .insert(telemetry::REQUEST_ID_HEADER, id);
+            durations::record(route, response.status().as_u16(), start.elapsed());
+            Ok(response)
+        })
+    }
+
+    /// [`Front::call_holding`] for a sampled request: its span is exported,
+    /// continues the caller's trace and records the status. A future of its own, so that
+    /// without export the hit path's future stays as small as it was.
+    #[cold]
+    #[inline(never)]
+    fn call_exported<B, H>(
+        &self,
+        request: axum::http::Request<B>,
+        held: H,
+        start: Instant,
+        id: axum::http::HeaderValue,
+        route: Route,
+    ) -> Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>
+    where
+        B: HttpBody<Data = Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+        H: Send + 'static,
+    {
+        let span = tracing::info_span!(
+            "request",
+            request_id = id.to_str().unwrap_or_default(),
+            route = route.label(),
+            otel.kind = "server",
+            http.request.method = request.method().as_str(),
+            http.response.status_code = tracing::field::Empty,
+        );
+        telemetry::trace::continue_trace(&span, request.headers());
+        let answer = telemetry::with_request_id(
+            id.clone(),
+            Inner::admit(self.inner.clone(), request.map(Body::new)),
+        )
+        .instrument(span.clone());
+        Box::pin(async move {
+            let mut response = answer.await;
+            drop(held);
+            span.record("http.response.status_code", response.status().as_u16());
             response
                 .headers_mut()
                 .insert(telemetry::REQUEST_ID_HEADER, id);

@@ -133,7 +133,7 @@ pub async fn lookup(
         let request = public_phone_query(query)?;
         let viewer = viewer_of(headers)?;
         state.admit(headers, 1)?;
-        let body = answer(&state.resolver, &request).await?;
+        let body = answer(&state.resolver, &request, headers).await?;
         if reveal {
             state.record(&request, viewer.as_ref(), body.kind)?;
         }
@@ -185,8 +185,12 @@ fn push_decimal(out: &mut Vec<u8>, mut value: u64) {
     out.extend_from_slice(&digits[start..]);
 }
 
-async fn answer(resolver: &Resolver, request: &Request) -> Result<PublicPhone, ApiError> {
-    let resolved = resolver.resolve(request).await?;
+async fn answer(
+    resolver: &Resolver,
+    request: &Request,
+    headers: &HeaderMap,
+) -> Result<PublicPhone, ApiError> {
+    let resolved = resolver.resolve(request, Some(headers)).await?;
     Ok(PublicPhone {
         phone: resolved.phone,
         kind: resolved.kind,
@@ -253,10 +257,10 @@ pub async fn batch(
     let viewer = viewer_of(&headers)?;
     state.admit(&headers, body.items.len())?;
     let results = join_all(body.items.iter().map(|item| {
-        let (state, viewer) = (&state, viewer.as_ref());
+        let (state, viewer, headers) = (&state, viewer.as_ref(), &headers);
         async move {
             let outcome = match batch_item(item) {
-                Ok(request) => answer(&state.resolver, &request)
+                Ok(request) => answer(&state.resolver, &request, headers)
                     .await
                     .and_then(|body| state.record(&request, viewer, body.kind).map(|()| body)),
                 Err(error) => Err(error),

@@ -28,7 +28,9 @@ use crate::domain::Phone;
 use crate::domain::Source;
 use crate::domain::{AdId, CategoryId, UserId};
 use crate::status::{StatusSet, Tracking};
+use crate::telemetry::trace::Incoming;
 use crate::upstream::Upstreams;
+use axum::http::HeaderMap;
 use rules::{Decision, Rules, SourceState, States};
 
 /// What the buyer asked about.
@@ -115,7 +117,9 @@ impl Caches {
 type LookupFuture<'a> = Pin<Box<dyn Future<Output = Lookup> + Send + 'a>>;
 
 /// A request the caches could not decide: the states so far and what applies.
-struct Plan {
+struct Plan<'h> {
+    /// The request's headers: the trace its upstream calls continue.
+    headers: Option<&'h HeaderMap>,
     states: States,
     /// The real number as given by the caller or cached.
     real_known: Cached,
@@ -253,11 +257,19 @@ impl Resolver {
         &self.caches
     }
 
+    /// The number to show for `req`. Its upstream calls continue the trace that
+    /// the request's `headers` name (docs/tracing.md; `None`: a new trace).
+    /// They are only looked at when a call is made: a hit carries a reference.
+    ///
     /// # Errors
     /// `NoPhone` when no source has a number; `Unavailable` when a source failed and
     /// the rules forbid answering without it.
-    pub async fn resolve(&self, req: &Request) -> Result<Resolved, ResolveError> {
-        let result = self.decide(req).await;
+    pub async fn resolve(
+        &self,
+        req: &Request,
+        headers: Option<&HeaderMap>,
+    ) -> Result<Resolved, ResolveError> {
+        let result = self.decide(req, headers).await;
         if self.export_spans {
             trace_decision(&result);
         }
@@ -277,21 +289,32 @@ impl Resolver {
         result
     }
 
-    async fn decide(&self, req: &Request) -> Result<Resolved, ResolveError> {
-        match self.plan(req) {
+    async fn decide(
+        &self,
+        req: &Request,
+        headers: Option<&HeaderMap>,
+    ) -> Result<Resolved, ResolveError> {
+        match self.plan(req, headers) {
             Ok(done) => done,
             // Only what needs an upstream call can be shed for CPU: a hit costs
             // about what a shed does.
             Err(_) if !self.admission.admit() => Err(ResolveError::Overloaded),
             // Boxed: the hit path then neither builds nor moves the asking future
-            // (a quarter of the whole request future's size).
+            // (a quarter of the whole request future's size). The plan is moved in
+            // before the await, so the request's future has no room for it.
             Err(plan) => Box::pin(self.ask(req, plan)).await,
         }
     }
 
     /// What the caches (or the caller) already know: the decision when that
     /// suffices (the hit path), else what is left to ask.
-    fn plan(&self, req: &Request) -> Result<Result<Resolved, ResolveError>, Plan> {
+    fn plan<'h>(
+        &self,
+        req: &Request,
+        headers: Option<&'h HeaderMap>,
+    ) -> Result<Result<Resolved, ResolveError>, Plan<'h>> {
+        // Cache events only for an exported request span (never without export).
+        let exported = self.export_spans && crate::telemetry::trace::current_is_exported();
         let order = &self.rules.order;
         let anonymous_applies = order.contains(&Source::Anonymous)
             && self.anonymous_categories.contains(&req.category.get());
@@ -308,8 +331,10 @@ impl Resolver {
         // A hit near expiry also starts a background refresh of its key.
         let fresh = |ask: Ask| {
             let (cache, key) = self.cache_of(req, ask);
-            let cached = cache.get_fresh_refreshing(&key, req.user, now, || self.fetch(req, ask));
-            if self.export_spans && cached != Cached::Miss {
+            // A refresh ahead reads the trace headers; a hit does not.
+            let refresh = || self.fetch(req, ask, &Incoming::new(headers, false));
+            let cached = cache.get_fresh_refreshing(&key, req.user, now, refresh);
+            if exported && cached != Cached::Miss {
                 trace_cache(cache.name(), Via::Hit);
             }
             cached
@@ -350,32 +375,36 @@ impl Resolver {
                 calltracking_applies,
                 real_in_order,
                 real_needed,
+                headers,
             }),
         }
     }
 
     /// Asks what is still pending, concurrently, deciding as answers arrive.
-    async fn ask(&self, req: &Request, plan: Plan) -> Result<Resolved, ResolveError> {
+    async fn ask(&self, req: &Request, plan: Plan<'_>) -> Result<Resolved, ResolveError> {
         let Plan {
             mut states,
             real_known,
             calltracking_applies,
             real_in_order,
             real_needed,
+            headers,
         } = plan;
+        // Parsed (or a trace started) once, for every call this request makes.
+        let trace = &Incoming::new(headers, self.export_spans);
         // The real number once known (given, cached or answered): call tracking
         // maps it, also to a stale value at the deadline.
         let mut real_phone = match real_known {
             Cached::Phone(phone) => Some(phone),
             Cached::NoPhone | Cached::Miss => None,
         };
-        let mut anonymous: Option<LookupFuture<'_>> =
-            (states.anonymous == SourceState::Pending).then(|| self.lookup(req, Ask::Anonymous));
+        let mut anonymous: Option<LookupFuture<'_>> = (states.anonymous == SourceState::Pending)
+            .then(|| self.lookup(req, Ask::Anonymous, trace));
         let mut real: Option<LookupFuture<'_>> =
-            (real_needed && real_known == Cached::Miss).then(|| self.lookup(req, Ask::Real));
+            (real_needed && real_known == Cached::Miss).then(|| self.lookup(req, Ask::Real, trace));
         let mut calltracking: Option<LookupFuture<'_>> = match real_phone {
             Some(phone) if states.calltracking == SourceState::Pending => {
-                Some(self.lookup(req, Ask::Calltracking(phone)))
+                Some(self.lookup(req, Ask::Calltracking(phone), trace))
             }
             _ => None,
         };
@@ -405,7 +434,7 @@ impl Resolver {
                     if calltracking_applies {
                         match state {
                             SourceState::Found(phone) => {
-                                calltracking = Some(self.lookup(req, Ask::Calltracking(phone)));
+                                calltracking = Some(self.lookup(req, Ask::Calltracking(phone), trace));
                             }
                             other => states.calltracking = other,
                         }
@@ -473,11 +502,11 @@ impl Resolver {
     }
 
     /// `ask` through its cache: the cached answer, or the upstream's (coalesced).
-    fn lookup(&self, req: &Request, ask: Ask) -> LookupFuture<'_> {
+    fn lookup(&self, req: &Request, ask: Ask, trace: &Incoming<'_>) -> LookupFuture<'_> {
         let (cache, key) = self.cache_of(req, ask);
-        let fetch = self.fetch(req, ask);
+        let fetch = self.fetch(req, ask, trace);
         let lookup = cache.get_or_fetch(key, req.user, move || fetch);
-        if !self.export_spans {
+        if !trace.exported() {
             return Box::pin(lookup);
         }
         Box::pin(async move {
@@ -491,11 +520,16 @@ impl Resolver {
     /// cache's own task, past the request that started it). It carries the
     /// request's id and trace; a fetch that other requests join (coalesced)
     /// carries those of the request that started it (docs/tracing.md).
-    fn fetch(&self, req: &Request, ask: Ask) -> impl Future<Output = FetchResult> + Send + use<> {
+    fn fetch(
+        &self,
+        req: &Request,
+        ask: Ask,
+        trace: &Incoming<'_>,
+    ) -> impl Future<Output = FetchResult> + Send + use<> {
         let (user, ad) = (req.user, req.ad);
         let upstreams = self.upstreams.clone();
         let request_id = crate::telemetry::current_request_id();
-        let trace = crate::telemetry::current_trace();
+        let trace = Some(trace.context().clone());
         async move {
             let request_id = request_id.as_ref().and_then(|id| id.to_str().ok());
             let trace = trace.as_ref();
@@ -513,6 +547,8 @@ impl Resolver {
 }
 
 /// A cache's answer, as an event of the exported request span.
+#[cold]
+#[inline(never)]
 fn trace_cache(cache: &'static str, via: Via) {
     let outcome = match via {
         Via::Hit => "hit",
@@ -520,19 +556,16 @@ fn trace_cache(cache: &'static str, via: Via) {
         Via::Coalesced => "coalesced",
         Via::Stale => "stale",
     };
-    crate::telemetry::trace::event(
-        &tracing::Span::current(),
-        "cache",
-        &[("cache", cache), ("outcome", outcome)],
-    );
+    crate::telemetry::trace::event("cache", &[("cache", cache), ("outcome", outcome)]);
 }
 
 /// The decision, as an event of the exported request span: its kind or why
 /// there is none, never the number.
+#[cold]
+#[inline(never)]
 fn trace_decision(result: &Result<Resolved, ResolveError>) {
-    let span = tracing::Span::current();
     let event = |attributes: &[(&'static str, &'static str)]| {
-        crate::telemetry::trace::event(&span, "decision", attributes);
+        crate::telemetry::trace::event("decision", attributes);
     };
     match result {
         Ok(resolved) => event(&[("outcome", "answered"), ("kind", resolved.kind.as_str())]),

@@ -4,18 +4,22 @@
 //! Two modes, chosen once at start by `tracing.otlp_endpoint`:
 //! - **No export** (the default): no span is recorded. Upstream calls still
 //!   carry a `traceparent`: the caller's trace (or a new one) with a fresh span
-//!   id per call, made here. The request's headers are only parsed when an
-//!   upstream call is made, so the hit path does no trace work.
-//! - **Export**: the `tracing-opentelemetry` layer records the `request` and
-//!   `upstream` spans (and nothing else), the request span continues the
-//!   caller's trace, and an upstream call's `traceparent` is its own span's
-//!   context. Spans go out in batches from the SDK's own thread, over OTLP/HTTP
-//!   (protobuf), sampled parent-based at `tracing.sample_ratio`.
+//!   id per call, made here. The request's headers are only looked up and
+//!   parsed when an upstream call is made ([`Incoming`] borrows them), so the
+//!   hit path does no trace work.
+//! - **Export**: sampling is decided per request before its span is made
+//!   ([`sampled`]: the caller's flag, else `tracing.sample_ratio`). A sampled
+//!   request gets an exported span (the `tracing-opentelemetry` layer records
+//!   it and its `upstream` spans, nothing else), continuing the caller's trace;
+//!   an upstream call's `traceparent` is then its own span's context. An
+//!   unsampled request gets the log's span only and is handled as without
+//!   export: it costs what it costs without export. Spans go out in batches
+//!   from the SDK's own thread, over OTLP/HTTP (protobuf).
 //!
 //! Never a phone number in a span: the spans carry the route, the upstream's
 //! name, cache outcomes, the decision's kind and status codes, nothing else.
 
-use std::cell::OnceCell;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -36,9 +40,10 @@ pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 /// The W3C header carrying vendors' trace state, forwarded as is.
 pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
-/// The names of the spans exported; every other span and every event stays in
-/// the logs only.
-pub const SPAN_NAMES: [&str; 2] = ["request", "upstream"];
+/// The field that marks a span's callsite as exported (`otel.kind`, which
+/// `tracing-opentelemetry` reads as the span kind): every other span, and every
+/// event, stays in the logs only.
+const EXPORTED_FIELD: &str = "otel.kind";
 
 /// The service name spans are exported under.
 const SERVICE_NAME: &str = "phones-gateway";
@@ -153,36 +158,44 @@ impl TraceContext {
     }
 }
 
-/// A request's trace headers as received, parsed on first use: an upstream
-/// call (the miss path) parses them, a hit never does.
+/// A request's trace headers, borrowed and parsed on first use: an upstream
+/// call (the miss path) parses them, a hit never even looks them up.
 #[derive(Debug, Default)]
-pub struct Incoming {
-    traceparent: Option<HeaderValue>,
-    tracestate: Option<HeaderValue>,
+pub struct Incoming<'a> {
+    headers: Option<&'a HeaderMap>,
+    /// The current span is a sampled request's exported span.
+    exported: bool,
     /// Made once, so every call of the request continues the same trace (a new
-    /// one too).
-    context: OnceCell<TraceContext>,
+    /// one too). Boxed: the request future holds this, and a hit never fills it.
+    context: OnceLock<Box<TraceContext>>,
 }
 
-impl Incoming {
-    /// Takes the headers without parsing them (a header lookup and a reference
-    /// count; `tracestate` only beside a `traceparent`).
-    pub fn of(headers: &HeaderMap) -> Self {
-        let traceparent = headers.get(TRACEPARENT).cloned();
-        let tracestate = traceparent
-            .as_ref()
-            .and_then(|_| headers.get(TRACESTATE).cloned());
+impl<'a> Incoming<'a> {
+    /// The trace of the request with these headers (`None`: a new trace),
+    /// under the current span; `export` is whether spans are exported at all
+    /// (off, the current span is not even looked at).
+    pub fn new(headers: Option<&'a HeaderMap>, export: bool) -> Self {
         Incoming {
-            traceparent,
-            tracestate,
-            context: OnceCell::new(),
+            headers,
+            exported: export && current_is_exported(),
+            context: OnceLock::new(),
         }
+    }
+
+    /// Whether the request's span is exported (sampled, export on): only then
+    /// are events worth making.
+    pub fn exported(&self) -> bool {
+        self.exported
     }
 
     /// The trace upstream calls continue (parsed, or started, once).
     pub fn context(&self) -> &TraceContext {
         self.context.get_or_init(|| {
-            TraceContext::continue_or_start(self.traceparent.as_ref(), self.tracestate.as_ref())
+            let header = |name| self.headers.and_then(|h| h.get(name));
+            Box::new(TraceContext::continue_or_start(
+                header(TRACEPARENT),
+                header(TRACESTATE),
+            ))
         })
     }
 }
@@ -225,8 +238,49 @@ pub fn call_headers(
     )
 }
 
-/// Makes `span` (the request's, export on) continue the caller's trace when its
-/// `traceparent` is valid; otherwise the span starts a trace of its own.
+/// Whether a request with these headers is recorded, export on: a valid
+/// `traceparent` decides by its sampled flag; otherwise a draw at `ratio`.
+pub fn sampled(headers: &HeaderMap, ratio: f64) -> bool {
+    if let Some(parent) = headers
+        .get(TRACEPARENT)
+        .and_then(|v| parse_traceparent(v.as_bytes()))
+    {
+        return parent.sampled;
+    }
+    if ratio >= 1.0 {
+        return true;
+    }
+    // A hashed counter: uniform enough to sample by, and no system call per
+    // request (ids come from the OS; this decides nothing but a share).
+    use std::hash::BuildHasher;
+    static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+    static SEED: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
+    let draw = SEED
+        .get_or_init(Default::default)
+        .hash_one(SEQUENCE.fetch_add(1, Ordering::Relaxed));
+    (draw as f64) < ratio * (u64::MAX as f64)
+}
+
+/// The span of one upstream call: exported (a child of the request's exported
+/// span, named by the call's `traceparent`) when the current span is an
+/// exported request's, else the log's alone. Status-feed polls serve no
+/// request and are not exported.
+pub fn upstream_span(upstream: &'static str) -> tracing::Span {
+    if current_is_exported() {
+        tracing::debug_span!(
+            target: "phones_gateway::upstream",
+            "upstream",
+            upstream,
+            otel.kind = "client",
+            http.response.status_code = tracing::field::Empty,
+        )
+    } else {
+        tracing::debug_span!(target: "phones_gateway::upstream", "upstream", upstream)
+    }
+}
+
+/// Makes `span` (a sampled request's, export on) continue the caller's trace
+/// when its `traceparent` is valid; otherwise the span starts a trace of its own.
 pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
     let Some(parent) = headers
         .get(TRACEPARENT)
@@ -256,14 +310,25 @@ pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
     let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(context));
 }
 
-/// Adds an event to `span`'s exported span (nothing without export). Names,
-/// keys and values are fixed words: never a number from a request or an upstream.
-pub fn event(
-    span: &tracing::Span,
-    name: &'static str,
-    attributes: &[(&'static str, &'static str)],
-) {
-    span.add_event(
+/// Whether the current span is an exported one: read from its callsite's
+/// fields, without touching the span (no reference count, no lookup).
+pub fn current_is_exported() -> bool {
+    tracing::dispatcher::get_default(|dispatch| {
+        dispatch
+            .current_span()
+            .metadata()
+            .is_some_and(|meta| meta.fields().field(EXPORTED_FIELD).is_some())
+    })
+}
+
+/// Adds an event to the current span when it is exported (a sampled request's);
+/// otherwise does nothing, cheaply. Names, keys and values are fixed words:
+/// never a number from a request or an upstream.
+pub fn event(name: &'static str, attributes: &[(&'static str, &'static str)]) {
+    if !current_is_exported() {
+        return;
+    }
+    tracing::Span::current().add_event(
         name,
         attributes
             .iter()
@@ -297,7 +362,8 @@ pub struct Export {
 }
 
 impl Export {
-    /// Builds the exporter and its batch processor (its own thread).
+    /// Builds the exporter and its batch processor (its own thread). The
+    /// sample ratio is applied per request ([`sampled`]), not here.
     ///
     /// # Errors
     /// The endpoint does not parse as a URI or the HTTP client cannot be built.
@@ -311,11 +377,11 @@ impl Export {
             .with_timeout(EXPORT_TIMEOUT)
             .build()?;
         let processor = BatchSpanProcessor::builder(LoggedFailures::new(otlp)).build();
+        // Only sampled requests get exported spans ([`sampled`] decided), so
+        // every span the SDK sees is recorded.
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
-            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-                config.sample_ratio,
-            ))))
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
             .with_resource(
                 opentelemetry_sdk::Resource::builder_empty()
                     .with_service_name(SERVICE_NAME)
@@ -325,7 +391,8 @@ impl Export {
         Ok(Export { provider })
     }
 
-    /// The layer recording the exported spans (see [`SPAN_NAMES`]) and no event.
+    /// The layer recording the exported spans (marked by their `otel.kind`
+    /// field) and no event.
     pub fn layer<S>(&self) -> impl tracing_subscriber::Layer<S> + Send + Sync + 'static
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
@@ -341,11 +408,7 @@ impl Export {
             // Nothing reads OpenTelemetry's current context (ids come from the
             // spans themselves): not attaching it saves work on every poll.
             .with_context_activation(false)
-            .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
-                meta.is_span()
-                    && meta.target().starts_with("phones_gateway")
-                    && SPAN_NAMES.contains(&meta.name())
-            }))
+            .with_filter(ExportedOnly)
     }
 
     /// Exports what is buffered and stops the batch thread. Blocks up to the
@@ -353,6 +416,40 @@ impl Export {
     pub fn shutdown(&self) {
         if let Err(error) = self.provider.shutdown() {
             tracing::warn!(%error, "flushing the last spans failed");
+        }
+    }
+}
+
+/// The export layer's filter: the spans of this crate whose callsite has the
+/// [`EXPORTED_FIELD`], decided once per callsite (every other span and event
+/// costs the layer nothing).
+struct ExportedOnly;
+
+impl ExportedOnly {
+    fn wants(meta: &tracing::Metadata<'_>) -> bool {
+        meta.is_span()
+            && meta.target().starts_with("phones_gateway")
+            && meta.fields().field(EXPORTED_FIELD).is_some()
+    }
+}
+
+impl<S> tracing_subscriber::layer::Filter<S> for ExportedOnly {
+    fn enabled(
+        &self,
+        meta: &tracing::Metadata<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        Self::wants(meta)
+    }
+
+    fn callsite_enabled(
+        &self,
+        meta: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        if Self::wants(meta) {
+            tracing::subscriber::Interest::always()
+        } else {
+            tracing::subscriber::Interest::never()
         }
     }
 }
@@ -477,7 +574,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(TRACEPARENT, HeaderValue::from_static(VALID));
         headers.insert(TRACESTATE, HeaderValue::from_static("vendor=x"));
-        let incoming = Incoming::of(&headers);
+        let incoming = Incoming::new(Some(&headers), false);
         let trace = incoming.context();
         let span = tracing::Span::none();
         let (first, state) = call_headers(&span, Some(trace));
@@ -508,7 +605,7 @@ mod tests {
             if let Some(value) = value {
                 headers.insert(TRACEPARENT, HeaderValue::from_static(value));
             }
-            let incoming = Incoming::of(&headers);
+            let incoming = Incoming::new(Some(&headers), false);
             let trace = incoming.context().clone();
             assert_eq!(&trace, incoming.context(), "made once per request");
             assert!(!trace.sampled);
@@ -517,7 +614,10 @@ mod tests {
                 "tracestate goes only with its traceparent"
             );
             assert_ne!(trace.trace_id, [0; 16]);
-            assert_ne!(trace.trace_id, Incoming::of(&headers).context().trace_id);
+            assert_ne!(
+                trace.trace_id,
+                Incoming::new(Some(&headers), false).context().trace_id
+            );
             let (call, state) = call_headers(&tracing::Span::none(), Some(&trace));
             assert_eq!(
                 parse_traceparent(call.as_bytes()).unwrap().trace_id,
@@ -527,6 +627,29 @@ mod tests {
         }
         let (call, _) = call_headers(&tracing::Span::none(), None);
         assert!(parse_traceparent(call.as_bytes()).is_some());
+    }
+
+    #[test]
+    fn the_callers_flag_decides_sampling_else_the_ratio() {
+        let mut headers = HeaderMap::new();
+        assert!(!sampled(&headers, 0.0));
+        assert!(sampled(&headers, 1.0));
+        let half = (0..10_000).filter(|_| sampled(&headers, 0.5)).count();
+        assert!((4_500..5_500).contains(&half), "{half}");
+        let tenth = (0..10_000).filter(|_| sampled(&headers, 0.1)).count();
+        assert!((800..1_200).contains(&tenth), "{tenth}");
+        headers.insert(TRACEPARENT, HeaderValue::from_static(VALID));
+        assert!(sampled(&headers, 0.0), "the caller sampled it");
+        headers.insert(
+            TRACEPARENT,
+            HeaderValue::from_str(&VALID.replace("-01", "-00")).unwrap(),
+        );
+        assert!(!sampled(&headers, 1.0), "the caller did not");
+        headers.insert(TRACEPARENT, HeaderValue::from_static("00-bad"));
+        assert!(
+            sampled(&headers, 1.0) && !sampled(&headers, 0.0),
+            "invalid: the ratio"
+        );
     }
 
     #[derive(Debug)]

@@ -43,7 +43,7 @@ pub use error::{UpstreamError, UpstreamName};
 
 use crate::config::{BreakerConfig, Config, UpstreamConfig};
 use crate::domain::{AdId, Phone, StatusItem, UserId};
-use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers};
+use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers, upstream_span};
 use breaker::Breaker;
 
 /// Largest upstream body read; a phone answer is tens of bytes, a status page of
@@ -296,12 +296,7 @@ impl Upstreams {
         let result = if slot.is_none() {
             Err(UpstreamError::Saturated)
         } else if endpoint.breaker.allow() {
-            let span = tracing::debug_span!(
-                "upstream",
-                upstream = endpoint.name.as_str(),
-                otel.kind = "client",
-                http.response.status_code = tracing::field::Empty,
-            );
+            let span = upstream_span(endpoint.name.as_str());
             let result =
                 tokio::time::timeout(endpoint.timeout, call(span.clone()).instrument(span))
                     .await
