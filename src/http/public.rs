@@ -245,7 +245,7 @@ pub enum BatchResult {
 )]
 pub async fn batch(
     State(state): State<PublicState>,
-    headers: HeaderMap,
+    mut headers: HeaderMap,
     Json(body): Json<BatchBody>,
 ) -> Result<Response, ApiError> {
     if body.items.is_empty() || body.items.len() > MAX_BATCH_ITEMS {
@@ -256,6 +256,8 @@ pub async fn batch(
     }
     let viewer = viewer_of(&headers)?;
     state.admit(&headers, body.items.len())?;
+    // One trace for the whole batch, also when the caller sent none.
+    crate::telemetry::trace::one_trace_for_all(&mut headers);
     let results = join_all(body.items.iter().map(|item| {
         let (state, viewer, headers) = (&state, viewer.as_ref(), &headers);
         async move {

@@ -118,8 +118,9 @@ type LookupFuture<'a> = Pin<Box<dyn Future<Output = Lookup> + Send + 'a>>;
 
 /// A request the caches could not decide: the states so far and what applies.
 struct Plan<'h> {
-    /// The request's headers: the trace its upstream calls continue.
-    headers: Option<&'h HeaderMap>,
+    /// The trace its upstream calls continue (the one a refresh ahead of this
+    /// request continued, if any).
+    trace: Incoming<'h>,
     states: States,
     /// The real number as given by the caller or cached.
     real_known: Cached,
@@ -313,8 +314,11 @@ impl Resolver {
         req: &Request,
         headers: Option<&'h HeaderMap>,
     ) -> Result<Result<Resolved, ResolveError>, Plan<'h>> {
+        // The request's trace headers, parsed only if an upstream call is made
+        // (a refresh ahead here, or the asking after): one trace per request.
+        let trace = Incoming::new(headers, self.export_spans);
         // Cache events only for an exported request span (never without export).
-        let exported = self.export_spans && crate::telemetry::trace::current_is_exported();
+        let exported = trace.exported();
         let order = &self.rules.order;
         let anonymous_applies = order.contains(&Source::Anonymous)
             && self.anonymous_categories.contains(&req.category.get());
@@ -332,7 +336,7 @@ impl Resolver {
         let fresh = |ask: Ask| {
             let (cache, key) = self.cache_of(req, ask);
             // A refresh ahead reads the trace headers; a hit does not.
-            let refresh = || self.fetch(req, ask, &Incoming::new(headers, false));
+            let refresh = || self.fetch(req, ask, &trace);
             let cached = cache.get_fresh_refreshing(&key, req.user, now, refresh);
             if exported && cached != Cached::Miss {
                 trace_cache(cache.name(), Via::Hit);
@@ -375,7 +379,7 @@ impl Resolver {
                 calltracking_applies,
                 real_in_order,
                 real_needed,
-                headers,
+                trace,
             }),
         }
     }
@@ -388,10 +392,9 @@ impl Resolver {
             calltracking_applies,
             real_in_order,
             real_needed,
-            headers,
+            trace,
         } = plan;
-        // Parsed (or a trace started) once, for every call this request makes.
-        let trace = &Incoming::new(headers, self.export_spans);
+        let trace = &trace;
         // The real number once known (given, cached or answered): call tracking
         // maps it, also to a stale value at the deadline.
         let mut real_phone = match real_known {

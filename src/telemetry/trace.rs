@@ -238,6 +238,25 @@ pub fn call_headers(
     )
 }
 
+/// Gives `headers` a new, unsampled `traceparent` when they carry no valid one,
+/// so that every upstream call of a request that makes several lookups (a
+/// batch) continues one trace: each lookup parses the headers on its own, and
+/// without this each would start a trace of its own. A recorded request span
+/// (export on, sampled) names the trace instead, and this header is not read.
+pub fn one_trace_for_all(headers: &mut HeaderMap) {
+    let valid = headers
+        .get(TRACEPARENT)
+        .is_some_and(|v| parse_traceparent(v.as_bytes()).is_some());
+    if !valid {
+        // A caller's tracestate goes only with the caller's trace.
+        headers.remove(TRACESTATE);
+        headers.insert(
+            TRACEPARENT,
+            format_traceparent(random_id(), random_id(), false),
+        );
+    }
+}
+
 /// Whether a request with these headers is recorded, export on: a valid
 /// `traceparent` decides by its sampled flag; otherwise a draw at `ratio`.
 pub fn sampled(headers: &HeaderMap, ratio: f64) -> bool {

@@ -147,6 +147,92 @@ async fn a_request_without_a_traceparent_starts_a_trace_of_its_own() {
     assert_ne!(real[0].0, real[1].0, "a new trace per request");
 }
 
+/// A batch is one request: without a `traceparent`, all its items' upstream
+/// calls share one new trace (each item still a span id per call).
+#[tokio::test]
+async fn a_batch_without_a_traceparent_is_one_trace() {
+    let app = two_call_app().await;
+    let items = |users: [u64; 3]| {
+        let items: Vec<_> = users
+            .iter()
+            .map(|user| serde_json::json!({"user_id": user, "ad_id": 1, "category_id": PLAIN_CATEGORY}))
+            .collect();
+        serde_json::json!({ "items": items }).to_string()
+    };
+    let mut traces = Vec::new();
+    for users in [[1, 2, 3], [4, 5, 6]] {
+        let before = (app.real.traces().len(), app.calltracking.traces().len());
+        let answer = app
+            .post_public("/v1/public-phones/batch", items(users))
+            .await;
+        assert_eq!(answer.status, 200, "{:?}", answer.body);
+        let calls: Vec<_> = app.real.traces()[before.0..]
+            .iter()
+            .chain(&app.calltracking.traces()[before.1..])
+            .map(|(traceparent, tracestate)| {
+                assert_eq!(*tracestate, None);
+                let (_, trace_id, parent, flags) = parse(traceparent);
+                assert_eq!(flags, "00", "export off: nothing is sampled");
+                (trace_id, parent)
+            })
+            .collect();
+        // Three real numbers, then three call-tracking numbers.
+        assert_eq!(calls.len(), 6, "{calls:?}");
+        assert!(
+            calls.iter().all(|(trace, _)| *trace == calls[0].0),
+            "one trace for the batch: {calls:?}"
+        );
+        let mut parents: Vec<_> = calls.iter().map(|(_, parent)| parent).collect();
+        parents.sort();
+        parents.dedup();
+        assert_eq!(parents.len(), 6, "a span id per call: {calls:?}");
+        traces.push(calls[0].0.clone());
+    }
+    assert_ne!(traces[0], traces[1], "a new trace per batch");
+}
+
+/// A refresh ahead and a miss made by the same request without a `traceparent`
+/// continue one trace: the refresh of the cached real number, and the
+/// call-tracking number looked up for it.
+#[tokio::test]
+async fn a_refresh_ahead_and_a_miss_of_one_request_are_one_trace() {
+    // Within 2 s of expiry after 1 s: a hit then starts a refresh.
+    let app = TestApp::spawn_with(
+        "[cache.real_phone]\nttl_s = 3\nnegative_ttl_s = 3\nmax_stale_s = 60\nrefresh_ahead_s = 2",
+    )
+    .await;
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    get(&app, &phone_path(1), &[])
+        .await
+        .assert_number(REAL, "real");
+    // Call tracking on: the next request's call-tracking lookup misses.
+    app.enable_calltracking(1, 1).await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    get(&app, &phone_path(1), &[])
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+    eventually(
+        "the refresh ahead is made",
+        Duration::from_secs(10),
+        || async { app.real.calls() == 2 },
+    )
+    .await;
+    let trace_of = |traced: &Traced| parse(&traced.0).1;
+    let (real, calltracking) = (app.real.traces(), app.calltracking.traces());
+    assert_eq!(calltracking.len(), 1);
+    assert_eq!(
+        trace_of(&real[1]),
+        trace_of(&calltracking[0]),
+        "the refresh and the miss of one request"
+    );
+    assert_ne!(
+        trace_of(&real[0]),
+        trace_of(&real[1]),
+        "a trace per request"
+    );
+}
+
 #[tokio::test]
 async fn an_invalid_traceparent_starts_a_new_trace_and_the_request_is_answered() {
     let app = two_call_app().await;
