@@ -295,16 +295,19 @@ impl Resolver {
         req: &Request,
         headers: Option<&HeaderMap>,
     ) -> Result<Resolved, ResolveError> {
-        match self.plan(req, headers) {
-            Ok(done) => done,
+        // The plan is moved into the boxed asking future within this statement,
+        // so the request's future holds a pointer across the await, not a plan
+        // (a match with the await in an arm keeps the plan's room in it).
+        let asking = match self.plan(req, headers) {
+            Ok(done) => return done,
             // Only what needs an upstream call can be shed for CPU: a hit costs
             // about what a shed does.
-            Err(_) if !self.admission.admit() => Err(ResolveError::Overloaded),
+            Err(_) if !self.admission.admit() => return Err(ResolveError::Overloaded),
             // Boxed: the hit path then neither builds nor moves the asking future
-            // (a quarter of the whole request future's size). The plan is moved in
-            // before the await, so the request's future has no room for it.
-            Err(plan) => Box::pin(self.ask(req, plan)).await,
-        }
+            // (a quarter of the whole request future's size).
+            Err(plan) => Box::pin(self.ask(req, plan)),
+        };
+        asking.await
     }
 
     /// What the caches (or the caller) already know: the decision when that
