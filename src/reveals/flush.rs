@@ -64,6 +64,8 @@ async fn flush(
     if batch.is_empty() {
         return true;
     }
+    // Its oldest reveal (min: a wall clock may step back between two).
+    reveals.writing(batch.iter().map(|r| r.at_us).min().unwrap_or_default());
     let start = std::time::Instant::now();
     match store.write_reveals(batch).await {
         Ok(()) => {

@@ -21,7 +21,7 @@
 pub mod flush;
 pub mod retention;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::mpsc;
@@ -42,6 +42,11 @@ struct Inner {
     /// Reveals in memory not yet written: in the channel or in a batch that
     /// failed to write.
     buffered: AtomicUsize,
+    /// When the oldest reveal the flush task holds unwritten was recorded
+    /// (microseconds since the epoch; 0: it holds none). Set before a write and
+    /// kept while writes fail, so a hung or failing database shows as a growing
+    /// age at scrape time.
+    oldest_unwritten_us: AtomicI64,
     max_buffered: usize,
     on_overflow: OnOverflow,
     metrics: Metrics,
@@ -52,6 +57,7 @@ struct Metrics {
     dropped: metrics::Counter,
     refused: metrics::Counter,
     buffered: metrics::Gauge,
+    oldest_unwritten: metrics::Gauge,
 }
 
 /// The buffer is full and `on_overflow = "refuse"`: do not show the number.
@@ -67,6 +73,7 @@ impl Reveals {
                 sender,
                 receiver: Mutex::new(Some(receiver)),
                 buffered: AtomicUsize::new(0),
+                oldest_unwritten_us: AtomicI64::new(0),
                 max_buffered: config.max_buffered,
                 on_overflow: config.on_overflow,
                 metrics: Metrics {
@@ -74,6 +81,9 @@ impl Reveals {
                     dropped: metrics::counter!("phones_gateway_reveals_dropped_total"),
                     refused: metrics::counter!("phones_gateway_reveals_refused_total"),
                     buffered: metrics::gauge!("phones_gateway_reveals_buffered"),
+                    oldest_unwritten: metrics::gauge!(
+                        "phones_gateway_reveals_oldest_unwritten_seconds"
+                    ),
                 },
             }),
         }
@@ -117,9 +127,23 @@ impl Reveals {
         self.inner.buffered.load(Ordering::Acquire)
     }
 
-    /// Sets the buffered gauge (called at scrape time).
+    /// How long the oldest reveal being written, or waiting after a failed
+    /// write, has been unwritten; zero when the last write succeeded.
+    /// Reveals still in the channel are younger than one flush interval.
+    pub fn oldest_unwritten(&self) -> std::time::Duration {
+        match self.inner.oldest_unwritten_us.load(Ordering::Acquire) {
+            0 => std::time::Duration::ZERO,
+            at => std::time::Duration::from_micros(u64::try_from(now_us() - at).unwrap_or(0)),
+        }
+    }
+
+    /// Sets the gauges (called at scrape time).
     pub fn publish_gauges(&self) {
-        self.inner.metrics.buffered.set(self.buffered() as f64);
+        let metrics = &self.inner.metrics;
+        metrics.buffered.set(self.buffered() as f64);
+        metrics
+            .oldest_unwritten
+            .set(self.oldest_unwritten().as_secs_f64());
     }
 
     /// The receiving end, once: the flush task owns it.
@@ -131,8 +155,17 @@ impl Reveals {
             .take()
     }
 
+    /// A write of reveals, the oldest recorded at `at_us`, starts.
+    fn writing(&self, at_us: i64) {
+        // 0 means none: a clock at the epoch still counts as held.
+        self.inner
+            .oldest_unwritten_us
+            .store(at_us.max(1), Ordering::Release);
+    }
+
     /// `n` reveals left memory (written).
     fn written(&self, n: usize) {
+        self.inner.oldest_unwritten_us.store(0, Ordering::Release);
         self.inner.buffered.fetch_sub(n, Ordering::AcqRel);
     }
 }

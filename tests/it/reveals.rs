@@ -370,7 +370,20 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
             .await
             .assert_number(REAL, "real");
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The age of the oldest unwritten reveal grows while writes fail (polled:
+    // the recorder is shared by every app in this binary, set at each scrape).
+    let oldest = || async {
+        let text = app.get_admin("/metrics").await.text;
+        text.lines()
+            .find_map(|line| line.strip_prefix("phones_gateway_reveals_oldest_unwritten_seconds "))
+            .and_then(|value| value.parse::<f64>().ok())
+    };
+    eventually(
+        "the oldest unwritten reveal ages",
+        Duration::from_secs(15),
+        || async { oldest().await.is_some_and(|age| age >= 0.3) },
+    )
+    .await;
     cluster.start_server().unwrap();
     eventually(
         "written once the database is back",
@@ -379,6 +392,12 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
             let page = app.get_admin("/admin/v1/reveals?user_id=3").await;
             page.status == 200 && page.body["items"].as_array().unwrap().len() == 4
         },
+    )
+    .await;
+    eventually(
+        "nothing unwritten once written",
+        Duration::from_secs(15),
+        || async { oldest().await == Some(0.0) },
     )
     .await;
 }
