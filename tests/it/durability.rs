@@ -37,6 +37,11 @@ impl Process {
             .env("PHONES_GATEWAY__DATABASE__URL", database_url)
             .env("PHONES_GATEWAY__LOG__FILTER", "phones_gateway=trace,info")
             .env("PHONES_GATEWAY__LOG__FORMAT", "json")
+            // Cold admission off, as in TestApp's base config: on a loaded
+            // 2-core runner a task can wait 50 ms for a worker, and uncached
+            // requests would then be shed (503). Admission has tests of its own
+            // (abuse.rs); a test here may set it again through `env`.
+            .env("PHONES_GATEWAY__SERVER__MAX_QUEUE_DELAY_MS", "0")
             .env_remove("RUST_LOG");
         for (key, value) in env {
             command.env(format!("PHONES_GATEWAY__{key}"), value);
