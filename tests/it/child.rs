@@ -122,7 +122,24 @@ impl Drop for Spawned {
         for reader in self.readers.drain(..) {
             let _ = reader.join();
         }
-        if !std::thread::panicking() {
+        if std::thread::panicking() {
+            // What the process said last, for the failure's report: its WARN
+            // and ERROR lines and the upstream calls (its log never holds a
+            // full number; the scan above checks that on every passing run).
+            let lines: Vec<String> = self
+                .lines
+                .try_iter()
+                .filter(|l| {
+                    ["WARN", "ERROR", "upstream", "resolve"]
+                        .iter()
+                        .any(|w| l.contains(w))
+                })
+                .collect();
+            eprintln!("--- the process's last log lines ---");
+            for line in &lines[lines.len().saturating_sub(60)..] {
+                eprintln!("{line}");
+            }
+        } else {
             assert_no_leaks();
         }
     }

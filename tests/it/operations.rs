@@ -85,6 +85,13 @@ async fn every_metric_family_moves_with_real_traffic() {
         &[
             ("RATE_LIMIT__PER_VIEWER_PER_MINUTE", "1"),
             ("SERVER__MAX_IN_FLIGHT", "1"),
+            // The upstreams' bound defaults to server.max_in_flight; at 1, a
+            // fetch that outlives its request (user 3's real number, answered
+            // 503 by the anonymous source first) made the next real call fail
+            // as saturated. Only the server's bound is under test here.
+            ("UPSTREAMS__REAL_PHONE__MAX_IN_FLIGHT", "16"),
+            ("UPSTREAMS__ANONYMOUS__MAX_IN_FLIGHT", "16"),
+            ("UPSTREAMS__CALLTRACKING__MAX_IN_FLIGHT", "16"),
             ("SERVER__REQUEST_DEADLINE_MS", "5000"),
             ("CACHE__REAL_PHONE__TTL_S", "1"),
             ("UPSTREAMS__REAL_PHONE__BASE_URL", &real.url),
