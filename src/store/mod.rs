@@ -9,6 +9,29 @@
 //! is the only way memory learns about changes: at start-up, after a local write,
 //! on a PostgreSQL notification, and on a short poll.
 
+/// Runs one query-building expression on whichever database this store holds
+/// (sqlx's query types differ per database, so one function cannot take both),
+/// with `$conn` the connection to run it on: on PostgreSQL a transaction, a
+/// lone statement too, so that it is pooler-safe (see [`Pg`]); on SQLite a
+/// pooled connection, a lone statement being atomic there. Evaluates to the
+/// expression's value, or returns the error.
+macro_rules! on_connection {
+    ($store:expr, $conn:ident => $query:expr) => {
+        match $store {
+            Store::Postgres(Pg { pool, .. }) => {
+                let mut $conn = pool.begin().await?;
+                let value = $query;
+                $conn.commit().await?;
+                value
+            }
+            Store::Sqlite(pool) => {
+                let mut $conn = pool.acquire().await?;
+                $query
+            }
+        }
+    };
+}
+
 mod postgres;
 mod reveals;
 mod signals;
@@ -237,19 +260,12 @@ impl Store {
     /// The database is unreachable.
     pub async fn feed_cursor(&self) -> Result<Option<String>, StoreError> {
         let query = "SELECT cursor FROM status_feed_cursor WHERE id = 1";
-        let cursor = match self {
-            Store::Sqlite(pool) => sqlx::query_scalar(query).fetch_optional(pool).await?,
-            Store::Postgres(Pg { pool, .. }) => {
-                let mut tx = pool.begin().await?;
-                let cursor = sqlx::query_scalar(query)
-                    .persistent(false)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                cursor
-            }
-        };
-        Ok(cursor)
+        Ok(on_connection!(self, conn => {
+            sqlx::query_scalar(query)
+                .persistent(false)
+                .fetch_optional(&mut *conn)
+                .await?
+        }))
     }
 
     pub async fn close(&self) {

@@ -12,29 +12,6 @@ use crate::domain::{
     Viewer,
 };
 
-/// Runs one query-building expression in a transaction on whichever pool this
-/// store holds (sqlx's query types differ per database, so one function cannot
-/// take both): a lone statement too, so that it is pooler-safe (see
-/// [`super::Pg`]). Evaluates to the expression's value, or returns the error.
-macro_rules! in_transaction {
-    ($store:expr, $tx:ident => $query:expr) => {
-        match $store {
-            Store::Postgres(Pg { pool, .. }) => {
-                let mut $tx = pool.begin().await?;
-                let value = $query;
-                $tx.commit().await?;
-                value
-            }
-            Store::Sqlite(pool) => {
-                let mut $tx = pool.begin().await?;
-                let value = $query;
-                $tx.commit().await?;
-                value
-            }
-        }
-    };
-}
-
 /// Six parameters a row, under SQLite's limit of 32,766 per statement.
 const SQLITE_ROWS_PER_INSERT: usize = 5_000;
 
@@ -170,7 +147,7 @@ impl Store {
         );
         let limit = i64::from(query.limit);
         let rows: Vec<RevealRow> = super::timed("read_reveals", async {
-            Ok::<_, StoreError>(in_transaction!(self, tx => {
+            Ok::<_, StoreError>(on_connection!(self, conn => {
                 let q = sqlx::query_as(&sql).persistent(false);
                 let q = match key {
                     Key::Int(v) => q.bind(v),
@@ -181,7 +158,7 @@ impl Store {
                     .bind(after_at)
                     .bind(after_id)
                     .bind(limit)
-                    .fetch_all(&mut *tx)
+                    .fetch_all(&mut *conn)
                     .await?
             }))
         })
@@ -195,11 +172,11 @@ impl Store {
     /// The database is unreachable.
     pub async fn ad_reveal_counts(&self, ad: AdId) -> Result<RevealCounts, StoreError> {
         let sql = "SELECT kind, n FROM ad_reveal_counts WHERE ad_id = $1";
-        let rows: Vec<(String, i64)> = in_transaction!(self, tx => {
+        let rows: Vec<(String, i64)> = on_connection!(self, conn => {
             sqlx::query_as(sql)
                 .persistent(false)
                 .bind(signed(ad.get()))
-                .fetch_all(&mut *tx)
+                .fetch_all(&mut *conn)
                 .await?
         });
         let mut counts = RevealCounts::default();
@@ -224,12 +201,12 @@ impl Store {
         let sql = "DELETE FROM reveals WHERE id IN \
                    (SELECT id FROM reveals WHERE at_us < $1 ORDER BY at_us LIMIT $2)";
         let deleted = super::timed("delete_reveals", async {
-            Ok::<_, StoreError>(in_transaction!(self, tx => {
+            Ok::<_, StoreError>(on_connection!(self, conn => {
                 sqlx::query(sql)
                     .persistent(false)
                     .bind(cutoff_us)
                     .bind(batch)
-                    .execute(&mut *tx)
+                    .execute(&mut *conn)
                     .await?
                     .rows_affected()
             }))
