@@ -73,11 +73,17 @@ async fn feed_leadership_moves_when_the_leader_dies() {
         a.status.is_feed_leader() || b.status.is_feed_leader()
     })
     .await;
+    leads_alone_then_fails_over(a, b).await;
+}
+
+/// Two replicas polling `feed(20)`: once both have the whole feed, exactly one
+/// leads for a while; when it is dropped the other leads, with the stored
+/// cursor. Returns how long the takeover took.
+pub async fn leads_alone_then_fails_over(a: TestApp, b: TestApp) -> Duration {
     wait_for("the whole feed on both", Duration::from_secs(5), || {
         enabled(&a, 80) && enabled(&b, 80)
     })
     .await;
-    // Exactly one leader, for a while.
     for _ in 0..10 {
         assert!(
             a.status.is_feed_leader() ^ b.status.is_feed_leader(),
@@ -90,11 +96,13 @@ async fn feed_leadership_moves_when_the_leader_dies() {
     } else {
         (b, a)
     };
+    let start = Instant::now();
     drop(leader);
     wait_for("the follower to lead", Duration::from_secs(5), || {
         follower.status.is_feed_leader()
     })
     .await;
+    let took = start.elapsed();
     assert_eq!(
         follower
             .status
@@ -106,4 +114,5 @@ async fn feed_leadership_moves_when_the_leader_dies() {
         Some("20"),
         "the cursor survived the leader"
     );
+    took
 }

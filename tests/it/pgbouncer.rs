@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::feed::{enabled, feed, wait_for};
+use crate::feed::{enabled, feed, leads_alone_then_fails_over, wait_for};
 use crate::pg;
 use crate::support::{TestApp, eventually};
 
@@ -293,38 +293,6 @@ async fn the_feed_has_one_leader_through_direct_url_and_fails_over() {
     );
     let a = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
     let b = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
-    wait_for("the whole feed on both", Duration::from_secs(5), || {
-        enabled(&a, 80) && enabled(&b, 80)
-    })
-    .await;
-    for _ in 0..10 {
-        assert!(
-            a.status.is_feed_leader() ^ b.status.is_feed_leader(),
-            "one leader at a time"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let (leader, follower) = if a.status.is_feed_leader() {
-        (a, b)
-    } else {
-        (b, a)
-    };
-    let start = Instant::now();
-    drop(leader);
-    wait_for("the follower to lead", Duration::from_secs(5), || {
-        follower.status.is_feed_leader()
-    })
-    .await;
-    eprintln!("feed failover behind the pooler: {:?}", start.elapsed());
-    assert_eq!(
-        follower
-            .status
-            .store()
-            .feed_cursor()
-            .await
-            .unwrap()
-            .as_deref(),
-        Some("20"),
-        "the cursor survived the leader"
-    );
+    let took = leads_alone_then_fails_over(a, b).await;
+    eprintln!("feed failover behind the pooler: {took:?}");
 }
