@@ -64,21 +64,12 @@ impl TracingConfig {
             ));
         }
         if self.exports() {
-            let key = "tracing.otlp_endpoint";
-            let parsed: hyper::Uri =
-                self.otlp_endpoint
-                    .parse()
-                    .map_err(|e: hyper::http::uri::InvalidUri| {
-                        invalid(key, format!("not a URL: {e}"))
-                    })?;
-            if !matches!(parsed.scheme_str(), Some("http" | "https"))
-                || parsed.host().is_none_or(str::is_empty)
-            {
-                return Err(invalid(key, "must be an http:// or https:// URL, or empty"));
-            }
-            if parsed.query().is_some() || self.otlp_endpoint.contains('#') {
-                return Err(invalid(key, "must not carry a query or fragment"));
-            }
+            parse_url(
+                "tracing.otlp_endpoint",
+                &self.otlp_endpoint,
+                &["http", "https"],
+                "must be an http:// or https:// URL, or empty",
+            )?;
         }
         Ok(())
     }
@@ -771,17 +762,20 @@ fn strip_prefix_ignore_case<'a>(text: &'a str, prefix: &str) -> Option<&'a str> 
         .then(|| &text[prefix.len()..])
 }
 
-fn validate_base_url(key: &str, url: &str) -> Result<(), ConfigError> {
-    // Plain ASCII: the client formats each call's URI onto this base and parses
-    // it with `http::Uri`, which does no host mapping (upstream/mod.rs).
+/// `url` as an absolute URL of one of `schemes` (else `scheme_rule`), naming a
+/// host, with nothing after the path. Parsed by `http::Uri`: plain ASCII, no
+/// host mapping.
+fn parse_url(
+    key: &str,
+    url: &str,
+    schemes: &[&str],
+    scheme_rule: &str,
+) -> Result<hyper::Uri, ConfigError> {
     let parsed: hyper::Uri = url
         .parse()
         .map_err(|e: hyper::http::uri::InvalidUri| invalid(key, format!("not a URL: {e}")))?;
-    if parsed.scheme_str() != Some("http") {
-        return Err(invalid(
-            key,
-            "must be an http:// URL (TLS to upstreams is left to the mesh)",
-        ));
+    if !parsed.scheme_str().is_some_and(|s| schemes.contains(&s)) {
+        return Err(invalid(key, scheme_rule));
     }
     if parsed.host().is_none_or(str::is_empty) {
         return Err(invalid(key, "must name a host"));
@@ -789,6 +783,18 @@ fn validate_base_url(key: &str, url: &str) -> Result<(), ConfigError> {
     if parsed.query().is_some() || url.contains('#') {
         return Err(invalid(key, "must not carry a query or fragment"));
     }
+    Ok(parsed)
+}
+
+fn validate_base_url(key: &str, url: &str) -> Result<(), ConfigError> {
+    // Plain ASCII: the client formats each call's URI onto this base and parses
+    // it with `http::Uri`, which does no host mapping (upstream/mod.rs).
+    let parsed = parse_url(
+        key,
+        url,
+        &["http"],
+        "must be an http:// URL (TLS to upstreams is left to the mesh)",
+    )?;
     if parsed.authority().is_some_and(|a| a.as_str().contains('@')) {
         return Err(invalid(key, "must not carry credentials"));
     }

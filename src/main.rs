@@ -51,17 +51,14 @@ fn main() -> anyhow::Result<()> {
     match cli.command.unwrap_or(Command::Demo { config: None }) {
         Command::Serve { config } => {
             let config = load(config)?;
-            let export = phones_gateway::telemetry::init_logs_and_traces(
+            // Dropped last, once the app and its runtime have stopped: the
+            // spans still buffered go out then.
+            let _export = phones_gateway::telemetry::init_logs_and_traces(
                 &config.log.filter,
                 config.log.format,
                 &config.tracing,
             )?;
-            let served = runtime(config.runtime.worker_threads)?.block_on(serve(config));
-            // The app has stopped: the spans still buffered go out now.
-            if let Some(export) = export {
-                export.shutdown();
-            }
-            served
+            runtime(config.runtime.worker_threads)?.block_on(serve(config))
         }
         Command::CheckConfig { config } => {
             load(config)?;
@@ -89,16 +86,12 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Demo { config } => {
             let config = load(config)?;
-            let export = phones_gateway::telemetry::init_logs_and_traces(
+            let _export = phones_gateway::telemetry::init_logs_and_traces(
                 &config.log.filter,
                 LogFormat::Text,
                 &config.tracing,
             )?;
-            let served = runtime(config.runtime.worker_threads)?.block_on(demo(config));
-            if let Some(export) = export {
-                export.shutdown();
-            }
-            served
+            runtime(config.runtime.worker_threads)?.block_on(demo(config))
         }
     }
 }

@@ -60,7 +60,7 @@ pub fn init_logs(filter: &str, format: LogFormat) -> anyhow::Result<()> {
 }
 
 /// As [`init_logs`], and with `tracing.otlp_endpoint` set the span export too
-/// (returned: [`trace::Export::shutdown`] flushes it). Without an endpoint the
+/// (returned: dropping it flushes what is buffered). Without an endpoint the
 /// subscriber is exactly `init_logs`'s: no tracing layer, no per-span cost.
 ///
 /// # Errors

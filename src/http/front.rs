@@ -188,13 +188,9 @@ impl Front {
         )
         .instrument(span);
         Box::pin(async move {
-            let mut response = answer.await;
+            let response = answer.await;
             drop(held);
-            response
-                .headers_mut()
-                .insert(telemetry::REQUEST_ID_HEADER, id);
-            durations::record(route, response.status().as_u16(), start.elapsed());
-            Ok(response)
+            Ok(answered(response, id, route, start))
         })
     }
 
@@ -231,14 +227,25 @@ impl Front {
         )
         .instrument(span.clone());
         Box::pin(async move {
-            let mut response = answer.await;
+            let response = answer.await;
             drop(held);
             span.record("http.response.status_code", response.status().as_u16());
-            response
-                .headers_mut()
-                .insert(telemetry::REQUEST_ID_HEADER, id);
-            durations::record(route, response.status().as_u16(), start.elapsed());
-            Ok(response)
+            Ok(answered(response, id, route, start))
         })
     }
+}
+
+/// The answer as sent: its request id set, its duration recorded by route and
+/// status.
+fn answered(
+    mut response: Response,
+    id: axum::http::HeaderValue,
+    route: Route,
+    start: Instant,
+) -> Response {
+    response
+        .headers_mut()
+        .insert(telemetry::REQUEST_ID_HEADER, id);
+    durations::record(route, response.status().as_u16(), start.elapsed());
+    response
 }

@@ -537,7 +537,7 @@ impl Resolver {
         let request_id = crate::telemetry::current_request_id();
         let trace = Some(trace.context().clone());
         async move {
-            let request_id = request_id.as_ref().and_then(|id| id.to_str().ok());
+            let request_id = request_id.as_ref();
             let trace = trace.as_ref();
             match ask {
                 Ask::Anonymous => upstreams.anonymous(user, ad, request_id, trace).await,

@@ -18,6 +18,14 @@
 //!
 //! Never a phone number in a span: the spans carry the route, the upstream's
 //! name, cache outcomes, the decision's kind and status codes, nothing else.
+//!
+//! `traceparent` is parsed and written here rather than through
+//! `opentelemetry_sdk`'s `TraceContextPropagator`: without export a caller's
+//! `tracestate` is forwarded byte for byte (the propagator parses it and drops
+//! the whole header for one bad entry), and an upstream call's headers are made
+//! without building an OpenTelemetry `Context`. With export, the caller's
+//! `tracestate` is parsed into the span's context as the SDK does
+//! ([`continue_trace`]). Not measured against the propagator.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -429,10 +437,13 @@ impl Export {
             .with_context_activation(false)
             .with_filter(ExportedOnly)
     }
+}
 
+impl Drop for Export {
     /// Exports what is buffered and stops the batch thread. Blocks up to the
-    /// export timeout: call it off the async workers (`spawn_blocking`).
-    pub fn shutdown(&self) {
+    /// export timeout: drop it off the async workers (after the runtime, as
+    /// `main` does).
+    fn drop(&mut self) {
         if let Err(error) = self.provider.shutdown() {
             tracing::warn!(%error, "flushing the last spans failed");
         }

@@ -168,7 +168,7 @@ impl Upstreams {
         &self,
         user: UserId,
         ad: AdId,
-        request_id: Option<&str>,
+        request_id: Option<&HeaderValue>,
         trace: Option<&TraceContext>,
     ) -> Result<Option<Phone>, UpstreamError> {
         let url = format!("{}/v1/users/{user}/phone?ad_id={ad}", self.real_phone.base);
@@ -186,7 +186,7 @@ impl Upstreams {
         &self,
         user: UserId,
         ad: AdId,
-        request_id: Option<&str>,
+        request_id: Option<&HeaderValue>,
         trace: Option<&TraceContext>,
     ) -> Result<Option<Phone>, UpstreamError> {
         let url = format!(
@@ -207,7 +207,7 @@ impl Upstreams {
         &self,
         user: UserId,
         phone: Phone,
-        request_id: Option<&str>,
+        request_id: Option<&HeaderValue>,
         trace: Option<&TraceContext>,
     ) -> Result<Option<Phone>, UpstreamError> {
         // `+` must be escaped in a query; the rest of a normalised phone is digits.
@@ -247,7 +247,7 @@ impl Upstreams {
         &self,
         endpoint: &Endpoint,
         url: String,
-        request_id: Option<&str>,
+        request_id: Option<&HeaderValue>,
         trace: Option<&TraceContext>,
     ) -> Result<Option<T>, UpstreamError> {
         // Runs under the call's own span: exported, it is the parent of what the
@@ -261,8 +261,8 @@ impl Upstreams {
                 .body(Empty::new())
                 .map_err(|_| UpstreamError::Internal)?;
             let headers = request.headers_mut();
-            if let Some(id) = request_id.and_then(|id| HeaderValue::from_str(id).ok()) {
-                headers.insert(REQUEST_ID, id);
+            if let Some(id) = request_id {
+                headers.insert(REQUEST_ID, id.clone());
             }
             let (traceparent, tracestate) = call_headers(&span, trace);
             headers.insert(TRACEPARENT, traceparent);
