@@ -62,12 +62,13 @@ impl App {
             config.database.url.expose(),
             config.database.direct_url(),
             config.database.max_connections,
+            bounds(&config.database),
         )
         .await
         .context("opening database.url")?;
         let upstreams = Arc::new(Upstreams::new(&config));
         let caches = Caches::new(&config);
-        let status = StatusService::new(store);
+        let status = StatusService::with_caches(store, Arc::new(caches.clone()));
         let resolver = Arc::new(Resolver::new(
             &config,
             upstreams.clone(),
@@ -176,11 +177,38 @@ impl App {
         let background = Background::default();
         // Dropping `run` (a test, a caller giving up) stops the tasks too.
         let _stop_on_drop = background.token.clone().drop_guard();
-        background.spawn(load_then_sync(
+        // A one-way latch, cancelled once the database is migrated and the
+        // status set loaded: the other database work waits for it, so a first
+        // start on an empty database does not meet tables that are not there yet.
+        let loaded = CancellationToken::new();
+        // A mistake no retry mends (a pooler without a session): stops the app.
+        let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::channel::<String>(1);
+        background.spawn(load(
             self.status.clone(),
-            self.upstreams.clone(),
             self.config.clone(),
+            loaded.clone(),
+            fatal_tx,
         ));
+        background.spawn(after(
+            &loaded,
+            crate::status::sync::run(
+                self.status.clone(),
+                self.config.database.sync_interval,
+                self.config.database.listen,
+            ),
+        ));
+        let feed = &self.config.upstreams.calltracking.status_feed;
+        if feed.enabled {
+            background.spawn(after(
+                &loaded,
+                crate::status::feed::run(
+                    self.status.clone(),
+                    self.upstreams.clone(),
+                    feed.interval,
+                    feed.limit,
+                ),
+            ));
+        }
         if let Some(limiter) = self.limiter.clone() {
             background.spawn(limiter.sweep());
         }
@@ -189,13 +217,22 @@ impl App {
         if let Some(reveals) = self.reveals.clone() {
             let store = self.status.store().clone();
             let interval = self.config.reveals.flush_interval;
-            // Not cut off at the stop: it writes what is buffered first.
-            background.spawn_until_stopped(|stop| {
-                crate::reveals::flush::run(reveals, store.clone(), interval, stop)
+            let ready = loaded.clone();
+            // Not cut off at the stop: it writes what is buffered first (also
+            // when the stop comes before the load, then at once).
+            background.spawn_until_stopped(|stop| async move {
+                tokio::select! {
+                    () = ready.cancelled() => {}
+                    () = stop.cancelled() => {}
+                }
+                crate::reveals::flush::run(reveals, store, interval, stop).await;
             });
-            background.spawn(crate::reveals::retention::run(
-                store,
-                self.config.reveals.retention(),
+            background.spawn(after(
+                &loaded,
+                crate::reveals::retention::run(
+                    self.status.store().clone(),
+                    self.config.reveals.retention(),
+                ),
             ));
         }
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -240,6 +277,11 @@ impl App {
             _ = deadline_rx => {
                 tracing::warn!("drain deadline passed; dropping the remaining connections");
                 (Ok(()), Ok(()))
+            }
+            Some(mistake) = fatal_rx.recv() => {
+                background.stop().await;
+                self.status.store().close().await;
+                anyhow::bail!(mistake);
             }
         };
         background.stop().await;
@@ -286,44 +328,83 @@ impl Background {
     }
 }
 
-/// Migrates (if configured) and loads the status set, retrying until the
-/// database answers; then runs the sync loop and, if enabled, the feed loop.
-async fn load_then_sync(status: StatusService, upstreams: Arc<Upstreams>, config: Arc<Config>) {
+/// Runs `task` once `latch` is cancelled (see `loaded` in [`App::run`]).
+fn after(
+    latch: &CancellationToken,
+    task: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = ()> + Send + 'static {
+    let latch = latch.clone();
+    async move {
+        latch.cancelled().await;
+        task.await;
+    }
+}
+
+/// Checks the database can give what this replica needs, migrates (if
+/// configured) and loads the status set, retrying until the database answers;
+/// then opens `loaded`. A transaction-mode pooler without `database.direct_url`
+/// while something needs a session is reported on `fatal` instead: retrying
+/// cannot mend it, and a LISTEN through it would break the other clients.
+async fn load(
+    status: StatusService,
+    config: Arc<Config>,
+    loaded: CancellationToken,
+    fatal: tokio::sync::mpsc::Sender<String>,
+) {
+    let needs_session = config
+        .database
+        .needs_session(config.upstreams.calltracking.status_feed.enabled);
     let mut delay = Duration::from_millis(100);
+    let mut checked = !needs_session;
     loop {
-        let loaded = async {
+        if !checked {
+            match status.store().lacks_session().await {
+                Some(true) => {
+                    let _ = fatal.send(POOLER_WITHOUT_SESSION.to_owned()).await;
+                    return;
+                }
+                Some(false) => checked = true,
+                // No answer yet: the load below says why, and we ask again.
+                None => {}
+            }
+        }
+        let result = async {
             if config.database.migrate_on_start {
                 status.store().migrate().await?;
             }
             status.load().await
         };
-        match loaded.await {
-            Ok(count) => {
+        match result.await {
+            Ok(count) if checked => {
                 tracing::info!(
                     count,
                     store = status.store().kind(),
                     "call-tracking status set loaded"
                 );
-                break;
+                loaded.cancel();
+                return;
             }
+            Ok(_) => {}
             Err(error) => {
                 tracing::warn!(%error, "loading the status set failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
             }
         }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
     }
-    let sync = crate::status::sync::run(
-        status.clone(),
-        config.database.sync_interval,
-        config.database.listen,
-    );
-    let feed_config = &config.upstreams.calltracking.status_feed;
-    if feed_config.enabled {
-        let feed =
-            crate::status::feed::run(status, upstreams, feed_config.interval, feed_config.limit);
-        tokio::join!(sync, feed);
-    } else {
-        sync.await;
+}
+
+/// What a replica says when `database.url` is a transaction-mode pooler and no
+/// `database.direct_url` is given (docs/status-sync.md, "Behind a pooler").
+pub const POOLER_WITHOUT_SESSION: &str = "database.url is a transaction-mode pooler \
+(a client connection does not keep its server session): set database.direct_url to \
+PostgreSQL itself for migrations, feed leadership and LISTEN (or set \
+database.migrate_on_start = false and database.listen = false, without the status feed)";
+
+/// The bounds of every database call, from `[database]`.
+pub fn bounds(database: &crate::config::DatabaseConfig) -> crate::store::Bounds {
+    crate::store::Bounds {
+        statement: database.statement_timeout,
+        lock: database.lock_timeout,
     }
 }

@@ -109,22 +109,32 @@ pub struct Ttls {
 /// lock-free reads: one relaxed atomic load per lookup).
 pub struct Generations {
     slots: Box<[AtomicU32]>,
+    /// 64 minus the table's bits: the hash's top bits index it.
+    shift: u32,
 }
 
-const GENERATION_SLOTS: usize = 1 << 16;
+const GENERATION_SLOTS_BITS: u32 = 16;
 
 impl Default for Generations {
     fn default() -> Self {
-        Generations {
-            slots: (0..GENERATION_SLOTS).map(|_| AtomicU32::new(0)).collect(),
-        }
+        Generations::with_slots(GENERATION_SLOTS_BITS)
     }
 }
 
 impl Generations {
+    /// A table of `2^bits` slots (at most `2^24`): more slots, fewer unrelated
+    /// sellers expired with each one invalidated, 4 bytes a slot.
+    pub fn with_slots(bits: u32) -> Self {
+        let bits = bits.clamp(1, 24);
+        Generations {
+            slots: (0..1usize << bits).map(|_| AtomicU32::new(0)).collect(),
+            shift: 64 - bits,
+        }
+    }
+
     fn slot(&self, user: UserId) -> &AtomicU32 {
-        // Fibonacci hashing: the top 16 bits of the product spread sequential ids.
-        let index = (user.get().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize;
+        // Fibonacci hashing: the top bits of the product spread sequential ids.
+        let index = (user.get().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize;
         &self.slots[index % self.slots.len()]
     }
 

@@ -193,6 +193,13 @@ pub struct DatabaseConfig {
     pub listen: bool,
     #[serde(rename = "sync_interval_ms", deserialize_with = "units::millis")]
     pub sync_interval: Duration,
+    /// One database statement at most (PostgreSQL: `statement_timeout`).
+    #[serde(rename = "statement_timeout_ms", deserialize_with = "units::millis")]
+    pub statement_timeout: Duration,
+    /// Waiting for a lock at most (PostgreSQL: `lock_timeout`; SQLite: its
+    /// busy timeout).
+    #[serde(rename = "lock_timeout_ms", deserialize_with = "units::millis")]
+    pub lock_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -577,6 +584,12 @@ impl DatabaseConfig {
         Some(self.direct_url.expose()).filter(|u| !u.is_empty())
     }
 
+    /// Whether this replica needs a PostgreSQL session of its own: migrations
+    /// at start, LISTEN, or (with `feed`) feed leadership.
+    pub fn needs_session(&self, feed: bool) -> bool {
+        self.migrate_on_start || self.listen || feed
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let url = self.url.expose();
         if !["sqlite:", "postgres:", "postgresql:"]
@@ -614,6 +627,18 @@ impl DatabaseConfig {
             self.sync_interval.as_millis(),
             10..=60_000,
             "",
+        )?;
+        in_range(
+            "database.statement_timeout_ms",
+            self.statement_timeout.as_millis(),
+            100..=3_600_000,
+            "",
+        )?;
+        in_range(
+            "database.lock_timeout_ms",
+            self.lock_timeout.as_millis(),
+            10..=self.statement_timeout.as_millis().max(10),
+            " (at most database.statement_timeout_ms)",
         )
     }
 }

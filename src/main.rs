@@ -73,6 +73,7 @@ fn main() -> anyhow::Result<()> {
                     config.database.url.expose(),
                     config.database.direct_url(),
                     1,
+                    phones_gateway::app::bounds(&config.database),
                 )
                 .await?;
                 store.migrate().await?;

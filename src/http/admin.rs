@@ -241,6 +241,7 @@ pub struct InvalidateBody {
         (status = 401, description = "No or a wrong token", body = Problem),
         (status = 413, description = "Body over server.max_body_bytes", body = Problem),
         (status = 415, description = "The body is not sent as application/json", body = Problem),
+        (status = 503, description = "The invalidation could not be recorded for the other replicas (this one dropped its entries): retry", body = Problem),
     )
 )]
 pub async fn invalidate(
@@ -259,10 +260,15 @@ pub async fn invalidate(
         .enumerate()
         .map(|(i, id)| UserId::new(*id).map_err(|e| field_error(&format!("user_ids[{i}]"), e)))
         .collect::<Result<Vec<_>, _>>()?;
-    for user in &users {
-        state.caches.invalidate(*user);
+    // This replica's entries go at once; the others' once the record is durable.
+    if let Err(error) = state.status.invalidate(&users).await {
+        tracing::error!(%error, sellers = users.len(), "invalidation not recorded; dropped here only");
+        return Err(ApiError::Unavailable {
+            detail: "the invalidation could not be recorded for the other replicas \
+                     (this replica dropped its entries): retry",
+        });
     }
-    tracing::info!(sellers = users.len(), "caches invalidated");
+    tracing::info!(sellers = users.len(), "caches invalidated on every replica");
     Ok(axum::Json(Invalidated {
         invalidated: users.len(),
     })

@@ -61,7 +61,7 @@ pub enum ResolveError {
     Overloaded,
 }
 
-/// The three caches and the generation table they share.
+/// The three caches and their generation tables.
 #[derive(Clone)]
 pub struct Caches {
     /// Keyed by (user, ad).
@@ -70,16 +70,30 @@ pub struct Caches {
     pub anonymous: PhoneCache<(u64, u64)>,
     /// Keyed by (user, real phone).
     pub calltracking: PhoneCache<(u64, u64)>,
+    /// The real and anonymous caches' table.
     pub generations: Arc<Generations>,
+    /// The call-tracking cache's own table, so that a flip of call tracking
+    /// drops those numbers alone; larger (4 MiB), since a snapshot may flip
+    /// 100,000 sellers at once and each slot expires every seller hashed to it.
+    pub calltracking_generations: Arc<Generations>,
     /// The three caches' clock.
     pub clock: Clock,
+    /// The longest an entry may be served after its fetch (TTL plus max stale,
+    /// over the three caches).
+    longest_use: std::time::Duration,
 }
+
+/// Bits of the call-tracking generation table: 2^20 slots, so a snapshot
+/// flipping 100,000 sellers expires about a tenth of the others' entries.
+const CALLTRACKING_GENERATION_BITS: u32 = 20;
 
 impl Caches {
     pub fn new(config: &Config) -> Self {
         let generations = Arc::new(Generations::default());
+        let calltracking_generations =
+            Arc::new(Generations::with_slots(CALLTRACKING_GENERATION_BITS));
         let clock = Clock::new();
-        let build = |name, c: &CacheConfig, stale_negatives| {
+        let build = |name, c: &CacheConfig, stale_negatives, generations: &Arc<Generations>| {
             let ttls = Ttls {
                 positive: c.ttl,
                 negative: c.negative_ttl,
@@ -89,14 +103,27 @@ impl Caches {
             };
             PhoneCache::new(name, c.capacity, ttls, generations.clone(), clock)
         };
+        let c = &config.cache;
+        let longest_use = [&c.real_phone, &c.anonymous, &c.calltracking]
+            .iter()
+            .map(|c| c.ttl.max(c.negative_ttl) + c.max_stale)
+            .max()
+            .unwrap_or_default();
         Caches {
-            real_phone: build("real_phone", &config.cache.real_phone, true),
+            real_phone: build("real_phone", &c.real_phone, true, &generations),
             // docs/caching.md: an expired "no anonymous number" is never used; the seller
             // may have paid since.
-            anonymous: build("anonymous", &config.cache.anonymous, false),
-            calltracking: build("calltracking", &config.cache.calltracking, true),
+            anonymous: build("anonymous", &c.anonymous, false, &generations),
+            calltracking: build(
+                "calltracking",
+                &c.calltracking,
+                true,
+                &calltracking_generations,
+            ),
             generations,
+            calltracking_generations,
             clock,
+            longest_use,
         }
     }
 
@@ -108,9 +135,25 @@ impl Caches {
         }
     }
 
-    /// Drops every cached number of `user` (docs/api.md, cache invalidation).
+    /// Drops every cached number of `user` on this replica alone; the admin
+    /// route goes through the status service, which tells the fleet.
     pub fn invalidate(&self, user: UserId) {
         self.generations.invalidate(user);
+        self.calltracking_generations.invalidate(user);
+    }
+}
+
+impl crate::status::SellerCaches for Caches {
+    fn drop_seller(&self, user: UserId) {
+        self.invalidate(user);
+    }
+
+    fn drop_calltracking(&self, user: UserId) {
+        self.calltracking_generations.invalidate(user);
+    }
+
+    fn longest_use(&self) -> std::time::Duration {
+        self.longest_use
     }
 }
 

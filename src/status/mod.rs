@@ -8,11 +8,41 @@ pub mod sync;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
 
 pub use set::{StatusSet, Tracking};
 
-use crate::domain::{Applied, StatusChange};
-use crate::store::{CHANGES_PAGE, FLOOR_USER, SnapshotLoad, Store, StoreError, Watermark};
+use crate::domain::{Applied, StatusChange, UserId};
+use crate::store::{CHANGES_PAGE, Change, FLOOR_USER, SnapshotLoad, Store, StoreError, Watermark};
+
+/// What the number caches must forget when the change log says so. The status
+/// service reads the change log; the caches live above it (in `resolve`), so
+/// `app` hands them in as this.
+pub trait SellerCaches: Send + Sync {
+    /// Every cached number of the seller (an invalidation).
+    fn drop_seller(&self, user: UserId);
+    /// The seller's cached call-tracking numbers: call tracking was turned on or
+    /// off, and a forwarding number released meanwhile may be another seller's now.
+    fn drop_calltracking(&self, user: UserId);
+    /// The longest an entry fetched now may still be served (TTL plus
+    /// `max_stale`): an invalidation older than that can drop nothing.
+    fn longest_use(&self) -> Duration;
+}
+
+/// No caches to tell (tools and benches that have none).
+struct NoCaches;
+
+impl SellerCaches for NoCaches {
+    fn drop_seller(&self, _: UserId) {}
+    fn drop_calltracking(&self, _: UserId) {}
+    fn longest_use(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// Rows applied between two yields of a catch-up: a snapshot that changes
+/// 100,000 sellers does not hold a worker thread for the whole page.
+const ROWS_PER_YIELD: usize = 1024;
 
 /// Owns the status set's consistency with the store.
 ///
@@ -29,6 +59,7 @@ pub struct StatusService {
 struct Inner {
     set: Arc<StatusSet>,
     store: Store,
+    caches: Arc<dyn SellerCaches>,
     /// One local writer at a time: SQLite has one writer anyway, and PostgreSQL
     /// writers queue on the advisory lock; queueing here spares a connection.
     writer: tokio::sync::Mutex<()>,
@@ -42,11 +73,18 @@ struct Inner {
 }
 
 impl StatusService {
+    /// A service with no caches to tell of invalidations and flips.
     pub fn new(store: Store) -> Self {
+        StatusService::with_caches(store, Arc::new(NoCaches))
+    }
+
+    /// A service that makes `caches` forget what the change log says to.
+    pub fn with_caches(store: Store, caches: Arc<dyn SellerCaches>) -> Self {
         StatusService {
             inner: Arc::new(Inner {
                 set: Arc::new(StatusSet::default()),
                 store,
+                caches,
                 writer: tokio::sync::Mutex::new(()),
                 watermark: tokio::sync::Mutex::new((0, 0)),
                 // Counted from creation until the first catch-up, so a replica
@@ -107,12 +145,17 @@ impl StatusService {
     }
 
     /// Applies every change after the watermark to memory; returns how many users
-    /// it set (the snapshot floor's row is not a user).
+    /// it set (the snapshot floor's row is not a user). An invalidation drops
+    /// the seller's cached numbers; a status whose call tracking flipped since
+    /// the watermark drops the seller's call-tracking numbers first, then is set
+    /// (so no request sees it on while an old forwarding number is still cached).
     ///
     /// # Errors
     /// The store could not be read; what was applied before the error stays.
     pub async fn catch_up(&self) -> Result<usize, StoreError> {
         let mut watermark = self.inner.watermark.lock().await;
+        let seen = watermark.0;
+        let caches = &self.inner.caches;
         let mut total = 0;
         loop {
             let rows = self
@@ -120,12 +163,27 @@ impl StatusService {
                 .store
                 .changes_after(*watermark, CHANGES_PAGE)
                 .await?;
-            for row in &rows {
-                if row.user_id == FLOOR_USER {
-                    self.inner.set.put_floor(row.status.version);
-                } else {
-                    self.inner.set.put(row.user_id, row.status);
-                    total += 1;
+            for (i, row) in rows.iter().enumerate() {
+                let user = UserId::new(row.user_id);
+                match row.change {
+                    Change::Status { status, .. } if row.user_id == FLOOR_USER => {
+                        self.inner.set.put_floor(status.version);
+                    }
+                    Change::Status { status, flip_seq } => {
+                        if let (Ok(user), true) = (user, flip_seq > seen) {
+                            caches.drop_calltracking(user);
+                        }
+                        self.inner.set.put(row.user_id, status);
+                        total += 1;
+                    }
+                    Change::Invalidated => {
+                        if let Ok(user) = user {
+                            caches.drop_seller(user);
+                        }
+                    }
+                }
+                if i % ROWS_PER_YIELD == ROWS_PER_YIELD - 1 {
+                    tokio::task::yield_now().await;
                 }
             }
             if let Some(last) = rows.last() {
@@ -140,6 +198,42 @@ impl StatusService {
         Ok(total)
     }
 
+    /// Drops every cached number of `users` here at once, then records the
+    /// invalidation so that every other replica drops them too (with SQLite,
+    /// one replica, nothing to record). A fetch of them under way on any
+    /// replica is not written back.
+    ///
+    /// # Errors
+    /// The store could not record it: this replica's entries are dropped all
+    /// the same, the others' are not; the caller should retry.
+    pub async fn invalidate(&self, users: &[UserId]) -> Result<(), StoreError> {
+        for user in users {
+            self.inner.caches.drop_seller(*user);
+        }
+        {
+            let _writer = self.writer().await?;
+            self.inner
+                .store
+                .record_invalidations(users, self.inner.caches.longest_use())
+                .await?;
+        }
+        self.catch_up_after_write().await;
+        Ok(())
+    }
+
+    /// The local writers' turn, waited for at most one database call's bound:
+    /// whoever holds it is itself bounded, so a queue behind a stuck database
+    /// answers 503 rather than piling up.
+    async fn writer(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, StoreError> {
+        let bound = self.inner.store.call_bound();
+        tokio::time::timeout(bound, self.inner.writer.lock())
+            .await
+            .map_err(|_| StoreError::TimedOut {
+                operation: "waiting for the writers' turn",
+                bound,
+            })
+    }
+
     /// Applies a delta delivery (webhook, or a feed page with its cursor).
     ///
     /// # Errors
@@ -150,7 +244,7 @@ impl StatusService {
         cursor: Option<&str>,
     ) -> Result<Applied, StoreError> {
         let counts = {
-            let _writer = self.inner.writer.lock().await;
+            let _writer = self.writer().await?;
             self.inner.store.apply_changes(changes, cursor).await?
         };
         self.catch_up_after_write().await;
@@ -176,7 +270,7 @@ impl StatusService {
         version: u64,
     ) -> Result<(), StoreError> {
         {
-            let _writer = self.inner.writer.lock().await;
+            let _writer = self.writer().await?;
             load.finish(version).await?;
         }
         self.catch_up_after_write().await;

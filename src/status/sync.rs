@@ -4,24 +4,61 @@
 //! change hint the store gives (PostgreSQL notifications, and every reconnection
 //! of the listener). Hints are only hints: they are lost while the listener is
 //! away, which is why the poll exists. Either way the catch-up reads the change
-//! log after the last row applied, so nothing is skipped.
+//! log after the last row applied, so nothing is skipped. Every catch-up is
+//! bounded by the store (`database.statement_timeout_ms`), so a lost connection
+//! costs one failed round, and the next poll after the database answers again
+//! catches up.
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::StatusService;
+
+/// A failing catch-up is logged at most this often (with how many failed).
+const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Runs until its task is cancelled. Without `listen`, the poll alone.
 pub async fn run(service: StatusService, poll: Duration, listen: bool) {
     let mut hints = service.store().change_hints(poll, listen);
+    let mut failing = Failing::default();
     loop {
         tokio::select! {
             () = hints.next() => {}
             () = tokio::time::sleep(poll) => {}
         }
         match service.catch_up().await {
-            Ok(0) => {}
-            Ok(rows) => tracing::debug!(rows, "status sync: caught up"),
-            Err(error) => tracing::warn!(%error, "status sync: catch-up failed; will retry"),
+            Ok(rows) => {
+                failing.recovered();
+                if rows > 0 {
+                    tracing::debug!(rows, "status sync: caught up");
+                }
+            }
+            Err(error) => failing.failed(&error),
         }
+    }
+}
+
+/// Failed catch-ups since the last one that worked, for rate-limited logs.
+#[derive(Default)]
+struct Failing {
+    count: u64,
+    last_warned: Option<Instant>,
+}
+
+impl Failing {
+    fn failed(&mut self, error: &crate::store::StoreError) {
+        self.count += 1;
+        if self.last_warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+            self.last_warned = Some(Instant::now());
+            tracing::warn!(%error, failed = self.count, "status sync: catch-up failed; will retry");
+        }
+    }
+
+    fn recovered(&mut self) {
+        if self.count > 0 {
+            tracing::info!(failed = self.count, "status sync: caught up again");
+        }
+        *self = Failing::default();
     }
 }

@@ -18,8 +18,8 @@
 macro_rules! on_connection {
     ($store:expr, $conn:ident => $query:expr) => {
         match $store {
-            Store::Postgres(Pg { pool, .. }) => {
-                let mut $conn = pool.begin().await?;
+            Store::Postgres(pg) => {
+                let mut $conn = pg.begin().await?;
                 let value = $query;
                 $conn.commit().await?;
                 value
@@ -40,8 +40,9 @@ mod sqlite;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::domain::{Applied, Status, StatusChange};
+use crate::domain::{Applied, Status, StatusChange, UserId};
 
+pub use postgres::keeps_sessions;
 pub use signals::{ChangeHints, Leadership};
 
 /// Rows read per catch-up query.
@@ -62,28 +63,89 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("unsupported database URL (expected sqlite:// or postgres://)")]
     UnsupportedUrl,
+    /// No connection could be had: the pool's own error ("pool timed out")
+    /// hides why, so the store asks once more itself and names the cause.
+    #[error("cannot connect to {target}: {cause}")]
+    Unreachable { target: String, cause: String },
+    /// The call did not finish within its bound (see [`Bounds`]); on the
+    /// database's side the statement is cancelled by its own timeout.
+    #[error("{operation} did not finish within {bound:?}")]
+    TimedOut {
+        operation: &'static str,
+        bound: Duration,
+    },
 }
 
-/// A stored status and the change that last touched it.
+/// How long a database call may take (docs/configuration.md, `database.*`).
+/// PostgreSQL enforces both on the server per transaction (`statement_timeout`,
+/// `lock_timeout`: `SET LOCAL`, so a transaction-mode pooler passes them on);
+/// SQLite waits for the write lock at most `lock` (its busy timeout). The
+/// client also gives up on a PostgreSQL call after [`Bounds::call`], for a
+/// connection that died without a word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// One statement (a snapshot's largest statement must fit: see the docs).
+    pub statement: Duration,
+    /// Waiting for a lock another session holds (a table, the writers' lock).
+    pub lock: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            statement: Duration::from_secs(60),
+            lock: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Bounds {
+    /// The client's bound on one call: a connection, then a statement.
+    pub fn call(&self) -> Duration {
+        ACQUIRE_TIMEOUT + self.statement + Duration::from_secs(1)
+    }
+}
+
+/// A row of the change log, in change order: a status as stored, or a cache
+/// invalidation (PostgreSQL only; with SQLite invalidations stay local).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Row {
     pub user_id: u64,
-    pub status: Status,
     pub seq: i64,
+    pub change: Change,
 }
 
-/// A row as both databases return it: (user_id, enabled, version, change_seq).
-type RowTuple = (i64, bool, i64, i64);
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Status {
+        status: Status,
+        /// The change that last turned call tracking on or off (0: never).
+        flip_seq: i64,
+    },
+    /// Every cached number of the seller is to be dropped.
+    Invalidated,
+}
+
+/// A row as both databases return it: (user_id, enabled, version, change_seq,
+/// flip_seq, is an invalidation).
+type RowTuple = (i64, bool, i64, i64, i64, bool);
 
 impl From<RowTuple> for Row {
-    fn from((user_id, enabled, version, seq): RowTuple) -> Self {
+    fn from((user_id, enabled, version, seq, flip_seq, invalidation): RowTuple) -> Self {
         Row {
             user_id: unsigned(user_id),
-            status: Status {
-                enabled,
-                version: unsigned(version),
-            },
             seq,
+            change: if invalidation {
+                Change::Invalidated
+            } else {
+                Change::Status {
+                    status: Status {
+                        enabled,
+                        version: unsigned(version),
+                    },
+                    flip_seq,
+                }
+            },
         }
     }
 }
@@ -113,6 +175,27 @@ pub struct Pg {
     pool: sqlx::PgPool,
     /// Boxed: connect options are a few hundred bytes, the pool a pointer.
     direct: Box<sqlx::postgres::PgConnectOptions>,
+    /// Whether `direct` was configured apart from the pool's URL.
+    direct_given: bool,
+    bounds: Bounds,
+}
+
+impl Pg {
+    /// A transaction with this store's bounds set on the server (`SET LOCAL`,
+    /// one round trip: pooler-safe, and gone with the transaction).
+    async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "SELECT set_config('statement_timeout', $1, true), \
+             set_config('lock_timeout', $2, true)",
+        )
+        .persistent(false)
+        .bind(self.bounds.statement.as_millis().to_string())
+        .bind(self.bounds.lock.as_millis().to_string())
+        .execute(&mut *tx)
+        .await?;
+        Ok(tx)
+    }
 }
 
 impl Store {
@@ -123,7 +206,7 @@ impl Store {
     /// # Errors
     /// A URL that does not parse, or an SQLite file that cannot be created.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
-        Store::connect_via(url, None, max_connections).await
+        Store::connect_via(url, None, max_connections, Bounds::default()).await
     }
 
     /// As [`Store::connect`]; for PostgreSQL, `direct` (when given) reaches
@@ -135,18 +218,31 @@ impl Store {
         url: &str,
         direct: Option<&str>,
         max_connections: u32,
+        bounds: Bounds,
     ) -> Result<Store, StoreError> {
         if url.starts_with("sqlite:") {
-            sqlite::connect(url, max_connections)
+            sqlite::connect(url, max_connections, bounds.lock)
                 .await
                 .map(Store::Sqlite)
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             Ok(Store::Postgres(Pg {
                 pool: postgres::connect(url, max_connections)?,
                 direct: Box::new(postgres::options(direct.unwrap_or(url))?),
+                direct_given: direct.is_some(),
+                bounds,
             }))
         } else {
             Err(StoreError::UnsupportedUrl)
+        }
+    }
+
+    /// The client's bound on one call (see [`Bounds::call`]).
+    pub fn call_bound(&self) -> Duration {
+        match self {
+            Store::Postgres(pg) => pg.bounds.call(),
+            // Local: a statement cannot hang on a network, and the busy
+            // timeout bounds the wait for the write lock.
+            Store::Sqlite(_) => Bounds::default().call(),
         }
     }
 
@@ -166,14 +262,26 @@ impl Store {
             Store::Sqlite(pool) => sqlx::migrate!("migrations/sqlite").run(pool).await?,
             // On a connection of its own to PostgreSQL itself: the migrator's
             // session lock means nothing through a transaction-mode pooler.
+            // A connection, not a pool: its error names the cause (a pool's
+            // says only that it timed out).
             Store::Postgres(pg) => {
-                let direct = sqlx::postgres::PgPoolOptions::new()
-                    .max_connections(1)
-                    .acquire_timeout(ACQUIRE_TIMEOUT)
-                    .connect_with((*pg.direct).clone())
-                    .await?;
-                let result = sqlx::migrate!("migrations/postgres").run(&direct).await;
-                direct.close().await;
+                let connect = <sqlx::PgConnection as sqlx::Connection>::connect_with(&pg.direct);
+                let mut direct = match tokio::time::timeout(ACQUIRE_TIMEOUT, connect).await {
+                    Ok(connected) => connected.map_err(|error| StoreError::Unreachable {
+                        target: postgres::target(&pg.direct),
+                        cause: error.to_string(),
+                    })?,
+                    Err(_) => {
+                        return Err(StoreError::Unreachable {
+                            target: postgres::target(&pg.direct),
+                            cause: format!("no answer within {ACQUIRE_TIMEOUT:?}"),
+                        });
+                    }
+                };
+                let result = sqlx::migrate!("migrations/postgres")
+                    .run_direct(&mut direct)
+                    .await;
+                let _ = sqlx::Connection::close(direct).await;
                 result?;
             }
         }
@@ -190,12 +298,10 @@ impl Store {
         items: &[StatusChange],
         cursor: Option<&str>,
     ) -> Result<Applied, StoreError> {
-        timed("apply_changes", async {
+        self.call("apply_changes", async {
             match self {
                 Store::Sqlite(pool) => sqlite::apply_changes(pool, items, cursor).await,
-                Store::Postgres(Pg { pool, .. }) => {
-                    postgres::apply_changes(pool, items, cursor).await
-                }
+                Store::Postgres(pg) => postgres::apply_changes(pg, items, cursor).await,
             }
         })
         .await
@@ -208,14 +314,20 @@ impl Store {
     /// # Errors
     /// The database is unreachable.
     pub async fn begin_snapshot(&self) -> Result<SnapshotLoad, StoreError> {
+        let tx = self
+            .call("begin_snapshot", async {
+                Ok(match self {
+                    Store::Sqlite(pool) => SnapshotTx::Sqlite(sqlite::begin_snapshot(pool).await?),
+                    Store::Postgres(pg) => {
+                        SnapshotTx::Postgres(postgres::begin_snapshot(pg).await?)
+                    }
+                })
+            })
+            .await?;
         Ok(SnapshotLoad {
             started: std::time::Instant::now(),
-            tx: match self {
-                Store::Sqlite(pool) => SnapshotTx::Sqlite(sqlite::begin_snapshot(pool).await?),
-                Store::Postgres(Pg { pool, .. }) => {
-                    SnapshotTx::Postgres(postgres::begin_snapshot(pool).await?)
-                }
-            },
+            store: self.clone(),
+            tx,
         })
     }
 
@@ -228,15 +340,55 @@ impl Store {
         after: Watermark,
         limit: i64,
     ) -> Result<Vec<Row>, StoreError> {
-        timed("changes_after", async {
+        self.call("changes_after", async {
             match self {
                 Store::Sqlite(pool) => sqlite::changes_after(pool, after, limit).await,
-                Store::Postgres(Pg { pool, .. }) => {
-                    postgres::changes_after(pool, after, limit).await
-                }
+                Store::Postgres(pg) => postgres::changes_after(pg, after, limit).await,
             }
         })
         .await
+    }
+
+    /// Records, in the change log, that every cached number of `users` is to be
+    /// dropped on every replica, and prunes the records older than `keep` (the
+    /// longest time a cached entry can still be served: an older record cannot
+    /// drop anything). With SQLite there is no other replica: nothing to record.
+    ///
+    /// # Errors
+    /// The database refused or is unreachable; nothing was recorded.
+    pub async fn record_invalidations(
+        &self,
+        users: &[UserId],
+        keep: Duration,
+    ) -> Result<(), StoreError> {
+        match self {
+            Store::Sqlite(_) => Ok(()),
+            Store::Postgres(pg) => {
+                self.call(
+                    "record_invalidations",
+                    postgres::record_invalidations(pg, users, keep),
+                )
+                .await
+            }
+        }
+    }
+
+    /// Whether this store needs a session of its own that it does not have:
+    /// PostgreSQL's `url` is a transaction-mode pooler and no `direct_url` was
+    /// given (see [`postgres::keeps_sessions`]). `None` when it cannot tell
+    /// (the database does not answer).
+    pub async fn lacks_session(&self) -> Option<bool> {
+        match self {
+            Store::Sqlite(_) => Some(false),
+            Store::Postgres(pg) if pg.direct_given => Some(false),
+            Store::Postgres(pg) => {
+                let options = pg.pool.connect_options();
+                postgres::keeps_sessions(&options)
+                    .await
+                    .ok()
+                    .map(|keeps| !keeps)
+            }
+        }
     }
 
     /// Hints that the change log may have grown (see [`ChangeHints`]); a broken
@@ -260,12 +412,15 @@ impl Store {
     /// The database is unreachable.
     pub async fn feed_cursor(&self) -> Result<Option<String>, StoreError> {
         let query = "SELECT cursor FROM status_feed_cursor WHERE id = 1";
-        Ok(on_connection!(self, conn => {
-            sqlx::query_scalar(query)
-                .persistent(false)
-                .fetch_optional(&mut *conn)
-                .await?
-        }))
+        self.call("feed_cursor", async {
+            Ok(on_connection!(self, conn => {
+                sqlx::query_scalar(query)
+                    .persistent(false)
+                    .fetch_optional(&mut *conn)
+                    .await?
+            }))
+        })
+        .await
     }
 
     pub async fn close(&self) {
@@ -279,6 +434,8 @@ impl Store {
 /// A snapshot being loaded: one open transaction holding a temporary table of ids.
 pub struct SnapshotLoad {
     tx: SnapshotTx,
+    /// The store it came from, for the bound of each call.
+    store: Store,
     started: std::time::Instant,
 }
 
@@ -293,10 +450,15 @@ impl SnapshotLoad {
     /// # Errors
     /// The database failed; drop the load.
     pub async fn push(&mut self, ids: &[u64]) -> Result<(), StoreError> {
-        match &mut self.tx {
-            SnapshotTx::Sqlite(tx) => sqlite::push_snapshot(tx, ids).await,
-            SnapshotTx::Postgres(tx) => postgres::push_snapshot(tx, ids).await,
-        }
+        let tx = &mut self.tx;
+        self.store
+            .call("push_snapshot", async {
+                match tx {
+                    SnapshotTx::Sqlite(tx) => sqlite::push_snapshot(tx, ids).await,
+                    SnapshotTx::Postgres(tx) => postgres::push_snapshot(tx, ids).await,
+                }
+            })
+            .await
     }
 
     /// Applies the snapshot at `version` and commits.
@@ -304,22 +466,77 @@ impl SnapshotLoad {
     /// # Errors
     /// The database failed; nothing was applied.
     pub async fn finish(self, version: u64) -> Result<(), StoreError> {
-        let result = match self.tx {
-            SnapshotTx::Sqlite(tx) => sqlite::finish_snapshot(tx, version).await,
-            SnapshotTx::Postgres(tx) => postgres::finish_snapshot(tx, version).await,
-        };
+        let SnapshotLoad { tx, store, started } = self;
+        let result = store
+            .call("finish_snapshot", async {
+                match tx {
+                    SnapshotTx::Sqlite(tx) => sqlite::finish_snapshot(tx, version).await,
+                    SnapshotTx::Postgres(tx) => postgres::finish_snapshot(tx, version).await,
+                }
+            })
+            .await;
         metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => "apply_snapshot")
-            .record(self.started.elapsed().as_secs_f64());
+            .record(started.elapsed().as_secs_f64());
         result
     }
 }
 
-async fn timed<T>(operation: &'static str, f: impl Future<Output = T>) -> T {
-    let start = std::time::Instant::now();
-    let out = f.await;
-    metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => operation)
-        .record(start.elapsed().as_secs_f64());
-    out
+impl Store {
+    /// Runs one database call: bounded on PostgreSQL by [`Bounds::call`] (a
+    /// connection that died without a word cannot hold the caller), timed for
+    /// the operation histogram, and with a pool timeout explained (see
+    /// [`StoreError::Unreachable`]).
+    async fn call<T>(
+        &self,
+        operation: &'static str,
+        f: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let start = std::time::Instant::now();
+        let out = match self {
+            Store::Postgres(pg) => {
+                let bound = pg.bounds.call();
+                tokio::time::timeout(bound, f)
+                    .await
+                    .unwrap_or(Err(StoreError::TimedOut { operation, bound }))
+            }
+            Store::Sqlite(_) => f.await,
+        };
+        metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => operation)
+            .record(start.elapsed().as_secs_f64());
+        match out {
+            Err(StoreError::Database(sqlx::Error::PoolTimedOut)) => Err(self.explain().await),
+            other => other,
+        }
+    }
+
+    /// Why no pooled connection could be had: one connection attempt of its own,
+    /// whose error names the cause (refused, authentication, DNS), with where it
+    /// went (host:port and database, never the password).
+    async fn explain(&self) -> StoreError {
+        let Store::Postgres(pg) = self else {
+            return StoreError::Database(sqlx::Error::PoolTimedOut);
+        };
+        let options = pg.pool.connect_options();
+        let target = postgres::target(&options);
+        let attempt = tokio::time::timeout(
+            ACQUIRE_TIMEOUT,
+            <sqlx::PgConnection as sqlx::Connection>::connect_with(&options),
+        )
+        .await;
+        let cause = match attempt {
+            Err(_) => format!("no answer within {ACQUIRE_TIMEOUT:?}"),
+            Ok(Err(error)) => error.to_string(),
+            Ok(Ok(connection)) => {
+                let _ = sqlx::Connection::close(connection).await;
+                format!(
+                    "every pooled connection stayed busy for {ACQUIRE_TIMEOUT:?} \
+                     (database.max_connections is {})",
+                    pg.pool.options().get_max_connections()
+                )
+            }
+        };
+        StoreError::Unreachable { target, cause }
+    }
 }
 
 /// Distinct users of a delivery, and the floor row: the stored versions a

@@ -12,9 +12,9 @@ use std::str::FromStr;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Row as _};
 
-use super::{Row, RowTuple, StoreError, Watermark, plan, signed, unsigned, users_of};
-use crate::domain::Applied;
+use super::{Pg, Row, RowTuple, StoreError, Watermark, plan, signed, unsigned, users_of};
 use crate::domain::StatusChange;
+use crate::domain::{Applied, UserId};
 
 /// The notification channel of status changes.
 pub(super) const CHANNEL: &str = "calltracking_status";
@@ -34,10 +34,74 @@ pub fn connect(url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
         .connect_lazy_with(options(url)?))
 }
 
+/// Where `options` reach, for a log line: host:port (or the socket) and the
+/// database; never the user's password.
+pub fn target(options: &PgConnectOptions) -> String {
+    let database = options.get_database().unwrap_or("");
+    match options.get_socket() {
+        Some(socket) => format!("{}/{database}", socket.display()),
+        None => format!("{}:{}/{database}", options.get_host(), options.get_port()),
+    }
+}
+
+/// Whether a client connection to `options` keeps one server session, as
+/// PostgreSQL itself or a session-mode pooler does; a transaction-mode pooler
+/// hands each transaction the server connection that is free. Probed with two
+/// client connections: A asks its backend's pid; B then holds a transaction
+/// open (a pooler that reuses the last-freed server connection, as PgBouncer
+/// does by default, gives B the one A just used); A asks again. A session keeps
+/// its pid; through a transaction-mode pooler A's second answer comes from
+/// another backend. Simple-query statements, one round trip each, so the probe
+/// itself is pooler-safe.
+///
+/// # Errors
+/// No connection could be made.
+pub fn keeps_sessions(
+    options: &PgConnectOptions,
+) -> futures_util::future::BoxFuture<'_, Result<bool, StoreError>> {
+    // Boxed as `Send` here, where the compiler can see it is: through a generic
+    // caller it fails to prove it for sqlx's executor lifetimes.
+    Box::pin(probe_sessions(options))
+}
+
+async fn probe_sessions(options: &PgConnectOptions) -> Result<bool, StoreError> {
+    use sqlx::Connection as _;
+    let mut a = sqlx::PgConnection::connect_with(options).await?;
+    let mut b = sqlx::PgConnection::connect_with(options).await?;
+    let mut keeps = true;
+    for _ in 0..3 {
+        let first = pid(&mut a).await?;
+        sqlx::Executor::execute(&mut b, "BEGIN").await?;
+        let held = pid(&mut b).await?;
+        // Through a pooler whose every server connection B holds, A waits
+        // for one: it has none of its own, so that too says "no session".
+        let second = tokio::time::timeout(super::ACQUIRE_TIMEOUT, pid(&mut a)).await;
+        sqlx::Executor::execute(&mut b, "COMMIT").await?;
+        let Ok(second) = second else {
+            keeps = false;
+            break;
+        };
+        let second = second?;
+        if first != second || held == first {
+            keeps = false;
+            break;
+        }
+    }
+    let _ = a.close().await;
+    let _ = b.close().await;
+    Ok(keeps)
+}
+
+async fn pid(conn: &mut sqlx::PgConnection) -> Result<i32, StoreError> {
+    // A query without arguments goes as one simple-protocol message.
+    let row = sqlx::Executor::fetch_one(conn, "SELECT pg_backend_pid()").await?;
+    Ok(row.try_get(0)?)
+}
+
 async fn begin_write(
-    pool: &PgPool,
+    pg: &Pg,
 ) -> Result<(sqlx::Transaction<'static, sqlx::Postgres>, i64), StoreError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pg.begin().await?;
     let seq = take_write_turn(&mut tx).await?;
     Ok((tx, seq))
 }
@@ -73,11 +137,11 @@ async fn notify_and_commit(
 }
 
 pub async fn apply_changes(
-    pool: &PgPool,
+    pg: &Pg,
     items: &[StatusChange],
     cursor: Option<&str>,
 ) -> Result<Applied, StoreError> {
-    let (mut tx, seq) = begin_write(pool).await?;
+    let (mut tx, seq) = begin_write(pg).await?;
     let users: Vec<i64> = users_of(items).into_iter().map(signed).collect();
     let stored: HashMap<u64, u64> =
         sqlx::query("SELECT user_id, version FROM calltracking_status WHERE user_id = ANY($1)")
@@ -94,10 +158,13 @@ pub async fn apply_changes(
         let enabled: Vec<bool> = rows.iter().map(|r| r.enabled).collect();
         let versions: Vec<i64> = rows.iter().map(|r| signed(r.version.get())).collect();
         sqlx::query(
-            "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) \
-             SELECT u, e, v, $4 FROM UNNEST($1::int8[], $2::bool[], $3::int8[]) AS t(u, e, v) \
+            "INSERT INTO calltracking_status (user_id, enabled, version, change_seq, flip_seq) \
+             SELECT u, e, v, $4, CASE WHEN e THEN $4 ELSE 0 END \
+             FROM UNNEST($1::int8[], $2::bool[], $3::int8[]) AS t(u, e, v) \
              ON CONFLICT (user_id) DO UPDATE SET enabled = excluded.enabled, \
-             version = excluded.version, change_seq = excluded.change_seq \
+             version = excluded.version, change_seq = excluded.change_seq, \
+             flip_seq = CASE WHEN excluded.enabled <> calltracking_status.enabled \
+                        THEN excluded.change_seq ELSE calltracking_status.flip_seq END \
              WHERE excluded.version > calltracking_status.version",
         )
         .persistent(false)
@@ -126,9 +193,9 @@ pub async fn apply_changes(
 /// writers' advisory lock is taken only in [`finish_snapshot`], so a long upload
 /// does not hold up other replicas' writes.
 pub async fn begin_snapshot(
-    pool: &PgPool,
+    pg: &Pg,
 ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pg.begin().await?;
     sqlx::query("CREATE TEMP TABLE snapshot_ids (user_id BIGINT NOT NULL) ON COMMIT DROP")
         .persistent(false)
         .execute(&mut *tx)
@@ -167,7 +234,10 @@ pub async fn finish_snapshot(
     let version = signed(version);
     sqlx::query(
         "UPDATE calltracking_status s \
-         SET enabled = EXISTS (SELECT 1 FROM snapshot_ids t WHERE t.user_id = s.user_id), \
+         SET (enabled, flip_seq) = ( \
+               SELECT n.listed, CASE WHEN n.listed <> s.enabled THEN $2 ELSE s.flip_seq END \
+               FROM (SELECT EXISTS (SELECT 1 FROM snapshot_ids t WHERE t.user_id = s.user_id)) \
+                    AS n(listed)), \
              version = $1, change_seq = $2 \
          WHERE s.version <= $1",
     )
@@ -177,8 +247,8 @@ pub async fn finish_snapshot(
     .execute(&mut *tx)
     .await?;
     sqlx::query(
-        "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) \
-         SELECT DISTINCT user_id, true, $1, $2 FROM snapshot_ids \
+        "INSERT INTO calltracking_status (user_id, enabled, version, change_seq, flip_seq) \
+         SELECT DISTINCT user_id, true, $1, $2, $2 FROM snapshot_ids \
          WHERE (SELECT version FROM calltracking_status WHERE user_id = 0) <= $1 \
          ON CONFLICT (user_id) DO NOTHING",
     )
@@ -190,16 +260,20 @@ pub async fn finish_snapshot(
     notify_and_commit(tx, seq).await
 }
 
-pub async fn changes_after(
-    pool: &PgPool,
-    after: Watermark,
-    limit: i64,
-) -> Result<Vec<Row>, StoreError> {
+/// The change log after `after`: status rows and cache invalidations merged in
+/// change order (each index gives its table's rows in that order).
+pub async fn changes_after(pg: &Pg, after: Watermark, limit: i64) -> Result<Vec<Row>, StoreError> {
     // In a transaction, alone as it is: pooler-safe (see `super::Pg`).
-    let mut tx = pool.begin().await?;
+    let mut tx = pg.begin().await?;
     let rows: Vec<RowTuple> = sqlx::query_as(
-        "SELECT user_id, enabled, version, change_seq FROM calltracking_status \
-         WHERE (change_seq, user_id) > ($1, $2) ORDER BY change_seq, user_id LIMIT $3",
+        "(SELECT user_id, enabled, version, change_seq, flip_seq, false AS invalidation \
+          FROM calltracking_status WHERE (change_seq, user_id) > ($1, $2) \
+          ORDER BY change_seq, user_id LIMIT $3) \
+         UNION ALL \
+         (SELECT user_id, false, 0::int8, change_seq, 0::int8, true \
+          FROM cache_invalidations WHERE (change_seq, user_id) > ($1, $2) \
+          ORDER BY change_seq, user_id LIMIT $3) \
+         ORDER BY 4, 1 LIMIT $3",
     )
     .persistent(false)
     .bind(after.0)
@@ -209,4 +283,35 @@ pub async fn changes_after(
     .await?;
     tx.commit().await?;
     Ok(rows.into_iter().map(Row::from).collect())
+}
+
+/// Records invalidations in the change log (one sequence value, the writers'
+/// lock, a notification, as a status change) and prunes old records.
+pub async fn record_invalidations(
+    pg: &Pg,
+    users: &[UserId],
+    keep: std::time::Duration,
+) -> Result<(), StoreError> {
+    let (mut tx, seq) = begin_write(pg).await?;
+    let ids: Vec<i64> = users.iter().map(|u| signed(u.get())).collect();
+    sqlx::query(
+        "INSERT INTO cache_invalidations (change_seq, user_id) \
+         SELECT $1, u FROM UNNEST($2::int8[]) AS t(u) ON CONFLICT DO NOTHING",
+    )
+    .persistent(false)
+    .bind(seq)
+    .bind(&ids)
+    .execute(&mut *tx)
+    .await?;
+    // The database's clock, not this replica's; in small batches.
+    sqlx::query(
+        "DELETE FROM cache_invalidations WHERE ctid = ANY (ARRAY( \
+           SELECT ctid FROM cache_invalidations \
+           WHERE at < now() - make_interval(secs => $1) LIMIT 10000))",
+    )
+    .persistent(false)
+    .bind(keep.as_secs_f64())
+    .execute(&mut *tx)
+    .await?;
+    notify_and_commit(tx, seq).await
 }

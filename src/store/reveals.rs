@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use sqlx::{QueryBuilder, Sqlite};
 
-use super::{Pg, Store, StoreError, signed, unsigned};
+use super::{Store, StoreError, signed, unsigned};
 use crate::domain::{
     AdId, CategoryId, Reveal, RevealCounts, RevealQuery, RevealsOf, Source, StoredReveal, UserId,
     Viewer,
@@ -63,10 +63,10 @@ impl Store {
             return Ok(());
         }
         let counts = counts_of(reveals);
-        super::timed("write_reveals", async {
+        self.call("write_reveals", async {
             match self {
-                Store::Postgres(Pg { pool, .. }) => {
-                    let mut tx = pool.begin().await?;
+                Store::Postgres(pg) => {
+                    let mut tx = pg.begin().await?;
                     let mut copy = tx
                         .copy_in_raw(
                             "COPY reveals (at_us, viewer, user_id, ad_id, category_id, kind) \
@@ -146,23 +146,24 @@ impl Store {
              ORDER BY at_us DESC, id DESC LIMIT $6"
         );
         let limit = i64::from(query.limit);
-        let rows: Vec<RevealRow> = super::timed("read_reveals", async {
-            Ok::<_, StoreError>(on_connection!(self, conn => {
-                let q = sqlx::query_as(&sql).persistent(false);
-                let q = match key {
-                    Key::Int(v) => q.bind(v),
-                    Key::Text(v) => q.bind(v),
-                };
-                q.bind(query.since_us)
-                    .bind(query.until_us)
-                    .bind(after_at)
-                    .bind(after_id)
-                    .bind(limit)
-                    .fetch_all(&mut *conn)
-                    .await?
-            }))
-        })
-        .await?;
+        let rows: Vec<RevealRow> = self
+            .call("read_reveals", async {
+                Ok::<_, StoreError>(on_connection!(self, conn => {
+                    let q = sqlx::query_as(&sql).persistent(false);
+                    let q = match key {
+                        Key::Int(v) => q.bind(v),
+                        Key::Text(v) => q.bind(v),
+                    };
+                    q.bind(query.since_us)
+                        .bind(query.until_us)
+                        .bind(after_at)
+                        .bind(after_id)
+                        .bind(limit)
+                        .fetch_all(&mut *conn)
+                        .await?
+                }))
+            })
+            .await?;
         Ok(rows.into_iter().filter_map(stored).collect())
     }
 
@@ -172,13 +173,17 @@ impl Store {
     /// The database is unreachable.
     pub async fn ad_reveal_counts(&self, ad: AdId) -> Result<RevealCounts, StoreError> {
         let sql = "SELECT kind, n FROM ad_reveal_counts WHERE ad_id = $1";
-        let rows: Vec<(String, i64)> = on_connection!(self, conn => {
-            sqlx::query_as(sql)
-                .persistent(false)
-                .bind(signed(ad.get()))
-                .fetch_all(&mut *conn)
-                .await?
-        });
+        let rows: Vec<(String, i64)> = self
+            .call("ad_reveal_counts", async {
+                Ok::<_, StoreError>(on_connection!(self, conn => {
+                    sqlx::query_as(sql)
+                        .persistent(false)
+                        .bind(signed(ad.get()))
+                        .fetch_all(&mut *conn)
+                        .await?
+                }))
+            })
+            .await?;
         let mut counts = RevealCounts::default();
         for (kind, n) in rows {
             if let Some(kind) = kind_of(&kind) {
@@ -200,18 +205,19 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let sql = "DELETE FROM reveals WHERE id IN \
                    (SELECT id FROM reveals WHERE at_us < $1 ORDER BY at_us LIMIT $2)";
-        let deleted = super::timed("delete_reveals", async {
-            Ok::<_, StoreError>(on_connection!(self, conn => {
-                sqlx::query(sql)
-                    .persistent(false)
-                    .bind(cutoff_us)
-                    .bind(batch)
-                    .execute(&mut *conn)
-                    .await?
-                    .rows_affected()
-            }))
-        })
-        .await?;
+        let deleted = self
+            .call("delete_reveals", async {
+                Ok::<_, StoreError>(on_connection!(self, conn => {
+                    sqlx::query(sql)
+                        .persistent(false)
+                        .bind(cutoff_us)
+                        .bind(batch)
+                        .execute(&mut *conn)
+                        .await?
+                        .rows_affected()
+                }))
+            })
+            .await?;
         Ok(deleted)
     }
 }

@@ -12,11 +12,14 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgListener, PgPool};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
 use super::postgres::{CHANNEL, FEED_LOCK};
 use super::{Pg, Store, StoreError};
+
+/// A failing listener is logged at most this often.
+const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// A source of change hints; see the module doc.
 pub struct ChangeHints {
@@ -24,6 +27,13 @@ pub struct ChangeHints {
 }
 
 struct Listening {
+    /// Where it listens, for the log (host:port, never a password).
+    target: String,
+    /// When a failure was last logged: one line per [`WARN_EVERY`] at most.
+    warned: Option<tokio::time::Instant>,
+    /// One connection to PostgreSQL itself (`database.direct_url` when set):
+    /// LISTEN through a transaction-mode pooler would leave notifications on
+    /// server connections that other clients are handed next.
     pool: PgPool,
     listener: Option<PgListener>,
     /// Pause between attempts to (re)connect the listener.
@@ -34,8 +44,13 @@ impl ChangeHints {
     pub(super) fn of(store: &Store, retry: Duration, listen: bool) -> Self {
         ChangeHints {
             postgres: match store {
-                Store::Postgres(Pg { pool, .. }) if listen => Some(Listening {
-                    pool: pool.clone(),
+                Store::Postgres(Pg { direct, .. }) if listen => Some(Listening {
+                    target: super::postgres::target(direct),
+                    warned: None,
+                    pool: PgPoolOptions::new()
+                        .max_connections(1)
+                        .acquire_timeout(super::ACQUIRE_TIMEOUT)
+                        .connect_lazy_with((**direct).clone()),
                     listener: None,
                     retry,
                 }),
@@ -60,12 +75,18 @@ impl Listening {
             let Some(listener) = &mut self.listener else {
                 match self.connect().await {
                     Ok(listener) => {
+                        if self.warned.take().is_some() {
+                            tracing::info!(target = %self.target, "status sync: listening again");
+                        }
                         self.listener = Some(listener);
                         // Whatever was committed while nobody listened.
                         return;
                     }
                     Err(error) => {
-                        tracing::warn!(%error, "status sync: cannot listen; polling");
+                        if self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+                            self.warned = Some(tokio::time::Instant::now());
+                            tracing::warn!(%error, target = %self.target, "status sync: cannot listen; polling");
+                        }
                         tokio::time::sleep(self.retry).await;
                         continue;
                     }

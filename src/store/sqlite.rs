@@ -17,12 +17,17 @@ use crate::domain::StatusChange;
 /// Bound parameters per statement, under SQLite's limit of 32,766.
 const MAX_PARAMS: usize = 30_000;
 
-pub async fn connect(url: &str, max_connections: u32) -> Result<SqlitePool, StoreError> {
+/// `lock`: how long a writer waits for another's lock (`database.lock_timeout_ms`).
+pub async fn connect(
+    url: &str,
+    max_connections: u32,
+    lock: std::time::Duration,
+) -> Result<SqlitePool, StoreError> {
     let options = SqliteConnectOptions::from_str(url)?
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
-        .busy_timeout(std::time::Duration::from_secs(5));
+        .busy_timeout(lock);
     if let Some(dir) = options.get_filename().parent() {
         if !dir.as_os_str().is_empty() {
             std::fs::create_dir_all(dir).map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
@@ -66,20 +71,23 @@ pub async fn apply_changes(
     let (counts, rows) = plan(items, stored);
     if !rows.is_empty() {
         let seq = next_seq(&mut tx).await?;
-        // Four parameters per row.
-        for chunk in rows.chunks(MAX_PARAMS / 4) {
+        // Five parameters per row.
+        for chunk in rows.chunks(MAX_PARAMS / 5) {
             let mut query = QueryBuilder::<Sqlite>::new(
-                "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) ",
+                "INSERT INTO calltracking_status (user_id, enabled, version, change_seq, flip_seq) ",
             );
             query.push_values(chunk, |mut b, row| {
                 b.push_bind(signed(row.user.get()))
                     .push_bind(row.enabled)
                     .push_bind(signed(row.version.get()))
-                    .push_bind(seq);
+                    .push_bind(seq)
+                    .push_bind(if row.enabled { seq } else { 0 });
             });
             query.push(
                 " ON CONFLICT (user_id) DO UPDATE SET enabled = excluded.enabled, \
-                 version = excluded.version, change_seq = excluded.change_seq \
+                 version = excluded.version, change_seq = excluded.change_seq, \
+                 flip_seq = CASE WHEN excluded.enabled <> calltracking_status.enabled \
+                            THEN excluded.change_seq ELSE calltracking_status.flip_seq END \
                  WHERE excluded.version > calltracking_status.version",
             );
             query.build().execute(&mut *tx).await?;
@@ -136,7 +144,9 @@ pub async fn finish_snapshot(
     let version = signed(version);
     sqlx::query(
         "UPDATE calltracking_status \
-         SET enabled = (user_id IN (SELECT user_id FROM snapshot_ids)), version = ?1, change_seq = ?2 \
+         SET flip_seq = CASE WHEN enabled <> (user_id IN (SELECT user_id FROM snapshot_ids)) \
+                        THEN ?2 ELSE flip_seq END, \
+             enabled = (user_id IN (SELECT user_id FROM snapshot_ids)), version = ?1, change_seq = ?2 \
          WHERE version <= ?1",
     )
     .bind(version)
@@ -144,8 +154,8 @@ pub async fn finish_snapshot(
     .execute(&mut *tx)
     .await?;
     sqlx::query(
-        "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) \
-         SELECT DISTINCT user_id, 1, ?1, ?2 FROM snapshot_ids \
+        "INSERT INTO calltracking_status (user_id, enabled, version, change_seq, flip_seq) \
+         SELECT DISTINCT user_id, 1, ?1, ?2, ?2 FROM snapshot_ids \
          WHERE (SELECT version FROM calltracking_status WHERE user_id = 0) <= ?1 \
          ON CONFLICT (user_id) DO NOTHING",
     )
@@ -166,7 +176,7 @@ pub async fn changes_after(
     limit: i64,
 ) -> Result<Vec<Row>, StoreError> {
     let rows: Vec<RowTuple> = sqlx::query_as(
-        "SELECT user_id, enabled, version, change_seq FROM calltracking_status \
+        "SELECT user_id, enabled, version, change_seq, flip_seq, 0 FROM calltracking_status \
          WHERE (change_seq, user_id) > (?, ?) ORDER BY change_seq, user_id LIMIT ?",
     )
     .bind(after.0)
