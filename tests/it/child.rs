@@ -68,6 +68,11 @@ impl Spawned {
         }
     }
 
+    /// The lines written since the last look (or the start), in order.
+    pub fn lines_so_far(&self) -> Vec<String> {
+        self.lines.try_iter().collect()
+    }
+
     /// SIGKILL on Unix: no clean shutdown.
     pub fn kill(&mut self) {
         self.child.kill().unwrap();

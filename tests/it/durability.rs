@@ -14,7 +14,7 @@ use crate::{PLAIN_CATEGORY, REAL};
 /// The real binary, started as operators start it, logging JSON (as production
 /// does) at trace level into the privacy scanner.
 pub struct Process {
-    child: Spawned,
+    pub child: Spawned,
     pub public: String,
     pub admin: String,
     pub http: reqwest::Client,

@@ -13,6 +13,7 @@ mod edges;
 mod edges_http;
 mod faults;
 mod feed;
+mod first_day;
 mod fleet;
 mod limits;
 mod operations;

@@ -18,7 +18,7 @@ use crate::pg;
 use crate::support::{TestApp, eventually};
 
 /// A PgBouncer in transaction mode in front of one PostgreSQL, stopped when dropped.
-struct PgBouncer {
+pub(crate) struct PgBouncer {
     dir: tempfile::TempDir,
     port: u16,
 }
@@ -114,7 +114,7 @@ impl PgBouncer {
         false
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
@@ -134,7 +134,7 @@ impl Drop for PgBouncer {
 
 /// PostgreSQL and a PgBouncer in front of it, or `None` (the test is skipped)
 /// where neither is required; where they are, a failure panics.
-fn pooled() -> Option<(pg::TestDb, PgBouncer)> {
+pub(crate) fn pooled() -> Option<(pg::TestDb, PgBouncer)> {
     let db = pg::cluster()?;
     let port: u16 = db
         .url
@@ -155,7 +155,7 @@ fn pooled() -> Option<(pg::TestDb, PgBouncer)> {
 }
 
 /// The overlay of a replica behind the pooler, with `extra` sections.
-fn through(bouncer: &PgBouncer, db: &pg::TestDb, extra: &str) -> String {
+pub(crate) fn through(bouncer: &PgBouncer, db: &pg::TestDb, extra: &str) -> String {
     format!(
         "[database]\nurl = \"{}\"\ndirect_url = \"{}\"\nlisten = false\n\
          sync_interval_ms = 100\nmax_connections = 4\n{extra}\n",

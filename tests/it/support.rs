@@ -675,6 +675,16 @@ impl TestApp {
         self.running.take().expect("shut down once")
     }
 
+    /// Waits up to `limit` for the app to stop by itself (a start-up mistake
+    /// no retry mends); what `App::run` returned.
+    pub async fn stopped_by_itself(&mut self, limit: Duration) -> anyhow::Result<()> {
+        let running = self.running.take().expect("still running");
+        tokio::time::timeout(limit, running)
+            .await
+            .expect("the app stops by itself")
+            .expect("the app's task does not panic")
+    }
+
     pub async fn phone(&self, user: u64, ad: u64, category: u64) -> Answer {
         self.get_public(&format!(
             "/v1/public-phone?user_id={user}&ad_id={ad}&category_id={category}"
