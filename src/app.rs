@@ -342,9 +342,9 @@ fn after(
 
 /// Checks the database can give what this replica needs, migrates (if
 /// configured) and loads the status set, retrying until the database answers;
-/// then opens `loaded`. A transaction-mode pooler without `database.direct_url`
-/// while something needs a session is reported on `fatal` instead: retrying
-/// cannot mend it, and a LISTEN through it would break the other clients.
+/// then opens `loaded`. A transaction-mode pooler where a session is needed
+/// (`database.direct_url`, or `url` without it) is reported on `fatal` instead:
+/// retrying cannot mend it, and a LISTEN through it would break other clients.
 async fn load(
     status: StatusService,
     config: Arc<Config>,
@@ -396,8 +396,9 @@ async fn load(
 
 /// What a replica says when `database.url` is a transaction-mode pooler and no
 /// `database.direct_url` is given (docs/status-sync.md, "Behind a pooler").
-pub const POOLER_WITHOUT_SESSION: &str = "database.url is a transaction-mode pooler \
-(a client connection does not keep its server session): set database.direct_url to \
+pub const POOLER_WITHOUT_SESSION: &str = "database.url (or database.direct_url) is a \
+transaction-mode pooler (a client connection does not keep its server session): set \
+database.direct_url to \
 PostgreSQL itself for migrations, feed leadership and LISTEN (or set \
 database.migrate_on_start = false and database.listen = false, without the status feed)";
 

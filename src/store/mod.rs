@@ -175,8 +175,6 @@ pub struct Pg {
     pool: sqlx::PgPool,
     /// Boxed: connect options are a few hundred bytes, the pool a pointer.
     direct: Box<sqlx::postgres::PgConnectOptions>,
-    /// Whether `direct` was configured apart from the pool's URL.
-    direct_given: bool,
     bounds: Bounds,
 }
 
@@ -228,7 +226,6 @@ impl Store {
             Ok(Store::Postgres(Pg {
                 pool: postgres::connect(url, max_connections)?,
                 direct: Box::new(postgres::options(direct.unwrap_or(url))?),
-                direct_given: direct.is_some(),
                 bounds,
             }))
         } else {
@@ -373,21 +370,17 @@ impl Store {
         }
     }
 
-    /// Whether this store needs a session of its own that it does not have:
-    /// PostgreSQL's `url` is a transaction-mode pooler and no `direct_url` was
-    /// given (see [`postgres::keeps_sessions`]). `None` when it cannot tell
-    /// (the database does not answer).
+    /// Whether the connection this store uses for sessions (`direct_url`, or
+    /// `url` without it) is a transaction-mode pooler, which keeps none (see
+    /// [`postgres::keeps_sessions`]). `None` when it cannot tell (the database
+    /// does not answer).
     pub async fn lacks_session(&self) -> Option<bool> {
         match self {
             Store::Sqlite(_) => Some(false),
-            Store::Postgres(pg) if pg.direct_given => Some(false),
-            Store::Postgres(pg) => {
-                let options = pg.pool.connect_options();
-                postgres::keeps_sessions(&options)
-                    .await
-                    .ok()
-                    .map(|keeps| !keeps)
-            }
+            Store::Postgres(pg) => postgres::keeps_sessions(&pg.direct)
+                .await
+                .ok()
+                .map(|keeps| !keeps),
         }
     }
 

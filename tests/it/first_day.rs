@@ -86,6 +86,12 @@ async fn a_would_be_listener_through_a_pooler_harms_no_other_replica() {
     )
     .await;
     let mut refused = TestApp::start_on(Some(&bouncer.url()), "").await;
+    // direct_url set, but to the pooler as well.
+    let mut misdirected = TestApp::start_on(
+        Some(&bouncer.url()),
+        &format!("[database]\ndirect_url = \"{}\"\n", bouncer.url()),
+    )
+    .await;
     let listener = TestApp::spawn_on(
         Some(&bouncer.url()),
         &format!("[database]\ndirect_url = \"{}\"\n", db.url),
@@ -105,15 +111,17 @@ async fn a_would_be_listener_through_a_pooler_harms_no_other_replica() {
             assert_eq!(answer.status, 200, "webhook {i}: {:?}", answer.body);
         }
     }
-    let error = refused
-        .stopped_by_itself(Duration::from_secs(15))
-        .await
-        .expect_err("a pooler without direct_url stops the replica");
-    let message = error.to_string();
-    assert!(
-        message.contains("database.direct_url") && message.contains("database.listen"),
-        "{message}"
-    );
+    for app in [&mut refused, &mut misdirected] {
+        let error = app
+            .stopped_by_itself(Duration::from_secs(15))
+            .await
+            .expect_err("a pooler without a session connection stops the replica");
+        let message = error.to_string();
+        assert!(
+            message.contains("database.direct_url") && message.contains("database.listen"),
+            "{message}"
+        );
+    }
     assert!(
         captured_logs()
             .lines()

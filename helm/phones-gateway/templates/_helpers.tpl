@@ -124,7 +124,42 @@ The rendered config.toml: .Values.config with whole numbers as integers.
 {{- define "phones-gateway.configToml" -}}
 {{- $config := deepCopy .Values.config }}
 {{- include "phones-gateway.intify" $config }}
+{{- if .Values.migrations.job.enabled }}
+{{- /* The hook Job migrates before the pods roll: the pods need not. */}}
+{{- $db := get $config "database" | default dict }}
+{{- $_ := set $db "migrate_on_start" false }}
+{{- $_ := set $config "database" $db }}
+{{- end }}
 {{- toToml $config }}
+{{- end }}
+
+{{/*
+The migration Job's name (the fullname leaves 6 characters; trunc keeps the
+63 of a label value, the Job's name is its pods' job-name label).
+*/}}
+{{- define "phones-gateway.migrateName" -}}
+{{- printf "%s-migrate" (include "phones-gateway.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The database URLs' environment, from the Secret only (the Deployment and the
+migration Job share it).
+*/}}
+{{- define "phones-gateway.databaseEnv" -}}
+{{- if .Values.database.secretName }}
+- name: PHONES_GATEWAY__DATABASE__URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.database.secretName }}
+      key: {{ .Values.database.secretKey }}
+{{- if .Values.database.directUrlKey }}
+- name: PHONES_GATEWAY__DATABASE__DIRECT_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.database.secretName }}
+      key: {{ .Values.database.directUrlKey }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -135,8 +170,25 @@ Refuses values that would deploy something broken or leak a secret.
 {{- fail "config.admin.token must stay empty: put the token in a Secret and set adminToken.secretName (the ConfigMap is not secret)" }}
 {{- end }}
 {{- $dbUrl := toString (dig "database" "url" "" .Values.config) }}
-{{- if and (not .Values.database.secretName) (or (contains "@" $dbUrl) (contains "password" $dbUrl)) }}
-{{- fail "config.database.url looks like it holds credentials: put the URL in a Secret and set database.secretName" }}
+{{- if and $dbUrl (not (hasPrefix "sqlite:" $dbUrl)) }}
+{{- fail "config.database.url must not hold a PostgreSQL URL (it would sit in the ConfigMap, password and all): put it in a Secret and set database.secretName/secretKey (and database.directUrlKey for direct_url); config.database.url takes only an sqlite: URL" }}
+{{- end }}
+{{- if dig "database" "direct_url" "" .Values.config }}
+{{- fail "config.database.direct_url must stay empty: put PostgreSQL's own URL in the database Secret and set database.directUrlKey" }}
+{{- end }}
+{{- if and .Values.database.secretName $dbUrl }}
+{{- fail "config.database.url is set although database.secretName is: the Secret's URL would win and the sqlite: URL be ignored; remove config.database.url, or set database.secretName: \"\" for SQLite" }}
+{{- end }}
+{{- if and (not .Values.database.secretName) (not $dbUrl) }}
+{{- fail "database.secretName is empty and config.database.url is not set: name the Secret holding the PostgreSQL URL, or set an sqlite: config.database.url (with persistence.enabled, one replica)" }}
+{{- end }}
+{{- range .Values.extraEnv }}
+{{- if and (has .name (list "PHONES_GATEWAY__ADMIN__TOKEN" "PHONES_GATEWAY__DATABASE__URL" "PHONES_GATEWAY__DATABASE__DIRECT_URL")) (hasKey . "value") }}
+{{- fail (printf "extraEnv %s must not have a value: it is a secret; the chart sets it from a Secret (adminToken.*, database.*)" .name) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.migrations.job.enabled (not .Values.database.secretName) }}
+{{- fail "migrations.job.enabled needs PostgreSQL (database.secretName): a Job cannot reach the SQLite file of the single pod, which migrates it at start" }}
 {{- end }}
 {{- if .Values.persistence.enabled }}
 {{- if or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1) }}
