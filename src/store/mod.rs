@@ -100,9 +100,18 @@ impl Default for Bounds {
 }
 
 impl Bounds {
-    /// The client's bound on one call: a connection, then a statement.
+    /// The client's bound on one call that writes: a connection, then a
+    /// statement.
     pub fn call(&self) -> Duration {
         ACQUIRE_TIMEOUT + self.statement + Duration::from_secs(1)
+    }
+
+    /// The client's bound on one read (a catch-up page, a feed cursor, a page
+    /// of the reveal log): a connection, a lock wait, and two seconds for rows
+    /// that come from an index. Shorter than [`Bounds::call`], so a connection
+    /// that died silently holds the sync loop seconds, not a minute.
+    pub fn read(&self) -> Duration {
+        ACQUIRE_TIMEOUT + self.lock + Duration::from_secs(2)
     }
 }
 
@@ -337,7 +346,7 @@ impl Store {
         after: Watermark,
         limit: i64,
     ) -> Result<Vec<Row>, StoreError> {
-        self.call("changes_after", async {
+        self.read("changes_after", async {
             match self {
                 Store::Sqlite(pool) => sqlite::changes_after(pool, after, limit).await,
                 Store::Postgres(pg) => postgres::changes_after(pg, after, limit).await,
@@ -405,7 +414,7 @@ impl Store {
     /// The database is unreachable.
     pub async fn feed_cursor(&self) -> Result<Option<String>, StoreError> {
         let query = "SELECT cursor FROM status_feed_cursor WHERE id = 1";
-        self.call("feed_cursor", async {
+        self.read("feed_cursor", async {
             Ok(on_connection!(self, conn => {
                 sqlx::query_scalar(query)
                     .persistent(false)
@@ -475,24 +484,51 @@ impl SnapshotLoad {
 }
 
 impl Store {
-    /// Runs one database call: bounded on PostgreSQL by [`Bounds::call`] (a
-    /// connection that died without a word cannot hold the caller), timed for
-    /// the operation histogram, and with a pool timeout explained (see
-    /// [`StoreError::Unreachable`]).
+    /// Runs one database call that writes: see [`Store::bounded`], with
+    /// [`Bounds::call`].
     async fn call<T>(
         &self,
         operation: &'static str,
         f: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
+        let bound = match self {
+            Store::Postgres(pg) => Some(pg.bounds.call()),
+            Store::Sqlite(_) => None,
+        };
+        self.bounded(operation, bound, f).await
+    }
+
+    /// Runs one database call that only reads: see [`Store::bounded`], with
+    /// [`Bounds::read`], so that the sync loop is back within seconds after a
+    /// connection died silently.
+    async fn read<T>(
+        &self,
+        operation: &'static str,
+        f: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let bound = match self {
+            Store::Postgres(pg) => Some(pg.bounds.read()),
+            Store::Sqlite(_) => None,
+        };
+        self.bounded(operation, bound, f).await
+    }
+
+    /// Runs one database call: bounded on PostgreSQL by `bound` (a connection
+    /// that died without a word cannot hold the caller; SQLite is local),
+    /// timed for the operation histogram, and with a pool timeout explained
+    /// (see [`StoreError::Unreachable`]).
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        bound: Option<Duration>,
+        f: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         let start = std::time::Instant::now();
-        let out = match self {
-            Store::Postgres(pg) => {
-                let bound = pg.bounds.call();
-                tokio::time::timeout(bound, f)
-                    .await
-                    .unwrap_or(Err(StoreError::TimedOut { operation, bound }))
-            }
-            Store::Sqlite(_) => f.await,
+        let out = match bound {
+            Some(bound) => tokio::time::timeout(bound, f)
+                .await
+                .unwrap_or(Err(StoreError::TimedOut { operation, bound })),
+            None => f.await,
         };
         metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => operation)
             .record(start.elapsed().as_secs_f64());

@@ -147,7 +147,7 @@ impl Store {
         );
         let limit = i64::from(query.limit);
         let rows: Vec<RevealRow> = self
-            .call("read_reveals", async {
+            .read("read_reveals", async {
                 Ok::<_, StoreError>(on_connection!(self, conn => {
                     let q = sqlx::query_as(&sql).persistent(false);
                     let q = match key {
@@ -174,7 +174,7 @@ impl Store {
     pub async fn ad_reveal_counts(&self, ad: AdId) -> Result<RevealCounts, StoreError> {
         let sql = "SELECT kind, n FROM ad_reveal_counts WHERE ad_id = $1";
         let rows: Vec<(String, i64)> = self
-            .call("ad_reveal_counts", async {
+            .read("ad_reveal_counts", async {
                 Ok::<_, StoreError>(on_connection!(self, conn => {
                     sqlx::query_as(sql)
                         .persistent(false)
