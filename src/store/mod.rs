@@ -284,6 +284,15 @@ impl Store {
                         });
                     }
                 };
+                // Lock waits bounded like every other call's: a migration
+                // stuck behind another session's lock fails, and the load
+                // retries it. No statement timeout: a migration that builds an
+                // index on a large table may rightly take longer than any
+                // request's bound.
+                let bound = format!("SET lock_timeout = {}", pg.bounds.lock.as_millis());
+                sqlx::Executor::execute(&mut direct, bound.as_str()).await?;
+                // `run_direct`, sqlx's own way around `run`'s "Acquire is not
+                // general enough" in a spawned task; it takes the same lock.
                 let result = sqlx::migrate!("migrations/postgres")
                     .run_direct(&mut direct)
                     .await;
