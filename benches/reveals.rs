@@ -23,7 +23,7 @@ use phones_gateway::domain::{
     AdId, CategoryId, Reveal, RevealQuery, RevealsOf, Source, UserId, Viewer,
 };
 use phones_gateway::reveals::Reveals;
-use phones_gateway::store::Store;
+use phones_gateway::store::{Database, RevealStore};
 
 struct Sizes {
     flushes: usize,
@@ -60,7 +60,7 @@ fn now_us() -> i64 {
     phones_gateway::reveals::now_us()
 }
 
-async fn throughput(kind: &str, store: &Store, sizes: &Sizes) {
+async fn throughput(kind: &str, store: &RevealStore, sizes: &Sizes) {
     let mut n = 0;
     let start = Instant::now();
     let mut slowest = Duration::ZERO;
@@ -92,7 +92,7 @@ async fn throughput(kind: &str, store: &Store, sizes: &Sizes) {
 }
 
 /// Returns the time of the fill's oldest row.
-async fn last_100(kind: &str, store: &Store, sizes: &Sizes) -> i64 {
+async fn last_100(kind: &str, store: &RevealStore, sizes: &Sizes) -> i64 {
     // Fill the log to `log_rows` (old rows first), spread over SELLERS sellers.
     let have = sizes.flushes * sizes.per_flush;
     let start = Instant::now();
@@ -138,7 +138,7 @@ async fn last_100(kind: &str, store: &Store, sizes: &Sizes) -> i64 {
     base
 }
 
-async fn retention(kind: &str, store: &Store, sizes: &Sizes, base: i64) {
+async fn retention(kind: &str, store: &RevealStore, sizes: &Sizes, base: i64) {
     // The fill above wrote its rows 20 days back, a microsecond apart from
     // `base`: the oldest `retention_rows` of them go.
     let cutoff = base + sizes.retention_rows as i64;
@@ -155,12 +155,13 @@ async fn retention(kind: &str, store: &Store, sizes: &Sizes, base: i64) {
 }
 
 async fn measure(kind: &str, url: &str, sizes: &Sizes) {
-    let store = Store::connect(url, 8).await.unwrap();
-    store.migrate().await.unwrap();
+    let database = Database::connect(url, 8).await.unwrap();
+    database.migrate().await.unwrap();
+    let store = database.reveals();
     throughput(kind, &store, sizes).await;
     let base = last_100(kind, &store, sizes).await;
     retention(kind, &store, sizes, base).await;
-    store.close().await;
+    database.close().await;
 }
 
 /// The request path: one record, and the memory a buffered reveal holds.

@@ -14,12 +14,12 @@ use std::time::Instant;
 
 use phones_gateway::domain::StatusItem;
 use phones_gateway::status::StatusService;
-use phones_gateway::store::Store;
+use phones_gateway::store::Database;
 
 async fn measure(kind: &str, url: &str, ids: usize) {
-    let store = Store::connect(url, 8).await.unwrap();
+    let store = Database::connect(url, 8).await.unwrap();
     store.migrate().await.unwrap();
-    let service = StatusService::new(store.clone());
+    let service = StatusService::new(store.status());
     service.load().await.unwrap();
     // Sellers spread over the id space, as real ones are.
     let enabled: Vec<u64> = (1..=ids as u64).map(|i| i * 7 + 3).collect();
@@ -47,7 +47,7 @@ async fn measure(kind: &str, url: &str, ids: usize) {
     service.apply_changes(&changes, None).await.unwrap();
     let webhook = start.elapsed();
 
-    let fresh = StatusService::new(store.clone());
+    let fresh = StatusService::new(store.status());
     let start = Instant::now();
     let rows = fresh.load().await.unwrap();
     let startup = start.elapsed();

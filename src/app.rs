@@ -26,7 +26,7 @@ use crate::http::{Limits, admin_router, public_router};
 use crate::resolve::{Caches, Resolver};
 use crate::reveals::Reveals;
 use crate::status::StatusService;
-use crate::store::Store;
+use crate::store::{Database, Leadership, RevealStore};
 use crate::upstream::Upstreams;
 
 pub struct App {
@@ -35,6 +35,14 @@ pub struct App {
     public_front: Front,
     admin_front: Front,
     status: StatusService,
+    /// The opened database: migrations and the pooler check at load, closed
+    /// last. Each part holds its own store handle made from it.
+    database: Database,
+    /// The reveal log's store, for the flush and retention tasks (the admin
+    /// routes hold a clone).
+    reveal_store: RevealStore,
+    /// Feed leadership, for the feed loop.
+    leadership: Leadership,
     caches: Caches,
     upstreams: Arc<Upstreams>,
     config: Arc<Config>,
@@ -58,7 +66,7 @@ impl App {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         // The recorder first: the parts register their metrics as they are built.
         let metrics = crate::telemetry::metrics_handle();
-        let store = Store::connect_via(
+        let database = Database::connect_via(
             config.database.url.expose(),
             config.database.direct_url(),
             config.database.max_connections,
@@ -66,9 +74,10 @@ impl App {
         )
         .await
         .context("opening database.url")?;
+        let reveal_store = database.reveals();
         let upstreams = Arc::new(Upstreams::new(&config));
         let caches = Caches::new(&config);
-        let status = StatusService::with_caches(store, Arc::new(caches.clone()));
+        let status = StatusService::with_caches(database.status(), Arc::new(caches.clone()));
         let resolver = Arc::new(Resolver::new(
             &config,
             upstreams.clone(),
@@ -89,6 +98,7 @@ impl App {
             shutting_down: shutting_down.clone(),
             metrics,
             reveals: reveals.clone(),
+            reveal_store: reveal_store.clone(),
             limits,
         };
         if config.admin.token.is_empty() {
@@ -129,6 +139,9 @@ impl App {
                 admin_state.token,
             ),
             status,
+            leadership: database.leadership(),
+            database,
+            reveal_store,
             caches,
             upstreams,
             config: Arc::new(config),
@@ -152,6 +165,11 @@ impl App {
     /// The status write path (the demo seeds it).
     pub fn status(&self) -> &StatusService {
         &self.status
+    }
+
+    /// The opened database (the demo migrates it before seeding).
+    pub fn database(&self) -> &Database {
+        &self.database
     }
 
     pub fn caches(&self) -> &Caches {
@@ -185,6 +203,7 @@ impl App {
         let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::channel::<String>(1);
         background.spawn(load(
             self.status.clone(),
+            self.database.clone(),
             self.config.clone(),
             loaded.clone(),
             fatal_tx,
@@ -193,8 +212,11 @@ impl App {
             &loaded,
             crate::status::sync::run(
                 self.status.clone(),
+                self.database.change_hints(
+                    self.config.database.sync_interval,
+                    self.config.database.listen,
+                ),
                 self.config.database.sync_interval,
-                self.config.database.listen,
             ),
         ));
         let feed = &self.config.upstreams.calltracking.status_feed;
@@ -203,6 +225,7 @@ impl App {
                 &loaded,
                 crate::status::feed::run(
                     self.status.clone(),
+                    self.leadership.clone(),
                     self.upstreams.clone(),
                     feed.interval,
                     feed.limit,
@@ -215,7 +238,7 @@ impl App {
         background.spawn(crate::telemetry::metrics_upkeep());
         background.spawn_until_stopped(|stop| self.admission.clone().watch(stop));
         if let Some(reveals) = self.reveals.clone() {
-            let store = self.status.store().clone();
+            let store = self.reveal_store.clone();
             let interval = self.config.reveals.flush_interval;
             let ready = loaded.clone();
             // Not cut off at the stop: it writes what is buffered first (also
@@ -230,7 +253,7 @@ impl App {
             background.spawn(after(
                 &loaded,
                 crate::reveals::retention::run(
-                    self.status.store().clone(),
+                    self.reveal_store.clone(),
                     self.config.reveals.retention(),
                 ),
             ));
@@ -280,12 +303,12 @@ impl App {
             }
             Some(mistake) = fatal_rx.recv() => {
                 background.stop().await;
-                self.status.store().close().await;
+                self.database.close().await;
                 anyhow::bail!(mistake);
             }
         };
         background.stop().await;
-        self.status.store().close().await;
+        self.database.close().await;
         public.context("public listener")?;
         admin.context("admin listener")?;
         Ok(())
@@ -347,6 +370,7 @@ fn after(
 /// retrying cannot mend it, and a LISTEN through it would break other clients.
 async fn load(
     status: StatusService,
+    database: Database,
     config: Arc<Config>,
     loaded: CancellationToken,
     fatal: tokio::sync::mpsc::Sender<String>,
@@ -358,7 +382,7 @@ async fn load(
     let mut checked = !needs_session;
     loop {
         if !checked {
-            match status.store().lacks_session().await {
+            match database.lacks_session().await {
                 Some(true) => {
                     let _ = fatal.send(POOLER_WITHOUT_SESSION.to_owned()).await;
                     return;
@@ -370,7 +394,7 @@ async fn load(
         }
         let result = async {
             if config.database.migrate_on_start {
-                status.store().migrate().await?;
+                database.migrate().await?;
             }
             status.load().await
         };
@@ -378,7 +402,7 @@ async fn load(
             Ok(count) if checked => {
                 tracing::info!(
                     count,
-                    store = status.store().kind(),
+                    store = database.kind(),
                     "call-tracking status set loaded"
                 );
                 loaded.cancel();

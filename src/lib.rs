@@ -18,8 +18,12 @@
 //!   batch flush with per-ad counts, retention.
 //! - [`status`]: the in-memory call-tracking status set, its write path, the
 //!   replica sync loop and the status-feed puller.
-//! - [`store`]: everything that speaks SQL (sqlx): the status set, change hints
-//!   and feed leadership, the reveal log; SQLite or PostgreSQL behind one type.
+//! - [`store`]: everything that speaks SQL (the only module that imports sqlx):
+//!   SQLite or PostgreSQL opened once as a `Database`, and a narrow handle per
+//!   capability, each with its own error: `StatusStore` (the status set and its
+//!   change log, invalidations included) for the status service, `RevealStore`
+//!   for the reveal flush, retention and routes, `Leadership` for the feed loop,
+//!   `ChangeHints` for the sync loop. Files by capability, both dialects in each.
 //! - [`domain`]: `Phone`, ids, sources, the status model and reveal records:
 //!   valid values only, parsed once at the edge, and the rules that need no I/O.
 //! - [`telemetry`]: logs, the metrics recorder, request ids.

@@ -69,15 +69,15 @@ fn main() -> anyhow::Result<()> {
             let config = load(config)?;
             phones_gateway::telemetry::init_logs(&config.log.filter, config.log.format)?;
             runtime(1)?.block_on(async {
-                let store = phones_gateway::store::Store::connect_via(
+                let database = phones_gateway::store::Database::connect_via(
                     config.database.url.expose(),
                     config.database.direct_url(),
                     1,
                     phones_gateway::app::bounds(&config.database),
                 )
                 .await?;
-                store.migrate().await?;
-                tracing::info!(store = store.kind(), "migrations applied");
+                database.migrate().await?;
+                tracing::info!(store = database.kind(), "migrations applied");
                 anyhow::Ok(())
             })
         }
@@ -160,7 +160,7 @@ async fn demo(mut config: Config) -> anyhow::Result<()> {
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| anyhow::anyhow!("demo statuses: {e}"))?;
-    app.status().store().migrate().await?;
+    app.database().migrate().await?;
     for chunk in items.chunks(10_000) {
         app.status().apply_changes(chunk, None).await?;
     }

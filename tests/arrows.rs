@@ -3,6 +3,8 @@
 //! builds the graph between top-level modules and fails on a cycle, naming it,
 //! and on a low module importing anything above it (`domain` imports nothing of
 //! the crate; `config` only the domain; `telemetry` only config and domain).
+//! It also fails when a file outside `store` names sqlx: the database is the
+//! store's, and the rest of the crate reaches it through the store's handles.
 
 #![allow(clippy::unwrap_used)]
 
@@ -41,6 +43,54 @@ fn low_modules_import_nothing_above_them() {
 }
 
 #[test]
+fn only_the_store_speaks_sql() {
+    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
+    let outside: Vec<String> = rust_files(src)
+        .into_iter()
+        .filter(|path| top_level(src, path) != "store")
+        .filter(|path| names_sqlx(&std::fs::read_to_string(path).unwrap()))
+        .map(|path| path.strip_prefix(src).unwrap().display().to_string())
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "only src/store may use sqlx; also: {outside:?}"
+    );
+    assert!(
+        rust_files(src)
+            .iter()
+            .any(|path| names_sqlx(&std::fs::read_to_string(path).unwrap())),
+        "read the store"
+    );
+}
+
+#[test]
+fn the_sqlx_check_reads_code_not_comments() {
+    assert!(names_sqlx("use sqlx::PgPool;"));
+    assert!(names_sqlx("    let e: ::sqlx::Error = todo!();"));
+    assert!(names_sqlx("use {sqlx::Row, std::fmt};"));
+    assert!(names_sqlx("extern crate sqlx;"));
+    assert!(!names_sqlx("//! everything that speaks SQL (sqlx)"));
+    assert!(!names_sqlx("let n = 1; // not sqlx::Error"));
+    assert!(!names_sqlx("use my_sqlx::Thing;"));
+}
+
+/// Whether `text` names the sqlx crate in code (a path `sqlx::...`, or
+/// `extern crate sqlx`), comments skipped.
+fn names_sqlx(text: &str) -> bool {
+    text.lines().any(|line| {
+        let code = line.split("//").next().unwrap_or_default();
+        code.match_indices("sqlx").any(|(at, _)| {
+            let before = code[..at].chars().next_back();
+            let after = &code[at + "sqlx".len()..];
+            !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                && (after.starts_with("::")
+                    || (code[..at].trim_end().ends_with("crate")
+                        && after.trim_start().starts_with(';')))
+        })
+    })
+}
+
+#[test]
 fn the_checker_finds_a_cycle_and_reads_grouped_imports() {
     let graph = graph_of(&[
         (
@@ -71,27 +121,38 @@ fn graph_of(modules: &[(&str, &str)]) -> Graph {
 /// Top-level module -> the top-level modules its files name as `crate::...`.
 fn module_graph(src: &Path) -> Graph {
     let mut graph = Graph::new();
+    for path in rust_files(src) {
+        let module = top_level(src, &path);
+        if module == "lib" || module == "main" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        add_imports(&mut graph, &module, &text);
+    }
+    graph
+}
+
+/// Every `.rs` file under `src`.
+fn rust_files(src: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
     let mut files = vec![src.to_path_buf()];
     while let Some(path) = files.pop() {
         if path.is_dir() {
             for entry in std::fs::read_dir(&path).unwrap() {
                 files.push(entry.unwrap().path());
             }
-            continue;
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            found.push(path);
         }
-        if path.extension().is_none_or(|e| e != "rs") {
-            continue;
-        }
-        let relative = path.strip_prefix(src).unwrap();
-        let first = relative.components().next().unwrap().as_os_str();
-        let module = first.to_str().unwrap().trim_end_matches(".rs");
-        if module == "lib" || module == "main" {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).unwrap();
-        add_imports(&mut graph, module, &text);
     }
-    graph
+    found
+}
+
+/// The top-level module `path` belongs to (`lib` and `main` for the roots).
+fn top_level(src: &Path, path: &Path) -> String {
+    let relative = path.strip_prefix(src).unwrap();
+    let first = relative.components().next().unwrap().as_os_str();
+    first.to_str().unwrap().trim_end_matches(".rs").to_owned()
 }
 
 /// Adds every module named after `crate::` in `text`, alone or in a group

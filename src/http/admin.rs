@@ -29,7 +29,8 @@ pub const MAX_WEBHOOK_ITEMS: usize = 10_000;
 pub const MAX_INVALIDATE_IDS: usize = 10_000;
 
 /// What the admin routes may reach: the write side of the status set, the caches
-/// (to invalidate), the token, readiness and the metrics renderer. Not the resolver.
+/// (to invalidate), the reveal log, the token, readiness and the metrics
+/// renderer. Not the resolver.
 #[derive(Clone)]
 pub struct AdminState {
     pub status: StatusService,
@@ -40,6 +41,9 @@ pub struct AdminState {
     /// The reveal log's buffer (for its gauge); `None` when `reveals.enabled` is
     /// false, and then the reveal routes answer 404.
     pub reveals: Option<crate::reveals::Reveals>,
+    /// The reveal log in the database, read by the reveal routes (only while
+    /// `reveals` is some).
+    pub reveal_store: crate::store::RevealStore,
     pub limits: super::Limits,
 }
 

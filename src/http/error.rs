@@ -122,15 +122,30 @@ impl From<ResolveError> for ApiError {
     }
 }
 
-/// The database could not take a write: 503, the cause to the log.
-impl From<crate::store::StoreError> for ApiError {
-    fn from(error: crate::store::StoreError) -> Self {
+/// The status store could not take a write: 503, the cause to the log.
+impl From<crate::store::StatusStoreError> for ApiError {
+    fn from(error: crate::store::StatusStoreError) -> Self {
         tracing::error!(%error, "status store unavailable");
         ApiError::Unavailable {
-            detail: "the status store is unavailable",
+            detail: STORE_UNAVAILABLE,
         }
     }
 }
+
+/// The reveal store could not be read: 503, the cause to the log naming the
+/// reveal store; the body as the reveal routes have always answered.
+impl From<crate::store::RevealStoreError> for ApiError {
+    fn from(error: crate::store::RevealStoreError) -> Self {
+        tracing::error!(%error, "reveal store unavailable");
+        ApiError::Unavailable {
+            detail: STORE_UNAVAILABLE,
+        }
+    }
+}
+
+/// The `detail` of a 503 for a database that failed (generic: the cause is
+/// in the log).
+const STORE_UNAVAILABLE: &str = "the status store is unavailable";
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {

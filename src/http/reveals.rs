@@ -87,8 +87,7 @@ pub async fn list(
     // One more than asked tells whether there is a next page.
     let limit = query.limit;
     let mut rows = state
-        .status
-        .store()
+        .reveal_store
         .read_reveals(&RevealQuery {
             limit: limit + 1,
             ..query
@@ -127,7 +126,7 @@ pub async fn ad_counts(
         return Err(ApiError::RouteNotFound);
     }
     let ad = AdId::parse(&ad_id).map_err(|e| field_error("ad_id", e))?;
-    let counts = state.status.store().ad_reveal_counts(ad).await?;
+    let counts = state.reveal_store.ad_reveal_counts(ad).await?;
     Ok(axum::Json(AdReveals {
         ad_id: ad,
         total: counts.total(),

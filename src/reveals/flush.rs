@@ -7,14 +7,19 @@ use tokio_util::sync::CancellationToken;
 
 use super::Reveals;
 use crate::domain::Reveal;
-use crate::store::Store;
+use crate::store::RevealStore;
 
 /// How long the last flush at shutdown keeps trying a failing database.
 const FINAL_FLUSH_FOR: Duration = Duration::from_secs(5);
 
 /// Flushes every `interval` until `stop` is cancelled, then flushes what is left
 /// (trying for a few seconds if the database fails) and returns.
-pub async fn run(reveals: Reveals, store: Store, interval: Duration, stop: CancellationToken) {
+pub async fn run(
+    reveals: Reveals,
+    store: RevealStore,
+    interval: Duration,
+    stop: CancellationToken,
+) {
     let Some(mut receiver) = reveals.take_receiver() else {
         tracing::error!("reveals: a second flush task; the first one owns the buffer");
         return;
@@ -57,7 +62,7 @@ fn drain(receiver: &mut tokio::sync::mpsc::UnboundedReceiver<Reveal>, batch: &mu
 /// stays for the next attempt.
 async fn flush(
     reveals: &Reveals,
-    store: &Store,
+    store: &RevealStore,
     batch: &mut Vec<Reveal>,
     metrics: &FlushMetrics,
 ) -> bool {

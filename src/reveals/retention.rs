@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::store::Store;
+use crate::store::{RevealStore, RevealStoreError};
 
 /// Rows per delete.
 pub const BATCH: i64 = 5_000;
@@ -16,7 +16,7 @@ pub const EVERY: Duration = Duration::from_secs(600);
 
 /// Deletes what is older than `keep`, then again every [`EVERY`]. Runs until its
 /// task is cancelled.
-pub async fn run(store: Store, keep: Duration) {
+pub async fn run(store: RevealStore, keep: Duration) {
     loop {
         let cutoff = super::now_us() - i64::try_from(keep.as_micros()).unwrap_or(i64::MAX);
         match delete_before(&store, cutoff).await {
@@ -32,7 +32,7 @@ pub async fn run(store: Store, keep: Duration) {
 ///
 /// # Errors
 /// The database failed; what was deleted before stays deleted.
-pub async fn delete_before(store: &Store, cutoff_us: i64) -> Result<u64, crate::store::StoreError> {
+pub async fn delete_before(store: &RevealStore, cutoff_us: i64) -> Result<u64, RevealStoreError> {
     let mut total = 0;
     loop {
         let deleted = store.delete_reveals_before(cutoff_us, BATCH).await?;

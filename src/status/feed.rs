@@ -2,32 +2,34 @@
 //! feed and stores what it gets through the same write path as the webhook, with
 //! the feed cursor in the same transaction as the changes it brought.
 //!
-//! Which replica leads is the store's business ([`crate::store::Leadership`]):
-//! this loop asks for leadership every interval, and while it holds it, polls,
-//! checking before each poll that it still does.
+//! Which replica leads is the store's business ([`crate::store::Leadership`],
+//! handed in by `app`): this loop asks for leadership every interval, and while
+//! it holds it, polls, checking before each poll that it still does.
 
 use std::time::Duration;
 
 use super::StatusService;
 use crate::domain::StatusChange;
+use crate::store::Leadership;
 use crate::upstream::Upstreams;
 
 /// Runs until its task is cancelled.
 pub async fn run(
     service: StatusService,
+    leadership: Leadership,
     upstreams: std::sync::Arc<Upstreams>,
     interval: Duration,
     limit: u32,
 ) {
     loop {
-        match service.store().try_lead().await {
-            Ok(Some(mut leadership)) => {
+        match leadership.try_take().await {
+            Ok(Some(mut leader)) => {
                 tracing::info!("status feed: this replica is the leader");
                 service.set_feed_leader(true);
                 loop {
                     poll(&service, &upstreams, limit).await;
                     tokio::time::sleep(interval).await;
-                    if !leadership.still_held().await {
+                    if !leader.still_held().await {
                         break;
                     }
                 }

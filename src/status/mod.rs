@@ -13,7 +13,10 @@ use std::time::Duration;
 pub use set::{StatusSet, Tracking};
 
 use crate::domain::{Applied, StatusChange, UserId};
-use crate::store::{CHANGES_PAGE, Change, FLOOR_USER, SnapshotLoad, Store, StoreError, Watermark};
+use crate::store::{
+    CHANGES_PAGE, Change, FLOOR_USER, SnapshotLoad, StatusStore, StatusStoreError, StoreError,
+    Watermark,
+};
 
 /// What the number caches must forget when the change log says so. The status
 /// service reads the change log; the caches live above it (in `resolve`), so
@@ -58,7 +61,8 @@ pub struct StatusService {
 
 struct Inner {
     set: Arc<StatusSet>,
-    store: Store,
+    /// The status store and its change log: this service's alone.
+    store: StatusStore,
     caches: Arc<dyn SellerCaches>,
     /// One local writer at a time: SQLite has one writer anyway, and PostgreSQL
     /// writers queue on the advisory lock; queueing here spares a connection.
@@ -74,12 +78,12 @@ struct Inner {
 
 impl StatusService {
     /// A service with no caches to tell of invalidations and flips.
-    pub fn new(store: Store) -> Self {
+    pub fn new(store: StatusStore) -> Self {
         StatusService::with_caches(store, Arc::new(NoCaches))
     }
 
     /// A service that makes `caches` forget what the change log says to.
-    pub fn with_caches(store: Store, caches: Arc<dyn SellerCaches>) -> Self {
+    pub fn with_caches(store: StatusStore, caches: Arc<dyn SellerCaches>) -> Self {
         StatusService {
             inner: Arc::new(Inner {
                 set: Arc::new(StatusSet::default()),
@@ -100,7 +104,8 @@ impl StatusService {
         &self.inner.set
     }
 
-    pub fn store(&self) -> &Store {
+    /// The status store (tests read the feed cursor through it).
+    pub fn store(&self) -> &StatusStore {
         &self.inner.store
     }
 
@@ -138,7 +143,7 @@ impl StatusService {
     ///
     /// # Errors
     /// The store could not be read; nothing is marked loaded.
-    pub async fn load(&self) -> Result<usize, StoreError> {
+    pub async fn load(&self) -> Result<usize, StatusStoreError> {
         let count = self.catch_up().await?;
         self.inner.set.mark_loaded();
         Ok(count)
@@ -152,7 +157,7 @@ impl StatusService {
     ///
     /// # Errors
     /// The store could not be read; what was applied before the error stays.
-    pub async fn catch_up(&self) -> Result<usize, StoreError> {
+    pub async fn catch_up(&self) -> Result<usize, StatusStoreError> {
         let mut watermark = self.inner.watermark.lock().await;
         let seen = watermark.0;
         let caches = &self.inner.caches;
@@ -206,7 +211,7 @@ impl StatusService {
     /// # Errors
     /// The store could not record it: this replica's entries are dropped all
     /// the same, the others' are not; the caller should retry.
-    pub async fn invalidate(&self, users: &[UserId]) -> Result<(), StoreError> {
+    pub async fn invalidate(&self, users: &[UserId]) -> Result<(), StatusStoreError> {
         for user in users {
             self.inner.caches.drop_seller(*user);
         }
@@ -224,13 +229,15 @@ impl StatusService {
     /// The local writers' turn, waited for at most one database call's bound:
     /// whoever holds it is itself bounded, so a queue behind a stuck database
     /// answers 503 rather than piling up.
-    async fn writer(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, StoreError> {
+    async fn writer(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, StatusStoreError> {
         let bound = self.inner.store.call_bound();
         tokio::time::timeout(bound, self.inner.writer.lock())
             .await
-            .map_err(|_| StoreError::TimedOut {
-                operation: "waiting for the writers' turn",
-                bound,
+            .map_err(|_| {
+                StatusStoreError::from(StoreError::TimedOut {
+                    operation: "waiting for the writers' turn",
+                    bound,
+                })
             })
     }
 
@@ -242,7 +249,7 @@ impl StatusService {
         &self,
         changes: &[StatusChange],
         cursor: Option<&str>,
-    ) -> Result<Applied, StoreError> {
+    ) -> Result<Applied, StatusStoreError> {
         let counts = {
             let _writer = self.writer().await?;
             self.inner.store.apply_changes(changes, cursor).await?
@@ -256,7 +263,7 @@ impl StatusService {
     ///
     /// # Errors
     /// The store is unreachable.
-    pub async fn begin_snapshot(&self) -> Result<SnapshotLoad, StoreError> {
+    pub async fn begin_snapshot(&self) -> Result<SnapshotLoad, StatusStoreError> {
         self.inner.store.begin_snapshot().await
     }
 
@@ -268,7 +275,7 @@ impl StatusService {
         &self,
         load: SnapshotLoad,
         version: u64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), StatusStoreError> {
         {
             let _writer = self.writer().await?;
             load.finish(version).await?;
@@ -281,7 +288,11 @@ impl StatusService {
     ///
     /// # Errors
     /// As [`StatusService::finish_snapshot`].
-    pub async fn apply_snapshot(&self, version: u64, enabled: &[u64]) -> Result<(), StoreError> {
+    pub async fn apply_snapshot(
+        &self,
+        version: u64,
+        enabled: &[u64],
+    ) -> Result<(), StatusStoreError> {
         let mut load = self.begin_snapshot().await?;
         for chunk in enabled.chunks(100_000) {
             load.push(chunk).await?;

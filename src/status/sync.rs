@@ -14,13 +14,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::StatusService;
+use crate::store::{ChangeHints, StatusStoreError};
 
 /// A failing catch-up is logged at most this often (with how many failed).
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// Runs until its task is cancelled. Without `listen`, the poll alone.
-pub async fn run(service: StatusService, poll: Duration, listen: bool) {
-    let mut hints = service.store().change_hints(poll, listen);
+/// Runs until its task is cancelled, catching up every `poll` and on every
+/// hint (`app` makes the hints: none without `database.listen`).
+pub async fn run(service: StatusService, mut hints: ChangeHints, poll: Duration) {
     let mut failing = Failing::default();
     loop {
         tokio::select! {
@@ -47,7 +48,7 @@ struct Failing {
 }
 
 impl Failing {
-    fn failed(&mut self, error: &crate::store::StoreError) {
+    fn failed(&mut self, error: &StatusStoreError) {
         self.count += 1;
         if self.last_warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
             self.last_warned = Some(Instant::now());

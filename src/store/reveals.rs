@@ -1,12 +1,15 @@
-//! The reveal log in the database: batches written with their per-ad counts in
-//! one transaction (PostgreSQL: `COPY`; SQLite: multi-row inserts), keyset pages
-//! read newest first, the counts of an ad, and retention in small batches.
+//! The reveal store: the reveal log in the database, both dialects. Batches
+//! written with their per-ad counts in one transaction (PostgreSQL: `COPY`;
+//! SQLite: multi-row inserts), keyset pages read newest first, the counts of an
+//! ad, and retention in small batches. Held by the flush and retention tasks
+//! and by the reveal routes.
 
 use std::fmt::Write as _;
 
 use sqlx::{QueryBuilder, Sqlite};
 
-use super::{Store, StoreError, signed, unsigned};
+use super::StoreError;
+use super::database::{Backend, signed, unsigned};
 use crate::domain::{
     AdId, CategoryId, Reveal, RevealCounts, RevealQuery, RevealsOf, Source, StoredReveal, UserId,
     Viewer,
@@ -53,19 +56,43 @@ fn kind_of(text: &str) -> Option<Source> {
         .find(|k| k.as_str() == text)
 }
 
-impl Store {
+/// The reveal store failed: the cause ([`StoreError`]), under a name of its own
+/// so that a log or an answer says which store it was.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct RevealStoreError(#[from] StoreError);
+
+impl RevealStoreError {
+    pub fn cause(&self) -> &StoreError {
+        &self.0
+    }
+}
+
+/// The reveal store's handle (see the module doc); made by
+/// [`super::Database::reveals`].
+#[derive(Debug, Clone)]
+pub struct RevealStore {
+    backend: Backend,
+}
+
+impl RevealStore {
+    pub(super) fn of(backend: Backend) -> Self {
+        RevealStore { backend }
+    }
+
     /// Writes a batch of reveals and adds its per-ad counts, in one transaction.
     ///
     /// # Errors
     /// The database refused or is unreachable; nothing was written.
-    pub async fn write_reveals(&self, reveals: &[Reveal]) -> Result<(), StoreError> {
+    pub async fn write_reveals(&self, reveals: &[Reveal]) -> Result<(), RevealStoreError> {
         if reveals.is_empty() {
             return Ok(());
         }
         let counts = counts_of(reveals);
-        self.call("write_reveals", async {
-            match self {
-                Store::Postgres(pg) => {
+        let backend = &self.backend;
+        Ok(backend.call("write_reveals", async {
+            match backend {
+                Backend::Postgres(pg) => {
                     let mut tx = pg.begin().await?;
                     let mut copy = tx
                         .copy_in_raw(
@@ -91,7 +118,7 @@ impl Store {
                     .await?;
                     tx.commit().await?;
                 }
-                Store::Sqlite(pool) => {
+                Backend::Sqlite(pool) => {
                     let mut tx = pool.begin().await?;
                     for chunk in reveals.chunks(SQLITE_ROWS_PER_INSERT) {
                         let mut query = QueryBuilder::<Sqlite>::new(
@@ -125,14 +152,17 @@ impl Store {
             }
             Ok(())
         })
-        .await
+        .await?)
     }
 
     /// One page of the log, newest first (at most `query.limit` rows).
     ///
     /// # Errors
     /// The database is unreachable.
-    pub async fn read_reveals(&self, query: &RevealQuery) -> Result<Vec<StoredReveal>, StoreError> {
+    pub async fn read_reveals(
+        &self,
+        query: &RevealQuery,
+    ) -> Result<Vec<StoredReveal>, RevealStoreError> {
         let (column, key) = match &query.of {
             RevealsOf::Seller(user) => ("user_id", Key::Int(signed(user.get()))),
             RevealsOf::Viewer(viewer) => ("viewer", Key::Text(viewer.as_str().to_owned())),
@@ -147,8 +177,9 @@ impl Store {
         );
         let limit = i64::from(query.limit);
         let rows: Vec<RevealRow> = self
+            .backend
             .read("read_reveals", async {
-                Ok::<_, StoreError>(on_connection!(self, conn => {
+                Ok::<_, StoreError>(on_connection!(&self.backend, conn => {
                     let q = sqlx::query_as(&sql).persistent(false);
                     let q = match key {
                         Key::Int(v) => q.bind(v),
@@ -171,11 +202,12 @@ impl Store {
     ///
     /// # Errors
     /// The database is unreachable.
-    pub async fn ad_reveal_counts(&self, ad: AdId) -> Result<RevealCounts, StoreError> {
+    pub async fn ad_reveal_counts(&self, ad: AdId) -> Result<RevealCounts, RevealStoreError> {
         let sql = "SELECT kind, n FROM ad_reveal_counts WHERE ad_id = $1";
         let rows: Vec<(String, i64)> = self
+            .backend
             .read("ad_reveal_counts", async {
-                Ok::<_, StoreError>(on_connection!(self, conn => {
+                Ok::<_, StoreError>(on_connection!(&self.backend, conn => {
                     sqlx::query_as(sql)
                         .persistent(false)
                         .bind(signed(ad.get()))
@@ -202,12 +234,13 @@ impl Store {
         &self,
         cutoff_us: i64,
         batch: i64,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<u64, RevealStoreError> {
         let sql = "DELETE FROM reveals WHERE id IN \
                    (SELECT id FROM reveals WHERE at_us < $1 ORDER BY at_us LIMIT $2)";
         let deleted = self
+            .backend
             .call("delete_reveals", async {
-                Ok::<_, StoreError>(on_connection!(self, conn => {
+                Ok::<_, StoreError>(on_connection!(&self.backend, conn => {
                     sqlx::query(sql)
                         .persistent(false)
                         .bind(cutoff_us)

@@ -1,7 +1,7 @@
-//! What the store offers the status loops beyond reads and writes, so that they
+//! What the database offers the status loops beyond reads and writes, so that they
 //! never touch a database driver themselves: *change hints* (the change log may
-//! have grown: catch up now rather than at the next poll) and *feed leadership*
-//! (this replica alone polls the status feed).
+//! have grown: catch up now rather than at the next poll), for the sync loop, and
+//! *feed leadership* (this replica alone polls the status feed), for the feed loop.
 //!
 //! PostgreSQL: hints are `LISTEN calltracking_status` notifications, plus one
 //! after every (re)connection of the listener, since notifications sent while it
@@ -15,8 +15,12 @@ use std::time::Duration;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
-use super::postgres::{CHANNEL, FEED_LOCK};
-use super::{Pg, Store, StoreError};
+use super::StoreError;
+use super::database::{Backend, Pg};
+use super::status::CHANNEL;
+
+/// Advisory lock key of the status-feed leader.
+const FEED_LOCK: i64 = 0x6374_6665_6564_6c64;
 
 /// A failing listener is logged at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(10);
@@ -41,20 +45,20 @@ struct Listening {
 }
 
 impl ChangeHints {
-    pub(super) fn of(store: &Store, retry: Duration, listen: bool) -> Self {
+    pub(super) fn of(backend: &Backend, retry: Duration, listen: bool) -> Self {
         ChangeHints {
-            postgres: match store {
-                Store::Postgres(Pg { direct, .. }) if listen => Some(Listening {
-                    target: super::postgres::target(direct),
+            postgres: match backend {
+                Backend::Postgres(Pg { direct, .. }) if listen => Some(Listening {
+                    target: super::database::target(direct),
                     warned: None,
                     pool: PgPoolOptions::new()
                         .max_connections(1)
-                        .acquire_timeout(super::ACQUIRE_TIMEOUT)
+                        .acquire_timeout(super::database::ACQUIRE_TIMEOUT)
                         .connect_lazy_with((**direct).clone()),
                     listener: None,
                     retry,
                 }),
-                Store::Postgres(_) | Store::Sqlite(_) => None,
+                Backend::Postgres(_) | Backend::Sqlite(_) => None,
             },
         }
     }
@@ -115,21 +119,34 @@ impl Listening {
     }
 }
 
-/// This replica leads the status feed while it holds this.
-pub enum Leadership {
-    /// The one replica of an SQLite store.
-    Sole,
-    /// The connection holding the session advisory lock.
-    Locked(PgConnection),
+/// The right to ask for feed leadership: the feed loop's handle, made by
+/// [`super::Database::leadership`].
+#[derive(Debug, Clone)]
+pub struct Leadership {
+    /// Where a session lock means something: PostgreSQL itself (never the
+    /// pooler); `None` with SQLite.
+    direct: Option<sqlx::postgres::PgConnectOptions>,
 }
 
 impl Leadership {
+    pub(super) fn of(backend: &Backend) -> Self {
+        Leadership {
+            direct: match backend {
+                Backend::Sqlite(_) => None,
+                Backend::Postgres(Pg { direct, .. }) => Some((**direct).clone()),
+            },
+        }
+    }
+
     /// Tries to become the leader: `None` when another replica leads.
-    pub(super) async fn try_take(store: &Store) -> Result<Option<Leadership>, StoreError> {
-        let options = match store {
-            Store::Sqlite(_) => return Ok(Some(Leadership::Sole)),
+    ///
+    /// # Errors
+    /// The database is unreachable.
+    pub async fn try_take(&self) -> Result<Option<Leader>, StoreError> {
+        let options = match &self.direct {
+            None => return Ok(Some(Leader(Held::Sole))),
             // PostgreSQL itself: a session lock means nothing through a pooler.
-            Store::Postgres(Pg { direct, .. }) => direct,
+            Some(direct) => direct,
         };
         let mut connection = PgConnection::connect_with(options).await?;
         let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
@@ -138,18 +155,30 @@ impl Leadership {
             .fetch_one(&mut connection)
             .await?;
         if locked {
-            return Ok(Some(Leadership::Locked(connection)));
+            return Ok(Some(Leader(Held::Locked(connection))));
         }
         // Not ours: give the connection back now, not at the next attempt.
         let _ = connection.close().await;
         Ok(None)
     }
+}
 
+/// This replica leads the status feed while it holds this.
+pub struct Leader(Held);
+
+enum Held {
+    /// The one replica of an SQLite store.
+    Sole,
+    /// The connection holding the session advisory lock.
+    Locked(PgConnection),
+}
+
+impl Leader {
     /// Whether leadership still holds: the lock lives as long as its connection.
     pub async fn still_held(&mut self) -> bool {
-        match self {
-            Leadership::Sole => true,
-            Leadership::Locked(connection) => match connection.ping().await {
+        match &mut self.0 {
+            Held::Sole => true,
+            Held::Locked(connection) => match connection.ping().await {
                 Ok(()) => true,
                 Err(error) => {
                     tracing::warn!(%error, "status feed: leadership connection lost");

@@ -1,44 +1,18 @@
-//! The SQLite store: the embedded default, for one replica. WAL journal,
-//! `synchronous = FULL` (an acknowledged change survives a crash of the machine,
-//! not only of the process), one writer at a time by SQLite's own lock.
+//! The status store on SQLite: the embedded default, for one replica. WAL journal,
+//! `synchronous = FULL` (set where the pool is opened: `store::database`), one
+//! writer at a time by SQLite's own lock.
 
 use std::collections::HashMap;
-use std::str::FromStr;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row as _, Sqlite, SqlitePool};
 
-use super::{
-    ACQUIRE_TIMEOUT, Row, RowTuple, StoreError, Watermark, plan, signed, unsigned, users_of,
-};
+use super::{Row, RowTuple, StoreError, Watermark, plan, users_of};
 use crate::domain::Applied;
 use crate::domain::StatusChange;
+use crate::store::database::{signed, unsigned};
 
 /// Bound parameters per statement, under SQLite's limit of 32,766.
 const MAX_PARAMS: usize = 30_000;
-
-/// `lock`: how long a writer waits for another's lock (`database.lock_timeout_ms`).
-pub async fn connect(
-    url: &str,
-    max_connections: u32,
-    lock: std::time::Duration,
-) -> Result<SqlitePool, StoreError> {
-    let options = SqliteConnectOptions::from_str(url)?
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Full)
-        .busy_timeout(lock);
-    if let Some(dir) = options.get_filename().parent() {
-        if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir).map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
-        }
-    }
-    Ok(SqlitePoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect_with(options)
-        .await?)
-}
 
 async fn next_seq(tx: &mut sqlx::SqliteConnection) -> Result<i64, StoreError> {
     Ok(

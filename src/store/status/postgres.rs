@@ -1,102 +1,24 @@
-//! The PostgreSQL store: for a cluster of replicas, directly or through a
+//! The status store on PostgreSQL: for a cluster of replicas, directly or through a
 //! transaction-mode pooler (every statement unnamed and in a transaction: see
-//! `super::Pg`). Writers take a
+//! `store::database::Pg`). Writers take a
 //! transaction-level advisory lock before the change sequence value, so values
 //! commit in order; each write notifies `calltracking_status` on commit (a hint to
 //! the other replicas to catch up; the poll covers a lost one).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::str::FromStr;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Row as _};
+use sqlx::Row as _;
 
-use super::{Pg, Row, RowTuple, StoreError, Watermark, plan, signed, unsigned, users_of};
+use super::{Row, RowTuple, StoreError, Watermark, plan, users_of};
 use crate::domain::StatusChange;
 use crate::domain::{Applied, UserId};
+use crate::store::database::{Pg, signed, unsigned};
 
-/// The notification channel of status changes.
-pub(super) const CHANNEL: &str = "calltracking_status";
+/// The notification channel of status changes (the change hints listen on it).
+pub(in crate::store) const CHANNEL: &str = "calltracking_status";
 /// Advisory lock key serialising writers ("ctstatus" in ASCII).
 const WRITE_LOCK: i64 = 0x6374_7374_6174_7573;
-/// Advisory lock key of the status-feed leader.
-pub(super) const FEED_LOCK: i64 = 0x6374_6665_6564_6c64;
-
-pub fn options(url: &str) -> Result<PgConnectOptions, StoreError> {
-    Ok(PgConnectOptions::from_str(url)?)
-}
-
-pub fn connect(url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
-    Ok(PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(super::ACQUIRE_TIMEOUT)
-        .connect_lazy_with(options(url)?))
-}
-
-/// Where `options` reach, for a log line: host:port (or the socket) and the
-/// database; never the user's password.
-pub fn target(options: &PgConnectOptions) -> String {
-    let database = options.get_database().unwrap_or("");
-    match options.get_socket() {
-        Some(socket) => format!("{}/{database}", socket.display()),
-        None => format!("{}:{}/{database}", options.get_host(), options.get_port()),
-    }
-}
-
-/// Whether a client connection to `options` keeps one server session, as
-/// PostgreSQL itself or a session-mode pooler does; a transaction-mode pooler
-/// hands each transaction the server connection that is free. Probed with two
-/// client connections: A asks its backend's pid; B then holds a transaction
-/// open (a pooler that reuses the last-freed server connection, as PgBouncer
-/// does by default, gives B the one A just used); A asks again. A session keeps
-/// its pid; through a transaction-mode pooler A's second answer comes from
-/// another backend. Simple-query statements, one round trip each, so the probe
-/// itself is pooler-safe.
-///
-/// # Errors
-/// No connection could be made.
-pub fn keeps_sessions(
-    options: &PgConnectOptions,
-) -> futures_util::future::BoxFuture<'_, Result<bool, StoreError>> {
-    // Boxed as `Send` here, where the compiler can see it is: through a generic
-    // caller it fails to prove it for sqlx's executor lifetimes.
-    Box::pin(probe_sessions(options))
-}
-
-async fn probe_sessions(options: &PgConnectOptions) -> Result<bool, StoreError> {
-    use sqlx::Connection as _;
-    let mut a = sqlx::PgConnection::connect_with(options).await?;
-    let mut b = sqlx::PgConnection::connect_with(options).await?;
-    let mut keeps = true;
-    for _ in 0..3 {
-        let first = pid(&mut a).await?;
-        sqlx::Executor::execute(&mut b, "BEGIN").await?;
-        let held = pid(&mut b).await?;
-        // Through a pooler whose every server connection B holds, A waits
-        // for one: it has none of its own, so that too says "no session".
-        let second = tokio::time::timeout(super::ACQUIRE_TIMEOUT, pid(&mut a)).await;
-        sqlx::Executor::execute(&mut b, "COMMIT").await?;
-        let Ok(second) = second else {
-            keeps = false;
-            break;
-        };
-        let second = second?;
-        if first != second || held == first {
-            keeps = false;
-            break;
-        }
-    }
-    let _ = a.close().await;
-    let _ = b.close().await;
-    Ok(keeps)
-}
-
-async fn pid(conn: &mut sqlx::PgConnection) -> Result<i32, StoreError> {
-    // A query without arguments goes as one simple-protocol message.
-    let row = sqlx::Executor::fetch_one(conn, "SELECT pg_backend_pid()").await?;
-    Ok(row.try_get(0)?)
-}
 
 async fn begin_write(
     pg: &Pg,
@@ -263,7 +185,7 @@ pub async fn finish_snapshot(
 /// The change log after `after`: status rows and cache invalidations merged in
 /// change order (each index gives its table's rows in that order).
 pub async fn changes_after(pg: &Pg, after: Watermark, limit: i64) -> Result<Vec<Row>, StoreError> {
-    // In a transaction, alone as it is: pooler-safe (see `super::Pg`).
+    // In a transaction, alone as it is: pooler-safe (see `store::database::Pg`).
     let mut tx = pg.begin().await?;
     let rows: Vec<RowTuple> = sqlx::query_as(
         "(SELECT user_id, enabled, version, change_seq, flip_seq, false AS invalidation \
