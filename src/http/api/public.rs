@@ -121,7 +121,7 @@ pub async fn public_phone(State(state): State<PublicState>, request: HttpRequest
 }
 
 /// `GET /v1/public-phone`: the handler above, and the hit path itself
-/// ([`super::front`] calls it without the router). A 200 is recorded as a
+/// (`server::front` calls it without the router). A 200 is recorded as a
 /// reveal when `reveal` is set.
 pub async fn lookup(
     state: &PublicState,

@@ -1,6 +1,6 @@
 //! The admin API (docs/api.md): status sync, status lookup, cache invalidation, behind
 //! a bearer token; and the operations routes (health, readiness, metrics), open.
-//! The token is checked by the listener's front ([`super::front`]) for every
+//! The token is checked by the listener's front (`server::front`) for every
 //! path under `/admin/`, before routing, so a caller without it learns nothing
 //! (not which routes or methods exist).
 

@@ -124,7 +124,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::http::routes;
+    use crate::http::api::routes;
 
     fn paths(api: &utoipa::openapi::OpenApi) -> BTreeSet<&str> {
         api.paths.paths.keys().map(String::as_str).collect()

@@ -24,13 +24,13 @@ use axum::response::{IntoResponse, Response};
 use tower_service::Service;
 use tracing::Instrument;
 
-use super::admin;
-use super::durations::{self, Route};
-use super::error::ApiError;
-use super::public::{self, PublicState};
-use super::routes::PUBLIC_PHONE as PUBLIC_PHONE_PATH;
 use super::shed::Shed;
 use crate::config::Secret;
+use crate::http::api::admin;
+use crate::http::api::durations::{self, Route};
+use crate::http::api::error::ApiError;
+use crate::http::api::public::{self, PublicState};
+use crate::http::api::routes::PUBLIC_PHONE as PUBLIC_PHONE_PATH;
 use crate::telemetry;
 
 /// A listener's service: cheap to clone (one `Arc`).
