@@ -32,7 +32,6 @@ pub mod snapshot;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post, put};
 
 use admin::AdminState;
 use extract::BodyLimit;
@@ -75,41 +74,33 @@ impl Limits {
     }
 }
 
-/// The public routes. Request tracking and shedding wrap it in `server::front::Front`,
+/// The public routes ([`routes::PUBLIC`]). Request tracking and shedding wrap it in `server::front::Front`,
 /// which also answers `GET /v1/public-phone` without it.
 pub fn public_router(state: PublicState) -> Router {
     let body = DefaultBodyLimit::max(state.limits.max_body_bytes);
-    Router::new()
-        .route(routes::PUBLIC_PHONE, get(public::public_phone))
-        .route(routes::BATCH, post(public::batch))
+    routes::PUBLIC
+        .iter()
+        .fold(Router::new(), |router, route| {
+            router.route(route.path, (route.handlers)())
+        })
         .layer(body)
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .with_state(state)
 }
 
-/// The admin routes. `server::front::Front` tracks requests, applies the header limit
+/// The admin routes ([`routes::ADMIN`]). `server::front::Front` tracks requests, applies the header limit
 /// and checks the token for every path under `/admin/` before this router runs
 /// (its fallbacks included: without the token, no 404 or 405 tells what exists).
 pub fn admin_router(state: AdminState) -> Router {
     // Bounds what the JSON extractor reads; the snapshot streams its body and
     // bounds it itself (`server.max_snapshot_bytes`).
     let body = DefaultBodyLimit::max(state.limits.max_body_bytes);
-    Router::new()
-        .route(routes::HEALTHZ, get(admin::healthz))
-        .route(routes::READYZ, get(admin::readyz))
-        .route(routes::METRICS, get(admin::metrics))
-        .route(routes::OPENAPI_PUBLIC, get(openapi::public_json))
-        .route(routes::OPENAPI_ADMIN, get(openapi::admin_json))
-        .route(
-            routes::STATUSES,
-            put(admin::put_statuses).post(admin::post_statuses),
-        )
-        .route(routes::STATUS_OF_USER, get(admin::get_status))
-        .route(routes::PROFILE, get(profile::profile))
-        .route(routes::REVEALS, get(reveals::list))
-        .route(routes::REVEALS_OF_AD, get(reveals::ad_counts))
-        .route(routes::INVALIDATE, post(admin::invalidate))
+    routes::ADMIN
+        .iter()
+        .fold(Router::new(), |router, route| {
+            router.route(route.path, (route.handlers)())
+        })
         .layer(body)
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
