@@ -5,6 +5,11 @@
 //! limit; and shedding on the public listener). The public lookup, the request a
 //! sale day is made of, is answered here without the router.
 //!
+//! A request's path is matched against the route table once, here
+//! (`api::routes::RouteId`): its duration label and, on the admin listener,
+//! whether it needs the token come from that one match; the router matches it
+//! again to dispatch (the hit path keeps its one equality check instead).
+//!
 //! One hand-written service instead of `from_fn` layers on the router: the hit
 //! path pays one boxed future, not a boxed future and a cloned boxed service per
 //! layer, and no extractor copies the headers or the query (the load harness
