@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use axum::http::{HeaderMap, HeaderValue};
-use phones_gateway::http::ratelimit::ViewerLimiter;
+use phones_gateway::http::api::ratelimit::ViewerLimiter;
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();

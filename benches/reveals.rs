@@ -11,6 +11,9 @@
 //! `cargo test` it runs small as a smoke check.
 
 #![allow(clippy::unwrap_used)]
+// A bench exports nothing (`pub` in the shared test modules it includes), and it
+// measures wall time.
+#![allow(unreachable_pub, clippy::disallowed_types)]
 
 #[allow(dead_code)]
 #[path = "../tests/it/pg.rs"]

@@ -10,6 +10,8 @@
 //! log lines.
 
 #![allow(clippy::unwrap_used)]
+// A bench: it measures wall time.
+#![allow(clippy::disallowed_types)]
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};

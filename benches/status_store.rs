@@ -5,6 +5,9 @@
 //! 20,000 ids as a smoke check (PostgreSQL only where it can be started).
 
 #![allow(clippy::unwrap_used)]
+// A bench exports nothing (`pub` in the shared test modules it includes), and it
+// measures wall time.
+#![allow(unreachable_pub, clippy::disallowed_types)]
 
 #[allow(dead_code)]
 #[path = "../tests/it/pg.rs"]

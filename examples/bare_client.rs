@@ -8,6 +8,9 @@
 //! Usage: `bare_client BASE_URL CONCURRENCY SECONDS [hyper|reqwest]`; prints the
 //! number of calls made and failed.
 
+// A load tool: it measures wall time.
+#![allow(clippy::disallowed_types)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -15,6 +15,9 @@
 //! popular ads after `WARMUP_S`: requests, how many took `SLOW_MS` or longer
 //! (waited on an upstream: a miss), and their p99.9.
 
+// A load tool: it measures wall time.
+#![allow(clippy::disallowed_types)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -486,19 +486,23 @@ mod units {
 
     use serde::{Deserialize, Deserializer};
 
-    pub fn millis<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    pub(super) fn millis<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         u64::deserialize(d).map(Duration::from_millis)
     }
 
-    pub fn seconds<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    pub(super) fn seconds<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         u64::deserialize(d).map(Duration::from_secs)
     }
 
-    pub fn optional_millis<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    pub(super) fn optional_millis<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
         Option::<u64>::deserialize(d).map(|ms| ms.map(Duration::from_millis))
     }
 
-    pub fn optional_seconds<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    pub(super) fn optional_seconds<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
         Option::<u64>::deserialize(d).map(|s| s.map(Duration::from_secs))
     }
 }

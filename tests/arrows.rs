@@ -5,6 +5,10 @@
 //! the crate; `config` only the domain; `telemetry` only config and domain).
 //! It also fails when a file outside `store` names sqlx: the database is the
 //! store's, and the rest of the crate reaches it through the store's handles.
+//!
+//! Inside `http`, the server imports the API and never the reverse
+//! (`http::server -> http::api`). And the route table is the one place a route's
+//! path is written: no route path literal appears twice in `src/`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -40,6 +44,91 @@ fn low_modules_import_nothing_above_them() {
             .collect();
         assert!(above.is_empty(), "{module} imports {above:?}");
     }
+}
+
+/// `http::server -> http::api`: the server runs the API (its front answers the
+/// lookup, speaks `ApiError`, reads the route table); the API does not know how
+/// it is served.
+#[test]
+fn the_api_does_not_import_the_server() {
+    let http = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src/http"));
+    let rooms = http_rooms(http);
+    assert!(rooms["server"].contains("api"), "{rooms:?}");
+    assert!(
+        !rooms["api"].contains("server"),
+        "the API imports the server"
+    );
+}
+
+#[test]
+fn the_room_checker_reads_every_spelling() {
+    for text in [
+        "use crate::http::server::front::Front;",
+        "use crate::http::{api::Limits, server::serve};",
+        "use super::super::server::shed::Shed;",
+    ] {
+        let mut rooms = Graph::new();
+        add_room_imports(&mut rooms, "api", Path::new("api/admin.rs"), text);
+        assert!(rooms["api"].contains("server"), "{text}");
+    }
+    let mut rooms = Graph::new();
+    add_room_imports(
+        &mut rooms,
+        "api",
+        Path::new("api/mod.rs"),
+        "use super::server;",
+    );
+    assert!(rooms["api"].contains("server"));
+}
+
+/// Every path of the route table is written once in `src/` (in
+/// `http/api/routes.rs`), and no other literal that looks like one of our
+/// routes (`"/v1/...`, `"/admin...`) is written twice: a second copy is a second
+/// place to change.
+#[test]
+fn no_route_path_is_written_twice() {
+    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
+    let routes: Vec<&str> = phones_gateway::http::api::routes::LABELS
+        .into_iter()
+        .filter(|label| label.starts_with('/'))
+        .collect();
+    assert!(routes.len() > 10, "{routes:?}");
+    let mut places: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for path in rust_files(src) {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            for literal in string_literals(code) {
+                let route_like = literal.starts_with("/v1/")
+                    || literal.starts_with("/admin")
+                    || routes.contains(&literal);
+                if route_like {
+                    let place = format!("{}:{}", path.strip_prefix(src).unwrap().display(), n + 1);
+                    places.entry(literal.to_owned()).or_default().push(place);
+                }
+            }
+        }
+    }
+    for route in &routes {
+        assert!(
+            places.contains_key(*route),
+            "{route} is written nowhere in src/"
+        );
+    }
+    let twice: Vec<_> = places.iter().filter(|(_, at)| at.len() > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "route paths written more than once: {twice:?}"
+    );
+}
+
+#[test]
+fn the_literal_reader_skips_escapes() {
+    let code = r#"f("/v1/a", "say \"/v1/b\"", b"/admin", '"');"#;
+    assert_eq!(
+        string_literals(code),
+        ["/v1/a", r#"say \"/v1/b\""#, "/admin"]
+    );
 }
 
 #[test]
@@ -118,6 +207,105 @@ fn graph_of(modules: &[(&str, &str)]) -> Graph {
     graph
 }
 
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let (mut found, mut todo) = (Vec::new(), vec![dir.to_path_buf()]);
+    while let Some(path) = todo.pop() {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(&path).unwrap() {
+                todo.push(entry.unwrap().path());
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            found.push(path);
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The string literals of a line of code (`"..."`, escapes kept as written;
+/// character literals skipped).
+fn string_literals(code: &str) -> Vec<&str> {
+    let mut literals = Vec::new();
+    let mut chars = code.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\'' => {
+                // A char literal ('"', '\'') or a lifetime ('a): skip the
+                // quoted character either way.
+                let _ = chars
+                    .next()
+                    .filter(|&(_, c)| c == '\\')
+                    .map(|_| chars.next());
+            }
+            '"' => {
+                let start = i + 1;
+                let mut escaped = false;
+                for (j, c) in chars.by_ref() {
+                    match c {
+                        '\\' if !escaped => escaped = true,
+                        '"' if !escaped => {
+                            literals.push(&code[start..j]);
+                            break;
+                        }
+                        _ => escaped = false,
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    literals
+}
+
+/// The rooms of `src/http/` (its subdirectories) -> the sibling rooms their
+/// files import.
+fn http_rooms(http: &Path) -> Graph {
+    let mut rooms = Graph::new();
+    for path in rust_files(http) {
+        let relative = path.strip_prefix(http).unwrap();
+        if relative.components().count() < 2 {
+            continue; // http/mod.rs: the hall, not a room
+        }
+        let room = relative.components().next().unwrap().as_os_str();
+        let text = std::fs::read_to_string(&path).unwrap();
+        add_room_imports(&mut rooms, room.to_str().unwrap(), relative, &text);
+    }
+    rooms
+}
+
+/// Adds the rooms a file of `room` names, as `crate::http::<room>`, in a
+/// `crate::http::{...}` group, or relatively (`super::<room>` from a room's
+/// `mod.rs`, `super::super::<room>` from its other files).
+fn add_room_imports(rooms: &mut Graph, room: &str, file: &Path, text: &str) {
+    let up = if file.ends_with("mod.rs") {
+        "super::"
+    } else {
+        "super::super::"
+    };
+    let imports = rooms.entry(room.to_owned()).or_default();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or_default();
+        for prefix in ["crate::http::", up] {
+            for (at, _) in code.match_indices(prefix) {
+                let rest = &code[at + prefix.len()..];
+                if prefix == "super::" && code[..at].ends_with("super::") {
+                    continue; // the tail of `super::super::`
+                }
+                let names = match rest.strip_prefix('{') {
+                    Some(group) => group_heads(group),
+                    None => vec![head(rest)],
+                };
+                for name in names {
+                    if !name.is_empty() && name != room && name != "self" && name != "super" {
+                        imports.insert(name.to_owned());
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Top-level module -> the top-level modules its files name as `crate::...`.
 fn module_graph(src: &Path) -> Graph {
     let mut graph = Graph::new();
@@ -130,22 +318,6 @@ fn module_graph(src: &Path) -> Graph {
         add_imports(&mut graph, &module, &text);
     }
     graph
-}
-
-/// Every `.rs` file under `src`.
-fn rust_files(src: &Path) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    let mut files = vec![src.to_path_buf()];
-    while let Some(path) = files.pop() {
-        if path.is_dir() {
-            for entry in std::fs::read_dir(&path).unwrap() {
-                files.push(entry.unwrap().path());
-            }
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            found.push(path);
-        }
-    }
-    found
 }
 
 /// The top-level module `path` belongs to (`lib` and `main` for the roots).

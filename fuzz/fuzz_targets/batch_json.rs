@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use phones_gateway::http::extract::batch_item;
+use phones_gateway::http::api::extract::batch_item;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(body) = serde_json::from_slice::<serde_json::Value>(data) else {

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use phones_gateway::http::extract::public_phone_query;
+use phones_gateway::http::api::extract::public_phone_query;
 
 fuzz_target!(|query: &str| {
     if let Ok(request) = public_phone_query(Some(query)) {

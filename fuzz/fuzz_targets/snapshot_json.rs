@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use phones_gateway::http::snapshot::parse;
+use phones_gateway::http::api::snapshot::parse;
 
 fuzz_target!(|data: &[u8]| {
     let mut ids = Vec::new();

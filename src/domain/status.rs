@@ -144,7 +144,7 @@ pub fn plan_changes(
 mod tests {
     use super::*;
 
-    pub fn change(user: u64, enabled: bool, version: u64) -> StatusChange {
+    fn change(user: u64, enabled: bool, version: u64) -> StatusChange {
         StatusItem {
             user_id: user,
             enabled,

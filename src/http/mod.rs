@@ -1,114 +1,18 @@
-//! The two routers: public (docs/api.md) and admin (docs/api.md). Every error on either is
-//! an `ApiError` problem document, unknown routes and methods included; so are
-//! the answers hyper makes before any route is chosen ([`rewrite`]).
+//! The HTTP edge, in two rooms with one arrow between them, `server -> api`
+//! (`tests/arrows.rs` holds it):
+//! - [`server`]: the hand-built HTTP server: serving connections through hyper
+//!   with our own connection limits, the front service every request meets
+//!   (request tracking, admission, the hit path without the router), shedding,
+//!   and hyper's own rejections rewritten as problem documents. It knows the API
+//!   only through the route table, the problem type and the lookup it answers
+//!   directly.
+//! - [`api`]: what the service answers: the route table, the public and admin
+//!   routers built from it, handlers, extractors, problem documents, the OpenAPI
+//!   documents and the request-duration histogram labelled by route.
 //!
-//! An unknown method that is a valid token (`FOO`, `BREW`) reaches the router like
-//! any other: on an existing route it is a 405 with `Allow`, the answer to a
-//! method the route lacks (RFC 9110 permits a 501 for a method the server does
-//! not recognise, but 405 with `Allow` tells the client what to send instead, and
-//! docs/api.md lists no 5xx for bad input); on no route, a 404. A method that is not a
-//! token is a malformed request line: a 400. Each
-//! listener serves its router through a [`front::Front`] ([`serve::serve`]),
-//! which tracks and admits every request and answers the public lookup itself.
+//! The arrow points from the server to the API because the server's one reason
+//! to exist is to run the API fast; the API does not know how it is served, so
+//! its handlers are tested with `oneshot` on the routers alone.
 
-pub mod admin;
-pub mod durations;
-pub mod error;
-pub mod extract;
-pub mod front;
-pub mod openapi;
-pub mod profile;
-pub mod public;
-pub mod ratelimit;
-pub mod reveals;
-pub mod rewrite;
-pub mod routes;
-pub mod serve;
-pub mod shed;
-pub mod snapshot;
-
-use axum::Router;
-use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post, put};
-
-use admin::AdminState;
-use extract::BodyLimit;
-use public::PublicState;
-
-/// The request limits of `[server]`, held in both routers' states: the JSON
-/// extractor takes the body limit from there (`FromRef`), the snapshot route its
-/// own, and a 413 names the limit it enforced.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_body_bytes: usize,
-    pub max_snapshot_bytes: usize,
-    pub max_header_bytes: usize,
-    pub body_read_timeout: std::time::Duration,
-}
-
-impl Limits {
-    pub fn of(server: &crate::config::ServerConfig) -> Self {
-        Limits {
-            max_body_bytes: server.max_body_bytes,
-            max_snapshot_bytes: server.max_snapshot_bytes,
-            max_header_bytes: server.max_header_bytes,
-            body_read_timeout: server.body_read_timeout,
-        }
-    }
-
-    /// Every JSON route but the snapshot.
-    pub fn body(&self) -> BodyLimit {
-        BodyLimit {
-            max_bytes: self.max_body_bytes,
-            read_timeout: self.body_read_timeout,
-        }
-    }
-    /// The streamed snapshot PUT.
-    pub fn snapshot(&self) -> BodyLimit {
-        BodyLimit {
-            max_bytes: self.max_snapshot_bytes,
-            read_timeout: self.body_read_timeout,
-        }
-    }
-}
-
-/// The public routes. Request tracking and shedding wrap it in [`front::Front`],
-/// which also answers `GET /v1/public-phone` without it.
-pub fn public_router(state: PublicState) -> Router {
-    let body = DefaultBodyLimit::max(state.limits.max_body_bytes);
-    Router::new()
-        .route(routes::PUBLIC_PHONE, get(public::public_phone))
-        .route(routes::BATCH, post(public::batch))
-        .layer(body)
-        .fallback(error::route_not_found)
-        .method_not_allowed_fallback(error::method_not_allowed)
-        .with_state(state)
-}
-
-/// The admin routes. [`front::Front`] tracks requests, applies the header limit
-/// and checks the token for every path under `/admin/` before this router runs
-/// (its fallbacks included: without the token, no 404 or 405 tells what exists).
-pub fn admin_router(state: AdminState) -> Router {
-    // Bounds what the JSON extractor reads; the snapshot streams its body and
-    // bounds it itself (`server.max_snapshot_bytes`).
-    let body = DefaultBodyLimit::max(state.limits.max_body_bytes);
-    Router::new()
-        .route(routes::HEALTHZ, get(admin::healthz))
-        .route(routes::READYZ, get(admin::readyz))
-        .route(routes::METRICS, get(admin::metrics))
-        .route(routes::OPENAPI_PUBLIC, get(openapi::public_json))
-        .route(routes::OPENAPI_ADMIN, get(openapi::admin_json))
-        .route(
-            routes::STATUSES,
-            put(admin::put_statuses).post(admin::post_statuses),
-        )
-        .route(routes::STATUS_OF_USER, get(admin::get_status))
-        .route(routes::PROFILE, get(profile::profile))
-        .route(routes::REVEALS, get(reveals::list))
-        .route(routes::REVEALS_OF_AD, get(reveals::ad_counts))
-        .route(routes::INVALIDATE, post(admin::invalidate))
-        .layer(body)
-        .fallback(error::route_not_found)
-        .method_not_allowed_fallback(error::method_not_allowed)
-        .with_state(state)
-}
+pub mod api;
+pub mod server;

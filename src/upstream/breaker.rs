@@ -31,7 +31,7 @@ struct State {
     window_failures: u32,
 }
 
-pub struct Breaker {
+pub(crate) struct Breaker {
     name: &'static str,
     config: BreakerConfig,
     state: Mutex<State>,
@@ -39,7 +39,7 @@ pub struct Breaker {
 }
 
 impl Breaker {
-    pub fn new(name: &'static str, config: BreakerConfig) -> Self {
+    pub(crate) fn new(name: &'static str, config: BreakerConfig) -> Self {
         Breaker {
             name,
             config,
@@ -64,7 +64,7 @@ impl Breaker {
     }
 
     /// Whether a call may go out now.
-    pub fn allow(&self) -> bool {
+    pub(crate) fn allow(&self) -> bool {
         if !self.config.enabled {
             return true;
         }
@@ -86,7 +86,7 @@ impl Breaker {
     }
 
     /// Reports how an allowed call ended.
-    pub fn record(&self, success: bool) {
+    pub(crate) fn record(&self, success: bool) {
         if !self.config.enabled {
             return;
         }

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::extract::Request;
 
-use super::error::ApiError;
+use crate::http::api::error::ApiError;
 
 pub struct Shed {
     in_flight: AtomicUsize,

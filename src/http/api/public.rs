@@ -13,6 +13,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, Problem};
 use super::extract::{Json, batch_item, public_phone_query};
 use super::ratelimit::{VIEWER_HEADER, ViewerLimiter};
+use super::routes;
 use crate::domain::{AdId, Phone, Reveal, Source, UserId, Viewer};
 use crate::resolve::{Request, Resolver};
 use crate::reveals::Reveals;
@@ -96,7 +97,7 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
 
 #[utoipa::path(
     get,
-    path = "/v1/public-phone",
+    path = routes::PUBLIC_PHONE,
     tag = "public",
     params(
         ("user_id" = i64, Query, minimum = 1, description = "The seller"),
@@ -121,7 +122,7 @@ pub async fn public_phone(State(state): State<PublicState>, request: HttpRequest
 }
 
 /// `GET /v1/public-phone`: the handler above, and the hit path itself
-/// ([`super::front`] calls it without the router). A 200 is recorded as a
+/// (`server::front` calls it without the router). A 200 is recorded as a
 /// reveal when `reveal` is set.
 pub async fn lookup(
     state: &PublicState,
@@ -230,7 +231,7 @@ pub enum BatchResult {
 
 #[utoipa::path(
     post,
-    path = "/v1/public-phones/batch",
+    path = routes::BATCH,
     tag = "public",
     request_body = BatchBody,
     params(("X-Viewer-Id" = Option<String>, Header, description = "The buyer (1 to 128 visible ASCII characters); each item counts once against the limit and is one reveal")),

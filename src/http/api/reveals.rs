@@ -12,6 +12,7 @@ use utoipa::ToSchema;
 use super::admin::AdminState;
 use super::error::{ApiError, Problem};
 use super::extract::{Path, field_error};
+use super::routes;
 use crate::domain::{AdId, RevealQuery, RevealsOf, Source, StoredReveal, UserId, Viewer};
 
 /// Reveals a page holds by default and at most.
@@ -57,7 +58,7 @@ pub struct AdReveals {
 
 #[utoipa::path(
     get,
-    path = "/admin/v1/reveals",
+    path = routes::REVEALS,
     tag = "admin",
     security(("bearer" = [])),
     params(
@@ -106,7 +107,7 @@ pub async fn list(
 
 #[utoipa::path(
     get,
-    path = "/admin/v1/ads/{ad_id}/reveals",
+    path = routes::REVEALS_OF_AD,
     tag = "admin",
     security(("bearer" = [])),
     params(("ad_id" = i64, Path, minimum = 1)),

@@ -5,6 +5,11 @@
 //! limit; and shedding on the public listener). The public lookup, the request a
 //! sale day is made of, is answered here without the router.
 //!
+//! A request's path is matched against the route table once, here
+//! (`api::routes::RouteId`): its duration label and, on the admin listener,
+//! whether it needs the token come from that one match; the router matches it
+//! again to dispatch (the hit path keeps its one equality check instead).
+//!
 //! One hand-written service instead of `from_fn` layers on the router: the hit
 //! path pays one boxed future, not a boxed future and a cloned boxed service per
 //! layer, and no extractor copies the headers or the query (the load harness
@@ -14,7 +19,6 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::Router;
 use axum::body::{Body, Bytes, HttpBody};
@@ -24,14 +28,21 @@ use axum::response::{IntoResponse, Response};
 use tower_service::Service;
 use tracing::Instrument;
 
-use super::admin;
-use super::durations::{self, Route};
-use super::error::ApiError;
-use super::public::{self, PublicState};
-use super::routes::PUBLIC_PHONE as PUBLIC_PHONE_PATH;
 use super::shed::Shed;
 use crate::config::Secret;
+use crate::http::api::admin;
+use crate::http::api::durations;
+use crate::http::api::error::ApiError;
+use crate::http::api::public::{self, PublicState};
+use crate::http::api::routes::{PUBLIC_PHONE as PUBLIC_PHONE_PATH, RouteId};
 use crate::telemetry;
+
+/// Wall time, not tokio's clock (clippy.toml): a request's duration is what its
+/// client waited, also under a paused test clock, and `std`'s `now()` is one
+/// clock read on the hit path (tokio's first looks for a paused runtime clock
+/// when `test-util` is on, as it is in benches).
+#[allow(clippy::disallowed_types)]
+type Instant = std::time::Instant;
 
 /// A listener's service: cheap to clone (one `Arc`).
 #[derive(Clone)]
@@ -42,8 +53,9 @@ pub struct Front {
 struct Inner {
     router: Router,
     shed: Shed,
-    /// The route label of a path, for the duration histogram.
-    route_of: fn(&str) -> Route,
+    /// A path's row of the route table, found once per request: its duration
+    /// label, and on the admin listener whether it needs the token.
+    route_of: fn(&str) -> RouteId,
     /// Set on the public listener: `GET /v1/public-phone` is answered directly.
     lookup: Option<PublicState>,
     /// Set on the admin listener: the bearer token every `/admin/` path needs.
@@ -57,7 +69,7 @@ struct Inner {
 impl Front {
     /// The public listener: shedding, and the lookup answered directly.
     pub fn public(router: Router, state: PublicState, shed: Shed) -> Self {
-        Front::new(router, shed, Route::public, Some(state), None)
+        Front::new(router, shed, RouteId::public, Some(state), None)
     }
 
     /// Exports the span of each sampled request (`tracing.otlp_endpoint` set),
@@ -77,7 +89,7 @@ impl Front {
         Front::new(
             router,
             Shed::unlimited(max_header_bytes),
-            Route::admin,
+            RouteId::admin,
             None,
             Some(token),
         )
@@ -86,7 +98,7 @@ impl Front {
     fn new(
         router: Router,
         shed: Shed,
-        route_of: fn(&str) -> Route,
+        route_of: fn(&str) -> RouteId,
         lookup: Option<PublicState>,
         token: Option<Arc<Secret>>,
     ) -> Self {
@@ -106,11 +118,11 @@ impl Front {
 impl Inner {
     /// Admission, then the answer: the lookup directly, anything else by the router.
     /// Takes the `Arc` so the future holds nothing twice (it is boxed per request).
-    async fn admit(self: Arc<Self>, request: Request) -> Response {
+    async fn admit(self: Arc<Self>, request: Request, route: RouteId) -> Response {
         // docs/api.md: the token before anything else, whatever the method and whether
         // or not the route exists.
         if let Some(token) = &self.token {
-            if admin::is_protected(request.uri().path())
+            if route.needs_token(request.uri().path())
                 && !admin::has_token(token, request.headers())
             {
                 return ApiError::Unauthorized.into_response();
@@ -184,7 +196,7 @@ impl Front {
         );
         let answer = telemetry::with_request_id(
             id.clone(),
-            Inner::admit(self.inner.clone(), request.map(Body::new)),
+            Inner::admit(self.inner.clone(), request.map(Body::new), route),
         )
         .instrument(span);
         Box::pin(async move {
@@ -205,7 +217,7 @@ impl Front {
         held: H,
         start: Instant,
         id: axum::http::HeaderValue,
-        route: Route,
+        route: RouteId,
     ) -> Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>
     where
         B: HttpBody<Data = Bytes> + Send + 'static,
@@ -223,7 +235,7 @@ impl Front {
         telemetry::trace::continue_trace(&span, request.headers());
         let answer = telemetry::with_request_id(
             id.clone(),
-            Inner::admit(self.inner.clone(), request.map(Body::new)),
+            Inner::admit(self.inner.clone(), request.map(Body::new), route),
         )
         .instrument(span.clone());
         Box::pin(async move {
@@ -240,7 +252,7 @@ impl Front {
 fn answered(
     mut response: Response,
     id: axum::http::HeaderValue,
-    route: Route,
+    route: RouteId,
     start: Instant,
 ) -> Response {
     response

@@ -24,7 +24,7 @@ static RUNNING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[utoipa::path(
     get,
-    path = "/admin/v1/debug/pprof/profile",
+    path = super::routes::PROFILE,
     tag = "admin",
     security(("bearer" = [])),
     params(

@@ -1,7 +1,7 @@
 //! The admin API (docs/api.md): status sync, status lookup, cache invalidation, behind
 //! a bearer token; and the operations routes (health, readiness, metrics), open.
-//! The token is checked by the listener's front ([`super::front`]) for every
-//! path under `/admin/`, before routing, so a caller without it learns nothing
+//! The token is checked by the listener's front (`server::front`) for every
+//! path under `/admin/` (`routes::RouteId::needs_token`), before routing, so a caller without it learns nothing
 //! (not which routes or methods exist).
 
 use std::sync::Arc;
@@ -16,6 +16,7 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem};
 use super::extract::{Json, Path, field_error, require_json};
+use super::routes;
 use crate::config::Secret;
 use crate::domain::Applied;
 use crate::domain::StatusItem;
@@ -51,12 +52,6 @@ impl axum::extract::FromRef<AdminState> for super::Limits {
     fn from_ref(state: &AdminState) -> Self {
         state.limits
     }
-}
-
-/// Whether `path` is under the token: `/admin` and everything below it.
-pub fn is_protected(path: &str) -> bool {
-    path.strip_prefix("/admin")
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 /// Whether `headers` carry the configured bearer token; with no token
@@ -129,7 +124,7 @@ pub struct Invalidated {
 
 #[utoipa::path(
     post,
-    path = "/admin/v1/calltracking/statuses",
+    path = routes::STATUSES,
     tag = "admin",
     security(("bearer" = [])),
     request_body = WebhookBody,
@@ -173,7 +168,7 @@ pub async fn post_statuses(
 /// The snapshot PUT; the body is streamed (see `http::snapshot`).
 #[utoipa::path(
     put,
-    path = "/admin/v1/calltracking/statuses",
+    path = routes::STATUSES,
     tag = "admin",
     security(("bearer" = [])),
     request_body = SnapshotBody,
@@ -203,7 +198,7 @@ pub async fn put_statuses(
 
 #[utoipa::path(
     get,
-    path = "/admin/v1/calltracking/statuses/{user_id}",
+    path = routes::STATUS_OF_USER,
     tag = "admin",
     security(("bearer" = [])),
     params(("user_id" = i64, Path, minimum = 1)),
@@ -235,7 +230,7 @@ pub struct InvalidateBody {
 
 #[utoipa::path(
     post,
-    path = "/admin/v1/cache/invalidate",
+    path = routes::INVALIDATE,
     tag = "admin",
     security(("bearer" = [])),
     request_body = InvalidateBody,
@@ -279,14 +274,14 @@ pub async fn invalidate(
     .into_response())
 }
 
-#[utoipa::path(get, path = "/healthz", tag = "operations",
+#[utoipa::path(get, path = routes::HEALTHZ, tag = "operations",
     responses((status = 200, description = "The process runs", body = String, content_type = "text/plain")))]
 pub async fn healthz() -> &'static str {
     "ok"
 }
 
 /// Ready once the status set is loaded, and no longer once shutdown has begun.
-#[utoipa::path(get, path = "/readyz", tag = "operations",
+#[utoipa::path(get, path = routes::READYZ, tag = "operations",
     responses(
         (status = 200, description = "Ready", body = String, content_type = "text/plain"),
         (status = 503, description = "Not loaded yet, or shutting down", body = Problem),
@@ -307,7 +302,7 @@ pub async fn readyz(State(state): State<AdminState>) -> Response {
     (StatusCode::OK, "ready").into_response()
 }
 
-#[utoipa::path(get, path = "/metrics", tag = "operations",
+#[utoipa::path(get, path = routes::METRICS, tag = "operations",
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AdminState>) -> Response {
     // Gauges are computed at scrape time, each by its owner.

@@ -34,7 +34,7 @@ use std::task::{Context, Poll, ready};
 use axum::body::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::error::ApiError;
+use crate::http::api::error::ApiError;
 
 /// A connection's IO that rewrites hyper's automatic error answers.
 pub struct ProblemIo<T> {

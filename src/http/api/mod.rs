@@ -1,0 +1,108 @@
+//! The API both listeners serve: the route table ([`routes`]), the two routers
+//! built from it, public (docs/api.md) and admin (docs/api.md), their handlers,
+//! extractors, problem documents ([`error`]), the OpenAPI documents and the
+//! request-duration histogram labelled by route ([`durations`]). It does not know
+//! how it is served (`crate::http::server` imports it, not the reverse).
+//!
+//! Every error on either router is an `ApiError` problem document, unknown routes
+//! and methods included; so are the answers hyper makes before any route is
+//! chosen (`server::rewrite`).
+//!
+//! An unknown method that is a valid token (`FOO`, `BREW`) reaches the router like
+//! any other: on an existing route it is a 405 with `Allow`, the answer to a
+//! method the route lacks (RFC 9110 permits a 501 for a method the server does
+//! not recognise, but 405 with `Allow` tells the client what to send instead, and
+//! docs/api.md lists no 5xx for bad input); on no route, a 404. A method that is not a
+//! token is a malformed request line: a 400. Each
+//! listener serves its router through a `server::front::Front`
+//! (`server::serve::serve`), which tracks and admits every request and answers
+//! the public lookup itself.
+
+pub mod admin;
+pub mod durations;
+pub mod error;
+pub mod extract;
+pub mod openapi;
+pub mod profile;
+pub mod public;
+pub mod ratelimit;
+pub mod reveals;
+pub mod routes;
+pub mod snapshot;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+
+use admin::AdminState;
+use extract::BodyLimit;
+use public::PublicState;
+
+/// The request limits of `[server]`, held in both routers' states: the JSON
+/// extractor takes the body limit from there (`FromRef`), the snapshot route its
+/// own, and a 413 names the limit it enforced.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    pub max_snapshot_bytes: usize,
+    pub max_header_bytes: usize,
+    pub body_read_timeout: std::time::Duration,
+}
+
+impl Limits {
+    pub fn of(server: &crate::config::ServerConfig) -> Self {
+        Limits {
+            max_body_bytes: server.max_body_bytes,
+            max_snapshot_bytes: server.max_snapshot_bytes,
+            max_header_bytes: server.max_header_bytes,
+            body_read_timeout: server.body_read_timeout,
+        }
+    }
+
+    /// Every JSON route but the snapshot.
+    pub fn body(&self) -> BodyLimit {
+        BodyLimit {
+            max_bytes: self.max_body_bytes,
+            read_timeout: self.body_read_timeout,
+        }
+    }
+    /// The streamed snapshot PUT.
+    pub fn snapshot(&self) -> BodyLimit {
+        BodyLimit {
+            max_bytes: self.max_snapshot_bytes,
+            read_timeout: self.body_read_timeout,
+        }
+    }
+}
+
+/// The public routes ([`routes::PUBLIC`]). Request tracking and shedding wrap it in `server::front::Front`,
+/// which also answers `GET /v1/public-phone` without it.
+pub fn public_router(state: PublicState) -> Router {
+    let body = DefaultBodyLimit::max(state.limits.max_body_bytes);
+    routes::PUBLIC
+        .iter()
+        .fold(Router::new(), |router, route| {
+            router.route(route.path, (route.handlers)())
+        })
+        .layer(body)
+        .fallback(error::route_not_found)
+        .method_not_allowed_fallback(error::method_not_allowed)
+        .with_state(state)
+}
+
+/// The admin routes ([`routes::ADMIN`]). `server::front::Front` tracks requests, applies the header limit
+/// and checks the token for every path under `/admin/` before this router runs
+/// (its fallbacks included: without the token, no 404 or 405 tells what exists).
+pub fn admin_router(state: AdminState) -> Router {
+    // Bounds what the JSON extractor reads; the snapshot streams its body and
+    // bounds it itself (`server.max_snapshot_bytes`).
+    let body = DefaultBodyLimit::max(state.limits.max_body_bytes);
+    routes::ADMIN
+        .iter()
+        .fold(Router::new(), |router, route| {
+            router.route(route.path, (route.handlers)())
+        })
+        .layer(body)
+        .fallback(error::route_not_found)
+        .method_not_allowed_fallback(error::method_not_allowed)
+        .with_state(state)
+}

@@ -1,0 +1,261 @@
+//! The route table: every route of both listeners, once, with who may call it
+//! and which handlers answer it. Everything else is derived from it:
+//! - the routers ([`super::public_router`], [`super::admin_router`]) are folds
+//!   over [`PUBLIC`] and [`ADMIN`];
+//! - the front finds a request's row once ([`RouteId::public`],
+//!   [`RouteId::admin`]) and takes from it the duration label
+//!   ([`RouteId::label`]) and whether the token is needed
+//!   ([`RouteId::needs_token`]);
+//! - the OpenAPI test (`openapi::tests`) holds the documents to the rows marked
+//!   documented.
+//!
+//! A new route is a row in a table, and its path's constant here, which the
+//! handler's `#[utoipa::path(path = ...)]` names (utoipa wants a path per
+//! handler; the constant keeps the literal in one place, which
+//! `tests/arrows.rs` checks).
+//!
+//! Two tables, not one with a listener column: each listener's router has its
+//! own state type (`PublicState`, `AdminState`), so a row's handlers are typed by
+//! the table they are in, and a handler cannot land on the wrong listener.
+
+use axum::routing::{MethodRouter, get, post, put};
+
+use super::admin::{self, AdminState};
+use super::public::{self, PublicState};
+use super::{openapi, profile, reveals};
+
+pub const PUBLIC_PHONE: &str = "/v1/public-phone";
+pub const BATCH: &str = "/v1/public-phones/batch";
+
+pub const STATUSES: &str = "/admin/v1/calltracking/statuses";
+pub const STATUS_OF_USER: &str = "/admin/v1/calltracking/statuses/{user_id}";
+pub const INVALIDATE: &str = "/admin/v1/cache/invalidate";
+pub const PROFILE: &str = "/admin/v1/debug/pprof/profile";
+pub const REVEALS: &str = "/admin/v1/reveals";
+pub const REVEALS_OF_AD: &str = "/admin/v1/ads/{ad_id}/reveals";
+pub const HEALTHZ: &str = "/healthz";
+pub const READYZ: &str = "/readyz";
+pub const METRICS: &str = "/metrics";
+pub const OPENAPI_PUBLIC: &str = "/openapi/public.json";
+pub const OPENAPI_ADMIN: &str = "/openapi/admin.json";
+
+/// The public listener's routes.
+pub const PUBLIC: &[Route<PublicState>] = &[
+    Route::open(PUBLIC_PHONE, || get(public::public_phone)),
+    Route::open(BATCH, || post(public::batch)),
+];
+
+/// The admin listener's routes.
+pub const ADMIN: &[Route<AdminState>] = &[
+    Route::token(STATUSES, || {
+        put(admin::put_statuses).post(admin::post_statuses)
+    }),
+    Route::token(STATUS_OF_USER, || get(admin::get_status)),
+    Route::token(INVALIDATE, || post(admin::invalidate)),
+    Route::token(PROFILE, || get(profile::profile)),
+    Route::token(REVEALS, || get(reveals::list)),
+    Route::token(REVEALS_OF_AD, || get(reveals::ad_counts)),
+    Route::open(HEALTHZ, || get(admin::healthz)),
+    Route::open(READYZ, || get(admin::readyz)),
+    Route::open(METRICS, || get(admin::metrics)),
+    Route::open(OPENAPI_PUBLIC, || get(openapi::public_json)).undocumented(),
+    Route::open(OPENAPI_ADMIN, || get(openapi::admin_json)).undocumented(),
+];
+
+/// The prefix under which the admin listener wants the token (docs/api.md): the
+/// routes marked [`Access::Token`] (a test holds them to it), and every other
+/// path under it too, so that without the token no 404 or 405 tells what exists.
+const PROTECTED: &str = "/admin";
+
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Open,
+    /// The admin bearer token, checked by the front before routing.
+    Token,
+}
+
+/// One row of a table.
+pub struct Route<S> {
+    /// The axum path; a `{name}` segment matches one non-empty segment.
+    pub path: &'static str,
+    pub access: Access,
+    /// Described in its listener's OpenAPI document (all but the documents).
+    pub documented: bool,
+    /// The handlers by method, as the router takes them.
+    pub handlers: fn() -> MethodRouter<S>,
+}
+
+impl<S> Route<S> {
+    const fn open(path: &'static str, handlers: fn() -> MethodRouter<S>) -> Self {
+        Route {
+            path,
+            access: Access::Open,
+            documented: true,
+            handlers,
+        }
+    }
+
+    const fn token(path: &'static str, handlers: fn() -> MethodRouter<S>) -> Self {
+        Route {
+            access: Access::Token,
+            ..Route::open(path, handlers)
+        }
+    }
+
+    const fn undocumented(self) -> Self {
+        Route {
+            documented: false,
+            ..self
+        }
+    }
+
+    /// Whether `path` is this route's: equal, a `{name}` segment matching one
+    /// non-empty segment. Splitting borrows; nothing is allocated.
+    fn matches(&self, path: &str) -> bool {
+        let (mut want, mut got) = (self.path.split('/'), path.split('/'));
+        loop {
+            match (want.next(), got.next()) {
+                (None, None) => return true,
+                (Some(w), Some(g)) if w.starts_with('{') && !g.is_empty() => {}
+                (Some(w), Some(g)) if w == g => {}
+                _ => return false,
+            }
+        }
+    }
+}
+
+/// Routes of both listeners, and "unmatched".
+const COUNT: usize = PUBLIC.len() + ADMIN.len() + 1;
+
+/// Every route label, by [`RouteId`]: the public listener's paths, then the
+/// admin listener's, then everything else.
+pub const LABELS: [&str; COUNT] = {
+    let mut all = ["unmatched"; COUNT];
+    let mut i = 0;
+    while i < PUBLIC.len() {
+        all[i] = PUBLIC[i].path;
+        i += 1;
+    }
+    let mut j = 0;
+    while j < ADMIN.len() {
+        all[PUBLIC.len() + j] = ADMIN[j].path;
+        j += 1;
+    }
+    all
+};
+
+/// A request's row, found once per request by the front: an index into
+/// [`LABELS`], so the duration series is found by index too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteId(usize);
+
+impl RouteId {
+    pub const UNMATCHED: RouteId = RouteId(COUNT - 1);
+
+    /// The row of a path on the public listener. Its paths have no parameter (a
+    /// test holds it), so this is the equality the hit path always paid.
+    pub fn public(path: &str) -> RouteId {
+        PUBLIC
+            .iter()
+            .position(|route| route.path == path)
+            .map_or(RouteId::UNMATCHED, RouteId)
+    }
+
+    /// The row of a path on the admin listener.
+    pub fn admin(path: &str) -> RouteId {
+        ADMIN
+            .iter()
+            .position(|route| route.matches(path))
+            .map_or(RouteId::UNMATCHED, |i| RouteId(PUBLIC.len() + i))
+    }
+
+    /// The duration histogram's `route` label: the path as written in the table.
+    pub fn label(self) -> &'static str {
+        LABELS[self.0]
+    }
+
+    /// The row's index into [`LABELS`].
+    pub fn index(self) -> usize {
+        self.0
+    }
+
+    /// Whether a request on the admin listener for `path` (this route's) needs
+    /// the token: a row marked [`Access::Token`], or an unmatched path under
+    /// `/admin`.
+    pub fn needs_token(self, path: &str) -> bool {
+        match self.0.checked_sub(PUBLIC.len()).and_then(|i| ADMIN.get(i)) {
+            Some(route) => route.access == Access::Token,
+            None => is_protected(path),
+        }
+    }
+}
+
+/// Whether `path` is under the token's prefix: `/admin` and everything below it.
+fn is_protected(path: &str) -> bool {
+    path.strip_prefix(PROTECTED)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_routes_by_listener_and_path() {
+        let label = |route: RouteId| route.label();
+        let user = STATUS_OF_USER.replace("{user_id}", "42");
+        let ad = REVEALS_OF_AD.replace("{ad_id}", "7");
+        assert_eq!(label(RouteId::public(PUBLIC_PHONE)), PUBLIC_PHONE);
+        assert_eq!(
+            label(RouteId::public(&format!("{PUBLIC_PHONE}/"))),
+            "unmatched"
+        );
+        assert_eq!(label(RouteId::public(HEALTHZ)), "unmatched");
+        assert_eq!(label(RouteId::admin(PUBLIC_PHONE)), "unmatched");
+        assert_eq!(label(RouteId::admin(HEALTHZ)), HEALTHZ);
+        assert_eq!(label(RouteId::admin(STATUSES)), STATUSES);
+        assert_eq!(label(RouteId::admin(&user)), STATUS_OF_USER);
+        assert_eq!(label(RouteId::admin(STATUS_OF_USER)), STATUS_OF_USER);
+        assert_eq!(label(RouteId::admin(&format!("{STATUSES}/"))), "unmatched");
+        assert_eq!(label(RouteId::admin(&format!("{user}/2"))), "unmatched");
+        assert_eq!(label(RouteId::admin(&ad)), REVEALS_OF_AD);
+        let no_ad = REVEALS_OF_AD.replace("{ad_id}", "");
+        assert_eq!(label(RouteId::admin(&no_ad)), "unmatched");
+        assert_eq!(label(RouteId::admin(&format!("{ad}/x"))), "unmatched");
+    }
+
+    #[test]
+    fn the_public_listener_has_no_parameter_and_no_token() {
+        for route in PUBLIC {
+            assert!(!route.path.contains('{'), "{}", route.path);
+            assert_eq!(route.access, Access::Open, "{}", route.path);
+        }
+    }
+
+    /// docs/api.md: the token guards every path under `/admin/`, and nothing else.
+    #[test]
+    fn the_token_guards_the_admin_prefix_and_nothing_else() {
+        for route in ADMIN {
+            assert_eq!(
+                route.access == Access::Token,
+                is_protected(route.path),
+                "{}",
+                route.path
+            );
+        }
+        let needs = |path: &str| RouteId::admin(path).needs_token(path);
+        assert!(needs(STATUSES) && needs(&STATUS_OF_USER.replace("{user_id}", "1")));
+        assert!(needs(PROTECTED) && needs("/admin/") && needs("/admin/nothing/here"));
+        assert!(!needs(HEALTHZ) && !needs(METRICS) && !needs("/administrator"));
+        assert!(!needs("/nothing") && !needs(""));
+    }
+
+    #[test]
+    fn every_path_is_one_row() {
+        let mut paths: Vec<_> = LABELS.to_vec();
+        paths.sort_unstable();
+        paths.dedup();
+        assert_eq!(paths.len(), LABELS.len());
+    }
+}

@@ -1,0 +1,17 @@
+//! The hand-built HTTP server both listeners run (about a thousand lines that
+//! `axum::serve` would be, were it not for the limits and costs below):
+//! - [`serve`]: connections through hyper directly, with a head deadline and a
+//!   head size bound `axum::serve` does not expose, and graceful shutdown;
+//! - [`front`]: the service every request meets: request tracking (id, span,
+//!   duration by route), admission (the admin token, the header limit,
+//!   shedding), and the public lookup answered without the router;
+//! - [`shed`]: the header limit and load shedding;
+//! - [`rewrite`]: hyper's own bare 400/414/431 answers as problem documents.
+//!
+//! It imports the API (the route table, `ApiError`, the lookup), never the
+//! reverse.
+
+pub mod front;
+pub mod rewrite;
+pub mod serve;
+pub mod shed;
