@@ -149,13 +149,15 @@ fn fixture() -> Fixture {
         reveals: None,
         limits: Limits::of(&config.server),
     };
-    let router = Front::public(public_router(state.clone()), state, Shed::new(4096, 16384))
-        .exporting_spans(
-            config
-                .tracing
-                .exports()
-                .then_some(config.tracing.sample_ratio),
-        );
+    let router = Front::public(
+        public_router(state.clone()),
+        state,
+        Shed::new(4096, 16384),
+        config
+            .tracing
+            .exports()
+            .then_some(config.tracing.sample_ratio),
+    );
     let hello = axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));
     let request = Lookup {
         user,

@@ -55,20 +55,18 @@ struct Inner {
 }
 
 impl Front {
-    /// The public listener: shedding, and the lookup answered directly.
-    pub fn public(router: Router, state: PublicState, shed: Shed) -> Self {
-        Front::new(router, shed, Route::public, Some(state), None)
-    }
-
-    /// Exports the span of each sampled request (`tracing.otlp_endpoint` set),
-    /// at `ratio` unless the caller's `traceparent` decides. Call before the
-    /// first clone.
-    #[must_use]
-    pub fn exporting_spans(mut self, ratio: Option<f64>) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.export_ratio = ratio;
-        }
-        self
+    /// The public listener: shedding, and the lookup answered directly. With
+    /// `export_ratio` (`tracing.otlp_endpoint` set) the span of each sampled
+    /// request is exported, sampled at that ratio unless the caller's
+    /// `traceparent` decides. Given here, not by a setter: the front is shared
+    /// (cloned per connection) as soon as it is built.
+    pub fn public(
+        router: Router,
+        state: PublicState,
+        shed: Shed,
+        export_ratio: Option<f64>,
+    ) -> Self {
+        Front::new(router, shed, Route::public, Some(state), None, export_ratio)
     }
 
     /// The admin listener: the token on `/admin/` paths, the header limit, never
@@ -80,6 +78,7 @@ impl Front {
             Route::admin,
             None,
             Some(token),
+            None,
         )
     }
 
@@ -89,6 +88,7 @@ impl Front {
         route_of: fn(&str) -> Route,
         lookup: Option<PublicState>,
         token: Option<Arc<Secret>>,
+        export_ratio: Option<f64>,
     ) -> Self {
         Front {
             inner: Arc::new(Inner {
@@ -97,7 +97,7 @@ impl Front {
                 route_of,
                 lookup,
                 token,
-                export_ratio: None,
+                export_ratio,
             }),
         }
     }
