@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::Criterion;
-use phones_gateway::cache::{Clock, Generations, PhoneCache, Ttls};
-use phones_gateway::domain::Phone;
+use phones_gateway::cache::{Clock, Generations, Key, PhoneCache, Ttls};
 use phones_gateway::domain::UserId;
+use phones_gateway::domain::{AdId, Phone};
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -24,6 +24,11 @@ fn rss_bytes() -> u64 {
         .and_then(|p| p.parse().ok())
         .unwrap_or(0);
     pages * 4096
+}
+
+/// Ad `ad` of seller `user`.
+fn key(user: u64, ad: u64) -> Key {
+    Key::ad(UserId::new(user).unwrap(), AdId::new(ad).unwrap())
 }
 
 fn main() {
@@ -40,7 +45,7 @@ fn main() {
         stale_negatives: true,
     };
     let before = rss_bytes();
-    let cache: PhoneCache<(u64, u64)> = PhoneCache::new(
+    let cache = PhoneCache::new(
         "real_phone",
         entries,
         ttls,
@@ -49,9 +54,8 @@ fn main() {
     );
     let base = Phone::parse("+79160000000").unwrap().to_u64();
     for i in 1..=entries {
-        let user = UserId::new(i / 3 + 1).unwrap();
         let phone = Phone::from_u64(base + i % 10_000_000);
-        cache.insert((user.get(), i), user, phone);
+        cache.insert(key(i / 3 + 1, i), phone);
     }
     let after = rss_bytes();
     let held = cache.len() as u64;
@@ -71,13 +75,10 @@ fn main() {
 
     // Timings on the full cache. Keys are visited in a scattered order (a
     // multiplicative step), as requests would, not in insertion order.
-    let present: Vec<(u64, u64)> = (0..100_000u64)
+    let present: Vec<Key> = (0..100_000u64)
         .map(|n| n.wrapping_mul(0x9E37_79B9) % entries + 1)
-        .map(|i| (i / 3 + 1, i))
-        .filter(|&(user, ad)| {
-            cache.get_fresh(&(user, ad), UserId::new(user).unwrap())
-                != phones_gateway::cache::Cached::Miss
-        })
+        .map(|i| key(i / 3 + 1, i))
+        .filter(|key| cache.get_fresh(key) != phones_gateway::cache::Cached::Miss)
         .collect();
     assert!(!present.is_empty());
     let mut criterion = Criterion::default()
@@ -88,8 +89,7 @@ fn main() {
     criterion.bench_function("cache/hit", |b| {
         b.iter(|| {
             n = (n + 1) % present.len();
-            let (user, ad) = present[n];
-            black_box(cache.get_fresh(&(user, ad), UserId::new(user).unwrap()))
+            black_box(cache.get_fresh(&present[n]))
         })
     });
     let mut m = 0u64;
@@ -98,22 +98,14 @@ fn main() {
             m = m.wrapping_add(0x9E37_79B9);
             let user = m % entries + 1;
             // Ads past every inserted one: never present.
-            black_box(cache.get_fresh(
-                &(user, entries + 1 + m % entries),
-                UserId::new(user).unwrap(),
-            ))
+            black_box(cache.get_fresh(&key(user, entries + 1 + m % entries)))
         })
     });
     let mut k = entries;
     criterion.bench_function("cache/insert_evicting", |b| {
         b.iter(|| {
             k += 1;
-            let user = UserId::new(k / 3 + 1).unwrap();
-            cache.insert(
-                (user.get(), k),
-                user,
-                Phone::from_u64(base + k % 10_000_000),
-            );
+            cache.insert(key(k / 3 + 1, k), Phone::from_u64(base + k % 10_000_000));
         })
     });
     criterion.final_summary();

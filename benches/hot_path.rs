@@ -28,8 +28,10 @@ use axum::body::Body;
 use axum::http::Request;
 use criterion::{Criterion, criterion_group, criterion_main};
 use hyper::service::Service as _;
+use phones_gateway::cache::Key;
 use phones_gateway::config::Config;
 use phones_gateway::domain::Phone;
+use phones_gateway::domain::Source;
 use phones_gateway::domain::StatusItem;
 use phones_gateway::domain::{AdId, CategoryId, UserId};
 use phones_gateway::http::api::public::PublicState;
@@ -133,11 +135,13 @@ fn fixture() -> Fixture {
     let real = Phone::parse("+79161234567").unwrap();
     // Every source this request needs is fresh in the caches: anonymous (category
     // 9) has no number, call tracking maps the real number.
-    caches.anonymous.insert((42, 1001), user, None);
-    caches.real_phone.insert((42, 1001), user, Some(real));
-    caches
-        .calltracking
-        .insert((42, real.to_u64()), user, Phone::parse("+74951234567").ok());
+    let ad = Key::ad(user, AdId::new(1001).unwrap());
+    caches.phones[Source::Anonymous].insert(ad, None);
+    caches.phones[Source::Real].insert(ad, Some(real));
+    caches.phones[Source::Calltracking].insert(
+        Key::real_phone(user, real),
+        Phone::parse("+74951234567").ok(),
+    );
     let resolver = Arc::new(Resolver::new(&config, upstreams, caches, status));
     let state = PublicState {
         resolver: resolver.clone(),
@@ -145,13 +149,15 @@ fn fixture() -> Fixture {
         reveals: None,
         limits: Limits::of(&config.server),
     };
-    let router = Front::public(public_router(state.clone()), state, Shed::new(4096, 16384))
-        .exporting_spans(
-            config
-                .tracing
-                .exports()
-                .then_some(config.tracing.sample_ratio),
-        );
+    let router = Front::public(
+        public_router(state.clone()),
+        state,
+        Shed::new(4096, 16384),
+        config
+            .tracing
+            .exports()
+            .then_some(config.tracing.sample_ratio),
+    );
     let hello = axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));
     let request = Lookup {
         user,

@@ -124,8 +124,6 @@ impl App {
                 public_router(public_state.clone()),
                 public_state,
                 Shed::new(config.server.max_in_flight, config.server.max_header_bytes),
-            )
-            .exporting_spans(
                 config
                     .tracing
                     .exports()

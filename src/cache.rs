@@ -29,12 +29,13 @@
 //! we keep expired entries on purpose (stale-if-error) and coalesce in detached
 //! tasks, so moka's TTL eviction and cancel-on-drop `get_with` would be features
 //! to work around, and quick_cache costs a fraction of moka's bytes per entry (see
-//! README, "Caching"). An entry is 16 bytes: the phone as a `u64`, the expiry in
-//! deciseconds and the generation.
+//! README, "Caching"). An entry is 16 bytes: the phone as an `Option<Phone>`
+//! (eight bytes: `Phone` wraps a `NonZeroU64`, so "no number" is the niche), the
+//! expiry in deciseconds and the generation. A [`Key`] carries its seller, whose
+//! generation guards the entry, so no lookup takes the seller separately.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::hash::Hash;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -44,7 +45,7 @@ use futures_util::future::{BoxFuture, Shared};
 use tokio::time::Instant;
 
 use crate::domain::Phone;
-use crate::domain::UserId;
+use crate::domain::{AdId, UserId};
 use crate::upstream::UpstreamError;
 
 /// What an upstream said about a key: a number, or "none" (404).
@@ -69,8 +70,40 @@ pub enum Cached {
 }
 
 impl Cached {
-    fn of(phone: u64) -> Self {
-        Phone::from_u64(phone).map_or(Cached::NoPhone, Cached::Phone)
+    fn of(phone: Option<Phone>) -> Self {
+        phone.map_or(Cached::NoPhone, Cached::Phone)
+    }
+}
+
+/// What a cache is asked: something of one seller (an ad, or a real number to
+/// map), together with the seller, whose generation guards the entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Key {
+    user: UserId,
+    /// The ad's id or the real number's digits: a cache holds one kind only.
+    item: u64,
+}
+
+impl Key {
+    /// The key of `ad` of seller `user` (the real-phone and anonymous caches).
+    pub fn ad(user: UserId, ad: AdId) -> Self {
+        Key {
+            user,
+            item: ad.get(),
+        }
+    }
+
+    /// The key of seller `user`'s real number `real` (the call-tracking cache).
+    pub fn real_phone(user: UserId, real: Phone) -> Self {
+        Key {
+            user,
+            item: real.to_u64(),
+        }
+    }
+
+    /// The seller whose generation guards this key's entry.
+    pub fn user(&self) -> UserId {
+        self.user
     }
 }
 
@@ -149,15 +182,18 @@ impl Generations {
     }
 }
 
-/// One cached answer: 16 bytes.
+/// One cached answer: 16 bytes (checked below).
 #[derive(Clone, Copy)]
 struct Entry {
-    /// `0` means "no number" (a cached 404).
-    phone: u64,
+    /// `None`: "no number" (a cached 404).
+    phone: Option<Phone>,
     /// End of freshness, in deciseconds since the cache's epoch (13 years of range).
     fresh_until: u32,
     generation: u32,
 }
+
+// The module doc's 16 bytes: `Option<Phone>` takes no more room than a `u64`.
+const _: () = assert!(std::mem::size_of::<Entry>() == 16);
 
 /// The caches' time: deciseconds since an epoch. Caches sharing one can be
 /// asked with one reading of it ([`PhoneCache::get_fresh_refreshing`]): a clock read is
@@ -191,18 +227,18 @@ impl Default for Clock {
 
 type SharedFetch = Shared<BoxFuture<'static, FetchResult>>;
 
-/// A bounded, TTL'd, coalescing cache of phone answers keyed by `K`.
+/// A bounded, TTL'd, coalescing cache of phone answers by [`Key`].
 #[derive(Clone)]
-pub struct PhoneCache<K> {
-    inner: Arc<Inner<K>>,
+pub struct PhoneCache {
+    inner: Arc<Inner>,
 }
 
-struct Inner<K> {
+struct Inner {
     name: &'static str,
-    entries: quick_cache::sync::Cache<K, Entry>,
+    entries: quick_cache::sync::Cache<Key, Entry>,
     /// Fetches under way, by key and generation. A plain mutex: it is held for a
     /// map operation only, and only on misses.
-    inflight: Mutex<HashMap<(K, u32), SharedFetch>>,
+    inflight: Mutex<HashMap<(Key, u32), SharedFetch>>,
     generations: Arc<Generations>,
     ttls: Ttls,
     /// The refresh-ahead windows in deciseconds, for a number and for a cached
@@ -246,10 +282,7 @@ impl LookupCounters {
     }
 }
 
-impl<K> PhoneCache<K>
-where
-    K: Copy + Eq + Hash + Send + Sync + 'static,
-{
+impl PhoneCache {
     pub fn new(
         name: &'static str,
         capacity: u64,
@@ -289,43 +322,36 @@ where
     }
 
     /// A fresh answer if there is one, without fetching: the allocation-free fast path.
-    pub fn get_fresh(&self, key: &K, user: UserId) -> Cached {
-        self.fresh_entry(key, user, self.inner.now())
+    pub fn get_fresh(&self, key: &Key) -> Cached {
+        self.fresh_entry(key, self.inner.now())
             .map_or(Cached::Miss, |entry| Cached::of(entry.phone))
     }
 
     /// A fresh answer at `now`, a reading of this cache's [`Clock`]; a hit
     /// within the refresh-ahead window of its expiry also starts `refresh` in
     /// the background (see the module doc). The request path's lookup.
-    pub fn get_fresh_refreshing<F, Fut>(
-        &self,
-        key: &K,
-        user: UserId,
-        now: u32,
-        refresh: F,
-    ) -> Cached
+    pub fn get_fresh_refreshing<F, Fut>(&self, key: &Key, now: u32, refresh: F) -> Cached
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = FetchResult> + Send + 'static,
     {
-        let Some(entry) = self.fresh_entry(key, user, now) else {
+        let Some(entry) = self.fresh_entry(key, now) else {
             return Cached::Miss;
         };
         if now.saturating_add(self.inner.refresh_window(&entry)) >= entry.fresh_until {
             self.inner.lookups.refresh.increment(1);
             // Detached and registered: the shared result is not awaited here.
-            drop(self.join_or_start(*key, user, entry.generation, refresh));
+            drop(self.join_or_start(*key, entry.generation, refresh));
         }
         Cached::of(entry.phone)
     }
 
     /// The entry of `key` if it is fresh at `now` for the seller's generation.
-    fn fresh_entry(&self, key: &K, user: UserId, now: u32) -> Option<Entry> {
+    fn fresh_entry(&self, key: &Key, now: u32) -> Option<Entry> {
         let inner = &*self.inner;
-        let entry = inner
-            .entries
-            .get(key)
-            .filter(|e| e.generation == inner.generations.current(user) && now < e.fresh_until)?;
+        let entry = inner.entries.get(key).filter(|e| {
+            e.generation == inner.generations.current(key.user) && now < e.fresh_until
+        })?;
         inner.lookups.record(Via::Hit);
         Some(entry)
     }
@@ -333,12 +359,12 @@ where
     /// An answer usable when the upstream has failed (stale-if-error): fresh, or
     /// expired less than `max_stale` ago (never an expired "no number" where
     /// `stale_negatives` is off). Counted as `stale_served` when there is one.
-    pub fn get_stale(&self, key: &K, user: UserId) -> Cached {
+    pub fn get_stale(&self, key: &Key) -> Cached {
         let inner = &*self.inner;
         let usable = inner
             .entries
             .get(key)
-            .filter(|e| e.generation == inner.generations.current(user))
+            .filter(|e| e.generation == inner.generations.current(key.user))
             .filter(|e| inner.stale_usable(e));
         match usable {
             Some(entry) => {
@@ -353,23 +379,23 @@ where
     /// concurrent caller of the same key, falling back to a stale entry if it fails.
     ///
     /// `fetch` must bound its own duration (the upstream timeout does).
-    pub async fn get_or_fetch<F, Fut>(&self, key: K, user: UserId, fetch: F) -> Lookup
+    pub async fn get_or_fetch<F, Fut>(&self, key: Key, fetch: F) -> Lookup
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = FetchResult> + Send + 'static,
     {
-        let lookup = self.lookup(key, user, fetch).await;
+        let lookup = self.lookup(key, fetch).await;
         self.inner.lookups.record(lookup.via);
         lookup
     }
 
-    async fn lookup<F, Fut>(&self, key: K, user: UserId, fetch: F) -> Lookup
+    async fn lookup<F, Fut>(&self, key: Key, fetch: F) -> Lookup
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = FetchResult> + Send + 'static,
     {
         let inner = &*self.inner;
-        let generation = inner.generations.current(user);
+        let generation = inner.generations.current(key.user);
         let cached = inner
             .entries
             .get(&key)
@@ -383,7 +409,7 @@ where
             }
         }
 
-        let (fetch, via) = self.join_or_start(key, user, generation, fetch);
+        let (fetch, via) = self.join_or_start(key, generation, fetch);
         match fetch.await {
             Ok(phone) => Lookup {
                 answer: phone.map_or(Answer::NotFound, Answer::Found),
@@ -402,13 +428,7 @@ where
         }
     }
 
-    fn join_or_start<F, Fut>(
-        &self,
-        key: K,
-        user: UserId,
-        generation: u32,
-        fetch: F,
-    ) -> (SharedFetch, Via)
+    fn join_or_start<F, Fut>(&self, key: Key, generation: u32, fetch: F) -> (SharedFetch, Via)
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = FetchResult> + Send + 'static,
@@ -428,7 +448,7 @@ where
         let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
             let result = upstream_call.await;
             if let Ok(phone) = &result {
-                registered.inner.store(key, user, generation, *phone);
+                registered.inner.store(key, generation, *phone);
             }
             drop(registered);
             result
@@ -441,9 +461,9 @@ where
     }
 
     /// Stores an answer as if just fetched (warming, benches, tests).
-    pub fn insert(&self, key: K, user: UserId, phone: Option<Phone>) {
-        let generation = self.inner.generations.current(user);
-        self.inner.store(key, user, generation, phone);
+    pub fn insert(&self, key: Key, phone: Option<Phone>) {
+        let generation = self.inner.generations.current(key.user);
+        self.inner.store(key, generation, phone);
     }
 }
 
@@ -451,25 +471,25 @@ where
 /// answered, or its task panicked or was dropped. Otherwise every later request
 /// for the key would join the dead fetch and fail until the key's seller was
 /// invalidated.
-struct Registered<K: Copy + Eq + Hash> {
-    inner: Arc<Inner<K>>,
-    key: (K, u32),
+struct Registered {
+    inner: Arc<Inner>,
+    key: (Key, u32),
 }
 
-impl<K: Copy + Eq + Hash> Drop for Registered<K> {
+impl Drop for Registered {
     fn drop(&mut self) {
         self.inner.lock_inflight().remove(&self.key);
     }
 }
 
-impl<K: Copy + Eq + Hash> Inner<K> {
+impl Inner {
     fn now(&self) -> u32 {
         self.clock.now()
     }
 
-    fn store(&self, key: K, user: UserId, generation: u32, phone: Option<Phone>) {
+    fn store(&self, key: Key, generation: u32, phone: Option<Phone>) {
         // An invalidation since the fetch started: the answer may be older than it.
-        if self.generations.current(user) != generation {
+        if self.generations.current(key.user) != generation {
             return;
         }
         let ttl = if phone.is_some() {
@@ -481,7 +501,7 @@ impl<K: Copy + Eq + Hash> Inner<K> {
         self.entries.insert(
             key,
             Entry {
-                phone: phone.map_or(0, Phone::to_u64),
+                phone,
                 fresh_until: self.now().saturating_add(ttl_tenths),
                 generation,
             },
@@ -490,18 +510,18 @@ impl<K: Copy + Eq + Hash> Inner<K> {
 
     /// Deciseconds before expiry within which a hit refreshes `entry`.
     fn refresh_window(&self, entry: &Entry) -> u32 {
-        self.refresh_window[usize::from(entry.phone == 0)]
+        self.refresh_window[usize::from(entry.phone.is_none())]
     }
 
     fn stale_usable(&self, entry: &Entry) -> bool {
-        if entry.phone == 0 && !self.ttls.stale_negatives {
+        if entry.phone.is_none() && !self.ttls.stale_negatives {
             return false;
         }
         let stale_tenths = u32::try_from(self.ttls.max_stale.as_millis() / 100).unwrap_or(u32::MAX);
         self.now() < entry.fresh_until.saturating_add(stale_tenths)
     }
 
-    fn lock_inflight(&self) -> std::sync::MutexGuard<'_, HashMap<(K, u32), SharedFetch>> {
+    fn lock_inflight(&self) -> std::sync::MutexGuard<'_, HashMap<(Key, u32), SharedFetch>> {
         // The map stays consistent even if a holder panicked: every operation on it
         // is a single insert, get or remove.
         self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
@@ -513,8 +533,8 @@ fn tenths(duration: Duration) -> u32 {
     u32::try_from(duration.as_millis() / 100).unwrap_or(u32::MAX)
 }
 
-fn answer_of(phone: u64) -> Answer {
-    Phone::from_u64(phone).map_or(Answer::NotFound, Answer::Found)
+fn answer_of(phone: Option<Phone>) -> Answer {
+    phone.map_or(Answer::NotFound, Answer::Found)
 }
 
 #[cfg(test)]
@@ -530,7 +550,12 @@ mod tests {
         Phone::parse(text).unwrap()
     }
 
-    fn cache(stale_negatives: bool) -> PhoneCache<u64> {
+    /// Ad `ad` of seller `seller`.
+    fn key(seller: u64, ad: u64) -> Key {
+        Key::ad(user(seller), AdId::new(ad).unwrap())
+    }
+
+    fn cache(stale_negatives: bool) -> PhoneCache {
         PhoneCache::new(
             "test",
             1000,
@@ -551,7 +576,7 @@ mod tests {
         let c = cache(true);
         let p = phone("+79161234567");
         let got = c
-            .get_or_fetch(1, user(1), || async move { Ok(Some(p)) })
+            .get_or_fetch(key(1, 1), || async move { Ok(Some(p)) })
             .await;
         assert_eq!(
             got,
@@ -560,7 +585,7 @@ mod tests {
                 via: Via::Miss
             }
         );
-        let got = c.get_or_fetch(1, user(1), || async { Ok(None) }).await;
+        let got = c.get_or_fetch(key(1, 1), || async { Ok(None) }).await;
         assert_eq!(
             got,
             Lookup {
@@ -569,7 +594,7 @@ mod tests {
             }
         );
         tokio::time::advance(Duration::from_secs(11)).await;
-        let got = c.get_or_fetch(1, user(1), || async { Ok(None) }).await;
+        let got = c.get_or_fetch(key(1, 1), || async { Ok(None) }).await;
         assert_eq!(
             got,
             Lookup {
@@ -582,20 +607,20 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn negative_entries_use_the_negative_ttl() {
         let c = cache(true);
-        c.get_or_fetch(1, user(1), || async { Ok(None) }).await;
-        assert_eq!(c.get_fresh(&1, user(1)), Cached::NoPhone);
+        c.get_or_fetch(key(1, 1), || async { Ok(None) }).await;
+        assert_eq!(c.get_fresh(&key(1, 1)), Cached::NoPhone);
         tokio::time::advance(Duration::from_secs(3)).await;
-        assert_eq!(c.get_fresh(&1, user(1)), Cached::Miss);
+        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Miss);
     }
 
     #[tokio::test(start_paused = true)]
     async fn stale_is_served_only_when_the_upstream_fails_and_within_max_stale() {
         let c = cache(true);
         let p = phone("+79161234567");
-        c.insert(1, user(1), Some(p));
+        c.insert(key(1, 1), Some(p));
         tokio::time::advance(Duration::from_secs(30)).await;
         let got = c
-            .get_or_fetch(1, user(1), || async { Err(UpstreamError::Timeout) })
+            .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Timeout) })
             .await;
         assert_eq!(
             got,
@@ -606,7 +631,7 @@ mod tests {
         );
         tokio::time::advance(Duration::from_secs(41)).await;
         let got = c
-            .get_or_fetch(1, user(1), || async { Err(UpstreamError::Timeout) })
+            .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Timeout) })
             .await;
         assert_eq!(got.answer, Answer::Failed(UpstreamError::Timeout));
     }
@@ -614,17 +639,17 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn expired_negatives_are_not_served_stale_when_forbidden() {
         let c = cache(false);
-        c.insert(1, user(1), None);
+        c.insert(key(1, 1), None);
         tokio::time::advance(Duration::from_secs(3)).await;
         let got = c
-            .get_or_fetch(1, user(1), || async { Err(UpstreamError::Status(500)) })
+            .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Status(500)) })
             .await;
         assert_eq!(got.answer, Answer::Failed(UpstreamError::Status(500)));
         let c = cache(true);
-        c.insert(1, user(1), None);
+        c.insert(key(1, 1), None);
         tokio::time::advance(Duration::from_secs(3)).await;
         let got = c
-            .get_or_fetch(1, user(1), || async { Err(UpstreamError::Status(500)) })
+            .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Status(500)) })
             .await;
         assert_eq!(
             got,
@@ -639,7 +664,7 @@ mod tests {
     async fn a_panicking_fetch_fails_its_callers_and_does_not_wedge_the_key() {
         let c = cache(true);
         let got = c
-            .get_or_fetch(1, user(1), || async {
+            .get_or_fetch(key(1, 1), || async {
                 panic!("a bug inside the fetch");
             })
             .await;
@@ -647,7 +672,7 @@ mod tests {
         // The next request starts a fetch of its own instead of joining the dead one.
         let p = phone("+79161234567");
         let got = c
-            .get_or_fetch(1, user(1), || async move { Ok(Some(p)) })
+            .get_or_fetch(key(1, 1), || async move { Ok(Some(p)) })
             .await;
         assert_eq!(
             got,
@@ -662,14 +687,14 @@ mod tests {
     async fn get_stale_serves_within_max_stale_only() {
         let c = cache(false);
         let p = phone("+79161234567");
-        c.insert(1, user(1), Some(p));
-        c.insert(2, user(2), None);
+        c.insert(key(1, 1), Some(p));
+        c.insert(key(2, 2), None);
         tokio::time::advance(Duration::from_secs(30)).await;
-        assert_eq!(c.get_stale(&1, user(1)), Cached::Phone(p));
+        assert_eq!(c.get_stale(&key(1, 1)), Cached::Phone(p));
         // The anonymous rule: an expired "no number" is never served.
-        assert_eq!(c.get_stale(&2, user(2)), Cached::Miss);
+        assert_eq!(c.get_stale(&key(2, 2)), Cached::Miss);
         tokio::time::advance(Duration::from_secs(41)).await;
-        assert_eq!(c.get_stale(&1, user(1)), Cached::Miss);
+        assert_eq!(c.get_stale(&key(1, 1)), Cached::Miss);
     }
 
     #[tokio::test(start_paused = true)]
@@ -687,11 +712,11 @@ mod tests {
         // The first caller starts the fetch and gives up after 10 ms.
         let first = tokio::time::timeout(
             Duration::from_millis(10),
-            c.get_or_fetch(7, user(7), fetch(calls.clone())),
+            c.get_or_fetch(key(7, 7), fetch(calls.clone())),
         )
         .await;
         assert!(first.is_err());
-        let second = c.get_or_fetch(7, user(7), fetch(calls.clone())).await;
+        let second = c.get_or_fetch(key(7, 7), fetch(calls.clone())).await;
         assert_eq!(
             second,
             Lookup {
@@ -707,15 +732,15 @@ mod tests {
         let c = cache(true);
         let old = phone("+79161234567");
         let new = phone("+79160000000");
-        c.insert(1, user(1), Some(old));
+        c.insert(key(1, 1), Some(old));
         c.inner.generations.invalidate(user(1));
-        assert_eq!(c.get_fresh(&1, user(1)), Cached::Miss);
+        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Miss);
 
         // A fetch under way when the seller is invalidated...
         let slow = {
             let c = c.clone();
             tokio::spawn(async move {
-                c.get_or_fetch(2, user(1), || async move {
+                c.get_or_fetch(key(1, 2), || async move {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     Ok(Some(old))
                 })
@@ -726,7 +751,7 @@ mod tests {
         c.inner.generations.invalidate(user(1));
         // ...is not joined by a request after the invalidation...
         let fresh = c
-            .get_or_fetch(2, user(1), || async move { Ok(Some(new)) })
+            .get_or_fetch(key(1, 2), || async move { Ok(Some(new)) })
             .await;
         assert_eq!(
             fresh,
@@ -737,7 +762,7 @@ mod tests {
         );
         // ...and does not write its older answer back.
         assert_eq!(slow.await.unwrap().answer, Answer::Found(old));
-        assert_eq!(c.get_fresh(&2, user(1)), Cached::Phone(new));
+        assert_eq!(c.get_fresh(&key(1, 2)), Cached::Phone(new));
     }
 
     /// A fetch for refresh tests: counts its calls, answers `answer` after 50 ms.
@@ -761,18 +786,18 @@ mod tests {
         let c = cache(true);
         let (old, new) = (phone("+79161234567"), phone("+79160000000"));
         let calls = Arc::new(AtomicUsize::new(0));
-        c.insert(1, user(1), Some(old));
+        c.insert(key(1, 1), Some(old));
         // Outside the window (TTL 10 s, refresh 2 s ahead): a plain hit.
         tokio::time::advance(Duration::from_secs(7)).await;
         let now = c.inner.now();
-        let got = c.get_fresh_refreshing(&1, user(1), now, counted(&calls, Ok(Some(new))));
+        let got = c.get_fresh_refreshing(&key(1, 1), now, counted(&calls, Ok(Some(new))));
         assert_eq!(got, Cached::Phone(old));
         assert_eq!(calls.load(Ordering::SeqCst), 0);
         // Inside it: the old number at once, one refresh for any number of hits.
         tokio::time::advance(Duration::from_secs(2)).await;
         let now = c.inner.now();
         for _ in 0..3 {
-            let got = c.get_fresh_refreshing(&1, user(1), now, counted(&calls, Ok(Some(new))));
+            let got = c.get_fresh_refreshing(&key(1, 1), now, counted(&calls, Ok(Some(new))));
             assert_eq!(got, Cached::Phone(old));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -780,7 +805,7 @@ mod tests {
         // The refreshed entry is fresh for a whole TTL from the refresh: past
         // the old expiry the key is still a hit, with the new number.
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(c.get_fresh(&1, user(1)), Cached::Phone(new));
+        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Phone(new));
     }
 
     #[tokio::test(start_paused = true)]
@@ -788,21 +813,21 @@ mod tests {
         let c = cache(true);
         let old = phone("+79161234567");
         let calls = Arc::new(AtomicUsize::new(0));
-        c.insert(1, user(1), Some(old));
+        c.insert(key(1, 1), Some(old));
         tokio::time::advance(Duration::from_secs(9)).await;
         let now = c.inner.now();
         let failing = counted(&calls, Err(UpstreamError::Status(500)));
         assert_eq!(
-            c.get_fresh_refreshing(&1, user(1), now, failing),
+            c.get_fresh_refreshing(&key(1, 1), now, failing),
             Cached::Phone(old)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
-        assert_eq!(c.get_fresh(&1, user(1)), Cached::Phone(old));
+        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Phone(old));
         // It expires when it would have: then it is a miss (and stale-if-error).
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(c.get_fresh(&1, user(1)), Cached::Miss);
-        assert_eq!(c.get_stale(&1, user(1)), Cached::Phone(old));
+        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Miss);
+        assert_eq!(c.get_stale(&key(1, 1)), Cached::Phone(old));
     }
 
     #[tokio::test(start_paused = true)]
@@ -810,30 +835,30 @@ mod tests {
         let c = cache(true);
         let (old, new) = (phone("+79161234567"), phone("+79160000000"));
         let calls = Arc::new(AtomicUsize::new(0));
-        c.insert(1, user(1), Some(old));
+        c.insert(key(1, 1), Some(old));
         tokio::time::advance(Duration::from_secs(9)).await;
         let now = c.inner.now();
-        c.get_fresh_refreshing(&1, user(1), now, counted(&calls, Ok(Some(new))));
+        c.get_fresh_refreshing(&key(1, 1), now, counted(&calls, Ok(Some(new))));
         c.inner.generations.invalidate(user(1));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
-        assert_eq!(c.get_fresh(&1, user(1)), Cached::Miss);
+        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Miss);
     }
 
     #[tokio::test(start_paused = true)]
     async fn negative_entries_refresh_within_a_tenth_of_their_ttl() {
         let c = cache(true);
         let calls = Arc::new(AtomicUsize::new(0));
-        c.insert(1, user(1), None);
+        c.insert(key(1, 1), None);
         // Negative TTL 2 s: the window is 0.2 s, not the configured 2 s.
         tokio::time::advance(Duration::from_millis(1500)).await;
         let now = c.inner.now();
-        c.get_fresh_refreshing(&1, user(1), now, counted(&calls, Ok(None)));
+        c.get_fresh_refreshing(&key(1, 1), now, counted(&calls, Ok(None)));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 0);
         tokio::time::advance(Duration::from_millis(300)).await;
         let now = c.inner.now();
-        c.get_fresh_refreshing(&1, user(1), now, counted(&calls, Ok(None)));
+        c.get_fresh_refreshing(&key(1, 1), now, counted(&calls, Ok(None)));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
@@ -841,10 +866,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn invalidated_entries_are_not_served_stale() {
         let c = cache(true);
-        c.insert(1, user(1), Some(phone("+79161234567")));
+        c.insert(key(1, 1), Some(phone("+79161234567")));
         c.inner.generations.invalidate(user(1));
         let got = c
-            .get_or_fetch(1, user(1), || async { Err(UpstreamError::Timeout) })
+            .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Timeout) })
             .await;
         assert_eq!(got.answer, Answer::Failed(UpstreamError::Timeout));
     }

@@ -239,24 +239,29 @@ pub struct UpstreamConfig {
     pub max_in_flight: usize,
 }
 
+/// The call-tracking upstream: an upstream like the others, and its status feed.
+///
+/// Flattened, so its keys stay where they were (`upstreams.calltracking.timeout_ms`).
+/// serde does not apply the flattened struct's `deny_unknown_fields`, but it does
+/// apply this one's: whatever neither struct takes is refused as an unknown field
+/// (`unknown_keys_are_refused_beside_a_flattened_section` holds it). One cost:
+/// a value of the wrong type under a flattened key is reported against
+/// `upstreams.calltracking`, not the key itself (serde buffers flattened keys).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CalltrackingUpstreamConfig {
-    pub base_url: String,
-    #[serde(rename = "timeout_ms", deserialize_with = "units::millis")]
-    pub timeout: Duration,
-    pub on_error: OnError,
-    pub max_in_flight: usize,
+    #[serde(flatten)]
+    pub upstream: UpstreamConfig,
     pub status_feed: StatusFeedConfig,
 }
 
-impl CalltrackingUpstreamConfig {
-    pub fn as_upstream(&self) -> UpstreamConfig {
-        UpstreamConfig {
-            base_url: self.base_url.clone(),
-            timeout: self.timeout,
-            on_error: self.on_error,
-            max_in_flight: self.max_in_flight,
+impl UpstreamsConfig {
+    /// The upstream asked for `source`'s numbers.
+    pub fn of(&self, source: Source) -> &UpstreamConfig {
+        match source {
+            Source::Anonymous => &self.anonymous,
+            Source::Calltracking => &self.calltracking.upstream,
+            Source::Real => &self.real_phone,
         }
     }
 }
@@ -283,6 +288,17 @@ pub struct CachesConfig {
     pub real_phone: CacheConfig,
     pub anonymous: CacheConfig,
     pub calltracking: CacheConfig,
+}
+
+impl CachesConfig {
+    /// The cache of `source`'s numbers.
+    pub fn of(&self, source: Source) -> &CacheConfig {
+        match source {
+            Source::Anonymous => &self.anonymous,
+            Source::Calltracking => &self.calltracking,
+            Source::Real => &self.real_phone,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -457,7 +473,7 @@ impl Config {
         let u = &self.upstreams;
         u.anonymous
             .timeout
-            .max(u.real_phone.timeout + u.calltracking.timeout)
+            .max(u.real_phone.timeout + u.calltracking.upstream.timeout)
     }
 
     /// `server.request_deadline_ms`, or by default the longest path through the
@@ -650,9 +666,9 @@ impl DatabaseConfig {
 impl UpstreamsConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         let upstreams = [
-            ("upstreams.real_phone", self.real_phone.clone()),
-            ("upstreams.anonymous", self.anonymous.clone()),
-            ("upstreams.calltracking", self.calltracking.as_upstream()),
+            ("upstreams.real_phone", &self.real_phone),
+            ("upstreams.anonymous", &self.anonymous),
+            ("upstreams.calltracking", &self.calltracking.upstream),
         ];
         for (key, upstream) in upstreams {
             validate_base_url(&format!("{key}.base_url"), &upstream.base_url)?;
@@ -846,7 +862,10 @@ mod tests {
         );
         assert_eq!(c.selection.anonymous_categories, [9, 24]);
         assert_eq!(c.upstreams.anonymous.on_error, OnError::FailClosed);
-        assert_eq!(c.upstreams.calltracking.on_error, OnError::FallThrough);
+        assert_eq!(
+            c.upstreams.calltracking.upstream.on_error,
+            OnError::FallThrough
+        );
         assert_eq!(c.upstreams.real_phone.timeout, Duration::from_millis(300));
         assert_eq!(c.cache.real_phone.capacity, 5_000_000);
         assert_eq!(c.cache.calltracking.capacity, 500_000);
@@ -882,6 +901,33 @@ mod tests {
         assert!(e.contains("public_adr"), "{e}");
         let e = error_of("[selection]\nanonymous_categories = [0]");
         assert!(e.contains("selection.anonymous_categories"), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_beside_a_flattened_section() {
+        // `upstreams.calltracking` flattens the common upstream keys: its own
+        // `deny_unknown_fields` must still refuse a typo, as every section does.
+        let e = error_of("[upstreams.calltracking]\ntimeout_ms = 100\ntimeout = 100");
+        assert!(e.contains("unknown field `timeout`"), "{e}");
+        let e = error_of("[upstreams.calltracking.status_feed]\nenabeld = true");
+        assert!(e.contains("enabeld"), "{e}");
+        let e = error_of("[upstreams.calltracking]\ntimeout_ms = \"soon\"");
+        assert!(e.contains("upstreams.calltracking"), "{e}");
+        let e = error_of("[upstreams.calltracking]\ntimeout_ms = 0");
+        assert!(e.contains("upstreams.calltracking.timeout_ms"), "{e}");
+        let c = Config::from_toml(
+            "[upstreams.calltracking]\ntimeout_ms = 123\nmax_in_flight = 5\n\
+             [upstreams.calltracking.status_feed]\nlimit = 9",
+        )
+        .unwrap();
+        let calltracking = &c.upstreams.calltracking;
+        assert_eq!(calltracking.upstream.timeout, Duration::from_millis(123));
+        assert_eq!(calltracking.upstream.max_in_flight, 5);
+        assert_eq!(calltracking.status_feed.limit, 9);
+        assert!(std::ptr::eq(
+            c.upstreams.of(Source::Calltracking),
+            &calltracking.upstream
+        ));
     }
 
     #[test]
@@ -1165,7 +1211,10 @@ retention_days = 30
         let c = Config::from_toml(SAMPLE).unwrap();
         assert_eq!(c.tracing.otlp_endpoint, "");
         assert!((c.tracing.sample_ratio - 0.01).abs() < f64::EPSILON);
-        assert_eq!(c.upstreams.calltracking.base_url, "http://127.0.0.1:9103");
+        assert_eq!(
+            c.upstreams.calltracking.upstream.base_url,
+            "http://127.0.0.1:9103"
+        );
         assert_eq!(c.reveals.retention_days, 30);
     }
 }

@@ -15,7 +15,8 @@
 //!   request-duration histogram.
 //! - [`resolve`]: the selection rules (pure, in `resolve::rules`) and the
 //!   concurrent fan-out to the sources.
-//! - [`cache`]: TTL'd, coalescing, stale-if-error caches with O(1) invalidation.
+//! - [`cache`]: TTL'd, coalescing, stale-if-error caches with O(1) invalidation,
+//!   keyed by a `Key` that carries the seller.
 //! - [`upstream`]: typed clients of the three upstreams over one pooled client.
 //! - [`reveals`]: the reveal log: a lock-free buffer on the request path, the
 //!   batch flush with per-ad counts, retention.
@@ -27,9 +28,11 @@
 //!   change log, invalidations included) for the status service, `RevealStore`
 //!   for the reveal flush, retention and routes, `Leadership` for the feed loop,
 //!   `ChangeHints` for the sync loop. Files by capability, both dialects in each.
-//! - [`domain`]: `Phone`, ids, sources, the status model and reveal records:
-//!   valid values only, parsed once at the edge, and the rules that need no I/O.
-//! - [`telemetry`]: logs, the metrics recorder, request ids.
+//! - [`domain`]: `Phone`, ids, sources (and `Sources<T>`, one value per source),
+//!   the status model and reveal records: valid values only, parsed once at the
+//!   edge, and the rules that need no I/O.
+//! - [`telemetry`]: logs, the metrics recorder, request ids; in `trace`, W3C
+//!   trace context (`trace::context`) and the span export (`trace::export`).
 //! - [`runtime`]: tokio worker threads sized to the container's CPU quota.
 //! - [`sim`]: the upstream simulator for the demo, tests and load runs.
 

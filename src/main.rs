@@ -140,7 +140,7 @@ async fn demo(mut config: Config) -> anyhow::Result<()> {
 
     config.upstreams.real_phone.base_url = sim_url.clone();
     config.upstreams.anonymous.base_url = sim_url.clone();
-    config.upstreams.calltracking.base_url = sim_url;
+    config.upstreams.calltracking.upstream.base_url = sim_url;
     config.server.public_addr.set_ip([127, 0, 0, 1].into());
     config.server.admin_addr.set_ip([127, 0, 0, 1].into());
     if config.admin.token.is_empty() {

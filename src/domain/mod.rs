@@ -4,7 +4,8 @@
 //!
 //! - [`phone`]: `Phone`, an E.164 number held as eight bytes, masked for display.
 //! - [`ids`]: `UserId`, `AdId`, `CategoryId`.
-//! - [`source`]: `Source` (anonymous, calltracking, real) and `OnError`.
+//! - [`source`]: `Source` (anonymous, calltracking, real), `OnError`, and
+//!   `Sources<T>`, one value per source indexed by `Source`.
 //! - [`reveal`]: the reveal log's records (`Reveal`, `Viewer`) and queries.
 //! - [`status`]: the call-tracking status model (`Status`, `StatusChange`,
 //!   `Version`, `Applied`) and the version rule, `plan_changes`.
@@ -18,7 +19,7 @@ pub mod status;
 pub use ids::{AdId, CategoryId, IdError, UserId};
 pub use phone::Phone;
 pub use reveal::{Reveal, RevealCounts, RevealQuery, RevealsOf, StoredReveal, Viewer};
-pub use source::{OnError, Source};
+pub use source::{OnError, Source, Sources};
 pub use status::{
     Applied, InvalidItem, MAX_VERSION, Status, StatusChange, StatusItem, Version, plan_changes,
 };

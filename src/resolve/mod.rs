@@ -21,12 +21,12 @@ use std::sync::Arc;
 use foldhash::HashSet;
 
 use crate::cache::{
-    Answer, Cached, Clock, FetchResult, Generations, Lookup, PhoneCache, Ttls, Via,
+    Answer, Cached, Clock, FetchResult, Generations, Key, Lookup, PhoneCache, Ttls, Via,
 };
-use crate::config::{CacheConfig, Config};
+use crate::config::Config;
 use crate::domain::Phone;
-use crate::domain::Source;
 use crate::domain::{AdId, CategoryId, UserId};
+use crate::domain::{OnError, Source, Sources};
 use crate::status::{StatusSet, Tracking};
 use crate::telemetry::trace::Incoming;
 use crate::upstream::Upstreams;
@@ -64,12 +64,9 @@ pub enum ResolveError {
 /// The three caches and their generation tables.
 #[derive(Clone)]
 pub struct Caches {
-    /// Keyed by (user, ad).
-    pub real_phone: PhoneCache<(u64, u64)>,
-    /// Keyed by (user, ad).
-    pub anonymous: PhoneCache<(u64, u64)>,
-    /// Keyed by (user, real phone).
-    pub calltracking: PhoneCache<(u64, u64)>,
+    /// Each source's numbers: real and anonymous by [`Key::ad`], call tracking
+    /// by [`Key::real_phone`].
+    pub phones: Sources<PhoneCache>,
     /// The real and anonymous caches' table.
     pub generations: Arc<Generations>,
     /// The call-tracking cache's own table, so that a flip of call tracking
@@ -93,33 +90,37 @@ impl Caches {
         let calltracking_generations =
             Arc::new(Generations::with_slots(CALLTRACKING_GENERATION_BITS));
         let clock = Clock::new();
-        let build = |name, c: &CacheConfig, stale_negatives, generations: &Arc<Generations>| {
+        let phones = Sources::from_fn(|source| {
+            let c = config.cache.of(source);
             let ttls = Ttls {
                 positive: c.ttl,
                 negative: c.negative_ttl,
                 max_stale: c.max_stale,
                 refresh_ahead: c.refresh_ahead(),
-                stale_negatives,
+                // docs/caching.md: an expired "no anonymous number" is never used;
+                // the seller may have paid since.
+                stale_negatives: source != Source::Anonymous,
             };
-            PhoneCache::new(name, c.capacity, ttls, generations.clone(), clock)
-        };
-        let c = &config.cache;
-        let longest_use = [&c.real_phone, &c.anonymous, &c.calltracking]
+            let generations = match source {
+                Source::Calltracking => &calltracking_generations,
+                Source::Anonymous | Source::Real => &generations,
+            };
+            PhoneCache::new(
+                cache_name(source),
+                c.capacity,
+                ttls,
+                generations.clone(),
+                clock,
+            )
+        });
+        let longest_use = Source::ALL
             .iter()
+            .map(|&source| config.cache.of(source))
             .map(|c| c.ttl.max(c.negative_ttl) + c.max_stale)
             .max()
             .unwrap_or_default();
         Caches {
-            real_phone: build("real_phone", &c.real_phone, true, &generations),
-            // docs/caching.md: an expired "no anonymous number" is never used; the seller
-            // may have paid since.
-            anonymous: build("anonymous", &c.anonymous, false, &generations),
-            calltracking: build(
-                "calltracking",
-                &c.calltracking,
-                true,
-                &calltracking_generations,
-            ),
+            phones,
             generations,
             calltracking_generations,
             clock,
@@ -129,7 +130,7 @@ impl Caches {
 
     /// Sets the caches' gauges (called at scrape time).
     pub fn publish_gauges(&self) {
-        for cache in [&self.real_phone, &self.anonymous, &self.calltracking] {
+        for cache in self.phones.values() {
             metrics::gauge!("phones_gateway_cache_entries", "cache" => cache.name())
                 .set(cache.len() as f64);
         }
@@ -140,6 +141,15 @@ impl Caches {
     pub fn invalidate(&self, user: UserId) {
         self.generations.invalidate(user);
         self.calltracking_generations.invalidate(user);
+    }
+}
+
+/// A source's cache as named in `[cache.*]` and in the `cache` label.
+fn cache_name(source: Source) -> &'static str {
+    match source {
+        Source::Anonymous => "anonymous",
+        Source::Calltracking => "calltracking",
+        Source::Real => "real_phone",
     }
 }
 
@@ -190,31 +200,21 @@ pub struct Resolver {
 
 /// Decision metrics, registered once (the hit path increments atomics only).
 struct Counters {
-    /// `phones_gateway_selections_total{kind}`, by `Source` index.
-    selections: [metrics::Counter; 3],
+    /// `phones_gateway_selections_total{kind}`.
+    selections: Sources<metrics::Counter>,
     /// `phones_gateway_fail_closed_total{source}`.
-    fail_closed: [metrics::Counter; 3],
+    fail_closed: Sources<metrics::Counter>,
     /// `phones_gateway_fall_through_total{source}`.
-    fall_through: [metrics::Counter; 3],
+    fall_through: Sources<metrics::Counter>,
     /// `phones_gateway_resolve_failures_total{reason}`: no_phone, unavailable.
     no_phone: metrics::Counter,
     unavailable: metrics::Counter,
 }
 
-const SOURCES: [Source; 3] = [Source::Anonymous, Source::Calltracking, Source::Real];
-
-fn index(source: Source) -> usize {
-    match source {
-        Source::Anonymous => 0,
-        Source::Calltracking => 1,
-        Source::Real => 2,
-    }
-}
-
 impl Counters {
     fn new() -> Self {
         let by_source = |name: &'static str, label: &'static str| {
-            SOURCES.map(|s| metrics::counter!(name, label => s.as_str()))
+            Sources::from_fn(|s| metrics::counter!(name, label => s.as_str()))
         };
         let failure = |reason: &'static str| metrics::counter!("phones_gateway_resolve_failures_total", "reason" => reason);
         Counters {
@@ -237,9 +237,7 @@ impl Resolver {
         Resolver {
             rules: Rules {
                 order: config.selection.order.clone(),
-                anonymous: config.upstreams.anonymous.on_error,
-                calltracking: config.upstreams.calltracking.on_error,
-                real: config.upstreams.real_phone.on_error,
+                policy: Sources::from_fn(|source| config.upstreams.of(source).on_error),
             },
             anonymous_categories: config
                 .selection
@@ -269,7 +267,7 @@ impl Resolver {
         let stop_at = match decision {
             Decision::Wait => return None,
             Decision::Answer(kind, _) => {
-                counters.selections[index(kind)].increment(1);
+                counters.selections[kind].increment(1);
                 Some(kind)
             }
             Decision::NoPhone => {
@@ -278,7 +276,7 @@ impl Resolver {
             }
             Decision::Unavailable { fail_closed } => {
                 match fail_closed {
-                    Some(source) => counters.fail_closed[index(source)].increment(1),
+                    Some(source) => counters.fail_closed[source].increment(1),
                     None => counters.unavailable.increment(1),
                 }
                 fail_closed
@@ -288,10 +286,10 @@ impl Resolver {
             if Some(source) == stop_at {
                 break;
             }
-            if states.of(source) == SourceState::Failed
-                && self.rules.policy(source) == crate::domain::OnError::FallThrough
+            if states[source] == SourceState::Failed
+                && self.rules.policy[source] == OnError::FallThrough
             {
-                counters.fall_through[index(source)].increment(1);
+                counters.fall_through[source].increment(1);
             }
         }
         finished(decision)
@@ -383,7 +381,7 @@ impl Resolver {
             let (cache, key) = self.cache_of(req, ask);
             // A refresh ahead reads the trace headers; a hit does not.
             let refresh = || self.fetch(req, ask, &trace);
-            let cached = cache.get_fresh_refreshing(&key, req.user, now, refresh);
+            let cached = cache.get_fresh_refreshing(&key, now, refresh);
             if exported && cached != Cached::Miss {
                 trace_cache(cache.name(), Via::Hit);
             }
@@ -396,27 +394,26 @@ impl Resolver {
             None if real_needed => fresh(Ask::Real),
             None => Cached::Miss,
         };
-        let states = States {
-            anonymous: if anonymous_applies {
-                known(fresh(Ask::Anonymous))
-            } else {
-                SourceState::NotApplicable
-            },
-            real: if real_in_order {
-                known(real_known)
-            } else {
-                SourceState::NotApplicable
-            },
-            calltracking: match (tracking, real_known) {
-                // Until the status set is loaded, the seller may have call
-                // tracking on: nothing below it may be shown (docs/status-sync.md).
-                (Tracking::Unknown, _) => SourceState::Unknown,
-                (Tracking::Off, _) => SourceState::NotApplicable,
-                (Tracking::On, Cached::Phone(real)) => known(fresh(Ask::Calltracking(real))),
-                (Tracking::On, Cached::NoPhone) => SourceState::NotFound,
-                (Tracking::On, Cached::Miss) => SourceState::Pending,
-            },
+        let anonymous = if anonymous_applies {
+            known(fresh(Ask::Anonymous))
+        } else {
+            SourceState::NotApplicable
         };
+        let real = if real_in_order {
+            known(real_known)
+        } else {
+            SourceState::NotApplicable
+        };
+        let calltracking = match (tracking, real_known) {
+            // Until the status set is loaded, the seller may have call
+            // tracking on: nothing below it may be shown (docs/status-sync.md).
+            (Tracking::Unknown, _) => SourceState::Unknown,
+            (Tracking::Off, _) => SourceState::NotApplicable,
+            (Tracking::On, Cached::Phone(real)) => known(fresh(Ask::Calltracking(real))),
+            (Tracking::On, Cached::NoPhone) => SourceState::NotFound,
+            (Tracking::On, Cached::Miss) => SourceState::Pending,
+        };
+        let states = States::new(anonymous, calltracking, real);
         match self.finish(&states) {
             Some(done) => Ok(done),
             None => Err(Plan {
@@ -447,12 +444,13 @@ impl Resolver {
             Cached::Phone(phone) => Some(phone),
             Cached::NoPhone | Cached::Miss => None,
         };
-        let mut anonymous: Option<LookupFuture<'_>> = (states.anonymous == SourceState::Pending)
+        let mut anonymous: Option<LookupFuture<'_>> = (states[Source::Anonymous]
+            == SourceState::Pending)
             .then(|| self.lookup(req, Ask::Anonymous, trace));
         let mut real: Option<LookupFuture<'_>> =
             (real_needed && real_known == Cached::Miss).then(|| self.lookup(req, Ask::Real, trace));
         let mut calltracking: Option<LookupFuture<'_>> = match real_phone {
-            Some(phone) if states.calltracking == SourceState::Pending => {
+            Some(phone) if states[Source::Calltracking] == SourceState::Pending => {
                 Some(self.lookup(req, Ask::Calltracking(phone), trace))
             }
             _ => None,
@@ -469,13 +467,13 @@ impl Resolver {
                 }
                 lookup = poll_some(&mut anonymous), if anonymous.is_some() => {
                     anonymous = None;
-                    states.anonymous = state_of(&lookup.answer);
+                    states[Source::Anonymous] = state_of(&lookup.answer);
                 }
                 lookup = poll_some(&mut real), if real.is_some() => {
                     real = None;
                     let state = state_of(&lookup.answer);
                     if real_in_order {
-                        states.real = state;
+                        states[Source::Real] = state;
                     }
                     if let SourceState::Found(phone) = state {
                         real_phone = Some(phone);
@@ -485,13 +483,13 @@ impl Resolver {
                             SourceState::Found(phone) => {
                                 calltracking = Some(self.lookup(req, Ask::Calltracking(phone), trace));
                             }
-                            other => states.calltracking = other,
+                            other => states[Source::Calltracking] = other,
                         }
                     }
                 }
                 lookup = poll_some(&mut calltracking), if calltracking.is_some() => {
                     calltracking = None;
-                    states.calltracking = state_of(&lookup.answer);
+                    states[Source::Calltracking] = state_of(&lookup.answer);
                 }
                 else => {
                     // Unreachable by construction: a pending state always has its
@@ -512,28 +510,29 @@ impl Resolver {
     fn at_deadline(&self, req: &Request, states: &mut States, mut real_phone: Option<Phone>) {
         let stale = |ask: Ask| {
             let (cache, key) = self.cache_of(req, ask);
-            cache.get_stale(&key, req.user)
+            cache.get_stale(&key)
         };
-        if states.anonymous == SourceState::Pending {
-            states.anonymous = stale_or_failed(stale(Ask::Anonymous));
+        let pending = |states: &States, source| states[source] == SourceState::Pending;
+        if pending(states, Source::Anonymous) {
+            states[Source::Anonymous] = stale_or_failed(stale(Ask::Anonymous));
         }
         let calltracking_waits_for_real =
-            states.calltracking == SourceState::Pending && real_phone.is_none();
-        if states.real == SourceState::Pending || calltracking_waits_for_real {
+            pending(states, Source::Calltracking) && real_phone.is_none();
+        if pending(states, Source::Real) || calltracking_waits_for_real {
             let real = stale(Ask::Real);
             if let Cached::Phone(phone) = real {
                 real_phone = Some(phone);
             }
-            if states.real == SourceState::Pending {
-                states.real = stale_or_failed(real);
+            if pending(states, Source::Real) {
+                states[Source::Real] = stale_or_failed(real);
             }
             if calltracking_waits_for_real && real == Cached::NoPhone {
                 // A seller with no phone has no call-tracking number either.
-                states.calltracking = SourceState::NotFound;
+                states[Source::Calltracking] = SourceState::NotFound;
             }
         }
-        if states.calltracking == SourceState::Pending {
-            states.calltracking = match real_phone {
+        if pending(states, Source::Calltracking) {
+            states[Source::Calltracking] = match real_phone {
                 Some(phone) => stale_or_failed(stale(Ask::Calltracking(phone))),
                 None => SourceState::Failed,
             };
@@ -541,12 +540,15 @@ impl Resolver {
     }
 
     /// The cache answering `ask`, and its key.
-    fn cache_of(&self, req: &Request, ask: Ask) -> (&PhoneCache<(u64, u64)>, (u64, u64)) {
-        let (user, ad) = (req.user.get(), req.ad.get());
+    fn cache_of(&self, req: &Request, ask: Ask) -> (&PhoneCache, Key) {
+        let phones = &self.caches.phones;
         match ask {
-            Ask::Anonymous => (&self.caches.anonymous, (user, ad)),
-            Ask::Real => (&self.caches.real_phone, (user, ad)),
-            Ask::Calltracking(real) => (&self.caches.calltracking, (user, real.to_u64())),
+            Ask::Anonymous => (&phones[Source::Anonymous], Key::ad(req.user, req.ad)),
+            Ask::Real => (&phones[Source::Real], Key::ad(req.user, req.ad)),
+            Ask::Calltracking(real) => (
+                &phones[Source::Calltracking],
+                Key::real_phone(req.user, real),
+            ),
         }
     }
 
@@ -554,7 +556,7 @@ impl Resolver {
     fn lookup(&self, req: &Request, ask: Ask, trace: &Incoming<'_>) -> LookupFuture<'_> {
         let (cache, key) = self.cache_of(req, ask);
         let fetch = self.fetch(req, ask, trace);
-        let lookup = cache.get_or_fetch(key, req.user, move || fetch);
+        let lookup = cache.get_or_fetch(key, move || fetch);
         if !trace.exported() {
             return Box::pin(lookup);
         }
@@ -715,35 +717,36 @@ mod tests {
             category: CategoryId::new(9).unwrap(),
             phone: None,
         };
-        caches.real_phone.insert((42, 1), user, Some(real));
-        caches
-            .calltracking
-            .insert((42, real.to_u64()), user, Some(virtual_number));
-        caches.anonymous.insert((42, 1), user, Some(anonymous));
+        let ad = Key::ad(user, req.ad);
+        caches.phones[Source::Real].insert(ad, Some(real));
+        caches.phones[Source::Calltracking]
+            .insert(Key::real_phone(user, real), Some(virtual_number));
+        caches.phones[Source::Anonymous].insert(ad, Some(anonymous));
         // Past every TTL, within max_stale.
         tokio::time::advance(Duration::from_secs(1000)).await;
-        let pending = States {
-            anonymous: SourceState::Pending,
-            calltracking: SourceState::Pending,
-            real: SourceState::Pending,
-        };
+        let pending = States::new(
+            SourceState::Pending,
+            SourceState::Pending,
+            SourceState::Pending,
+        );
         let mut states = pending;
         resolver.at_deadline(&req, &mut states, None);
         assert_eq!(
             states,
-            States {
-                anonymous: SourceState::Found(anonymous),
-                calltracking: SourceState::Found(virtual_number),
-                real: SourceState::Found(real),
-            }
+            States::new(
+                SourceState::Found(anonymous),
+                SourceState::Found(virtual_number),
+                SourceState::Found(real)
+            )
         );
         // The real number already known: call tracking's stale value for it.
-        let mut states = States {
-            real: SourceState::Found(real),
-            ..pending
-        };
+        let mut states = pending;
+        states[Source::Real] = SourceState::Found(real);
         resolver.at_deadline(&req, &mut states, Some(real));
-        assert_eq!(states.calltracking, SourceState::Found(virtual_number));
+        assert_eq!(
+            states[Source::Calltracking],
+            SourceState::Found(virtual_number)
+        );
         // Nothing usable (another seller): everything pending has failed.
         let other = Request {
             user: UserId::new(43).unwrap(),
@@ -753,17 +756,17 @@ mod tests {
         resolver.at_deadline(&other, &mut states, None);
         assert_eq!(
             states,
-            States {
-                anonymous: SourceState::Failed,
-                calltracking: SourceState::Failed,
-                real: SourceState::Failed,
-            }
+            States::new(
+                SourceState::Failed,
+                SourceState::Failed,
+                SourceState::Failed
+            )
         );
         // Past max_stale: failed too.
         tokio::time::advance(Duration::from_secs(3600)).await;
         let mut states = pending;
         resolver.at_deadline(&req, &mut states, None);
-        assert_eq!(states.real, SourceState::Failed);
-        assert_eq!(states.calltracking, SourceState::Failed);
+        assert_eq!(states[Source::Real], SourceState::Failed);
+        assert_eq!(states[Source::Calltracking], SourceState::Failed);
     }
 }

@@ -12,7 +12,7 @@
 //! tell the seller has no number), else `NoPhone`.
 
 use crate::domain::Phone;
-use crate::domain::{OnError, Source};
+use crate::domain::{OnError, Source, Sources};
 
 /// What one source has told us so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,22 +27,7 @@ pub enum SourceState {
 }
 
 /// The state of every source for one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct States {
-    pub anonymous: SourceState,
-    pub calltracking: SourceState,
-    pub real: SourceState,
-}
-
-impl States {
-    pub fn of(&self, source: Source) -> SourceState {
-        match source {
-            Source::Anonymous => self.anonymous,
-            Source::Calltracking => self.calltracking,
-            Source::Real => self.real,
-        }
-    }
-}
+pub type States = Sources<SourceState>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
@@ -60,29 +45,19 @@ pub enum Decision {
 #[derive(Debug, Clone)]
 pub struct Rules {
     pub order: Vec<Source>,
-    pub anonymous: OnError,
-    pub calltracking: OnError,
-    pub real: OnError,
+    pub policy: Sources<OnError>,
 }
 
 impl Rules {
-    pub fn policy(&self, source: Source) -> OnError {
-        match source {
-            Source::Anonymous => self.anonymous,
-            Source::Calltracking => self.calltracking,
-            Source::Real => self.real,
-        }
-    }
-
     pub fn decide(&self, states: &States) -> Decision {
         let mut any_failed = false;
         for &source in &self.order {
-            match states.of(source) {
+            match states[source] {
                 SourceState::NotApplicable | SourceState::NotFound => {}
                 SourceState::Pending => return Decision::Wait,
                 SourceState::Unknown => return Decision::Unavailable { fail_closed: None },
                 SourceState::Found(phone) => return Decision::Answer(source, phone),
-                SourceState::Failed => match self.policy(source) {
+                SourceState::Failed => match self.policy[source] {
                     OnError::FailClosed => {
                         return Decision::Unavailable {
                             fail_closed: Some(source),
@@ -113,9 +88,11 @@ mod tests {
     fn rules() -> Rules {
         Rules {
             order: vec![Anonymous, Calltracking, Real],
-            anonymous: OnError::FailClosed,
-            calltracking: OnError::FallThrough,
-            real: OnError::FallThrough,
+            policy: Sources::new(
+                OnError::FailClosed,
+                OnError::FallThrough,
+                OnError::FallThrough,
+            ),
         }
     }
 
@@ -160,11 +137,7 @@ mod tests {
         ];
         let rules = rules();
         for ((anonymous, calltracking, real), want) in table {
-            let states = States {
-                anonymous,
-                calltracking,
-                real,
-            };
+            let states = States::new(anonymous, calltracking, real);
             assert_eq!(rules.decide(&states), want, "{states:?}");
         }
     }
@@ -172,20 +145,12 @@ mod tests {
     #[test]
     fn policies_and_order_are_configurable() {
         let mut rules = rules();
-        rules.anonymous = OnError::FallThrough;
-        let states = States {
-            anonymous: Failed,
-            calltracking: NotApplicable,
-            real: Found(p(R)),
-        };
+        rules.policy[Anonymous] = OnError::FallThrough;
+        let states = States::new(Failed, NotApplicable, Found(p(R)));
         assert_eq!(rules.decide(&states), Decision::Answer(Real, p(R)));
 
-        rules.calltracking = OnError::FailClosed;
-        let states = States {
-            anonymous: NotFound,
-            calltracking: Failed,
-            real: Found(p(R)),
-        };
+        rules.policy[Calltracking] = OnError::FailClosed;
+        let states = States::new(NotFound, Failed, Found(p(R)));
         assert_eq!(
             rules.decide(&states),
             Decision::Unavailable {
@@ -197,17 +162,9 @@ mod tests {
             order: vec![Real, Anonymous],
             ..super::tests::rules()
         };
-        let states = States {
-            anonymous: Found(p(A)),
-            calltracking: Found(p(C)),
-            real: Found(p(R)),
-        };
+        let states = States::new(Found(p(A)), Found(p(C)), Found(p(R)));
         assert_eq!(rules.decide(&states), Decision::Answer(Real, p(R)));
-        let states = States {
-            anonymous: Found(p(A)),
-            calltracking: Found(p(C)),
-            real: NotFound,
-        };
+        let states = States::new(Found(p(A)), Found(p(C)), NotFound);
         assert_eq!(rules.decide(&states), Decision::Answer(Anonymous, p(A)));
     }
 }

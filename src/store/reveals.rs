@@ -45,15 +45,9 @@ fn stored(row: RevealRow) -> Option<StoredReveal> {
             user: UserId::new(unsigned(user)).ok()?,
             ad: AdId::new(unsigned(ad)).ok()?,
             category: CategoryId::new(unsigned(category)).ok()?,
-            kind: kind_of(&kind)?,
+            kind: Source::from_name(&kind)?,
         },
     })
-}
-
-fn kind_of(text: &str) -> Option<Source> {
-    [Source::Anonymous, Source::Calltracking, Source::Real]
-        .into_iter()
-        .find(|k| k.as_str() == text)
 }
 
 /// The reveal store failed: the cause ([`StoreError`]), under a name of its own
@@ -218,7 +212,7 @@ impl RevealStore {
             .await?;
         let mut counts = RevealCounts::default();
         for (kind, n) in rows {
-            if let Some(kind) = kind_of(&kind) {
+            if let Some(kind) = Source::from_name(&kind) {
                 counts.add(kind, unsigned(n));
             }
         }

@@ -153,10 +153,7 @@ impl Upstreams {
             http,
             real_phone: endpoint(UpstreamName::RealPhone, &upstreams.real_phone),
             anonymous: endpoint(UpstreamName::Anonymous, &upstreams.anonymous),
-            calltracking: endpoint(
-                UpstreamName::Calltracking,
-                &upstreams.calltracking.as_upstream(),
-            ),
+            calltracking: endpoint(UpstreamName::Calltracking, &upstreams.calltracking.upstream),
         }
     }
 

@@ -67,20 +67,25 @@ struct Inner {
 }
 
 impl Front {
-    /// The public listener: shedding, and the lookup answered directly.
-    pub fn public(router: Router, state: PublicState, shed: Shed) -> Self {
-        Front::new(router, shed, RouteId::public, Some(state), None)
-    }
-
-    /// Exports the span of each sampled request (`tracing.otlp_endpoint` set),
-    /// at `ratio` unless the caller's `traceparent` decides. Call before the
-    /// first clone.
-    #[must_use]
-    pub fn exporting_spans(mut self, ratio: Option<f64>) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.export_ratio = ratio;
-        }
-        self
+    /// The public listener: shedding, and the lookup answered directly. With
+    /// `export_ratio` (`tracing.otlp_endpoint` set) the span of each sampled
+    /// request is exported, sampled at that ratio unless the caller's
+    /// `traceparent` decides. Given here, not by a setter: the front is shared
+    /// (cloned per connection) as soon as it is built.
+    pub fn public(
+        router: Router,
+        state: PublicState,
+        shed: Shed,
+        export_ratio: Option<f64>,
+    ) -> Self {
+        Front::new(
+            router,
+            shed,
+            RouteId::public,
+            Some(state),
+            None,
+            export_ratio,
+        )
     }
 
     /// The admin listener: the token on `/admin/` paths, the header limit, never
@@ -92,6 +97,7 @@ impl Front {
             RouteId::admin,
             None,
             Some(token),
+            None,
         )
     }
 
@@ -101,6 +107,7 @@ impl Front {
         route_of: fn(&str) -> RouteId,
         lookup: Option<PublicState>,
         token: Option<Arc<Secret>>,
+        export_ratio: Option<f64>,
     ) -> Self {
         Front {
             inner: Arc::new(Inner {
@@ -109,7 +116,7 @@ impl Front {
                 route_of,
                 lookup,
                 token,
-                export_ratio: None,
+                export_ratio,
             }),
         }
     }

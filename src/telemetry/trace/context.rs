@@ -1,0 +1,399 @@
+//! W3C Trace Context in and out: `traceparent` parsed and written, the trace a
+//! request's upstream calls continue ([`TraceContext`], parsed lazily through
+//! [`Incoming`]), the headers of one upstream call, and continuing a caller's
+//! trace in an exported span. Nothing here exports: that is [`super::export`].
+//!
+//! `traceparent` is parsed and written here rather than through
+//! `opentelemetry_sdk`'s `TraceContextPropagator`: without export a caller's
+//! `tracestate` is forwarded byte for byte (the propagator parses it and drops
+//! the whole header for one bad entry), and an upstream call's headers are made
+//! without building an OpenTelemetry `Context`. With export, the caller's
+//! `tracestate` is parsed into the span's context as the SDK does
+//! ([`continue_trace`]). Not measured against the propagator.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use super::export::current_is_exported;
+
+/// The W3C header naming the caller's trace and span.
+pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+/// The W3C header carrying vendors' trace state, forwarded as is.
+pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// A valid `traceparent`: the caller's trace, its span, its sampled flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parent {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    pub sampled: bool,
+}
+
+/// Parses a `traceparent` value as W3C Trace Context level 1 reads it:
+/// `version-traceid-parentid-flags` in lowercase hex; version `ff` and all-zero
+/// ids are invalid; a version above 00 may append `-...` fields, which are
+/// ignored. `None` for anything else (the request then starts a new trace).
+pub fn parse_traceparent(value: &[u8]) -> Option<Parent> {
+    if value.len() < 55 {
+        return None;
+    }
+    let version = hex_byte(&value[0..2])?;
+    if version == 0xff
+        || (version == 0 && value.len() != 55)
+        || (value.len() > 55 && value[55] != b'-')
+    {
+        return None;
+    }
+    if value[2] != b'-' || value[35] != b'-' || value[52] != b'-' {
+        return None;
+    }
+    let mut trace_id = [0u8; 16];
+    for (i, byte) in trace_id.iter_mut().enumerate() {
+        *byte = hex_byte(&value[3 + 2 * i..5 + 2 * i])?;
+    }
+    let mut span_id = [0u8; 8];
+    for (i, byte) in span_id.iter_mut().enumerate() {
+        *byte = hex_byte(&value[36 + 2 * i..38 + 2 * i])?;
+    }
+    let flags = hex_byte(&value[53..55])?;
+    if trace_id == [0; 16] || span_id == [0; 8] {
+        return None;
+    }
+    Some(Parent {
+        trace_id,
+        span_id,
+        sampled: flags & 1 == 1,
+    })
+}
+
+/// Two lowercase hex digits (W3C forbids uppercase).
+fn hex_byte(pair: &[u8]) -> Option<u8> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    Some(digit(pair[0])? << 4 | digit(pair[1])?)
+}
+
+/// `00-{trace_id}-{span_id}-{flags}`, the only version this writes.
+pub fn format_traceparent(trace_id: [u8; 16], span_id: [u8; 8], sampled: bool) -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 55];
+    out[..3].copy_from_slice(b"00-");
+    for (i, byte) in trace_id.iter().enumerate() {
+        out[3 + 2 * i] = HEX[usize::from(byte >> 4)];
+        out[4 + 2 * i] = HEX[usize::from(byte & 0xf)];
+    }
+    out[35] = b'-';
+    for (i, byte) in span_id.iter().enumerate() {
+        out[36 + 2 * i] = HEX[usize::from(byte >> 4)];
+        out[37 + 2 * i] = HEX[usize::from(byte & 0xf)];
+    }
+    out[52..].copy_from_slice(if sampled { b"-01" } else { b"-00" });
+    // Hex digits and dashes are always a valid header value; the fallback is never taken.
+    HeaderValue::from_bytes(&out).unwrap_or(HeaderValue::from_static("00"))
+}
+
+/// The trace a request's upstream calls continue, when no span is recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext {
+    pub trace_id: [u8; 16],
+    pub sampled: bool,
+    /// The caller's `tracestate`, forwarded with its trace (never with a new one).
+    pub state: Option<HeaderValue>,
+}
+
+impl TraceContext {
+    /// The caller's trace if its `traceparent` is valid, else a new one. A new
+    /// trace is not sampled: nothing of it is recorded here.
+    pub fn continue_or_start(
+        traceparent: Option<&HeaderValue>,
+        tracestate: Option<&HeaderValue>,
+    ) -> Self {
+        match traceparent.and_then(|v| parse_traceparent(v.as_bytes())) {
+            Some(parent) => TraceContext {
+                trace_id: parent.trace_id,
+                sampled: parent.sampled,
+                state: tracestate.cloned(),
+            },
+            None => TraceContext::start(),
+        }
+    }
+
+    /// A new trace.
+    pub fn start() -> Self {
+        TraceContext {
+            trace_id: random_id(),
+            sampled: false,
+            state: None,
+        }
+    }
+}
+
+/// A request's trace headers, borrowed and parsed on first use: an upstream
+/// call (the miss path) parses them, a hit never even looks them up.
+#[derive(Debug, Default)]
+pub struct Incoming<'a> {
+    headers: Option<&'a HeaderMap>,
+    /// The current span is a sampled request's exported span.
+    exported: bool,
+    /// Made once, so every call of the request continues the same trace (a new
+    /// one too). Boxed: the request future holds this, and a hit never fills it.
+    context: OnceLock<Box<TraceContext>>,
+}
+
+impl<'a> Incoming<'a> {
+    /// The trace of the request with these headers (`None`: a new trace),
+    /// under the current span; `export` is whether spans are exported at all
+    /// (off, the current span is not even looked at).
+    pub fn new(headers: Option<&'a HeaderMap>, export: bool) -> Self {
+        Incoming {
+            headers,
+            exported: export && current_is_exported(),
+            context: OnceLock::new(),
+        }
+    }
+
+    /// Whether the request's span is exported (sampled, export on): only then
+    /// are events worth making.
+    pub fn exported(&self) -> bool {
+        self.exported
+    }
+
+    /// The trace upstream calls continue (parsed, or started, once).
+    pub fn context(&self) -> &TraceContext {
+        self.context.get_or_init(|| {
+            let header = |name| self.headers.and_then(|h| h.get(name));
+            Box::new(TraceContext::continue_or_start(
+                header(TRACEPARENT),
+                header(TRACESTATE),
+            ))
+        })
+    }
+}
+
+/// The `traceparent` (and `tracestate`) of one upstream call made under `span`:
+/// the span's own context when spans are recorded; otherwise `inherited`'s
+/// trace (a new trace when the call serves no request, as a status-feed poll)
+/// with a fresh span id, as the span would have had.
+pub fn call_headers(
+    span: &tracing::Span,
+    inherited: Option<&TraceContext>,
+) -> (HeaderValue, Option<HeaderValue>) {
+    let context = span.context();
+    let otel_span = context.span();
+    let recorded = otel_span.span_context();
+    if recorded.is_valid() {
+        let state = recorded.trace_state().header();
+        return (
+            format_traceparent(
+                recorded.trace_id().to_bytes(),
+                recorded.span_id().to_bytes(),
+                recorded.is_sampled(),
+            ),
+            (!state.is_empty())
+                .then(|| HeaderValue::from_str(&state).ok())
+                .flatten(),
+        );
+    }
+    let started;
+    let trace = match inherited {
+        Some(trace) => trace,
+        None => {
+            started = TraceContext::start();
+            &started
+        }
+    };
+    (
+        format_traceparent(trace.trace_id, random_id(), trace.sampled),
+        trace.state.clone(),
+    )
+}
+
+/// Gives `headers` a new, unsampled `traceparent` when they carry no valid one,
+/// so that every upstream call of a request that makes several lookups (a
+/// batch) continues one trace: each lookup parses the headers on its own, and
+/// without this each would start a trace of its own. A recorded request span
+/// (export on, sampled) names the trace instead, and this header is not read.
+pub fn one_trace_for_all(headers: &mut HeaderMap) {
+    let valid = headers
+        .get(TRACEPARENT)
+        .is_some_and(|v| parse_traceparent(v.as_bytes()).is_some());
+    if !valid {
+        // A caller's tracestate goes only with the caller's trace.
+        headers.remove(TRACESTATE);
+        headers.insert(
+            TRACEPARENT,
+            format_traceparent(random_id(), random_id(), false),
+        );
+    }
+}
+
+/// Makes `span` (a sampled request's, export on) continue the caller's trace
+/// when its `traceparent` is valid; otherwise the span starts a trace of its own.
+pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
+    let Some(parent) = headers
+        .get(TRACEPARENT)
+        .and_then(|v| parse_traceparent(v.as_bytes()))
+    else {
+        return;
+    };
+    // An invalid tracestate is dropped; the traceparent still counts.
+    let state = headers
+        .get(TRACESTATE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<TraceState>().ok())
+        .unwrap_or_default();
+    let context = SpanContext::new(
+        TraceId::from_bytes(parent.trace_id),
+        SpanId::from_bytes(parent.span_id),
+        if parent.sampled {
+            TraceFlags::SAMPLED
+        } else {
+            TraceFlags::default()
+        },
+        true,
+        state,
+    );
+    // Fails only without the layer or once the span has started; neither
+    // happens on a fresh request span with export on.
+    let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(context));
+}
+
+/// Random bytes for a new trace or span id, never all zero.
+fn random_id<const N: usize>() -> [u8; N] {
+    let mut id = [0u8; N];
+    if getrandom::fill(&mut id).is_err() || id == [0; N] {
+        // No randomness from the OS (never seen on Linux): a hashed counter
+        // keeps ids unique within the process, which is what they are for.
+        use std::hash::BuildHasher;
+        static SEQUENCE: AtomicU64 = AtomicU64::new(1);
+        let seed = foldhash::fast::RandomState::default();
+        for chunk in id.chunks_mut(8) {
+            let n = seed.hash_one(SEQUENCE.fetch_add(1, Ordering::Relaxed)) | 1;
+            chunk.copy_from_slice(&n.to_le_bytes()[..chunk.len()]);
+        }
+    }
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_valid_traceparent_parses_and_formats_back() {
+        let parent = parse_traceparent(VALID.as_bytes()).unwrap();
+        assert!(parent.sampled);
+        assert_eq!(parent.trace_id[0], 0x4b);
+        assert_eq!(parent.span_id[7], 0xb7);
+        assert_eq!(
+            format_traceparent(parent.trace_id, parent.span_id, parent.sampled),
+            VALID
+        );
+        let unsampled = VALID.replace("-01", "-00");
+        assert!(!parse_traceparent(unsampled.as_bytes()).unwrap().sampled);
+        // Other flags than sampled are read past.
+        assert!(
+            parse_traceparent(VALID.replace("-01", "-03").as_bytes())
+                .unwrap()
+                .sampled
+        );
+    }
+
+    #[test]
+    fn invalid_traceparents_are_rejected() {
+        for bad in [
+            "",
+            "00",
+            "garbage",
+            // Uppercase, all-zero ids, version ff, wrong separators or lengths.
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0g",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+        ] {
+            assert_eq!(parse_traceparent(bad.as_bytes()), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_later_version_may_append_fields() {
+        let later = format!("{}-whatever", VALID.replacen("00", "cc", 1));
+        assert!(parse_traceparent(later.as_bytes()).is_some());
+        let exact = VALID.replacen("00", "cc", 1);
+        assert!(parse_traceparent(exact.as_bytes()).is_some());
+    }
+
+    #[test]
+    fn without_recorded_spans_calls_continue_the_trace_with_fresh_span_ids() {
+        let mut headers = HeaderMap::new();
+        headers.insert(TRACEPARENT, HeaderValue::from_static(VALID));
+        headers.insert(TRACESTATE, HeaderValue::from_static("vendor=x"));
+        let incoming = Incoming::new(Some(&headers), false);
+        let trace = incoming.context();
+        let span = tracing::Span::none();
+        let (first, state) = call_headers(&span, Some(trace));
+        let (second, _) = call_headers(&span, Some(trace));
+        let (first, second) = (
+            parse_traceparent(first.as_bytes()).unwrap(),
+            parse_traceparent(second.as_bytes()).unwrap(),
+        );
+        assert_eq!(
+            first.trace_id,
+            parse_traceparent(VALID.as_bytes()).unwrap().trace_id
+        );
+        assert_eq!(first.trace_id, second.trace_id);
+        assert_ne!(first.span_id, second.span_id);
+        assert_ne!(
+            first.span_id,
+            [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]
+        );
+        assert!(first.sampled);
+        assert_eq!(state.unwrap(), "vendor=x");
+    }
+
+    #[test]
+    fn a_missing_or_invalid_traceparent_starts_one_trace_per_request() {
+        for value in [None, Some("00-nonsense")] {
+            let mut headers = HeaderMap::new();
+            headers.insert(TRACESTATE, HeaderValue::from_static("vendor=x"));
+            if let Some(value) = value {
+                headers.insert(TRACEPARENT, HeaderValue::from_static(value));
+            }
+            let incoming = Incoming::new(Some(&headers), false);
+            let trace = incoming.context().clone();
+            assert_eq!(&trace, incoming.context(), "made once per request");
+            assert!(!trace.sampled);
+            assert_eq!(
+                trace.state, None,
+                "tracestate goes only with its traceparent"
+            );
+            assert_ne!(trace.trace_id, [0; 16]);
+            assert_ne!(
+                trace.trace_id,
+                Incoming::new(Some(&headers), false).context().trace_id
+            );
+            let (call, state) = call_headers(&tracing::Span::none(), Some(&trace));
+            assert_eq!(
+                parse_traceparent(call.as_bytes()).unwrap().trace_id,
+                trace.trace_id
+            );
+            assert_eq!(state, None);
+        }
+        let (call, _) = call_headers(&tracing::Span::none(), None);
+        assert!(parse_traceparent(call.as_bytes()).is_some());
+    }
+}

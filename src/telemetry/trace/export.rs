@@ -1,0 +1,316 @@
+//! The OpenTelemetry export of spans (docs/tracing.md), when
+//! `tracing.otlp_endpoint` is set: the per-request sampling decision
+//! ([`sampled`]), which spans are exported (those whose callsite has
+//! [`EXPORTED_FIELD`]: requests and their upstream calls), events on them, and
+//! the provider, layer and OTLP/HTTP exporter ([`Export`], owned by `main`).
+//! Trace context (ids, headers) is [`super::context`]'s.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderMap;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
+};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use super::context::{TRACEPARENT, parse_traceparent};
+use crate::config::TracingConfig;
+
+/// The field that marks a span's callsite as exported (`otel.kind`, which
+/// `tracing-opentelemetry` reads as the span kind): every other span, and every
+/// event, stays in the logs only.
+pub const EXPORTED_FIELD: &str = "otel.kind";
+
+/// The service name spans are exported under.
+const SERVICE_NAME: &str = "phones-gateway";
+
+/// Whether a request with these headers is recorded, export on: a valid
+/// `traceparent` decides by its sampled flag; otherwise a draw at `ratio`.
+pub fn sampled(headers: &HeaderMap, ratio: f64) -> bool {
+    if let Some(parent) = headers
+        .get(TRACEPARENT)
+        .and_then(|v| parse_traceparent(v.as_bytes()))
+    {
+        return parent.sampled;
+    }
+    if ratio >= 1.0 {
+        return true;
+    }
+    // A hashed counter: uniform enough to sample by, and no system call per
+    // request (ids come from the OS; this decides nothing but a share).
+    use std::hash::BuildHasher;
+    static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+    static SEED: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
+    let draw = SEED
+        .get_or_init(Default::default)
+        .hash_one(SEQUENCE.fetch_add(1, Ordering::Relaxed));
+    (draw as f64) < ratio * (u64::MAX as f64)
+}
+
+/// The span of one upstream call: exported (a child of the request's exported
+/// span, named by the call's `traceparent`) when the current span is an
+/// exported request's, else the log's alone. Status-feed polls serve no
+/// request and are not exported.
+pub fn upstream_span(upstream: &'static str) -> tracing::Span {
+    if current_is_exported() {
+        tracing::debug_span!(
+            target: "phones_gateway::upstream",
+            "upstream",
+            upstream,
+            otel.kind = "client",
+            http.response.status_code = tracing::field::Empty,
+        )
+    } else {
+        tracing::debug_span!(target: "phones_gateway::upstream", "upstream", upstream)
+    }
+}
+
+/// Whether the current span is an exported one: read from its callsite's
+/// fields, without touching the span (no reference count, no lookup).
+pub fn current_is_exported() -> bool {
+    tracing::dispatcher::get_default(|dispatch| {
+        dispatch
+            .current_span()
+            .metadata()
+            .is_some_and(|meta| meta.fields().field(EXPORTED_FIELD).is_some())
+    })
+}
+
+/// Adds an event to the current span when it is exported (a sampled request's);
+/// otherwise does nothing, cheaply. Names, keys and values are fixed words:
+/// never a number from a request or an upstream.
+pub fn event(name: &'static str, attributes: &[(&'static str, &'static str)]) {
+    if !current_is_exported() {
+        return;
+    }
+    tracing::Span::current().add_event(
+        name,
+        attributes
+            .iter()
+            .map(|&(key, value)| opentelemetry::KeyValue::new(key, value))
+            .collect(),
+    );
+}
+
+/// The OTLP export, when `tracing.otlp_endpoint` is set: the tracer provider
+/// behind the `tracing-opentelemetry` layer. Dropping it flushes and shuts the
+/// provider down, so it has one owner (`main`, for the process's life) and is
+/// not `Clone`: a clone dropped early would stop the export for everyone.
+#[derive(Debug)]
+pub struct Export {
+    provider: SdkTracerProvider,
+}
+
+impl Export {
+    /// Builds the exporter and its batch processor (its own thread). The
+    /// sample ratio is applied per request ([`sampled`]), not here.
+    ///
+    /// # Errors
+    /// The endpoint does not parse as a URI or the HTTP client cannot be built.
+    pub fn new(config: &TracingConfig) -> anyhow::Result<Self> {
+        use opentelemetry_otlp::WithExportConfig as _;
+        let endpoint = format!("{}/v1/traces", config.otlp_endpoint.trim_end_matches('/'));
+        let otlp = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(endpoint)
+            .with_timeout(EXPORT_TIMEOUT)
+            .build()?;
+        let processor = BatchSpanProcessor::builder(LoggedFailures::new(otlp)).build();
+        // Only sampled requests get exported spans ([`sampled`] decided), so
+        // every span the SDK sees is recorded.
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
+            .with_resource(
+                opentelemetry_sdk::Resource::builder_empty()
+                    .with_service_name(SERVICE_NAME)
+                    .build(),
+            )
+            .build();
+        Ok(Export { provider })
+    }
+
+    /// The layer recording the exported spans (marked by their `otel.kind`
+    /// field) and no event.
+    pub fn layer<S>(&self) -> impl tracing_subscriber::Layer<S> + Send + Sync + 'static
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
+    {
+        use tracing_subscriber::Layer as _;
+        tracing_opentelemetry::layer()
+            .with_tracer(self.provider.tracer(SERVICE_NAME))
+            .with_location(false)
+            .with_threads(false)
+            .with_level(false)
+            .with_target(false)
+            .with_tracked_inactivity(false)
+            // Nothing reads OpenTelemetry's current context (ids come from the
+            // spans themselves): not attaching it saves work on every poll.
+            .with_context_activation(false)
+            .with_filter(ExportedOnly)
+    }
+}
+
+impl Drop for Export {
+    /// Exports what is buffered and stops the batch thread. Blocks up to the
+    /// export timeout: drop it off the async workers (after the runtime, as
+    /// `main` does).
+    fn drop(&mut self) {
+        if let Err(error) = self.provider.shutdown() {
+            tracing::warn!(%error, "flushing the last spans failed");
+        }
+    }
+}
+
+/// The export layer's filter: the spans of this crate whose callsite has the
+/// [`EXPORTED_FIELD`], decided once per callsite (every other span and event
+/// costs the layer nothing).
+struct ExportedOnly;
+
+impl ExportedOnly {
+    fn wants(meta: &tracing::Metadata<'_>) -> bool {
+        meta.is_span()
+            && meta.target().starts_with("phones_gateway")
+            && meta.fields().field(EXPORTED_FIELD).is_some()
+    }
+}
+
+impl<S> tracing_subscriber::layer::Filter<S> for ExportedOnly {
+    fn enabled(
+        &self,
+        meta: &tracing::Metadata<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        Self::wants(meta)
+    }
+
+    fn callsite_enabled(
+        &self,
+        meta: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        if Self::wants(meta) {
+            tracing::subscriber::Interest::always()
+        } else {
+            tracing::subscriber::Interest::never()
+        }
+    }
+}
+
+/// One export's limit: the batch thread waits no longer for the collector.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Export failures are logged at most this often (and always counted).
+const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The OTLP exporter, its failures counted
+/// (`phones_gateway_trace_export_failures_total`) and logged at most once a
+/// minute: a collector down must not flood the log. Requests never wait on
+/// it: spans are queued (bounded; the SDK drops past 2,048) and sent from the
+/// batch thread.
+#[derive(Debug)]
+struct LoggedFailures<E> {
+    inner: E,
+    last_logged: std::sync::Mutex<Option<Instant>>,
+}
+
+impl<E> LoggedFailures<E> {
+    fn new(inner: E) -> Self {
+        LoggedFailures {
+            inner,
+            last_logged: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn failed(&self, spans: usize, error: &dyn std::fmt::Display) {
+        metrics::counter!("phones_gateway_trace_export_failures_total").increment(1);
+        let mut last = self
+            .last_logged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.is_none_or(|at| at.elapsed() >= FAILURE_LOG_INTERVAL) {
+            *last = Some(Instant::now());
+            tracing::warn!(spans, %error, "exporting spans failed (logged at most once a minute)");
+        }
+    }
+}
+
+impl<E: SpanExporter> SpanExporter for LoggedFailures<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let spans = batch.len();
+        let result = self.inner.export(batch).await;
+        if let Err(error) = &result {
+            self.failed(spans, error);
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn the_callers_flag_decides_sampling_else_the_ratio() {
+        let mut headers = HeaderMap::new();
+        assert!(!sampled(&headers, 0.0));
+        assert!(sampled(&headers, 1.0));
+        let half = (0..10_000).filter(|_| sampled(&headers, 0.5)).count();
+        assert!((4_500..5_500).contains(&half), "{half}");
+        let tenth = (0..10_000).filter(|_| sampled(&headers, 0.1)).count();
+        assert!((800..1_200).contains(&tenth), "{tenth}");
+        headers.insert(TRACEPARENT, HeaderValue::from_static(VALID));
+        assert!(sampled(&headers, 0.0), "the caller sampled it");
+        headers.insert(
+            TRACEPARENT,
+            HeaderValue::from_str(&VALID.replace("-01", "-00")).unwrap(),
+        );
+        assert!(!sampled(&headers, 1.0), "the caller did not");
+        headers.insert(TRACEPARENT, HeaderValue::from_static("00-bad"));
+        assert!(
+            sampled(&headers, 1.0) && !sampled(&headers, 0.0),
+            "invalid: the ratio"
+        );
+    }
+
+    #[derive(Debug)]
+    struct Refusing;
+
+    impl SpanExporter for Refusing {
+        async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
+            Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(
+                "collector down".into(),
+            ))
+        }
+    }
+
+    #[tokio::test]
+    async fn export_failures_are_returned_and_logged_at_most_once_a_minute() {
+        let exporter = LoggedFailures::new(Refusing);
+        assert!(exporter.export(Vec::new()).await.is_err());
+        let first = exporter.last_logged.lock().unwrap().expect("logged");
+        assert!(exporter.export(Vec::new()).await.is_err());
+        assert_eq!(
+            *exporter.last_logged.lock().unwrap(),
+            Some(first),
+            "the second failure within the minute is not logged"
+        );
+    }
+}
