@@ -117,7 +117,20 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
 pub async fn public_phone(State(state): State<PublicState>, request: HttpRequest) -> Response {
     // HEAD answers as GET does but shows no number, so it is not a reveal.
     let reveal = request.method() == Method::GET;
-    lookup(&state, request.headers(), request.uri().query(), reveal).await
+    let response = lookup(&state, request.headers(), request.uri().query(), reveal).await;
+    if reveal { response } else { headless(response) }
+}
+
+/// The answer to `HEAD /v1/public-phone`: the lookup's status and headers
+/// without its body, and without the `Content-Length` that body would have
+/// had. docs/api.md: a HEAD tells nothing a GET's body would, and the body's
+/// length differs by kind (`"real"` is shorter than `"calltracking"`). HTTP
+/// lets a HEAD answer leave the length out (RFC 9110, section 9.3.2); hyper
+/// writes none for an empty body answering HEAD.
+pub fn headless(mut response: Response) -> Response {
+    response.headers_mut().remove(header::CONTENT_LENGTH);
+    *response.body_mut() = Body::empty();
+    response
 }
 
 /// `GET /v1/public-phone`: the handler above, and the hit path itself
