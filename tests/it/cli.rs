@@ -44,6 +44,9 @@ fn text_logs_to_a_pipe_carry_no_colour_codes() {
     assert!(output.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("migrations applied"), "{stdout}\n{stderr}");
     for (stream, text) in [("stdout", &stdout), ("stderr", &stderr)] {
-        assert!(!text.contains("\x1b["), "escape codes on {stream}: {text:?}");
+        assert!(
+            !text.contains("\x1b["),
+            "escape codes on {stream}: {text:?}"
+        );
     }
 }
