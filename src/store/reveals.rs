@@ -92,7 +92,7 @@ impl Store {
                     tx.commit().await?;
                 }
                 Store::Sqlite(pool) => {
-                    let mut tx = pool.begin().await?;
+                    let mut tx = pool.begin_with(super::sqlite::BEGIN_WRITE).await?;
                     for chunk in reveals.chunks(SQLITE_ROWS_PER_INSERT) {
                         let mut query = QueryBuilder::<Sqlite>::new(
                             "INSERT INTO reveals (at_us, viewer, user_id, ad_id, category_id, kind) ",
