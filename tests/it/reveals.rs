@@ -570,7 +570,10 @@ async fn status_writes_beside_a_reveal_log_flushing_every_10_ms_are_never_refuse
     };
     let ((deliveries, snapshots), (), (), ()) =
         tokio::join!(writes, traffic("v-1"), traffic("v-2"), traffic("v-3"));
-    assert!(shown.load(Ordering::Relaxed) > 100, "too little traffic to flush");
+    assert!(
+        shown.load(Ordering::Relaxed) > 100,
+        "too little traffic to flush"
+    );
     let refused = deliveries
         .iter()
         .chain(&snapshots)
@@ -580,4 +583,48 @@ async fn status_writes_beside_a_reveal_log_flushing_every_10_ms_are_never_refuse
         refused, 0,
         "deliveries {deliveries:?}, snapshots {snapshots:?}"
     );
+}
+
+/// Retention cuts by the database's clock on PostgreSQL too (`now()` in the
+/// statement): of reveals 1, 29, 31 and 400 days old, a 30-day retention keeps
+/// the first two. (The unit test in src/reveals/retention.rs shows a replica's
+/// own clock, set far ahead, is not consulted.)
+#[tokio::test]
+async fn retention_on_postgres_cuts_by_the_database_clock() {
+    use phones_gateway::domain::{AdId, CategoryId, Reveal, Source, UserId};
+    use phones_gateway::store::Store;
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let store = Store::connect(&db.url, 2).await.unwrap();
+    store.migrate().await.unwrap();
+    let day_us = 86_400_000_000i64;
+    let now = phones_gateway::reveals::now_us();
+    let reveals: Vec<Reveal> = [1u64, 29, 31, 400]
+        .into_iter()
+        .map(|days| Reveal {
+            at_us: now - days as i64 * day_us,
+            viewer: None,
+            user: UserId::new(42).unwrap(),
+            ad: AdId::new(days).unwrap(),
+            category: CategoryId::new(1).unwrap(),
+            kind: Source::Real,
+        })
+        .collect();
+    store.write_reveals(&reveals).await.unwrap();
+    let deleted = phones_gateway::reveals::retention::delete_older_than(
+        &store,
+        Duration::from_secs(30 * 86_400),
+    )
+    .await
+    .unwrap();
+    assert_eq!(deleted, 2);
+    let left: Vec<(i64,)> = {
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        sqlx::query_as("SELECT ad_id FROM reveals ORDER BY ad_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(left, [(1,), (29,)]);
 }
