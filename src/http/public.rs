@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem};
-use super::extract::{Json, batch_item, public_phone_query};
+use super::extract::{BatchItem, BatchItems, Json, batch_item, public_phone_query};
 use super::ratelimit::{VIEWER_HEADER, ViewerLimiter};
 use crate::domain::{AdId, Phone, Reveal, Source, UserId, Viewer};
 use crate::resolve::{Request, Resolver};
@@ -220,7 +220,14 @@ pub struct BatchBody {
     /// gets its own 400 problem in the results; it does not make the batch a bad
     /// request. So the schema constrains only the count.
     #[schema(value_type = Vec<Value>, min_items = 1, max_items = 100)]
-    items: Vec<serde_json::Value>,
+    items: BatchItems,
+}
+
+impl BatchBody {
+    /// The items kept (at most [`MAX_BATCH_ITEMS`]), and how many the body held.
+    pub fn items(&self) -> (&[BatchItem], usize) {
+        (&self.items.kept, self.items.count)
+    }
 }
 
 /// The batch answer: one result per item, in order.
@@ -261,17 +268,17 @@ pub async fn batch(
     mut headers: HeaderMap,
     Json(body): Json<BatchBody>,
 ) -> Result<Response, ApiError> {
-    if body.items.is_empty() || body.items.len() > MAX_BATCH_ITEMS {
+    let (items, count) = body.items();
+    if count == 0 || count > MAX_BATCH_ITEMS {
         return Err(ApiError::bad_request(format!(
-            "items: must hold 1 to {MAX_BATCH_ITEMS} items, got {}",
-            body.items.len()
+            "items: must hold 1 to {MAX_BATCH_ITEMS} items, got {count}"
         )));
     }
     let viewer = viewer_of(&headers)?;
-    state.admit(&headers, body.items.len())?;
+    state.admit(&headers, items.len())?;
     // One trace for the whole batch, also when the caller sent none.
     crate::telemetry::trace::one_trace_for_all(&mut headers);
-    let results = join_all(body.items.iter().map(|item| {
+    let results = join_all(items.iter().map(|item| {
         let (state, viewer, headers) = (&state, viewer.as_ref(), &headers);
         async move {
             let outcome = match batch_item(item) {
@@ -282,7 +289,7 @@ pub async fn batch(
             };
             outcome.map_or_else(
                 |error| BatchResult::Err {
-                    ad_id: item.get("ad_id").and_then(serde_json::Value::as_i64),
+                    ad_id: item.ad_id(),
                     error: error.problem(),
                 },
                 BatchResult::Ok,
