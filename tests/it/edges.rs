@@ -344,6 +344,15 @@ async fn on_a_busy_worker_a_calltracking_answer_within_its_timeout_is_not_cut_by
     for user in users.clone() {
         app.enable_calltracking(user, 1).await;
     }
+    // Connections to both upstreams made before the worker is busy: connecting
+    // under the hog costs the first calls a part of their own timeouts, which
+    // is not what this test is about.
+    real.reply(Reply::Phone(REAL));
+    calltracking.reply(Reply::Phone(VIRTUAL));
+    app.enable_calltracking(100, 1).await;
+    app.phone(100, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(VIRTUAL, "calltracking");
     real.reply_after(Reply::Phone(REAL), Duration::from_millis(280));
     calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(280));
     let hog = tokio::spawn(async {
