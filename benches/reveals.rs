@@ -144,9 +144,11 @@ async fn last_100(kind: &str, store: &RevealStore, sizes: &Sizes) -> i64 {
 async fn retention(kind: &str, store: &RevealStore, sizes: &Sizes, base: i64) {
     // The fill above wrote its rows 20 days back, a microsecond apart from
     // `base`: the oldest `retention_rows` of them go.
+    // Retention cuts by the database's clock, here the machine's.
     let cutoff = base + sizes.retention_rows as i64;
+    let keep = Duration::from_micros(u64::try_from(now_us() - cutoff).unwrap_or(0));
     let start = Instant::now();
-    let deleted = phones_gateway::reveals::retention::delete_before(store, cutoff)
+    let deleted = phones_gateway::reveals::retention::delete_older_than(store, keep)
         .await
         .unwrap();
     let elapsed = start.elapsed();

@@ -3,6 +3,12 @@
 //!
 //! [`Config::from_figment`] is pure so tests feed it strings; only
 //! [`Config::load`] reads files and the environment.
+//!
+//! A configuration that cannot run is refused with every mistake at once
+//! ([`ConfigError::Invalid`]), each naming its dotted key and where its value
+//! came from: serde stops at the first mistake of a struct, so extraction is
+//! retried with the defaults in place of each value at fault until the rest
+//! extracts, and each section's validation collects rather than returns.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -17,6 +23,16 @@ pub use crate::domain::{OnError, Source};
 
 /// The documented defaults, key by key.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+/// What the default `server.request_deadline_ms` adds to the longest path
+/// through the upstream timeouts: the chain's own time between its calls (the
+/// real answer handed over, the call-tracking call started, its answer handed
+/// back), which the timeouts do not count. On an idle replica that is well
+/// under a millisecond; on a saturated one every hand-over waits for a worker,
+/// and with the deadline at the bare sum a call-tracking answer inside its own
+/// timeout was cut and the seller's real number shown (docs/rules.md has the
+/// figures). A fixed amount, not a share of the timeouts: scheduling delay does
+/// not grow with them.
+pub const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
 /// Prefix of environment overrides; `__` separates levels.
 pub const ENV_PREFIX: &str = "PHONES_GATEWAY__";
 
@@ -55,23 +71,25 @@ impl TracingConfig {
         !self.otlp_endpoint.is_empty()
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self, found: &mut Vec<Mistake>) {
         if !(0.0..=1.0).contains(&self.sample_ratio) {
             // NaN lands here too.
-            return Err(invalid(
+            found.push(invalid(
                 "tracing.sample_ratio",
                 format!("must be in 0.0..=1.0, got {}", self.sample_ratio),
             ));
         }
         if self.exports() {
-            parse_url(
-                "tracing.otlp_endpoint",
-                &self.otlp_endpoint,
-                &["http", "https"],
-                "must be an http:// or https:// URL, or empty",
-            )?;
+            found.extend(
+                parse_url(
+                    "tracing.otlp_endpoint",
+                    &self.otlp_endpoint,
+                    &["http", "https"],
+                    "must be an http:// or https:// URL, or empty",
+                )
+                .err(),
+            );
         }
-        Ok(())
     }
 }
 
@@ -103,20 +121,26 @@ impl RevealsConfig {
         Duration::from_secs(u64::from(self.retention_days) * 86_400)
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
-        in_range(
-            "reveals.flush_interval_ms",
-            self.flush_interval.as_millis(),
-            10..=60_000,
-            "",
-        )?;
-        in_range(
-            "reveals.max_buffered",
-            self.max_buffered,
-            1..=100_000_000,
-            "",
-        )?;
-        in_range("reveals.retention_days", self.retention_days, 1..=3650, "")
+    fn validate(&self, found: &mut Vec<Mistake>) {
+        found.extend(
+            in_range(
+                "reveals.flush_interval_ms",
+                self.flush_interval.as_millis(),
+                10..=60_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "reveals.max_buffered",
+                self.max_buffered,
+                1..=100_000_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(in_range("reveals.retention_days", self.retention_days, 1..=3650, "").err());
     }
 }
 
@@ -373,21 +397,148 @@ impl<'de> Deserialize<'de> for Secret {
 /// `0123456789` as a number (dropping the zero) and `true` as a boolean.
 const SECRET_KEYS: [&str; 3] = ["admin.token", "database.url", "database.direct_url"];
 
-/// A configuration that cannot run, naming the key at fault.
+/// A configuration that cannot run: every mistake in it, each naming its key.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("configuration file {0} does not exist")]
     MissingFile(String),
-    #[error("invalid configuration: {0}")]
-    Parse(#[from] Box<figment::Error>),
-    #[error("invalid configuration: {key}: {reason}")]
-    Invalid { key: String, reason: String },
+    /// Every mistake found, in one run: extraction (unknown keys, wrong types)
+    /// and validation (ranges, URLs) alike.
+    #[error("{}", list(.0))]
+    Invalid(Vec<Mistake>),
 }
 
-fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
+/// One thing wrong with the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mistake {
+    /// The dotted key as documented (`upstreams.real_phone.timeout_ms`).
+    pub key: String,
+    pub reason: String,
+    /// Where the value came from, when not the built-in defaults: `in FILE`
+    /// (its absolute path) or `from environment variable NAME`.
+    pub source: Option<String>,
+}
+
+impl fmt::Display for Mistake {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A file that does not parse has no key to name.
+        if !self.key.is_empty() {
+            write!(f, "{}: ", self.key)?;
+        }
+        f.write_str(&self.reason)?;
+        match &self.source {
+            Some(source) => write!(f, " ({source})"),
+            None => Ok(()),
+        }
+    }
+}
+
+fn list(mistakes: &[Mistake]) -> String {
+    match mistakes {
+        [one] => format!("invalid configuration: {one}"),
+        many => {
+            let mut text = format!("invalid configuration, {} mistakes:", many.len());
+            for mistake in many {
+                text.push_str("\n  ");
+                text.push_str(&mistake.to_string());
+            }
+            text
+        }
+    }
+}
+
+fn invalid(key: impl Into<String>, reason: impl Into<String>) -> Mistake {
+    Mistake {
         key: key.into(),
         reason: reason.into(),
+        source: None,
+    }
+}
+
+/// Rounds of "note the mistakes serde stopped at, put the default in their place,
+/// extract again" before giving up on finding more: serde stops at the first
+/// mistake of a struct, figment does not go on either.
+const MAX_EXTRACTION_ROUNDS: usize = 64;
+
+/// Where the value at `key` came from, for a mistake's message: a file's
+/// absolute path, or the environment variable's name. `None` for the built-in
+/// defaults (and values tests build from strings).
+fn source_of(figment: &Figment, key: &str) -> Option<String> {
+    described(figment.find_metadata(key)?, key)
+}
+
+/// [`source_of`] for the provider `metadata` describes.
+fn described(metadata: &figment::Metadata, key: &str) -> Option<String> {
+    if let Some(figment::Source::File(path)) = &metadata.source {
+        let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+        return Some(format!("in {}", path.display()));
+    }
+    if metadata.name.contains("environment variable") {
+        // Named as written to be set (figment's own interpolation drops the
+        // prefix and joins with dots).
+        let name = format!(
+            "{ENV_PREFIX}{}",
+            key.replace('.', "__").to_ascii_uppercase()
+        );
+        return Some(format!("from environment variable {name}"));
+    }
+    None
+}
+
+/// [`key_of`] as its segments.
+fn key_path(error: &figment::Error) -> Vec<String> {
+    key_of(error).split('.').map(str::to_owned).collect()
+}
+
+/// The dotted key of an extraction error, without figment's profile: the
+/// path, and for an unknown or missing field the field itself.
+fn key_of(error: &figment::Error) -> String {
+    use figment::error::Kind;
+    let mut path = error.path.clone();
+    let field = match &error.kind {
+        Kind::UnknownField(field, _) => Some(field.as_str()),
+        Kind::MissingField(field) => Some(field.as_ref()),
+        _ => None,
+    };
+    if let Some(field) = field {
+        if path.last().map(String::as_str) != Some(field) {
+            path.push(field.to_owned());
+        }
+    }
+    path.join(".")
+}
+
+/// Puts the default value at `path` in `dict` (or removes the key when the
+/// defaults have none: an unknown key, or an optional one). Returns whether
+/// anything changed.
+fn repair(
+    dict: &mut figment::value::Dict,
+    path: &[String],
+    defaults: &figment::value::Dict,
+) -> bool {
+    use figment::value::Value;
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut here = dict;
+    let mut fallback = Some(defaults);
+    for key in parents {
+        fallback = fallback.and_then(|d| match d.get(key) {
+            Some(Value::Dict(_, inner)) => Some(inner),
+            _ => None,
+        });
+        match here.get_mut(key) {
+            Some(Value::Dict(_, inner)) => here = inner,
+            _ => return false,
+        }
+    }
+    match fallback.and_then(|d| d.get(last)) {
+        Some(default) if here.get(last) != Some(default) => {
+            here.insert(last.clone(), default.clone());
+            true
+        }
+        Some(_) => false,
+        None => here.remove(last).is_some(),
     }
 }
 
@@ -400,10 +551,14 @@ impl Config {
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
         if let Some(path) = file {
+            // Absolute, so every message names the file wherever it was run
+            // from (figment would also search the parent directories for a
+            // relative one).
+            let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
             if !path.is_file() {
                 return Err(ConfigError::MissingFile(path.display().to_string()));
             }
-            figment = figment.merge(Toml::file(path));
+            figment = figment.merge(Toml::file_exact(path));
         }
         Self::from_figment(figment.merge(environment()))
     }
@@ -421,9 +576,79 @@ impl Config {
     /// # Errors
     /// As [`Config::load`].
     pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
-        let config: Config = figment.extract().map_err(Box::new)?;
-        config.validate()?;
-        Ok(config)
+        let mut found = Vec::new();
+        let config = match figment.extract::<Config>() {
+            Ok(config) => Some(config),
+            Err(error) => Self::extract_noting_all(&figment, error, &mut found),
+        };
+        if let Some(config) = &config {
+            found.extend(config.mistakes().into_iter().map(|mut mistake| {
+                mistake.source = source_of(&figment, &mistake.key);
+                mistake
+            }));
+        }
+        match config {
+            Some(config) if found.is_empty() => Ok(config),
+            _ => Err(ConfigError::Invalid(found)),
+        }
+    }
+
+    /// After `first` failed the extraction: notes every mistake serde stops
+    /// at, one round at a time, each round with the defaults put in place of
+    /// the values at fault, until the rest extracts. Returns that config (its
+    /// repaired values are the defaults, so validating it finds the other
+    /// mistakes, not these), or `None` when the data cannot be read at all (a
+    /// file that is not TOML).
+    fn extract_noting_all(
+        figment: &Figment,
+        first: figment::Error,
+        found: &mut Vec<Mistake>,
+    ) -> Option<Config> {
+        use figment::providers::Serialized;
+        use figment::value::Dict;
+        let note = |error: figment::Error, found: &mut Vec<Mistake>| {
+            let key = key_of(&error);
+            let mistake = Mistake {
+                source: source_of(figment, &key),
+                reason: error.kind.to_string(),
+                key,
+            };
+            if !found.contains(&mistake) {
+                found.push(mistake);
+            }
+        };
+        let (Ok(mut data), Ok(defaults)) = (
+            figment.extract::<Dict>(),
+            Figment::from(Toml::string(DEFAULT_TOML)).extract::<Dict>(),
+        ) else {
+            // The providers themselves failed (a file that does not parse):
+            // figment's message names the file and the line.
+            for error in first {
+                let key = key_of(&error);
+                found.push(Mistake {
+                    source: error.metadata.as_ref().and_then(|m| described(m, &key)),
+                    reason: error.kind.to_string(),
+                    key,
+                });
+            }
+            return None;
+        };
+        let mut errors = first;
+        for _ in 0..MAX_EXTRACTION_ROUNDS {
+            let mut progress = false;
+            for error in errors {
+                progress |= repair(&mut data, &key_path(&error), &defaults);
+                note(error, found);
+            }
+            if !progress {
+                return None;
+            }
+            match Figment::from(Serialized::defaults(&data)).extract::<Config>() {
+                Ok(config) => return Some(config),
+                Err(next) => errors = next,
+            }
+        }
+        None
     }
 
     /// Checks what types cannot: every number in a range that runs (a duration
@@ -431,40 +656,71 @@ impl Config {
     /// inside a request), URLs, the order list. Each section checks its own keys.
     ///
     /// # Errors
-    /// The first key whose value cannot run.
+    /// Every key whose value cannot run, each named.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.server.validate()?;
+        let found = self.mistakes();
+        if found.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(found))
+        }
+    }
+
+    /// Every mistake [`Config::validate`] finds, in key order of the sections.
+    fn mistakes(&self) -> Vec<Mistake> {
+        let mut found = Vec::new();
+        self.server.validate(&mut found);
         if let Some(explicit) = self.server.request_deadline {
             let longest = self.longest_upstream_path();
-            in_range(
-                "server.request_deadline_ms",
-                explicit.as_millis(),
-                longest.as_millis()..=MAX_WAIT_MS.into(),
-                " (at least the longest path through the upstream timeouts, \
-                 max(anonymous, real_phone + calltracking))",
-            )?;
+            found.extend(
+                in_range(
+                    "server.request_deadline_ms",
+                    explicit.as_millis(),
+                    longest.as_millis()..=MAX_WAIT_MS.into(),
+                    " (at least the longest path through the upstream timeouts, \
+                     max(anonymous, real_phone + calltracking))",
+                )
+                .err(),
+            );
         }
-        self.database.validate()?;
-        self.upstreams.validate()?;
-        self.selection.validate()?;
-        self.cache.real_phone.validate("cache.real_phone")?;
-        self.cache.anonymous.validate("cache.anonymous")?;
-        self.cache.calltracking.validate("cache.calltracking")?;
-        in_range(
-            "rate_limit.per_viewer_per_minute",
-            self.rate_limit.per_viewer_per_minute,
-            0..=1_000_000,
-            "",
-        )?;
-        in_range(
-            "runtime.worker_threads",
-            self.runtime.worker_threads,
-            0..=1024,
-            "",
-        )?;
-        self.breaker.validate()?;
-        self.reveals.validate()?;
-        self.tracing.validate()
+        self.database.validate(&mut found);
+        self.upstreams.validate(&mut found);
+        self.selection.validate(&mut found);
+        self.cache
+            .real_phone
+            .validate("cache.real_phone", &mut found);
+        self.cache.anonymous.validate("cache.anonymous", &mut found);
+        self.cache
+            .calltracking
+            .validate("cache.calltracking", &mut found);
+        found.extend(
+            in_range(
+                "rate_limit.per_viewer_per_minute",
+                self.rate_limit.per_viewer_per_minute,
+                0..=1_000_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "runtime.worker_threads",
+                self.runtime.worker_threads,
+                0..=1024,
+                "",
+            )
+            .err(),
+        );
+        if let Err(error) = tracing_subscriber::EnvFilter::try_new(&self.log.filter) {
+            found.push(invalid(
+                "log.filter",
+                format!("not a tracing filter: {error}"),
+            ));
+        }
+        self.breaker.validate(&mut found);
+        self.reveals.validate(&mut found);
+        self.tracing.validate(&mut found);
+        found
     }
 
     /// max(anonymous, real_phone + calltracking) of the configured timeouts: how
@@ -477,11 +733,12 @@ impl Config {
     }
 
     /// `server.request_deadline_ms`, or by default the longest path through the
-    /// upstream timeouts, so a call answering within its own timeout is never cut.
+    /// upstream timeouts plus [`DEADLINE_MARGIN`], so a call answering within its
+    /// own timeout is never cut, also on a replica whose workers are busy.
     pub fn request_deadline(&self) -> Duration {
         self.server
             .request_deadline
-            .unwrap_or_else(|| self.longest_upstream_path())
+            .unwrap_or_else(|| self.longest_upstream_path() + DEADLINE_MARGIN)
     }
 
     /// Calls in flight allowed to one upstream: its `max_in_flight`, or
@@ -529,7 +786,7 @@ fn in_range<T>(
     value: T,
     range: std::ops::RangeInclusive<T>,
     why: &str,
-) -> Result<(), ConfigError>
+) -> Result<(), Mistake>
 where
     T: PartialOrd + fmt::Display,
 {
@@ -550,51 +807,68 @@ where
 const MAX_WAIT_MS: u64 = 600_000;
 
 impl ServerConfig {
-    fn validate(&self) -> Result<(), ConfigError> {
-        in_range(
-            "server.max_body_bytes",
-            self.max_body_bytes,
-            1..=1 << 30,
-            "",
-        )?;
-        in_range(
-            "server.max_snapshot_bytes",
-            self.max_snapshot_bytes,
-            self.max_body_bytes..=1 << 34,
-            " (at least server.max_body_bytes)",
-        )?;
-        in_range(
-            "server.max_header_bytes",
-            self.max_header_bytes,
-            4096..=1 << 20,
-            "",
-        )?;
-        in_range(
-            "server.max_in_flight",
-            self.max_in_flight,
-            1..=1_000_000,
-            "",
-        )?;
-        in_range(
-            "server.max_queue_delay_ms",
-            self.max_queue_delay.as_millis(),
-            0..=MAX_WAIT_MS.into(),
-            " (0: never shed uncached requests for waiting)",
-        )?;
-        in_range(
-            "server.shutdown_pause_ms",
-            self.shutdown_pause.as_millis(),
-            0..=MAX_WAIT_MS.into(),
-            "",
-        )?;
+    fn validate(&self, found: &mut Vec<Mistake>) {
+        found.extend(
+            in_range(
+                "server.max_body_bytes",
+                self.max_body_bytes,
+                1..=1 << 30,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "server.max_snapshot_bytes",
+                self.max_snapshot_bytes,
+                self.max_body_bytes..=1 << 34,
+                " (at least server.max_body_bytes)",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "server.max_header_bytes",
+                self.max_header_bytes,
+                4096..=1 << 20,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "server.max_in_flight",
+                self.max_in_flight,
+                1..=1_000_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "server.max_queue_delay_ms",
+                self.max_queue_delay.as_millis(),
+                0..=MAX_WAIT_MS.into(),
+                " (0: never shed uncached requests for waiting)",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "server.shutdown_pause_ms",
+                self.shutdown_pause.as_millis(),
+                0..=MAX_WAIT_MS.into(),
+                "",
+            )
+            .err(),
+        );
         for (key, value) in [
             ("server.drain_timeout_ms", self.drain_timeout),
             ("server.header_read_timeout_ms", self.header_read_timeout),
             ("server.body_read_timeout_ms", self.body_read_timeout),
         ] {
-            in_range(key, value.as_millis(), 1..=MAX_WAIT_MS.into(), "")?;
+            found.extend(in_range(key, value.as_millis(), 1..=MAX_WAIT_MS.into(), "").err());
         }
-        Ok(())
     }
 }
 
@@ -610,13 +884,13 @@ impl DatabaseConfig {
         self.migrate_on_start || self.listen || feed
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self, found: &mut Vec<Mistake>) {
         let url = self.url.expose();
         if !["sqlite:", "postgres:", "postgresql:"]
             .iter()
             .any(|scheme| url.starts_with(scheme))
         {
-            return Err(invalid(
+            found.push(invalid(
                 "database.url",
                 "must start with sqlite: or postgres:",
             ));
@@ -624,91 +898,114 @@ impl DatabaseConfig {
         let direct = self.direct_url.expose();
         if !direct.is_empty() {
             if !url.starts_with("postgres") {
-                return Err(invalid(
+                found.push(invalid(
                     "database.direct_url",
                     "is for PostgreSQL behind a pooler; database.url is not PostgreSQL",
                 ));
-            }
-            if !["postgres:", "postgresql:"]
+            } else if !["postgres:", "postgresql:"]
                 .iter()
                 .any(|scheme| direct.starts_with(scheme))
             {
-                return Err(invalid("database.direct_url", "must start with postgres:"));
+                found.push(invalid("database.direct_url", "must start with postgres:"));
             }
         }
-        in_range(
-            "database.max_connections",
-            self.max_connections,
-            1..=1000,
-            "",
-        )?;
-        in_range(
-            "database.sync_interval_ms",
-            self.sync_interval.as_millis(),
-            10..=60_000,
-            "",
-        )?;
-        in_range(
-            "database.statement_timeout_ms",
-            self.statement_timeout.as_millis(),
-            100..=3_600_000,
-            "",
-        )?;
-        in_range(
-            "database.lock_timeout_ms",
-            self.lock_timeout.as_millis(),
-            10..=self.statement_timeout.as_millis().max(10),
-            " (at most database.statement_timeout_ms)",
-        )
+        found.extend(
+            in_range(
+                "database.max_connections",
+                self.max_connections,
+                1..=1000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "database.sync_interval_ms",
+                self.sync_interval.as_millis(),
+                10..=60_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "database.statement_timeout_ms",
+                self.statement_timeout.as_millis(),
+                100..=3_600_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "database.lock_timeout_ms",
+                self.lock_timeout.as_millis(),
+                10..=self.statement_timeout.as_millis().max(10),
+                " (at most database.statement_timeout_ms)",
+            )
+            .err(),
+        );
     }
 }
 
 impl UpstreamsConfig {
-    fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self, found: &mut Vec<Mistake>) {
         let upstreams = [
             ("upstreams.real_phone", &self.real_phone),
             ("upstreams.anonymous", &self.anonymous),
             ("upstreams.calltracking", &self.calltracking.upstream),
         ];
         for (key, upstream) in upstreams {
-            validate_base_url(&format!("{key}.base_url"), &upstream.base_url)?;
-            in_range(
-                &format!("{key}.timeout_ms"),
-                upstream.timeout.as_millis(),
-                1..=60_000,
-                "",
-            )?;
-            in_range(
-                &format!("{key}.max_in_flight"),
-                upstream.max_in_flight,
-                0..=1_000_000,
-                " (0: server.max_in_flight)",
-            )?;
+            found.extend(validate_base_url(&format!("{key}.base_url"), &upstream.base_url).err());
+            found.extend(
+                in_range(
+                    &format!("{key}.timeout_ms"),
+                    upstream.timeout.as_millis(),
+                    1..=60_000,
+                    "",
+                )
+                .err(),
+            );
+            found.extend(
+                in_range(
+                    &format!("{key}.max_in_flight"),
+                    upstream.max_in_flight,
+                    0..=1_000_000,
+                    " (0: server.max_in_flight)",
+                )
+                .err(),
+            );
         }
         let feed = &self.calltracking.status_feed;
-        in_range(
-            "upstreams.calltracking.status_feed.interval_ms",
-            feed.interval.as_millis(),
-            1..=3_600_000,
-            "",
-        )?;
-        in_range(
-            "upstreams.calltracking.status_feed.limit",
-            feed.limit,
-            1..=10_000,
-            "",
-        )
+        found.extend(
+            in_range(
+                "upstreams.calltracking.status_feed.interval_ms",
+                feed.interval.as_millis(),
+                1..=3_600_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "upstreams.calltracking.status_feed.limit",
+                feed.limit,
+                1..=10_000,
+                "",
+            )
+            .err(),
+        );
     }
 }
 
 impl SelectionConfig {
-    fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self, found: &mut Vec<Mistake>) {
         if self.order.is_empty() {
-            return Err(invalid("selection.order", "must name at least one source"));
+            found.push(invalid("selection.order", "must name at least one source"));
         }
         for (i, source) in self.order.iter().enumerate() {
             if self.order[..i].contains(source) {
-                return Err(invalid(
+                found.push(invalid(
                     "selection.order",
                     format!("\"{}\" is listed twice", source.as_str()),
                 ));
@@ -716,13 +1013,12 @@ impl SelectionConfig {
         }
         for category in &self.anonymous_categories {
             if crate::domain::CategoryId::new(*category).is_err() {
-                return Err(invalid(
+                found.push(invalid(
                     "selection.anonymous_categories",
                     format!("{category} is not a category id (1..=2147483647)"),
                 ));
             }
         }
-        Ok(())
     }
 }
 
@@ -730,59 +1026,93 @@ impl SelectionConfig {
 const MAX_TTL_S: u64 = 7 * 86_400;
 
 impl CacheConfig {
-    fn validate(&self, section: &str) -> Result<(), ConfigError> {
+    fn validate(&self, section: &str, found: &mut Vec<Mistake>) {
         // 10^8 entries is about 5.6 GB at the measured 56 B an entry.
-        in_range(
-            &format!("{section}.capacity"),
-            self.capacity,
-            1..=100_000_000,
-            "",
-        )?;
-        in_range(
-            &format!("{section}.ttl_s"),
-            self.ttl.as_secs(),
-            1..=MAX_TTL_S,
-            "",
-        )?;
-        in_range(
-            &format!("{section}.negative_ttl_s"),
-            self.negative_ttl.as_secs(),
-            1..=MAX_TTL_S,
-            "",
-        )?;
-        in_range(
-            &format!("{section}.max_stale_s"),
-            self.max_stale.as_secs(),
-            0..=MAX_TTL_S,
-            "",
-        )?;
-        if let Some(ahead) = self.refresh_ahead {
+        found.extend(
             in_range(
-                &format!("{section}.refresh_ahead_s"),
-                ahead.as_secs(),
-                0..=self.ttl.as_secs() - 1,
-                " (below ttl_s, or every hit would refresh)",
-            )?;
+                &format!("{section}.capacity"),
+                self.capacity,
+                1..=100_000_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                &format!("{section}.ttl_s"),
+                self.ttl.as_secs(),
+                1..=MAX_TTL_S,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                &format!("{section}.negative_ttl_s"),
+                self.negative_ttl.as_secs(),
+                1..=MAX_TTL_S,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                &format!("{section}.max_stale_s"),
+                self.max_stale.as_secs(),
+                0..=MAX_TTL_S,
+                "",
+            )
+            .err(),
+        );
+        if let Some(ahead) = self.refresh_ahead {
+            found.extend(
+                in_range(
+                    &format!("{section}.refresh_ahead_s"),
+                    ahead.as_secs(),
+                    // Saturating: a ttl_s of 0 is its own mistake, found above.
+                    0..=self.ttl.as_secs().saturating_sub(1),
+                    " (below ttl_s, or every hit would refresh)",
+                )
+                .err(),
+            );
         }
-        Ok(())
     }
 }
 
 impl BreakerConfig {
-    fn validate(&self) -> Result<(), ConfigError> {
-        in_range(
-            "breaker.consecutive_failures",
-            self.consecutive_failures,
-            1..=1_000_000,
-            "",
-        )?;
+    fn validate(&self, found: &mut Vec<Mistake>) {
+        found.extend(
+            in_range(
+                "breaker.consecutive_failures",
+                self.consecutive_failures,
+                1..=1_000_000,
+                "",
+            )
+            .err(),
+        );
         if !(self.failure_ratio > 0.0 && self.failure_ratio <= 1.0) {
-            return Err(invalid("breaker.failure_ratio", "must be in (0, 1]"));
+            found.push(invalid("breaker.failure_ratio", "must be in (0, 1]"));
         }
-        in_range("breaker.min_calls", self.min_calls, 1..=1_000_000, "")?;
-        in_range("breaker.window_s", self.window.as_secs(), 1..=3600, "")?;
-        in_range("breaker.open_ms", self.open.as_millis(), 1..=3_600_000, "")
+        found.extend(in_range("breaker.min_calls", self.min_calls, 1..=1_000_000, "").err());
+        found.extend(in_range("breaker.window_s", self.window.as_secs(), 1..=3600, "").err());
+        found.extend(in_range("breaker.open_ms", self.open.as_millis(), 1..=3_600_000, "").err());
     }
+}
+
+/// Environment variables that look meant for the gateway but are not read: a
+/// `PHONES_GATEWAY_` prefix with one underscore (`PHONES_GATEWAY_ADMIN__TOKEN`),
+/// which figment passes over in silence. Names only, sorted: values may be
+/// secrets.
+pub fn mistyped_environment() -> Vec<String> {
+    let mut names: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| {
+            strip_prefix_ignore_case(name, "PHONES_GATEWAY_").is_some()
+                && strip_prefix_ignore_case(name, ENV_PREFIX).is_none()
+        })
+        .collect();
+    names.sort();
+    names
 }
 
 /// `PHONES_GATEWAY__` variables, parsed as figment does (numbers, booleans,
@@ -795,10 +1125,29 @@ fn environment() -> Figment {
         };
         let key = rest.replace("__", ".").to_ascii_lowercase();
         if SECRET_KEYS.contains(&key.as_str()) {
-            env = env.merge(figment::providers::Serialized::default(&key, value));
+            env = env.merge(SecretVar { key, value });
         }
     }
     env
+}
+
+/// One of the `SECRET_KEYS` from the environment, verbatim; a provider of its
+/// own so that a mistake in it names the environment as its source.
+struct SecretVar {
+    key: String,
+    value: String,
+}
+
+impl figment::Provider for SecretVar {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named("environment variable")
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        figment::providers::Serialized::default(&self.key, &self.value).data()
+    }
 }
 
 fn strip_prefix_ignore_case<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
@@ -815,7 +1164,7 @@ fn parse_url(
     url: &str,
     schemes: &[&str],
     scheme_rule: &str,
-) -> Result<hyper::Uri, ConfigError> {
+) -> Result<hyper::Uri, Mistake> {
     let parsed: hyper::Uri = url
         .parse()
         .map_err(|e: hyper::http::uri::InvalidUri| invalid(key, format!("not a URL: {e}")))?;
@@ -831,7 +1180,7 @@ fn parse_url(
     Ok(parsed)
 }
 
-fn validate_base_url(key: &str, url: &str) -> Result<(), ConfigError> {
+fn validate_base_url(key: &str, url: &str) -> Result<(), Mistake> {
     // Plain ASCII: the client formats each call's URI onto this base and parses
     // it with `http::Uri`, which does no host mapping (upstream/mod.rs).
     let parsed = parse_url(
@@ -931,6 +1280,39 @@ mod tests {
     }
 
     #[test]
+    fn every_mistake_is_named_in_one_run() {
+        let e = Config::from_toml(
+            "[server]\npublic_adr = \"0.0.0.0:1\"\nmax_in_flight = 0\n\
+             [upstreams.real_phone]\ntimeout_ms = \"fast\"\n\
+             [upstreams.anonymous]\ntimeout_ms = -1\n\
+             [cache.anonymous]\ncapacity = 0\nttl_s = 0\nrefresh_ahead_s = 5\n\
+             [sever]\nx = 1\n[log]\nfilter = \"=[\"",
+        )
+        .unwrap_err();
+        let ConfigError::Invalid(mistakes) = &e else {
+            panic!("{e}");
+        };
+        let mut keys: Vec<&str> = mistakes.iter().map(|m| m.key.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "cache.anonymous.capacity",
+                "cache.anonymous.refresh_ahead_s",
+                "cache.anonymous.ttl_s",
+                "log.filter",
+                "server.max_in_flight",
+                "server.public_adr",
+                "sever",
+                "upstreams.anonymous.timeout_ms",
+                "upstreams.real_phone.timeout_ms",
+            ],
+            "{e}"
+        );
+        assert!(!e.to_string().contains("default."), "{e}");
+    }
+
+    #[test]
     fn base_urls_are_plain_http_with_a_host_and_nothing_after_the_path() {
         for good in [
             "http://127.0.0.1:9101",
@@ -1007,20 +1389,23 @@ mod tests {
     }
 
     #[test]
-    fn the_request_deadline_defaults_to_the_longest_upstream_path() {
+    fn the_request_deadline_defaults_to_the_longest_upstream_path_and_a_margin() {
         let c = Config::from_toml("").unwrap();
-        assert_eq!(c.request_deadline(), Duration::from_millis(600));
+        assert_eq!(c.request_deadline(), Duration::from_millis(700));
         let c = Config::from_toml("[upstreams.anonymous]\ntimeout_ms = 800").unwrap();
-        assert_eq!(c.request_deadline(), Duration::from_millis(800));
+        assert_eq!(c.request_deadline(), Duration::from_millis(900));
         let c = Config::from_toml(
             "[upstreams.real_phone]\ntimeout_ms = 250\n[upstreams.calltracking]\ntimeout_ms = 400",
         )
         .unwrap();
-        assert_eq!(c.request_deadline(), Duration::from_millis(650));
+        assert_eq!(c.request_deadline(), Duration::from_millis(750));
         let c = Config::from_toml("[server]\nrequest_deadline_ms = 900").unwrap();
         assert_eq!(c.request_deadline(), Duration::from_millis(900));
-        // Below the longest path: refused, naming the key.
-        let e = error_of("[server]\nrequest_deadline_ms = 500");
+        // The bare longest path may be set explicitly (no margin)...
+        let c = Config::from_toml("[server]\nrequest_deadline_ms = 600").unwrap();
+        assert_eq!(c.request_deadline(), Duration::from_millis(600));
+        // ...but not less: refused, naming the key.
+        let e = error_of("[server]\nrequest_deadline_ms = 599");
         assert!(e.contains("server.request_deadline_ms"), "{e}");
         let e = error_of(
             "[server]\nrequest_deadline_ms = 700\n[upstreams.anonymous]\ntimeout_ms = 800",

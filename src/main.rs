@@ -50,7 +50,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Demo { config: None }) {
         Command::Serve { config } => {
-            let config = load(config)?;
+            let config = load(config);
             // Dropped last, once the app and its runtime have stopped: the
             // spans still buffered go out then.
             let _export = phones_gateway::telemetry::init_logs_and_traces(
@@ -58,16 +58,22 @@ fn main() -> anyhow::Result<()> {
                 config.log.format,
                 &config.tracing,
             )?;
+            log_mistyped_environment();
             runtime(config.runtime.worker_threads)?.block_on(serve(config))
         }
         Command::CheckConfig { config } => {
-            load(config)?;
+            // `load` names the mistyped variables itself when it fails.
+            let _config = load(config);
+            for warning in mistyped_environment() {
+                eprintln!("phones-gateway: warning: {warning}");
+            }
             println!("configuration ok");
             Ok(())
         }
         Command::Migrate { config } => {
-            let config = load(config)?;
+            let config = load(config);
             phones_gateway::telemetry::init_logs(&config.log.filter, config.log.format)?;
+            log_mistyped_environment();
             runtime(1)?.block_on(async {
                 let database = phones_gateway::store::Database::connect_via(
                     config.database.url.expose(),
@@ -86,12 +92,13 @@ fn main() -> anyhow::Result<()> {
             runtime(0)?.block_on(simulate(sim_config))
         }
         Command::Demo { config } => {
-            let config = load(config)?;
+            let config = load(config);
             let _export = phones_gateway::telemetry::init_logs_and_traces(
                 &config.log.filter,
                 LogFormat::Text,
                 &config.tracing,
             )?;
+            log_mistyped_environment();
             runtime(config.runtime.worker_threads)?.block_on(demo(config))
         }
     }
@@ -108,9 +115,46 @@ fn runtime(configured: usize) -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the tokio runtime")
 }
 
-fn load(file: Option<PathBuf>) -> anyhow::Result<Config> {
-    // Printed as is: the message names the key at fault.
-    Config::load(file.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))
+/// The configuration, or every mistake in it on stderr (and the environment
+/// variables that look mistyped, which may be why) and exit status 2. Not
+/// an `anyhow` error out of `main`: with `RUST_BACKTRACE=1` that prints a
+/// backtrace of this function after the message, which says nothing about
+/// the configuration.
+fn load(file: Option<PathBuf>) -> Config {
+    match Config::load(file.as_deref()) {
+        Ok(config) => config,
+        Err(error) => {
+            for warning in mistyped_environment() {
+                eprintln!("phones-gateway: warning: {warning}");
+            }
+            eprintln!("phones-gateway: {error}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// A warning for each environment variable that looks meant for the gateway
+/// but is not read (`config::mistyped_environment`).
+fn mistyped_environment() -> Vec<String> {
+    phones_gateway::config::mistyped_environment()
+        .into_iter()
+        .map(|name| {
+            format!(
+                "environment variable {name} is not read: overrides start with {} (two underscores)",
+                phones_gateway::config::ENV_PREFIX
+            )
+        })
+        .collect()
+}
+
+/// The variables of [`mistyped_environment`] as log lines, once logging is up.
+fn log_mistyped_environment() {
+    for variable in phones_gateway::config::mistyped_environment() {
+        tracing::warn!(
+            %variable,
+            "environment variable not read: overrides start with PHONES_GATEWAY__"
+        );
+    }
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {

@@ -54,7 +54,7 @@ pub fn init_logs(filter: &str, format: LogFormat) -> anyhow::Result<()> {
             .with_current_span(true)
             .with_span_list(false)
             .try_init(),
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder.with_ansi(colour()).try_init(),
     }
     .map_err(|e| anyhow::anyhow!(e))
 }
@@ -86,7 +86,10 @@ pub fn init_logs_and_traces(
             .with_span_list(false)
             .with_filter(filter)
             .boxed(),
-        LogFormat::Text => tracing_subscriber::fmt::layer().with_filter(filter).boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(colour())
+            .with_filter(filter)
+            .boxed(),
     };
     tracing_subscriber::registry()
         .with(logs)
@@ -94,6 +97,14 @@ pub fn init_logs_and_traces(
         .try_init()
         .map_err(|e| anyhow::anyhow!(e))?;
     Ok(Some(export))
+}
+
+/// Whether the text format colours its lines: only when they go to a terminal
+/// (the fmt layer writes to stdout). Written to a file or a pipe, escape codes
+/// are noise a reader or a log shipper has to strip.
+fn colour() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stdout().is_terminal()
 }
 
 fn env_filter(filter: &str) -> anyhow::Result<EnvFilter> {

@@ -15,8 +15,8 @@
 //!   503 instead of showing a number it cannot record.
 //! - A graceful shutdown flushes what is buffered before the process exits; a
 //!   crash loses at most the last flush interval.
-//! - [`retention::run`] deletes rows older than `reveals.retention_days` in
-//!   small batches; the counts are kept.
+//! - [`retention::run`] deletes rows older than `reveals.retention_days` (by
+//!   the database's clock) in small batches; the counts are kept.
 
 pub mod flush;
 pub mod retention;
@@ -175,4 +175,32 @@ pub fn now_us() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+        .saturating_add(test_clock::skew_us())
+}
+
+/// This replica's clock set off by a test, to play a replica whose clock is
+/// wrong (retention must not follow it). Per thread, so tests running beside
+/// each other do not see it; zero outside unit tests.
+#[cfg(test)]
+pub(crate) mod test_clock {
+    use std::cell::Cell;
+
+    thread_local! {
+        static SKEW_US: Cell<i64> = const { Cell::new(0) };
+    }
+
+    pub(crate) fn skew_us() -> i64 {
+        SKEW_US.with(Cell::get)
+    }
+
+    pub(crate) fn set_skew_us(skew: i64) {
+        SKEW_US.with(|s| s.set(skew));
+    }
+}
+
+#[cfg(not(test))]
+mod test_clock {
+    pub(super) const fn skew_us() -> i64 {
+        0
+    }
 }

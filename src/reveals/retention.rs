@@ -1,6 +1,8 @@
 //! Retention: reveals older than `reveals.retention_days` are deleted in the
 //! background, a small batch per transaction, so no delete holds locks for long
 //! or competes with the flush for more than a moment. The per-ad counts are kept.
+//! "Older" is by the database's clock, the one clock every replica shares: a
+//! replica whose own clock ran days ahead once deleted everyone's recent reveals.
 //! Batch deletes rather than dropping daily partitions: they work the same on
 //! both databases, and measured on PostgreSQL (see README) they remove a day of
 //! a busy replica's reveals in seconds of background work.
@@ -18,8 +20,7 @@ pub const EVERY: Duration = Duration::from_secs(600);
 /// task is cancelled.
 pub async fn run(store: RevealStore, keep: Duration) {
     loop {
-        let cutoff = super::now_us() - i64::try_from(keep.as_micros()).unwrap_or(i64::MAX);
-        match delete_before(&store, cutoff).await {
+        match delete_older_than(&store, keep).await {
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "reveals: retention deleted old rows"),
             Err(error) => tracing::warn!(%error, "reveals: retention failed; will retry"),
@@ -28,19 +29,75 @@ pub async fn run(store: RevealStore, keep: Duration) {
     }
 }
 
-/// Deletes every reveal before `cutoff_us`, [`BATCH`] rows a transaction.
+/// Deletes every reveal older than `keep` by the database's clock, [`BATCH`]
+/// rows a transaction.
 ///
 /// # Errors
 /// The database failed; what was deleted before stays deleted.
-pub async fn delete_before(store: &RevealStore, cutoff_us: i64) -> Result<u64, RevealStoreError> {
+pub async fn delete_older_than(
+    store: &RevealStore,
+    keep: Duration,
+) -> Result<u64, RevealStoreError> {
     let mut total = 0;
     loop {
-        let deleted = store.delete_reveals_before(cutoff_us, BATCH).await?;
+        let deleted = store.delete_reveals_older_than(keep, BATCH).await?;
         total += deleted;
         if deleted < BATCH as u64 {
             return Ok(total);
         }
         // Let the flush and other writers in between batches.
         tokio::task::yield_now().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{AdId, CategoryId, Reveal, RevealQuery, RevealsOf, Source, UserId};
+
+    const DAY_US: i64 = 86_400_000_000;
+
+    /// A replica whose clock runs 400 days ahead keeps what the database's clock
+    /// calls recent: rows of 1 and 29 days stay, rows of 31 and 400 days go.
+    #[tokio::test]
+    async fn a_replica_clock_far_ahead_deletes_nothing_recent() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/retention.db", dir.path().display());
+        let database = crate::store::Database::connect(&url, 2).await.unwrap();
+        database.migrate().await.unwrap();
+        let store = database.reveals();
+        // The machine's clock, which is also the database's.
+        let now = crate::reveals::now_us();
+        let reveals: Vec<Reveal> = [1u64, 29, 31, 400]
+            .into_iter()
+            .map(|days| Reveal {
+                at_us: now - i64::try_from(days).unwrap() * DAY_US,
+                viewer: None,
+                user: UserId::new(42).unwrap(),
+                ad: AdId::new(days).unwrap(),
+                category: CategoryId::new(1).unwrap(),
+                kind: Source::Real,
+            })
+            .collect();
+        store.write_reveals(&reveals).await.unwrap();
+
+        crate::reveals::test_clock::set_skew_us(400 * DAY_US);
+        let deleted = delete_older_than(&store, Duration::from_secs(30 * 86_400)).await;
+        crate::reveals::test_clock::set_skew_us(0);
+
+        assert_eq!(deleted.unwrap(), 2);
+        let kept = store
+            .read_reveals(&RevealQuery {
+                of: RevealsOf::Seller(UserId::new(42).unwrap()),
+                since_us: i64::MIN,
+                until_us: i64::MAX,
+                after: None,
+                limit: 100,
+            })
+            .await
+            .unwrap();
+        let mut ads: Vec<u64> = kept.iter().map(|r| r.reveal.ad.get()).collect();
+        ads.sort_unstable();
+        assert_eq!(ads, [1, 29]);
     }
 }

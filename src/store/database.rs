@@ -18,6 +18,13 @@ use super::{ChangeHints, Leadership, RevealStore, StatusStore};
 /// webhook answers 503) rather than hanging on a dead database.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How every SQLite write transaction begins: status changes, snapshots, the
+/// reveal flush and retention alike take the write lock before their first
+/// read, so the gateway's own writers queue for it (up to the busy timeout,
+/// `database.lock_timeout_ms`) instead of refusing each other with
+/// `SQLITE_BUSY_SNAPSHOT` (see `status::sqlite`).
+pub(super) const SQLITE_BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
+
 /// Why a database call failed, whichever store made it. Each store hands it on
 /// wrapped in its own error ([`super::StatusStoreError`],
 /// [`super::RevealStoreError`]), so that whoever logs or answers it says which

@@ -113,7 +113,7 @@ impl RevealStore {
                     tx.commit().await?;
                 }
                 Backend::Sqlite(pool) => {
-                    let mut tx = pool.begin().await?;
+                    let mut tx = pool.begin_with(super::database::SQLITE_BEGIN_WRITE).await?;
                     for chunk in reveals.chunks(SQLITE_ROWS_PER_INSERT) {
                         let mut query = QueryBuilder::<Sqlite>::new(
                             "INSERT INTO reveals (at_us, viewer, user_id, ad_id, category_id, kind) ",
@@ -219,30 +219,63 @@ impl RevealStore {
         Ok(counts)
     }
 
-    /// Deletes up to `batch` of the oldest reveals before `cutoff_us`; returns how
-    /// many. Small batches keep each transaction (and its locks) short.
+    /// Deletes up to `batch` of the oldest reveals older than `keep` by the
+    /// database's clock; returns how many. Small batches keep each transaction
+    /// (and its locks) short.
+    ///
+    /// The cutoff is the database's `now` less `keep`, computed in the statement:
+    /// never this replica's clock, since one replica whose clock ran far ahead
+    /// would delete every replica's recent reveals.
     ///
     /// # Errors
     /// The database is unreachable.
-    pub async fn delete_reveals_before(
+    pub async fn delete_reveals_older_than(
         &self,
-        cutoff_us: i64,
+        keep: std::time::Duration,
         batch: i64,
     ) -> Result<u64, RevealStoreError> {
-        let sql = "DELETE FROM reveals WHERE id IN \
-                   (SELECT id FROM reveals WHERE at_us < $1 ORDER BY at_us LIMIT $2)";
+        let keep_us = i64::try_from(keep.as_micros()).unwrap_or(i64::MAX);
         let deleted = self
             .backend
             .call("delete_reveals", async {
-                Ok::<_, StoreError>(on_connection!(&self.backend, conn => {
-                    sqlx::query(sql)
+                Ok::<_, StoreError>(match &self.backend {
+                    Backend::Postgres(pg) => {
+                        // `now()` is the transaction's start, a moment ago.
+                        let mut tx = pg.begin().await?;
+                        let deleted = sqlx::query(
+                            "DELETE FROM reveals WHERE id IN \
+                             (SELECT id FROM reveals \
+                              WHERE at_us < (EXTRACT(EPOCH FROM now()) * 1000000)::int8 - $1 \
+                              ORDER BY at_us LIMIT $2)",
+                        )
                         .persistent(false)
-                        .bind(cutoff_us)
+                        .bind(keep_us)
                         .bind(batch)
-                        .execute(&mut *conn)
+                        .execute(&mut *tx)
                         .await?
-                        .rows_affected()
-                }))
+                        .rows_affected();
+                        tx.commit().await?;
+                        deleted
+                    }
+                    Backend::Sqlite(pool) => {
+                        // Julian days to microseconds since the epoch (2440587.5 is
+                        // 1970-01-01): `julianday` reads the clock in every SQLite.
+                        let mut tx = pool.begin_with(super::database::SQLITE_BEGIN_WRITE).await?;
+                        let deleted = sqlx::query(
+                            "DELETE FROM reveals WHERE id IN \
+                             (SELECT id FROM reveals \
+                              WHERE at_us < CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER) - ?1 \
+                              ORDER BY at_us LIMIT ?2)",
+                        )
+                        .bind(keep_us)
+                        .bind(batch)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected();
+                        tx.commit().await?;
+                        deleted
+                    }
+                })
             })
             .await?;
         Ok(deleted)

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::json;
 
-use crate::support::{Reply, TestApp, eventually};
+use crate::support::{Fake, Reply, TestApp, Upstream, eventually};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL, pg};
 
 const STATUSES: &str = "/admin/v1/calltracking/statuses";
@@ -302,4 +302,71 @@ async fn dropping_a_running_app_stops_its_background_tasks() {
         calls,
         "the feed loop outlived its app"
     );
+}
+
+/// Fake real-phone and call-tracking upstreams on a runtime of their own (a
+/// thread of their own), so their delays stay exact while the test keeps the
+/// app's runtime busy.
+fn fakes_on_their_own_thread() -> (Fake, Fake) {
+    let (sender, fakes) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let real = Fake::start(Upstream::RealPhone).await;
+            let calltracking = Fake::start(Upstream::Calltracking).await;
+            sender.send((real, calltracking)).unwrap();
+            // Serves until the test binary exits.
+            std::future::pending::<()>().await;
+        });
+    });
+    fakes.recv().unwrap()
+}
+
+/// docs/rules.md#concurrency-and-the-deadline: the default deadline leaves the
+/// chain room for its own scheduling. The app runs on this test's one thread,
+/// which a task holds 12 ms at a time (a saturated replica); the upstreams run
+/// elsewhere and answer in 280 ms, within their 300 ms timeouts. With the deadline
+/// at the bare 600 ms sum, most of these requests were cut and showed the real
+/// number.
+#[tokio::test(flavor = "current_thread")]
+async fn on_a_busy_worker_a_calltracking_answer_within_its_timeout_is_not_cut_by_the_default_deadline()
+ {
+    let (real, calltracking) = fakes_on_their_own_thread();
+    let app = TestApp::spawn_with(&format!(
+        "[upstreams.real_phone]\nbase_url = \"{}\"\n[upstreams.calltracking]\nbase_url = \"{}\"",
+        real.url, calltracking.url
+    ))
+    .await;
+    let users = 1..=8;
+    for user in users.clone() {
+        app.enable_calltracking(user, 1).await;
+    }
+    // Connections to both upstreams made before the worker is busy: connecting
+    // under the hog costs the first calls a part of their own timeouts, which
+    // is not what this test is about.
+    real.reply(Reply::Phone(REAL));
+    calltracking.reply(Reply::Phone(VIRTUAL));
+    app.enable_calltracking(100, 1).await;
+    app.phone(100, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+    real.reply_after(Reply::Phone(REAL), Duration::from_millis(280));
+    calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(280));
+    let hog = tokio::spawn(async {
+        loop {
+            std::thread::sleep(Duration::from_millis(12));
+            tokio::task::yield_now().await;
+        }
+    });
+    let mut kinds = Vec::new();
+    for user in users {
+        let got = app.phone(user, 1, PLAIN_CATEGORY).await;
+        assert_eq!(got.status, 200, "{got:?}");
+        kinds.push(got.body["kind"].as_str().unwrap_or_default().to_owned());
+    }
+    hog.abort();
+    assert!(kinds.iter().all(|k| k == "calltracking"), "{kinds:?}");
 }

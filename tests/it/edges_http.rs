@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::support::{Reply, TOKEN, TestApp};
-use crate::{PLAIN_CATEGORY, REAL};
+use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
 const STATUSES: &str = "/admin/v1/calltracking/statuses";
 
@@ -282,6 +282,68 @@ async fn unknown_methods_are_405_problems_naming_the_allowed_ones() {
     raw(&app.public, &foo("/nope", ""))
         .await
         .assert_problem(404);
+}
+
+// Issue 21: HEAD tells nothing a GET's body would.
+
+/// The answer to `HEAD path`, its headers without the two that differ on every
+/// answer (`date`, `x-request-id`).
+async fn head(app: &TestApp, path: &str) -> (u16, HashMap<String, String>) {
+    let request = format!("HEAD {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    let mut got = raw(&app.public, request.as_bytes()).await;
+    assert!(got.body.is_empty(), "{got:?}");
+    got.headers.remove("date");
+    got.headers.remove("x-request-id");
+    (got.status, got.headers)
+}
+
+#[tokio::test]
+async fn head_answers_get_s_status_and_no_header_varies_with_the_kind() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.anonymous.reply(Reply::Phone(ANON));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    app.enable_calltracking(71, 1).await;
+    // Numbers of one length, kinds of three (the GET bodies are 67, 70 and 62
+    // bytes long).
+    let mut answers = Vec::new();
+    for (user, category, phone, kind) in [
+        (70, ANON_CATEGORY, ANON, "anonymous"),
+        (71, PLAIN_CATEGORY, VIRTUAL, "calltracking"),
+        (72, PLAIN_CATEGORY, REAL, "real"),
+    ] {
+        let path = format!("/v1/public-phone?user_id={user}&ad_id=1&category_id={category}");
+        app.get_public(&path).await.assert_number(phone, kind);
+        let (status, headers) = head(&app, &path).await;
+        assert_eq!(status, 200, "{kind}: {headers:?}");
+        answers.push((kind, headers));
+    }
+    for (kind, headers) in &answers[1..] {
+        assert_eq!(
+            headers, &answers[0].1,
+            "HEAD of a {kind} number vs. of an {} one",
+            answers[0].0
+        );
+    }
+    assert!(!answers[0].1.contains_key("content-length"), "{answers:?}");
+
+    // And the status is GET's on the errors too.
+    app.real.reply(Reply::NotFound);
+    for path in [
+        format!("/v1/public-phone?user_id=73&ad_id=1&category_id={PLAIN_CATEGORY}"),
+        "/v1/public-phone?user_id=73&category_id=1".to_owned(),
+        "/v1/public-phone?user_id=0&ad_id=1&category_id=1".to_owned(),
+    ] {
+        let get = app.get_public(&path).await;
+        let (status, headers) = head(&app, &path).await;
+        assert_eq!(status, get.status, "{path}: {headers:?}");
+        assert!(status == 404 || status == 400, "{path}: {status}");
+        assert_eq!(
+            headers.get("content-type").map(String::as_str),
+            Some("application/problem+json"),
+            "{path}"
+        );
+    }
 }
 
 // Item 8: JSON routes demand JSON.

@@ -81,8 +81,9 @@ async fn the_request_deadline_follows_the_configured_timeouts() {
     );
 }
 
-/// The default deadline: max(anonymous, real + calltracking) of the default timeouts.
-const DEADLINE_MS: u64 = 600;
+/// The default deadline: max(anonymous, real + calltracking) of the default
+/// timeouts, plus the margin (`config::DEADLINE_MARGIN`).
+const DEADLINE_MS: u64 = 700;
 
 /// Sends `n` anonymous-eligible requests (10 at a time) for fresh sellers, some
 /// with call tracking on; each must be 503 or the anonymous number, within the

@@ -11,6 +11,7 @@ mod admin;
 mod bad_input;
 mod caching;
 mod child;
+mod cli;
 mod durability;
 mod edges;
 mod edges_http;

@@ -506,3 +506,126 @@ async fn retention_deletes_old_reveals_and_keeps_the_counts() {
     .await;
     assert_eq!(ad_counts(&app, 1).await["total"], 12_001, "counts are kept");
 }
+
+/// docs/status-sync.md: on SQLite the gateway's own writers never refuse each
+/// other. The reveal log flushes every 10 ms under steady public traffic while
+/// 40 deliveries of 5,000 statuses and 4 snapshots are written beside it: none
+/// of them is answered 503 ("database is locked").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_writes_beside_a_reveal_log_flushing_every_10_ms_are_never_refused() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let app = TestApp::spawn_with("[reveals]\nflush_interval_ms = 10\n").await;
+    app.real.reply(Reply::Phone(REAL));
+    let done = AtomicBool::new(false);
+    let shown = AtomicUsize::new(0);
+    let traffic = |viewer: &'static str| {
+        let (app, done, shown) = (&app, &done, &shown);
+        async move {
+            let mut ad = 0;
+            while !done.load(Ordering::Relaxed) {
+                ad += 1;
+                let got = viewed(app, Some(viewer), &lookup(ad % 50 + 1, ad, PLAIN_CATEGORY)).await;
+                assert_eq!(got.status, 200, "{got:?}");
+                shown.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    };
+    let deliveries = async {
+        let mut statuses = Vec::new();
+        for i in 0..40u64 {
+            let items: Vec<Value> = (0..5_000u64)
+                .map(|n| json!({ "user_id": 1_000 + i * 5_000 + n, "enabled": n % 2 == 0, "version": 10 + i }))
+                .collect();
+            let got = app
+                .send_admin(
+                    reqwest::Method::POST,
+                    "/admin/v1/calltracking/statuses",
+                    &json!({ "items": items }),
+                )
+                .await;
+            statuses.push(got.status);
+        }
+        statuses
+    };
+    let snapshots = async {
+        let mut statuses = Vec::new();
+        for i in 0..4u64 {
+            let ids: Vec<u64> = (0..50_000u64).map(|n| 500_000 + i * 50_000 + n).collect();
+            let got = app
+                .send_admin(
+                    reqwest::Method::PUT,
+                    "/admin/v1/calltracking/statuses",
+                    &json!({ "version": 1 + i, "enabled_user_ids": ids }),
+                )
+                .await;
+            statuses.push(got.status);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        statuses
+    };
+    let writes = async {
+        let both = tokio::join!(deliveries, snapshots);
+        done.store(true, Ordering::Relaxed);
+        both
+    };
+    let ((deliveries, snapshots), (), (), ()) =
+        tokio::join!(writes, traffic("v-1"), traffic("v-2"), traffic("v-3"));
+    assert!(
+        shown.load(Ordering::Relaxed) > 100,
+        "too little traffic to flush"
+    );
+    let refused = deliveries
+        .iter()
+        .chain(&snapshots)
+        .filter(|&&s| s != 200)
+        .count();
+    assert_eq!(
+        refused, 0,
+        "deliveries {deliveries:?}, snapshots {snapshots:?}"
+    );
+}
+
+/// Retention cuts by the database's clock on PostgreSQL too (`now()` in the
+/// statement): of reveals 1, 29, 31 and 400 days old, a 30-day retention keeps
+/// the first two. (The unit test in src/reveals/retention.rs shows a replica's
+/// own clock, set far ahead, is not consulted.)
+#[tokio::test]
+async fn retention_on_postgres_cuts_by_the_database_clock() {
+    use phones_gateway::domain::{AdId, CategoryId, Reveal, Source, UserId};
+    use phones_gateway::store::Database;
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let database = Database::connect(&db.url, 2).await.unwrap();
+    database.migrate().await.unwrap();
+    let store = database.reveals();
+    let day_us = 86_400_000_000i64;
+    let now = phones_gateway::reveals::now_us();
+    let reveals: Vec<Reveal> = [1u64, 29, 31, 400]
+        .into_iter()
+        .map(|days| Reveal {
+            at_us: now - days as i64 * day_us,
+            viewer: None,
+            user: UserId::new(42).unwrap(),
+            ad: AdId::new(days).unwrap(),
+            category: CategoryId::new(1).unwrap(),
+            kind: Source::Real,
+        })
+        .collect();
+    store.write_reveals(&reveals).await.unwrap();
+    let deleted = phones_gateway::reveals::retention::delete_older_than(
+        &store,
+        Duration::from_secs(30 * 86_400),
+    )
+    .await
+    .unwrap();
+    assert_eq!(deleted, 2);
+    let left: Vec<(i64,)> = {
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        sqlx::query_as("SELECT ad_id FROM reveals ORDER BY ad_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(left, [(1,), (29,)]);
+}

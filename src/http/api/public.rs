@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem};
-use super::extract::{Json, batch_item, public_phone_query};
+use super::extract::{BatchItem, BatchItems, Json, batch_item, public_phone_query};
 use super::ratelimit::{VIEWER_HEADER, ViewerLimiter};
 use super::routes;
 use crate::domain::{AdId, Phone, Reveal, Source, UserId, Viewer};
@@ -118,7 +118,20 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
 pub async fn public_phone(State(state): State<PublicState>, request: HttpRequest) -> Response {
     // HEAD answers as GET does but shows no number, so it is not a reveal.
     let reveal = request.method() == Method::GET;
-    lookup(&state, request.headers(), request.uri().query(), reveal).await
+    let response = lookup(&state, request.headers(), request.uri().query(), reveal).await;
+    if reveal { response } else { headless(response) }
+}
+
+/// The answer to `HEAD /v1/public-phone`: the lookup's status and headers
+/// without its body, and without the `Content-Length` that body would have
+/// had. docs/api.md: a HEAD tells nothing a GET's body would, and the body's
+/// length differs by kind (`"real"` is shorter than `"calltracking"`). HTTP
+/// lets a HEAD answer leave the length out (RFC 9110, section 9.3.2); hyper
+/// writes none for an empty body answering HEAD.
+pub fn headless(mut response: Response) -> Response {
+    response.headers_mut().remove(header::CONTENT_LENGTH);
+    *response.body_mut() = Body::empty();
+    response
 }
 
 /// `GET /v1/public-phone`: the handler above, and the hit path itself
@@ -208,7 +221,14 @@ pub struct BatchBody {
     /// gets its own 400 problem in the results; it does not make the batch a bad
     /// request. So the schema constrains only the count.
     #[schema(value_type = Vec<Value>, min_items = 1, max_items = 100)]
-    items: Vec<serde_json::Value>,
+    items: BatchItems,
+}
+
+impl BatchBody {
+    /// The items kept (at most [`MAX_BATCH_ITEMS`]), and how many the body held.
+    pub fn items(&self) -> (&[BatchItem], usize) {
+        (&self.items.kept, self.items.count)
+    }
 }
 
 /// The batch answer: one result per item, in order.
@@ -249,17 +269,17 @@ pub async fn batch(
     mut headers: HeaderMap,
     Json(body): Json<BatchBody>,
 ) -> Result<Response, ApiError> {
-    if body.items.is_empty() || body.items.len() > MAX_BATCH_ITEMS {
+    let (items, count) = body.items();
+    if count == 0 || count > MAX_BATCH_ITEMS {
         return Err(ApiError::bad_request(format!(
-            "items: must hold 1 to {MAX_BATCH_ITEMS} items, got {}",
-            body.items.len()
+            "items: must hold 1 to {MAX_BATCH_ITEMS} items, got {count}"
         )));
     }
     let viewer = viewer_of(&headers)?;
-    state.admit(&headers, body.items.len())?;
+    state.admit(&headers, items.len())?;
     // One trace for the whole batch, also when the caller sent none.
     crate::telemetry::trace::one_trace_for_all(&mut headers);
-    let results = join_all(body.items.iter().map(|item| {
+    let results = join_all(items.iter().map(|item| {
         let (state, viewer, headers) = (&state, viewer.as_ref(), &headers);
         async move {
             let outcome = match batch_item(item) {
@@ -270,7 +290,7 @@ pub async fn batch(
             };
             outcome.map_or_else(
                 |error| BatchResult::Err {
-                    ad_id: item.get("ad_id").and_then(serde_json::Value::as_i64),
+                    ad_id: item.ad_id(),
                     error: error.problem(),
                 },
                 BatchResult::Ok,

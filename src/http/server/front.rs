@@ -143,8 +143,16 @@ impl Inner {
             Err(refused) => return refused.into_response(),
         };
         if let Some(state) = &self.lookup {
-            if request.method() == Method::GET && request.uri().path() == PUBLIC_PHONE_PATH {
-                return public::lookup(state, request.headers(), request.uri().query(), true).await;
+            if request.uri().path() == PUBLIC_PHONE_PATH {
+                let (headers, query) = (request.headers(), request.uri().query());
+                if request.method() == Method::GET {
+                    return public::lookup(state, headers, query, true).await;
+                }
+                // Here rather than through the router: axum would set a
+                // Content-Length from the GET body, whose length tells the kind.
+                if request.method() == Method::HEAD {
+                    return public::headless(public::lookup(state, headers, query, false).await);
+                }
             }
         }
         // Boxed: the router's future would otherwise make every request's boxed

@@ -238,7 +238,8 @@ pub struct SnapshotLoad {
 }
 
 enum SnapshotTx {
-    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+    /// A connection, not a transaction: see `sqlite::begin_snapshot`.
+    Sqlite(sqlite::SnapshotConn),
     Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
 }
 
