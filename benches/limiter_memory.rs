@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use axum::http::{HeaderMap, HeaderValue};
+use phones_gateway::domain::Viewer;
 use phones_gateway::http::api::ratelimit::ViewerLimiter;
 
 fn rss_bytes() -> u64 {
@@ -26,13 +26,9 @@ fn main() {
     };
     let limiter = ViewerLimiter::new(60).unwrap();
     let before = rss_bytes();
-    let mut headers = HeaderMap::new();
     for viewer in 0..viewers {
-        headers.insert(
-            "x-viewer-id",
-            HeaderValue::from_str(&format!("scraper-{viewer:016x}")).unwrap(),
-        );
-        assert!(limiter.check(&headers, 1).is_ok());
+        let viewer = Viewer::parse(format!("scraper-{viewer:016x}").as_bytes()).unwrap();
+        assert!(limiter.check(Some(&viewer), 1).is_ok());
     }
     let after = rss_bytes();
     println!(

@@ -166,17 +166,60 @@ fn the_sqlx_check_reads_code_not_comments() {
 /// Whether `text` names the sqlx crate in code (a path `sqlx::...`, or
 /// `extern crate sqlx`), comments skipped.
 fn names_sqlx(text: &str) -> bool {
+    names_crate(text, "sqlx")
+}
+
+/// Whether `text` names the crate `name` in code: a path `name::...` that is
+/// not a segment of another path (`crate::name::` is a module of ours), or
+/// `extern crate name`; comments skipped.
+fn names_crate(text: &str, name: &str) -> bool {
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
     text.lines().any(|line| {
         let code = line.split("//").next().unwrap_or_default();
-        code.match_indices("sqlx").any(|(at, _)| {
-            let before = code[..at].chars().next_back();
-            let after = &code[at + "sqlx".len()..];
-            !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+        code.match_indices(name).any(|(at, _)| {
+            let before = &code[..at];
+            let after = &code[at + name.len()..];
+            let segment = before
+                .strip_suffix("::")
+                .is_some_and(|b| b.chars().next_back().is_some_and(ident));
+            !before.chars().next_back().is_some_and(ident)
+                && !segment
                 && (after.starts_with("::")
-                    || (code[..at].trim_end().ends_with("crate")
+                    || (before.trim_end().ends_with("crate")
                         && after.trim_start().starts_with(';')))
         })
     })
+}
+
+/// The selection rules and the fan-out know nothing of HTTP: the request's
+/// trace comes in as `telemetry::trace::RequestTrace`, not as headers.
+#[test]
+fn resolve_imports_nothing_of_http() {
+    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
+    let http_crates = [
+        "axum",
+        "hyper",
+        "http",
+        "http_body_util",
+        "tower",
+        "tower_service",
+    ];
+    let found: Vec<String> = rust_files(src)
+        .into_iter()
+        .filter(|path| top_level(src, path) == "resolve")
+        .flat_map(|path| {
+            let text = std::fs::read_to_string(&path).unwrap();
+            http_crates
+                .iter()
+                .filter(|name| names_crate(&text, name))
+                .map(|name| format!("{} names {name}", path.display()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(found.is_empty(), "{found:?}");
+    assert!(names_crate("use axum::http::HeaderMap;", "axum"));
+    assert!(names_crate("fn f(h: Option<&http::HeaderMap>) {}", "http"));
+    assert!(!names_crate("use crate::http::api::Limits;", "http"));
 }
 
 #[test]

@@ -28,9 +28,8 @@ use crate::domain::Phone;
 use crate::domain::{AdId, CategoryId, UserId};
 use crate::domain::{OnError, Source, Sources};
 use crate::status::{StatusSet, Tracking};
-use crate::telemetry::trace::Incoming;
+use crate::telemetry::trace::{Incoming, RequestTrace};
 use crate::upstream::Upstreams;
-use axum::http::HeaderMap;
 use rules::{Decision, Rules, SourceState, States};
 
 /// What the buyer asked about.
@@ -299,9 +298,9 @@ impl Resolver {
         &self.caches
     }
 
-    /// The number to show for `req`. Its upstream calls continue the trace that
-    /// the request's `headers` name (docs/tracing.md; `None`: a new trace).
-    /// They are only looked at when a call is made: a hit carries a reference.
+    /// The number to show for `req`. Its upstream calls continue the request's
+    /// `trace` (docs/tracing.md; `None`: a new trace), parsed only when a call
+    /// is made: a hit carries a reference.
     ///
     /// # Errors
     /// `NoPhone` when no source has a number; `Unavailable` when a source failed and
@@ -309,9 +308,9 @@ impl Resolver {
     pub async fn resolve(
         &self,
         req: &Request,
-        headers: Option<&HeaderMap>,
+        trace: Option<&RequestTrace<'_>>,
     ) -> Result<Resolved, ResolveError> {
-        let result = self.decide(req, headers).await;
+        let result = self.decide(req, trace).await;
         if self.export_spans {
             trace_decision(&result);
         }
@@ -334,12 +333,12 @@ impl Resolver {
     async fn decide(
         &self,
         req: &Request,
-        headers: Option<&HeaderMap>,
+        trace: Option<&RequestTrace<'_>>,
     ) -> Result<Resolved, ResolveError> {
         // The plan is moved into the boxed asking future within this statement,
         // so the request's future holds a pointer across the await, not a plan
         // (a match with the await in an arm keeps the plan's room in it).
-        let asking = match self.plan(req, headers) {
+        let asking = match self.plan(req, trace) {
             Ok(done) => return done,
             // Only what needs an upstream call can be shed for CPU: a hit costs
             // about what a shed does.
@@ -356,11 +355,11 @@ impl Resolver {
     fn plan<'h>(
         &self,
         req: &Request,
-        headers: Option<&'h HeaderMap>,
+        request_trace: Option<&'h RequestTrace<'h>>,
     ) -> Result<Result<Resolved, ResolveError>, Plan<'h>> {
-        // The request's trace headers, parsed only if an upstream call is made
-        // (a refresh ahead here, or the asking after): one trace per request.
-        let trace = Incoming::new(headers, self.export_spans);
+        // The request's trace, parsed only if an upstream call is made (a
+        // refresh ahead here, or the asking after): one trace per request.
+        let trace = Incoming::new(request_trace, self.export_spans);
         // Cache events only for an exported request span (never without export).
         let exported = trace.exported();
         let order = &self.rules.order;

@@ -25,7 +25,7 @@ pub mod context;
 pub mod export;
 
 pub use context::{
-    Incoming, Parent, TRACEPARENT, TRACESTATE, TraceContext, call_headers, continue_trace,
-    format_traceparent, one_trace_for_all, parse_traceparent,
+    Incoming, Parent, RequestTrace, TRACEPARENT, TRACESTATE, TraceContext, call_headers,
+    continue_trace, format_traceparent, parse_traceparent,
 };
 pub use export::{Export, current_is_exported, event, sampled, upstream_span};

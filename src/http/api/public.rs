@@ -17,6 +17,7 @@ use super::routes;
 use crate::domain::{AdId, Phone, Reveal, Source, UserId, Viewer};
 use crate::resolve::{Request, Resolver};
 use crate::reveals::Reveals;
+use crate::telemetry::trace::RequestTrace;
 
 /// Items a batch may hold.
 pub const MAX_BATCH_ITEMS: usize = 100;
@@ -52,10 +53,10 @@ impl axum::extract::FromRef<PublicState> for super::Limits {
 }
 
 impl PublicState {
-    fn admit(&self, headers: &HeaderMap, items: usize) -> Result<(), ApiError> {
+    fn admit(&self, viewer: Option<&Viewer>, items: usize) -> Result<(), ApiError> {
         self.limiter
             .as_ref()
-            .map_or(Ok(()), |l| l.check(headers, items))
+            .map_or(Ok(()), |l| l.check(viewer, items))
     }
 
     /// Records a number about to be shown (docs/api.md#the-reveal-log). With `on_overflow =
@@ -146,8 +147,9 @@ pub async fn lookup(
     let answered = async {
         let request = public_phone_query(query)?;
         let viewer = viewer_of(headers)?;
-        state.admit(headers, 1)?;
-        let body = answer(&state.resolver, &request, headers).await?;
+        state.admit(viewer.as_ref(), 1)?;
+        let trace = RequestTrace::of(headers);
+        let body = answer(&state.resolver, &request, &trace).await?;
         if reveal {
             state.record(&request, viewer.as_ref(), body.kind)?;
         }
@@ -202,9 +204,9 @@ fn push_decimal(out: &mut Vec<u8>, mut value: u64) {
 async fn answer(
     resolver: &Resolver,
     request: &Request,
-    headers: &HeaderMap,
+    trace: &RequestTrace<'_>,
 ) -> Result<PublicPhone, ApiError> {
-    let resolved = resolver.resolve(request, Some(headers)).await?;
+    let resolved = resolver.resolve(request, Some(trace)).await?;
     Ok(PublicPhone {
         phone: resolved.phone,
         kind: resolved.kind,
@@ -266,7 +268,7 @@ pub enum BatchResult {
 )]
 pub async fn batch(
     State(state): State<PublicState>,
-    mut headers: HeaderMap,
+    headers: HeaderMap,
     Json(body): Json<BatchBody>,
 ) -> Result<Response, ApiError> {
     let (items, count) = body.items();
@@ -276,14 +278,15 @@ pub async fn batch(
         )));
     }
     let viewer = viewer_of(&headers)?;
-    state.admit(&headers, items.len())?;
-    // One trace for the whole batch, also when the caller sent none.
-    crate::telemetry::trace::one_trace_for_all(&mut headers);
+    state.admit(viewer.as_ref(), items.len())?;
+    // One trace for the whole batch, also when the caller sent none: every
+    // item's calls share this one context, parsed (or started) once.
+    let trace = RequestTrace::of(&headers);
     let results = join_all(items.iter().map(|item| {
-        let (state, viewer, headers) = (&state, viewer.as_ref(), &headers);
+        let (state, viewer, trace) = (&state, viewer.as_ref(), &trace);
         async move {
             let outcome = match batch_item(item) {
-                Ok(request) => answer(&state.resolver, &request, headers)
+                Ok(request) => answer(&state.resolver, &request, trace)
                     .await
                     .and_then(|body| state.record(&request, viewer, body.kind).map(|()| body)),
                 Err(error) => Err(error),

@@ -12,11 +12,11 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::HeaderMap;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use super::error::ApiError;
+use crate::domain::Viewer;
 
 /// The header the trusted backend sets to the buyer's id.
 pub const VIEWER_HEADER: &str = "x-viewer-id";
@@ -40,15 +40,17 @@ impl ViewerLimiter {
         }))
     }
 
-    /// Takes `items` reveals from the viewer's allowance, or refuses with 429.
+    /// Takes `items` reveals from the viewer's allowance, or refuses with 429;
+    /// a request without a viewer is not limited. The viewer is the one the
+    /// route validated (`X-Viewer-Id`), not the raw header read again.
     ///
     /// # Errors
     /// `TooManyRequests` with the seconds until the allowance suffices.
-    pub fn check(&self, headers: &HeaderMap, items: usize) -> Result<(), ApiError> {
-        let Some(viewer) = headers.get(VIEWER_HEADER) else {
+    pub fn check(&self, viewer: Option<&Viewer>, items: usize) -> Result<(), ApiError> {
+        let Some(viewer) = viewer else {
             return Ok(());
         };
-        let key = self.hasher.hash_one(viewer.as_bytes());
+        let key = self.hasher.hash_one(viewer.as_str().as_bytes());
         let n =
             NonZeroU32::new(u32::try_from(items).unwrap_or(u32::MAX)).unwrap_or(NonZeroU32::MIN);
         let retry_after_s = match self.limiter.check_key_n(&key, n) {

@@ -135,27 +135,63 @@ impl TraceContext {
     }
 }
 
-/// A request's trace headers, borrowed and parsed on first use: an upstream
-/// call (the miss path) parses them, a hit never even looks them up.
+/// The trace of one request as its caller sent it (`traceparent`,
+/// `tracestate`), made by the HTTP layer from the request's headers and read by
+/// the resolver without knowing of HTTP. Parsed once, on first use: an
+/// upstream call (the miss path) parses it, a hit never does; every lookup of
+/// a request (a batch's items, a refresh ahead beside a miss) shares the one
+/// context, a new trace too.
 #[derive(Debug, Default)]
-pub struct Incoming<'a> {
-    headers: Option<&'a HeaderMap>,
-    /// The current span is a sampled request's exported span.
-    exported: bool,
-    /// Made once, so every call of the request continues the same trace (a new
-    /// one too). Boxed: the request future holds this, and a hit never fills it.
+pub struct RequestTrace<'h> {
+    traceparent: Option<&'h HeaderValue>,
+    tracestate: Option<&'h HeaderValue>,
+    /// Boxed: the request future holds this, and a hit never fills it.
     context: OnceLock<Box<TraceContext>>,
 }
 
-impl<'a> Incoming<'a> {
-    /// The trace of the request with these headers (`None`: a new trace),
-    /// under the current span; `export` is whether spans are exported at all
-    /// (off, the current span is not even looked at).
-    pub fn new(headers: Option<&'a HeaderMap>, export: bool) -> Self {
-        Incoming {
-            headers,
-            exported: export && current_is_exported(),
+impl<'h> RequestTrace<'h> {
+    /// The trace these headers name (none, or an invalid `traceparent`: a new
+    /// trace, started on first use).
+    pub fn of(headers: &'h HeaderMap) -> Self {
+        RequestTrace {
+            traceparent: headers.get(TRACEPARENT),
+            tracestate: headers.get(TRACESTATE),
             context: OnceLock::new(),
+        }
+    }
+
+    /// The trace upstream calls continue (parsed, or started, once).
+    pub fn context(&self) -> &TraceContext {
+        self.context.get_or_init(|| {
+            Box::new(TraceContext::continue_or_start(
+                self.traceparent,
+                self.tracestate,
+            ))
+        })
+    }
+}
+
+/// What one lookup knows of its request's trace: the request's
+/// [`RequestTrace`] (none: a new trace of its own), and whether the current
+/// span is exported.
+#[derive(Debug, Default)]
+pub struct Incoming<'a> {
+    trace: Option<&'a RequestTrace<'a>>,
+    /// Without a request trace: a new one, started on first use.
+    own: OnceLock<Box<TraceContext>>,
+    /// The current span is a sampled request's exported span.
+    exported: bool,
+}
+
+impl<'a> Incoming<'a> {
+    /// The lookup of a request with this trace (`None`: a new trace), under
+    /// the current span; `export` is whether spans are exported at all (off,
+    /// the current span is not even looked at).
+    pub fn new(trace: Option<&'a RequestTrace<'a>>, export: bool) -> Self {
+        Incoming {
+            trace,
+            own: OnceLock::new(),
+            exported: export && current_is_exported(),
         }
     }
 
@@ -165,15 +201,12 @@ impl<'a> Incoming<'a> {
         self.exported
     }
 
-    /// The trace upstream calls continue (parsed, or started, once).
+    /// The trace upstream calls continue.
     pub fn context(&self) -> &TraceContext {
-        self.context.get_or_init(|| {
-            let header = |name| self.headers.and_then(|h| h.get(name));
-            Box::new(TraceContext::continue_or_start(
-                header(TRACEPARENT),
-                header(TRACESTATE),
-            ))
-        })
+        match self.trace {
+            Some(trace) => trace.context(),
+            None => self.own.get_or_init(|| Box::new(TraceContext::start())),
+        }
     }
 }
 
@@ -213,25 +246,6 @@ pub fn call_headers(
         format_traceparent(trace.trace_id, random_id(), trace.sampled),
         trace.state.clone(),
     )
-}
-
-/// Gives `headers` a new, unsampled `traceparent` when they carry no valid one,
-/// so that every upstream call of a request that makes several lookups (a
-/// batch) continues one trace: each lookup parses the headers on its own, and
-/// without this each would start a trace of its own. A recorded request span
-/// (export on, sampled) names the trace instead, and this header is not read.
-pub fn one_trace_for_all(headers: &mut HeaderMap) {
-    let valid = headers
-        .get(TRACEPARENT)
-        .is_some_and(|v| parse_traceparent(v.as_bytes()).is_some());
-    if !valid {
-        // A caller's tracestate goes only with the caller's trace.
-        headers.remove(TRACESTATE);
-        headers.insert(
-            TRACEPARENT,
-            format_traceparent(random_id(), random_id(), false),
-        );
-    }
 }
 
 /// Makes `span` (a sampled request's, export on) continue the caller's trace
@@ -342,7 +356,8 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(TRACEPARENT, HeaderValue::from_static(VALID));
         headers.insert(TRACESTATE, HeaderValue::from_static("vendor=x"));
-        let incoming = Incoming::new(Some(&headers), false);
+        let request = RequestTrace::of(&headers);
+        let incoming = Incoming::new(Some(&request), false);
         let trace = incoming.context();
         let span = tracing::Span::none();
         let (first, state) = call_headers(&span, Some(trace));
@@ -373,9 +388,15 @@ mod tests {
             if let Some(value) = value {
                 headers.insert(TRACEPARENT, HeaderValue::from_static(value));
             }
-            let incoming = Incoming::new(Some(&headers), false);
+            let request = RequestTrace::of(&headers);
+            let incoming = Incoming::new(Some(&request), false);
             let trace = incoming.context().clone();
             assert_eq!(&trace, incoming.context(), "made once per request");
+            assert_eq!(
+                &trace,
+                Incoming::new(Some(&request), false).context(),
+                "every lookup of the request (a batch's items) continues it"
+            );
             assert!(!trace.sampled);
             assert_eq!(
                 trace.state, None,
@@ -384,7 +405,7 @@ mod tests {
             assert_ne!(trace.trace_id, [0; 16]);
             assert_ne!(
                 trace.trace_id,
-                Incoming::new(Some(&headers), false).context().trace_id
+                RequestTrace::of(&headers).context().trace_id
             );
             let (call, state) = call_headers(&tracing::Span::none(), Some(&trace));
             assert_eq!(
