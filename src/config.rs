@@ -1475,6 +1475,22 @@ mod tests {
                 "[database]\nsync_interval_ms = 9223372036854775807",
                 "database.sync_interval_ms",
             ),
+            (
+                "[database]\nstatement_timeout_ms = 0",
+                "database.statement_timeout_ms",
+            ),
+            (
+                "[database]\nstatement_timeout_ms = 9223372036854775807",
+                "database.statement_timeout_ms",
+            ),
+            (
+                "[database]\nlock_timeout_ms = 5",
+                "database.lock_timeout_ms",
+            ),
+            (
+                "[database]\nstatement_timeout_ms = 1000\nlock_timeout_ms = 2000",
+                "database.lock_timeout_ms",
+            ),
             ("[tracing]\nsample_ratio = 1.5", "tracing.sample_ratio"),
             ("[tracing]\nsample_ratio = -0.1", "tracing.sample_ratio"),
             ("[tracing]\nsample_ratio = nan", "tracing.sample_ratio"),
