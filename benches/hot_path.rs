@@ -119,8 +119,12 @@ fn fixture() -> Fixture {
     // As the app: the Prometheus recorder first, so metrics cost what they do live.
     let _ = phones_gateway::telemetry::metrics_handle();
     let config = Config::from_toml(&tracing_setup()).unwrap();
-    let upstreams = Arc::new(Upstreams::new(&config));
-    let caches = Caches::new(&config);
+    let upstreams = Arc::new(Upstreams::new(
+        &config.upstreams,
+        config.breaker,
+        config.server.max_in_flight,
+    ));
+    let caches = Caches::new(&config.cache);
     let status = Arc::new(StatusSet::default());
     // Loaded: until it is, call tracking is unknown and nothing below it shows.
     status.mark_loaded();
@@ -142,12 +146,24 @@ fn fixture() -> Fixture {
         Key::real_phone(user, real),
         Phone::parse("+74951234567").ok(),
     );
-    let resolver = Arc::new(Resolver::new(&config, upstreams, caches, status));
+    let settings = phones_gateway::resolve::Settings {
+        policy: config.upstreams.policies(),
+        deadline: config.request_deadline(),
+        max_queue_delay: config.server.max_queue_delay,
+        export_spans: config.tracing.exports(),
+    };
+    let resolver = Arc::new(Resolver::new(
+        &config.selection,
+        settings,
+        upstreams,
+        caches,
+        status,
+    ));
     let state = PublicState {
         resolver: resolver.clone(),
         limiter: None,
         reveals: None,
-        limits: Limits::of(&config.server),
+        limits: Limits::from(&config.server),
     };
     let router = Front::public(
         public_router(state.clone()),

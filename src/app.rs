@@ -3,6 +3,12 @@
 //!
 //! Listeners are bound in `build` so a test can ask for port 0 and read the
 //! address before the app runs, exactly as `main` starts it.
+//!
+//! Each part is handed its own section (`[upstreams]`, `[cache]`, `[selection]`,
+//! `[reveals]`), and where it needs a value of another section, that value
+//! (`server.max_in_flight` for the upstreams' bound, the request deadline and
+//! the `on_error` policies for the resolver), never the whole `Config`. The
+//! server section is read once, into [`Settings`].
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,11 +25,11 @@ use crate::config::Config;
 use crate::http::api::admin::AdminState;
 use crate::http::api::public::PublicState;
 use crate::http::api::ratelimit::ViewerLimiter;
-use crate::http::api::{Limits, admin_router, public_router};
+use crate::http::api::{admin_router, public_router};
+use crate::http::server::Settings;
 use crate::http::server::front::Front;
-use crate::http::server::serve::{ConnLimits, serve};
-use crate::http::server::shed::Shed;
-use crate::resolve::{Caches, Resolver};
+use crate::http::server::serve::serve;
+use crate::resolve::{self, Caches, Resolver};
 use crate::reveals::Reveals;
 use crate::status::StatusService;
 use crate::store::{Database, Leadership, RevealStore};
@@ -45,7 +51,11 @@ pub struct App {
     leadership: Leadership,
     caches: Caches,
     upstreams: Arc<Upstreams>,
-    config: Arc<Config>,
+    /// `[server]` as the server's parts take it, read once in `build`.
+    server: Settings,
+    /// For what the app wires itself in `run` (the status load, the sync and
+    /// feed loops, the reveal flush and retention): their values are read there.
+    config: Config,
     /// The per-viewer limit, swept by a background task; `None` when off.
     limiter: Option<Arc<ViewerLimiter>>,
     /// The reveal log's buffer, flushed by a background task; `None` when off.
@@ -75,17 +85,28 @@ impl App {
         .await
         .context("opening database.url")?;
         let reveal_store = database.reveals();
-        let upstreams = Arc::new(Upstreams::new(&config));
-        let caches = Caches::new(&config);
+        let server = Settings::of(&config.server);
+        let upstreams = Arc::new(Upstreams::new(
+            &config.upstreams,
+            config.breaker,
+            config.server.max_in_flight,
+        ));
+        let caches = Caches::new(&config.cache);
         let status = StatusService::with_caches(database.status(), Arc::new(caches.clone()));
         let resolver = Arc::new(Resolver::new(
-            &config,
+            &config.selection,
+            resolve::Settings {
+                policy: config.upstreams.policies(),
+                deadline: config.request_deadline(),
+                max_queue_delay: config.server.max_queue_delay,
+                export_spans: config.tracing.exports(),
+            },
             upstreams.clone(),
             caches.clone(),
             status.set().clone(),
         ));
         let admission = resolver.admission();
-        let limits = Limits::of(&config.server);
+        let limits = server.limits;
         let shutting_down = Arc::new(AtomicBool::new(false));
         let reveals = config
             .reveals
@@ -123,7 +144,7 @@ impl App {
             public_front: Front::public(
                 public_router(public_state.clone()),
                 public_state,
-                Shed::new(config.server.max_in_flight, config.server.max_header_bytes),
+                server.public_shed(),
                 config
                     .tracing
                     .exports()
@@ -133,7 +154,7 @@ impl App {
             reveals,
             admin_front: Front::admin(
                 admin_router(admin_state.clone()),
-                config.server.max_header_bytes,
+                server.limits.max_header_bytes,
                 admin_state.token,
             ),
             status,
@@ -142,7 +163,8 @@ impl App {
             reveal_store,
             caches,
             upstreams,
-            config: Arc::new(config),
+            server,
+            config,
             shutting_down,
             admission,
         })
@@ -199,10 +221,12 @@ impl App {
         let loaded = CancellationToken::new();
         // A mistake no retry mends (a pooler without a session): stops the app.
         let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::channel::<String>(1);
+        let feed = &self.config.upstreams.calltracking.status_feed;
         background.spawn(load(
             self.status.clone(),
             self.database.clone(),
-            self.config.clone(),
+            self.config.database.needs_session(feed.enabled),
+            self.config.database.migrate_on_start,
             loaded.clone(),
             fatal_tx,
         ));
@@ -217,7 +241,6 @@ impl App {
                 self.config.database.sync_interval,
             ),
         ));
-        let feed = &self.config.upstreams.calltracking.status_feed;
         if feed.enabled {
             background.spawn(after(
                 &loaded,
@@ -259,12 +282,7 @@ impl App {
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let conn = ConnLimits {
-            header_read_timeout: self.config.server.header_read_timeout,
-            // Hyper's hard bound, above the problem-document limit of the routers.
-            max_head_bytes: (self.config.server.max_header_bytes * 2).max(16 * 1024),
-            max_header_bytes: self.config.server.max_header_bytes,
-        };
+        let conn = self.server.conn;
         let public = serve(
             self.public,
             self.public_front,
@@ -273,8 +291,8 @@ impl App {
         );
         let admin = serve(self.admin, self.admin_front, conn, stopped(stop_rx));
         let shutting_down = self.shutting_down;
-        let pause = self.config.server.shutdown_pause;
-        let drain = self.config.server.drain_timeout;
+        let pause = self.server.shutdown_pause;
+        let drain = self.server.drain_timeout;
         let (deadline_tx, deadline_rx) = tokio::sync::oneshot::channel::<()>();
         background.spawn(async move {
             shutdown.await;
@@ -361,21 +379,22 @@ fn after(
     }
 }
 
-/// Checks the database can give what this replica needs, migrates (if
-/// configured) and loads the status set, retrying until the database answers;
-/// then opens `loaded`. A transaction-mode pooler where a session is needed
+/// Checks the database can give what this replica needs (`needs_session`:
+/// [`DatabaseConfig::needs_session`]), migrates (`database.migrate_on_start`)
+/// and loads the status set, retrying until the database answers; then opens
+/// `loaded`. A transaction-mode pooler where a session is needed
 /// (`database.direct_url`, or `url` without it) is reported on `fatal` instead:
 /// retrying cannot mend it, and a LISTEN through it would break other clients.
+///
+/// [`DatabaseConfig::needs_session`]: crate::config::DatabaseConfig::needs_session
 async fn load(
     status: StatusService,
     database: Database,
-    config: Arc<Config>,
+    needs_session: bool,
+    migrate_on_start: bool,
     loaded: CancellationToken,
     fatal: tokio::sync::mpsc::Sender<String>,
 ) {
-    let needs_session = config
-        .database
-        .needs_session(config.upstreams.calltracking.status_feed.enabled);
     let mut delay = Duration::from_millis(100);
     let mut checked = !needs_session;
     loop {
@@ -391,7 +410,7 @@ async fn load(
             }
         }
         let result = async {
-            if config.database.migrate_on_start {
+            if migrate_on_start {
                 database.migrate().await?;
             }
             status.load().await

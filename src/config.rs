@@ -19,6 +19,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::Deserialize;
 
+use crate::domain::Sources;
 pub use crate::domain::{OnError, Source};
 
 /// The documented defaults, key by key.
@@ -259,8 +260,20 @@ pub struct UpstreamConfig {
     pub timeout: Duration,
     pub on_error: OnError,
     /// Calls to this upstream in flight at once; 0 means `server.max_in_flight`.
-    /// Read it through [`Config::upstream_max_in_flight`].
+    /// Read it through [`UpstreamConfig::max_in_flight_or`].
     pub max_in_flight: usize,
+}
+
+impl UpstreamConfig {
+    /// Calls in flight allowed to this upstream: its `max_in_flight`, or
+    /// `server_max_in_flight` (`server.max_in_flight`) when that is 0 (each
+    /// public request in flight makes at most one call to each upstream).
+    pub fn max_in_flight_or(&self, server_max_in_flight: usize) -> usize {
+        match self.max_in_flight {
+            0 => server_max_in_flight,
+            n => n,
+        }
+    }
 }
 
 /// The call-tracking upstream: an upstream like the others, and its status feed.
@@ -287,6 +300,11 @@ impl UpstreamsConfig {
             Source::Calltracking => &self.calltracking.upstream,
             Source::Real => &self.real_phone,
         }
+    }
+
+    /// Each source's `on_error`: what the selection rules do when it fails.
+    pub fn policies(&self) -> Sources<OnError> {
+        Sources::from_fn(|source| self.of(source).on_error)
     }
 }
 
@@ -739,16 +757,6 @@ impl Config {
         self.server
             .request_deadline
             .unwrap_or_else(|| self.longest_upstream_path() + DEADLINE_MARGIN)
-    }
-
-    /// Calls in flight allowed to one upstream: its `max_in_flight`, or
-    /// `server.max_in_flight` when that is 0 (each public request in flight makes
-    /// at most one call to each upstream).
-    pub fn upstream_max_in_flight(&self, upstream: &UpstreamConfig) -> usize {
-        match upstream.max_in_flight {
-            0 => self.server.max_in_flight,
-            n => n,
-        }
     }
 }
 
@@ -1514,10 +1522,25 @@ mod tests {
     #[test]
     fn upstream_concurrency_defaults_to_the_public_bound() {
         let c = Config::from_toml("[server]\nmax_in_flight = 64").unwrap();
-        assert_eq!(c.upstream_max_in_flight(&c.upstreams.real_phone), 64);
+        assert_eq!(
+            c.upstreams
+                .real_phone
+                .max_in_flight_or(c.server.max_in_flight),
+            64
+        );
         let c = Config::from_toml("[upstreams.anonymous]\nmax_in_flight = 7").unwrap();
-        assert_eq!(c.upstream_max_in_flight(&c.upstreams.anonymous), 7);
-        assert_eq!(c.upstream_max_in_flight(&c.upstreams.real_phone), 4096);
+        assert_eq!(
+            c.upstreams
+                .anonymous
+                .max_in_flight_or(c.server.max_in_flight),
+            7
+        );
+        assert_eq!(
+            c.upstreams
+                .real_phone
+                .max_in_flight_or(c.server.max_in_flight),
+            4096
+        );
     }
 
     #[test]

@@ -36,7 +36,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -115,7 +115,9 @@ impl Admission {
         if self.max_delay.is_zero() {
             return;
         }
-        let (mut worst, mut since) = (Duration::ZERO, Instant::now());
+        // The service's clock (tokio's), as the probe's: under a paused test
+        // clock the interval passes with the probe's sleeps.
+        let (mut worst, mut since) = (Duration::ZERO, tokio::time::Instant::now());
         loop {
             let due = tokio::time::Instant::now() + PROBE;
             tokio::select! {
@@ -130,7 +132,7 @@ impl Admission {
             // A late probe acts at once: the interval has long passed.
             if since.elapsed() >= INTERVAL {
                 self.adjust(worst);
-                (worst, since) = (Duration::ZERO, Instant::now());
+                (worst, since) = (Duration::ZERO, tokio::time::Instant::now());
             }
         }
     }

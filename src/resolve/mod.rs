@@ -23,7 +23,7 @@ use foldhash::HashSet;
 use crate::cache::{
     Answer, Cached, Clock, FetchResult, Generations, Key, Lookup, PhoneCache, Ttls, Via,
 };
-use crate::config::Config;
+use crate::config::{CachesConfig, SelectionConfig};
 use crate::domain::Phone;
 use crate::domain::{AdId, CategoryId, UserId};
 use crate::domain::{OnError, Source, Sources};
@@ -84,13 +84,14 @@ pub struct Caches {
 const CALLTRACKING_GENERATION_BITS: u32 = 20;
 
 impl Caches {
-    pub fn new(config: &Config) -> Self {
+    /// The caches of `[cache]`, each with its capacity and TTLs.
+    pub fn new(config: &CachesConfig) -> Self {
         let generations = Arc::new(Generations::default());
         let calltracking_generations =
             Arc::new(Generations::with_slots(CALLTRACKING_GENERATION_BITS));
         let clock = Clock::new();
         let phones = Sources::from_fn(|source| {
-            let c = config.cache.of(source);
+            let c = config.of(source);
             let ttls = Ttls {
                 positive: c.ttl,
                 negative: c.negative_ttl,
@@ -114,7 +115,7 @@ impl Caches {
         });
         let longest_use = Source::ALL
             .iter()
-            .map(|&source| config.cache.of(source))
+            .map(|&source| config.of(source))
             .map(|c| c.ttl.max(c.negative_ttl) + c.max_stale)
             .max()
             .unwrap_or_default();
@@ -181,6 +182,25 @@ struct Plan<'h> {
     real_needed: bool,
 }
 
+/// What a [`Resolver`] takes from sections other than `[selection]`, as values
+/// (`App::build` reads them): it never sees the whole `Config`.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Each source's `upstreams.<name>.on_error` ([`UpstreamsConfig::policies`]).
+    ///
+    /// [`UpstreamsConfig::policies`]: crate::config::UpstreamsConfig::policies
+    pub policy: Sources<OnError>,
+    /// [`Config::request_deadline`]: no request waits on sources longer.
+    ///
+    /// [`Config::request_deadline`]: crate::config::Config::request_deadline
+    pub deadline: std::time::Duration,
+    /// `server.max_queue_delay_ms`, for cold admission (zero: never shed).
+    pub max_queue_delay: std::time::Duration,
+    /// `tracing.otlp_endpoint` is set: cache outcomes and the decision become
+    /// events of the request's span (docs/tracing.md).
+    pub export_spans: bool,
+}
+
 pub struct Resolver {
     rules: Rules,
     anonymous_categories: HashSet<u64>,
@@ -227,30 +247,28 @@ impl Counters {
 }
 
 impl Resolver {
+    /// A resolver applying `[selection]`; what it needs of other sections comes
+    /// as values in `settings`.
     pub fn new(
-        config: &Config,
+        selection: &SelectionConfig,
+        settings: Settings,
         upstreams: Arc<Upstreams>,
         caches: Caches,
         status: Arc<StatusSet>,
     ) -> Self {
         Resolver {
             rules: Rules {
-                order: config.selection.order.clone(),
-                policy: Sources::from_fn(|source| config.upstreams.of(source).on_error),
+                order: selection.order.clone(),
+                policy: settings.policy,
             },
-            anonymous_categories: config
-                .selection
-                .anonymous_categories
-                .iter()
-                .copied()
-                .collect(),
+            anonymous_categories: selection.anonymous_categories.iter().copied().collect(),
             upstreams,
             caches,
             status,
             counters: Counters::new(),
-            deadline: config.request_deadline(),
-            admission: Arc::new(admission::Admission::new(config.server.max_queue_delay)),
-            export_spans: config.tracing.exports(),
+            deadline: settings.deadline,
+            admission: Arc::new(admission::Admission::new(settings.max_queue_delay)),
+            export_spans: settings.export_spans,
         }
     }
 
@@ -686,6 +704,7 @@ async fn poll_some(slot: &mut Option<LookupFuture<'_>>) -> Lookup {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use std::time::Duration;
 
     fn phone(text: &str) -> Phone {
@@ -699,11 +718,27 @@ mod tests {
              [cache.calltracking]\ncapacity = 100",
         )
         .unwrap();
-        let caches = Caches::new(&config);
+        let caches = Caches::new(&config.cache);
         let status = Arc::new(StatusSet::default());
         status.mark_loaded();
-        let upstreams = Arc::new(Upstreams::new(&config));
-        let resolver = Resolver::new(&config, upstreams, caches.clone(), status);
+        let upstreams = Arc::new(Upstreams::new(
+            &config.upstreams,
+            config.breaker,
+            config.server.max_in_flight,
+        ));
+        let settings = Settings {
+            policy: config.upstreams.policies(),
+            deadline: config.request_deadline(),
+            max_queue_delay: config.server.max_queue_delay,
+            export_spans: config.tracing.exports(),
+        };
+        let resolver = Resolver::new(
+            &config.selection,
+            settings,
+            upstreams,
+            caches.clone(),
+            status,
+        );
         let (real, virtual_number, anonymous) = (
             phone("+79161234567"),
             phone("+74951234567"),

@@ -320,6 +320,10 @@ impl Backend {
     /// that died without a word cannot hold the caller; SQLite is local),
     /// timed for the operation histogram, and with a pool timeout explained
     /// (see [`StoreError::Unreachable`]).
+    #[allow(
+        clippy::disallowed_types,
+        reason = "a duration metric: wall time, also under a paused test clock"
+    )]
     async fn bounded<T>(
         &self,
         operation: &'static str,

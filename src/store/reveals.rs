@@ -19,7 +19,7 @@ use crate::domain::{
 const SQLITE_ROWS_PER_INSERT: usize = 5_000;
 
 /// Per-ad counts of one batch: one row per (ad, kind) that occurs in it.
-pub fn counts_of(reveals: &[Reveal]) -> Vec<(AdId, Source, u64)> {
+fn counts_of(reveals: &[Reveal]) -> Vec<(AdId, Source, u64)> {
     let mut counts: std::collections::HashMap<(AdId, Source), u64> =
         std::collections::HashMap::new();
     for reveal in reveals {

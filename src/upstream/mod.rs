@@ -41,7 +41,7 @@ use tracing::Instrument;
 
 pub use error::{UpstreamError, UpstreamName};
 
-use crate::config::{BreakerConfig, Config, UpstreamConfig};
+use crate::config::{BreakerConfig, UpstreamConfig, UpstreamsConfig};
 use crate::domain::{AdId, Phone, StatusItem, UserId};
 use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers, upstream_span};
 use breaker::Breaker;
@@ -134,7 +134,15 @@ pub struct StatusPage {
 }
 
 impl Upstreams {
-    pub fn new(config: &Config) -> Self {
+    /// The clients of `[upstreams]`, each with its own breaker (`[breaker]`)
+    /// and bound on calls in flight: its `max_in_flight`, or when that is 0,
+    /// `server_max_in_flight` (`server.max_in_flight`, the one value of another
+    /// section they need).
+    pub fn new(
+        upstreams: &UpstreamsConfig,
+        breaker: BreakerConfig,
+        server_max_in_flight: usize,
+    ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         let http = Client::builder(TokioExecutor::new())
@@ -145,10 +153,9 @@ impl Upstreams {
             .pool_timer(TokioTimer::new())
             .build(connector);
         let endpoint = |name, upstream: &UpstreamConfig| {
-            let max_in_flight = config.upstream_max_in_flight(upstream);
-            Endpoint::new(name, upstream, config.breaker, max_in_flight)
+            let max_in_flight = upstream.max_in_flight_or(server_max_in_flight);
+            Endpoint::new(name, upstream, breaker, max_in_flight)
         };
-        let upstreams = &config.upstreams;
         Upstreams {
             http,
             real_phone: endpoint(UpstreamName::RealPhone, &upstreams.real_phone),

@@ -33,6 +33,7 @@ pub mod snapshot;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 
+use crate::config::ServerConfig;
 use admin::AdminState;
 use extract::BodyLimit;
 use public::PublicState;
@@ -48,8 +49,8 @@ pub struct Limits {
     pub body_read_timeout: std::time::Duration,
 }
 
-impl Limits {
-    pub fn of(server: &crate::config::ServerConfig) -> Self {
+impl From<&ServerConfig> for Limits {
+    fn from(server: &ServerConfig) -> Self {
         Limits {
             max_body_bytes: server.max_body_bytes,
             max_snapshot_bytes: server.max_snapshot_bytes,
@@ -57,7 +58,9 @@ impl Limits {
             body_read_timeout: server.body_read_timeout,
         }
     }
+}
 
+impl Limits {
     /// Every JSON route but the snapshot.
     pub fn body(&self) -> BodyLimit {
         BodyLimit {

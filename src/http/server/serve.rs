@@ -32,6 +32,7 @@ use tokio::net::TcpListener;
 
 use super::front::Front;
 use super::rewrite::ProblemIo;
+use crate::config::ServerConfig;
 
 /// Connection limits.
 #[derive(Debug, Clone, Copy)]
@@ -42,6 +43,17 @@ pub struct ConnLimits {
     pub max_head_bytes: usize,
     /// `server.max_header_bytes`, named by the 431 of a head over `max_head_bytes`.
     pub max_header_bytes: usize,
+}
+
+impl From<&ServerConfig> for ConnLimits {
+    fn from(server: &ServerConfig) -> Self {
+        ConnLimits {
+            header_read_timeout: server.header_read_timeout,
+            // Hyper's hard bound, above the problem-document limit of the routers.
+            max_head_bytes: (server.max_header_bytes * 2).max(16 * 1024),
+            max_header_bytes: server.max_header_bytes,
+        }
+    }
 }
 
 /// Serves `front` until `shutdown` completes, then closes the listener and waits

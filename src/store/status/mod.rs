@@ -144,6 +144,10 @@ impl StatusStore {
     ///
     /// # Errors
     /// The database is unreachable.
+    #[allow(
+        clippy::disallowed_types,
+        reason = "a duration metric: wall time, also under a paused test clock"
+    )]
     pub async fn begin_snapshot(&self) -> Result<SnapshotLoad, StatusStoreError> {
         let tx = self
             .backend
@@ -234,6 +238,11 @@ pub struct SnapshotLoad {
     tx: SnapshotTx,
     /// The database it came from, for the bound of each call.
     backend: Backend,
+    /// For the `apply_snapshot` duration metric.
+    #[allow(
+        clippy::disallowed_types,
+        reason = "a duration metric: wall time, also under a paused test clock"
+    )]
     started: std::time::Instant,
 }
 

@@ -58,7 +58,7 @@ async fn notify_and_commit(
     Ok(())
 }
 
-pub async fn apply_changes(
+pub(super) async fn apply_changes(
     pg: &Pg,
     items: &[StatusChange],
     cursor: Option<&str>,
@@ -114,7 +114,7 @@ pub async fn apply_changes(
 /// Starts a snapshot: a transaction with an empty temporary table of ids. The
 /// writers' advisory lock is taken only in [`finish_snapshot`], so a long upload
 /// does not hold up other replicas' writes.
-pub async fn begin_snapshot(
+pub(super) async fn begin_snapshot(
     pg: &Pg,
 ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
     let mut tx = pg.begin().await?;
@@ -126,7 +126,10 @@ pub async fn begin_snapshot(
 }
 
 /// One COPY per pushed chunk.
-pub async fn push_snapshot(tx: &mut sqlx::PgConnection, ids: &[u64]) -> Result<(), StoreError> {
+pub(super) async fn push_snapshot(
+    tx: &mut sqlx::PgConnection,
+    ids: &[u64],
+) -> Result<(), StoreError> {
     let mut copy = tx
         .copy_in_raw("COPY snapshot_ids (user_id) FROM STDIN")
         .await?;
@@ -140,7 +143,7 @@ pub async fn push_snapshot(tx: &mut sqlx::PgConnection, ids: &[u64]) -> Result<(
     Ok(())
 }
 
-pub async fn finish_snapshot(
+pub(super) async fn finish_snapshot(
     mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
     version: u64,
 ) -> Result<(), StoreError> {
@@ -184,7 +187,11 @@ pub async fn finish_snapshot(
 
 /// The change log after `after`: status rows and cache invalidations merged in
 /// change order (each index gives its table's rows in that order).
-pub async fn changes_after(pg: &Pg, after: Watermark, limit: i64) -> Result<Vec<Row>, StoreError> {
+pub(super) async fn changes_after(
+    pg: &Pg,
+    after: Watermark,
+    limit: i64,
+) -> Result<Vec<Row>, StoreError> {
     // In a transaction, alone as it is: pooler-safe (see `store::database::Pg`).
     let mut tx = pg.begin().await?;
     let rows: Vec<RowTuple> = sqlx::query_as(
@@ -209,7 +216,7 @@ pub async fn changes_after(pg: &Pg, after: Watermark, limit: i64) -> Result<Vec<
 
 /// Records invalidations in the change log (one sequence value, the writers'
 /// lock, a notification, as a status change) and prunes old records.
-pub async fn record_invalidations(
+pub(super) async fn record_invalidations(
     pg: &Pg,
     users: &[UserId],
     keep: std::time::Duration,

@@ -33,7 +33,7 @@ async fn next_seq(tx: &mut sqlx::SqliteConnection) -> Result<i64, StoreError> {
     )
 }
 
-pub async fn apply_changes(
+pub(super) async fn apply_changes(
     pool: &SqlitePool,
     items: &[StatusChange],
     cursor: Option<&str>,
@@ -94,7 +94,7 @@ pub async fn apply_changes(
 
 /// A snapshot being uploaded: a pooled connection of its own, whose temporary
 /// table holds the ids.
-pub type SnapshotConn = PoolConnection<Sqlite>;
+pub(super) type SnapshotConn = PoolConnection<Sqlite>;
 
 /// Starts a snapshot: a connection with an empty temporary table of ids. The
 /// upload writes only the temporary database, outside any transaction, so it
@@ -103,7 +103,7 @@ pub type SnapshotConn = PoolConnection<Sqlite>;
 /// it that a commit elsewhere would make stale before [`finish_snapshot`]
 /// writes. The connection is closed, not pooled again, when it is dropped:
 /// the temporary table, also of an abandoned upload, goes with it.
-pub async fn begin_snapshot(pool: &SqlitePool) -> Result<SnapshotConn, StoreError> {
+pub(super) async fn begin_snapshot(pool: &SqlitePool) -> Result<SnapshotConn, StoreError> {
     let mut conn = pool.acquire().await?;
     conn.close_on_drop();
     sqlx::query("CREATE TEMP TABLE IF NOT EXISTS snapshot_ids (user_id INTEGER NOT NULL)")
@@ -115,7 +115,10 @@ pub async fn begin_snapshot(pool: &SqlitePool) -> Result<SnapshotConn, StoreErro
     Ok(conn)
 }
 
-pub async fn push_snapshot(tx: &mut sqlx::SqliteConnection, ids: &[u64]) -> Result<(), StoreError> {
+pub(super) async fn push_snapshot(
+    tx: &mut sqlx::SqliteConnection,
+    ids: &[u64],
+) -> Result<(), StoreError> {
     for chunk in ids.chunks(MAX_PARAMS) {
         let mut query = QueryBuilder::<Sqlite>::new("INSERT INTO snapshot_ids (user_id) ");
         query.push_values(chunk, |mut b, user| {
@@ -127,7 +130,10 @@ pub async fn push_snapshot(tx: &mut sqlx::SqliteConnection, ids: &[u64]) -> Resu
 }
 
 /// Applies the uploaded ids at `version` in one write transaction.
-pub async fn finish_snapshot(mut conn: SnapshotConn, version: u64) -> Result<(), StoreError> {
+pub(super) async fn finish_snapshot(
+    mut conn: SnapshotConn,
+    version: u64,
+) -> Result<(), StoreError> {
     let mut tx = conn.begin_with(BEGIN_WRITE).await?;
     sqlx::query("CREATE INDEX IF NOT EXISTS temp.snapshot_ids_user ON snapshot_ids (user_id)")
         .execute(&mut *tx)
@@ -162,7 +168,7 @@ pub async fn finish_snapshot(mut conn: SnapshotConn, version: u64) -> Result<(),
     Ok(())
 }
 
-pub async fn changes_after(
+pub(super) async fn changes_after(
     pool: &SqlitePool,
     after: Watermark,
     limit: i64,

@@ -6,7 +6,7 @@
 //! Trace context (ids, headers) is [`super::context`]'s.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::HeaderMap;
 use opentelemetry::trace::TracerProvider as _;
@@ -213,7 +213,11 @@ const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 struct LoggedFailures<E> {
     inner: E,
-    last_logged: std::sync::Mutex<Option<Instant>>,
+    #[allow(
+        clippy::disallowed_types,
+        reason = "a log throttle, called on the SDK's export thread outside the runtime: wall time"
+    )]
+    last_logged: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl<E> LoggedFailures<E> {
@@ -224,6 +228,10 @@ impl<E> LoggedFailures<E> {
         }
     }
 
+    #[allow(
+        clippy::disallowed_types,
+        reason = "a log throttle, called on the SDK's export thread outside the runtime: wall time"
+    )]
     fn failed(&self, spans: usize, error: &dyn std::fmt::Display) {
         metrics::counter!("phones_gateway_trace_export_failures_total").increment(1);
         let mut last = self
@@ -231,7 +239,7 @@ impl<E> LoggedFailures<E> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if last.is_none_or(|at| at.elapsed() >= FAILURE_LOG_INTERVAL) {
-            *last = Some(Instant::now());
+            *last = Some(std::time::Instant::now());
             tracing::warn!(spans, %error, "exporting spans failed (logged at most once a minute)");
         }
     }
