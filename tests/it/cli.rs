@@ -135,7 +135,7 @@ async fn a_start_warns_of_a_mistyped_environment_prefix() {
         )
         .env("PHONES_GATEWAY__LOG__FORMAT", "json")
         .env("PHONES_GATEWAY_ADMIN__TOKEN", "not-read-0123456789");
-    let child = crate::child::Spawned::spawn(command, "phones-gateway serve");
+    let child = crate::support::child::Spawned::spawn(command, "phones-gateway serve");
     let named = child
         .logged(
             "environment variable not read: overrides start with PHONES_GATEWAY__",

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::json;
 
+use crate::support::pg;
 use crate::support::{Fake, Reply, TestApp, Upstream, eventually};
-use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL, pg};
+use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
 const STATUSES: &str = "/admin/v1/calltracking/statuses";
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use crate::child::Spawned;
+use crate::support::child::Spawned;
 use crate::support::{Reply, TestApp, eventually, read};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 

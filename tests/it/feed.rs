@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use phones_gateway::domain::UserId;
 use phones_gateway::sim::{self, SimConfig};
 
-use crate::pg;
 use crate::support::TestApp;
+use crate::support::pg;
 
 /// The simulator as the call-tracking upstream, its feed listing `statuses` sellers.
 pub async fn feed(statuses: u64) -> String {

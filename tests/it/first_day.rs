@@ -6,9 +6,9 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::child::Spawned;
-use crate::durability::Process;
-use crate::pg;
+use crate::support::child::Process;
+use crate::support::child::Spawned;
+use crate::support::pg;
 use crate::support::{TestApp, captured_logs, eventually};
 
 /// The WARN and ERROR lines of a first start, once it is ready and its

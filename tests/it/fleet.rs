@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::json;
 
-use crate::pg;
+use crate::support::pg;
 use crate::support::{Reply, TestApp};
 use crate::{NEW_REAL, OTHER_VIRTUAL, PLAIN_CATEGORY, REAL, VIRTUAL};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::json;
 
-use crate::durability::Process;
+use crate::support::child::Process;
 use crate::support::{Fake, Reply, TOKEN, TestApp, Upstream, eventually, read};
 use crate::{ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
@@ -264,7 +264,7 @@ async fn every_metric_family_moves_with_real_traffic() {
 async fn a_cpu_profile_is_taken_on_demand_behind_the_token() {
     let dir = tempfile::tempdir().unwrap();
     let process =
-        crate::durability::Process::start(&format!("sqlite://{}/gw.db", dir.path().display()))
+        crate::support::child::Process::start(&format!("sqlite://{}/gw.db", dir.path().display()))
             .await;
     let url = |query: &str| format!("{}/admin/v1/debug/pprof/profile?{query}", process.admin);
     let without = read(process.http.get(url("seconds=1")).send().await.unwrap()).await;

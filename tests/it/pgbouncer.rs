@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::feed::{enabled, feed, leads_alone_then_fails_over, wait_for};
-use crate::pg;
+use crate::support::pg;
 use crate::support::{TestApp, eventually};
 
 /// A PgBouncer in transaction mode in front of one PostgreSQL, stopped when dropped.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::json;
 
-use crate::pg;
+use crate::support::pg;
 use crate::support::{Reply, TestApp};
 use crate::{PLAIN_CATEGORY, REAL};
 

@@ -11,7 +11,7 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
 
-use crate::durability::Process;
+use crate::support::child::Process;
 use crate::support::{Answer, Fake, Reply, TestApp, Traced, Upstream, eventually, leaks_in, read};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
