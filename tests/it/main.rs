@@ -6,30 +6,15 @@
 // modules), and it times real sockets and processes: wall time is meant.
 #![allow(unreachable_pub, clippy::disallowed_types)]
 
-mod abuse;
-mod admin;
-mod bad_input;
+mod api_contract;
 mod caching;
-mod cli;
-mod durability;
-mod edges;
-mod edges_http;
-mod faults;
-mod feed;
-mod first_day;
-mod fleet;
-mod limits;
 mod operations;
-mod pgbouncer;
-mod privacy;
-mod promises;
-mod replicas;
+mod overload;
 mod reveals;
-mod selection;
-mod shutdown;
+mod rules;
+mod status_sync;
 mod support;
 mod tracing;
-mod upstream_client;
 
 /// Numbers the fake upstreams hand out.
 pub const REAL: &str = "+79161234567";

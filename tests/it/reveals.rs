@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::pg;
-use crate::support::{Reply, TestApp, eventually};
+use crate::support::{Reply, TestApp, eventually, pg};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL};
 
 /// Flush often so tests see their reveals quickly.

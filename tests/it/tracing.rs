@@ -16,6 +16,7 @@ use crate::support::{Answer, Fake, Reply, TestApp, Traced, Upstream, eventually,
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
 /// A `traceparent` as W3C level 1 writes it: (version, trace id, parent id, flags).

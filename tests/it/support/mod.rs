@@ -21,6 +21,7 @@ pub mod app;
 pub mod child;
 pub mod fakes;
 pub mod pg;
+pub mod pgbouncer;
 pub mod privacy;
 
 pub use app::*;

@@ -212,3 +212,44 @@ pub(super) fn init_logs() {
             .try_init();
     });
 }
+
+#[test]
+fn the_scanner_finds_numbers_in_every_disguise() {
+    let finds = |line: &str| !leaks_in(line).is_empty();
+    // With `+` and the separators input may use, and more.
+    assert_eq!(leaks_in("a +7 916 123-45-67 b"), ["+79161234567"]);
+    assert!(finds("+7(916)1234567"));
+    assert!(finds("phone=+7.916.123.45.67"));
+    assert!(finds("phone=+7/916/123/45/67"));
+    assert!(finds("+12345678")); // any number, not only fixtures
+    // A fixture's digits without `+`, alone or in a longer run.
+    assert!(finds(
+        "invalid type: integer `79161234567`, expected a string"
+    ));
+    assert!(finds("user=1 phone=74951234567 x"));
+    assert!(finds("7-916-123-45-67"));
+    // Percent-encoded, as the call-tracking URL carries it.
+    assert!(finds(
+        "GET /v1/virtual-numbers?user_id=1&phone=%2B79161234567"
+    ));
+    assert!(finds("%2B12345678901"));
+    // A mask that shows more than the last two digits.
+    assert!(finds("phone=+*******4567"));
+    assert!(finds("phone=7916*****67"));
+    assert!(finds("+7916*****67"));
+    // In JSON.
+    assert!(finds(r#"{"fields":{"phone":"+79161234567"}}"#));
+}
+
+#[test]
+fn the_scanner_lets_masks_ids_and_times_pass() {
+    for line in [
+        "phone=+*********67 user_id=42 ad_id=1001",
+        r#"{"timestamp":"2026-11-23T10:00:00.123456Z","level":"DEBUG","fields":{"phone":"+*********67"}}"#,
+        "2026-11-23T10:00:00.123456789Z DEBUG request{id=0123456789abcdef}: took 12.5ms",
+        "+123 +1234567 and user 9223372036854775807",
+        "listening on 127.0.0.1:41234",
+    ] {
+        assert_eq!(leaks_in(line), Vec::<String>::new(), "{line}");
+    }
+}
