@@ -482,39 +482,16 @@ async fn admin_routes_need_the_bearer_token() {
         (Method::POST, "/admin/v1/cache/invalidate".to_string()),
     ];
     for (method, path) in routes {
-        let url = format!("{}{path}", app.admin);
-        let none = read(app.http.request(method.clone(), &url).send().await.unwrap()).await;
-        none.assert_problem(401);
-        let wrong = read(
-            app.http
-                .request(method.clone(), &url)
-                .bearer_auth("nope")
-                .send()
+        let prefix = format!("Bearer {}", &TOKEN[..TOKEN.len() - 1]);
+        let basic = format!("Basic {TOKEN}");
+        // None, a wrong one, a prefix of the right one, the right one as Basic.
+        for auth in [None, Some("Bearer nope"), Some(&*prefix), Some(&*basic)] {
+            let headers: Vec<(&str, &str)> =
+                auth.map(|a| ("authorization", a)).into_iter().collect();
+            app.admin_request(method.clone(), &path, &headers, "")
                 .await
-                .unwrap(),
-        )
-        .await;
-        wrong.assert_problem(401);
-        let prefix = read(
-            app.http
-                .request(method.clone(), &url)
-                .bearer_auth(&TOKEN[..TOKEN.len() - 1])
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await;
-        prefix.assert_problem(401);
-        let basic = read(
-            app.http
-                .request(method.clone(), &url)
-                .header("authorization", format!("Basic {TOKEN}"))
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await;
-        basic.assert_problem(401);
+                .assert_problem(401);
+        }
     }
     assert_eq!(app.get_admin(&format!("{STATUSES}/42")).await.status, 200);
 }
@@ -522,44 +499,17 @@ async fn admin_routes_need_the_bearer_token() {
 #[tokio::test]
 async fn no_token_configured_means_every_admin_route_refuses() {
     let app = TestApp::spawn_with("[admin]\ntoken = \"\"").await;
-    let url = format!("{}{STATUSES}/42", app.admin);
+    let path = format!("{STATUSES}/42");
     for auth in ["Bearer ", "Bearer", ""] {
-        let got = read(
-            app.http
-                .get(&url)
-                .header("authorization", auth)
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await;
-        got.assert_problem(401);
+        app.admin_request(Method::GET, &path, &[("authorization", auth)], "")
+            .await
+            .assert_problem(401);
     }
     // Operations stay open.
-    assert_eq!(
-        read(
-            app.http
-                .get(format!("{}/healthz", app.admin))
-                .send()
-                .await
-                .unwrap()
-        )
-        .await
-        .status,
-        200
-    );
-    assert_eq!(
-        read(
-            app.http
-                .get(format!("{}/readyz", app.admin))
-                .send()
-                .await
-                .unwrap()
-        )
-        .await
-        .status,
-        200
-    );
+    for path in ["/healthz", "/readyz"] {
+        let got = app.admin_request(Method::GET, path, &[], "").await;
+        assert_eq!(got.status, 200, "{path}: {got:?}");
+    }
 }
 
 #[tokio::test]
@@ -784,17 +734,7 @@ async fn bad_admin_bodies_are_400_and_change_nothing() {
             .assert_problem(400);
     }
     let too_many = json!({ "items": vec![good.clone(); 10_001] });
-    let got = read(
-        app.http
-            .post(format!("{}{statuses}", app.admin))
-            .bearer_auth(crate::support::TOKEN)
-            .header("content-type", "application/json")
-            .body(too_many.to_string())
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let got = app.send_admin(Method::POST, statuses, &too_many).await;
     got.assert_problem(413); // over max_body_bytes here; 400 when the limit allows it
     let got = app.get_admin(&format!("{statuses}/42")).await;
     assert_eq!(got.body["version"], 0, "nothing was applied: {got:?}");

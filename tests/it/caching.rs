@@ -48,26 +48,12 @@ async fn a_cached_number_is_served_without_asking_again() {
             .await
             .assert_number(VIRTUAL, "calltracking");
     }
-    assert_eq!(
-        (
-            app.anonymous.calls(),
-            app.real.calls(),
-            app.calltracking.calls()
-        ),
-        (1, 1, 1)
-    );
+    app.assert_calls(1, 1, 1);
     // Another ad of the same seller is another key.
     app.phone(1, 2, ANON_CATEGORY)
         .await
         .assert_number(VIRTUAL, "calltracking");
-    assert_eq!(
-        (
-            app.anonymous.calls(),
-            app.real.calls(),
-            app.calltracking.calls()
-        ),
-        (2, 2, 1)
-    );
+    app.assert_calls(2, 2, 1);
 }
 
 #[tokio::test]

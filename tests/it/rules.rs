@@ -22,127 +22,32 @@ use crate::support::child::Spawned;
 use crate::support::{Fake, Reply, TestApp, Upstream, eventually, pg, read};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
-/// Every combination of applicable sources and their answers.
+/// Every combination of applicable sources and their answers, one row per case:
+/// does the anonymous rule apply (category), what the anonymous upstream answers,
+/// is call tracking on for the seller, what the call-tracking and real-phone
+/// upstreams answer; then the status, number and kind the buyer gets.
 #[tokio::test]
 #[allow(clippy::type_complexity)] // a table reads best as tuples
 async fn the_selection_matrix() {
-    use Reply::*;
-    // (anonymous applies, anonymous reply, calltracking on, calltracking reply, real reply) -> (status, phone, kind)
+    use Reply::{NotFound, Phone, Status};
+    #[rustfmt::skip]
     let cases: &[(bool, Reply, bool, Reply, Reply, u16, &str, &str)] = &[
-        (
-            true,
-            Phone(ANON),
-            true,
-            Phone(VIRTUAL),
-            Phone(REAL),
-            200,
-            ANON,
-            "anonymous",
-        ),
-        (
-            true,
-            NotFound,
-            true,
-            Phone(VIRTUAL),
-            Phone(REAL),
-            200,
-            VIRTUAL,
-            "calltracking",
-        ),
-        (
-            true,
-            NotFound,
-            false,
-            Phone(VIRTUAL),
-            Phone(REAL),
-            200,
-            REAL,
-            "real",
-        ),
-        (
-            false,
-            Phone(ANON),
-            true,
-            Phone(VIRTUAL),
-            Phone(REAL),
-            200,
-            VIRTUAL,
-            "calltracking",
-        ),
-        (
-            false,
-            Phone(ANON),
-            false,
-            Phone(VIRTUAL),
-            Phone(REAL),
-            200,
-            REAL,
-            "real",
-        ),
-        (
-            false,
-            Phone(ANON),
-            true,
-            NotFound,
-            Phone(REAL),
-            200,
-            REAL,
-            "real",
-        ),
-        (true, NotFound, true, NotFound, NotFound, 404, "", ""),
-        (false, NotFound, false, NotFound, NotFound, 404, "", ""),
-        (
-            true,
-            Phone(ANON),
-            false,
-            NotFound,
-            NotFound,
-            200,
-            ANON,
-            "anonymous",
-        ),
-        (
-            true,
-            Status(500),
-            true,
-            Phone(VIRTUAL),
-            Phone(REAL),
-            503,
-            "",
-            "",
-        ),
-        (
-            false,
-            Status(500),
-            false,
-            NotFound,
-            Phone(REAL),
-            200,
-            REAL,
-            "real",
-        ),
-        (
-            false,
-            NotFound,
-            true,
-            Status(500),
-            Phone(REAL),
-            200,
-            REAL,
-            "real",
-        ),
-        (
-            false,
-            NotFound,
-            true,
-            Phone(VIRTUAL),
-            Status(500),
-            503,
-            "",
-            "",
-        ),
-        (false, NotFound, false, NotFound, Status(502), 503, "", ""),
-        (true, NotFound, true, Status(500), NotFound, 404, "", ""),
+        // anon? anonymous     ct on?  calltracking     real          code  number    kind
+        (true,   Phone(ANON),  true,   Phone(VIRTUAL),  Phone(REAL),  200,  ANON,     "anonymous"),
+        (true,   NotFound,     true,   Phone(VIRTUAL),  Phone(REAL),  200,  VIRTUAL,  "calltracking"),
+        (true,   NotFound,     false,  Phone(VIRTUAL),  Phone(REAL),  200,  REAL,     "real"),
+        (false,  Phone(ANON),  true,   Phone(VIRTUAL),  Phone(REAL),  200,  VIRTUAL,  "calltracking"),
+        (false,  Phone(ANON),  false,  Phone(VIRTUAL),  Phone(REAL),  200,  REAL,     "real"),
+        (false,  Phone(ANON),  true,   NotFound,        Phone(REAL),  200,  REAL,     "real"),
+        (true,   NotFound,     true,   NotFound,        NotFound,     404,  "",       ""),
+        (false,  NotFound,     false,  NotFound,        NotFound,     404,  "",       ""),
+        (true,   Phone(ANON),  false,  NotFound,        NotFound,     200,  ANON,     "anonymous"),
+        (true,   Status(500),  true,   Phone(VIRTUAL),  Phone(REAL),  503,  "",       ""),
+        (false,  Status(500),  false,  NotFound,        Phone(REAL),  200,  REAL,     "real"),
+        (false,  NotFound,     true,   Status(500),     Phone(REAL),  200,  REAL,     "real"),
+        (false,  NotFound,     true,   Phone(VIRTUAL),  Status(500),  503,  "",       ""),
+        (false,  NotFound,     false,  NotFound,        Status(502),  503,  "",       ""),
+        (true,   NotFound,     true,   Status(500),     NotFound,     404,  "",       ""),
     ];
     let app = TestApp::spawn().await;
     for (i, (anon_applies, anon, ct_on, ct, real, status, phone, kind)) in cases.iter().enumerate()

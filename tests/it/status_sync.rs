@@ -8,7 +8,7 @@
 
 use crate::support::child::Process;
 use crate::support::pgbouncer::{pooled, server_connections, through};
-use crate::support::{Reply, TOKEN, TestApp, captured_logs, eventually, pg, read};
+use crate::support::{Reply, TestApp, captured_logs, eventually, json_with_token, pg};
 use crate::{PLAIN_CATEGORY, REAL, VIRTUAL};
 use phones_gateway::domain::UserId;
 use phones_gateway::sim::{self, SimConfig};
@@ -376,22 +376,8 @@ async fn snapshot_enables_exactly_the_listed_users_except_newer_entries() {
 async fn snapshot_bodies_stream_in_any_key_order_and_bad_ones_change_nothing() {
     let app =
         TestApp::spawn_with("[server]\nmax_body_bytes = 1000\nmax_snapshot_bytes = 200000").await;
-    let put = |body: String| {
-        let app = &app;
-        async move {
-            read(
-                app.http
-                    .put(format!("{}{STATUSES}", app.admin))
-                    .bearer_auth(TOKEN)
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await
-                    .unwrap(),
-            )
-            .await
-        }
-    };
+    let headers = json_with_token();
+    let put = |body: String| app.admin_request(Method::PUT, STATUSES, &headers, body);
     // Version after the ids, unknown keys skipped, larger than the ordinary body limit.
     let ids: Vec<u64> = (1..=20_000).collect();
     let body = format!(

@@ -7,6 +7,7 @@ use std::time::Duration;
 use figment::providers::Format;
 use phones_gateway::app::App;
 use phones_gateway::config::Config;
+use reqwest::Method;
 use serde_json::Value;
 
 use super::fakes::{Fake, Upstream};
@@ -93,7 +94,7 @@ impl TestApp {
             admin_addr = "127.0.0.1:0"
             # Cold admission off: two busy cores running tests in parallel can
             # keep a test's runtime saturated for a moment; the test of it
-            # turns it on (abuse.rs).
+            # turns it on (overload.rs).
             max_queue_delay_ms = 0
             [admin]
             token = "{TOKEN}"
@@ -199,15 +200,8 @@ impl TestApp {
     }
 
     pub async fn get_admin(&self, path: &str) -> Answer {
-        read(
-            self.http
-                .get(format!("{}{path}", self.admin))
-                .bearer_auth(TOKEN)
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await
+        self.admin_request(Method::GET, path, &[("authorization", &bearer())], "")
+            .await
     }
 
     pub async fn post_public(&self, path: &str, body: impl Into<reqwest::Body>) -> Answer {
@@ -223,29 +217,52 @@ impl TestApp {
         .await
     }
 
-    pub async fn send_admin(&self, method: reqwest::Method, path: &str, body: &Value) -> Answer {
-        read(
-            self.http
-                .request(method, format!("{}{path}", self.admin))
-                .bearer_auth(TOKEN)
-                .header("content-type", "application/json")
-                .body(body.to_string())
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await
+    /// A JSON body to an admin route, with the token.
+    pub async fn send_admin(&self, method: Method, path: &str, body: &Value) -> Answer {
+        self.admin_request(method, path, &json_with_token(), body.to_string())
+            .await
+    }
+
+    /// An admin request as a test needs it: any method, path, headers and body,
+    /// sent as given (no token unless `headers` carries one: `bearer()` is the
+    /// test token's), the answer read whole.
+    pub async fn admin_request(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<reqwest::Body>,
+    ) -> Answer {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.admin))
+            .body(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        read(request.send().await.unwrap()).await
+    }
+
+    /// Asserts how many calls each fake upstream has had so far, in the order
+    /// docs/rules.md names them: real phone, anonymous, call tracking.
+    #[track_caller]
+    pub fn assert_calls(&self, real: usize, anonymous: usize, calltracking: usize) {
+        assert_eq!(
+            (
+                self.real.calls(),
+                self.anonymous.calls(),
+                self.calltracking.calls()
+            ),
+            (real, anonymous, calltracking),
+            "calls to the (real, anonymous, calltracking) upstreams"
+        );
     }
 
     /// Delivers status changes through the webhook; panics unless 200.
     pub async fn enable_calltracking(&self, user: u64, version: u64) {
         let body = serde_json::json!({ "items": [{ "user_id": user, "enabled": true, "version": version }] });
         let answer = self
-            .send_admin(
-                reqwest::Method::POST,
-                "/admin/v1/calltracking/statuses",
-                &body,
-            )
+            .send_admin(Method::POST, "/admin/v1/calltracking/statuses", &body)
             .await;
         assert_eq!(answer.status, 200, "{answer:?}");
     }
@@ -253,10 +270,24 @@ impl TestApp {
     pub async fn invalidate(&self, users: &[u64]) {
         let body = serde_json::json!({ "user_ids": users });
         let answer = self
-            .send_admin(reqwest::Method::POST, "/admin/v1/cache/invalidate", &body)
+            .send_admin(Method::POST, "/admin/v1/cache/invalidate", &body)
             .await;
         assert_eq!(answer.status, 200, "{answer:?}");
     }
+}
+
+/// The `authorization` value carrying the test token.
+pub fn bearer() -> String {
+    format!("Bearer {TOKEN}")
+}
+
+/// The headers of a JSON body to an admin route, with the token.
+pub fn json_with_token() -> [(&'static str, &'static str); 2] {
+    static BEARER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    [
+        ("authorization", BEARER.get_or_init(bearer)),
+        ("content-type", "application/json"),
+    ]
 }
 
 pub async fn read(response: reqwest::Response) -> Answer {

@@ -180,7 +180,7 @@ impl Process {
             // Cold admission off, as in TestApp's base config: on a loaded
             // 2-core runner a task can wait 50 ms for a worker, and uncached
             // requests would then be shed (503). Admission has tests of its own
-            // (abuse.rs); a test here may set it again through `env`.
+            // (overload.rs); a test here may set it again through `env`.
             .env("PHONES_GATEWAY__SERVER__MAX_QUEUE_DELAY_MS", "0")
             .env_remove("RUST_LOG");
         for (key, value) in env {
