@@ -15,6 +15,10 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use axum::body::Body;
+use axum::http::Request;
+
+use crate::support::front::{oneshot, public_front};
 use crate::support::{Reply, TOKEN, TestApp, read};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
@@ -1090,4 +1094,68 @@ async fn batch_answers_each_item_in_order_with_mixed_results() {
     );
     assert_eq!(results[5]["ad_id"], serde_json::Value::Null);
     assert_eq!(results[5]["error"]["status"], 400);
+}
+
+// Contract cases that need no socket: the public front driven with `oneshot`
+// (support::front), decided before any upstream is asked.
+
+#[tokio::test]
+async fn on_the_front_an_unknown_route_is_a_404_problem() {
+    let front = public_front();
+    for path in ["/nope", "/v1/public-phone/42", "/admin/v1/cache/invalidate"] {
+        let request = Request::get(path).body(Body::empty()).unwrap();
+        oneshot(&front, request).await.assert_problem(404);
+    }
+}
+
+#[tokio::test]
+async fn on_the_front_a_wrong_method_is_a_405_problem_naming_the_allowed_ones() {
+    let front = public_front();
+    let request = Request::delete("/v1/public-phone?user_id=1&ad_id=1&category_id=1")
+        .body(Body::empty())
+        .unwrap();
+    let got = oneshot(&front, request).await;
+    got.assert_problem(405);
+    assert_eq!(got.allow.as_deref(), Some("GET,HEAD"), "{got:?}");
+    let request = Request::get("/v1/public-phones/batch")
+        .body(Body::empty())
+        .unwrap();
+    oneshot(&front, request).await.assert_problem(405);
+}
+
+#[tokio::test]
+async fn on_the_front_a_batch_that_is_not_json_is_a_415_problem() {
+    let front = public_front();
+    for content_type in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        None,
+    ] {
+        let mut request = Request::post("/v1/public-phones/batch");
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        let request = request.body(Body::from(r#"{"items":[]}"#)).unwrap();
+        oneshot(&front, request).await.assert_problem(415);
+    }
+}
+
+#[tokio::test]
+async fn on_the_front_a_bad_parameter_is_a_400_problem_naming_it() {
+    let front = public_front();
+    for (query, field) in [
+        ("ad_id=1&category_id=1", "user_id"),
+        ("user_id=abc&ad_id=1&category_id=1", "user_id"),
+        ("user_id=1&ad_id=0&category_id=1", "ad_id"),
+        ("user_id=1&ad_id=1&category_id=2147483648", "category_id"),
+        ("user_id=1&ad_id=1&category_id=1&phone=79161234567", "phone"),
+    ] {
+        let request = Request::get(format!("/v1/public-phone?{query}"))
+            .body(Body::empty())
+            .unwrap();
+        let got = oneshot(&front, request).await;
+        got.assert_problem(400);
+        let detail = got.body["detail"].as_str().unwrap_or_default();
+        assert!(detail.starts_with(field), "{query}: {detail}");
+    }
 }

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 pub mod app;
 pub mod child;
 pub mod fakes;
+pub mod front;
 pub mod pg;
 pub mod pgbouncer;
 pub mod privacy;
