@@ -1,5 +1,9 @@
 //! Whole-app tests: the real router on real sockets, fake upstreams that are real
-//! HTTP servers, one module per area.
+//! HTTP servers. One module per page of docs/ (docs/README.md lists them), so a
+//! reader of a page finds its tests in one place: `rules`, `caching`,
+//! `status_sync`, `reveals` (docs/api.md#the-reveal-log), `api_contract`
+//! (docs/api.md and docs/errors.md), `overload`, `tracing`, `operations`
+//! (configuration, runbook, privacy). The harness is in `support/`.
 
 #![allow(clippy::unwrap_used)]
 // A test binary exports nothing (`pub` only shares helpers between its

@@ -13,7 +13,8 @@
 //! One file per part: `app` (TestApp, the app in-process), `fakes` (the fake
 //! upstreams), `privacy` (the log scanner), `pg` (PostgreSQL clusters),
 //! `pgbouncer` (a transaction-mode pooler in front of one), `child` (the binary
-//! as a child process).
+//! as a child process), `front` (the public front without sockets, for
+//! `oneshot`).
 
 use std::time::{Duration, Instant};
 
