@@ -5,7 +5,7 @@
 //! - the fakes answer only the request shapes docs/rules.md defines (method, path and
 //!   query); anything else is answered 400 and recorded, and `TestApp`'s drop
 //!   fails the test, so a wrong path cannot pass as "the seller has no phone";
-//! - the privacy scanner (below) reads every log line as it is written, in the
+//! - the privacy scanner (`privacy`) reads every log line as it is written, in the
 //!   text and the JSON format, at trace level for the crate, and records every
 //!   full phone number it finds; `TestApp`'s drop (and `Process`'s for the
 //!   binary's own output) fails the test on any leak recorded so far.
