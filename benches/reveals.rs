@@ -16,7 +16,7 @@
 #![allow(unreachable_pub, clippy::disallowed_types)]
 
 #[allow(dead_code)]
-#[path = "../tests/it/pg.rs"]
+#[path = "../tests/it/support/pg.rs"]
 mod pg;
 
 use std::time::{Duration, Instant};

@@ -1,37 +1,24 @@
 //! Whole-app tests: the real router on real sockets, fake upstreams that are real
-//! HTTP servers, one module per area.
+//! HTTP servers. One module per page of docs/ (docs/README.md lists them), so a
+//! reader of a page finds its tests in one place: `rules`, `caching`,
+//! `status_sync`, `reveals` (docs/api.md#the-reveal-log), `api_contract`
+//! (docs/api.md and docs/errors.md), `overload`, `tracing`, `operations`
+//! (configuration, runbook, privacy). The harness is in `support/`.
 
 #![allow(clippy::unwrap_used)]
 // A test binary exports nothing (`pub` only shares helpers between its
 // modules), and it times real sockets and processes: wall time is meant.
 #![allow(unreachable_pub, clippy::disallowed_types)]
 
-mod abuse;
-mod admin;
-mod bad_input;
+mod api_contract;
 mod caching;
-mod child;
-mod cli;
-mod durability;
-mod edges;
-mod edges_http;
-mod faults;
-mod feed;
-mod first_day;
-mod fleet;
-mod limits;
 mod operations;
-mod pg;
-mod pgbouncer;
-mod privacy;
-mod promises;
-mod replicas;
+mod overload;
 mod reveals;
-mod selection;
-mod shutdown;
+mod rules;
+mod status_sync;
 mod support;
 mod tracing;
-mod upstream_client;
 
 /// Numbers the fake upstreams hand out.
 pub const REAL: &str = "+79161234567";

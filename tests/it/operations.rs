@@ -1,14 +1,28 @@
-//! Operating it: request ids, every metric family moving after real traffic, the
-//! CPU profile.
+//! Operating it (docs/configuration.md, docs/runbook.md, the README): request
+//! ids, every metric family moving after real traffic, the CPU profile, graceful
+//! shutdown (readiness first, a pause, a drain with a hard deadline; SIGTERM to
+//! the binary), background tasks stopped with the app, a first start on a fresh
+//! database, a database error naming its cause and address, the command line
+//! (`check-config`, every configuration mistake in one run, mistyped environment
+//! prefixes, no colour codes into a pipe), and privacy (docs/README.md#privacy):
+//! no full number in any log line. Besides those two tests, every log line of the
+//! test binary (both formats, trace level) and of every child process is scanned
+//! as it is written (`support::privacy`), and every `TestApp` fails its test on
+//! any leak when dropped, so the traffic of the entire suite is covered.
 
-use std::time::Duration;
+use std::process::{Command, Output};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::json;
 
-use crate::durability::Process;
-use crate::support::{Fake, Reply, TOKEN, TestApp, Upstream, eventually, read};
-use crate::{ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
+use crate::support::child::{Process, Spawned};
+use crate::support::{
+    Fake, JSON_LINES, Reply, TEXT_LINES, TOKEN, TestApp, Upstream, assert_no_leaks, captured_logs,
+    eventually, pg, read, scan,
+};
+use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
 #[tokio::test]
 async fn request_ids_are_kept_or_made_answered_and_forwarded_upstream() {
@@ -264,7 +278,7 @@ async fn every_metric_family_moves_with_real_traffic() {
 async fn a_cpu_profile_is_taken_on_demand_behind_the_token() {
     let dir = tempfile::tempdir().unwrap();
     let process =
-        crate::durability::Process::start(&format!("sqlite://{}/gw.db", dir.path().display()))
+        crate::support::child::Process::start(&format!("sqlite://{}/gw.db", dir.path().display()))
             .await;
     let url = |query: &str| format!("{}/admin/v1/debug/pprof/profile?{query}", process.admin);
     let without = read(process.http.get(url("seconds=1")).send().await.unwrap()).await;
@@ -305,4 +319,442 @@ async fn a_cpu_profile_is_taken_on_demand_behind_the_token() {
         "{}",
         &svg.text[..svg.text.len().min(200)]
     );
+}
+
+#[tokio::test]
+async fn shutdown_turns_readyz_503_then_drains_in_flight_requests() {
+    let mut app = TestApp::spawn_with(
+        "[server]\nshutdown_pause_ms = 1500\nrequest_deadline_ms = 10000\n[upstreams.real_phone]\ntimeout_ms = 5000",
+    )
+    .await;
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(2500));
+    let in_flight = {
+        let (public, http) = (app.public.clone(), app.http.clone());
+        tokio::spawn(async move {
+            let url =
+                format!("{public}/v1/public-phone?user_id=1&ad_id=1&category_id={PLAIN_CATEGORY}");
+            read(http.get(url).send().await.unwrap()).await
+        })
+    };
+    eventually("the request in service", Duration::from_secs(10), || {
+        let calls = app.real.calls();
+        async move { calls == 1 }
+    })
+    .await;
+    let stopped = app.shutdown();
+    // During the pause: not ready, still serving.
+    eventually(
+        "readyz 503 after the signal",
+        Duration::from_secs(1),
+        || async { app.get_admin("/readyz").await.status == 503 },
+    )
+    .await;
+    app.get_admin("/readyz").await.assert_problem(503);
+    assert_eq!(app.get_admin("/healthz").await.status, 200);
+    assert!(
+        !in_flight.is_finished(),
+        "the in-flight request is still in service"
+    );
+    in_flight.await.unwrap().assert_number(REAL, "real");
+    stopped.await.unwrap().unwrap();
+    assert!(
+        app.http
+            .get(format!("{}/healthz", app.admin))
+            .send()
+            .await
+            .is_err(),
+        "listener closed"
+    );
+}
+
+#[tokio::test]
+async fn the_drain_has_a_hard_deadline() {
+    let mut app = TestApp::spawn_with(
+        "[server]\ndrain_timeout_ms = 300\nrequest_deadline_ms = 20000\n[upstreams.real_phone]\ntimeout_ms = 10000",
+    )
+    .await;
+    app.real.reply(Reply::Hang);
+    let (public, http) = (app.public.clone(), app.http.clone());
+    let _hung = tokio::spawn(async move {
+        http.get(format!(
+            "{public}/v1/public-phone?user_id=1&ad_id=1&category_id=1"
+        ))
+        .send()
+        .await
+    });
+    // An idle keep-alive connection must not hold the drain open either.
+    assert_eq!(app.get_admin("/healthz").await.status, 200);
+    eventually("the request in service", Duration::from_secs(10), || {
+        let calls = app.real.calls();
+        async move { calls == 1 }
+    })
+    .await;
+    let start = Instant::now();
+    app.shutdown().await.unwrap().unwrap();
+    // 300 ms of drain; the request would hold it 10 s. Room for busy cores.
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// SIGTERM while a request is in service: the request is answered, then the
+/// process exits 0.
+#[tokio::test]
+async fn sigterm_drains_an_in_flight_request_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = Fake::start(Upstream::RealPhone).await;
+    real.reply_after(Reply::Phone(REAL), Duration::from_millis(1500));
+    let process = Process::start_with(
+        &format!("sqlite://{}/gw.db", dir.path().display()),
+        &[
+            ("UPSTREAMS__REAL_PHONE__BASE_URL", &real.url),
+            ("UPSTREAMS__REAL_PHONE__TIMEOUT_MS", "5000"),
+            ("SERVER__REQUEST_DEADLINE_MS", "8000"),
+        ],
+    )
+    .await;
+    let in_flight = {
+        let url = format!(
+            "{}/v1/public-phone?user_id=1&ad_id=1&category_id={PLAIN_CATEGORY}",
+            process.public
+        );
+        let http = process.http.clone();
+        tokio::spawn(async move { read(http.get(url).send().await.unwrap()).await })
+    };
+    eventually(
+        "the request to reach the upstream",
+        Duration::from_secs(10),
+        || {
+            let calls = real.calls();
+            async move { calls == 1 }
+        },
+    )
+    .await;
+    let status = tokio::task::spawn_blocking(move || process.sigterm())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    in_flight.await.unwrap().assert_number(REAL, "real");
+    assert!(real.unexpected().is_empty(), "{:?}", real.unexpected());
+}
+
+#[tokio::test]
+async fn dropping_a_running_app_stops_its_background_tasks() {
+    let feed = crate::support::Fake::start(crate::support::Upstream::Calltracking).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = phones_gateway::config::Config::from_toml(&format!(
+        "[database]\nurl = \"sqlite://{}/gw.db\"\n\
+         [server]\npublic_addr = \"127.0.0.1:0\"\nadmin_addr = \"127.0.0.1:0\"\n\
+         [upstreams.calltracking]\nbase_url = \"{}\"\n\
+         [upstreams.calltracking.status_feed]\nenabled = true\ninterval_ms = 20",
+        dir.path().display(),
+        feed.url
+    ))
+    .unwrap();
+    let app = phones_gateway::app::App::build(config).await.unwrap();
+    let running = tokio::spawn(app.run(std::future::pending()));
+    eventually("the feed is polled", Duration::from_secs(5), || async {
+        feed.feed_uris().len() > 2
+    })
+    .await;
+    running.abort();
+    assert!(running.await.unwrap_err().is_cancelled());
+    // A poll already under way may still land; after that, nothing.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let calls = feed.feed_uris().len();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        feed.feed_uris().len(),
+        calls,
+        "the feed loop outlived its app"
+    );
+}
+
+/// The WARN and ERROR lines of a first start, once it is ready and its
+/// background work (the first retention round, the first flush) has run.
+async fn first_start_complaints(database_url: &str) -> Vec<String> {
+    let process = Process::start_with(database_url, &[("REVEALS__FLUSH_INTERVAL_MS", "50")]).await;
+    // The first retention round runs right after the load; give it a moment.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    process
+        .child
+        .lines_so_far()
+        .into_iter()
+        .filter(|line| line.contains("\"WARN\"") || line.contains("\"ERROR\""))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_first_start_on_a_fresh_sqlite_file_logs_no_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/fresh.db?mode=rwc", dir.path().display());
+    let complaints = first_start_complaints(&url).await;
+    assert!(complaints.is_empty(), "{complaints:#?}");
+}
+
+#[tokio::test]
+async fn a_first_start_on_a_fresh_postgres_logs_no_warning() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let complaints = first_start_complaints(&db.url).await;
+    assert!(complaints.is_empty(), "{complaints:#?}");
+}
+
+#[tokio::test]
+async fn a_database_that_refuses_is_named_with_its_address_and_cause() {
+    let port = pg::free_port();
+    let url = format!("postgres://gateway:s3cret-pw@127.0.0.1:{port}/gateway");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_phones-gateway"));
+    command
+        .arg("serve")
+        .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
+        .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
+        .env("PHONES_GATEWAY__DATABASE__URL", &url)
+        .env("PHONES_GATEWAY__LOG__FORMAT", "json")
+        .env_remove("RUST_LOG");
+    let child = Spawned::spawn(command, "phones-gateway serve");
+    let mut seen = Vec::new();
+    eventually("a line naming the cause", Duration::from_secs(10), || {
+        seen.extend(child.lines_so_far());
+        let found = seen
+            .iter()
+            .any(|line| line.contains(&format!("127.0.0.1:{port}")) && line.contains("refused"));
+        async move { found }
+    })
+    .await;
+    assert!(
+        !seen.iter().any(|line| line.contains("s3cret-pw")),
+        "the password was logged"
+    );
+}
+
+fn binary() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_phones-gateway"));
+    // The settings of whoever runs the tests are not the test's.
+    for (name, _) in std::env::vars() {
+        if name.starts_with("PHONES_GATEWAY") || name == "RUST_LOG" {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// Runs `command` to its end with stdout and stderr to pipes; both are scanned
+/// for phone numbers like every other log.
+fn run(mut command: Command, name: &str) -> (Output, String, String) {
+    let output = command.output().expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    scan(&format!("{name} stdout"), &stdout);
+    scan(&format!("{name} stderr"), &stderr);
+    (output, stdout, stderr)
+}
+
+#[test]
+fn text_logs_to_a_pipe_carry_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = binary();
+    command
+        .arg("migrate")
+        .env(
+            "PHONES_GATEWAY__DATABASE__URL",
+            format!("sqlite://{}/gateway.db", dir.path().display()),
+        )
+        .env("PHONES_GATEWAY__LOG__FORMAT", "text");
+    let (output, stdout, stderr) = run(command, "phones-gateway migrate");
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("migrations applied"), "{stdout}\n{stderr}");
+    for (stream, text) in [("stdout", &stdout), ("stderr", &stderr)] {
+        assert!(
+            !text.contains("\x1b["),
+            "escape codes on {stream}: {text:?}"
+        );
+    }
+}
+
+/// A file with three mistakes: an unknown key, a value of the wrong type, a
+/// value out of range.
+const THREE_MISTAKES: &str = "[server]\npublic_adr = \"0.0.0.0:1\"\n\
+    [upstreams.real_phone]\ntimeout_ms = \"fast\"\n\
+    [cache.anonymous]\ncapacity = 0\n";
+const THREE_KEYS: [&str; 3] = [
+    "server.public_adr",
+    "upstreams.real_phone.timeout_ms",
+    "cache.anonymous.capacity",
+];
+
+/// `command` (`check-config` or `serve`) on [`THREE_MISTAKES`], given by a path
+/// relative to where it runs, with `RUST_BACKTRACE=1`: one run names all three
+/// keys as documented (no figment profile), the file by its absolute path, and
+/// prints no backtrace.
+fn names_every_mistake_at_once(command: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gw.toml"), THREE_MISTAKES).unwrap();
+    let mut binary = binary();
+    binary
+        .args([command, "--config", "gw.toml"])
+        .current_dir(dir.path())
+        .env("RUST_BACKTRACE", "1")
+        .env(
+            "PHONES_GATEWAY__DATABASE__URL",
+            format!("sqlite://{}/gateway.db", dir.path().display()),
+        );
+    let (output, stdout, stderr) = run(binary, &format!("phones-gateway {command}"));
+    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    for key in THREE_KEYS {
+        assert!(stderr.contains(key), "{key} not named: {stderr}");
+    }
+    assert!(!stderr.contains("default."), "{stderr}");
+    let absolute = dir.path().join("gw.toml").display().to_string();
+    assert!(
+        stderr.contains(&format!("(in {absolute})")),
+        "no {absolute}: {stderr}"
+    );
+    assert!(!stderr.to_lowercase().contains("backtrace"), "{stderr}");
+    assert!(!stderr.contains("  0: "), "a backtrace: {stderr}");
+}
+
+#[test]
+fn check_config_names_every_mistake_in_one_run() {
+    names_every_mistake_at_once("check-config");
+}
+
+#[test]
+fn a_start_with_a_bad_configuration_names_every_mistake_in_one_run() {
+    names_every_mistake_at_once("serve");
+}
+
+#[test]
+fn check_config_warns_of_a_mistyped_environment_prefix() {
+    let mut command = binary();
+    command
+        .arg("check-config")
+        .env("PHONES_GATEWAY_ADMIN__TOKEN", "not-read-0123456789");
+    let (output, stdout, stderr) = run(command, "phones-gateway check-config");
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("warning: environment variable PHONES_GATEWAY_ADMIN__TOKEN is not read"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("not-read-0123456789"),
+        "the value: {stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_start_warns_of_a_mistyped_environment_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = binary();
+    command
+        .arg("serve")
+        .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
+        .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
+        .env(
+            "PHONES_GATEWAY__DATABASE__URL",
+            format!("sqlite://{}/gateway.db", dir.path().display()),
+        )
+        .env("PHONES_GATEWAY__LOG__FORMAT", "json")
+        .env("PHONES_GATEWAY_ADMIN__TOKEN", "not-read-0123456789");
+    let child = crate::support::child::Spawned::spawn(command, "phones-gateway serve");
+    let named = child
+        .logged(
+            "environment variable not read: overrides start with PHONES_GATEWAY__",
+            &["variable"],
+            std::time::Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!(named, ["PHONES_GATEWAY_ADMIN__TOKEN"]);
+}
+
+#[tokio::test]
+async fn no_full_phone_number_in_the_logs() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.anonymous.reply(Reply::Phone(ANON));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    app.enable_calltracking(61, 1).await;
+    app.enable_calltracking(64, 1).await;
+    app.phone(60, 1, ANON_CATEGORY)
+        .await
+        .assert_number(ANON, "anonymous");
+    app.phone(61, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+    app.phone(62, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    app.get_public("/v1/public-phone?user_id=63&ad_id=1&category_id=1&phone=%2B7916123456x")
+        .await
+        .assert_problem(400);
+    app.get_public("/v1/public-phone?user_id=63&ad_id=1&category_id=1&phone=79161234567")
+        .await
+        .assert_problem(400);
+    app.calltracking.reply(Reply::Status(500));
+    app.phone(64, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+
+    // The logs were captured, in both formats, and they speak of numbers, masked.
+    let logs = captured_logs();
+    assert!(
+        logs.contains("+*********67"),
+        "no masked number logged:\n{logs}"
+    );
+    assert!(TEXT_LINES.load(Ordering::Relaxed) > 0);
+    assert!(JSON_LINES.load(Ordering::Relaxed) > 0);
+    assert_no_leaks();
+}
+
+/// Issue 10 item 4: a parser's message quotes the body; a bare-number phone (or
+/// any body quoting a number) must not reach the log of the failed call.
+#[tokio::test]
+async fn upstream_bodies_quoting_a_number_are_never_logged() {
+    let app = TestApp::spawn().await;
+    app.enable_calltracking(2, 1).await;
+    let bodies: [(&str, &str); 6] = [
+        (
+            r#"{"phone": 79161234567}"#,
+            r#"{"virtual_phone": 74951234567}"#,
+        ),
+        (
+            r#"{"phone": "79161234567"}"#,
+            r#"{"virtual_phone": "74951234567"}"#,
+        ),
+        (
+            r#"{"phone": "+7916123456789012"}"#,
+            r#"{"virtual_phone": "+7 495 123.45.67"}"#,
+        ),
+        (
+            r#"{"phone": ["+79161234567"]}"#,
+            r#"{"virtual_phone": {"n": "+74951234567"}}"#,
+        ),
+        (
+            r#"{"phone": "+79161234567""#,
+            r#"{"virtual_phone": +74951234567}"#,
+        ),
+        ("79161234567", "+74951234567"),
+    ];
+    for (i, (phone_body, virtual_body)) in bodies.into_iter().enumerate() {
+        let ad = i as u64 + 1;
+        // Anonymous fails closed: 503.
+        app.anonymous.reply(Reply::Body(phone_body));
+        app.real.reply(Reply::Phone(REAL));
+        app.phone(1, ad, ANON_CATEGORY).await.assert_problem(503);
+        // Call tracking falls through to the real number.
+        app.calltracking.reply(Reply::Body(virtual_body));
+        app.phone(2, ad, PLAIN_CATEGORY)
+            .await
+            .assert_number(REAL, "real");
+        // Real fails: 503.
+        app.real.reply(Reply::Body(phone_body));
+        app.phone(3, ad, PLAIN_CATEGORY).await.assert_problem(503);
+    }
+    assert_eq!(app.anonymous.calls(), 6);
+    assert_eq!(app.calltracking.calls(), 6);
+    assert_no_leaks();
 }

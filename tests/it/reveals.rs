@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{Reply, TestApp, eventually};
-use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, pg};
+use crate::support::{Reply, TestApp, eventually, pg};
+use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL};
 
 /// Flush often so tests see their reveals quickly.
 const FAST: &str = "[reveals]\nflush_interval_ms = 50\n";

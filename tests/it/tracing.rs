@@ -11,11 +11,12 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
 
-use crate::durability::Process;
+use crate::support::child::Process;
 use crate::support::{Answer, Fake, Reply, TestApp, Traced, Upstream, eventually, leaks_in, read};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
 /// A `traceparent` as W3C level 1 writes it: (version, trace id, parent id, flags).

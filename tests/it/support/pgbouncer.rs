@@ -1,29 +1,24 @@
-//! docs/status-sync.md#behind-a-transaction-mode-pooler: replicas through a real
-//! PgBouncer in transaction mode (`database.url` the pooler, `direct_url`
-//! PostgreSQL itself, `listen = false`). The pooler is started by the test, as
-//! the `postgres` user when we are root (it refuses root, like PostgreSQL), with
-//! fewer server connections than the replicas' pools hold, so statements from
-//! different replicas really share server connections. `scripts/test` installs
-//! PgBouncer when it is missing; with `REQUIRE_POSTGRES`/`CI` set a test without
-//! one fails, elsewhere it says SKIPPED.
+//! A PgBouncer in transaction mode in front of one PostgreSQL cluster, for the
+//! tests of docs/status-sync.md#behind-a-transaction-mode-pooler. The pooler is
+//! started as the `postgres` user when we are root (it refuses root, like
+//! PostgreSQL), with fewer server connections than the replicas' pools hold, so
+//! statements from different replicas really share server connections.
+//! `scripts/test` installs PgBouncer when it is missing; with
+//! `REQUIRE_POSTGRES`/`CI` set a test without one fails, elsewhere it says SKIPPED.
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
-use crate::feed::{enabled, feed, leads_alone_then_fails_over, wait_for};
-use crate::pg;
-use crate::support::{TestApp, eventually};
+use super::pg;
 
 /// A PgBouncer in transaction mode in front of one PostgreSQL, stopped when dropped.
-pub(crate) struct PgBouncer {
+pub struct PgBouncer {
     dir: tempfile::TempDir,
     port: u16,
 }
 
-fn binary() -> Option<PathBuf> {
+pub fn binary() -> Option<PathBuf> {
     ["pgbouncer", "/usr/sbin/pgbouncer"]
         .iter()
         .map(PathBuf::from)
@@ -114,7 +109,7 @@ impl PgBouncer {
         false
     }
 
-    pub(crate) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
@@ -134,7 +129,7 @@ impl Drop for PgBouncer {
 
 /// PostgreSQL and a PgBouncer in front of it, or `None` (the test is skipped)
 /// where neither is required; where they are, a failure panics.
-pub(crate) fn pooled() -> Option<(pg::TestDb, PgBouncer)> {
+pub fn pooled() -> Option<(pg::TestDb, PgBouncer)> {
     let db = pg::cluster()?;
     let port: u16 = db
         .url
@@ -155,7 +150,7 @@ pub(crate) fn pooled() -> Option<(pg::TestDb, PgBouncer)> {
 }
 
 /// The overlay of a replica behind the pooler, with `extra` sections.
-pub(crate) fn through(bouncer: &PgBouncer, db: &pg::TestDb, extra: &str) -> String {
+pub fn through(bouncer: &PgBouncer, db: &pg::TestDb, extra: &str) -> String {
     format!(
         "[database]\nurl = \"{}\"\ndirect_url = \"{}\"\nlisten = false\n\
          sync_interval_ms = 100\nmax_connections = 4\n{extra}\n",
@@ -165,7 +160,7 @@ pub(crate) fn through(bouncer: &PgBouncer, db: &pg::TestDb, extra: &str) -> Stri
 }
 
 /// What PostgreSQL itself sees: its client connections other than this one.
-async fn server_connections(direct: &str) -> i64 {
+pub async fn server_connections(direct: &str) -> i64 {
     let pool = sqlx::PgPool::connect(direct).await.unwrap();
     let n = sqlx::query_scalar(
         "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' \
@@ -176,123 +171,4 @@ async fn server_connections(direct: &str) -> i64 {
     .unwrap();
     pool.close().await;
     n
-}
-
-#[tokio::test]
-async fn replicas_behind_a_transaction_pooler_converge_by_polling() {
-    let Some((db, bouncer)) = pooled() else {
-        return;
-    };
-    let overlay = through(&bouncer, &db, "");
-    let a = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
-    let b = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
-    let c = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
-    // Webhook deliveries on every replica, seen by all three by polling alone.
-    for (i, app) in [&a, &b, &c].into_iter().enumerate() {
-        let users: Vec<_> = (0..50)
-            .map(|k| json!({"user_id": 1000 * (i as u64 + 1) + k, "enabled": true, "version": 1}))
-            .collect();
-        let answer = app
-            .send_admin(
-                reqwest::Method::POST,
-                "/admin/v1/calltracking/statuses",
-                &json!({ "items": users }),
-            )
-            .await;
-        assert_eq!(answer.status, 200, "{:?}", answer.body);
-    }
-    wait_for(
-        "every delivery on every replica",
-        Duration::from_secs(5),
-        || {
-            [&a, &b, &c].iter().all(|app| {
-                [1000, 1049, 2000, 2049, 3000, 3049]
-                    .iter()
-                    .all(|&u| enabled(app, u))
-            })
-        },
-    )
-    .await;
-    // A streamed snapshot (COPY in one transaction) through the pooler.
-    let snapshot = json!({ "version": 5, "enabled_user_ids": [7, 8, 9] });
-    let answer = b
-        .send_admin(
-            reqwest::Method::PUT,
-            "/admin/v1/calltracking/statuses",
-            &snapshot,
-        )
-        .await;
-    assert_eq!(answer.status, 200, "{:?}", answer.body);
-    wait_for(
-        "the snapshot on every replica",
-        Duration::from_secs(5),
-        || {
-            [&a, &b, &c]
-                .iter()
-                .all(|app| enabled(app, 7) && !enabled(app, 1000) && !enabled(app, 3049))
-        },
-    )
-    .await;
-    // More client connections than the pooler's three server connections.
-    assert!(server_connections(&db.url).await <= 3 + 1);
-    // A replica started now loads the set through the pooler.
-    let d = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
-    assert!(enabled(&d, 8) && !enabled(&d, 2000));
-}
-
-#[tokio::test]
-async fn the_reveal_log_is_written_and_read_through_the_pooler() {
-    let Some((db, bouncer)) = pooled() else {
-        return;
-    };
-    let overlay = through(&bouncer, &db, "[reveals]\nflush_interval_ms = 100");
-    let a = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
-    a.real.reply(crate::support::Reply::Phone(crate::REAL));
-    for _ in 0..3 {
-        let answer = a
-            .http
-            .get(format!(
-                "{}/v1/public-phone?user_id=5&ad_id=77&category_id={}",
-                a.public,
-                crate::PLAIN_CATEGORY
-            ))
-            .header("x-viewer-id", "buyer-1")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(answer.status(), 200);
-    }
-    eventually("three reveals counted", Duration::from_secs(5), || async {
-        let counts = a.get_admin("/admin/v1/ads/77/reveals").await;
-        counts.body["total"] == 3
-    })
-    .await;
-    let log = a.get_admin("/admin/v1/reveals?user_id=5").await;
-    assert_eq!(log.status, 200, "{:?}", log.body);
-    assert_eq!(
-        log.body["items"].as_array().map(Vec::len),
-        Some(3),
-        "{}",
-        log.body
-    );
-}
-
-#[tokio::test]
-async fn the_feed_has_one_leader_through_direct_url_and_fails_over() {
-    let Some((db, bouncer)) = pooled() else {
-        return;
-    };
-    let feed_url = feed(20).await;
-    let overlay = through(
-        &bouncer,
-        &db,
-        &format!(
-            "[upstreams.calltracking]\nbase_url = \"{feed_url}\"\n\
-             [upstreams.calltracking.status_feed]\nenabled = true\ninterval_ms = 100\nlimit = 7"
-        ),
-    );
-    let a = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
-    let b = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
-    let took = leads_alone_then_fails_over(a, b).await;
-    eprintln!("feed failover behind the pooler: {took:?}");
 }

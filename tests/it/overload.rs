@@ -1,4 +1,7 @@
-//! docs/api.md and overload: per-viewer rate limit, load shedding.
+//! Overload (docs/rules.md "Other gates, before the rules", docs/runbook.md
+//! "PhonesGatewayShedding"): the per-viewer rate limit, cold admission and load
+//! shedding while cached answers and the admin listener keep answering, and
+//! upstream concurrency bounded whatever clients do.
 
 use std::time::{Duration, Instant};
 
@@ -206,4 +209,51 @@ async fn saturated_workers_shed_uncached_requests_and_keep_answering_cached_ones
     )
     .await;
     assert!(app.real.calls() > calls);
+}
+
+#[tokio::test]
+async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
+    let app = TestApp::spawn_with(
+        "[upstreams.real_phone]\nmax_in_flight = 2\ntimeout_ms = 5000\n\
+         [server]\nrequest_deadline_ms = 10000",
+    )
+    .await;
+    app.real.reply(Reply::Hang);
+    // Clients that ask and give up at once, each for another ad.
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    for ad in 1..=2 {
+        let url = format!(
+            "{}/v1/public-phone?user_id=1&ad_id={ad}&category_id={PLAIN_CATEGORY}",
+            app.public
+        );
+        let sent = impatient.get(url).send().await;
+        assert!(sent.is_err(), "gave up: {:?}", sent.map(|r| r.status()));
+    }
+    eventually("two calls under way", Duration::from_secs(5), || async {
+        app.real.calls() == 2
+    })
+    .await;
+    // The fetches those clients left behind still hold both places: the next
+    // requests do not call the upstream and fail at once (503, real being the
+    // last source).
+    for ad in 3..=6 {
+        let start = Instant::now();
+        app.phone(1, ad, PLAIN_CATEGORY).await.assert_problem(503);
+        assert!(start.elapsed() < Duration::from_secs(3), "failed fast");
+    }
+    assert_eq!(
+        app.real.calls(),
+        2,
+        "the upstream saw no more than its bound"
+    );
+    let metrics = app.get_admin("/metrics").await.text;
+    assert!(
+        metrics.lines().any(|l| l.starts_with(
+            "phones_gateway_upstream_requests_total{upstream=\"real_phone\",outcome=\"saturated\"}"
+        )),
+        "saturated calls are counted"
+    );
 }

@@ -8,7 +8,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::support::{assert_no_leaks, scan};
+use super::privacy::{assert_no_leaks, scan};
+use super::{TOKEN, eventually};
 
 pub struct Spawned {
     child: Child,
@@ -147,6 +148,100 @@ impl Drop for Spawned {
         } else {
             assert_no_leaks();
         }
+    }
+}
+
+/// The real binary, started as operators start it, logging JSON (as production
+/// does) at trace level into the privacy scanner.
+pub struct Process {
+    pub child: Spawned,
+    pub public: String,
+    pub admin: String,
+    pub http: reqwest::Client,
+}
+
+impl Process {
+    pub async fn start(database_url: &str) -> Process {
+        Self::start_with(database_url, &[]).await
+    }
+
+    /// Starts the binary with extra `PHONES_GATEWAY__*` settings; both listeners
+    /// on port 0, their addresses read back from the "listening" line.
+    pub async fn start_with(database_url: &str, env: &[(&str, &str)]) -> Process {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_phones-gateway"));
+        command
+            .arg("serve")
+            .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
+            .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
+            .env("PHONES_GATEWAY__ADMIN__TOKEN", TOKEN)
+            .env("PHONES_GATEWAY__DATABASE__URL", database_url)
+            .env("PHONES_GATEWAY__LOG__FILTER", "phones_gateway=trace,info")
+            .env("PHONES_GATEWAY__LOG__FORMAT", "json")
+            // Cold admission off, as in TestApp's base config: on a loaded
+            // 2-core runner a task can wait 50 ms for a worker, and uncached
+            // requests would then be shed (503). Admission has tests of its own
+            // (overload.rs); a test here may set it again through `env`.
+            .env("PHONES_GATEWAY__SERVER__MAX_QUEUE_DELAY_MS", "0")
+            .env_remove("RUST_LOG");
+        for (key, value) in env {
+            command.env(format!("PHONES_GATEWAY__{key}"), value);
+        }
+        let child = Spawned::spawn(command, "phones-gateway serve");
+        let limit = Duration::from_secs(30);
+        let addrs = child.logged("listening", &["public", "admin"], limit).await;
+        let (public, admin) = (&addrs[0], &addrs[1]);
+        let process = Process {
+            child,
+            public: format!("http://{public}"),
+            admin: format!("http://{admin}"),
+            http: reqwest::Client::new(),
+        };
+        let ready = format!("{}/readyz", process.admin);
+        eventually("the process to become ready", limit, || async {
+            let got = process.http.get(&ready).send().await;
+            got.is_ok_and(|r| r.status() == 200)
+        })
+        .await;
+        process
+    }
+
+    pub async fn send(&self, method: reqwest::Method, body: serde_json::Value) -> u16 {
+        self.http
+            .request(
+                method,
+                format!("{}/admin/v1/calltracking/statuses", self.admin),
+            )
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+
+    pub async fn status(&self, user: u64) -> serde_json::Value {
+        let response = self
+            .http
+            .get(format!(
+                "{}/admin/v1/calltracking/statuses/{user}",
+                self.admin
+            ))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        serde_json::from_str(&response.text().await.unwrap()).unwrap()
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn sigterm(mut self) -> std::process::ExitStatus {
+        self.child.sigterm()
+    }
+
+    pub fn sigkill(mut self) {
+        self.child.kill();
     }
 }
 

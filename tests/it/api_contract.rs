@@ -1,0 +1,1161 @@
+//! docs/api.md and docs/errors.md: the contract a client and an operator see.
+//! Routes and their problem documents (unknown routes, 405 naming the allowed
+//! methods, 415, 400 naming the bad parameter, also for what hyper refuses before
+//! a route is chosen: 400, 414, 431), bad input on every parameter and body
+//! (a 4xx, never a 5xx, nothing applied), body and header limits and slow
+//! clients, HEAD, the batch route, the admin token (checked before anything
+//! else), the operations routes without it, and the OpenAPI documents. The
+//! cases that need no socket run on the front service with `oneshot`.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use axum::body::Body;
+use axum::http::Request;
+
+use crate::support::front::{oneshot, public_front};
+use crate::support::{Reply, TOKEN, TestApp, read};
+use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
+
+const STATUSES: &str = "/admin/v1/calltracking/statuses";
+
+/// An answer read off a raw socket.
+#[derive(Debug)]
+struct Raw {
+    status: u16,
+    headers: HashMap<String, String>,
+    body: String,
+}
+
+impl Raw {
+    /// Asserts a whole problem document with this status: the content type, a
+    /// `content-length` that matches the body, and `title` and `status` in it.
+    #[track_caller]
+    fn assert_problem(&self, status: u16) -> Value {
+        assert_eq!(self.status, status, "{self:?}");
+        assert_eq!(
+            self.headers.get("content-type").map(String::as_str),
+            Some("application/problem+json"),
+            "{self:?}"
+        );
+        assert_eq!(
+            self.headers.get("content-length"),
+            Some(&self.body.len().to_string()),
+            "{self:?}"
+        );
+        let problem: Value = serde_json::from_str(&self.body).unwrap_or(Value::Null);
+        assert_eq!(problem["status"], status, "{self:?}");
+        assert!(problem["title"].is_string(), "{self:?}");
+        problem
+    }
+}
+
+/// Writes `request` on a fresh connection and reads the answer until the server
+/// closes the connection (requests that parse should say `connection: close`).
+async fn raw(base: &str, request: &[u8]) -> Raw {
+    let mut stream = TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    // The server may answer and close before it read everything: a write error
+    // is not the test's concern, the answer is.
+    let _ = stream.write_all(request).await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "no end of answer: {:?}",
+        String::from_utf8_lossy(&answer)
+    );
+    let end = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head in {:?}", String::from_utf8_lossy(&answer)));
+    let head = String::from_utf8_lossy(&answer[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|line| line.split(' ').nth(1))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.to_ascii_lowercase(), value.trim().to_owned()))
+        .collect();
+    Raw {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&answer[end + 4..]).into_owned(),
+    }
+}
+
+fn get(path: &str, extra: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nhost: x\r\n{extra}connection: close\r\n\r\n").into_bytes()
+}
+
+// Item 6: the token first.
+
+async fn admin_request(app: &TestApp, method: &Method, path: &str, token: Option<&str>) -> Raw {
+    let auth = token.map_or_else(String::new, |t| format!("authorization: Bearer {t}\r\n"));
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\n{auth}content-type: application/json\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    );
+    raw(&app.admin, request.as_bytes()).await
+}
+
+#[tokio::test]
+async fn without_the_token_every_admin_path_and_method_is_401_and_with_it_404_or_405() {
+    let app = TestApp::spawn().await;
+    let brew = Method::from_bytes(b"BREW").unwrap();
+    let status_42 = format!("{STATUSES}/42");
+    let undecodable = format!("{STATUSES}/%FF");
+    // (method, path, the answer with the token)
+    let table: [(&Method, &str, u16); 16] = [
+        (&Method::DELETE, "/admin/v1/cache/invalidate", 405),
+        (&Method::GET, "/admin/v1/cache/invalidate", 405),
+        (&Method::GET, STATUSES, 405),
+        (&Method::DELETE, STATUSES, 405),
+        (&brew, STATUSES, 405),
+        (&Method::GET, "/admin/nope", 404),
+        (&Method::POST, "/admin/v1/nope/deeper", 404),
+        (&Method::GET, "/admin", 404),
+        (&Method::GET, "/admin/", 404),
+        (&Method::DELETE, &status_42, 405),
+        (&Method::GET, &status_42, 200),
+        (&Method::GET, &undecodable, 400),
+        (&Method::GET, "/admin/v1/reveals?user_id=42", 200),
+        (&Method::POST, "/admin/v1/reveals", 405),
+        (&Method::GET, "/admin/v1/ads/42/reveals", 200),
+        (&Method::GET, "/admin/v1/ads/%FF/reveals", 400),
+    ];
+    for (method, path, with_token) in table {
+        for token in [None, Some("nope"), Some(&TOKEN[..TOKEN.len() - 1])] {
+            let got = admin_request(&app, method, path, token).await;
+            got.assert_problem(401);
+            assert_eq!(
+                got.headers.get("www-authenticate").map(String::as_str),
+                Some("Bearer"),
+                "{method} {path}: {got:?}"
+            );
+        }
+        let got = admin_request(&app, method, path, Some(TOKEN)).await;
+        if with_token == 200 {
+            assert_eq!(got.status, 200, "{method} {path}: {got:?}");
+        } else {
+            got.assert_problem(with_token);
+        }
+    }
+    // Operations stay open, and a path that only starts like the admin prefix
+    // is an ordinary 404.
+    for path in [
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi/admin.json",
+        "/openapi/public.json",
+    ] {
+        let got = raw(&app.admin, &get(path, "")).await;
+        assert_eq!(got.status, 200, "{path}: {got:?}");
+    }
+    raw(&app.admin, &get("/administrator", ""))
+        .await
+        .assert_problem(404);
+}
+
+// Item 7: every rejection a problem document, on both listeners.
+
+#[tokio::test]
+async fn an_undecodable_path_parameter_is_a_400_problem_naming_it() {
+    let app = TestApp::spawn().await;
+    let auth = format!("authorization: Bearer {TOKEN}\r\n");
+    let got = raw(&app.admin, &get(&format!("{STATUSES}/%FF"), &auth)).await;
+    let problem = got.assert_problem(400);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("user_id"),
+        "{problem}"
+    );
+    // The public listener has no path parameters: an undecodable path is a 404.
+    raw(&app.public, &get("/v1/public-phone/%FF", ""))
+        .await
+        .assert_problem(404);
+    raw(&app.public, &get("/%FF%FE", ""))
+        .await
+        .assert_problem(404);
+}
+
+#[tokio::test]
+async fn heads_over_hyper_s_bound_are_431_problems_on_both_listeners() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    let query = format!("/v1/public-phone?user_id=1&ad_id=1&category_id={PLAIN_CATEGORY}");
+    for base in [&app.public, &app.admin] {
+        // A 64 KiB query string, and a 200 KiB header: both over twice the
+        // default 16 KiB limit, where hyper refuses before the service.
+        let long = format!("{query}&pad={}", "a".repeat(64 * 1024));
+        let problem = raw(base, &get(&long, "")).await.assert_problem(431);
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("16384"),
+            "{problem}"
+        );
+        let huge = format!("x-huge: {}\r\n", "a".repeat(200 * 1024));
+        raw(base, &get(&query, &huge)).await.assert_problem(431);
+        // Between the limit and hyper's bound: the front's 431, the same document.
+        let over = format!("x-big: {}\r\n", "a".repeat(20 * 1024));
+        let front = raw(base, &get(&query, &over)).await.assert_problem(431);
+        assert_eq!(front["detail"], problem["detail"]);
+    }
+    // The connection-level rewrite leaves ordinary answers alone.
+    let got = raw(&app.public, &get(&query, "")).await;
+    assert_eq!(got.status, 200, "{got:?}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&got.body).unwrap()["phone"],
+        REAL
+    );
+}
+
+#[tokio::test]
+async fn a_target_over_hyper_s_uri_bound_is_a_414_problem() {
+    // With a head limit above hyper's 65,534-byte bound on the target, hyper's
+    // refusal is a 414.
+    let app = TestApp::spawn_with("[server]\nmax_header_bytes = 200000").await;
+    let long = format!("/healthz?pad={}", "a".repeat(70_000));
+    raw(&app.admin, &get(&long, "")).await.assert_problem(414);
+}
+
+#[tokio::test]
+async fn malformed_heads_are_400_problems_on_both_listeners() {
+    let app = TestApp::spawn().await;
+    let malformed: [&[u8]; 6] = [
+        b"GET / HTTP/1.1 junk\r\nhost: x\r\n\r\n",
+        b"GET /\x01 HTTP/1.1\r\nhost: x\r\n\r\n",
+        b"GET / HTTP/1.1\r\nbad header\r\n\r\n",
+        b"GET / HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+        b"GE(T / HTTP/1.1\r\nhost: x\r\n\r\n",
+        b"GET / HTTP/9.9\r\nhost: x\r\n\r\n",
+    ];
+    for base in [&app.public, &app.admin] {
+        for request in malformed {
+            let got = raw(base, request).await;
+            assert_eq!(
+                got.headers.get("connection").map(String::as_str),
+                Some("close"),
+                "{got:?}"
+            );
+            got.assert_problem(400);
+        }
+    }
+}
+
+#[tokio::test]
+async fn unknown_methods_are_405_problems_naming_the_allowed_ones() {
+    let app = TestApp::spawn().await;
+    let foo = |path: &str, extra: &str| {
+        format!("FOO {path} HTTP/1.1\r\nhost: x\r\n{extra}connection: close\r\n\r\n").into_bytes()
+    };
+    let got = raw(&app.public, &foo("/v1/public-phone", "")).await;
+    got.assert_problem(405);
+    assert_eq!(
+        got.headers.get("allow").map(String::as_str),
+        Some("GET,HEAD")
+    );
+    raw(&app.public, &foo("/v1/public-phones/batch", ""))
+        .await
+        .assert_problem(405);
+    raw(&app.admin, &foo("/healthz", ""))
+        .await
+        .assert_problem(405);
+    let auth = format!("authorization: Bearer {TOKEN}\r\n");
+    let got = raw(&app.admin, &foo(STATUSES, &auth)).await;
+    got.assert_problem(405);
+    assert!(got.headers.contains_key("allow"), "{got:?}");
+    // On no route at all, the unknown method is a 404 like any other.
+    raw(&app.public, &foo("/nope", ""))
+        .await
+        .assert_problem(404);
+}
+
+// Issue 21: HEAD tells nothing a GET's body would.
+
+/// The answer to `HEAD path`, its headers without the two that differ on every
+/// answer (`date`, `x-request-id`).
+async fn head(app: &TestApp, path: &str) -> (u16, HashMap<String, String>) {
+    let request = format!("HEAD {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    let mut got = raw(&app.public, request.as_bytes()).await;
+    assert!(got.body.is_empty(), "{got:?}");
+    got.headers.remove("date");
+    got.headers.remove("x-request-id");
+    (got.status, got.headers)
+}
+
+#[tokio::test]
+async fn head_answers_get_s_status_and_no_header_varies_with_the_kind() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.anonymous.reply(Reply::Phone(ANON));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    app.enable_calltracking(71, 1).await;
+    // Numbers of one length, kinds of three (the GET bodies are 67, 70 and 62
+    // bytes long).
+    let mut answers = Vec::new();
+    for (user, category, phone, kind) in [
+        (70, ANON_CATEGORY, ANON, "anonymous"),
+        (71, PLAIN_CATEGORY, VIRTUAL, "calltracking"),
+        (72, PLAIN_CATEGORY, REAL, "real"),
+    ] {
+        let path = format!("/v1/public-phone?user_id={user}&ad_id=1&category_id={category}");
+        app.get_public(&path).await.assert_number(phone, kind);
+        let (status, headers) = head(&app, &path).await;
+        assert_eq!(status, 200, "{kind}: {headers:?}");
+        answers.push((kind, headers));
+    }
+    for (kind, headers) in &answers[1..] {
+        assert_eq!(
+            headers, &answers[0].1,
+            "HEAD of a {kind} number vs. of an {} one",
+            answers[0].0
+        );
+    }
+    assert!(!answers[0].1.contains_key("content-length"), "{answers:?}");
+
+    // And the status is GET's on the errors too.
+    app.real.reply(Reply::NotFound);
+    for path in [
+        format!("/v1/public-phone?user_id=73&ad_id=1&category_id={PLAIN_CATEGORY}"),
+        "/v1/public-phone?user_id=73&category_id=1".to_owned(),
+        "/v1/public-phone?user_id=0&ad_id=1&category_id=1".to_owned(),
+    ] {
+        let get = app.get_public(&path).await;
+        let (status, headers) = head(&app, &path).await;
+        assert_eq!(status, get.status, "{path}: {headers:?}");
+        assert!(status == 404 || status == 400, "{path}: {status}");
+        assert_eq!(
+            headers.get("content-type").map(String::as_str),
+            Some("application/problem+json"),
+            "{path}"
+        );
+    }
+}
+
+// Item 8: JSON routes demand JSON.
+
+/// Each JSON route: listener, method, path and a body it accepts.
+fn json_routes(app: &TestApp) -> [(String, Method, &'static str, String); 4] {
+    [
+        (
+            app.public.clone(),
+            Method::POST,
+            "/v1/public-phones/batch",
+            json!({ "items": [{ "user_id": 1, "ad_id": 1, "category_id": PLAIN_CATEGORY }] })
+                .to_string(),
+        ),
+        (
+            app.admin.clone(),
+            Method::POST,
+            STATUSES,
+            json!({ "items": [{ "user_id": 42, "enabled": true, "version": 1 }] }).to_string(),
+        ),
+        (
+            app.admin.clone(),
+            Method::PUT,
+            STATUSES,
+            json!({ "version": 2, "enabled_user_ids": [42] }).to_string(),
+        ),
+        (
+            app.admin.clone(),
+            Method::POST,
+            "/admin/v1/cache/invalidate",
+            json!({ "user_ids": [42] }).to_string(),
+        ),
+    ]
+}
+
+async fn send(
+    app: &TestApp,
+    base: &str,
+    method: &Method,
+    path: &str,
+    content_type: Option<&str>,
+    body: &str,
+) -> crate::support::Answer {
+    let mut request = app
+        .http
+        .request(method.clone(), format!("{base}{path}"))
+        .bearer_auth(TOKEN)
+        .body(body.to_owned());
+    if let Some(content_type) = content_type {
+        request = request.header("content-type", content_type);
+    }
+    crate::support::read(request.send().await.unwrap()).await
+}
+
+#[tokio::test]
+async fn json_routes_refuse_other_content_types_with_415() {
+    let app =
+        TestApp::spawn_with("[server]\nmax_body_bytes = 1000\nmax_snapshot_bytes = 2000").await;
+    app.real.reply(Reply::Phone(REAL));
+    let refused = [
+        None,
+        Some("text/plain"),
+        Some("text/plain; charset=utf-8"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=x"),
+        Some("text/json"),
+        Some("application/jsonx"),
+        Some("application/json-seq"),
+        Some("application/+json"),
+        Some(""),
+    ];
+    for (base, method, path, body) in json_routes(&app) {
+        for content_type in refused {
+            send(&app, &base, &method, path, content_type, &body)
+                .await
+                .assert_problem(415);
+        }
+        // Checked before the body is read: an oversized body is still a 415.
+        let big = " ".repeat(5000);
+        send(&app, &base, &method, path, Some("text/plain"), &big)
+            .await
+            .assert_problem(415);
+    }
+    // Nothing of the refused deliveries applied.
+    let got = app.get_admin(&format!("{STATUSES}/42")).await;
+    assert_eq!(got.body["version"], 0, "{got:?}");
+    // And the OpenAPI documents (schemathesis checks the service against them)
+    // list the 415.
+    let public = app.get_admin("/openapi/public.json").await.body;
+    let admin = app.get_admin("/openapi/admin.json").await.body;
+    for (document, method, path) in [
+        (&public, "post", "/v1/public-phones/batch"),
+        (&admin, "post", STATUSES),
+        (&admin, "put", STATUSES),
+        (&admin, "post", "/admin/v1/cache/invalidate"),
+    ] {
+        let responses = &document["paths"][path][method]["responses"];
+        assert!(responses["415"].is_object(), "{method} {path}: {responses}");
+    }
+}
+
+#[tokio::test]
+async fn json_routes_take_json_with_parameters_and_structured_suffixes() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    let accepted = [
+        "application/json",
+        "application/json; charset=utf-8",
+        "Application/JSON;charset=UTF-8",
+        "application/merge-patch+json",
+        "application/problem+json ; x=y",
+    ];
+    for (base, method, path, body) in json_routes(&app) {
+        for content_type in accepted {
+            let got = send(&app, &base, &method, path, Some(content_type), &body).await;
+            assert_eq!(
+                got.status, 200,
+                "{method} {path} as {content_type}: {got:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn admin_routes_need_the_bearer_token() {
+    let app = TestApp::spawn().await;
+    let routes = [
+        (Method::POST, STATUSES.to_string()),
+        (Method::PUT, STATUSES.to_string()),
+        (Method::GET, format!("{STATUSES}/42")),
+        (Method::POST, "/admin/v1/cache/invalidate".to_string()),
+    ];
+    for (method, path) in routes {
+        let prefix = format!("Bearer {}", &TOKEN[..TOKEN.len() - 1]);
+        let basic = format!("Basic {TOKEN}");
+        // None, a wrong one, a prefix of the right one, the right one as Basic.
+        for auth in [None, Some("Bearer nope"), Some(&*prefix), Some(&*basic)] {
+            let headers: Vec<(&str, &str)> =
+                auth.map(|a| ("authorization", a)).into_iter().collect();
+            app.admin_request(method.clone(), &path, &headers, "")
+                .await
+                .assert_problem(401);
+        }
+    }
+    assert_eq!(app.get_admin(&format!("{STATUSES}/42")).await.status, 200);
+}
+
+#[tokio::test]
+async fn no_token_configured_means_every_admin_route_refuses() {
+    let app = TestApp::spawn_with("[admin]\ntoken = \"\"").await;
+    let path = format!("{STATUSES}/42");
+    for auth in ["Bearer ", "Bearer", ""] {
+        app.admin_request(Method::GET, &path, &[("authorization", auth)], "")
+            .await
+            .assert_problem(401);
+    }
+    // Operations stay open.
+    for path in ["/healthz", "/readyz"] {
+        let got = app.admin_request(Method::GET, path, &[], "").await;
+        assert_eq!(got.status, 200, "{path}: {got:?}");
+    }
+}
+
+#[tokio::test]
+async fn operations_routes_answer_without_a_token() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    let health = read(
+        app.http
+            .get(format!("{}/healthz", app.admin))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(health.status, 200);
+    let ready = read(
+        app.http
+            .get(format!("{}/readyz", app.admin))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(ready.status, 200);
+    let metrics = read(
+        app.http
+            .get(format!("{}/metrics", app.admin))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(metrics.status, 200);
+    assert!(
+        metrics
+            .text
+            .contains("phones_gateway_http_request_duration_seconds"),
+        "{}",
+        metrics.text
+    );
+    assert!(
+        metrics.text.contains("phones_gateway_cache_entries"),
+        "{}",
+        metrics.text
+    );
+}
+
+#[tokio::test]
+async fn the_openapi_documents_describe_both_listeners() {
+    let app = TestApp::spawn().await;
+    let public = read(
+        app.http
+            .get(format!("{}/openapi/public.json", app.admin))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(public.status, 200);
+    assert!(
+        public.body["paths"]["/v1/public-phone"]["get"].is_object(),
+        "{}",
+        public.text
+    );
+    assert!(public.body["paths"]["/v1/public-phones/batch"]["post"].is_object());
+    let admin = read(
+        app.http
+            .get(format!("{}/openapi/admin.json", app.admin))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    for path in [
+        STATUSES,
+        "/admin/v1/cache/invalidate",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ] {
+        assert!(admin.body["paths"][path].is_object(), "{path} missing");
+    }
+    assert_eq!(
+        admin.body["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+}
+
+#[tokio::test]
+async fn every_bad_query_parameter_is_a_400_naming_it() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    let max = i64::MAX as u64;
+    let cases = [
+        ("", "user_id"),
+        ("ad_id=1&category_id=1", "user_id"),
+        ("user_id=1&category_id=1", "ad_id"),
+        ("user_id=1&ad_id=1", "category_id"),
+        ("user_id=0&ad_id=1&category_id=1", "user_id"),
+        ("user_id=-1&ad_id=1&category_id=1", "user_id"),
+        ("user_id=abc&ad_id=1&category_id=1", "user_id"),
+        ("user_id=1.5&ad_id=1&category_id=1", "user_id"),
+        (
+            &format!("user_id={}&ad_id=1&category_id=1", max + 1),
+            "user_id",
+        ),
+        ("user_id=1&ad_id=0&category_id=1", "ad_id"),
+        (
+            "user_id=1&ad_id=99999999999999999999999&category_id=1",
+            "ad_id",
+        ),
+        ("user_id=1&ad_id=1&category_id=0", "category_id"),
+        ("user_id=1&ad_id=1&category_id=2147483648", "category_id"),
+        ("user_id=1&ad_id=1&category_id=1&phone=", "phone"),
+        ("user_id=1&ad_id=1&category_id=1&phone=79161234567", "phone"),
+        (
+            "user_id=1&ad_id=1&category_id=1&phone=%2B7916abc4567",
+            "phone",
+        ),
+        ("user_id=1&ad_id=1&category_id=1&phone=%2B1234567", "phone"),
+        (
+            "user_id=1&ad_id=1&category_id=1&phone=%2B0123456789",
+            "phone",
+        ),
+        ("user_id=1&user_id=2&ad_id=1&category_id=1", "user_id"),
+        ("user_id=%FF&ad_id=1&category_id=1", "user_id"),
+    ];
+    for (query, field) in cases {
+        let got = app.get_public(&format!("/v1/public-phone?{query}")).await;
+        got.assert_problem(400);
+        let detail = got.body["detail"].as_str().unwrap_or_default();
+        assert!(detail.starts_with(field), "{query}: {detail}");
+    }
+    // Edges that are valid, and unknown parameters ignored.
+    let got = app
+        .get_public(&format!(
+            "/v1/public-phone?user_id={max}&ad_id={max}&category_id=2147483647&utm=x"
+        ))
+        .await;
+    got.assert_number(REAL, "real");
+    assert_eq!(got.body["user_id"], max);
+}
+
+#[tokio::test]
+async fn bad_batch_bodies_are_400_and_oversized_ones_413() {
+    let app = TestApp::spawn_with("[server]\nmax_body_bytes = 20000").await;
+    app.real.reply(Reply::Phone(REAL));
+    let item = json!({ "user_id": 1, "ad_id": 1, "category_id": 1 });
+    let bodies = [
+        "".to_string(),
+        "{".to_string(),
+        "[]".to_string(),
+        "null".to_string(),
+        json!({}).to_string(),
+        json!({ "items": [] }).to_string(),
+        json!({ "items": "x" }).to_string(),
+        json!({ "items": vec![item.clone(); 101] }).to_string(),
+    ];
+    for body in bodies {
+        let got = app
+            .post_public("/v1/public-phones/batch", body.clone())
+            .await;
+        got.assert_problem(400);
+        assert!(
+            !got.body["detail"].as_str().unwrap_or_default().is_empty(),
+            "{body}"
+        );
+    }
+    let ok = app
+        .post_public(
+            "/v1/public-phones/batch",
+            json!({ "items": vec![item.clone(); 100] }).to_string(),
+        )
+        .await;
+    assert_eq!(ok.status, 200, "{ok:?}");
+    let results = ok.body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 100);
+    for result in results {
+        assert_eq!(result["phone"], REAL, "{result}");
+        assert_eq!(result["kind"], "real", "{result}");
+    }
+    let huge = format!("{{\"items\": [{}]}}", " ".repeat(30_000));
+    app.post_public("/v1/public-phones/batch", huge)
+        .await
+        .assert_problem(413);
+    // Bad items are per-item answers, whatever their shape.
+    let odd = json!({ "items": [1, "x", null, [], { "user_id": "1", "ad_id": 1, "category_id": 1 },
+        { "user_id": 1.5, "ad_id": 1, "category_id": 1 }, { "user_id": 1, "ad_id": 1, "category_id": 1, "phone": 7 }] });
+    let got = app
+        .post_public("/v1/public-phones/batch", odd.to_string())
+        .await;
+    assert_eq!(got.status, 200, "{got:?}");
+    let results = got.body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 7, "one result per item: {got:?}");
+    for result in results {
+        assert_eq!(result["error"]["status"], 400, "{result}");
+        assert!(result.get("phone").is_none(), "{result}");
+    }
+}
+
+#[tokio::test]
+async fn bad_admin_bodies_are_400_and_change_nothing() {
+    let app = TestApp::spawn_with("[server]\nmax_body_bytes = 20000").await;
+    let statuses = "/admin/v1/calltracking/statuses";
+    let good = json!({ "user_id": 42, "enabled": true, "version": 1 });
+    let webhooks = [
+        json!({}),
+        json!({ "items": [] }),
+        json!({ "items": [good, { "user_id": 0, "enabled": true, "version": 1 }] }),
+        json!({ "items": [good, { "user_id": 42, "enabled": true, "version": 0 }] }),
+        json!({ "items": [good, { "user_id": 42, "enabled": "yes", "version": 2 }] }),
+        json!({ "items": [good, { "user_id": 42, "enabled": true }] }),
+        json!({ "items": [good, { "user_id": 42, "enabled": true, "version": -2 }] }),
+        json!({ "items": [good, { "user_id": 42, "enabled": true, "version": 9223372036854775808u64 }] }),
+    ];
+    for body in webhooks {
+        app.send_admin(Method::POST, statuses, &body)
+            .await
+            .assert_problem(400);
+    }
+    let too_many = json!({ "items": vec![good.clone(); 10_001] });
+    let got = app.send_admin(Method::POST, statuses, &too_many).await;
+    got.assert_problem(413); // over max_body_bytes here; 400 when the limit allows it
+    let got = app.get_admin(&format!("{statuses}/42")).await;
+    assert_eq!(got.body["version"], 0, "nothing was applied: {got:?}");
+
+    for body in [
+        json!({}),
+        json!({ "version": 0, "enabled_user_ids": [] }),
+        json!({ "version": 1, "enabled_user_ids": [0] }),
+        json!({ "version": 1 }),
+    ] {
+        app.send_admin(Method::PUT, statuses, &body)
+            .await
+            .assert_problem(400);
+    }
+    for path in [
+        format!("{statuses}/0"),
+        format!("{statuses}/abc"),
+        format!("{statuses}/-4"),
+    ] {
+        app.get_admin(&path).await.assert_problem(400);
+    }
+    for body in [
+        json!({}),
+        json!({ "user_ids": [] }),
+        json!({ "user_ids": [0] }),
+        json!({ "user_ids": "1" }),
+    ] {
+        app.send_admin(Method::POST, "/admin/v1/cache/invalidate", &body)
+            .await
+            .assert_problem(400);
+    }
+}
+
+/// The item-count limits themselves, not the body limit: a body limit large
+/// enough that 10,001 items fit, so only the count can refuse them.
+#[tokio::test]
+async fn ten_thousand_items_pass_and_one_more_is_a_400() {
+    let app = TestApp::spawn_with("[server]\nmax_body_bytes = 2097152").await;
+    let statuses = "/admin/v1/calltracking/statuses";
+    let items = |n: u64| json!({ "items": (1..=n).map(|user| json!({ "user_id": user, "enabled": true, "version": 1 })).collect::<Vec<_>>() });
+    let got = app.send_admin(Method::POST, statuses, &items(10_001)).await;
+    got.assert_problem(400);
+    assert!(
+        got.body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("items"),
+        "{got:?}"
+    );
+    assert_eq!(
+        app.get_admin(&format!("{statuses}/1")).await.body["version"],
+        0,
+        "nothing was applied"
+    );
+    let got = app.send_admin(Method::POST, statuses, &items(10_000)).await;
+    assert_eq!(got.status, 200, "{got:?}");
+    assert_eq!(got.body["applied"], 10_000);
+
+    let invalidate = "/admin/v1/cache/invalidate";
+    let ids = |n: u64| json!({ "user_ids": (1..=n).collect::<Vec<_>>() });
+    let got = app.send_admin(Method::POST, invalidate, &ids(10_001)).await;
+    got.assert_problem(400);
+    assert!(
+        got.body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("user_ids"),
+        "{got:?}"
+    );
+    let got = app.send_admin(Method::POST, invalidate, &ids(10_000)).await;
+    assert_eq!(got.status, 200, "{got:?}");
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_are_problem_documents() {
+    let app = TestApp::spawn().await;
+    app.get_public("/nope").await.assert_problem(404);
+    app.post_public("/v1/public-phone", "")
+        .await
+        .assert_problem(405);
+    let got = read(
+        app.http
+            .get(format!("{}/v1/public-phones/batch", app.public))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    got.assert_problem(405);
+    app.get_admin("/admin/nope").await.assert_problem(404);
+    app.send_admin(
+        Method::DELETE,
+        "/admin/v1/calltracking/statuses",
+        &json!({}),
+    )
+    .await
+    .assert_problem(405);
+}
+
+/// Issue 21: a body of the largest allowed size holding half a million items
+/// is refused as any batch over 100 items is, with the count, and quickly: the
+/// items past the hundredth are counted while parsing, never built (the
+/// allocation itself is measured by a unit test in src/http/extract.rs).
+#[tokio::test]
+async fn a_megabyte_of_zero_items_is_a_quick_400_with_the_count() {
+    let app = TestApp::spawn().await;
+    let mut body = String::from("{\"items\":[0");
+    // Up to exactly server.max_body_bytes (1 MiB), the closing `]}` included.
+    while body.len() + ",0]}".len() <= 1 << 20 {
+        body.push_str(",0");
+    }
+    body.push_str("]}");
+    let count = body.matches('0').count();
+    let start = std::time::Instant::now();
+    let got = app.post_public("/v1/public-phones/batch", body).await;
+    let took = start.elapsed();
+    got.assert_problem(400);
+    assert_eq!(
+        got.body["detail"],
+        format!("items: must hold 1 to 100 items, got {count}"),
+        "{got:?}"
+    );
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+    // 101 items say so the same way.
+    let item = json!({ "user_id": 1, "ad_id": 1, "category_id": 1 });
+    let got = app
+        .post_public(
+            "/v1/public-phones/batch",
+            json!({ "items": vec![item; 101] }).to_string(),
+        )
+        .await;
+    assert_eq!(
+        got.body["detail"], "items: must hold 1 to 100 items, got 101",
+        "{got:?}"
+    );
+}
+
+const LIMITS: &str =
+    "[server]\nmax_header_bytes = 4096\nheader_read_timeout_ms = 300\nbody_read_timeout_ms = 300";
+
+#[tokio::test]
+async fn oversized_headers_are_refused_with_431() {
+    let app = TestApp::spawn_with(LIMITS).await;
+    app.real.reply(Reply::Phone(REAL));
+    let url = format!(
+        "{}/v1/public-phone?user_id=1&ad_id=1&category_id={PLAIN_CATEGORY}",
+        app.public
+    );
+    let got = read(
+        app.http
+            .get(&url)
+            .header("x-big", "a".repeat(5000))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    got.assert_problem(431);
+    // Far over the limit, hyper refuses before the router sees it.
+    let got = app
+        .http
+        .get(&url)
+        .header("x-huge", "a".repeat(100_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.status(), 431);
+    // Normal requests still pass.
+    read(app.http.get(&url).send().await.unwrap())
+        .await
+        .assert_number(REAL, "real");
+}
+
+fn host_port(base: &str) -> String {
+    base.trim_start_matches("http://").to_owned()
+}
+
+#[tokio::test]
+async fn a_body_sent_too_slowly_gets_408() {
+    let app = TestApp::spawn_with(LIMITS).await;
+    let mut stream = TcpStream::connect(host_port(&app.public)).await.unwrap();
+    stream
+        .write_all(b"POST /v1/public-phones/batch HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 60\r\n\r\n{\"items\": [")
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut answer)).await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("application/problem+json"), "{text}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn a_request_head_sent_too_slowly_closes_the_connection() {
+    let app = TestApp::spawn_with(LIMITS).await;
+    let mut stream = TcpStream::connect(host_port(&app.public)).await.unwrap();
+    stream
+        .write_all(b"GET /v1/public-phone?user_id=1 HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut answer)).await;
+    assert!(
+        read.is_ok(),
+        "the server kept a slow client's connection open"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    // The admin listener applies the same rule.
+    let mut stream = TcpStream::connect(host_port(&app.admin)).await.unwrap();
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let read =
+        tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut Vec::new())).await;
+    assert!(read.is_ok());
+}
+
+#[tokio::test]
+async fn a_connection_in_service_is_kept_and_an_idle_one_is_closed() {
+    // Head deadline 200 ms; the answer takes 700 ms, over three deadlines.
+    let app = TestApp::spawn_with(
+        "[server]\nheader_read_timeout_ms = 200\nrequest_deadline_ms = 3000\n\
+         [upstreams.real_phone]\ntimeout_ms = 2000",
+    )
+    .await;
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(700));
+    let mut stream = TcpStream::connect(host_port(&app.public)).await.unwrap();
+    let head = format!(
+        "GET /v1/public-phone?user_id=1&ad_id=1&category_id={PLAIN_CATEGORY} HTTP/1.1\r\nhost: x\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !answer.ends_with(b"}") {
+        let n = tokio::time::timeout(Duration::from_secs(3), stream.read(&mut chunk))
+            .await
+            .expect("no answer")
+            .unwrap();
+        assert!(n > 0, "closed while the request was in service: {answer:?}");
+        answer.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    // Idle after its answer: closed after one to two periods (plus slack for two
+    // busy cores); a connection kept would hold the read for the whole 10 s.
+    let idle = Instant::now();
+    let read =
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut Vec::new())).await;
+    assert!(read.is_ok(), "an idle keep-alive connection was kept");
+    assert!(
+        idle.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        idle.elapsed()
+    );
+    assert!(
+        idle.elapsed() >= Duration::from_millis(190),
+        "{:?}",
+        idle.elapsed()
+    );
+}
+
+/// docs/api.md: a batch item's problem is the document the single route answers,
+/// a 404 included.
+#[tokio::test]
+async fn a_batch_items_problem_is_the_single_routes_a_404_included() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::NotFound);
+    app.anonymous.reply(Reply::Status(500));
+    let items = [
+        (1, 11, PLAIN_CATEGORY, None),      // no phone: 404
+        (2, 12, ANON_CATEGORY, None),       // anonymous fails closed: 503
+        (3, 13, PLAIN_CATEGORY, Some("7")), // bad phone: 400
+    ];
+    let body = json!({ "items": items.iter().map(|&(user, ad, category, phone)| {
+        let mut item = json!({ "user_id": user, "ad_id": ad, "category_id": category });
+        if let Some(phone) = phone {
+            item["phone"] = json!(phone);
+        }
+        item
+    }).collect::<Vec<_>>() });
+    let batch = app
+        .post_public("/v1/public-phones/batch", body.to_string())
+        .await;
+    assert_eq!(batch.status, 200, "{batch:?}");
+    let results = batch.body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3);
+    for (result, &(user, ad, category, phone)) in results.iter().zip(&items) {
+        let mut query =
+            format!("/v1/public-phone?user_id={user}&ad_id={ad}&category_id={category}");
+        if let Some(phone) = phone {
+            query.push_str(&format!("&phone={phone}"));
+        }
+        let single = app.get_public(&query).await;
+        assert_eq!(result["ad_id"], ad, "{result}");
+        assert_eq!(
+            result["error"], single.body,
+            "{query}: batch {result} vs single {single:?}"
+        );
+    }
+    assert_eq!(results[0]["error"]["status"], 404);
+    assert_eq!(results[1]["error"]["status"], 503);
+    assert_eq!(results[2]["error"]["status"], 400);
+}
+
+#[tokio::test]
+async fn batch_answers_each_item_in_order_with_mixed_results() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.anonymous.reply(Reply::Status(500));
+    let body = serde_json::json!({ "items": [
+        { "user_id": 1, "ad_id": 11, "category_id": 1 },
+        { "user_id": 0, "ad_id": 12, "category_id": 1 },
+        { "user_id": 2, "ad_id": 13, "category_id": 9 },
+        { "user_id": 3, "ad_id": 14, "category_id": 1, "phone": "+44 20 7946 0958" },
+        { "user_id": 4, "ad_id": 15, "category_id": 1, "phone": "12345" },
+        { "user_id": 5, "category_id": 1 },
+    ]});
+    let got = app
+        .post_public("/v1/public-phones/batch", body.to_string())
+        .await;
+    assert_eq!(got.status, 200, "{got:?}");
+    let results = got.body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 6);
+    assert_eq!(results[0]["phone"], REAL);
+    assert_eq!(results[0]["kind"], "real");
+    assert_eq!(results[0]["ad_id"], 11);
+    assert_eq!(results[1]["ad_id"], 12);
+    assert_eq!(results[1]["error"]["status"], 400);
+    assert!(
+        results[1]["error"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("user_id")
+    );
+    assert_eq!(results[2]["ad_id"], 13);
+    assert_eq!(results[2]["error"]["status"], 503);
+    assert_eq!(results[3]["phone"], crate::FOREIGN);
+    assert_eq!(results[4]["error"]["status"], 400);
+    assert!(
+        results[4]["error"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("phone")
+    );
+    assert_eq!(results[5]["ad_id"], serde_json::Value::Null);
+    assert_eq!(results[5]["error"]["status"], 400);
+}
+
+// Contract cases that need no socket: the public front driven with `oneshot`
+// (support::front), decided before any upstream is asked.
+
+#[tokio::test]
+async fn on_the_front_an_unknown_route_is_a_404_problem() {
+    let front = public_front();
+    for path in ["/nope", "/v1/public-phone/42", "/admin/v1/cache/invalidate"] {
+        let request = Request::get(path).body(Body::empty()).unwrap();
+        oneshot(&front, request).await.assert_problem(404);
+    }
+}
+
+#[tokio::test]
+async fn on_the_front_a_wrong_method_is_a_405_problem_naming_the_allowed_ones() {
+    let front = public_front();
+    let request = Request::delete("/v1/public-phone?user_id=1&ad_id=1&category_id=1")
+        .body(Body::empty())
+        .unwrap();
+    let got = oneshot(&front, request).await;
+    got.assert_problem(405);
+    assert_eq!(got.allow.as_deref(), Some("GET,HEAD"), "{got:?}");
+    let request = Request::get("/v1/public-phones/batch")
+        .body(Body::empty())
+        .unwrap();
+    oneshot(&front, request).await.assert_problem(405);
+}
+
+#[tokio::test]
+async fn on_the_front_a_batch_that_is_not_json_is_a_415_problem() {
+    let front = public_front();
+    for content_type in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        None,
+    ] {
+        let mut request = Request::post("/v1/public-phones/batch");
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        let request = request.body(Body::from(r#"{"items":[]}"#)).unwrap();
+        oneshot(&front, request).await.assert_problem(415);
+    }
+}
+
+#[tokio::test]
+async fn on_the_front_a_bad_parameter_is_a_400_problem_naming_it() {
+    let front = public_front();
+    for (query, field) in [
+        ("ad_id=1&category_id=1", "user_id"),
+        ("user_id=abc&ad_id=1&category_id=1", "user_id"),
+        ("user_id=1&ad_id=0&category_id=1", "ad_id"),
+        ("user_id=1&ad_id=1&category_id=2147483648", "category_id"),
+        ("user_id=1&ad_id=1&category_id=1&phone=79161234567", "phone"),
+    ] {
+        let request = Request::get(format!("/v1/public-phone?{query}"))
+            .body(Body::empty())
+            .unwrap();
+        let got = oneshot(&front, request).await;
+        got.assert_problem(400);
+        let detail = got.body["detail"].as_str().unwrap_or_default();
+        assert!(detail.starts_with(field), "{query}: {detail}");
+    }
+}

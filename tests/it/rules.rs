@@ -1,0 +1,891 @@
+//! docs/rules.md: which number a buyer sees. The selection rules and their
+//! matrix, fail closed (anonymous) and fall through (call tracking), a given
+//! phone, concurrency and the request deadline (it follows the configured
+//! timeouts; busy workers and slow chains do not cut an answer within them),
+//! "Before the status set is loaded", the circuit breakers, and what counts as a
+//! failed source: docs/errors.md "Upstream failures" and the upstream client's
+//! guarantees (README "Upstreams": kept-alive connections, one timeout over head
+//! and body, bodies over the bound refused, redirects not followed), the last
+//! against a raw HTTP/1.1 server that shows what arrives on the wire.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::support::child::Spawned;
+use crate::support::{Fake, Reply, TestApp, Upstream, eventually, pg, read};
+use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
+
+/// Every combination of applicable sources and their answers, one row per case:
+/// does the anonymous rule apply (category), what the anonymous upstream answers,
+/// is call tracking on for the seller, what the call-tracking and real-phone
+/// upstreams answer; then the status, number and kind the buyer gets.
+#[tokio::test]
+#[allow(clippy::type_complexity)] // a table reads best as tuples
+async fn the_selection_matrix() {
+    use Reply::{NotFound, Phone, Status};
+    #[rustfmt::skip]
+    let cases: &[(bool, Reply, bool, Reply, Reply, u16, &str, &str)] = &[
+        // anon? anonymous     ct on?  calltracking     real          code  number    kind
+        (true,   Phone(ANON),  true,   Phone(VIRTUAL),  Phone(REAL),  200,  ANON,     "anonymous"),
+        (true,   NotFound,     true,   Phone(VIRTUAL),  Phone(REAL),  200,  VIRTUAL,  "calltracking"),
+        (true,   NotFound,     false,  Phone(VIRTUAL),  Phone(REAL),  200,  REAL,     "real"),
+        (false,  Phone(ANON),  true,   Phone(VIRTUAL),  Phone(REAL),  200,  VIRTUAL,  "calltracking"),
+        (false,  Phone(ANON),  false,  Phone(VIRTUAL),  Phone(REAL),  200,  REAL,     "real"),
+        (false,  Phone(ANON),  true,   NotFound,        Phone(REAL),  200,  REAL,     "real"),
+        (true,   NotFound,     true,   NotFound,        NotFound,     404,  "",       ""),
+        (false,  NotFound,     false,  NotFound,        NotFound,     404,  "",       ""),
+        (true,   Phone(ANON),  false,  NotFound,        NotFound,     200,  ANON,     "anonymous"),
+        (true,   Status(500),  true,   Phone(VIRTUAL),  Phone(REAL),  503,  "",       ""),
+        (false,  Status(500),  false,  NotFound,        Phone(REAL),  200,  REAL,     "real"),
+        (false,  NotFound,     true,   Status(500),     Phone(REAL),  200,  REAL,     "real"),
+        (false,  NotFound,     true,   Phone(VIRTUAL),  Status(500),  503,  "",       ""),
+        (false,  NotFound,     false,  NotFound,        Status(502),  503,  "",       ""),
+        (true,   NotFound,     true,   Status(500),     NotFound,     404,  "",       ""),
+    ];
+    let app = TestApp::spawn().await;
+    for (i, (anon_applies, anon, ct_on, ct, real, status, phone, kind)) in cases.iter().enumerate()
+    {
+        let user = 1000 + i as u64;
+        app.anonymous.reply(anon.clone());
+        app.calltracking.reply(ct.clone());
+        app.real.reply(real.clone());
+        if *ct_on {
+            app.enable_calltracking(user, 1).await;
+        }
+        let category = if *anon_applies {
+            ANON_CATEGORY
+        } else {
+            PLAIN_CATEGORY
+        };
+        let got = app.phone(user, 1, category).await;
+        if *status == 200 {
+            got.assert_number(phone, kind);
+            assert_eq!(got.body["user_id"], user, "case {i}");
+            assert_eq!(got.body["ad_id"], 1, "case {i}");
+        } else {
+            got.assert_problem(*status);
+            assert!(!got.text.contains("+7"), "case {i} leaks a number: {got:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_given_phone_saves_the_real_phone_call_and_feeds_calltracking() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Status(500));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    app.enable_calltracking(7, 1).await;
+    let got = app
+        .get_public(
+            "/v1/public-phone?user_id=7&ad_id=1&category_id=1&phone=%2B7%20(916)%20123-45-67",
+        )
+        .await;
+    got.assert_number(VIRTUAL, "calltracking");
+    assert_eq!(app.real.calls(), 0);
+    assert_eq!(
+        app.calltracking.uris(),
+        ["/v1/virtual-numbers?user_id=7&phone=%2B79161234567"]
+    );
+
+    let got = app
+        .get_public("/v1/public-phone?user_id=8&ad_id=1&category_id=1&phone=%2B7-916-123-45-67")
+        .await;
+    got.assert_number(REAL, "real");
+    assert_eq!(app.real.calls(), 0);
+}
+
+#[tokio::test]
+async fn upstream_answers_with_separators_are_normalised_and_bad_ones_are_failures() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone("+7 (916) 123-45-67"));
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    app.real.reply(Reply::Phone("89161234567"));
+    app.phone(2, 1, PLAIN_CATEGORY).await.assert_problem(503);
+}
+
+#[tokio::test]
+async fn anonymous_upstream_hang_answers_503_without_revealing() {
+    // A far deadline, so that only the anonymous upstream's 300 ms timeout can end
+    // the wait.
+    let app = TestApp::spawn_with("[server]\nrequest_deadline_ms = 8000").await;
+    app.anonymous.reply(Reply::Hang);
+    app.real.reply(Reply::Phone(REAL));
+    let start = Instant::now();
+    let got = app.phone(1, 1, ANON_CATEGORY).await;
+    got.assert_problem(503);
+    assert!(got.retry_after.is_some(), "{got:?}");
+    assert!(!got.text.contains(REAL));
+    // Bounded by the anonymous upstream's 300 ms timeout, not by the hang nor by
+    // the 8 s deadline (the upper bound leaves room for two busy cores).
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+}
+
+#[tokio::test]
+async fn anonymous_upstream_garbage_or_500_answers_503() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    for (user, reply) in [
+        (1, Reply::Garbage),
+        (2, Reply::Status(500)),
+        (3, Reply::Status(429)),
+        (4, Reply::Phone("not a phone")),
+    ] {
+        app.anonymous.reply(reply.clone());
+        let got = app.phone(user, 1, ANON_CATEGORY).await;
+        got.assert_problem(503);
+        assert!(!got.text.contains(REAL), "{reply:?}: {got:?}");
+    }
+}
+
+#[tokio::test]
+async fn calltracking_failure_falls_through_to_the_real_number() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.enable_calltracking(5, 1).await;
+    for (ad, reply) in [
+        (1, Reply::Hang),
+        (2, Reply::Garbage),
+        (3, Reply::Status(503)),
+    ] {
+        app.calltracking.reply(reply);
+        app.phone(5, ad, PLAIN_CATEGORY)
+            .await
+            .assert_number(REAL, "real");
+    }
+}
+
+#[tokio::test]
+async fn fail_closed_and_order_are_configurable() {
+    let app = TestApp::spawn_with(
+        r#"
+        [upstreams.calltracking]
+        on_error = "fail_closed"
+        [selection]
+        order = ["calltracking", "real", "anonymous"]
+        "#,
+    )
+    .await;
+    app.real.reply(Reply::Phone(REAL));
+    app.anonymous.reply(Reply::Phone(ANON));
+    app.calltracking.reply(Reply::Status(500));
+    app.enable_calltracking(3, 1).await;
+    app.phone(3, 1, ANON_CATEGORY).await.assert_problem(503);
+    // Not in the set: real comes before anonymous in this order.
+    app.phone(4, 1, ANON_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+}
+
+#[tokio::test]
+async fn cold_latency_is_the_max_of_independent_calls_not_their_sum() {
+    let app = TestApp::spawn_with(
+        r#"
+        [server]
+        request_deadline_ms = 10000
+        [upstreams.real_phone]
+        timeout_ms = 2000
+        [upstreams.anonymous]
+        timeout_ms = 2000
+        [upstreams.calltracking]
+        timeout_ms = 2000
+        "#,
+    )
+    .await;
+    app.enable_calltracking(9, 1).await;
+    // anonymous 800 ms in parallel with real 600 ms then calltracking 300 ms:
+    // max(800, 900) = 900 ms; the sum would be 1700 ms. The gap is wide enough
+    // for two busy cores.
+    app.anonymous
+        .reply_after(Reply::NotFound, Duration::from_millis(800));
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(600));
+    app.calltracking
+        .reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(300));
+    let start = Instant::now();
+    app.phone(9, 1, ANON_CATEGORY)
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "took {took:?}: calls ran one after another"
+    );
+}
+
+#[tokio::test]
+async fn a_decided_request_does_not_wait_for_calls_that_cannot_change_it() {
+    let app = TestApp::spawn_with(
+        "[server]\nrequest_deadline_ms = 20000\n[upstreams.real_phone]\ntimeout_ms = 15000",
+    )
+    .await;
+    app.anonymous
+        .reply_after(Reply::Phone(ANON), Duration::from_millis(20));
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(10_000));
+    let start = Instant::now();
+    app.phone(1, 1, ANON_CATEGORY)
+        .await
+        .assert_number(ANON, "anonymous");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_lower_source_is_not_revealed_while_a_higher_one_is_pending() {
+    let app = TestApp::spawn_with(
+        "[server]\nrequest_deadline_ms = 10000\n[upstreams.anonymous]\ntimeout_ms = 2000",
+    )
+    .await;
+    app.anonymous
+        .reply_after(Reply::Phone(ANON), Duration::from_millis(300));
+    app.real.reply(Reply::Phone(REAL));
+    let start = Instant::now();
+    app.phone(1, 1, ANON_CATEGORY)
+        .await
+        .assert_number(ANON, "anonymous");
+    assert!(start.elapsed() >= Duration::from_millis(300));
+}
+
+/// docs/api.md: output is E.164 also when the anonymous or call-tracking upstream
+/// answered with separators.
+#[tokio::test]
+async fn anonymous_and_calltracking_numbers_are_normalised() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.anonymous.reply(Reply::Phone("+7 (800) 111-22-33"));
+    app.calltracking.reply(Reply::Phone("+7 495 123-45-67"));
+    app.enable_calltracking(2, 1).await;
+    app.phone(1, 1, ANON_CATEGORY)
+        .await
+        .assert_number(ANON, "anonymous");
+    app.phone(2, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+}
+
+/// A base URL where nothing listens: a port bound and given back.
+fn closed_port_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    url
+}
+
+/// docs/rules.md: a refused connection is an upstream failure: real answers 503,
+/// call tracking falls through to the real number.
+#[tokio::test]
+async fn refused_connections_are_upstream_failures() {
+    let app = TestApp::spawn_with(&format!(
+        "[upstreams.real_phone]\nbase_url = \"{}\"",
+        closed_port_url()
+    ))
+    .await;
+    let got = app.phone(1, 1, PLAIN_CATEGORY).await;
+    got.assert_problem(503);
+    assert!(got.retry_after.is_some(), "{got:?}");
+
+    let app = TestApp::spawn_with(&format!(
+        "[upstreams.calltracking]\nbase_url = \"{}\"",
+        closed_port_url()
+    ))
+    .await;
+    app.real.reply(Reply::Phone(REAL));
+    app.enable_calltracking(1, 1).await;
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+}
+
+#[tokio::test]
+async fn a_replica_whose_status_set_is_not_loaded_never_shows_a_real_number() {
+    let Some(db) = pg::cluster() else { return };
+    let cluster = db.cluster.as_ref().unwrap();
+    let first = TestApp::spawn_on(Some(&db.url), "").await;
+    first.enable_calltracking(42, 1).await;
+    drop(first);
+    // PostgreSQL is down when this replica starts: it cannot load the set.
+    cluster.stop_server().unwrap();
+    let app = TestApp::start_on(Some(&db.url), "").await;
+    app.real.reply(Reply::Phone(REAL));
+    app.anonymous.reply(Reply::Phone(ANON));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    app.get_admin("/readyz").await.assert_problem(503);
+
+    // Seller 42 has call tracking on; this replica cannot know: no real number,
+    // for any seller, on any path. 503 with Retry-After instead.
+    for user in [42, 43] {
+        let answer = app.phone(user, 1, PLAIN_CATEGORY).await;
+        answer.assert_problem(503);
+        assert_eq!(answer.retry_after.as_deref(), Some("1"), "{answer:?}");
+        let given = app
+            .get_public(&format!(
+                "/v1/public-phone?user_id={user}&ad_id=1&category_id={PLAIN_CATEGORY}&phone=%2B79161234567"
+            ))
+            .await;
+        given.assert_problem(503);
+        let head = app
+            .http
+            .head(format!(
+                "{}/v1/public-phone?user_id={user}&ad_id=2&category_id={PLAIN_CATEGORY}",
+                app.public
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(head.status(), 503);
+    }
+    let batch = app
+        .post_public(
+            "/v1/public-phones/batch",
+            json!({ "items": [
+                { "user_id": 42, "ad_id": 3, "category_id": PLAIN_CATEGORY },
+                { "user_id": 42, "ad_id": 4, "category_id": ANON_CATEGORY },
+            ]})
+            .to_string(),
+        )
+        .await;
+    assert_eq!(batch.status, 200, "{batch:?}");
+    assert_eq!(
+        batch.body["results"][0]["error"]["status"], 503,
+        "{batch:?}"
+    );
+    // An anonymous number is above call tracking: it may be answered.
+    assert_eq!(batch.body["results"][1]["kind"], "anonymous", "{batch:?}");
+    app.phone(42, 5, ANON_CATEGORY)
+        .await
+        .assert_number(ANON, "anonymous");
+    // Where the seller has no anonymous number, nothing below may be shown.
+    app.anonymous.reply(Reply::NotFound);
+    app.phone(42, 6, ANON_CATEGORY).await.assert_problem(503);
+
+    // Once the set loads, the rules apply as usual.
+    cluster.start_server().unwrap();
+    app.wait_ready().await;
+    app.phone(42, 7, PLAIN_CATEGORY)
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+    app.phone(43, 7, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+}
+
+#[tokio::test]
+async fn an_answer_within_its_configured_timeout_is_not_cut_short_by_the_deadline() {
+    let app = TestApp::spawn_with("[upstreams.anonymous]\ntimeout_ms = 800").await;
+    app.anonymous
+        .reply_after(Reply::Phone(ANON), Duration::from_millis(600));
+    app.phone(1, 1, ANON_CATEGORY)
+        .await
+        .assert_number(ANON, "anonymous");
+}
+
+#[tokio::test]
+async fn a_slow_real_then_calltracking_chain_within_its_timeouts_shows_calltracking() {
+    let app = TestApp::spawn().await;
+    app.enable_calltracking(42, 1).await;
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(250));
+    app.calltracking
+        .reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(250));
+    app.phone(42, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+}
+
+/// Fake real-phone and call-tracking upstreams on a runtime of their own (a
+/// thread of their own), so their delays stay exact while the test keeps the
+/// app's runtime busy.
+fn fakes_on_their_own_thread() -> (Fake, Fake) {
+    let (sender, fakes) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let real = Fake::start(Upstream::RealPhone).await;
+            let calltracking = Fake::start(Upstream::Calltracking).await;
+            sender.send((real, calltracking)).unwrap();
+            // Serves until the test binary exits.
+            std::future::pending::<()>().await;
+        });
+    });
+    fakes.recv().unwrap()
+}
+
+/// docs/rules.md#concurrency-and-the-deadline: the default deadline leaves the
+/// chain room for its own scheduling. The app runs on this test's one thread,
+/// which a task holds 12 ms at a time (a saturated replica); the upstreams run
+/// elsewhere and answer in 280 ms, within their 300 ms timeouts. With the deadline
+/// at the bare 600 ms sum, most of these requests were cut and showed the real
+/// number.
+#[tokio::test(flavor = "current_thread")]
+async fn on_a_busy_worker_a_calltracking_answer_within_its_timeout_is_not_cut_by_the_default_deadline()
+ {
+    let (real, calltracking) = fakes_on_their_own_thread();
+    let app = TestApp::spawn_with(&format!(
+        "[upstreams.real_phone]\nbase_url = \"{}\"\n[upstreams.calltracking]\nbase_url = \"{}\"",
+        real.url, calltracking.url
+    ))
+    .await;
+    let users = 1..=8;
+    for user in users.clone() {
+        app.enable_calltracking(user, 1).await;
+    }
+    // Connections to both upstreams made before the worker is busy: connecting
+    // under the hog costs the first calls a part of their own timeouts, which
+    // is not what this test is about.
+    real.reply(Reply::Phone(REAL));
+    calltracking.reply(Reply::Phone(VIRTUAL));
+    app.enable_calltracking(100, 1).await;
+    app.phone(100, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+    real.reply_after(Reply::Phone(REAL), Duration::from_millis(280));
+    calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(280));
+    let hog = tokio::spawn(async {
+        loop {
+            std::thread::sleep(Duration::from_millis(12));
+            tokio::task::yield_now().await;
+        }
+    });
+    let mut kinds = Vec::new();
+    for user in users {
+        let got = app.phone(user, 1, PLAIN_CATEGORY).await;
+        assert_eq!(got.status, 200, "{got:?}");
+        kinds.push(got.body["kind"].as_str().unwrap_or_default().to_owned());
+    }
+    hog.abort();
+    assert!(kinds.iter().all(|k| k == "calltracking"), "{kinds:?}");
+}
+
+#[tokio::test]
+async fn an_open_circuit_fails_fast_and_a_probe_closes_it() {
+    let app = TestApp::spawn_with("[breaker]\nconsecutive_failures = 3\nopen_ms = 500").await;
+    app.real.reply(Reply::Status(500));
+    for user in 1..=3 {
+        app.phone(user, 1, PLAIN_CATEGORY).await.assert_problem(503);
+    }
+    assert_eq!(app.real.calls(), 3);
+    // Open: the upstream (which now answers at once) is not called: 503 without
+    // a call is what "fails fast" means; the time bound only rules out a wait for
+    // some timeout, with room for two busy cores.
+    app.real.reply(Reply::Phone(REAL));
+    let start = Instant::now();
+    app.phone(4, 1, PLAIN_CATEGORY).await.assert_problem(503);
+    assert!(start.elapsed() < Duration::from_millis(1500));
+    assert_eq!(app.real.calls(), 3);
+    // After open_ms one probe goes through; it succeeds and closes the circuit.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    app.phone(5, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    app.phone(6, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    assert_eq!(app.real.calls(), 5);
+}
+
+#[tokio::test]
+async fn the_request_deadline_follows_the_configured_timeouts() {
+    // The deadline defaults to max(anonymous, real + calltracking) = 1000 ms.
+    let app = TestApp::spawn_with(
+        r#"
+        [upstreams.real_phone]
+        timeout_ms = 300
+        [upstreams.anonymous]
+        timeout_ms = 1000
+        [upstreams.calltracking]
+        timeout_ms = 300
+        "#,
+    )
+    .await;
+    app.enable_calltracking(1, 1).await;
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(250));
+    app.calltracking.reply(Reply::Hang);
+    // Call tracking is asked once the real number is known (250 ms) and times
+    // out on its own 300 ms: it falls through to the real number at about 550.
+    let start = Instant::now();
+    app.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_millis(2500),
+        "{took:?}"
+    );
+    // A hung anonymous upstream (fail_closed) answers 503 at its own timeout,
+    // not cut short before it, and not waited on after it.
+    app.anonymous.reply(Reply::Hang);
+    let start = Instant::now();
+    app.phone(2, 1, ANON_CATEGORY).await.assert_problem(503);
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_millis(3500),
+        "{took:?}"
+    );
+}
+
+/// The default deadline: max(anonymous, real + calltracking) of the default
+/// timeouts, plus the margin (`config::DEADLINE_MARGIN`).
+const DEADLINE_MS: u64 = 700;
+
+/// Sends `n` anonymous-eligible requests (10 at a time) for fresh sellers, some
+/// with call tracking on; each must be 503 or the anonymous number, within the
+/// deadline and slack for ten concurrent requests on two busy cores (a hung
+/// upstream holds for 60 s, so the bound still tells a deadline from none).
+async fn never_reveals(app: &TestApp, first_user: u64, n: u64) -> (usize, usize) {
+    let results: Vec<_> = futures_util::stream::iter(first_user..first_user + n)
+        .map(|user| async move {
+            let start = Instant::now();
+            let url = format!(
+                "{}/v1/public-phone?user_id={user}&ad_id=1&category_id={ANON_CATEGORY}",
+                app.public
+            );
+            let got = read(app.http.get(url).send().await.unwrap()).await;
+            (got, start.elapsed())
+        })
+        .buffer_unordered(10)
+        .collect()
+        .await;
+    let (mut anonymous, mut refused) = (0, 0);
+    for (got, took) in results {
+        assert!(
+            took < Duration::from_millis(DEADLINE_MS + 2500),
+            "no answer within the deadline: {took:?}"
+        );
+        match got.status {
+            503 => refused += 1,
+            200 => {
+                assert_eq!(
+                    got.body["kind"], "anonymous",
+                    "revealed while anonymous failed: {got:?}"
+                );
+                anonymous += 1;
+            }
+            _ => panic!("unexpected answer {got:?}"),
+        }
+        assert!(
+            !got.text.contains(REAL) && !got.text.contains(VIRTUAL),
+            "{got:?}"
+        );
+    }
+    (anonymous, refused)
+}
+
+async fn faulty_anonymous_app() -> TestApp {
+    let app = TestApp::spawn_with(&format!("[server]\nrequest_deadline_ms = {DEADLINE_MS}")).await;
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    let items: Vec<_> = (1..2000u64)
+        .step_by(2)
+        .map(|user| serde_json::json!({ "user_id": user, "enabled": true, "version": 1 }))
+        .collect();
+    let body = serde_json::json!({ "items": items });
+    let got = app
+        .send_admin(
+            reqwest::Method::POST,
+            "/admin/v1/calltracking/statuses",
+            &body,
+        )
+        .await;
+    assert_eq!(got.status, 200);
+    app
+}
+
+#[tokio::test]
+async fn a_garbage_hung_or_at_timeout_anonymous_upstream_never_reveals() {
+    let app = faulty_anonymous_app().await;
+    app.anonymous.reply(Reply::Garbage);
+    assert_eq!(never_reveals(&app, 1, 60).await, (0, 60));
+    app.anonymous.reply(Reply::Hang);
+    assert_eq!(never_reveals(&app, 101, 30).await, (0, 30));
+    // Exactly at the 300 ms timeout: either the number arrives in time or 503.
+    app.anonymous
+        .reply_after(Reply::Phone(ANON), Duration::from_millis(300));
+    let (anonymous, refused) = never_reveals(&app, 201, 40).await;
+    assert_eq!(anonymous + refused, 40);
+}
+
+#[tokio::test]
+async fn an_anonymous_upstream_killed_mid_load_never_reveals() {
+    // The simulator as the anonymous upstream, in a process of its own to kill.
+    let mut command = Command::new(env!("CARGO_BIN_EXE_phones-gateway"));
+    command.args(["simulate", "--addr", "127.0.0.1:0"]);
+    let mut sim = Spawned::spawn(command, "phones-gateway simulate");
+    let addr = sim
+        .logged("simulator listening", &["addr"], Duration::from_secs(30))
+        .await;
+    let app = TestApp::spawn_with(&format!(
+        "[server]\nrequest_deadline_ms = {DEADLINE_MS}\n[upstreams.anonymous]\nbase_url = \"http://{}\"",
+        addr[0]
+    ))
+    .await;
+    app.real.reply(Reply::Phone(REAL));
+    // Load while healthy, through the kill and after it: the simulator connects
+    // an anonymous number when (user + ad) % 3 == 0, else answers 404.
+    let answered = Arc::new(AtomicUsize::new(0));
+    let load = {
+        let (public, http, answered) = (app.public.clone(), app.http.clone(), answered.clone());
+        tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for user in 1000..1300u64 {
+                let url = format!(
+                    "{public}/v1/public-phone?user_id={user}&ad_id=2&category_id={ANON_CATEGORY}"
+                );
+                answers.push((user, read(http.get(url).send().await.unwrap()).await));
+                answered.fetch_add(1, Ordering::SeqCst);
+            }
+            answers
+        })
+    };
+    // Kill it once the load is under way (30 answers given), mid-load.
+    eventually("the load to get going", Duration::from_secs(30), || {
+        let answered = answered.load(Ordering::SeqCst);
+        async move { answered >= 30 }
+    })
+    .await;
+    sim.kill(); // SIGKILL, mid-load
+    // Every answer, also those in the risky window around the kill: the anonymous
+    // number, or 503, or, only for an ad the simulator has no anonymous number
+    // for (404 is an answer, not a failure), the real number.
+    let answers = load.await.unwrap();
+    let mut refused = 0;
+    for (user, got) in &answers {
+        let has_anonymous = (user + 2) % 3 == 0;
+        match (got.status, got.body["kind"].as_str()) {
+            (200, Some("anonymous")) => assert!(has_anonymous, "{user}: {got:?}"),
+            (200, Some("real")) => assert!(
+                !has_anonymous,
+                "revealed while anonymous failed: {user}: {got:?}"
+            ),
+            (503, _) => refused += 1,
+            _ => panic!("unexpected answer for {user}: {got:?}"),
+        }
+    }
+    assert!(
+        refused > 0,
+        "the kill happened after the load: no failure seen"
+    );
+    // Every request after the kill, for sellers not cached: 503, never a number.
+    assert_eq!(never_reveals(&app, 5000, 60).await, (0, 60));
+}
+
+/// What the raw upstream answers to every request.
+#[derive(Clone, Copy)]
+enum Raw {
+    /// 200 with a phone, keep-alive.
+    Phone,
+    /// 200 with a phone padded with whitespace to 8 MiB (valid JSON, so only
+    /// the bound can refuse it).
+    Huge,
+    /// 200 with its head at once and the body one byte every 100 ms.
+    Trickle,
+    /// 302 to the same server.
+    Redirect,
+}
+
+struct RawUpstream {
+    url: String,
+    connections: Arc<Mutex<usize>>,
+    heads: Arc<Mutex<Vec<String>>>,
+}
+
+impl RawUpstream {
+    async fn start(raw: Raw) -> RawUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let connections = Arc::new(Mutex::new(0));
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let (count, seen, location) = (connections.clone(), heads.clone(), url.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                *count.lock().unwrap() += 1;
+                tokio::spawn(serve(stream, raw, seen.clone(), location.clone()));
+            }
+        });
+        RawUpstream {
+            url,
+            connections,
+            heads,
+        }
+    }
+
+    fn connections(&self) -> usize {
+        *self.connections.lock().unwrap()
+    }
+
+    fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+}
+
+async fn serve(mut stream: TcpStream, raw: Raw, heads: Arc<Mutex<Vec<String>>>, url: String) {
+    let mut buffer = Vec::new();
+    loop {
+        let mut chunk = [0u8; 4096];
+        let Ok(n) = stream.read(&mut chunk).await else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+        while let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buffer[..end]).into_owned();
+            buffer.drain(..end + 4);
+            heads.lock().unwrap().push(head);
+            let ok = match raw {
+                Raw::Phone => {
+                    let body = format!("{{\"phone\":\"{REAL}\"}}");
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    stream.write_all(answer.as_bytes()).await.is_ok()
+                }
+                Raw::Huge => {
+                    let head = "HTTP/1.1 200 OK\r\ncontent-length: 8388608\r\n\r\n";
+                    let phone = format!("{{\"phone\":\"{REAL}\"}}");
+                    let mut first = vec![b' '; 64 * 1024];
+                    first[..phone.len()].copy_from_slice(phone.as_bytes());
+                    if stream.write_all(head.as_bytes()).await.is_err()
+                        || stream.write_all(&first).await.is_err()
+                    {
+                        return;
+                    }
+                    let block = vec![b' '; 64 * 1024];
+                    for _ in 1..128 {
+                        if stream.write_all(&block).await.is_err() {
+                            return;
+                        }
+                    }
+                    true
+                }
+                Raw::Trickle => {
+                    let body = format!("{{\"phone\":\"{REAL}\"}}");
+                    let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+                    if stream.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    for byte in body.bytes() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        if stream.write_all(&[byte]).await.is_err() {
+                            return;
+                        }
+                    }
+                    true
+                }
+                Raw::Redirect => {
+                    let answer = format!(
+                        "HTTP/1.1 302 Found\r\nlocation: {url}/v1/users/1/phone?ad_id=1\r\ncontent-length: 0\r\n\r\n"
+                    );
+                    stream.write_all(answer.as_bytes()).await.is_ok()
+                }
+            };
+            if !ok {
+                return;
+            }
+        }
+    }
+}
+
+/// The real-number upstream at `raw`, with a 500 ms timeout and a request
+/// deadline far past it, so only the client's own timeout can cut a call.
+async fn app_on(raw: &RawUpstream) -> TestApp {
+    TestApp::spawn_with(&format!(
+        "[server]\nrequest_deadline_ms = 10000\n[upstreams.real_phone]\nbase_url = \"{}\"\ntimeout_ms = 500",
+        raw.url
+    ))
+    .await
+}
+
+#[tokio::test]
+async fn calls_reuse_one_kept_alive_connection_and_say_who_is_calling() {
+    let raw = RawUpstream::start(Raw::Phone).await;
+    let app = app_on(&raw).await;
+    for user in 1..=20 {
+        let answer = app
+            .http
+            .get(format!(
+                "{}/v1/public-phone?user_id={user}&ad_id=1&category_id={PLAIN_CATEGORY}",
+                app.public
+            ))
+            .header("x-request-id", format!("req-{user}"))
+            .send()
+            .await
+            .unwrap();
+        crate::support::read(answer)
+            .await
+            .assert_number(REAL, "real");
+    }
+    assert_eq!(raw.heads().len(), 20, "one call per uncached seller");
+    assert_eq!(
+        raw.connections(),
+        1,
+        "one after another, the calls share a connection"
+    );
+    let heads = raw.heads();
+    let first = heads[0].to_ascii_lowercase();
+    assert!(
+        first.starts_with("get /v1/users/1/phone?ad_id=1 http/1.1"),
+        "{first}"
+    );
+    assert!(first.contains("\r\nuser-agent: phones-gateway/"), "{first}");
+    assert!(first.contains("\r\nhost: 127.0.0.1:"), "{first}");
+    assert!(first.contains("\r\nx-request-id: req-1"), "{first}");
+}
+
+#[tokio::test]
+async fn a_body_over_the_bound_is_refused_not_read_whole() {
+    let raw = RawUpstream::start(Raw::Huge).await;
+    let app = app_on(&raw).await;
+    let start = Instant::now();
+    app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(503);
+    assert!(start.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn one_timeout_covers_the_body_too() {
+    let raw = RawUpstream::start(Raw::Trickle).await;
+    let app = app_on(&raw).await;
+    let start = Instant::now();
+    // The head comes at once; the 27-byte body would take 2.7 s.
+    app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(503);
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(450), "{took:?}");
+    assert!(
+        took < Duration::from_millis(2500),
+        "cut at the 500 ms timeout: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn redirects_are_not_followed() {
+    let raw = RawUpstream::start(Raw::Redirect).await;
+    let app = app_on(&raw).await;
+    app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(503);
+    assert_eq!(
+        raw.heads().len(),
+        1,
+        "a 3xx is an unexpected status, not followed"
+    );
+}

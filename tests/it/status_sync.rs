@@ -1,0 +1,1038 @@
+//! docs/status-sync.md: the call-tracking status set. The webhook (newer
+//! versions in order), the snapshot and its floor (users it never listed, an entry
+//! at exactly its version, streamed bodies), replicas on one PostgreSQL
+//! converging (notifications, the poll, catch-up after restarts), "Unknown until
+//! loaded" (/readyz), durability through a SIGKILL on SQLite and PostgreSQL,
+//! "Bounded calls" and "Database outage", the status feed and its leadership, and
+//! "Behind a transaction-mode pooler" with a real PgBouncer.
+
+use crate::support::child::Process;
+use crate::support::pgbouncer::{pooled, server_connections, through};
+use crate::support::{Reply, TestApp, captured_logs, eventually, json_with_token, pg};
+use crate::{PLAIN_CATEGORY, REAL, VIRTUAL};
+use phones_gateway::domain::UserId;
+use phones_gateway::sim::{self, SimConfig};
+use reqwest::Method;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+const STATUSES: &str = "/admin/v1/calltracking/statuses";
+
+async fn set(app: &TestApp, user: u64, enabled: bool, version: u64) -> u16 {
+    let body = json!({ "items": [{ "user_id": user, "enabled": enabled, "version": version }] });
+    app.send_admin(Method::POST, STATUSES, &body).await.status
+}
+
+/// Waits until `app` reports `user` at `version`; returns how long it took.
+async fn converged(app: &TestApp, user: u64, version: u64, limit: Duration) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        let got = app
+            .status
+            .set()
+            .get(phones_gateway::domain::UserId::new(user).unwrap());
+        if got.version == version {
+            return start.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("user {user} did not reach version {version} within {limit:?}");
+}
+
+#[tokio::test]
+async fn a_change_on_one_replica_is_on_the_other_within_a_second() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let a = TestApp::spawn_on(Some(&db.url), "").await;
+    let b = TestApp::spawn_on(Some(&db.url), "").await;
+    let mut took = Vec::new();
+    for i in 1..=100u64 {
+        let writer = if i % 2 == 0 { &a } else { &b };
+        let reader = if i % 2 == 0 { &b } else { &a };
+        // From the moment the webhook is sent until the other replica has it.
+        let sent = Instant::now();
+        assert_eq!(set(writer, 1000 + i, true, i).await, 200);
+        converged(reader, 1000 + i, i, Duration::from_secs(1)).await;
+        took.push(sent.elapsed());
+    }
+    took.sort();
+    eprintln!(
+        "replica convergence over 100 changes: p50 {:?}, max {:?}",
+        took[49], took[99]
+    );
+    // And the other replica's selection follows: call tracking on at B after a
+    // webhook at A.
+    b.real.reply(Reply::Phone(REAL));
+    b.calltracking.reply(Reply::Phone(crate::OTHER_VIRTUAL));
+    assert_eq!(set(&a, 7, true, 1).await, 200);
+    converged(&b, 7, 1, Duration::from_secs(1)).await;
+    b.phone(7, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(crate::OTHER_VIRTUAL, "calltracking");
+}
+
+#[tokio::test]
+async fn a_lost_notification_is_covered_by_the_poll() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let a = TestApp::spawn_on(Some(&db.url), "").await;
+    // A change committed without a notification (as if it were lost in transit).
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO calltracking_status (user_id, enabled, version, change_seq) \
+         VALUES (55, true, 9, nextval('calltracking_change_seq'))",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    converged(&a, 55, 9, Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn a_restarted_replica_catches_up_on_what_it_missed() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let a = TestApp::spawn_on(Some(&db.url), "").await;
+    let b = TestApp::spawn_on(Some(&db.url), "").await;
+    assert_eq!(set(&a, 1, true, 1).await, 200);
+    converged(&b, 1, 1, Duration::from_secs(1)).await;
+    drop(b);
+    for v in 2..=5 {
+        assert_eq!(set(&a, 1, v % 2 == 1, v).await, 200);
+    }
+    let snapshot = json!({ "version": 6, "enabled_user_ids": [2, 3] });
+    assert_eq!(
+        a.send_admin(Method::PUT, STATUSES, &snapshot).await.status,
+        200
+    );
+    let b = TestApp::spawn_on(Some(&db.url), "").await;
+    let got = b.get_admin(&format!("{STATUSES}/1")).await.body;
+    assert_eq!(got, json!({ "user_id": 1, "enabled": false, "version": 6 }));
+    let got = b.get_admin(&format!("{STATUSES}/3")).await.body;
+    assert_eq!(got, json!({ "user_id": 3, "enabled": true, "version": 6 }));
+}
+
+#[tokio::test]
+async fn replicas_reconnect_and_converge_after_postgres_restarts() {
+    let Some(db) = pg::cluster() else { return };
+    let cluster = db.cluster.as_ref().unwrap();
+    let a = TestApp::spawn_on(Some(&db.url), "").await;
+    let b = TestApp::spawn_on(Some(&db.url), "").await;
+    assert_eq!(set(&a, 1, true, 1).await, 200);
+    converged(&b, 1, 1, Duration::from_secs(1)).await;
+
+    cluster.stop_server().unwrap();
+    // The database is down: the webhook refuses, the public API keeps answering
+    // from memory and the upstreams, and readiness holds.
+    let down = a
+        .send_admin(
+            Method::POST,
+            STATUSES,
+            &json!({ "items": [{ "user_id": 2, "enabled": true, "version": 1 }] }),
+        )
+        .await;
+    down.assert_problem(503);
+    assert!(down.retry_after.is_some());
+    a.real.reply(Reply::Phone(REAL));
+    a.phone(2, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    assert_eq!(a.get_admin("/readyz").await.status, 200);
+    assert_eq!(
+        a.get_admin(&format!("{STATUSES}/2")).await.body["version"],
+        0,
+        "nothing applied"
+    );
+
+    cluster.start_server().unwrap();
+    // Both reconnect by themselves; a change on A reaches B.
+    let start = Instant::now();
+    while set(&a, 3, true, 1).await != 200 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "A never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    converged(&b, 3, 1, Duration::from_secs(2)).await;
+}
+
+#[tokio::test]
+async fn sqlite_webhook_answers_503_when_the_database_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let app = TestApp::spawn_on(Some(&url), "").await;
+    assert_eq!(set(&app, 1, true, 1).await, 200);
+    // Another connection holds the write lock past the busy timeout.
+    let db_file = dir.path().join("gw.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db_file.display()))
+        .await
+        .unwrap();
+    sqlx::query("PRAGMA locking_mode = EXCLUSIVE")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let got = app
+        .send_admin(
+            Method::POST,
+            STATUSES,
+            &json!({ "items": [{ "user_id": 1, "enabled": false, "version": 2 }] }),
+        )
+        .await;
+    got.assert_problem(503);
+    sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
+    drop(conn);
+    pool.close().await;
+    assert_eq!(
+        app.get_admin(&format!("{STATUSES}/1")).await.body["version"],
+        1,
+        "memory unchanged"
+    );
+}
+
+#[tokio::test]
+async fn readyz_is_503_until_the_status_set_is_loaded() {
+    let Some(db) = pg::cluster() else { return };
+    let cluster = db.cluster.as_ref().unwrap();
+    assert_eq!(
+        set(&TestApp::spawn_on(Some(&db.url), "").await, 42, true, 1).await,
+        200
+    );
+    // The database is down when a replica starts: it serves, but is not ready.
+    cluster.stop_server().unwrap();
+    let app = TestApp::start_on(Some(&db.url), "").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let not_yet = app.get_admin("/readyz").await;
+    not_yet.assert_problem(503);
+    assert_eq!(app.get_admin("/healthz").await.status, 200);
+    cluster.start_server().unwrap();
+    // Ready only once loaded, and then with what was stored.
+    let start = Instant::now();
+    while app.get_admin("/readyz").await.status != 200 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        app.status
+            .set()
+            .is_enabled(phones_gateway::domain::UserId::new(42).unwrap())
+    );
+}
+
+/// Sessions of the database that are listening for notifications.
+async fn listeners(url: &str) -> i64 {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let n = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    n
+}
+
+#[tokio::test]
+async fn without_listen_replicas_converge_by_the_poll_alone() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let overlay = "[database]\nlisten = false\nsync_interval_ms = 200";
+    let a = TestApp::spawn_on(Some(&db.url), overlay).await;
+    let b = TestApp::spawn_on(Some(&db.url), overlay).await;
+    for i in 1..=5u64 {
+        assert_eq!(set(&a, 2000 + i, true, i).await, 200);
+        // Within a poll or two, with nobody listening.
+        converged(&b, 2000 + i, i, Duration::from_secs(2)).await;
+    }
+    assert_eq!(listeners(&db.url).await, 0, "no session LISTENs");
+    // The default does listen: the check above can tell.
+    let listening = TestApp::spawn_on(Some(&db.url), "").await;
+    crate::support::eventually("a listener", Duration::from_secs(5), || async {
+        listeners(&db.url).await > 0
+    })
+    .await;
+    drop(listening);
+}
+
+#[tokio::test]
+async fn webhook_applies_newer_versions_in_order_and_ignores_the_rest() {
+    let app = TestApp::spawn().await;
+    let body = json!({ "items": [
+        { "user_id": 42, "enabled": true, "version": 17 },
+        { "user_id": 42, "enabled": false, "version": 17 },
+        { "user_id": 42, "enabled": false, "version": 3 },
+        { "user_id": 43, "enabled": true, "version": 1 },
+    ]});
+    let got = app.send_admin(Method::POST, STATUSES, &body).await;
+    assert_eq!(got.status, 200, "{got:?}");
+    assert_eq!(got.body, json!({ "applied": 2, "ignored": 2 }));
+    let got = app.get_admin(&format!("{STATUSES}/42")).await;
+    assert_eq!(
+        got.body,
+        json!({ "user_id": 42, "enabled": true, "version": 17 })
+    );
+    // A duplicate delivery changes nothing.
+    let got = app.send_admin(Method::POST, STATUSES, &body).await;
+    assert_eq!(got.body, json!({ "applied": 0, "ignored": 4 }));
+    // A newer one does.
+    let got = app
+        .send_admin(
+            Method::POST,
+            STATUSES,
+            &json!({ "items": [{ "user_id": 42, "enabled": false, "version": 18 }] }),
+        )
+        .await;
+    assert_eq!(got.body, json!({ "applied": 1, "ignored": 0 }));
+    let got = app.get_admin(&format!("{STATUSES}/42")).await;
+    assert_eq!(
+        got.body,
+        json!({ "user_id": 42, "enabled": false, "version": 18 })
+    );
+    let got = app.get_admin(&format!("{STATUSES}/44")).await;
+    assert_eq!(
+        got.body,
+        json!({ "user_id": 44, "enabled": false, "version": 0 })
+    );
+}
+
+#[tokio::test]
+async fn the_status_set_decides_calltracking() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    app.phone(42, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    app.enable_calltracking(42, 1).await;
+    app.phone(42, 2, PLAIN_CATEGORY)
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+    let off = json!({ "items": [{ "user_id": 42, "enabled": false, "version": 2 }] });
+    assert_eq!(
+        app.send_admin(Method::POST, STATUSES, &off).await.status,
+        200
+    );
+    app.phone(42, 3, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+}
+
+#[tokio::test]
+async fn snapshot_enables_exactly_the_listed_users_except_newer_entries() {
+    let app = TestApp::spawn().await;
+    let deltas = json!({ "items": [
+        { "user_id": 1, "enabled": true, "version": 5 },
+        { "user_id": 2, "enabled": true, "version": 50 },
+        { "user_id": 3, "enabled": false, "version": 50 },
+    ]});
+    app.send_admin(Method::POST, STATUSES, &deltas).await;
+    let got = app
+        .send_admin(
+            Method::PUT,
+            STATUSES,
+            &json!({ "version": 10, "enabled_user_ids": [3, 4, 4] }),
+        )
+        .await;
+    assert_eq!(got.status, 200, "{got:?}");
+    let status = |user| {
+        let app = &app;
+        async move { app.get_admin(&format!("{STATUSES}/{user}")).await.body }
+    };
+    assert_eq!(
+        status(1).await,
+        json!({ "user_id": 1, "enabled": false, "version": 10 })
+    );
+    assert_eq!(
+        status(2).await,
+        json!({ "user_id": 2, "enabled": true, "version": 50 })
+    );
+    assert_eq!(
+        status(3).await,
+        json!({ "user_id": 3, "enabled": false, "version": 50 })
+    );
+    assert_eq!(
+        status(4).await,
+        json!({ "user_id": 4, "enabled": true, "version": 10 })
+    );
+    // Deltas older than the snapshot's version no longer apply to its entries.
+    let late = json!({ "items": [{ "user_id": 1, "enabled": true, "version": 9 }] });
+    assert_eq!(
+        app.send_admin(Method::POST, STATUSES, &late).await.body,
+        json!({ "applied": 0, "ignored": 1 })
+    );
+}
+
+#[tokio::test]
+async fn snapshot_bodies_stream_in_any_key_order_and_bad_ones_change_nothing() {
+    let app =
+        TestApp::spawn_with("[server]\nmax_body_bytes = 1000\nmax_snapshot_bytes = 200000").await;
+    let headers = json_with_token();
+    let put = |body: String| app.admin_request(Method::PUT, STATUSES, &headers, body);
+    // Version after the ids, unknown keys skipped, larger than the ordinary body limit.
+    let ids: Vec<u64> = (1..=20_000).collect();
+    let body = format!(
+        r#"{{"enabled_user_ids": {}, "note": {{"x": [1, "y"]}}, "version": 4}}"#,
+        json!(ids)
+    );
+    assert!(body.len() > 1000);
+    let got = put(body).await;
+    assert_eq!(got.status, 200, "{got:?}");
+    assert_eq!(
+        app.get_admin(&format!("{STATUSES}/20000")).await.body["enabled"],
+        true
+    );
+
+    // A bad id deep in the body, trailing garbage, a body over the snapshot limit:
+    // nothing of them applies.
+    let mut bad = ids.clone();
+    bad[15_000] = 0;
+    let got = put(format!(
+        r#"{{"version": 5, "enabled_user_ids": {}}}"#,
+        json!(bad)
+    ))
+    .await;
+    got.assert_problem(400);
+    assert!(
+        got.body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("enabled_user_ids[15000]"),
+        "{got:?}"
+    );
+    put(r#"{"version": 5, "enabled_user_ids": [1]} x"#.to_string())
+        .await
+        .assert_problem(400);
+    put(r#"{"version": 5, "enabled_user_ids": [1], "enabled_user_ids": [2]}"#.to_string())
+        .await
+        .assert_problem(400);
+    put(r#"{"version": 5, "enabled_user_ids": [1.5]}"#.to_string())
+        .await
+        .assert_problem(400);
+    let huge: Vec<u64> = (1..=40_000).collect();
+    put(format!(
+        r#"{{"version": 5, "enabled_user_ids": {}}}"#,
+        json!(huge)
+    ))
+    .await
+    .assert_problem(413);
+    let got = app.get_admin(&format!("{STATUSES}/1")).await;
+    assert_eq!(
+        got.body,
+        json!({ "user_id": 1, "enabled": true, "version": 4 })
+    );
+}
+
+#[tokio::test]
+async fn a_webhook_of_ten_thousand_items_applies_in_one_delivery() {
+    let app = TestApp::spawn().await;
+    let items: Vec<_> = (1..=10_000u64)
+        .map(|u| json!({ "user_id": u, "enabled": u % 2 == 0, "version": 1 }))
+        .collect();
+    let got = app
+        .send_admin(Method::POST, STATUSES, &json!({ "items": items }))
+        .await;
+    assert_eq!(
+        got.body,
+        json!({ "applied": 10_000, "ignored": 0 }),
+        "{got:?}"
+    );
+    let got = app.get_admin(&format!("{STATUSES}/10000")).await;
+    assert_eq!(
+        got.body,
+        json!({ "user_id": 10_000, "enabled": true, "version": 1 })
+    );
+}
+
+/// docs/api.md: only an entry whose stored version is greater than the snapshot's
+/// keeps its state; one at exactly V takes the snapshot's.
+#[tokio::test]
+async fn a_snapshot_overrides_an_entry_at_exactly_its_version() {
+    let app = TestApp::spawn().await;
+    let items = json!({ "items": [
+        { "user_id": 1, "enabled": true, "version": 7 },
+        { "user_id": 2, "enabled": false, "version": 7 },
+        { "user_id": 3, "enabled": true, "version": 8 },
+    ]});
+    assert_eq!(
+        app.send_admin(Method::POST, STATUSES, &items).await.status,
+        200
+    );
+    let snapshot = json!({ "version": 7, "enabled_user_ids": [2] });
+    let got = app.send_admin(Method::PUT, STATUSES, &snapshot).await;
+    assert_eq!(got.status, 200, "{got:?}");
+    for (user, enabled, version) in [(1, false, 7), (2, true, 7), (3, true, 8)] {
+        let got = app.get_admin(&format!("{STATUSES}/{user}")).await;
+        assert_eq!(
+            got.body,
+            json!({ "user_id": user, "enabled": enabled, "version": version })
+        );
+    }
+}
+
+fn feed_overlay() -> &'static str {
+    r#"
+    [upstreams.calltracking.status_feed]
+    enabled = true
+    interval_ms = 50
+    limit = 7
+    "#
+}
+
+fn feed_items(users: std::ops::RangeInclusive<u64>) -> Vec<(u64, bool, u64)> {
+    users.map(|user| (user, true, 1)).collect()
+}
+
+async fn status_of(app: &TestApp, user: u64) -> Value {
+    app.get_admin(&format!("{STATUSES}/{user}")).await.body
+}
+
+/// docs/rules.md and docs/status-sync.md: the very first poll has no `after`; a restarted replica
+/// resumes from the cursor it stored.
+#[tokio::test]
+async fn a_restarted_replica_resumes_the_feed_from_its_stored_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let first = TestApp::spawn_on(Some(&url), feed_overlay()).await;
+    first.calltracking.feed(&feed_items(1..=30));
+    eventually("the whole feed", Duration::from_secs(10), || async {
+        status_of(&first, 30).await["enabled"] == true
+    })
+    .await;
+    let polls = first.calltracking.feed_uris();
+    assert_eq!(polls[0], "/v1/statuses?limit=7", "{polls:?}");
+    assert!(polls.iter().any(|p| p.contains("after=28")), "{polls:?}");
+    drop(first);
+
+    let second = TestApp::spawn_on(Some(&url), feed_overlay()).await;
+    second.calltracking.feed(&feed_items(1..=33));
+    eventually("the feed's new items", Duration::from_secs(10), || async {
+        status_of(&second, 33).await["enabled"] == true
+    })
+    .await;
+    let polls = second.calltracking.feed_uris();
+    assert!(
+        polls[0].contains("after=30"),
+        "resumed from the start, not the stored cursor: {polls:?}"
+    );
+    assert!(polls.iter().all(|p| p.contains("after=")), "{polls:?}");
+}
+
+/// PUT a snapshot at 100 listing only user 1, then a late delta for user 7.
+async fn snapshot_then_late_delta(app: &TestApp) {
+    let put = app
+        .send_admin(
+            Method::PUT,
+            STATUSES,
+            &json!({ "version": 100, "enabled_user_ids": [1] }),
+        )
+        .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    let late = app
+        .send_admin(
+            Method::POST,
+            STATUSES,
+            &json!({ "items": [{ "user_id": 7, "enabled": true, "version": 50 }] }),
+        )
+        .await;
+    assert_eq!(late.body, json!({ "applied": 0, "ignored": 1 }), "{late:?}");
+}
+
+async fn assert_status(app: &TestApp, user: u64, enabled: bool, version: u64) {
+    let got = app.get_admin(&format!("{STATUSES}/{user}")).await;
+    assert_eq!(
+        got.body,
+        json!({ "user_id": user, "enabled": enabled, "version": version }),
+        "{got:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_snapshot_speaks_for_users_it_never_saw_and_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/floor.db", dir.path().display());
+    let mut app = TestApp::spawn_on(Some(&url), "").await;
+    snapshot_then_late_delta(&app).await;
+    assert_status(&app, 7, false, 100).await;
+    assert_status(&app, 1, true, 100).await;
+    app.shutdown().await.unwrap().unwrap();
+
+    let app = TestApp::spawn_on(Some(&url), "").await;
+    assert_status(&app, 7, false, 100).await;
+    let at_floor = json!({ "items": [{ "user_id": 8, "enabled": true, "version": 100 }] });
+    let got = app.send_admin(Method::POST, STATUSES, &at_floor).await;
+    assert_eq!(got.body, json!({ "applied": 0, "ignored": 1 }), "{got:?}");
+    let above = json!({ "items": [{ "user_id": 8, "enabled": true, "version": 101 }] });
+    let got = app.send_admin(Method::POST, STATUSES, &above).await;
+    assert_eq!(got.body, json!({ "applied": 1, "ignored": 0 }), "{got:?}");
+    assert_status(&app, 8, true, 101).await;
+    // An older snapshot arriving late lowers nothing.
+    let older = json!({ "version": 90, "enabled_user_ids": [7] });
+    assert_eq!(
+        app.send_admin(Method::PUT, STATUSES, &older).await.status,
+        200
+    );
+    assert_status(&app, 7, false, 100).await;
+    assert_status(&app, 9, false, 100).await;
+}
+
+#[tokio::test]
+async fn every_replica_agrees_on_the_snapshot_floor_on_postgres() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let a = TestApp::spawn_on(Some(&db.url), "").await;
+    let b = TestApp::spawn_on(Some(&db.url), "").await;
+    let put = a
+        .send_admin(
+            Method::PUT,
+            STATUSES,
+            &json!({ "version": 100, "enabled_user_ids": [1] }),
+        )
+        .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    // The late delta reaches the other replica: it is ignored there too.
+    let late = json!({ "items": [{ "user_id": 7, "enabled": true, "version": 50 }] });
+    let got = b.send_admin(Method::POST, STATUSES, &late).await;
+    assert_eq!(got.body, json!({ "applied": 0, "ignored": 1 }), "{got:?}");
+    for app in [&a, &b] {
+        eventually("the floor replicated", Duration::from_secs(5), || async {
+            app.get_admin(&format!("{STATUSES}/7")).await.body["version"] == 100
+        })
+        .await;
+        assert_status(app, 7, false, 100).await;
+    }
+    drop((a, b));
+    let c = TestApp::spawn_on(Some(&db.url), "").await;
+    assert_status(&c, 7, false, 100).await;
+    assert_status(&c, 1, true, 100).await;
+}
+
+async fn statuses_survive_sigkill(database_url: &str) {
+    let first = Process::start(database_url).await;
+    let items = json!({ "items": [
+        { "user_id": 1, "enabled": true, "version": 3 },
+        { "user_id": 2, "enabled": true, "version": 1 },
+    ]});
+    assert_eq!(first.send(reqwest::Method::POST, items).await, 200);
+    let snapshot = json!({ "version": 2, "enabled_user_ids": [3] });
+    assert_eq!(first.send(reqwest::Method::PUT, snapshot).await, 200);
+    first.sigkill();
+
+    let second = Process::start(database_url).await;
+    assert_eq!(
+        second.status(1).await,
+        json!({ "user_id": 1, "enabled": true, "version": 3 })
+    );
+    assert_eq!(
+        second.status(2).await,
+        json!({ "user_id": 2, "enabled": false, "version": 2 })
+    );
+    assert_eq!(
+        second.status(3).await,
+        json!({ "user_id": 3, "enabled": true, "version": 2 })
+    );
+    // Ordering still holds against what was stored before the kill.
+    let stale = json!({ "items": [{ "user_id": 1, "enabled": false, "version": 3 }] });
+    assert_eq!(second.send(reqwest::Method::POST, stale).await, 200);
+    assert_eq!(second.status(1).await["enabled"], true);
+}
+
+#[tokio::test]
+async fn sqlite_statuses_survive_a_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    // A directory that does not exist yet: created on first run.
+    let url = format!("sqlite://{}/data/gateway.db", dir.path().display());
+    statuses_survive_sigkill(&url).await;
+}
+
+#[tokio::test]
+async fn postgres_statuses_survive_a_sigkill() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    statuses_survive_sigkill(&db.url).await;
+}
+
+const INVALIDATE: &str = "/admin/v1/cache/invalidate";
+
+/// Another session holds every table (a stuck migration): writes answer 503
+/// within the lock bound and apply nothing, and are taken once it lets go.
+#[tokio::test]
+async fn with_every_table_locked_writes_answer_503_in_bounded_time_and_apply_nothing() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let a = TestApp::spawn_on(Some(&db.url), "[database]\nlock_timeout_ms = 500\n").await;
+    let mut locker = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    sqlx::Executor::execute(
+        &mut locker,
+        "BEGIN; LOCK TABLE calltracking_status, cache_invalidations, status_feed_cursor, \
+         reveals, ad_reveal_counts IN ACCESS EXCLUSIVE MODE",
+    )
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let writes = [
+        (
+            Method::POST,
+            STATUSES,
+            json!({ "items": [{ "user_id": 10, "enabled": true, "version": 1 }] }),
+        ),
+        (
+            Method::PUT,
+            STATUSES,
+            json!({ "version": 4, "enabled_user_ids": [10] }),
+        ),
+        (Method::POST, INVALIDATE, json!({ "user_ids": [10] })),
+    ];
+    for (method, path, body) in &writes {
+        let sent = Instant::now();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(10),
+            a.send_admin(method.clone(), path, body),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path} hung with the tables locked"));
+        answer.assert_problem(503);
+        assert!(
+            sent.elapsed() < Duration::from_secs(3),
+            "{method} {path} took {:?}",
+            sent.elapsed()
+        );
+    }
+    eprintln!("three writes refused in {:?}", started.elapsed());
+    // The public API never waits on the database.
+    a.real.reply(Reply::Phone(REAL));
+    a.phone(11, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    sqlx::Executor::execute(&mut locker, "ROLLBACK")
+        .await
+        .unwrap();
+    let stored = a.get_admin(&format!("{STATUSES}/10")).await;
+    assert_eq!(
+        stored.body["version"], 0,
+        "nothing applied: {:?}",
+        stored.body
+    );
+    for (method, path, body) in &writes {
+        let answer = a.send_admin(method.clone(), path, body).await;
+        assert_eq!(answer.status, 200, "{method} {path}: {:?}", answer.body);
+    }
+}
+
+/// The simulator as the call-tracking upstream, its feed listing `statuses` sellers.
+pub async fn feed(statuses: u64) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let config = SimConfig {
+        statuses,
+        ..SimConfig::default()
+    };
+    tokio::spawn(sim::serve(listener, config, std::future::pending()));
+    url
+}
+
+fn overlay(feed_url: &str) -> String {
+    format!(
+        r#"
+        [upstreams.calltracking]
+        base_url = "{feed_url}"
+        [upstreams.calltracking.status_feed]
+        enabled = true
+        interval_ms = 100
+        limit = 7
+        "#
+    )
+}
+
+pub async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn enabled(app: &TestApp, user: u64) -> bool {
+    app.status.set().is_enabled(UserId::new(user).unwrap())
+}
+
+#[tokio::test]
+async fn the_feed_is_pulled_into_the_set_with_its_cursor_stored() {
+    let feed_url = feed(30).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let app = TestApp::spawn_on(Some(&url), &overlay(&feed_url)).await;
+    wait_for("the whole feed", Duration::from_secs(5), || {
+        enabled(&app, 120)
+    })
+    .await;
+    assert!(enabled(&app, 4) && !enabled(&app, 5) && !enabled(&app, 124));
+    assert!(app.status.is_feed_leader());
+    let cursor = app.status.store().feed_cursor().await.unwrap();
+    assert_eq!(cursor.as_deref(), Some("30"));
+}
+
+#[tokio::test]
+async fn feed_leadership_moves_when_the_leader_dies() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let feed_url = feed(20).await;
+    let a = TestApp::spawn_on(Some(&db.url), &overlay(&feed_url)).await;
+    let b = TestApp::spawn_on(Some(&db.url), &overlay(&feed_url)).await;
+    wait_for("a leader", Duration::from_secs(5), || {
+        a.status.is_feed_leader() || b.status.is_feed_leader()
+    })
+    .await;
+    leads_alone_then_fails_over(a, b).await;
+}
+
+/// Two replicas polling `feed(20)`: once both have the whole feed, exactly one
+/// leads for a while; when it is dropped the other leads, with the stored
+/// cursor. Returns how long the takeover took.
+pub async fn leads_alone_then_fails_over(a: TestApp, b: TestApp) -> Duration {
+    wait_for("the whole feed on both", Duration::from_secs(5), || {
+        enabled(&a, 80) && enabled(&b, 80)
+    })
+    .await;
+    for _ in 0..10 {
+        assert!(
+            a.status.is_feed_leader() ^ b.status.is_feed_leader(),
+            "one leader at a time"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (leader, follower) = if a.status.is_feed_leader() {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let start = Instant::now();
+    drop(leader);
+    wait_for("the follower to lead", Duration::from_secs(5), || {
+        follower.status.is_feed_leader()
+    })
+    .await;
+    let took = start.elapsed();
+    assert_eq!(
+        follower
+            .status
+            .store()
+            .feed_cursor()
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("20"),
+        "the cursor survived the leader"
+    );
+    took
+}
+
+#[tokio::test]
+async fn replicas_behind_a_transaction_pooler_converge_by_polling() {
+    let Some((db, bouncer)) = pooled() else {
+        return;
+    };
+    let overlay = through(&bouncer, &db, "");
+    let a = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
+    let b = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
+    let c = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
+    // Webhook deliveries on every replica, seen by all three by polling alone.
+    for (i, app) in [&a, &b, &c].into_iter().enumerate() {
+        let users: Vec<_> = (0..50)
+            .map(|k| json!({"user_id": 1000 * (i as u64 + 1) + k, "enabled": true, "version": 1}))
+            .collect();
+        let answer = app
+            .send_admin(
+                reqwest::Method::POST,
+                "/admin/v1/calltracking/statuses",
+                &json!({ "items": users }),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{:?}", answer.body);
+    }
+    wait_for(
+        "every delivery on every replica",
+        Duration::from_secs(5),
+        || {
+            [&a, &b, &c].iter().all(|app| {
+                [1000, 1049, 2000, 2049, 3000, 3049]
+                    .iter()
+                    .all(|&u| enabled(app, u))
+            })
+        },
+    )
+    .await;
+    // A streamed snapshot (COPY in one transaction) through the pooler.
+    let snapshot = json!({ "version": 5, "enabled_user_ids": [7, 8, 9] });
+    let answer = b
+        .send_admin(
+            reqwest::Method::PUT,
+            "/admin/v1/calltracking/statuses",
+            &snapshot,
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    wait_for(
+        "the snapshot on every replica",
+        Duration::from_secs(5),
+        || {
+            [&a, &b, &c]
+                .iter()
+                .all(|app| enabled(app, 7) && !enabled(app, 1000) && !enabled(app, 3049))
+        },
+    )
+    .await;
+    // More client connections than the pooler's three server connections.
+    assert!(server_connections(&db.url).await <= 3 + 1);
+    // A replica started now loads the set through the pooler.
+    let d = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
+    assert!(enabled(&d, 8) && !enabled(&d, 2000));
+}
+
+#[tokio::test]
+async fn the_reveal_log_is_written_and_read_through_the_pooler() {
+    let Some((db, bouncer)) = pooled() else {
+        return;
+    };
+    let overlay = through(&bouncer, &db, "[reveals]\nflush_interval_ms = 100");
+    let a = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
+    a.real.reply(crate::support::Reply::Phone(crate::REAL));
+    for _ in 0..3 {
+        let answer = a
+            .http
+            .get(format!(
+                "{}/v1/public-phone?user_id=5&ad_id=77&category_id={}",
+                a.public,
+                crate::PLAIN_CATEGORY
+            ))
+            .header("x-viewer-id", "buyer-1")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+    }
+    eventually("three reveals counted", Duration::from_secs(5), || async {
+        let counts = a.get_admin("/admin/v1/ads/77/reveals").await;
+        counts.body["total"] == 3
+    })
+    .await;
+    let log = a.get_admin("/admin/v1/reveals?user_id=5").await;
+    assert_eq!(log.status, 200, "{:?}", log.body);
+    assert_eq!(
+        log.body["items"].as_array().map(Vec::len),
+        Some(3),
+        "{}",
+        log.body
+    );
+}
+
+#[tokio::test]
+async fn the_feed_has_one_leader_through_direct_url_and_fails_over() {
+    let Some((db, bouncer)) = pooled() else {
+        return;
+    };
+    let feed_url = feed(20).await;
+    let overlay = through(
+        &bouncer,
+        &db,
+        &format!(
+            "[upstreams.calltracking]\nbase_url = \"{feed_url}\"\n\
+             [upstreams.calltracking.status_feed]\nenabled = true\ninterval_ms = 100\nlimit = 7"
+        ),
+    );
+    let a = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
+    let b = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
+    let took = leads_alone_then_fails_over(a, b).await;
+    eprintln!("feed failover behind the pooler: {took:?}");
+}
+
+/// `database.url` is PgBouncer in transaction mode. A replica without
+/// `direct_url` (listen left at its default) stops with one line naming the
+/// key; one with `direct_url` listens on PostgreSQL itself. Meanwhile a
+/// correctly configured replica's 40 webhooks all pass (before, a listener
+/// through the pooler made 30 of 40 fail with a stray NotificationResponse).
+#[tokio::test]
+async fn a_would_be_listener_through_a_pooler_harms_no_other_replica() {
+    let Some((db, bouncer)) = crate::support::pgbouncer::pooled() else {
+        return;
+    };
+    let good = TestApp::spawn_on(
+        Some(&bouncer.url()),
+        &crate::support::pgbouncer::through(&bouncer, &db, ""),
+    )
+    .await;
+    let mut refused = TestApp::start_on(Some(&bouncer.url()), "").await;
+    // direct_url set, but to the pooler as well.
+    let mut misdirected = TestApp::start_on(
+        Some(&bouncer.url()),
+        &format!("[database]\ndirect_url = \"{}\"\n", bouncer.url()),
+    )
+    .await;
+    let listener = TestApp::spawn_on(
+        Some(&bouncer.url()),
+        &format!("[database]\ndirect_url = \"{}\"\n", db.url),
+    )
+    .await;
+    for i in 1..=40u64 {
+        let body =
+            serde_json::json!({ "items": [{ "user_id": i, "enabled": true, "version": 1 }] });
+        for app in [&good, &listener] {
+            let answer = app
+                .send_admin(
+                    reqwest::Method::POST,
+                    "/admin/v1/calltracking/statuses",
+                    &body,
+                )
+                .await;
+            assert_eq!(answer.status, 200, "webhook {i}: {:?}", answer.body);
+        }
+    }
+    for app in [&mut refused, &mut misdirected] {
+        let error = app
+            .stopped_by_itself(Duration::from_secs(15))
+            .await
+            .expect_err("a pooler without a session connection stops the replica");
+        let message = error.to_string();
+        assert!(
+            message.contains("database.direct_url") && message.contains("database.listen"),
+            "{message}"
+        );
+    }
+    assert!(
+        captured_logs()
+            .lines()
+            .all(|l| !l.contains("NotificationResponse"))
+    );
+}
+
+#[tokio::test]
+async fn the_session_check_tells_a_transaction_pooler_from_postgres() {
+    let Some((db, bouncer)) = crate::support::pgbouncer::pooled() else {
+        return;
+    };
+    let options = |url: &str| url.parse::<sqlx::postgres::PgConnectOptions>().unwrap();
+    let keeps = phones_gateway::store::keeps_sessions;
+    assert!(
+        keeps(&options(&db.url)).await.unwrap(),
+        "PostgreSQL keeps sessions"
+    );
+    assert!(
+        !keeps(&options(&bouncer.url())).await.unwrap(),
+        "a transaction-mode pooler does not"
+    );
+}

@@ -1,0 +1,331 @@
+//! `TestApp`: the real app in-process on 127.0.0.1:0 (both listeners), against
+//! three fake upstreams, on a fresh SQLite file unless a database URL is given;
+//! the requests tests send it and the answers they read.
+
+use std::time::Duration;
+
+use figment::providers::Format;
+use phones_gateway::app::App;
+use phones_gateway::config::Config;
+use reqwest::Method;
+use serde_json::Value;
+
+use super::fakes::{Fake, Upstream};
+use super::privacy::{assert_no_leaks, init_logs};
+
+pub const TOKEN: &str = "test-admin-token-0123456789";
+
+/// A running app and its fake upstreams.
+pub struct TestApp {
+    pub public: String,
+    pub admin: String,
+    pub real: Fake,
+    pub anonymous: Fake,
+    pub calltracking: Fake,
+    pub http: reqwest::Client,
+    /// The app's status service (leadership, direct checks).
+    pub status: phones_gateway::status::StatusService,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    running: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for TestApp {
+    /// Every request the app made had a shape docs/rules.md defines, and no log line
+    /// written so far, by this test or any other, held a full number.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        for fake in [&self.real, &self.anonymous, &self.calltracking] {
+            let unexpected = fake.unexpected();
+            assert!(
+                unexpected.is_empty(),
+                "{:?} upstream got requests docs/rules.md does not define: {unexpected:?}",
+                fake.upstream
+            );
+        }
+        assert_no_leaks();
+    }
+}
+
+/// An HTTP answer, read whole.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: String,
+    pub retry_after: Option<String>,
+    pub body: Value,
+    pub text: String,
+}
+
+impl TestApp {
+    pub async fn spawn() -> TestApp {
+        Self::spawn_with("").await
+    }
+
+    /// Starts the app with `overlay` (TOML) over the test defaults, on a fresh
+    /// SQLite file.
+    pub async fn spawn_with(overlay: &str) -> TestApp {
+        Self::spawn_on(None, overlay).await
+    }
+
+    /// Starts the app on the database at `url` (a fresh SQLite file when `None`)
+    /// and waits until it is ready.
+    pub async fn spawn_on(url: Option<&str>, overlay: &str) -> TestApp {
+        let app = Self::start_on(url, overlay).await;
+        app.wait_ready().await;
+        app
+    }
+
+    /// Starts the app without waiting for readiness.
+    pub async fn start_on(url: Option<&str>, overlay: &str) -> TestApp {
+        init_logs();
+        let real = Fake::start(Upstream::RealPhone).await;
+        let anonymous = Fake::start(Upstream::Anonymous).await;
+        let calltracking = Fake::start(Upstream::Calltracking).await;
+        let dir = tempfile::tempdir().unwrap();
+        let base = format!(
+            r#"
+            [database]
+            url = "{}"
+            [server]
+            public_addr = "127.0.0.1:0"
+            admin_addr = "127.0.0.1:0"
+            # Cold admission off: two busy cores running tests in parallel can
+            # keep a test's runtime saturated for a moment; the test of it
+            # turns it on (overload.rs).
+            max_queue_delay_ms = 0
+            [admin]
+            token = "{TOKEN}"
+            [upstreams.real_phone]
+            base_url = "{}"
+            [upstreams.anonymous]
+            base_url = "{}"
+            [upstreams.calltracking]
+            base_url = "{}"
+            "#,
+            url.map_or_else(
+                || format!("sqlite://{}/gateway.db", dir.path().display()),
+                str::to_owned
+            ),
+            real.url,
+            anonymous.url,
+            calltracking.url
+        );
+        let figment = figment::Figment::from(figment::providers::Toml::string(
+            phones_gateway::config::DEFAULT_TOML,
+        ))
+        .merge(figment::providers::Toml::string(&base))
+        .merge(figment::providers::Toml::string(overlay));
+        let config = Config::from_figment(figment).expect("test config is valid");
+        Self::start_config(config, real, anonymous, calltracking, dir).await
+    }
+
+    async fn start_config(
+        config: Config,
+        real: Fake,
+        anonymous: Fake,
+        calltracking: Fake,
+        dir: tempfile::TempDir,
+    ) -> TestApp {
+        let app = App::build(config).await.expect("app builds");
+        let public = format!("http://{}", app.public_addr());
+        let admin = format!("http://{}", app.admin_addr());
+        let status = app.status().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(app.run(async move {
+            let _ = stopped.await;
+        }));
+        TestApp {
+            public,
+            admin,
+            real,
+            anonymous,
+            calltracking,
+            http: reqwest::Client::new(),
+            status,
+            stop: Some(stop),
+            running: Some(running),
+            _dir: dir,
+        }
+    }
+
+    /// Waits (up to 5 s) until `/readyz` answers 200: the status set is loaded.
+    pub async fn wait_ready(&self) {
+        for _ in 0..500 {
+            if self.get_admin("/readyz").await.status == 200 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("app never became ready");
+    }
+
+    /// Sends the shutdown signal (as SIGTERM does) and returns the running app's
+    /// handle, which completes once it has drained.
+    pub fn shutdown(&mut self) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.running.take().expect("shut down once")
+    }
+
+    /// Waits up to `limit` for the app to stop by itself (a start-up mistake
+    /// no retry mends); what `App::run` returned.
+    pub async fn stopped_by_itself(&mut self, limit: Duration) -> anyhow::Result<()> {
+        let running = self.running.take().expect("still running");
+        tokio::time::timeout(limit, running)
+            .await
+            .expect("the app stops by itself")
+            .expect("the app's task does not panic")
+    }
+
+    pub async fn phone(&self, user: u64, ad: u64, category: u64) -> Answer {
+        self.get_public(&format!(
+            "/v1/public-phone?user_id={user}&ad_id={ad}&category_id={category}"
+        ))
+        .await
+    }
+
+    pub async fn get_public(&self, path_and_query: &str) -> Answer {
+        read(
+            self.http
+                .get(format!("{}{path_and_query}", self.public))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    pub async fn get_admin(&self, path: &str) -> Answer {
+        self.admin_request(Method::GET, path, &[("authorization", &bearer())], "")
+            .await
+    }
+
+    pub async fn post_public(&self, path: &str, body: impl Into<reqwest::Body>) -> Answer {
+        read(
+            self.http
+                .post(format!("{}{path}", self.public))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    /// A JSON body to an admin route, with the token.
+    pub async fn send_admin(&self, method: Method, path: &str, body: &Value) -> Answer {
+        self.admin_request(method, path, &json_with_token(), body.to_string())
+            .await
+    }
+
+    /// An admin request as a test needs it: any method, path, headers and body,
+    /// sent as given (no token unless `headers` carries one: `bearer()` is the
+    /// test token's), the answer read whole.
+    pub async fn admin_request(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<reqwest::Body>,
+    ) -> Answer {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.admin))
+            .body(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        read(request.send().await.unwrap()).await
+    }
+
+    /// Asserts how many calls each fake upstream has had so far, in the order
+    /// docs/rules.md names them: real phone, anonymous, call tracking.
+    #[track_caller]
+    pub fn assert_calls(&self, real: usize, anonymous: usize, calltracking: usize) {
+        assert_eq!(
+            (
+                self.real.calls(),
+                self.anonymous.calls(),
+                self.calltracking.calls()
+            ),
+            (real, anonymous, calltracking),
+            "calls to the (real, anonymous, calltracking) upstreams"
+        );
+    }
+
+    /// Delivers status changes through the webhook; panics unless 200.
+    pub async fn enable_calltracking(&self, user: u64, version: u64) {
+        let body = serde_json::json!({ "items": [{ "user_id": user, "enabled": true, "version": version }] });
+        let answer = self
+            .send_admin(Method::POST, "/admin/v1/calltracking/statuses", &body)
+            .await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+
+    pub async fn invalidate(&self, users: &[u64]) {
+        let body = serde_json::json!({ "user_ids": users });
+        let answer = self
+            .send_admin(Method::POST, "/admin/v1/cache/invalidate", &body)
+            .await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+}
+
+/// The `authorization` value carrying the test token.
+pub fn bearer() -> String {
+    format!("Bearer {TOKEN}")
+}
+
+/// The headers of a JSON body to an admin route, with the token.
+pub fn json_with_token() -> [(&'static str, &'static str); 2] {
+    static BEARER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    [
+        ("authorization", BEARER.get_or_init(bearer)),
+        ("content-type", "application/json"),
+    ]
+}
+
+pub async fn read(response: reqwest::Response) -> Answer {
+    let status = response.status().as_u16();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let content_type = header("content-type").unwrap_or_default();
+    let retry_after = header("retry-after");
+    let text = response.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Answer {
+        status,
+        content_type,
+        retry_after,
+        body,
+        text,
+    }
+}
+
+impl Answer {
+    /// Asserts a 200 with this number and kind.
+    #[track_caller]
+    pub fn assert_number(&self, phone: &str, kind: &str) {
+        assert_eq!(self.status, 200, "{self:?}");
+        assert_eq!(self.body["phone"], phone, "{self:?}");
+        assert_eq!(self.body["kind"], kind, "{self:?}");
+    }
+
+    /// Asserts a problem document with this status.
+    #[track_caller]
+    pub fn assert_problem(&self, status: u16) {
+        assert_eq!(self.status, status, "{self:?}");
+        assert_eq!(self.content_type, "application/problem+json", "{self:?}");
+        assert_eq!(self.body["status"], status, "{self:?}");
+        assert!(self.body["title"].is_string(), "{self:?}");
+    }
+}

@@ -1,0 +1,284 @@
+//! The fake upstreams: real HTTP servers on 127.0.0.1:0 whose answers, delays and
+//! call counts the test controls, answering only the request shapes docs/rules.md
+//! defines (anything else is answered 400 and recorded; `TestApp`'s drop fails the
+//! test on it, so a wrong path cannot pass as "the seller has no phone").
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+
+/// What a fake upstream answers.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// 200 with the phone in the upstream's field (`phone` or `virtual_phone`).
+    Phone(&'static str),
+    /// 404.
+    NotFound,
+    /// Any status with an empty body.
+    Status(u16),
+    /// 200 with a body that is not JSON.
+    Garbage,
+    /// 200 with exactly this body (JSON or not).
+    Body(&'static str),
+    /// Accept the request and never answer (held for 60 s, far past any timeout).
+    Hang,
+}
+
+/// Which upstream a fake stands for: it decides the request shapes it accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upstream {
+    /// `GET /v1/users/{user_id}/phone?ad_id={ad_id}`.
+    RealPhone,
+    /// `GET /v1/anonymous-numbers?user_id={u}&ad_id={a}`.
+    Anonymous,
+    /// `GET /v1/virtual-numbers?user_id={u}&phone=%2B{digits}` and the status feed
+    /// `GET /v1/statuses?limit={n}[&after={cursor}]`.
+    Calltracking,
+}
+
+impl Upstream {
+    fn field(self) -> &'static str {
+        match self {
+            Upstream::Calltracking => "virtual_phone",
+            _ => "phone",
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Behaviour {
+    reply: Reply,
+    delay: Duration,
+}
+
+/// The `traceparent` (empty when missing) and `tracestate` of a call.
+pub type Traced = (String, Option<String>);
+
+/// A fake upstream: a real HTTP server on 127.0.0.1:0.
+#[derive(Clone)]
+pub struct Fake {
+    pub url: String,
+    pub(super) upstream: Upstream,
+    behaviour: Arc<Mutex<Behaviour>>,
+    calls: Arc<AtomicUsize>,
+    uris: Arc<Mutex<Vec<String>>>,
+    unexpected: Arc<Mutex<Vec<String>>>,
+    request_ids: Arc<Mutex<Vec<String>>>,
+    /// The `traceparent` and `tracestate` (if any) of every number lookup.
+    traces: Arc<Mutex<Vec<Traced>>>,
+    /// The status feed's items (call tracking only); the cursor is an index.
+    feed: Arc<Mutex<Vec<Value>>>,
+    feed_uris: Arc<Mutex<Vec<String>>>,
+}
+
+impl Fake {
+    pub async fn start(upstream: Upstream) -> Fake {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let fake = Fake {
+            url: format!("http://{}", listener.local_addr().unwrap()),
+            upstream,
+            behaviour: Arc::new(Mutex::new(Behaviour {
+                reply: Reply::NotFound,
+                delay: Duration::ZERO,
+            })),
+            calls: Arc::new(AtomicUsize::new(0)),
+            uris: Arc::new(Mutex::new(Vec::new())),
+            unexpected: Arc::new(Mutex::new(Vec::new())),
+            request_ids: Arc::new(Mutex::new(Vec::new())),
+            traces: Arc::new(Mutex::new(Vec::new())),
+            feed: Arc::new(Mutex::new(Vec::new())),
+            feed_uris: Arc::new(Mutex::new(Vec::new())),
+        };
+        let router = Router::new().fallback(answer).with_state(fake.clone());
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        fake
+    }
+
+    /// Answer `reply` from now on, at once.
+    pub fn reply(&self, reply: Reply) {
+        self.reply_after(reply, Duration::ZERO);
+    }
+
+    /// Answer `reply` from now on, after `delay`.
+    pub fn reply_after(&self, reply: Reply, delay: Duration) {
+        *self.behaviour.lock().unwrap() = Behaviour { reply, delay };
+    }
+
+    /// Number lookups received (the status feed's polls are not counted).
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// The path and query of every number lookup received.
+    pub fn uris(&self) -> Vec<String> {
+        self.uris.lock().unwrap().clone()
+    }
+
+    /// Requests that are not a shape docs/rules.md defines for this upstream.
+    pub fn unexpected(&self) -> Vec<String> {
+        self.unexpected.lock().unwrap().clone()
+    }
+
+    /// The `x-request-id` of every call received.
+    pub fn request_ids(&self) -> Vec<String> {
+        self.request_ids.lock().unwrap().clone()
+    }
+
+    /// The `traceparent` (empty when missing) and `tracestate` of every number
+    /// lookup received.
+    pub fn traces(&self) -> Vec<Traced> {
+        self.traces.lock().unwrap().clone()
+    }
+
+    /// Serves `(user_id, enabled, version)` items on the status feed (call
+    /// tracking only), in this order; cursors are positions in the list.
+    pub fn feed(&self, items: &[(u64, bool, u64)]) {
+        *self.feed.lock().unwrap() = items
+            .iter()
+            .map(|&(user_id, enabled, version)| {
+                serde_json::json!({ "user_id": user_id, "enabled": enabled, "version": version })
+            })
+            .collect();
+    }
+
+    /// The path and query of every status-feed poll received.
+    pub fn feed_uris(&self) -> Vec<String> {
+        self.feed_uris.lock().unwrap().clone()
+    }
+}
+
+/// A positive decimal id that fits an i64, as the app sends ids.
+fn is_id(text: &str) -> bool {
+    !text.is_empty()
+        && text.bytes().all(|b| b.is_ascii_digit())
+        && !text.starts_with('0')
+        && text.parse::<i64>().is_ok()
+}
+
+/// The query's `key=value` pairs, in order, undecoded.
+fn pairs(query: &str) -> Vec<(&str, &str)> {
+    query
+        .split('&')
+        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+        .collect()
+}
+
+/// What a request to `upstream` is, if it is one docs/rules.md defines.
+enum Shape {
+    Lookup,
+    /// A status-feed poll: the position after which to answer, and the limit.
+    Feed(usize, usize),
+}
+
+fn shape(upstream: Upstream, method: &Method, path: &str, query: &str) -> Option<Shape> {
+    if method != Method::GET {
+        return None;
+    }
+    let query = pairs(query);
+    match upstream {
+        Upstream::RealPhone => {
+            let user = path.strip_prefix("/v1/users/")?.strip_suffix("/phone")?;
+            (is_id(user) && matches!(query[..], [("ad_id", ad)] if is_id(ad))).then_some(Shape::Lookup)
+        }
+        Upstream::Anonymous => (path == "/v1/anonymous-numbers"
+            && matches!(query[..], [("user_id", u), ("ad_id", a)] if is_id(u) && is_id(a)))
+        .then_some(Shape::Lookup),
+        Upstream::Calltracking if path == "/v1/virtual-numbers" => {
+            matches!(query[..], [("user_id", u), ("phone", p)]
+                if is_id(u) && p.strip_prefix("%2B").is_some_and(|d| (8..=15).contains(&d.len()) && is_id(d)))
+            .then_some(Shape::Lookup)
+        }
+        Upstream::Calltracking if path == "/v1/statuses" => {
+            let (mut after, mut limit) = (None, None);
+            for (key, value) in query {
+                match key {
+                    "after" if after.is_none() => after = Some(value.parse().ok()?),
+                    "limit" if limit.is_none() => limit = Some(value.parse().ok()?),
+                    _ => return None,
+                }
+            }
+            Some(Shape::Feed(after.unwrap_or(0), limit.filter(|&l| l > 0)?))
+        }
+        Upstream::Calltracking => None,
+    }
+}
+
+async fn answer(State(fake): State<Fake>, request: Request) -> Response {
+    let uri = request.uri().to_string();
+    let shape = shape(
+        fake.upstream,
+        request.method(),
+        request.uri().path(),
+        request.uri().query().unwrap_or(""),
+    );
+    let (after, limit) = match shape {
+        None => {
+            fake.unexpected
+                .lock()
+                .unwrap()
+                .push(format!("{} {uri}", request.method()));
+            return (
+                StatusCode::BAD_REQUEST,
+                "not a request docs/rules.md defines",
+            )
+                .into_response();
+        }
+        Some(Shape::Feed(after, limit)) => (after, limit),
+        Some(Shape::Lookup) => (usize::MAX, 0),
+    };
+    if after != usize::MAX {
+        fake.feed_uris.lock().unwrap().push(uri);
+        let items = fake.feed.lock().unwrap().clone();
+        let start = after.min(items.len());
+        let end = (start + limit).min(items.len());
+        return axum::Json(serde_json::json!({
+            "items": &items[start..end],
+            "next_cursor": end.to_string(),
+        }))
+        .into_response();
+    }
+    fake.calls.fetch_add(1, Ordering::SeqCst);
+    fake.uris.lock().unwrap().push(uri);
+    if let Some(id) = request.headers().get("x-request-id") {
+        fake.request_ids
+            .lock()
+            .unwrap()
+            .push(id.to_str().unwrap().to_owned());
+    }
+    let trace = {
+        let header = |name: &str| {
+            request
+                .headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        (
+            header("traceparent").unwrap_or_default(),
+            header("tracestate"),
+        )
+    };
+    fake.traces.lock().unwrap().push(trace);
+    let Behaviour { reply, delay } = fake.behaviour.lock().unwrap().clone();
+    tokio::time::sleep(delay).await;
+    match reply {
+        Reply::Phone(phone) => {
+            axum::Json(serde_json::json!({ fake.upstream.field(): phone })).into_response()
+        }
+        Reply::NotFound => StatusCode::NOT_FOUND.into_response(),
+        Reply::Status(code) => StatusCode::from_u16(code).unwrap().into_response(),
+        Reply::Garbage => (StatusCode::OK, "<html>oops</html>").into_response(),
+        Reply::Body(body) => {
+            (StatusCode::OK, [("content-type", "application/json")], body).into_response()
+        }
+        Reply::Hang => {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            StatusCode::GATEWAY_TIMEOUT.into_response()
+        }
+    }
+}

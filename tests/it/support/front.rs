@@ -1,0 +1,110 @@
+//! The public listener's service (`Front`) without sockets, built as
+//! benches/hot_path.rs builds it: the router and the front over a resolver whose
+//! upstreams are never asked, for contract cases decided before any upstream
+//! call (a route, a method, a content type, a parameter). Driven with
+//! `tower::ServiceExt::oneshot`; `Front` is a hyper service, so it is wrapped in
+//! `tower::service_fn`. The one place to follow when the parts' constructors
+//! change.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, Response};
+use hyper::service::Service as _;
+use phones_gateway::config::Config;
+use phones_gateway::http::api::public::PublicState;
+use phones_gateway::http::api::{Limits, public_router};
+use phones_gateway::http::server::front::Front;
+use phones_gateway::http::server::shed::Shed;
+use phones_gateway::resolve::{Caches, Resolver};
+use phones_gateway::status::StatusSet;
+use phones_gateway::upstream::Upstreams;
+use serde_json::Value;
+use tower::ServiceExt;
+
+/// The public front on the default configuration, no rate limit, no reveal log.
+pub fn public_front() -> Front {
+    let config = Config::from_toml("").expect("the defaults are valid");
+    let upstreams = Arc::new(Upstreams::new(
+        &config.upstreams,
+        config.breaker,
+        config.server.max_in_flight,
+    ));
+    let caches = Caches::new(&config.cache);
+    let status = Arc::new(StatusSet::default());
+    let settings = phones_gateway::resolve::Settings {
+        policy: config.upstreams.policies(),
+        deadline: config.request_deadline(),
+        max_queue_delay: config.server.max_queue_delay,
+        export_spans: false,
+    };
+    let resolver = Arc::new(Resolver::new(
+        &config.selection,
+        settings,
+        upstreams,
+        caches,
+        status,
+    ));
+    let state = PublicState {
+        resolver,
+        limiter: None,
+        reveals: None,
+        limits: Limits::from(&config.server),
+    };
+    Front::public(
+        public_router(state.clone()),
+        state,
+        Shed::new(config.server.max_in_flight, config.server.max_header_bytes),
+        None,
+    )
+}
+
+/// A problem document as the front answered it.
+#[derive(Debug)]
+pub struct Problem {
+    pub status: u16,
+    pub content_type: String,
+    pub allow: Option<String>,
+    pub body: Value,
+}
+
+/// Sends one request through `front` (no socket) and reads its answer whole.
+pub async fn oneshot(front: &Front, request: Request<Body>) -> Problem {
+    let front = front.clone();
+    let service = tower::service_fn(move |request: Request<Body>| front.call(request));
+    let response: Response<Body> = service
+        .oneshot(request)
+        .await
+        .unwrap_or_else(|never: Infallible| match never {});
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let status = response.status().as_u16();
+    let content_type = header("content-type").unwrap_or_default();
+    let allow = header("allow");
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Problem {
+        status,
+        content_type,
+        allow,
+        body,
+    }
+}
+
+impl Problem {
+    /// Asserts a problem document with this status.
+    #[track_caller]
+    pub fn assert_problem(&self, status: u16) {
+        assert_eq!(self.status, status, "{self:?}");
+        assert_eq!(self.content_type, "application/problem+json", "{self:?}");
+        assert_eq!(self.body["status"], status, "{self:?}");
+        assert!(self.body["title"].is_string(), "{self:?}");
+    }
+}

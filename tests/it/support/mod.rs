@@ -1,0 +1,46 @@
+//! Test harness: the real app on 127.0.0.1:0 against three fake upstreams that are
+//! real HTTP servers whose answers, delays and call counts the test controls.
+//!
+//! Two guards run under every test:
+//! - the fakes answer only the request shapes docs/rules.md defines (method, path and
+//!   query); anything else is answered 400 and recorded, and `TestApp`'s drop
+//!   fails the test, so a wrong path cannot pass as "the seller has no phone";
+//! - the privacy scanner (`privacy`) reads every log line as it is written, in the
+//!   text and the JSON format, at trace level for the crate, and records every
+//!   full phone number it finds; `TestApp`'s drop (and `Process`'s for the
+//!   binary's own output) fails the test on any leak recorded so far.
+//!
+//! One file per part: `app` (TestApp, the app in-process), `fakes` (the fake
+//! upstreams), `privacy` (the log scanner), `pg` (PostgreSQL clusters),
+//! `pgbouncer` (a transaction-mode pooler in front of one), `child` (the binary
+//! as a child process), `front` (the public front without sockets, for
+//! `oneshot`).
+
+use std::time::{Duration, Instant};
+
+pub mod app;
+pub mod child;
+pub mod fakes;
+pub mod front;
+pub mod pg;
+pub mod pgbouncer;
+pub mod privacy;
+
+pub use app::*;
+pub use fakes::*;
+pub use privacy::*;
+
+/// Polls `done` every 10 ms until it holds; panics naming `what` after `limit`.
+/// Used instead of sleeping a guessed time: on two busy cores a guess is either
+/// too short (flaky) or too long (slow).
+pub async fn eventually<F: std::future::Future<Output = bool>>(
+    what: &str,
+    limit: Duration,
+    mut done: impl FnMut() -> F,
+) {
+    let start = Instant::now();
+    while !done().await {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
