@@ -225,7 +225,12 @@ impl App {
         background.spawn(load(
             self.status.clone(),
             self.database.clone(),
-            self.config.database.needs_session(feed.enabled),
+            self.config.database.needs_session(feed.enabled).then(|| {
+                match self.config.database.direct_url() {
+                    Some(_) => "database.direct_url",
+                    None => "database.url",
+                }
+            }),
             self.config.database.migrate_on_start,
             loaded.clone(),
             fatal_tx,
@@ -379,8 +384,9 @@ fn after(
     }
 }
 
-/// Checks the database can give what this replica needs (`needs_session`:
-/// [`DatabaseConfig::needs_session`]), migrates (`database.migrate_on_start`)
+/// Checks the database can give what this replica needs (`session`: the key
+/// whose connection must keep a session, when [`DatabaseConfig::needs_session`]),
+/// migrates (`database.migrate_on_start`)
 /// and loads the status set, retrying until the database answers; then opens
 /// `loaded`. A transaction-mode pooler where a session is needed
 /// (`database.direct_url`, or `url` without it) is reported on `fatal` instead:
@@ -390,18 +396,19 @@ fn after(
 async fn load(
     status: StatusService,
     database: Database,
-    needs_session: bool,
+    session: Option<&'static str>,
     migrate_on_start: bool,
     loaded: CancellationToken,
     fatal: tokio::sync::mpsc::Sender<String>,
 ) {
     let mut delay = Duration::from_millis(100);
-    let mut checked = !needs_session;
+    let mut checked = session.is_none();
     loop {
         if !checked {
             match database.lacks_session().await {
                 Some(true) => {
-                    let _ = fatal.send(POOLER_WITHOUT_SESSION.to_owned()).await;
+                    let key = session.unwrap_or("database.url");
+                    let _ = fatal.send(pooler_without_session(key)).await;
                     return;
                 }
                 Some(false) => checked = true,
@@ -435,13 +442,22 @@ async fn load(
     }
 }
 
-/// What a replica says when `database.url` is a transaction-mode pooler and no
-/// `database.direct_url` is given (docs/status-sync.md, "Behind a pooler").
-pub const POOLER_WITHOUT_SESSION: &str = "database.url (or database.direct_url) is a \
-transaction-mode pooler (a client connection does not keep its server session): set \
-database.direct_url to \
-PostgreSQL itself for migrations, feed leadership and LISTEN (or set \
-database.migrate_on_start = false and database.listen = false, without the status feed)";
+/// What a replica says when the connection it needs a session on (`key`:
+/// `database.direct_url`, or `database.url` without it) is a transaction-mode
+/// pooler (docs/status-sync.md, "Behind a transaction-mode pooler").
+pub fn pooler_without_session(key: &str) -> String {
+    let fix = if key == "database.url" {
+        "set database.direct_url to PostgreSQL itself"
+    } else {
+        "point database.direct_url at PostgreSQL itself, not the pooler"
+    };
+    format!(
+        "{key} is a transaction-mode pooler (a client connection does not keep its \
+         server session), and migrations, feed leadership and LISTEN need one: {fix} \
+         (or set database.migrate_on_start = false and database.listen = false, \
+         without the status feed)"
+    )
+}
 
 /// The bounds of every database call, from `[database]`.
 pub fn bounds(database: &crate::config::DatabaseConfig) -> crate::store::Bounds {

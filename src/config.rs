@@ -1109,13 +1109,17 @@ impl BreakerConfig {
 
 /// Environment variables that look meant for the gateway but are not read: a
 /// `PHONES_GATEWAY_` prefix with one underscore (`PHONES_GATEWAY_ADMIN__TOKEN`),
-/// which figment passes over in silence. Names only, sorted: values may be
+/// which figment passes over in silence. A name without `__` after the prefix
+/// (`PHONES_GATEWAY_BIN`, the scripts' own) is not taken for an override. Names only, sorted: values may be
 /// secrets.
 pub fn mistyped_environment() -> Vec<String> {
     let mut names: Vec<String> = std::env::vars_os()
         .filter_map(|(name, _)| name.into_string().ok())
         .filter(|name| {
-            strip_prefix_ignore_case(name, "PHONES_GATEWAY_").is_some()
+            // Only what looks like an override (a `__` between levels further
+            // on): `PHONES_GATEWAY_BIN`, which scripts/cluster reads, is not one.
+            strip_prefix_ignore_case(name, "PHONES_GATEWAY_")
+                .is_some_and(|rest| rest.contains("__"))
                 && strip_prefix_ignore_case(name, ENV_PREFIX).is_none()
         })
         .collect();

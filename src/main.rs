@@ -59,13 +59,28 @@ fn main() -> anyhow::Result<()> {
                 &config.tracing,
             )?;
             log_mistyped_environment();
-            runtime(config.runtime.worker_threads)?.block_on(serve(config))
+            let served = runtime(config.runtime.worker_threads)?.block_on(serve(config));
+            // A start-up mistake (a port taken, a pooler without a session) is
+            // one line and exit status 1, not an anyhow report: with
+            // RUST_BACKTRACE=1 that would follow it with a backtrace of main.
+            if let Err(error) = served {
+                tracing::error!("{error:#}");
+                eprintln!("Error: {error:#}");
+                std::process::exit(1);
+            }
+            Ok(())
         }
         Command::CheckConfig { config } => {
             // `load` names the mistyped variables itself when it fails.
-            let _config = load(config);
+            let config = load(config);
             for warning in mistyped_environment() {
                 eprintln!("phones-gateway: warning: {warning}");
+            }
+            if config.admin.token.is_empty() {
+                eprintln!(
+                    "phones-gateway: warning: admin.token is empty: every /admin/ route will answer 401 \
+                     (set PHONES_GATEWAY__ADMIN__TOKEN)"
+                );
             }
             println!("configuration ok");
             Ok(())

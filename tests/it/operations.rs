@@ -628,16 +628,53 @@ fn a_start_with_a_bad_configuration_names_every_mistake_in_one_run() {
     names_every_mistake_at_once("serve");
 }
 
+/// A start that cannot go on (here: its port is taken) ends with one line and
+/// exit status 1, also with `RUST_BACKTRACE=1` (no anyhow report of main).
+#[test]
+fn a_fatal_start_is_one_line_without_a_backtrace() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = binary();
+    command
+        .arg("serve")
+        .env("RUST_BACKTRACE", "1")
+        .env(
+            "PHONES_GATEWAY__SERVER__PUBLIC_ADDR",
+            taken.local_addr().unwrap().to_string(),
+        )
+        .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
+        .env(
+            "PHONES_GATEWAY__DATABASE__URL",
+            format!("sqlite://{}/gateway.db", dir.path().display()),
+        );
+    let (output, stdout, stderr) = run(command, "phones-gateway serve");
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("Error: binding server.public_addr"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!stderr.to_lowercase().contains("backtrace"), "{stderr}");
+    assert!(!stderr.contains("  0: "), "a backtrace: {stderr}");
+}
+
 #[test]
 fn check_config_warns_of_a_mistyped_environment_prefix() {
     let mut command = binary();
     command
         .arg("check-config")
-        .env("PHONES_GATEWAY_ADMIN__TOKEN", "not-read-0123456789");
+        .env("PHONES_GATEWAY_ADMIN__TOKEN", "not-read-0123456789")
+        // The scripts' own variable (scripts/cluster), not an override.
+        .env("PHONES_GATEWAY_BIN", "/somewhere/phones-gateway");
     let (output, stdout, stderr) = run(command, "phones-gateway check-config");
     assert!(output.status.success(), "{stdout}\n{stderr}");
     assert!(
         stderr.contains("warning: environment variable PHONES_GATEWAY_ADMIN__TOKEN is not read"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("PHONES_GATEWAY_BIN"), "{stderr}");
+    // The token is empty too (it was not read): check-config says what that means.
+    assert!(
+        stderr.contains("admin.token is empty: every /admin/ route will answer 401"),
         "{stderr}"
     );
     assert!(
