@@ -335,24 +335,6 @@ const STATUSES: &str = "/admin/v1/calltracking/statuses";
 
 const INVALIDATE: &str = "/admin/v1/cache/invalidate";
 
-async fn set(app: &TestApp, user: u64, enabled: bool, version: u64) -> u16 {
-    let body = json!({ "items": [{ "user_id": user, "enabled": enabled, "version": version }] });
-    app.send_admin(Method::POST, STATUSES, &body).await.status
-}
-
-/// Waits until `app` holds `user` at `version`.
-async fn converged(app: &TestApp, user: u64, version: u64, limit: Duration) {
-    let start = Instant::now();
-    let user_id = phones_gateway::domain::UserId::new(user).unwrap();
-    while app.status.set().get(user_id).version != version {
-        assert!(
-            start.elapsed() < limit,
-            "user {user} did not reach version {version} within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// Asks `app` for the seller's number until it is `phone`; returns how long
 /// that took, or fails after `limit`.
 async fn answers(app: &TestApp, user: u64, phone: &str, limit: Duration) -> Duration {
@@ -437,8 +419,8 @@ async fn a_fetch_in_flight_on_the_other_replica_is_not_written_back() {
     // The invalidation lands on A while B's fetch is under way; a status change
     // after it is a marker: once B has that, it has applied the invalidation.
     a.invalidate(&[6]).await;
-    assert_eq!(set(&a, 900, true, 1).await, 200);
-    converged(&b, 900, 1, Duration::from_secs(1)).await;
+    assert_eq!(a.set_status(900, true, 1).await, 200);
+    b.converged(900, 1, Duration::from_secs(1)).await;
     b.real.reply(Reply::Phone(NEW_REAL));
     assert_eq!(
         in_flight.await.unwrap(),
@@ -485,8 +467,8 @@ async fn a_re_enable_after_a_disable_answers_the_new_forwarding_number_on_the_ot
     let overlay = "[database]\nlisten = false\nsync_interval_ms = 1000\n";
     let a = TestApp::spawn_on(Some(&db.url), overlay).await;
     let b = TestApp::spawn_on(Some(&db.url), overlay).await;
-    assert_eq!(set(&a, 8, true, 1).await, 200);
-    converged(&b, 8, 1, Duration::from_secs(3)).await;
+    assert_eq!(a.set_status(8, true, 1).await, 200);
+    b.converged(8, 1, Duration::from_secs(3)).await;
     b.real.reply(Reply::Phone(REAL));
     b.calltracking.reply(Reply::Phone(VIRTUAL));
     b.phone(8, 1, PLAIN_CATEGORY)
@@ -494,9 +476,9 @@ async fn a_re_enable_after_a_disable_answers_the_new_forwarding_number_on_the_ot
         .assert_number(VIRTUAL, "calltracking");
     // Released and handed out anew while tracking was off.
     b.calltracking.reply(Reply::Phone(OTHER_VIRTUAL));
-    assert_eq!(set(&a, 8, false, 2).await, 200);
-    assert_eq!(set(&a, 8, true, 3).await, 200);
-    converged(&b, 8, 3, Duration::from_secs(3)).await;
+    assert_eq!(a.set_status(8, false, 2).await, 200);
+    assert_eq!(a.set_status(8, true, 3).await, 200);
+    b.converged(8, 3, Duration::from_secs(3)).await;
     b.phone(8, 1, PLAIN_CATEGORY)
         .await
         .assert_number(OTHER_VIRTUAL, "calltracking");

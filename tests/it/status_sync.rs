@@ -18,27 +18,6 @@ use std::time::{Duration, Instant};
 
 const STATUSES: &str = "/admin/v1/calltracking/statuses";
 
-async fn set(app: &TestApp, user: u64, enabled: bool, version: u64) -> u16 {
-    let body = json!({ "items": [{ "user_id": user, "enabled": enabled, "version": version }] });
-    app.send_admin(Method::POST, STATUSES, &body).await.status
-}
-
-/// Waits until `app` reports `user` at `version`; returns how long it took.
-async fn converged(app: &TestApp, user: u64, version: u64, limit: Duration) -> Duration {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        let got = app
-            .status
-            .set()
-            .get(phones_gateway::domain::UserId::new(user).unwrap());
-        if got.version == version {
-            return start.elapsed();
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("user {user} did not reach version {version} within {limit:?}");
-}
-
 #[tokio::test]
 async fn a_change_on_one_replica_is_on_the_other_within_a_second() {
     let Some(db) = pg::database().await else {
@@ -52,8 +31,8 @@ async fn a_change_on_one_replica_is_on_the_other_within_a_second() {
         let reader = if i % 2 == 0 { &b } else { &a };
         // From the moment the webhook is sent until the other replica has it.
         let sent = Instant::now();
-        assert_eq!(set(writer, 1000 + i, true, i).await, 200);
-        converged(reader, 1000 + i, i, Duration::from_secs(1)).await;
+        assert_eq!(writer.set_status(1000 + i, true, i).await, 200);
+        reader.converged(1000 + i, i, Duration::from_secs(1)).await;
         took.push(sent.elapsed());
     }
     took.sort();
@@ -65,8 +44,8 @@ async fn a_change_on_one_replica_is_on_the_other_within_a_second() {
     // webhook at A.
     b.real.reply(Reply::Phone(REAL));
     b.calltracking.reply(Reply::Phone(crate::OTHER_VIRTUAL));
-    assert_eq!(set(&a, 7, true, 1).await, 200);
-    converged(&b, 7, 1, Duration::from_secs(1)).await;
+    assert_eq!(a.set_status(7, true, 1).await, 200);
+    b.converged(7, 1, Duration::from_secs(1)).await;
     b.phone(7, 1, PLAIN_CATEGORY)
         .await
         .assert_number(crate::OTHER_VIRTUAL, "calltracking");
@@ -87,7 +66,7 @@ async fn a_lost_notification_is_covered_by_the_poll() {
     .execute(&pool)
     .await
     .unwrap();
-    converged(&a, 55, 9, Duration::from_secs(1)).await;
+    a.converged(55, 9, Duration::from_secs(1)).await;
 }
 
 #[tokio::test]
@@ -97,11 +76,11 @@ async fn a_restarted_replica_catches_up_on_what_it_missed() {
     };
     let a = TestApp::spawn_on(Some(&db.url), "").await;
     let b = TestApp::spawn_on(Some(&db.url), "").await;
-    assert_eq!(set(&a, 1, true, 1).await, 200);
-    converged(&b, 1, 1, Duration::from_secs(1)).await;
+    assert_eq!(a.set_status(1, true, 1).await, 200);
+    b.converged(1, 1, Duration::from_secs(1)).await;
     drop(b);
     for v in 2..=5 {
-        assert_eq!(set(&a, 1, v % 2 == 1, v).await, 200);
+        assert_eq!(a.set_status(1, v % 2 == 1, v).await, 200);
     }
     let snapshot = json!({ "version": 6, "enabled_user_ids": [2, 3] });
     assert_eq!(
@@ -121,8 +100,8 @@ async fn replicas_reconnect_and_converge_after_postgres_restarts() {
     let cluster = db.cluster.as_ref().unwrap();
     let a = TestApp::spawn_on(Some(&db.url), "").await;
     let b = TestApp::spawn_on(Some(&db.url), "").await;
-    assert_eq!(set(&a, 1, true, 1).await, 200);
-    converged(&b, 1, 1, Duration::from_secs(1)).await;
+    assert_eq!(a.set_status(1, true, 1).await, 200);
+    b.converged(1, 1, Duration::from_secs(1)).await;
 
     cluster.stop_server().unwrap();
     // The database is down: the webhook refuses, the public API keeps answering
@@ -150,14 +129,14 @@ async fn replicas_reconnect_and_converge_after_postgres_restarts() {
     cluster.start_server().unwrap();
     // Both reconnect by themselves; a change on A reaches B.
     let start = Instant::now();
-    while set(&a, 3, true, 1).await != 200 {
+    while a.set_status(3, true, 1).await != 200 {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "A never recovered"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    converged(&b, 3, 1, Duration::from_secs(2)).await;
+    b.converged(3, 1, Duration::from_secs(2)).await;
 }
 
 #[tokio::test]
@@ -165,7 +144,7 @@ async fn sqlite_webhook_answers_503_when_the_database_is_gone() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/gw.db", dir.path().display());
     let app = TestApp::spawn_on(Some(&url), "").await;
-    assert_eq!(set(&app, 1, true, 1).await, 200);
+    assert_eq!(app.set_status(1, true, 1).await, 200);
     // Another connection holds the write lock past the busy timeout.
     let db_file = dir.path().join("gw.db");
     let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db_file.display()))
@@ -203,7 +182,10 @@ async fn readyz_is_503_until_the_status_set_is_loaded() {
     let Some(db) = pg::cluster() else { return };
     let cluster = db.cluster.as_ref().unwrap();
     assert_eq!(
-        set(&TestApp::spawn_on(Some(&db.url), "").await, 42, true, 1).await,
+        TestApp::spawn_on(Some(&db.url), "")
+            .await
+            .set_status(42, true, 1)
+            .await,
         200
     );
     // The database is down when a replica starts: it serves, but is not ready.
@@ -250,9 +232,9 @@ async fn without_listen_replicas_converge_by_the_poll_alone() {
     let a = TestApp::spawn_on(Some(&db.url), overlay).await;
     let b = TestApp::spawn_on(Some(&db.url), overlay).await;
     for i in 1..=5u64 {
-        assert_eq!(set(&a, 2000 + i, true, i).await, 200);
+        assert_eq!(a.set_status(2000 + i, true, i).await, 200);
         // Within a poll or two, with nobody listening.
-        converged(&b, 2000 + i, i, Duration::from_secs(2)).await;
+        b.converged(2000 + i, i, Duration::from_secs(2)).await;
     }
     assert_eq!(listeners(&db.url).await, 0, "no session LISTENs");
     // The default does listen: the check above can tell.

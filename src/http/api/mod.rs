@@ -80,16 +80,8 @@ impl Limits {
 /// The public routes ([`routes::PUBLIC`]). Request tracking and shedding wrap it in `server::front::Front`,
 /// which also answers `GET /v1/public-phone` without it.
 pub fn public_router(state: PublicState) -> Router {
-    let body = DefaultBodyLimit::max(state.limits.max_body_bytes);
-    routes::PUBLIC
-        .iter()
-        .fold(Router::new(), |router, route| {
-            router.route(route.path, (route.handlers)())
-        })
-        .layer(body)
-        .fallback(error::route_not_found)
-        .method_not_allowed_fallback(error::method_not_allowed)
-        .with_state(state)
+    let max_body = state.limits.max_body_bytes;
+    router_of(routes::PUBLIC, state, max_body)
 }
 
 /// The admin routes ([`routes::ADMIN`]). `server::front::Front` tracks requests, applies the header limit
@@ -98,13 +90,23 @@ pub fn public_router(state: PublicState) -> Router {
 pub fn admin_router(state: AdminState) -> Router {
     // Bounds what the JSON extractor reads; the snapshot streams its body and
     // bounds it itself (`server.max_snapshot_bytes`).
-    let body = DefaultBodyLimit::max(state.limits.max_body_bytes);
-    routes::ADMIN
+    let max_body = state.limits.max_body_bytes;
+    router_of(routes::ADMIN, state, max_body)
+}
+
+/// A router of one table's rows: the body limit, and problem documents for an
+/// unknown path (404) or method (405).
+fn router_of<S: Clone + Send + Sync + 'static>(
+    table: &[routes::Route<S>],
+    state: S,
+    max_body_bytes: usize,
+) -> Router {
+    table
         .iter()
         .fold(Router::new(), |router, route| {
             router.route(route.path, (route.handlers)())
         })
-        .layer(body)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
         .fallback(error::route_not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .with_state(state)

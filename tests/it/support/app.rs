@@ -259,6 +259,33 @@ impl TestApp {
     }
 
     /// Delivers status changes through the webhook; panics unless 200.
+    /// Sends one status change to the webhook; its status code.
+    pub async fn set_status(&self, user: u64, enabled: bool, version: u64) -> u16 {
+        let body = serde_json::json!({ "items": [{ "user_id": user, "enabled": enabled, "version": version }] });
+        self.send_admin(
+            reqwest::Method::POST,
+            "/admin/v1/calltracking/statuses",
+            &body,
+        )
+        .await
+        .status
+    }
+
+    /// Waits until this replica holds `user` at `version` in memory; how long
+    /// that took. Fails after `limit`.
+    pub async fn converged(&self, user: u64, version: u64, limit: Duration) -> Duration {
+        let start = std::time::Instant::now();
+        let user_id = phones_gateway::domain::UserId::new(user).unwrap();
+        while self.status.set().get(user_id).version != version {
+            assert!(
+                start.elapsed() < limit,
+                "user {user} did not reach version {version} within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        start.elapsed()
+    }
+
     pub async fn enable_calltracking(&self, user: u64, version: u64) {
         let body = serde_json::json!({ "items": [{ "user_id": user, "enabled": true, "version": version }] });
         let answer = self
