@@ -4,6 +4,9 @@
 //! - `resolve/hit`: `Resolver::resolve` with every source fresh in the caches;
 //! - `router/hit`: the whole public service as a listener runs it (`Front`, no
 //!   sockets): request tracking, shedding, query parsing, resolve, JSON;
+//! - `router/viewer`, `router/viewer-budgets`: `router/hit` with an
+//!   `X-Viewer-Id` (one of 1,000, in turn), with the viewer budgets off and on
+//!   (both budgets, never reached): what a viewer within budget pays for them;
 //! - `router/hello`: a bare axum hello-world router, the baseline;
 //! - `phone/parse`, `phone/format`: parsing and printing a number.
 //!
@@ -65,6 +68,7 @@ fn per_op(name: &str, runs: u64, mut op: impl FnMut()) {
 struct Fixture {
     resolver: Arc<Resolver>,
     router: Front,
+    budgeted: Front,
     hello: axum::Router,
     request: Lookup,
 }
@@ -159,21 +163,31 @@ fn fixture() -> Fixture {
         caches,
         status,
     ));
-    let state = PublicState {
-        resolver: resolver.clone(),
-        limiter: None,
-        reveals: None,
-        limits: Limits::from(&config.server),
+    let front = |budgets| {
+        let state = PublicState {
+            resolver: resolver.clone(),
+            budgets,
+            reveals: None,
+            limits: Limits::from(&config.server),
+        };
+        Front::public(
+            public_router(state.clone()),
+            state,
+            Shed::new(4096, 16384),
+            config
+                .tracing
+                .exports()
+                .then_some(config.tracing.sample_ratio),
+        )
     };
-    let router = Front::public(
-        public_router(state.clone()),
-        state,
-        Shed::new(4096, 16384),
-        config
-            .tracing
-            .exports()
-            .then_some(config.tracing.sample_ratio),
-    );
+    let router = front(None);
+    // Budgets no viewer of the bench reaches (no exchange runs here).
+    let budgeted = front(phones_gateway::budget::Budgets::new(
+        phones_gateway::budget::Limits {
+            per_minute: 1_000_000,
+            per_day: 100_000_000,
+        },
+    ));
     let hello = axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));
     let request = Lookup {
         user,
@@ -184,6 +198,7 @@ fn fixture() -> Fixture {
     Fixture {
         resolver,
         router,
+        budgeted,
         hello,
         request,
     }
@@ -216,6 +231,23 @@ fn benches(c: &mut Criterion) {
         let request = Request::get(uri).body(Body::empty()).unwrap();
         black_box(runtime.block_on(f.router.call(request)).unwrap());
     });
+    let viewers: Vec<String> = (0..1000).map(|i| format!("buyer-{i}")).collect();
+    let mut turn = 0usize;
+    let mut viewer_request = move || {
+        turn = (turn + 1) % viewers.len();
+        Request::get(uri)
+            .header("x-viewer-id", viewers[turn].as_str())
+            .body(Body::empty())
+            .unwrap()
+    };
+    let answered = runtime.block_on(f.budgeted.call(viewer_request())).unwrap();
+    assert_eq!(answered.status(), 200, "the viewer is within budget");
+    per_op("router/viewer", 10_000, || {
+        black_box(runtime.block_on(f.router.call(viewer_request())).unwrap());
+    });
+    per_op("router/viewer-budgets", 10_000, || {
+        black_box(runtime.block_on(f.budgeted.call(viewer_request())).unwrap());
+    });
     per_op("router/hello", 10_000, || {
         let request = Request::get("/").body(Body::empty()).unwrap();
         black_box(runtime.block_on(f.hello.clone().oneshot(request)).unwrap());
@@ -236,6 +268,12 @@ fn benches(c: &mut Criterion) {
             let request = Request::get(uri).body(Body::empty()).unwrap();
             runtime.block_on(f.router.call(request)).unwrap()
         })
+    });
+    c.bench_function("router/viewer", |b| {
+        b.iter(|| runtime.block_on(f.router.call(viewer_request())).unwrap())
+    });
+    c.bench_function("router/viewer-budgets", |b| {
+        b.iter(|| runtime.block_on(f.budgeted.call(viewer_request())).unwrap())
     });
     c.bench_function("router/hit-traced", |b| {
         b.iter(|| {

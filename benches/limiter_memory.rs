@@ -1,12 +1,14 @@
-//! Memory of the per-viewer limit under a flood of distinct viewers: 1,000,000
-//! viewer ids (as a scraper rotating ids would send), one reveal each, then the
-//! RSS growth per viewer. `cargo bench --bench limiter_memory`; under `cargo test`
-//! 20,000 viewers as a smoke check.
+//! Memory of the viewer budgets under a flood of distinct viewers: 1,000,000
+//! viewer ids (as a scraper rotating ids would send), one reveal each, with
+//! both the minute and the day budget on, then the RSS growth per viewer.
+//! `cargo bench --bench limiter_memory`; under `cargo test` 20,000 viewers as a
+//! smoke check. The exchange forgets a viewer idle for two minutes, so a
+//! replica holds the viewers of the last two minutes, whatever the day budget.
 
 #![allow(clippy::unwrap_used)]
 
+use phones_gateway::budget::{Budgets, Limits};
 use phones_gateway::domain::Viewer;
-use phones_gateway::http::api::ratelimit::ViewerLimiter;
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -24,16 +26,20 @@ fn main() {
     } else {
         20_000
     };
-    let limiter = ViewerLimiter::new(60).unwrap();
+    let budgets = Budgets::new(Limits {
+        per_minute: 60,
+        per_day: 1_000,
+    })
+    .unwrap();
     let before = rss_bytes();
     for viewer in 0..viewers {
         let viewer = Viewer::parse(format!("scraper-{viewer:016x}").as_bytes()).unwrap();
-        assert!(limiter.check(Some(&viewer), 1).is_ok());
+        assert!(budgets.check(&viewer, 1).is_ok());
     }
     let after = rss_bytes();
     println!(
         "limiter_memory: {} viewers remembered after {viewers} distinct; RSS grew {:.1} MiB, {:.1} bytes per viewer",
-        limiter.len(),
+        budgets.len(),
         (after - before) as f64 / 1048576.0,
         (after - before) as f64 / viewers as f64
     );

@@ -21,10 +21,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::budget::{self, Budgets};
 use crate::config::Config;
 use crate::http::api::admin::AdminState;
 use crate::http::api::public::PublicState;
-use crate::http::api::ratelimit::ViewerLimiter;
 use crate::http::api::{admin_router, public_router};
 use crate::http::server::Settings;
 use crate::http::server::front::Front;
@@ -56,8 +56,9 @@ pub struct App {
     /// For what the app wires itself in `run` (the status load, the sync and
     /// feed loops, the reveal flush and retention): their values are read there.
     config: Config,
-    /// The per-viewer limit, swept by a background task; `None` when off.
-    limiter: Option<Arc<ViewerLimiter>>,
+    /// The viewer budgets, exchanged with the fleet by a background task;
+    /// `None` when off.
+    budgets: Option<Arc<Budgets>>,
     /// The reveal log's buffer, flushed by a background task; `None` when off.
     reveals: Option<Reveals>,
     /// Flipped first on shutdown so `/readyz` turns 503 while requests drain.
@@ -112,6 +113,10 @@ impl App {
             .reveals
             .enabled
             .then(|| Reveals::new(&config.reveals));
+        let budgets = Budgets::new(budget::Limits {
+            per_minute: config.rate_limit.per_viewer_per_minute,
+            per_day: config.rate_limit.per_viewer_per_day,
+        });
         let admin_state = AdminState {
             status: status.clone(),
             caches: caches.clone(),
@@ -120,12 +125,12 @@ impl App {
             metrics,
             reveals: reveals.clone(),
             reveal_store: reveal_store.clone(),
+            budgets: budgets.clone(),
             limits,
         };
         if config.admin.token.is_empty() {
             tracing::warn!("admin.token is empty: every /admin/ route answers 401");
         }
-        let limiter = ViewerLimiter::new(config.rate_limit.per_viewer_per_minute);
         let public = TcpListener::bind(config.server.public_addr)
             .await
             .with_context(|| format!("binding server.public_addr {}", config.server.public_addr))?;
@@ -134,7 +139,7 @@ impl App {
             .with_context(|| format!("binding server.admin_addr {}", config.server.admin_addr))?;
         let public_state = PublicState {
             resolver,
-            limiter: limiter.clone(),
+            budgets: budgets.clone(),
             reveals: reveals.clone(),
             limits,
         };
@@ -150,7 +155,7 @@ impl App {
                     .exports()
                     .then_some(config.tracing.sample_ratio),
             ),
-            limiter,
+            budgets,
             reveals,
             admin_front: Front::admin(
                 admin_router(admin_state.clone()),
@@ -258,8 +263,18 @@ impl App {
                 ),
             ));
         }
-        if let Some(limiter) = self.limiter.clone() {
-            background.spawn(limiter.sweep());
+        if let Some(budgets) = self.budgets.clone() {
+            let store = self.database.budgets();
+            let interval = self.config.rate_limit.exchange_interval;
+            let ready = loaded.clone();
+            // Not cut off at the stop: it reports the last spends first.
+            background.spawn_until_stopped(|stop| async move {
+                tokio::select! {
+                    () = ready.cancelled() => {}
+                    () = stop.cancelled() => return,
+                }
+                budget::exchange::run(budgets, store, interval, stop).await;
+            });
         }
         background.spawn(crate::telemetry::metrics_upkeep());
         background.spawn_until_stopped(|stop| self.admission.clone().watch(stop));
@@ -336,7 +351,7 @@ impl App {
     }
 }
 
-/// The app's background tasks (status load and sync, feed, limiter sweep, metrics
+/// The app's background tasks (status load and sync, feed, budget exchange, metrics
 /// upkeep, the shutdown sequence): started in one place, stopped by one token,
 /// whether `run` ends normally or is dropped.
 #[derive(Default)]

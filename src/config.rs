@@ -370,10 +370,55 @@ impl CacheConfig {
     }
 }
 
+/// Viewer budgets (docs/abuse.md): counted per replica, exchanged through the
+/// database every `exchange_interval_ms`, so that they are the fleet's.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitConfig {
     pub per_viewer_per_minute: u32,
+    /// Per UTC calendar day; 0 = off.
+    pub per_viewer_per_day: u32,
+    #[serde(rename = "exchange_interval_ms", deserialize_with = "units::millis")]
+    pub exchange_interval: Duration,
+}
+
+impl RateLimitConfig {
+    /// Whether any budget is on.
+    pub fn enabled(&self) -> bool {
+        self.per_viewer_per_minute > 0 || self.per_viewer_per_day > 0
+    }
+
+    fn validate(&self, found: &mut Vec<Mistake>) {
+        found.extend(
+            in_range(
+                "rate_limit.per_viewer_per_minute",
+                self.per_viewer_per_minute,
+                0..=1_000_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "rate_limit.per_viewer_per_day",
+                self.per_viewer_per_day,
+                0..=100_000_000,
+                "",
+            )
+            .err(),
+        );
+        // Under a second: a viewer past a budget anywhere is refused everywhere
+        // within one exchange (and its bounded call).
+        found.extend(
+            in_range(
+                "rate_limit.exchange_interval_ms",
+                self.exchange_interval.as_millis(),
+                10..=750,
+                " (a viewer past a budget must be refused fleet-wide within 1 s)",
+            )
+            .err(),
+        );
+    }
 }
 
 /// A string that never prints: tokens and database URLs with passwords.
@@ -711,15 +756,7 @@ impl Config {
         self.cache
             .calltracking
             .validate("cache.calltracking", &mut found);
-        found.extend(
-            in_range(
-                "rate_limit.per_viewer_per_minute",
-                self.rate_limit.per_viewer_per_minute,
-                0..=1_000_000,
-                "",
-            )
-            .err(),
-        );
+        self.rate_limit.validate(&mut found);
         found.extend(
             in_range(
                 "runtime.worker_threads",

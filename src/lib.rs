@@ -2,7 +2,8 @@
 //! a paid anonymous number, a call-tracking number or the seller's real number.
 //!
 //! The map, top down. Arrows point one way, http -> resolve -> (cache, upstream,
-//! status) -> store -> domain, and `tests/arrows.rs` fails on a cycle:
+//! status) -> store -> domain, and http -> (budget, reveals) -> store; and
+//! `tests/arrows.rs` fails on a cycle:
 //! - [`config`]: the configuration tree, defaults, loading and validation.
 //! - [`app`]: builds the parts from a `Config`, runs both listeners and owns
 //!   every background task (one cancellation token, also when dropped).
@@ -18,6 +19,9 @@
 //! - [`cache`]: TTL'd, coalescing, stale-if-error caches with O(1) invalidation,
 //!   keyed by a `Key` that carries the seller.
 //! - [`upstream`]: typed clients of the three upstreams over one pooled client.
+//! - [`budget`]: the viewers' budgets, the fleet's: a ledger per viewer that
+//!   decides without waiting, and the exchange that adds each replica's spends
+//!   to the fleet's totals in the database and learns who is refused elsewhere.
 //! - [`reveals`]: the reveal log: a lock-free buffer on the request path, the
 //!   batch flush with per-ad counts, retention.
 //! - [`status`]: the in-memory call-tracking status set, its write path, the
@@ -39,6 +43,7 @@
 #![forbid(unsafe_code)]
 
 pub mod app;
+pub mod budget;
 pub mod cache;
 pub mod config;
 pub mod domain;

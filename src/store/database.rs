@@ -12,7 +12,7 @@ use sqlx::Row as _;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use super::{ChangeHints, Leadership, RevealStore, StatusStore};
+use super::{BudgetStore, ChangeHints, Leadership, RevealStore, StatusStore};
 
 /// How long a connection attempt may take before the operation fails (and the
 /// webhook answers 503) rather than hanging on a dead database.
@@ -144,6 +144,11 @@ impl Database {
     /// The reveal log's store (held by the flush, retention and the reveal routes).
     pub fn reveals(&self) -> RevealStore {
         RevealStore::of(self.backend.clone())
+    }
+
+    /// Viewer budgets' store (held by the budgets' exchange task).
+    pub fn budgets(&self) -> BudgetStore {
+        BudgetStore::of(self.backend.clone())
     }
 
     /// Feed leadership (held by the feed loop).

@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | [`StatusStore`] | the status set's writes, snapshot loads, the change log (status changes and cache invalidations, in one order), the feed cursor | the status service |
 //! | [`RevealStore`] | the reveal log: batch writes with per-ad counts, keyset pages, an ad's counts, retention | the reveal flush and retention tasks, the reveal routes |
+//! | [`BudgetStore`] | viewer budgets: each replica's spends added to the fleet's totals per window, refusals, the replicas alive, retention | the budgets' exchange task |
 //! | [`Leadership`] | feed leadership (one replica polls the status feed) | the feed loop |
 //! | [`ChangeHints`] | "the change log may have grown" | the sync loop |
 //! | [`Database`] | opening, migrations, the pooler check, closing | `app` |
@@ -26,7 +27,7 @@
 //! equal, and the error, the bounds and the operation label are decided in the
 //! same room. A backend is added rarely and is the wider change either way.
 //!
-//! - *A new capability* (say, a store of viewer budgets): one file here with its
+//! - *A new capability* (as `budgets.rs` was): one file here with its
 //!   handle, its error and its SQL in both dialects, plus a migration per
 //!   dialect in `migrations/`; a constructor on [`Database`], one line of the
 //!   table above; `app` hands the handle to its owner.
@@ -60,11 +61,13 @@ macro_rules! on_connection {
     };
 }
 
+mod budgets;
 mod database;
 mod reveals;
 mod signals;
 mod status;
 
+pub use budgets::{BudgetStore, BudgetStoreError, Spend, Total};
 pub use database::{ACQUIRE_TIMEOUT, Bounds, Database, StoreError, keeps_sessions};
 pub use reveals::{RevealStore, RevealStoreError};
 pub use signals::{ChangeHints, Leader, Leadership};

@@ -10,6 +10,7 @@
 // modules), and it times real sockets and processes: wall time is meant.
 #![allow(unreachable_pub, clippy::disallowed_types)]
 
+mod abuse;
 mod api_contract;
 mod caching;
 mod operations;

@@ -1,96 +1,12 @@
 //! Overload (docs/rules.md "Other gates, before the rules", docs/runbook.md
-//! "PhonesGatewayShedding"): the per-viewer rate limit, cold admission and load
-//! shedding while cached answers and the admin listener keep answering, and
-//! upstream concurrency bounded whatever clients do.
+//! "PhonesGatewayShedding"): cold admission and load shedding while cached
+//! answers and the admin listener keep answering, and upstream concurrency
+//! bounded whatever clients do. The viewer budgets are in `abuse.rs`.
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
 use crate::support::{Reply, TestApp, eventually, read};
 use crate::{PLAIN_CATEGORY, REAL};
-
-async fn as_viewer(app: &TestApp, viewer: Option<&str>, user: u64) -> crate::support::Answer {
-    let url = format!(
-        "{}/v1/public-phone?user_id={user}&ad_id=1&category_id={PLAIN_CATEGORY}",
-        app.public
-    );
-    let mut request = app.http.get(url);
-    if let Some(viewer) = viewer {
-        request = request.header("x-viewer-id", viewer);
-    }
-    read(request.send().await.unwrap()).await
-}
-
-#[tokio::test]
-async fn a_viewer_past_the_limit_gets_429_and_no_upstream_is_called() {
-    let app = TestApp::spawn_with("[rate_limit]\nper_viewer_per_minute = 3").await;
-    app.real.reply(Reply::Phone(REAL));
-    for user in 1..=3 {
-        as_viewer(&app, Some("buyer-1"), user)
-            .await
-            .assert_number(REAL, "real");
-    }
-    let calls = app.real.calls();
-    let refused = as_viewer(&app, Some("buyer-1"), 4).await;
-    refused.assert_problem(429);
-    let retry: u64 = refused.retry_after.as_deref().unwrap().parse().unwrap();
-    assert!((1..=60).contains(&retry), "{retry}");
-    assert_eq!(
-        app.real.calls(),
-        calls,
-        "no upstream call for a refused request"
-    );
-    // Cached answers count too: a fresh viewer asks for what is now cached; the
-    // cache answers each time, and the fourth request is refused all the same.
-    for _ in 0..3 {
-        as_viewer(&app, Some("buyer-5"), 1)
-            .await
-            .assert_number(REAL, "real");
-    }
-    let calls = app.real.calls();
-    as_viewer(&app, Some("buyer-5"), 1)
-        .await
-        .assert_problem(429);
-    assert_eq!(app.real.calls(), calls, "the cached answers made no call");
-    // Other viewers, and requests without a viewer, are not affected.
-    as_viewer(&app, Some("buyer-2"), 1)
-        .await
-        .assert_number(REAL, "real");
-    for _ in 0..5 {
-        as_viewer(&app, None, 1).await.assert_number(REAL, "real");
-    }
-    // Each batch item counts as one.
-    let batch = |n: usize| {
-        json!({ "items": vec![json!({ "user_id": 9, "ad_id": 1, "category_id": 1 }); n] })
-            .to_string()
-    };
-    let post = |viewer: &'static str, body: String| {
-        let app = &app;
-        async move {
-            read(
-                app.http
-                    .post(format!("{}/v1/public-phones/batch", app.public))
-                    .header("x-viewer-id", viewer)
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await
-                    .unwrap(),
-            )
-            .await
-        }
-    };
-    let got = post("buyer-3", batch(2)).await;
-    assert_eq!(got.status, 200, "{got:?}");
-    let results = got.body["results"].as_array().unwrap();
-    assert_eq!(results.len(), 2, "{got:?}");
-    for result in results {
-        assert_eq!(result["phone"], REAL, "{result}");
-    }
-    post("buyer-3", batch(2)).await.assert_problem(429);
-    post("buyer-4", batch(4)).await.assert_problem(429);
-}
 
 #[tokio::test]
 async fn saturation_sheds_at_once_while_the_admin_listener_answers() {

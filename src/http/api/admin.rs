@@ -45,6 +45,9 @@ pub struct AdminState {
     /// The reveal log in the database, read by the reveal routes (only while
     /// `reveals` is some).
     pub reveal_store: crate::store::RevealStore,
+    /// The viewer budgets, when on: not ready before the refusals in force
+    /// are loaded.
+    pub budgets: Option<Arc<crate::budget::Budgets>>,
     pub limits: super::Limits,
 }
 
@@ -280,7 +283,8 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Ready once the status set is loaded, and no longer once shutdown has begun.
+/// Ready once the status set is loaded (and, with viewer budgets on, the
+/// refusals in force), and no longer once shutdown has begun.
 #[utoipa::path(get, path = routes::READYZ, tag = "operations",
     responses(
         (status = 200, description = "Ready", body = String, content_type = "text/plain"),
@@ -296,6 +300,12 @@ pub async fn readyz(State(state): State<AdminState>) -> Response {
     if !state.status.is_loaded() {
         return ApiError::Unavailable {
             detail: "the call-tracking status set is not loaded yet",
+        }
+        .into_response();
+    }
+    if state.budgets.as_ref().is_some_and(|b| !b.is_primed()) {
+        return ApiError::Unavailable {
+            detail: "the viewer budgets' refusals in force are not loaded yet",
         }
         .into_response();
     }

@@ -12,8 +12,9 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem};
 use super::extract::{BatchItem, BatchItems, Json, batch_item, public_phone_query};
-use super::ratelimit::{VIEWER_HEADER, ViewerLimiter};
+use super::ratelimit::{self, VIEWER_HEADER};
 use super::routes;
+use crate::budget::Budgets;
 use crate::domain::{AdId, Phone, Reveal, Source, UserId, Viewer};
 use crate::resolve::{Request, Resolver};
 use crate::reveals::Reveals;
@@ -39,8 +40,8 @@ pub struct PublicPhone {
 #[derive(Clone)]
 pub struct PublicState {
     pub resolver: Arc<Resolver>,
-    /// `None` when `rate_limit.per_viewer_per_minute` is 0.
-    pub limiter: Option<Arc<ViewerLimiter>>,
+    /// The viewer budgets; `None` when both are 0.
+    pub budgets: Option<Arc<Budgets>>,
     /// `None` when `reveals.enabled` is false.
     pub reveals: Option<Reveals>,
     pub limits: super::Limits,
@@ -54,9 +55,9 @@ impl axum::extract::FromRef<PublicState> for super::Limits {
 
 impl PublicState {
     fn admit(&self, viewer: Option<&Viewer>, items: usize) -> Result<(), ApiError> {
-        self.limiter
+        self.budgets
             .as_ref()
-            .map_or(Ok(()), |l| l.check(viewer, items))
+            .map_or(Ok(()), |b| ratelimit::check(b, viewer, items))
     }
 
     /// Records a number about to be shown (docs/api.md#the-reveal-log). With `on_overflow =
@@ -278,14 +279,20 @@ pub async fn batch(
         )));
     }
     let viewer = viewer_of(&headers)?;
-    state.admit(viewer.as_ref(), items.len())?;
+    // Items are parsed first: one refused for a bad parameter asks for no
+    // number and costs nothing of the viewer's budget.
+    let requests: Vec<_> = items.iter().map(batch_item).collect();
+    state.admit(
+        viewer.as_ref(),
+        requests.iter().filter(|request| request.is_ok()).count(),
+    )?;
     // One trace for the whole batch, also when the caller sent none: every
     // item's calls share this one context, parsed (or started) once.
     let trace = RequestTrace::of(&headers);
-    let results = join_all(items.iter().map(|item| {
+    let results = join_all(items.iter().zip(requests).map(|(item, request)| {
         let (state, viewer, trace) = (&state, viewer.as_ref(), &trace);
         async move {
-            let outcome = match batch_item(item) {
+            let outcome = match request {
                 Ok(request) => answer(&state.resolver, &request, trace)
                     .await
                     .and_then(|body| state.record(&request, viewer, body.kind).map(|()| body)),

@@ -48,7 +48,7 @@ pub fn public_front() -> Front {
     ));
     let state = PublicState {
         resolver,
-        limiter: None,
+        budgets: None,
         reveals: None,
         limits: Limits::from(&config.server),
     };

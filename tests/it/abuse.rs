@@ -1,0 +1,323 @@
+//! Abuse (docs/abuse.md): the viewer budgets, per minute and per day, the
+//! fleet's: a viewer's spends on any replica count on every replica, a restart
+//! hands nobody a fresh budget, and the database down holds each viewer to a
+//! replica's share, reported once it is back. A single replica on SQLite, then
+//! real PostgreSQL replicas.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::support::{Answer, Reply, TestApp, pg, read};
+use crate::{PLAIN_CATEGORY, REAL};
+
+async fn as_viewer(app: &TestApp, viewer: Option<&str>, user: u64) -> crate::support::Answer {
+    let url = format!(
+        "{}/v1/public-phone?user_id={user}&ad_id=1&category_id={PLAIN_CATEGORY}",
+        app.public
+    );
+    let mut request = app.http.get(url);
+    if let Some(viewer) = viewer {
+        request = request.header("x-viewer-id", viewer);
+    }
+    read(request.send().await.unwrap()).await
+}
+
+#[tokio::test]
+async fn a_viewer_past_the_budget_gets_429_and_no_upstream_is_called() {
+    let app = TestApp::spawn_with("[rate_limit]\nper_viewer_per_minute = 3").await;
+    app.real.reply(Reply::Phone(REAL));
+    for user in 1..=3 {
+        as_viewer(&app, Some("buyer-1"), user)
+            .await
+            .assert_number(REAL, "real");
+    }
+    let calls = app.real.calls();
+    let refused = as_viewer(&app, Some("buyer-1"), 4).await;
+    refused.assert_problem(429);
+    let retry: u64 = refused.retry_after.as_deref().unwrap().parse().unwrap();
+    // The sliding minute: spent at once, it fits again a third into the next one.
+    assert!((1..=120).contains(&retry), "{retry}");
+    assert_eq!(
+        app.real.calls(),
+        calls,
+        "no upstream call for a refused request"
+    );
+    // Cached answers count too: a fresh viewer asks for what is now cached; the
+    // cache answers each time, and the fourth request is refused all the same.
+    for _ in 0..3 {
+        as_viewer(&app, Some("buyer-5"), 1)
+            .await
+            .assert_number(REAL, "real");
+    }
+    let calls = app.real.calls();
+    as_viewer(&app, Some("buyer-5"), 1)
+        .await
+        .assert_problem(429);
+    assert_eq!(app.real.calls(), calls, "the cached answers made no call");
+    // Other viewers, and requests without a viewer, are not affected.
+    as_viewer(&app, Some("buyer-2"), 1)
+        .await
+        .assert_number(REAL, "real");
+    for _ in 0..5 {
+        as_viewer(&app, None, 1).await.assert_number(REAL, "real");
+    }
+    // Each batch item counts as one.
+    let batch = |n: usize| {
+        json!({ "items": vec![json!({ "user_id": 9, "ad_id": 1, "category_id": 1 }); n] })
+            .to_string()
+    };
+    let post = |viewer: &'static str, body: String| {
+        let app = &app;
+        async move {
+            read(
+                app.http
+                    .post(format!("{}/v1/public-phones/batch", app.public))
+                    .header("x-viewer-id", viewer)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await
+        }
+    };
+    let got = post("buyer-3", batch(2)).await;
+    assert_eq!(got.status, 200, "{got:?}");
+    let results = got.body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{got:?}");
+    for result in results {
+        assert_eq!(result["phone"], REAL, "{result}");
+    }
+    post("buyer-3", batch(2)).await.assert_problem(429);
+    // A batch no wait would let through is refused at once, saying why.
+    let never = post("buyer-4", batch(4)).await;
+    never.assert_problem(400);
+    assert!(never.retry_after.is_none(), "{never:?}");
+    let detail = never.body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("rate_limit.per_viewer_per_minute = 3"),
+        "{detail}"
+    );
+    // Items refused for a bad parameter cost nothing: 3 bad and 3 good items
+    // fit a budget of 3, and the viewer has nothing left after.
+    let bad = json!({ "user_id": 0, "ad_id": 1, "category_id": 1 });
+    let good = json!({ "user_id": 9, "ad_id": 1, "category_id": 1 });
+    let mixed = json!({ "items": [bad, good, bad, good, bad, good] }).to_string();
+    let got = post("buyer-6", mixed).await;
+    assert_eq!(got.status, 200, "{got:?}");
+    let results = got.body["results"].as_array().unwrap();
+    for (i, result) in results.iter().enumerate() {
+        if i % 2 == 0 {
+            assert_eq!(result["error"]["status"], 400, "{result}");
+        } else {
+            assert_eq!(result["phone"], REAL, "{result}");
+        }
+    }
+    as_viewer(&app, Some("buyer-6"), 1)
+        .await
+        .assert_problem(429);
+}
+
+/// Asks for a number as `viewer` on `app`; for a user that is cached after the
+/// first call.
+async fn reveal(app: &TestApp, viewer: &str) -> Answer {
+    as_viewer(app, Some(viewer), 1).await
+}
+
+/// Spends `n` of `viewer`'s budget on `app`: a refusal for the replica's share
+/// (`Retry-After: 1`, renewed at its next exchange) is asked again, within
+/// `limit`. Panics on any other answer.
+async fn spend(app: &TestApp, viewer: &str, n: usize, limit: Duration) {
+    let start = Instant::now();
+    let mut spent = 0;
+    while spent < n {
+        let got = reveal(app, viewer).await;
+        match got.status {
+            200 => spent += 1,
+            429 if got.retry_after.as_deref() == Some("1") && start.elapsed() < limit => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            _ => panic!("spending {n} as {viewer}: after {spent}, {got:?}"),
+        }
+    }
+}
+
+/// Waits until at least `left` of the current UTC minute remain, so that a
+/// test of the minute budget stays in one window.
+async fn with_minute_left(left: Duration) {
+    let into = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        % 60_000;
+    let left_ms = 60_000 - into;
+    if left_ms < left.as_millis() {
+        tokio::time::sleep(Duration::from_millis(u64::try_from(left_ms).unwrap() + 50)).await;
+    }
+}
+
+/// Until `app` refuses `viewer` (within `limit`), counting what it still
+/// answered meanwhile.
+async fn answered_until_refused(app: &TestApp, viewer: &str, limit: Duration) -> usize {
+    let start = Instant::now();
+    let mut answered = 0;
+    loop {
+        let got = reveal(app, viewer).await;
+        match got.status {
+            429 if got.retry_after.as_deref() != Some("1") => return answered,
+            200 => answered += 1,
+            429 => {}
+            _ => panic!("{got:?}"),
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{viewer} still answered after {limit:?} ({answered} answers)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn replica_overlay(budgets: &str) -> String {
+    format!("[rate_limit]\n{budgets}\nexchange_interval_ms = 100")
+}
+
+#[tokio::test]
+async fn a_viewer_who_spent_the_budget_on_two_replicas_is_refused_everywhere_within_a_second() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let overlay = replica_overlay("per_viewer_per_minute = 6");
+    let a = TestApp::spawn_on(Some(&db.url), &overlay).await;
+    let b = TestApp::spawn_on(Some(&db.url), &overlay).await;
+    let c = TestApp::spawn_on(Some(&db.url), &overlay).await;
+    for app in [&a, &b, &c] {
+        app.real.reply(Reply::Phone(REAL));
+    }
+    with_minute_left(Duration::from_secs(20)).await;
+    // Each replica alone would allow 6: three on each is the whole budget.
+    spend(&a, "scraper", 3, Duration::from_secs(3)).await;
+    spend(&b, "scraper", 3, Duration::from_secs(3)).await;
+    // A second later every replica refuses them at once: A, whose share was
+    // the 3 that remained when it last reported, B, and C, which never saw
+    // the viewer; with the wait the sliding minute gives.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for app in [&a, &b, &c] {
+        let refused = reveal(app, "scraper").await;
+        refused.assert_problem(429);
+        let retry: u64 = refused.retry_after.as_deref().unwrap().parse().unwrap();
+        assert!((2..=120).contains(&retry), "{retry}");
+    }
+    // Another viewer is not affected, on any replica.
+    for app in [&a, &b, &c] {
+        reveal(app, "buyer").await.assert_number(REAL, "real");
+    }
+}
+
+#[tokio::test]
+async fn the_day_budget_holds_across_a_restart() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let overlay = replica_overlay("per_viewer_per_day = 4");
+    let mut a = TestApp::spawn_on(Some(&db.url), &overlay).await;
+    a.real.reply(Reply::Phone(REAL));
+    spend(&a, "scraper", 4, Duration::from_secs(3)).await;
+    let refused = reveal(&a, "scraper").await;
+    refused.assert_problem(429);
+    let retry: u64 = refused.retry_after.as_deref().unwrap().parse().unwrap();
+    assert!((1..=86_400).contains(&retry), "{retry}");
+    spend(&a, "buyer", 1, Duration::from_secs(3)).await;
+    // Stopped at once: the last spends and refusals are written at shutdown.
+    a.shutdown().await.unwrap().unwrap();
+
+    let a = TestApp::spawn_on(Some(&db.url), &overlay).await;
+    a.real.reply(Reply::Phone(REAL));
+    let refused = reveal(&a, "scraper").await;
+    refused.assert_problem(429);
+    let again: u64 = refused.retry_after.as_deref().unwrap().parse().unwrap();
+    assert!(again <= retry && again + 5 >= retry, "{again} vs {retry}");
+    // What the buyer spent before the restart counts: 3 more, then refused.
+    spend(&a, "buyer", 3, Duration::from_secs(3)).await;
+    assert_eq!(
+        answered_until_refused(&a, "buyer", Duration::from_secs(2)).await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn with_the_database_down_a_replica_holds_a_viewer_to_its_share_and_reports_it_after() {
+    let Some(db) = pg::cluster() else { return };
+    let cluster = db.cluster.as_ref().unwrap();
+    let overlay = replica_overlay("per_viewer_per_day = 10");
+    let a = TestApp::spawn_on(Some(&db.url), &overlay).await;
+    let b = TestApp::spawn_on(Some(&db.url), &overlay).await;
+    for app in [&a, &b] {
+        app.real.reply(Reply::Phone(REAL));
+    }
+    // Two on A, known to the fleet: A's share is what remains (it alone spent).
+    spend(&a, "scraper", 2, Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    cluster.stop_server().unwrap();
+    // Down: A answers at once from its ledger, up to its share, then refuses.
+    let mut answered = 0;
+    loop {
+        let asked = Instant::now();
+        let got = reveal(&a, "scraper").await;
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "waited on the database"
+        );
+        match got.status {
+            200 => answered += 1,
+            429 => break,
+            _ => panic!("{got:?}"),
+        }
+        assert!(answered <= 8, "past the budget with the database down");
+    }
+    assert!(answered >= 1, "nothing of its share");
+    let spent = 2 + answered;
+
+    assert_eq!(
+        spent, 10,
+        "A's share was all that remained: it alone had spent"
+    );
+
+    cluster.start_server().unwrap();
+    // Back: A reports what was spent meanwhile and, its total now the budget,
+    // refuses the viewer for the fleet. B, which never saw them, then refuses
+    // them too, without answering once.
+    let start = Instant::now();
+    while a.set_status(1, true, 1).await != 200 {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "A never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    b.converged(1, 1, Duration::from_secs(15)).await;
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let reported = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    crate::support::eventually("A reported its spends", Duration::from_secs(5), || async {
+        reported("SELECT COALESCE(sum(spent), 0)::int8 FROM viewer_budgets WHERE kind = 1").await
+            == 10
+    })
+    .await;
+    crate::support::eventually("A wrote the refusal", Duration::from_secs(5), || async {
+        reported("SELECT count(*) FROM viewer_refusals").await == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refused = reveal(&b, "scraper").await;
+    refused.assert_problem(429);
+}
