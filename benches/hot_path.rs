@@ -184,8 +184,8 @@ fn fixture() -> Fixture {
     // Budgets no viewer of the bench reaches (no exchange runs here).
     let budgeted = front(phones_gateway::budget::Budgets::new(
         phones_gateway::budget::Limits {
-            per_minute: 1_000_000,
-            per_day: 100_000_000,
+            per_minute: 65_535,
+            per_day: 65_535,
         },
     ));
     let hello = axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));

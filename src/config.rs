@@ -393,8 +393,8 @@ impl RateLimitConfig {
             in_range(
                 "rate_limit.per_viewer_per_minute",
                 self.per_viewer_per_minute,
-                0..=1_000_000,
-                "",
+                0..=65_535,
+                " (a budget is for people; the ledgers count in 16 bits)",
             )
             .err(),
         );
@@ -402,8 +402,8 @@ impl RateLimitConfig {
             in_range(
                 "rate_limit.per_viewer_per_day",
                 self.per_viewer_per_day,
-                0..=100_000_000,
-                "",
+                0..=65_535,
+                " (a budget is for people; the ledgers count in 16 bits)",
             )
             .err(),
         );

@@ -15,8 +15,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::window::{self, Moment, minute_fits, minute_wait, share};
-use super::{Budgets, Window, clamp};
+use std::collections::HashMap;
+
+use super::window::{self, Moment, minute_fits, minute_wait};
+use super::{Budgets, count, low16};
 use crate::store::{BudgetStore, Spend, Total};
 
 /// Replicas count as alive while they exchanged within this many seconds.
@@ -125,9 +127,9 @@ pub async fn run(
     }
     // Stopping: report what was spent since the last exchange, once, and the
     // refusals that report makes (the next replica to start loads them).
-    let spends = budgets.take_spends();
+    let spends = budgets.take_spends(Moment::now());
     match store.report(&spends).await {
-        Ok(totals) => refusals.extend(budgets.reported(&totals, Moment::now(), &gauges)),
+        Ok(totals) => refusals.extend(budgets.reported(&spends, &totals, Moment::now(), &gauges)),
         Err(error) => tracing::warn!(
             %error,
             viewers = spends.len(),
@@ -180,11 +182,10 @@ async fn exchange(
     refusals: &mut Vec<(u64, u64)>,
     gauges: &Gauges,
 ) -> bool {
-    let spends = budgets.take_spends();
+    let spends = budgets.take_spends(now);
     match store.report(&spends).await {
-        Ok(totals) => refusals.extend(budgets.reported(&totals, now, gauges)),
+        Ok(totals) => refusals.extend(budgets.reported(&spends, &totals, now, gauges)),
         Err(error) => {
-            budgets.unreported(&spends);
             tracing::debug!(%error, "viewer budgets: report failed");
             return false;
         }
@@ -214,96 +215,100 @@ impl Budgets {
         gauges.replicas.set(f64::from(n));
     }
 
-    /// Moves what was spent since the last report into the report under way.
-    fn take_spends(&self) -> Vec<Spend> {
+    /// What was spent since the last acknowledged report, per viewer and
+    /// window. It stays pending until a report of it succeeds, so a failed
+    /// one needs no undoing.
+    fn take_spends(&self, now: Moment) -> Vec<Spend> {
+        let (minute, day) = (now.minute(), now.day());
         let mut spends = Vec::new();
-        for mut entry in self.viewers.iter_mut() {
-            let viewer = *entry.key();
-            let ledger = &mut *entry;
-            for (kind, window) in [(0, &mut ledger.minute), (1, &mut ledger.day)] {
+        for entry in self.viewers.iter() {
+            let ledger = entry.value();
+            for (kind, window, current) in [(0, &ledger.minute, minute), (1, &ledger.day, day)] {
                 if window.pending > 0 {
+                    // The full id back from its low bits: at most a few
+                    // windows before `current`.
+                    let back = u32::from(low16(current).wrapping_sub(window.id));
                     spends.push(Spend {
-                        viewer,
+                        viewer: *entry.key(),
                         kind,
-                        window: window.id,
-                        n: window.pending,
+                        window: current.wrapping_sub(back),
+                        n: u32::from(window.pending),
                     });
-                    window.sending = window.sending.saturating_add(window.pending);
-                    window.pending = 0;
                 }
             }
         }
         spends
     }
 
-    /// A report failed: what it carried is spent here again, to be reported
-    /// next time (in the current window if the one it was for has passed).
-    fn unreported(&self, spends: &[Spend]) {
-        for spend in spends {
-            if let Some(mut ledger) = self.viewers.get_mut(&spend.viewer) {
-                let window = if spend.kind == 0 {
-                    &mut ledger.minute
-                } else {
-                    &mut ledger.day
-                };
-                if window.id == spend.window {
-                    window.pending = window.pending.saturating_add(window.sending);
-                    window.sending = 0;
-                } else {
-                    window.pending = window.pending.saturating_add(spend.n);
-                }
-            }
-        }
-    }
-
-    /// The fleet's totals after a report: renews each viewer's share and
-    /// returns the viewers this report saw cross a budget, with the second
+    /// The fleet's totals after a report of `spends`: what was reported is no
+    /// longer pending, each viewer's share follows the new totals, and the
+    /// viewers this report saw cross a budget are returned, with the second
     /// until which every replica should refuse them.
-    fn reported(&self, totals: &[Total], now: Moment, gauges: &Gauges) -> Vec<(u64, u64)> {
-        let replicas = self.replicas.load(Ordering::Relaxed);
+    fn reported(
+        &self,
+        spends: &[Spend],
+        totals: &[Total],
+        now: Moment,
+        gauges: &Gauges,
+    ) -> Vec<(u64, u64)> {
+        let sent: HashMap<(u64, u8, u32), u32> = spends
+            .iter()
+            .map(|s| ((s.viewer, s.kind, s.window), s.n))
+            .collect();
         let (per_minute, per_day) = (
             u64::from(self.limits.per_minute),
             u64::from(self.limits.per_day),
         );
         let mut crossed = Vec::new();
         for total in totals {
+            let Some(n) = sent.get(&(total.viewer, total.kind, total.window)) else {
+                continue;
+            };
+            let n = count(u64::from(*n));
             let Some(mut ledger) = self.viewers.get_mut(&total.viewer) else {
                 continue;
             };
             let ledger = &mut *ledger;
+            let (id, next) = (low16(total.window), low16(total.window.wrapping_add(1)));
+            let window = if total.kind == 0 {
+                &mut ledger.minute
+            } else {
+                &mut ledger.day
+            };
+            if window.id == next {
+                // Reported for the window before, after the ledger moved on
+                // with it pending: it counts there.
+                window.pending = window.pending.saturating_sub(n);
+                if total.kind == 0 {
+                    ledger.before = ledger.before.max(count(total.spent));
+                }
+                continue;
+            }
+            if window.id != id {
+                continue;
+            }
+            window.pending = window.pending.saturating_sub(n);
+            window.own = window.own.saturating_add(n);
+            window.reports = window.reports.saturating_add(1).min(2);
+            window.known = count(total.spent).max(window.own);
+            let spent = window.spent();
             let until_ms = if total.kind == 0 {
-                if ledger.minute.id == total.window.wrapping_add(1) {
-                    ledger.before = ledger.before.max(clamp(total.spent));
+                if per_minute == 0 {
                     continue;
                 }
-                if ledger.minute.id != total.window || per_minute == 0 {
-                    continue;
-                }
-                ledger.before = ledger.before.max(clamp(total.before));
-                learn(&mut ledger.minute, total.spent);
-                let before = u64::from(ledger.before);
-                let into = now.into_minute();
-                let remaining = per_minute.saturating_sub(window::minute_estimate(
-                    before,
-                    u64::from(ledger.minute.known),
-                    into,
-                ));
-                renew(&mut ledger.minute, remaining, replicas);
-                let spent = ledger.minute.spent();
+                ledger.before = ledger.before.max(count(total.before));
+                let (before, into) = (u64::from(ledger.before), now.into_minute());
                 (!minute_fits(before, spent, 1, per_minute, into)).then(|| {
-                    gauges
-                        .overshoot
-                        .record(spent.saturating_sub(per_minute) as f64);
+                    gauges.overshoot.record(
+                        window::minute_estimate(before, spent, into).saturating_sub(per_minute)
+                            as f64,
+                    );
                     minute_wait(before, spent, 1, per_minute, into).unwrap_or(0)
                 })
             } else {
-                if ledger.day.id != total.window || per_day == 0 {
+                if per_day == 0 {
                     continue;
                 }
-                learn(&mut ledger.day, total.spent);
-                let remaining = per_day.saturating_sub(u64::from(ledger.day.known));
-                renew(&mut ledger.day, remaining, replicas);
-                let spent = ledger.day.spent();
                 (spent >= per_day).then(|| {
                     gauges
                         .overshoot
@@ -314,7 +319,7 @@ impl Budgets {
             if let Some(until_ms) = until_ms {
                 let until_s = (now.0 + until_ms).div_ceil(1000);
                 if until_s > u64::from(ledger.refused_until_s) {
-                    ledger.refused_until_s = clamp(until_s);
+                    ledger.refused_until_s = u32::try_from(until_s).unwrap_or(u32::MAX);
                     crossed.push((total.viewer, until_s));
                 }
             }
@@ -325,29 +330,12 @@ impl Budgets {
     /// Refusals written by this or another replica: each viewer is refused
     /// here until then.
     fn refused(&self, refusals: &[(u64, u64)], now: Moment) {
-        let replicas = self.replicas.load(Ordering::Relaxed);
         for &(viewer, until_s) in refusals {
             let mut ledger = self.viewers.entry(viewer).or_default();
-            ledger.roll(now, replicas, self.limits);
-            ledger.refused_until_s = ledger.refused_until_s.max(clamp(until_s));
+            ledger.roll(now);
+            ledger.refused_until_s = ledger
+                .refused_until_s
+                .max(u32::try_from(until_s).unwrap_or(u32::MAX));
         }
     }
-}
-
-/// The report was taken: what was sent is this replica's, and the fleet's
-/// total is known.
-fn learn(window: &mut Window, total: u64) {
-    window.own = window.own.saturating_add(window.sending);
-    window.sending = 0;
-    window.known = clamp(total).max(window.own);
-}
-
-/// This replica's share of what remains, until its next report.
-fn renew(window: &mut Window, remaining: u64, replicas: u32) {
-    window.lease = clamp(share(
-        remaining,
-        u64::from(window.own),
-        u64::from(window.known),
-        replicas,
-    ));
 }

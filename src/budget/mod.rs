@@ -14,7 +14,7 @@
 //! `N - 1` (the shares are rounded up) plus what the fleet's knowledge lags;
 //! the formula and the measured figures are in docs/abuse.md.
 //!
-//! Memory: one [`Ledger`] (56 bytes) per viewer seen in the last two minutes,
+//! Memory: one [`Ledger`] (28 bytes, and its 8-byte key) per viewer seen in the last two minutes,
 //! or refused for the rest of a window; the exchange forgets the others.
 
 pub mod exchange;
@@ -64,40 +64,82 @@ enum By {
     Fleet,
 }
 
-/// One budget window of one viewer, as this replica knows it.
+/// One budget window of one viewer, as this replica knows it. Counts are 16
+/// bits (budgets are at most 65,535: see the config), saturating.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Window {
-    /// Minutes or days since the epoch.
-    id: u32,
+    /// Minutes or days since the epoch, the low 16 bits: a ledger is
+    /// forgotten minutes after its last use, long before they wrap.
+    id: u16,
     /// The fleet's total, as of this replica's last report (its own included).
-    known: u32,
+    known: u16,
     /// What this replica reported in this window.
-    own: u32,
-    /// Spent here since the last report, not yet sent.
-    pending: u32,
-    /// Sent in the exchange under way.
-    sending: u32,
-    /// What this replica may spend (pending + sending) until its next report.
-    lease: u32,
+    own: u16,
+    /// Spent here and not yet taken by a report (in flight included).
+    pending: u16,
+    /// This replica's reports in this window (up to 2).
+    reports: u8,
+    /// The proportion this replica spent of the window before, out of 255
+    /// (0: none known): its share until this window's totals say otherwise.
+    hint: u8,
 }
 
 impl Window {
     fn spent(&self) -> u64 {
-        u64::from(self.known) + u64::from(self.pending) + u64::from(self.sending)
+        u64::from(self.known) + u64::from(self.pending)
     }
 
-    fn unreported(&self) -> u32 {
-        self.pending.saturating_add(self.sending)
+    /// This replica's share of `remaining` beyond what the fleet knew. In
+    /// proportion to what it spent of the fleet's total (see [`share`]) once
+    /// two reports have shown it: after one, other replicas that spent as
+    /// early may not have reported yet, so the share is no larger than an
+    /// even one (or the window before's proportion).
+    fn lease(&self, remaining: u64, replicas: u32) -> u64 {
+        let even = if self.hint > 0 {
+            (remaining * u64::from(self.hint)).div_ceil(255)
+        } else {
+            share(remaining, 0, 0, replicas)
+        };
+        let proportional = share(
+            remaining,
+            u64::from(self.own),
+            u64::from(self.known),
+            replicas,
+        );
+        match self.reports {
+            0 => even,
+            1 => proportional.min(even),
+            _ => proportional,
+        }
+    }
+
+    /// The next window, with what was spent here and not reported carried
+    /// into it, and the proportion this replica spent of this one.
+    fn next(self, id: u16) -> Window {
+        let hint = if self.known == 0 || self.reports < 2 {
+            0
+        } else {
+            u8::try_from(
+                (u32::from(self.own.min(self.known)) * 255).div_ceil(u32::from(self.known)),
+            )
+            .unwrap_or(u8::MAX)
+        };
+        Window {
+            id,
+            pending: self.pending,
+            hint,
+            ..Window::default()
+        }
     }
 }
 
-/// What a replica knows of one viewer.
+/// What a replica knows of one viewer: 28 bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Ledger {
     minute: Window,
-    /// The fleet's total of the minute before `minute.id`.
-    before: u32,
     day: Window,
+    /// The fleet's total of the minute before `minute.id`.
+    before: u16,
     /// Refused (by a budget crossed anywhere) until this second.
     refused_until_s: u32,
 }
@@ -120,10 +162,6 @@ struct Metrics {
     day: metrics::Counter,
     share: metrics::Counter,
     fleet: metrics::Counter,
-}
-
-fn clamp(n: u64) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 impl Budgets {
@@ -178,8 +216,8 @@ impl Budgets {
         }
         let replicas = self.replicas.load(Ordering::Relaxed);
         let mut ledger = self.viewers.entry(key).or_default();
-        ledger.roll(now, replicas, self.limits);
-        match ledger.admit(now, items, self.limits) {
+        ledger.roll(now);
+        match ledger.admit(now, items, self.limits, replicas) {
             Ok(()) => Ok(()),
             Err((by, wait_ms)) => {
                 drop(ledger);
@@ -213,103 +251,101 @@ impl Budgets {
     }
 }
 
+fn low16(id: u32) -> u16 {
+    // The low bits: only compared for equality and short distances.
+    #[allow(clippy::cast_possible_truncation, reason = "the low 16 bits are meant")]
+    let low = id as u16;
+    low
+}
+
+fn count(n: u64) -> u16 {
+    u16::try_from(n).unwrap_or(u16::MAX)
+}
+
 impl Ledger {
     /// Moves to the windows `now` falls in. What was spent here and not yet
     /// reported moves along (reported in the new window: a reveal within one
     /// exchange of a boundary may count in the next window, never in none).
-    fn roll(&mut self, now: Moment, replicas: u32, limits: Limits) {
-        let minute = now.minute();
+    fn roll(&mut self, now: Moment) {
+        let minute = low16(now.minute());
         if self.minute.id != minute {
-            let old = self.minute;
-            self.before = if old.id.wrapping_add(1) == minute {
-                clamp(old.spent())
+            self.before = if self.minute.id.wrapping_add(1) == minute {
+                count(self.minute.spent())
             } else {
                 0
             };
-            let remaining = u64::from(limits.per_minute).saturating_sub(window::minute_estimate(
-                u64::from(self.before),
-                0,
-                now.into_minute(),
-            ));
-            self.minute = Window {
-                id: minute,
-                pending: old.pending,
-                lease: clamp(share(
-                    remaining,
-                    u64::from(old.own),
-                    u64::from(old.known),
-                    replicas,
-                )),
-                ..Window::default()
-            };
+            self.minute = self.minute.next(minute);
         }
-        let day = now.day();
+        let day = low16(now.day());
         if self.day.id != day {
-            let old = self.day;
-            self.day = Window {
-                id: day,
-                pending: old.pending,
-                lease: clamp(share(
-                    u64::from(limits.per_day),
-                    u64::from(old.own),
-                    u64::from(old.known),
-                    replicas,
-                )),
-                ..Window::default()
-            };
+            self.day = self.day.next(day);
         }
     }
 
     /// Takes `n` if every budget and this replica's share allow it; else the
     /// rule that refused and the milliseconds until the request would fit.
-    fn admit(&mut self, now: Moment, n: u32, limits: Limits) -> Result<(), (By, u64)> {
+    fn admit(
+        &mut self,
+        now: Moment,
+        n: u32,
+        limits: Limits,
+        replicas: u32,
+    ) -> Result<(), (By, u64)> {
         let now_s = now.seconds();
         if u64::from(self.refused_until_s) > now_s {
             return Err((By::Fleet, (u64::from(self.refused_until_s) - now_s) * 1000));
         }
+        let n = u64::from(n);
         let mut refused: Option<(By, u64)> = None;
         let mut refuse = |by: By, wait: u64| {
             if refused.is_none_or(|(_, w)| wait > w) {
                 refused = Some((by, wait));
             }
         };
+        // A share refusal lasts until the next report renews the share.
         let share_wait = 1000;
         if limits.per_minute > 0 {
-            let wait = minute_wait(
-                u64::from(self.before),
-                self.minute.spent(),
-                u64::from(n),
+            let (budget, before, into) = (
                 u64::from(limits.per_minute),
+                u64::from(self.before),
                 now.into_minute(),
-            )
-            .unwrap_or(u64::MAX);
+            );
+            let wait =
+                minute_wait(before, self.minute.spent(), n, budget, into).unwrap_or(u64::MAX);
+            let remaining = budget.saturating_sub(window::minute_estimate(
+                before,
+                u64::from(self.minute.known),
+                into,
+            ));
             if wait > 0 {
                 refuse(By::Minute, wait);
-            } else if self.minute.unreported().saturating_add(n) > self.minute.lease {
+            } else if u64::from(self.minute.pending) + n > self.minute.lease(remaining, replicas) {
                 refuse(By::Share, share_wait);
             }
         }
         if limits.per_day > 0 {
-            if self.day.spent() + u64::from(n) > u64::from(limits.per_day) {
+            let budget = u64::from(limits.per_day);
+            let remaining = budget.saturating_sub(u64::from(self.day.known));
+            if self.day.spent() + n > budget {
                 refuse(By::Day, now.rest_of_day());
-            } else if self.day.unreported().saturating_add(n) > self.day.lease {
+            } else if u64::from(self.day.pending) + n > self.day.lease(remaining, replicas) {
                 refuse(By::Share, share_wait);
             }
         }
         if let Some(refused) = refused {
             return Err(refused);
         }
-        self.minute.pending = self.minute.pending.saturating_add(n);
-        self.day.pending = self.day.pending.saturating_add(n);
+        self.minute.pending = count(u64::from(self.minute.pending) + n);
+        self.day.pending = count(u64::from(self.day.pending) + n);
         Ok(())
     }
 
     /// Whether the exchange may forget this viewer: idle for over a minute,
     /// nothing unreported, refused by nobody.
     fn is_idle(&self, now: Moment) -> bool {
-        self.minute.id.saturating_add(1) < now.minute()
-            && self.minute.unreported() == 0
-            && self.day.unreported() == 0
+        low16(now.minute()).wrapping_sub(self.minute.id) > 1
+            && self.minute.pending == 0
+            && self.day.pending == 0
             && u64::from(self.refused_until_s) <= now.seconds()
     }
 }
