@@ -2,7 +2,7 @@
 //! HTTP servers. One module per page of docs/ (docs/README.md lists them), so a
 //! reader of a page finds its tests in one place: `rules`, `caching`,
 //! `status_sync`, `reveals` (docs/api.md#the-reveal-log), `api_contract`
-//! (docs/api.md and docs/errors.md), `overload`, `tracing`, `operations`
+//! (docs/api.md and docs/errors.md), `abuse`, `overload`, `tracing`, `operations`
 //! (configuration, runbook, privacy). The harness is in `support/`.
 
 #![allow(clippy::unwrap_used)]
