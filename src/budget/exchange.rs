@@ -339,3 +339,84 @@ impl Budgets {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::{Limits, Refusal};
+
+    const AT: Moment = Moment(1_800_000_000_000 + 5_000);
+
+    fn admitted(budgets: &Budgets, key: u64, now: Moment) -> u32 {
+        let mut n = 0;
+        while budgets.check_at(key, 1, now).is_ok() {
+            n += 1;
+        }
+        n
+    }
+
+    fn report(budgets: &Budgets, total: u64, now: Moment) -> Vec<(u64, u64)> {
+        let spends = budgets.take_spends(now);
+        let totals: Vec<Total> = spends
+            .iter()
+            .map(|s| Total {
+                viewer: s.viewer,
+                kind: s.kind,
+                window: s.window,
+                spent: total,
+                before: 0,
+            })
+            .collect();
+        budgets.reported(&spends, &totals, now, &Gauges::new())
+    }
+
+    #[test]
+    fn a_share_follows_the_totals_only_once_two_reports_show_it() {
+        let budgets = Budgets::new(Limits {
+            per_minute: 60,
+            per_day: 0,
+        })
+        .unwrap();
+        budgets.replicas.store(4, Ordering::Relaxed);
+        // First sight: an even share of 60 over 4.
+        assert_eq!(admitted(&budgets, 1, AT), 15);
+        // The first report shows only this replica's 15: others may not have
+        // reported yet, so still an even share of the 45 left.
+        assert!(report(&budgets, 15, AT).is_empty());
+        assert_eq!(admitted(&budgets, 1, AT), 12);
+        // The second shows it alone: all that remains (60 - 27).
+        assert!(report(&budgets, 27, AT).is_empty());
+        assert_eq!(admitted(&budgets, 1, AT), 33);
+        // The third crosses the budget: a refusal for the fleet, until the
+        // sliding minute lets one more in.
+        let crossed = report(&budgets, 60, AT);
+        assert_eq!(crossed.len(), 1);
+        assert!(crossed[0].1 > AT.seconds() + 55, "{crossed:?}");
+        assert!(matches!(
+            budgets.check_at(1, 1, AT),
+            Err(Refusal::Spent { retry_after_s }) if retry_after_s > 55
+        ));
+    }
+
+    #[test]
+    fn spread_over_replicas_a_share_is_what_this_one_spent_of_the_total() {
+        let budgets = Budgets::new(Limits {
+            per_minute: 0,
+            per_day: 100,
+        })
+        .unwrap();
+        budgets.replicas.store(4, Ordering::Relaxed);
+        assert_eq!(admitted(&budgets, 1, AT), 25);
+        report(&budgets, 40, AT);
+        // One report: min(60 x 25/40, 60 / 4) = 15.
+        assert_eq!(admitted(&budgets, 1, AT), 15);
+        // Two: this replica spent 40 of 80: half of the 20 left.
+        report(&budgets, 80, AT);
+        assert_eq!(admitted(&budgets, 1, AT), 10);
+        // A failed report changes nothing: the spends stay pending.
+        let pending = budgets.take_spends(AT);
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].n, 10);
+        assert_eq!(budgets.take_spends(AT), pending);
+    }
+}

@@ -335,8 +335,13 @@ impl Ledger {
         if let Some(refused) = refused {
             return Err(refused);
         }
-        self.minute.pending = count(u64::from(self.minute.pending) + n);
-        self.day.pending = count(u64::from(self.day.pending) + n);
+        // Only the budgets that are on are counted (and reported).
+        if limits.per_minute > 0 {
+            self.minute.pending = count(u64::from(self.minute.pending) + n);
+        }
+        if limits.per_day > 0 {
+            self.day.pending = count(u64::from(self.day.pending) + n);
+        }
         Ok(())
     }
 
