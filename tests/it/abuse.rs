@@ -321,3 +321,56 @@ async fn with_the_database_down_a_replica_holds_a_viewer_to_its_share_and_report
     let refused = reveal(&b, "scraper").await;
     refused.assert_problem(429);
 }
+
+/// Retention: past windows and ended refusals go, current ones stay; on both
+/// databases.
+async fn prunes_past_windows(url: &str) {
+    use phones_gateway::store::{Database, Spend};
+    let database = Database::connect(url, 2).await.unwrap();
+    database.migrate().await.unwrap();
+    let store = database.budgets();
+    let spend = |viewer, kind, window| Spend {
+        viewer,
+        kind,
+        window,
+        n: 1,
+    };
+    let (minute, day) = (29_000_000, 20_000);
+    let totals = store
+        .report(&[
+            spend(u64::MAX, 0, minute - 3),
+            spend(1, 0, minute - 1),
+            spend(1, 0, minute),
+            spend(2, 1, day - 2),
+            spend(2, 1, day),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(totals.len(), 5);
+    // A viewer key with the top bit set comes back as it went.
+    assert!(totals.iter().any(|t| t.viewer == u64::MAX && t.spent == 1));
+    store.refuse(&[(1, 1_000), (2, 5_000)]).await.unwrap();
+    let deleted = store.prune(minute - 1, day - 1, 2_000).await.unwrap();
+    assert_eq!(
+        deleted, 3,
+        "the minute before last, the day before yesterday, an ended refusal"
+    );
+    assert_eq!(store.refusals(true, 2_000).await.unwrap(), vec![(2, 5_000)]);
+    let again = store.report(&[spend(1, 0, minute)]).await.unwrap();
+    assert_eq!(again[0].spent, 2, "{again:?}");
+    database.close().await;
+}
+
+#[tokio::test]
+async fn past_windows_and_ended_refusals_are_pruned_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    prunes_past_windows(&format!("sqlite://{}/gw.db", dir.path().display())).await;
+}
+
+#[tokio::test]
+async fn past_windows_and_ended_refusals_are_pruned_on_postgres() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    prunes_past_windows(&db.url).await;
+}
