@@ -256,9 +256,12 @@ async fn with_the_database_down_a_replica_holds_a_viewer_to_its_share_and_report
     for app in [&a, &b] {
         app.real.reply(Reply::Phone(REAL));
     }
-    // Two on A, known to the fleet: A's share is what remains (it alone spent).
-    spend(&a, "scraper", 2, Duration::from_secs(3)).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Two on A in two reports, known to the fleet: two reports that show A
+    // alone make its share all that remains.
+    for _ in 0..2 {
+        spend(&a, "scraper", 1, Duration::from_secs(3)).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
 
     cluster.stop_server().unwrap();
     // Down: A answers at once from its ledger, up to its share, then refuses.
