@@ -113,7 +113,7 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
         (status = 200, description = "The number to show", body = PublicPhone),
         (status = 400, description = "A missing or invalid parameter", body = Problem),
         (status = 404, description = "The seller has no number to show", body = Problem),
-        (status = 429, description = "The viewer is over the limit", body = Problem),
+        (status = 429, description = "The viewer is past a budget (per minute or per day, the fleet's); Retry-After set", body = Problem),
         (status = 503, description = "Cannot decide safely, or shedding load", body = Problem),
     )
 )]
@@ -260,10 +260,10 @@ pub enum BatchResult {
     params(("X-Viewer-Id" = Option<String>, Header, description = "The buyer (1 to 128 visible ASCII characters); each item counts once against the limit and is one reveal")),
     responses(
         (status = 200, description = "One result per item, in order", body = BatchResults),
-        (status = 400, description = "Bad JSON, or not 1 to 100 items", body = Problem),
+        (status = 400, description = "Bad JSON, not 1 to 100 items, or more items asking for a number than a viewer budget holds", body = Problem),
         (status = 413, description = "Body over server.max_body_bytes", body = Problem),
         (status = 415, description = "The body is not sent as application/json", body = Problem),
-        (status = 429, description = "The viewer is over the limit", body = Problem),
+        (status = 429, description = "The viewer is past a budget (each item asking for a number counts one); Retry-After set", body = Problem),
         (status = 503, description = "Shedding load", body = Problem),
     )
 )]
