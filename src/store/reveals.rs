@@ -15,8 +15,26 @@ use crate::domain::{
     Viewer,
 };
 
-/// Six parameters a row, under SQLite's limit of 32,766 per statement.
-const SQLITE_ROWS_PER_INSERT: usize = 5_000;
+/// The most rows one SQLite insert takes: six parameters a row, under SQLite's
+/// limit of 32,766 per statement. A batch goes in statements of a power of two
+/// rows (4,096, then the binary digits of the rest: see [`sqlite_chunks`]), so
+/// that a replica prepares at most thirteen statements and keeps them cached,
+/// rather than a new one for each flush's last chunk.
+const SQLITE_ROWS_PER_INSERT: usize = 4_096;
+
+/// `items` in chunks of [`SQLITE_ROWS_PER_INSERT`], then of decreasing powers
+/// of two: 10,000 rows are 4,096 + 4,096 + 1,024 + 512 + 256 + 16.
+fn sqlite_chunks<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {
+    std::iter::from_fn(move || {
+        if items.is_empty() {
+            return None;
+        }
+        let n = SQLITE_ROWS_PER_INSERT.min(1 << items.len().ilog2());
+        let (chunk, rest) = items.split_at(n);
+        items = rest;
+        Some(chunk)
+    })
+}
 
 /// Per-ad counts of one batch: one row per (ad, kind) that occurs in it.
 fn counts_of(reveals: &[Reveal]) -> Vec<(AdId, Source, u64)> {
@@ -129,9 +147,14 @@ impl RevealStore {
                         .sqlite_writer(pool)
                         .begin_with(super::database::SQLITE_BEGIN_WRITE)
                         .await?;
-                    for chunk in by_viewer.chunks(SQLITE_ROWS_PER_INSERT) {
+                    // `OR FAIL`: a statement that fails keeps the rows it
+                    // inserted before, so SQLite keeps no statement journal
+                    // for it (a copy of every page it touches, written to a
+                    // temporary file); the transaction is what is atomic here,
+                    // and on any error it is rolled back whole.
+                    for chunk in sqlite_chunks(&by_viewer) {
                         let mut query = QueryBuilder::<Sqlite>::new(
-                            "INSERT INTO reveals (at_us, viewer, user_id, ad_id, category_id, kind) ",
+                            "INSERT OR FAIL INTO reveals (at_us, viewer, user_id, ad_id, category_id, kind) ",
                         );
                         query.push_values(chunk, |mut b, &r| {
                             b.push_bind(r.at_us)
@@ -143,9 +166,10 @@ impl RevealStore {
                         });
                         query.build().execute(&mut *tx).await?;
                     }
-                    for chunk in counts.chunks(SQLITE_ROWS_PER_INSERT) {
-                        let mut query =
-                            QueryBuilder::<Sqlite>::new("INSERT INTO ad_reveal_counts (ad_id, kind, n) ");
+                    for chunk in sqlite_chunks(&counts) {
+                        let mut query = QueryBuilder::<Sqlite>::new(
+                            "INSERT OR FAIL INTO ad_reveal_counts (ad_id, kind, n) ",
+                        );
                         query.push_values(chunk, |mut b, (ad, kind, n)| {
                             b.push_bind(signed(ad.get()))
                                 .push_bind(kind.as_str())
@@ -429,6 +453,62 @@ mod tests {
         assert_eq!(by_seller, (100..112).rev().collect::<Vec<u64>>());
         let by_viewer = walk(RevealsOf::Viewer(Viewer::parse(b"b").unwrap())).await;
         assert_eq!(by_viewer, [109, 105, 101]);
+    }
+
+    /// A flush of several statements (10,000 reveals: six chunks) writes every
+    /// row and counts each exactly, in one transaction.
+    #[tokio::test]
+    async fn a_flush_of_many_chunks_writes_and_counts_every_reveal() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/chunks.db", dir.path().display());
+        let database = crate::store::Database::connect(&url, 2).await.unwrap();
+        database.migrate().await.unwrap();
+        let store = database.reveals();
+        let batch: Vec<Reveal> = (0..10_000u64)
+            .map(|n| reveal(1 + n % 3, Source::Real, Some("v")))
+            .collect();
+        store.write_reveals(&batch).await.unwrap();
+        let mut total = 0;
+        for ad in 1..=3 {
+            total += store
+                .ad_reveal_counts(AdId::new(ad).unwrap())
+                .await
+                .unwrap()
+                .total();
+        }
+        assert_eq!(total, 10_000);
+        let mut rows = 0;
+        let mut after = None;
+        loop {
+            let page = store
+                .read_reveals(&RevealQuery {
+                    of: RevealsOf::Viewer(Viewer::parse(b"v").unwrap()),
+                    since_us: i64::MIN,
+                    until_us: i64::MAX,
+                    after,
+                    limit: 1000,
+                })
+                .await
+                .unwrap();
+            let Some(last) = page.last() else { break };
+            after = Some((last.reveal.at_us, last.id));
+            rows += page.len();
+        }
+        assert_eq!(rows, 10_000);
+    }
+
+    #[test]
+    fn sqlite_chunks_are_powers_of_two_at_most_the_limit() {
+        let rows: Vec<u32> = (0..10_000).collect();
+        let sizes: Vec<usize> = sqlite_chunks(&rows).map(<[u32]>::len).collect();
+        assert_eq!(sizes, [4_096, 4_096, 1_024, 512, 256, 16]);
+        let again: Vec<u32> = sqlite_chunks(&rows).flatten().copied().collect();
+        assert_eq!(again, rows, "every row once, in order");
+        assert_eq!(sqlite_chunks::<u32>(&[]).count(), 0);
+        assert_eq!(
+            sqlite_chunks(&[1]).map(<[i32]>::len).collect::<Vec<_>>(),
+            [1]
+        );
     }
 
     #[test]
