@@ -29,8 +29,10 @@ pub async fn run(store: RevealStore, keep: Duration) {
     }
 }
 
-/// Deletes every reveal older than `keep` by the database's clock, [`BATCH`]
-/// rows a transaction.
+/// Deletes every reveal older than `keep` by the database's clock, at most
+/// [`BATCH`] rows a transaction, until a batch finds none. (Until none rather
+/// than until a short batch: on SQLite a batch is the oldest ids, of which a
+/// few may be younger and stay; see `RevealStore::delete_reveals_older_than`.)
 ///
 /// # Errors
 /// The database failed; what was deleted before stays deleted.
@@ -42,7 +44,7 @@ pub async fn delete_older_than(
     loop {
         let deleted = store.delete_reveals_older_than(keep, BATCH).await?;
         total += deleted;
-        if deleted < BATCH as u64 {
+        if deleted == 0 {
             return Ok(total);
         }
         // Let the flush and other writers in between batches.

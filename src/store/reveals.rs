@@ -15,8 +15,26 @@ use crate::domain::{
     Viewer,
 };
 
-/// Six parameters a row, under SQLite's limit of 32,766 per statement.
-const SQLITE_ROWS_PER_INSERT: usize = 5_000;
+/// The most rows one SQLite insert takes: six parameters a row, under SQLite's
+/// limit of 32,766 per statement. A batch goes in statements of a power of two
+/// rows (4,096, then the binary digits of the rest: see [`sqlite_chunks`]), so
+/// that a replica prepares at most thirteen statements and keeps them cached,
+/// rather than a new one for each flush's last chunk.
+const SQLITE_ROWS_PER_INSERT: usize = 4_096;
+
+/// `items` in chunks of [`SQLITE_ROWS_PER_INSERT`], then of decreasing powers
+/// of two: 10,000 rows are 4,096 + 4,096 + 1,024 + 512 + 256 + 16.
+fn sqlite_chunks<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {
+    std::iter::from_fn(move || {
+        if items.is_empty() {
+            return None;
+        }
+        let n = SQLITE_ROWS_PER_INSERT.min(1 << items.len().ilog2());
+        let (chunk, rest) = items.split_at(n);
+        items = rest;
+        Some(chunk)
+    })
+}
 
 /// Per-ad counts of one batch: one row per (ad, kind) that occurs in it.
 fn counts_of(reveals: &[Reveal]) -> Vec<(AdId, Source, u64)> {
@@ -67,11 +85,22 @@ impl RevealStoreError {
 #[derive(Debug, Clone)]
 pub struct RevealStore {
     backend: Backend,
+    /// SQLite only: the connection the log is written on (flush and retention;
+    /// see `database::connect_sqlite_log_writer`). Reads use the shared pool.
+    sqlite_writer: Option<sqlx::SqlitePool>,
 }
 
 impl RevealStore {
-    pub(super) fn of(backend: Backend) -> Self {
-        RevealStore { backend }
+    pub(super) fn of(backend: Backend, sqlite_writer: Option<sqlx::SqlitePool>) -> Self {
+        RevealStore {
+            backend,
+            sqlite_writer,
+        }
+    }
+
+    /// The SQLite pool the log is written on: its own writer when it has one.
+    fn sqlite_writer<'a>(&'a self, shared: &'a sqlx::SqlitePool) -> &'a sqlx::SqlitePool {
+        self.sqlite_writer.as_ref().unwrap_or(shared)
     }
 
     /// Writes a batch of reveals and adds its per-ad counts, in one transaction.
@@ -113,12 +142,21 @@ impl RevealStore {
                     tx.commit().await?;
                 }
                 Backend::Sqlite(pool) => {
-                    let mut tx = pool.begin_with(super::database::SQLITE_BEGIN_WRITE).await?;
-                    for chunk in reveals.chunks(SQLITE_ROWS_PER_INSERT) {
+                    let by_viewer = in_viewer_order(reveals);
+                    let mut tx = self
+                        .sqlite_writer(pool)
+                        .begin_with(super::database::SQLITE_BEGIN_WRITE)
+                        .await?;
+                    // `OR FAIL`: a statement that fails keeps the rows it
+                    // inserted before, so SQLite keeps no statement journal
+                    // for it (a copy of every page it touches, written to a
+                    // temporary file); the transaction is what is atomic here,
+                    // and on any error it is rolled back whole.
+                    for chunk in sqlite_chunks(&by_viewer) {
                         let mut query = QueryBuilder::<Sqlite>::new(
-                            "INSERT INTO reveals (at_us, viewer, user_id, ad_id, category_id, kind) ",
+                            "INSERT OR FAIL INTO reveals (at_us, viewer, user_id, ad_id, category_id, kind) ",
                         );
-                        query.push_values(chunk, |mut b, r| {
+                        query.push_values(chunk, |mut b, &r| {
                             b.push_bind(r.at_us)
                                 .push_bind(r.viewer.as_ref().map(Viewer::as_str))
                                 .push_bind(signed(r.user.get()))
@@ -128,9 +166,10 @@ impl RevealStore {
                         });
                         query.build().execute(&mut *tx).await?;
                     }
-                    for chunk in counts.chunks(SQLITE_ROWS_PER_INSERT) {
-                        let mut query =
-                            QueryBuilder::<Sqlite>::new("INSERT INTO ad_reveal_counts (ad_id, kind, n) ");
+                    for chunk in sqlite_chunks(&counts) {
+                        let mut query = QueryBuilder::<Sqlite>::new(
+                            "INSERT OR FAIL INTO ad_reveal_counts (ad_id, kind, n) ",
+                        );
                         query.push_values(chunk, |mut b, (ad, kind, n)| {
                             b.push_bind(signed(ad.get()))
                                 .push_bind(kind.as_str())
@@ -221,7 +260,9 @@ impl RevealStore {
 
     /// Deletes up to `batch` of the oldest reveals older than `keep` by the
     /// database's clock; returns how many. Small batches keep each transaction
-    /// (and its locks) short.
+    /// (and its locks) short. On SQLite "the oldest" are the `batch` lowest
+    /// ids, of them those older than `keep` (no index on time there): a short
+    /// count does not mean nothing older is left, only none means that.
     ///
     /// The cutoff is the database's `now` less `keep`, computed in the statement:
     /// never this replica's clock, since one replica whose clock ran far ahead
@@ -258,14 +299,22 @@ impl RevealStore {
                         deleted
                     }
                     Backend::Sqlite(pool) => {
-                        // Julian days to microseconds since the epoch (2440587.5 is
-                        // 1970-01-01): `julianday` reads the clock in every SQLite.
-                        let mut tx = pool.begin_with(super::database::SQLITE_BEGIN_WRITE).await?;
+                        // The oldest ids, of them those past the cutoff: ids grow
+                        // with time (written in flush order), so no index on
+                        // at_us is kept (migrations/sqlite/0005). A row whose
+                        // at_us is past the cutoff but behind a younger one (a
+                        // wall clock stepped back) goes once that one does: late
+                        // by the step, never early. Julian days to microseconds
+                        // since the epoch (2440587.5 is 1970-01-01): `julianday`
+                        // reads the clock in every SQLite.
+                        let mut tx = self
+                            .sqlite_writer(pool)
+                            .begin_with(super::database::SQLITE_BEGIN_WRITE)
+                            .await?;
                         let deleted = sqlx::query(
                             "DELETE FROM reveals WHERE id IN \
-                             (SELECT id FROM reveals \
-                              WHERE at_us < CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER) - ?1 \
-                              ORDER BY at_us LIMIT ?2)",
+                             (SELECT id FROM reveals ORDER BY id LIMIT ?2) \
+                             AND at_us < CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER) - ?1",
                         )
                         .bind(keep_us)
                         .bind(batch)
@@ -285,6 +334,23 @@ impl RevealStore {
 enum Key {
     Int(i64),
     Text(String),
+}
+
+/// The batch ordered by viewer (those without one first), each viewer's
+/// reveals in the order they came: SQLite then inserts the viewer index's
+/// entries in key order, one leaf page after another, rather than scattered
+/// over the index. Ids still grow from one flush to the next, so the log's
+/// order in time holds for retention within one flush interval.
+fn in_viewer_order(reveals: &[Reveal]) -> Vec<&Reveal> {
+    let mut ordered: Vec<&Reveal> = reveals.iter().collect();
+    // Stable: each viewer's reveals keep their order.
+    ordered.sort_by(|a, b| {
+        a.viewer
+            .as_ref()
+            .map(Viewer::as_str)
+            .cmp(&b.viewer.as_ref().map(Viewer::as_str))
+    });
+    ordered
 }
 
 /// Reveals in COPY's text format: tab-separated, `\N` for null. Viewer ids are
@@ -339,6 +405,110 @@ mod tests {
         assert!(counts.contains(&(AdId::new(1).unwrap(), Source::Real, 3)));
         assert!(counts.contains(&(AdId::new(1).unwrap(), Source::Calltracking, 1)));
         assert!(counts.contains(&(AdId::new(2).unwrap(), Source::Anonymous, 1)));
+    }
+
+    /// One flush is written in viewer order (for the viewer index), not in
+    /// the order of time: pages still come newest first, by seller and by
+    /// viewer, and a cursor walks them without a gap or a repeat.
+    #[tokio::test]
+    async fn a_flush_in_viewer_order_still_pages_newest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/order.db", dir.path().display());
+        let database = crate::store::Database::connect(&url, 2).await.unwrap();
+        database.migrate().await.unwrap();
+        let store = database.reveals();
+        // Twelve reveals a microsecond apart, viewers c, b, a, none, c, b, ...
+        let viewers = [Some("c"), Some("b"), Some("a"), None];
+        let batch: Vec<Reveal> = (0..12u64)
+            .map(|n| Reveal {
+                at_us: 1_700_000_000_000_000 + i64::try_from(n).unwrap(),
+                ..reveal(100 + n, Source::Real, viewers[(n % 4) as usize])
+            })
+            .collect();
+        store.write_reveals(&batch).await.unwrap();
+        let walk = |of: RevealsOf| {
+            let store = store.clone();
+            async move {
+                let mut ads = Vec::new();
+                let mut after = None;
+                loop {
+                    let page = store
+                        .read_reveals(&RevealQuery {
+                            of: of.clone(),
+                            since_us: i64::MIN,
+                            until_us: i64::MAX,
+                            after,
+                            limit: 2,
+                        })
+                        .await
+                        .unwrap();
+                    let Some(last) = page.last() else { break };
+                    after = Some((last.reveal.at_us, last.id));
+                    ads.extend(page.iter().map(|r| r.reveal.ad.get()));
+                }
+                ads
+            }
+        };
+        let by_seller = walk(RevealsOf::Seller(UserId::new(42).unwrap())).await;
+        assert_eq!(by_seller, (100..112).rev().collect::<Vec<u64>>());
+        let by_viewer = walk(RevealsOf::Viewer(Viewer::parse(b"b").unwrap())).await;
+        assert_eq!(by_viewer, [109, 105, 101]);
+    }
+
+    /// A flush of several statements (10,000 reveals: six chunks) writes every
+    /// row and counts each exactly, in one transaction.
+    #[tokio::test]
+    async fn a_flush_of_many_chunks_writes_and_counts_every_reveal() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/chunks.db", dir.path().display());
+        let database = crate::store::Database::connect(&url, 2).await.unwrap();
+        database.migrate().await.unwrap();
+        let store = database.reveals();
+        let batch: Vec<Reveal> = (0..10_000u64)
+            .map(|n| reveal(1 + n % 3, Source::Real, Some("v")))
+            .collect();
+        store.write_reveals(&batch).await.unwrap();
+        let mut total = 0;
+        for ad in 1..=3 {
+            total += store
+                .ad_reveal_counts(AdId::new(ad).unwrap())
+                .await
+                .unwrap()
+                .total();
+        }
+        assert_eq!(total, 10_000);
+        let mut rows = 0;
+        let mut after = None;
+        loop {
+            let page = store
+                .read_reveals(&RevealQuery {
+                    of: RevealsOf::Viewer(Viewer::parse(b"v").unwrap()),
+                    since_us: i64::MIN,
+                    until_us: i64::MAX,
+                    after,
+                    limit: 1000,
+                })
+                .await
+                .unwrap();
+            let Some(last) = page.last() else { break };
+            after = Some((last.reveal.at_us, last.id));
+            rows += page.len();
+        }
+        assert_eq!(rows, 10_000);
+    }
+
+    #[test]
+    fn sqlite_chunks_are_powers_of_two_at_most_the_limit() {
+        let rows: Vec<u32> = (0..10_000).collect();
+        let sizes: Vec<usize> = sqlite_chunks(&rows).map(<[u32]>::len).collect();
+        assert_eq!(sizes, [4_096, 4_096, 1_024, 512, 256, 16]);
+        let again: Vec<u32> = sqlite_chunks(&rows).flatten().copied().collect();
+        assert_eq!(again, rows, "every row once, in order");
+        assert_eq!(sqlite_chunks::<u32>(&[]).count(), 0);
+        assert_eq!(
+            sqlite_chunks(&[1]).map(<[i32]>::len).collect::<Vec<_>>(),
+            [1]
+        );
     }
 
     #[test]
