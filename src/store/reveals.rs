@@ -301,7 +301,7 @@ impl RevealStore {
                     Backend::Sqlite(pool) => {
                         // The oldest ids, of them those past the cutoff: ids grow
                         // with time (written in flush order), so no index on
-                        // at_us is kept (migrations/sqlite/0005). A row whose
+                        // at_us is kept (migrations/sqlite/0006). A row whose
                         // at_us is past the cutoff but behind a younger one (a
                         // wall clock stepped back) goes once that one does: late
                         // by the step, never early. Julian days to microseconds
