@@ -197,13 +197,12 @@ async fn exchange(
         }
         refusals.clear();
     }
-    if store.is_shared() {
-        match store.refusals(false, now.seconds()).await {
-            Ok(read) => budgets.refused(&read, Moment::now()),
-            Err(error) => {
-                tracing::debug!(%error, "viewer budgets: refusals not read");
-                return false;
-            }
+    // Others' refusals (none on SQLite: one replica wrote them all).
+    match store.refusals(false, now.seconds()).await {
+        Ok(read) => budgets.refused(&read, Moment::now()),
+        Err(error) => {
+            tracing::debug!(%error, "viewer budgets: refusals not read");
+            return false;
         }
     }
     true

@@ -67,11 +67,6 @@ impl BudgetStore {
         BudgetStore { backend }
     }
 
-    /// True when the database is shared by a fleet (PostgreSQL).
-    pub fn is_shared(&self) -> bool {
-        matches!(self.backend, Backend::Postgres(_))
-    }
-
     /// Adds `spends` to the fleet's totals, in one transaction, and returns the
     /// totals after it. Rows are written in key order, so two replicas'
     /// reports cannot deadlock.

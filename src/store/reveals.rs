@@ -380,6 +380,28 @@ fn copy_text(reveals: &[Reveal]) -> String {
 mod tests {
     use super::*;
 
+    /// Every reveal of `of`, read page by page (`limit` a page) as the admin
+    /// route's cursor walks them: newest first.
+    async fn every_page(store: &RevealStore, of: RevealsOf, limit: u32) -> Vec<StoredReveal> {
+        let mut all: Vec<StoredReveal> = Vec::new();
+        loop {
+            let page = store
+                .read_reveals(&RevealQuery {
+                    of: of.clone(),
+                    since_us: i64::MIN,
+                    until_us: i64::MAX,
+                    after: all.last().map(|r| (r.reveal.at_us, r.id)),
+                    limit,
+                })
+                .await
+                .unwrap();
+            if page.is_empty() {
+                return all;
+            }
+            all.extend(page);
+        }
+    }
+
     fn reveal(ad: u64, kind: Source, viewer: Option<&str>) -> Reveal {
         Reveal {
             at_us: 1_700_000_000_000_000,
@@ -426,32 +448,14 @@ mod tests {
             })
             .collect();
         store.write_reveals(&batch).await.unwrap();
-        let walk = |of: RevealsOf| {
-            let store = store.clone();
-            async move {
-                let mut ads = Vec::new();
-                let mut after = None;
-                loop {
-                    let page = store
-                        .read_reveals(&RevealQuery {
-                            of: of.clone(),
-                            since_us: i64::MIN,
-                            until_us: i64::MAX,
-                            after,
-                            limit: 2,
-                        })
-                        .await
-                        .unwrap();
-                    let Some(last) = page.last() else { break };
-                    after = Some((last.reveal.at_us, last.id));
-                    ads.extend(page.iter().map(|r| r.reveal.ad.get()));
-                }
-                ads
-            }
+        let ads = |reveals: Vec<StoredReveal>| -> Vec<u64> {
+            reveals.iter().map(|r| r.reveal.ad.get()).collect()
         };
-        let by_seller = walk(RevealsOf::Seller(UserId::new(42).unwrap())).await;
+        let by_seller =
+            ads(every_page(&store, RevealsOf::Seller(UserId::new(42).unwrap()), 2).await);
         assert_eq!(by_seller, (100..112).rev().collect::<Vec<u64>>());
-        let by_viewer = walk(RevealsOf::Viewer(Viewer::parse(b"b").unwrap())).await;
+        let by_viewer =
+            ads(every_page(&store, RevealsOf::Viewer(Viewer::parse(b"b").unwrap()), 2).await);
         assert_eq!(by_viewer, [109, 105, 101]);
     }
 
@@ -477,23 +481,13 @@ mod tests {
                 .total();
         }
         assert_eq!(total, 10_000);
-        let mut rows = 0;
-        let mut after = None;
-        loop {
-            let page = store
-                .read_reveals(&RevealQuery {
-                    of: RevealsOf::Viewer(Viewer::parse(b"v").unwrap()),
-                    since_us: i64::MIN,
-                    until_us: i64::MAX,
-                    after,
-                    limit: 1000,
-                })
-                .await
-                .unwrap();
-            let Some(last) = page.last() else { break };
-            after = Some((last.reveal.at_us, last.id));
-            rows += page.len();
-        }
+        let rows = every_page(
+            &store,
+            RevealsOf::Viewer(Viewer::parse(b"v").unwrap()),
+            1000,
+        )
+        .await
+        .len();
         assert_eq!(rows, 10_000);
     }
 

@@ -258,11 +258,7 @@ async fn webhook_applies_newer_versions_in_order_and_ignores_the_rest() {
     let got = app.send_admin(Method::POST, STATUSES, &body).await;
     assert_eq!(got.status, 200, "{got:?}");
     assert_eq!(got.body, json!({ "applied": 2, "ignored": 2 }));
-    let got = app.get_admin(&format!("{STATUSES}/42")).await;
-    assert_eq!(
-        got.body,
-        json!({ "user_id": 42, "enabled": true, "version": 17 })
-    );
+    assert_status(&app, 42, true, 17).await;
     // A duplicate delivery changes nothing.
     let got = app.send_admin(Method::POST, STATUSES, &body).await;
     assert_eq!(got.body, json!({ "applied": 0, "ignored": 4 }));
@@ -275,16 +271,8 @@ async fn webhook_applies_newer_versions_in_order_and_ignores_the_rest() {
         )
         .await;
     assert_eq!(got.body, json!({ "applied": 1, "ignored": 0 }));
-    let got = app.get_admin(&format!("{STATUSES}/42")).await;
-    assert_eq!(
-        got.body,
-        json!({ "user_id": 42, "enabled": false, "version": 18 })
-    );
-    let got = app.get_admin(&format!("{STATUSES}/44")).await;
-    assert_eq!(
-        got.body,
-        json!({ "user_id": 44, "enabled": false, "version": 0 })
-    );
+    assert_status(&app, 42, false, 18).await;
+    assert_status(&app, 44, false, 0).await;
 }
 
 #[tokio::test]
@@ -407,11 +395,7 @@ async fn snapshot_bodies_stream_in_any_key_order_and_bad_ones_change_nothing() {
     ))
     .await
     .assert_problem(413);
-    let got = app.get_admin(&format!("{STATUSES}/1")).await;
-    assert_eq!(
-        got.body,
-        json!({ "user_id": 1, "enabled": true, "version": 4 })
-    );
+    assert_status(&app, 1, true, 4).await;
 }
 
 #[tokio::test]
@@ -428,11 +412,7 @@ async fn a_webhook_of_ten_thousand_items_applies_in_one_delivery() {
         json!({ "applied": 10_000, "ignored": 0 }),
         "{got:?}"
     );
-    let got = app.get_admin(&format!("{STATUSES}/10000")).await;
-    assert_eq!(
-        got.body,
-        json!({ "user_id": 10_000, "enabled": true, "version": 1 })
-    );
+    assert_status(&app, 10_000, true, 1).await;
 }
 
 /// docs/api.md: only an entry whose stored version is greater than the snapshot's
@@ -453,11 +433,7 @@ async fn a_snapshot_overrides_an_entry_at_exactly_its_version() {
     let got = app.send_admin(Method::PUT, STATUSES, &snapshot).await;
     assert_eq!(got.status, 200, "{got:?}");
     for (user, enabled, version) in [(1, false, 7), (2, true, 7), (3, true, 8)] {
-        let got = app.get_admin(&format!("{STATUSES}/{user}")).await;
-        assert_eq!(
-            got.body,
-            json!({ "user_id": user, "enabled": enabled, "version": version })
-        );
+        assert_status(&app, user, enabled, version).await;
     }
 }
 
