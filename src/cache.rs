@@ -34,14 +34,13 @@
 //! expiry in deciseconds and the generation. A [`Key`] carries its seller, whose
 //! generation guards the entry, so no lookup takes the seller separately.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use futures_util::FutureExt;
-use futures_util::future::{BoxFuture, Shared};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::domain::Phone;
@@ -225,7 +224,46 @@ impl Default for Clock {
     }
 }
 
-type SharedFetch = Shared<BoxFuture<'static, FetchResult>>;
+/// One fetch under way: its result once it has ended, and the callers waiting
+/// for it. Two allocations per fetch (this and the task) where futures'
+/// `Shared` over the task's `JoinHandle` took four and a wake-up more: measured
+/// on the cold path (`harness.py --cold`, issue 24).
+struct Flight {
+    result: OnceLock<FetchResult>,
+    ended: Notify,
+}
+
+impl Flight {
+    fn new() -> Arc<Self> {
+        Arc::new(Flight {
+            result: OnceLock::new(),
+            ended: Notify::new(),
+        })
+    }
+
+    /// The fetch's result, once it has ended, however it ended (see
+    /// [`Registered`]): every caller of the key gets the same.
+    async fn result(&self) -> FetchResult {
+        loop {
+            let ended = self.ended.notified();
+            let mut ended = std::pin::pin!(ended);
+            // Registered before the result is looked at, so an end between the
+            // two still wakes this caller.
+            ended.as_mut().enable();
+            if let Some(result) = self.result.get() {
+                return result.clone();
+            }
+            ended.await;
+        }
+    }
+
+    /// Ends the fetch with `result`, unless it has ended already.
+    fn end(&self, result: FetchResult) {
+        // The first result stands: the answer, before the guard's fallback.
+        let _ = self.result.set(result);
+        self.ended.notify_waiters();
+    }
+}
 
 /// A bounded, TTL'd, coalescing cache of phone answers by [`Key`].
 #[derive(Clone)]
@@ -237,8 +275,9 @@ struct Inner {
     name: &'static str,
     entries: quick_cache::sync::Cache<Key, Entry>,
     /// Fetches under way, by key and generation. A plain mutex: it is held for a
-    /// map operation only, and only on misses.
-    inflight: Mutex<HashMap<(Key, u32), SharedFetch>>,
+    /// map operation only, and only on misses. foldhash, not SipHash: three
+    /// hashes per miss were 750 instructions of it (callgrind, issue 24).
+    inflight: Mutex<HashMap<(Key, u32), Arc<Flight>>>,
     generations: Arc<Generations>,
     ttls: Ttls,
     /// The refresh-ahead windows in deciseconds, for a number and for a cached
@@ -295,7 +334,7 @@ impl PhoneCache {
             inner: Arc::new(Inner {
                 name,
                 entries: quick_cache::sync::Cache::new(capacity),
-                inflight: Mutex::new(HashMap::new()),
+                inflight: Mutex::new(HashMap::default()),
                 generations,
                 ttls,
                 refresh_window: [
@@ -409,8 +448,8 @@ impl PhoneCache {
             }
         }
 
-        let (fetch, via) = self.join_or_start(key, generation, fetch);
-        match fetch.await {
+        let (flight, via) = self.join_or_start(key, generation, fetch);
+        match flight.result().await {
             Ok(phone) => Lookup {
                 answer: phone.map_or(Answer::NotFound, Answer::Found),
                 via,
@@ -428,36 +467,38 @@ impl PhoneCache {
         }
     }
 
-    fn join_or_start<F, Fut>(&self, key: Key, generation: u32, fetch: F) -> (SharedFetch, Via)
+    fn join_or_start<F, Fut>(&self, key: Key, generation: u32, fetch: F) -> (Arc<Flight>, Via)
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = FetchResult> + Send + 'static,
     {
         let mut inflight = self.inner.lock_inflight();
-        if let Some(shared) = inflight.get(&(key, generation)) {
-            return (shared.clone(), Via::Coalesced);
+        if let Some(flight) = inflight.get(&(key, generation)) {
+            return (flight.clone(), Via::Coalesced);
         }
         let upstream_call = fetch();
+        let flight = Flight::new();
         let registered = Registered {
             inner: Arc::clone(&self.inner),
             key: (key, generation),
+            flight: flight.clone(),
         };
         // The task takes the inflight lock to remove itself, and we hold it until
         // the entry is inserted below, so it can never remove before we insert.
         // The fetch logs under the span of the request that started it.
-        let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
-            let result = upstream_call.await;
-            if let Ok(phone) = &result {
-                registered.inner.store(key, generation, *phone);
-            }
-            drop(registered);
-            result
-        }));
-        let shared = async move { task.await.unwrap_or(Err(UpstreamError::Internal)) }
-            .boxed()
-            .shared();
-        inflight.insert((key, generation), shared.clone());
-        (shared, Via::Miss)
+        // Detached: its callers wait on the flight, not on the task.
+        drop(tokio::spawn(tracing::Instrument::in_current_span(
+            async move {
+                let result = upstream_call.await;
+                if let Ok(phone) = &result {
+                    registered.inner.store(key, generation, *phone);
+                }
+                registered.flight.end(result);
+                drop(registered);
+            },
+        )));
+        inflight.insert((key, generation), flight.clone());
+        (flight, Via::Miss)
     }
 
     /// Stores an answer as if just fetched (warming, benches, tests).
@@ -470,15 +511,17 @@ impl PhoneCache {
 /// A fetch's place in the in-flight registry, given up however the fetch ends:
 /// answered, or its task panicked or was dropped. Otherwise every later request
 /// for the key would join the dead fetch and fail until the key's seller was
-/// invalidated.
+/// invalidated. A fetch that ends without an answer fails its callers.
 struct Registered {
     inner: Arc<Inner>,
     key: (Key, u32),
+    flight: Arc<Flight>,
 }
 
 impl Drop for Registered {
     fn drop(&mut self) {
         self.inner.lock_inflight().remove(&self.key);
+        self.flight.end(Err(UpstreamError::Internal));
     }
 }
 
@@ -521,7 +564,7 @@ impl Inner {
         self.now() < entry.fresh_until.saturating_add(stale_tenths)
     }
 
-    fn lock_inflight(&self) -> std::sync::MutexGuard<'_, HashMap<(Key, u32), SharedFetch>> {
+    fn lock_inflight(&self) -> std::sync::MutexGuard<'_, HashMap<(Key, u32), Arc<Flight>>> {
         // The map stays consistent even if a holder panicked: every operation on it
         // is a single insert, get or remove.
         self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
@@ -540,6 +583,8 @@ fn answer_of(phone: Option<Phone>) -> Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_util::FutureExt;
+    use futures_util::future::BoxFuture;
     use std::sync::atomic::AtomicUsize;
 
     fn user(id: u64) -> UserId {

@@ -29,13 +29,20 @@ import argparse, glob, json, os, re, resource, shutil, signal, socket, subproces
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOAD = os.path.join(ROOT, "benches", "load")
+# Where cargo puts the release build (CARGO_TARGET_DIR, as cargo reads it).
+RELEASE = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target", "release")
 # HARNESS_GATEWAY_BIN: another build of the gateway (a profile or allocator
 # candidate); the simulator and the load tools stay the release build's.
-BIN = os.environ.get("HARNESS_GATEWAY_BIN") or os.path.join(ROOT, "target", "release", "phones-gateway")
-SIM_BIN = os.path.join(ROOT, "target", "release", "phones-gateway")
-HELLO = os.path.join(ROOT, "target", "release", "examples", "hello")
-BARE = os.path.join(ROOT, "target", "release", "examples", "bare_client")
-OPENLOAD = os.path.join(ROOT, "target", "release", "examples", "openload")
+BIN = os.environ.get("HARNESS_GATEWAY_BIN") or os.path.join(RELEASE, "phones-gateway")
+SIM_BIN = os.path.join(RELEASE, "phones-gateway")
+HELLO = os.path.join(RELEASE, "examples", "hello")
+BARE = os.path.join(RELEASE, "examples", "bare_client")
+OPENLOAD = os.path.join(RELEASE, "examples", "openload")
+# GO_SEED_BIN: the Go design this project replaces (../shared/go-seed, built by
+# the caller; nothing here needs it). When set, it is measured in the same
+# rounds as the gateway on the hit and cold paths, on ports of its own.
+GO_SEED = os.environ.get("GO_SEED_BIN")
+GO_PORT, GO_ADMIN = 19501, 19502
 SIM, GW, ADMIN, HELLO_PORT = 19300, 19301, 19302, 19400
 # A second gateway, the reveal log off, beside the default one in the hit-path rounds.
 GW_OFF, ADMIN_OFF = 19311, 19312
@@ -134,6 +141,58 @@ def gateway(db_dir, anonymous_url=None, extra_env=None, port=GW, admin=ADMIN):
                                               "Content-Type": "application/json"})
     urllib.request.urlopen(request).read()
     return gw
+
+
+def go_seed(db_dir):
+    """The Go design (GO_SEED_BIN) in its bench configuration, pointed at the
+    simulator, pinned to core 0 like the gateway (its runtime then runs one
+    thread); ready once it has drained the simulator's status feed, which turns
+    call tracking on for the same sellers the gateway's webhook does."""
+    os.makedirs(db_dir, exist_ok=True)
+    upstream = f"http://127.0.0.1:{SIM}"
+    config = os.path.join(db_dir, "go-seed.toml")
+    with open(config, "w") as f:
+        f.write(f"""[server]
+public_addr = "127.0.0.1:{GO_PORT}"
+admin_addr = "127.0.0.1:{GO_ADMIN}"
+[admin]
+token = "{TOKEN}"
+[upstreams.real_phone]
+base_url = "{upstream}"
+timeout_ms = 300
+max_idle_conns_per_host = 512
+[upstreams.anonymous]
+base_url = "{upstream}"
+timeout_ms = 300
+on_error = "fail_closed"
+max_idle_conns_per_host = 512
+[upstreams.calltracking]
+base_url = "{upstream}"
+timeout_ms = 300
+on_error = "fall_through"
+max_idle_conns_per_host = 512
+[upstreams.calltracking.status_feed]
+enabled = true
+interval_ms = 1000
+[selection]
+order = ["anonymous", "calltracking", "real"]
+anonymous_categories = [9, 24]
+[cache]
+impl = "ccache"
+[cache.real_phone]
+capacity = 5000000
+ttl_s = 900
+negative_ttl_s = 60
+[cache.calltracking]
+capacity = 500000
+ttl_s = 900
+negative_ttl_s = 60
+[cache.anonymous]
+capacity = 1000000
+ttl_s = 300
+negative_ttl_s = 60
+""")
+    return Server([GO_SEED, "serve", "--config", config], ready=f"http://127.0.0.1:{GO_ADMIN}/readyz")
 
 
 def parse_wrk(text):
@@ -294,18 +353,28 @@ def cold_path(db, seconds, rounds):
     base = f"http://127.0.0.1:{GW}"
     runs = {"bare hyper-util client, per call": [], "bare reqwest client, per call": [],
             "miss, real only (1 call)": [], "miss, anonymous category (2 calls)": []}
+    if GO_SEED:
+        runs["the Go design: miss, real only (1 call)"] = []
+        runs["the Go design: miss, anonymous category (2 calls)"] = []
+    servers = [("", lambda r: gateway(os.path.join(db, f"cold-{r}")), GW)]
+    if GO_SEED:
+        servers.append(("the Go design: ", lambda r: go_seed(os.path.join(db, f"cold-go-{r}")), GO_PORT))
     for r in range(rounds):
         runs["bare hyper-util client, per call"].append(bare_client(seconds)["cpu_us_per_call"])
         runs["bare reqwest client, per call"].append(bare_client(seconds, "reqwest")["cpu_us_per_call"])
-        gw = gateway(db)
-        offset = str(r * 10_000_000)
-        real = measured(gw, lambda: wrk(base, seconds, 32, "cold.lua", ("1", "1", offset)))
-        anon = measured(gw, lambda: wrk(base, seconds, 32, "cold.lua", ("9", "1", str(r * 10_000_000 + 5_000_000))))
-        gw.stop()
-        runs["miss, real only (1 call)"].append(real["cpu_us_per_req"])
-        runs["miss, anonymous category (2 calls)"].append(anon["cpu_us_per_req"])
-        if real["non2xx"] or anon["non2xx"]:
-            print(f"warning: non-2xx answers on the cold path: {real['non2xx']}, {anon['non2xx']}", file=sys.stderr)
+        # The gateway and the Go design back to back, each on keys of its own.
+        for n, (prefix, start, port) in enumerate(servers):
+            server = start(r)
+            base = f"http://127.0.0.1:{port}"
+            offset = r * 10_000_000 + n * 100_000_000
+            real = measured(server, lambda: wrk(base, seconds, 32, "cold.lua", ("1", "1", str(offset))))
+            anon = measured(server, lambda: wrk(base, seconds, 32, "cold.lua", ("9", "1", str(offset + 5_000_000))))
+            server.stop()
+            runs[f"{prefix}miss, real only (1 call)"].append(real["cpu_us_per_req"])
+            runs[f"{prefix}miss, anonymous category (2 calls)"].append(anon["cpu_us_per_req"])
+            if real["non2xx"] or anon["non2xx"]:
+                print(f"warning: non-2xx answers on the cold path ({prefix or 'gateway'}): "
+                      f"{real['non2xx']}, {anon['non2xx']}", file=sys.stderr)
     sim.stop()
     median = lambda xs: sorted(xs)[len(xs) // 2]
     figures = {k: median(v) for k, v in runs.items()}
@@ -314,6 +383,13 @@ def cold_path(db, seconds, rounds):
     second_call = figures["miss, anonymous category (2 calls)"] - figures["miss, real only (1 call)"]
     lines += ["", f"The second upstream call of a request costs {second_call:.2f} us "
               f"(anonymous category minus real only); the bare client's call {figures['bare hyper-util client, per call']:.2f} us."]
+    if GO_SEED:
+        # Per round, the Go design's CPU over the gateway's: the rounds are pairs.
+        for kind in ("miss, real only (1 call)", "miss, anonymous category (2 calls)"):
+            ratios = [g / m for g, m in zip(runs[f"the Go design: {kind}"], runs[kind])]
+            figures[f"go ratio: {kind}"] = median(ratios)
+            lines.append(f"The Go design spends {median(ratios):.2f}x the gateway's CPU on a {kind} "
+                         f"(median of the rounds' ratios; rounds {', '.join(f'{x:.2f}' for x in ratios)}).")
     return figures, second_call, lines
 
 
@@ -430,6 +506,13 @@ def soak_run(db_dir, rate, seconds, extra_env, quick):
     sim = simulator(latency_ms=5)
     gw = gateway(db_dir, anonymous_url="http://127.0.0.1:9", extra_env=extra_env)
     base = f"http://127.0.0.1:{GW}"
+    # Every key fetched once before the soak (fill.lua walks them, one wrk
+    # thread so each key comes once a cycle): the soak then measures the filled
+    # gateway at its rate, not the queue the fill's upstream calls build behind
+    # an open-model load, which would be its whole tail.
+    fill = wrk(base, 12 if not quick else 6, 256, "fill.lua")
+    if fill["requests"] < 90_000:
+        print(f"warning: the soak's fill walked {fill['requests']} of 90,000 keys", file=sys.stderr)
     soak = subprocess.Popen(["taskset", "-c", "1", "oha", "-z", f"{seconds}s", "-q", str(rate), "-c", "64",
                              "--latency-correction", "--no-tui", "--output-format", "json", "-H", VIEWER_HEADER,
                              "--rand-regex-url",
@@ -529,12 +612,26 @@ def main():
         off_url = hot_url.replace(f":{GW}/", f":{GW_OFF}/")
         urllib.request.urlopen(hot_url).read()
         urllib.request.urlopen(off_url).read()
-        closed = []
+        go = go_seed(os.path.join(db, "go-seed")) if GO_SEED else None
+        go_url = hot_url.replace(f":{GW}/", f":{GO_PORT}/")
+        if go:
+            urllib.request.urlopen(go_url).read()
+        closed, go_hits = [], []
         for _ in range(args.rounds):
             closed.append((measured(hello, lambda: wrk(hello_url, s, script=VIEWER_SCRIPT)),
                            measured(gw, lambda: wrk(hot_url, s, script=VIEWER_SCRIPT)),
                            measured(gw_off, lambda: wrk(off_url, s, script=VIEWER_SCRIPT))))
+            if go:
+                go_hits.append(measured(go, lambda: wrk(go_url, s, script=VIEWER_SCRIPT)))
         gw_off.stop()
+        if go:
+            go.stop()
+        # The Go design's CPU per hit over the gateway's (log on) and hello-world's,
+        # each round against the same round's: the rounds are the comparisons.
+        go_vs = lambda i: sorted(g["cpu_us_per_req"] / t[i]["cpu_us_per_req"] for g, t in zip(go_hits, closed))[len(go_hits) // 2] if go_hits else None
+        go_over_gw, go_over_off, go_over_hello = go_vs(1), go_vs(2), go_vs(0)
+        if go_hits:
+            results["(a) all hits, the Go design: max (wrk)"] = sorted(go_hits, key=lambda m: m["cpu_us_per_req"])[len(go_hits) // 2]
         cpu_ratio = lambda pair: pair[1]["cpu_us_per_req"] / pair[0]["cpu_us_per_req"]
         log_ratio = lambda t: t[1]["cpu_us_per_req"] / t[2]["cpu_us_per_req"]
         log_cost_sqlite = sorted(log_ratio(t) for t in closed)[len(closed) // 2]
@@ -550,12 +647,22 @@ def main():
                    f"reveal log off {o['cpu_us_per_req'] / h['cpu_us_per_req']:.2f}x ({o['cpu_us_per_req']:.2f} us), "
                    f"so the log costs {log_ratio((h, a, o)):.3f}x"
                    for h, a, o in closed]
+        if go_hits:
+            rounds += ["", "The Go design on the same hit, in the same rounds:", ""]
+            rounds += [f"- round: {g['cpu_us_per_req']:.2f} us of CPU per request, {g['rps']:.0f} req/s: "
+                       f"{g['cpu_us_per_req'] / a['cpu_us_per_req']:.2f}x the gateway's (log on), "
+                       f"{g['cpu_us_per_req'] / o['cpu_us_per_req']:.2f}x with the log off, "
+                       f"{g['cpu_us_per_req'] / h['cpu_us_per_req']:.2f}x hello-world's"
+                       for g, (h, a, o) in zip(go_hits, closed)]
         if args.hits_only:
             gw.stop(); sim.stop(); hello.stop()
             print("\n".join(rounds))
             h, a = results["hello: max (wrk)"], results["(a) all hits: max (wrk)"]
             print(f"median: throughput ratio {a['rps'] / h['rps']:.2f}, CPU ratio {cpu_ratio((h, a)):.2f}x; "
                   f"the reveal log costs {log_cost_sqlite:.3f}x")
+            if go_hits:
+                print(f"the Go design spends {go_over_gw:.2f}x the gateway's CPU per hit "
+                      f"({go_over_off:.2f}x with the log off; {go_over_hello:.2f}x hello-world's)")
             return
         half = int(results["(a) all hits: max (wrk)"]["rps"] / 2)
         opened = []
@@ -668,6 +775,10 @@ def main():
               f"| cold path, miss with one upstream call (real only): server CPU | <= 25 us | {cold_figures['miss, real only (1 call)']:.2f} us |",
               f"| cold path, miss with two upstream calls (anonymous category): server CPU | <= 40 us | {cold_figures['miss, anonymous category (2 calls)']:.2f} us |",
               f"| cold path, CPU per upstream call (the second call of a request) | <= 15 us | {second_call:.2f} us (the bare client: {cold_figures['bare hyper-util client, per call']:.2f} us) |",
+              *([f"| hit path: the Go design's CPU per request over the gateway's (median of {args.rounds} rounds) | | {go_over_gw:.2f}x (log off: {go_over_off:.2f}x; Go over hello-world: {go_over_hello:.2f}x) |",
+                 f"| cold path, miss with one upstream call: the Go design's server CPU over the gateway's | >= 3.0x | {cold_figures['go ratio: miss, real only (1 call)']:.2f}x ({cold_figures['the Go design: miss, real only (1 call)']:.2f} vs {cold_figures['miss, real only (1 call)']:.2f} us) |",
+                 f"| cold path, miss with two upstream calls: the Go design's server CPU over the gateway's | >= 3.0x | {cold_figures['go ratio: miss, anonymous category (2 calls)']:.2f}x ({cold_figures['the Go design: miss, anonymous category (2 calls)']:.2f} vs {cold_figures['miss, anonymous category (2 calls)']:.2f} us) |"]
+                if go_hits else ["| against the Go design | | not measured (GO_SEED_BIN unset) |"]),
               f"| refresh ahead: top 1,000 ads, requests of 200 ms or more after warm-up | 0 | {ra_runs['TTL 10 s, refresh ahead 3 s']['top']['slow']} of {ra_runs['TTL 10 s, refresh ahead 3 s']['top']['answered']} (refresh ahead off: {ra_runs['TTL 10 s, refresh ahead off']['top']['slow']}) |",
               f"| refresh ahead: top 1,000 ads' p99.9 across expiry vs all hits | ~1x | {ra_runs['TTL 10 s, refresh ahead 3 s']['top']['p999_ms']:.2f} vs {ra_runs['all hits (TTL 1 h)']['top']['p999_ms']:.2f} ms |",
               "", *rounds, "",
@@ -703,8 +814,8 @@ def main():
     for name, soak in soaks.items():
         summary, pct = soak["data"]["summary"], soak["data"]["latencyPercentiles"]
         lines += ["", f"Soak, reveal {name}: {summary['requestsPerSec']:.0f} req/s achieved, status codes "
-                  f"{json.dumps(soak['data'].get('statusCodeDistribution', {}))}, latency (latency-corrected, whole run "
-                  f"including the fill of 90,000 cold keys) p50 {pct['p50'] * 1000:.2f} ms, "
+                  f"{json.dumps(soak['data'].get('statusCodeDistribution', {}))}, latency (latency-corrected, after a "
+                  f"fill of the 90,000 keys by wrk, fill.lua) p50 {pct['p50'] * 1000:.2f} ms, "
                   f"p99 {pct['p99'] * 1000:.2f} ms, max {summary['slowest'] * 1000:.0f} ms; reveals "
                   f"{json.dumps({k: round(v) for k, v in soak['reveals'].items()})}."]
         lines += ["", f"Soak RSS samples, reveal {name} (s, MiB): "

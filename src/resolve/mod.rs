@@ -598,7 +598,10 @@ impl Resolver {
         let upstreams = self.upstreams.clone();
         let request_id = crate::telemetry::current_request_id();
         let trace = Some(trace.context().clone());
-        async move {
+        // Boxed once here: the call's future (hyper's, the timeout's timer, the
+        // body) is large, and unboxed it was copied whole into the lookup, the
+        // task and the task's every stage change (perf on the cold path: memcpy).
+        Box::pin(async move {
             let request_id = request_id.as_ref();
             let trace = trace.as_ref();
             match ask {
@@ -610,7 +613,7 @@ impl Resolver {
                         .await
                 }
             }
-        }
+        })
     }
 }
 
