@@ -95,7 +95,10 @@ pub(super) async fn read_page(
     // The runs still to walk are those before `from` (newest, last id).
     let mut from = (i64::MAX, i64::MAX);
     let mut take = FIRST_RUNS;
-    while limit > 0 {
+    if limit == 0 {
+        return Ok(rows);
+    }
+    loop {
         // A run can hold a row of the page only if it reaches into the window
         // and holds something no newer than the cursor.
         let runs: Vec<(i64, i64, i64)> = sqlx::query_as(
@@ -131,7 +134,7 @@ pub(super) async fn read_page(
             .await?;
             rows.extend(found);
         }
-        rows.sort_unstable_by(|a, b| (b.1, b.0).cmp(&(a.1, a.0)));
+        rows.sort_unstable_by_key(|r| std::cmp::Reverse((r.1, r.0)));
         // A row in two runs (never written so; cheap to rule out) shows once.
         rows.dedup_by_key(|r| r.0);
         rows.truncate(limit);
