@@ -4,6 +4,8 @@
 //! ad, and retention in small batches. Held by the flush and retention tasks
 //! and by the reveal routes.
 
+mod viewer_runs;
+
 use std::fmt::Write as _;
 
 use sqlx::{QueryBuilder, Sqlite};
@@ -142,11 +144,18 @@ impl RevealStore {
                     tx.commit().await?;
                 }
                 Backend::Sqlite(pool) => {
-                    let by_viewer = in_viewer_order(reveals);
                     let mut tx = self
                         .sqlite_writer(pool)
                         .begin_with(super::database::SQLITE_BEGIN_WRITE)
                         .await?;
+                    // Ids given here rather than by SQLite (the same: the next
+                    // after the largest), so the flush knows its viewers' runs.
+                    let (first_id,): (i64,) =
+                        sqlx::query_as("SELECT coalesce(max(id), 0) + 1 FROM reveals")
+                            .fetch_one(&mut *tx)
+                            .await?;
+                    let by_viewer: Vec<(i64, &Reveal)> =
+                        (first_id..).zip(in_viewer_order(reveals)).collect();
                     // `OR FAIL`: a statement that fails keeps the rows it
                     // inserted before, so SQLite keeps no statement journal
                     // for it (a copy of every page it touches, written to a
@@ -154,10 +163,11 @@ impl RevealStore {
                     // and on any error it is rolled back whole.
                     for chunk in sqlite_chunks(&by_viewer) {
                         let mut query = QueryBuilder::<Sqlite>::new(
-                            "INSERT OR FAIL INTO reveals (at_us, viewer, user_id, ad_id, category_id, kind) ",
+                            "INSERT OR FAIL INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind) ",
                         );
-                        query.push_values(chunk, |mut b, &r| {
-                            b.push_bind(r.at_us)
+                        query.push_values(chunk, |mut b, &(id, r)| {
+                            b.push_bind(id)
+                                .push_bind(r.at_us)
                                 .push_bind(r.viewer.as_ref().map(Viewer::as_str))
                                 .push_bind(signed(r.user.get()))
                                 .push_bind(signed(r.ad.get()))
@@ -166,6 +176,7 @@ impl RevealStore {
                         });
                         query.build().execute(&mut *tx).await?;
                     }
+                    viewer_runs::write(&mut tx, &viewer_runs::runs_of(&by_viewer)).await?;
                     for chunk in sqlite_chunks(&counts) {
                         let mut query = QueryBuilder::<Sqlite>::new(
                             "INSERT OR FAIL INTO ad_reveal_counts (ad_id, kind, n) ",
@@ -196,6 +207,19 @@ impl RevealStore {
         &self,
         query: &RevealQuery,
     ) -> Result<Vec<StoredReveal>, RevealStoreError> {
+        if let (Backend::Sqlite(pool), RevealsOf::Viewer(viewer)) = (&self.backend, &query.of) {
+            let rows = self
+                .backend
+                .read("read_reveals", async {
+                    // One snapshot: runs and their rows as of one commit.
+                    let mut tx = pool.begin().await?;
+                    let rows = viewer_runs::read_page(&mut tx, viewer.as_str(), query).await?;
+                    tx.commit().await?;
+                    Ok::<_, StoreError>(rows)
+                })
+                .await?;
+            return Ok(rows.into_iter().filter_map(stored).collect());
+        }
         let (column, key) = match &query.of {
             RevealsOf::Seller(user) => ("user_id", Key::Int(signed(user.get()))),
             RevealsOf::Viewer(viewer) => ("viewer", Key::Text(viewer.as_str().to_owned())),
@@ -301,7 +325,8 @@ impl RevealStore {
                     Backend::Sqlite(pool) => {
                         // The oldest ids, of them those past the cutoff: ids grow
                         // with time (written in flush order), so no index on
-                        // at_us is kept (migrations/sqlite/0006). A row whose
+                        // at_us is kept (migrations/sqlite/0006); the
+                        // viewers' runs go with their reveals (0007). A row whose
                         // at_us is past the cutoff but behind a younger one (a
                         // wall clock stepped back) goes once that one does: late
                         // by the step, never early. Julian days to microseconds
@@ -321,6 +346,7 @@ impl RevealStore {
                         .execute(&mut *tx)
                         .await?
                         .rows_affected();
+                        viewer_runs::prune(&mut tx, batch).await?;
                         tx.commit().await?;
                         deleted
                     }
@@ -337,10 +363,10 @@ enum Key {
 }
 
 /// The batch ordered by viewer (those without one first), each viewer's
-/// reveals in the order they came: SQLite then inserts the viewer index's
-/// entries in key order, one leaf page after another, rather than scattered
-/// over the index. Ids still grow from one flush to the next, so the log's
-/// order in time holds for retention within one flush interval.
+/// reveals in the order they came: each viewer's reveals of a flush are then
+/// one run of ids (see [`viewer_runs`]). Ids still grow from one flush to the
+/// next, so the log's order in time holds for retention within one flush
+/// interval.
 fn in_viewer_order(reveals: &[Reveal]) -> Vec<&Reveal> {
     let mut ordered: Vec<&Reveal> = reveals.iter().collect();
     // Stable: each viewer's reveals keep their order.
