@@ -20,6 +20,11 @@ the log's cost on PostgreSQL on a throwaway cluster (or REVEALS_DATABASE_URL).
     benches/load/harness.py --cold | --refresh-ahead | --cold-replica   (one scenario, printed)
     benches/load/harness.py --reveals-cost [--postgres]   (the log's cost alone, printed)
 
+With GO_SEED_BIN set to a build of the Go design this project replaces
+(../shared/go-seed: `go build -o target/go-seed .` there), the hit and cold
+paths measure it too, in the same rounds, on ports of its own; nothing else
+needs it. CARGO_TARGET_DIR, when set, is where the release build is looked for.
+
 Beside wrk and oha, two load tools of the project's own (examples/): bare_client,
 the cold path's limit (the gateway's upstream call with nothing around it), and
 openload, an open-model generator with a Zipf key mix that reports per second
