@@ -2,11 +2,6 @@
 -- ad_id 10..19, category 1, the key space of harness.py's soak, so the soak
 -- that follows measures a filled cache, not the fill's queue.
 local counter = 0
-local thread_id = 0
-function setup(thread)
-  thread:set("thread_id", thread_id)
-  thread_id = thread_id + 1
-end
 function request()
   local k = counter
   counter = counter + 1

@@ -355,7 +355,6 @@ def cold_path(db, seconds, rounds):
     the median of each is the figure. Real only: one upstream call; anonymous
     category: the anonymous and real calls."""
     sim = simulator(latency_ms=0)
-    base = f"http://127.0.0.1:{GW}"
     runs = {"bare hyper-util client, per call": [], "bare reqwest client, per call": [],
             "miss, real only (1 call)": [], "miss, anonymous category (2 calls)": []}
     if GO_SEED:

@@ -63,10 +63,7 @@ mod tests {
     /// calls recent: rows of 1 and 29 days stay, rows of 31 and 400 days go.
     #[tokio::test]
     async fn a_replica_clock_far_ahead_deletes_nothing_recent() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/retention.db", dir.path().display());
-        let database = crate::store::Database::connect(&url, 2).await.unwrap();
-        database.migrate().await.unwrap();
+        let (_dir, database) = crate::store::Database::scratch().await;
         let store = database.reveals();
         // The machine's clock, which is also the database's.
         let now = crate::reveals::now_us();

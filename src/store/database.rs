@@ -102,6 +102,17 @@ pub struct Database {
 }
 
 impl Database {
+    /// A migrated SQLite database in a fresh directory, for unit tests; the
+    /// directory goes when the returned guard is dropped.
+    #[cfg(test)]
+    pub(crate) async fn scratch() -> (tempfile::TempDir, Database) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let url = format!("sqlite://{}/scratch.db", dir.path().display());
+        let database = Database::connect(&url, 2).await.expect("a SQLite file");
+        database.migrate().await.expect("the migrations");
+        (dir, database)
+    }
+
     /// Opens a pool. SQLite creates the file (and its directory) now; PostgreSQL
     /// connects lazily, so a database that is down at start delays readiness
     /// instead of failing the start.

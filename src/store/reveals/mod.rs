@@ -462,10 +462,7 @@ mod tests {
     /// viewer, and a cursor walks them without a gap or a repeat.
     #[tokio::test]
     async fn a_flush_in_viewer_order_still_pages_newest_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/order.db", dir.path().display());
-        let database = crate::store::Database::connect(&url, 2).await.unwrap();
-        database.migrate().await.unwrap();
+        let (_dir, database) = crate::store::Database::scratch().await;
         let store = database.reveals();
         // Twelve reveals a microsecond apart, viewers c, b, a, none, c, b, ...
         let viewers = [Some("c"), Some("b"), Some("a"), None];
@@ -491,10 +488,7 @@ mod tests {
     /// row and counts each exactly, in one transaction.
     #[tokio::test]
     async fn a_flush_of_many_chunks_writes_and_counts_every_reveal() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/chunks.db", dir.path().display());
-        let database = crate::store::Database::connect(&url, 2).await.unwrap();
-        database.migrate().await.unwrap();
+        let (_dir, database) = crate::store::Database::scratch().await;
         let store = database.reveals();
         let batch: Vec<Reveal> = (0..10_000u64)
             .map(|n| reveal(1 + n % 3, Source::Real, Some("v")))

@@ -192,10 +192,7 @@ mod tests {
     /// overlap in time and ties fall to the id.
     #[tokio::test]
     async fn pages_through_runs_are_those_of_a_scan_of_every_row() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/runs.db", dir.path().display());
-        let database = crate::store::Database::connect(&url, 2).await.unwrap();
-        database.migrate().await.unwrap();
+        let (_dir, database) = crate::store::Database::scratch().await;
         let store = database.reveals();
         let mut seed: u64 = 7;
         let mut next = move |n: u64| {
@@ -244,10 +241,7 @@ mod tests {
     /// Retention takes the runs whose reveals are all gone, and only those.
     #[tokio::test]
     async fn retention_deletes_the_runs_of_deleted_reveals() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/prune.db", dir.path().display());
-        let database = crate::store::Database::connect(&url, 2).await.unwrap();
-        database.migrate().await.unwrap();
+        let (_dir, database) = crate::store::Database::scratch().await;
         let store = database.reveals();
         for _ in 0..3 {
             let batch: Vec<Reveal> = ["a", "a", "b", "c", "c", "c"]

@@ -324,8 +324,6 @@ impl RandomPool {
             self.used = 0;
         }
         out.copy_from_slice(&self.bytes[self.used..self.used + out.len()]);
-        // Handed out bytes are not kept: nothing later can read them back.
-        self.bytes[self.used..self.used + out.len()].fill(0);
         self.used += out.len();
         true
     }
