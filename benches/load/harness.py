@@ -63,6 +63,19 @@ def run(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
 
 
+def thread_cpu_seconds(pid):
+    """CPU seconds by thread name: the tokio workers, SQLite's connection threads."""
+    by_name = {}
+    for task in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            name = open(f"{task}/comm").read().strip()
+            fields = open(f"{task}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        by_name[name] = by_name.get(name, 0) + (int(fields[11]) + int(fields[12])) / TICK
+    return by_name
+
+
 def cpu_seconds(pid):
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
@@ -517,6 +530,15 @@ def soak_run(db_dir, rate, seconds, extra_env, quick):
     fill = wrk(base, 12 if not quick else 6, 256, "fill.lua")
     if fill["requests"] < 90_000:
         print(f"warning: the soak's fill walked {fill['requests']} of 90,000 keys", file=sys.stderr)
+    # The fill's own reveals (a million or so at wrk's maximum) written before
+    # the soak starts: otherwise the soak's first seconds measure the log
+    # catching up with the fill, not the log at the soak's rate.
+    drained = time.time() + 120
+    while time.time() < drained and metric(ADMIN, "phones_gateway_reveals_buffered") > 0:
+        time.sleep(0.5)
+    backlog = metric(ADMIN, "phones_gateway_reveals_buffered")
+    if backlog > 0:
+        print(f"warning: {backlog:.0f} of the fill's reveals still unwritten as the soak starts", file=sys.stderr)
     soak = subprocess.Popen(["taskset", "-c", "1", "oha", "-z", f"{seconds}s", "-q", str(rate), "-c", "64",
                              "--latency-correction", "--no-tui", "--output-format", "json", "-H", VIEWER_HEADER,
                              "--rand-regex-url",
@@ -524,15 +546,17 @@ def soak_run(db_dir, rate, seconds, extra_env, quick):
                             stdout=subprocess.PIPE, text=True)
     samples = []
     start = time.time()
+    threads_before = thread_cpu_seconds(gw.pid)
     while soak.poll() is None:
         samples.append((round(time.time() - start), rss_mib(gw.pid)))
         time.sleep(10 if not quick else 3)
     data = json.loads(soak.stdout.read())
+    threads = {k: v - threads_before.get(k, 0) for k, v in thread_cpu_seconds(gw.pid).items()}
     # Past the last flush: what was recorded is written or still buffered.
     time.sleep(1.5)
     counters = {k: metric(ADMIN, f"phones_gateway_reveals_{k}_total") for k in ("recorded", "written", "dropped")}
     gw.stop(); sim.stop()
-    return {"samples": samples, "data": data, "reveals": counters}
+    return {"samples": samples, "data": data, "reveals": counters, "threads": threads}
 
 
 def main():
@@ -555,6 +579,8 @@ def main():
                         help="only the refresh-ahead Zipf runs, printed")
     parser.add_argument("--cold-replica", action="store_true",
                         help="only the cold replica's first seconds, printed and plotted")
+    parser.add_argument("--soak-only", action="store_true",
+                        help="only the soak, log on then off, at --rate for --soak seconds, printed")
     parser.add_argument("--rate", type=int, default=64000,
                         help="the open-model rate of --refresh-ahead and --cold-replica alone "
                              "(a full run uses half the measured hit-path maximum)")
@@ -563,7 +589,7 @@ def main():
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.soak = 3, 30
-    alone = args.reveals_cost or args.cold or args.refresh_ahead or args.cold_replica
+    alone = args.reveals_cost or args.cold or args.refresh_ahead or args.cold_replica or args.soak_only
     for tool in ("wrk", "taskset") if alone else ("wrk", "oha", "taskset"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is missing (apt-get install -y wrk; cargo install oha --locked)")
@@ -605,6 +631,14 @@ def main():
                 print(name)
                 for row in r["per_second"]:
                     print("   ", json.dumps(row))
+            return
+        if args.soak_only:
+            for name, env in (("log on", {}), ("log off", REVEALS_OFF)):
+                r = soak_run(os.path.join(db, f"soak-{name}"), args.rate, args.soak, env, args.quick)
+                p = r["data"]["latencyPercentiles"]
+                print(f"{name}: p50 {p['p50'] * 1000:.2f} ms, p99 {p['p99'] * 1000:.2f} ms, "
+                      f"p99.9 {p['p99.9'] * 1000:.2f} ms; RSS {[round(m) for _, m in r['samples']]}; {r['reveals']}; "
+                      f"CPU s by thread {({k: round(v, 1) for k, v in r['threads'].items() if v})}")
             return
         hello_url = f"http://127.0.0.1:{HELLO_PORT}/"
         hello = Server([HELLO, f"127.0.0.1:{HELLO_PORT}", "1"], ready=hello_url)
