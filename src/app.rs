@@ -289,7 +289,7 @@ impl App {
                     () = ready.cancelled() => {}
                     () = stop.cancelled() => {}
                 }
-                crate::reveals::flush::run(reveals, store, interval, stop).await;
+                crate::reveals::flush::run_apart(reveals, store, interval, stop).await;
             });
             background.spawn(after(
                 &loaded,

@@ -2,6 +2,16 @@
 //! (cgroup), not the host's core count, is what the process may use; running more
 //! workers than the quota allows gets the process throttled (the original
 //! service lost a night to that). `runtime.worker_threads` overrides.
+//!
+//! And the priority of background threads: work that may trail the requests
+//! (the reveal log's flush and its SQLite writer) runs at nice
+//! [`BACKGROUND_NICE`], so that a burst of it does not take the core from the
+//! workers (issue 24: a flush at the default priority got half of the core for
+//! its length, and requests queued behind it). Nice 5 weighs about a third of
+//! nice 0: when both want the core the background thread still gets a quarter,
+//! and all of it when the workers are idle, so a saturated core slows the
+//! background work but does not starve it. Linux keeps a nice value per thread;
+//! elsewhere this does nothing.
 
 use std::path::Path;
 
@@ -27,6 +37,25 @@ fn cgroup_cpus(root: &Path) -> Option<usize> {
     let quota = std::fs::read_to_string(root.join("cpu/cpu.cfs_quota_us")).ok()?;
     let period = std::fs::read_to_string(root.join("cpu/cpu.cfs_period_us")).ok()?;
     quota_cpus(&format!("{} {}", quota.trim(), period.trim()))
+}
+
+/// The nice value of background threads (see the module doc).
+pub const BACKGROUND_NICE: i32 = 5;
+
+/// Lowers the calling thread to [`BACKGROUND_NICE`].
+pub fn lower_this_thread() {
+    #[cfg(target_os = "linux")]
+    lower_thread(rustix::thread::gettid());
+}
+
+/// Lowers the thread `tid` of this process to [`BACKGROUND_NICE`]. Best effort:
+/// a failure is logged and the thread keeps its priority.
+#[cfg(target_os = "linux")]
+pub fn lower_thread(tid: rustix::process::Pid) {
+    // PRIO_PROCESS with a thread's id sets that thread's nice value on Linux.
+    if let Err(error) = rustix::process::setpriority_process(Some(tid), BACKGROUND_NICE) {
+        tracing::warn!(%error, "cannot lower a background thread's priority");
+    }
 }
 
 /// Parses "<quota> <period>" ("max" or a negative quota: no limit).

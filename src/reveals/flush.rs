@@ -1,5 +1,10 @@
 //! The flush task: every `reveals.flush_interval_ms`, everything recorded since
 //! the last write goes to the database in one transaction with its per-ad counts.
+//!
+//! On SQLite it runs on a thread of its own ([`run_apart`]) at background priority (see
+//! [`crate::runtime`]): a flush of a second's reveals at half the hit path's
+//! maximum is tens of milliseconds of draining, sorting and binding before
+//! SQLite's own work, and on a tokio worker every request waited for it.
 
 use std::time::Duration;
 
@@ -11,6 +16,54 @@ use crate::store::RevealStore;
 
 /// How long the last flush at shutdown keeps trying a failing database.
 const FINAL_FLUSH_FOR: Duration = Duration::from_secs(5);
+
+/// [`run`] on a thread of its own, at background priority, on a current-thread
+/// runtime; returns when it does. If the thread cannot be started, [`run`]
+/// runs here instead.
+///
+/// SQLite only: its connections are threads of sqlx's, which any runtime may
+/// call. PostgreSQL's are sockets registered with the reactor of the runtime
+/// that opened them, and the pool is shared with the request path, so there
+/// the flush stays on the workers (the database's work is in its own process).
+pub async fn run_apart(
+    reveals: Reveals,
+    store: RevealStore,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    if !store.is_embedded() {
+        return run(reveals, store, interval, stop).await;
+    }
+    let (done, finished) = tokio::sync::oneshot::channel::<()>();
+    let (r, s, t) = (reveals.clone(), store.clone(), stop.clone());
+    let spawned = std::thread::Builder::new()
+        .name("reveal-flush".to_owned())
+        .spawn(move || {
+            crate::runtime::lower_this_thread();
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(run(r, s, interval, t)),
+                Err(error) => {
+                    tracing::error!(%error, "reveals: cannot start the flush thread's runtime");
+                }
+            }
+            // Dropped unsent if `run` panicked: the receiver hears that too.
+            let _ = done.send(());
+        });
+    match spawned {
+        Ok(_) => {
+            if finished.await.is_err() {
+                tracing::error!("reveals: the flush thread panicked; unwritten reveals are lost");
+            }
+        }
+        Err(error) => {
+            tracing::error!(%error, "reveals: cannot start the flush thread; flushing on a worker");
+            run(reveals, store, interval, stop).await;
+        }
+    }
+}
 
 /// Flushes every `interval` until `stop` is cancelled, then flushes what is left
 /// (trying for a few seconds if the database fails) and returns.

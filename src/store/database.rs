@@ -445,7 +445,8 @@ pub(super) const SQLITE_LOG_CHECKPOINT_PAGES: u32 = 8_000;
 /// The reveal log's writer on SQLite: one connection of its own, held open, so
 /// that its page cache ([`SQLITE_LOG_CACHE_KIB`]) stays warm from one flush to
 /// the next instead of being spread over (and evicted from) the status set's
-/// pool. Same file, same durability as [`connect_sqlite`] (`synchronous =
+/// pool. Its thread yields the core to requests (see [`super::priority`]).
+/// Same file, same durability as [`connect_sqlite`] (`synchronous =
 /// FULL`: a flush acknowledged is on disk; measured, `NORMAL` saved nothing
 /// at one commit a second). The flush and retention write on it; the reveal
 /// routes read on the shared pool. Connects lazily: [`connect_sqlite`] has
@@ -459,12 +460,20 @@ fn connect_sqlite_log_writer(url: &str, lock: Duration) -> Result<sqlx::SqlitePo
         .pragma(
             "wal_autocheckpoint",
             SQLITE_LOG_CHECKPOINT_PAGES.to_string(),
-        );
+        )
+        .thread_name(super::priority::writer_thread_name);
     Ok(SqlitePoolOptions::new()
         .max_connections(1)
         .idle_timeout(None)
         .max_lifetime(None)
         .acquire_timeout(ACQUIRE_TIMEOUT)
+        // Each time the connection (and so its thread) is new.
+        .after_connect(|_, _| {
+            Box::pin(async {
+                super::priority::lower_writer_threads();
+                Ok(())
+            })
+        })
         .connect_lazy_with(options))
 }
 

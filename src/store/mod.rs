@@ -63,6 +63,7 @@ macro_rules! on_connection {
 
 mod budgets;
 mod database;
+mod priority;
 mod reveals;
 mod signals;
 mod status;

@@ -634,3 +634,64 @@ async fn retention_on_postgres_cuts_by_the_database_clock() {
     };
     assert_eq!(left, [(1,), (29,)]);
 }
+
+/// The nice value of each thread of process `pid` whose name starts with one
+/// of `names`, by name.
+#[cfg(target_os = "linux")]
+fn nice_of_threads(pid: u32, names: &[&str]) -> Vec<(String, i32)> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let Ok(name) = std::fs::read_to_string(task.path().join("comm")) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let name = name.trim().to_owned();
+        if names.iter().any(|n| name.starts_with(n)) {
+            // Fields after the name's closing parenthesis: state is the 3rd
+            // field of stat, nice the 19th.
+            let after = stat.rsplit_once(')').unwrap().1;
+            let nice: i32 = after.split_whitespace().nth(16).unwrap().parse().unwrap();
+            found.push((name, nice));
+        }
+    }
+    found
+}
+
+/// The flush and the log's SQLite writer yield the core to requests (issue 24):
+/// both threads run at the background nice value, the writer also when its
+/// connection is opened by retention rather than by a flush.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn the_flush_and_its_sqlite_writer_run_at_background_priority() {
+    use crate::support::child::Process;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let process = Process::start_with(&url, &[("REVEALS__FLUSH_INTERVAL_MS", "50")]).await;
+    let pid = process.child.id();
+    let want = phones_gateway::runtime::BACKGROUND_NICE;
+    // The writer's thread is named when sqlx starts it and lowered once its
+    // connection is open, a moment later: wait for both.
+    eventually(
+        &format!("the flush and writer threads at nice {want}"),
+        Duration::from_secs(10),
+        || {
+            let seen = nice_of_threads(pid, &["reveal-flush", "reveal-writer"]);
+            let found = seen.iter().any(|(n, _)| n == "reveal-flush")
+                && seen.iter().any(|(n, _)| n.starts_with("reveal-writer"))
+                && seen.iter().all(|(_, nice)| *nice == want);
+            async move { found }
+        },
+    )
+    .await;
+    // The request workers keep the default.
+    let workers = nice_of_threads(pid, &["tokio-rt-worker"]);
+    assert!(
+        !workers.is_empty() && workers.iter().all(|(_, nice)| *nice == 0),
+        "{workers:?}"
+    );
+}

@@ -102,6 +102,12 @@ impl RevealStore {
         }
     }
 
+    /// Whether the log is written in this process (SQLite, on connection
+    /// threads of its own) rather than by a database server over sockets.
+    pub fn is_embedded(&self) -> bool {
+        matches!(self.backend, Backend::Sqlite(_))
+    }
+
     /// The SQLite pool the log is written on: its own writer when it has one.
     fn sqlite_writer<'a>(&'a self, shared: &'a sqlx::SqlitePool) -> &'a sqlx::SqlitePool {
         self.sqlite_writer.as_ref().unwrap_or(shared)
@@ -364,19 +370,24 @@ enum Key {
     Text(String),
 }
 
-/// The batch ordered by viewer (those without one first), each viewer's
-/// reveals in the order they came: each viewer's reveals of a flush are then
-/// one run of ids (see [`viewer_runs`]). Ids still grow from one flush to the
+/// The batch ordered by viewer (those without one first), then by seller and
+/// time: each viewer's reveals of a flush are then one run of ids (see
+/// [`viewer_runs`]). Ids still grow from one flush to the
 /// next, so the log's order in time holds for retention within one flush
 /// interval.
 fn in_viewer_order(reveals: &[Reveal]) -> Vec<&Reveal> {
     let mut ordered: Vec<&Reveal> = reveals.iter().collect();
-    // Stable: each viewer's reveals keep their order.
-    ordered.sort_by(|a, b| {
-        a.viewer
-            .as_ref()
-            .map(Viewer::as_str)
-            .cmp(&b.viewer.as_ref().map(Viewer::as_str))
+    // Within a viewer, by seller: the seller index (`reveals_user`) then takes
+    // its entries in key order, each insert next to the last one's leaf rather
+    // than a random one (a flush of many sellers was mostly b-tree descents
+    // and page fetches in the writer's profile, issue 24). Nothing reads ids
+    // as arrival order: pages order by `at_us`, and a run by its range.
+    ordered.sort_unstable_by(|a, b| {
+        (a.viewer.as_ref().map(Viewer::as_str), a.user, a.at_us).cmp(&(
+            b.viewer.as_ref().map(Viewer::as_str),
+            b.user,
+            b.at_us,
+        ))
     });
     ordered
 }

@@ -47,6 +47,11 @@ impl Spawned {
         }
     }
 
+    /// The child's process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The values of `fields` in the first line logged with `message` (JSON or
     /// text format), waiting up to `limit`.
     pub async fn logged(&self, message: &str, fields: &[&str], limit: Duration) -> Vec<String> {
