@@ -63,22 +63,27 @@ def run(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
 
 
+def stat_cpu_seconds(stat_path):
+    """User plus system CPU seconds of a /proc stat file (a process's or a thread's)."""
+    fields = open(stat_path).read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def cpu_seconds(pid):
+    return stat_cpu_seconds(f"/proc/{pid}/stat")
+
+
 def thread_cpu_seconds(pid):
     """CPU seconds by thread name: the tokio workers, SQLite's connection threads."""
     by_name = {}
     for task in glob.glob(f"/proc/{pid}/task/*"):
         try:
             name = open(f"{task}/comm").read().strip()
-            fields = open(f"{task}/stat").read().rsplit(")", 1)[1].split()
+            seconds = stat_cpu_seconds(f"{task}/stat")
         except OSError:
             continue
-        by_name[name] = by_name.get(name, 0) + (int(fields[11]) + int(fields[12])) / TICK
+        by_name[name] = by_name.get(name, 0) + seconds
     return by_name
-
-
-def cpu_seconds(pid):
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def rss_mib(pid):

@@ -18,8 +18,8 @@ use crate::store::RevealStore;
 const FINAL_FLUSH_FOR: Duration = Duration::from_secs(5);
 
 /// [`run`] on a thread of its own, at background priority, on a current-thread
-/// runtime; returns when it does. If the thread cannot be started, [`run`]
-/// runs here instead.
+/// runtime; returns when it does. If the runtime or the thread cannot be
+/// made, [`run`] runs here instead.
 ///
 /// SQLite only: its connections are threads of sqlx's, which any runtime may
 /// call. PostgreSQL's are sockets registered with the reactor of the runtime
@@ -36,21 +36,20 @@ pub async fn run_apart(
     }
     let (done, finished) = tokio::sync::oneshot::channel::<()>();
     let (r, s, t) = (reveals.clone(), store.clone(), stop.clone());
-    let spawned = std::thread::Builder::new()
-        .name("reveal-flush".to_owned())
-        .spawn(move || {
-            crate::runtime::lower_this_thread();
-            match tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-            {
-                Ok(runtime) => runtime.block_on(run(r, s, interval, t)),
-                Err(error) => {
-                    tracing::error!(%error, "reveals: cannot start the flush thread's runtime");
-                }
-            }
-            // Dropped unsent if `run` panicked: the receiver hears that too.
-            let _ = done.send(());
+    // Built here, so that a runtime or a thread that cannot be made leaves the
+    // flush on this one rather than on none.
+    let spawned = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .and_then(|runtime| {
+            std::thread::Builder::new()
+                .name("reveal-flush".to_owned())
+                .spawn(move || {
+                    crate::runtime::lower_this_thread();
+                    runtime.block_on(run(r, s, interval, t));
+                    // Dropped unsent if `run` panicked: the receiver hears that too.
+                    let _ = done.send(());
+                })
         });
     match spawned {
         Ok(_) => {

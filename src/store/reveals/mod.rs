@@ -549,4 +549,42 @@ mod tests {
             "1700000000000000\ta\\\\b\t42\t1\t9\treal\n1700000000000000\t\\N\t42\t2\t9\tanonymous\n"
         );
     }
+
+    /// Migration 0008 rebuilds the per-ad counts `WITHOUT ROWID`: counts a
+    /// replica wrote before it are all there after it, and the table has no
+    /// rowid any more.
+    #[tokio::test]
+    async fn the_counts_survive_their_rebuild_without_rowid() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/old.db?mode=rwc", dir.path().display());
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        let migrations = sqlx::migrate!("migrations/sqlite");
+        for migration in migrations.iter().filter(|m| m.version < 8) {
+            sqlx::raw_sql(&migration.sql).execute(&pool).await.unwrap();
+        }
+        sqlx::raw_sql(
+            "INSERT INTO ad_reveal_counts (ad_id, kind, n) \
+             VALUES (7, 'real', 3), (7, 'anonymous', 1), (9, 'calltracking', 12)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let rebuild = migrations.iter().find(|m| m.version == 8).unwrap();
+        sqlx::raw_sql(&rebuild.sql).execute(&pool).await.unwrap();
+        let counts: Vec<(i64, String, i64)> =
+            sqlx::query_as("SELECT ad_id, kind, n FROM ad_reveal_counts ORDER BY ad_id, kind")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        let expected = [(7, "anonymous", 1), (7, "real", 3), (9, "calltracking", 12)];
+        let expected: Vec<(i64, String, i64)> = expected
+            .into_iter()
+            .map(|(ad, kind, n)| (ad, kind.to_owned(), n))
+            .collect();
+        assert_eq!(counts, expected);
+        let rowid = sqlx::query("SELECT rowid FROM ad_reveal_counts")
+            .fetch_all(&pool)
+            .await;
+        assert!(rowid.is_err(), "the table still has a rowid");
+    }
 }
