@@ -1,5 +1,6 @@
 //! The cold path's limit on this machine: a bare HTTP client of the library stack
-//! the gateway uses, making the gateway's real-number call (a GET of
+//! the gateway uses (hyper's HTTP/1.1 connection API; here each task keeps one
+//! connection of its own, so there is no pool at all), making the gateway's real-number call (a GET of
 //! `/v1/users/{id}/phone?ad_id={id}`, every call a new seller, the body read and
 //! decoded) against the same simulator, on one worker thread. The load harness
 //! runs it pinned to the gateway's core and divides the process's CPU time by the
@@ -17,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
 
 #[derive(serde::Deserialize)]
 struct PhoneBody {
@@ -42,34 +43,59 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?
         .block_on(async {
             let end = Instant::now() + Duration::from_secs(seconds);
-            let hyper_client = Client::builder(TokioExecutor::new())
-                .pool_max_idle_per_host(512)
-                .build_http::<Empty<Bytes>>();
+            let authority = base
+                .strip_prefix("http://")
+                .unwrap_or(&base)
+                .trim_end_matches('/')
+                .to_owned();
             let reqwest_client = reqwest::Client::new();
             let mut tasks = Vec::new();
             for task in 0..concurrency {
                 let (base, calls, failed) = (base.clone(), calls.clone(), failed.clone());
-                let (hyper_client, reqwest_client) = (hyper_client.clone(), reqwest_client.clone());
+                let (authority, reqwest_client) = (authority.clone(), reqwest_client.clone());
                 let stack = stack.clone();
                 tasks.push(tokio::spawn(async move {
+                    let mut sender = None;
+                    if stack != "reqwest" {
+                        let stream = tokio::net::TcpStream::connect(&authority)
+                            .await
+                            .expect("connects");
+                        stream.set_nodelay(true).expect("no Nagle");
+                        let (s, connection) =
+                            http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
+                                .await
+                                .expect("a handshake");
+                        tokio::spawn(connection);
+                        sender = Some(s);
+                    }
                     let mut n = task * 100_000_000;
                     while Instant::now() < end {
                         n += 1;
-                        let url = format!("{base}/v1/users/{n}/phone?ad_id={n}");
                         let body = if stack == "reqwest" {
+                            let url = format!("{base}/v1/users/{n}/phone?ad_id={n}");
                             match reqwest_client.get(&url).send().await {
                                 Ok(response) => response.bytes().await.ok(),
                                 Err(_) => None,
                             }
                         } else {
-                            match hyper_client.get(url.parse().expect("a valid URL")).await {
-                                Ok(response) => response
+                            let sender = sender.as_mut().expect("made above");
+                            let request =
+                                hyper::Request::get(format!("/v1/users/{n}/phone?ad_id={n}"))
+                                    .header(hyper::header::HOST, &authority)
+                                    .body(Empty::new())
+                                    .expect("a valid request");
+                            let response = match sender.ready().await {
+                                Ok(()) => sender.send_request(request).await.ok(),
+                                Err(_) => None,
+                            };
+                            match response {
+                                Some(response) => response
                                     .into_body()
                                     .collect()
                                     .await
                                     .ok()
                                     .map(|b| b.to_bytes()),
-                                Err(_) => None,
+                                None => None,
                             }
                         };
                         // One seller in fifty has no phone (404): an answer all the same.

@@ -373,7 +373,7 @@ def cold_path(db, seconds, rounds):
     the median of each is the figure. Real only: one upstream call; anonymous
     category: the anonymous and real calls."""
     sim = simulator(latency_ms=0)
-    runs = {"bare hyper-util client, per call": [], "bare reqwest client, per call": [],
+    runs = {"bare hyper client, per call": [], "bare reqwest client, per call": [],
             "miss, real only (1 call)": [], "miss, anonymous category (2 calls)": []}
     if GO_SEED:
         runs["the Go design: miss, real only (1 call)"] = []
@@ -382,7 +382,7 @@ def cold_path(db, seconds, rounds):
     if GO_SEED:
         servers.append(("the Go design: ", lambda r: go_seed(os.path.join(db, f"cold-go-{r}")), GO_PORT))
     for r in range(rounds):
-        runs["bare hyper-util client, per call"].append(bare_client(seconds)["cpu_us_per_call"])
+        runs["bare hyper client, per call"].append(bare_client(seconds)["cpu_us_per_call"])
         runs["bare reqwest client, per call"].append(bare_client(seconds, "reqwest")["cpu_us_per_call"])
         # The gateway and the Go design back to back, each on keys of its own.
         for n, (prefix, start, port) in enumerate(servers):
@@ -404,7 +404,7 @@ def cold_path(db, seconds, rounds):
     lines += [f"| {k} | {figures[k]:.2f} | {', '.join(f'{x:.2f}' for x in v)} |" for k, v in runs.items()]
     second_call = figures["miss, anonymous category (2 calls)"] - figures["miss, real only (1 call)"]
     lines += ["", f"The second upstream call of a request costs {second_call:.2f} us "
-              f"(anonymous category minus real only); the bare client's call {figures['bare hyper-util client, per call']:.2f} us."]
+              f"(anonymous category minus real only); the bare client's call {figures['bare hyper client, per call']:.2f} us."]
     if GO_SEED:
         # Per round, the Go design's CPU over the gateway's: the rounds are pairs.
         for kind in ("miss, real only (1 call)", "miss, anonymous category (2 calls)"):
@@ -817,7 +817,7 @@ def main():
               f"| soak p99 vs the same soak with the reveal log off | <= 1.5x | {soak_p99['log on'] / soak_p99['log off']:.2f}x ({soak_p99['log on']:.2f} vs {soak_p99['log off']:.2f} ms) |",
               f"| cold path, miss with one upstream call (real only): server CPU | <= 25 us | {cold_figures['miss, real only (1 call)']:.2f} us |",
               f"| cold path, miss with two upstream calls (anonymous category): server CPU | <= 40 us | {cold_figures['miss, anonymous category (2 calls)']:.2f} us |",
-              f"| cold path, CPU per upstream call (the second call of a request) | <= 15 us | {second_call:.2f} us (the bare client: {cold_figures['bare hyper-util client, per call']:.2f} us) |",
+              f"| cold path, CPU per upstream call (the second call of a request) | <= 15 us | {second_call:.2f} us (the bare client: {cold_figures['bare hyper client, per call']:.2f} us) |",
               *([f"| hit path: the Go design's CPU per request over the gateway's (median of {args.rounds} rounds) | | {go_over_gw:.2f}x (log off: {go_over_off:.2f}x; Go over hello-world: {go_over_hello:.2f}x) |",
                  f"| cold path, miss with one upstream call: the Go design's server CPU over the gateway's | >= 3.0x | {cold_figures['go ratio: miss, real only (1 call)']:.2f}x ({cold_figures['the Go design: miss, real only (1 call)']:.2f} vs {cold_figures['miss, real only (1 call)']:.2f} us) |",
                  f"| cold path, miss with two upstream calls: the Go design's server CPU over the gateway's | >= 3.0x | {cold_figures['go ratio: miss, anonymous category (2 calls)']:.2f}x ({cold_figures['the Go design: miss, anonymous category (2 calls)']:.2f} vs {cold_figures['miss, anonymous category (2 calls)']:.2f} us) |"]

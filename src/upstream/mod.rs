@@ -12,29 +12,28 @@
 //! `server.max_in_flight` admits. A call over the bound is not made: it fails at
 //! once as [`UpstreamError::Saturated`], and the source's `on_error` applies.
 //!
-//! The client is hyper-util's pooled client, used directly rather than through
-//! reqwest: measured on the cold path (`benches/load/harness.py --cold`), reqwest
-//! spent more CPU per call than the whole rest of the call, most of it parsing
-//! each URL with the `url` crate (IDNA host mapping included), its redirect and
-//! timeout layers, and boxing. Here the URI is formatted and parsed once by
-//! `http::Uri`, which needs no host mapping (base URLs are checked to be plain
-//! ASCII `http://` at start), and the guarantees reqwest gave are kept by hand:
-//! pooled keep-alive connections with an idle timeout, no Nagle, one timeout over
-//! connect, head and body, a bounded body, no redirects followed (a 3xx is an
-//! unexpected status, as the contract allows none).
+//! The client is hyper's connection API with a pool per upstream (`pool`), used
+//! directly rather than through reqwest or hyper-util's pooled client: measured
+//! on the cold path (`benches/load/harness.py --cold`), reqwest spent more CPU per
+//! call than the whole rest of the call, most of it parsing each URL with the
+//! `url` crate (IDNA host mapping included), its redirect and timeout layers, and
+//! boxing; hyper-util's pool is costed in `pool`'s doc. Here the URI is
+//! formatted and parsed once by `http::Uri`, in origin form onto the base URL's
+//! path (base URLs are checked to be plain ASCII `http://` at start), and the
+//! guarantees reqwest gave are kept by hand: pooled keep-alive connections with an
+//! idle timeout, no Nagle, one timeout over connect, head and body, a bounded
+//! body, no redirects followed (a 3xx is an unexpected status, as the contract
+//! allows none).
 
 mod breaker;
 mod error;
+mod pool;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper::body::Bytes;
 use hyper::header::{HeaderName, HeaderValue, USER_AGENT};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
@@ -45,6 +44,7 @@ use crate::config::{BreakerConfig, UpstreamConfig, UpstreamsConfig};
 use crate::domain::{AdId, Phone, StatusItem, UserId};
 use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers, upstream_span};
 use breaker::Breaker;
+use pool::Pool;
 
 /// Largest upstream body read; a phone answer is tens of bytes, a status page of
 /// 10,000 items under a megabyte.
@@ -52,14 +52,16 @@ const MAX_BODY_BYTES: usize = 4 << 20;
 /// Below the keep-alive of common upstream servers (60 s and up), so the pool
 /// drops a connection before the server does and never sends on a dead one.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
-/// Idle connections kept per upstream host: enough for thousands of requests a
+/// Idle connections kept per upstream: enough for thousands of requests a
 /// second at tens of milliseconds each.
 const POOL_MAX_IDLE_PER_HOST: usize = 512;
 
 /// One upstream's address and limits.
 struct Endpoint {
     name: UpstreamName,
-    base: String,
+    /// The base URL's path without its trailing `/`; calls go to paths under it.
+    path: String,
+    pool: Pool,
     timeout: Duration,
     breaker: Breaker,
     /// Calls under way, and the most allowed at once.
@@ -116,9 +118,22 @@ impl Endpoint {
         breaker: BreakerConfig,
         max_in_flight: usize,
     ) -> Self {
+        // Checked at start to be an http:// URL naming a host
+        // (`config::validate_base_url`); were it not, every call would fail to
+        // connect to a name that never resolves (RFC 6761 `.invalid`).
+        let base = hyper::Uri::try_from(config.base_url.as_str()).ok();
+        let authority = base
+            .as_ref()
+            .and_then(hyper::Uri::authority)
+            .cloned()
+            .unwrap_or(hyper::http::uri::Authority::from_static("base-url.invalid"));
         Endpoint {
             name,
-            base: config.base_url.trim_end_matches('/').to_owned(),
+            path: base
+                .as_ref()
+                .map_or("", |b| b.path().trim_end_matches('/'))
+                .to_owned(),
+            pool: Pool::new(&authority, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE_PER_HOST),
             timeout: config.timeout,
             breaker: Breaker::new(name.as_str(), breaker),
             in_flight: AtomicUsize::new(0),
@@ -152,7 +167,6 @@ const REQUEST_ID: HeaderName = HeaderName::from_static(crate::telemetry::REQUEST
 
 /// The typed clients of the three upstreams; share it behind an `Arc`.
 pub struct Upstreams {
-    http: Client<HttpConnector, Empty<Bytes>>,
     real_phone: Endpoint,
     anonymous: Endpoint,
     calltracking: Endpoint,
@@ -186,21 +200,11 @@ impl Upstreams {
         breaker: BreakerConfig,
         server_max_in_flight: usize,
     ) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        let http = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
-            // Runs the idle-connection reaper; without a timer idle connections
-            // are only dropped when next checked out.
-            .pool_timer(TokioTimer::new())
-            .build(connector);
         let endpoint = |name, upstream: &UpstreamConfig| {
             let max_in_flight = upstream.max_in_flight_or(server_max_in_flight);
             Endpoint::new(name, upstream, breaker, max_in_flight)
         };
         Upstreams {
-            http,
             real_phone: endpoint(UpstreamName::RealPhone, &upstreams.real_phone),
             anonymous: endpoint(UpstreamName::Anonymous, &upstreams.anonymous),
             calltracking: endpoint(UpstreamName::Calltracking, &upstreams.calltracking.upstream),
@@ -218,7 +222,7 @@ impl Upstreams {
         request_id: Option<&HeaderValue>,
         trace: Option<&TraceContext>,
     ) -> Result<Option<Phone>, UpstreamError> {
-        let url = format!("{}/v1/users/{user}/phone?ad_id={ad}", self.real_phone.base);
+        let url = format!("{}/v1/users/{user}/phone?ad_id={ad}", self.real_phone.path);
         let body: Option<PhoneBody> = self
             .get_json(&self.real_phone, url, request_id, trace)
             .await?;
@@ -238,7 +242,7 @@ impl Upstreams {
     ) -> Result<Option<Phone>, UpstreamError> {
         let url = format!(
             "{}/v1/anonymous-numbers?user_id={user}&ad_id={ad}",
-            self.anonymous.base
+            self.anonymous.path
         );
         let body: Option<PhoneBody> = self
             .get_json(&self.anonymous, url, request_id, trace)
@@ -260,7 +264,7 @@ impl Upstreams {
         // `+` must be escaped in a query; the rest of a normalised phone is digits.
         let url = format!(
             "{}/v1/virtual-numbers?user_id={user}&phone=%2B{}",
-            self.calltracking.base,
+            self.calltracking.path,
             phone.to_u64()
         );
         let body: Option<VirtualPhoneBody> = self
@@ -278,7 +282,7 @@ impl Upstreams {
         cursor: Option<&str>,
         limit: u32,
     ) -> Result<StatusPage, UpstreamError> {
-        let mut url = format!("{}/v1/statuses?limit={limit}", self.calltracking.base);
+        let mut url = format!("{}/v1/statuses?limit={limit}", self.calltracking.path);
         if let Some(cursor) = cursor {
             url.push_str("&after=");
             url.extend(form_urlencoded::byte_serialize(cursor.as_bytes()));
@@ -316,16 +320,25 @@ impl Upstreams {
             if let Some(state) = tracestate {
                 headers.insert(TRACESTATE, state);
             }
-            let response = self.http.request(request).await.map_err(connect_error)?;
-            span.record("http.response.status_code", response.status().as_u16());
-            match response.status().as_u16() {
-                200 => {}
-                404 => return Ok(None),
-                other => return Err(UpstreamError::Status(other)),
+            let mut conn = endpoint.pool.take().await?;
+            let response = conn.send(&endpoint.pool, request).await?;
+            let status = response.status().as_u16();
+            span.record("http.response.status_code", status);
+            if status != 200 && status != 404 {
+                // Its body is not read: the connection is dropped, not reused.
+                return Err(UpstreamError::Status(status));
             }
             let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
                 .collect()
-                .await
+                .await;
+            // Reused only once its answer was read to the end.
+            if body.is_ok() {
+                endpoint.pool.put_back(conn);
+            }
+            if status == 404 {
+                return Ok(None);
+            }
+            let body = body
                 .map_err(|e| {
                     if e.is::<http_body_util::LengthLimitError>() {
                         UpstreamError::Decode("body too large")
@@ -367,19 +380,6 @@ impl Upstreams {
         }
         result
     }
-}
-
-/// hyper-util's error says what failed (connect, send, the connection closed)
-/// and never quotes the URI, which can hold a number.
-fn connect_error(error: hyper_util::client::legacy::Error) -> UpstreamError {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    UpstreamError::Connect(text)
 }
 
 /// What kind of body failed to decode. serde's message quotes the body (a

@@ -1,0 +1,172 @@
+//! Keep-alive HTTP/1.1 connections to one upstream, over hyper's connection API.
+//!
+//! Why not hyper-util's pooled client (`client::legacy`), which this replaced: on
+//! the cold path (`benches/load/harness.py --cold`, callgrind) each of its calls
+//! hashed the pool key (scheme and authority) with SipHash, went through its
+//! checkout machinery for every host it might serve, and, when the answer had a
+//! body, spawned a task that waited for the connection to be ready before putting
+//! it back: an allocation, a task poll and a wake-up per call. A pool per
+//! upstream needs no key, and a connection goes back when its answer has been read
+//! in full, by the call itself; the next call that takes it waits for it to be
+//! ready if the connection's task has not run yet.
+//!
+//! What the legacy client gave is kept: keep-alive (most recently used first, so
+//! the idle rest can age out), an idle timeout, a bound on idle connections, no
+//! Nagle, the `Host` header. A connection is never reused after a call that did
+//! not read its answer to the end (timed out, cancelled, an unexpected status):
+//! it is dropped, which closes it. Idle connections past their timeout are
+//! dropped when a call takes or returns one; an upstream that is not called at all
+//! closes its side after its own keep-alive, and the connection's task then ends.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use http_body_util::Empty;
+use hyper::body::{Bytes, Incoming};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::header::HeaderValue;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::UpstreamError;
+
+type Sender = SendRequest<Empty<Bytes>>;
+
+/// The idle connections to one upstream and how to open another.
+pub(super) struct Pool {
+    /// `host:port` to connect to (port 80 when the base URL names none).
+    address: String,
+    /// The base URL's authority, sent as `Host`.
+    host: HeaderValue,
+    idle: Mutex<VecDeque<Idle>>,
+    idle_timeout: Duration,
+    max_idle: usize,
+}
+
+struct Idle {
+    sender: Sender,
+    since: Instant,
+}
+
+/// A connection taken from the pool for one call. Dropped, it closes; given back
+/// with [`Pool::put_back`] once its answer has been read in full, it is reused.
+pub(super) struct Conn(Sender);
+
+impl Conn {
+    /// Sends `request` (origin-form URI; `Host` is added here).
+    pub(super) async fn send(
+        &mut self,
+        pool: &Pool,
+        mut request: hyper::Request<Empty<Bytes>>,
+    ) -> Result<hyper::Response<Incoming>, UpstreamError> {
+        request
+            .headers_mut()
+            .insert(hyper::header::HOST, pool.host.clone());
+        self.0
+            .send_request(request)
+            .await
+            .map_err(|e| connection_error("the request failed", &e))
+    }
+}
+
+impl Pool {
+    /// A pool for the upstream at `authority` (`host` or `host:port`).
+    pub(super) fn new(
+        authority: &hyper::http::uri::Authority,
+        idle_timeout: Duration,
+        max_idle: usize,
+    ) -> Self {
+        let port = authority.port_u16().unwrap_or(80);
+        Pool {
+            address: format!("{}:{port}", authority.host()),
+            // An authority is a valid header value (visible ASCII).
+            host: HeaderValue::from_str(authority.as_str())
+                .unwrap_or(HeaderValue::from_static("localhost")),
+            idle: Mutex::new(VecDeque::new()),
+            idle_timeout,
+            max_idle,
+        }
+    }
+
+    /// An idle connection that is still open, or a new one.
+    pub(super) async fn take(&self) -> Result<Conn, UpstreamError> {
+        loop {
+            let Some(idle) = self.lock().pop_back() else {
+                return self.connect().await;
+            };
+            if idle.sender.is_closed() || idle.since.elapsed() > self.idle_timeout {
+                continue;
+            }
+            let mut sender = idle.sender;
+            // Not ready only when its task has not yet run since the last answer;
+            // an error means it closed meanwhile.
+            if sender.is_ready() || sender.ready().await.is_ok() {
+                return Ok(Conn(sender));
+            }
+        }
+    }
+
+    /// Gives back a connection whose answer was read in full.
+    pub(super) fn put_back(&self, conn: Conn) {
+        if conn.0.is_closed() {
+            return;
+        }
+        let now = Instant::now();
+        let mut idle = self.lock();
+        while idle
+            .front()
+            .is_some_and(|oldest| now.duration_since(oldest.since) > self.idle_timeout)
+        {
+            idle.pop_front();
+        }
+        if idle.len() < self.max_idle {
+            idle.push_back(Idle {
+                sender: conn.0,
+                since: now,
+            });
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
+        // Nothing panics while holding it (pushes and pops), and a poisoned list
+        // of idle connections is still a list of idle connections.
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn connect(&self) -> Result<Conn, UpstreamError> {
+        let stream = TcpStream::connect(&self.address)
+            .await
+            .map_err(|e| UpstreamError::Connect(format!("could not connect: {e}")))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| UpstreamError::Connect(format!("could not connect: {e}")))?;
+        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| connection_error("the handshake failed", &e))?;
+        // Ends when the connection closes: the sender dropped (not reused, or
+        // aged out) or the upstream hung up.
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "upstream connection ended");
+            }
+        });
+        Ok(Conn(sender))
+    }
+}
+
+/// hyper's error says what failed and never quotes the URI, which can hold a
+/// number.
+fn connection_error(what: &str, error: &hyper::Error) -> UpstreamError {
+    let mut text = format!("{what}: {error}");
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    UpstreamError::Connect(text)
+}
