@@ -8,7 +8,9 @@
 //! it back: an allocation, a task poll and a wake-up per call. A pool per
 //! upstream needs no key, and a connection goes back when its answer has been read
 //! in full, by the call itself; the next call that takes it waits for it to be
-//! ready if the connection's task has not run yet.
+//! ready if the connection's task has not run yet. Measured with callgrind
+//! (README, "Upstreams"): a miss with one upstream call went from 54k-58k to
+//! 42k-44k user-space instructions.
 //!
 //! What the legacy client gave is kept: keep-alive (most recently used first, so
 //! the idle rest can age out), an idle timeout, a bound on idle connections, no
@@ -169,4 +171,111 @@ fn connection_error(what: &str, error: &hyper::Error) -> UpstreamError {
         source = cause.source();
     }
     UpstreamError::Connect(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A keep-alive upstream that answers `GET /fail...` with 500 and anything
+    /// else with 200 `ok`; counts the connections it accepted.
+    async fn upstream() -> (hyper::http::uri::Authority, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = listener.local_addr().unwrap().to_string().parse().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    loop {
+                        let end = loop {
+                            if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break at + 4;
+                            }
+                            match socket.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                            }
+                        };
+                        let fail = buffer.starts_with(b"GET /fail");
+                        buffer.drain(..end);
+                        let status = if fail {
+                            "500 Internal Server Error"
+                        } else {
+                            "200 OK"
+                        };
+                        let reply = format!("HTTP/1.1 {status}\r\ncontent-length: 2\r\n\r\nok");
+                        if socket.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (authority, accepted)
+    }
+
+    /// One call as `get_json` makes it: given back only after a 200 read in full.
+    async fn call(pool: &Pool, path: &str) -> u16 {
+        let mut conn = pool.take().await.unwrap();
+        let request = hyper::Request::get(path).body(Empty::new()).unwrap();
+        let response = conn.send(pool, request).await.unwrap();
+        let status = response.status().as_u16();
+        if status == 200 {
+            response.into_body().collect().await.unwrap();
+            pool.put_back(conn);
+        }
+        status
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_reused_only_after_its_answer_was_read() {
+        let (authority, accepted) = upstream().await;
+        let pool = Pool::new(&authority, Duration::from_secs(20), 4);
+        for _ in 0..3 {
+            assert_eq!(call(&pool, "/ok").await, 200);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "kept alive");
+        assert_eq!(call(&pool, "/fail").await, 500);
+        assert_eq!(call(&pool, "/ok").await, 200);
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "the connection of an unread answer was reused"
+        );
+    }
+
+    #[tokio::test]
+    async fn idle_connections_age_out_and_are_bounded() {
+        let (authority, accepted) = upstream().await;
+        let pool = Pool::new(&authority, Duration::from_millis(50), 2);
+        call(&pool, "/ok").await;
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        call(&pool, "/ok").await;
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "an aged-out connection was taken"
+        );
+
+        let conns = [pool.take().await, pool.take().await, pool.take().await];
+        for conn in conns {
+            pool.put_back(conn.unwrap());
+        }
+        assert_eq!(
+            pool.lock().len(),
+            2,
+            "more idle connections kept than the bound"
+        );
+    }
 }
