@@ -55,19 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let (authority, reqwest_client) = (authority.clone(), reqwest_client.clone());
                 let stack = stack.clone();
                 tasks.push(tokio::spawn(async move {
-                    let mut sender = None;
-                    if stack != "reqwest" {
-                        let stream = tokio::net::TcpStream::connect(&authority)
-                            .await
-                            .expect("connects");
-                        stream.set_nodelay(true).expect("no Nagle");
-                        let (s, connection) =
-                            http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
-                                .await
-                                .expect("a handshake");
-                        tokio::spawn(connection);
-                        sender = Some(s);
-                    }
+                    let mut sender: Option<http1::SendRequest<Empty<Bytes>>> = None;
                     let mut n = task * 100_000_000;
                     while Instant::now() < end {
                         n += 1;
@@ -78,7 +66,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                 Err(_) => None,
                             }
                         } else {
-                            let sender = sender.as_mut().expect("made above");
+                            // A connection of this task's own, (re)made when
+                            // there is none or it closed (the simulator may
+                            // still be starting).
+                            if sender.as_ref().is_none_or(http1::SendRequest::is_closed) {
+                                sender = connect(&authority).await;
+                            }
+                            let Some(sender) = sender.as_mut() else {
+                                failed.fetch_add(1, Ordering::Relaxed);
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                                continue;
+                            };
                             let request =
                                 hyper::Request::get(format!("/v1/users/{n}/phone?ad_id={n}"))
                                     .header(hyper::header::HOST, &authority)
@@ -117,4 +115,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         failed.load(Ordering::Relaxed)
     );
     Ok(())
+}
+
+/// A new HTTP/1.1 connection to `authority`, its task spawned; `None` if the
+/// server cannot be reached.
+async fn connect(authority: &str) -> Option<http1::SendRequest<Empty<Bytes>>> {
+    let stream = tokio::net::TcpStream::connect(authority).await.ok()?;
+    stream.set_nodelay(true).ok()?;
+    let (sender, connection) = http1::handshake(TokioIo::new(stream)).await.ok()?;
+    tokio::spawn(connection);
+    Some(sender)
 }
