@@ -185,7 +185,8 @@ mod tests {
     use super::*;
 
     /// A keep-alive upstream that answers `GET /fail...` with 500 and anything
-    /// else with 200 `ok`; counts the connections it accepted.
+    /// else with 200 `ok`, and hangs up after answering `GET /close...` (without
+    /// saying so); counts the connections it accepted.
     async fn upstream() -> (hyper::http::uri::Authority, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let authority = listener.local_addr().unwrap().to_string().parse().unwrap();
@@ -208,6 +209,7 @@ mod tests {
                             }
                         };
                         let fail = buffer.starts_with(b"GET /fail");
+                        let close = buffer.starts_with(b"GET /close");
                         buffer.drain(..end);
                         let status = if fail {
                             "500 Internal Server Error"
@@ -215,7 +217,7 @@ mod tests {
                             "200 OK"
                         };
                         let reply = format!("HTTP/1.1 {status}\r\ncontent-length: 2\r\n\r\nok");
-                        if socket.write_all(reply.as_bytes()).await.is_err() {
+                        if socket.write_all(reply.as_bytes()).await.is_err() || close {
                             return;
                         }
                     }
@@ -277,5 +279,16 @@ mod tests {
             2,
             "more idle connections kept than the bound"
         );
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_upstream_closed_is_not_taken() {
+        let (authority, accepted) = upstream().await;
+        let pool = Pool::new(&authority, Duration::from_secs(20), 4);
+        for round in 1..=5 {
+            // Each connection is hung up on after its answer: never taken again.
+            assert_eq!(call(&pool, "/close").await, 200, "round {round}");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 5);
     }
 }
