@@ -54,7 +54,7 @@ const MAX_BODY_BYTES: usize = 4 << 20;
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Idle connections kept per upstream: enough for thousands of requests a
 /// second at tens of milliseconds each.
-const POOL_MAX_IDLE_PER_HOST: usize = 512;
+const POOL_MAX_IDLE: usize = 512;
 
 /// One upstream's address and limits.
 struct Endpoint {
@@ -133,7 +133,7 @@ impl Endpoint {
                 .as_ref()
                 .map_or("", |b| b.path().trim_end_matches('/'))
                 .to_owned(),
-            pool: Pool::new(&authority, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE_PER_HOST),
+            pool: Pool::new(&authority, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE),
             timeout: config.timeout,
             breaker: Breaker::new(name.as_str(), breaker),
             in_flight: AtomicUsize::new(0),
@@ -321,7 +321,7 @@ impl Upstreams {
                 headers.insert(TRACESTATE, state);
             }
             let mut conn = endpoint.pool.take().await?;
-            let response = conn.send(&endpoint.pool, request).await?;
+            let response = endpoint.pool.send(&mut conn, request).await?;
             let status = response.status().as_u16();
             span.record("http.response.status_code", status);
             if status != 200 && status != 404 {

@@ -56,23 +56,6 @@ struct Idle {
 /// with [`Pool::put_back`] once its answer has been read in full, it is reused.
 pub(super) struct Conn(Sender);
 
-impl Conn {
-    /// Sends `request` (origin-form URI; `Host` is added here).
-    pub(super) async fn send(
-        &mut self,
-        pool: &Pool,
-        mut request: hyper::Request<Empty<Bytes>>,
-    ) -> Result<hyper::Response<Incoming>, UpstreamError> {
-        request
-            .headers_mut()
-            .insert(hyper::header::HOST, pool.host.clone());
-        self.0
-            .send_request(request)
-            .await
-            .map_err(|e| connection_error("the request failed", &e))
-    }
-}
-
 impl Pool {
     /// A pool for the upstream at `authority` (`host` or `host:port`).
     pub(super) fn new(
@@ -90,6 +73,21 @@ impl Pool {
             idle_timeout,
             max_idle,
         }
+    }
+
+    /// Sends `request` (origin-form URI) on `conn`, with this upstream's `Host`.
+    pub(super) async fn send(
+        &self,
+        conn: &mut Conn,
+        mut request: hyper::Request<Empty<Bytes>>,
+    ) -> Result<hyper::Response<Incoming>, UpstreamError> {
+        request
+            .headers_mut()
+            .insert(hyper::header::HOST, self.host.clone());
+        conn.0
+            .send_request(request)
+            .await
+            .map_err(|e| connection_error("the request failed", &e))
     }
 
     /// An idle connection that is still open, or a new one.
@@ -183,10 +181,13 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
+    use crate::domain::{AdId, UserId};
+    use crate::upstream::Upstreams;
 
-    /// A keep-alive upstream that answers `GET /fail...` with 500 and anything
-    /// else with 200 `ok`, and hangs up after answering `GET /close...` (without
-    /// saying so); counts the connections it accepted.
+    /// A keep-alive upstream, counting the connections it accepted. It answers
+    /// 200 with a phone, except: a path with `/users/404/`, 404 with a body; with
+    /// `/users/500/`, 500; starting `/close`, 200 and then it hangs up without
+    /// saying so.
     async fn upstream() -> (hyper::http::uri::Authority, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let authority = listener.local_addr().unwrap().to_string().parse().unwrap();
@@ -208,15 +209,20 @@ mod tests {
                                 Ok(n) => buffer.extend_from_slice(&chunk[..n]),
                             }
                         };
-                        let fail = buffer.starts_with(b"GET /fail");
-                        let close = buffer.starts_with(b"GET /close");
+                        let line = String::from_utf8_lossy(&buffer[..end]).into_owned();
                         buffer.drain(..end);
-                        let status = if fail {
-                            "500 Internal Server Error"
+                        let (status, body) = if line.contains("/users/404/") {
+                            ("404 Not Found", "{}")
+                        } else if line.contains("/users/500/") {
+                            ("500 Internal Server Error", "{}")
                         } else {
-                            "200 OK"
+                            ("200 OK", r#"{"phone": "+79161234567"}"#)
                         };
-                        let reply = format!("HTTP/1.1 {status}\r\ncontent-length: 2\r\n\r\nok");
+                        let reply = format!(
+                            "HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        let close = line.starts_with("GET /close");
                         if socket.write_all(reply.as_bytes()).await.is_err() || close {
                             return;
                         }
@@ -227,31 +233,41 @@ mod tests {
         (authority, accepted)
     }
 
-    /// One call as `get_json` makes it: given back only after a 200 read in full.
-    async fn call(pool: &Pool, path: &str) -> u16 {
+    /// One call whose answer is read in full and whose connection goes back.
+    async fn call(pool: &Pool, path: &str) {
         let mut conn = pool.take().await.unwrap();
         let request = hyper::Request::get(path).body(Empty::new()).unwrap();
-        let response = conn.send(pool, request).await.unwrap();
-        let status = response.status().as_u16();
-        if status == 200 {
-            response.into_body().collect().await.unwrap();
-            pool.put_back(conn);
-        }
-        status
+        let response = pool.send(&mut conn, request).await.unwrap();
+        response.into_body().collect().await.unwrap();
+        pool.put_back(conn);
     }
 
     #[tokio::test]
     async fn a_connection_is_reused_only_after_its_answer_was_read() {
         let (authority, accepted) = upstream().await;
-        let pool = Pool::new(&authority, Duration::from_secs(20), 4);
+        let config = crate::config::Config::from_toml(&format!(
+            "[upstreams.real_phone]\nbase_url = \"http://{authority}\""
+        ))
+        .unwrap();
+        let upstreams = Upstreams::new(&config.upstreams, config.breaker, 16);
+        let accepted = || accepted.load(Ordering::SeqCst);
+        let ad = AdId::new(1).unwrap();
+        let real_phone = |user| upstreams.real_phone(UserId::new(user).unwrap(), ad, None, None);
         for _ in 0..3 {
-            assert_eq!(call(&pool, "/ok").await, 200);
+            assert!(real_phone(1).await.unwrap().is_some());
         }
-        assert_eq!(accepted.load(Ordering::SeqCst), 1, "kept alive");
-        assert_eq!(call(&pool, "/fail").await, 500);
-        assert_eq!(call(&pool, "/ok").await, 200);
+        assert_eq!(accepted(), 1, "kept alive");
+        assert_eq!(real_phone(404).await, Ok(None));
+        assert!(real_phone(1).await.unwrap().is_some());
         assert_eq!(
-            accepted.load(Ordering::SeqCst),
+            accepted(),
+            1,
+            "a 404's answer is read, and its connection reused"
+        );
+        assert_eq!(real_phone(500).await, Err(UpstreamError::Status(500)));
+        assert!(real_phone(1).await.unwrap().is_some());
+        assert_eq!(
+            accepted(),
             2,
             "the connection of an unread answer was reused"
         );
@@ -285,9 +301,9 @@ mod tests {
     async fn a_connection_the_upstream_closed_is_not_taken() {
         let (authority, accepted) = upstream().await;
         let pool = Pool::new(&authority, Duration::from_secs(20), 4);
-        for round in 1..=5 {
+        for _ in 0..5 {
             // Each connection is hung up on after its answer: never taken again.
-            assert_eq!(call(&pool, "/close").await, 200, "round {round}");
+            call(&pool, "/close").await;
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 5);
     }
