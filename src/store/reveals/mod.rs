@@ -8,8 +8,6 @@ mod viewer_runs;
 
 use std::fmt::Write as _;
 
-use sqlx::{QueryBuilder, Sqlite};
-
 use super::StoreError;
 use super::database::{Backend, signed, unsigned};
 use crate::domain::{
@@ -36,6 +34,25 @@ fn sqlite_chunks<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {
         items = rest;
         Some(chunk)
     })
+}
+
+/// `head VALUES (?,..),.. tail`: an insert of `rows` rows of `columns` values,
+/// written with `push_str` alone. sqlx's `QueryBuilder` writes each separator
+/// through `write!`, seven a reveal, which with the sort was most of the flush
+/// thread's profile at the hit path's maximum (issue 24).
+fn sqlite_insert(head: &str, columns: usize, rows: usize, tail: &str) -> String {
+    let row = format!("({})", vec!["?"; columns].join(","));
+    let mut sql = String::with_capacity(head.len() + 8 + rows * (row.len() + 1) + tail.len());
+    sql.push_str(head);
+    sql.push_str(" VALUES ");
+    for i in 0..rows {
+        if i > 0 {
+            sql.push(',');
+        }
+        sql.push_str(&row);
+    }
+    sql.push_str(tail);
+    sql
 }
 
 /// Per-ad counts of one batch: one row per (ad, kind) that occurs in it.
@@ -170,34 +187,41 @@ impl RevealStore {
                     // temporary file); the transaction is what is atomic here,
                     // and on any error it is rolled back whole.
                     for chunk in sqlite_chunks(&by_viewer) {
-                        let mut query = QueryBuilder::<Sqlite>::new(
-                            "INSERT OR FAIL INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind) ",
+                        let sql = sqlite_insert(
+                            "INSERT OR FAIL INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind)",
+                            7,
+                            chunk.len(),
+                            "",
                         );
-                        query.push_values(chunk, |mut b, &(id, r)| {
-                            b.push_bind(id)
-                                .push_bind(r.at_us)
-                                .push_bind(r.viewer.as_ref().map(Viewer::as_str))
-                                .push_bind(signed(r.user.get()))
-                                .push_bind(signed(r.ad.get()))
-                                .push_bind(signed(r.category.get()))
-                                .push_bind(r.kind.as_str());
-                        });
-                        query.build().execute(&mut *tx).await?;
+                        let mut query = sqlx::query(&sql);
+                        for &(id, r) in chunk {
+                            query = query
+                                .bind(id)
+                                .bind(r.at_us)
+                                .bind(r.viewer.as_ref().map(Viewer::as_str))
+                                .bind(signed(r.user.get()))
+                                .bind(signed(r.ad.get()))
+                                .bind(signed(r.category.get()))
+                                .bind(r.kind.as_str());
+                        }
+                        query.execute(&mut *tx).await?;
                     }
                     viewer_runs::write(&mut tx, &viewer_runs::runs_of(&by_viewer)).await?;
                     for chunk in sqlite_chunks(&counts) {
-                        let mut query = QueryBuilder::<Sqlite>::new(
-                            "INSERT OR FAIL INTO ad_reveal_counts (ad_id, kind, n) ",
-                        );
-                        query.push_values(chunk, |mut b, (ad, kind, n)| {
-                            b.push_bind(signed(ad.get()))
-                                .push_bind(kind.as_str())
-                                .push_bind(signed(*n));
-                        });
-                        query.push(
+                        let sql = sqlite_insert(
+                            "INSERT OR FAIL INTO ad_reveal_counts (ad_id, kind, n)",
+                            3,
+                            chunk.len(),
                             " ON CONFLICT (ad_id, kind) DO UPDATE SET n = ad_reveal_counts.n + excluded.n",
                         );
-                        query.build().execute(&mut *tx).await?;
+                        let mut query = sqlx::query(&sql);
+                        for (ad, kind, n) in chunk {
+                            query = query
+                                .bind(signed(ad.get()))
+                                .bind(kind.as_str())
+                                .bind(signed(*n));
+                        }
+                        query.execute(&mut *tx).await?;
                     }
                     tx.commit().await?;
                 }
@@ -376,20 +400,38 @@ enum Key {
 /// next, so the log's order in time holds for retention within one flush
 /// interval.
 fn in_viewer_order(reveals: &[Reveal]) -> Vec<&Reveal> {
-    let mut ordered: Vec<&Reveal> = reveals.iter().collect();
+    // Each viewer's rank among the batch's viewers (0: none), so that the sort
+    // of the batch compares integers: comparing the viewer ids themselves, a
+    // reveal against a reveal, was most of the flush thread's profile (issue
+    // 24). Only the few distinct ids are sorted as strings.
+    let mut ranks: foldhash::HashMap<&str, usize> = foldhash::HashMap::default();
+    for reveal in reveals {
+        if let Some(viewer) = &reveal.viewer {
+            ranks.entry(viewer.as_str()).or_default();
+        }
+    }
+    let mut viewers: Vec<&str> = ranks.keys().copied().collect();
+    viewers.sort_unstable();
+    for (rank, viewer) in viewers.into_iter().enumerate() {
+        ranks.insert(viewer, rank + 1);
+    }
+    let mut keyed: Vec<(usize, u64, i64, &Reveal)> = reveals
+        .iter()
+        .map(|r| {
+            let viewer = r
+                .viewer
+                .as_ref()
+                .map_or(0, |v| ranks.get(v.as_str()).copied().unwrap_or(0));
+            (viewer, r.user.get(), r.at_us, r)
+        })
+        .collect();
     // Within a viewer, by seller: the seller index (`reveals_user`) then takes
     // its entries in key order, each insert next to the last one's leaf rather
     // than a random one (a flush of many sellers was mostly b-tree descents
     // and page fetches in the writer's profile, issue 24). Nothing reads ids
     // as arrival order: pages order by `at_us`, and a run by its range.
-    ordered.sort_unstable_by(|a, b| {
-        (a.viewer.as_ref().map(Viewer::as_str), a.user, a.at_us).cmp(&(
-            b.viewer.as_ref().map(Viewer::as_str),
-            b.user,
-            b.at_us,
-        ))
-    });
-    ordered
+    keyed.sort_unstable_by_key(|&(viewer, user, at_us, _)| (viewer, user, at_us));
+    keyed.into_iter().map(|(.., r)| r).collect()
 }
 
 /// Reveals in COPY's text format: tab-separated, `\N` for null. Viewer ids are
@@ -466,6 +508,56 @@ mod tests {
         assert!(counts.contains(&(AdId::new(1).unwrap(), Source::Real, 3)));
         assert!(counts.contains(&(AdId::new(1).unwrap(), Source::Calltracking, 1)));
         assert!(counts.contains(&(AdId::new(2).unwrap(), Source::Anonymous, 1)));
+    }
+
+    #[test]
+    fn an_insert_has_a_placeholder_per_value() {
+        assert_eq!(
+            sqlite_insert("INSERT INTO t (a, b)", 2, 3, " ON CONFLICT DO NOTHING"),
+            "INSERT INTO t (a, b) VALUES (?,?),(?,?),(?,?) ON CONFLICT DO NOTHING"
+        );
+    }
+
+    /// Viewers in order (so a flush is one run per viewer), those without
+    /// one first, and within a viewer by seller and time.
+    #[test]
+    fn a_flush_is_grouped_by_viewer_then_seller_and_time() {
+        let at = |r: &Reveal, n: i64, user: u64| Reveal {
+            at_us: r.at_us + n,
+            user: UserId::new(user).unwrap(),
+            ..r.clone()
+        };
+        let (b, a) = (
+            reveal(1, Source::Real, Some("b")),
+            reveal(1, Source::Real, Some("a")),
+        );
+        let none = reveal(1, Source::Real, None);
+        let batch = [
+            at(&b, 5, 7),
+            at(&a, 4, 9),
+            at(&none, 3, 8),
+            at(&b, 2, 6),
+            at(&a, 1, 9),
+            at(&b, 0, 7),
+        ];
+        let order: Vec<(Option<&str>, u64, i64)> = in_viewer_order(&batch)
+            .into_iter()
+            .map(|r| {
+                let viewer = r.viewer.as_ref().map(Viewer::as_str);
+                (viewer, r.user.get(), r.at_us - none.at_us)
+            })
+            .collect();
+        assert_eq!(
+            order,
+            [
+                (None, 8, 3),
+                (Some("a"), 9, 1),
+                (Some("a"), 9, 4),
+                (Some("b"), 6, 2),
+                (Some("b"), 7, 0),
+                (Some("b"), 7, 5),
+            ]
+        );
     }
 
     /// One flush is written in viewer order (for the viewer index), not in

@@ -14,9 +14,9 @@
 //! answers) and skips the index entries of runs newer than its cursor.
 //! PostgreSQL keeps its viewer index: COPY made it cheap enough there.
 
-use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
+use sqlx::SqliteConnection;
 
-use super::{RevealRow, sqlite_chunks};
+use super::{RevealRow, sqlite_chunks, sqlite_insert};
 use crate::domain::{Reveal, RevealQuery, Viewer};
 
 /// Runs a page reads first; doubled each time the page is not yet settled, up
@@ -67,18 +67,23 @@ pub(super) async fn write(
     runs: &[Run<'_>],
 ) -> Result<(), sqlx::Error> {
     for chunk in sqlite_chunks(runs) {
-        let mut query = QueryBuilder::<Sqlite>::new(
+        let sql = sqlite_insert(
             "INSERT OR FAIL INTO reveal_viewer_runs \
-             (viewer, max_at_us, min_at_us, first_id, last_id) ",
+             (viewer, max_at_us, min_at_us, first_id, last_id)",
+            5,
+            chunk.len(),
+            "",
         );
-        query.push_values(chunk, |mut b, run| {
-            b.push_bind(run.viewer)
-                .push_bind(run.max_at_us)
-                .push_bind(run.min_at_us)
-                .push_bind(run.first_id)
-                .push_bind(run.last_id);
-        });
-        query.build().execute(&mut *conn).await?;
+        let mut query = sqlx::query(&sql);
+        for run in chunk {
+            query = query
+                .bind(run.viewer)
+                .bind(run.max_at_us)
+                .bind(run.min_at_us)
+                .bind(run.first_id)
+                .bind(run.last_id);
+        }
+        query.execute(&mut *conn).await?;
     }
     Ok(())
 }
