@@ -6,8 +6,6 @@
 
 mod viewer_runs;
 
-use std::fmt::Write as _;
-
 use super::StoreError;
 use super::database::{Backend, signed, unsigned};
 use crate::domain::{
@@ -436,23 +434,30 @@ fn in_viewer_order(reveals: &[Reveal]) -> Vec<&Reveal> {
 
 /// Reveals in COPY's text format: tab-separated, `\N` for null. Viewer ids are
 /// visible ASCII, so a backslash is the one character that needs escaping.
+/// Numbers go through `itoa`, and a viewer id is copied as it is unless it
+/// holds a backslash: on PostgreSQL the flush runs on a request worker, where
+/// `write!` went through the formatting machinery twice a reveal and the
+/// escaping allocated a copy of every id (issue 24).
 fn copy_text(reveals: &[Reveal]) -> String {
     let mut text = String::with_capacity(reveals.len() * 64);
+    let mut number = itoa::Buffer::new();
     for r in reveals {
-        let _ = write!(text, "{}\t", r.at_us);
-        match &r.viewer {
-            Some(viewer) => text.push_str(&viewer.as_str().replace('\\', "\\\\")),
+        text.push_str(number.format(r.at_us));
+        text.push('\t');
+        match r.viewer.as_ref().map(Viewer::as_str) {
+            Some(viewer) if viewer.contains('\\') => {
+                text.push_str(&viewer.replace('\\', "\\\\"));
+            }
+            Some(viewer) => text.push_str(viewer),
             None => text.push_str("\\N"),
         }
-        // Writing to a String cannot fail.
-        let _ = writeln!(
-            text,
-            "\t{}\t{}\t{}\t{}",
-            r.user,
-            r.ad,
-            r.category,
-            r.kind.as_str()
-        );
+        for id in [r.user.get(), r.ad.get(), r.category.get()] {
+            text.push('\t');
+            text.push_str(number.format(id));
+        }
+        text.push('\t');
+        text.push_str(r.kind.as_str());
+        text.push('\n');
     }
     text
 }
@@ -635,10 +640,12 @@ mod tests {
         let text = copy_text(&[
             reveal(1, Source::Real, Some("a\\b")),
             reveal(2, Source::Anonymous, None),
+            reveal(3, Source::Calltracking, Some("v-1")),
         ]);
         assert_eq!(
             text,
-            "1700000000000000\ta\\\\b\t42\t1\t9\treal\n1700000000000000\t\\N\t42\t2\t9\tanonymous\n"
+            "1700000000000000\ta\\\\b\t42\t1\t9\treal\n1700000000000000\t\\N\t42\t2\t9\tanonymous\n\
+             1700000000000000\tv-1\t42\t3\t9\tcalltracking\n"
         );
     }
 
