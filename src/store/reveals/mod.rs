@@ -167,6 +167,9 @@ impl RevealStore {
                     tx.commit().await?;
                 }
                 Backend::Sqlite(pool) => {
+                    // Sorted before the transaction: it takes the file's write
+                    // lock, which status writes wait for (docs/status-sync.md).
+                    let ordered = in_viewer_order(reveals);
                     let mut tx = self
                         .sqlite_writer(pool)
                         .begin_with(super::database::SQLITE_BEGIN_WRITE)
@@ -177,8 +180,7 @@ impl RevealStore {
                         sqlx::query_as("SELECT coalesce(max(id), 0) + 1 FROM reveals")
                             .fetch_one(&mut *tx)
                             .await?;
-                    let by_viewer: Vec<(i64, &Reveal)> =
-                        (first_id..).zip(in_viewer_order(reveals)).collect();
+                    let by_viewer: Vec<(i64, &Reveal)> = (first_id..).zip(ordered).collect();
                     // `OR FAIL`: a statement that fails keeps the rows it
                     // inserted before, so SQLite keeps no statement journal
                     // for it (a copy of every page it touches, written to a
