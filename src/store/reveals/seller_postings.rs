@@ -1,0 +1,564 @@
+//! SQLite's way to a seller's reveals: one posting a seller a flush, not an
+//! index entry per reveal (migrations/sqlite/0009). A posting is one row of
+//! `reveal_seller_postings`: the seller, the newest and oldest `at_us` and the
+//! id range of their reveals in that flush, and the reveals themselves as
+//! `(at_us, id)` entries, newest first, packed in a blob.
+//!
+//! Why: the seller index's entry per reveal was half of what the log's writer
+//! spent at the hit path's maximum (issue 24: 1.07 to 1.23 us a reveal with
+//! it, 0.46 to 0.52 without, three alternated runs). A flush's reveals are in
+//! viewer order ([`super::viewer_runs`]), so a seller's are not consecutive
+//! ids and a run of ids cannot stand for them; their list can.
+//!
+//! A page is exact and newest first, as with runs: postings are walked by
+//! their newest reveal, descending, and the page is settled once it is full
+//! and its oldest reveal is newer than the next posting's newest. The entries
+//! say which reveals are on the page before any row is read, so a page reads
+//! its postings and then exactly its own rows.
+//!
+//! Blob: for each entry, newest first, the step down in `at_us` from the one
+//! before (from `max_at_us` for the first) and the id less `first_id`, both
+//! LEB128. NULL is a posting of one reveal, `(max_at_us, first_id)`: what a
+//! flush writes for a seller seen once, and what 0009 wrote for each reveal
+//! before it.
+
+use sqlx::SqliteConnection;
+
+use super::{RevealRow, sqlite_chunks, sqlite_insert};
+use crate::domain::{Reveal, RevealQuery};
+
+/// Postings a page reads first; doubled each time the page is not yet settled,
+/// up to [`MOST_POSTINGS`]: a seller seen once a flush needs about one posting
+/// a row, one seen thousands of times a flush fills a page from one.
+const FIRST_POSTINGS: usize = 16;
+const MOST_POSTINGS: usize = 1_024;
+
+/// One seller's reveals of one flush.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Posting {
+    pub user_id: i64,
+    pub max_at_us: i64,
+    pub min_at_us: i64,
+    pub first_id: i64,
+    pub last_id: i64,
+    /// `None`: one reveal, `(max_at_us, first_id)`.
+    pub entries: Option<Vec<u8>>,
+}
+
+/// The postings of a flush: `rows` are its reveals with the ids they are
+/// written under. In order of their last id, as retention deletes them
+/// ([`prune`]).
+pub(super) fn postings_of(rows: &[(i64, &Reveal)]) -> Vec<Posting> {
+    let mut by_seller: foldhash::HashMap<i64, Vec<(i64, i64)>> = foldhash::HashMap::default();
+    for &(id, reveal) in rows {
+        by_seller
+            .entry(super::signed(reveal.user.get()))
+            .or_default()
+            .push((reveal.at_us, id));
+    }
+    let mut postings: Vec<Posting> = by_seller
+        .into_iter()
+        .map(|(user_id, mut entries)| {
+            entries.sort_unstable_by(|a, b| b.cmp(a));
+            posting(user_id, &entries)
+        })
+        .collect();
+    postings.sort_unstable_by_key(|p| p.last_id);
+    postings
+}
+
+/// One posting of `entries`, sorted newest first (not empty).
+fn posting(user_id: i64, entries: &[(i64, i64)]) -> Posting {
+    let max_at_us = entries.first().map_or(0, |e| e.0);
+    let min_at_us = entries.last().map_or(0, |e| e.0);
+    let first_id = entries.iter().map(|e| e.1).min().unwrap_or(0);
+    let last_id = entries.iter().map(|e| e.1).max().unwrap_or(0);
+    let packed = (entries.len() > 1).then(|| {
+        let mut out = Vec::with_capacity(entries.len() * 4);
+        let mut prev_at = max_at_us;
+        for &(at, id) in entries {
+            // Both are >= 0: entries go newest first, ids are >= first_id.
+            put_varint(&mut out, prev_at.abs_diff(at));
+            put_varint(&mut out, id.abs_diff(first_id));
+            prev_at = at;
+        }
+        out
+    });
+    Posting {
+        user_id,
+        max_at_us,
+        min_at_us,
+        first_id,
+        last_id,
+        entries: packed,
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        // Truncation wanted: the low seven bits, with the "more" bit set.
+        #[allow(clippy::cast_possible_truncation)]
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    out.push(v as u8);
+}
+
+fn take_varint(bytes: &mut &[u8]) -> Option<u64> {
+    let mut v: u64 = 0;
+    for shift in (0..64).step_by(7) {
+        let (&byte, rest) = bytes.split_first()?;
+        *bytes = rest;
+        v |= u64::from(byte & 0x7f).checked_shl(shift)?;
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// The entries of a posting, newest first. A blob that does not decode (never
+/// written so) ends the list where it stops making sense, rather than panic.
+fn entries(
+    max_at_us: i64,
+    first_id: i64,
+    blob: Option<&[u8]>,
+) -> impl Iterator<Item = (i64, i64)> + '_ {
+    let mut single = blob.is_none().then_some((max_at_us, first_id));
+    let mut bytes = blob.unwrap_or_default();
+    let mut at = max_at_us;
+    std::iter::from_fn(move || {
+        if let Some(one) = single.take() {
+            return Some(one);
+        }
+        if bytes.is_empty() {
+            return None;
+        }
+        let step = i64::try_from(take_varint(&mut bytes)?).ok()?;
+        let offset = i64::try_from(take_varint(&mut bytes)?).ok()?;
+        at = at.checked_sub(step)?;
+        Some((at, first_id.checked_add(offset)?))
+    })
+}
+
+/// Writes `postings` (in the flush's transaction).
+pub(super) async fn write(
+    conn: &mut SqliteConnection,
+    postings: &[Posting],
+) -> Result<(), sqlx::Error> {
+    for chunk in sqlite_chunks(postings) {
+        let sql = sqlite_insert(
+            "INSERT OR FAIL INTO reveal_seller_postings \
+             (user_id, max_at_us, min_at_us, first_id, last_id, entries)",
+            6,
+            chunk.len(),
+            "",
+        );
+        let mut query = sqlx::query(&sql);
+        for p in chunk {
+            query = query
+                .bind(p.user_id)
+                .bind(p.max_at_us)
+                .bind(p.min_at_us)
+                .bind(p.first_id)
+                .bind(p.last_id)
+                .bind(p.entries.as_deref());
+        }
+        query.execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+/// One page of `user_id`'s reveals, newest first (see the module doc). `conn`
+/// should hold a transaction, so that postings and rows are read from one
+/// commit.
+pub(super) async fn read_page(
+    conn: &mut SqliteConnection,
+    user_id: i64,
+    query: &RevealQuery,
+) -> Result<Vec<RevealRow>, sqlx::Error> {
+    let limit = usize::try_from(query.limit).unwrap_or(usize::MAX);
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let after = query.after.unwrap_or((i64::MAX, i64::MAX));
+    // Retention deletes the lowest ids first: below the lowest left, a
+    // posting's entries are gone; from it up, every one is there.
+    let (low,): (i64,) = sqlx::query_as("SELECT coalesce(min(id), 0) FROM reveals")
+        .fetch_one(&mut *conn)
+        .await?;
+    let keep = |&(at, id): &(i64, i64)| {
+        id >= low && at >= query.since_us && at < query.until_us && (at, id) < after
+    };
+    let mut page: Vec<(i64, i64)> = Vec::new();
+    // The postings still to walk are those before `from` (newest, last id).
+    let mut from = (i64::MAX, i64::MAX);
+    let mut take = FIRST_POSTINGS;
+    loop {
+        // A posting can hold a row of the page only if it reaches into the
+        // window, holds something no newer than the cursor and is not gone.
+        let postings: Vec<(i64, i64, i64, Option<Vec<u8>>)> = sqlx::query_as(
+            "SELECT max_at_us, last_id, first_id, entries FROM reveal_seller_postings \
+             WHERE user_id = $1 AND (max_at_us, last_id) < ($2, $3) \
+             AND max_at_us >= $4 AND min_at_us < $5 AND min_at_us <= $6 AND last_id >= $7 \
+             ORDER BY max_at_us DESC, last_id DESC LIMIT $8",
+        )
+        .bind(user_id)
+        .bind(from.0)
+        .bind(from.1)
+        .bind(query.since_us)
+        .bind(query.until_us)
+        .bind(after.0)
+        .bind(low)
+        .bind(i64::try_from(take + 1).unwrap_or(i64::MAX))
+        .fetch_all(&mut *conn)
+        .await?;
+        let (these, next) = postings.split_at(postings.len().min(take));
+        for (max_at_us, _, first_id, blob) in these {
+            // Newest first within a posting: past `limit` kept, the rest of
+            // it is older than all of those.
+            page.extend(
+                entries(*max_at_us, *first_id, blob.as_deref())
+                    .filter(keep)
+                    .take(limit),
+            );
+        }
+        page.sort_unstable_by(|a, b| b.cmp(a));
+        // An entry in two postings (never written so) shows once.
+        page.dedup();
+        page.truncate(limit);
+        let (Some(&(next_newest, ..)), Some(&(seen_newest, seen_last_id, ..))) =
+            (next.first(), these.last())
+        else {
+            break;
+        };
+        // Every posting left is no newer than the next one.
+        if page.len() == limit && page[limit - 1].0 > next_newest {
+            break;
+        }
+        from = (seen_newest, seen_last_id);
+        take = (take * 2).min(MOST_POSTINGS);
+    }
+    let mut rows: Vec<RevealRow> = Vec::with_capacity(page.len());
+    for chunk in sqlite_chunks(&page) {
+        let sql = format!(
+            "SELECT id, at_us, viewer, user_id, ad_id, category_id, kind FROM reveals \
+             WHERE user_id = ? AND id IN ({})",
+            vec!["?"; chunk.len()].join(",")
+        );
+        let mut q = sqlx::query_as(&sql).persistent(false).bind(user_id);
+        for &(_, id) in chunk {
+            q = q.bind(id);
+        }
+        rows.extend(q.fetch_all(&mut *conn).await?);
+    }
+    rows.sort_unstable_by_key(|r: &RevealRow| std::cmp::Reverse((r.1, r.0)));
+    Ok(rows)
+}
+
+/// Deletes up to `batch` of the oldest postings whose reveals are all gone (in
+/// retention's transaction, after its delete). Postings go in order of their
+/// last id, as their reveals do, so the dead ones are the oldest; a reveals
+/// batch leaves at most as many dead postings as it deleted rows.
+pub(super) async fn prune(conn: &mut SqliteConnection, batch: i64) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(
+        "DELETE FROM reveal_seller_postings WHERE id IN \
+         (SELECT id FROM reveal_seller_postings ORDER BY id LIMIT ?1) \
+         AND last_id < coalesce((SELECT min(id) FROM reveals), 9223372036854775807)",
+    )
+    .bind(batch)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{AdId, CategoryId, RevealsOf, Source, UserId, Viewer};
+
+    fn reveal(at_us: i64, user: u64, viewer: Option<&str>) -> Reveal {
+        Reveal {
+            at_us,
+            viewer: viewer.map(|v| Viewer::parse(v.as_bytes()).unwrap()),
+            user: UserId::new(user).unwrap(),
+            ad: AdId::new(1).unwrap(),
+            category: CategoryId::new(1).unwrap(),
+            kind: Source::Real,
+        }
+    }
+
+    #[test]
+    fn a_posting_lists_one_sellers_reveals_newest_first() {
+        let batch = [
+            reveal(5, 1, Some("a")),
+            reveal(700, 2, Some("a")),
+            reveal(9, 1, Some("b")),
+            reveal(5, 1, None),
+            reveal(300_000_000, 1, Some("c")),
+        ];
+        let rows: Vec<(i64, &Reveal)> = (10..).zip(&batch).collect();
+        let postings = postings_of(&rows);
+        // In order of their last id: seller 2's (11), then seller 1's (14).
+        assert_eq!(postings.len(), 2);
+        assert_eq!(
+            postings[0],
+            Posting {
+                user_id: 2,
+                max_at_us: 700,
+                min_at_us: 700,
+                first_id: 11,
+                last_id: 11,
+                entries: None
+            }
+        );
+        let one = &postings[1];
+        assert_eq!(
+            (
+                one.user_id,
+                one.max_at_us,
+                one.min_at_us,
+                one.first_id,
+                one.last_id
+            ),
+            (1, 300_000_000, 5, 10, 14)
+        );
+        let listed: Vec<(i64, i64)> =
+            entries(one.max_at_us, one.first_id, one.entries.as_deref()).collect();
+        assert_eq!(listed, [(300_000_000, 14), (9, 12), (5, 13), (5, 10)]);
+        let single: Vec<(i64, i64)> = entries(700, 11, None).collect();
+        assert_eq!(single, [(700, 11)]);
+        // A blob cut short ends the list; it does not panic.
+        let blob = one.entries.as_deref().unwrap();
+        let cut: Vec<(i64, i64)> = entries(one.max_at_us, one.first_id, Some(&blob[..3])).collect();
+        assert!(cut.len() < 4);
+    }
+
+    /// A page walk through postings against the plain query over every row:
+    /// the same reveals in the same order, for every seller, window and page
+    /// size. Flushes are in viewer order, so a seller's reveals are scattered
+    /// over the flush's ids; the clock steps back across flushes and instants
+    /// repeat, so postings overlap in time and ties fall to the id.
+    #[tokio::test]
+    async fn pages_through_postings_are_those_of_a_scan_of_every_row() {
+        let (_dir, database) = crate::store::Database::scratch().await;
+        let store = database.reveals();
+        let mut seed: u64 = 11;
+        let mut next = move |n: u64| {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) % n
+        };
+        let viewers = [Some("a"), Some("b"), Some("c"), None];
+        for flush in 0..40i64 {
+            let batch: Vec<Reveal> = (0..12)
+                .map(|_| {
+                    let at = flush * 20 + i64::try_from(next(20)).unwrap() * 10 - 100;
+                    let viewer = viewers[usize::try_from(next(4)).unwrap()];
+                    reveal(1_000_000 + at, 1 + next(3), viewer)
+                })
+                .collect();
+            store.write_reveals(&batch).await.unwrap();
+        }
+        // Retention of part of the log, so some postings are gone and some cut.
+        assert_eq!(
+            store
+                .delete_reveals_older_than(std::time::Duration::ZERO, 150)
+                .await
+                .unwrap(),
+            150
+        );
+        let windows = [
+            (i64::MIN, i64::MAX),
+            (1_000_100, 1_000_400),
+            (1_000_250, 1_000_260),
+        ];
+        for user in [1u64, 2, 3, 99] {
+            for (since, until) in windows {
+                let expected = scan(&store, user, since, until).await;
+                if user != 99 && since == i64::MIN {
+                    assert!(
+                        expected.len() > 50,
+                        "seller {user}: too few to page through"
+                    );
+                }
+                for limit in [1, 3, 7, 50, 1000] {
+                    let got = walk(&store, user, since, until, limit).await;
+                    assert_eq!(got, expected, "{user} {since}..{until} by {limit}");
+                }
+            }
+        }
+    }
+
+    /// Retention takes the postings whose reveals are all gone, and only those.
+    #[tokio::test]
+    async fn retention_deletes_the_postings_of_deleted_reveals() {
+        let (_dir, database) = crate::store::Database::scratch().await;
+        let store = database.reveals();
+        for _ in 0..3 {
+            // Viewer order puts seller 1's reveals first and last: ids 1 and
+            // 6 of the first flush, a posting that ends with it.
+            let batch = [
+                reveal(1_000_000, 1, Some("a")),
+                reveal(1_000_000, 2, Some("b")),
+                reveal(1_000_000, 3, Some("b")),
+                reveal(1_000_000, 2, Some("c")),
+                reveal(1_000_000, 3, Some("c")),
+                reveal(1_000_000, 1, Some("d")),
+            ];
+            store.write_reveals(&batch).await.unwrap();
+        }
+        let pool = sqlite(&store);
+        let postings = || async {
+            sqlx::query_as::<_, (i64,)>("SELECT count(*) FROM reveal_seller_postings")
+                .fetch_one(pool)
+                .await
+                .unwrap()
+                .0
+        };
+        assert_eq!(postings().await, 9);
+        // Ids 1..=5: seller 2's posting (2, 4) and 3's (3, 5) are gone, 1's
+        // (1, 6) is cut, not gone.
+        store
+            .delete_reveals_older_than(std::time::Duration::ZERO, 5)
+            .await
+            .unwrap();
+        assert_eq!(postings().await, 7);
+        let page = store
+            .read_reveals(&RevealQuery {
+                of: RevealsOf::Seller(UserId::new(1).unwrap()),
+                since_us: i64::MIN,
+                until_us: i64::MAX,
+                after: None,
+                limit: 100,
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            page.iter().map(|r| r.id).collect::<Vec<_>>(),
+            [18, 13, 12, 7, 6]
+        );
+        while store
+            .delete_reveals_older_than(std::time::Duration::ZERO, 4)
+            .await
+            .unwrap()
+            > 0
+        {}
+        assert_eq!(postings().await, 0);
+    }
+
+    /// 0009 on a log written before it: a posting per reveal, the seller
+    /// index gone, and a seller's pages as they were.
+    #[tokio::test]
+    async fn the_reveals_before_postings_get_one_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/old.db?mode=rwc", dir.path().display());
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        let migrations = sqlx::migrate!("migrations/sqlite");
+        for migration in migrations.iter().filter(|m| m.version < 9) {
+            sqlx::raw_sql(&migration.sql).execute(&pool).await.unwrap();
+        }
+        sqlx::raw_sql(
+            "INSERT INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind) VALUES \
+             (1, 100, 'a', 7, 1, 1, 'real'), (2, 90, 'b', 8, 1, 1, 'real'), \
+             (3, 100, NULL, 7, 2, 1, 'anonymous'), (4, 120, 'a', 7, 1, 1, 'real')",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let postings = migrations.iter().find(|m| m.version == 9).unwrap();
+        sqlx::raw_sql(&postings.sql).execute(&pool).await.unwrap();
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM reveal_seller_postings")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(n, 4);
+        let (indexes,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'reveals_user'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(indexes, 0);
+        let mut conn = pool.acquire().await.unwrap();
+        let query = |after| RevealQuery {
+            of: RevealsOf::Seller(UserId::new(7).unwrap()),
+            since_us: i64::MIN,
+            until_us: i64::MAX,
+            after,
+            limit: 2,
+        };
+        let first = read_page(&mut conn, 7, &query(None)).await.unwrap();
+        assert_eq!(first.iter().map(|r| r.0).collect::<Vec<_>>(), [4, 3]);
+        let rest = read_page(&mut conn, 7, &query(Some((100, 3))))
+            .await
+            .unwrap();
+        assert_eq!(rest.iter().map(|r| r.0).collect::<Vec<_>>(), [1]);
+    }
+
+    fn sqlite(store: &super::super::RevealStore) -> &sqlx::SqlitePool {
+        match &store.backend {
+            super::super::Backend::Sqlite(pool) => pool,
+            super::super::Backend::Postgres(_) => unreachable!("a SQLite store"),
+        }
+    }
+
+    /// Ids of `user`'s reveals in the window, newest first, by a scan.
+    async fn scan(
+        store: &super::super::RevealStore,
+        user: u64,
+        since: i64,
+        until: i64,
+    ) -> Vec<i64> {
+        let user = i64::try_from(user).unwrap();
+        sqlx::query_as::<_, (i64,)>(
+            "SELECT id FROM reveals NOT INDEXED WHERE user_id = ?1 AND at_us >= ?2 AND at_us < ?3 \
+             ORDER BY at_us DESC, id DESC",
+        )
+        .bind(user)
+        .bind(since)
+        .bind(until)
+        .fetch_all(sqlite(store))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(id,)| id)
+        .collect()
+    }
+
+    /// Ids of `user`'s reveals in the window, page after page. A page short
+    /// of `limit` must be the last: the API ends the walk there.
+    async fn walk(
+        store: &super::super::RevealStore,
+        user: u64,
+        since: i64,
+        until: i64,
+        limit: u32,
+    ) -> Vec<i64> {
+        let mut ids = Vec::new();
+        let mut after = None;
+        let mut short = false;
+        loop {
+            let page = store
+                .read_reveals(&RevealQuery {
+                    of: RevealsOf::Seller(UserId::new(user).unwrap()),
+                    since_us: since,
+                    until_us: until,
+                    after,
+                    limit,
+                })
+                .await
+                .unwrap();
+            assert!(page.len() <= limit as usize);
+            assert!(!short || page.is_empty(), "a short page was not the last");
+            short = page.len() < limit as usize;
+            let Some(last) = page.last() else {
+                return ids;
+            };
+            after = Some((last.reveal.at_us, last.id));
+            ids.extend(page.iter().map(|r| r.id));
+        }
+    }
+}
