@@ -14,9 +14,10 @@ CREATE TABLE reveal_seller_postings (
     last_id   INTEGER NOT NULL,
     entries   BLOB               -- NULL: the one reveal (max_at_us, first_id)
 );
--- The walk: a seller's postings newest first (each then read for its entries).
+-- Covering for the walk: a seller's postings newest first from the index alone;
+-- a posting's entries are read when the walk reaches it.
 CREATE INDEX reveal_seller_postings_user
-    ON reveal_seller_postings (user_id, max_at_us, last_id, min_at_us);
+    ON reveal_seller_postings (user_id, max_at_us, last_id, min_at_us, first_id);
 -- The reveals written before: a posting each.
 INSERT INTO reveal_seller_postings (user_id, max_at_us, min_at_us, first_id, last_id, entries)
     SELECT user_id, at_us, at_us, id, id, NULL FROM reveals ORDER BY id;

@@ -27,9 +27,10 @@ use sqlx::SqliteConnection;
 use super::{RevealRow, sqlite_chunks, sqlite_insert};
 use crate::domain::{Reveal, RevealQuery};
 
-/// Postings a page reads first; doubled each time the page is not yet settled,
-/// up to [`MOST_POSTINGS`]: a seller seen once a flush needs about one posting
-/// a row, one seen thousands of times a flush fills a page from one.
+/// Postings a page looks up first in the index; doubled each time the page is
+/// not yet settled, up to [`MOST_POSTINGS`]: a seller seen once a flush needs
+/// about one posting a row, one seen thousands of times a flush fills a page
+/// from one. Entries are read only for the postings the walk reaches.
 const FIRST_POSTINGS: usize = 16;
 const MOST_POSTINGS: usize = 1_024;
 
@@ -195,11 +196,13 @@ pub(super) async fn read_page(
     // The postings still to walk are those before `from` (newest, last id).
     let mut from = (i64::MAX, i64::MAX);
     let mut take = FIRST_POSTINGS;
-    loop {
+    'walk: loop {
         // A posting can hold a row of the page only if it reaches into the
         // window, holds something no newer than the cursor and is not gone.
-        let postings: Vec<(i64, i64, i64, Option<Vec<u8>>)> = sqlx::query_as(
-            "SELECT max_at_us, last_id, first_id, entries FROM reveal_seller_postings \
+        // From the index alone; a posting's entries are read only when the
+        // walk reaches it.
+        let postings: Vec<(i64, i64, i64, i64)> = sqlx::query_as(
+            "SELECT max_at_us, last_id, first_id, id FROM reveal_seller_postings \
              WHERE user_id = $1 AND (max_at_us, last_id) < ($2, $3) \
              AND max_at_us >= $4 AND min_at_us < $5 AND min_at_us <= $6 AND last_id >= $7 \
              ORDER BY max_at_us DESC, last_id DESC LIMIT $8",
@@ -214,29 +217,46 @@ pub(super) async fn read_page(
         .bind(i64::try_from(take + 1).unwrap_or(i64::MAX))
         .fetch_all(&mut *conn)
         .await?;
-        let (these, next) = postings.split_at(postings.len().min(take));
-        for (max_at_us, _, first_id, blob) in these {
+        for (i, &(max_at_us, last_id, first_id, id)) in postings.iter().enumerate().take(take) {
+            // One reveal (first_id == last_id) is the posting's key itself.
+            let blob: Option<Vec<u8>> = if first_id == last_id {
+                None
+            } else {
+                sqlx::query_as::<_, (Option<Vec<u8>>,)>(
+                    "SELECT entries FROM reveal_seller_postings WHERE id = $1",
+                )
+                .bind(id)
+                .fetch_one(&mut *conn)
+                .await?
+                .0
+            };
             // Newest first within a posting: past `limit` kept, the rest of
             // it is older than all of those.
             page.extend(
-                entries(*max_at_us, *first_id, blob.as_deref())
+                entries(max_at_us, first_id, blob.as_deref())
                     .filter(keep)
                     .take(limit),
             );
+            page.sort_unstable_by(|a, b| b.cmp(a));
+            // An entry in two postings (never written so) shows once.
+            page.dedup();
+            page.truncate(limit);
+            // Settled once full and newer than every posting left, which are
+            // no newer than the next one.
+            match postings.get(i + 1) {
+                None => break 'walk,
+                Some(&(next_newest, ..))
+                    if page.len() == limit && page[limit - 1].0 > next_newest =>
+                {
+                    break 'walk;
+                }
+                Some(_) => {}
+            }
         }
-        page.sort_unstable_by(|a, b| b.cmp(a));
-        // An entry in two postings (never written so) shows once.
-        page.dedup();
-        page.truncate(limit);
-        let (Some(&(next_newest, ..)), Some(&(seen_newest, seen_last_id, ..))) =
-            (next.first(), these.last())
-        else {
+        // `take` postings walked and one more to come.
+        let Some(&(seen_newest, seen_last_id, ..)) = postings.get(take - 1) else {
             break;
         };
-        // Every posting left is no newer than the next one.
-        if page.len() == limit && page[limit - 1].0 > next_newest {
-            break;
-        }
         from = (seen_newest, seen_last_id);
         take = (take * 2).min(MOST_POSTINGS);
     }
