@@ -50,34 +50,31 @@ pub(super) struct Posting {
 /// written under. In order of their last id, as retention deletes them
 /// ([`prune`]).
 pub(super) fn postings_of(rows: &[(i64, &Reveal)]) -> Vec<Posting> {
-    let mut by_seller: foldhash::HashMap<i64, Vec<(i64, i64)>> = foldhash::HashMap::default();
-    for &(id, reveal) in rows {
-        by_seller
-            .entry(super::signed(reveal.user.get()))
-            .or_default()
-            .push((reveal.at_us, id));
-    }
-    let mut postings: Vec<Posting> = by_seller
-        .into_iter()
-        .map(|(user_id, mut entries)| {
-            entries.sort_unstable_by(|a, b| b.cmp(a));
-            posting(user_id, &entries)
-        })
+    // One sort, then each seller's slice: no map and no list per seller (a
+    // flush of the soak's shape has about 9,000 sellers). The rows come in
+    // viewer order, then seller and time, so for few viewers this is nearly
+    // sorted already.
+    let mut keyed: Vec<(i64, i64, i64)> = rows
+        .iter()
+        .map(|&(id, r)| (super::signed(r.user.get()), r.at_us, id))
         .collect();
+    keyed.sort_unstable();
+    let mut postings: Vec<Posting> = keyed.chunk_by(|a, b| a.0 == b.0).map(posting).collect();
     postings.sort_unstable_by_key(|p| p.last_id);
     postings
 }
 
-/// One posting of `entries`, sorted newest first (not empty).
-fn posting(user_id: i64, entries: &[(i64, i64)]) -> Posting {
-    let max_at_us = entries.first().map_or(0, |e| e.0);
-    let min_at_us = entries.last().map_or(0, |e| e.0);
-    let first_id = entries.iter().map(|e| e.1).min().unwrap_or(0);
-    let last_id = entries.iter().map(|e| e.1).max().unwrap_or(0);
+/// One seller's posting: `entries` are `(user_id, at_us, id)`, one seller's,
+/// oldest first (not empty).
+fn posting(entries: &[(i64, i64, i64)]) -> Posting {
+    let (user_id, min_at_us, _) = entries.first().copied().unwrap_or_default();
+    let max_at_us = entries.last().map_or(0, |e| e.1);
+    let first_id = entries.iter().map(|e| e.2).min().unwrap_or(0);
+    let last_id = entries.iter().map(|e| e.2).max().unwrap_or(0);
     let packed = (entries.len() > 1).then(|| {
         let mut out = Vec::with_capacity(entries.len() * 4);
         let mut prev_at = max_at_us;
-        for &(at, id) in entries {
+        for &(_, at, id) in entries.iter().rev() {
             // Both are >= 0: entries go newest first, ids are >= first_id.
             put_varint(&mut out, prev_at.abs_diff(at));
             put_varint(&mut out, id.abs_diff(first_id));
