@@ -22,6 +22,8 @@
 //! flush writes for a seller seen once, and what 0009 wrote for each reveal
 //! before it.
 
+use std::collections::HashSet;
+
 use sqlx::SqliteConnection;
 
 use super::{RevealRow, sqlite_chunks, sqlite_insert};
@@ -180,14 +182,57 @@ pub(super) async fn read_page(
     if limit == 0 {
         return Ok(Vec::new());
     }
-    let after = query.after.unwrap_or((i64::MAX, i64::MAX));
     // Retention deletes the lowest ids first: below the lowest left, a
-    // posting's entries are gone; from it up, every one is there.
+    // posting's entries are all gone.
     let (low,): (i64,) = sqlx::query_as("SELECT coalesce(min(id), 0) FROM reveals")
         .fetch_one(&mut *conn)
         .await?;
+    // Above it, a few may be gone too: retention takes the rows past its
+    // cutoff among the lowest ids, and behind a younger row (a clock stepped
+    // back) one can go first. A page that lists one walks again without it,
+    // so that a page is short only when it is the last.
+    let mut gone: HashSet<i64> = HashSet::new();
+    loop {
+        let page = walk(&mut *conn, user_id, query, limit, low, &gone).await?;
+        let mut rows: Vec<RevealRow> = Vec::with_capacity(page.len());
+        for chunk in sqlite_chunks(&page) {
+            let sql = format!(
+                "SELECT id, at_us, viewer, user_id, ad_id, category_id, kind FROM reveals \
+                 WHERE user_id = ? AND id IN ({})",
+                vec!["?"; chunk.len()].join(",")
+            );
+            let mut q = sqlx::query_as(&sql).persistent(false).bind(user_id);
+            for &(_, id) in chunk {
+                q = q.bind(id);
+            }
+            rows.extend(q.fetch_all(&mut *conn).await?);
+        }
+        if rows.len() == page.len() {
+            rows.sort_unstable_by_key(|r: &RevealRow| std::cmp::Reverse((r.1, r.0)));
+            return Ok(rows);
+        }
+        let found: HashSet<i64> = rows.iter().map(|r| r.0).collect();
+        gone.extend(page.iter().map(|e| e.1).filter(|id| !found.contains(id)));
+    }
+}
+
+/// The `(at_us, id)` of one page of `user_id`'s reveals, newest first, from
+/// the postings alone, leaving out ids below `low` and those in `gone`.
+async fn walk(
+    conn: &mut SqliteConnection,
+    user_id: i64,
+    query: &RevealQuery,
+    limit: usize,
+    low: i64,
+    gone: &HashSet<i64>,
+) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+    let after = query.after.unwrap_or((i64::MAX, i64::MAX));
     let keep = |&(at, id): &(i64, i64)| {
-        id >= low && at >= query.since_us && at < query.until_us && (at, id) < after
+        id >= low
+            && at >= query.since_us
+            && at < query.until_us
+            && (at, id) < after
+            && !gone.contains(&id)
     };
     let mut page: Vec<(i64, i64)> = Vec::new();
     // The postings still to walk are those before `from` (newest, last id).
@@ -257,21 +302,7 @@ pub(super) async fn read_page(
         from = (seen_newest, seen_last_id);
         take = (take * 2).min(MOST_POSTINGS);
     }
-    let mut rows: Vec<RevealRow> = Vec::with_capacity(page.len());
-    for chunk in sqlite_chunks(&page) {
-        let sql = format!(
-            "SELECT id, at_us, viewer, user_id, ad_id, category_id, kind FROM reveals \
-             WHERE user_id = ? AND id IN ({})",
-            vec!["?"; chunk.len()].join(",")
-        );
-        let mut q = sqlx::query_as(&sql).persistent(false).bind(user_id);
-        for &(_, id) in chunk {
-            q = q.bind(id);
-        }
-        rows.extend(q.fetch_all(&mut *conn).await?);
-    }
-    rows.sort_unstable_by_key(|r: &RevealRow| std::cmp::Reverse((r.1, r.0)));
-    Ok(rows)
+    Ok(page)
 }
 
 /// Deletes up to `batch` of the oldest postings whose reveals are all gone (in
@@ -387,6 +418,12 @@ mod tests {
                 .unwrap(),
             150
         );
+        // Rows gone above the lowest id left, as retention takes a row past
+        // its cutoff behind a younger one when a clock stepped back.
+        sqlx::query("DELETE FROM reveals WHERE id % 7 = 0 AND id > 300")
+            .execute(sqlite(&store))
+            .await
+            .unwrap();
         let windows = [
             (i64::MIN, i64::MAX),
             (1_000_100, 1_000_400),
