@@ -175,12 +175,22 @@ impl RevealStore {
                         .sqlite_writer(pool)
                         .begin_with(super::database::SQLITE_BEGIN_WRITE)
                         .await?;
-                    // Ids given here rather than by SQLite (the same: the next
-                    // after the largest), so the flush knows its viewers' runs.
-                    let (first_id,): (i64,) =
-                        sqlx::query_as("SELECT coalesce(max(id), 0) + 1 FROM reveals")
-                            .fetch_one(&mut *tx)
-                            .await?;
+                    // Ids given here rather than by SQLite, so the flush knows
+                    // its viewers' runs and sellers' postings: the next after
+                    // the largest a reveal, a run or a posting holds, so that
+                    // an id is never reused while a run or posting not yet
+                    // pruned still names it (when retention emptied the log,
+                    // say). Runs and postings go in id order: the last is the
+                    // largest.
+                    let (first_id,): (i64,) = sqlx::query_as(
+                        "SELECT max(\
+                         coalesce((SELECT max(id) FROM reveals), 0), \
+                         coalesce((SELECT last_id FROM reveal_viewer_runs ORDER BY id DESC LIMIT 1), 0), \
+                         coalesce((SELECT last_id FROM reveal_seller_postings ORDER BY id DESC LIMIT 1), 0)\
+                         ) + 1",
+                    )
+                    .fetch_one(&mut *tx)
+                    .await?;
                     let by_viewer: Vec<(i64, &Reveal)> = (first_id..).zip(ordered).collect();
                     // `OR FAIL`: a statement that fails keeps the rows it
                     // inserted before, so SQLite keeps no statement journal
