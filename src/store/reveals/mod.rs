@@ -5,6 +5,8 @@
 //! and by the reveal routes.
 
 mod seller_postings;
+#[cfg(test)]
+mod test_support;
 mod viewer_runs;
 
 use super::StoreError;
@@ -399,8 +401,8 @@ impl RevealStore {
                         .execute(&mut *tx)
                         .await?
                         .rows_affected();
-                        viewer_runs::prune(&mut tx, batch).await?;
-                        seller_postings::prune(&mut tx, batch).await?;
+                        prune_dead(&mut tx, "reveal_viewer_runs", batch).await?;
+                        prune_dead(&mut tx, "reveal_seller_postings", batch).await?;
                         tx.commit().await?;
                         deleted
                     }
@@ -409,6 +411,27 @@ impl RevealStore {
             .await?;
         Ok(deleted)
     }
+}
+
+/// Deletes up to `batch` of the oldest rows of `table` (SQLite's viewer runs
+/// or seller postings) whose reveals are all gone, in retention's transaction
+/// after its delete. Both go in order of their last id, as their reveals do,
+/// so the dead ones are the oldest; a reveals batch leaves at most as many
+/// dead ones as it deleted rows, so one batch each keeps up.
+async fn prune_dead(
+    conn: &mut sqlx::SqliteConnection,
+    table: &'static str,
+    batch: i64,
+) -> Result<u64, sqlx::Error> {
+    let sql = format!(
+        "DELETE FROM {table} WHERE id IN (SELECT id FROM {table} ORDER BY id LIMIT ?1) \
+         AND last_id < coalesce((SELECT min(id) FROM reveals), 9223372036854775807)"
+    );
+    Ok(sqlx::query(&sql)
+        .bind(batch)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected())
 }
 
 enum Key {
@@ -447,10 +470,10 @@ fn in_viewer_order(reveals: &[Reveal]) -> Vec<&Reveal> {
             (viewer, r.user.get(), r.at_us, r)
         })
         .collect();
-    // Within a viewer, by seller and time: the order chosen for the seller
-    // index, which postings replaced (migrations/sqlite/0009); kept, since it
-    // is as cheap as any and a unit test pins it. Nothing reads ids as arrival
-    // order: pages order by `at_us`, a run by its range, a posting by entries.
+    // Within a viewer, by seller and time: the sort that builds the sellers'
+    // postings (seller_postings.rs) then meets its input nearly in order when
+    // a flush has few viewers. Nothing reads ids as arrival order: pages order
+    // by `at_us`, a run by its range, a posting by its entries.
     keyed.sort_unstable_by_key(|&(viewer, user, at_us, _)| (viewer, user, at_us));
     keyed.into_iter().map(|(.., r)| r).collect()
 }
@@ -677,13 +700,7 @@ mod tests {
     /// rowid any more.
     #[tokio::test]
     async fn the_counts_survive_their_rebuild_without_rowid() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/old.db?mode=rwc", dir.path().display());
-        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-        let migrations = sqlx::migrate!("migrations/sqlite");
-        for migration in migrations.iter().filter(|m| m.version < 8) {
-            sqlx::raw_sql(&migration.sql).execute(&pool).await.unwrap();
-        }
+        let (_dir, pool) = test_support::migrated_before(8).await;
         sqlx::raw_sql(
             "INSERT INTO ad_reveal_counts (ad_id, kind, n) \
              VALUES (7, 'real', 3), (7, 'anonymous', 1), (9, 'calltracking', 12)",
@@ -691,8 +708,10 @@ mod tests {
         .execute(&pool)
         .await
         .unwrap();
-        let rebuild = migrations.iter().find(|m| m.version == 8).unwrap();
-        sqlx::raw_sql(&rebuild.sql).execute(&pool).await.unwrap();
+        sqlx::raw_sql(&test_support::migration(8))
+            .execute(&pool)
+            .await
+            .unwrap();
         let counts: Vec<(i64, String, i64)> =
             sqlx::query_as("SELECT ad_id, kind, n FROM ad_reveal_counts ORDER BY ad_id, kind")
                 .fetch_all(&pool)

@@ -55,7 +55,7 @@ pub(super) struct Posting {
 
 /// The postings of a flush: `rows` are its reveals with the ids they are
 /// written under. In order of their last id, as retention deletes them
-/// ([`prune`]).
+/// (`prune_dead` in the parent module).
 pub(super) fn postings_of(rows: &[(i64, &Reveal)]) -> Vec<Posting> {
     // One sort, then each seller's slice: no map and no list per seller (a
     // flush of the soak's shape has about 9,000 sellers). The rows come in
@@ -304,24 +304,9 @@ async fn rows_of(
     Ok(rows)
 }
 
-/// Deletes up to `batch` of the oldest postings whose reveals are all gone (in
-/// retention's transaction, after its delete). Postings go in order of their
-/// last id, as their reveals do, so the dead ones are the oldest; a reveals
-/// batch leaves at most as many dead postings as it deleted rows.
-pub(super) async fn prune(conn: &mut SqliteConnection, batch: i64) -> Result<u64, sqlx::Error> {
-    Ok(sqlx::query(
-        "DELETE FROM reveal_seller_postings WHERE id IN \
-         (SELECT id FROM reveal_seller_postings ORDER BY id LIMIT ?1) \
-         AND last_id < coalesce((SELECT min(id) FROM reveals), 9223372036854775807)",
-    )
-    .bind(batch)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected())
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::{migrated_before, migration, scan, sqlite, walk};
     use super::*;
     use crate::domain::{AdId, CategoryId, RevealsOf, Source, UserId, Viewer};
 
@@ -429,8 +414,9 @@ mod tests {
             (1_000_250, 1_000_260),
         ];
         for user in [1u64, 2, 3, 99] {
+            let of = RevealsOf::Seller(UserId::new(user).unwrap());
             for (since, until) in windows {
-                let expected = scan(&store, user, since, until).await;
+                let expected = scan(&store, &of, since, until).await;
                 if user != 99 && since == i64::MIN {
                     assert!(
                         expected.len() > 50,
@@ -438,7 +424,7 @@ mod tests {
                     );
                 }
                 for limit in [1, 3, 7, 50, 1000] {
-                    let got = walk(&store, user, since, until, limit).await;
+                    let got = walk(&store, &of, since, until, limit).await;
                     assert_eq!(got, expected, "{user} {since}..{until} by {limit}");
                 }
             }
@@ -559,13 +545,7 @@ mod tests {
     /// index gone, and a seller's pages as they were.
     #[tokio::test]
     async fn the_reveals_before_postings_get_one_each() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/old.db?mode=rwc", dir.path().display());
-        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-        let migrations = sqlx::migrate!("migrations/sqlite");
-        for migration in migrations.iter().filter(|m| m.version < 9) {
-            sqlx::raw_sql(&migration.sql).execute(&pool).await.unwrap();
-        }
+        let (_dir, pool) = migrated_before(9).await;
         sqlx::raw_sql(
             "INSERT INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind) VALUES \
              (1, 100, 'a', 7, 1, 1, 'real'), (2, 90, 'b', 8, 1, 1, 'real'), \
@@ -574,8 +554,7 @@ mod tests {
         .execute(&pool)
         .await
         .unwrap();
-        let postings = migrations.iter().find(|m| m.version == 9).unwrap();
-        sqlx::raw_sql(&postings.sql).execute(&pool).await.unwrap();
+        sqlx::raw_sql(&migration(9)).execute(&pool).await.unwrap();
         let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM reveal_seller_postings")
             .fetch_one(&pool)
             .await
@@ -602,69 +581,5 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(rest.iter().map(|r| r.0).collect::<Vec<_>>(), [1]);
-    }
-
-    fn sqlite(store: &super::super::RevealStore) -> &sqlx::SqlitePool {
-        match &store.backend {
-            super::super::Backend::Sqlite(pool) => pool,
-            super::super::Backend::Postgres(_) => unreachable!("a SQLite store"),
-        }
-    }
-
-    /// Ids of `user`'s reveals in the window, newest first, by a scan.
-    async fn scan(
-        store: &super::super::RevealStore,
-        user: u64,
-        since: i64,
-        until: i64,
-    ) -> Vec<i64> {
-        let user = i64::try_from(user).unwrap();
-        sqlx::query_as::<_, (i64,)>(
-            "SELECT id FROM reveals NOT INDEXED WHERE user_id = ?1 AND at_us >= ?2 AND at_us < ?3 \
-             ORDER BY at_us DESC, id DESC",
-        )
-        .bind(user)
-        .bind(since)
-        .bind(until)
-        .fetch_all(sqlite(store))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(id,)| id)
-        .collect()
-    }
-
-    /// Ids of `user`'s reveals in the window, page after page. A page short
-    /// of `limit` must be the last: the API ends the walk there.
-    async fn walk(
-        store: &super::super::RevealStore,
-        user: u64,
-        since: i64,
-        until: i64,
-        limit: u32,
-    ) -> Vec<i64> {
-        let mut ids = Vec::new();
-        let mut after = None;
-        let mut short = false;
-        loop {
-            let page = store
-                .read_reveals(&RevealQuery {
-                    of: RevealsOf::Seller(UserId::new(user).unwrap()),
-                    since_us: since,
-                    until_us: until,
-                    after,
-                    limit,
-                })
-                .await
-                .unwrap();
-            assert!(page.len() <= limit as usize);
-            assert!(!short || page.is_empty(), "a short page was not the last");
-            short = page.len() < limit as usize;
-            let Some(last) = page.last() else {
-                return ids;
-            };
-            after = Some((last.reveal.at_us, last.id));
-            ids.extend(page.iter().map(|r| r.id));
-        }
     }
 }

@@ -159,26 +159,11 @@ pub(super) async fn read_page(
     Ok(rows)
 }
 
-/// Deletes up to `batch` of the oldest runs whose reveals are all gone (in
-/// retention's transaction, after its delete). Runs go in id order, as their
-/// reveals do, so the dead ones are the oldest; a reveals batch leaves at most
-/// as many dead runs as it deleted rows, so one batch each keeps up.
-pub(super) async fn prune(conn: &mut SqliteConnection, batch: i64) -> Result<u64, sqlx::Error> {
-    Ok(sqlx::query(
-        "DELETE FROM reveal_viewer_runs WHERE id IN \
-         (SELECT id FROM reveal_viewer_runs ORDER BY id LIMIT ?1) \
-         AND last_id < coalesce((SELECT min(id) FROM reveals), 9223372036854775807)",
-    )
-    .bind(batch)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected())
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::{scan, sqlite, walk};
     use super::*;
-    use crate::domain::{AdId, CategoryId, Source, UserId};
+    use crate::domain::{AdId, CategoryId, RevealsOf, Source, UserId};
 
     fn reveal(at_us: i64, viewer: Option<&str>) -> Reveal {
         Reveal {
@@ -233,10 +218,11 @@ mod tests {
             (1_000_250, 1_000_260),
         ];
         for viewer in ["a", "b", "c", "nobody"] {
+            let of = RevealsOf::Viewer(Viewer::parse(viewer.as_bytes()).unwrap());
             for (since, until) in windows {
-                let expected = scan(&store, viewer, since, until).await;
+                let expected = scan(&store, &of, since, until).await;
                 for limit in [1, 3, 7, 50, 1000] {
-                    let got = walk(&store, viewer, since, until, limit).await;
+                    let got = walk(&store, &of, since, until, limit).await;
                     assert_eq!(got, expected, "{viewer} {since}..{until} by {limit}");
                 }
             }
@@ -278,65 +264,6 @@ mod tests {
             > 0
         {}
         assert_eq!(runs().await, 0);
-    }
-
-    fn sqlite(store: &super::super::RevealStore) -> &sqlx::SqlitePool {
-        match &store.backend {
-            super::super::Backend::Sqlite(pool) => pool,
-            super::super::Backend::Postgres(_) => unreachable!("a SQLite store"),
-        }
-    }
-
-    /// Ids of `viewer`'s reveals in the window, newest first, by a scan.
-    async fn scan(
-        store: &super::super::RevealStore,
-        viewer: &str,
-        since: i64,
-        until: i64,
-    ) -> Vec<i64> {
-        sqlx::query_as::<_, (i64,)>(
-            "SELECT id FROM reveals NOT INDEXED WHERE viewer = ?1 AND at_us >= ?2 AND at_us < ?3 \
-             ORDER BY at_us DESC, id DESC",
-        )
-        .bind(viewer)
-        .bind(since)
-        .bind(until)
-        .fetch_all(sqlite(store))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(id,)| id)
-        .collect()
-    }
-
-    /// Ids of `viewer`'s reveals in the window, page after page.
-    async fn walk(
-        store: &super::super::RevealStore,
-        viewer: &str,
-        since: i64,
-        until: i64,
-        limit: u32,
-    ) -> Vec<i64> {
-        let mut ids = Vec::new();
-        let mut after = None;
-        loop {
-            let page = store
-                .read_reveals(&RevealQuery {
-                    of: crate::domain::RevealsOf::Viewer(Viewer::parse(viewer.as_bytes()).unwrap()),
-                    since_us: since,
-                    until_us: until,
-                    after,
-                    limit,
-                })
-                .await
-                .unwrap();
-            assert!(page.len() <= limit as usize);
-            let Some(last) = page.last() else {
-                return ids;
-            };
-            after = Some((last.reveal.at_us, last.id));
-            ids.extend(page.iter().map(|r| r.id));
-        }
     }
 
     #[test]
