@@ -9,7 +9,13 @@
 //! seller `rank % sellers + 1`, category 9 (anonymous numbers sold) for every
 //! fifth ad, else 1; the same mix as `benches/load/hot.lua`.
 //!
-//! Usage: `openload BASE_URL RATE SECONDS [CONNECTIONS] [ADS] [SELLERS] [TOP] [SLOW_MS] [WARMUP_S]`
+//! `SHAPE = soak` draws instead the soak's keys (`benches/load/fill.lua`'s 90,000:
+//! seller 1000..=9999, ad 10..=19, category 1) uniformly, each request with
+//! `X-Viewer-Id: viewer-1`, so each is a reveal. The harness's soak uses it
+//! rather than oha: over 240 s, oha at that rate stalled for up to 0.7 s at a
+//! time against a bare hello-world too (p99 63 ms), so its p99 measured oha.
+//!
+//! Usage: `openload BASE_URL RATE SECONDS [CONNECTIONS] [ADS] [SELLERS] [TOP] [SLOW_MS] [WARMUP_S] [SHAPE]`
 //! Prints one JSON document: totals, one row per second (answered, shed with
 //! 503, other, latency percentiles of the answered), and for the `TOP` most
 //! popular ads after `WARMUP_S`: requests, how many took `SLOW_MS` or longer
@@ -47,7 +53,12 @@ struct Args {
     top: u32,
     slow_ms: u32,
     warmup_s: u32,
+    /// The soak's uniform keys with a viewer, rather than the Zipf mix.
+    soak: bool,
 }
+
+/// The soak's key space (fill.lua): seller 1000 + k / 10, ad 10 + k % 10.
+const SOAK_KEYS: u32 = 90_000;
 
 fn args() -> Args {
     let all: Vec<String> = std::env::args().skip(1).collect();
@@ -65,6 +76,7 @@ fn args() -> Args {
         top: num(6, 1_000.0) as u32,
         slow_ms: num(7, 50.0) as u32,
         warmup_s: num(8, 0.0) as u32,
+        soak: all.get(9).is_some_and(|shape| shape == "soak"),
     }
 }
 
@@ -112,7 +124,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut workers = Vec::new();
     for _ in 0..args.connections {
         let (receiver, authority) = (receiver.clone(), authority.clone());
-        let sellers = args.sellers;
+        let (sellers, soak) = (args.sellers, args.soak);
         workers.push(tokio::spawn(async move {
             let mut samples = Vec::new();
             let mut sender = None;
@@ -120,7 +132,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 let Some((due, rank)) = receiver.lock().await.recv().await else {
                     break;
                 };
-                let status = send(&mut sender, &authority, rank, sellers).await;
+                let status = send(&mut sender, &authority, rank, sellers, soak).await;
                 let latency = due.elapsed();
                 samples.push(Sample {
                     due_ms: due.duration_since(start).as_millis() as u32,
@@ -149,7 +161,13 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let due_by = ((start.elapsed().as_secs_f64()) * args.rate) as u64;
         while sent < due_by.min(total) {
             let due = start + Duration::from_secs_f64(sent as f64 / args.rate);
-            let _ = queue.send((due, zipf.draw(uniform())));
+            let key = if args.soak {
+                // 0..SOAK_KEYS; stored as a rank from 1, as the Zipf draw's.
+                (uniform() * f64::from(SOAK_KEYS)) as u32 % SOAK_KEYS + 1
+            } else {
+                zipf.draw(uniform())
+            };
+            let _ = queue.send((due, key));
             sent += 1;
         }
     }
@@ -173,6 +191,7 @@ async fn send(
     authority: &str,
     rank: u32,
     sellers: u32,
+    soak: bool,
 ) -> u16 {
     if sender.as_ref().is_none_or(|s| s.is_closed()) {
         *sender = connect(authority).await;
@@ -181,13 +200,20 @@ async fn send(
         tokio::time::sleep(Duration::from_millis(10)).await;
         return 0;
     };
-    let category = if rank % 5 == 0 { 9 } else { 1 };
-    let user = rank % sellers + 1;
-    let request = hyper::Request::get(format!(
-        "/v1/public-phone?user_id={user}&ad_id={rank}&category_id={category}"
+    let (user, ad, category) = if soak {
+        let k = rank - 1;
+        (1000 + k / 10, 10 + k % 10, 1)
+    } else {
+        (rank % sellers + 1, rank, if rank % 5 == 0 { 9 } else { 1 })
+    };
+    let mut request = hyper::Request::get(format!(
+        "/v1/public-phone?user_id={user}&ad_id={ad}&category_id={category}"
     ))
-    .header(hyper::header::HOST, authority)
-    .body(Empty::new());
+    .header(hyper::header::HOST, authority);
+    if soak {
+        request = request.header("x-viewer-id", "viewer-1");
+    }
+    let request = request.body(Empty::new());
     let Ok(request) = request else { return 0 };
     if s.ready().await.is_err() {
         *sender = None;

@@ -7,11 +7,17 @@
 //! (the reveal log's flush and its SQLite writer) runs at nice
 //! [`BACKGROUND_NICE`], so that a burst of it does not take the core from the
 //! workers (issue 24: a flush at the default priority got half of the core for
-//! its length, and requests queued behind it). Nice 5 weighs about a third of
-//! nice 0: when both want the core the background thread still gets a quarter,
-//! and all of it when the workers are idle, so a saturated core slows the
-//! background work but does not starve it. Linux keeps a nice value per thread;
-//! elsewhere this does nothing.
+//! its length, and requests queued behind it). Nice 8 weighs 172 against nice
+//! 0's 1024: when both want the core the background thread still gets a
+//! seventh of it (about 14%), and all of it when the workers are idle. The log
+//! needs about 8% of the core at the hit path's maximum and 10% at the cold
+//! path's, so a saturated core slows the background work but does not starve
+//! it. Nice 5 (a quarter) was not low enough: in the soak's shape (48,500
+//! reveals a second, the workers at 60 to 80% of the core) a flush's burst
+//! left the workers less than they needed for its length, and the p99 of 30 s
+//! soaks was 9.5 and 45.7 ms against 5.3 and 5.4 at nice 8 and 5.8 and 5.0 at
+//! nice 10 (alternated, examples/openload.rs; the log off: 4.0 to 6.2). Linux
+//! keeps a nice value per thread; elsewhere this does nothing.
 
 use std::path::Path;
 
@@ -40,7 +46,7 @@ fn cgroup_cpus(root: &Path) -> Option<usize> {
 }
 
 /// The nice value of background threads (see the module doc).
-pub const BACKGROUND_NICE: i32 = 5;
+pub const BACKGROUND_NICE: i32 = 8;
 
 /// Lowers the calling thread to [`BACKGROUND_NICE`].
 pub fn lower_this_thread() {
