@@ -306,7 +306,9 @@ async fn rows_of(
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{migrated_before, migration, scan, sqlite, walk};
+    use super::super::test_support::{
+        delete_every_reveal, migrated_before, migration, rows, scan, sqlite, walk,
+    };
     use super::*;
     use crate::domain::{AdId, CategoryId, RevealsOf, Source, UserId, Viewer};
 
@@ -449,22 +451,14 @@ mod tests {
             ];
             store.write_reveals(&batch).await.unwrap();
         }
-        let pool = sqlite(&store);
-        let postings = || async {
-            sqlx::query_as::<_, (i64,)>("SELECT count(*) FROM reveal_seller_postings")
-                .fetch_one(pool)
-                .await
-                .unwrap()
-                .0
-        };
-        assert_eq!(postings().await, 9);
+        assert_eq!(rows(&store, "reveal_seller_postings").await, 9);
         // Ids 1..=5: seller 2's posting (2, 4) and 3's (3, 5) are gone, 1's
         // (1, 6) is cut, not gone.
         store
             .delete_reveals_older_than(std::time::Duration::ZERO, 5)
             .await
             .unwrap();
-        assert_eq!(postings().await, 7);
+        assert_eq!(rows(&store, "reveal_seller_postings").await, 7);
         let page = store
             .read_reveals(&RevealQuery {
                 of: RevealsOf::Seller(UserId::new(1).unwrap()),
@@ -479,13 +473,8 @@ mod tests {
             page.iter().map(|r| r.id).collect::<Vec<_>>(),
             [18, 13, 12, 7, 6]
         );
-        while store
-            .delete_reveals_older_than(std::time::Duration::ZERO, 4)
-            .await
-            .unwrap()
-            > 0
-        {}
-        assert_eq!(postings().await, 0);
+        delete_every_reveal(&store).await;
+        assert_eq!(rows(&store, "reveal_seller_postings").await, 0);
     }
 
     /// A log emptied by retention faster than its postings were pruned: new

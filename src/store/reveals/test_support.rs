@@ -1,6 +1,7 @@
-//! What the SQLite store's tests share: the pool behind a store, a page walk
-//! as the admin route's cursor makes it, the same reveals by a plain scan, and
-//! a database migrated up to a version.
+//! What the SQLite store's tests share: the pool behind a store, a table's row
+//! count, retention until the log is empty, a page walk as the admin route's
+//! cursor makes it, the same reveals by a plain scan, and a database migrated
+//! up to a version.
 
 use super::{Backend, RevealStore};
 use crate::domain::{RevealQuery, RevealsOf};
@@ -10,6 +11,23 @@ pub(super) fn sqlite(store: &RevealStore) -> &sqlx::SqlitePool {
         Backend::Sqlite(pool) => pool,
         Backend::Postgres(_) => unreachable!("a SQLite store"),
     }
+}
+
+/// How many rows `table` holds.
+pub(super) async fn rows(store: &RevealStore, table: &str) -> i64 {
+    let sql = format!("SELECT count(*) FROM {table}");
+    let (n,): (i64,) = sqlx::query_as(&sql).fetch_one(sqlite(store)).await.unwrap();
+    n
+}
+
+/// Retention with no age limit, in batches of 4, until the log is empty.
+pub(super) async fn delete_every_reveal(store: &RevealStore) {
+    while store
+        .delete_reveals_older_than(std::time::Duration::ZERO, 4)
+        .await
+        .unwrap()
+        > 0
+    {}
 }
 
 /// Ids of `of`'s reveals in the window, newest first, by a scan of every row.

@@ -161,7 +161,7 @@ pub(super) async fn read_page(
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{scan, sqlite, walk};
+    use super::super::test_support::{delete_every_reveal, rows, scan, walk};
     use super::*;
     use crate::domain::{AdId, CategoryId, RevealsOf, Source, UserId};
 
@@ -241,29 +241,16 @@ mod tests {
                 .collect();
             store.write_reveals(&batch).await.unwrap();
         }
-        let pool = sqlite(&store);
-        let runs = || async {
-            sqlx::query_as::<_, (i64,)>("SELECT count(*) FROM reveal_viewer_runs")
-                .fetch_one(pool)
-                .await
-                .unwrap()
-                .0
-        };
-        assert_eq!(runs().await, 9);
+        assert_eq!(rows(&store, "reveal_viewer_runs").await, 9);
         // Ids 1..=7: the first flush's runs (a, b, c) and the second's "a"
         // (ids 7 and 8) is cut, not gone.
         store
             .delete_reveals_older_than(std::time::Duration::ZERO, 7)
             .await
             .unwrap();
-        assert_eq!(runs().await, 6);
-        while store
-            .delete_reveals_older_than(std::time::Duration::ZERO, 4)
-            .await
-            .unwrap()
-            > 0
-        {}
-        assert_eq!(runs().await, 0);
+        assert_eq!(rows(&store, "reveal_viewer_runs").await, 6);
+        delete_every_reveal(&store).await;
+        assert_eq!(rows(&store, "reveal_viewer_runs").await, 0);
     }
 
     #[test]
