@@ -9,8 +9,9 @@
 //! seller `rank % sellers + 1`, category 9 (anonymous numbers sold) for every
 //! fifth ad, else 1; the same mix as `benches/load/hot.lua`.
 //!
-//! `SHAPE = soak` draws instead the soak's keys (`benches/load/fill.lua`'s 90,000:
-//! seller 1000..=9999, ad 10..=19, category 1) uniformly, each request with
+//! `SHAPE = soak` draws instead `ADS` keys uniformly in the layout of
+//! `benches/load/fill.lua` (key k: seller 1000 + k / 10, ad 10 + k % 10,
+//! category 1; the harness passes fill.lua's 90,000), each request with
 //! `X-Viewer-Id: viewer-1`, so each is a reveal. The harness's soak uses it
 //! rather than oha: over 240 s, oha at that rate stalled for up to 0.7 s at a
 //! time against a bare hello-world too (p99 63 ms), so its p99 measured oha.
@@ -56,9 +57,6 @@ struct Args {
     /// The soak's uniform keys with a viewer, rather than the Zipf mix.
     soak: bool,
 }
-
-/// The soak's key space (fill.lua): seller 1000 + k / 10, ad 10 + k % 10.
-const SOAK_KEYS: u32 = 90_000;
 
 fn args() -> Args {
     let all: Vec<String> = std::env::args().skip(1).collect();
@@ -162,8 +160,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         while sent < due_by.min(total) {
             let due = start + Duration::from_secs_f64(sent as f64 / args.rate);
             let key = if args.soak {
-                // 0..SOAK_KEYS; stored as a rank from 1, as the Zipf draw's.
-                (uniform() * f64::from(SOAK_KEYS)) as u32 % SOAK_KEYS + 1
+                // Key 0..ADS, stored as a rank from 1 as the Zipf draw's is.
+                (uniform() * f64::from(args.ads)) as u32 % args.ads + 1
             } else {
                 zipf.draw(uniform())
             };
@@ -201,6 +199,7 @@ async fn send(
         return 0;
     };
     let (user, ad, category) = if soak {
+        // fill.lua's layout: ten ads a seller, from seller 1000 and ad 10.
         let k = rank - 1;
         (1000 + k / 10, 10 + k % 10, 1)
     } else {

@@ -12,12 +12,13 @@
 //! seventh of it (about 14%), and all of it when the workers are idle. The log
 //! took 9.5 to 9.9% of the core at the hit path's maximum and 7.5% at the cold
 //! path's (10 s of wrk each), so a saturated core slows the background work but
-//! does not starve it (nice 10, about 9.7%, would). Nice 5 (a quarter) was not low enough: in the soak's shape (48,500
-//! reveals a second, the workers at 60 to 80% of the core) a flush's burst
-//! left the workers less than they needed for its length, and the p99 of 30 s
-//! soaks was 9.5 and 45.7 ms against 5.3 and 5.4 at nice 8 and 5.8 and 5.0 at
-//! nice 10 (alternated, examples/openload.rs; the log off: 4.0 to 6.2). Linux
-//! keeps a nice value per thread; elsewhere this does nothing.
+//! does not starve it (nice 10, about 9.7%, would). Nice 5 (a quarter) was not
+//! low enough: in the soak's shape (48,500 reveals a second, the workers at 60
+//! to 80% of the core) a flush's burst left the workers less than they needed
+//! for its length, and the p99 of 30 s soaks was 9.5 and 45.7 ms against 5.3
+//! and 5.4 at nice 8 and 5.8 and 5.0 at nice 10 (alternated,
+//! examples/openload.rs; the log off: 4.0 to 6.2). Linux keeps a nice value per
+//! thread; elsewhere this does nothing.
 
 use std::path::Path;
 

@@ -545,8 +545,8 @@ def soak_run(db_dir, rate, seconds, extra_env, quick):
     backlog = metric(ADMIN, "phones_gateway_reveals_buffered")
     if backlog > 0:
         print(f"warning: {backlog:.0f} of the fill's reveals still unwritten as the soak starts", file=sys.stderr)
-    # examples/openload.rs in its soak shape (the 90,000 keys drawn uniformly,
-    # each request with VIEWER_HEADER's viewer), not oha: over 240 s at this
+    # examples/openload.rs in its soak shape (ADS = fill.lua's 90,000 keys drawn
+    # uniformly, SELLERS unused, each request with VIEWER_HEADER's viewer), not oha: over 240 s at this
     # rate oha stalled for up to 0.7 s at a time against the bare hello-world
     # too (p99 63 ms, max 677 ms; openload on the same: p99 3.3 ms, max 23 ms),
     # so its p99 measured oha. 64 connections, latency from when each was due.
