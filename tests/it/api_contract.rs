@@ -123,7 +123,7 @@ async fn without_the_token_every_admin_path_and_method_is_401_and_with_it_404_or
     let status_42 = format!("{STATUSES}/42");
     let undecodable = format!("{STATUSES}/%FF");
     // (method, path, the answer with the token)
-    let table: [(&Method, &str, u16); 16] = [
+    let table: [(&Method, &str, u16); 20] = [
         (&Method::DELETE, "/admin/v1/cache/invalidate", 405),
         (&Method::GET, "/admin/v1/cache/invalidate", 405),
         (&Method::GET, STATUSES, 405),
@@ -140,6 +140,12 @@ async fn without_the_token_every_admin_path_and_method_is_401_and_with_it_404_or
         (&Method::POST, "/admin/v1/reveals", 405),
         (&Method::GET, "/admin/v1/ads/42/reveals", 200),
         (&Method::GET, "/admin/v1/ads/%FF/reveals", 400),
+        // The API descriptions are admin routes like the others, and a path
+        // outside `/admin` tells nothing either.
+        (&Method::GET, "/openapi/admin.json", 200),
+        (&Method::GET, "/openapi/public.json", 404),
+        (&Method::GET, "/administrator", 404),
+        (&Method::GET, "/", 404),
     ];
     for (method, path, with_token) in table {
         for token in [None, Some("nope"), Some(&TOKEN[..TOKEN.len() - 1])] {
@@ -158,21 +164,15 @@ async fn without_the_token_every_admin_path_and_method_is_401_and_with_it_404_or
             got.assert_problem(with_token);
         }
     }
-    // Operations stay open, and a path that only starts like the admin prefix
-    // is an ordinary 404.
-    for path in [
-        "/healthz",
-        "/readyz",
-        "/metrics",
-        "/openapi/admin.json",
-        "/openapi/public.json",
-    ] {
+    // Only the operations answer without the token; the public API's
+    // description is open on the public listener.
+    for path in ["/healthz", "/readyz", "/metrics"] {
         let got = raw(&app.admin, &get(path, "")).await;
         assert_eq!(got.status, 200, "{path}: {got:?}");
     }
-    raw(&app.admin, &get("/administrator", ""))
-        .await
-        .assert_problem(404);
+    let got = raw(&app.public, &get("/openapi/public.json", "")).await;
+    assert_eq!(got.status, 200, "{got:?}");
+    assert!(got.body.contains("/v1/public-phone"), "{got:?}");
 }
 
 // Item 7: every rejection a problem document, on both listeners.
@@ -204,10 +204,12 @@ async fn heads_over_hyper_s_bound_are_431_problems_on_both_listeners() {
     let app = TestApp::spawn().await;
     app.real.reply(Reply::Phone(REAL));
     let query = format!("/v1/public-phone?user_id=1&ad_id=1&category_id={PLAIN_CATEGORY}");
-    for base in [&app.public, &app.admin] {
+    // On the admin listener an open route: the token comes before the head's
+    // limit, so elsewhere there a caller without it learns only 401.
+    for (base, target) in [(&app.public, query.as_str()), (&app.admin, "/healthz?x=1")] {
         // A 64 KiB query string, and a 200 KiB header: both over twice the
         // default 16 KiB limit, where hyper refuses before the service.
-        let long = format!("{query}&pad={}", "a".repeat(64 * 1024));
+        let long = format!("{target}&pad={}", "a".repeat(64 * 1024));
         let problem = raw(base, &get(&long, "")).await.assert_problem(431);
         assert!(
             problem["detail"]
@@ -217,10 +219,10 @@ async fn heads_over_hyper_s_bound_are_431_problems_on_both_listeners() {
             "{problem}"
         );
         let huge = format!("x-huge: {}\r\n", "a".repeat(200 * 1024));
-        raw(base, &get(&query, &huge)).await.assert_problem(431);
+        raw(base, &get(target, &huge)).await.assert_problem(431);
         // Between the limit and hyper's bound: the front's 431, the same document.
         let over = format!("x-big: {}\r\n", "a".repeat(20 * 1024));
-        let front = raw(base, &get(&query, &over)).await.assert_problem(431);
+        let front = raw(base, &get(target, &over)).await.assert_problem(431);
         assert_eq!(front["detail"], problem["detail"]);
     }
     // The connection-level rewrite leaves ordinary answers alone.
@@ -441,7 +443,7 @@ async fn json_routes_refuse_other_content_types_with_415() {
     assert_eq!(got.body["version"], 0, "{got:?}");
     // And the OpenAPI documents (schemathesis checks the service against them)
     // list the 415.
-    let public = app.get_admin("/openapi/public.json").await.body;
+    let public = app.get_public("/openapi/public.json").await.body;
     let admin = app.get_admin("/openapi/admin.json").await.body;
     for (document, method, path) in [
         (&public, "post", "/v1/public-phones/batch"),
@@ -567,9 +569,10 @@ async fn operations_routes_answer_without_a_token() {
 #[tokio::test]
 async fn the_openapi_documents_describe_both_listeners() {
     let app = TestApp::spawn().await;
+    // The public document, open on the public listener.
     let public = read(
         app.http
-            .get(format!("{}/openapi/public.json", app.admin))
+            .get(format!("{}/openapi/public.json", app.public))
             .send()
             .await
             .unwrap(),
@@ -582,7 +585,10 @@ async fn the_openapi_documents_describe_both_listeners() {
         public.text
     );
     assert!(public.body["paths"]["/v1/public-phones/batch"]["post"].is_object());
-    let admin = read(
+    let admin = app.get_admin("/openapi/admin.json").await;
+    assert_eq!(admin.status, 200);
+    // Without the token the admin document is refused like every admin route.
+    let refused = read(
         app.http
             .get(format!("{}/openapi/admin.json", app.admin))
             .send()
@@ -590,6 +596,8 @@ async fn the_openapi_documents_describe_both_listeners() {
             .unwrap(),
     )
     .await;
+    assert_eq!(refused.status, 401, "{}", refused.text);
+    assert!(!refused.text.contains(STATUSES), "{}", refused.text);
     for path in [
         STATUSES,
         "/admin/v1/cache/invalidate",

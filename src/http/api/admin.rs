@@ -1,8 +1,9 @@
 //! The admin API (docs/api.md): status sync, status lookup, cache invalidation, behind
 //! a bearer token; and the operations routes (health, readiness, metrics), open.
 //! The token is checked by the listener's front (`server::front`) for every
-//! path under `/admin/` (`routes::RouteId::needs_token`), before routing, so a caller without it learns nothing
-//! (not which routes or methods exist).
+//! other path (`routes::RouteId::needs_token`), the API descriptions and unknown
+//! paths included, before routing, so a caller without it learns nothing (not
+//! which routes or methods exist).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -118,10 +118,31 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
     )
 )]
 pub async fn public_phone(State(state): State<PublicState>, request: HttpRequest) -> Response {
-    // HEAD answers as GET does but shows no number, so it is not a reveal.
-    let reveal = request.method() == Method::GET;
-    let response = lookup(&state, request.headers(), request.uri().query(), reveal).await;
-    if reveal { response } else { headless(response) }
+    let (method, headers, query) = (request.method(), request.headers(), request.uri().query());
+    // The router sends this handler GET and HEAD only (the route's methods).
+    public_phone_by(&state, method, headers, query)
+        .await
+        .unwrap_or_else(|| ApiError::MethodNotAllowed.into_response())
+}
+
+/// `GET` and `HEAD /v1/public-phone`, the one door both ways in go through: the
+/// router's handler above and the hit path in `server::front`, which calls it
+/// without the router. `None` for any other method (the router's 405 then).
+///
+/// HEAD answers as GET does but shows no number, so it is not a reveal.
+pub async fn public_phone_by(
+    state: &PublicState,
+    method: &Method,
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> Option<Response> {
+    if method == Method::GET {
+        Some(lookup(state, headers, query, true).await)
+    } else if method == Method::HEAD {
+        Some(headless(lookup(state, headers, query, false).await))
+    } else {
+        None
+    }
 }
 
 /// The answer to `HEAD /v1/public-phone`: the lookup's status and headers
@@ -130,16 +151,15 @@ pub async fn public_phone(State(state): State<PublicState>, request: HttpRequest
 /// length differs by kind (`"real"` is shorter than `"calltracking"`). HTTP
 /// lets a HEAD answer leave the length out (RFC 9110, section 9.3.2); hyper
 /// writes none for an empty body answering HEAD.
-pub fn headless(mut response: Response) -> Response {
+fn headless(mut response: Response) -> Response {
     response.headers_mut().remove(header::CONTENT_LENGTH);
     *response.body_mut() = Body::empty();
     response
 }
 
-/// `GET /v1/public-phone`: the handler above, and the hit path itself
-/// (`server::front` calls it without the router). A 200 is recorded as a
-/// reveal when `reveal` is set.
-pub async fn lookup(
+/// The lookup behind [`public_phone_by`]. A 200 is recorded as a reveal when
+/// `reveal` is set.
+async fn lookup(
     state: &PublicState,
     headers: &HeaderMap,
     query: Option<&str>,

@@ -5,7 +5,8 @@
 //! - the front finds a request's row once ([`RouteId::public`],
 //!   [`RouteId::admin`]) and takes from it the duration label
 //!   ([`RouteId::label`]) and whether the token is needed
-//!   ([`RouteId::needs_token`]);
+//!   ([`RouteId::needs_token`]: on the admin listener everything but the rows
+//!   marked open, the operations, unmatched paths included);
 //! - the OpenAPI test (`openapi::tests`) holds the documents to the rows marked
 //!   documented.
 //!
@@ -39,13 +40,18 @@ pub const METRICS: &str = "/metrics";
 pub const OPENAPI_PUBLIC: &str = "/openapi/public.json";
 pub const OPENAPI_ADMIN: &str = "/openapi/admin.json";
 
-/// The public listener's routes.
+/// The public listener's routes, and its API's description (open: it describes
+/// what any caller of this listener may call).
 pub const PUBLIC: &[Route<PublicState>] = &[
     Route::open(PUBLIC_PHONE, || get(public::public_phone)),
     Route::open(BATCH, || post(public::batch)),
+    Route::open(OPENAPI_PUBLIC, || get(openapi::public_json)).undocumented(),
 ];
 
-/// The admin listener's routes.
+/// The admin listener's routes. Only the operations (health, readiness,
+/// metrics) are open; the admin API's description wants the token like every
+/// admin route, so a caller without it learns nothing of what the listener
+/// offers. The public API's is on the public listener.
 pub const ADMIN: &[Route<AdminState>] = &[
     Route::token(STATUSES, || {
         put(admin::put_statuses).post(admin::post_statuses)
@@ -58,14 +64,8 @@ pub const ADMIN: &[Route<AdminState>] = &[
     Route::open(HEALTHZ, || get(admin::healthz)),
     Route::open(READYZ, || get(admin::readyz)),
     Route::open(METRICS, || get(admin::metrics)),
-    Route::open(OPENAPI_PUBLIC, || get(openapi::public_json)).undocumented(),
-    Route::open(OPENAPI_ADMIN, || get(openapi::admin_json)).undocumented(),
+    Route::token(OPENAPI_ADMIN, || get(openapi::admin_json)).undocumented(),
 ];
-
-/// The prefix under which the admin listener wants the token (docs/api.md): the
-/// routes marked [`Access::Token`] (a test holds them to it), and every other
-/// path under it too, so that without the token no 404 or 405 tells what exists.
-const PROTECTED: &str = "/admin";
 
 /// Who may call a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,21 +180,15 @@ impl RouteId {
         self.0
     }
 
-    /// Whether a request on the admin listener for `path` (this route's) needs
-    /// the token: a row marked [`Access::Token`], or an unmatched path under
-    /// `/admin`.
-    pub fn needs_token(self, path: &str) -> bool {
+    /// Whether a request on the admin listener for this row needs the token
+    /// (docs/api.md): every row but those marked [`Access::Open`], and every
+    /// unmatched path, so that without the token no 404 or 405 tells what exists.
+    pub fn needs_token(self) -> bool {
         match self.0.checked_sub(PUBLIC.len()).and_then(|i| ADMIN.get(i)) {
             Some(route) => route.access == Access::Token,
-            None => is_protected(path),
+            None => true,
         }
     }
-}
-
-/// Whether `path` is under the token's prefix: `/admin` and everything below it.
-fn is_protected(path: &str) -> bool {
-    path.strip_prefix(PROTECTED)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 #[cfg(test)]
@@ -233,22 +227,23 @@ mod tests {
         }
     }
 
-    /// docs/api.md: the token guards every path under `/admin/`, and nothing else.
+    /// docs/api.md: on the admin listener the token guards everything but
+    /// health, readiness and metrics.
     #[test]
-    fn the_token_guards_the_admin_prefix_and_nothing_else() {
-        for route in ADMIN {
-            assert_eq!(
-                route.access == Access::Token,
-                is_protected(route.path),
-                "{}",
-                route.path
-            );
-        }
-        let needs = |path: &str| RouteId::admin(path).needs_token(path);
+    fn the_token_guards_everything_but_the_operations() {
+        let open: Vec<_> = ADMIN
+            .iter()
+            .filter(|route| route.access == Access::Open)
+            .map(|route| route.path)
+            .collect();
+        assert_eq!(open, [HEALTHZ, READYZ, METRICS]);
+        let needs = |path: &str| RouteId::admin(path).needs_token();
         assert!(needs(STATUSES) && needs(&STATUS_OF_USER.replace("{user_id}", "1")));
-        assert!(needs(PROTECTED) && needs("/admin/") && needs("/admin/nothing/here"));
-        assert!(!needs(HEALTHZ) && !needs(METRICS) && !needs("/administrator"));
-        assert!(!needs("/nothing") && !needs(""));
+        assert!(needs("/admin") && needs("/admin/") && needs("/admin/nothing/here"));
+        assert!(needs(OPENAPI_ADMIN) && needs(OPENAPI_PUBLIC));
+        assert_eq!(RouteId::public(OPENAPI_PUBLIC).label(), OPENAPI_PUBLIC);
+        assert!(needs("/administrator") && needs("/nothing") && needs(""));
+        assert!(!needs(HEALTHZ) && !needs(READYZ) && !needs(METRICS));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! What a listener runs for every request, around the router: request tracking
 //! (an id, a span, a duration by route and status) and admission (on the admin
-//! listener the token, checked first for every path under `/admin/` so that
-//! without it nothing, not even a 404 or 405, tells what exists; the header
+//! listener the token, checked first for every path but health, readiness and
+//! metrics so that without it nothing, not even a 404 or 405, tells what exists; the header
 //! limit; and shedding on the public listener). The public lookup, the request a
 //! sale day is made of, is answered here without the router.
 //!
@@ -23,7 +23,6 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::Request;
-use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use tower_service::Service;
 use tracing::Instrument;
@@ -129,9 +128,7 @@ impl Inner {
         // docs/api.md: the token before anything else, whatever the method and whether
         // or not the route exists.
         if let Some(token) = &self.token {
-            if route.needs_token(request.uri().path())
-                && !admin::has_token(token, request.headers())
-            {
+            if route.needs_token() && !admin::has_token(token, request.headers()) {
                 return ApiError::Unauthorized.into_response();
             }
         }
@@ -144,14 +141,15 @@ impl Inner {
         };
         if let Some(state) = &self.lookup {
             if request.uri().path() == PUBLIC_PHONE_PATH {
-                let (headers, query) = (request.headers(), request.uri().query());
-                if request.method() == Method::GET {
-                    return public::lookup(state, headers, query, true).await;
-                }
-                // Here rather than through the router: axum would set a
-                // Content-Length from the GET body, whose length tells the kind.
-                if request.method() == Method::HEAD {
-                    return public::headless(public::lookup(state, headers, query, false).await);
+                // The handler's own function, GET and HEAD (HEAD here rather than
+                // through the router: axum would set a Content-Length from the GET
+                // body, whose length tells the kind); other methods go on to the
+                // router's 405.
+                let (method, headers, query) =
+                    (request.method(), request.headers(), request.uri().query());
+                if let Some(response) = public::public_phone_by(state, method, headers, query).await
+                {
+                    return response;
                 }
             }
         }
