@@ -92,6 +92,13 @@ impl BudgetStore {
                             spends.iter().map(|s| i64::from(s.window)).collect();
                         let ns: Vec<i64> = spends.iter().map(|s| i64::from(s.n)).collect();
                         let mut tx = pg.begin().await?;
+                        // The window before is looked up by the primary key's
+                        // (viewer, kind) prefix: `window_id + 0` keeps the
+                        // planner off the (kind, window_id) index, which it
+                        // takes whenever a new window is past its statistics
+                        // (window ids only grow) and which scans the whole
+                        // window for each row: 5,000 spends over a window of
+                        // 50,000 rows took 65 s that way, 0.13 s this way.
                         let rows: Vec<(i64, i16, i64, i64, i64)> = sqlx::query_as(
                             "WITH up AS ( \
                                INSERT INTO viewer_budgets (viewer, kind, window_id, spent) \
@@ -102,7 +109,7 @@ impl BudgetStore {
                              SELECT up.viewer, up.kind, up.window_id, up.spent, \
                                COALESCE((SELECT b.spent FROM viewer_budgets b \
                                  WHERE b.viewer = up.viewer AND b.kind = up.kind \
-                                   AND b.window_id = up.window_id - 1), 0) \
+                                   AND b.window_id + 0 = up.window_id - 1), 0) \
                              FROM up",
                         )
                         .persistent(false)
