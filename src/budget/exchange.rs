@@ -119,22 +119,21 @@ pub async fn run(
         // replica to start loads them).
         let now = Moment::now();
         let spends = budgets.take_spends(now, REPORT_MAX);
-        let mut reported = 0;
         for chunk in spends.chunks(REPORT_CHUNK) {
             match store.report(chunk).await {
-                Ok(totals) => {
-                    reported += chunk.len();
-                    refusals.extend(budgets.reported(chunk, &totals, now, &gauges));
-                }
+                Ok(totals) => refusals.extend(budgets.reported(chunk, &totals, now, &gauges)),
                 Err(error) => {
-                    tracing::warn!(
-                        %error,
-                        spends = spends.len() - reported,
-                        "viewer budgets: the last spends could not be reported at shutdown"
-                    );
+                    tracing::warn!(%error, "viewer budgets: a report failed at shutdown");
                     break;
                 }
             }
+        }
+        let left = budgets.take_spends(now, usize::MAX).len();
+        if left > 0 {
+            tracing::warn!(
+                spends = left,
+                "viewer budgets: spends not reported at shutdown (the database failed, or more than an exchange reports)"
+            );
         }
         for chunk in refusals.chunks(REPORT_CHUNK) {
             if let Err(error) = store.refuse(chunk).await {
