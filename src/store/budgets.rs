@@ -97,8 +97,9 @@ impl BudgetStore {
                         // planner off the (kind, window_id) index, which it
                         // takes whenever a new window is past its statistics
                         // (window ids only grow) and which scans the whole
-                        // window for each row: 5,000 spends over a window of
-                        // 50,000 rows took 65 s that way, 0.13 s this way.
+                        // window for each row: a report of a few thousand
+                        // spends over a busy window then outlasts any
+                        // statement bound (docs/abuse.md).
                         let rows: Vec<(i64, i16, i64, i64, i64)> = sqlx::query_as(
                             "WITH up AS ( \
                                INSERT INTO viewer_budgets (viewer, kind, window_id, spent) \

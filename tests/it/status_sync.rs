@@ -1,6 +1,7 @@
 //! docs/status-sync.md: the call-tracking status set. The webhook (newer
 //! versions in order), the snapshot and its floor (users it never listed, an entry
-//! at exactly its version, streamed bodies), replicas on one PostgreSQL
+//! at exactly its version, streamed bodies, slow uploads that hold no
+//! connection), replicas on one PostgreSQL
 //! converging (notifications, the poll, catch-up after restarts), "Unknown until
 //! loaded" (/readyz), durability through a SIGKILL on SQLite and PostgreSQL,
 //! "Bounded calls" and "Database outage", the status feed and its leadership, and
