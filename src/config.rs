@@ -278,18 +278,43 @@ impl UpstreamConfig {
 
 /// The call-tracking upstream: an upstream like the others, and its status feed.
 ///
-/// Flattened, so its keys stay where they were (`upstreams.calltracking.timeout_ms`).
-/// serde does not apply the flattened struct's `deny_unknown_fields`, but it does
-/// apply this one's: whatever neither struct takes is refused as an unknown field
-/// (`unknown_keys_are_refused_beside_a_flattened_section` holds it). One cost:
-/// a value of the wrong type under a flattened key is reported against
-/// `upstreams.calltracking`, not the key itself (serde buffers flattened keys).
+/// Its keys stay where they were (`upstreams.calltracking.timeout_ms`): read
+/// through [`CalltrackingKeys`], every key a field of its own, rather than with
+/// `#[serde(flatten)]`. Flattened keys are buffered by serde before they are
+/// read, so a mistake in one (`on_error = "maybe"`, a string for
+/// `timeout_ms`) lost its key and was reported against `upstreams.calltracking`.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "CalltrackingKeys")]
 pub struct CalltrackingUpstreamConfig {
-    #[serde(flatten)]
     pub upstream: UpstreamConfig,
     pub status_feed: StatusFeedConfig,
+}
+
+/// `[upstreams.calltracking]` as written: [`UpstreamConfig`]'s keys and
+/// `status_feed`, each deserialized where figment can name it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CalltrackingKeys {
+    base_url: String,
+    #[serde(rename = "timeout_ms", deserialize_with = "units::millis")]
+    timeout: Duration,
+    on_error: OnError,
+    max_in_flight: usize,
+    status_feed: StatusFeedConfig,
+}
+
+impl From<CalltrackingKeys> for CalltrackingUpstreamConfig {
+    fn from(keys: CalltrackingKeys) -> Self {
+        CalltrackingUpstreamConfig {
+            upstream: UpstreamConfig {
+                base_url: keys.base_url,
+                timeout: keys.timeout,
+                on_error: keys.on_error,
+                max_in_flight: keys.max_in_flight,
+            },
+            status_feed: keys.status_feed,
+        }
+    }
 }
 
 impl UpstreamsConfig {
@@ -1294,7 +1319,9 @@ mod tests {
         let e = error_of("[cache.anonymous]\ncapacity = 0");
         assert!(e.contains("cache.anonymous.capacity"), "{e}");
         let e = error_of("[upstreams.anonymous]\non_error = \"maybe\"");
-        assert!(e.contains("on_error"), "{e}");
+        assert!(e.contains("upstreams.anonymous.on_error"), "{e}");
+        let e = error_of("[upstreams.calltracking]\non_error = \"maybe\"");
+        assert!(e.contains("upstreams.calltracking.on_error"), "{e}");
         let e = error_of("[server]\npublic_adr = \"0.0.0.0:1\"");
         assert!(e.contains("public_adr"), "{e}");
         let e = error_of("[selection]\nanonymous_categories = [0]");
@@ -1302,15 +1329,17 @@ mod tests {
     }
 
     #[test]
-    fn unknown_keys_are_refused_beside_a_flattened_section() {
-        // `upstreams.calltracking` flattens the common upstream keys: its own
-        // `deny_unknown_fields` must still refuse a typo, as every section does.
+    fn the_calltracking_upstream_takes_the_common_keys_and_refuses_others() {
+        // `upstreams.calltracking` holds the common upstream keys beside its
+        // status feed: a typo is refused, as in every section.
         let e = error_of("[upstreams.calltracking]\ntimeout_ms = 100\ntimeout = 100");
-        assert!(e.contains("unknown field `timeout`"), "{e}");
+        assert!(e.contains("upstreams.calltracking.timeout:"), "{e}");
+        assert!(e.contains("unknown field"), "{e}");
         let e = error_of("[upstreams.calltracking.status_feed]\nenabeld = true");
-        assert!(e.contains("enabeld"), "{e}");
-        let e = error_of("[upstreams.calltracking]\ntimeout_ms = \"soon\"");
-        assert!(e.contains("upstreams.calltracking"), "{e}");
+        assert!(
+            e.contains("upstreams.calltracking.status_feed.enabeld"),
+            "{e}"
+        );
         let e = error_of("[upstreams.calltracking]\ntimeout_ms = 0");
         assert!(e.contains("upstreams.calltracking.timeout_ms"), "{e}");
         let c = Config::from_toml(
@@ -1326,6 +1355,111 @@ mod tests {
             c.upstreams.of(Source::Calltracking),
             &calltracking.upstream
         ));
+    }
+
+    /// Every leaf key of the defaults, dotted, with its default value.
+    fn leaf_keys() -> Vec<(String, figment::value::Value)> {
+        fn walk(
+            prefix: &str,
+            dict: &figment::value::Dict,
+            out: &mut Vec<(String, figment::value::Value)>,
+        ) {
+            for (key, value) in dict {
+                let path = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                match value {
+                    figment::value::Value::Dict(_, inner) => walk(&path, inner, out),
+                    leaf => out.push((path, leaf.clone())),
+                }
+            }
+        }
+        let defaults = Figment::from(Toml::string(DEFAULT_TOML))
+            .extract::<figment::value::Dict>()
+            .unwrap();
+        let mut out = Vec::new();
+        walk("", &defaults, &mut out);
+        out
+    }
+
+    /// The mistakes `Config::load` (what `serve --config FILE` runs) finds in
+    /// a file of `toml`.
+    #[allow(clippy::result_large_err)] // figment's Jail API, not ours
+    fn mistakes_in_file(jail: &mut figment::Jail, toml: &str) -> Vec<Mistake> {
+        jail.create_file("gw.toml", toml).unwrap();
+        match Config::load(Some(Path::new("gw.toml"))) {
+            Ok(_) => Vec::new(),
+            Err(ConfigError::Invalid(found)) => found,
+            Err(other) => panic!("{other}"),
+        }
+    }
+
+    /// A value of the wrong type under any key, whatever its type (number,
+    /// duration, bool, string, enum, list), names that key, dotted, and the
+    /// file; nothing else is reported.
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, not ours
+    fn a_value_of_the_wrong_type_names_its_whole_key() {
+        use figment::value::Value;
+        let keys = leaf_keys();
+        assert!(keys.len() > 50, "{}", keys.len());
+        figment::Jail::expect_with(|jail| {
+            for (key, default) in &keys {
+                let wrong = match default {
+                    Value::String(..) => "7",
+                    _ => "\"seven\"",
+                };
+                let (section, leaf) = key.rsplit_once('.').unwrap();
+                let found = mistakes_in_file(jail, &format!("[{section}]\n{leaf} = {wrong}\n"));
+                let keys_found: Vec<&str> = found.iter().map(|m| m.key.as_str()).collect();
+                assert_eq!(keys_found, [key.as_str()], "{key} = {wrong}: {found:?}");
+                let text = found[0].to_string();
+                assert!(text.starts_with(&format!("{key}: ")), "{text}");
+                assert!(text.contains("gw.toml"), "{text}");
+            }
+            Ok(())
+        });
+    }
+
+    /// An enum's unknown value names the key and the values it takes.
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API, not ours
+    fn an_unknown_enum_value_names_its_key_and_the_allowed_values() {
+        figment::Jail::expect_with(|jail| {
+            for (section, leaf, allowed) in [
+                (
+                    "upstreams.calltracking",
+                    "on_error",
+                    &["fail_closed", "fall_through"][..],
+                ),
+                (
+                    "upstreams.real_phone",
+                    "on_error",
+                    &["fail_closed", "fall_through"],
+                ),
+                ("log", "format", &["json", "text"]),
+                ("reveals", "on_overflow", &["drop", "refuse"]),
+                ("selection", "order", &["anonymous", "calltracking", "real"]),
+            ] {
+                let value = if leaf == "order" {
+                    "[\"real\", \"maybe\"]"
+                } else {
+                    "\"maybe\""
+                };
+                let found = mistakes_in_file(jail, &format!("[{section}]\n{leaf} = {value}\n"));
+                let key = format!("{section}.{leaf}");
+                assert_eq!(found.len(), 1, "{key}: {found:?}");
+                let text = found[0].to_string();
+                assert!(text.starts_with(&key), "{text}");
+                assert!(text.contains("maybe"), "{text}");
+                for value in allowed {
+                    assert!(text.contains(value), "{key}: {value} not named in {text}");
+                }
+            }
+            Ok(())
+        });
     }
 
     #[test]

@@ -1,13 +1,20 @@
 //! The exchange task: every `rate_limit.exchange_interval_ms` it reports what
-//! this replica's viewers spent (one upsert for all of them), learns the
+//! this replica's viewers spent (at most [`REPORT_MAX`] spends an exchange, in
+//! statements of [`REPORT_CHUNK`], each its own transaction), learns the
 //! fleet's totals back and with them each viewer's new share, writes the
 //! refusals of viewers it saw cross a budget, and reads those others wrote.
 //! At start it loads every refusal still in force before the replica counts
-//! as primed (`/readyz`), so a restart hands nobody a fresh budget.
+//! as primed (`/readyz`), so a restart hands nobody a fresh budget. Beside
+//! it, on the same task, the keeper forgets idle ledgers and holds them under
+//! the cap ([`Budgets::keep`]) and retention deletes expired rows
+//! ([`super::retention`]): neither waits on an exchange, nor an exchange on
+//! them.
 //!
 //! The database down: the ledgers keep what was spent (reported once it is
-//! back), shares are not renewed, so each replica holds a viewer to the share
-//! it had (a metric and one log line say so); requests never wait on it.
+//! back, a bounded amount an exchange, so the backlog of a long outage clears
+//! in bounded statements), shares are not renewed, so each replica holds a
+//! viewer to the share it had (a metric and one log line say so); requests
+//! never wait on it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -18,16 +25,19 @@ use tokio_util::sync::CancellationToken;
 use std::collections::HashMap;
 
 use super::window::{self, Moment, minute_fits, minute_wait};
-use super::{Budgets, count, low16};
+use super::{Budgets, FORGET_EVERY, count, low16};
 use crate::store::{BudgetStore, Spend, Total};
 
 /// Replicas count as alive while they exchanged within this many seconds.
 const ALIVE_S: u32 = 5;
 /// How often (in exchanges, at most) the live replicas are counted.
 const COUNT_REPLICAS_EVERY: Duration = Duration::from_secs(1);
-/// How often idle viewers are forgotten and old rows pruned.
-const FORGET_EVERY: Duration = Duration::from_secs(10);
-const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// Spends (or refusals) one statement reports at most: a few tens of
+/// milliseconds of the database's time, far inside any statement bound.
+pub const REPORT_CHUNK: usize = 5_000;
+/// Spends one exchange reports at most; the rest stay pending for the next.
+/// After an outage, 1,000,000 viewers' spends clear in about 40 exchanges.
+pub const REPORT_MAX: usize = 50_000;
 
 struct Gauges {
     up: metrics::Gauge,
@@ -83,62 +93,79 @@ pub async fn run(
             () = stop.cancelled() => return,
         }
     }
-    let mut state = State::default();
-    let mut counted = tokio::time::Instant::now();
-    let mut forgot = counted;
-    let mut pruned = counted;
-    let mut refusals: Vec<(u64, u64)> = Vec::new();
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(interval) => {}
-            () = stop.cancelled() => break,
+    let exchanges = async {
+        let mut state = State::default();
+        let mut counted = tokio::time::Instant::now();
+        let mut refusals: Vec<(u64, u64)> = Vec::new();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = stop.cancelled() => break,
+            }
+            let now = Moment::now();
+            let at = tokio::time::Instant::now();
+            let ok = exchange(&budgets, &store, now, &mut refusals, &gauges).await;
+            gauges.took.record(at.elapsed().as_secs_f64());
+            state.after(ok, &gauges);
+            if ok && at.duration_since(counted) >= COUNT_REPLICAS_EVERY {
+                counted = at;
+                if let Ok(n) = store.replicas(replica, ALIVE_S).await {
+                    budgets.set_replicas(n, &gauges);
+                }
+            }
         }
+        // Stopping: report what was spent since the last exchange, as much as
+        // an exchange reports, and the refusals that report makes (the next
+        // replica to start loads them).
         let now = Moment::now();
-        let at = tokio::time::Instant::now();
-        let ok = exchange(&budgets, &store, now, &mut refusals, &gauges).await;
-        gauges.took.record(at.elapsed().as_secs_f64());
-        state.after(ok, &gauges);
-        if ok && at.duration_since(counted) >= COUNT_REPLICAS_EVERY {
-            counted = at;
-            if let Ok(n) = store.replicas(replica, ALIVE_S).await {
-                budgets.set_replicas(n, &gauges);
+        let spends = budgets.take_spends(now, REPORT_MAX);
+        for chunk in spends.chunks(REPORT_CHUNK) {
+            match store.report(chunk).await {
+                Ok(totals) => refusals.extend(budgets.reported(chunk, &totals, now, &gauges)),
+                Err(error) => {
+                    tracing::warn!(%error, "viewer budgets: a report failed at shutdown");
+                    break;
+                }
             }
         }
-        if at.duration_since(forgot) >= FORGET_EVERY {
-            forgot = at;
-            budgets.viewers.retain(|_, ledger| !ledger.is_idle(now));
-            budgets.viewers.shrink_to_fit();
-            gauges.viewers.set(budgets.viewers.len() as f64);
+        let left = budgets.take_spends(now, usize::MAX).len();
+        if left > 0 {
+            tracing::warn!(
+                spends = left,
+                "viewer budgets: spends not reported at shutdown (the database failed, or more than an exchange reports)"
+            );
         }
-        if ok && at.duration_since(pruned) >= PRUNE_EVERY {
-            pruned = at;
-            let (minute, day) = (now.minute(), now.day());
-            if let Err(error) = store
-                .prune(
-                    minute.saturating_sub(2),
-                    day.saturating_sub(1),
-                    now.seconds(),
-                )
-                .await
-            {
-                tracing::warn!(%error, "viewer budgets: retention failed; retrying in a minute");
+        for chunk in refusals.chunks(REPORT_CHUNK) {
+            if let Err(error) = store.refuse(chunk).await {
+                tracing::warn!(%error, "viewer budgets: the last refusals could not be written at shutdown");
+                break;
             }
         }
-    }
-    // Stopping: report what was spent since the last exchange, once, and the
-    // refusals that report makes (the next replica to start loads them).
-    let spends = budgets.take_spends(Moment::now());
-    match store.report(&spends).await {
-        Ok(totals) => refusals.extend(budgets.reported(&spends, &totals, Moment::now(), &gauges)),
-        Err(error) => tracing::warn!(
-            %error,
-            viewers = spends.len(),
-            "viewer budgets: the last spends could not be reported at shutdown"
-        ),
-    }
-    if let Err(error) = store.refuse(&refusals).await {
-        tracing::warn!(%error, "viewer budgets: the last refusals could not be written at shutdown");
-    }
+    };
+    let keeper = async {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(FORGET_EVERY) => {}
+                () = budgets.full.notified() => {}
+                () = stop.cancelled() => break,
+            }
+            let kept = budgets.keep(Moment::now());
+            gauges.viewers.set(kept.ledgers as f64);
+            if kept.evicted > 0 {
+                tracing::warn!(
+                    evicted = kept.evicted,
+                    dropped = kept.dropped,
+                    ledgers = kept.ledgers,
+                    "viewer budgets: ledgers past three quarters of their cap; the least recently used were evicted, with the spends they had not reported"
+                );
+            }
+        }
+    };
+    tokio::join!(
+        exchanges,
+        keeper,
+        super::retention::run(store.clone(), stop.clone())
+    );
 }
 
 /// Whether the database answered, for one log line per change.
@@ -182,20 +209,25 @@ async fn exchange(
     refusals: &mut Vec<(u64, u64)>,
     gauges: &Gauges,
 ) -> bool {
-    let spends = budgets.take_spends(now);
-    match store.report(&spends).await {
-        Ok(totals) => refusals.extend(budgets.reported(&spends, &totals, now, gauges)),
-        Err(error) => {
-            tracing::debug!(%error, "viewer budgets: report failed");
-            return false;
+    let spends = budgets.take_spends(now, REPORT_MAX);
+    // Chunk by chunk: what a chunk reported is no longer pending, whatever
+    // becomes of the next.
+    for chunk in spends.chunks(REPORT_CHUNK) {
+        match store.report(chunk).await {
+            Ok(totals) => refusals.extend(budgets.reported(chunk, &totals, now, gauges)),
+            Err(error) => {
+                tracing::debug!(%error, "viewer budgets: report failed");
+                return false;
+            }
         }
     }
-    if !refusals.is_empty() {
-        if let Err(error) = store.refuse(refusals).await {
+    while !refusals.is_empty() {
+        let chunk = refusals.len().min(REPORT_CHUNK);
+        if let Err(error) = store.refuse(&refusals[..chunk]).await {
             tracing::debug!(%error, "viewer budgets: refusals not written yet");
             return false;
         }
-        refusals.clear();
+        refusals.drain(..chunk);
     }
     // Others' refusals (none on SQLite: one replica wrote them all).
     match store.refusals(false, now.seconds()).await {
@@ -215,12 +247,16 @@ impl Budgets {
     }
 
     /// What was spent since the last acknowledged report, per viewer and
-    /// window. It stays pending until a report of it succeeds, so a failed
+    /// window, about `max` spends at most (a viewer's two windows are taken
+    /// together). It stays pending until a report of it succeeds, so a failed
     /// one needs no undoing.
-    fn take_spends(&self, now: Moment) -> Vec<Spend> {
+    fn take_spends(&self, now: Moment, max: usize) -> Vec<Spend> {
         let (minute, day) = (now.minute(), now.day());
         let mut spends = Vec::new();
         for entry in self.viewers.iter() {
+            if spends.len() >= max {
+                break;
+            }
             let ledger = entry.value();
             for (kind, window, current) in [(0, &ledger.minute, minute), (1, &ledger.day, day)] {
                 if window.pending > 0 {
@@ -330,7 +366,11 @@ impl Budgets {
     /// here until then.
     fn refused(&self, refusals: &[(u64, u64)], now: Moment) {
         for &(viewer, until_s) in refusals {
-            let mut ledger = self.viewers.entry(viewer).or_default();
+            // A viewer new here, the table full: read again by the next
+            // exchanges for a few seconds, and refused then.
+            let Some(mut ledger) = self.ledger(viewer) else {
+                continue;
+            };
             ledger.roll(now);
             ledger.refused_until_s = ledger
                 .refused_until_s
@@ -355,7 +395,7 @@ mod tests {
     }
 
     fn report(budgets: &Budgets, total: u64, now: Moment) -> Vec<(u64, u64)> {
-        let spends = budgets.take_spends(now);
+        let spends = budgets.take_spends(now, usize::MAX);
         let totals: Vec<Total> = spends
             .iter()
             .map(|s| Total {
@@ -413,9 +453,56 @@ mod tests {
         report(&budgets, 80, AT);
         assert_eq!(admitted(&budgets, 1, AT), 10);
         // A failed report changes nothing: the spends stay pending.
-        let pending = budgets.take_spends(AT);
+        let pending = budgets.take_spends(AT, usize::MAX);
         assert_eq!(pending.len(), 1);
         assert_eq!(pending[0].n, 10);
-        assert_eq!(budgets.take_spends(AT), pending);
+        assert_eq!(budgets.take_spends(AT, usize::MAX), pending);
+    }
+
+    /// `take_spends` stops near its bound, a viewer's two windows together.
+    #[test]
+    fn spends_are_taken_up_to_a_bound() {
+        let budgets = Budgets::new(Limits {
+            per_minute: 10,
+            per_day: 10,
+        })
+        .unwrap();
+        for viewer in 0..10 {
+            budgets.check_at(viewer, 1, AT).unwrap();
+        }
+        assert_eq!(budgets.take_spends(AT, usize::MAX).len(), 20);
+        assert_eq!(budgets.take_spends(AT, 5).len(), 6);
+        assert_eq!(budgets.take_spends(AT, 1).len(), 2);
+    }
+
+    /// A backlog larger than an exchange reports (as after an outage) goes in
+    /// bounded exchanges of bounded statements, and every spend reaches the
+    /// fleet's totals exactly once.
+    #[tokio::test]
+    async fn a_backlog_is_reported_a_bounded_amount_an_exchange() {
+        let (_dir, database) = crate::store::Database::scratch().await;
+        let store = database.budgets();
+        let budgets = Budgets::new(Limits {
+            per_minute: 10,
+            per_day: 10,
+        })
+        .unwrap();
+        let viewers = 40_000u64;
+        for viewer in 0..viewers {
+            budgets.check_at(viewer, 1, AT).unwrap();
+        }
+        let gauges = Gauges::new();
+        let mut refusals = Vec::new();
+        let mut exchanges = 0;
+        while !budgets.take_spends(AT, 1).is_empty() {
+            let before = budgets.take_spends(AT, usize::MAX).len();
+            assert!(exchange(&budgets, &store, AT, &mut refusals, &gauges).await);
+            let after = budgets.take_spends(AT, usize::MAX).len();
+            assert!(before - after <= REPORT_MAX + 1, "{before} -> {after}");
+            exchanges += 1;
+            assert!(exchanges <= 3, "more exchanges than the backlog needs");
+        }
+        assert_eq!(exchanges, 2);
+        assert_eq!(store.rows().await.unwrap(), (viewers, viewers, 0));
     }
 }

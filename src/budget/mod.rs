@@ -14,17 +14,25 @@
 //! `N - 1` (the shares are rounded up) plus what the fleet's knowledge lags;
 //! the formula and the measured figures are in docs/abuse.md.
 //!
-//! Memory: one [`Ledger`] (28 bytes, and its 8-byte key) per viewer seen in the last two minutes,
-//! or refused for the rest of a window; the exchange forgets the others.
+//! Memory: one [`Ledger`] (28 bytes, and its 8-byte key) per viewer seen in
+//! the last two minutes, refused for the rest of a window, or with spends not
+//! yet reported (while the database is down); every [`FORGET_EVERY`] the others
+//! are forgotten. At most [`MAX_LEDGERS`], also during an outage: past three
+//! quarters of it the least recently used are evicted (their unreported spends
+//! dropped and counted), and a viewer new to a full table is refused for a
+//! second (see [`Budgets::keep`]).
 
 pub mod exchange;
+pub mod retention;
 pub mod window;
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
 
 use crate::domain::Viewer;
 use window::{Moment, minute_wait, share};
@@ -34,6 +42,16 @@ use window::{Moment, minute_wait, share};
 /// every viewer a fresh budget during a rolling upgrade). Not keyed: viewer ids
 /// come from the trusted backend, not from whoever sends the request.
 const FLEET_SEED: u64 = 0x7068_6f6e_6573_6777;
+
+/// Ledgers a replica holds at most: about 86 MB (86 bytes a viewer measured
+/// with `benches/limiter_memory.rs` at this size). See [`Budgets::keep`].
+pub const MAX_LEDGERS: usize = 1_000_000;
+/// How often idle ledgers are forgotten (and, past the cap's three quarters,
+/// the least recently used evicted); sooner when the table is full.
+pub const FORGET_EVERY: Duration = Duration::from_secs(10);
+/// Ages (in minutes since a ledger's last use) told apart when evicting; older
+/// ones count as this old.
+const AGES: usize = 64;
 
 /// The configured budgets (0 = off).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +80,8 @@ enum By {
     Day,
     Share,
     Fleet,
+    /// A viewer new to a table at [`MAX_LEDGERS`].
+    Full,
 }
 
 /// One budget window of one viewer, as this replica knows it. Counts are 16
@@ -153,6 +173,13 @@ pub struct Budgets {
     /// The refusals in force were loaded (at start): until then this replica
     /// could hand a refused viewer a fresh share.
     primed: AtomicBool,
+    /// Ledgers in `viewers`, kept beside it (a `DashMap`'s `len` locks every
+    /// shard): checked when a viewer is new.
+    ledgers: AtomicUsize,
+    /// [`MAX_LEDGERS`], smaller in tests.
+    max_ledgers: usize,
+    /// Woken when a new viewer finds the table full: room is made at once.
+    full: tokio::sync::Notify,
     metrics: Metrics,
 }
 
@@ -162,11 +189,33 @@ struct Metrics {
     day: metrics::Counter,
     share: metrics::Counter,
     fleet: metrics::Counter,
+    full: metrics::Counter,
+    evicted: metrics::Counter,
+    dropped: metrics::Counter,
+}
+
+/// What one [`Budgets::keep`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Kept {
+    /// Idle ledgers forgotten (nothing lost).
+    pub forgotten: usize,
+    /// Ledgers evicted past three quarters of the cap.
+    pub evicted: usize,
+    /// Reveals spent on evicted ledgers and never reported: the fleet's
+    /// totals never count them.
+    pub dropped: u64,
+    /// Ledgers left.
+    pub ledgers: usize,
 }
 
 impl Budgets {
     /// `None` when both budgets are off.
     pub fn new(limits: Limits) -> Option<Arc<Budgets>> {
+        Self::with_cap(limits, MAX_LEDGERS)
+    }
+
+    /// As [`Budgets::new`], holding at most `max_ledgers` ledgers.
+    pub fn with_cap(limits: Limits, max_ledgers: usize) -> Option<Arc<Budgets>> {
         (limits.per_minute > 0 || limits.per_day > 0).then(|| {
             let refused = |budget: &'static str| {
                 metrics::counter!("phones_gateway_budget_refused_total", "budget" => budget)
@@ -176,12 +225,18 @@ impl Budgets {
                 viewers: DashMap::with_hasher(foldhash::fast::RandomState::default()),
                 replicas: AtomicU32::new(1),
                 primed: AtomicBool::new(false),
+                ledgers: AtomicUsize::new(0),
+                max_ledgers: max_ledgers.max(4),
+                full: tokio::sync::Notify::new(),
                 metrics: Metrics {
                     limited: metrics::counter!("phones_gateway_rate_limited_total"),
                     minute: refused("minute"),
                     day: refused("day"),
                     share: refused("share"),
                     fleet: refused("fleet"),
+                    full: refused("full"),
+                    evicted: metrics::counter!("phones_gateway_budget_ledgers_evicted_total"),
+                    dropped: metrics::counter!("phones_gateway_budget_spends_dropped_total"),
                 },
             })
         })
@@ -215,34 +270,115 @@ impl Budgets {
             }
         }
         let replicas = self.replicas.load(Ordering::Relaxed);
-        let mut ledger = self.viewers.entry(key).or_default();
+        let Some(mut ledger) = self.ledger(key) else {
+            return Err(self.refuse(By::Full, 1000));
+        };
         ledger.roll(now);
         match ledger.admit(now, items, self.limits, replicas) {
             Ok(()) => Ok(()),
             Err((by, wait_ms)) => {
                 drop(ledger);
-                self.metrics.limited.increment(1);
-                match by {
-                    By::Minute => &self.metrics.minute,
-                    By::Day => &self.metrics.day,
-                    By::Share => &self.metrics.share,
-                    By::Fleet => &self.metrics.fleet,
-                }
-                .increment(1);
-                Err(Refusal::Spent {
-                    retry_after_s: wait_ms.div_ceil(1000).max(1),
-                })
+                Err(self.refuse(by, wait_ms))
             }
         }
     }
 
+    fn refuse(&self, by: By, wait_ms: u64) -> Refusal {
+        self.metrics.limited.increment(1);
+        match by {
+            By::Minute => &self.metrics.minute,
+            By::Day => &self.metrics.day,
+            By::Share => &self.metrics.share,
+            By::Fleet => &self.metrics.fleet,
+            By::Full => &self.metrics.full,
+        }
+        .increment(1);
+        Refusal::Spent {
+            retry_after_s: wait_ms.div_ceil(1000).max(1),
+        }
+    }
+
+    /// The viewer's ledger, made if new; `None` for a new viewer when the
+    /// table holds [`MAX_LEDGERS`] (the keeper is woken to make room).
+    fn ledger(&self, key: u64) -> Option<dashmap::mapref::one::RefMut<'_, u64, Ledger>> {
+        match self.viewers.entry(key) {
+            Entry::Occupied(ledger) => Some(ledger.into_ref()),
+            Entry::Vacant(vacant) => {
+                if self.ledgers.load(Ordering::Relaxed) >= self.max_ledgers {
+                    drop(vacant);
+                    self.full.notify_one();
+                    return None;
+                }
+                self.ledgers.fetch_add(1, Ordering::Relaxed);
+                Some(vacant.insert(Ledger::default()))
+            }
+        }
+    }
+
+    /// Forgets the idle ledgers (nothing unreported, no refusal in force,
+    /// unused for over a minute). Then, past three quarters of the cap, evicts
+    /// down to it the least recently used, those refused by nobody first: what
+    /// they spent and did not report yet is dropped (the fleet's totals never
+    /// count it: an overshoot of at most that, for viewers idle the longest,
+    /// whose minute has mostly passed) and counted. Runs every
+    /// [`FORGET_EVERY`] and at once when a new viewer found the table full.
+    pub fn keep(&self, now: Moment) -> Kept {
+        let mut kept = Kept::default();
+        self.viewers.retain(|_, ledger| {
+            let idle = ledger.is_idle(now);
+            kept.forgotten += usize::from(idle);
+            !idle
+        });
+        self.ledgers.fetch_sub(kept.forgotten, Ordering::Relaxed);
+        let target = self.max_ledgers / 4 * 3;
+        let over = self.ledgers.load(Ordering::Relaxed).saturating_sub(target);
+        if over > 0 {
+            // Eviction order: a rank per (refused, age), lowest first.
+            let rank = |ledger: &Ledger| {
+                let age = usize::from(low16(now.minute()).wrapping_sub(ledger.minute.id));
+                let refused = u64::from(ledger.refused_until_s) > now.seconds();
+                usize::from(refused) * AGES + (AGES - 1 - age.min(AGES - 1))
+            };
+            let mut counts = [0usize; 2 * AGES];
+            for entry in self.viewers.iter() {
+                counts[rank(entry.value())] += 1;
+            }
+            let (mut cut, mut partial, mut below) = (counts.len(), 0, 0);
+            for (r, &n) in counts.iter().enumerate() {
+                if below + n >= over {
+                    (cut, partial) = (r, over - below);
+                    break;
+                }
+                below += n;
+            }
+            self.viewers.retain(|_, ledger| {
+                let r = rank(ledger);
+                let evict = r < cut || (r == cut && partial > 0);
+                if evict {
+                    if r == cut {
+                        partial -= 1;
+                    }
+                    kept.evicted += 1;
+                    kept.dropped += u64::from(ledger.minute.pending.max(ledger.day.pending));
+                }
+                !evict
+            });
+            self.ledgers.fetch_sub(kept.evicted, Ordering::Relaxed);
+            self.metrics.evicted.increment(kept.evicted as u64);
+            self.metrics.dropped.increment(kept.dropped);
+        }
+        self.viewers.shrink_to_fit();
+        kept.ledgers = self.ledgers.load(Ordering::Relaxed);
+        kept
+    }
+
     /// Viewers currently remembered.
     pub fn len(&self) -> usize {
-        self.viewers.len()
+        self.ledgers.load(Ordering::Relaxed)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.viewers.is_empty()
+        self.len() == 0
     }
 
     /// Whether the refusals in force have been loaded since start.
@@ -428,5 +564,103 @@ mod tests {
             panic!("passed");
         };
         assert_eq!(retry_after_s, AT.rest_of_day().div_ceil(1000));
+    }
+
+    /// The table never holds more than its cap, also while nothing is ever
+    /// reported (the database down): a new viewer at the cap is refused for a
+    /// second and the keeper woken; the keeper evicts down to three quarters,
+    /// the least recently used first and the refused last, counting what they
+    /// had not reported; then new viewers pass again.
+    #[test]
+    fn the_ledgers_stay_under_their_cap_evicting_the_least_recently_used() {
+        let budgets = Budgets::with_cap(
+            Limits {
+                per_minute: 10,
+                per_day: 100,
+            },
+            8,
+        )
+        .unwrap();
+        let earlier = Moment(AT.0 - 5 * 60_000);
+        for viewer in 1..=4 {
+            budgets.check_at(viewer, 2, earlier).unwrap();
+        }
+        for viewer in 5..=8 {
+            budgets.check_at(viewer, 1, AT).unwrap();
+        }
+        // The oldest of all, but refused by the fleet: evicted last.
+        budgets.viewers.get_mut(&1).unwrap().refused_until_s =
+            u32::try_from(AT.seconds() + 600).unwrap();
+        assert_eq!(budgets.len(), 8);
+        assert_eq!(
+            budgets.check_at(9, 1, AT),
+            Err(Refusal::Spent { retry_after_s: 1 })
+        );
+        assert_eq!(budgets.len(), 8);
+        // Known viewers still pass.
+        budgets.check_at(5, 1, AT).unwrap();
+        // The keeper was woken (a permit is stored).
+        let woken = budgets.full.notified();
+        tokio::pin!(woken);
+        assert!(
+            futures_util::FutureExt::now_or_never(woken.as_mut()).is_some(),
+            "the keeper was not woken"
+        );
+
+        let kept = budgets.keep(AT);
+        assert_eq!(
+            kept,
+            Kept {
+                forgotten: 0,
+                evicted: 2,
+                dropped: 4,
+                ledgers: 6
+            }
+        );
+        assert_eq!(budgets.viewers.len(), 6);
+        assert!(
+            budgets.viewers.contains_key(&1),
+            "the refused one was evicted"
+        );
+        for viewer in 5..=8 {
+            assert!(budgets.viewers.contains_key(&viewer), "{viewer}");
+        }
+        budgets.check_at(9, 1, AT).unwrap();
+        budgets.check_at(10, 1, AT).unwrap();
+        assert_eq!(budgets.len(), 8);
+
+        // Two minutes later, the viewers with nothing pending are forgotten
+        // without loss; those with spends pending are not idle.
+        let later = Moment(AT.0 + 3 * 60_000);
+        let kept = budgets.keep(later);
+        assert_eq!(kept.forgotten, 0);
+        assert_eq!(kept.ledgers, 6);
+        assert_eq!(budgets.len(), budgets.viewers.len());
+    }
+
+    /// A flood of distinct viewers, never reported: the table stays at the cap
+    /// between two keeper passes and at three quarters after each.
+    #[test]
+    fn a_flood_of_viewers_never_grows_the_table_past_its_cap() {
+        let budgets = Budgets::with_cap(
+            Limits {
+                per_minute: 0,
+                per_day: 5,
+            },
+            1000,
+        )
+        .unwrap();
+        let mut refused = 0;
+        for round in 0..10u64 {
+            for viewer in 0..700 {
+                if budgets.check_at(round * 1000 + viewer, 1, AT).is_err() {
+                    refused += 1;
+                }
+                assert!(budgets.viewers.len() <= 1000);
+            }
+            let kept = budgets.keep(AT);
+            assert_eq!(kept.ledgers, if round == 0 { 700 } else { 750 }, "{kept:?}");
+        }
+        assert!(refused > 0);
     }
 }

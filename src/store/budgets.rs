@@ -2,7 +2,9 @@
 //! fleet, and the viewers refused until a time (docs/abuse.md), both dialects.
 //! Held by the budgets' exchange task, which calls it once per
 //! `rate_limit.exchange_interval_ms`: one upsert for every viewer the replica
-//! served in the interval, never a write per request.
+//! served in the interval (in chunks the caller sizes, each its own
+//! transaction), never a write per request; and by its retention, one small
+//! batch a transaction (`budget::retention`).
 
 use sqlx::{QueryBuilder, Sqlite};
 
@@ -11,8 +13,6 @@ use super::database::{Backend, SQLITE_BEGIN_WRITE};
 
 /// Four parameters a row, under SQLite's limit of 32,766 per statement.
 const SQLITE_ROWS_PER_INSERT: usize = 8_000;
-/// Retention deletes at most this many rows a statement (no long lock).
-const PRUNE_BATCH: i64 = 10_000;
 /// How far back each exchange reads refusals others wrote. Longer than an
 /// exchange interval and its bounded call, so a refusal committed a little
 /// after it was stamped is still read; read again at most a few times.
@@ -69,7 +69,9 @@ impl BudgetStore {
 
     /// Adds `spends` to the fleet's totals, in one transaction, and returns the
     /// totals after it. Rows are written in key order, so two replicas'
-    /// reports cannot deadlock.
+    /// reports cannot deadlock. One statement on PostgreSQL: the caller keeps
+    /// a report to a few thousand spends (`budget::exchange`), far inside
+    /// `database.statement_timeout_ms`.
     ///
     /// # Errors
     /// The database refused or is unreachable; nothing was added.
@@ -90,6 +92,14 @@ impl BudgetStore {
                             spends.iter().map(|s| i64::from(s.window)).collect();
                         let ns: Vec<i64> = spends.iter().map(|s| i64::from(s.n)).collect();
                         let mut tx = pg.begin().await?;
+                        // The window before is looked up by the primary key's
+                        // (viewer, kind) prefix: `window_id + 0` keeps the
+                        // planner off the (kind, window_id) index, which it
+                        // takes whenever a new window is past its statistics
+                        // (window ids only grow) and which scans the whole
+                        // window for each row: a report of a few thousand
+                        // spends over a busy window then outlasts any
+                        // statement bound (docs/abuse.md).
                         let rows: Vec<(i64, i16, i64, i64, i64)> = sqlx::query_as(
                             "WITH up AS ( \
                                INSERT INTO viewer_budgets (viewer, kind, window_id, spent) \
@@ -100,7 +110,7 @@ impl BudgetStore {
                              SELECT up.viewer, up.kind, up.window_id, up.spent, \
                                COALESCE((SELECT b.spent FROM viewer_budgets b \
                                  WHERE b.viewer = up.viewer AND b.kind = up.kind \
-                                   AND b.window_id = up.window_id - 1), 0) \
+                                   AND b.window_id + 0 = up.window_id - 1), 0) \
                              FROM up",
                         )
                         .persistent(false)
@@ -292,17 +302,29 @@ impl BudgetStore {
         Ok(u32::try_from(others).unwrap_or(u32::MAX).saturating_add(1))
     }
 
-    /// Deletes, in small batches, the windows that ended before
-    /// `minute`/`day` and the refusals that ended before `now_s`; returns the
-    /// rows deleted.
+    /// One batch of retention, in one short transaction: at most `batch`
+    /// minute rows of windows before `minute`, as many day rows of days before
+    /// `day`, as many refusals that ended before `now_s` (and, on PostgreSQL,
+    /// the replicas not seen for an hour). The caller repeats it while
+    /// [`Pruned::more`] says a statement found a full batch.
     ///
     /// # Errors
-    /// The database refused or is unreachable.
-    pub async fn prune(&self, minute: u32, day: u32, now_s: u64) -> Result<u64, BudgetStoreError> {
+    /// The database refused or is unreachable; what earlier batches deleted
+    /// stays deleted.
+    pub async fn prune(
+        &self,
+        minute: u32,
+        day: u32,
+        now_s: u64,
+        batch: i64,
+    ) -> Result<Pruned, BudgetStoreError> {
+        // One kind at a time: a plain range of the (kind, window_id) index,
+        // which a LIMIT stops early (an OR of both kinds is a bitmap of every
+        // expired row on PostgreSQL, built again for each batch).
         let (windows, refusals, replicas) = match &self.backend {
             Backend::Postgres(_) => (
                 "DELETE FROM viewer_budgets WHERE ctid = ANY (ARRAY(SELECT ctid FROM viewer_budgets \
-                 WHERE (kind = 0 AND window_id < $1) OR (kind = 1 AND window_id < $2) LIMIT $3))",
+                 WHERE kind = $1 AND window_id < $2 LIMIT $3))",
                 "DELETE FROM viewer_refusals WHERE ctid = ANY (ARRAY(SELECT ctid FROM viewer_refusals \
                  WHERE until_s < $1 LIMIT $2))",
                 Some("DELETE FROM budget_replicas WHERE seen_at < now() - interval '1 hour'"),
@@ -310,36 +332,48 @@ impl BudgetStore {
             Backend::Sqlite(_) => (
                 "DELETE FROM viewer_budgets WHERE (viewer, kind, window_id) IN \
                  (SELECT viewer, kind, window_id FROM viewer_budgets \
-                  WHERE (kind = 0 AND window_id < $1) OR (kind = 1 AND window_id < $2) LIMIT $3)",
+                  WHERE kind = $1 AND window_id < $2 LIMIT $3)",
                 "DELETE FROM viewer_refusals WHERE viewer IN (SELECT viewer FROM viewer_refusals \
                  WHERE until_s < $1 LIMIT $2)",
                 None,
             ),
         };
+        let batch = batch.max(1);
+        let full = |n: u64| i64::try_from(n).unwrap_or(i64::MAX) >= batch;
         let backend = &self.backend;
         Ok(backend
             .call("prune_budgets", async {
-                let mut deleted = 0;
+                let mut pruned = Pruned::default();
+                let mut note = |n: u64| {
+                    pruned.rows += n;
+                    pruned.more |= full(n);
+                };
                 match backend {
                     Backend::Postgres(pg) => {
                         let mut tx = pg.begin().await?;
-                        deleted += sqlx::query(windows)
-                            .persistent(false)
-                            .bind(i64::from(minute))
-                            .bind(i64::from(day))
-                            .bind(PRUNE_BATCH)
-                            .execute(&mut *tx)
-                            .await?
-                            .rows_affected();
-                        deleted += sqlx::query(refusals)
-                            .persistent(false)
-                            .bind(seconds(now_s))
-                            .bind(PRUNE_BATCH)
-                            .execute(&mut *tx)
-                            .await?
-                            .rows_affected();
+                        for (kind, before) in [(0i16, minute), (1, day)] {
+                            note(
+                                sqlx::query(windows)
+                                    .persistent(false)
+                                    .bind(kind)
+                                    .bind(i64::from(before))
+                                    .bind(batch)
+                                    .execute(&mut *tx)
+                                    .await?
+                                    .rows_affected(),
+                            );
+                        }
+                        note(
+                            sqlx::query(refusals)
+                                .persistent(false)
+                                .bind(seconds(now_s))
+                                .bind(batch)
+                                .execute(&mut *tx)
+                                .await?
+                                .rows_affected(),
+                        );
                         if let Some(replicas) = replicas {
-                            deleted += sqlx::query(replicas)
+                            pruned.rows += sqlx::query(replicas)
                                 .persistent(false)
                                 .execute(&mut *tx)
                                 .await?
@@ -349,26 +383,62 @@ impl BudgetStore {
                     }
                     Backend::Sqlite(pool) => {
                         let mut tx = pool.begin_with(SQLITE_BEGIN_WRITE).await?;
-                        deleted += sqlx::query(windows)
-                            .bind(i64::from(minute))
-                            .bind(i64::from(day))
-                            .bind(PRUNE_BATCH)
-                            .execute(&mut *tx)
-                            .await?
-                            .rows_affected();
-                        deleted += sqlx::query(refusals)
-                            .bind(seconds(now_s))
-                            .bind(PRUNE_BATCH)
-                            .execute(&mut *tx)
-                            .await?
-                            .rows_affected();
+                        for (kind, before) in [(0i64, minute), (1, day)] {
+                            note(
+                                sqlx::query(windows)
+                                    .bind(kind)
+                                    .bind(i64::from(before))
+                                    .bind(batch)
+                                    .execute(&mut *tx)
+                                    .await?
+                                    .rows_affected(),
+                            );
+                        }
+                        note(
+                            sqlx::query(refusals)
+                                .bind(seconds(now_s))
+                                .bind(batch)
+                                .execute(&mut *tx)
+                                .await?
+                                .rows_affected(),
+                        );
                         tx.commit().await?;
                     }
                 }
-                Ok::<_, StoreError>(deleted)
+                Ok::<_, StoreError>(pruned)
             })
             .await?)
     }
+
+    /// Rows in `viewer_budgets` (minute rows, day rows) and in
+    /// `viewer_refusals`: for tests and the retention bench.
+    ///
+    /// # Errors
+    /// The database is unreachable.
+    pub async fn rows(&self) -> Result<(u64, u64, u64), BudgetStoreError> {
+        let query = "SELECT \
+             (SELECT count(*) FROM viewer_budgets WHERE kind = 0), \
+             (SELECT count(*) FROM viewer_budgets WHERE kind = 1), \
+             (SELECT count(*) FROM viewer_refusals)";
+        let (minutes, days, refusals): (i64, i64, i64) = self
+            .backend
+            .read("count_budgets", async {
+                Ok::<_, StoreError>(on_connection!(&self.backend, conn => {
+                    sqlx::query_as(query).persistent(false).fetch_one(&mut *conn).await?
+                }))
+            })
+            .await?;
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok((n(minutes), n(days), n(refusals)))
+    }
+}
+
+/// What one batch of retention deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub rows: u64,
+    /// A statement deleted a full batch: there may be more.
+    pub more: bool,
 }
 
 fn total((viewer, kind, window, spent, before): (i64, i16, i64, i64, i64)) -> Total {

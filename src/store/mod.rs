@@ -68,7 +68,7 @@ mod reveals;
 mod signals;
 mod status;
 
-pub use budgets::{BudgetStore, BudgetStoreError, Spend, Total};
+pub use budgets::{BudgetStore, BudgetStoreError, Pruned, Spend, Total};
 pub use database::{ACQUIRE_TIMEOUT, Bounds, Database, StoreError, keeps_sessions};
 pub use reveals::{RevealStore, RevealStoreError};
 pub use signals::{ChangeHints, Leader, Leadership};

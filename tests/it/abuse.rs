@@ -353,14 +353,41 @@ async fn prunes_past_windows(url: &str) {
     // A viewer key with the top bit set comes back as it went.
     assert!(totals.iter().any(|t| t.viewer == u64::MAX && t.spent == 1));
     store.refuse(&[(1, 1_000), (2, 5_000)]).await.unwrap();
-    let deleted = store.prune(minute - 1, day - 1, 2_000).await.unwrap();
+    let pruned = store.prune(minute - 1, day - 1, 2_000, 100).await.unwrap();
     assert_eq!(
-        deleted, 3,
+        pruned.rows, 3,
         "the minute before last, the day before yesterday, an ended refusal"
     );
+    assert!(!pruned.more);
     assert_eq!(store.refusals(true, 2_000).await.unwrap(), vec![(2, 5_000)]);
     let again = store.report(&[spend(1, 0, minute)]).await.unwrap();
     assert_eq!(again[0].spent, 2, "{again:?}");
+
+    // Many distinct viewers over expired windows of both kinds: batch after
+    // batch until none is full, each batch bounded, nothing current touched.
+    let expired: Vec<Spend> = (0..2_500u64)
+        .flat_map(|v| {
+            [
+                spend(v << 20, 0, minute - 2 - u32::try_from(v % 5).unwrap()),
+                spend(v << 20, 1, day - 1 - u32::try_from(v % 3).unwrap()),
+            ]
+        })
+        .collect();
+    store.report(&expired).await.unwrap();
+    let mut batches = 0;
+    let mut rows = 0;
+    loop {
+        let pruned = store.prune(minute - 1, day, 2_000, 1_000).await.unwrap();
+        assert!(pruned.rows <= 3 * 1_000, "{pruned:?}");
+        rows += pruned.rows;
+        batches += 1;
+        if !pruned.more {
+            break;
+        }
+        assert!(batches < 5, "{batches} batches of 1,000 rows each kind");
+    }
+    assert_eq!(rows, 5_000);
+    assert_eq!(store.rows().await.unwrap(), (2, 1, 1));
     database.close().await;
 }
 

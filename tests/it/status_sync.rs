@@ -1,6 +1,7 @@
 //! docs/status-sync.md: the call-tracking status set. The webhook (newer
 //! versions in order), the snapshot and its floor (users it never listed, an entry
-//! at exactly its version, streamed bodies), replicas on one PostgreSQL
+//! at exactly its version, streamed bodies, slow uploads that hold no
+//! connection), replicas on one PostgreSQL
 //! converging (notifications, the poll, catch-up after restarts), "Unknown until
 //! loaded" (/readyz), durability through a SIGKILL on SQLite and PostgreSQL,
 //! "Bounded calls" and "Database outage", the status feed and its leadership, and
@@ -413,6 +414,81 @@ async fn a_webhook_of_ten_thousand_items_applies_in_one_delivery() {
         "{got:?}"
     );
     assert_status(&app, 10_000, true, 1).await;
+}
+
+/// A snapshot upload that trickles in (each chunk well inside
+/// `server.body_read_timeout_ms`) holds no pooled connection while it waits for
+/// its body: with more of them open than the pool has connections (8 on the
+/// embedded default), webhooks are still answered 200, and an upload that ends
+/// applies.
+#[tokio::test]
+async fn slow_snapshot_uploads_hold_no_database_connection() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const UPLOADS: usize = 12;
+    let app = TestApp::spawn().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let admin = app.admin.trim_start_matches("http://").to_owned();
+    let chunk = |data: &str| format!("{:x}\r\n{data}\r\n", data.len());
+    let mut uploads = Vec::new();
+    for _ in 0..UPLOADS {
+        let mut stream = tokio::net::TcpStream::connect(&admin).await.unwrap();
+        let head = format!(
+            "PUT {STATUSES} HTTP/1.1\r\nhost: x\r\nauthorization: {}\r\n\
+             content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{}",
+            crate::support::bearer(),
+            chunk(r#"{"version": 9, "enabled_user_ids": ["#)
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let stop = stop.clone();
+        uploads.push(tokio::spawn(async move {
+            // A few bytes a second, until told to end.
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                stream.write_all(chunk("7, ").as_bytes()).await.unwrap();
+            }
+            stream
+        }));
+    }
+    // Every upload is in its handler, its body still arriving.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for user in 1..=3u64 {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(30),
+            app.send_admin(
+                Method::POST,
+                STATUSES,
+                &json!({ "items": [{ "user_id": 100 + user, "enabled": true, "version": 1 }] }),
+            ),
+        )
+        .await
+        .expect("a webhook hung behind slow snapshot uploads");
+        assert_eq!(answer.status, 200, "webhook {user}: {answer:?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut streams = Vec::new();
+    for upload in uploads {
+        streams.push(upload.await.unwrap());
+    }
+    // One upload ends: it applies (user 7 enabled at 9; the webhook's users,
+    // at version 1, are disabled by it).
+    let mut last = streams.pop().unwrap();
+    last.write_all(format!("{}0\r\n\r\n", chunk("8]}")).as_bytes())
+        .await
+        .unwrap();
+    let mut answer = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(30), last.read(&mut answer))
+        .await
+        .expect("the finished upload was not answered")
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer[..n]);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    drop(streams);
+    assert_status(&app, 7, true, 9).await;
+    assert_status(&app, 8, true, 9).await;
+    assert_status(&app, 101, false, 9).await;
 }
 
 /// docs/api.md: only an entry whose stored version is greater than the snapshot's

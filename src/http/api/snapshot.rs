@@ -1,12 +1,19 @@
-//! The snapshot PUT, streamed: up to 10,000,000 ids without holding the body or
-//! the id list in memory.
+//! The snapshot PUT: up to 10,000,000 ids, parsed as the body streams in, and
+//! written to the database only once the whole body is read.
 //!
 //! The body flows through a bounded channel into a blocking task that parses it
 //! with serde_json (any key order, unknown keys skipped) and hands ids on in
-//! chunks through a second bounded channel; the request task writes each chunk
-//! into the store's open snapshot transaction (COPY on PostgreSQL). Memory stays
-//! at a few chunks whatever the body size. Any bad id, a bad version or a body
-//! over `server.max_snapshot_bytes` rolls the transaction back: nothing applies.
+//! chunks through a second bounded channel; the request task keeps the chunks
+//! and, once the body is complete and valid, takes a database connection (the
+//! store's snapshot transaction, COPY on PostgreSQL) and writes them. So an
+//! upload that trickles in holds no pooled connection, no transaction and no
+//! lock while it waits for its body: the webhook, the sync loop, the reveal
+//! flush and the budgets share the pool (`database.max_connections`) and never
+//! wait on a slow client. The raw body is never held whole (a few 64 KiB
+//! buffers at a time); the parsed ids are, 8 bytes each (80 MB at the
+//! 10,000,000-id maximum), per upload in flight. Any bad id, a bad version or
+//! a body over `server.max_snapshot_bytes` is refused before the database is
+//! touched: nothing applies.
 
 use std::fmt;
 use std::io::{self, Read};
@@ -90,11 +97,10 @@ pub async fn load(
         parse(reader, |chunk| ids_tx.blocking_send(chunk).is_ok())
     });
 
-    let mut load = status.begin_snapshot().await?;
-    let mut count = 0;
+    // The whole body first: no connection is taken while a client is slow.
+    let mut chunks = Vec::new();
     while let Some(ids) = ids_rx.recv().await {
-        count += ids.len();
-        load.push(&ids).await?;
+        chunks.push(ids);
     }
     let parsed = parser
         .await
@@ -108,6 +114,12 @@ pub async fn load(
             return Err(ApiError::bad_request(format!("invalid snapshot: {e}")));
         }
     };
+    let mut load = status.begin_snapshot().await?;
+    let mut count = 0;
+    for ids in chunks {
+        count += ids.len();
+        load.push(&ids).await?;
+    }
     status.finish_snapshot(load, version).await?;
     Ok((version, count))
 }

@@ -1,0 +1,222 @@
+//! Retention of the budgets' rows: the windows that ended and the refusals
+//! that ran out are deleted in the background, at least as fast as the
+//! exchanges write them (docs/abuse.md, "Memory and the database").
+//!
+//! A pass deletes batches of [`BATCH`] rows of each kind, one short
+//! transaction a batch with a pause between (on SQLite the gateway's other
+//! writers queue for the same lock), until no batch comes back full, or
+//! [`PASS_ROWS`] rows, or [`PASS_TIME`]. Passes run every [`EVERY`], or after
+//! [`BACKLOG_PAUSE`] while the one before stopped at its bound (the day rows of
+//! a whole day expire together at midnight), so the rate a replica can delete
+//! at is bounded by the pass's bounds, never by a fixed number a minute.
+//!
+//! Kept: the minute rows of the current minute and the two before (a report
+//! returns the previous minute's total), the day rows of the current day (and
+//! of the day before for [`DAY_GRACE`] after midnight, for reports in flight),
+//! the refusals in force.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::window::Moment;
+use crate::store::{BudgetStore, BudgetStoreError};
+
+/// Rows a statement deletes at most (each kind, each table).
+pub const BATCH: i64 = 5_000;
+/// Rows a pass deletes at most.
+pub const PASS_ROWS: u64 = 250_000;
+/// How long a pass goes on at most: well under `database.lock_timeout_ms`'s
+/// default (5 s), which a webhook waiting for SQLite's write lock is given.
+pub const PASS_TIME: Duration = Duration::from_secs(2);
+/// Between two batches: the other writers' turn.
+const PAUSE: Duration = Duration::from_millis(10);
+/// How often a pass runs.
+pub const EVERY: Duration = Duration::from_secs(10);
+/// The wait before the next pass when one stopped at its bounds.
+pub const BACKLOG_PAUSE: Duration = Duration::from_secs(1);
+/// How long after midnight the day before's rows are kept.
+pub const DAY_GRACE: Duration = Duration::from_secs(600);
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pass {
+    pub rows: u64,
+    pub batches: u32,
+    /// Every expired row is gone (the last batch found none full).
+    pub done: bool,
+}
+
+/// The windows a pass at `now` deletes: (minute rows before, day rows before,
+/// refusals ended before the second).
+pub fn horizon(now: Moment) -> (u32, u32, u64) {
+    let grace = u64::try_from(DAY_GRACE.as_millis()).unwrap_or(u64::MAX);
+    (
+        now.minute().saturating_sub(2),
+        Moment(now.0.saturating_sub(grace)).day(),
+        now.seconds(),
+    )
+}
+
+/// One pass of retention at `now` (see the module doc).
+///
+/// # Errors
+/// The database failed; what earlier batches deleted stays deleted.
+pub async fn pass(store: &BudgetStore, now: Moment) -> Result<Pass, BudgetStoreError> {
+    pass_within(store, now, PASS_ROWS, PASS_TIME).await
+}
+
+/// [`pass`] with its bounds given.
+async fn pass_within(
+    store: &BudgetStore,
+    now: Moment,
+    max_rows: u64,
+    max_time: Duration,
+) -> Result<Pass, BudgetStoreError> {
+    let (minute, day, now_s) = horizon(now);
+    let started = tokio::time::Instant::now();
+    let mut pass = Pass::default();
+    loop {
+        let pruned = store.prune(minute, day, now_s, BATCH).await?;
+        pass.rows += pruned.rows;
+        pass.batches += 1;
+        if !pruned.more {
+            pass.done = true;
+            return Ok(pass);
+        }
+        if pass.rows >= max_rows || started.elapsed() >= max_time {
+            return Ok(pass);
+        }
+        tokio::time::sleep(PAUSE).await;
+    }
+}
+
+/// Runs passes until `stop`: every [`EVERY`], sooner while behind.
+pub async fn run(store: BudgetStore, stop: CancellationToken) {
+    let mut wait = EVERY;
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = stop.cancelled() => return,
+        }
+        match pass(&store, Moment::now()).await {
+            Ok(pass) => {
+                if failing {
+                    tracing::info!("viewer budgets: retention works again");
+                    failing = false;
+                }
+                if !pass.done {
+                    tracing::debug!(
+                        rows = pass.rows,
+                        "viewer budgets: retention is behind; next pass soon"
+                    );
+                }
+                wait = if pass.done { EVERY } else { BACKLOG_PAUSE };
+            }
+            Err(error) => {
+                if !failing {
+                    tracing::warn!(%error, "viewer budgets: retention failed; retrying");
+                    failing = true;
+                }
+                wait = EVERY;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Spend;
+
+    /// Rows of many distinct viewers over many expired windows, more than a
+    /// pass deletes, are all gone within a bounded number of passes; what is
+    /// still in force stays.
+    #[tokio::test]
+    async fn every_expired_row_goes_within_a_few_passes_and_the_current_ones_stay() {
+        let (_dir, database) = crate::store::Database::scratch().await;
+        let store = database.budgets();
+        let now = Moment(1_800_000_000_000 + 3_600_000);
+        let (minute, day) = (now.minute(), now.day());
+        // 10 expired minutes of 5,000 viewers each, the current and the two
+        // minutes before, 3 expired days: 68,001 expired rows, over 3 passes'
+        // worth.
+        const MAX_ROWS: u64 = 20_000;
+        let mut expired = 0u64;
+        let write = |spends: Vec<Spend>| {
+            let store = store.clone();
+            async move {
+                for chunk in spends.chunks(5_000) {
+                    store.report(chunk).await.unwrap();
+                }
+            }
+        };
+        for back in 0..13u32 {
+            let spends: Vec<Spend> = (0..5_000u64)
+                .map(|v| Spend {
+                    viewer: u64::from(back) << 32 | v,
+                    kind: 0,
+                    window: minute - back,
+                    n: 1,
+                })
+                .collect();
+            if back > 2 {
+                expired += spends.len() as u64;
+            }
+            write(spends).await;
+        }
+        for back in 0..4u32 {
+            let spends: Vec<Spend> = (0..6_000u64)
+                .map(|v| Spend {
+                    viewer: v,
+                    kind: 1,
+                    window: day - back,
+                    n: 1,
+                })
+                .collect();
+            if back > 0 {
+                expired += spends.len() as u64;
+            }
+            write(spends).await;
+        }
+        store
+            .refuse(&[(1, now.seconds() - 1), (2, now.seconds() + 60)])
+            .await
+            .unwrap();
+        expired += 1;
+        assert!(expired > 3 * MAX_ROWS, "{expired}");
+
+        let mut deleted = 0;
+        let mut passes = 0;
+        loop {
+            let pass = pass_within(&store, now, MAX_ROWS, Duration::from_secs(600))
+                .await
+                .unwrap();
+            deleted += pass.rows;
+            passes += 1;
+            if pass.done {
+                break;
+            }
+            assert!(passes < 10, "still not done after {passes} passes");
+        }
+        assert!(
+            passes >= 4,
+            "{passes} passes took {deleted} rows, over their bound"
+        );
+        assert_eq!(deleted, expired);
+        assert_eq!(store.rows().await.unwrap(), (3 * 5_000, 6_000, 1));
+    }
+
+    #[test]
+    fn the_day_before_is_kept_a_while_after_midnight() {
+        let midnight = Moment(1_800_000_000_000 / 86_400_000 * 86_400_000);
+        let day = midnight.day();
+        assert_eq!(horizon(Moment(midnight.0 + 60_000)).1, day - 1);
+        assert_eq!(horizon(Moment(midnight.0 + 11 * 60_000)).1, day);
+        assert_eq!(
+            horizon(Moment(midnight.0 + 11 * 60_000)).0,
+            midnight.minute() + 9
+        );
+    }
+}
