@@ -1529,6 +1529,14 @@ mod tests {
                 "upstreams.calltracking.status_feed.interval_ms",
             ),
             (
+                "[upstreams.calltracking.status_feed]\nlease_ttl_ms = 100",
+                "upstreams.calltracking.status_feed.lease_ttl_ms",
+            ),
+            (
+                "[upstreams.calltracking.status_feed]\nlease_ttl_ms = 10000",
+                "upstreams.calltracking.status_feed.lease_ttl_ms",
+            ),
+            (
                 "[rate_limit]\nper_viewer_per_minute = 4294967295",
                 "rate_limit.per_viewer_per_minute",
             ),

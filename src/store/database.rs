@@ -282,7 +282,9 @@ pub(super) enum Backend {
 /// A PostgreSQL store: the pool every query runs on (PostgreSQL itself, or a
 /// transaction-mode pooler in front of it), and where to reach PostgreSQL itself
 /// for the two things that need a session of their own: migrations (sqlx's
-/// migrator holds a session advisory lock) and feed leadership.
+/// migrator holds a session advisory lock) and LISTEN (its pool is the
+/// listener's own, see [`super::ChangeHints`]). Feed leadership is a lease row
+/// through the pool.
 ///
 /// Pooler-safe by construction: every statement is unnamed
 /// (`persistent(false)`: a named one would outlive the transaction on a server
@@ -430,9 +432,19 @@ impl Backend {
         };
         metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => operation)
             .record(start.elapsed().as_secs_f64());
-        match out {
-            Err(StoreError::Database(sqlx::Error::PoolTimedOut)) => Err(self.explain().await),
-            other => other,
+        match (out, bound) {
+            // The explanation within what is left of the bound: its own
+            // connection attempt on a silent database would add 3 s.
+            (Err(StoreError::Database(sqlx::Error::PoolTimedOut)), Some(bound)) => {
+                let left = bound.saturating_sub(start.elapsed());
+                Err(tokio::time::timeout(left, self.explain())
+                    .await
+                    .unwrap_or(StoreError::TimedOut { operation, bound }))
+            }
+            (Err(StoreError::Database(sqlx::Error::PoolTimedOut)), None) => {
+                Err(self.explain().await)
+            }
+            (other, _) => other,
         }
     }
 
