@@ -344,11 +344,14 @@ impl Pg {
 }
 
 impl Backend {
-    /// The bound of a small call ([`Bounds::short`]).
+    /// The bound of a small call ([`Bounds::short`]). SQLite: a call's, as
+    /// for every write there ([`Backend::call_bound`]): its writers queue for
+    /// one file, and a small write queued behind a large snapshot must not be
+    /// refused for it (its wait for SQLite's own lock is the busy timeout).
     pub(super) fn short_bound(&self) -> Duration {
         match self {
             Backend::Postgres(pg) => pg.bounds.short(),
-            Backend::Sqlite(_) => Bounds::default().short(),
+            Backend::Sqlite(_) => self.call_bound(),
         }
     }
 
