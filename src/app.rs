@@ -163,7 +163,7 @@ impl App {
                 admin_state.token,
             ),
             status,
-            leadership: database.leadership(),
+            leadership: database.leadership(config.upstreams.calltracking.status_feed.lease_ttl),
             database,
             reveal_store,
             caches,
@@ -230,12 +230,13 @@ impl App {
         background.spawn(load(
             self.status.clone(),
             self.database.clone(),
-            self.config.database.needs_session(feed.enabled).then(|| {
-                match self.config.database.direct_url() {
+            self.config
+                .database
+                .needs_session()
+                .then(|| match self.config.database.direct_url() {
                     Some(_) => "database.direct_url",
                     None => "database.url",
-                }
-            }),
+                }),
             self.config.database.migrate_on_start,
             loaded.clone(),
             fatal_tx,
@@ -421,14 +422,17 @@ async fn load(
     loop {
         if !checked {
             match database.lacks_session().await {
-                Some(true) => {
+                Ok(true) => {
                     let key = session.unwrap_or("database.url");
                     let _ = fatal.send(pooler_without_session(key)).await;
                     return;
                 }
-                Some(false) => checked = true,
-                // No answer yet: the load below says why, and we ask again.
-                None => {}
+                Ok(false) => checked = true,
+                // No answer yet (bounded): said, and asked again.
+                Err(error) => {
+                    let key = session.unwrap_or("database.url");
+                    tracing::warn!(%error, key, "the pooler check cannot tell yet; retrying");
+                }
             }
         }
         let result = async {
@@ -468,9 +472,8 @@ pub fn pooler_without_session(key: &str) -> String {
     };
     format!(
         "{key} is a transaction-mode pooler (a client connection does not keep its \
-         server session), and migrations, feed leadership and LISTEN need one: {fix} \
-         (or set database.migrate_on_start = false and database.listen = false, \
-         without the status feed)"
+         server session), and migrations and LISTEN need one: {fix} \
+         (or set database.migrate_on_start = false and database.listen = false)"
     )
 }
 

@@ -209,7 +209,7 @@ pub struct AdminConfig {
 pub struct DatabaseConfig {
     pub url: Secret,
     /// PostgreSQL itself, when `url` is a transaction-mode pooler: migrations
-    /// and feed leadership need a session of their own. Empty: `url`.
+    /// and LISTEN need a session of their own. Empty: `url`.
     pub direct_url: Secret,
     pub max_connections: u32,
     pub migrate_on_start: bool,
@@ -340,6 +340,9 @@ pub struct StatusFeedConfig {
     #[serde(rename = "interval_ms", deserialize_with = "units::millis")]
     pub interval: Duration,
     pub limit: u32,
+    /// The feed leader's lease (docs/status-sync.md, "Leadership").
+    #[serde(rename = "lease_ttl_ms", deserialize_with = "units::millis")]
+    pub lease_ttl: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -943,15 +946,15 @@ impl ServerConfig {
 }
 
 impl DatabaseConfig {
-    /// Where migrations and feed leadership reach PostgreSQL itself.
+    /// Where migrations and LISTEN reach PostgreSQL itself.
     pub fn direct_url(&self) -> Option<&str> {
         Some(self.direct_url.expose()).filter(|u| !u.is_empty())
     }
 
     /// Whether this replica needs a PostgreSQL session of its own: migrations
-    /// at start, LISTEN, or (with `feed`) feed leadership.
-    pub fn needs_session(&self, feed: bool) -> bool {
-        self.migrate_on_start || self.listen || feed
+    /// at start, or LISTEN. (Feed leadership is a lease row: it needs none.)
+    pub fn needs_session(&self) -> bool {
+        self.migrate_on_start || self.listen
     }
 
     fn validate(&self, found: &mut Vec<Mistake>) {
@@ -1062,6 +1065,15 @@ impl UpstreamsConfig {
                 feed.limit,
                 1..=10_000,
                 "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "upstreams.calltracking.status_feed.lease_ttl_ms",
+                feed.lease_ttl.as_millis(),
+                300..=6_000,
+                " (a stopped leader is replaced within 10 s)",
             )
             .err(),
         );
@@ -1649,6 +1661,14 @@ mod tests {
             (
                 "[upstreams.calltracking.status_feed]\ninterval_ms = 9223372036854775807",
                 "upstreams.calltracking.status_feed.interval_ms",
+            ),
+            (
+                "[upstreams.calltracking.status_feed]\nlease_ttl_ms = 100",
+                "upstreams.calltracking.status_feed.lease_ttl_ms",
+            ),
+            (
+                "[upstreams.calltracking.status_feed]\nlease_ttl_ms = 10000",
+                "upstreams.calltracking.status_feed.lease_ttl_ms",
             ),
             (
                 "[rate_limit]\nper_viewer_per_minute = 4294967295",

@@ -14,8 +14,8 @@ pub use set::{StatusSet, Tracking};
 
 use crate::domain::{Applied, StatusChange, UserId};
 use crate::store::{
-    CHANGES_PAGE, Change, FLOOR_USER, SnapshotLoad, StatusStore, StatusStoreError, StoreError,
-    Watermark,
+    CHANGES_PAGE, Change, FLOOR_USER, Fence, SnapshotLoad, StatusStore, StatusStoreError,
+    StoreError, Watermark,
 };
 
 /// What the number caches must forget when the change log says so. The status
@@ -215,15 +215,40 @@ impl StatusService {
         for user in users {
             self.inner.caches.drop_seller(*user);
         }
+        let deadline = self.short_deadline();
         {
-            let _writer = self.writer().await?;
+            let _writer = self.writer_until(deadline).await?;
             self.inner
                 .store
-                .record_invalidations(users, self.inner.caches.longest_use())
+                .record_invalidations(users, self.inner.caches.longest_use(), deadline)
                 .await?;
         }
         self.catch_up_after_write().await;
         Ok(())
+    }
+
+    /// When a small write (a delta, an invalidation), its wait for the
+    /// writers' turn included, is given up: `database.lock_timeout_ms` from
+    /// now ([`crate::store::Bounds::short`]), so that a database that stops
+    /// answering costs its caller that long, then a 503.
+    fn short_deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.inner.store.short_bound()
+    }
+
+    /// The local writers' turn for a small write, waited for until its
+    /// `deadline`.
+    async fn writer_until(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<tokio::sync::MutexGuard<'_, ()>, StatusStoreError> {
+        tokio::time::timeout_at(deadline, self.inner.writer.lock())
+            .await
+            .map_err(|_| {
+                StatusStoreError::from(StoreError::TimedOut {
+                    operation: "waiting for the writers' turn",
+                    bound: self.inner.store.short_bound(),
+                })
+            })
     }
 
     /// The local writers' turn, waited for at most one database call's bound:
@@ -241,18 +266,25 @@ impl StatusService {
             })
     }
 
-    /// Applies a delta delivery (webhook, or a feed page with its cursor).
+    /// Applies a delta delivery (webhook, or a feed page with its cursor and
+    /// the lease it was read under: see [`crate::store::Fence`]), within
+    /// `database.lock_timeout_ms` on PostgreSQL, its turn among the local
+    /// writers included.
     ///
     /// # Errors
     /// The store refused it; nothing was applied.
     pub async fn apply_changes(
         &self,
         changes: &[StatusChange],
-        cursor: Option<&str>,
+        feed: Option<(&str, Option<&Fence>)>,
     ) -> Result<Applied, StatusStoreError> {
+        let deadline = self.short_deadline();
         let counts = {
-            let _writer = self.writer().await?;
-            self.inner.store.apply_changes(changes, cursor).await?
+            let _writer = self.writer_until(deadline).await?;
+            self.inner
+                .store
+                .apply_changes(changes, feed, deadline)
+                .await?
         };
         self.catch_up_after_write().await;
         Ok(counts)
@@ -300,10 +332,19 @@ impl StatusService {
         self.finish_snapshot(load, version).await
     }
 
-    /// The change is durable; if memory cannot follow right now, the sync loop will.
+    /// The change is durable; if memory cannot follow right now (within a
+    /// small call's bound: the answer waits for it), the sync loop will.
     async fn catch_up_after_write(&self) {
-        if let Err(error) = self.catch_up().await {
-            tracing::warn!(%error, "catch-up after a write failed; the sync loop will retry");
+        let bound = self.inner.store.short_bound();
+        match tokio::time::timeout(bound, self.catch_up()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "catch-up after a write failed; the sync loop will retry");
+            }
+            Err(_) => tracing::warn!(
+                ?bound,
+                "catch-up after a write did not finish in time; the sync loop will retry"
+            ),
         }
     }
 }

@@ -49,6 +49,10 @@ pub enum StoreError {
         operation: &'static str,
         bound: Duration,
     },
+    /// A write for a leased duty (the status feed's cursor) was refused: the
+    /// lease it was made under has expired or another replica took it.
+    #[error("the {0} lease is no longer this replica's")]
+    LeaseLost(&'static str),
 }
 
 /// How long a database call may take (docs/configuration.md, `database.*`).
@@ -81,12 +85,21 @@ impl Bounds {
         ACQUIRE_TIMEOUT + self.statement + Duration::from_secs(1)
     }
 
-    /// The client's bound on one read (a catch-up page, a feed cursor, a page
-    /// of the reveal log): a connection, a lock wait, and two seconds for rows
-    /// that come from an index. Shorter than [`Bounds::call`], so a connection
-    /// that died silently holds the sync loop seconds, not a minute.
+    /// The client's bound on one read (a catch-up page, a page of the reveal
+    /// log): a connection, a lock wait, and two seconds for rows that come
+    /// from an index. Shorter than [`Bounds::call`], so a connection that died
+    /// silently holds the sync loop seconds, not a minute.
     pub fn read(&self) -> Duration {
         ACQUIRE_TIMEOUT + self.lock + Duration::from_secs(2)
+    }
+
+    /// The whole of a small call, connection included: a webhook delta, an
+    /// invalidation, a single-row read (the feed cursor), a lease's take or
+    /// renewal. `lock`, on the client and on the server alike (statement,
+    /// lock wait and idle time in the transaction): a database that stops
+    /// answering costs a webhook this long, not a snapshot's statement bound.
+    pub fn short(&self) -> Duration {
+        self.lock
     }
 }
 
@@ -169,9 +182,10 @@ impl Database {
         BudgetStore::of(self.backend.clone())
     }
 
-    /// Feed leadership (held by the feed loop).
-    pub fn leadership(&self) -> Leadership {
-        Leadership::of(&self.backend)
+    /// Feed leadership (held by the feed loop): a lease of `ttl` on
+    /// PostgreSQL (see [`Leadership`]).
+    pub fn leadership(&self, ttl: Duration) -> Leadership {
+        Leadership::of(&self.backend, ttl)
     }
 
     /// Hints that the change log may have grown (for the sync loop; see
@@ -234,12 +248,14 @@ impl Database {
 
     /// Whether the connection this database uses for sessions (`direct_url`,
     /// or `url` without it) is a transaction-mode pooler, which keeps none (see
-    /// [`keeps_sessions`]). `None` when it cannot tell (the database does not
-    /// answer).
-    pub async fn lacks_session(&self) -> Option<bool> {
+    /// [`keeps_sessions`]).
+    ///
+    /// # Errors
+    /// It cannot tell: the database did not answer (within [`PROBE_BOUND`]).
+    pub async fn lacks_session(&self) -> Result<bool, StoreError> {
         match &self.backend {
-            Backend::Sqlite(_) => Some(false),
-            Backend::Postgres(pg) => keeps_sessions(&pg.direct).await.ok().map(|keeps| !keeps),
+            Backend::Sqlite(_) => Ok(false),
+            Backend::Postgres(pg) => keeps_sessions(&pg.direct).await.map(|keeps| !keeps),
         }
     }
 
@@ -266,7 +282,9 @@ pub(super) enum Backend {
 /// A PostgreSQL store: the pool every query runs on (PostgreSQL itself, or a
 /// transaction-mode pooler in front of it), and where to reach PostgreSQL itself
 /// for the two things that need a session of their own: migrations (sqlx's
-/// migrator holds a session advisory lock) and feed leadership.
+/// migrator holds a session advisory lock) and LISTEN (its pool is the
+/// listener's own, see [`super::ChangeHints`]). Feed leadership is a lease row
+/// through the pool.
 ///
 /// Pooler-safe by construction: every statement is unnamed
 /// (`persistent(false)`: a named one would outlive the transaction on a server
@@ -300,9 +318,61 @@ impl Pg {
         .await?;
         Ok(tx)
     }
+
+    /// A transaction for a small call ([`Bounds::short`]): its statements,
+    /// its lock waits and its idle time each bounded by `lock` on the server.
+    /// The idle bound matters when the client freezes (SIGSTOP, a VM paused)
+    /// in mid-transaction: its connection stays open, and without it the
+    /// locks it holds (the writers' advisory lock, a lease row) would stay
+    /// held for as long as it sleeps, stopping every other replica's writes.
+    pub(super) async fn begin_short(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let bound = self.bounds.short().as_millis().to_string();
+        sqlx::query(
+            "SELECT set_config('statement_timeout', $1, true), \
+             set_config('lock_timeout', $1, true), \
+             set_config('idle_in_transaction_session_timeout', $1, true)",
+        )
+        .persistent(false)
+        .bind(bound)
+        .execute(&mut *tx)
+        .await?;
+        Ok(tx)
+    }
 }
 
 impl Backend {
+    /// The bound of a small call ([`Bounds::short`]). SQLite: a call's, as
+    /// for every write there ([`Backend::call_bound`]): its writers queue for
+    /// one file, and a small write queued behind a large snapshot must not be
+    /// refused for it (its wait for SQLite's own lock is the busy timeout).
+    pub(super) fn short_bound(&self) -> Duration {
+        match self {
+            Backend::Postgres(pg) => pg.bounds.short(),
+            Backend::Sqlite(_) => self.call_bound(),
+        }
+    }
+
+    /// Runs one small database call that must be over by `deadline` (the
+    /// caller's share of [`Bounds::short`], after a wait for its turn): see
+    /// [`Backend::bounded`]. SQLite is local and bounded by its busy timeout.
+    pub(super) async fn until<T>(
+        &self,
+        operation: &'static str,
+        deadline: tokio::time::Instant,
+        f: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let bound = match self {
+            Backend::Postgres(_) => {
+                Some(deadline.saturating_duration_since(tokio::time::Instant::now()))
+            }
+            Backend::Sqlite(_) => None,
+        };
+        self.bounded(operation, bound, f).await
+    }
+
     /// The client's bound on one call (see [`Bounds::call`]).
     pub(super) fn call_bound(&self) -> Duration {
         match self {
@@ -365,9 +435,19 @@ impl Backend {
         };
         metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => operation)
             .record(start.elapsed().as_secs_f64());
-        match out {
-            Err(StoreError::Database(sqlx::Error::PoolTimedOut)) => Err(self.explain().await),
-            other => other,
+        match (out, bound) {
+            // The explanation within what is left of the bound: its own
+            // connection attempt on a silent database would add 3 s.
+            (Err(StoreError::Database(sqlx::Error::PoolTimedOut)), Some(bound)) => {
+                let left = bound.saturating_sub(start.elapsed());
+                Err(tokio::time::timeout(left, self.explain())
+                    .await
+                    .unwrap_or(StoreError::TimedOut { operation, bound }))
+            }
+            (Err(StoreError::Database(sqlx::Error::PoolTimedOut)), None) => {
+                Err(self.explain().await)
+            }
+            (other, _) => other,
         }
     }
 
@@ -517,13 +597,33 @@ pub fn keeps_sessions(
 ) -> futures_util::future::BoxFuture<'_, Result<bool, StoreError>> {
     // Boxed as `Send` here, where the compiler can see it is: through a generic
     // caller it fails to prove it for sqlx's executor lifetimes.
-    Box::pin(probe_sessions(options))
+    Box::pin(async move {
+        tokio::time::timeout(PROBE_BOUND, probe_sessions(options))
+            .await
+            .unwrap_or(Err(StoreError::TimedOut {
+                operation: "the pooler check",
+                bound: PROBE_BOUND,
+            }))
+    })
 }
+
+/// The pooler check's bound, whole: two connections and three rounds of
+/// three statements, one of which may rightly wait [`ACQUIRE_TIMEOUT`].
+pub const PROBE_BOUND: Duration = Duration::from_secs(10);
 
 async fn probe_sessions(options: &PgConnectOptions) -> Result<bool, StoreError> {
     use sqlx::Connection as _;
-    let mut a = sqlx::PgConnection::connect_with(options).await?;
-    let mut b = sqlx::PgConnection::connect_with(options).await?;
+    let connect = || async {
+        tokio::time::timeout(ACQUIRE_TIMEOUT, sqlx::PgConnection::connect_with(options))
+            .await
+            .map_err(|_| StoreError::Unreachable {
+                target: target(options),
+                cause: format!("no answer within {ACQUIRE_TIMEOUT:?}"),
+            })?
+            .map_err(StoreError::from)
+    };
+    let mut a = connect().await?;
+    let mut b = connect().await?;
     let mut keeps = true;
     for _ in 0..3 {
         let first = pid(&mut a).await?;

@@ -69,9 +69,9 @@ mod signals;
 mod status;
 
 pub use budgets::{BudgetStore, BudgetStoreError, Pruned, Spend, Total};
-pub use database::{ACQUIRE_TIMEOUT, Bounds, Database, StoreError, keeps_sessions};
+pub use database::{ACQUIRE_TIMEOUT, Bounds, Database, PROBE_BOUND, StoreError, keeps_sessions};
 pub use reveals::{RevealStore, RevealStoreError};
-pub use signals::{ChangeHints, Leader, Leadership};
+pub use signals::{ChangeHints, Fence, Leader, Leadership};
 pub use status::{
     CHANGES_PAGE, Change, FLOOR_USER, Row, SnapshotLoad, StatusStore, StatusStoreError, Watermark,
 };

@@ -13,6 +13,7 @@
 mod abuse;
 mod api_contract;
 mod caching;
+mod faults;
 mod operations;
 mod overload;
 mod reveals;

@@ -788,6 +788,7 @@ fn overlay(feed_url: &str) -> String {
         enabled = true
         interval_ms = 100
         limit = 7
+        lease_ttl_ms = 1000
         "#
     )
 }
@@ -976,7 +977,7 @@ async fn the_reveal_log_is_written_and_read_through_the_pooler() {
 }
 
 #[tokio::test]
-async fn the_feed_has_one_leader_through_direct_url_and_fails_over() {
+async fn the_feed_has_one_leader_behind_the_pooler_and_fails_over() {
     let Some((db, bouncer)) = pooled() else {
         return;
     };
@@ -986,7 +987,8 @@ async fn the_feed_has_one_leader_through_direct_url_and_fails_over() {
         &db,
         &format!(
             "[upstreams.calltracking]\nbase_url = \"{feed_url}\"\n\
-             [upstreams.calltracking.status_feed]\nenabled = true\ninterval_ms = 100\nlimit = 7"
+             [upstreams.calltracking.status_feed]\nenabled = true\ninterval_ms = 100\nlimit = 7\n\
+             lease_ttl_ms = 1000"
         ),
     );
     let a = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;

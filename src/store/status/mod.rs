@@ -25,8 +25,8 @@ mod sqlite;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::StoreError;
 use super::database::{Backend, unsigned};
+use super::{Fence, StoreError};
 use crate::domain::{Applied, Status, StatusChange, UserId};
 
 pub(super) use postgres::CHANNEL;
@@ -117,22 +117,32 @@ impl StatusStore {
         self.backend.call_bound()
     }
 
+    /// The bound of a small call, whole (see [`super::Bounds::short`]): a
+    /// delta, an invalidation, the writers' turn for them.
+    pub fn short_bound(&self) -> Duration {
+        self.backend.short_bound()
+    }
+
     /// Applies a delta delivery in one transaction (with the feed cursor that
-    /// brought it, if any); returns what applied and what was ignored.
+    /// brought it and the lease it was read under, if any); returns what
+    /// applied and what was ignored. On PostgreSQL, given up at `deadline`.
     ///
     /// # Errors
-    /// The database refused or is unreachable; nothing was applied.
+    /// The database refused or is unreachable, or the feed's lease is lost
+    /// ([`StoreError::LeaseLost`]); nothing was applied.
     pub async fn apply_changes(
         &self,
         items: &[StatusChange],
-        cursor: Option<&str>,
+        feed: Option<(&str, Option<&Fence>)>,
+        deadline: tokio::time::Instant,
     ) -> Result<Applied, StatusStoreError> {
+        let cursor = feed.map(|(cursor, _)| cursor);
         Ok(self
             .backend
-            .call("apply_changes", async {
+            .until("apply_changes", deadline, async {
                 match &self.backend {
                     Backend::Sqlite(pool) => sqlite::apply_changes(pool, items, cursor).await,
-                    Backend::Postgres(pg) => postgres::apply_changes(pg, items, cursor).await,
+                    Backend::Postgres(pg) => postgres::apply_changes(pg, items, feed).await,
                 }
             })
             .await?)
@@ -200,13 +210,15 @@ impl StatusStore {
         &self,
         users: &[UserId],
         keep: Duration,
+        deadline: tokio::time::Instant,
     ) -> Result<(), StatusStoreError> {
         match &self.backend {
             Backend::Sqlite(_) => Ok(()),
             Backend::Postgres(pg) => Ok(self
                 .backend
-                .call(
+                .until(
                     "record_invalidations",
+                    deadline,
                     postgres::record_invalidations(pg, users, keep),
                 )
                 .await?),
@@ -219,9 +231,10 @@ impl StatusStore {
     /// The database is unreachable.
     pub async fn feed_cursor(&self) -> Result<Option<String>, StatusStoreError> {
         let query = "SELECT cursor FROM status_feed_cursor WHERE id = 1";
+        let deadline = tokio::time::Instant::now() + self.short_bound();
         Ok(self
             .backend
-            .read("feed_cursor", async {
+            .until("feed_cursor", deadline, async {
                 Ok(on_connection!(&self.backend, conn => {
                     sqlx::query_scalar(query)
                         .persistent(false)

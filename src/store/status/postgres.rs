@@ -13,6 +13,7 @@ use sqlx::Row as _;
 use super::{Row, RowTuple, StoreError, Watermark, plan, users_of};
 use crate::domain::StatusChange;
 use crate::domain::{Applied, UserId};
+use crate::store::Fence;
 use crate::store::database::{Pg, signed, unsigned};
 
 /// The notification channel of status changes (the change hints listen on it).
@@ -20,10 +21,12 @@ pub(in crate::store) const CHANNEL: &str = "calltracking_status";
 /// Advisory lock key serialising writers ("ctstatus" in ASCII).
 const WRITE_LOCK: i64 = 0x6374_7374_6174_7573;
 
+/// A small write's transaction (a delta, an invalidation: see
+/// `Pg::begin_short`), its turn among the writers and its sequence value.
 async fn begin_write(
     pg: &Pg,
 ) -> Result<(sqlx::Transaction<'static, sqlx::Postgres>, i64), StoreError> {
-    let mut tx = pg.begin().await?;
+    let mut tx = pg.begin_short().await?;
     let seq = take_write_turn(&mut tx).await?;
     Ok((tx, seq))
 }
@@ -61,9 +64,15 @@ async fn notify_and_commit(
 pub(super) async fn apply_changes(
     pg: &Pg,
     items: &[StatusChange],
-    cursor: Option<&str>,
+    feed: Option<(&str, Option<&Fence>)>,
 ) -> Result<Applied, StoreError> {
     let (mut tx, seq) = begin_write(pg).await?;
+    // A feed page is taken only under the lease it was read under, checked
+    // (and the lease row held) in this transaction: a leader that lost the
+    // lease cannot move the cursor after its successor did.
+    if let Some((_, Some(fence))) = feed {
+        fence.check(&mut tx).await?;
+    }
     let users: Vec<i64> = users_of(items).into_iter().map(signed).collect();
     let stored: HashMap<u64, u64> =
         sqlx::query("SELECT user_id, version FROM calltracking_status WHERE user_id = ANY($1)")
@@ -97,7 +106,7 @@ pub(super) async fn apply_changes(
         .execute(&mut *tx)
         .await?;
     }
-    if let Some(cursor) = cursor {
+    if let Some((cursor, _)) = feed {
         sqlx::query(
             "INSERT INTO status_feed_cursor (id, cursor) VALUES (1, $1) \
              ON CONFLICT (id) DO UPDATE SET cursor = excluded.cursor",

@@ -14,7 +14,7 @@
 //! upstreams), `privacy` (the log scanner), `pg` (PostgreSQL clusters),
 //! `pgbouncer` (a transaction-mode pooler in front of one), `child` (the binary
 //! as a child process), `front` (the public front without sockets, for
-//! `oneshot`).
+//! `oneshot`), `proxy` (a TCP proxy that can fall silent).
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,7 @@ pub mod front;
 pub mod pg;
 pub mod pgbouncer;
 pub mod privacy;
+pub mod proxy;
 
 pub use app::*;
 pub use fakes::*;

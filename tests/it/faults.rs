@@ -1,0 +1,416 @@
+//! Faults the database and the replicas meet in a fleet (SPEC sections 7 and
+//! 9, docs/status-sync.md, "Leadership" and "Bounded calls"): a database that
+//! accepts connections and then says nothing (a proxy that stops forwarding,
+//! support/proxy.rs), and a replica frozen with SIGSTOP while it leads the
+//! status feed (the binary as a child process, support/child.rs).
+
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::json;
+
+use crate::status_sync::{enabled, feed, wait_for};
+use crate::support::child::Process;
+use crate::support::proxy::Proxy;
+use crate::support::{TestApp, eventually, pg};
+
+const STATUSES: &str = "/admin/v1/calltracking/statuses";
+const INVALIDATE: &str = "/admin/v1/cache/invalidate";
+
+/// The lock bound the silent-database test sets, and what it allows on top
+/// for a loaded machine (the bound before was the statement's, a minute).
+const LOCK: Duration = Duration::from_millis(1000);
+const SLACK: Duration = Duration::from_millis(1500);
+
+/// The webhook and invalidation answer 503 within `lock_timeout_ms` while the
+/// database is silent; the sync loop and the feed resume about a second after
+/// it answers again; nothing acknowledged before is lost, nothing refused is
+/// applied.
+#[tokio::test]
+async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_resumes() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let (proxy, through) = Proxy::in_front_of(&db.url).await;
+    let feed_url = feed(20).await;
+    let a = TestApp::spawn_on(
+        Some(&through),
+        &format!(
+            "[database]\nlock_timeout_ms = {}\nsync_interval_ms = 100\n\
+             [upstreams.calltracking]\nbase_url = \"{feed_url}\"\n\
+             [upstreams.calltracking.status_feed]\nenabled = true\ninterval_ms = 100\n\
+             limit = 7\nlease_ttl_ms = 1500\n",
+            LOCK.as_millis()
+        ),
+    )
+    .await;
+    // A witness on the database itself.
+    let b = TestApp::spawn_on(Some(&db.url), "").await;
+    assert_eq!(a.set_status(1, true, 1).await, 200, "acknowledged before");
+    wait_for("the feed on the replica", Duration::from_secs(10), || {
+        a.status.is_feed_leader() && enabled(&a, 80)
+    })
+    .await;
+
+    proxy.silence();
+    let mut took = Vec::new();
+    for (path, body) in [
+        (
+            STATUSES,
+            json!({ "items": [{ "user_id": 2, "enabled": true, "version": 1 }] }),
+        ),
+        (
+            STATUSES,
+            json!({ "items": [{ "user_id": 2, "enabled": true, "version": 2 }] }),
+        ),
+        (INVALIDATE, json!({ "user_ids": [2] })),
+    ] {
+        let sent = Instant::now();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(30),
+            a.send_admin(Method::POST, path, &body),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{path} hung on a silent database"));
+        answer.assert_problem(503);
+        took.push(sent.elapsed());
+        assert!(
+            sent.elapsed() < LOCK + SLACK,
+            "{path} answered after {:?} (lock_timeout_ms {LOCK:?})",
+            sent.elapsed()
+        );
+    }
+    eprintln!("503s on a silent database after {took:?}");
+    // A change the silent replica cannot see yet, and a leader that cannot
+    // prove it leads.
+    assert_eq!(b.set_status(3, true, 1).await, 200);
+    wait_for(
+        "the replica to stop leading the feed",
+        Duration::from_secs(10),
+        || !a.status.is_feed_leader(),
+    )
+    .await;
+    assert!(!enabled(&a, 3));
+
+    proxy.resume();
+    let resumed = Instant::now();
+    wait_for("the sync loop to catch up", Duration::from_secs(3), || {
+        enabled(&a, 3)
+    })
+    .await;
+    let synced = resumed.elapsed();
+    wait_for("the feed to lead again", Duration::from_secs(4), || {
+        a.status.is_feed_leader()
+    })
+    .await;
+    eprintln!(
+        "after the database answered again: caught up in {synced:?}, leading in {:?}",
+        resumed.elapsed()
+    );
+    for app in [&a, &b] {
+        assert_eq!(
+            app.get_admin(&format!("{STATUSES}/1")).await.body["enabled"],
+            true
+        );
+    }
+    assert_eq!(
+        b.get_admin(&format!("{STATUSES}/2")).await.body["version"],
+        0,
+        "nothing refused was applied"
+    );
+    assert_eq!(
+        a.set_status(2, true, 3).await,
+        200,
+        "writes are taken again"
+    );
+}
+
+/// The binary's feed settings for a fault test, and the feed through `tap`.
+fn feed_env(tap: &Proxy, ttl_ms: u64, interval_ms: u64) -> Vec<(String, String)> {
+    [
+        (
+            "UPSTREAMS__CALLTRACKING__BASE_URL",
+            format!("http://{}", tap.addr),
+        ),
+        (
+            "UPSTREAMS__CALLTRACKING__STATUS_FEED__ENABLED",
+            "true".into(),
+        ),
+        (
+            "UPSTREAMS__CALLTRACKING__STATUS_FEED__INTERVAL_MS",
+            interval_ms.to_string(),
+        ),
+        ("UPSTREAMS__CALLTRACKING__STATUS_FEED__LIMIT", "7".into()),
+        (
+            "UPSTREAMS__CALLTRACKING__STATUS_FEED__LEASE_TTL_MS",
+            ttl_ms.to_string(),
+        ),
+        ("DATABASE__LOCK_TIMEOUT_MS", "1000".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+async fn start_with_feed(url: &str, tap: &Proxy, ttl_ms: u64, interval_ms: u64) -> Process {
+    let env = feed_env(tap, ttl_ms, interval_ms);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    Process::start_with(url, &env).await
+}
+
+/// `phones_gateway_status_feed_leader` of a running binary (`None`: not
+/// published yet, or no answer within a second).
+async fn leads(process: &Process) -> Option<bool> {
+    let metrics = process
+        .http
+        .get(format!("{}/metrics", process.admin))
+        .timeout(Duration::from_secs(1))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("phones_gateway_status_feed_leader "))
+        .map(|v| v.trim() == "1")
+}
+
+fn signal(process: &Process, name: &str) {
+    let pid = process.child.id().to_string();
+    let status = std::process::Command::new("kill")
+        .args([name, &pid])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {name} {pid}");
+}
+
+async fn stored_cursor(url: &str) -> Option<u64> {
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(url)
+        .await
+        .ok()?;
+    let cursor: Option<String> =
+        sqlx::query_scalar("SELECT cursor FROM status_feed_cursor WHERE id = 1")
+            .fetch_optional(&mut conn)
+            .await
+            .ok()?;
+    cursor?.parse().ok()
+}
+
+/// The feed leader is frozen (SIGSTOP): another replica leads within 10 s.
+/// Woken (SIGCONT), the old leader asks the feed nothing while the new one
+/// leads (its own path to the feed counts every byte), says it does not
+/// lead, and the cursor never moved back; when the new leader goes, the old
+/// one leads again.
+#[tokio::test]
+async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new_one() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let feed_url = feed(20).await;
+    let sim = feed_url.trim_start_matches("http://");
+    let (tap_a, tap_b) = (Proxy::start(sim).await, Proxy::start(sim).await);
+    let ttl_ms = 1500;
+    let a = start_with_feed(&db.url, &tap_a, ttl_ms, 100).await;
+    eventually(
+        "the first replica to lead",
+        Duration::from_secs(10),
+        || async { leads(&a).await == Some(true) && stored_cursor(&db.url).await == Some(20) },
+    )
+    .await;
+    let b = TestApp::spawn_on(
+        Some(&db.url),
+        &format!(
+            "[database]\nlock_timeout_ms = 1000\n\
+             [upstreams.calltracking]\nbase_url = \"http://{}\"\n\
+             [upstreams.calltracking.status_feed]\nenabled = true\ninterval_ms = 100\n\
+             limit = 7\nlease_ttl_ms = {ttl_ms}\n",
+            tap_b.addr
+        ),
+    )
+    .await;
+    // The cursor, watched from the side: it never moves back.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let (watched, into) = (db.url.clone(), seen.clone());
+    let watcher = tokio::spawn(async move {
+        loop {
+            if let Some(cursor) = stored_cursor(&watched).await {
+                let mut seen = into.lock().unwrap();
+                if seen.last() != Some(&cursor) {
+                    seen.push(cursor);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!b.status.is_feed_leader(), "one leader");
+    assert_eq!(tap_b.sent(), 0, "a follower does not poll");
+
+    signal(&a, "-STOP");
+    let frozen = Instant::now();
+    wait_for("the other replica to lead", Duration::from_secs(10), || {
+        b.status.is_feed_leader()
+    })
+    .await;
+    let took = frozen.elapsed();
+    eprintln!("hand-over after SIGSTOP: {took:?}");
+    eventually("the new leader to poll", Duration::from_secs(5), || async {
+        tap_b.sent() > 0
+    })
+    .await;
+
+    signal(&a, "-CONT");
+    let asked = tap_a.sent();
+    let polled = tap_b.sent();
+    // Three leases' time: a woken leader that still polled would have.
+    let until = Instant::now() + Duration::from_millis(3 * ttl_ms);
+    while Instant::now() < until {
+        assert_eq!(tap_a.sent(), asked, "the woken leader asked the feed");
+        assert!(b.status.is_feed_leader(), "the new leader kept the lease");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(tap_b.sent() > polled, "the new leader kept polling");
+    assert_eq!(leads(&a).await, Some(false), "the woken leader says so");
+
+    // And back: the new leader goes, the old one leads again.
+    drop(b);
+    eventually(
+        "the old leader to lead again",
+        Duration::from_secs(10),
+        || async { leads(&a).await == Some(true) && tap_a.sent() > asked },
+    )
+    .await;
+    watcher.abort();
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.windows(2).all(|w| w[0] <= w[1]),
+        "the cursor moved back: {seen:?}"
+    );
+}
+
+/// A page read under a lease that was lost meanwhile (its leader froze, and
+/// another took the lease) is refused, cursor and changes alike; the lost
+/// lease cannot be renewed; the new one can.
+#[tokio::test]
+async fn a_late_feed_write_under_a_lost_lease_is_refused() {
+    use phones_gateway::domain::StatusChange;
+    use phones_gateway::store::{Bounds, Database, StoreError};
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let database = Database::connect_via(&db.url, None, 2, Bounds::default())
+        .await
+        .unwrap();
+    database.migrate().await.unwrap();
+    let service = phones_gateway::status::StatusService::new(database.status());
+    let ttl = Duration::from_millis(300);
+    let (first, second) = (database.leadership(ttl), database.leadership(ttl));
+    let mut old = first.try_take().await.unwrap().expect("a free lease");
+    assert!(second.try_take().await.unwrap().is_none(), "held");
+    let change = |user_id: u64, version: u64| -> StatusChange {
+        let item = phones_gateway::domain::StatusItem {
+            user_id,
+            enabled: true,
+            version,
+        };
+        item.parse().unwrap()
+    };
+    service
+        .apply_changes(&[change(1, 1)], Some(("10", old.fence())))
+        .await
+        .unwrap();
+    // The first leader sleeps past its lease; the second takes it.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    assert!(!old.is_valid());
+    let mut new = second.try_take().await.unwrap().expect("an expired lease");
+    let (old_epoch, new_epoch) = (old.fence().unwrap().epoch(), new.fence().unwrap().epoch());
+    assert!(new_epoch > old_epoch, "{new_epoch} after {old_epoch}");
+    service
+        .apply_changes(&[change(2, 1)], Some(("20", new.fence())))
+        .await
+        .unwrap();
+    // The first wakes with a page it read before.
+    let late = service
+        .apply_changes(&[change(3, 1)], Some(("15", old.fence())))
+        .await
+        .expect_err("a write under a lost lease");
+    assert!(matches!(late.cause(), StoreError::LeaseLost(_)), "{late}");
+    assert_eq!(
+        service.store().feed_cursor().await.unwrap().as_deref(),
+        Some("20")
+    );
+    service.catch_up().await.unwrap();
+    assert!(
+        !service
+            .set()
+            .is_enabled(phones_gateway::domain::UserId::new(3).unwrap())
+    );
+    assert!(!old.renew(&first).await, "a lost lease is not renewed");
+    assert!(new.renew(&second).await, "the holder's is");
+    assert!(first.try_take().await.unwrap().is_none(), "and held");
+}
+
+/// The hand-over time after SIGSTOP, with the default lease (5 s) and a 300
+/// ms interval, over 10 tries: two binaries, the leader frozen each time and
+/// woken once the other leads. By hand:
+/// `cargo test --test it measure_handover_after_sigstop -- --ignored --nocapture`
+/// (`HANDOVER_LEASE_TTL_MS` for another lease).
+#[tokio::test]
+#[ignore = "a measurement, run by hand"]
+async fn measure_handover_after_sigstop() {
+    let Some(db) = pg::database().await else {
+        return;
+    };
+    let ttl_ms = std::env::var("HANDOVER_LEASE_TTL_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5000);
+    let feed_url = feed(20).await;
+    let sim = feed_url.trim_start_matches("http://");
+    let taps = [Proxy::start(sim).await, Proxy::start(sim).await];
+    let replicas = [
+        start_with_feed(&db.url, &taps[0], ttl_ms, 300).await,
+        start_with_feed(&db.url, &taps[1], ttl_ms, 300).await,
+    ];
+    let mut took = Vec::new();
+    for _ in 0..10 {
+        let start = Instant::now();
+        let leader = loop {
+            let mut found = None;
+            for (i, replica) in replicas.iter().enumerate() {
+                if leads(replica).await == Some(true) {
+                    found = Some(i);
+                }
+            }
+            if let Some(i) = found {
+                break i;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "no leader");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let other = &replicas[1 - leader];
+        signal(&replicas[leader], "-STOP");
+        let frozen = Instant::now();
+        eventually("the other to lead", Duration::from_secs(30), || async {
+            leads(other).await == Some(true)
+        })
+        .await;
+        took.push(frozen.elapsed());
+        signal(&replicas[leader], "-CONT");
+        eventually(
+            "the woken one to follow",
+            Duration::from_secs(30),
+            || async { leads(&replicas[leader]).await == Some(false) },
+        )
+        .await;
+    }
+    took.sort();
+    eprintln!(
+        "hand-over after SIGSTOP (lease {ttl_ms} ms, interval 300 ms), 10 tries: {took:?}; \
+         median {:?}, max {:?}",
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
+}

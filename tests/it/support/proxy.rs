@@ -1,0 +1,121 @@
+//! A TCP proxy on 127.0.0.1 that can fall silent: it stops forwarding in both
+//! directions while it keeps every connection open (and accepts new ones), as
+//! a network that drops packets does, or a database host that froze. Told to
+//! resume, it forwards what was held back. It also counts the bytes it has
+//! forwarded from clients, which tells whether a client asked anything.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+pub struct Proxy {
+    /// host:port where clients connect.
+    pub addr: String,
+    silent: watch::Sender<bool>,
+    sent: Arc<AtomicU64>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// A proxy to `target` (host:port), forwarding.
+    pub async fn start(target: &str) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (silent, watching) = watch::channel(false);
+        let sent = Arc::new(AtomicU64::new(0));
+        let (target, counter) = (target.to_owned(), sent.clone());
+        let accepting = tokio::spawn(async move {
+            // Dropped with the accept loop: every connection goes with it.
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                let (target, watching, counter) =
+                    (target.clone(), watching.clone(), counter.clone());
+                connections.spawn(async move {
+                    let Ok(server) = TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    tokio::join!(
+                        pump(client_read, server_write, watching.clone(), Some(counter)),
+                        pump(server_read, client_write, watching, None),
+                    );
+                });
+            }
+        });
+        Proxy {
+            addr,
+            silent,
+            sent,
+            accepting,
+        }
+    }
+
+    /// A proxy to the host and port of `url` (`scheme://[user@]host:port/...`),
+    /// and `url` through it.
+    pub async fn in_front_of(url: &str) -> (Proxy, String) {
+        let (scheme, rest) = url.split_once("://").unwrap();
+        let (user, rest) = match rest.split_once('@') {
+            Some((user, rest)) => (format!("{user}@"), rest),
+            None => (String::new(), rest),
+        };
+        let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let proxy = Proxy::start(host).await;
+        let through = format!("{scheme}://{user}{}/{path}", proxy.addr);
+        (proxy, through)
+    }
+
+    /// Stops forwarding; every connection stays open.
+    pub fn silence(&self) {
+        self.silent.send_replace(true);
+    }
+
+    /// Forwards again, what was held back first.
+    pub fn resume(&self) {
+        self.silent.send_replace(false);
+    }
+
+    /// Bytes forwarded from clients so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+/// Copies `from` to `to` while not silent; a chunk read just before the
+/// silence is held until it ends.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut silent: watch::Receiver<bool>,
+    counter: Option<Arc<AtomicU64>>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if silent.wait_for(|s| !*s).await.is_err() {
+            break;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if silent.wait_for(|s| !*s).await.is_err() {
+            break;
+        }
+        if let Some(counter) = &counter {
+            counter.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
