@@ -55,6 +55,10 @@ pub enum ResolveError {
     NoPhone,
     #[error("cannot decide safely")]
     Unavailable { fail_closed: Option<Source> },
+    /// A source the rules needed was not asked, for a reason of the gateway's
+    /// own (a bound on calls in flight reached), and had no usable stale value.
+    #[error("cannot decide now: {} was not asked", .0.as_str())]
+    Undecided(Source),
     /// Needs an upstream call while the workers are saturated (`admission`).
     #[error("shed: the workers are saturated and the answer is not cached")]
     Overloaded,
@@ -225,9 +229,11 @@ struct Counters {
     fail_closed: Sources<metrics::Counter>,
     /// `phones_gateway_fall_through_total{source}`.
     fall_through: Sources<metrics::Counter>,
-    /// `phones_gateway_resolve_failures_total{reason}`: no_phone, unavailable.
+    /// `phones_gateway_resolve_failures_total{reason}`: no_phone, unavailable,
+    /// undecided.
     no_phone: metrics::Counter,
     unavailable: metrics::Counter,
+    undecided: metrics::Counter,
 }
 
 impl Counters {
@@ -242,6 +248,7 @@ impl Counters {
             fall_through: by_source("phones_gateway_fall_through_total", "source"),
             no_phone: failure("no_phone"),
             unavailable: failure("unavailable"),
+            undecided: failure("undecided"),
         }
     }
 }
@@ -298,6 +305,10 @@ impl Resolver {
                 }
                 fail_closed
             }
+            Decision::Undecided(source) => {
+                counters.undecided.increment(1);
+                Some(source)
+            }
         };
         for &source in &self.rules.order {
             if Some(source) == stop_at {
@@ -342,6 +353,10 @@ impl Resolver {
             }) => tracing::warn!(
                 user_id = %req.user, ad_id = %req.ad, source = source.as_str(),
                 "source failed closed; answering 503"
+            ),
+            Err(ResolveError::Undecided(source)) => tracing::debug!(
+                user_id = %req.user, ad_id = %req.ad, source = source.as_str(),
+                "source not asked (a bound on calls in flight); answering 503"
             ),
             Err(e) => tracing::debug!(user_id = %req.user, ad_id = %req.ad, "{e}"),
         }
@@ -648,6 +663,9 @@ fn trace_decision(result: &Result<Resolved, ResolveError>) {
             event(&[("outcome", "unavailable")])
         }
         Err(ResolveError::Overloaded) => event(&[("outcome", "shed")]),
+        Err(ResolveError::Undecided(source)) => {
+            event(&[("outcome", "undecided"), ("source", source.as_str())]);
+        }
     }
 }
 
@@ -677,10 +695,13 @@ fn stale_or_failed(stale: Cached) -> SourceState {
     }
 }
 
+/// An answer as a source state: a refusal of the gateway's own (no call made)
+/// leaves the source undecided, only its upstream's own failure fails it.
 fn state_of(answer: &Answer) -> SourceState {
     match answer {
         Answer::Found(phone) => SourceState::Found(*phone),
         Answer::NotFound => SourceState::NotFound,
+        Answer::Failed(error) if error.refused() => SourceState::Undecided,
         Answer::Failed(_) => SourceState::Failed,
     }
 }
@@ -693,6 +714,7 @@ fn finished(decision: Decision) -> Option<Result<Resolved, ResolveError>> {
         Decision::Unavailable { fail_closed } => {
             Some(Err(ResolveError::Unavailable { fail_closed }))
         }
+        Decision::Undecided(source) => Some(Err(ResolveError::Undecided(source))),
     }
 }
 
