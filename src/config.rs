@@ -262,6 +262,10 @@ pub struct UpstreamConfig {
     /// Calls to this upstream in flight at once; 0 means `server.max_in_flight`.
     /// Read it through [`UpstreamConfig::max_in_flight_or`].
     pub max_in_flight: usize,
+    /// Calls to this upstream about one seller in flight at once; 0 means an
+    /// eighth of the upstream's bound, at least 1 (why: `upstream::limit`).
+    /// Read it through [`UpstreamConfig::max_in_flight_per_seller_or`].
+    pub max_in_flight_per_seller: usize,
 }
 
 impl UpstreamConfig {
@@ -271,6 +275,17 @@ impl UpstreamConfig {
     pub fn max_in_flight_or(&self, server_max_in_flight: usize) -> usize {
         match self.max_in_flight {
             0 => server_max_in_flight,
+            n => n,
+        }
+    }
+
+    /// Calls in flight allowed to this upstream about one seller, under the
+    /// upstream's bound `max_in_flight` (as resolved by
+    /// [`UpstreamConfig::max_in_flight_or`]): its `max_in_flight_per_seller`, or
+    /// when that is 0, an eighth of `max_in_flight`, at least 1.
+    pub fn max_in_flight_per_seller_or(&self, max_in_flight: usize) -> usize {
+        match self.max_in_flight_per_seller {
+            0 => (max_in_flight / 8).max(1),
             n => n,
         }
     }
@@ -1048,6 +1063,15 @@ impl UpstreamsConfig {
                 )
                 .err(),
             );
+            found.extend(
+                in_range(
+                    &format!("{key}.max_in_flight_per_seller"),
+                    upstream.max_in_flight_per_seller,
+                    0..=1_000_000,
+                    " (0: an eighth of the upstream's max_in_flight)",
+                )
+                .err(),
+            );
         }
         let feed = &self.calltracking.status_feed;
         found.extend(
@@ -1472,6 +1496,26 @@ mod tests {
             }
             Ok(())
         });
+    }
+
+    #[test]
+    fn the_bound_per_seller_is_an_eighth_of_the_upstreams_unless_set() {
+        let c = Config::from_toml(
+            "[upstreams.calltracking]
+max_in_flight = 64
+             [upstreams.real_phone]
+max_in_flight_per_seller = 3",
+        )
+        .unwrap();
+        let calltracking = &c.upstreams.calltracking.upstream;
+        assert_eq!(calltracking.max_in_flight_per_seller_or(64), 8);
+        assert_eq!(calltracking.max_in_flight_per_seller_or(4), 1);
+        assert_eq!(c.upstreams.real_phone.max_in_flight_per_seller_or(64), 3);
+        let e = error_of("[upstreams.anonymous]\nmax_in_flight_per_seller = 2000000");
+        assert!(
+            e.contains("upstreams.anonymous.max_in_flight_per_seller"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -14,10 +14,10 @@
 //!   the routers, duration labels, token check and OpenAPI check; handlers,
 //!   extractors, errors as problem+json, the OpenAPI documents, the
 //!   request-duration histogram.
-//! - [`resolve`]: the selection rules (pure, in `resolve::rules`) and the
-//!   concurrent fan-out to the sources.
+//! - [`resolve`]: the selection plan and rules (pure, in `resolve::plan` and
+//!   `resolve::rules`) and the concurrent fan-out to the sources.
 //! - [`cache`]: TTL'd, coalescing, stale-if-error caches with O(1) invalidation,
-//!   keyed by a `Key` that carries the seller.
+//!   keyed by a `Key` that carries the seller, and `Caches`, a replica's three.
 //! - [`upstream`]: typed clients of the three upstreams over one pooled client.
 //! - [`budget`]: the viewers' budgets, the fleet's: a ledger per viewer that
 //!   decides without waiting, and the exchange that adds each replica's spends

@@ -1,5 +1,10 @@
-//! Resolving one request: which sources apply, asking them (through the caches)
+//! Resolving one request: asking the sources (through the caches)
 //! concurrently, and deciding with [`rules::Rules::decide`] as answers arrive.
+//!
+//! What applies, what is asked before what, what each answer settles and what
+//! the deadline means are the pure [`plan`]; the walk over the states is the
+//! pure [`rules`]. This module keeps the I/O: the cache reads and fetches, the
+//! futures, the deadline timer and the counters.
 //!
 //! Anonymous and real start at once; call tracking starts as soon as the real
 //! number is known (it maps real to virtual). After every answer the rules are
@@ -12,24 +17,23 @@
 //! starting any future (the hit path).
 
 pub mod admission;
+pub mod plan;
 pub mod rules;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use foldhash::HashSet;
-
-use crate::cache::{
-    Answer, Cached, Clock, FetchResult, Generations, Key, Lookup, PhoneCache, Ttls, Via,
-};
-use crate::config::{CachesConfig, SelectionConfig};
+pub use crate::cache::Caches;
+use crate::cache::{Cached, FetchResult, Key, Lookup, PhoneCache, Via};
+use crate::config::SelectionConfig;
 use crate::domain::Phone;
 use crate::domain::{AdId, CategoryId, UserId};
 use crate::domain::{OnError, Source, Sources};
-use crate::status::{StatusSet, Tracking};
+use crate::status::StatusSet;
 use crate::telemetry::trace::{Incoming, RequestTrace};
 use crate::upstream::Upstreams;
+use plan::{Ask, Progress, Selection};
 use rules::{Decision, Rules, SourceState, States};
 
 /// What the buyer asked about.
@@ -55,102 +59,13 @@ pub enum ResolveError {
     NoPhone,
     #[error("cannot decide safely")]
     Unavailable { fail_closed: Option<Source> },
+    /// A source the rules needed was not asked, for a reason of the gateway's
+    /// own (a bound on calls in flight reached), and had no usable stale value.
+    #[error("cannot decide now: {} was not asked", .0.as_str())]
+    Undecided(Source),
     /// Needs an upstream call while the workers are saturated (`admission`).
     #[error("shed: the workers are saturated and the answer is not cached")]
     Overloaded,
-}
-
-/// The three caches and their generation tables.
-#[derive(Clone)]
-pub struct Caches {
-    /// Each source's numbers: real and anonymous by [`Key::ad`], call tracking
-    /// by [`Key::real_phone`].
-    pub phones: Sources<PhoneCache>,
-    /// The real and anonymous caches' table.
-    pub generations: Arc<Generations>,
-    /// The call-tracking cache's own table, so that a flip of call tracking
-    /// drops those numbers alone; larger (4 MiB), since a snapshot may flip
-    /// 100,000 sellers at once and each slot expires every seller hashed to it.
-    pub calltracking_generations: Arc<Generations>,
-    /// The three caches' clock.
-    pub clock: Clock,
-    /// The longest an entry may be served after its fetch (TTL plus max stale,
-    /// over the three caches).
-    longest_use: std::time::Duration,
-}
-
-/// Bits of the call-tracking generation table: 2^20 slots, so a snapshot
-/// flipping 100,000 sellers expires about a tenth of the others' entries.
-const CALLTRACKING_GENERATION_BITS: u32 = 20;
-
-impl Caches {
-    /// The caches of `[cache]`, each with its capacity and TTLs.
-    pub fn new(config: &CachesConfig) -> Self {
-        let generations = Arc::new(Generations::default());
-        let calltracking_generations =
-            Arc::new(Generations::with_slots(CALLTRACKING_GENERATION_BITS));
-        let clock = Clock::new();
-        let phones = Sources::from_fn(|source| {
-            let c = config.of(source);
-            let ttls = Ttls {
-                positive: c.ttl,
-                negative: c.negative_ttl,
-                max_stale: c.max_stale,
-                refresh_ahead: c.refresh_ahead(),
-                // docs/caching.md: an expired "no anonymous number" is never used;
-                // the seller may have paid since.
-                stale_negatives: source != Source::Anonymous,
-            };
-            let generations = match source {
-                Source::Calltracking => &calltracking_generations,
-                Source::Anonymous | Source::Real => &generations,
-            };
-            PhoneCache::new(
-                cache_name(source),
-                c.capacity,
-                ttls,
-                generations.clone(),
-                clock,
-            )
-        });
-        let longest_use = Source::ALL
-            .iter()
-            .map(|&source| config.of(source))
-            .map(|c| c.ttl.max(c.negative_ttl) + c.max_stale)
-            .max()
-            .unwrap_or_default();
-        Caches {
-            phones,
-            generations,
-            calltracking_generations,
-            clock,
-            longest_use,
-        }
-    }
-
-    /// Sets the caches' gauges (called at scrape time).
-    pub fn publish_gauges(&self) {
-        for cache in self.phones.values() {
-            metrics::gauge!("phones_gateway_cache_entries", "cache" => cache.name())
-                .set(cache.len() as f64);
-        }
-    }
-
-    /// Drops every cached number of `user` on this replica alone; the admin
-    /// route goes through the status service, which tells the fleet.
-    pub fn invalidate(&self, user: UserId) {
-        self.generations.invalidate(user);
-        self.calltracking_generations.invalidate(user);
-    }
-}
-
-/// A source's cache as named in `[cache.*]` and in the `cache` label.
-fn cache_name(source: Source) -> &'static str {
-    match source {
-        Source::Anonymous => "anonymous",
-        Source::Calltracking => "calltracking",
-        Source::Real => "real_phone",
-    }
 }
 
 impl crate::status::SellerCaches for Caches {
@@ -159,27 +74,22 @@ impl crate::status::SellerCaches for Caches {
     }
 
     fn drop_calltracking(&self, user: UserId) {
-        self.calltracking_generations.invalidate(user);
+        self.invalidate_calltracking(user);
     }
 
     fn longest_use(&self) -> std::time::Duration {
-        self.longest_use
+        Caches::longest_use(self)
     }
 }
 
 type LookupFuture<'a> = Pin<Box<dyn Future<Output = Lookup> + Send + 'a>>;
 
-/// A request the caches could not decide: the states so far and what applies.
-struct Plan<'h> {
-    /// The trace its upstream calls continue (the one a refresh ahead of this
-    /// request continued, if any).
+/// A request the caches could not decide: where it stands, and the trace its
+/// upstream calls continue (the one a refresh ahead of this request continued,
+/// if any).
+struct Asking<'h> {
     trace: Incoming<'h>,
-    states: States,
-    /// The real number as given by the caller or cached.
-    real_known: Cached,
-    calltracking_applies: bool,
-    real_in_order: bool,
-    real_needed: bool,
+    progress: Progress,
 }
 
 /// What a [`Resolver`] takes from sections other than `[selection]`, as values
@@ -202,8 +112,7 @@ pub struct Settings {
 }
 
 pub struct Resolver {
-    rules: Rules,
-    anonymous_categories: HashSet<u64>,
+    selection: Selection,
     upstreams: Arc<Upstreams>,
     caches: Caches,
     status: Arc<StatusSet>,
@@ -225,9 +134,11 @@ struct Counters {
     fail_closed: Sources<metrics::Counter>,
     /// `phones_gateway_fall_through_total{source}`.
     fall_through: Sources<metrics::Counter>,
-    /// `phones_gateway_resolve_failures_total{reason}`: no_phone, unavailable.
+    /// `phones_gateway_resolve_failures_total{reason}`: no_phone, unavailable,
+    /// undecided.
     no_phone: metrics::Counter,
     unavailable: metrics::Counter,
+    undecided: metrics::Counter,
 }
 
 impl Counters {
@@ -242,6 +153,7 @@ impl Counters {
             fall_through: by_source("phones_gateway_fall_through_total", "source"),
             no_phone: failure("no_phone"),
             unavailable: failure("unavailable"),
+            undecided: failure("undecided"),
         }
     }
 }
@@ -257,11 +169,13 @@ impl Resolver {
         status: Arc<StatusSet>,
     ) -> Self {
         Resolver {
-            rules: Rules {
-                order: selection.order.clone(),
-                policy: settings.policy,
+            selection: Selection {
+                rules: Rules {
+                    order: selection.order.clone(),
+                    policy: settings.policy,
+                },
+                anonymous_categories: selection.anonymous_categories.iter().copied().collect(),
             },
-            anonymous_categories: selection.anonymous_categories.iter().copied().collect(),
             upstreams,
             caches,
             status,
@@ -279,7 +193,8 @@ impl Resolver {
 
     /// The result, if decided; counts the decision and every source it fell through.
     fn finish(&self, states: &States) -> Option<Result<Resolved, ResolveError>> {
-        let decision = self.rules.decide(states);
+        let rules = &self.selection.rules;
+        let decision = rules.decide(states);
         let counters = &self.counters;
         let stop_at = match decision {
             Decision::Wait => return None,
@@ -298,13 +213,16 @@ impl Resolver {
                 }
                 fail_closed
             }
+            Decision::Undecided(source) => {
+                counters.undecided.increment(1);
+                Some(source)
+            }
         };
-        for &source in &self.rules.order {
+        for &source in &rules.order {
             if Some(source) == stop_at {
                 break;
             }
-            if states[source] == SourceState::Failed
-                && self.rules.policy[source] == OnError::FallThrough
+            if states[source] == SourceState::Failed && rules.policy[source] == OnError::FallThrough
             {
                 counters.fall_through[source].increment(1);
             }
@@ -343,6 +261,10 @@ impl Resolver {
                 user_id = %req.user, ad_id = %req.ad, source = source.as_str(),
                 "source failed closed; answering 503"
             ),
+            Err(ResolveError::Undecided(source)) => tracing::debug!(
+                user_id = %req.user, ad_id = %req.ad, source = source.as_str(),
+                "source not asked (a bound on calls in flight); answering 503"
+            ),
             Err(e) => tracing::debug!(user_id = %req.user, ad_id = %req.ad, "{e}"),
         }
         result
@@ -363,7 +285,7 @@ impl Resolver {
             Err(_) if !self.admission.admit() => return Err(ResolveError::Overloaded),
             // Boxed: the hit path then neither builds nor moves the asking future
             // (a quarter of the whole request future's size).
-            Err(plan) => Box::pin(self.ask(req, plan)),
+            Err(asking) => Box::pin(self.ask(req, asking)),
         };
         asking.await
     }
@@ -374,23 +296,12 @@ impl Resolver {
         &self,
         req: &Request,
         request_trace: Option<&'h RequestTrace<'h>>,
-    ) -> Result<Result<Resolved, ResolveError>, Plan<'h>> {
+    ) -> Result<Result<Resolved, ResolveError>, Asking<'h>> {
         // The request's trace, parsed only if an upstream call is made (a
         // refresh ahead here, or the asking after): one trace per request.
         let trace = Incoming::new(request_trace, self.export_spans);
         // Cache events only for an exported request span (never without export).
         let exported = trace.exported();
-        let order = &self.rules.order;
-        let anonymous_applies = order.contains(&Source::Anonymous)
-            && self.anonymous_categories.contains(&req.category.get());
-        let tracking = if order.contains(&Source::Calltracking) {
-            self.status.tracking(req.user)
-        } else {
-            Tracking::Off
-        };
-        let calltracking_applies = tracking == Tracking::On;
-        let real_in_order = order.contains(&Source::Real);
-        let real_needed = real_in_order || calltracking_applies;
         // One clock reading for every cache this request looks at.
         let now = self.caches.clock.now();
         // A hit near expiry also starts a background refresh of its key.
@@ -404,156 +315,79 @@ impl Resolver {
             }
             cached
         };
-
-        // What the caches (or the caller) already know.
-        let real_known = match req.phone {
-            Some(phone) => Cached::Phone(phone),
-            None if real_needed => fresh(Ask::Real),
-            None => Cached::Miss,
-        };
-        let anonymous = if anonymous_applies {
-            known(fresh(Ask::Anonymous))
-        } else {
-            SourceState::NotApplicable
-        };
-        let real = if real_in_order {
-            known(real_known)
-        } else {
-            SourceState::NotApplicable
-        };
-        let calltracking = match (tracking, real_known) {
-            // Until the status set is loaded, the seller may have call
-            // tracking on: nothing below it may be shown (docs/status-sync.md).
-            (Tracking::Unknown, _) => SourceState::Unknown,
-            (Tracking::Off, _) => SourceState::NotApplicable,
-            (Tracking::On, Cached::Phone(real)) => known(fresh(Ask::Calltracking(real))),
-            (Tracking::On, Cached::NoPhone) => SourceState::NotFound,
-            (Tracking::On, Cached::Miss) => SourceState::Pending,
-        };
-        let states = States::new(anonymous, calltracking, real);
-        match self.finish(&states) {
+        let progress = self
+            .selection
+            .start(req, || self.status.tracking(req.user), fresh);
+        match self.finish(&progress.states) {
             Some(done) => Ok(done),
-            None => Err(Plan {
-                states,
-                real_known,
-                calltracking_applies,
-                real_in_order,
-                real_needed,
-                trace,
-            }),
+            None => Err(Asking { trace, progress }),
         }
     }
 
     /// Asks what is still pending, concurrently, deciding as answers arrive.
-    async fn ask(&self, req: &Request, plan: Plan<'_>) -> Result<Resolved, ResolveError> {
-        let Plan {
-            mut states,
-            real_known,
-            calltracking_applies,
-            real_in_order,
-            real_needed,
+    async fn ask(&self, req: &Request, asking: Asking<'_>) -> Result<Resolved, ResolveError> {
+        let Asking {
             trace,
-        } = plan;
+            mut progress,
+        } = asking;
         let trace = &trace;
-        // The real number once known (given, cached or answered): call tracking
-        // maps it, also to a stale value at the deadline.
-        let mut real_phone = match real_known {
-            Cached::Phone(phone) => Some(phone),
-            Cached::NoPhone | Cached::Miss => None,
-        };
-        let mut anonymous: Option<LookupFuture<'_>> = (states[Source::Anonymous]
-            == SourceState::Pending)
-            .then(|| self.lookup(req, Ask::Anonymous, trace));
-        let mut real: Option<LookupFuture<'_>> =
-            (real_needed && real_known == Cached::Miss).then(|| self.lookup(req, Ask::Real, trace));
-        let mut calltracking: Option<LookupFuture<'_>> = match real_phone {
-            Some(phone) if states[Source::Calltracking] == SourceState::Pending => {
-                Some(self.lookup(req, Ask::Calltracking(phone), trace))
-            }
-            _ => None,
-        };
+        // One slot per source; the real number for call tracking alone is
+        // fetched in `real`'s.
+        let asks = progress.asks();
+        let start = |slot: Source| asks[slot].map(|ask| self.lookup(req, ask, trace));
+        let mut anonymous = start(Source::Anonymous);
+        let mut real = start(Source::Real);
+        let mut calltracking = start(Source::Calltracking);
         let deadline = tokio::time::sleep(self.deadline);
         tokio::pin!(deadline);
         loop {
-            tokio::select! {
+            let next = tokio::select! {
                 () = &mut deadline => {
                     tracing::debug!(user_id = %req.user, ad_id = %req.ad, "request deadline reached");
-                    self.at_deadline(req, &mut states, real_phone);
+                    progress.at_deadline(|ask| self.stale(req, ask));
                     // Every state is settled now, so the rules decide below.
                     (anonymous, real, calltracking) = (None, None, None);
+                    None
                 }
                 lookup = poll_some(&mut anonymous), if anonymous.is_some() => {
                     anonymous = None;
-                    states[Source::Anonymous] = state_of(&lookup.answer);
+                    progress.answered(Source::Anonymous, &lookup.answer)
                 }
                 lookup = poll_some(&mut real), if real.is_some() => {
                     real = None;
-                    let state = state_of(&lookup.answer);
-                    if real_in_order {
-                        states[Source::Real] = state;
-                    }
-                    if let SourceState::Found(phone) = state {
-                        real_phone = Some(phone);
-                    }
-                    if calltracking_applies {
-                        match state {
-                            SourceState::Found(phone) => {
-                                calltracking = Some(self.lookup(req, Ask::Calltracking(phone), trace));
-                            }
-                            other => states[Source::Calltracking] = other,
-                        }
-                    }
+                    progress.answered(Source::Real, &lookup.answer)
                 }
                 lookup = poll_some(&mut calltracking), if calltracking.is_some() => {
                     calltracking = None;
-                    states[Source::Calltracking] = state_of(&lookup.answer);
+                    progress.answered(Source::Calltracking, &lookup.answer)
                 }
                 else => {
                     // Unreachable by construction: a pending state always has its
                     // future. Fail closed rather than loop.
-                    tracing::error!(?states, "resolve: pending source without a call");
+                    tracing::error!(states = ?progress.states, "resolve: pending source without a call");
                     return Err(ResolveError::Unavailable { fail_closed: None });
                 }
+            };
+            // What an answer leads to (call tracking, once the real number is
+            // known) takes the slot of its source.
+            if let Some(ask) = next {
+                let lookup = Some(self.lookup(req, ask, trace));
+                match ask.source() {
+                    Source::Anonymous => anonymous = lookup,
+                    Source::Calltracking => calltracking = lookup,
+                    Source::Real => real = lookup,
+                }
             }
-            if let Some(done) = self.finish(&states) {
+            if let Some(done) = self.finish(&progress.states) {
                 return done;
             }
         }
     }
 
-    /// At the request deadline whatever is still pending has failed, and a failed
-    /// source with a usable stale value serves it (stale-if-error, docs/rules.md and docs/caching.md),
-    /// exactly as when its upstream call fails: the rules then decide.
-    fn at_deadline(&self, req: &Request, states: &mut States, mut real_phone: Option<Phone>) {
-        let stale = |ask: Ask| {
-            let (cache, key) = self.cache_of(req, ask);
-            cache.get_stale(&key)
-        };
-        let pending = |states: &States, source| states[source] == SourceState::Pending;
-        if pending(states, Source::Anonymous) {
-            states[Source::Anonymous] = stale_or_failed(stale(Ask::Anonymous));
-        }
-        let calltracking_waits_for_real =
-            pending(states, Source::Calltracking) && real_phone.is_none();
-        if pending(states, Source::Real) || calltracking_waits_for_real {
-            let real = stale(Ask::Real);
-            if let Cached::Phone(phone) = real {
-                real_phone = Some(phone);
-            }
-            if pending(states, Source::Real) {
-                states[Source::Real] = stale_or_failed(real);
-            }
-            if calltracking_waits_for_real && real == Cached::NoPhone {
-                // A seller with no phone has no call-tracking number either.
-                states[Source::Calltracking] = SourceState::NotFound;
-            }
-        }
-        if pending(states, Source::Calltracking) {
-            states[Source::Calltracking] = match real_phone {
-                Some(phone) => stale_or_failed(stale(Ask::Calltracking(phone))),
-                None => SourceState::Failed,
-            };
-        }
+    /// A usable stale answer to `ask` (stale-if-error), read at the deadline.
+    fn stale(&self, req: &Request, ask: Ask) -> Cached {
+        let (cache, key) = self.cache_of(req, ask);
+        cache.get_stale(&key)
     }
 
     /// The cache answering `ask`, and its key.
@@ -648,40 +482,9 @@ fn trace_decision(result: &Result<Resolved, ResolveError>) {
             event(&[("outcome", "unavailable")])
         }
         Err(ResolveError::Overloaded) => event(&[("outcome", "shed")]),
-    }
-}
-
-/// What one cache and its upstream are asked for a request.
-#[derive(Debug, Clone, Copy)]
-enum Ask {
-    Anonymous,
-    Real,
-    /// The call-tracking number of this real number.
-    Calltracking(Phone),
-}
-
-/// A cache answer known without fetching, as a source state.
-fn known(cached: Cached) -> SourceState {
-    match cached {
-        Cached::Phone(phone) => SourceState::Found(phone),
-        Cached::NoPhone => SourceState::NotFound,
-        Cached::Miss => SourceState::Pending,
-    }
-}
-
-/// A stale cache answer as a source state; none usable means the source failed.
-fn stale_or_failed(stale: Cached) -> SourceState {
-    match known(stale) {
-        SourceState::Pending => SourceState::Failed,
-        state => state,
-    }
-}
-
-fn state_of(answer: &Answer) -> SourceState {
-    match answer {
-        Answer::Found(phone) => SourceState::Found(*phone),
-        Answer::NotFound => SourceState::NotFound,
-        Answer::Failed(_) => SourceState::Failed,
+        Err(ResolveError::Undecided(source)) => {
+            event(&[("outcome", "undecided"), ("source", source.as_str())]);
+        }
     }
 }
 
@@ -693,6 +496,7 @@ fn finished(decision: Decision) -> Option<Result<Resolved, ResolveError>> {
         Decision::Unavailable { fail_closed } => {
             Some(Err(ResolveError::Unavailable { fail_closed }))
         }
+        Decision::Undecided(source) => Some(Err(ResolveError::Undecided(source))),
     }
 }
 
@@ -708,6 +512,7 @@ async fn poll_some(slot: &mut Option<LookupFuture<'_>>) -> Lookup {
 mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::status::Tracking;
     use std::time::Duration;
 
     fn phone(text: &str) -> Phone {
@@ -761,15 +566,22 @@ mod tests {
         caches.phones[Source::Anonymous].insert(ad, Some(anonymous));
         // Past every TTL, within max_stale.
         tokio::time::advance(Duration::from_secs(1000)).await;
-        let pending = States::new(
-            SourceState::Pending,
-            SourceState::Pending,
-            SourceState::Pending,
-        );
-        let mut states = pending;
-        resolver.at_deadline(&req, &mut states, None);
+        // A tracked seller whose sources are all pending (the real number
+        // `real` when given) reaches the deadline: the resolver's stale reads.
+        let at_deadline = |req: &Request, real: Option<Phone>| {
+            let mut progress = resolver.selection.start(
+                req,
+                || Tracking::On,
+                |ask| match (ask, real) {
+                    (Ask::Real, Some(phone)) => Cached::Phone(phone),
+                    _ => Cached::Miss,
+                },
+            );
+            progress.at_deadline(|ask| resolver.stale(req, ask));
+            progress.states
+        };
         assert_eq!(
-            states,
+            at_deadline(&req, None),
             States::new(
                 SourceState::Found(anonymous),
                 SourceState::Found(virtual_number),
@@ -777,11 +589,8 @@ mod tests {
             )
         );
         // The real number already known: call tracking's stale value for it.
-        let mut states = pending;
-        states[Source::Real] = SourceState::Found(real);
-        resolver.at_deadline(&req, &mut states, Some(real));
         assert_eq!(
-            states[Source::Calltracking],
+            at_deadline(&req, Some(real))[Source::Calltracking],
             SourceState::Found(virtual_number)
         );
         // Nothing usable (another seller): everything pending has failed.
@@ -789,10 +598,8 @@ mod tests {
             user: UserId::new(43).unwrap(),
             ..req
         };
-        let mut states = pending;
-        resolver.at_deadline(&other, &mut states, None);
         assert_eq!(
-            states,
+            at_deadline(&other, None),
             States::new(
                 SourceState::Failed,
                 SourceState::Failed,
@@ -801,8 +608,7 @@ mod tests {
         );
         // Past max_stale: failed too.
         tokio::time::advance(Duration::from_secs(3600)).await;
-        let mut states = pending;
-        resolver.at_deadline(&req, &mut states, None);
+        let states = at_deadline(&req, None);
         assert_eq!(states[Source::Real], SourceState::Failed);
         assert_eq!(states[Source::Calltracking], SourceState::Failed);
     }

@@ -6,8 +6,11 @@
 //! nothing below it may be revealed before it has answered. A source whose
 //! applicability is not known yet (call tracking while the status set loads) is
 //! pending for good: nothing will tell during this request, so the walk ends there
-//! with `Unavailable`, whatever its policy. A failed source either ends the walk
-//! with `Unavailable` (fail_closed) or is skipped (fall_through).
+//! with `Unavailable`, whatever its policy. So is an undecided one (the gateway
+//! did not ask it, for a reason of its own): the walk ends there with
+//! `Undecided`, whatever its policy, since its upstream has not failed. A failed
+//! source either ends the walk with `Unavailable` (fail_closed) or is skipped
+//! (fall_through).
 //! With no source left: `Unavailable` if any applicable source failed (we cannot
 //! tell the seller has no number), else `NoPhone`.
 
@@ -23,7 +26,13 @@ pub enum SourceState {
     Pending,
     Found(Phone),
     NotFound,
+    /// Its own upstream failed it (an error, an answer that does not validate,
+    /// no answer in time, its breaker open): `on_error` applies.
     Failed,
+    /// Not asked, for a reason of the gateway's own (a bound on calls in flight
+    /// reached): nothing tells during this request, and nothing below it may be
+    /// revealed.
+    Undecided,
 }
 
 /// The state of every source for one request.
@@ -37,6 +46,8 @@ pub enum Decision {
     NoPhone,
     /// Cannot decide safely: 503. `failed` is the fail-closed source, if one.
     Unavailable { fail_closed: Option<Source> },
+    /// Cannot decide now: 503 with `Retry-After`. This source was not asked.
+    Undecided(Source),
     /// A source that matters has not answered yet.
     Wait,
 }
@@ -56,6 +67,7 @@ impl Rules {
                 SourceState::NotApplicable | SourceState::NotFound => {}
                 SourceState::Pending => return Decision::Wait,
                 SourceState::Unknown => return Decision::Unavailable { fail_closed: None },
+                SourceState::Undecided => return Decision::Undecided(source),
                 SourceState::Found(phone) => return Decision::Answer(source, phone),
                 SourceState::Failed => match self.policy[source] {
                     OnError::FailClosed => {
@@ -134,6 +146,15 @@ mod tests {
             ((NotFound,        Unknown,          Found(p(R))),     unavailable),
             ((NotApplicable,   Unknown,          Found(p(R))),     unavailable),
             ((NotApplicable,   Unknown,          Pending),         unavailable),
+            // undecided (not asked: a bound reached) is not failed: whatever the
+            // policy, nothing below it is revealed
+            ((NotApplicable,   Undecided,        Found(p(R))),     Decision::Undecided(Calltracking)),
+            ((NotFound,        Undecided,        Found(p(R))),     Decision::Undecided(Calltracking)),
+            ((Pending,         Undecided,        Found(p(R))),     Decision::Wait),
+            ((Found(p(A)),     Undecided,        Found(p(R))),     Decision::Answer(Anonymous, p(A))),
+            ((Undecided,       Found(p(C)),      Found(p(R))),     Decision::Undecided(Anonymous)),
+            ((NotFound,        NotApplicable,    Undecided),       Decision::Undecided(Real)),
+            ((NotFound,        Failed,           Undecided),       Decision::Undecided(Real)),
         ];
         let rules = rules();
         for ((anonymous, calltracking, real), want) in table {

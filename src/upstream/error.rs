@@ -25,12 +25,27 @@ pub enum UpstreamError {
     /// `max_in_flight` calls to this upstream are under way: it was not called.
     #[error("too many calls in flight")]
     Saturated,
+    /// `max_in_flight_per_seller` calls to this upstream about this seller are
+    /// under way: it was not called.
+    #[error("too many calls in flight for this seller")]
+    SellerSaturated,
     /// The fetch task itself died (a bug); treated as any other failure.
     #[error("fetch task failed")]
     Internal,
 }
 
 impl UpstreamError {
+    /// The gateway did not ask, for a reason of its own (a bound on calls in
+    /// flight reached): the upstream has not failed, so the source is undecided
+    /// rather than failed (docs/rules.md). A breaker is not such a reason: each
+    /// endpoint's breaker opens on that endpoint's own failures only.
+    pub fn refused(&self) -> bool {
+        matches!(
+            self,
+            UpstreamError::Saturated | UpstreamError::SellerSaturated
+        )
+    }
+
     /// A short label for logs and metrics.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -40,6 +55,7 @@ impl UpstreamError {
             UpstreamError::Decode(_) => "decode",
             UpstreamError::CircuitOpen => "circuit_open",
             UpstreamError::Saturated => "saturated",
+            UpstreamError::SellerSaturated => "seller_saturated",
             UpstreamError::Internal => "internal",
         }
     }
@@ -51,6 +67,8 @@ pub enum UpstreamName {
     RealPhone,
     Anonymous,
     Calltracking,
+    /// Call tracking's status feed: its base URL, a client of its own.
+    StatusFeed,
 }
 
 impl UpstreamName {
@@ -59,6 +77,7 @@ impl UpstreamName {
             UpstreamName::RealPhone => "real_phone",
             UpstreamName::Anonymous => "anonymous",
             UpstreamName::Calltracking => "calltracking",
+            UpstreamName::StatusFeed => "status_feed",
         }
     }
 }

@@ -9,8 +9,19 @@
 //! a fetch outlives the request that started it (the cache runs it in its own
 //! task, to its timeout), so clients that send and reset at once would otherwise
 //! drive the upstream's concurrency at the raw request rate, past anything
-//! `server.max_in_flight` admits. A call over the bound is not made: it fails at
-//! once as [`UpstreamError::Saturated`], and the source's `on_error` applies.
+//! `server.max_in_flight` admits. They are bounded per seller too
+//! (`upstreams.<name>.max_in_flight_per_seller`, see `limit`), so that one
+//! caller flooding one seller cannot take every place. A call over either bound
+//! is not made: it fails at once as [`UpstreamError::Saturated`] or
+//! [`UpstreamError::SellerSaturated`], a refusal of the gateway's own
+//! ([`UpstreamError::refused`]): the source is undecided, not failed, and its
+//! `on_error` does not apply (docs/rules.md).
+//!
+//! The status feed is an endpoint of its own, on call tracking's base URL and
+//! timeout: its own connections, its own breaker and its own bound (it polls one
+//! page at a time), and its own `upstream="status_feed"` series. A failing feed
+//! therefore opens no breaker that number lookups go through, and its polls take
+//! no place a lookup needs.
 //!
 //! The client is hyper's connection API with a pool per upstream (`pool`), used
 //! directly rather than through reqwest or hyper-util's pooled client: measured
@@ -27,9 +38,9 @@
 
 mod breaker;
 mod error;
+mod limit;
 mod pool;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty, Limited};
@@ -44,6 +55,7 @@ use crate::config::{BreakerConfig, UpstreamConfig, UpstreamsConfig};
 use crate::domain::{AdId, Phone, StatusItem, UserId};
 use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers, upstream_span};
 use breaker::Breaker;
+use limit::{Bound, PerSeller};
 use pool::Pool;
 
 /// Largest upstream body read; a phone answer is tens of bytes, a status page of
@@ -55,6 +67,9 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Idle connections kept per upstream: enough for thousands of requests a
 /// second at tens of milliseconds each.
 const POOL_MAX_IDLE: usize = 512;
+/// The status feed's calls in flight: its poller asks for one page at a time; a
+/// second place covers a leader hand-over on this replica overlapping one poll.
+const STATUS_FEED_MAX_IN_FLIGHT: usize = 2;
 
 /// One upstream's address and limits.
 struct Endpoint {
@@ -65,8 +80,9 @@ struct Endpoint {
     timeout: Duration,
     breaker: Breaker,
     /// Calls under way, and the most allowed at once.
-    in_flight: AtomicUsize,
-    max_in_flight: usize,
+    in_flight: Bound,
+    /// Each seller's calls under way, and the most one seller may have.
+    per_seller: PerSeller,
     /// Its series, registered once: a labelled `counter!` per call builds and
     /// hashes its key and looks it up in the registry (the cold path's CPU).
     metrics: CallMetrics,
@@ -80,6 +96,7 @@ struct CallMetrics {
     timeout: metrics::Counter,
     circuit_open: metrics::Counter,
     saturated: metrics::Counter,
+    seller_saturated: metrics::Counter,
     error: metrics::Counter,
     duration: metrics::Histogram,
 }
@@ -93,6 +110,7 @@ impl CallMetrics {
             timeout: outcome("timeout"),
             circuit_open: outcome("circuit_open"),
             saturated: outcome("saturated"),
+            seller_saturated: outcome("seller_saturated"),
             error: outcome("error"),
             duration: metrics::histogram!("phones_gateway_upstream_request_duration_seconds", "upstream" => upstream),
         }
@@ -106,6 +124,7 @@ impl CallMetrics {
             Err(UpstreamError::Timeout) => &self.timeout,
             Err(UpstreamError::CircuitOpen) => &self.circuit_open,
             Err(UpstreamError::Saturated) => &self.saturated,
+            Err(UpstreamError::SellerSaturated) => &self.seller_saturated,
             Err(_) => &self.error,
         }
     }
@@ -117,6 +136,7 @@ impl Endpoint {
         config: &UpstreamConfig,
         breaker: BreakerConfig,
         max_in_flight: usize,
+        max_in_flight_per_seller: usize,
     ) -> Self {
         // Checked at start to be an http:// URL naming a host
         // (`config::validate_base_url`); were it not, every call would fail to
@@ -136,28 +156,10 @@ impl Endpoint {
             pool: Pool::new(&authority, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE),
             timeout: config.timeout,
             breaker: Breaker::new(name.as_str(), breaker),
-            in_flight: AtomicUsize::new(0),
-            max_in_flight,
+            in_flight: Bound::new(max_in_flight),
+            per_seller: PerSeller::new(max_in_flight_per_seller),
             metrics: CallMetrics::new(name.as_str()),
         }
-    }
-
-    /// A place among this upstream's calls in flight, or `None` when all are taken.
-    fn slot(&self) -> Option<Slot<'_>> {
-        // Taken before it is checked, so two calls racing for the last place
-        // cannot both have it; the loser gives it back.
-        let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
-        let slot = Slot(&self.in_flight);
-        (before < self.max_in_flight).then_some(slot)
-    }
-}
-
-/// A call in flight; dropping it (answered, timed out or cancelled) frees its place.
-struct Slot<'a>(&'a AtomicUsize);
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -165,11 +167,14 @@ const AGENT: HeaderValue =
     HeaderValue::from_static(concat!("phones-gateway/", env!("CARGO_PKG_VERSION")));
 const REQUEST_ID: HeaderName = HeaderName::from_static(crate::telemetry::REQUEST_ID_HEADER);
 
-/// The typed clients of the three upstreams; share it behind an `Arc`.
+/// The typed clients of the three upstreams and the status feed; share it
+/// behind an `Arc`.
 pub struct Upstreams {
     real_phone: Endpoint,
     anonymous: Endpoint,
     calltracking: Endpoint,
+    /// Call tracking's base URL and timeout, everything else its own.
+    status_feed: Endpoint,
 }
 
 #[derive(Deserialize)]
@@ -194,7 +199,8 @@ impl Upstreams {
     /// The clients of `[upstreams]`, each with its own breaker (`[breaker]`)
     /// and bound on calls in flight: its `max_in_flight`, or when that is 0,
     /// `server_max_in_flight` (`server.max_in_flight`, the one value of another
-    /// section they need).
+    /// section they need), and its bound per seller. The status feed's client
+    /// has a breaker of its own and a small fixed bound.
     pub fn new(
         upstreams: &UpstreamsConfig,
         breaker: BreakerConfig,
@@ -202,12 +208,22 @@ impl Upstreams {
     ) -> Self {
         let endpoint = |name, upstream: &UpstreamConfig| {
             let max_in_flight = upstream.max_in_flight_or(server_max_in_flight);
-            Endpoint::new(name, upstream, breaker, max_in_flight)
+            let per_seller = upstream.max_in_flight_per_seller_or(max_in_flight);
+            Endpoint::new(name, upstream, breaker, max_in_flight, per_seller)
         };
+        let calltracking = &upstreams.calltracking.upstream;
         Upstreams {
             real_phone: endpoint(UpstreamName::RealPhone, &upstreams.real_phone),
             anonymous: endpoint(UpstreamName::Anonymous, &upstreams.anonymous),
-            calltracking: endpoint(UpstreamName::Calltracking, &upstreams.calltracking.upstream),
+            calltracking: endpoint(UpstreamName::Calltracking, calltracking),
+            // No seller: the per-seller bound is never asked.
+            status_feed: Endpoint::new(
+                UpstreamName::StatusFeed,
+                calltracking,
+                breaker,
+                STATUS_FEED_MAX_IN_FLIGHT,
+                STATUS_FEED_MAX_IN_FLIGHT,
+            ),
         }
     }
 
@@ -224,7 +240,7 @@ impl Upstreams {
     ) -> Result<Option<Phone>, UpstreamError> {
         let url = format!("{}/v1/users/{user}/phone?ad_id={ad}", self.real_phone.path);
         let body: Option<PhoneBody> = self
-            .get_json(&self.real_phone, url, request_id, trace)
+            .get_json(&self.real_phone, Some(user), url, request_id, trace)
             .await?;
         body.map(|b| parse_phone(&b.phone)).transpose()
     }
@@ -245,7 +261,7 @@ impl Upstreams {
             self.anonymous.path
         );
         let body: Option<PhoneBody> = self
-            .get_json(&self.anonymous, url, request_id, trace)
+            .get_json(&self.anonymous, Some(user), url, request_id, trace)
             .await?;
         body.map(|b| parse_phone(&b.phone)).transpose()
     }
@@ -268,12 +284,13 @@ impl Upstreams {
             phone.to_u64()
         );
         let body: Option<VirtualPhoneBody> = self
-            .get_json(&self.calltracking, url, request_id, trace)
+            .get_json(&self.calltracking, Some(user), url, request_id, trace)
             .await?;
         body.map(|b| parse_phone(&b.virtual_phone)).transpose()
     }
 
-    /// One page of the status feed after `cursor` (from the start when `None`).
+    /// One page of the status feed after `cursor` (from the start when `None`),
+    /// through the feed's own endpoint.
     ///
     /// # Errors
     /// Any answer but 200 with a page; a 404 is a failure here too.
@@ -282,21 +299,23 @@ impl Upstreams {
         cursor: Option<&str>,
         limit: u32,
     ) -> Result<StatusPage, UpstreamError> {
-        let mut url = format!("{}/v1/statuses?limit={limit}", self.calltracking.path);
+        let mut url = format!("{}/v1/statuses?limit={limit}", self.status_feed.path);
         if let Some(cursor) = cursor {
             url.push_str("&after=");
             url.extend(form_urlencoded::byte_serialize(cursor.as_bytes()));
         }
-        self.get_json(&self.calltracking, url, None, None)
+        self.get_json(&self.status_feed, None, url, None, None)
             .await?
             .ok_or(UpstreamError::Status(404))
     }
 
-    /// GET `url`, bounded by the endpoint's timeout: 200 -> parsed body,
-    /// 404 -> `None`, anything else -> error.
+    /// GET `url` about `seller`'s numbers (none: the status feed), bounded by
+    /// the endpoint's timeout: 200 -> parsed body, 404 -> `None`, anything else
+    /// -> error.
     async fn get_json<T: DeserializeOwned>(
         &self,
         endpoint: &Endpoint,
+        seller: Option<UserId>,
         url: String,
         request_id: Option<&HeaderValue>,
         trace: Option<&TraceContext>,
@@ -354,8 +373,16 @@ impl Upstreams {
         // Wall time: the call's real duration, for its histogram.
         #[allow(clippy::disallowed_types)]
         let start = std::time::Instant::now();
-        let slot = endpoint.slot();
-        let result = if slot.is_none() {
+        // The seller's place first: a seller over its bound then never holds,
+        // even for a moment, a place of the upstream's that others need.
+        let seller_slot = seller.map(|user| endpoint.per_seller.slot(user));
+        let slot = match seller_slot {
+            Some(None) => None,
+            Some(Some(_)) | None => endpoint.in_flight.slot(),
+        };
+        let result = if matches!(seller_slot, Some(None)) {
+            Err(UpstreamError::SellerSaturated)
+        } else if slot.is_none() {
             Err(UpstreamError::Saturated)
         } else if endpoint.breaker.allow() {
             let span = upstream_span(endpoint.name.as_str());
@@ -373,7 +400,7 @@ impl Upstreams {
             .metrics
             .duration
             .record(start.elapsed().as_secs_f64());
-        drop(slot);
+        drop((slot, seller_slot));
         if let Err(error) = &result {
             let upstream = endpoint.name.as_str();
             tracing::debug!(upstream, %error, "upstream call failed");

@@ -140,9 +140,11 @@ async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
         .timeout(Duration::from_millis(100))
         .build()
         .unwrap();
+    // Each for another seller too: one seller alone would meet its own bound
+    // (an eighth of the upstream's, at least 1) before the upstream's.
     for ad in 1..=2 {
         let url = format!(
-            "{}/v1/public-phone?user_id=1&ad_id={ad}&category_id={PLAIN_CATEGORY}",
+            "{}/v1/public-phone?user_id={ad}&ad_id={ad}&category_id={PLAIN_CATEGORY}",
             app.public
         );
         let sent = impatient.get(url).send().await;
@@ -157,7 +159,7 @@ async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
     // last source).
     for ad in 3..=6 {
         let start = Instant::now();
-        app.phone(1, ad, PLAIN_CATEGORY).await.assert_problem(503);
+        app.phone(ad, ad, PLAIN_CATEGORY).await.assert_problem(503);
         assert!(start.elapsed() < Duration::from_secs(3), "failed fast");
     }
     assert_eq!(

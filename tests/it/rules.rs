@@ -2,7 +2,9 @@
 //! matrix, fail closed (anonymous) and fall through (call tracking), a given
 //! phone, concurrency and the request deadline (it follows the configured
 //! timeouts; busy workers and slow chains do not cut an answer within them),
-//! "Before the status set is loaded", the circuit breakers, and what counts as a
+//! "Before the status set is loaded", the circuit breakers, a source the
+//! gateway did not ask (undecided, not failed: a failing status feed or one
+//! caller's flood moves no seller onto its real number), and what counts as a
 //! failed source: docs/errors.md "Upstream failures" and the upstream client's
 //! guarantees (README "Upstreams": kept-alive connections, one timeout over head
 //! and body, bodies over the bound refused, redirects not followed), the last
@@ -888,4 +890,244 @@ async fn redirects_are_not_followed() {
         1,
         "a 3xx is an unexpected status, not followed"
     );
+}
+
+/// The value of the series `name{labels}` on /metrics (0 when absent).
+async fn metric(app: &TestApp, series: &str) -> f64 {
+    let metrics = app.get_admin("/metrics").await.text;
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The status feed shares call tracking's base URL, not its client: a feed
+/// answering 500 long enough to open a breaker opens its own, and sellers with
+/// call tracking on are still answered their call-tracking number, never their
+/// real one (docs/rules.md, "Failed or undecided").
+#[tokio::test]
+async fn a_failing_status_feed_never_moves_tracked_sellers_onto_their_real_number() {
+    let app = TestApp::spawn_with(
+        "[upstreams.calltracking.status_feed]\nenabled = true\ninterval_ms = 20",
+    )
+    .await;
+    app.calltracking.fail_feed(Some(500));
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    for user in 1..=10 {
+        app.enable_calltracking(user, 1).await;
+    }
+    // Five failures in a row open a breaker (the default).
+    eventually("five failed polls", Duration::from_secs(10), || async {
+        app.calltracking.feed_uris().len() >= 5
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut kinds = Vec::new();
+    for user in 1..=10 {
+        let got = app.phone(user, 1, PLAIN_CATEGORY).await;
+        kinds.push(got.body["kind"].as_str().map_or_else(
+            || format!("{} {}", got.status, got.body["detail"]),
+            str::to_owned,
+        ));
+    }
+    assert!(kinds.iter().all(|k| k == "calltracking"), "{kinds:?}");
+    // The breaker the failures opened is the feed's own.
+    let open = |upstream: &'static str| {
+        let app = &app;
+        async move {
+            metric(
+                app,
+                &format!("phones_gateway_circuit_open{{upstream=\"{upstream}\"}}"),
+            )
+            .await
+        }
+    };
+    assert_eq!(open("status_feed").await, 1.0);
+    assert_eq!(open("calltracking").await, 0.0);
+}
+
+/// One caller floods one tracked seller: concurrent batches of 100 items, each
+/// with another `phone` (so nothing coalesces), against a slow call tracking.
+/// Meanwhile ten other tracked sellers are asked one after another. Returns
+/// their kinds, and the attacked seller's items.
+async fn flood(app: &TestApp, attacked: u64) -> (Vec<String>, Vec<serde_json::Value>) {
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking
+        .reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(250));
+    app.enable_calltracking(attacked, 1).await;
+    for user in 1..=10 {
+        app.enable_calltracking(user, 1).await;
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let next_phone = Arc::new(AtomicUsize::new(0));
+    let attackers: Vec<_> = (0..3)
+        .map(|_| {
+            let (http, url) = (
+                app.http.clone(),
+                format!("{}/v1/public-phones/batch", app.public),
+            );
+            let (stop, next_phone) = (stop.clone(), next_phone.clone());
+            tokio::spawn(async move {
+                let mut items = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    // Two batches a second per attacker: a batch refused whole
+                    // returns at once, and sent again at once it would only burn
+                    // the box's CPU (and the timeouts of tests beside this one),
+                    // not hold more places.
+                    let paced = tokio::time::sleep(Duration::from_millis(500));
+                    let batch: Vec<_> = (1..=100)
+                        .map(|ad| {
+                            let n = next_phone.fetch_add(1, Ordering::SeqCst);
+                            json!({ "user_id": attacked, "ad_id": ad, "category_id": PLAIN_CATEGORY,
+                                    "phone": format!("+7916{:07}", 1_000_000 + n) })
+                        })
+                        .collect();
+                    let got = read(
+                        http.post(&url)
+                            .header("content-type", "application/json")
+                            .body(json!({ "items": batch }).to_string())
+                            .send()
+                            .await
+                            .unwrap(),
+                    )
+                    .await;
+                    assert_eq!(got.status, 200, "{got:?}");
+                    items.extend(got.body["results"].as_array().unwrap().iter().cloned());
+                    paced.await;
+                }
+                items
+            })
+        })
+        .collect();
+    // The flood is on once call tracking is asked for the attacked seller.
+    eventually("the flood started", Duration::from_secs(10), || async {
+        next_phone.load(Ordering::SeqCst) >= 300 && app.calltracking.calls() >= 1
+    })
+    .await;
+    let mut kinds = Vec::new();
+    for user in 1..=10 {
+        let got = app.phone(user, 1, PLAIN_CATEGORY).await;
+        kinds.push(got.body["kind"].as_str().map_or_else(
+            || format!("{} {}", got.status, got.body["detail"]),
+            str::to_owned,
+        ));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut items = Vec::new();
+    for attacker in attackers {
+        items.extend(attacker.await.unwrap());
+    }
+    (kinds, items)
+}
+
+/// The flood's configurations: a slow call tracking (250 ms) with its timeout
+/// raised far past that, and the real phone's too, so that no call times out
+/// (a call that does fails its source, and the real number may then be shown)
+/// however busy the box is.
+const FLOODED_8: &str = "[upstreams.calltracking]\nmax_in_flight = 8\ntimeout_ms = 5000\n\
+                         [upstreams.real_phone]\ntimeout_ms = 2000";
+const FLOODED_64: &str = "[upstreams.calltracking]\nmax_in_flight = 64\ntimeout_ms = 5000\n\
+                          [upstreams.real_phone]\ntimeout_ms = 2000";
+
+/// What the flood of [`flood`] must not do: move another seller (or the
+/// attacked one) onto a number the rules do not allow.
+fn assert_flood_contained(kinds: &[String], items: &[serde_json::Value]) {
+    let others = kinds.iter().filter(|k| *k == "calltracking").count();
+    assert!(others >= 9, "other sellers: {kinds:?}");
+    let mut refused = 0;
+    for item in items {
+        match item["kind"].as_str() {
+            Some("calltracking") => assert_eq!(item["phone"], VIRTUAL, "{item}"),
+            Some(kind) => panic!("an attacked item answered {kind}: {item}"),
+            None => {
+                assert_eq!(item["error"]["status"], 503, "{item}");
+                refused += 1;
+            }
+        }
+    }
+    // The flood did reach the bound: some items were refused, as 503s.
+    assert!(refused > 0, "{} items, none refused", items.len());
+}
+
+// Two workers: the attackers' clients, the app and the fakes share the test's
+// runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_caller_flooding_one_seller_moves_no_seller_onto_the_real_number() {
+    let app = TestApp::spawn_with(FLOODED_8).await;
+    let (kinds, items) = flood(&app, 500).await;
+    assert_flood_contained(&kinds, &items);
+    // Counted where operators look: refusals per seller, and undecided answers.
+    assert!(
+        metric(
+            &app,
+            "phones_gateway_upstream_requests_total{upstream=\"calltracking\",outcome=\"seller_saturated\"}"
+        )
+        .await
+            >= 1.0
+    );
+    assert!(
+        metric(
+            &app,
+            "phones_gateway_resolve_failures_total{reason=\"undecided\"}"
+        )
+        .await
+            >= 1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_caller_flooding_one_seller_under_a_larger_bound_moves_no_seller_either() {
+    let app = TestApp::spawn_with(FLOODED_64).await;
+    let (kinds, items) = flood(&app, 500).await;
+    assert_flood_contained(&kinds, &items);
+}
+
+/// Refused for a reason of the gateway's own (the bound on calls in flight),
+/// a source is undecided, not failed: call tracking's fall_through does not
+/// apply, the seller's stale call-tracking number is served when usable, else
+/// 503 with Retry-After.
+#[tokio::test]
+async fn a_source_refused_by_the_gateway_is_undecided_not_failed() {
+    let app = TestApp::spawn_with(
+        "[upstreams.calltracking]\nmax_in_flight = 1\ntimeout_ms = 5000\n\
+         [cache.calltracking]\nttl_s = 1",
+    )
+    .await;
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    for user in 1..=3 {
+        app.enable_calltracking(user, 1).await;
+    }
+    // User 2's call-tracking number is cached, then expires (stale but usable).
+    app.phone(2, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // User 1's call holds the only place.
+    app.calltracking.reply(Reply::Hang);
+    let hog = tokio::spawn({
+        let (http, url) = (
+            app.http.clone(),
+            format!(
+                "{}/v1/public-phone?user_id=1&ad_id=1&category_id={PLAIN_CATEGORY}",
+                app.public
+            ),
+        );
+        async move { http.get(url).send().await }
+    });
+    eventually("the place is taken", Duration::from_secs(5), || async {
+        app.calltracking.calls() == 2
+    })
+    .await;
+    let got = app.phone(3, 1, PLAIN_CATEGORY).await;
+    got.assert_problem(503);
+    assert_eq!(got.retry_after.as_deref(), Some("1"), "{got:?}");
+    assert!(!got.text.contains("+7"), "{got:?}");
+    app.phone(2, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+    assert_eq!(app.calltracking.calls(), 2, "refused calls are not made");
+    hog.abort();
 }

@@ -115,6 +115,9 @@ impl From<ResolveError> for ApiError {
             ResolveError::Unavailable { .. } => ApiError::Unavailable {
                 detail: "the number cannot be decided safely right now",
             },
+            ResolveError::Undecided(_) => ApiError::Unavailable {
+                detail: "the number cannot be decided right now; retry later",
+            },
             ResolveError::Overloaded => ApiError::Unavailable {
                 detail: "overloaded: the answer is not cached and the service is saturated",
             },

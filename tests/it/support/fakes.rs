@@ -75,6 +75,8 @@ pub struct Fake {
     /// The status feed's items (call tracking only); the cursor is an index.
     feed: Arc<Mutex<Vec<Value>>>,
     feed_uris: Arc<Mutex<Vec<String>>>,
+    /// When set, every status-feed poll is answered this status, empty.
+    feed_failure: Arc<Mutex<Option<u16>>>,
 }
 
 impl Fake {
@@ -94,6 +96,7 @@ impl Fake {
             traces: Arc::new(Mutex::new(Vec::new())),
             feed: Arc::new(Mutex::new(Vec::new())),
             feed_uris: Arc::new(Mutex::new(Vec::new())),
+            feed_failure: Arc::new(Mutex::new(None)),
         };
         let router = Router::new().fallback(answer).with_state(fake.clone());
         tokio::spawn(async move { axum::serve(listener, router).await });
@@ -145,6 +148,12 @@ impl Fake {
                 serde_json::json!({ "user_id": user_id, "enabled": enabled, "version": version })
             })
             .collect();
+    }
+
+    /// Answers every status-feed poll with `status` (empty body) from now on;
+    /// `None`: serves the items again.
+    pub fn fail_feed(&self, status: Option<u16>) {
+        *self.feed_failure.lock().unwrap() = status;
     }
 
     /// The path and query of every status-feed poll received.
@@ -234,6 +243,9 @@ async fn answer(State(fake): State<Fake>, request: Request) -> Response {
     };
     if after != usize::MAX {
         fake.feed_uris.lock().unwrap().push(uri);
+        if let Some(status) = *fake.feed_failure.lock().unwrap() {
+            return StatusCode::from_u16(status).unwrap().into_response();
+        }
         let items = fake.feed.lock().unwrap().clone();
         let start = after.min(items.len());
         let end = (start + limit).min(items.len());

@@ -1,5 +1,5 @@
-//! The number caches: one [`PhoneCache`] per upstream, sharing one [`Generations`]
-//! table for invalidation by seller.
+//! The number caches: one [`PhoneCache`] per upstream, and [`Caches`], the three
+//! of a replica with their [`Generations`] tables for invalidation by seller.
 //!
 //! What a cache does, beyond bounded storage:
 //! - **TTL per entry**, positive and negative (a 404 is cached as "no number").
@@ -51,18 +51,16 @@ use crate::domain::Phone;
 use crate::domain::{AdId, UserId};
 use crate::upstream::UpstreamError;
 
-/// What an upstream said about a key: a number, or "none" (404).
+mod caches;
+
+pub use caches::Caches;
+
+/// What an upstream said about a key: a number, or "none" (404); also what a
+/// caller of [`PhoneCache::get_or_fetch`] gets.
 pub type FetchResult = Result<Option<Phone>, UpstreamError>;
 
-/// The answer a caller gets.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
-    Found(Phone),
-    NotFound,
-    Failed(UpstreamError),
-}
-
-/// What a cache knows of a key without asking its upstream.
+/// What a cache knows of a key without asking its upstream: the one enum of
+/// it (an answer fetched is a [`FetchResult`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cached {
     Phone(Phone),
@@ -125,7 +123,7 @@ pub enum Via {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lookup {
-    pub answer: Answer,
+    pub answer: FetchResult,
     pub via: Via,
 }
 
@@ -446,7 +444,7 @@ impl PhoneCache {
         if let Some(entry) = cached {
             if inner.now() < entry.fresh_until {
                 return Lookup {
-                    answer: answer_of(entry.phone),
+                    answer: Ok(entry.phone),
                     via: Via::Hit,
                 };
             }
@@ -455,16 +453,16 @@ impl PhoneCache {
         let (flight, via) = self.join_or_start(key, generation, fetch);
         match flight.result().await {
             Ok(phone) => Lookup {
-                answer: phone.map_or(Answer::NotFound, Answer::Found),
+                answer: Ok(phone),
                 via,
             },
             Err(error) => match cached.filter(|e| inner.stale_usable(e)) {
                 Some(entry) => Lookup {
-                    answer: answer_of(entry.phone),
+                    answer: Ok(entry.phone),
                     via: Via::Stale,
                 },
                 None => Lookup {
-                    answer: Answer::Failed(error),
+                    answer: Err(error),
                     via,
                 },
             },
@@ -580,10 +578,6 @@ fn tenths(duration: Duration) -> u32 {
     u32::try_from(duration.as_millis() / 100).unwrap_or(u32::MAX)
 }
 
-fn answer_of(phone: Option<Phone>) -> Answer {
-    phone.map_or(Answer::NotFound, Answer::Found)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -630,7 +624,7 @@ mod tests {
         assert_eq!(
             got,
             Lookup {
-                answer: Answer::Found(p),
+                answer: Ok(Some(p)),
                 via: Via::Miss
             }
         );
@@ -638,7 +632,7 @@ mod tests {
         assert_eq!(
             got,
             Lookup {
-                answer: Answer::Found(p),
+                answer: Ok(Some(p)),
                 via: Via::Hit
             }
         );
@@ -647,7 +641,7 @@ mod tests {
         assert_eq!(
             got,
             Lookup {
-                answer: Answer::NotFound,
+                answer: Ok(None),
                 via: Via::Miss
             }
         );
@@ -674,7 +668,7 @@ mod tests {
         assert_eq!(
             got,
             Lookup {
-                answer: Answer::Found(p),
+                answer: Ok(Some(p)),
                 via: Via::Stale
             }
         );
@@ -682,7 +676,7 @@ mod tests {
         let got = c
             .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Timeout) })
             .await;
-        assert_eq!(got.answer, Answer::Failed(UpstreamError::Timeout));
+        assert_eq!(got.answer, Err(UpstreamError::Timeout));
     }
 
     #[tokio::test(start_paused = true)]
@@ -693,7 +687,7 @@ mod tests {
         let got = c
             .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Status(500)) })
             .await;
-        assert_eq!(got.answer, Answer::Failed(UpstreamError::Status(500)));
+        assert_eq!(got.answer, Err(UpstreamError::Status(500)));
         let c = cache(true);
         c.insert(key(1, 1), None);
         tokio::time::advance(Duration::from_secs(3)).await;
@@ -703,7 +697,7 @@ mod tests {
         assert_eq!(
             got,
             Lookup {
-                answer: Answer::NotFound,
+                answer: Ok(None),
                 via: Via::Stale
             }
         );
@@ -717,7 +711,7 @@ mod tests {
                 panic!("a bug inside the fetch");
             })
             .await;
-        assert_eq!(got.answer, Answer::Failed(UpstreamError::Internal));
+        assert_eq!(got.answer, Err(UpstreamError::Internal));
         // The next request starts a fetch of its own instead of joining the dead one.
         let p = phone("+79161234567");
         let got = c
@@ -726,7 +720,7 @@ mod tests {
         assert_eq!(
             got,
             Lookup {
-                answer: Answer::Found(p),
+                answer: Ok(Some(p)),
                 via: Via::Miss
             }
         );
@@ -769,7 +763,7 @@ mod tests {
         assert_eq!(
             second,
             Lookup {
-                answer: Answer::Found(p),
+                answer: Ok(Some(p)),
                 via: Via::Coalesced
             }
         );
@@ -805,12 +799,12 @@ mod tests {
         assert_eq!(
             fresh,
             Lookup {
-                answer: Answer::Found(new),
+                answer: Ok(Some(new)),
                 via: Via::Miss
             }
         );
         // ...and does not write its older answer back.
-        assert_eq!(slow.await.unwrap().answer, Answer::Found(old));
+        assert_eq!(slow.await.unwrap().answer, Ok(Some(old)));
         assert_eq!(c.get_fresh(&key(1, 2)), Cached::Phone(new));
     }
 
@@ -920,6 +914,6 @@ mod tests {
         let got = c
             .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Timeout) })
             .await;
-        assert_eq!(got.answer, Answer::Failed(UpstreamError::Timeout));
+        assert_eq!(got.answer, Err(UpstreamError::Timeout));
     }
 }

@@ -1,0 +1,116 @@
+//! [`Caches`]: a replica's three number caches, one per source, and their
+//! generation tables, built from `[cache]`. What the resolver reads and what
+//! invalidation by seller (the admin route, status changes) bumps.
+
+use std::sync::Arc;
+
+use super::{Clock, Generations, PhoneCache, Ttls};
+use crate::config::CachesConfig;
+use crate::domain::{Source, Sources, UserId};
+
+/// The three caches and their generation tables.
+#[derive(Clone)]
+pub struct Caches {
+    /// Each source's numbers: real and anonymous by [`Key::ad`], call tracking
+    /// by [`Key::real_phone`].
+    ///
+    /// [`Key::ad`]: super::Key::ad
+    /// [`Key::real_phone`]: super::Key::real_phone
+    pub phones: Sources<PhoneCache>,
+    /// The real and anonymous caches' table.
+    pub generations: Arc<Generations>,
+    /// The call-tracking cache's own table, so that a flip of call tracking
+    /// drops those numbers alone; larger (4 MiB), since a snapshot may flip
+    /// 100,000 sellers at once and each slot expires every seller hashed to it.
+    pub calltracking_generations: Arc<Generations>,
+    /// The three caches' clock.
+    pub clock: Clock,
+    /// The longest an entry may be served after its fetch (TTL plus max stale,
+    /// over the three caches).
+    longest_use: std::time::Duration,
+}
+
+/// Bits of the call-tracking generation table: 2^20 slots, so a snapshot
+/// flipping 100,000 sellers expires about a tenth of the others' entries.
+const CALLTRACKING_GENERATION_BITS: u32 = 20;
+
+impl Caches {
+    /// The caches of `[cache]`, each with its capacity and TTLs.
+    pub fn new(config: &CachesConfig) -> Self {
+        let generations = Arc::new(Generations::default());
+        let calltracking_generations =
+            Arc::new(Generations::with_slots(CALLTRACKING_GENERATION_BITS));
+        let clock = Clock::new();
+        let phones = Sources::from_fn(|source| {
+            let c = config.of(source);
+            let ttls = Ttls {
+                positive: c.ttl,
+                negative: c.negative_ttl,
+                max_stale: c.max_stale,
+                refresh_ahead: c.refresh_ahead(),
+                // docs/caching.md: an expired "no anonymous number" is never used;
+                // the seller may have paid since.
+                stale_negatives: source != Source::Anonymous,
+            };
+            let generations = match source {
+                Source::Calltracking => &calltracking_generations,
+                Source::Anonymous | Source::Real => &generations,
+            };
+            PhoneCache::new(
+                cache_name(source),
+                c.capacity,
+                ttls,
+                generations.clone(),
+                clock,
+            )
+        });
+        let longest_use = Source::ALL
+            .iter()
+            .map(|&source| config.of(source))
+            .map(|c| c.ttl.max(c.negative_ttl) + c.max_stale)
+            .max()
+            .unwrap_or_default();
+        Caches {
+            phones,
+            generations,
+            calltracking_generations,
+            clock,
+            longest_use,
+        }
+    }
+
+    /// Sets the caches' gauges (called at scrape time).
+    pub fn publish_gauges(&self) {
+        for cache in self.phones.values() {
+            metrics::gauge!("phones_gateway_cache_entries", "cache" => cache.name())
+                .set(cache.len() as f64);
+        }
+    }
+
+    /// Drops every cached number of `user` on this replica alone; the admin
+    /// route goes through the status service, which tells the fleet.
+    pub fn invalidate(&self, user: UserId) {
+        self.generations.invalidate(user);
+        self.calltracking_generations.invalidate(user);
+    }
+
+    /// Drops `user`'s call-tracking numbers alone (call tracking flipped).
+    pub fn invalidate_calltracking(&self, user: UserId) {
+        self.calltracking_generations.invalidate(user);
+    }
+
+    /// The longest an entry may be served after its fetch (TTL plus max stale,
+    /// over the three caches).
+    pub fn longest_use(&self) -> std::time::Duration {
+        self.longest_use
+    }
+}
+
+/// A source's cache as named in `[cache.*]` and in the `cache` label.
+fn cache_name(source: Source) -> &'static str {
+    match source {
+        Source::Anonymous => "anonymous",
+        Source::Calltracking => "calltracking",
+        Source::Real => "real_phone",
+    }
+}

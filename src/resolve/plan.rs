@@ -1,0 +1,460 @@
+//! The selection plan of one request, as pure functions: which sources apply,
+//! what the caches (or the caller) already settle, what must be asked and in
+//! which order, what each answer settles, and what the deadline turns a pending
+//! source into. [`rules::Rules::decide`](super::rules::Rules::decide) then walks
+//! the states; the resolver only runs the futures, the deadline timer and the
+//! counters.
+//!
+//! A request starts from what is known without asking ([`Selection::start`]):
+//! each cache is read through a function handed in (the resolver's reads a
+//! cache; a test's reads a table), in the order the hit path reads them: the
+//! real number first (given by the caller, or cached), then the anonymous
+//! number, then the call-tracking number of the real one. Sources the caches
+//! cannot settle are pending; [`Progress::asks`] says which to ask at once
+//! (anonymous and real together; call tracking as soon as the real number is
+//! known, since it maps it), and [`Progress::answered`] takes each answer and
+//! says what to ask next. An answer is a state by [`state_of`]: a refusal of the
+//! gateway's own leaves its source undecided, only its upstream's own failure
+//! fails it. At the deadline ([`Progress::at_deadline`]) a pending source has
+//! failed (no answer in time), so its usable stale value is served as for any
+//! failure.
+//!
+//! A new selection condition is a change to `[selection]`, to [`Selection`] and
+//! [`Selection::start`], and to the table tests below.
+
+use foldhash::HashSet;
+
+use super::Request;
+use super::rules::{Decision, Rules, SourceState, States};
+use crate::cache::{Cached, FetchResult};
+use crate::domain::{Phone, Source, Sources};
+use crate::status::Tracking;
+
+/// What `[selection]` (and each source's `on_error`) says, ready to plan with.
+#[derive(Debug, Clone)]
+pub struct Selection {
+    /// The order and each source's policy.
+    pub rules: Rules,
+    /// `selection.anonymous_categories`.
+    pub anonymous_categories: HashSet<u64>,
+}
+
+/// What one cache and its upstream are asked for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    Anonymous,
+    Real,
+    /// The call-tracking number of this real number.
+    Calltracking(Phone),
+}
+
+impl Ask {
+    /// The source this asks about; the real number is fetched for call
+    /// tracking too, and is asked as `Real` then.
+    pub fn source(self) -> Source {
+        match self {
+            Ask::Anonymous => Source::Anonymous,
+            Ask::Real => Source::Real,
+            Ask::Calltracking(_) => Source::Calltracking,
+        }
+    }
+}
+
+/// Where one request stands: each source's state and what is still to come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    pub states: States,
+    /// The real number once known (given, cached or answered): call tracking
+    /// maps it, also to a stale value at the deadline.
+    real_phone: Option<Phone>,
+    /// The real number is being fetched (for `real`, for call tracking or both).
+    real_pending: bool,
+    calltracking_applies: bool,
+    real_in_order: bool,
+}
+
+impl Selection {
+    /// What is known without asking: `tracking` is asked only when call tracking
+    /// is in the order, `fresh` once per cache that matters, real first.
+    pub fn start(
+        &self,
+        req: &Request,
+        tracking: impl FnOnce() -> Tracking,
+        mut fresh: impl FnMut(Ask) -> Cached,
+    ) -> Progress {
+        let order = &self.rules.order;
+        let anonymous_applies = order.contains(&Source::Anonymous)
+            && self.anonymous_categories.contains(&req.category.get());
+        let tracking = if order.contains(&Source::Calltracking) {
+            tracking()
+        } else {
+            Tracking::Off
+        };
+        let calltracking_applies = tracking == Tracking::On;
+        let real_in_order = order.contains(&Source::Real);
+        let real_needed = real_in_order || calltracking_applies;
+        let real_known = match req.phone {
+            Some(phone) => Cached::Phone(phone),
+            None if real_needed => fresh(Ask::Real),
+            None => Cached::Miss,
+        };
+        let anonymous = if anonymous_applies {
+            known(fresh(Ask::Anonymous))
+        } else {
+            SourceState::NotApplicable
+        };
+        let real = if real_in_order {
+            known(real_known)
+        } else {
+            SourceState::NotApplicable
+        };
+        let calltracking = match (tracking, real_known) {
+            // Until the status set is loaded, the seller may have call
+            // tracking on: nothing below it may be shown (docs/status-sync.md).
+            (Tracking::Unknown, _) => SourceState::Unknown,
+            (Tracking::Off, _) => SourceState::NotApplicable,
+            (Tracking::On, Cached::Phone(real)) => known(fresh(Ask::Calltracking(real))),
+            (Tracking::On, Cached::NoPhone) => SourceState::NotFound,
+            (Tracking::On, Cached::Miss) => SourceState::Pending,
+        };
+        Progress {
+            states: States::new(anonymous, calltracking, real),
+            real_phone: match real_known {
+                Cached::Phone(phone) => Some(phone),
+                Cached::NoPhone | Cached::Miss => None,
+            },
+            real_pending: real_needed && real_known == Cached::Miss,
+            calltracking_applies,
+            real_in_order,
+        }
+    }
+
+    /// The rules' decision on `progress` so far.
+    pub fn decide(&self, progress: &Progress) -> Decision {
+        self.rules.decide(&progress.states)
+    }
+}
+
+impl Progress {
+    /// What to ask at once, by the source whose slot it takes (the real number
+    /// for call tracking alone is asked in `real`'s).
+    pub fn asks(&self) -> Sources<Option<Ask>> {
+        let pending = |source| self.states[source] == SourceState::Pending;
+        Sources::new(
+            pending(Source::Anonymous).then_some(Ask::Anonymous),
+            match self.real_phone {
+                Some(phone) if pending(Source::Calltracking) => Some(Ask::Calltracking(phone)),
+                _ => None,
+            },
+            self.real_pending.then_some(Ask::Real),
+        )
+    }
+
+    /// The answer to what was asked in `slot`'s slot: the states it settles,
+    /// and what to ask next (call tracking, once the real number is known).
+    pub fn answered(&mut self, slot: Source, answer: &FetchResult) -> Option<Ask> {
+        let state = state_of(answer);
+        match slot {
+            Source::Anonymous | Source::Calltracking => {
+                self.states[slot] = state;
+                None
+            }
+            Source::Real => {
+                self.real_pending = false;
+                if self.real_in_order {
+                    self.states[Source::Real] = state;
+                }
+                if let SourceState::Found(phone) = state {
+                    self.real_phone = Some(phone);
+                }
+                if !self.calltracking_applies {
+                    return None;
+                }
+                match state {
+                    SourceState::Found(phone) => Some(Ask::Calltracking(phone)),
+                    // No real number, no call-tracking number: call tracking
+                    // shares the real number's fate (undecided included).
+                    other => {
+                        self.states[Source::Calltracking] = other;
+                        None
+                    }
+                }
+            }
+        }
+    }
+
+    /// At the request deadline whatever is still pending has failed (no answer
+    /// in time), and a failed source with a usable stale value serves it
+    /// (stale-if-error, docs/rules.md and docs/caching.md), exactly as when its
+    /// upstream call fails: `stale` reads a cache's usable stale value. Every
+    /// state is settled after it.
+    pub fn at_deadline(&mut self, mut stale: impl FnMut(Ask) -> Cached) {
+        let pending = |states: &States, source| states[source] == SourceState::Pending;
+        if pending(&self.states, Source::Anonymous) {
+            self.states[Source::Anonymous] = stale_or_failed(stale(Ask::Anonymous));
+        }
+        let calltracking_waits_for_real =
+            pending(&self.states, Source::Calltracking) && self.real_phone.is_none();
+        if pending(&self.states, Source::Real) || calltracking_waits_for_real {
+            let real = stale(Ask::Real);
+            if let Cached::Phone(phone) = real {
+                self.real_phone = Some(phone);
+            }
+            if pending(&self.states, Source::Real) {
+                self.states[Source::Real] = stale_or_failed(real);
+            }
+            if calltracking_waits_for_real && real == Cached::NoPhone {
+                // A seller with no phone has no call-tracking number either.
+                self.states[Source::Calltracking] = SourceState::NotFound;
+            }
+        }
+        if pending(&self.states, Source::Calltracking) {
+            self.states[Source::Calltracking] = match self.real_phone {
+                Some(phone) => stale_or_failed(stale(Ask::Calltracking(phone))),
+                None => SourceState::Failed,
+            };
+        }
+        self.real_pending = false;
+    }
+}
+
+/// What a cache knows without fetching, as a source state.
+fn known(cached: Cached) -> SourceState {
+    match cached {
+        Cached::Phone(phone) => SourceState::Found(phone),
+        Cached::NoPhone => SourceState::NotFound,
+        Cached::Miss => SourceState::Pending,
+    }
+}
+
+/// A stale cache answer as a source state; none usable means the source failed.
+fn stale_or_failed(stale: Cached) -> SourceState {
+    match known(stale) {
+        SourceState::Pending => SourceState::Failed,
+        state => state,
+    }
+}
+
+/// An answer as a source state: a refusal of the gateway's own (no call made)
+/// leaves the source undecided, only its upstream's own failure fails it.
+pub fn state_of(answer: &FetchResult) -> SourceState {
+    match answer {
+        Ok(Some(phone)) => SourceState::Found(*phone),
+        Ok(None) => SourceState::NotFound,
+        Err(error) if error.refused() => SourceState::Undecided,
+        Err(_) => SourceState::Failed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{AdId, CategoryId, OnError, UserId};
+    use crate::upstream::UpstreamError;
+    use Source::{Anonymous, Calltracking, Real};
+    use SourceState::{Failed, Found, NotApplicable, NotFound, Pending, Undecided, Unknown};
+
+    const A: u64 = 78_000_000_001;
+    const C: u64 = 78_000_000_002;
+    const R: u64 = 79_161_234_567;
+    const ANON_CATEGORY: u64 = 9;
+    const PLAIN_CATEGORY: u64 = 1;
+
+    fn p(n: u64) -> Phone {
+        Phone::from_u64(n).unwrap()
+    }
+
+    /// The default `[selection]` and policies.
+    fn selection() -> Selection {
+        Selection {
+            rules: Rules {
+                order: vec![Anonymous, Calltracking, Real],
+                policy: Sources::new(
+                    OnError::FailClosed,
+                    OnError::FallThrough,
+                    OnError::FallThrough,
+                ),
+            },
+            anonymous_categories: [ANON_CATEGORY].into_iter().collect(),
+        }
+    }
+
+    fn request(category: u64, phone: Option<Phone>) -> Request {
+        Request {
+            user: UserId::new(42).unwrap(),
+            ad: AdId::new(1).unwrap(),
+            category: CategoryId::new(category).unwrap(),
+            phone,
+        }
+    }
+
+    /// What the caches hold, by source (call tracking's for the real number R).
+    type Held = (Cached, Cached, Cached);
+
+    fn reader((anonymous, calltracking, real): Held) -> impl FnMut(Ask) -> Cached {
+        move |ask| match ask {
+            Ask::Anonymous => anonymous,
+            Ask::Real => real,
+            Ask::Calltracking(phone) if phone == p(R) => calltracking,
+            Ask::Calltracking(_) => Cached::Miss,
+        }
+    }
+
+    const MISS: Cached = Cached::Miss;
+    const NONE: Cached = Cached::NoPhone;
+
+    fn has(n: u64) -> Cached {
+        Cached::Phone(p(n))
+    }
+
+    /// From a request, the seller's tracking and what the caches hold: the
+    /// states, what is asked at once, and the decision.
+    #[test]
+    #[allow(clippy::type_complexity)] // a table reads best as tuples
+    fn the_start_table() {
+        let (on, off, unknown) = (Tracking::On, Tracking::Off, Tracking::Unknown);
+        #[rustfmt::skip]
+        let table: &[(u64, Option<u64>, Tracking, Held, (SourceState, SourceState, SourceState), (bool, Option<u64>, bool), Decision)] = &[
+            // category   given    tracking  cached (anon, ct, real)      -> states (anon, ct, real)            asks (anon, ct of, real)  decision
+            // everything cached: the hit path decides
+            (PLAIN_CATEGORY, None, on,  (MISS, has(C), has(R)),   (NotApplicable, Found(p(C)), Found(p(R))), (false, None, false),     Decision::Answer(Calltracking, p(C))),
+            (ANON_CATEGORY,  None, on,  (has(A), MISS, MISS),     (Found(p(A)), Pending, Pending),           (false, None, true),      Decision::Answer(Anonymous, p(A))),
+            (PLAIN_CATEGORY, None, off, (MISS, has(C), has(R)),   (NotApplicable, NotApplicable, Found(p(R))), (false, None, false),   Decision::Answer(Real, p(R))),
+            // the real-then-calltracking chain: nothing cached asks real first
+            (PLAIN_CATEGORY, None, on,  (MISS, MISS, MISS),       (NotApplicable, Pending, Pending),         (false, None, true),      Decision::Wait),
+            // real cached, its call-tracking number not: call tracking at once
+            (PLAIN_CATEGORY, None, on,  (MISS, MISS, has(R)),     (NotApplicable, Pending, Found(p(R))),     (false, Some(R), false),  Decision::Wait),
+            // a given phone saves the real-phone call and feeds call tracking
+            (PLAIN_CATEGORY, Some(R), on, (MISS, MISS, MISS),     (NotApplicable, Pending, Found(p(R))),     (false, Some(R), false),  Decision::Wait),
+            // a seller with no phone has no call-tracking number either
+            (PLAIN_CATEGORY, None, on,  (MISS, MISS, NONE),       (NotApplicable, NotFound, NotFound),       (false, None, false),     Decision::NoPhone),
+            // anonymous pending above everything
+            (ANON_CATEGORY,  None, on,  (MISS, has(C), has(R)),   (Pending, Found(p(C)), Found(p(R))),       (true, None, false),      Decision::Wait),
+            // the status set not loaded yet: call tracking unknown for everyone,
+            // nothing below it is shown, cached or not
+            (PLAIN_CATEGORY, None, unknown, (MISS, has(C), has(R)), (NotApplicable, Unknown, Found(p(R))),   (false, None, false),     Decision::Unavailable { fail_closed: None }),
+            (PLAIN_CATEGORY, None, unknown, (MISS, MISS, MISS),   (NotApplicable, Unknown, Pending),         (false, None, true),      Decision::Unavailable { fail_closed: None }),
+            (ANON_CATEGORY,  None, unknown, (has(A), MISS, MISS), (Found(p(A)), Unknown, Pending),           (false, None, true),      Decision::Answer(Anonymous, p(A))),
+        ];
+        let selection = selection();
+        for (i, &(category, given, tracking, held, (a, c, r), (ask_a, ask_c, ask_r), want)) in
+            table.iter().enumerate()
+        {
+            let req = request(category, given.map(p));
+            let progress = selection.start(&req, || tracking, reader(held));
+            assert_eq!(progress.states, States::new(a, c, r), "row {i}");
+            let asks = progress.asks();
+            assert_eq!(asks[Anonymous].is_some(), ask_a, "row {i}");
+            assert_eq!(
+                asks[Calltracking],
+                ask_c.map(|n| Ask::Calltracking(p(n))),
+                "row {i}"
+            );
+            assert_eq!(asks[Real].is_some(), ask_r, "row {i}");
+            assert_eq!(selection.decide(&progress), want, "row {i}");
+        }
+    }
+
+    /// Call tracking out of the order: the status set is not even asked.
+    #[test]
+    fn a_source_out_of_the_order_is_neither_asked_nor_read() {
+        let mut selection = selection();
+        selection.rules.order = vec![Anonymous, Real];
+        let req = request(PLAIN_CATEGORY, None);
+        let progress = selection.start(
+            &req,
+            || panic!("tracking asked"),
+            reader((MISS, has(C), has(R))),
+        );
+        assert_eq!(selection.decide(&progress), Decision::Answer(Real, p(R)));
+    }
+
+    /// Answers as they arrive, for a tracked seller with nothing cached:
+    /// undecided against failed, and the real-then-calltracking chain.
+    #[test]
+    fn the_answer_table() {
+        let refused = Err(UpstreamError::Saturated);
+        let seller_refused = Err(UpstreamError::SellerSaturated);
+        let failed = Err(UpstreamError::Status(500));
+        let timed_out = Err(UpstreamError::Timeout);
+        let open = Err(UpstreamError::CircuitOpen);
+        let found = |n| Ok(Some(p(n)));
+        #[rustfmt::skip]
+        let table: &[(&[(Source, FetchResult)], Decision)] = &[
+            // the chain: real found asks call tracking, whose number wins
+            (&[(Real, found(R)), (Calltracking, found(C))],              Decision::Answer(Calltracking, p(C))),
+            (&[(Real, found(R))],                                        Decision::Wait),
+            (&[(Real, found(R)), (Calltracking, Ok(None))],              Decision::Answer(Real, p(R))),
+            // call tracking failed by its own upstream: fall through
+            (&[(Real, found(R)), (Calltracking, failed.clone())],        Decision::Answer(Real, p(R))),
+            (&[(Real, found(R)), (Calltracking, timed_out.clone())],     Decision::Answer(Real, p(R))),
+            (&[(Real, found(R)), (Calltracking, open.clone())],          Decision::Answer(Real, p(R))),
+            // not asked (a bound reached): undecided, never the real number
+            (&[(Real, found(R)), (Calltracking, refused.clone())],       Decision::Undecided(Calltracking)),
+            (&[(Real, found(R)), (Calltracking, seller_refused.clone())], Decision::Undecided(Calltracking)),
+            // the real number not asked: call tracking cannot be, either
+            (&[(Real, refused.clone())],                                 Decision::Undecided(Calltracking)),
+            // the real number failed: call tracking too, and so does the request
+            (&[(Real, failed.clone())],                                  Decision::Unavailable { fail_closed: None }),
+            (&[(Real, Ok(None))],                                        Decision::NoPhone),
+        ];
+        let selection = selection();
+        for (i, (answers, want)) in table.iter().enumerate() {
+            let req = request(PLAIN_CATEGORY, None);
+            let mut progress = selection.start(&req, || Tracking::On, reader((MISS, MISS, MISS)));
+            let mut expected_next = None;
+            for (slot, answer) in answers.iter() {
+                if *slot == Calltracking {
+                    assert_eq!(expected_next, Some(Ask::Calltracking(p(R))), "row {i}");
+                }
+                expected_next = progress.answered(*slot, answer);
+            }
+            assert_eq!(selection.decide(&progress), *want, "row {i}");
+        }
+        // Anonymous refused is undecided too: 503, whatever is below it.
+        let req = request(ANON_CATEGORY, None);
+        let mut progress = selection.start(&req, || Tracking::Off, reader((MISS, MISS, has(R))));
+        assert_eq!(progress.answered(Anonymous, &refused), None);
+        assert_eq!(selection.decide(&progress), Decision::Undecided(Anonymous));
+    }
+
+    /// At the deadline: a pending source serves its usable stale value, else
+    /// has failed; call tracking maps the real number known by then (stale
+    /// included).
+    #[test]
+    #[allow(clippy::type_complexity)] // a table reads best as tuples
+    fn the_deadline_table() {
+        #[rustfmt::skip]
+        let table: &[(u64, Held, Held, (SourceState, SourceState, SourceState))] = &[
+            // category      cached at start        stale at the deadline        -> states
+            (ANON_CATEGORY,  (MISS, MISS, MISS),    (has(A), has(C), has(R)),    (Found(p(A)), Found(p(C)), Found(p(R)))),
+            (ANON_CATEGORY,  (MISS, MISS, MISS),    (MISS, MISS, MISS),          (Failed, Failed, Failed)),
+            // the real number known (cached): call tracking's stale value for it
+            (PLAIN_CATEGORY, (MISS, MISS, has(R)),  (MISS, has(C), has(R)),      (NotApplicable, Found(p(C)), Found(p(R)))),
+            (PLAIN_CATEGORY, (MISS, MISS, has(R)),  (MISS, MISS, has(R)),        (NotApplicable, Failed, Found(p(R)))),
+            // a stale "no phone": no call-tracking number either
+            (PLAIN_CATEGORY, (MISS, MISS, MISS),    (MISS, has(C), NONE),        (NotApplicable, NotFound, NotFound)),
+            // a stale real number alone: call tracking failed, real served
+            (PLAIN_CATEGORY, (MISS, MISS, MISS),    (MISS, MISS, has(R)),        (NotApplicable, Failed, Found(p(R)))),
+        ];
+        let selection = selection();
+        for (i, &(category, cached, stale, (a, c, r))) in table.iter().enumerate() {
+            let req = request(category, None);
+            let mut progress = selection.start(&req, || Tracking::On, reader(cached));
+            progress.at_deadline(reader(stale));
+            assert_eq!(progress.states, States::new(a, c, r), "row {i}");
+            assert_ne!(selection.decide(&progress), Decision::Wait, "row {i}");
+        }
+        // An undecided source stays undecided: the deadline fails only what is
+        // still pending.
+        let req = request(PLAIN_CATEGORY, None);
+        let mut progress = selection.start(&req, || Tracking::On, reader((MISS, MISS, has(R))));
+        progress.answered(Calltracking, &Err(UpstreamError::Saturated));
+        progress.at_deadline(reader((MISS, MISS, has(R))));
+        assert_eq!(progress.states[Calltracking], Undecided);
+        assert_eq!(
+            selection.decide(&progress),
+            Decision::Undecided(Calltracking)
+        );
+    }
+}
