@@ -315,6 +315,7 @@ struct CalltrackingKeys {
     timeout: Duration,
     on_error: OnError,
     max_in_flight: usize,
+    max_in_flight_per_seller: usize,
     status_feed: StatusFeedConfig,
 }
 
@@ -326,6 +327,7 @@ impl From<CalltrackingKeys> for CalltrackingUpstreamConfig {
                 timeout: keys.timeout,
                 on_error: keys.on_error,
                 max_in_flight: keys.max_in_flight,
+                max_in_flight_per_seller: keys.max_in_flight_per_seller,
             },
             status_feed: keys.status_feed,
         }
