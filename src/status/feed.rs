@@ -77,20 +77,31 @@ async fn lead(
                 Some(until) => {
                     tokio::time::timeout_at(until, poll(service, upstreams, limit, &leader))
                         .await
-                        .unwrap_or(Polled::Done)
+                        .unwrap_or(Polled::Expired)
                 }
                 None => poll(service, upstreams, limit, &leader).await,
             };
-            if polled == Polled::LeaseLost {
-                break;
-            }
-            next_poll = Instant::now() + interval;
+            next_poll = match polled {
+                Polled::LeaseLost => break,
+                // A catch-up longer than the lease goes on once renewed.
+                Polled::Expired => Instant::now(),
+                Polled::Done => Instant::now() + interval,
+            };
         }
+        // Renewed at the latest when the lease would end, at once after a poll
+        // that outlasted it.
         let renew_at = Instant::now() + leadership.renew_every();
-        tokio::time::sleep_until(next_poll.min(renew_at)).await;
+        let wake = next_poll.min(renew_at);
+        tokio::time::sleep_until(leader.valid_until().map_or(wake, |until| wake.min(until))).await;
+        // The gauge says what this replica can prove: past the lease by its
+        // own clock, not the leader until a renewal says so again.
+        if !leader.is_valid() {
+            service.set_feed_leader(false);
+        }
         if !leader.renew(leadership).await {
             break;
         }
+        service.set_feed_leader(true);
     }
     tracing::warn!("status feed: no longer the leader");
     service.set_feed_leader(false);
@@ -100,6 +111,9 @@ async fn lead(
 enum Polled {
     /// Caught up, or stopped by an error to be retried at the next poll.
     Done,
+    /// Not caught up, but the lease ran out by the local clock: renew, then
+    /// go on (a store write renews it in the database, not here).
+    Expired,
     /// The lease is gone: stop leading.
     LeaseLost,
 }
@@ -121,7 +135,7 @@ async fn poll(
     };
     loop {
         if !leader.is_valid() {
-            return Polled::LeaseLost;
+            return Polled::Expired;
         }
         let page = match upstreams.status_page(cursor.as_deref(), limit).await {
             Ok(page) => page,
