@@ -6,7 +6,7 @@
 //! And the priority of background threads: work that may trail the requests
 //! (the reveal log's flush and its SQLite writer) runs at nice
 //! [`BACKGROUND_NICE`], so that a burst of it does not take the core from the
-//! workers (issue 24: a flush at the default priority got half of the core for
+//! workers (a flush at the default priority got half of the core for
 //! its length, and requests queued behind it). Nice 8 weighs 172 against nice
 //! 0's 1024: when both want the core the background thread still gets a
 //! seventh of it (about 14%), and all of it when the workers are idle. The log

@@ -21,7 +21,7 @@
 //!   itself within the upstream timeout. Polling the fetch on the caller's own
 //!   task instead (handed to a task only when the caller left) was measured and
 //!   dropped: a miss cost 0.65 us more (median of 7 alternated pairs of 8 s of
-//!   one-call misses, worse in 6; issue 24), as each of the fetch's wake-ups
+//!   one-call misses, worse in 6), as each of the fetch's wake-ups
 //!   then polls the whole request rather than the fetch alone.
 //! - **Invalidation by seller in O(1)**: every entry carries the generation of its
 //!   seller's slot at the moment its fetch started; bumping the slot makes every
@@ -229,7 +229,7 @@ impl Default for Clock {
 /// One fetch under way: its result once it has ended, and the callers waiting
 /// for it. Two allocations per fetch (this and the task) where futures'
 /// `Shared` over the task's `JoinHandle` took four and a wake-up more: measured
-/// on the cold path (`harness.py --cold`, issue 24).
+/// on the cold path (`harness.py --cold`).
 struct Flight {
     result: OnceLock<FetchResult>,
     ended: Notify,
@@ -278,7 +278,7 @@ struct Inner {
     entries: quick_cache::sync::Cache<Key, Entry>,
     /// Fetches under way, by key and generation. A plain mutex: it is held for a
     /// map operation only, and only on misses. foldhash, not SipHash: three
-    /// hashes per miss were 750 instructions of it (callgrind, issue 24).
+    /// hashes per miss were 750 instructions of it (callgrind).
     inflight: Mutex<HashMap<(Key, u32), Arc<Flight>>>,
     generations: Arc<Generations>,
     ttls: Ttls,

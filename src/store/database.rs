@@ -511,7 +511,7 @@ async fn connect_sqlite(
 /// reveals (a second at the hit path's maximum on one core) dirties about 6 MiB
 /// of pages; with SQLite's default of 2 MiB the flush spilled dirty pages to the
 /// WAL in mid-transaction and read index pages back from the file, which was a
-/// third of the log's cost (issue 24's profile). Bounded: RSS grows by at most
+/// third of the log's cost (the log's profile). Bounded: RSS grows by at most
 /// this much.
 pub(super) const SQLITE_LOG_CACHE_KIB: u32 = 32 * 1024;
 

@@ -295,7 +295,7 @@ async fn unknown_methods_are_405_problems_naming_the_allowed_ones() {
         .assert_problem(404);
 }
 
-// Issue 21: HEAD tells nothing a GET's body would.
+// HEAD tells nothing a GET's body would.
 
 /// The answer to `HEAD path`, its headers without the two that differ on every
 /// answer (`date`, `x-request-id`).
@@ -846,7 +846,7 @@ async fn unknown_routes_and_methods_are_problem_documents() {
     .assert_problem(405);
 }
 
-/// Issue 21: a body of the largest allowed size holding half a million items
+/// A body of the largest allowed size holding half a million items
 /// is refused as any batch over 100 items is, with the count, and quickly: the
 /// items past the hundredth are counted while parsing, never built (the
 /// allocation itself is measured by a unit test in src/http/extract.rs).

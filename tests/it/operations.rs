@@ -747,7 +747,7 @@ async fn no_full_phone_number_in_the_logs() {
     assert_no_leaks();
 }
 
-/// Issue 10 item 4: a parser's message quotes the body; a bare-number phone (or
+/// A parser's message quotes the body; a bare-number phone (or
 /// any body quoting a number) must not reach the log of the failed call.
 #[tokio::test]
 async fn upstream_bodies_quoting_a_number_are_never_logged() {

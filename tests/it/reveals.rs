@@ -662,7 +662,7 @@ fn nice_of_threads(pid: u32, names: &[&str]) -> Vec<(String, i32)> {
     found
 }
 
-/// The flush and the log's SQLite writer yield the core to requests (issue 24):
+/// The flush and the log's SQLite writer yield the core to requests:
 /// both threads run at the background nice value, the writer also when its
 /// connection is opened by retention rather than by a flush.
 #[cfg(target_os = "linux")]

@@ -40,7 +40,7 @@ fn sqlite_chunks<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {
 /// `head VALUES (?,..),.. tail`: an insert of `rows` rows of `columns` values,
 /// written with `push_str` alone. sqlx's `QueryBuilder` writes each separator
 /// through `write!`, seven a reveal, which with the sort was most of the flush
-/// thread's profile at the hit path's maximum (issue 24).
+/// thread's profile at the hit path's maximum.
 fn sqlite_insert(head: &str, columns: usize, rows: usize, tail: &str) -> String {
     let row = format!("({})", vec!["?"; columns].join(","));
     let mut sql = String::with_capacity(head.len() + 8 + rows * (row.len() + 1) + tail.len());
@@ -59,7 +59,7 @@ fn sqlite_insert(head: &str, columns: usize, rows: usize, tail: &str) -> String 
 /// Per-ad counts of one batch: one row per (ad, kind) that occurs in it.
 fn counts_of(reveals: &[Reveal]) -> Vec<(AdId, Source, u64)> {
     // foldhash: a flush of cold traffic hashes one new ad per reveal, and
-    // SipHash cost about 200 instructions a reveal here (callgrind, issue 24).
+    // SipHash cost about 200 instructions a reveal here (callgrind).
     let mut counts: foldhash::HashMap<(AdId, Source), u64> =
         foldhash::HashMap::with_capacity_and_hasher(reveals.len().min(1 << 16), Default::default());
     for reveal in reveals {
@@ -483,7 +483,7 @@ fn in_viewer_order(reveals: &[Reveal]) -> Vec<&Reveal> {
 /// Numbers go through `itoa`, and a viewer id is copied as it is unless it
 /// holds a backslash: on PostgreSQL the flush runs on a request worker, where
 /// `write!` went through the formatting machinery twice a reveal and the
-/// escaping allocated a copy of every id (issue 24).
+/// escaping allocated a copy of every id.
 fn copy_text(reveals: &[Reveal]) -> String {
     let mut text = String::with_capacity(reveals.len() * 64);
     let mut number = itoa::Buffer::new();

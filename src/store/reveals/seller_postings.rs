@@ -5,7 +5,7 @@
 //! `(at_us, id)` entries, newest first, packed in a blob.
 //!
 //! Why: the seller index's entry per reveal was half of what the log's writer
-//! spent at the hit path's maximum (issue 24: 1.07 to 1.23 us a reveal with
+//! spent at the hit path's maximum (1.07 to 1.23 us a reveal with
 //! it, 0.46 to 0.52 without, three alternated runs). A flush's reveals are in
 //! viewer order ([`super::viewer_runs`]), so a seller's are not consecutive
 //! ids and a run of ids cannot stand for them; their list can.

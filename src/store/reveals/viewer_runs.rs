@@ -4,7 +4,7 @@
 //! run, one row of `reveal_viewer_runs` with its id range and its newest and
 //! oldest `at_us`. A viewer seen many times a flush costs one index entry a
 //! flush instead of one a reveal; the index entry per reveal was most of what
-//! the log cost the hit path (issue 24: under load, SQLite's work was about
+//! the log cost the hit path (under load, SQLite's work was about
 //! 15% of the process's CPU, most of it b-tree inserts).
 //!
 //! A page is still exact and newest first: runs are walked by their newest
