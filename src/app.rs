@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::budget::{self, Budgets};
+use crate::cache::Caches;
 use crate::config::Config;
 use crate::http::api::admin::AdminState;
 use crate::http::api::public::PublicState;
@@ -29,7 +30,7 @@ use crate::http::api::{admin_router, public_router};
 use crate::http::server::Settings;
 use crate::http::server::front::Front;
 use crate::http::server::serve::serve;
-use crate::resolve::{self, Caches, Resolver};
+use crate::resolve::{self, Resolver};
 use crate::reveals::Reveals;
 use crate::status::StatusService;
 use crate::store::{Database, Leadership, RevealStore};

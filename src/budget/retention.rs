@@ -152,33 +152,24 @@ mod tests {
                 }
             }
         };
-        for back in 0..13u32 {
-            let spends: Vec<Spend> = (0..5_000u64)
-                .map(|v| Spend {
-                    viewer: u64::from(back) << 32 | v,
-                    kind: 0,
-                    window: minute - back,
-                    n: 1,
-                })
-                .collect();
-            if back > 2 {
-                expired += spends.len() as u64;
+        // (kind, the current window, windows written, viewers each, windows kept)
+        for (kind, current, windows, viewers, kept) in
+            [(0, minute, 13u32, 5_000u64, 3), (1, day, 4, 6_000, 1)]
+        {
+            for back in 0..windows {
+                let spends: Vec<Spend> = (0..viewers)
+                    .map(|v| Spend {
+                        viewer: u64::from(back) << 32 | v,
+                        kind,
+                        window: current - back,
+                        n: 1,
+                    })
+                    .collect();
+                if back >= kept {
+                    expired += spends.len() as u64;
+                }
+                write(spends).await;
             }
-            write(spends).await;
-        }
-        for back in 0..4u32 {
-            let spends: Vec<Spend> = (0..6_000u64)
-                .map(|v| Spend {
-                    viewer: v,
-                    kind: 1,
-                    window: day - back,
-                    n: 1,
-                })
-                .collect();
-            if back > 0 {
-                expired += spends.len() as u64;
-            }
-            write(spends).await;
         }
         store
             .refuse(&[(1, now.seconds() - 1), (2, now.seconds() + 60)])

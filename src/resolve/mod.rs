@@ -24,8 +24,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-pub use crate::cache::Caches;
-use crate::cache::{Cached, FetchResult, Key, Lookup, PhoneCache, Via};
+use crate::cache::{Cached, Caches, FetchResult, Key, Lookup, PhoneCache, Via};
 use crate::config::SelectionConfig;
 use crate::domain::Phone;
 use crate::domain::{AdId, CategoryId, UserId};

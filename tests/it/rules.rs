@@ -902,6 +902,20 @@ async fn metric(app: &TestApp, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The kind each seller of `users` is answered (one lookup each, ad 1), or the
+/// status and detail of a problem.
+async fn kinds_of_sellers(app: &TestApp, users: std::ops::RangeInclusive<u64>) -> Vec<String> {
+    let mut kinds = Vec::new();
+    for user in users {
+        let got = app.phone(user, 1, PLAIN_CATEGORY).await;
+        kinds.push(got.body["kind"].as_str().map_or_else(
+            || format!("{} {}", got.status, got.body["detail"]),
+            str::to_owned,
+        ));
+    }
+    kinds
+}
+
 /// The status feed shares call tracking's base URL, not its client: a feed
 /// answering 500 long enough to open a breaker opens its own, and sellers with
 /// call tracking on are still answered their call-tracking number, never their
@@ -924,14 +938,7 @@ async fn a_failing_status_feed_never_moves_tracked_sellers_onto_their_real_numbe
     })
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut kinds = Vec::new();
-    for user in 1..=10 {
-        let got = app.phone(user, 1, PLAIN_CATEGORY).await;
-        kinds.push(got.body["kind"].as_str().map_or_else(
-            || format!("{} {}", got.status, got.body["detail"]),
-            str::to_owned,
-        ));
-    }
+    let kinds = kinds_of_sellers(&app, 1..=10).await;
     assert!(kinds.iter().all(|k| k == "calltracking"), "{kinds:?}");
     // The breaker the failures opened is the feed's own.
     let open = |upstream: &'static str| {
@@ -1006,14 +1013,7 @@ async fn flood(app: &TestApp, attacked: u64) -> (Vec<String>, Vec<serde_json::Va
         next_phone.load(Ordering::SeqCst) >= 300 && app.calltracking.calls() >= 1
     })
     .await;
-    let mut kinds = Vec::new();
-    for user in 1..=10 {
-        let got = app.phone(user, 1, PLAIN_CATEGORY).await;
-        kinds.push(got.body["kind"].as_str().map_or_else(
-            || format!("{} {}", got.status, got.body["detail"]),
-            str::to_owned,
-        ));
-    }
+    let kinds = kinds_of_sellers(app, 1..=10).await;
     stop.store(true, Ordering::SeqCst);
     let mut items = Vec::new();
     for attacker in attackers {

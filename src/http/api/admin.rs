@@ -18,11 +18,11 @@ use utoipa::ToSchema;
 use super::error::{ApiError, Problem};
 use super::extract::{Json, Path, field_error, require_json};
 use super::routes;
+use crate::cache::Caches;
 use crate::config::Secret;
 use crate::domain::Applied;
 use crate::domain::StatusItem;
 use crate::domain::UserId;
-use crate::resolve::Caches;
 use crate::status::StatusService;
 
 /// Items one webhook delivery may hold.
