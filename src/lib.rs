@@ -1,44 +1,69 @@
 //! phones-gateway decides which phone number a buyer sees for a classified ad:
 //! a paid anonymous number, a call-tracking number or the seller's real number.
+//! What it does for clients and operators is in `docs/` (`docs/README.md` lists
+//! the pages); this is the one map of the code.
 //!
-//! The map, top down. Arrows point one way, http -> resolve -> (cache, upstream,
-//! status) -> store -> domain, and http -> (budget, reveals) -> store; and
-//! `tests/arrows.rs` fails on a cycle:
-//! - [`config`]: the configuration tree, defaults, loading and validation.
-//! - [`app`]: builds the parts from a `Config`, runs both listeners and owns
-//!   every background task (one cancellation token, also when dropped).
-//! - [`http`]: two rooms, `server -> api`. [`http::server`]: connection serving
-//!   through hyper (hyper's own rejections rewritten as problems), each
-//!   listener's front service (request tracking, admission, the hit path
-//!   without the router), shedding. [`http::api`]: the route table that drives
-//!   the routers, duration labels, token check and OpenAPI check; handlers,
-//!   extractors, errors as problem+json, the OpenAPI documents, the
-//!   request-duration histogram.
-//! - [`resolve`]: the selection plan and rules (pure, in `resolve::plan` and
-//!   `resolve::rules`) and the concurrent fan-out to the sources.
-//! - [`cache`]: TTL'd, coalescing, stale-if-error caches with O(1) invalidation,
-//!   keyed by a `Key` that carries the seller, and `Caches`, a replica's three.
-//! - [`upstream`]: typed clients of the three upstreams over one pooled client.
-//! - [`budget`]: the viewers' budgets, the fleet's: a ledger per viewer that
-//!   decides without waiting, and the exchange that adds each replica's spends
-//!   to the fleet's totals in the database and learns who is refused elsewhere.
-//! - [`reveals`]: the reveal log: a lock-free buffer on the request path, the
-//!   batch flush with per-ad counts, retention.
+//! # The map, top down
+//!
+//! The arrows point one way: `http -> resolve -> (cache, upstream, status) ->
+//! store -> domain`, and `http -> (budget, reveals) -> store`; [`app`] wires the
+//! parts; [`config`], [`telemetry`] and [`domain`] import nothing above them.
+//! `tests/arrows.rs` fails on a cycle, on a file outside `store` that names
+//! sqlx, and on `http::api` importing `http::server`.
+//!
+//! - [`app`]: builds the parts from the configuration, runs both listeners and
+//!   owns every background task (one cancellation token and task tracker:
+//!   stopped on shutdown, and when the app is dropped). It opens one database
+//!   and hands each owner its store handle.
+//! - [`http`]: two rooms, and the server imports the API, never the reverse.
+//!   - [`http::server`]: the hand-built HTTP server: connections through hyper
+//!     (a head deadline and a size bound `axum::serve` does not expose; hyper's
+//!     own rejections rewritten as problem documents), each listener's front
+//!     service (request tracking, the admin token, shedding, and the public
+//!     lookup answered without the router: the hit path).
+//!   - [`http::api`]: the route table, from which the routers are built, the
+//!     duration labels and the token check are derived and the OpenAPI check
+//!     iterates; the handlers, extractors, problem documents, the OpenAPI
+//!     documents and the request-duration histogram.
+//! - [`resolve`]: one request's answer. The selection plan (what applies, what
+//!   is asked before what, what the deadline means) and the rule table, both
+//!   pure; the concurrent fan-out to the sources through the caches; cold
+//!   admission, which sheds uncached requests while ready work waits too long
+//!   for a worker.
+//! - [`cache`]: the number caches, one per upstream: TTLs, coalescing,
+//!   stale-if-error, refresh ahead, invalidation by seller in O(1); and the three
+//!   of a replica together.
+//! - [`upstream`]: typed calls to the three upstreams (and the status feed) over
+//!   a keep-alive pool of our own per upstream, with a breaker and bounds on
+//!   calls in flight, per upstream and per seller.
 //! - [`status`]: the in-memory call-tracking status set, its write path, the
 //!   replica sync loop and the status-feed puller.
-//! - [`store`]: everything that speaks SQL (the only module that imports sqlx):
-//!   SQLite or PostgreSQL opened once as a `Database`, and a narrow handle per
-//!   capability, each with its own error: `StatusStore` (the status set and its
-//!   change log, invalidations included) for the status service, `RevealStore`
-//!   for the reveal flush, retention and routes, `Leadership` for the feed loop,
-//!   `ChangeHints` for the sync loop. Files by capability, both dialects in each.
-//! - [`domain`]: `Phone`, ids, sources (and `Sources<T>`, one value per source),
-//!   the status model and reveal records: valid values only, parsed once at the
-//!   edge, and the rules that need no I/O.
-//! - [`telemetry`]: logs, the metrics recorder, request ids; in `trace`, W3C
-//!   trace context (`trace::context`) and the span export (`trace::export`).
-//! - [`runtime`]: tokio worker threads sized to the container's CPU quota.
-//! - [`sim`]: the upstream simulator for the demo, tests and load runs.
+//! - [`reveals`]: the reveal log: a lock-free buffer on the request path, the
+//!   batch flush with per-ad counts, retention.
+//! - [`budget`]: the viewers' budgets, the fleet's: a ledger per viewer that
+//!   decides without waiting, the sliding minute and the shares (pure), the
+//!   exchange that adds each replica's spends to the fleet's totals and learns
+//!   who is refused elsewhere, and retention of expired rows.
+//! - [`store`]: everything that speaks SQL, the only module that imports sqlx.
+//!   SQLite or PostgreSQL opened once (bounds, migrations, the pooler check),
+//!   then one narrow handle per capability, each with its own error and both
+//!   dialects in its room: the status set and its change log (invalidations
+//!   included) for [`status`], the reveal log for [`reveals`], the fleet's
+//!   budget totals for [`budget`], change hints and the feed's lease for the
+//!   sync and feed loops.
+//! - [`domain`]: phones, ids, the sources (and one value per source), the status
+//!   model and its version rule, reveal records: valid values only, parsed once
+//!   at the edge, no I/O.
+//! - [`config`]: the configuration tree, its defaults and layering, each section
+//!   validating its own keys.
+//! - [`telemetry`]: logs, the metrics recorder, request ids; [`telemetry::trace`]:
+//!   W3C trace context in and out, and the OTLP span export.
+//! - [`runtime`]: tokio worker threads sized to the container's CPU quota, and
+//!   the background threads' priority.
+//! - [`sim`]: the upstream simulator for the demo, the tests and load runs.
+//!
+//! The binary (`src/main.rs`) is the command line: `demo`, `serve`,
+//! `simulate`, `migrate`, `check-config`.
 
 #![forbid(unsafe_code)]
 
