@@ -1,4 +1,5 @@
-//! The `phones-gateway` command: `serve`, `simulate`, `demo` (the default).
+//! The `phones-gateway` command: `serve`, `check-config`, `migrate`, `simulate`,
+//! `demo` (the default).
 
 use std::path::PathBuf;
 
@@ -11,7 +12,8 @@ use phones_gateway::sim::{self, SimConfig};
 
 /// mimalloc rather than glibc's malloc: a miss makes about 40 allocations
 /// (hyper's client and server, the fetch's task, JSON), and glibc's free lists
-/// and arena locks were a sixth of its CPU (README, "Measured").
+/// and arena locks were a sixth of its CPU (docs/performance.md, "The
+/// allocator").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -6,19 +6,15 @@
 //! And the priority of background threads: work that may trail the requests
 //! (the reveal log's flush and its SQLite writer) runs at nice
 //! [`BACKGROUND_NICE`], so that a burst of it does not take the core from the
-//! workers (a flush at the default priority got half of the core for
-//! its length, and requests queued behind it). Nice 8 weighs 172 against nice
-//! 0's 1024: when both want the core the background thread still gets a
-//! seventh of it (about 14%), and all of it when the workers are idle. The log
-//! took 9.5 to 9.9% of the core at the hit path's maximum and 7.5% at the cold
-//! path's (10 s of wrk each), so a saturated core slows the background work but
-//! does not starve it (nice 10, about 9.7%, would). Nice 5 (a quarter) was not
-//! low enough: in the soak's shape (48,500 reveals a second, the workers at 60
-//! to 80% of the core) a flush's burst left the workers less than they needed
-//! for its length, and the p99 of 30 s soaks was 9.5 and 45.7 ms against 5.3
-//! and 5.4 at nice 8 and 5.8 and 5.0 at nice 10 (alternated,
-//! examples/openload.rs; the log off: 4.0 to 6.2). Linux keeps a nice value per
-//! thread; elsewhere this does nothing.
+//! workers (at the default priority a flush got half of the core for its
+//! length, and requests queued behind it). Nice 8 weighs 172 against nice 0's
+//! 1024: when both want the core the background thread still gets a seventh of
+//! it, and all of it when the workers are idle. That is more than the log needs
+//! at the hit path's maximum, so a saturated core slows the background work but
+//! does not starve it (nice 10 would come close); nice 5 (a quarter) left the
+//! workers too little while a flush ran in the soak's shape. The figures, with
+//! their commands: docs/performance.md, "The background priority". Linux keeps
+//! a nice value per thread; elsewhere this does nothing.
 
 use std::path::Path;
 

@@ -20,9 +20,9 @@
 //!   early) neither cancels it nor makes the next caller start another; it ends by
 //!   itself within the upstream timeout. Polling the fetch on the caller's own
 //!   task instead (handed to a task only when the caller left) was measured and
-//!   dropped: a miss cost 0.65 us more (median of 7 alternated pairs of 8 s of
-//!   one-call misses, worse in 6), as each of the fetch's wake-ups
-//!   then polls the whole request rather than the fetch alone.
+//!   dropped: a miss cost more, as each of the fetch's wake-ups then polls the
+//!   whole request rather than the fetch alone (docs/performance.md,
+//!   "Coalescing on the caller's task").
 //! - **Invalidation by seller in O(1)**: every entry carries the generation of its
 //!   seller's slot at the moment its fetch started; bumping the slot makes every
 //!   entry of that seller invisible at once, and a fetch that started before the
@@ -32,8 +32,8 @@
 //! Storage is `quick_cache` (S3-FIFO, one flat table per shard) rather than moka:
 //! we keep expired entries on purpose (stale-if-error) and coalesce in detached
 //! tasks, so moka's TTL eviction and cancel-on-drop `get_with` would be features
-//! to work around, and quick_cache costs a fraction of moka's bytes per entry (see
-//! README, "Caching"). An entry is 16 bytes: the phone as an `Option<Phone>`
+//! to work around, and quick_cache costs a fraction of moka's bytes per entry
+//! (docs/caching.md, "How an entry is stored"). An entry is 16 bytes: the phone as an `Option<Phone>`
 //! (eight bytes: `Phone` wraps a `NonZeroU64`, so "no number" is the niche), the
 //! expiry in deciseconds and the generation. A [`Key`] carries its seller, whose
 //! generation guards the entry, so no lookup takes the seller separately.

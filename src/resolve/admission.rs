@@ -7,19 +7,13 @@
 //! makes one to three upstream calls). Past what the cores can do, requests wait
 //! in socket buffers and in the run queue, unseen by `server.max_in_flight`
 //! (which bounds requests in flight, not how long they waited), and every answer
-//! comes late. We chose, after reading how others decide:
-//! - Envoy's overload manager watches resources (heap, connections) and
-//!   triggers actions at thresholds: the action here is of that kind (shed a
-//!   class of work).
-//! - Netflix's concurrency-limits adapts a limit from latency (Vegas/gradient):
-//!   it needs a stable no-load latency, which a cold path with upstream calls of
-//!   varying speed does not have, and it sheds hits and misses alike.
-//! - Event-loop lag shedding (Node's toobusy) measures how late a timer fires.
-//!   That is what a ready request waits before the worker gets to it, which is
-//!   the waiting to bound; it is the signal here.
-//! - The workers' busy share (tokio's `worker_total_busy_duration`) was tried
-//!   first and dropped: a replica at 95% of a core with every request answered
-//!   in milliseconds looks the same as a drowning one, so it shed for nothing.
+//! comes late. The signal is how late a timer fires (event-loop lag): that is
+//! what a ready request waits before a worker gets to it, the waiting to bound.
+//! A latency-adaptive limit needs a stable no-load latency, which a cold path
+//! with upstream calls of varying speed lacks, and the workers' busy share
+//! cannot tell a busy replica that answers in milliseconds from a drowning one
+//! (how other systems decide, and what was tried: docs/design.md, "Cold
+//! admission").
 //!
 //! A probe task sleeps [`PROBE`] at a time and records how late it wakes; every
 //! [`INTERVAL`] the worst lateness is compared with `server.max_queue_delay_ms`.

@@ -4,8 +4,9 @@
 //! "Older" is by the database's clock, the one clock every replica shares: a
 //! replica whose own clock ran days ahead once deleted everyone's recent reveals.
 //! Batch deletes rather than dropping daily partitions: they work the same on
-//! both databases, and measured on PostgreSQL (see README) they remove a day of
-//! a busy replica's reveals in seconds of background work.
+//! both databases, and measured on PostgreSQL (`cargo bench --bench reveals`,
+//! docs/performance.md) they remove a day of a busy replica's reveals in
+//! seconds of background work.
 
 use std::time::Duration;
 

@@ -8,9 +8,8 @@
 //! it back: an allocation, a task poll and a wake-up per call. A pool per
 //! upstream needs no key, and a connection goes back when its answer has been read
 //! in full, by the call itself; the next call that takes it waits for it to be
-//! ready if the connection's task has not run yet. Measured with callgrind
-//! (README, "Upstreams"): a miss with one upstream call went from 54k-58k to
-//! 42k-44k user-space instructions.
+//! ready if the connection's task has not run yet: about a fifth fewer
+//! instructions a miss (docs/performance.md, "Upstream calls").
 //!
 //! What the legacy client gave is kept: keep-alive (most recently used first, so
 //! the idle rest can age out), an idle timeout, a bound on idle connections, no

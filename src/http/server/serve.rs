@@ -6,8 +6,9 @@
 //!
 //! The head deadline is a watchdog per connection, not hyper's
 //! `header_read_timeout`: hyper arms a fresh timer for every request (an
-//! allocation, a clock read and two timer-wheel updates, about 2% of a cached
-//! answer's CPU); the watchdog wakes once per period per connection. A
+//! allocation, a clock read and two timer-wheel updates, a cost the hit path
+//! notices: docs/performance.md, "The hit path"); the watchdog wakes once per
+//! period per connection. A
 //! connection with no request in service that received no new request head and
 //! sent no answer during a whole period is closed: a client that sent nothing,
 //! or only part of a head, is closed `server.header_read_timeout_ms` after it

@@ -5,8 +5,7 @@
 //! `(at_us, id)` entries, newest first, packed in a blob.
 //!
 //! Why: the seller index's entry per reveal was half of what the log's writer
-//! spent at the hit path's maximum (1.07 to 1.23 us a reveal with
-//! it, 0.46 to 0.52 without, three alternated runs). A flush's reveals are in
+//! spent at the hit path's maximum. A flush's reveals are in
 //! viewer order ([`super::viewer_runs`]), so a seller's are not consecutive
 //! ids and a run of ids cannot stand for them; their list can.
 //!
@@ -19,9 +18,10 @@
 //! only where a row listed is gone: see [`read_page`]).
 //!
 //! The price: a seller seen once a flush is a posting row and its index entry
-//! where it was one index entry, about 0.7 us of a cold miss (the log's two
-//! threads, measured in alternated rounds); in the soak's shape (about 9,000
-//! sellers a flush) the writer went from 2.4 to 1.06 us a reveal.
+//! where it was one index entry, a little more for a cold miss; where many
+//! sellers are seen more than once a flush, as in the soak, the writer does
+//! less than half the work a reveal. The figures, with their commands:
+//! docs/performance.md, "The reveal log's SQLite layout".
 //!
 //! Blob: for each entry, newest first, the step down in `at_us` from the one
 //! before (from `max_at_us` for the first) and the id less `first_id`, both

@@ -4,8 +4,8 @@
 //! run, one row of `reveal_viewer_runs` with its id range and its newest and
 //! oldest `at_us`. A viewer seen many times a flush costs one index entry a
 //! flush instead of one a reveal; the index entry per reveal was most of what
-//! the log cost the hit path (under load, SQLite's work was about
-//! 15% of the process's CPU, most of it b-tree inserts).
+//! the log cost the hit path, in b-tree inserts (docs/performance.md, "The
+//! reveal log's SQLite layout").
 //!
 //! A page is still exact and newest first: runs are walked by their newest
 //! reveal, descending, and once the page is full and its oldest reveal is newer
