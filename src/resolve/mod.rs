@@ -110,18 +110,38 @@ pub struct Settings {
     pub export_spans: bool,
 }
 
+/// Answers one request at a time, for every listener and task of a replica:
+/// built once by `App::build` and shared, so everything a request needs is
+/// here, read-only or behind its own synchronisation.
 pub struct Resolver {
+    /// The order, each source's policy and the anonymous categories: the input
+    /// of the pure [`plan`], read on every request, never changed after start.
     selection: Selection,
+    /// The three upstreams' clients, shared with the fetch tasks the caches
+    /// spawn (an `Arc`, since a fetch outlives the request that started it).
     upstreams: Arc<Upstreams>,
+    /// The replica's three caches: every answer goes through them, so a hit
+    /// makes no upstream call and concurrent misses share one. The status
+    /// service and the admin invalidation hold them too, to drop a seller's
+    /// numbers.
     caches: Caches,
+    /// Whether a seller has call tracking on: read on every request (not
+    /// cached), so a change applies to the next request. Shared with the
+    /// status service, which writes it.
     status: Arc<StatusSet>,
+    /// The decision metrics' handles, registered once here so that the hit
+    /// path increments atomics instead of looking a labelled series up.
     counters: Counters,
-    /// `server.request_deadline_ms`: no request waits on sources longer.
+    /// `server.request_deadline_ms`: no request waits on sources longer; at
+    /// the deadline a pending source counts as failed (docs/rules.md).
     deadline: std::time::Duration,
-    /// Whether a request that needs an upstream call is let in now.
+    /// Whether a request that needs an upstream call is let in now (cold
+    /// admission): read only on a miss, so the hit path never pays for it.
+    /// Shared with the probe task that steers it.
     admission: Arc<admission::Admission>,
     /// `tracing.otlp_endpoint` is set: cache outcomes and the decision become
-    /// events of the request's span (docs/tracing.md).
+    /// events of the request's span (docs/tracing.md). Off, the hit path does
+    /// no trace work at all.
     export_spans: bool,
 }
 
