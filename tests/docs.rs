@@ -1,7 +1,9 @@
 //! The documentation checked against the repository, with file reads only:
 //! every key of `config/default.toml` is documented in `docs/configuration.md`,
-//! the docs point at nothing outside the repository, and their relative links
-//! resolve.
+//! the docs point at nothing outside the repository, their relative links
+//! resolve, and the README, the pages under docs/, the module map and the
+//! comments under src/ name only files, modules and types that exist (the rules
+//! are above `PATH_ROOTS`; the checker is tested on small texts too).
 //!
 //! `config/default.toml` is read with a small line parser rather than a TOML
 //! crate: `toml` is not a direct dependency, and the commented-out keys
@@ -195,4 +197,915 @@ fn relative_links_in_the_documentation_resolve() {
             );
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// The docs name only what exists.
+//
+// Checked in README.md, every page under docs/ and the module map (the `//!`
+// doc of src/lib.rs); fenced code blocks are skipped (commands, JSON, diagrams).
+// - A path under one of `PATH_ROOTS` in backticks or as a link target (a
+//   command's words included: `benches/load/harness.py --cold`) exists in the
+//   repository; `--bench NAME`, `--test NAME` and `--example NAME` name a target
+//   that exists. URLs and tokens holding a placeholder (`*`, `<`, `{`, `...`)
+//   are left alone.
+// - A backticked type name (`BudgetStore`, `Sources<T>`, `Phone::parse`) is
+//   defined in src/ (`struct`, `enum`, `trait`, `type`, `union`) or imported by a
+//   `use` somewhere in src/, tests/, benches/ or examples/ (a dependency's type
+//   the code really uses), or is in `NOT_TYPES`. Config keys, metric names and
+//   environment variables are not capitalised words, so they are not read as
+//   types.
+// - In the module map, an intra-doc link or backticked path (`[`http::api`]`,
+//   `crate::store`, `resolve::plan`) starting at a top-level module resolves to
+//   a module file (src/a/b.rs or src/a/b/mod.rs) or a `pub` item of the module
+//   it names.
+// - In Markdown, a bare file name (`reveals.rs`, `status/`) is under the folder
+//   of the last repository path its paragraph named, or anywhere without one.
+// In every `//!` module doc under src/, a backticked path under `PATH_ROOTS`
+// exists, and a bare file name exists beside the file, in the file's own module
+// folder, or at the top of src/. In every comment under src/, a backticked Rust
+// path into this crate (`status::sqlite`, `crate::store::Bounds::short`), read
+// from the commented module or any module around it, resolves to a module file
+// or an item declared in one. `PENDING` lists the few stale names known and
+// not yet mended, each until its comment is rewritten.
+// ---------------------------------------------------------------------------
+
+/// Where a repository path starts.
+const PATH_ROOTS: [&str; 11] = [
+    "src/",
+    "tests/",
+    "benches/",
+    "scripts/",
+    "migrations/",
+    "helm/",
+    "examples/",
+    "config/",
+    "docs/",
+    "fuzz/",
+    ".ci/",
+];
+
+/// Capitalised words the docs use that are no Rust type: Kubernetes kinds, an
+/// HTTP header, a file.
+const NOT_TYPES: &[&str] = &[
+    "ConfigMap",
+    "Deployment",
+    "Lease",
+    "NetworkPolicy",
+    "PodDisruptionBudget",
+    "PrometheusRule",
+    "ServiceMonitor",
+    "Allow",
+    "Dockerfile",
+];
+
+/// Names known to be stale in a comment whose rewrite is pending, as (file,
+/// name): each is left out of the checks until its comment is rewritten, then
+/// its entry goes.
+const PENDING: &[(&str, &str)] = &[
+    ("src/store/mod.rs", "reveals.rs"),
+    ("src/http/api/admin.rs", "http::snapshot"),
+];
+
+/// Types of std or a dependency that the docs name and the code uses without
+/// importing them by name (the prelude, a path written out, or a type it
+/// replaced).
+const ELSEWHERE: &[&str] = &["Debug", "JoinHandle", "Shared", "Uri", "Vec"];
+
+/// `text` without its fenced code blocks.
+fn without_fences(text: &str) -> String {
+    let mut out = String::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if !fenced {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The spans between backticks (a span does not cross a blank line).
+fn backticked(text: &str) -> Vec<&str> {
+    let mut spans = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find('`') {
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('`') else { break };
+        let span = &after[..close];
+        if span.contains("\n\n") {
+            rest = after;
+            continue;
+        }
+        spans.push(span);
+        rest = &after[close + 1..];
+    }
+    spans
+}
+
+/// The targets of `[text](target)` links.
+fn link_targets(text: &str) -> Vec<&str> {
+    text.match_indices("](")
+        .filter_map(|(at, _)| {
+            let rest = &text[at + 2..];
+            rest.find(')').map(|end| &rest[..end])
+        })
+        .collect()
+}
+
+/// The leading `//!` block of a Rust file, markers removed.
+fn module_doc(rust: &str) -> String {
+    rust.lines()
+        .take_while(|l| l.starts_with("//!") || l.trim().is_empty())
+        .filter_map(|l| l.strip_prefix("//!"))
+        .map(|l| l.strip_prefix(' ').unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A word as a repository path, trimmed of what surrounds it in prose (an
+/// anchor, a line number, punctuation); None if it is no path or holds a
+/// placeholder.
+fn as_path(word: &str) -> Option<&str> {
+    let word = word.trim_matches(|c: char| "\"'(),;".contains(c));
+    let word = word.split('#').next().unwrap_or_default();
+    let word = word.trim_end_matches(['.', ':']);
+    let word = match word.split_once(':') {
+        Some((path, line)) if line.chars().all(|c| c.is_ascii_digit()) => path,
+        _ => word,
+    };
+    let placeholder = ["*", "<", "{", "$", "...", "://", "="]
+        .iter()
+        .any(|p| word.contains(p));
+    (!placeholder && PATH_ROOTS.iter().any(|root| word.starts_with(root))).then_some(word)
+}
+
+/// The repository paths a backticked span or a link target names that do not
+/// exist, and the cargo targets (`--bench NAME`) that do not.
+fn missing_paths(span: &str, exists: &dyn Fn(&str) -> bool) -> Vec<String> {
+    let mut missing = Vec::new();
+    let words: Vec<&str> = span.split_whitespace().collect();
+    for word in &words {
+        if let Some(path) = as_path(word) {
+            if !exists(path) {
+                missing.push(path.to_string());
+            }
+        }
+    }
+    // A cargo target; a bench binary's own `--bench` (criterion's) is no target.
+    let cargo = words.first() == Some(&"cargo");
+    for pair in words.windows(2).filter(|_| cargo) {
+        let candidates: Vec<String> = match pair[0] {
+            "--bench" => vec![format!("benches/{}.rs", pair[1])],
+            "--example" => vec![format!("examples/{}.rs", pair[1])],
+            "--test" => vec![
+                format!("tests/{}.rs", pair[1]),
+                format!("tests/{}/main.rs", pair[1]),
+            ],
+            _ => continue,
+        };
+        let placeholder = pair[1].chars().all(|c| c.is_ascii_uppercase() || c == '_');
+        if !placeholder && !candidates.iter().any(|c| exists(c)) {
+            missing.push(format!("{} {}", pair[0], pair[1]));
+        }
+    }
+    missing
+}
+
+/// A type name a backticked span stands for: `Phone` of `Phone`,
+/// `Sources<T>`, `Phone::parse`, `crate::store::BudgetStore`; None for what is no
+/// type name (`phones_gateway_shed_total`, `server.max_in_flight`, `COPY`,
+/// `Retry-After`, `PHONES_GATEWAY__ADMIN__TOKEN`).
+fn type_name(span: &str) -> Option<&str> {
+    let head = span.split('<').next().unwrap_or_default();
+    let segments: Vec<&str> = head.split("::").collect();
+    let name = segments
+        .iter()
+        .copied()
+        .find(|s| s.starts_with(|c: char| c.is_ascii_uppercase()))?;
+    let module_path = segments.iter().take_while(|s| **s != name).all(|s| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    });
+    let word = name.chars().all(|c| c.is_ascii_alphanumeric());
+    let has_lower = name.chars().any(|c| c.is_ascii_lowercase());
+    // A generic's arguments or a method after it are fine; anything else
+    // (spaces, a call, an HTTP header) is not a type name.
+    let tail_ok = span.len() == head.len() && !span.contains(' ') || span.ends_with('>');
+    (module_path && word && has_lower && tail_ok && span.len() > 1).then_some(name)
+}
+
+/// Whether a type name is known: defined or imported by the code, or listed.
+fn unknown_type<'a>(span: &'a str, known: &std::collections::HashSet<String>) -> Option<&'a str> {
+    let name = type_name(span)?;
+    let listed = NOT_TYPES.contains(&name) || ELSEWHERE.contains(&name);
+    // Alert names are checked against the chart's rules by scripts/check-chart.
+    (!known.contains(name) && !listed && !name.starts_with("PhonesGateway")).then_some(name)
+}
+
+/// The capitalised identifiers `code` defines (`struct X`, `enum X`, `trait X`,
+/// `type X`, `union X`) or imports (`use a::{X, y::Z}`).
+fn type_names_of(code: &str, names: &mut std::collections::HashSet<String>) {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    for keyword in ["struct ", "enum ", "trait ", "type ", "union "] {
+        for (at, _) in code.match_indices(keyword) {
+            let before = code[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                continue;
+            }
+            let name = ident(&code[at + keyword.len()..]);
+            if name.starts_with(|c: char| c.is_ascii_uppercase()) {
+                names.insert(name);
+            }
+        }
+    }
+    for (at, _) in code.match_indices("use ") {
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| !c.is_whitespace() && c != '{' && c != ';') {
+            continue;
+        }
+        let tree = &code[at + 4..];
+        let tree = &tree[..tree.find(';').unwrap_or(tree.len())];
+        for word in tree.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with(|c: char| c.is_ascii_uppercase()) {
+                names.insert(word.to_string());
+            }
+        }
+    }
+}
+
+/// The text of the module at `path` (`[]`: the crate root), if it has a file.
+fn module_text(path: &[&str], read: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    if path.is_empty() {
+        return read("src/lib.rs");
+    }
+    let dir = format!("src/{}", path.join("/"));
+    read(&format!("{dir}.rs")).or_else(|| read(&format!("{dir}/mod.rs")))
+}
+
+/// Whether module source `text` declares `item` (only `pub` ones when
+/// `public_only`): a struct, enum, trait, type, fn, const, static, mod, union
+/// or macro, or a name its `use` lines bring in (a re-export).
+fn declares(text: &str, item: &str, public_only: bool) -> bool {
+    let named = |r: &str| {
+        r.starts_with(item)
+            && !r[item.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+    };
+    text.lines().any(|line| {
+        let line = line.trim_start();
+        let (public, rest) = match line.strip_prefix("pub") {
+            Some(rest) if rest.starts_with(' ') => (true, rest),
+            Some(rest) if rest.starts_with('(') => {
+                (true, rest.split_once(')').map_or("", |(_, r)| r))
+            }
+            _ => (false, line),
+        };
+        if public_only && !public {
+            return false;
+        }
+        let rest = rest.trim_start();
+        let keywords = [
+            "struct ",
+            "enum ",
+            "trait ",
+            "type ",
+            "fn ",
+            "async fn ",
+            "const ",
+            "static ",
+            "mod ",
+            "union ",
+            "macro_rules! ",
+        ];
+        keywords
+            .iter()
+            .any(|k| rest.strip_prefix(k).is_some_and(named))
+            || rest.starts_with("use ") && mentions_word(rest, item)
+    })
+}
+
+/// Whether the Rust path `segments` (without `crate::`), read from module
+/// `base`, names a module or an item of one: the longest prefix that is a module
+/// with a file, then the next segment declared in it (what follows, a method or
+/// a variant, is not checked).
+fn resolves(
+    base: &[&str],
+    segments: &[&str],
+    read: &dyn Fn(&str) -> Option<String>,
+    public_only: bool,
+) -> bool {
+    let mut module: Vec<&str> = base.to_vec();
+    let mut rest = segments;
+    while let Some((first, tail)) = rest.split_first() {
+        let mut deeper = module.clone();
+        deeper.push(first);
+        if module_text(&deeper, read).is_none() {
+            break;
+        }
+        module = deeper;
+        rest = tail;
+    }
+    match rest {
+        [] => true,
+        // More after an item: a type's method or variant, never a module that
+        // has no file (`http::snapshot` is no item `http` of a module).
+        [item, _, ..] if !item.starts_with(|c: char| c.is_ascii_uppercase()) => false,
+        [item, ..] => {
+            module_text(&module, read).is_some_and(|text| declares(&text, item, public_only))
+        }
+    }
+}
+
+/// Whether `text` holds `word` as a whole identifier.
+fn mentions_word(text: &str, word: &str) -> bool {
+    let part = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(at, _)| {
+        !text[..at].chars().next_back().is_some_and(part)
+            && !text[at + word.len()..].chars().next().is_some_and(part)
+    })
+}
+
+/// The backticked Rust paths of `doc` (`http::api`, `crate::store::Database`,
+/// `status::sqlite`, `[`resolve::plan`]`) that start at a module of this crate,
+/// read from the module `file` is (from the crate root, or from any module
+/// around it), and resolve to nothing. A path into a dependency that shares a
+/// module's name (`http::Uri`, with `http` among `dependencies`) is left alone when
+/// it does not resolve here and names a type. The map (`public_only`) names
+/// only `pub` items and may name a module alone (`[`config`]`).
+fn unresolved_rust_paths(
+    doc: &str,
+    file: &str,
+    dependencies: &[String],
+    read: &dyn Fn(&str) -> Option<String>,
+    public_only: bool,
+) -> Vec<String> {
+    let module: Vec<&str> = file
+        .strip_prefix("src/")
+        .unwrap_or(file)
+        .trim_end_matches(".rs")
+        .trim_end_matches("/mod")
+        .split('/')
+        .filter(|s| *s != "lib" && *s != "main")
+        .collect();
+    let bases: Vec<&[&str]> = (0..=module.len()).map(|n| &module[..n]).collect();
+    let mut unresolved = Vec::new();
+    let text = without_fences(doc);
+    for span in backticked(&text) {
+        let at = span.as_ptr() as usize - text.as_ptr() as usize;
+        let linked = text[..at].ends_with("[`") && text[at + span.len()..].starts_with("`]");
+        let from_crate = span.starts_with("crate::");
+        let path = span.strip_prefix("crate::").unwrap_or(span);
+        let segments: Vec<&str> = path.split("::").collect();
+        let rusty = segments.iter().all(|s| {
+            s.starts_with(|c: char| c.is_ascii_alphabetic())
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+        // A word alone is a path only as an intra-doc link of the map.
+        let alone = segments.len() == 1 && !(public_only && linked);
+        if !rusty || alone || !segments[0].starts_with(|c: char| c.is_ascii_lowercase()) {
+            continue;
+        }
+        let bases: &[&[&str]] = if from_crate { &bases[..1] } else { &bases };
+        // Ours when it says so (`crate::`), or its first segment is a module
+        // here or around the file, or it is an intra-doc link of the map.
+        let ours = from_crate
+            || segments.len() == 1
+            || bases.iter().any(|b| {
+                let mut first = b.to_vec();
+                first.push(segments[0]);
+                module_text(&first, read).is_some()
+            });
+        if !ours
+            || bases
+                .iter()
+                .any(|b| resolves(b, &segments, read, public_only))
+        {
+            continue;
+        }
+        let dependency_type = dependencies.iter().any(|d| d == segments[0])
+            && segments
+                .get(1)
+                .is_some_and(|s| s.starts_with(|c: char| c.is_ascii_uppercase()));
+        if !dependency_type {
+            unresolved.push(span.to_string());
+        }
+    }
+    unresolved
+}
+
+/// The bare file names of a module doc (`reveals.rs`, `status/`) that exist
+/// neither beside the file, nor in its own module folder, nor at the top of
+/// src/. `file`: the documented file's path from the repository root.
+fn missing_siblings(doc: &str, file: &str, exists: &dyn Fn(&str) -> bool) -> Vec<String> {
+    let dir = file.rsplit_once('/').map_or("", |(d, _)| d);
+    let own = file
+        .strip_suffix("/mod.rs")
+        .or_else(|| file.strip_suffix(".rs"))
+        .unwrap_or(file);
+    let mut missing = Vec::new();
+    for span in backticked(&without_fences(doc)) {
+        let name = span.trim_end_matches('/');
+        let plain = !name.is_empty()
+            && !name.contains('/')
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+        let is_file = name.ends_with(".rs") || span.ends_with('/');
+        if plain
+            && as_path(span).is_none()
+            && is_file
+            && ![dir, own, "src"]
+                .iter()
+                .any(|d| exists(&format!("{d}/{name}")))
+        {
+            missing.push(span.to_string());
+        }
+    }
+    missing
+}
+
+/// The bare file names of a Markdown text (`reveals.rs`, `status/`) that are
+/// not where the paragraph points: under the folder of the last repository
+/// path named before them in their paragraph (`src/store/`, or
+/// `src/http/api/routes.rs` for its folder), else anywhere in the repository.
+/// `found(dir, name)`: whether `dir` or a folder below it holds `name`.
+fn misplaced_names(text: &str, found: &dyn Fn(&str, &str) -> bool) -> Vec<String> {
+    let mut misplaced = Vec::new();
+    for paragraph in without_fences(text).split("\n\n") {
+        let mut dir = String::new();
+        for span in backticked(paragraph) {
+            if let Some(path) = as_path(span.split_whitespace().next().unwrap_or_default()) {
+                dir = match path.strip_suffix('/') {
+                    Some(folder) => folder.to_string(),
+                    None => path.rsplit_once('/').map_or("", |(d, _)| d).to_string(),
+                };
+                continue;
+            }
+            let name = span.trim_end_matches('/');
+            // A dot first is state a tool makes (`.cluster/`), not a source file.
+            let plain = name.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+            let is_file = name.ends_with(".rs") || span.ends_with('/') && name != span;
+            if plain && is_file && !found(&dir, name) {
+                misplaced.push(if dir.is_empty() {
+                    span.to_string()
+                } else {
+                    format!("{span} (under {dir}/)")
+                });
+            }
+        }
+    }
+    misplaced
+}
+
+/// Whether `dir` (the repository when empty) or a folder below it holds a file
+/// or folder called `name`; build output and version control are not searched.
+fn found_under(dir: &str, name: &str) -> bool {
+    let mut dirs = vec![root().join(dir)];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            if path.file_name().is_some_and(|n| n == name) {
+                return true;
+            }
+            let skipped = path
+                .file_name()
+                .is_some_and(|n| n == "target" || n == ".git" || n == "node_modules");
+            if path.is_dir() && !skipped {
+                dirs.push(path);
+            }
+        }
+    }
+    false
+}
+
+fn rust_files(dirs: &[&str]) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = dirs.iter().map(|d| root().join(d)).collect();
+    let mut files = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+fn relative(path: &Path) -> String {
+    path.strip_prefix(root())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+fn exists_in_repo(path: &str) -> bool {
+    root().join(path).exists()
+}
+
+fn read_in_repo(path: &str) -> Option<String> {
+    fs::read_to_string(root().join(path)).ok()
+}
+
+/// README.md, the pages under docs/ and the module map, each with the text
+/// checked.
+fn named_places() -> Vec<(String, String)> {
+    let mut places: Vec<(String, String)> = documentation()
+        .into_iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "md"))
+        .map(|f| (relative(&f), read(&f)))
+        .collect();
+    places.push((
+        "src/lib.rs".to_string(),
+        module_doc(&read(&root().join("src/lib.rs"))),
+    ));
+    places
+}
+
+#[test]
+fn the_docs_name_only_paths_that_exist() {
+    let mut missing = Vec::new();
+    for (file, text) in named_places() {
+        let text = without_fences(&text);
+        let targets = link_targets(&text).into_iter().filter(|t| !t.contains(' '));
+        for span in backticked(&text).into_iter().chain(targets) {
+            for path in missing_paths(span, &exists_in_repo) {
+                missing.push(format!("{file}: {path}"));
+            }
+        }
+        if file.ends_with(".md") {
+            for name in misplaced_names(&text, &found_under) {
+                missing.push(format!("{file}: {name}"));
+            }
+        }
+    }
+    for file in rust_files(&["src"]) {
+        let name = relative(&file);
+        let doc = module_doc(&read(&file));
+        for span in backticked(&without_fences(&doc)) {
+            for path in missing_paths(span, &exists_in_repo) {
+                missing.push(format!("{name}: {path}"));
+            }
+        }
+        for bare in missing_siblings(&doc, &name, &exists_in_repo) {
+            if !PENDING.contains(&(name.as_str(), bare.as_str())) {
+                missing.push(format!("{name}: {bare}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "named but not in the repository: {missing:#?}"
+    );
+}
+
+#[test]
+fn the_docs_name_only_types_that_exist() {
+    let mut known = std::collections::HashSet::new();
+    for file in rust_files(&["src", "tests", "benches", "examples"]) {
+        type_names_of(&read(&file), &mut known);
+    }
+    assert!(known.contains("Resolver") && known.contains("CancellationToken"));
+    let mut unknown = Vec::new();
+    for (file, text) in named_places() {
+        for span in backticked(&without_fences(&text)) {
+            if let Some(name) = unknown_type(span, &known) {
+                unknown.push(format!("{file}: {name}"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "types named but defined nowhere: {unknown:#?}"
+    );
+}
+
+#[test]
+fn the_module_map_names_only_modules_that_exist() {
+    let lib = read(&root().join("src/lib.rs"));
+    let modules: Vec<String> = lib
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod "))
+        .map(|m| m.trim_end_matches(';').to_string())
+        .collect();
+    assert!(modules.len() > 10, "top-level modules: {modules:?}");
+    let doc = module_doc(&lib);
+    let unresolved =
+        unresolved_rust_paths(&doc, "src/lib.rs", &dependencies(), &read_in_repo, true);
+    assert!(
+        unresolved.is_empty(),
+        "src/lib.rs names what is not there: {unresolved:?}"
+    );
+    // Every top-level module is on the map.
+    let absent: Vec<&String> = modules
+        .iter()
+        .filter(|m| !doc.contains(&format!("[`{m}`]")))
+        .collect();
+    assert!(
+        absent.is_empty(),
+        "top-level modules not on the map: {absent:?}"
+    );
+}
+
+/// The crates of Cargo.lock: what the code may name through a dependency
+/// (`http::Uri` is the `http` crate's, re-exported by hyper and axum).
+fn dependencies() -> Vec<String> {
+    read(&root().join("Cargo.lock"))
+        .lines()
+        .filter_map(|l| l.strip_prefix("name = \""))
+        .map(|name| name.trim_end_matches('"').replace('-', "_"))
+        .collect()
+}
+
+/// Every comment under src/ (`//!`, `///` and `//`) that names a path into this
+/// crate names one that exists, beside the module map's stricter check.
+#[test]
+fn the_comments_name_only_modules_and_items_that_exist() {
+    let dependencies = dependencies();
+    assert!(dependencies.iter().any(|d| d == "http"), "{dependencies:?}");
+    let mut unresolved = Vec::new();
+    for file in rust_files(&["src"]) {
+        let name = relative(&file);
+        let comments: String = read(&file)
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("//"))
+            .map(|l| l.trim_start_matches(['/', '!']))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for path in unresolved_rust_paths(&comments, &name, &dependencies, &read_in_repo, false) {
+            if !PENDING.contains(&(name.as_str(), path.as_str())) {
+                unresolved.push(format!("{name}: {path}"));
+            }
+        }
+    }
+    assert!(
+        unresolved.is_empty(),
+        "comments name what is not there: {unresolved:#?}"
+    );
+}
+
+/// The checker itself, on small texts and a made-up repository.
+#[test]
+fn the_name_checker_catches_stale_names_and_leaves_the_rest() {
+    let files = [
+        "src/lib.rs",
+        "src/store/mod.rs",
+        "src/store/reveals/mod.rs",
+        "src/http/mod.rs",
+        "src/http/api/mod.rs",
+        "src/http/api/extract.rs",
+        "benches/cache_memory.rs",
+        "benches/load/harness.py",
+        "tests/it/main.rs",
+    ];
+    let dirs = [
+        "src",
+        "src/store",
+        "src/store/reveals",
+        "src/http",
+        "src/http/api",
+        "benches",
+        "benches/load",
+        "tests",
+        "tests/it",
+    ];
+    let exists = |p: &str| {
+        let p = p.trim_end_matches('/');
+        files.contains(&p) || dirs.contains(&p)
+    };
+
+    // Paths: backticked, as a command's words, as link targets.
+    assert_eq!(
+        missing_paths("src/http/extract.rs", &exists),
+        ["src/http/extract.rs"]
+    );
+    assert!(missing_paths("src/http/api/extract.rs", &exists).is_empty());
+    assert!(missing_paths("src/store/reveals/", &exists).is_empty());
+    assert_eq!(
+        missing_paths("src/store/reveals.rs", &exists),
+        ["src/store/reveals.rs"]
+    );
+    assert!(missing_paths("GO_SEED_BIN=... benches/load/harness.py --cold", &exists).is_empty());
+    assert_eq!(
+        missing_paths("benches/load/fleet.py --quick", &exists),
+        ["benches/load/fleet.py"]
+    );
+    assert!(missing_paths("cargo bench --bench cache_memory", &exists).is_empty());
+    assert!(missing_paths("<bench binary> --bench router/h", &exists).is_empty());
+    assert!(missing_paths("cargo bench --bench NAME", &exists).is_empty());
+    assert_eq!(
+        missing_paths("cargo bench --bench cache_mem", &exists),
+        ["--bench cache_mem"]
+    );
+    assert!(missing_paths("cargo test --test it rules::", &exists).is_empty());
+    assert_eq!(
+        missing_paths("cargo test --test its", &exists),
+        ["--test its"]
+    );
+    assert!(missing_paths("src/http/api/extract.rs:12", &exists).is_empty());
+    assert!(missing_paths("tests/it/main.rs#L3", &exists).is_empty());
+    // Placeholders, URLs, keys and prose are left alone.
+    for span in [
+        "src/*/mod.rs",
+        "helm/<chart>/values.yaml",
+        "https://example.invalid/src/x.rs",
+        "server.max_in_flight",
+        "phones_gateway_shed_total",
+        "a sentence with src in it",
+    ] {
+        assert!(missing_paths(span, &exists).is_empty(), "{span}");
+    }
+
+    // Types: defined or imported by the code, or listed.
+    let mut known = std::collections::HashSet::new();
+    type_names_of(
+        "pub struct BudgetStore;\nenum Source { A }\nuse tokio_util::sync::{\n    CancellationToken, TaskTracker};\n\
+         pub(crate) trait SellerCaches {}\nlet x: Vec<u8> = Vec::new(); // a struct of sorts\n",
+        &mut known,
+    );
+    for name in [
+        "BudgetStore",
+        "Source",
+        "CancellationToken",
+        "TaskTracker",
+        "SellerCaches",
+    ] {
+        assert!(known.contains(name), "{name}: {known:?}");
+    }
+    assert_eq!(unknown_type("PublicState", &known), Some("PublicState"));
+    assert_eq!(
+        unknown_type("crate::store::BudgetStores", &known),
+        Some("BudgetStores")
+    );
+    assert_eq!(unknown_type("Sources<T>", &known), Some("Sources"));
+    assert_eq!(unknown_type("Source::parse", &known), None);
+    assert_eq!(unknown_type("BudgetStore", &known), None);
+    for span in [
+        "server.max_in_flight",
+        "phones_gateway_budget_refused_total",
+        "PHONES_GATEWAY__ADMIN__TOKEN",
+        "COPY",
+        "Retry-After",
+        "X-Viewer-Id",
+        "Authorization: Bearer <admin.token>",
+        "PhonesGatewayTargetDown",
+        "ConfigMap",
+        "GET /v1/public-phone",
+        "+*********67",
+    ] {
+        assert_eq!(unknown_type(span, &known), None, "{span}");
+    }
+
+    // Module paths in the map.
+    let texts = [
+        ("src/lib.rs", "pub mod store;\npub mod http;\n"),
+        (
+            "src/store/mod.rs",
+            "mod reveals;\npub use reveals::{RevealStore, RevealStoreError};\n",
+        ),
+        ("src/http/mod.rs", "pub mod api;\n"),
+        (
+            "src/http/api/mod.rs",
+            "pub mod extract;\npub struct Limits;\n",
+        ),
+    ];
+    let read = |p: &str| {
+        texts
+            .iter()
+            .find(|(f, _)| *f == p)
+            .map(|(_, t)| t.to_string())
+    };
+    let deps = ["http".to_string(), "tower".to_string()];
+    let doc = "- [`store`]: `RevealStore` of `crate::store::RevealStore::write`; [`http::api`] \
+               with `http::api::Limits` and `http::api::extract`, and \
+               [`http::snapshot`], `store::BudgetStore`, `crate::http::api::Keys`, [`cache`]. \
+               Not ours: `tower::ServiceExt`, `http::Uri`, `config.toml`; not links: `serve`.";
+    assert_eq!(
+        unresolved_rust_paths(doc, "src/lib.rs", &deps, &read, true),
+        [
+            "http::snapshot",
+            "store::BudgetStore",
+            "crate::http::api::Keys",
+            "cache"
+        ]
+    );
+    // Elsewhere, from the module a comment is in, private items included.
+    let texts = [
+        ("src/lib.rs", "pub mod store;\npub mod http;\n"),
+        ("src/store/mod.rs", "mod status;\nmod database;\n"),
+        ("src/store/status/mod.rs", "mod sqlite;\n"),
+        (
+            "src/store/status/sqlite.rs",
+            "const BEGIN_WRITE: &str = \"\";\n",
+        ),
+        ("src/store/database.rs", "struct Pg;\n"),
+        ("src/http/mod.rs", "pub mod api;\nuse axum::http;\n"),
+        (
+            "src/http/api/mod.rs",
+            "pub mod durations;\nuse axum::http::HeaderMap;\n",
+        ),
+        ("src/http/api/durations.rs", ""),
+    ];
+    let read = |p: &str| {
+        texts
+            .iter()
+            .find(|(f, _)| *f == p)
+            .map(|(_, t)| t.to_string())
+    };
+    let doc = "`status::sqlite::BEGIN_WRITE`, `store::database::Pg`, `database::Pg::new`, \
+               `http::durations`, `api::durations`, `crate::status::sqlite`, `status`";
+    assert_eq!(
+        unresolved_rust_paths(doc, "src/store/mod.rs", &deps, &read, false),
+        ["http::durations", "crate::status::sqlite"]
+    );
+    // Not fooled by a module that imports a crate of the same name.
+    assert_eq!(
+        unresolved_rust_paths(
+            "`http::snapshot`, `http::api`",
+            "src/http/api/durations.rs",
+            &deps,
+            &read,
+            false
+        ),
+        ["http::snapshot"]
+    );
+
+    // Bare file names in a module doc, beside it or in its own folder.
+    let doc =
+        "`database.rs` (opening), `status/`, `reveals/`, `reveals.rs`, `mod.rs`, `migrations/`";
+    let doc_exists = |p: &str| {
+        [
+            "src/store/database.rs",
+            "src/store/status",
+            "src/store/reveals",
+            "src/store/mod.rs",
+        ]
+        .contains(&p.trim_end_matches('/'))
+    };
+    assert_eq!(
+        missing_siblings(doc, "src/store/mod.rs", &doc_exists),
+        ["reveals.rs"]
+    );
+
+    // Bare names in Markdown, under the folder their paragraph points at.
+    let tree = [
+        "src/store/database.rs",
+        "src/store/status",
+        "src/store/reveals",
+        "src/telemetry/trace",
+        "src/telemetry/trace/context.rs",
+        "src/http/api/openapi.rs",
+        "src/http/api/reveals.rs",
+    ];
+    let found = |dir: &str, name: &str| {
+        tree.iter()
+            .any(|p| p.starts_with(dir) && p.rsplit('/').next() == Some(name))
+    };
+    let readme = "- `src/store/`: `database.rs` (opening), `status/`, `reveals.rs`, `budgets.rs`.\n\
+                  - `src/telemetry/`: `trace/`: `context.rs`.\n\n\
+                  A row of `src/http/api/routes.rs`; `openapi.rs` lists it. `reveals.rs`, `gone.rs`.";
+    assert_eq!(
+        misplaced_names(readme, &found),
+        [
+            "reveals.rs (under src/store/)",
+            "budgets.rs (under src/store/)",
+            "gone.rs (under src/http/api/)"
+        ]
+    );
+    assert!(
+        misplaced_names(
+            "`reveals.rs` and `mod.rs`? `x/y.rs`, `.cluster/`",
+            &|_: &str, n: &str| n == "reveals.rs" || n == "mod.rs"
+        )
+        .is_empty()
+    );
+
+    // Fences and module docs.
+    assert_eq!(without_fences("a\n```sh\n`src/x.rs`\n```\nb\n"), "a\nb\n");
+    assert_eq!(
+        module_doc("//! One.\n//!\n//! Two `x`.\n\nuse a;\n//! not this"),
+        "One.\n\nTwo `x`."
+    );
+    assert_eq!(backticked("`a` and `b::C`, ``"), ["a", "b::C", ""]);
 }
