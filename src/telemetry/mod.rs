@@ -137,7 +137,7 @@ pub fn request_id_of(headers: &HeaderMap) -> HeaderValue {
 }
 
 /// Upper bounds of every `_seconds` histogram, in nanoseconds: the recorder's
-/// and the request-duration buckets of `http::durations` alike (0.3 s is the
+/// and the request-duration buckets of `http::api::durations` alike (0.3 s is the
 /// default upstream timeout).
 pub const DURATION_BOUNDS_NS: [u64; 15] = [
     100_000,
