@@ -14,7 +14,7 @@
 //! `N - 1` (the shares are rounded up) plus what the fleet's knowledge lags;
 //! the formula and the measured figures are in docs/abuse.md.
 //!
-//! Memory: one [`Ledger`] (28 bytes, and its 8-byte key) per viewer seen in
+//! Memory: one `Ledger` (28 bytes, and its 8-byte key) per viewer seen in
 //! the last two minutes, refused for the rest of a window, or with spends not
 //! yet reported (while the database is down); every [`FORGET_EVERY`] the others
 //! are forgotten. At most [`MAX_LEDGERS`], also during an outage: past three

@@ -24,7 +24,7 @@
 //! does: over the limit it is multiplied by limit/lateness (at most a quarter
 //! off, at least nine tenths off, so a swamped replica cuts hard at once); under
 //! half the limit it climbs by a tenth of the whole per interval (from the floor
-//! to all in about a second). It never drops below [`FLOOR`], so a replica
+//! to all in about a second). It never drops below `FLOOR`, so a replica
 //! always makes progress on its cold keys. Admission is a deterministic stride
 //! (every n-th miss), one atomic add per miss and nothing on the hit path.
 
