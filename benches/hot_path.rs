@@ -14,8 +14,8 @@
 //! allocations and bytes per operation are printed.
 //!
 //! `HOT_PATH_TRACING` picks the subscriber (one per process, so one per run):
-//! unset, none (as the numbers above were measured); `logs`, the production
-//! JSON log at `info` (the request span is then built); a ratio such as `1.0`
+//! unset, none (the default, as the hit path is usually measured); `logs`, the
+//! production JSON log at `info` (the request span is then built); a ratio such as `1.0`
 //! or `0.01`, that log and the span export (docs/tracing.md) at that sample
 //! ratio to a local OTLP/HTTP sink this bench runs on its own thread.
 //! `router/hit-traced` is `router/hit` with a caller's `traceparent`.
