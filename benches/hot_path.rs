@@ -31,7 +31,7 @@ use axum::body::Body;
 use axum::http::Request;
 use criterion::{Criterion, criterion_group, criterion_main};
 use hyper::service::Service as _;
-use phones_gateway::cache::Caches;
+use phones_gateway::cache::caches::Caches;
 use phones_gateway::cache::Key;
 use phones_gateway::config::Config;
 use phones_gateway::domain::Phone;

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::budget::{self, Budgets};
-use crate::cache::Caches;
+use crate::cache::caches::Caches;
 use crate::config::Config;
 use crate::http::api::admin::AdminState;
 use crate::http::api::public::PublicState;

@@ -18,7 +18,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, Problem};
 use super::extract::{Json, Path, field_error, require_json};
 use super::routes;
-use crate::cache::Caches;
+use crate::cache::caches::Caches;
 use crate::config::Secret;
 use crate::domain::Applied;
 use crate::domain::StatusItem;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Request, Response};
 use hyper::service::Service as _;
-use phones_gateway::cache::Caches;
+use phones_gateway::cache::caches::Caches;
 use phones_gateway::config::Config;
 use phones_gateway::http::api::public::PublicState;
 use phones_gateway::http::api::{Limits, public_router};
