@@ -14,7 +14,7 @@ use axum::http::{Request, Response};
 use hyper::service::Service as _;
 use phones_gateway::cache::caches::Caches;
 use phones_gateway::config::Config;
-use phones_gateway::http::api::public::PublicState;
+use phones_gateway::http::api::state::PublicState;
 use phones_gateway::http::api::{Limits, public_router};
 use phones_gateway::http::server::front::Front;
 use phones_gateway::http::server::shed::Shed;
