@@ -22,10 +22,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::budget::{self, Budgets};
-use crate::cache::Caches;
+use crate::cache::caches::Caches;
 use crate::config::Config;
-use crate::http::api::admin::AdminState;
-use crate::http::api::public::PublicState;
+use crate::http::api::state::{AdminState, PublicState};
 use crate::http::api::{admin_router, public_router};
 use crate::http::server::Settings;
 use crate::http::server::front::Front;

@@ -1,5 +1,8 @@
-//! The number caches: one [`PhoneCache`] per upstream, and [`Caches`], the three
-//! of a replica with their [`Generations`] tables for invalidation by seller.
+//! The number caches: one [`PhoneCache`] per upstream, and
+//! [`Caches`](caches::Caches), the three of a replica with their
+//! [`Generations`] tables for invalidation by seller (in [`caches`], which
+//! builds on this module's items and is reached at its own path, so that
+//! nothing here reads it back).
 //!
 //! What a cache does, beyond bounded storage:
 //! - **TTL per entry**, positive and negative (a 404 is cached as "no number").
@@ -51,9 +54,7 @@ use crate::domain::Phone;
 use crate::domain::{AdId, UserId};
 use crate::upstream::UpstreamError;
 
-mod caches;
-
-pub use caches::Caches;
+pub mod caches;
 
 /// What an upstream said about a key: a number, or "none" (404); also what a
 /// caller of [`PhoneCache::get_or_fetch`] gets.

@@ -18,32 +18,25 @@
 
 pub mod admission;
 pub mod plan;
+mod request;
 pub mod rules;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::cache::{Cached, Caches, FetchResult, Key, Lookup, PhoneCache, Via};
+use crate::cache::caches::Caches;
+use crate::cache::{Cached, FetchResult, Key, Lookup, PhoneCache, Via};
 use crate::config::SelectionConfig;
 use crate::domain::Phone;
-use crate::domain::{AdId, CategoryId, UserId};
+use crate::domain::UserId;
 use crate::domain::{OnError, Source, Sources};
 use crate::status::StatusSet;
 use crate::telemetry::trace::{Incoming, RequestTrace};
 use crate::upstream::Upstreams;
 use plan::{Ask, Progress, Selection};
+pub use request::Request;
 use rules::{Decision, Rules, SourceState, States};
-
-/// What the buyer asked about.
-#[derive(Debug, Clone, Copy)]
-pub struct Request {
-    pub user: UserId,
-    pub ad: AdId,
-    pub category: CategoryId,
-    /// The seller's real number, when the caller already has it.
-    pub phone: Option<Phone>,
-}
 
 /// The number to show.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -531,6 +524,7 @@ async fn poll_some(slot: &mut Option<LookupFuture<'_>>) -> Lookup {
 mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::domain::{AdId, CategoryId};
     use crate::status::Tracking;
     use std::time::Duration;
 

@@ -24,7 +24,7 @@
 
 use foldhash::HashSet;
 
-use super::Request;
+use super::request::Request;
 use super::rules::{Decision, Rules, SourceState, States};
 use crate::cache::{Cached, FetchResult};
 use crate::domain::{Phone, Source, Sources};

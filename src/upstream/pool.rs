@@ -31,7 +31,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::UpstreamError;
+use super::error::UpstreamError;
 
 type Sender = SendRequest<Empty<Bytes>>;
 

@@ -1,12 +1,11 @@
 //! The admin API (docs/api.md): status sync, status lookup, cache invalidation, behind
 //! a bearer token; and the operations routes (health, readiness, metrics), open.
 //! The token is checked by the listener's front (`server::front`) for every
-//! other path (`routes::RouteId::needs_token`), the API descriptions and unknown
+//! other path (`paths::RouteId::needs_token`), the API descriptions and unknown
 //! paths included, before routing, so a caller without it learns nothing (not
 //! which routes or methods exist).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -17,46 +16,18 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem};
 use super::extract::{Json, Path, field_error, require_json};
-use super::routes;
-use crate::cache::Caches;
+use super::paths;
+use super::state::AdminState;
+use super::{durations, snapshot};
 use crate::config::Secret;
 use crate::domain::Applied;
 use crate::domain::StatusItem;
 use crate::domain::UserId;
-use crate::status::StatusService;
 
 /// Items one webhook delivery may hold.
 pub const MAX_WEBHOOK_ITEMS: usize = 10_000;
 /// Sellers one invalidation may name.
 pub const MAX_INVALIDATE_IDS: usize = 10_000;
-
-/// What the admin routes may reach: the write side of the status set, the caches
-/// (to invalidate), the reveal log, the token, readiness and the metrics
-/// renderer. Not the resolver.
-#[derive(Clone)]
-pub struct AdminState {
-    pub status: StatusService,
-    pub caches: Caches,
-    pub token: Arc<Secret>,
-    pub shutting_down: Arc<AtomicBool>,
-    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
-    /// The reveal log's buffer (for its gauge); `None` when `reveals.enabled` is
-    /// false, and then the reveal routes answer 404.
-    pub reveals: Option<crate::reveals::Reveals>,
-    /// The reveal log in the database, read by the reveal routes (only while
-    /// `reveals` is some).
-    pub reveal_store: crate::store::RevealStore,
-    /// The viewer budgets, when on: not ready before the refusals in force
-    /// are loaded.
-    pub budgets: Option<Arc<crate::budget::Budgets>>,
-    pub limits: super::Limits,
-}
-
-impl axum::extract::FromRef<AdminState> for super::Limits {
-    fn from_ref(state: &AdminState) -> Self {
-        state.limits
-    }
-}
 
 /// Whether `headers` carry the configured bearer token; with no token
 /// configured, never. The comparison is constant-time in the token's contents
@@ -128,7 +99,7 @@ pub struct Invalidated {
 
 #[utoipa::path(
     post,
-    path = routes::STATUSES,
+    path = paths::STATUSES,
     tag = "admin",
     security(("bearer" = [])),
     request_body = WebhookBody,
@@ -172,7 +143,7 @@ pub async fn post_statuses(
 /// The snapshot PUT; the body is streamed (see `http::snapshot`).
 #[utoipa::path(
     put,
-    path = routes::STATUSES,
+    path = paths::STATUSES,
     tag = "admin",
     security(("bearer" = [])),
     request_body = SnapshotBody,
@@ -191,7 +162,7 @@ pub async fn put_statuses(
 ) -> Result<Response, ApiError> {
     require_json(request.headers())?;
     let limit = state.limits.snapshot();
-    let (version, count) = super::snapshot::load(&state.status, request.into_body(), limit).await?;
+    let (version, count) = snapshot::load(&state.status, request.into_body(), limit).await?;
     tracing::info!(version, ids = count, "status snapshot applied");
     Ok(axum::Json(SnapshotApplied {
         version,
@@ -202,7 +173,7 @@ pub async fn put_statuses(
 
 #[utoipa::path(
     get,
-    path = routes::STATUS_OF_USER,
+    path = paths::STATUS_OF_USER,
     tag = "admin",
     security(("bearer" = [])),
     params(("user_id" = i64, Path, minimum = 1)),
@@ -234,7 +205,7 @@ pub struct InvalidateBody {
 
 #[utoipa::path(
     post,
-    path = routes::INVALIDATE,
+    path = paths::INVALIDATE,
     tag = "admin",
     security(("bearer" = [])),
     request_body = InvalidateBody,
@@ -278,7 +249,7 @@ pub async fn invalidate(
     .into_response())
 }
 
-#[utoipa::path(get, path = routes::HEALTHZ, tag = "operations",
+#[utoipa::path(get, path = paths::HEALTHZ, tag = "operations",
     responses((status = 200, description = "The process runs", body = String, content_type = "text/plain")))]
 pub async fn healthz() -> &'static str {
     "ok"
@@ -286,7 +257,7 @@ pub async fn healthz() -> &'static str {
 
 /// Ready once the status set is loaded (and, with viewer budgets on, the
 /// refusals in force), and no longer once shutdown has begun.
-#[utoipa::path(get, path = routes::READYZ, tag = "operations",
+#[utoipa::path(get, path = paths::READYZ, tag = "operations",
     responses(
         (status = 200, description = "Ready", body = String, content_type = "text/plain"),
         (status = 503, description = "Not loaded yet, or shutting down", body = Problem),
@@ -313,7 +284,7 @@ pub async fn readyz(State(state): State<AdminState>) -> Response {
     (StatusCode::OK, "ready").into_response()
 }
 
-#[utoipa::path(get, path = routes::METRICS, tag = "operations",
+#[utoipa::path(get, path = paths::METRICS, tag = "operations",
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AdminState>) -> Response {
     // Gauges are computed at scrape time, each by its owner.
@@ -323,6 +294,6 @@ pub async fn metrics(State(state): State<AdminState>) -> Response {
         reveals.publish_gauges();
     }
     let mut text = state.metrics.render();
-    super::durations::render(&mut text);
+    durations::render(&mut text);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

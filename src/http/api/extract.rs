@@ -16,9 +16,8 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{DeserializeOwned, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::Limits;
 use super::error::ApiError;
-use super::public::MAX_BATCH_ITEMS;
+use super::limits::{Limits, MAX_BATCH_ITEMS};
 use crate::domain::Phone;
 use crate::domain::{AdId, CategoryId, UserId};
 use crate::resolve::Request as ResolveRequest;
@@ -118,15 +117,6 @@ fn path_error(rejection: &PathRejection) -> ApiError {
         ErrorKind::DeserializeError { key, message, .. } => field_error(key, message),
         other => ApiError::bad_request(format!("path: {other}")),
     }
-}
-
-/// The body limits of a route, recorded as a request extension so the extractors
-/// can apply them and a 413 can say the size.
-#[derive(Debug, Clone, Copy)]
-pub struct BodyLimit {
-    pub max_bytes: usize,
-    /// The whole body must arrive within this time (a slow client gets 408).
-    pub read_timeout: std::time::Duration,
 }
 
 /// Parses the query of `GET /v1/public-phone`. Unknown parameters are ignored; a

@@ -17,65 +17,36 @@
 //! listener serves its router through a `server::front::Front`
 //! (`server::serve::serve`), which tracks and admits every request and answers
 //! the public lookup itself.
+//!
+//! The rooms point one way, down from this file (the routers) and the route
+//! table ([`routes`]) through the handlers ([`public`], [`admin`],
+//! [`reveals`], [`profile`], and [`openapi`] above those it describes) to
+//! what they all read: the extractors ([`extract`]), the problem documents
+//! ([`error`]), the listeners' states ([`state`]), the request limits
+//! ([`limits`]), the rows and paths ([`paths`]) and the duration histogram
+//! ([`durations`]). Nothing below reads what is above it, this file included
+//! (`tests/arrows.rs` holds it).
 
 pub mod admin;
 pub mod durations;
 pub mod error;
 pub mod extract;
+pub mod limits;
 pub mod openapi;
+pub mod paths;
 pub mod profile;
 pub mod public;
 pub mod ratelimit;
 pub mod reveals;
 pub mod routes;
 pub mod snapshot;
+pub mod state;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 
-use crate::config::ServerConfig;
-use admin::AdminState;
-use extract::BodyLimit;
-use public::PublicState;
-
-/// The request limits of `[server]`, held in both routers' states: the JSON
-/// extractor takes the body limit from there (`FromRef`), the snapshot route its
-/// own, and a 413 names the limit it enforced.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_body_bytes: usize,
-    pub max_snapshot_bytes: usize,
-    pub max_header_bytes: usize,
-    pub body_read_timeout: std::time::Duration,
-}
-
-impl From<&ServerConfig> for Limits {
-    fn from(server: &ServerConfig) -> Self {
-        Limits {
-            max_body_bytes: server.max_body_bytes,
-            max_snapshot_bytes: server.max_snapshot_bytes,
-            max_header_bytes: server.max_header_bytes,
-            body_read_timeout: server.body_read_timeout,
-        }
-    }
-}
-
-impl Limits {
-    /// Every JSON route but the snapshot.
-    pub fn body(&self) -> BodyLimit {
-        BodyLimit {
-            max_bytes: self.max_body_bytes,
-            read_timeout: self.body_read_timeout,
-        }
-    }
-    /// The streamed snapshot PUT.
-    pub fn snapshot(&self) -> BodyLimit {
-        BodyLimit {
-            max_bytes: self.max_snapshot_bytes,
-            read_timeout: self.body_read_timeout,
-        }
-    }
-}
+pub use limits::Limits;
+use state::{AdminState, PublicState};
 
 /// The public routes ([`routes::PUBLIC`]). Request tracking and shedding wrap it in `server::front::Front`,
 /// which also answers `GET /v1/public-phone` without it.

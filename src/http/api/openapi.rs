@@ -124,13 +124,13 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::http::api::routes;
+    use crate::http::api::paths;
 
     fn paths(api: &utoipa::openapi::OpenApi) -> BTreeSet<&str> {
         api.paths.paths.keys().map(String::as_str).collect()
     }
 
-    fn documented<S>(table: &[routes::Route<S>]) -> BTreeSet<&str> {
+    fn documented(table: &[paths::Row]) -> BTreeSet<&str> {
         table
             .iter()
             .filter(|r| r.documented)
@@ -143,9 +143,9 @@ mod tests {
     #[test]
     fn the_documents_describe_the_routes_the_routers_serve() {
         let public = PublicApi::openapi();
-        assert_eq!(paths(&public), documented(routes::PUBLIC));
+        assert_eq!(paths(&public), documented(paths::PUBLIC));
         let admin = AdminApi::openapi();
-        assert_eq!(paths(&admin), documented(routes::ADMIN));
+        assert_eq!(paths(&admin), documented(paths::ADMIN));
     }
 
     #[test]

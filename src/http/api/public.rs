@@ -1,7 +1,5 @@
 //! The public API (docs/api.md): one number, or a batch of up to 100.
 
-use std::sync::Arc;
-
 use axum::body::Body;
 use axum::extract::{Request as HttpRequest, State};
 use axum::http::{HeaderMap, HeaderValue, Method, header};
@@ -12,16 +10,13 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem};
 use super::extract::{BatchItem, BatchItems, Json, batch_item, public_phone_query};
+use super::limits::MAX_BATCH_ITEMS;
+use super::paths;
 use super::ratelimit::{self, VIEWER_HEADER};
-use super::routes;
-use crate::budget::Budgets;
+use super::state::PublicState;
 use crate::domain::{AdId, Phone, Reveal, Source, UserId, Viewer};
 use crate::resolve::{Request, Resolver};
-use crate::reveals::Reveals;
 use crate::telemetry::trace::RequestTrace;
-
-/// Items a batch may hold.
-pub const MAX_BATCH_ITEMS: usize = 100;
 
 /// The number to show.
 #[derive(Debug, Serialize, ToSchema)]
@@ -34,23 +29,6 @@ pub struct PublicPhone {
     pub user_id: UserId,
     #[schema(value_type = i64, minimum = 1)]
     pub ad_id: AdId,
-}
-
-/// What the public routes reach: the resolver, the viewer limit, the reveal log.
-#[derive(Clone)]
-pub struct PublicState {
-    pub resolver: Arc<Resolver>,
-    /// The viewer budgets; `None` when both are 0.
-    pub budgets: Option<Arc<Budgets>>,
-    /// `None` when `reveals.enabled` is false.
-    pub reveals: Option<Reveals>,
-    pub limits: super::Limits,
-}
-
-impl axum::extract::FromRef<PublicState> for super::Limits {
-    fn from_ref(state: &PublicState) -> Self {
-        state.limits
-    }
 }
 
 impl PublicState {
@@ -99,7 +77,7 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
 
 #[utoipa::path(
     get,
-    path = routes::PUBLIC_PHONE,
+    path = paths::PUBLIC_PHONE,
     tag = "public",
     params(
         ("user_id" = i64, Query, minimum = 1, description = "The seller"),
@@ -274,7 +252,7 @@ pub enum BatchResult {
 
 #[utoipa::path(
     post,
-    path = routes::BATCH,
+    path = paths::BATCH,
     tag = "public",
     request_body = BatchBody,
     params(("X-Viewer-Id" = Option<String>, Header, description = "The buyer (1 to 128 visible ASCII characters); each item counts once against the limit and is one reveal")),

@@ -9,10 +9,10 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use utoipa::ToSchema;
 
-use super::admin::AdminState;
 use super::error::{ApiError, Problem};
 use super::extract::{Path, field_error};
-use super::routes;
+use super::paths;
+use super::state::AdminState;
 use crate::domain::{AdId, RevealQuery, RevealsOf, Source, StoredReveal, UserId, Viewer};
 
 /// Reveals a page holds by default and at most.
@@ -58,7 +58,7 @@ pub struct AdReveals {
 
 #[utoipa::path(
     get,
-    path = routes::REVEALS,
+    path = paths::REVEALS,
     tag = "admin",
     security(("bearer" = [])),
     params(
@@ -107,7 +107,7 @@ pub async fn list(
 
 #[utoipa::path(
     get,
-    path = routes::REVEALS_OF_AD,
+    path = paths::REVEALS_OF_AD,
     tag = "admin",
     security(("bearer" = [])),
     params(("ad_id" = i64, Path, minimum = 1)),

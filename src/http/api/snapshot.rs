@@ -51,7 +51,7 @@ enum Forwarded {
 pub async fn load(
     status: &StatusService,
     body: Body,
-    limits: super::extract::BodyLimit,
+    limits: super::limits::BodyLimit,
 ) -> Result<(u64, usize), ApiError> {
     let limit = limits.max_bytes;
     let (bytes_tx, bytes_rx) = mpsc::channel::<io::Result<Bytes>>(4);

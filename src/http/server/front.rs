@@ -6,7 +6,7 @@
 //! sale day is made of, is answered here without the router.
 //!
 //! A request's path is matched against the route table once, here
-//! (`api::routes::RouteId`): its duration label and, on the admin listener,
+//! (`api::paths::RouteId`): its duration label and, on the admin listener,
 //! whether it needs the token come from that one match; the router matches it
 //! again to dispatch (the hit path keeps its one equality check instead).
 //!
@@ -32,8 +32,9 @@ use crate::config::Secret;
 use crate::http::api::admin;
 use crate::http::api::durations;
 use crate::http::api::error::ApiError;
-use crate::http::api::public::{self, PublicState};
-use crate::http::api::routes::{PUBLIC_PHONE as PUBLIC_PHONE_PATH, RouteId};
+use crate::http::api::paths::{PUBLIC_PHONE as PUBLIC_PHONE_PATH, RouteId};
+use crate::http::api::public;
+use crate::http::api::state::PublicState;
 use crate::telemetry;
 
 /// Wall time, not tokio's clock (clippy.toml): a request's duration is what its
@@ -50,7 +51,11 @@ pub struct Front {
 }
 
 struct Inner {
+    /// The listener's router (`api::public_router` or `api::admin_router`):
+    /// every request the front admits and does not answer itself.
     router: Router,
+    /// Admission before the router: the header limit on both listeners, and on
+    /// the public one the bound on requests in flight.
     shed: Shed,
     /// A path's row of the route table, found once per request: its duration
     /// label, and on the admin listener whether it needs the token.

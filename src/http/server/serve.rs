@@ -147,7 +147,9 @@ impl Drop for Busy {
 
 /// A connection's service: the listener's front, reporting to the watchdog.
 struct Watched {
+    /// The listener's front, which answers every request of the connection.
     front: Front,
+    /// What the connection's watchdog reads to close an idle connection.
     activity: Arc<Activity>,
 }
 

@@ -15,10 +15,16 @@ use axum::extract::Request;
 use crate::http::api::error::ApiError;
 
 pub struct Shed {
+    /// Requests admitted and not yet answered (a [`Permit`] each).
     in_flight: AtomicUsize,
+    /// `server.max_in_flight`: past it a request is shed with a 503;
     /// `usize::MAX`: never shed (the admin listener).
     max_in_flight: usize,
+    /// `phones_gateway_shed_total{reason="in_flight"}`, counted per shed
+    /// request (held here so the shed path does not look the counter up).
     shed: metrics::Counter,
+    /// `server.max_header_bytes`: a request whose headers are larger gets a
+    /// 431 naming it.
     max_header_bytes: usize,
 }
 

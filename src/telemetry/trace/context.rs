@@ -18,7 +18,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::export::current_is_exported;
+use super::exported::current_is_exported;
 
 /// The W3C header naming the caller's trace and span.
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");

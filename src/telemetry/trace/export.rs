@@ -3,7 +3,9 @@
 //! ([`sampled`]), which spans are exported (those whose callsite has
 //! [`EXPORTED_FIELD`]: requests and their upstream calls), events on them, and
 //! the provider, layer and OTLP/HTTP exporter ([`Export`], owned by `main`).
-//! Trace context (ids, headers) is [`super::context`]'s.
+//! Trace context (ids, headers) is [`super::context`]'s, and the export reads
+//! it (`traceparent`'s sampled flag), never the reverse; the mark of an
+//! exported span, which both read, is [`super::exported`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -17,12 +19,8 @@ use opentelemetry_sdk::trace::{
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::context::{TRACEPARENT, parse_traceparent};
+use super::exported::{EXPORTED_FIELD, current_is_exported};
 use crate::config::TracingConfig;
-
-/// The field that marks a span's callsite as exported (`otel.kind`, which
-/// `tracing-opentelemetry` reads as the span kind): every other span, and every
-/// event, stays in the logs only.
-pub const EXPORTED_FIELD: &str = "otel.kind";
 
 /// The service name spans are exported under.
 const SERVICE_NAME: &str = "phones-gateway";
@@ -66,17 +64,6 @@ pub fn upstream_span(upstream: &'static str) -> tracing::Span {
     } else {
         tracing::debug_span!(target: "phones_gateway::upstream", "upstream", upstream)
     }
-}
-
-/// Whether the current span is an exported one: read from its callsite's
-/// fields, without touching the span (no reference count, no lookup).
-pub fn current_is_exported() -> bool {
-    tracing::dispatcher::get_default(|dispatch| {
-        dispatch
-            .current_span()
-            .metadata()
-            .is_some_and(|meta| meta.fields().field(EXPORTED_FIELD).is_some())
-    })
 }
 
 /// Adds an event to the current span when it is exported (a sampled request's);

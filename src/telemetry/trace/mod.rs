@@ -1,7 +1,9 @@
-//! Distributed tracing (docs/tracing.md), in two rooms: [`context`], W3C trace
-//! context in and out (ids, `traceparent`/`tracestate`, what an upstream call
-//! carries), and [`export`], the OpenTelemetry export of spans (sampling, the
-//! layer, the provider and its one owner). Their items are re-exported here.
+//! Distributed tracing (docs/tracing.md), in three rooms, `export -> context ->
+//! exported`: [`context`], W3C trace context in and out (ids,
+//! `traceparent`/`tracestate`, what an upstream call carries); [`export`], the
+//! OpenTelemetry export of spans (sampling, the layer, the provider and its one
+//! owner); and [`exported`], the mark of an exported span both read. Their
+//! items are re-exported here.
 //!
 //! Two modes, chosen once at start by `tracing.otlp_endpoint`:
 //! - **No export** (the default): no span is recorded. Upstream calls still
@@ -23,9 +25,11 @@
 
 pub mod context;
 pub mod export;
+pub mod exported;
 
 pub use context::{
     Incoming, Parent, RequestTrace, TRACEPARENT, TRACESTATE, TraceContext, call_headers,
     continue_trace, format_traceparent, parse_traceparent,
 };
-pub use export::{Export, current_is_exported, event, sampled, upstream_span};
+pub use export::{Export, event, sampled, upstream_span};
+pub use exported::current_is_exported;
