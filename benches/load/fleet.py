@@ -14,7 +14,8 @@ as the invoking user, on 127.0.0.1 only, and stops with the run (installed with
 apt-get when missing and run as root, as scripts/test does for PgBouncer).
 
     benches/load/fleet.py [--replicas 1,4,20] [--modes rr,user,user-bounded]
-        [--stream PATH] [--kill] [--markdown PATH] [--json PATH]
+        [--stream PATH] [--kill MODES] [--markdown PATH] [--json PATH] [--benchmarks]
+    benches/load/fleet.py --render RUN.json[,RUN.json...] [--benchmarks]
 
 Modes (the HAProxy backend each run uses; docs/locality.md has the configs):
   rr            balance roundrobin
@@ -28,13 +29,16 @@ Modes (the HAProxy backend each run uses; docs/locality.md has the configs):
                 the total, compared in HAProxy itself); --hot-factor adds a
                 hash-balance-factor to the hashed backend
   ad-hot        the same by ad_id
---weight W gives every server weight W (HAProxy puts W x 16 points of a server
-on the consistent-hash ring; more points, a more even ring).
+--weight W gives every server weight W (default 100; HAProxy puts W x 16
+points of a server on the consistent-hash ring; more points, a more even ring).
+--hot-pct defaults to 10, --window to 10 s, --factor to 125.
 
---kill: after the runs, one more run per hashing mode in --modes at the largest
+--kill MODES: after the runs, one more run per mode named, at the largest
 --replicas, in which one replica is killed (SIGKILL) when half the stream is
 answered: how many keys moved, how many extra upstream calls that cost beside
-the same run without the kill, and how soon after the kill they were made.
+the same run without the kill (when --modes ran it), and when the misses of
+the moved keys came. --benchmarks writes the tables into BENCHMARKS.md between
+its fleet markers; --render does so from saved --json files without running.
 
 Counts (calls per request, busiest over mean, keys moved) do not depend on the
 machine; latencies do (wrk's, through HAProxy, everything on one machine).
@@ -416,7 +420,7 @@ def markdown(results, kills, args, command):
     one = {r["mode"]: r for r in results if r["replicas"] == 1}
     base = next(iter(one.values()))["calls_per_request"] if one else None
     lines = [f"Command: `{command}` (stream: `{args.stream_cmd}`).", "",
-             "| balancing | replicas | upstream calls per request | over one replica | answered from cache | p50 | p99 | busiest replica over the mean | 503s (upstream timeouts on the loaded box) |",
+             "| balancing | replicas | upstream calls per request | over one replica | answered from cache | p50 | p99 | busiest replica over the mean | 503s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         over = f"{r['calls_per_request'] / base:.2f}x" if base else ""
@@ -451,7 +455,9 @@ def write_benchmarks(md):
     section = (f"{BEGIN}\n## The fleet behind a balancer: cache locality\n\n"
                f"Written by `benches/load/fleet.py --benchmarks` (docs/locality.md explains the "
                f"recipes). {time.strftime('%Y-%m-%d', time.gmtime())}, release build, 2 shared cores: "
-               f"counts do not depend on the machine, latencies do.\n\n{md}{END}")
+               f"counts do not depend on the machine, latencies do. A 503 is an answer without "
+               f"a number (e.g. a breaker opened by upstream timeouts on the loaded machine); "
+               f"docs/locality.md reads the run of record.\n\n{md}{END}")
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
         text = head + section + rest.split(END, 1)[1]
@@ -477,11 +483,17 @@ def main():
     p.add_argument("--markdown")
     p.add_argument("--benchmarks", action="store_true",
                    help="write the tables into BENCHMARKS.md between its fleet markers")
-    p.add_argument("--render", help="only print (and with --benchmarks write) the tables of a --json file")
+    p.add_argument("--render", help="only print (and with --benchmarks write) the tables of --json "
+                   "files (comma-separated)")
     args = p.parse_args()
     if args.render:
-        saved = json.load(open(args.render))
-        md = markdown(saved["results"], saved["kills"], argparse.Namespace(**saved["args"]), saved["command"])
+        # Several runs' files (e.g. the matrix and a kill run): their rows together.
+        files = [json.load(open(path)) for path in args.render.split(",")]
+        results = [r for saved in files for r in saved["results"]]
+        kills = [k for saved in files for k in saved["kills"]]
+        command = "` and `".join(saved["command"] for saved in files)
+        command += f"`, rendered by `benches/load/fleet.py --render {args.render}"
+        md = markdown(results, kills, argparse.Namespace(**files[0]["args"]), command)
         print(md)
         if args.benchmarks:
             write_benchmarks(md)
