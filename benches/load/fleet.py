@@ -186,8 +186,15 @@ class Fleet:
     """The simulator, N replicas and HAProxy, in one temporary directory."""
 
     def __init__(self, n, mode, args, tmp):
-        self.n, self.tmp, self.procs, self.replicas = n, tmp, [], {}
+        self.n, self.tmp, self.procs, self.replicas, self.log = n, tmp, [], {}, None
         os.makedirs(tmp, exist_ok=True)
+        try:
+            self.start(n, mode, args, tmp)
+        except BaseException:
+            self.down()
+            raise
+
+    def start(self, n, mode, args, tmp):
         self.sim = self.spawn([BIN, "simulate", "--addr", f"127.0.0.1:{SIM}", "--latency-ms", "0"],
                               "simulator")
         for i in range(1, n + 1):
@@ -230,7 +237,8 @@ class Fleet:
     def down(self):
         for proc in reversed(self.procs):
             stop(proc)
-        self.log.close()
+        if self.log:
+            self.log.close()
 
 
 def parse_wrk(text):
