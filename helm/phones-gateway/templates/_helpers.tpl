@@ -205,3 +205,15 @@ Refuses values that would deploy something broken or leak a secret.
 {{- fail "autoscaling.minReplicas must not exceed autoscaling.maxReplicas" }}
 {{- end }}
 {{- end }}
+
+{{/*
+The query parameter the locality recipes hash (docs/locality.md), checked to be
+a plain parameter name: it is written into balancer configs verbatim.
+*/}}
+{{- define "phones-gateway.hashParameter" -}}
+{{- $p := .Values.locality.hashParameter | default "" }}
+{{- if not (regexMatch "^[a-z_]+$" $p) }}
+{{- fail "locality.hashParameter must be a query parameter name such as user_id or ad_id" }}
+{{- end }}
+{{- $p }}
+{{- end }}
