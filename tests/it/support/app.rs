@@ -228,15 +228,12 @@ impl TestApp {
         headers: &[(&str, &str)],
         body: impl Into<reqwest::Body>,
     ) -> Answer {
-        let mut request = self
+        let request = self
             .http
             .post(format!("{}{path}", self.public))
             .header("content-type", "application/json")
             .body(body);
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        read(request.send().await.unwrap()).await
+        send_with(request, headers).await
     }
 
     /// A JSON body to an admin route, with the token.
@@ -255,14 +252,11 @@ impl TestApp {
         headers: &[(&str, &str)],
         body: impl Into<reqwest::Body>,
     ) -> Answer {
-        let mut request = self
+        let request = self
             .http
             .request(method, format!("{}{path}", self.admin))
             .body(body);
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        read(request.send().await.unwrap()).await
+        send_with(request, headers).await
     }
 
     /// An admin request written on a bare socket, so that any method and any
@@ -358,7 +352,11 @@ pub async fn get_with(
     path: &str,
     headers: &[(&str, &str)],
 ) -> Answer {
-    let mut request = http.get(format!("{base}{path}"));
+    send_with(http.get(format!("{base}{path}")), headers).await
+}
+
+/// Sends `request` with these headers added; the answer read whole.
+pub async fn send_with(mut request: reqwest::RequestBuilder, headers: &[(&str, &str)]) -> Answer {
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
@@ -367,28 +365,24 @@ pub async fn get_with(
 
 pub async fn read(response: reqwest::Response) -> Answer {
     let status = response.status().as_u16();
-    let header = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_owned())
-    };
-    let content_type = header("content-type").unwrap_or_default();
-    let retry_after = header("retry-after");
-    let allow = header("allow");
-    let text = response.text().await.unwrap();
-    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-    Answer {
-        status,
-        content_type,
-        retry_after,
-        allow,
-        body,
-        text,
-    }
+    let headers = response.headers().clone();
+    Answer::new(status, &headers, response.text().await.unwrap())
 }
 
 impl Answer {
+    /// The answer of this status, headers and body text.
+    pub fn new(status: u16, headers: &reqwest::header::HeaderMap, text: String) -> Answer {
+        let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+        Answer {
+            status,
+            content_type: header("content-type").unwrap_or_default(),
+            retry_after: header("retry-after"),
+            allow: header("allow"),
+            body: serde_json::from_str(&text).unwrap_or(Value::Null),
+            text,
+        }
+    }
+
     /// Asserts a 200 with this number and kind.
     #[track_caller]
     pub fn assert_number(&self, phone: &str, kind: &str) {

@@ -21,7 +21,6 @@ use phones_gateway::http::server::shed::Shed;
 use phones_gateway::resolve::Resolver;
 use phones_gateway::status::StatusSet;
 use phones_gateway::upstream::Upstreams;
-use serde_json::Value;
 use tower::ServiceExt;
 
 use super::app::Answer;
@@ -71,27 +70,14 @@ pub async fn oneshot(front: &Front, request: Request<Body>) -> Answer {
         .oneshot(request)
         .await
         .unwrap_or_else(|never: Infallible| match never {});
-    let header = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_owned())
-    };
     let status = response.status().as_u16();
-    let content_type = header("content-type").unwrap_or_default();
-    let retry_after = header("retry-after");
-    let allow = header("allow");
+    let headers = response.headers().clone();
     let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
         .await
         .unwrap();
-    let text = String::from_utf8_lossy(&bytes).into_owned();
-    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-    Answer {
+    Answer::new(
         status,
-        content_type,
-        retry_after,
-        allow,
-        body,
-        text,
-    }
+        &headers,
+        String::from_utf8_lossy(&bytes).into_owned(),
+    )
 }

@@ -227,6 +227,9 @@ fn unavailable(why: &str) -> Option<TestDb> {
 /// its return type's default) when it is `None`: PostgreSQL cannot be had and
 /// is not required, and `SKIPPED` is already said. Where it is required, the
 /// call has panicked instead, failing the test.
+// The benches include this file too (`#[path]`) and ask for their clusters
+// themselves: unused there.
+#[allow(unused_macros)]
 macro_rules! or_skip {
     ($wanted:expr) => {
         match $wanted {
@@ -235,6 +238,7 @@ macro_rules! or_skip {
         }
     };
 }
+#[allow(unused_imports)]
 pub(crate) use or_skip;
 
 /// A database for a test that does not stop the server.
