@@ -8,19 +8,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::support::{Answer, Reply, TestApp, pg, read};
+use crate::support::paths::{BATCH, phone_path};
+use crate::support::{Answer, Reply, TestApp, pg};
 use crate::{PLAIN_CATEGORY, REAL};
 
 async fn as_viewer(app: &TestApp, viewer: Option<&str>, user: u64) -> crate::support::Answer {
-    let url = format!(
-        "{}/v1/public-phone?user_id={user}&ad_id=1&category_id={PLAIN_CATEGORY}",
-        app.public
-    );
-    let mut request = app.http.get(url);
-    if let Some(viewer) = viewer {
-        request = request.header("x-viewer-id", viewer);
-    }
-    read(request.send().await.unwrap()).await
+    app.get_public_as(viewer, &phone_path(user, 1, PLAIN_CATEGORY))
+        .await
 }
 
 #[tokio::test]
@@ -70,17 +64,8 @@ async fn a_viewer_past_the_budget_gets_429_and_no_upstream_is_called() {
     let post = |viewer: &'static str, body: String| {
         let app = &app;
         async move {
-            read(
-                app.http
-                    .post(format!("{}/v1/public-phones/batch", app.public))
-                    .header("x-viewer-id", viewer)
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await
-                    .unwrap(),
-            )
-            .await
+            app.post_public_with(BATCH, &[("x-viewer-id", viewer)], body)
+                .await
         }
     };
     let got = post("buyer-3", batch(2)).await;
@@ -185,9 +170,7 @@ fn replica_overlay(budgets: &str) -> String {
 
 #[tokio::test]
 async fn a_viewer_who_spent_the_budget_on_two_replicas_is_refused_everywhere_within_a_second() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let overlay = replica_overlay("per_viewer_per_minute = 6");
     let a = TestApp::spawn_on(Some(&db.url), &overlay).await;
     let b = TestApp::spawn_on(Some(&db.url), &overlay).await;
@@ -217,9 +200,7 @@ async fn a_viewer_who_spent_the_budget_on_two_replicas_is_refused_everywhere_wit
 
 #[tokio::test]
 async fn the_day_budget_holds_across_a_restart() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let overlay = replica_overlay("per_viewer_per_day = 4");
     let mut a = TestApp::spawn_on(Some(&db.url), &overlay).await;
     a.real.reply(Reply::Phone(REAL));
@@ -248,7 +229,7 @@ async fn the_day_budget_holds_across_a_restart() {
 
 #[tokio::test]
 async fn with_the_database_down_a_replica_holds_a_viewer_to_its_share_and_reports_it_after() {
-    let Some(db) = pg::cluster() else { return };
+    let db = pg::or_skip!(pg::cluster());
     let cluster = db.cluster.as_ref().unwrap();
     let overlay = replica_overlay("per_viewer_per_day = 10");
     let a = TestApp::spawn_on(Some(&db.url), &overlay).await;
@@ -399,8 +380,6 @@ async fn past_windows_and_ended_refusals_are_pruned_on_sqlite() {
 
 #[tokio::test]
 async fn past_windows_and_ended_refusals_are_pruned_on_postgres() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     prunes_past_windows(&db.url).await;
 }

@@ -19,113 +19,25 @@ use axum::body::Body;
 use axum::http::Request;
 
 use crate::support::front::{oneshot, public_front};
-use crate::support::{Reply, TOKEN, TestApp, read};
+use crate::support::paths::{
+    BATCH, HEALTHZ, INVALIDATE, METRICS, OPENAPI_ADMIN, OPENAPI_PUBLIC, PUBLIC_PHONE, READYZ,
+    REVEALS, STATUSES, ad_reveals_path, phone_path, status_path,
+};
+use crate::support::{Reply, TOKEN, TestApp, raw_get, raw_head, raw_request};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
-const STATUSES: &str = "/admin/v1/calltracking/statuses";
-
-/// An answer read off a raw socket.
-#[derive(Debug)]
-struct Raw {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: String,
-}
-
-impl Raw {
-    /// Asserts a whole problem document with this status: the content type, a
-    /// `content-length` that matches the body, and `title` and `status` in it.
-    #[track_caller]
-    fn assert_problem(&self, status: u16) -> Value {
-        assert_eq!(self.status, status, "{self:?}");
-        assert_eq!(
-            self.headers.get("content-type").map(String::as_str),
-            Some("application/problem+json"),
-            "{self:?}"
-        );
-        assert_eq!(
-            self.headers.get("content-length"),
-            Some(&self.body.len().to_string()),
-            "{self:?}"
-        );
-        let problem: Value = serde_json::from_str(&self.body).unwrap_or(Value::Null);
-        assert_eq!(problem["status"], status, "{self:?}");
-        assert!(problem["title"].is_string(), "{self:?}");
-        problem
-    }
-}
-
-/// Writes `request` on a fresh connection and reads the answer until the server
-/// closes the connection (requests that parse should say `connection: close`).
-async fn raw(base: &str, request: &[u8]) -> Raw {
-    let mut stream = TcpStream::connect(base.trim_start_matches("http://"))
-        .await
-        .unwrap();
-    // The server may answer and close before it read everything: a write error
-    // is not the test's concern, the answer is.
-    let _ = stream.write_all(request).await;
-    let mut answer = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(5), async {
-        let mut chunk = [0u8; 4096];
-        loop {
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => answer.extend_from_slice(&chunk[..n]),
-            }
-        }
-    })
-    .await;
-    assert!(
-        read.is_ok(),
-        "no end of answer: {:?}",
-        String::from_utf8_lossy(&answer)
-    );
-    let end = answer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("no head in {:?}", String::from_utf8_lossy(&answer)));
-    let head = String::from_utf8_lossy(&answer[..end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|line| line.split(' ').nth(1))
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    let headers = lines
-        .filter_map(|line| line.split_once(':'))
-        .map(|(name, value)| (name.to_ascii_lowercase(), value.trim().to_owned()))
-        .collect();
-    Raw {
-        status,
-        headers,
-        body: String::from_utf8_lossy(&answer[end + 4..]).into_owned(),
-    }
-}
-
-fn get(path: &str, extra: &str) -> Vec<u8> {
-    format!("GET {path} HTTP/1.1\r\nhost: x\r\n{extra}connection: close\r\n\r\n").into_bytes()
-}
-
-// Item 6: the token first.
-
-async fn admin_request(app: &TestApp, method: &Method, path: &str, token: Option<&str>) -> Raw {
-    let auth = token.map_or_else(String::new, |t| format!("authorization: Bearer {t}\r\n"));
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nhost: x\r\n{auth}content-type: application/json\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-    );
-    raw(&app.admin, request.as_bytes()).await
-}
+// The admin token, checked before anything else.
 
 #[tokio::test]
 async fn without_the_token_every_admin_path_and_method_is_401_and_with_it_404_or_405() {
     let app = TestApp::spawn().await;
     let brew = Method::from_bytes(b"BREW").unwrap();
-    let status_42 = format!("{STATUSES}/42");
-    let undecodable = format!("{STATUSES}/%FF");
+    let status_42 = status_path(42);
+    let undecodable = status_path("%FF");
     // (method, path, the answer with the token)
     let table: [(&Method, &str, u16); 20] = [
-        (&Method::DELETE, "/admin/v1/cache/invalidate", 405),
-        (&Method::GET, "/admin/v1/cache/invalidate", 405),
+        (&Method::DELETE, INVALIDATE, 405),
+        (&Method::GET, INVALIDATE, 405),
         (&Method::GET, STATUSES, 405),
         (&Method::DELETE, STATUSES, 405),
         (&brew, STATUSES, 405),
@@ -136,20 +48,20 @@ async fn without_the_token_every_admin_path_and_method_is_401_and_with_it_404_or
         (&Method::DELETE, &status_42, 405),
         (&Method::GET, &status_42, 200),
         (&Method::GET, &undecodable, 400),
-        (&Method::GET, "/admin/v1/reveals?user_id=42", 200),
-        (&Method::POST, "/admin/v1/reveals", 405),
-        (&Method::GET, "/admin/v1/ads/42/reveals", 200),
-        (&Method::GET, "/admin/v1/ads/%FF/reveals", 400),
+        (&Method::GET, &format!("{REVEALS}?user_id=42"), 200),
+        (&Method::POST, REVEALS, 405),
+        (&Method::GET, &ad_reveals_path(42), 200),
+        (&Method::GET, &ad_reveals_path("%FF"), 400),
         // The API descriptions are admin routes like the others, and a path
         // outside `/admin` tells nothing either.
-        (&Method::GET, "/openapi/admin.json", 200),
-        (&Method::GET, "/openapi/public.json", 404),
+        (&Method::GET, OPENAPI_ADMIN, 200),
+        (&Method::GET, OPENAPI_PUBLIC, 404),
         (&Method::GET, "/administrator", 404),
         (&Method::GET, "/", 404),
     ];
     for (method, path, with_token) in table {
         for token in [None, Some("nope"), Some(&TOKEN[..TOKEN.len() - 1])] {
-            let got = admin_request(&app, method, path, token).await;
+            let got = app.raw_admin_request(method, path, token).await;
             got.assert_problem(401);
             assert_eq!(
                 got.headers.get("www-authenticate").map(String::as_str),
@@ -157,7 +69,7 @@ async fn without_the_token_every_admin_path_and_method_is_401_and_with_it_404_or
                 "{method} {path}: {got:?}"
             );
         }
-        let got = admin_request(&app, method, path, Some(TOKEN)).await;
+        let got = app.raw_admin_request(method, path, Some(TOKEN)).await;
         if with_token == 200 {
             assert_eq!(got.status, 200, "{method} {path}: {got:?}");
         } else {
@@ -166,22 +78,22 @@ async fn without_the_token_every_admin_path_and_method_is_401_and_with_it_404_or
     }
     // Only the operations answer without the token; the public API's
     // description is open on the public listener.
-    for path in ["/healthz", "/readyz", "/metrics"] {
-        let got = raw(&app.admin, &get(path, "")).await;
+    for path in [HEALTHZ, READYZ, METRICS] {
+        let got = raw_request(&app.admin, &raw_get(path, "")).await;
         assert_eq!(got.status, 200, "{path}: {got:?}");
     }
-    let got = raw(&app.public, &get("/openapi/public.json", "")).await;
+    let got = raw_request(&app.public, &raw_get(OPENAPI_PUBLIC, "")).await;
     assert_eq!(got.status, 200, "{got:?}");
-    assert!(got.body.contains("/v1/public-phone"), "{got:?}");
+    assert!(got.body.contains(PUBLIC_PHONE), "{got:?}");
 }
 
-// Item 7: every rejection a problem document, on both listeners.
+// Every rejection is a problem document, on both listeners.
 
 #[tokio::test]
 async fn an_undecodable_path_parameter_is_a_400_problem_naming_it() {
     let app = TestApp::spawn().await;
     let auth = format!("authorization: Bearer {TOKEN}\r\n");
-    let got = raw(&app.admin, &get(&format!("{STATUSES}/%FF"), &auth)).await;
+    let got = raw_request(&app.admin, &raw_get(&status_path("%FF"), &auth)).await;
     let problem = got.assert_problem(400);
     assert!(
         problem["detail"]
@@ -191,10 +103,10 @@ async fn an_undecodable_path_parameter_is_a_400_problem_naming_it() {
         "{problem}"
     );
     // The public listener has no path parameters: an undecodable path is a 404.
-    raw(&app.public, &get("/v1/public-phone/%FF", ""))
+    raw_request(&app.public, &raw_get("/v1/public-phone/%FF", ""))
         .await
         .assert_problem(404);
-    raw(&app.public, &get("/%FF%FE", ""))
+    raw_request(&app.public, &raw_get("/%FF%FE", ""))
         .await
         .assert_problem(404);
 }
@@ -203,14 +115,16 @@ async fn an_undecodable_path_parameter_is_a_400_problem_naming_it() {
 async fn heads_over_hyper_s_bound_are_431_problems_on_both_listeners() {
     let app = TestApp::spawn().await;
     app.real.reply(Reply::Phone(REAL));
-    let query = format!("/v1/public-phone?user_id=1&ad_id=1&category_id={PLAIN_CATEGORY}");
+    let query = phone_path(1, 1, PLAIN_CATEGORY);
     // On the admin listener an open route: the token comes before the head's
     // limit, so elsewhere there a caller without it learns only 401.
     for (base, target) in [(&app.public, query.as_str()), (&app.admin, "/healthz?x=1")] {
         // A 64 KiB query string, and a 200 KiB header: both over twice the
         // default 16 KiB limit, where hyper refuses before the service.
         let long = format!("{target}&pad={}", "a".repeat(64 * 1024));
-        let problem = raw(base, &get(&long, "")).await.assert_problem(431);
+        let problem = raw_request(base, &raw_get(&long, ""))
+            .await
+            .assert_problem(431);
         assert!(
             problem["detail"]
                 .as_str()
@@ -219,14 +133,18 @@ async fn heads_over_hyper_s_bound_are_431_problems_on_both_listeners() {
             "{problem}"
         );
         let huge = format!("x-huge: {}\r\n", "a".repeat(200 * 1024));
-        raw(base, &get(target, &huge)).await.assert_problem(431);
+        raw_request(base, &raw_get(target, &huge))
+            .await
+            .assert_problem(431);
         // Between the limit and hyper's bound: the front's 431, the same document.
         let over = format!("x-big: {}\r\n", "a".repeat(20 * 1024));
-        let front = raw(base, &get(target, &over)).await.assert_problem(431);
+        let front = raw_request(base, &raw_get(target, &over))
+            .await
+            .assert_problem(431);
         assert_eq!(front["detail"], problem["detail"]);
     }
     // The connection-level rewrite leaves ordinary answers alone.
-    let got = raw(&app.public, &get(&query, "")).await;
+    let got = raw_request(&app.public, &raw_get(&query, "")).await;
     assert_eq!(got.status, 200, "{got:?}");
     assert_eq!(
         serde_json::from_str::<Value>(&got.body).unwrap()["phone"],
@@ -240,7 +158,9 @@ async fn a_target_over_hyper_s_uri_bound_is_a_414_problem() {
     // refusal is a 414.
     let app = TestApp::spawn_with("[server]\nmax_header_bytes = 200000").await;
     let long = format!("/healthz?pad={}", "a".repeat(70_000));
-    raw(&app.admin, &get(&long, "")).await.assert_problem(414);
+    raw_request(&app.admin, &raw_get(&long, ""))
+        .await
+        .assert_problem(414);
 }
 
 #[tokio::test]
@@ -256,7 +176,7 @@ async fn malformed_heads_are_400_problems_on_both_listeners() {
     ];
     for base in [&app.public, &app.admin] {
         for request in malformed {
-            let got = raw(base, request).await;
+            let got = raw_request(base, request).await;
             assert_eq!(
                 got.headers.get("connection").map(String::as_str),
                 Some("close"),
@@ -270,27 +190,25 @@ async fn malformed_heads_are_400_problems_on_both_listeners() {
 #[tokio::test]
 async fn unknown_methods_are_405_problems_naming_the_allowed_ones() {
     let app = TestApp::spawn().await;
-    let foo = |path: &str, extra: &str| {
-        format!("FOO {path} HTTP/1.1\r\nhost: x\r\n{extra}connection: close\r\n\r\n").into_bytes()
-    };
-    let got = raw(&app.public, &foo("/v1/public-phone", "")).await;
+    let foo = |path: &str, extra: &str| raw_head("FOO", path, extra);
+    let got = raw_request(&app.public, &foo(PUBLIC_PHONE, "")).await;
     got.assert_problem(405);
     assert_eq!(
         got.headers.get("allow").map(String::as_str),
         Some("GET,HEAD")
     );
-    raw(&app.public, &foo("/v1/public-phones/batch", ""))
+    raw_request(&app.public, &foo(BATCH, ""))
         .await
         .assert_problem(405);
-    raw(&app.admin, &foo("/healthz", ""))
+    raw_request(&app.admin, &foo(HEALTHZ, ""))
         .await
         .assert_problem(405);
     let auth = format!("authorization: Bearer {TOKEN}\r\n");
-    let got = raw(&app.admin, &foo(STATUSES, &auth)).await;
+    let got = raw_request(&app.admin, &foo(STATUSES, &auth)).await;
     got.assert_problem(405);
     assert!(got.headers.contains_key("allow"), "{got:?}");
     // On no route at all, the unknown method is a 404 like any other.
-    raw(&app.public, &foo("/nope", ""))
+    raw_request(&app.public, &foo("/nope", ""))
         .await
         .assert_problem(404);
 }
@@ -300,8 +218,7 @@ async fn unknown_methods_are_405_problems_naming_the_allowed_ones() {
 /// The answer to `HEAD path`, its headers without the two that differ on every
 /// answer (`date`, `x-request-id`).
 async fn head(app: &TestApp, path: &str) -> (u16, HashMap<String, String>) {
-    let request = format!("HEAD {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
-    let mut got = raw(&app.public, request.as_bytes()).await;
+    let mut got = raw_request(&app.public, &raw_head("HEAD", path, "")).await;
     assert!(got.body.is_empty(), "{got:?}");
     got.headers.remove("date");
     got.headers.remove("x-request-id");
@@ -323,7 +240,7 @@ async fn head_answers_get_s_status_and_no_header_varies_with_the_kind() {
         (71, PLAIN_CATEGORY, VIRTUAL, "calltracking"),
         (72, PLAIN_CATEGORY, REAL, "real"),
     ] {
-        let path = format!("/v1/public-phone?user_id={user}&ad_id=1&category_id={category}");
+        let path = phone_path(user, 1, category);
         app.get_public(&path).await.assert_number(phone, kind);
         let (status, headers) = head(&app, &path).await;
         assert_eq!(status, 200, "{kind}: {headers:?}");
@@ -341,7 +258,7 @@ async fn head_answers_get_s_status_and_no_header_varies_with_the_kind() {
     // And the status is GET's on the errors too.
     app.real.reply(Reply::NotFound);
     for path in [
-        format!("/v1/public-phone?user_id=73&ad_id=1&category_id={PLAIN_CATEGORY}"),
+        phone_path(73, 1, PLAIN_CATEGORY),
         "/v1/public-phone?user_id=73&category_id=1".to_owned(),
         "/v1/public-phone?user_id=0&ad_id=1&category_id=1".to_owned(),
     ] {
@@ -357,7 +274,7 @@ async fn head_answers_get_s_status_and_no_header_varies_with_the_kind() {
     }
 }
 
-// Item 8: JSON routes demand JSON.
+// JSON routes demand JSON.
 
 /// Each JSON route: listener, method, path and a body it accepts.
 fn json_routes(app: &TestApp) -> [(String, Method, &'static str, String); 4] {
@@ -365,7 +282,7 @@ fn json_routes(app: &TestApp) -> [(String, Method, &'static str, String); 4] {
         (
             app.public.clone(),
             Method::POST,
-            "/v1/public-phones/batch",
+            BATCH,
             json!({ "items": [{ "user_id": 1, "ad_id": 1, "category_id": PLAIN_CATEGORY }] })
                 .to_string(),
         ),
@@ -384,7 +301,7 @@ fn json_routes(app: &TestApp) -> [(String, Method, &'static str, String); 4] {
         (
             app.admin.clone(),
             Method::POST,
-            "/admin/v1/cache/invalidate",
+            INVALIDATE,
             json!({ "user_ids": [42] }).to_string(),
         ),
     ]
@@ -439,17 +356,17 @@ async fn json_routes_refuse_other_content_types_with_415() {
             .assert_problem(415);
     }
     // Nothing of the refused deliveries applied.
-    let got = app.get_admin(&format!("{STATUSES}/42")).await;
+    let got = app.get_admin(&status_path(42)).await;
     assert_eq!(got.body["version"], 0, "{got:?}");
     // And the OpenAPI documents (schemathesis checks the service against them)
     // list the 415.
-    let public = app.get_public("/openapi/public.json").await.body;
-    let admin = app.get_admin("/openapi/admin.json").await.body;
+    let public = app.get_public(OPENAPI_PUBLIC).await.body;
+    let admin = app.get_admin(OPENAPI_ADMIN).await.body;
     for (document, method, path) in [
-        (&public, "post", "/v1/public-phones/batch"),
+        (&public, "post", BATCH),
         (&admin, "post", STATUSES),
         (&admin, "put", STATUSES),
-        (&admin, "post", "/admin/v1/cache/invalidate"),
+        (&admin, "post", INVALIDATE),
     ] {
         let responses = &document["paths"][path][method]["responses"];
         assert!(responses["415"].is_object(), "{method} {path}: {responses}");
@@ -484,8 +401,8 @@ async fn admin_routes_need_the_bearer_token() {
     let routes = [
         (Method::POST, STATUSES.to_string()),
         (Method::PUT, STATUSES.to_string()),
-        (Method::GET, format!("{STATUSES}/42")),
-        (Method::POST, "/admin/v1/cache/invalidate".to_string()),
+        (Method::GET, status_path(42)),
+        (Method::POST, INVALIDATE.to_string()),
     ];
     for (method, path) in routes {
         let prefix = format!("Bearer {}", &TOKEN[..TOKEN.len() - 1]);
@@ -499,20 +416,20 @@ async fn admin_routes_need_the_bearer_token() {
                 .assert_problem(401);
         }
     }
-    assert_eq!(app.get_admin(&format!("{STATUSES}/42")).await.status, 200);
+    assert_eq!(app.get_admin(&status_path(42)).await.status, 200);
 }
 
 #[tokio::test]
 async fn no_token_configured_means_every_admin_route_refuses() {
     let app = TestApp::spawn_with("[admin]\ntoken = \"\"").await;
-    let path = format!("{STATUSES}/42");
+    let path = status_path(42);
     for auth in ["Bearer ", "Bearer", ""] {
         app.admin_request(Method::GET, &path, &[("authorization", auth)], "")
             .await
             .assert_problem(401);
     }
     // Operations stay open.
-    for path in ["/healthz", "/readyz"] {
+    for path in [HEALTHZ, READYZ] {
         let got = app.admin_request(Method::GET, path, &[], "").await;
         assert_eq!(got.status, 200, "{path}: {got:?}");
     }
@@ -525,32 +442,11 @@ async fn operations_routes_answer_without_a_token() {
     app.phone(1, 1, PLAIN_CATEGORY)
         .await
         .assert_number(REAL, "real");
-    let health = read(
-        app.http
-            .get(format!("{}/healthz", app.admin))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let health = app.get_admin_without_token(HEALTHZ).await;
     assert_eq!(health.status, 200);
-    let ready = read(
-        app.http
-            .get(format!("{}/readyz", app.admin))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let ready = app.get_admin_without_token(READYZ).await;
     assert_eq!(ready.status, 200);
-    let metrics = read(
-        app.http
-            .get(format!("{}/metrics", app.admin))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let metrics = app.get_admin_without_token(METRICS).await;
     assert_eq!(metrics.status, 200);
     assert!(
         metrics
@@ -570,41 +466,21 @@ async fn operations_routes_answer_without_a_token() {
 async fn the_openapi_documents_describe_both_listeners() {
     let app = TestApp::spawn().await;
     // The public document, open on the public listener.
-    let public = read(
-        app.http
-            .get(format!("{}/openapi/public.json", app.public))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let public = app.get_public(OPENAPI_PUBLIC).await;
     assert_eq!(public.status, 200);
     assert!(
-        public.body["paths"]["/v1/public-phone"]["get"].is_object(),
+        public.body["paths"][PUBLIC_PHONE]["get"].is_object(),
         "{}",
         public.text
     );
-    assert!(public.body["paths"]["/v1/public-phones/batch"]["post"].is_object());
-    let admin = app.get_admin("/openapi/admin.json").await;
+    assert!(public.body["paths"][BATCH]["post"].is_object());
+    let admin = app.get_admin(OPENAPI_ADMIN).await;
     assert_eq!(admin.status, 200);
     // Without the token the admin document is refused like every admin route.
-    let refused = read(
-        app.http
-            .get(format!("{}/openapi/admin.json", app.admin))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let refused = app.get_admin_without_token(OPENAPI_ADMIN).await;
     assert_eq!(refused.status, 401, "{}", refused.text);
     assert!(!refused.text.contains(STATUSES), "{}", refused.text);
-    for path in [
-        STATUSES,
-        "/admin/v1/cache/invalidate",
-        "/healthz",
-        "/readyz",
-        "/metrics",
-    ] {
+    for path in [STATUSES, INVALIDATE, HEALTHZ, READYZ, METRICS] {
         assert!(admin.body["paths"][path].is_object(), "{path} missing");
     }
     assert_eq!(
@@ -684,9 +560,7 @@ async fn bad_batch_bodies_are_400_and_oversized_ones_413() {
         json!({ "items": vec![item.clone(); 101] }).to_string(),
     ];
     for body in bodies {
-        let got = app
-            .post_public("/v1/public-phones/batch", body.clone())
-            .await;
+        let got = app.post_public(BATCH, body.clone()).await;
         got.assert_problem(400);
         assert!(
             !got.body["detail"].as_str().unwrap_or_default().is_empty(),
@@ -695,7 +569,7 @@ async fn bad_batch_bodies_are_400_and_oversized_ones_413() {
     }
     let ok = app
         .post_public(
-            "/v1/public-phones/batch",
+            BATCH,
             json!({ "items": vec![item.clone(); 100] }).to_string(),
         )
         .await;
@@ -707,15 +581,11 @@ async fn bad_batch_bodies_are_400_and_oversized_ones_413() {
         assert_eq!(result["kind"], "real", "{result}");
     }
     let huge = format!("{{\"items\": [{}]}}", " ".repeat(30_000));
-    app.post_public("/v1/public-phones/batch", huge)
-        .await
-        .assert_problem(413);
+    app.post_public(BATCH, huge).await.assert_problem(413);
     // Bad items are per-item answers, whatever their shape.
     let odd = json!({ "items": [1, "x", null, [], { "user_id": "1", "ad_id": 1, "category_id": 1 },
         { "user_id": 1.5, "ad_id": 1, "category_id": 1 }, { "user_id": 1, "ad_id": 1, "category_id": 1, "phone": 7 }] });
-    let got = app
-        .post_public("/v1/public-phones/batch", odd.to_string())
-        .await;
+    let got = app.post_public(BATCH, odd.to_string()).await;
     assert_eq!(got.status, 200, "{got:?}");
     let results = got.body["results"].as_array().unwrap();
     assert_eq!(results.len(), 7, "one result per item: {got:?}");
@@ -728,7 +598,6 @@ async fn bad_batch_bodies_are_400_and_oversized_ones_413() {
 #[tokio::test]
 async fn bad_admin_bodies_are_400_and_change_nothing() {
     let app = TestApp::spawn_with("[server]\nmax_body_bytes = 20000").await;
-    let statuses = "/admin/v1/calltracking/statuses";
     let good = json!({ "user_id": 42, "enabled": true, "version": 1 });
     let webhooks = [
         json!({}),
@@ -741,14 +610,14 @@ async fn bad_admin_bodies_are_400_and_change_nothing() {
         json!({ "items": [good, { "user_id": 42, "enabled": true, "version": 9223372036854775808u64 }] }),
     ];
     for body in webhooks {
-        app.send_admin(Method::POST, statuses, &body)
+        app.send_admin(Method::POST, STATUSES, &body)
             .await
             .assert_problem(400);
     }
     let too_many = json!({ "items": vec![good.clone(); 10_001] });
-    let got = app.send_admin(Method::POST, statuses, &too_many).await;
+    let got = app.send_admin(Method::POST, STATUSES, &too_many).await;
     got.assert_problem(413); // over max_body_bytes here; 400 when the limit allows it
-    let got = app.get_admin(&format!("{statuses}/42")).await;
+    let got = app.get_admin(&status_path(42)).await;
     assert_eq!(got.body["version"], 0, "nothing was applied: {got:?}");
 
     for body in [
@@ -757,15 +626,11 @@ async fn bad_admin_bodies_are_400_and_change_nothing() {
         json!({ "version": 1, "enabled_user_ids": [0] }),
         json!({ "version": 1 }),
     ] {
-        app.send_admin(Method::PUT, statuses, &body)
+        app.send_admin(Method::PUT, STATUSES, &body)
             .await
             .assert_problem(400);
     }
-    for path in [
-        format!("{statuses}/0"),
-        format!("{statuses}/abc"),
-        format!("{statuses}/-4"),
-    ] {
+    for path in [status_path(0), status_path("abc"), status_path("-4")] {
         app.get_admin(&path).await.assert_problem(400);
     }
     for body in [
@@ -774,7 +639,7 @@ async fn bad_admin_bodies_are_400_and_change_nothing() {
         json!({ "user_ids": [0] }),
         json!({ "user_ids": "1" }),
     ] {
-        app.send_admin(Method::POST, "/admin/v1/cache/invalidate", &body)
+        app.send_admin(Method::POST, INVALIDATE, &body)
             .await
             .assert_problem(400);
     }
@@ -785,9 +650,8 @@ async fn bad_admin_bodies_are_400_and_change_nothing() {
 #[tokio::test]
 async fn ten_thousand_items_pass_and_one_more_is_a_400() {
     let app = TestApp::spawn_with("[server]\nmax_body_bytes = 2097152").await;
-    let statuses = "/admin/v1/calltracking/statuses";
     let items = |n: u64| json!({ "items": (1..=n).map(|user| json!({ "user_id": user, "enabled": true, "version": 1 })).collect::<Vec<_>>() });
-    let got = app.send_admin(Method::POST, statuses, &items(10_001)).await;
+    let got = app.send_admin(Method::POST, STATUSES, &items(10_001)).await;
     got.assert_problem(400);
     assert!(
         got.body["detail"]
@@ -797,17 +661,16 @@ async fn ten_thousand_items_pass_and_one_more_is_a_400() {
         "{got:?}"
     );
     assert_eq!(
-        app.get_admin(&format!("{statuses}/1")).await.body["version"],
+        app.get_admin(&status_path(1)).await.body["version"],
         0,
         "nothing was applied"
     );
-    let got = app.send_admin(Method::POST, statuses, &items(10_000)).await;
+    let got = app.send_admin(Method::POST, STATUSES, &items(10_000)).await;
     assert_eq!(got.status, 200, "{got:?}");
     assert_eq!(got.body["applied"], 10_000);
 
-    let invalidate = "/admin/v1/cache/invalidate";
     let ids = |n: u64| json!({ "user_ids": (1..=n).collect::<Vec<_>>() });
-    let got = app.send_admin(Method::POST, invalidate, &ids(10_001)).await;
+    let got = app.send_admin(Method::POST, INVALIDATE, &ids(10_001)).await;
     got.assert_problem(400);
     assert!(
         got.body["detail"]
@@ -816,7 +679,7 @@ async fn ten_thousand_items_pass_and_one_more_is_a_400() {
             .contains("user_ids"),
         "{got:?}"
     );
-    let got = app.send_admin(Method::POST, invalidate, &ids(10_000)).await;
+    let got = app.send_admin(Method::POST, INVALIDATE, &ids(10_000)).await;
     assert_eq!(got.status, 200, "{got:?}");
 }
 
@@ -824,26 +687,13 @@ async fn ten_thousand_items_pass_and_one_more_is_a_400() {
 async fn unknown_routes_and_methods_are_problem_documents() {
     let app = TestApp::spawn().await;
     app.get_public("/nope").await.assert_problem(404);
-    app.post_public("/v1/public-phone", "")
-        .await
-        .assert_problem(405);
-    let got = read(
-        app.http
-            .get(format!("{}/v1/public-phones/batch", app.public))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    app.post_public(PUBLIC_PHONE, "").await.assert_problem(405);
+    let got = app.get_public(BATCH).await;
     got.assert_problem(405);
     app.get_admin("/admin/nope").await.assert_problem(404);
-    app.send_admin(
-        Method::DELETE,
-        "/admin/v1/calltracking/statuses",
-        &json!({}),
-    )
-    .await
-    .assert_problem(405);
+    app.send_admin(Method::DELETE, STATUSES, &json!({}))
+        .await
+        .assert_problem(405);
 }
 
 /// A body of the largest allowed size holding half a million items
@@ -861,7 +711,7 @@ async fn a_megabyte_of_zero_items_is_a_quick_400_with_the_count() {
     body.push_str("]}");
     let count = body.matches('0').count();
     let start = std::time::Instant::now();
-    let got = app.post_public("/v1/public-phones/batch", body).await;
+    let got = app.post_public(BATCH, body).await;
     let took = start.elapsed();
     got.assert_problem(400);
     assert_eq!(
@@ -873,10 +723,7 @@ async fn a_megabyte_of_zero_items_is_a_quick_400_with_the_count() {
     // 101 items say so the same way.
     let item = json!({ "user_id": 1, "ad_id": 1, "category_id": 1 });
     let got = app
-        .post_public(
-            "/v1/public-phones/batch",
-            json!({ "items": vec![item; 101] }).to_string(),
-        )
+        .post_public(BATCH, json!({ "items": vec![item; 101] }).to_string())
         .await;
     assert_eq!(
         got.body["detail"], "items: must hold 1 to 100 items, got 101",
@@ -891,33 +738,17 @@ const LIMITS: &str =
 async fn oversized_headers_are_refused_with_431() {
     let app = TestApp::spawn_with(LIMITS).await;
     app.real.reply(Reply::Phone(REAL));
-    let url = format!(
-        "{}/v1/public-phone?user_id=1&ad_id=1&category_id={PLAIN_CATEGORY}",
-        app.public
-    );
-    let got = read(
-        app.http
-            .get(&url)
-            .header("x-big", "a".repeat(5000))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    got.assert_problem(431);
+    let path = phone_path(1, 1, PLAIN_CATEGORY);
+    let big = "a".repeat(5000);
+    app.get_public_with(&path, &[("x-big", &big)])
+        .await
+        .assert_problem(431);
     // Far over the limit, hyper refuses before the router sees it.
-    let got = app
-        .http
-        .get(&url)
-        .header("x-huge", "a".repeat(100_000))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(got.status(), 431);
+    let huge = "a".repeat(100_000);
+    let got = app.get_public_with(&path, &[("x-huge", &huge)]).await;
+    assert_eq!(got.status, 431, "{got:?}");
     // Normal requests still pass.
-    read(app.http.get(&url).send().await.unwrap())
-        .await
-        .assert_number(REAL, "real");
+    app.get_public(&path).await.assert_number(REAL, "real");
 }
 
 fn host_port(base: &str) -> String {
@@ -1036,15 +867,12 @@ async fn a_batch_items_problem_is_the_single_routes_a_404_included() {
         }
         item
     }).collect::<Vec<_>>() });
-    let batch = app
-        .post_public("/v1/public-phones/batch", body.to_string())
-        .await;
+    let batch = app.post_public(BATCH, body.to_string()).await;
     assert_eq!(batch.status, 200, "{batch:?}");
     let results = batch.body["results"].as_array().unwrap();
     assert_eq!(results.len(), 3);
     for (result, &(user, ad, category, phone)) in results.iter().zip(&items) {
-        let mut query =
-            format!("/v1/public-phone?user_id={user}&ad_id={ad}&category_id={category}");
+        let mut query = phone_path(user, ad, category);
         if let Some(phone) = phone {
             query.push_str(&format!("&phone={phone}"));
         }
@@ -1073,9 +901,7 @@ async fn batch_answers_each_item_in_order_with_mixed_results() {
         { "user_id": 4, "ad_id": 15, "category_id": 1, "phone": "12345" },
         { "user_id": 5, "category_id": 1 },
     ]});
-    let got = app
-        .post_public("/v1/public-phones/batch", body.to_string())
-        .await;
+    let got = app.post_public(BATCH, body.to_string()).await;
     assert_eq!(got.status, 200, "{got:?}");
     let results = got.body["results"].as_array().unwrap();
     assert_eq!(results.len(), 6);
@@ -1110,7 +936,7 @@ async fn batch_answers_each_item_in_order_with_mixed_results() {
 #[tokio::test]
 async fn on_the_front_an_unknown_route_is_a_404_problem() {
     let front = public_front();
-    for path in ["/nope", "/v1/public-phone/42", "/admin/v1/cache/invalidate"] {
+    for path in ["/nope", "/v1/public-phone/42", INVALIDATE] {
         let request = Request::get(path).body(Body::empty()).unwrap();
         oneshot(&front, request).await.assert_problem(404);
     }
@@ -1125,9 +951,7 @@ async fn on_the_front_a_wrong_method_is_a_405_problem_naming_the_allowed_ones() 
     let got = oneshot(&front, request).await;
     got.assert_problem(405);
     assert_eq!(got.allow.as_deref(), Some("GET,HEAD"), "{got:?}");
-    let request = Request::get("/v1/public-phones/batch")
-        .body(Body::empty())
-        .unwrap();
+    let request = Request::get(BATCH).body(Body::empty()).unwrap();
     oneshot(&front, request).await.assert_problem(405);
 }
 
@@ -1139,7 +963,7 @@ async fn on_the_front_a_batch_that_is_not_json_is_a_415_problem() {
         Some("application/x-www-form-urlencoded"),
         None,
     ] {
-        let mut request = Request::post("/v1/public-phones/batch");
+        let mut request = Request::post(BATCH);
         if let Some(content_type) = content_type {
             request = request.header("content-type", content_type);
         }

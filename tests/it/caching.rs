@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::json;
 
+use crate::support::paths::{INVALIDATE, STATUSES};
 use crate::support::{Reply, TestApp, eventually, pg};
 use crate::{
     ANON, ANON_CATEGORY, NEW_ANON, NEW_REAL, OTHER_VIRTUAL, PLAIN_CATEGORY, REAL, VIRTUAL,
@@ -331,10 +332,6 @@ async fn a_cache_at_capacity_evicts() {
     assert!(again >= 50, "only {again} of 100 asked again: not bounded");
 }
 
-const STATUSES: &str = "/admin/v1/calltracking/statuses";
-
-const INVALIDATE: &str = "/admin/v1/cache/invalidate";
-
 /// Asks `app` for the seller's number until it is `phone`; returns how long
 /// that took, or fails after `limit`.
 async fn answers(app: &TestApp, user: u64, phone: &str, limit: Duration) -> Duration {
@@ -356,9 +353,7 @@ async fn answers(app: &TestApp, user: u64, phone: &str, limit: Duration) -> Dura
 /// Replica B cached the seller's number; the invalidation goes to A; B must
 /// ask its upstream again within `limit`.
 async fn invalidation_on_a_reaches_b(overlay: &str, limit: Duration) -> Duration {
-    let Some(db) = pg::database().await else {
-        return Duration::ZERO;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let a = TestApp::spawn_on(Some(&db.url), overlay).await;
     let b = TestApp::spawn_on(Some(&db.url), overlay).await;
     b.real.reply(Reply::Phone(REAL));
@@ -392,9 +387,7 @@ async fn without_listen_an_invalidation_reaches_the_other_replica_by_the_poll() 
 
 #[tokio::test]
 async fn a_fetch_in_flight_on_the_other_replica_is_not_written_back() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     // Room for a slow upstream call.
     let overlay = "[upstreams.real_phone]\ntimeout_ms = 3000\n";
     let a = TestApp::spawn_on(Some(&db.url), overlay).await;
@@ -435,7 +428,7 @@ async fn a_fetch_in_flight_on_the_other_replica_is_not_written_back() {
 
 #[tokio::test]
 async fn with_the_database_down_an_invalidation_answers_503_and_drops_locally() {
-    let Some(db) = pg::cluster() else { return };
+    let db = pg::or_skip!(pg::cluster());
     let cluster = db.cluster.as_ref().unwrap();
     let a = TestApp::spawn_on(Some(&db.url), "").await;
     a.real.reply(Reply::Phone(REAL));
@@ -461,9 +454,7 @@ async fn with_the_database_down_an_invalidation_answers_503_and_drops_locally() 
 /// number it cached before was released in between.
 #[tokio::test]
 async fn a_re_enable_after_a_disable_answers_the_new_forwarding_number_on_the_other_replica() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let overlay = "[database]\nlisten = false\nsync_interval_ms = 1000\n";
     let a = TestApp::spawn_on(Some(&db.url), overlay).await;
     let b = TestApp::spawn_on(Some(&db.url), overlay).await;

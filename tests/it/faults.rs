@@ -11,11 +11,9 @@ use serde_json::json;
 
 use crate::status_sync::{enabled, feed, wait_for};
 use crate::support::child::Process;
+use crate::support::paths::{INVALIDATE, STATUSES, status_path};
 use crate::support::proxy::Proxy;
 use crate::support::{TestApp, eventually, pg};
-
-const STATUSES: &str = "/admin/v1/calltracking/statuses";
-const INVALIDATE: &str = "/admin/v1/cache/invalidate";
 
 /// The lock bound the silent-database test sets, and what it allows on top
 /// for a loaded machine (the bound before was the statement's, a minute).
@@ -28,9 +26,7 @@ const SLACK: Duration = Duration::from_millis(1500);
 /// applied.
 #[tokio::test]
 async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_resumes() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let (proxy, through) = Proxy::in_front_of(&db.url).await;
     let feed_url = feed(20).await;
     let a = TestApp::spawn_on(
@@ -108,13 +104,10 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
         resumed.elapsed()
     );
     for app in [&a, &b] {
-        assert_eq!(
-            app.get_admin(&format!("{STATUSES}/1")).await.body["enabled"],
-            true
-        );
+        assert_eq!(app.get_admin(&status_path(1)).await.body["enabled"], true);
     }
     assert_eq!(
-        b.get_admin(&format!("{STATUSES}/2")).await.body["version"],
+        b.get_admin(&status_path(2)).await.body["version"],
         0,
         "nothing refused was applied"
     );
@@ -205,9 +198,7 @@ async fn stored_cursor(url: &str) -> Option<u64> {
 /// one leads again.
 #[tokio::test]
 async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new_one() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let feed_url = feed(20).await;
     let sim = feed_url.trim_start_matches("http://");
     let (tap_a, tap_b) = (Proxy::start(sim).await, Proxy::start(sim).await);
@@ -297,9 +288,7 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
 async fn a_late_feed_write_under_a_lost_lease_is_refused() {
     use phones_gateway::domain::StatusChange;
     use phones_gateway::store::{Bounds, Database, StoreError};
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let database = Database::connect_via(&db.url, None, 2, Bounds::default())
         .await
         .unwrap();
@@ -360,9 +349,7 @@ async fn a_late_feed_write_under_a_lost_lease_is_refused() {
 #[tokio::test]
 #[ignore = "a measurement, run by hand"]
 async fn measure_handover_after_sigstop() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let ttl_ms = std::env::var("HANDOVER_LEASE_TTL_MS")
         .ok()
         .and_then(|v| v.parse().ok())

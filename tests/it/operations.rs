@@ -1,14 +1,15 @@
 //! Operating it (docs/configuration.md, docs/runbook.md, the README): request
-//! ids, every metric family moving after real traffic, the CPU profile, graceful
-//! shutdown (readiness first, a pause, a drain with a hard deadline; SIGTERM to
-//! the binary), background tasks stopped with the app, a first start on a fresh
-//! database, a database error naming its cause and address, the command line
-//! (`check-config`, every configuration mistake in one run, mistyped environment
-//! prefixes, no colour codes into a pipe), and privacy (docs/README.md#privacy):
-//! no full number in any log line. Besides those two tests, every log line of the
-//! test binary (both formats, trace level) and of every child process is scanned
-//! as it is written (`support::privacy`), and every `TestApp` fails its test on
-//! any leak when dropped, so the traffic of the entire suite is covered.
+//! ids, every metric family moving after real traffic (the `metrics_*` tests),
+//! the CPU profile, graceful shutdown (readiness first, a pause, a drain with a
+//! hard deadline; SIGTERM to the binary), background tasks stopped with the app,
+//! a first start on a fresh database, a database error naming its cause and
+//! address, the command line (`check-config`, every configuration mistake in one
+//! run, mistyped environment prefixes, no colour codes into a pipe), and privacy
+//! (docs/README.md#privacy): no full number in any log line. Besides those two
+//! tests, every log line of the test binary (both formats, trace level) and of
+//! every child process is scanned as it is written (`support::privacy`), and
+//! every `TestApp` fails its test on any leak when dropped, so the traffic of
+//! the entire suite is covered.
 
 use std::process::{Command, Output};
 use std::sync::atomic::Ordering;
@@ -18,8 +19,9 @@ use reqwest::Method;
 use serde_json::json;
 
 use crate::support::child::{Process, Spawned};
+use crate::support::paths::{HEALTHZ, METRICS, PROFILE, PUBLIC_PHONE, READYZ, phone_path};
 use crate::support::{
-    Fake, JSON_LINES, Reply, TEXT_LINES, TOKEN, TestApp, Upstream, assert_no_leaks, captured_logs,
+    Fake, JSON_LINES, Reply, TEXT_LINES, TestApp, Upstream, assert_no_leaks, captured_logs,
     eventually, pg, read, scan,
 };
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
@@ -84,12 +86,45 @@ fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// The binary's `/metrics` before and after one run of traffic that moves every
+/// family (`traffic_scrapes`).
+struct Scrapes {
+    before: String,
+    after: String,
+}
+
+impl Scrapes {
+    /// Asserts that the series of `name` whose labels include `labels` grew.
+    #[track_caller]
+    fn assert_moved(&self, name: &str, labels: &[(&str, &str)]) {
+        let (b, a) = (
+            sum(&self.before, name, labels),
+            sum(&self.after, name, labels),
+        );
+        assert!(
+            a > b,
+            "{name} {labels:?} did not move: {b} -> {a}\n{}",
+            self.after
+        );
+    }
+}
+
 /// The metrics recorder is process-wide: in the test binary, every other test's
-/// app moves the same families and sets the same gauges. So this test runs the
-/// binary in a process of its own, against fake upstreams of the test's, and
-/// scrapes that process: every movement it sees is its own traffic's.
-#[tokio::test]
-async fn every_metric_family_moves_with_real_traffic() {
+/// app moves the same families and sets the same gauges. So the traffic runs
+/// through the binary in a process of its own, against fake upstreams of its
+/// own, and that process is scraped before and after: every movement seen is
+/// this traffic's. It runs once, for the first test that asks (again for the
+/// next one if it failed); the `metrics_*` tests each read one group of
+/// families off the same two scrapes.
+async fn traffic_scrapes() -> &'static Scrapes {
+    static SCRAPES: tokio::sync::OnceCell<Scrapes> = tokio::sync::OnceCell::const_new();
+    SCRAPES.get_or_init(traffic_moving_every_family).await
+}
+
+/// Every kind of answer once: a miss, a hit, a call-tracking number, a fail
+/// closed, a fall through, a 404, a timeout, a stale answer, a shed request, a
+/// rate-limited viewer, a webhook and a snapshot.
+async fn traffic_moving_every_family() -> Scrapes {
     let dir = tempfile::tempdir().unwrap();
     let real = Fake::start(Upstream::RealPhone).await;
     let anonymous = Fake::start(Upstream::Anonymous).await;
@@ -115,34 +150,11 @@ async fn every_metric_family_moves_with_real_traffic() {
         ],
     )
     .await;
-    let get = |base: &str, path: &str, viewer: Option<&str>| {
-        let mut request = app.http.get(format!("{base}{path}")).bearer_auth(TOKEN);
-        if let Some(viewer) = viewer {
-            request = request.header("x-viewer-id", viewer);
-        }
-        async move { read(request.send().await.unwrap()).await }
-    };
     let phone = |user: u64, category: u64| {
-        get(
-            &app.public,
-            &format!("/v1/public-phone?user_id={user}&ad_id=1&category_id={category}"),
-            None,
-        )
+        let (app, path) = (&app, phone_path(user, 1, category));
+        async move { app.get_public_with(&path, &[]).await }
     };
-    let statuses = |method: Method, body: serde_json::Value| {
-        let request = app
-            .http
-            .request(
-                method,
-                format!("{}/admin/v1/calltracking/statuses", app.admin),
-            )
-            .bearer_auth(TOKEN)
-            .header("content-type", "application/json")
-            .body(body.to_string());
-        async move { read(request.send().await.unwrap()).await }
-    };
-    let scrape = || get(&app.admin, "/metrics", None);
-    let before = scrape().await.text;
+    let before = app.get_admin(METRICS).await.text;
 
     real.reply(Reply::Phone(REAL));
     anonymous.reply(Reply::Status(500));
@@ -151,7 +163,7 @@ async fn every_metric_family_moves_with_real_traffic() {
         { "user_id": 2, "enabled": true, "version": 1 },
         { "user_id": 8, "enabled": true, "version": 1 },
     ]});
-    assert_eq!(statuses(Method::POST, items).await.status, 200);
+    assert_eq!(app.send(Method::POST, items).await, 200);
     phone(1, PLAIN_CATEGORY).await.assert_number(REAL, "real"); // miss
     phone(1, PLAIN_CATEGORY).await.assert_number(REAL, "real"); // hit
     phone(2, PLAIN_CATEGORY)
@@ -185,89 +197,112 @@ async fn every_metric_family_moves_with_real_traffic() {
     });
     a.assert_number(REAL, "real");
     b.assert_problem(503);
-    get(
-        &app.public,
-        "/v1/public-phone?user_id=1&ad_id=1&category_id=1",
-        Some("v"),
-    )
-    .await
-    .assert_number(REAL, "real");
-    get(
-        &app.public,
-        "/v1/public-phone?user_id=1&ad_id=1&category_id=1",
-        Some("v"),
-    )
-    .await
-    .assert_problem(429);
+    let as_viewer = [("x-viewer-id", "v")];
+    let path = phone_path(1, 1, 1);
+    app.get_public_with(&path, &as_viewer)
+        .await
+        .assert_number(REAL, "real");
+    app.get_public_with(&path, &as_viewer)
+        .await
+        .assert_problem(429);
     let snapshot = json!({ "version": 5, "enabled_user_ids": [2, 7] });
-    assert_eq!(statuses(Method::PUT, snapshot).await.status, 200);
+    assert_eq!(app.send(Method::PUT, snapshot).await, 200);
 
-    let after = scrape().await.text;
-    let moved = |name: &str, labels: &[(&str, &str)]| {
-        let (b, a) = (sum(&before, name, labels), sum(&after, name, labels));
-        assert!(a > b, "{name} {labels:?} did not move: {b} -> {a}\n{after}");
-    };
-    moved(
-        "phones_gateway_http_request_duration_seconds_count",
-        &[("route", "/v1/public-phone"), ("status", "200")],
-    );
-    moved(
-        "phones_gateway_http_request_duration_seconds_count",
-        &[("route", "/v1/public-phone"), ("status", "503")],
-    );
+    let after = app.get_admin(METRICS).await.text;
+    Scrapes { before, after }
+}
+
+#[tokio::test]
+async fn metrics_count_requests_by_route_and_status() {
+    let scrapes = traffic_scrapes().await;
+    for status in ["200", "503"] {
+        scrapes.assert_moved(
+            "phones_gateway_http_request_duration_seconds_count",
+            &[("route", PUBLIC_PHONE), ("status", status)],
+        );
+    }
+}
+
+#[tokio::test]
+async fn metrics_count_upstream_calls_by_outcome_and_time_them() {
+    let scrapes = traffic_scrapes().await;
     for outcome in ["ok", "not_found", "timeout", "error"] {
-        moved(
+        scrapes.assert_moved(
             "phones_gateway_upstream_requests_total",
             &[("outcome", outcome)],
         );
     }
-    moved(
+    scrapes.assert_moved(
         "phones_gateway_upstream_request_duration_seconds_count",
         &[("upstream", "real_phone")],
     );
+}
+
+#[tokio::test]
+async fn metrics_count_cache_lookups_by_result_and_gauge_the_entries() {
+    let scrapes = traffic_scrapes().await;
     for result in ["hit", "miss", "stale_served"] {
-        moved(
+        scrapes.assert_moved(
             "phones_gateway_cache_lookups_total",
             &[("cache", "real_phone"), ("result", result)],
         );
     }
-    moved("phones_gateway_selections_total", &[("kind", "real")]);
-    moved(
-        "phones_gateway_selections_total",
-        &[("kind", "calltracking")],
-    );
-    moved(
-        "phones_gateway_fail_closed_total",
-        &[("source", "anonymous")],
-    );
-    moved(
-        "phones_gateway_fall_through_total",
-        &[("source", "calltracking")],
-    );
-    moved(
-        "phones_gateway_resolve_failures_total",
-        &[("reason", "no_phone")],
-    );
-    moved("phones_gateway_shed_total", &[("reason", "in_flight")]);
-    moved("phones_gateway_rate_limited_total", &[]);
-    moved(
-        "phones_gateway_db_operation_duration_seconds_count",
-        &[("operation", "apply_changes")],
-    );
-    moved(
-        "phones_gateway_db_operation_duration_seconds_count",
-        &[("operation", "apply_snapshot")],
-    );
-    assert!(sum(&after, "phones_gateway_status_set_users", &[]) >= 2.0);
-    assert!(sum(&after, "phones_gateway_status_last_change_seq", &[]) >= 1.0);
-    assert!(after.contains("phones_gateway_status_sync_lag_seconds"));
     assert!(
         sum(
-            &after,
+            &scrapes.after,
             "phones_gateway_cache_entries",
             &[("cache", "real_phone")]
         ) >= 1.0
     );
+}
+
+#[tokio::test]
+async fn metrics_count_selections_and_how_sources_failed() {
+    let scrapes = traffic_scrapes().await;
+    scrapes.assert_moved("phones_gateway_selections_total", &[("kind", "real")]);
+    scrapes.assert_moved(
+        "phones_gateway_selections_total",
+        &[("kind", "calltracking")],
+    );
+    scrapes.assert_moved(
+        "phones_gateway_fail_closed_total",
+        &[("source", "anonymous")],
+    );
+    scrapes.assert_moved(
+        "phones_gateway_fall_through_total",
+        &[("source", "calltracking")],
+    );
+    scrapes.assert_moved(
+        "phones_gateway_resolve_failures_total",
+        &[("reason", "no_phone")],
+    );
+}
+
+#[tokio::test]
+async fn metrics_count_shed_and_rate_limited_requests() {
+    let scrapes = traffic_scrapes().await;
+    scrapes.assert_moved("phones_gateway_shed_total", &[("reason", "in_flight")]);
+    scrapes.assert_moved("phones_gateway_rate_limited_total", &[]);
+}
+
+#[tokio::test]
+async fn metrics_time_status_writes_and_gauge_the_status_set() {
+    let scrapes = traffic_scrapes().await;
+    for operation in ["apply_changes", "apply_snapshot"] {
+        scrapes.assert_moved(
+            "phones_gateway_db_operation_duration_seconds_count",
+            &[("operation", operation)],
+        );
+    }
+    let after = &scrapes.after;
+    assert!(sum(after, "phones_gateway_status_set_users", &[]) >= 2.0);
+    assert!(sum(after, "phones_gateway_status_last_change_seq", &[]) >= 1.0);
+    assert!(after.contains("phones_gateway_status_sync_lag_seconds"));
+}
+
+#[tokio::test]
+async fn metrics_hold_no_phone_number() {
+    let after = &traffic_scrapes().await.after;
     // No phone number in any label or value line.
     assert!(!after.contains("79161234567") && !after.contains("74951234567"));
 }
@@ -280,7 +315,7 @@ async fn a_cpu_profile_is_taken_on_demand_behind_the_token() {
     let process =
         crate::support::child::Process::start(&format!("sqlite://{}/gw.db", dir.path().display()))
             .await;
-    let url = |query: &str| format!("{}/admin/v1/debug/pprof/profile?{query}", process.admin);
+    let url = |query: &str| format!("{}{PROFILE}?{query}", process.admin);
     let without = read(process.http.get(url("seconds=1")).send().await.unwrap()).await;
     without.assert_problem(401);
     let get = |query: &'static str| {
@@ -347,11 +382,11 @@ async fn shutdown_turns_readyz_503_then_drains_in_flight_requests() {
     eventually(
         "readyz 503 after the signal",
         Duration::from_secs(1),
-        || async { app.get_admin("/readyz").await.status == 503 },
+        || async { app.get_admin(READYZ).await.status == 503 },
     )
     .await;
-    app.get_admin("/readyz").await.assert_problem(503);
-    assert_eq!(app.get_admin("/healthz").await.status, 200);
+    app.get_admin(READYZ).await.assert_problem(503);
+    assert_eq!(app.get_admin(HEALTHZ).await.status, 200);
     assert!(
         !in_flight.is_finished(),
         "the in-flight request is still in service"
@@ -384,7 +419,7 @@ async fn the_drain_has_a_hard_deadline() {
         .await
     });
     // An idle keep-alive connection must not hold the drain open either.
-    assert_eq!(app.get_admin("/healthz").await.status, 200);
+    assert_eq!(app.get_admin(HEALTHZ).await.status, 200);
     eventually("the request in service", Duration::from_secs(10), || {
         let calls = app.real.calls();
         async move { calls == 1 }
@@ -497,9 +532,7 @@ async fn a_first_start_on_a_fresh_sqlite_file_logs_no_warning() {
 
 #[tokio::test]
 async fn a_first_start_on_a_fresh_postgres_logs_no_warning() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let complaints = first_start_complaints(&db.url).await;
     assert!(complaints.is_empty(), "{complaints:#?}");
 }

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::support::paths::{METRICS, READYZ};
 use crate::support::{Reply, TestApp, eventually, read};
 use crate::{PLAIN_CATEGORY, REAL};
 
@@ -49,7 +50,7 @@ async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
         "shed at once, not queued: {:?}",
         start.elapsed()
     );
-    assert_eq!(app.get_admin("/readyz").await.status, 200);
+    assert_eq!(app.get_admin(READYZ).await.status, 200);
     for request in slow {
         request.await.unwrap().assert_number(REAL, "real");
     }
@@ -167,7 +168,7 @@ async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
         2,
         "the upstream saw no more than its bound"
     );
-    let metrics = app.get_admin("/metrics").await.text;
+    let metrics = app.get_admin(METRICS).await.text;
     // The series exists from the start (at 0): the count must have moved.
     let saturated = metrics
         .lines()

@@ -5,23 +5,12 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::support::paths::{METRICS, REVEALS, STATUSES, ad_reveals_path, phone_path};
 use crate::support::{Reply, TestApp, eventually, pg};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL};
 
 /// Flush often so tests see their reveals quickly.
 const FAST: &str = "[reveals]\nflush_interval_ms = 50\n";
-
-async fn viewed(app: &TestApp, viewer: Option<&str>, path: &str) -> crate::support::Answer {
-    let mut request = app.http.get(format!("{}{path}", app.public));
-    if let Some(viewer) = viewer {
-        request = request.header("x-viewer-id", viewer);
-    }
-    crate::support::read(request.send().await.unwrap()).await
-}
-
-fn lookup(user: u64, ad: u64, category: u64) -> String {
-    format!("/v1/public-phone?user_id={user}&ad_id={ad}&category_id={category}")
-}
 
 /// All reveals of a seller, newest first, following every page.
 async fn reveals_of(app: &TestApp, query: &str) -> Vec<Value> {
@@ -32,9 +21,7 @@ async fn reveals_of(app: &TestApp, query: &str) -> Vec<Value> {
             Some(c) => format!("{query}&cursor={c}"),
             None => query.to_owned(),
         };
-        let page = app
-            .get_admin(&format!("/admin/v1/reveals?{page_query}"))
-            .await;
+        let page = app.get_admin(&format!("{REVEALS}?{page_query}")).await;
         assert_eq!(page.status, 200, "{page:?}");
         items.extend(page.body["items"].as_array().unwrap().iter().cloned());
         match page.body["next_cursor"].as_str() {
@@ -45,7 +32,7 @@ async fn reveals_of(app: &TestApp, query: &str) -> Vec<Value> {
 }
 
 async fn ad_counts(app: &TestApp, ad: u64) -> Value {
-    let answer = app.get_admin(&format!("/admin/v1/ads/{ad}/reveals")).await;
+    let answer = app.get_admin(&ad_reveals_path(ad)).await;
     assert_eq!(answer.status, 200, "{answer:?}");
     answer.body
 }
@@ -55,7 +42,7 @@ async fn every_answered_number_is_recorded_and_nothing_else() {
     let app = TestApp::spawn_with(FAST).await;
     app.real.reply(Reply::Phone(REAL));
     app.anonymous.reply(Reply::Phone(ANON));
-    viewed(&app, Some("v-1"), &lookup(42, 1, PLAIN_CATEGORY))
+    app.get_public_as(Some("v-1"), &phone_path(42, 1, PLAIN_CATEGORY))
         .await
         .assert_number(REAL, "real");
     let batch = app
@@ -82,17 +69,21 @@ async fn every_answered_number_is_recorded_and_nothing_else() {
     // Not reveals: HEAD, a 404, a bad request.
     let head = app
         .http
-        .head(format!("{}{}", app.public, lookup(42, 4, PLAIN_CATEGORY)))
+        .head(format!(
+            "{}{}",
+            app.public,
+            phone_path(42, 4, PLAIN_CATEGORY)
+        ))
         .send()
         .await
         .unwrap();
     assert_eq!(head.status(), 200);
     app.real.reply(Reply::NotFound);
     app.anonymous.reply(Reply::NotFound);
-    viewed(&app, None, &lookup(42, 5, PLAIN_CATEGORY))
+    app.get_public_as(None, &phone_path(42, 5, PLAIN_CATEGORY))
         .await
         .assert_problem(404);
-    viewed(&app, None, "/v1/public-phone?user_id=42&ad_id=6")
+    app.get_public_as(None, "/v1/public-phone?user_id=42&ad_id=6")
         .await
         .assert_problem(400);
 
@@ -146,7 +137,11 @@ async fn a_viewer_id_must_be_1_to_128_visible_ascii_characters() {
     for bad in ["", long.as_str(), "two words", "caf\u{e9}"] {
         let answer = app
             .http
-            .get(format!("{}{}", app.public, lookup(1, 1, PLAIN_CATEGORY)))
+            .get(format!(
+                "{}{}",
+                app.public,
+                phone_path(1, 1, PLAIN_CATEGORY)
+            ))
             .header(
                 "x-viewer-id",
                 reqwest::header::HeaderValue::from_bytes(bad.as_bytes()).unwrap(),
@@ -177,7 +172,7 @@ async fn a_viewer_id_must_be_1_to_128_visible_ascii_characters() {
             .unwrap();
         crate::support::read(batch).await.assert_problem(400);
     }
-    viewed(&app, Some(&"x".repeat(128)), &lookup(1, 1, PLAIN_CATEGORY))
+    app.get_public_as(Some(&"x".repeat(128)), &phone_path(1, 1, PLAIN_CATEGORY))
         .await
         .assert_number(REAL, "real");
 }
@@ -187,7 +182,7 @@ async fn pages_are_keyset_newest_first_within_the_time_window() {
     let app = TestApp::spawn_with(FAST).await;
     app.real.reply(Reply::Phone(REAL));
     for ad in 1..=5 {
-        viewed(&app, Some("pager"), &lookup(7, ad, PLAIN_CATEGORY))
+        app.get_public_as(Some("pager"), &phone_path(7, ad, PLAIN_CATEGORY))
             .await
             .assert_number(REAL, "real");
     }
@@ -195,7 +190,7 @@ async fn pages_are_keyset_newest_first_within_the_time_window() {
         reveals_of(&app, "user_id=7").await.len() == 5
     })
     .await;
-    let first = app.get_admin("/admin/v1/reveals?user_id=7&limit=2").await;
+    let first = app.get_admin(&format!("{REVEALS}?user_id=7&limit=2")).await;
     let page: Vec<u64> = first.body["items"]
         .as_array()
         .unwrap()
@@ -205,9 +200,7 @@ async fn pages_are_keyset_newest_first_within_the_time_window() {
     assert_eq!(page, [5, 4]);
     let cursor = first.body["next_cursor"].as_str().unwrap();
     let second = app
-        .get_admin(&format!(
-            "/admin/v1/reveals?user_id=7&limit=2&cursor={cursor}"
-        ))
+        .get_admin(&format!("{REVEALS}?user_id=7&limit=2&cursor={cursor}"))
         .await;
     assert_eq!(second.body["items"][0]["ad_id"], 3);
     let all: Vec<u64> = reveals_of(&app, "user_id=7&limit=2")
@@ -238,7 +231,7 @@ async fn pages_are_keyset_newest_first_within_the_time_window() {
         "user_id=7&since=yesterday",
         "user_id=7&cursor=nonsense",
     ] {
-        app.get_admin(&format!("/admin/v1/reveals?{bad}"))
+        app.get_admin(&format!("{REVEALS}?{bad}"))
             .await
             .assert_problem(400);
     }
@@ -248,15 +241,13 @@ async fn pages_are_keyset_newest_first_within_the_time_window() {
 async fn reveals_off_records_nothing_and_the_routes_are_404() {
     let app = TestApp::spawn_with("[reveals]\nenabled = false").await;
     app.real.reply(Reply::Phone(REAL));
-    viewed(&app, Some("v"), &lookup(1, 1, PLAIN_CATEGORY))
+    app.get_public_as(Some("v"), &phone_path(1, 1, PLAIN_CATEGORY))
         .await
         .assert_number(REAL, "real");
-    app.get_admin("/admin/v1/reveals?user_id=1")
+    app.get_admin(&format!("{REVEALS}?user_id=1"))
         .await
         .assert_problem(404);
-    app.get_admin("/admin/v1/ads/1/reveals")
-        .await
-        .assert_problem(404);
+    app.get_admin(&ad_reveals_path(1)).await.assert_problem(404);
 }
 
 #[tokio::test]
@@ -267,7 +258,7 @@ async fn a_graceful_shutdown_writes_what_is_buffered() {
     let mut app = TestApp::spawn_on(Some(&url), "[reveals]\nflush_interval_ms = 60000").await;
     app.real.reply(Reply::Phone(REAL));
     for ad in 1..=3 {
-        viewed(&app, None, &lookup(9, ad, PLAIN_CATEGORY))
+        app.get_public_as(None, &phone_path(9, ad, PLAIN_CATEGORY))
             .await
             .assert_number(REAL, "real");
     }
@@ -293,9 +284,7 @@ async fn count_counter_writes(url: &str) -> sqlx::PgPool {
 
 #[tokio::test]
 async fn a_hot_ad_counts_exactly_with_one_counter_write_per_flush() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let app = TestApp::spawn_on(Some(&db.url), "[reveals]\nflush_interval_ms = 100").await;
     app.real.reply(Reply::Phone(REAL));
     let pool = count_counter_writes(&db.url).await;
@@ -304,7 +293,7 @@ async fn a_hot_ad_counts_exactly_with_one_counter_write_per_flush() {
     let hammer = (0..TASKS).map(|task| {
         let (http, url) = (
             app.http.clone(),
-            format!("{}{}", app.public, lookup(task + 1, 77, PLAIN_CATEGORY)),
+            format!("{}{}", app.public, phone_path(task + 1, 77, PLAIN_CATEGORY)),
         );
         tokio::spawn(async move {
             for _ in 0..EACH {
@@ -337,15 +326,13 @@ async fn a_hot_ad_counts_exactly_with_one_counter_write_per_flush() {
 
 #[tokio::test]
 async fn counts_are_summed_over_replicas_on_postgres() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let a = TestApp::spawn_on(Some(&db.url), FAST).await;
     let b = TestApp::spawn_on(Some(&db.url), FAST).await;
     for app in [&a, &b] {
         app.real.reply(Reply::Phone(REAL));
         for user in 1..=3 {
-            viewed(app, None, &lookup(user, 55, PLAIN_CATEGORY))
+            app.get_public_as(None, &phone_path(user, 55, PLAIN_CATEGORY))
                 .await
                 .assert_number(REAL, "real");
         }
@@ -360,20 +347,20 @@ async fn counts_are_summed_over_replicas_on_postgres() {
 
 #[tokio::test]
 async fn reveals_wait_in_memory_through_a_database_outage() {
-    let Some(db) = pg::cluster() else { return };
+    let db = pg::or_skip!(pg::cluster());
     let cluster = db.cluster.as_ref().unwrap();
     let app = TestApp::spawn_on(Some(&db.url), FAST).await;
     app.real.reply(Reply::Phone(REAL));
     cluster.stop_server().unwrap();
     for ad in 1..=4 {
-        viewed(&app, None, &lookup(3, ad, PLAIN_CATEGORY))
+        app.get_public_as(None, &phone_path(3, ad, PLAIN_CATEGORY))
             .await
             .assert_number(REAL, "real");
     }
     // The age of the oldest unwritten reveal grows while writes fail (polled:
     // the recorder is shared by every app in this binary, set at each scrape).
     let oldest = || async {
-        let text = app.get_admin("/metrics").await.text;
+        let text = app.get_admin(METRICS).await.text;
         text.lines()
             .find_map(|line| line.strip_prefix("phones_gateway_reveals_oldest_unwritten_seconds "))
             .and_then(|value| value.parse::<f64>().ok())
@@ -389,7 +376,7 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
         "written once the database is back",
         Duration::from_secs(15),
         || async {
-            let page = app.get_admin("/admin/v1/reveals?user_id=3").await;
+            let page = app.get_admin(&format!("{REVEALS}?user_id=3")).await;
             page.status == 200 && page.body["items"].as_array().unwrap().len() == 4
         },
     )
@@ -404,7 +391,7 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
 
 #[tokio::test]
 async fn past_max_buffered_reveals_are_dropped_or_the_number_refused() {
-    let Some(db) = pg::cluster() else { return };
+    let db = pg::or_skip!(pg::cluster());
     let cluster = db.cluster.as_ref().unwrap();
     let drop = TestApp::spawn_on(
         Some(&db.url),
@@ -422,22 +409,25 @@ async fn past_max_buffered_reveals_are_dropped_or_the_number_refused() {
     }
     // Two fit in each buffer.
     for ad in 1..=2 {
-        viewed(&drop, None, &lookup(10, ad, PLAIN_CATEGORY))
+        drop.get_public_as(None, &phone_path(10, ad, PLAIN_CATEGORY))
             .await
             .assert_number(REAL, "real");
-        viewed(&refuse, None, &lookup(11, ad, PLAIN_CATEGORY))
+        refuse
+            .get_public_as(None, &phone_path(11, ad, PLAIN_CATEGORY))
             .await
             .assert_number(REAL, "real");
     }
     // The third: shown and dropped, or refused.
-    viewed(&drop, None, &lookup(10, 3, PLAIN_CATEGORY))
+    drop.get_public_as(None, &phone_path(10, 3, PLAIN_CATEGORY))
         .await
         .assert_number(REAL, "real");
-    let refused = viewed(&refuse, None, &lookup(11, 3, PLAIN_CATEGORY)).await;
+    let refused = refuse
+        .get_public_as(None, &phone_path(11, 3, PLAIN_CATEGORY))
+        .await;
     refused.assert_problem(503);
     assert_eq!(refused.retry_after.as_deref(), Some("1"));
     assert!(
-        drop.get_admin("/metrics")
+        drop.get_admin(METRICS)
             .await
             .text
             .contains("phones_gateway_reveals_dropped_total")
@@ -448,16 +438,15 @@ async fn past_max_buffered_reveals_are_dropped_or_the_number_refused() {
             "the buffered two written",
             Duration::from_secs(15),
             || async {
-                let page = app
-                    .get_admin(&format!("/admin/v1/reveals?user_id={user}"))
-                    .await;
+                let page = app.get_admin(&format!("{REVEALS}?user_id={user}")).await;
                 page.status == 200 && page.body["items"].as_array().unwrap().len() == 2
             },
         )
         .await;
     }
     // With room again, refuse shows numbers again.
-    viewed(&refuse, None, &lookup(11, 4, PLAIN_CATEGORY))
+    refuse
+        .get_public_as(None, &phone_path(11, 4, PLAIN_CATEGORY))
         .await
         .assert_number(REAL, "real");
 }
@@ -468,7 +457,7 @@ async fn retention_deletes_old_reveals_and_keeps_the_counts() {
     let url = format!("sqlite://{}/retention.db", dir.path().display());
     let mut app = TestApp::spawn_on(Some(&url), FAST).await;
     app.real.reply(Reply::Phone(REAL));
-    viewed(&app, None, &lookup(5, 1, PLAIN_CATEGORY))
+    app.get_public_as(None, &phone_path(5, 1, PLAIN_CATEGORY))
         .await
         .assert_number(REAL, "real");
     eventually("the recent reveal", Duration::from_secs(5), || async {
@@ -528,7 +517,9 @@ async fn status_writes_beside_a_reveal_log_flushing_every_10_ms_are_never_refuse
                 // reveal to flush, and no upstream call (which a loaded 2-core
                 // runner can make miss its 300 ms) decides what this test sees.
                 let key = n % 50 + 1;
-                let got = viewed(app, Some(viewer), &lookup(key, key, PLAIN_CATEGORY)).await;
+                let got = app
+                    .get_public_as(Some(viewer), &phone_path(key, key, PLAIN_CATEGORY))
+                    .await;
                 if got.status == 200 {
                     shown.fetch_add(1, Ordering::Relaxed);
                 }
@@ -542,11 +533,7 @@ async fn status_writes_beside_a_reveal_log_flushing_every_10_ms_are_never_refuse
                 .map(|n| json!({ "user_id": 1_000 + i * 5_000 + n, "enabled": n % 2 == 0, "version": 10 + i }))
                 .collect();
             let got = app
-                .send_admin(
-                    reqwest::Method::POST,
-                    "/admin/v1/calltracking/statuses",
-                    &json!({ "items": items }),
-                )
+                .send_admin(reqwest::Method::POST, STATUSES, &json!({ "items": items }))
                 .await;
             statuses.push(got.status);
         }
@@ -559,7 +546,7 @@ async fn status_writes_beside_a_reveal_log_flushing_every_10_ms_are_never_refuse
             let got = app
                 .send_admin(
                     reqwest::Method::PUT,
-                    "/admin/v1/calltracking/statuses",
+                    STATUSES,
                     &json!({ "version": 1 + i, "enabled_user_ids": ids }),
                 )
                 .await;
@@ -598,9 +585,7 @@ async fn status_writes_beside_a_reveal_log_flushing_every_10_ms_are_never_refuse
 async fn retention_on_postgres_cuts_by_the_database_clock() {
     use phones_gateway::domain::{AdId, CategoryId, Reveal, Source, UserId};
     use phones_gateway::store::Database;
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let database = Database::connect(&db.url, 2).await.unwrap();
     database.migrate().await.unwrap();
     let store = database.reveals();

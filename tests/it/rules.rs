@@ -8,20 +8,20 @@
 //! failed source: docs/errors.md "Upstream failures" and the upstream client's
 //! guarantees (README "Upstreams": kept-alive connections, one timeout over head
 //! and body, bodies over the bound refused, redirects not followed), the last
-//! against a raw HTTP/1.1 server that shows what arrives on the wire.
+//! against a raw HTTP/1.1 server that shows what arrives on the wire
+//! (`support::raw`).
 
 use std::process::Command;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 use crate::support::child::Spawned;
-use crate::support::{Fake, Reply, TestApp, Upstream, eventually, pg, read};
+use crate::support::paths::{BATCH, METRICS, READYZ, STATUSES};
+use crate::support::{Fake, RawReply, RawServer, Reply, TestApp, Upstream, eventually, pg, read};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
 /// Every combination of applicable sources and their answers, one row per case:
@@ -317,7 +317,7 @@ async fn refused_connections_are_upstream_failures() {
 
 #[tokio::test]
 async fn a_replica_whose_status_set_is_not_loaded_never_shows_a_real_number() {
-    let Some(db) = pg::cluster() else { return };
+    let db = pg::or_skip!(pg::cluster());
     let cluster = db.cluster.as_ref().unwrap();
     let first = TestApp::spawn_on(Some(&db.url), "").await;
     first.enable_calltracking(42, 1).await;
@@ -328,7 +328,7 @@ async fn a_replica_whose_status_set_is_not_loaded_never_shows_a_real_number() {
     app.real.reply(Reply::Phone(REAL));
     app.anonymous.reply(Reply::Phone(ANON));
     app.calltracking.reply(Reply::Phone(VIRTUAL));
-    app.get_admin("/readyz").await.assert_problem(503);
+    app.get_admin(READYZ).await.assert_problem(503);
 
     // Seller 42 has call tracking on; this replica cannot know: no real number,
     // for any seller, on any path. 503 with Retry-After instead.
@@ -355,7 +355,7 @@ async fn a_replica_whose_status_set_is_not_loaded_never_shows_a_real_number() {
     }
     let batch = app
         .post_public(
-            "/v1/public-phones/batch",
+            BATCH,
             json!({ "items": [
                 { "user_id": 42, "ad_id": 3, "category_id": PLAIN_CATEGORY },
                 { "user_id": 42, "ad_id": 4, "category_id": ANON_CATEGORY },
@@ -602,13 +602,7 @@ async fn faulty_anonymous_app() -> TestApp {
         .map(|user| serde_json::json!({ "user_id": user, "enabled": true, "version": 1 }))
         .collect();
     let body = serde_json::json!({ "items": items });
-    let got = app
-        .send_admin(
-            reqwest::Method::POST,
-            "/admin/v1/calltracking/statuses",
-            &body,
-        )
-        .await;
+    let got = app.send_admin(reqwest::Method::POST, STATUSES, &body).await;
     assert_eq!(got.status, 200);
     app
 }
@@ -691,128 +685,9 @@ async fn an_anonymous_upstream_killed_mid_load_never_reveals() {
     assert_eq!(never_reveals(&app, 5000, 60).await, (0, 60));
 }
 
-/// What the raw upstream answers to every request.
-#[derive(Clone, Copy)]
-enum Raw {
-    /// 200 with a phone, keep-alive.
-    Phone,
-    /// 200 with a phone padded with whitespace to 8 MiB (valid JSON, so only
-    /// the bound can refuse it).
-    Huge,
-    /// 200 with its head at once and the body one byte every 100 ms.
-    Trickle,
-    /// 302 to the same server.
-    Redirect,
-}
-
-struct RawUpstream {
-    url: String,
-    connections: Arc<Mutex<usize>>,
-    heads: Arc<Mutex<Vec<String>>>,
-}
-
-impl RawUpstream {
-    async fn start(raw: Raw) -> RawUpstream {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let connections = Arc::new(Mutex::new(0));
-        let heads = Arc::new(Mutex::new(Vec::new()));
-        let (count, seen, location) = (connections.clone(), heads.clone(), url.clone());
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                *count.lock().unwrap() += 1;
-                tokio::spawn(serve(stream, raw, seen.clone(), location.clone()));
-            }
-        });
-        RawUpstream {
-            url,
-            connections,
-            heads,
-        }
-    }
-
-    fn connections(&self) -> usize {
-        *self.connections.lock().unwrap()
-    }
-
-    fn heads(&self) -> Vec<String> {
-        self.heads.lock().unwrap().clone()
-    }
-}
-
-async fn serve(mut stream: TcpStream, raw: Raw, heads: Arc<Mutex<Vec<String>>>, url: String) {
-    let mut buffer = Vec::new();
-    loop {
-        let mut chunk = [0u8; 4096];
-        let Ok(n) = stream.read(&mut chunk).await else {
-            return;
-        };
-        if n == 0 {
-            return;
-        }
-        buffer.extend_from_slice(&chunk[..n]);
-        while let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buffer[..end]).into_owned();
-            buffer.drain(..end + 4);
-            heads.lock().unwrap().push(head);
-            let ok = match raw {
-                Raw::Phone => {
-                    let body = format!("{{\"phone\":\"{REAL}\"}}");
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    stream.write_all(answer.as_bytes()).await.is_ok()
-                }
-                Raw::Huge => {
-                    let head = "HTTP/1.1 200 OK\r\ncontent-length: 8388608\r\n\r\n";
-                    let phone = format!("{{\"phone\":\"{REAL}\"}}");
-                    let mut first = vec![b' '; 64 * 1024];
-                    first[..phone.len()].copy_from_slice(phone.as_bytes());
-                    if stream.write_all(head.as_bytes()).await.is_err()
-                        || stream.write_all(&first).await.is_err()
-                    {
-                        return;
-                    }
-                    let block = vec![b' '; 64 * 1024];
-                    for _ in 1..128 {
-                        if stream.write_all(&block).await.is_err() {
-                            return;
-                        }
-                    }
-                    true
-                }
-                Raw::Trickle => {
-                    let body = format!("{{\"phone\":\"{REAL}\"}}");
-                    let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
-                    if stream.write_all(head.as_bytes()).await.is_err() {
-                        return;
-                    }
-                    for byte in body.bytes() {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        if stream.write_all(&[byte]).await.is_err() {
-                            return;
-                        }
-                    }
-                    true
-                }
-                Raw::Redirect => {
-                    let answer = format!(
-                        "HTTP/1.1 302 Found\r\nlocation: {url}/v1/users/1/phone?ad_id=1\r\ncontent-length: 0\r\n\r\n"
-                    );
-                    stream.write_all(answer.as_bytes()).await.is_ok()
-                }
-            };
-            if !ok {
-                return;
-            }
-        }
-    }
-}
-
 /// The real-number upstream at `raw`, with a 500 ms timeout and a request
 /// deadline far past it, so only the client's own timeout can cut a call.
-async fn app_on(raw: &RawUpstream) -> TestApp {
+async fn app_on(raw: &RawServer) -> TestApp {
     TestApp::spawn_with(&format!(
         "[server]\nrequest_deadline_ms = 10000\n[upstreams.real_phone]\nbase_url = \"{}\"\ntimeout_ms = 500",
         raw.url
@@ -822,7 +697,7 @@ async fn app_on(raw: &RawUpstream) -> TestApp {
 
 #[tokio::test]
 async fn calls_reuse_one_kept_alive_connection_and_say_who_is_calling() {
-    let raw = RawUpstream::start(Raw::Phone).await;
+    let raw = RawServer::start(RawReply::Phone).await;
     let app = app_on(&raw).await;
     for user in 1..=20 {
         let answer = app
@@ -858,7 +733,7 @@ async fn calls_reuse_one_kept_alive_connection_and_say_who_is_calling() {
 
 #[tokio::test]
 async fn a_body_over_the_bound_is_refused_not_read_whole() {
-    let raw = RawUpstream::start(Raw::Huge).await;
+    let raw = RawServer::start(RawReply::Huge).await;
     let app = app_on(&raw).await;
     let start = Instant::now();
     app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(503);
@@ -867,7 +742,7 @@ async fn a_body_over_the_bound_is_refused_not_read_whole() {
 
 #[tokio::test]
 async fn one_timeout_covers_the_body_too() {
-    let raw = RawUpstream::start(Raw::Trickle).await;
+    let raw = RawServer::start(RawReply::Trickle).await;
     let app = app_on(&raw).await;
     let start = Instant::now();
     // The head comes at once; the 27-byte body would take 2.7 s.
@@ -882,7 +757,7 @@ async fn one_timeout_covers_the_body_too() {
 
 #[tokio::test]
 async fn redirects_are_not_followed() {
-    let raw = RawUpstream::start(Raw::Redirect).await;
+    let raw = RawServer::start(RawReply::Redirect).await;
     let app = app_on(&raw).await;
     app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(503);
     assert_eq!(
@@ -894,7 +769,7 @@ async fn redirects_are_not_followed() {
 
 /// The value of the series `name{labels}` on /metrics (0 when absent).
 async fn metric(app: &TestApp, series: &str) -> f64 {
-    let metrics = app.get_admin("/metrics").await.text;
+    let metrics = app.get_admin(METRICS).await.text;
     metrics
         .lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))

@@ -8,6 +8,9 @@
 //! "Behind a transaction-mode pooler" with a real PgBouncer.
 
 use crate::support::child::Process;
+use crate::support::paths::{
+    HEALTHZ, INVALIDATE, READYZ, REVEALS, STATUSES, ad_reveals_path, status_path,
+};
 use crate::support::pgbouncer::{pooled, server_connections, through};
 use crate::support::{Reply, TestApp, captured_logs, eventually, json_with_token, pg};
 use crate::{PLAIN_CATEGORY, REAL, VIRTUAL};
@@ -17,13 +20,9 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
-const STATUSES: &str = "/admin/v1/calltracking/statuses";
-
 #[tokio::test]
 async fn a_change_on_one_replica_is_on_the_other_within_a_second() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let a = TestApp::spawn_on(Some(&db.url), "").await;
     let b = TestApp::spawn_on(Some(&db.url), "").await;
     let mut took = Vec::new();
@@ -54,9 +53,7 @@ async fn a_change_on_one_replica_is_on_the_other_within_a_second() {
 
 #[tokio::test]
 async fn a_lost_notification_is_covered_by_the_poll() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let a = TestApp::spawn_on(Some(&db.url), "").await;
     // A change committed without a notification (as if it were lost in transit).
     let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
@@ -72,9 +69,7 @@ async fn a_lost_notification_is_covered_by_the_poll() {
 
 #[tokio::test]
 async fn a_restarted_replica_catches_up_on_what_it_missed() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let a = TestApp::spawn_on(Some(&db.url), "").await;
     let b = TestApp::spawn_on(Some(&db.url), "").await;
     assert_eq!(a.set_status(1, true, 1).await, 200);
@@ -89,15 +84,15 @@ async fn a_restarted_replica_catches_up_on_what_it_missed() {
         200
     );
     let b = TestApp::spawn_on(Some(&db.url), "").await;
-    let got = b.get_admin(&format!("{STATUSES}/1")).await.body;
+    let got = b.get_admin(&status_path(1)).await.body;
     assert_eq!(got, json!({ "user_id": 1, "enabled": false, "version": 6 }));
-    let got = b.get_admin(&format!("{STATUSES}/3")).await.body;
+    let got = b.get_admin(&status_path(3)).await.body;
     assert_eq!(got, json!({ "user_id": 3, "enabled": true, "version": 6 }));
 }
 
 #[tokio::test]
 async fn replicas_reconnect_and_converge_after_postgres_restarts() {
-    let Some(db) = pg::cluster() else { return };
+    let db = pg::or_skip!(pg::cluster());
     let cluster = db.cluster.as_ref().unwrap();
     let a = TestApp::spawn_on(Some(&db.url), "").await;
     let b = TestApp::spawn_on(Some(&db.url), "").await;
@@ -107,22 +102,16 @@ async fn replicas_reconnect_and_converge_after_postgres_restarts() {
     cluster.stop_server().unwrap();
     // The database is down: the webhook refuses, the public API keeps answering
     // from memory and the upstreams, and readiness holds.
-    let down = a
-        .send_admin(
-            Method::POST,
-            STATUSES,
-            &json!({ "items": [{ "user_id": 2, "enabled": true, "version": 1 }] }),
-        )
-        .await;
+    let down = a.send_status(2, true, 1).await;
     down.assert_problem(503);
     assert!(down.retry_after.is_some());
     a.real.reply(Reply::Phone(REAL));
     a.phone(2, 1, PLAIN_CATEGORY)
         .await
         .assert_number(REAL, "real");
-    assert_eq!(a.get_admin("/readyz").await.status, 200);
+    assert_eq!(a.get_admin(READYZ).await.status, 200);
     assert_eq!(
-        a.get_admin(&format!("{STATUSES}/2")).await.body["version"],
+        a.get_admin(&status_path(2)).await.body["version"],
         0,
         "nothing applied"
     );
@@ -160,19 +149,13 @@ async fn sqlite_webhook_answers_503_when_the_database_is_gone() {
         .execute(&mut *conn)
         .await
         .unwrap();
-    let got = app
-        .send_admin(
-            Method::POST,
-            STATUSES,
-            &json!({ "items": [{ "user_id": 1, "enabled": false, "version": 2 }] }),
-        )
-        .await;
+    let got = app.send_status(1, false, 2).await;
     got.assert_problem(503);
     sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
     drop(conn);
     pool.close().await;
     assert_eq!(
-        app.get_admin(&format!("{STATUSES}/1")).await.body["version"],
+        app.get_admin(&status_path(1)).await.body["version"],
         1,
         "memory unchanged"
     );
@@ -180,7 +163,7 @@ async fn sqlite_webhook_answers_503_when_the_database_is_gone() {
 
 #[tokio::test]
 async fn readyz_is_503_until_the_status_set_is_loaded() {
-    let Some(db) = pg::cluster() else { return };
+    let db = pg::or_skip!(pg::cluster());
     let cluster = db.cluster.as_ref().unwrap();
     assert_eq!(
         TestApp::spawn_on(Some(&db.url), "")
@@ -193,13 +176,13 @@ async fn readyz_is_503_until_the_status_set_is_loaded() {
     cluster.stop_server().unwrap();
     let app = TestApp::start_on(Some(&db.url), "").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let not_yet = app.get_admin("/readyz").await;
+    let not_yet = app.get_admin(READYZ).await;
     not_yet.assert_problem(503);
-    assert_eq!(app.get_admin("/healthz").await.status, 200);
+    assert_eq!(app.get_admin(HEALTHZ).await.status, 200);
     cluster.start_server().unwrap();
     // Ready only once loaded, and then with what was stored.
     let start = Instant::now();
-    while app.get_admin("/readyz").await.status != 200 {
+    while app.get_admin(READYZ).await.status != 200 {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "never became ready"
@@ -226,9 +209,7 @@ async fn listeners(url: &str) -> i64 {
 
 #[tokio::test]
 async fn without_listen_replicas_converge_by_the_poll_alone() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let overlay = "[database]\nlisten = false\nsync_interval_ms = 200";
     let a = TestApp::spawn_on(Some(&db.url), overlay).await;
     let b = TestApp::spawn_on(Some(&db.url), overlay).await;
@@ -264,13 +245,7 @@ async fn webhook_applies_newer_versions_in_order_and_ignores_the_rest() {
     let got = app.send_admin(Method::POST, STATUSES, &body).await;
     assert_eq!(got.body, json!({ "applied": 0, "ignored": 4 }));
     // A newer one does.
-    let got = app
-        .send_admin(
-            Method::POST,
-            STATUSES,
-            &json!({ "items": [{ "user_id": 42, "enabled": false, "version": 18 }] }),
-        )
-        .await;
+    let got = app.send_status(42, false, 18).await;
     assert_eq!(got.body, json!({ "applied": 1, "ignored": 0 }));
     assert_status(&app, 42, false, 18).await;
     assert_status(&app, 44, false, 0).await;
@@ -317,7 +292,7 @@ async fn snapshot_enables_exactly_the_listed_users_except_newer_entries() {
     assert_eq!(got.status, 200, "{got:?}");
     let status = |user| {
         let app = &app;
-        async move { app.get_admin(&format!("{STATUSES}/{user}")).await.body }
+        async move { app.get_admin(&status_path(user)).await.body }
     };
     assert_eq!(
         status(1).await,
@@ -359,7 +334,7 @@ async fn snapshot_bodies_stream_in_any_key_order_and_bad_ones_change_nothing() {
     let got = put(body).await;
     assert_eq!(got.status, 200, "{got:?}");
     assert_eq!(
-        app.get_admin(&format!("{STATUSES}/20000")).await.body["enabled"],
+        app.get_admin(&status_path(20000)).await.body["enabled"],
         true
     );
 
@@ -457,11 +432,7 @@ async fn slow_snapshot_uploads_hold_no_database_connection() {
     for user in 1..=3u64 {
         let answer = tokio::time::timeout(
             Duration::from_secs(30),
-            app.send_admin(
-                Method::POST,
-                STATUSES,
-                &json!({ "items": [{ "user_id": 100 + user, "enabled": true, "version": 1 }] }),
-            ),
+            app.send_status(100 + user, true, 1),
         )
         .await
         .expect("a webhook hung behind slow snapshot uploads");
@@ -527,7 +498,7 @@ fn feed_items(users: std::ops::RangeInclusive<u64>) -> Vec<(u64, bool, u64)> {
 }
 
 async fn status_of(app: &TestApp, user: u64) -> Value {
-    app.get_admin(&format!("{STATUSES}/{user}")).await.body
+    app.get_admin(&status_path(user)).await.body
 }
 
 /// docs/rules.md and docs/status-sync.md: the very first poll has no `after`; a restarted replica
@@ -571,18 +542,12 @@ async fn snapshot_then_late_delta(app: &TestApp) {
         )
         .await;
     assert_eq!(put.status, 200, "{put:?}");
-    let late = app
-        .send_admin(
-            Method::POST,
-            STATUSES,
-            &json!({ "items": [{ "user_id": 7, "enabled": true, "version": 50 }] }),
-        )
-        .await;
+    let late = app.send_status(7, true, 50).await;
     assert_eq!(late.body, json!({ "applied": 0, "ignored": 1 }), "{late:?}");
 }
 
 async fn assert_status(app: &TestApp, user: u64, enabled: bool, version: u64) {
-    let got = app.get_admin(&format!("{STATUSES}/{user}")).await;
+    let got = app.get_admin(&status_path(user)).await;
     assert_eq!(
         got.body,
         json!({ "user_id": user, "enabled": enabled, "version": version }),
@@ -621,9 +586,7 @@ async fn a_snapshot_speaks_for_users_it_never_saw_and_survives_a_restart() {
 
 #[tokio::test]
 async fn every_replica_agrees_on_the_snapshot_floor_on_postgres() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let a = TestApp::spawn_on(Some(&db.url), "").await;
     let b = TestApp::spawn_on(Some(&db.url), "").await;
     let put = a
@@ -640,7 +603,7 @@ async fn every_replica_agrees_on_the_snapshot_floor_on_postgres() {
     assert_eq!(got.body, json!({ "applied": 0, "ignored": 1 }), "{got:?}");
     for app in [&a, &b] {
         eventually("the floor replicated", Duration::from_secs(5), || async {
-            app.get_admin(&format!("{STATUSES}/7")).await.body["version"] == 100
+            app.get_admin(&status_path(7)).await.body["version"] == 100
         })
         .await;
         assert_status(app, 7, false, 100).await;
@@ -691,21 +654,15 @@ async fn sqlite_statuses_survive_a_sigkill() {
 
 #[tokio::test]
 async fn postgres_statuses_survive_a_sigkill() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     statuses_survive_sigkill(&db.url).await;
 }
-
-const INVALIDATE: &str = "/admin/v1/cache/invalidate";
 
 /// Another session holds every table (a stuck migration): writes answer 503
 /// within the lock bound and apply nothing, and are taken once it lets go.
 #[tokio::test]
 async fn with_every_table_locked_writes_answer_503_in_bounded_time_and_apply_nothing() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let a = TestApp::spawn_on(Some(&db.url), "[database]\nlock_timeout_ms = 500\n").await;
     let mut locker = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
         .await
@@ -755,7 +712,7 @@ async fn with_every_table_locked_writes_answer_503_in_bounded_time_and_apply_not
     sqlx::Executor::execute(&mut locker, "ROLLBACK")
         .await
         .unwrap();
-    let stored = a.get_admin(&format!("{STATUSES}/10")).await;
+    let stored = a.get_admin(&status_path(10)).await;
     assert_eq!(
         stored.body["version"], 0,
         "nothing applied: {:?}",
@@ -823,9 +780,7 @@ async fn the_feed_is_pulled_into_the_set_with_its_cursor_stored() {
 
 #[tokio::test]
 async fn feed_leadership_moves_when_the_leader_dies() {
-    let Some(db) = pg::database().await else {
-        return;
-    };
+    let db = pg::or_skip!(pg::database().await);
     let feed_url = feed(20).await;
     let a = TestApp::spawn_on(Some(&db.url), &overlay(&feed_url)).await;
     let b = TestApp::spawn_on(Some(&db.url), &overlay(&feed_url)).await;
@@ -879,9 +834,7 @@ pub async fn leads_alone_then_fails_over(a: TestApp, b: TestApp) -> Duration {
 
 #[tokio::test]
 async fn replicas_behind_a_transaction_pooler_converge_by_polling() {
-    let Some((db, bouncer)) = pooled() else {
-        return;
-    };
+    let (db, bouncer) = pg::or_skip!(pooled());
     let overlay = through(&bouncer, &db, "");
     let a = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
     let b = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
@@ -892,11 +845,7 @@ async fn replicas_behind_a_transaction_pooler_converge_by_polling() {
             .map(|k| json!({"user_id": 1000 * (i as u64 + 1) + k, "enabled": true, "version": 1}))
             .collect();
         let answer = app
-            .send_admin(
-                reqwest::Method::POST,
-                "/admin/v1/calltracking/statuses",
-                &json!({ "items": users }),
-            )
+            .send_admin(reqwest::Method::POST, STATUSES, &json!({ "items": users }))
             .await;
         assert_eq!(answer.status, 200, "{:?}", answer.body);
     }
@@ -915,11 +864,7 @@ async fn replicas_behind_a_transaction_pooler_converge_by_polling() {
     // A streamed snapshot (COPY in one transaction) through the pooler.
     let snapshot = json!({ "version": 5, "enabled_user_ids": [7, 8, 9] });
     let answer = b
-        .send_admin(
-            reqwest::Method::PUT,
-            "/admin/v1/calltracking/statuses",
-            &snapshot,
-        )
+        .send_admin(reqwest::Method::PUT, STATUSES, &snapshot)
         .await;
     assert_eq!(answer.status, 200, "{:?}", answer.body);
     wait_for(
@@ -941,9 +886,7 @@ async fn replicas_behind_a_transaction_pooler_converge_by_polling() {
 
 #[tokio::test]
 async fn the_reveal_log_is_written_and_read_through_the_pooler() {
-    let Some((db, bouncer)) = pooled() else {
-        return;
-    };
+    let (db, bouncer) = pg::or_skip!(pooled());
     let overlay = through(&bouncer, &db, "[reveals]\nflush_interval_ms = 100");
     let a = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
     a.real.reply(crate::support::Reply::Phone(crate::REAL));
@@ -962,11 +905,11 @@ async fn the_reveal_log_is_written_and_read_through_the_pooler() {
         assert_eq!(answer.status(), 200);
     }
     eventually("three reveals counted", Duration::from_secs(5), || async {
-        let counts = a.get_admin("/admin/v1/ads/77/reveals").await;
+        let counts = a.get_admin(&ad_reveals_path(77)).await;
         counts.body["total"] == 3
     })
     .await;
-    let log = a.get_admin("/admin/v1/reveals?user_id=5").await;
+    let log = a.get_admin(&format!("{REVEALS}?user_id=5")).await;
     assert_eq!(log.status, 200, "{:?}", log.body);
     assert_eq!(
         log.body["items"].as_array().map(Vec::len),
@@ -978,9 +921,7 @@ async fn the_reveal_log_is_written_and_read_through_the_pooler() {
 
 #[tokio::test]
 async fn the_feed_has_one_leader_behind_the_pooler_and_fails_over() {
-    let Some((db, bouncer)) = pooled() else {
-        return;
-    };
+    let (db, bouncer) = pg::or_skip!(pooled());
     let feed_url = feed(20).await;
     let overlay = through(
         &bouncer,
@@ -1004,9 +945,7 @@ async fn the_feed_has_one_leader_behind_the_pooler_and_fails_over() {
 /// through the pooler made 30 of 40 fail with a stray NotificationResponse).
 #[tokio::test]
 async fn a_would_be_listener_through_a_pooler_harms_no_other_replica() {
-    let Some((db, bouncer)) = crate::support::pgbouncer::pooled() else {
-        return;
-    };
+    let (db, bouncer) = pg::or_skip!(crate::support::pgbouncer::pooled());
     let good = TestApp::spawn_on(
         Some(&bouncer.url()),
         &crate::support::pgbouncer::through(&bouncer, &db, ""),
@@ -1028,13 +967,7 @@ async fn a_would_be_listener_through_a_pooler_harms_no_other_replica() {
         let body =
             serde_json::json!({ "items": [{ "user_id": i, "enabled": true, "version": 1 }] });
         for app in [&good, &listener] {
-            let answer = app
-                .send_admin(
-                    reqwest::Method::POST,
-                    "/admin/v1/calltracking/statuses",
-                    &body,
-                )
-                .await;
+            let answer = app.send_admin(reqwest::Method::POST, STATUSES, &body).await;
             assert_eq!(answer.status, 200, "webhook {i}: {:?}", answer.body);
         }
     }
@@ -1058,9 +991,7 @@ async fn a_would_be_listener_through_a_pooler_harms_no_other_replica() {
 
 #[tokio::test]
 async fn the_session_check_tells_a_transaction_pooler_from_postgres() {
-    let Some((db, bouncer)) = crate::support::pgbouncer::pooled() else {
-        return;
-    };
+    let (db, bouncer) = pg::or_skip!(crate::support::pgbouncer::pooled());
     let options = |url: &str| url.parse::<sqlx::postgres::PgConnectOptions>().unwrap();
     let keeps = phones_gateway::store::keeps_sessions;
     assert!(

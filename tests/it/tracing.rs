@@ -1,5 +1,6 @@
 //! docs/tracing.md: W3C trace context continued to the upstreams, and the OTLP
-//! export of spans to a collector the test runs.
+//! export of spans to a collector the test runs (the `export_*` tests, which
+//! read one run of the binary).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,7 +13,8 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
 
 use crate::support::child::Process;
-use crate::support::{Answer, Fake, Reply, TestApp, Traced, Upstream, eventually, leaks_in, read};
+use crate::support::paths::{BATCH, phone_path};
+use crate::support::{Fake, Reply, TestApp, Traced, Upstream, eventually, leaks_in, read};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -45,14 +47,6 @@ fn parse(traceparent: &str) -> (String, String, String, String) {
     )
 }
 
-async fn get(app: &TestApp, path: &str, headers: &[(&str, &str)]) -> Answer {
-    let mut request = app.http.get(format!("{}{path}", app.public));
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    read(request.send().await.unwrap()).await
-}
-
 /// A seller with call tracking: one request makes two upstream calls (the real
 /// number, then its call-tracking number).
 async fn two_call_app() -> TestApp {
@@ -65,17 +59,12 @@ async fn two_call_app() -> TestApp {
     app
 }
 
-fn phone_path(user: u64) -> String {
-    format!("/v1/public-phone?user_id={user}&ad_id=1&category_id={PLAIN_CATEGORY}")
-}
-
 #[tokio::test]
 async fn a_callers_trace_is_continued_with_a_span_of_ours_per_upstream_call() {
     let app = two_call_app().await;
     let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
-    get(
-        &app,
-        &phone_path(1),
+    app.get_public_with(
+        &phone_path(1, 1, PLAIN_CATEGORY),
         &[
             ("traceparent", &traceparent),
             ("tracestate", "vendor=opaque"),
@@ -109,9 +98,12 @@ async fn a_callers_trace_is_continued_with_a_span_of_ours_per_upstream_call() {
     assert_eq!(app.calltracking.request_ids(), ["req-trace-1"]);
     // The caller's unsampled flag is kept too.
     let unsampled = format!("00-{TRACE_ID}-{CALLER_SPAN}-00");
-    get(&app, &phone_path(2), &[("traceparent", &unsampled)])
-        .await
-        .assert_number(VIRTUAL, "calltracking");
+    app.get_public_with(
+        &phone_path(2, 1, PLAIN_CATEGORY),
+        &[("traceparent", &unsampled)],
+    )
+    .await
+    .assert_number(VIRTUAL, "calltracking");
     let (traceparent, tracestate) = app.real.traces().pop().unwrap();
     let (_, trace_id, _, flags) = parse(&traceparent);
     assert_eq!((trace_id.as_str(), flags.as_str()), (TRACE_ID, "00"));
@@ -122,7 +114,7 @@ async fn a_callers_trace_is_continued_with_a_span_of_ours_per_upstream_call() {
 async fn a_request_without_a_traceparent_starts_a_trace_of_its_own() {
     let app = two_call_app().await;
     for user in [1, 2] {
-        get(&app, &phone_path(user), &[])
+        app.get_public_with(&phone_path(user, 1, PLAIN_CATEGORY), &[])
             .await
             .assert_number(VIRTUAL, "calltracking");
     }
@@ -163,9 +155,7 @@ async fn a_batch_without_a_traceparent_is_one_trace() {
     let mut traces = Vec::new();
     for users in [[1, 2, 3], [4, 5, 6]] {
         let before = (app.real.traces().len(), app.calltracking.traces().len());
-        let answer = app
-            .post_public("/v1/public-phones/batch", items(users))
-            .await;
+        let answer = app.post_public(BATCH, items(users)).await;
         assert_eq!(answer.status, 200, "{:?}", answer.body);
         let calls: Vec<_> = app.real.traces()[before.0..]
             .iter()
@@ -204,13 +194,13 @@ async fn a_refresh_ahead_and_a_miss_of_one_request_are_one_trace() {
     .await;
     app.real.reply(Reply::Phone(REAL));
     app.calltracking.reply(Reply::Phone(VIRTUAL));
-    get(&app, &phone_path(1), &[])
+    app.get_public_with(&phone_path(1, 1, PLAIN_CATEGORY), &[])
         .await
         .assert_number(REAL, "real");
     // Call tracking on: the next request's call-tracking lookup misses.
     app.enable_calltracking(1, 1).await;
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    get(&app, &phone_path(1), &[])
+    app.get_public_with(&phone_path(1, 1, PLAIN_CATEGORY), &[])
         .await
         .assert_number(VIRTUAL, "calltracking");
     eventually(
@@ -250,9 +240,8 @@ async fn an_invalid_traceparent_starts_a_new_trace_and_the_request_is_answered()
         "",
     ];
     for (user, traceparent) in (1..).zip(invalid) {
-        get(
-            &app,
-            &phone_path(user),
+        app.get_public_with(
+            &phone_path(user, 1, PLAIN_CATEGORY),
             &[("traceparent", traceparent), ("tracestate", "vendor=x")],
         )
         .await
@@ -368,13 +357,63 @@ fn string_attribute(
         })
 }
 
+/// What one run of the real binary with export on exported (`exported_run`).
+struct Export {
+    /// Every span the collector received.
+    spans: Vec<Span>,
+    /// The collector, for the raw bytes of what it received.
+    collector: Collector,
+    /// What the upstreams were sent in `traceparent`: (trace id, parent id, flags).
+    sent: Vec<(String, String, String)>,
+}
+
+impl Export {
+    /// The spans of `trace`.
+    fn of_trace(&self, trace: &str) -> Vec<&Span> {
+        self.spans
+            .iter()
+            .filter(|s| hex(&s.trace_id) == trace)
+            .collect()
+    }
+
+    /// The request span of the caller's sampled trace.
+    fn callers_request(&self) -> &Span {
+        self.spans
+            .iter()
+            .find(|s| hex(&s.trace_id) == TRACE_ID && s.name == "request")
+            .expect("the request span")
+    }
+
+    /// The trace the binary started for the request without a `traceparent`,
+    /// as its upstream call was told; asserts that it was sampled (ratio 1.0).
+    fn new_trace(&self) -> String {
+        self.sent
+            .iter()
+            .find(|(trace, _, _)| trace != TRACE_ID && trace != UNSAMPLED_TRACE)
+            .map(|(trace, _, flags)| {
+                assert_eq!(flags, "01", "ratio 1.0 samples a new trace");
+                trace.clone()
+            })
+            .expect("a call of the request without traceparent")
+    }
+}
+
+/// The trace a caller sends unsampled.
+const UNSAMPLED_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+
 /// The real binary with export on (sample ratio 1.0) against a collector the
-/// test runs: the request, its upstream calls (whose ids the upstreams saw in
-/// `traceparent`), the cache outcomes and the decision are exported when
-/// SIGTERM flushes; no phone number in any of it; a caller's unsampled trace
-/// exports nothing.
-#[tokio::test]
-async fn spans_are_exported_over_otlp_http_and_a_callers_unsampled_trace_is_not() {
+/// test runs: a request in a caller's sampled trace (anonymous and real asked
+/// at once), one in a caller's unsampled trace, and one without a
+/// `traceparent`, twice (a miss, then a hit); then SIGTERM, which flushes the
+/// last spans before the process exits. It runs once, for the first test that
+/// asks (again for the next one if it failed); the `export_*` tests each check
+/// one thing in what it exported.
+async fn exported_run() -> &'static Export {
+    static EXPORT: tokio::sync::OnceCell<Export> = tokio::sync::OnceCell::const_new();
+    EXPORT.get_or_init(export_run).await
+}
+
+async fn export_run() -> Export {
     let collector = Collector::default();
     let endpoint = collector.start().await;
     let real = Fake::start(Upstream::RealPhone).await;
@@ -395,38 +434,31 @@ async fn spans_are_exported_over_otlp_http_and_a_callers_unsampled_trace_is_not(
         ],
     )
     .await;
-    let get = |path: String, traceparent: Option<String>| {
-        let mut request = process.http.get(format!("{}{path}", process.public));
-        if let Some(traceparent) = traceparent {
-            request = request.header("traceparent", traceparent);
-        }
-        async move { read(request.send().await.unwrap()).await }
-    };
     // Sampled by the caller: anonymous and real asked at once.
     let sampled = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
-    get(
-        format!("/v1/public-phone?user_id=7&ad_id=1&category_id={ANON_CATEGORY}"),
-        Some(sampled),
-    )
-    .await
-    .assert_number(ANON, "anonymous");
+    process
+        .get_public_with(
+            &phone_path(7, 1, ANON_CATEGORY),
+            &[("traceparent", &sampled)],
+        )
+        .await
+        .assert_number(ANON, "anonymous");
     // Unsampled by the caller: the upstream is told so, nothing is exported.
-    let unsampled_trace = "0af7651916cd43dd8448eb211c80319c";
-    get(
-        format!("/v1/public-phone?user_id=8&ad_id=1&category_id={PLAIN_CATEGORY}"),
-        Some(format!("00-{unsampled_trace}-b7ad6b7169203331-00")),
-    )
-    .await
-    .assert_number(REAL, "real");
-    // No traceparent: a new trace, sampled at ratio 1.0; then the same again,
-    // answered from the cache (a hit is traced too).
-    for _ in 0..2 {
-        get(
-            format!("/v1/public-phone?user_id=9&ad_id=1&category_id={PLAIN_CATEGORY}"),
-            None,
+    let unsampled = format!("00-{UNSAMPLED_TRACE}-b7ad6b7169203331-00");
+    process
+        .get_public_with(
+            &phone_path(8, 1, PLAIN_CATEGORY),
+            &[("traceparent", &unsampled)],
         )
         .await
         .assert_number(REAL, "real");
+    // No traceparent: a new trace, sampled at ratio 1.0; then the same again,
+    // answered from the cache (a hit is traced too).
+    for _ in 0..2 {
+        process
+            .get_public_with(&phone_path(9, 1, PLAIN_CATEGORY), &[])
+            .await
+            .assert_number(REAL, "real");
     }
     // The sampled request's real-number call may still be on its way.
     eventually("four upstream calls", Duration::from_secs(10), || {
@@ -434,7 +466,7 @@ async fn spans_are_exported_over_otlp_http_and_a_callers_unsampled_trace_is_not(
         async move { calls == 4 }
     })
     .await;
-    let sent: Vec<(String, String, String)> = real
+    let sent = real
         .traces()
         .iter()
         .chain(anonymous.traces().iter())
@@ -443,43 +475,49 @@ async fn spans_are_exported_over_otlp_http_and_a_callers_unsampled_trace_is_not(
             (trace, parent, flags)
         })
         .collect();
-    assert_eq!(sent.len(), 4, "{sent:?}");
-    assert!(
-        sent.iter()
-            .any(|(trace, _, flags)| trace == unsampled_trace && flags == "00"),
-        "{sent:?}"
-    );
-    let new_trace = sent
-        .iter()
-        .find(|(trace, _, _)| trace != TRACE_ID && trace != unsampled_trace)
-        .map(|(trace, _, flags)| {
-            assert_eq!(flags, "01", "ratio 1.0 samples a new trace");
-            trace.clone()
-        })
-        .expect("a call of the request without traceparent");
-
     // SIGTERM: the last spans are flushed before the process exits.
     let status = tokio::task::spawn_blocking(move || process.sigterm())
         .await
         .unwrap();
     assert!(status.success(), "{status:?}");
-    let spans = collector.spans();
+    Export {
+        spans: collector.spans(),
+        collector,
+        sent,
+    }
+}
+
+#[tokio::test]
+async fn export_upstreams_are_told_the_callers_sampling_or_a_sampled_new_trace() {
+    let export = exported_run().await;
+    let sent = &export.sent;
+    assert_eq!(sent.len(), 4, "{sent:?}");
+    assert!(
+        sent.iter()
+            .any(|(trace, _, flags)| trace == UNSAMPLED_TRACE && flags == "00"),
+        "{sent:?}"
+    );
+    export.new_trace();
+}
+
+#[tokio::test]
+async fn export_flushes_at_sigterm_and_leaves_out_a_callers_unsampled_trace() {
+    let spans = &exported_run().await.spans;
     assert!(!spans.is_empty(), "nothing exported");
     assert!(
-        spans.iter().all(|s| hex(&s.trace_id) != unsampled_trace),
+        spans.iter().all(|s| hex(&s.trace_id) != UNSAMPLED_TRACE),
         "the caller's unsampled trace was exported"
     );
+}
 
-    // The caller's trace: the request span, child of the caller's span; two
-    // upstream spans under it, whose ids the upstreams received as parent-id.
-    let of_trace = |trace: &str| -> Vec<&Span> {
-        spans.iter().filter(|s| hex(&s.trace_id) == trace).collect()
-    };
-    let traced = of_trace(TRACE_ID);
-    let request = traced
-        .iter()
-        .find(|s| s.name == "request")
-        .expect("the request span");
+/// The caller's trace: the request span, child of the caller's span; two
+/// upstream spans under it, whose ids the upstreams received as parent-id.
+#[tokio::test]
+async fn export_puts_the_request_under_the_callers_span_and_each_upstream_call_under_it() {
+    let export = exported_run().await;
+    let sent = &export.sent;
+    let traced = export.of_trace(TRACE_ID);
+    let request = export.callers_request();
     assert_eq!(hex(&request.parent_span_id), CALLER_SPAN);
     assert_eq!(
         string_attribute(&request.attributes, "http.response.status_code").as_deref(),
@@ -502,7 +540,12 @@ async fn spans_are_exported_over_otlp_http_and_a_callers_unsampled_trace_is_not(
         .collect();
     names.sort();
     assert_eq!(names, ["anonymous", "real_phone"]);
-    // The cache outcomes and the decision, as events of the request span.
+}
+
+/// The cache outcomes and the decision, as events of the request span.
+#[tokio::test]
+async fn export_records_the_cache_outcome_and_the_decision_as_events_of_the_request() {
+    let request = exported_run().await.callers_request();
     let events: Vec<(String, Option<String>, Option<String>)> = request
         .events
         .iter()
@@ -526,15 +569,20 @@ async fn spans_are_exported_over_otlp_http_and_a_callers_unsampled_trace_is_not(
         )),
         "{events:?}"
     );
+}
 
-    // The new trace: exported too, the second request a hit (no upstream span).
-    let new = of_trace(&new_trace);
+/// The new trace: exported too, the second request a hit (no upstream span).
+#[tokio::test]
+async fn export_includes_a_new_trace_and_a_cache_hit() {
+    let export = exported_run().await;
+    let new = export.of_trace(&export.new_trace());
     assert!(
         new.iter()
             .any(|s| s.name == "request" && s.parent_span_id.is_empty())
     );
     assert!(new.iter().any(|s| s.name == "upstream"));
-    let hits = spans
+    let hits = export
+        .spans
         .iter()
         .filter(|s| {
             s.name == "request"
@@ -545,7 +593,11 @@ async fn spans_are_exported_over_otlp_http_and_a_callers_unsampled_trace_is_not(
         })
         .count();
     assert!(hits >= 1, "the hit's request span");
-    collector.assert_no_numbers();
+}
+
+#[tokio::test]
+async fn export_holds_no_phone_number() {
+    exported_run().await.collector.assert_no_numbers();
 }
 
 /// docs/tracing.md#coalesced-fetches: a fetch that a second request joins
@@ -557,7 +609,7 @@ async fn a_coalesced_fetch_carries_the_trace_of_the_request_that_started_it() {
         .reply_after(Reply::Phone(REAL), Duration::from_millis(150));
     let first_trace = "11111111111111111111111111111111";
     let second_trace = "22222222222222222222222222222222";
-    let path = format!("/v1/public-phone?user_id=5&ad_id=1&category_id={PLAIN_CATEGORY}");
+    let path = phone_path(5, 1, PLAIN_CATEGORY);
     let send = |trace: &str| {
         let request = app
             .http

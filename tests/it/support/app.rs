@@ -11,7 +11,9 @@ use reqwest::Method;
 use serde_json::Value;
 
 use super::fakes::{Fake, Upstream};
+use super::paths::{INVALIDATE, READYZ, STATUSES, phone_path};
 use super::privacy::{assert_no_leaks, init_logs};
+use super::raw::{RawAnswer, raw_request};
 
 pub const TOKEN: &str = "test-admin-token-0123456789";
 
@@ -55,6 +57,7 @@ pub struct Answer {
     pub status: u16,
     pub content_type: String,
     pub retry_after: Option<String>,
+    pub allow: Option<String>,
     pub body: Value,
     pub text: String,
 }
@@ -154,7 +157,7 @@ impl TestApp {
     /// Waits (up to 5 s) until `/readyz` answers 200: the status set is loaded.
     pub async fn wait_ready(&self) {
         for _ in 0..500 {
-            if self.get_admin("/readyz").await.status == 200 {
+            if self.get_admin(READYZ).await.status == 200 {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -182,39 +185,55 @@ impl TestApp {
     }
 
     pub async fn phone(&self, user: u64, ad: u64, category: u64) -> Answer {
-        self.get_public(&format!(
-            "/v1/public-phone?user_id={user}&ad_id={ad}&category_id={category}"
-        ))
-        .await
+        self.get_public(&phone_path(user, ad, category)).await
     }
 
     pub async fn get_public(&self, path_and_query: &str) -> Answer {
-        read(
-            self.http
-                .get(format!("{}{path_and_query}", self.public))
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await
+        self.get_public_with(path_and_query, &[]).await
     }
 
+    /// A GET on the public listener with these headers (`x-viewer-id`,
+    /// `x-request-id`, `traceparent`, ...).
+    pub async fn get_public_with(&self, path_and_query: &str, headers: &[(&str, &str)]) -> Answer {
+        get_with(&self.http, &self.public, path_and_query, headers).await
+    }
+
+    /// A GET on the public listener as `viewer` (`x-viewer-id`), or as an
+    /// anonymous caller.
+    pub async fn get_public_as(&self, viewer: Option<&str>, path_and_query: &str) -> Answer {
+        let headers: Vec<(&str, &str)> = viewer.map(|v| ("x-viewer-id", v)).into_iter().collect();
+        self.get_public_with(path_and_query, &headers).await
+    }
+
+    /// A GET on the admin listener with the token.
     pub async fn get_admin(&self, path: &str) -> Answer {
         self.admin_request(Method::GET, path, &[("authorization", &bearer())], "")
             .await
     }
 
+    /// A GET on the admin listener without the token.
+    pub async fn get_admin_without_token(&self, path: &str) -> Answer {
+        self.admin_request(Method::GET, path, &[], "").await
+    }
+
+    /// A JSON body to the public listener.
     pub async fn post_public(&self, path: &str, body: impl Into<reqwest::Body>) -> Answer {
-        read(
-            self.http
-                .post(format!("{}{path}", self.public))
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await
+        self.post_public_with(path, &[], body).await
+    }
+
+    /// A JSON body to the public listener with these headers (`x-viewer-id`).
+    pub async fn post_public_with(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<reqwest::Body>,
+    ) -> Answer {
+        let request = self
+            .http
+            .post(format!("{}{path}", self.public))
+            .header("content-type", "application/json")
+            .body(body);
+        send_with(request, headers).await
     }
 
     /// A JSON body to an admin route, with the token.
@@ -233,14 +252,28 @@ impl TestApp {
         headers: &[(&str, &str)],
         body: impl Into<reqwest::Body>,
     ) -> Answer {
-        let mut request = self
+        let request = self
             .http
             .request(method, format!("{}{path}", self.admin))
             .body(body);
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        read(request.send().await.unwrap()).await
+        send_with(request, headers).await
+    }
+
+    /// An admin request written on a bare socket, so that any method and any
+    /// bytes of path go out as given: `authorization: Bearer {token}` only when
+    /// `token` is given, a JSON content type and an empty body; the answer with
+    /// all its headers (`www-authenticate`, `content-length`).
+    pub async fn raw_admin_request(
+        &self,
+        method: &Method,
+        path: &str,
+        token: Option<&str>,
+    ) -> RawAnswer {
+        let auth = token.map_or_else(String::new, |t| format!("authorization: Bearer {t}\r\n"));
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nhost: x\r\n{auth}content-type: application/json\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        );
+        raw_request(&self.admin, request.as_bytes()).await
     }
 
     /// Asserts how many calls each fake upstream has had so far, in the order
@@ -258,17 +291,15 @@ impl TestApp {
         );
     }
 
-    /// Delivers status changes through the webhook; panics unless 200.
+    /// Sends one status change to the webhook; the answer.
+    pub async fn send_status(&self, user: u64, enabled: bool, version: u64) -> Answer {
+        let body = serde_json::json!({ "items": [{ "user_id": user, "enabled": enabled, "version": version }] });
+        self.send_admin(Method::POST, STATUSES, &body).await
+    }
+
     /// Sends one status change to the webhook; its status code.
     pub async fn set_status(&self, user: u64, enabled: bool, version: u64) -> u16 {
-        let body = serde_json::json!({ "items": [{ "user_id": user, "enabled": enabled, "version": version }] });
-        self.send_admin(
-            reqwest::Method::POST,
-            "/admin/v1/calltracking/statuses",
-            &body,
-        )
-        .await
-        .status
+        self.send_status(user, enabled, version).await.status
     }
 
     /// Waits until this replica holds `user` at `version` in memory; how long
@@ -286,19 +317,15 @@ impl TestApp {
         start.elapsed()
     }
 
+    /// Turns call tracking on for `user` at `version`; panics unless 200.
     pub async fn enable_calltracking(&self, user: u64, version: u64) {
-        let body = serde_json::json!({ "items": [{ "user_id": user, "enabled": true, "version": version }] });
-        let answer = self
-            .send_admin(Method::POST, "/admin/v1/calltracking/statuses", &body)
-            .await;
+        let answer = self.send_status(user, true, version).await;
         assert_eq!(answer.status, 200, "{answer:?}");
     }
 
     pub async fn invalidate(&self, users: &[u64]) {
         let body = serde_json::json!({ "user_ids": users });
-        let answer = self
-            .send_admin(Method::POST, "/admin/v1/cache/invalidate", &body)
-            .await;
+        let answer = self.send_admin(Method::POST, INVALIDATE, &body).await;
         assert_eq!(answer.status, 200, "{answer:?}");
     }
 }
@@ -317,28 +344,45 @@ pub fn json_with_token() -> [(&'static str, &'static str); 2] {
     ]
 }
 
+/// A GET of `path` on `base` (`http://host:port`) with these headers, the
+/// answer read whole.
+pub async fn get_with(
+    http: &reqwest::Client,
+    base: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Answer {
+    send_with(http.get(format!("{base}{path}")), headers).await
+}
+
+/// Sends `request` with these headers added; the answer read whole.
+pub async fn send_with(mut request: reqwest::RequestBuilder, headers: &[(&str, &str)]) -> Answer {
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    read(request.send().await.unwrap()).await
+}
+
 pub async fn read(response: reqwest::Response) -> Answer {
     let status = response.status().as_u16();
-    let header = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_owned())
-    };
-    let content_type = header("content-type").unwrap_or_default();
-    let retry_after = header("retry-after");
-    let text = response.text().await.unwrap();
-    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-    Answer {
-        status,
-        content_type,
-        retry_after,
-        body,
-        text,
-    }
+    let headers = response.headers().clone();
+    Answer::new(status, &headers, response.text().await.unwrap())
 }
 
 impl Answer {
+    /// The answer of this status, headers and body text.
+    pub fn new(status: u16, headers: &reqwest::header::HeaderMap, text: String) -> Answer {
+        let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+        Answer {
+            status,
+            content_type: header("content-type").unwrap_or_default(),
+            retry_after: header("retry-after"),
+            allow: header("allow"),
+            body: serde_json::from_str(&text).unwrap_or(Value::Null),
+            text,
+        }
+    }
+
     /// Asserts a 200 with this number and kind.
     #[track_caller]
     pub fn assert_number(&self, phone: &str, kind: &str) {

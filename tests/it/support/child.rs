@@ -8,6 +8,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::app::{Answer, bearer, get_with};
+use super::paths::{READYZ, STATUSES, status_path};
 use super::privacy::{assert_no_leaks, scan};
 use super::{TOKEN, eventually};
 
@@ -201,7 +203,7 @@ impl Process {
             admin: format!("http://{admin}"),
             http: reqwest::Client::new(),
         };
-        let ready = format!("{}/readyz", process.admin);
+        let ready = format!("{}{READYZ}", process.admin);
         eventually("the process to become ready", limit, || async {
             let got = process.http.get(&ready).send().await;
             got.is_ok_and(|r| r.status() == 200)
@@ -210,12 +212,28 @@ impl Process {
         process
     }
 
+    /// A GET on the public listener with these headers, as
+    /// `TestApp::get_public_with`.
+    pub async fn get_public_with(&self, path_and_query: &str, headers: &[(&str, &str)]) -> Answer {
+        get_with(&self.http, &self.public, path_and_query, headers).await
+    }
+
+    /// A GET on the admin listener with the token.
+    pub async fn get_admin(&self, path: &str) -> Answer {
+        get_with(
+            &self.http,
+            &self.admin,
+            path,
+            &[("authorization", &bearer())],
+        )
+        .await
+    }
+
+    /// A JSON body to the status webhook (POST) or snapshot (PUT), with the
+    /// token; the answer's status code.
     pub async fn send(&self, method: reqwest::Method, body: serde_json::Value) -> u16 {
         self.http
-            .request(
-                method,
-                format!("{}/admin/v1/calltracking/statuses", self.admin),
-            )
+            .request(method, format!("{}{STATUSES}", self.admin))
             .bearer_auth(TOKEN)
             .header("content-type", "application/json")
             .body(body.to_string())
@@ -229,10 +247,7 @@ impl Process {
     pub async fn status(&self, user: u64) -> serde_json::Value {
         let response = self
             .http
-            .get(format!(
-                "{}/admin/v1/calltracking/statuses/{user}",
-                self.admin
-            ))
+            .get(format!("{}{}", self.admin, status_path(user)))
             .bearer_auth(TOKEN)
             .send()
             .await

@@ -21,8 +21,9 @@ use phones_gateway::http::server::shed::Shed;
 use phones_gateway::resolve::Resolver;
 use phones_gateway::status::StatusSet;
 use phones_gateway::upstream::Upstreams;
-use serde_json::Value;
 use tower::ServiceExt;
+
+use super::app::Answer;
 
 /// The public front on the default configuration, no rate limit, no reveal log.
 pub fn public_front() -> Front {
@@ -61,51 +62,22 @@ pub fn public_front() -> Front {
     )
 }
 
-/// A problem document as the front answered it.
-#[derive(Debug)]
-pub struct Problem {
-    pub status: u16,
-    pub content_type: String,
-    pub allow: Option<String>,
-    pub body: Value,
-}
-
 /// Sends one request through `front` (no socket) and reads its answer whole.
-pub async fn oneshot(front: &Front, request: Request<Body>) -> Problem {
+pub async fn oneshot(front: &Front, request: Request<Body>) -> Answer {
     let front = front.clone();
     let service = tower::service_fn(move |request: Request<Body>| front.call(request));
     let response: Response<Body> = service
         .oneshot(request)
         .await
         .unwrap_or_else(|never: Infallible| match never {});
-    let header = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_owned())
-    };
     let status = response.status().as_u16();
-    let content_type = header("content-type").unwrap_or_default();
-    let allow = header("allow");
+    let headers = response.headers().clone();
     let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
         .await
         .unwrap();
-    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Problem {
+    Answer::new(
         status,
-        content_type,
-        allow,
-        body,
-    }
-}
-
-impl Problem {
-    /// Asserts a problem document with this status.
-    #[track_caller]
-    pub fn assert_problem(&self, status: u16) {
-        assert_eq!(self.status, status, "{self:?}");
-        assert_eq!(self.content_type, "application/problem+json", "{self:?}");
-        assert_eq!(self.body["status"], status, "{self:?}");
-        assert!(self.body["title"].is_string(), "{self:?}");
-    }
+        &headers,
+        String::from_utf8_lossy(&bytes).into_owned(),
+    )
 }

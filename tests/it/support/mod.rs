@@ -14,7 +14,8 @@
 //! upstreams), `privacy` (the log scanner), `pg` (PostgreSQL clusters),
 //! `pgbouncer` (a transaction-mode pooler in front of one), `child` (the binary
 //! as a child process), `front` (the public front without sockets, for
-//! `oneshot`), `proxy` (a TCP proxy that can fall silent).
+//! `oneshot`), `proxy` (a TCP proxy that can fall silent), `raw` (HTTP/1.1 on a
+//! bare socket: an upstream and a client), `paths` (the routes, typed once).
 
 use std::time::{Duration, Instant};
 
@@ -22,14 +23,17 @@ pub mod app;
 pub mod child;
 pub mod fakes;
 pub mod front;
+pub mod paths;
 pub mod pg;
 pub mod pgbouncer;
 pub mod privacy;
 pub mod proxy;
+pub mod raw;
 
 pub use app::*;
 pub use fakes::*;
 pub use privacy::*;
+pub use raw::*;
 
 /// Polls `done` every 10 ms until it holds; panics naming `what` after `limit`.
 /// Used instead of sleeping a guessed time: on two busy cores a guess is either

@@ -11,7 +11,9 @@
 //!
 //! With `REQUIRE_POSTGRES` or `CI` set to anything but empty, `0` or `false`
 //! (`.ci/run` sets `REQUIRE_POSTGRES=1`), a PostgreSQL that cannot be had fails
-//! the test; elsewhere the test says `SKIPPED` in its output and returns.
+//! the test; elsewhere the test says `SKIPPED` in its output and returns. A test
+//! opens with `let db = pg::or_skip!(pg::database().await);` (or `pg::cluster()`,
+//! or `pgbouncer::pooled()`), which does both.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -219,6 +221,25 @@ fn unavailable(why: &str) -> Option<TestDb> {
     );
     None
 }
+
+/// The `Some` value of `$wanted` (`database().await`, `cluster()`,
+/// `pgbouncer::pooled()`), or a return from the calling test (or helper, with
+/// its return type's default) when it is `None`: PostgreSQL cannot be had and
+/// is not required, and `SKIPPED` is already said. Where it is required, the
+/// call has panicked instead, failing the test.
+// The benches include this file too (`#[path]`) and ask for their clusters
+// themselves: unused there.
+#[allow(unused_macros)]
+macro_rules! or_skip {
+    ($wanted:expr) => {
+        match $wanted {
+            Some(wanted) => wanted,
+            None => return Default::default(),
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use or_skip;
 
 /// A database for a test that does not stop the server.
 pub async fn database() -> Option<TestDb> {
