@@ -139,7 +139,7 @@ impl Endpoint {
         max_in_flight_per_seller: usize,
     ) -> Self {
         // Checked at start to be an http:// URL naming a host
-        // (`config::validate_base_url`); were it not, every call would fail to
+        // (`config::upstreams`); were it not, every call would fail to
         // connect to a name that never resolves (RFC 6761 `.invalid`).
         let base = hyper::Uri::try_from(config.base_url.as_str()).ok();
         let authority = base
