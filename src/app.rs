@@ -4,11 +4,14 @@
 //! Listeners are bound in `build` so a test can ask for port 0 and read the
 //! address before the app runs, exactly as `main` starts it.
 //!
-//! Each part is handed its own section (`[upstreams]`, `[cache]`, `[selection]`,
-//! `[reveals]`), and where it needs a value of another section, that value
-//! (`server.max_in_flight` for the upstreams' bound, the request deadline and
-//! the `on_error` policies for the resolver), never the whole `Config`. The
-//! server section is read once, into [`Settings`].
+//! Each part is built from its own section in one way: its constructor (or its
+//! background task's `run`) takes that section's struct (`&XConfig`, or an
+//! owned copy for a task, which outlives `build`), plus handles to other parts.
+//! So a key that one part reads is added in its section's file and in that
+//! part, never here. Where a part needs a value of another section, that value
+//! is passed as an argument of its own, and the call says why; the resolver
+//! takes those values together, as [`resolve::Settings`]. No part sees the
+//! whole `Config`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -18,12 +21,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::budget::{self, Budgets};
 use crate::cache::caches::Caches;
-use crate::config::Config;
+use crate::config::{Config, DatabaseConfig};
 use crate::http::api::state::{AdminState, PublicState};
 use crate::http::api::{admin_router, public_router};
 use crate::http::server::Settings;
@@ -53,8 +57,8 @@ pub struct App {
     upstreams: Arc<Upstreams>,
     /// `[server]` as the server's parts take it, read once in `build`.
     server: Settings,
-    /// For what the app wires itself in `run` (the status load, the sync and
-    /// feed loops, the reveal flush and retention): their values are read there.
+    /// The sections of the tasks `run` starts (the status load, the sync and
+    /// feed loops, the budget exchange, the reveal flush and retention).
     config: Config,
     /// The viewer budgets, exchanged with the fleet by a background task;
     /// `None` when off.
@@ -67,35 +71,31 @@ pub struct App {
     admission: Arc<crate::resolve::admission::Admission>,
 }
 
-impl App {
-    /// Builds every part and binds both listeners. The status set is loaded by
-    /// [`App::run`], so the listeners answer (and `/readyz` says 503) meanwhile.
-    ///
-    /// # Errors
-    /// A listener address that cannot be bound, an HTTP client that cannot be
-    /// built, or a database URL that cannot be opened.
-    pub async fn build(config: Config) -> anyhow::Result<Self> {
-        // The recorder first: the parts register their metrics as they are built.
-        let metrics = crate::telemetry::metrics_handle();
-        let database = Database::connect_via(
-            config.database.url.expose(),
-            config.database.direct_url(),
-            config.database.max_connections,
-            bounds(&config.database),
-        )
-        .await
-        .context("opening database.url")?;
-        let reveal_store = database.reveals();
-        let server = Settings::of(&config.server);
+/// The parts that answer requests, each built from its own section.
+struct Parts {
+    upstreams: Arc<Upstreams>,
+    caches: Caches,
+    status: StatusService,
+    resolver: Arc<Resolver>,
+    budgets: Option<Arc<Budgets>>,
+    reveals: Option<Reveals>,
+}
+
+impl Parts {
+    fn build(config: &Config, database: &Database) -> Self {
         let upstreams = Arc::new(Upstreams::new(
             &config.upstreams,
+            // The breaker's settings apply to each upstream client.
             config.breaker,
+            // A bound of `0` on an upstream's calls in flight means the public
+            // bound: each public request makes at most one call to each.
             config.server.max_in_flight,
         ));
         let caches = Caches::new(&config.cache);
         let status = StatusService::with_caches(database.status(), Arc::new(caches.clone()));
         let resolver = Arc::new(Resolver::new(
             &config.selection,
+            // What the rules and the request's bounds take from other sections.
             resolve::Settings {
                 policy: config.upstreams.policies(),
                 deadline: config.request_deadline(),
@@ -106,42 +106,56 @@ impl App {
             caches.clone(),
             status.set().clone(),
         ));
-        let admission = resolver.admission();
-        let limits = server.limits;
+        Parts {
+            budgets: Budgets::new(budget::Limits::from(&config.rate_limit)),
+            reveals: config
+                .reveals
+                .enabled
+                .then(|| Reveals::new(&config.reveals)),
+            upstreams,
+            caches,
+            status,
+            resolver,
+        }
+    }
+}
+
+impl App {
+    /// Builds every part and binds both listeners. The status set is loaded by
+    /// [`App::run`], so the listeners answer (and `/readyz` says 503) meanwhile.
+    ///
+    /// # Errors
+    /// A listener address that cannot be bound, an HTTP client that cannot be
+    /// built, or a database URL that cannot be opened.
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        // The recorder first: the parts register their metrics as they are built.
+        let metrics = crate::telemetry::metrics_handle();
+        let database = connect(&config.database).await?;
+        let reveal_store = database.reveals();
+        let server = Settings::of(&config.server);
+        let parts = Parts::build(&config, &database);
+        let admission = parts.resolver.admission();
         let shutting_down = Arc::new(AtomicBool::new(false));
-        let reveals = config
-            .reveals
-            .enabled
-            .then(|| Reveals::new(&config.reveals));
-        let budgets = Budgets::new(budget::Limits {
-            per_minute: config.rate_limit.per_viewer_per_minute,
-            per_day: config.rate_limit.per_viewer_per_day,
-        });
         let admin_state = AdminState {
-            status: status.clone(),
-            caches: caches.clone(),
+            status: parts.status.clone(),
+            caches: parts.caches.clone(),
             token: Arc::new(config.admin.token.clone()),
             shutting_down: shutting_down.clone(),
             metrics,
-            reveals: reveals.clone(),
+            reveals: parts.reveals.clone(),
             reveal_store: reveal_store.clone(),
-            budgets: budgets.clone(),
-            limits,
+            budgets: parts.budgets.clone(),
+            limits: server.limits,
         };
         if config.admin.token.is_empty() {
             tracing::warn!("admin.token is empty: every /admin/ route answers 401");
         }
-        let public = TcpListener::bind(config.server.public_addr)
-            .await
-            .with_context(|| format!("binding server.public_addr {}", config.server.public_addr))?;
-        let admin = TcpListener::bind(config.server.admin_addr)
-            .await
-            .with_context(|| format!("binding server.admin_addr {}", config.server.admin_addr))?;
+        let (public, admin) = bind(&config).await?;
         let public_state = PublicState {
-            resolver,
-            budgets: budgets.clone(),
-            reveals: reveals.clone(),
-            limits,
+            resolver: parts.resolver,
+            budgets: parts.budgets.clone(),
+            reveals: parts.reveals.clone(),
+            limits: server.limits,
         };
         Ok(App {
             public,
@@ -150,24 +164,27 @@ impl App {
                 public_router(public_state.clone()),
                 public_state,
                 server.public_shed(),
+                // The share of new traces exported, when spans are.
                 config
                     .tracing
                     .exports()
                     .then_some(config.tracing.sample_ratio),
             ),
-            budgets,
-            reveals,
             admin_front: Front::admin(
                 admin_router(admin_state.clone()),
                 server.limits.max_header_bytes,
                 admin_state.token,
             ),
-            status,
+            budgets: parts.budgets,
+            reveals: parts.reveals,
+            status: parts.status,
+            // The lease is the feed's (`status_feed.lease_ttl_ms`); the
+            // database keeps it.
             leadership: database.leadership(config.upstreams.calltracking.status_feed.lease_ttl),
             database,
             reveal_store,
-            caches,
-            upstreams,
+            caches: parts.caches,
+            upstreams: parts.upstreams,
             server,
             config,
             shutting_down,
@@ -216,7 +233,6 @@ impl App {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let background = Background::default();
         // Dropping `run` (a test, a caller giving up) stops the tasks too.
         let _stop_on_drop = background.token.clone().drop_guard();
@@ -225,82 +241,14 @@ impl App {
         // start on an empty database does not meet tables that are not there yet.
         let loaded = CancellationToken::new();
         // A mistake no retry mends (a pooler without a session): stops the app.
-        let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::channel::<String>(1);
-        let feed = &self.config.upstreams.calltracking.status_feed;
-        background.spawn(load(
-            self.status.clone(),
-            self.database.clone(),
-            self.config
-                .database
-                .needs_session()
-                .then(|| match self.config.database.direct_url() {
-                    Some(_) => "database.direct_url",
-                    None => "database.url",
-                }),
-            self.config.database.migrate_on_start,
-            loaded.clone(),
-            fatal_tx,
-        ));
-        background.spawn(after(
-            &loaded,
-            crate::status::sync::run(
-                self.status.clone(),
-                self.database.change_hints(
-                    self.config.database.sync_interval,
-                    self.config.database.listen,
-                ),
-                self.config.database.sync_interval,
-            ),
-        ));
-        if feed.enabled {
-            background.spawn(after(
-                &loaded,
-                crate::status::feed::run(
-                    self.status.clone(),
-                    self.leadership.clone(),
-                    self.upstreams.clone(),
-                    feed.interval,
-                    feed.limit,
-                ),
-            ));
-        }
-        if let Some(budgets) = self.budgets.clone() {
-            let store = self.database.budgets();
-            let interval = self.config.rate_limit.exchange_interval;
-            let ready = loaded.clone();
-            // Not cut off at the stop: it reports the last spends first.
-            background.spawn_until_stopped(|stop| async move {
-                tokio::select! {
-                    () = ready.cancelled() => {}
-                    () = stop.cancelled() => return,
-                }
-                budget::exchange::run(budgets, store, interval, stop).await;
-            });
-        }
+        let (fatal_tx, mut fatal_rx) = mpsc::channel::<String>(1);
+        self.start_status(&background, &loaded, fatal_tx);
+        self.start_budgets(&background, &loaded);
         background.spawn(crate::telemetry::metrics_upkeep());
         background.spawn_until_stopped(|stop| self.admission.clone().watch(stop));
-        if let Some(reveals) = self.reveals.clone() {
-            let store = self.reveal_store.clone();
-            let interval = self.config.reveals.flush_interval;
-            let ready = loaded.clone();
-            // Not cut off at the stop: it writes what is buffered first (also
-            // when the stop comes before the load, then at once).
-            background.spawn_until_stopped(|stop| async move {
-                tokio::select! {
-                    () = ready.cancelled() => {}
-                    () = stop.cancelled() => {}
-                }
-                crate::reveals::flush::run_apart(reveals, store, interval, stop).await;
-            });
-            background.spawn(after(
-                &loaded,
-                crate::reveals::retention::run(
-                    self.reveal_store.clone(),
-                    self.config.reveals.retention(),
-                ),
-            ));
-        }
-        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        self.start_reveals(&background, &loaded);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
         let conn = self.server.conn;
@@ -311,26 +259,13 @@ impl App {
             stopped(stop_rx.clone()),
         );
         let admin = serve(self.admin, self.admin_front, conn, stopped(stop_rx));
-        let shutting_down = self.shutting_down;
-        let pause = self.server.shutdown_pause;
-        let drain = self.server.drain_timeout;
-        let (deadline_tx, deadline_rx) = tokio::sync::oneshot::channel::<()>();
-        background.spawn(async move {
-            shutdown.await;
-            shutting_down.store(true, Ordering::Release);
-            tracing::info!(
-                ?pause,
-                "shutting down: /readyz answers 503; pausing for the load balancer"
-            );
-            tokio::time::sleep(pause).await;
-            tracing::info!(
-                ?drain,
-                "shutting down: no new connections; draining in-flight requests"
-            );
-            let _ = stop_tx.send(true);
-            tokio::time::sleep(drain).await;
-            let _ = deadline_tx.send(());
-        });
+        let deadline_rx = start_shutdown(
+            &background,
+            shutdown,
+            self.shutting_down,
+            &self.server,
+            stop_tx,
+        );
         let served = async { tokio::join!(public, admin) };
         let (public, admin) = tokio::select! {
             results = served => results,
@@ -350,6 +285,143 @@ impl App {
         admin.context("admin listener")?;
         Ok(())
     }
+
+    /// The status set's load (which opens `loaded`), then its sync and, when
+    /// `status_feed.enabled`, the feed loop.
+    fn start_status(
+        &self,
+        background: &Background,
+        loaded: &CancellationToken,
+        fatal: mpsc::Sender<String>,
+    ) {
+        let database = &self.config.database;
+        background.spawn(load(
+            self.status.clone(),
+            self.database.clone(),
+            database.clone(),
+            loaded.clone(),
+            fatal,
+        ));
+        background.spawn(after(
+            loaded,
+            crate::status::sync::run(
+                self.status.clone(),
+                self.database
+                    .change_hints(database.sync_interval, database.listen),
+                database.sync_interval,
+            ),
+        ));
+        let feed = &self.config.upstreams.calltracking.status_feed;
+        if feed.enabled {
+            background.spawn(after(
+                loaded,
+                crate::status::feed::run(
+                    feed.clone(),
+                    self.status.clone(),
+                    self.leadership.clone(),
+                    self.upstreams.clone(),
+                ),
+            ));
+        }
+    }
+
+    /// The budget exchange, when any budget is on.
+    fn start_budgets(&self, background: &Background, loaded: &CancellationToken) {
+        let Some(budgets) = self.budgets.clone() else {
+            return;
+        };
+        let config = self.config.rate_limit.clone();
+        let store = self.database.budgets();
+        let ready = loaded.clone();
+        // Not cut off at the stop: it reports the last spends first.
+        background.spawn_until_stopped(|stop| async move {
+            tokio::select! {
+                () = ready.cancelled() => {}
+                () = stop.cancelled() => return,
+            }
+            budget::exchange::run(config, budgets, store, stop).await;
+        });
+    }
+
+    /// The reveal log's flush and retention, when `reveals.enabled`.
+    fn start_reveals(&self, background: &Background, loaded: &CancellationToken) {
+        let Some(reveals) = self.reveals.clone() else {
+            return;
+        };
+        let config = self.config.reveals.clone();
+        let store = self.reveal_store.clone();
+        let ready = loaded.clone();
+        let flush_config = config.clone();
+        // Not cut off at the stop: it writes what is buffered first (also
+        // when the stop comes before the load, then at once).
+        background.spawn_until_stopped(|stop| async move {
+            tokio::select! {
+                () = ready.cancelled() => {}
+                () = stop.cancelled() => {}
+            }
+            crate::reveals::flush::run_apart(flush_config, reveals, store, stop).await;
+        });
+        background.spawn(after(
+            loaded,
+            crate::reveals::retention::run(config, self.reveal_store.clone()),
+        ));
+    }
+}
+
+/// Opens `[database]`.
+async fn connect(database: &DatabaseConfig) -> anyhow::Result<Database> {
+    Database::connect_via(
+        database.url.expose(),
+        database.direct_url(),
+        database.max_connections,
+        bounds(database),
+    )
+    .await
+    .context("opening database.url")
+}
+
+/// Binds `server.public_addr` and `server.admin_addr`.
+async fn bind(config: &Config) -> anyhow::Result<(TcpListener, TcpListener)> {
+    let server = &config.server;
+    let public = TcpListener::bind(server.public_addr)
+        .await
+        .with_context(|| format!("binding server.public_addr {}", server.public_addr))?;
+    let admin = TcpListener::bind(server.admin_addr)
+        .await
+        .with_context(|| format!("binding server.admin_addr {}", server.admin_addr))?;
+    Ok((public, admin))
+}
+
+/// The shutdown sequence, once `shutdown` completes: `/readyz` turns 503
+/// (`shutting_down`), a pause for the load balancer, the listeners stop
+/// (`stop`), and after the drain timeout the returned receiver fires.
+fn start_shutdown(
+    background: &Background,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    shutting_down: Arc<AtomicBool>,
+    server: &Settings,
+    stop: watch::Sender<bool>,
+) -> oneshot::Receiver<()> {
+    let pause = server.shutdown_pause;
+    let drain = server.drain_timeout;
+    let (deadline_tx, deadline_rx) = oneshot::channel::<()>();
+    background.spawn(async move {
+        shutdown.await;
+        shutting_down.store(true, Ordering::Release);
+        tracing::info!(
+            ?pause,
+            "shutting down: /readyz answers 503; pausing for the load balancer"
+        );
+        tokio::time::sleep(pause).await;
+        tracing::info!(
+            ?drain,
+            "shutting down: no new connections; draining in-flight requests"
+        );
+        let _ = stop.send(true);
+        tokio::time::sleep(drain).await;
+        let _ = deadline_tx.send(());
+    });
+    deadline_rx
 }
 
 /// The app's background tasks (status load and sync, feed, budget exchange, metrics
@@ -400,23 +472,25 @@ fn after(
     }
 }
 
-/// Checks the database can give what this replica needs (`session`: the key
-/// whose connection must keep a session, when [`DatabaseConfig::needs_session`]),
-/// migrates (`database.migrate_on_start`)
+/// Checks the database can give what this replica needs (a session, when
+/// [`DatabaseConfig::needs_session`]), migrates (`database.migrate_on_start`)
 /// and loads the status set, retrying until the database answers; then opens
 /// `loaded`. A transaction-mode pooler where a session is needed
 /// (`database.direct_url`, or `url` without it) is reported on `fatal` instead:
 /// retrying cannot mend it, and a LISTEN through it would break other clients.
-///
-/// [`DatabaseConfig::needs_session`]: crate::config::DatabaseConfig::needs_session
 async fn load(
     status: StatusService,
     database: Database,
-    session: Option<&'static str>,
-    migrate_on_start: bool,
+    config: DatabaseConfig,
     loaded: CancellationToken,
-    fatal: tokio::sync::mpsc::Sender<String>,
+    fatal: mpsc::Sender<String>,
 ) {
+    // The key whose connection must keep a session.
+    let session = config.needs_session().then(|| match config.direct_url() {
+        Some(_) => "database.direct_url",
+        None => "database.url",
+    });
+    let migrate_on_start = config.migrate_on_start;
     let mut delay = Duration::from_millis(100);
     let mut checked = session.is_none();
     loop {
@@ -478,7 +552,7 @@ pub fn pooler_without_session(key: &str) -> String {
 }
 
 /// The bounds of every database call, from `[database]`.
-pub fn bounds(database: &crate::config::DatabaseConfig) -> crate::store::Bounds {
+pub fn bounds(database: &DatabaseConfig) -> crate::store::Bounds {
     crate::store::Bounds {
         statement: database.statement_timeout,
         lock: database.lock_timeout,

@@ -26,6 +26,7 @@ use std::collections::HashMap;
 
 use super::window::{self, Moment, minute_fits, minute_wait};
 use super::{Budgets, FORGET_EVERY, count, low16};
+use crate::config::RateLimitConfig;
 use crate::store::{BudgetStore, Spend, Total};
 
 /// Replicas count as alive while they exchanged within this many seconds.
@@ -63,11 +64,12 @@ impl Gauges {
 
 /// Runs until `stop`, then reports what is left once.
 pub async fn run(
+    config: RateLimitConfig,
     budgets: Arc<Budgets>,
     store: BudgetStore,
-    interval: Duration,
     stop: CancellationToken,
 ) {
+    let interval = config.exchange_interval;
     let replica = getrandom::u64().unwrap_or_else(|_| Moment::now().0);
     let gauges = Gauges::new();
     gauges.up.set(1.0);

@@ -34,6 +34,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 
+use crate::config::RateLimitConfig;
 use crate::domain::Viewer;
 use window::{Moment, minute_wait, share};
 
@@ -58,6 +59,16 @@ const AGES: usize = 64;
 pub struct Limits {
     pub per_minute: u32,
     pub per_day: u32,
+}
+
+impl From<&RateLimitConfig> for Limits {
+    /// `rate_limit.per_viewer_per_minute` and `rate_limit.per_viewer_per_day`.
+    fn from(config: &RateLimitConfig) -> Self {
+        Limits {
+            per_minute: config.per_viewer_per_minute,
+            per_day: config.per_viewer_per_day,
+        }
+    }
 }
 
 /// Why a request was refused, and for how long.

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::Reveals;
+use crate::config::RevealsConfig;
 use crate::domain::Reveal;
 use crate::store::RevealStore;
 
@@ -26,11 +27,12 @@ const FINAL_FLUSH_FOR: Duration = Duration::from_secs(5);
 /// that opened them, and the pool is shared with the request path, so there
 /// the flush stays on the workers (the database's work is in its own process).
 pub async fn run_apart(
+    config: RevealsConfig,
     reveals: Reveals,
     store: RevealStore,
-    interval: Duration,
     stop: CancellationToken,
 ) {
+    let interval = config.flush_interval;
     if !store.is_embedded() {
         return run(reveals, store, interval, stop).await;
     }

@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use crate::config::RevealsConfig;
 use crate::store::{RevealStore, RevealStoreError};
 
 /// Rows per delete.
@@ -17,9 +18,10 @@ pub const BATCH: i64 = 5_000;
 /// How often retention looks for old rows.
 pub const EVERY: Duration = Duration::from_secs(600);
 
-/// Deletes what is older than `keep`, then again every [`EVERY`]. Runs until its
-/// task is cancelled.
-pub async fn run(store: RevealStore, keep: Duration) {
+/// Deletes what is older than `reveals.retention_days`, then again every
+/// [`EVERY`]. Runs until its task is cancelled.
+pub async fn run(config: RevealsConfig, store: RevealStore) {
+    let keep = config.retention();
     loop {
         match delete_older_than(&store, keep).await {
             Ok(0) => {}

@@ -19,6 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::StatusService;
+use crate::config::StatusFeedConfig;
 use crate::domain::StatusChange;
 use crate::store::{Leader, Leadership, StoreError};
 use crate::upstream::Upstreams;
@@ -26,14 +27,15 @@ use crate::upstream::Upstreams;
 /// A failure to ask for the lease is logged at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// Runs until its task is cancelled.
+/// Polls as `[upstreams.calltracking.status_feed]` says while this replica
+/// holds the lease; runs until its task is cancelled.
 pub async fn run(
+    config: StatusFeedConfig,
     service: StatusService,
     leadership: Leadership,
     upstreams: std::sync::Arc<Upstreams>,
-    interval: Duration,
-    limit: u32,
 ) {
+    let (interval, limit) = (config.interval, config.limit);
     let ask_every = leadership.renew_every().min(interval);
     let mut warned: Option<Instant> = None;
     loop {

@@ -139,7 +139,7 @@ impl Endpoint {
         max_in_flight_per_seller: usize,
     ) -> Self {
         // Checked at start to be an http:// URL naming a host
-        // (`config::validate_base_url`); were it not, every call would fail to
+        // (`config::upstreams`); were it not, every call would fail to
         // connect to a name that never resolves (RFC 6761 `.invalid`).
         let base = hyper::Uri::try_from(config.base_url.as_str()).ok();
         let authority = base
@@ -160,6 +160,48 @@ impl Endpoint {
             per_seller: PerSeller::new(max_in_flight_per_seller),
             metrics: CallMetrics::new(name.as_str()),
         }
+    }
+
+    /// The call itself, once its places are taken: sends the GET on a pooled
+    /// connection and reads the answer (200 -> parsed body, 404 -> `None`).
+    async fn get<T: DeserializeOwned>(
+        &self,
+        url: String,
+        request_id: Option<&HeaderValue>,
+        trace: Option<&TraceContext>,
+        span: tracing::Span,
+    ) -> Result<Option<T>, UpstreamError> {
+        let request = get_request(url, request_id, trace, &span)?;
+        let mut conn = self.pool.take().await?;
+        let response = self.pool.send(&mut conn, request).await?;
+        let status = response.status().as_u16();
+        span.record("http.response.status_code", status);
+        if status != 200 && status != 404 {
+            // Its body is not read: the connection is dropped, not reused.
+            return Err(UpstreamError::Status(status));
+        }
+        let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
+            .collect()
+            .await;
+        // Reused only once its answer was read to the end.
+        if body.is_ok() {
+            self.pool.put_back(conn);
+        }
+        if status == 404 {
+            return Ok(None);
+        }
+        let body = body
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    UpstreamError::Decode("body too large")
+                } else {
+                    UpstreamError::Connect("the body could not be read".into())
+                }
+            })?
+            .to_bytes();
+        serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| UpstreamError::Decode(decode_kind(&e)))
     }
 }
 
@@ -239,10 +281,8 @@ impl Upstreams {
         trace: Option<&TraceContext>,
     ) -> Result<Option<Phone>, UpstreamError> {
         let url = format!("{}/v1/users/{user}/phone?ad_id={ad}", self.real_phone.path);
-        let body: Option<PhoneBody> = self
-            .get_json(&self.real_phone, Some(user), url, request_id, trace)
-            .await?;
-        body.map(|b| parse_phone(&b.phone)).transpose()
+        self.phone(&self.real_phone, user, url, request_id, trace)
+            .await
     }
 
     /// The ad's anonymous number; `None` when none is connected (404).
@@ -260,8 +300,22 @@ impl Upstreams {
             "{}/v1/anonymous-numbers?user_id={user}&ad_id={ad}",
             self.anonymous.path
         );
+        self.phone(&self.anonymous, user, url, request_id, trace)
+            .await
+    }
+
+    /// A `{"phone": ...}` answer at `url` of `endpoint` about `seller`: the
+    /// real and the anonymous number differ only in where they are asked.
+    async fn phone(
+        &self,
+        endpoint: &Endpoint,
+        seller: UserId,
+        url: String,
+        request_id: Option<&HeaderValue>,
+        trace: Option<&TraceContext>,
+    ) -> Result<Option<Phone>, UpstreamError> {
         let body: Option<PhoneBody> = self
-            .get_json(&self.anonymous, Some(user), url, request_id, trace)
+            .get_json(endpoint, Some(seller), url, request_id, trace)
             .await?;
         body.map(|b| parse_phone(&b.phone)).transpose()
     }
@@ -310,8 +364,8 @@ impl Upstreams {
     }
 
     /// GET `url` about `seller`'s numbers (none: the status feed), bounded by
-    /// the endpoint's timeout: 200 -> parsed body, 404 -> `None`, anything else
-    /// -> error.
+    /// the endpoint's places, its breaker and its timeout: 200 -> parsed body,
+    /// 404 -> `None`, anything else -> error. Counted and timed either way.
     async fn get_json<T: DeserializeOwned>(
         &self,
         endpoint: &Endpoint,
@@ -320,56 +374,6 @@ impl Upstreams {
         request_id: Option<&HeaderValue>,
         trace: Option<&TraceContext>,
     ) -> Result<Option<T>, UpstreamError> {
-        // Runs under the call's own span: exported, it is the parent of what the
-        // upstream does, and `traceparent` names it (docs/tracing.md).
-        let call = move |span: tracing::Span| async move {
-            // The base URL was checked at start and the rest is ids and digits,
-            // so this cannot fail; if it did, the call fails without a panic.
-            let uri = hyper::Uri::try_from(url).map_err(|_| UpstreamError::Internal)?;
-            let mut request = hyper::Request::get(uri)
-                .header(USER_AGENT, AGENT)
-                .body(Empty::new())
-                .map_err(|_| UpstreamError::Internal)?;
-            let headers = request.headers_mut();
-            if let Some(id) = request_id {
-                headers.insert(REQUEST_ID, id.clone());
-            }
-            let (traceparent, tracestate) = call_headers(&span, trace);
-            headers.insert(TRACEPARENT, traceparent);
-            if let Some(state) = tracestate {
-                headers.insert(TRACESTATE, state);
-            }
-            let mut conn = endpoint.pool.take().await?;
-            let response = endpoint.pool.send(&mut conn, request).await?;
-            let status = response.status().as_u16();
-            span.record("http.response.status_code", status);
-            if status != 200 && status != 404 {
-                // Its body is not read: the connection is dropped, not reused.
-                return Err(UpstreamError::Status(status));
-            }
-            let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
-                .collect()
-                .await;
-            // Reused only once its answer was read to the end.
-            if body.is_ok() {
-                endpoint.pool.put_back(conn);
-            }
-            if status == 404 {
-                return Ok(None);
-            }
-            let body = body
-                .map_err(|e| {
-                    if e.is::<http_body_util::LengthLimitError>() {
-                        UpstreamError::Decode("body too large")
-                    } else {
-                        UpstreamError::Connect("the body could not be read".into())
-                    }
-                })?
-                .to_bytes();
-            serde_json::from_slice(&body)
-                .map(Some)
-                .map_err(|e| UpstreamError::Decode(decode_kind(&e)))
-        };
         // Wall time: the call's real duration, for its histogram.
         #[allow(clippy::disallowed_types)]
         let start = std::time::Instant::now();
@@ -385,11 +389,13 @@ impl Upstreams {
         } else if slot.is_none() {
             Err(UpstreamError::Saturated)
         } else if endpoint.breaker.allow() {
+            // Runs under the call's own span: exported, it is the parent of
+            // what the upstream does, and `traceparent` names it (docs/tracing.md).
             let span = upstream_span(endpoint.name.as_str());
-            let result =
-                tokio::time::timeout(endpoint.timeout, call(span.clone()).instrument(span))
-                    .await
-                    .unwrap_or(Err(UpstreamError::Timeout));
+            let call = endpoint.get(url, request_id, trace, span.clone());
+            let result = tokio::time::timeout(endpoint.timeout, call.instrument(span))
+                .await
+                .unwrap_or(Err(UpstreamError::Timeout));
             endpoint.breaker.record(result.is_ok());
             result
         } else {
@@ -407,6 +413,33 @@ impl Upstreams {
         }
         result
     }
+}
+
+/// The GET of `url` with our agent, the request's id and the trace headers
+/// naming `span` as the parent.
+fn get_request(
+    url: String,
+    request_id: Option<&HeaderValue>,
+    trace: Option<&TraceContext>,
+    span: &tracing::Span,
+) -> Result<hyper::Request<Empty<hyper::body::Bytes>>, UpstreamError> {
+    // The base URL was checked at start and the rest is ids and digits, so
+    // this cannot fail; if it did, the call fails without a panic.
+    let uri = hyper::Uri::try_from(url).map_err(|_| UpstreamError::Internal)?;
+    let mut request = hyper::Request::get(uri)
+        .header(USER_AGENT, AGENT)
+        .body(Empty::new())
+        .map_err(|_| UpstreamError::Internal)?;
+    let headers = request.headers_mut();
+    if let Some(id) = request_id {
+        headers.insert(REQUEST_ID, id.clone());
+    }
+    let (traceparent, tracestate) = call_headers(span, trace);
+    headers.insert(TRACEPARENT, traceparent);
+    if let Some(state) = tracestate {
+        headers.insert(TRACESTATE, state);
+    }
+    Ok(request)
 }
 
 /// What kind of body failed to decode. serde's message quotes the body (a

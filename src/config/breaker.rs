@@ -1,0 +1,67 @@
+//! `[breaker]`: the circuit breaker each upstream client has of its own.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::in_range;
+use super::error::{Mistake, invalid};
+use super::units;
+
+/// Circuit breaker settings, applied to each upstream.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerConfig {
+    pub enabled: bool,
+    pub consecutive_failures: u32,
+    pub failure_ratio: f64,
+    pub min_calls: u32,
+    #[serde(rename = "window_s", deserialize_with = "units::seconds")]
+    pub window: Duration,
+    #[serde(rename = "open_ms", deserialize_with = "units::millis")]
+    pub open: Duration,
+}
+
+impl BreakerConfig {
+    pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
+        found.extend(
+            in_range(
+                "breaker.consecutive_failures",
+                self.consecutive_failures,
+                1..=1_000_000,
+                "",
+            )
+            .err(),
+        );
+        if !(self.failure_ratio > 0.0 && self.failure_ratio <= 1.0) {
+            found.push(invalid("breaker.failure_ratio", "must be in (0, 1]"));
+        }
+        found.extend(in_range("breaker.min_calls", self.min_calls, 1..=1_000_000, "").err());
+        found.extend(in_range("breaker.window_s", self.window.as_secs(), 1..=3600, "").err());
+        found.extend(in_range("breaker.open_ms", self.open.as_millis(), 1..=3_600_000, "").err());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::assert_refused;
+
+    #[test]
+    fn breaker_values_are_bounded() {
+        assert_refused(&[
+            (
+                "[breaker]\nwindow_s = 9223372036854775807",
+                "breaker.window_s",
+            ),
+            (
+                "[breaker]\nopen_ms = 9223372036854775807",
+                "breaker.open_ms",
+            ),
+            ("[breaker]\nmin_calls = 0", "breaker.min_calls"),
+            (
+                "[breaker]\nconsecutive_failures = 0",
+                "breaker.consecutive_failures",
+            ),
+        ]);
+    }
+}

@@ -1,0 +1,56 @@
+//! The small checks every section's validation is made of: a number in a range,
+//! a URL of a scheme. Each names the key it checks.
+
+use std::fmt;
+
+use super::error::{Mistake, invalid};
+
+/// Ten minutes: the longest any wait, pause or timeout key may be.
+pub(super) const MAX_WAIT_MS: u64 = 600_000;
+
+/// `Ok` when `value` is in `range`, else an error naming `key` and the range.
+pub(super) fn in_range<T>(
+    key: &str,
+    value: T,
+    range: std::ops::RangeInclusive<T>,
+    why: &str,
+) -> Result<(), Mistake>
+where
+    T: PartialOrd + fmt::Display,
+{
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(invalid(
+        key,
+        format!(
+            "must be in {}..={}{why}, got {value}",
+            range.start(),
+            range.end()
+        ),
+    ))
+}
+
+/// `url` as an absolute URL of one of `schemes` (else `scheme_rule`), naming a
+/// host, with nothing after the path. Parsed by `http::Uri`: plain ASCII, no
+/// host mapping.
+pub(super) fn parse_url(
+    key: &str,
+    url: &str,
+    schemes: &[&str],
+    scheme_rule: &str,
+) -> Result<hyper::Uri, Mistake> {
+    let parsed: hyper::Uri = url
+        .parse()
+        .map_err(|e: hyper::http::uri::InvalidUri| invalid(key, format!("not a URL: {e}")))?;
+    if !parsed.scheme_str().is_some_and(|s| schemes.contains(&s)) {
+        return Err(invalid(key, scheme_rule));
+    }
+    if parsed.host().is_none_or(str::is_empty) {
+        return Err(invalid(key, "must name a host"));
+    }
+    if parsed.query().is_some() || url.contains('#') {
+        return Err(invalid(key, "must not carry a query or fragment"));
+    }
+    Ok(parsed)
+}

@@ -1,0 +1,74 @@
+//! `[rate_limit]`: the viewer budgets (docs/abuse.md), counted per replica and
+//! exchanged through the database so that they are the fleet's.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::in_range;
+use super::error::Mistake;
+use super::units;
+
+/// Viewer budgets (docs/abuse.md): counted per replica, exchanged through the
+/// database every `exchange_interval_ms`, so that they are the fleet's.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitConfig {
+    pub per_viewer_per_minute: u32,
+    /// Per UTC calendar day; 0 = off.
+    pub per_viewer_per_day: u32,
+    #[serde(rename = "exchange_interval_ms", deserialize_with = "units::millis")]
+    pub exchange_interval: Duration,
+}
+
+impl RateLimitConfig {
+    /// Whether any budget is on.
+    pub fn enabled(&self) -> bool {
+        self.per_viewer_per_minute > 0 || self.per_viewer_per_day > 0
+    }
+
+    pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
+        found.extend(
+            in_range(
+                "rate_limit.per_viewer_per_minute",
+                self.per_viewer_per_minute,
+                0..=65_535,
+                " (a budget is for people; the ledgers count in 16 bits)",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "rate_limit.per_viewer_per_day",
+                self.per_viewer_per_day,
+                0..=65_535,
+                " (a budget is for people; the ledgers count in 16 bits)",
+            )
+            .err(),
+        );
+        // Under a second: a viewer past a budget anywhere is refused everywhere
+        // within one exchange (and its bounded call).
+        found.extend(
+            in_range(
+                "rate_limit.exchange_interval_ms",
+                self.exchange_interval.as_millis(),
+                10..=750,
+                " (a viewer past a budget must be refused fleet-wide within 1 s)",
+            )
+            .err(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::assert_refused;
+
+    #[test]
+    fn budgets_are_bounded() {
+        assert_refused(&[(
+            "[rate_limit]\nper_viewer_per_minute = 4294967295",
+            "rate_limit.per_viewer_per_minute",
+        )]);
+    }
+}

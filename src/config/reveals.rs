@@ -1,0 +1,61 @@
+//! `[reveals]`: the reveal log (who was shown which seller's number): its
+//! buffer, how often it is written, what a full buffer does, how long rows stay.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::in_range;
+use super::error::Mistake;
+use super::units;
+
+/// The reveal log (who was shown which seller's number).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RevealsConfig {
+    pub enabled: bool,
+    #[serde(rename = "flush_interval_ms", deserialize_with = "units::millis")]
+    pub flush_interval: Duration,
+    pub max_buffered: usize,
+    pub on_overflow: OnOverflow,
+    pub retention_days: u32,
+}
+
+/// What a full reveal buffer does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnOverflow {
+    /// Drop the reveal (counted) and show the number.
+    Drop,
+    /// Answer 503 rather than show a number that cannot be recorded.
+    Refuse,
+}
+
+impl RevealsConfig {
+    /// How long reveals are kept.
+    pub fn retention(&self) -> Duration {
+        Duration::from_secs(u64::from(self.retention_days) * 86_400)
+    }
+
+    pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
+        found.extend(
+            in_range(
+                "reveals.flush_interval_ms",
+                self.flush_interval.as_millis(),
+                10..=60_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "reveals.max_buffered",
+                self.max_buffered,
+                1..=100_000_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(in_range("reveals.retention_days", self.retention_days, 1..=3650, "").err());
+    }
+}

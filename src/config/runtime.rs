@@ -1,0 +1,19 @@
+//! `[runtime]`: the tokio runtime's worker threads.
+
+use serde::Deserialize;
+
+use super::check::in_range;
+use super::error::Mistake;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// 0: follow the cgroup CPU quota (or the cores when there is none).
+    pub worker_threads: usize,
+}
+
+impl RuntimeConfig {
+    pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
+        found.extend(in_range("runtime.worker_threads", self.worker_threads, 0..=1024, "").err());
+    }
+}

@@ -1,0 +1,144 @@
+//! `[server]`: the listeners, their request and connection limits, admission
+//! and the shutdown sequence.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::{MAX_WAIT_MS, in_range};
+use super::error::Mistake;
+use super::units;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub public_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub max_body_bytes: usize,
+    pub max_snapshot_bytes: usize,
+    #[serde(rename = "shutdown_pause_ms", deserialize_with = "units::millis")]
+    pub shutdown_pause: Duration,
+    #[serde(rename = "drain_timeout_ms", deserialize_with = "units::millis")]
+    pub drain_timeout: Duration,
+    pub max_in_flight: usize,
+    /// When a ready request waits longer than this for a worker thread,
+    /// requests that need an upstream call are shed in proportion
+    /// (`resolve::admission`); zero: never.
+    #[serde(rename = "max_queue_delay_ms", deserialize_with = "units::millis")]
+    pub max_queue_delay: Duration,
+    /// `None`: the longest path through the configured upstream timeouts (see
+    /// [`Config::request_deadline`]); an explicit value may not be below it
+    /// (checked beside the upstreams, by `Config::validate`).
+    ///
+    /// [`Config::request_deadline`]: crate::config::Config::request_deadline
+    #[serde(
+        default,
+        rename = "request_deadline_ms",
+        deserialize_with = "units::optional_millis"
+    )]
+    pub request_deadline: Option<Duration>,
+    pub max_header_bytes: usize,
+    #[serde(rename = "header_read_timeout_ms", deserialize_with = "units::millis")]
+    pub header_read_timeout: Duration,
+    #[serde(rename = "body_read_timeout_ms", deserialize_with = "units::millis")]
+    pub body_read_timeout: Duration,
+}
+
+impl ServerConfig {
+    pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
+        found.extend(
+            in_range(
+                "server.max_body_bytes",
+                self.max_body_bytes,
+                1..=1 << 30,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "server.max_snapshot_bytes",
+                self.max_snapshot_bytes,
+                self.max_body_bytes..=1 << 34,
+                " (at least server.max_body_bytes)",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "server.max_header_bytes",
+                self.max_header_bytes,
+                4096..=1 << 20,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "server.max_in_flight",
+                self.max_in_flight,
+                1..=1_000_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "server.max_queue_delay_ms",
+                self.max_queue_delay.as_millis(),
+                0..=MAX_WAIT_MS.into(),
+                " (0: never shed uncached requests for waiting)",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "server.shutdown_pause_ms",
+                self.shutdown_pause.as_millis(),
+                0..=MAX_WAIT_MS.into(),
+                "",
+            )
+            .err(),
+        );
+        for (key, value) in [
+            ("server.drain_timeout_ms", self.drain_timeout),
+            ("server.header_read_timeout_ms", self.header_read_timeout),
+            ("server.body_read_timeout_ms", self.body_read_timeout),
+        ] {
+            found.extend(in_range(key, value.as_millis(), 1..=MAX_WAIT_MS.into(), "").err());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::assert_refused;
+
+    #[test]
+    fn server_sizes_and_waits_are_bounded() {
+        assert_refused(&[
+            (
+                "[server]\nmax_body_bytes = 9223372036854775807",
+                "server.max_body_bytes",
+            ),
+            (
+                "[server]\nmax_snapshot_bytes = 9223372036854775807",
+                "server.max_snapshot_bytes",
+            ),
+            (
+                "[server]\nmax_in_flight = 9223372036854775807",
+                "server.max_in_flight",
+            ),
+            (
+                "[server]\nshutdown_pause_ms = 9223372036854775807",
+                "server.shutdown_pause_ms",
+            ),
+            ("[server]\ndrain_timeout_ms = 0", "server.drain_timeout_ms"),
+            (
+                "[server]\nrequest_deadline_ms = 9223372036854775807",
+                "server.request_deadline_ms",
+            ),
+        ]);
+    }
+}

@@ -1,0 +1,77 @@
+//! `[upstreams.calltracking.status_feed]`: polling call tracking's status feed,
+//! and the lease of the replica that polls it.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::in_range;
+use super::error::Mistake;
+use super::units;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusFeedConfig {
+    pub enabled: bool,
+    #[serde(rename = "interval_ms", deserialize_with = "units::millis")]
+    pub interval: Duration,
+    pub limit: u32,
+    /// The feed leader's lease (docs/status-sync.md, "Leadership").
+    #[serde(rename = "lease_ttl_ms", deserialize_with = "units::millis")]
+    pub lease_ttl: Duration,
+}
+
+impl StatusFeedConfig {
+    pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
+        found.extend(
+            in_range(
+                "upstreams.calltracking.status_feed.interval_ms",
+                self.interval.as_millis(),
+                1..=3_600_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "upstreams.calltracking.status_feed.limit",
+                self.limit,
+                1..=10_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "upstreams.calltracking.status_feed.lease_ttl_ms",
+                self.lease_ttl.as_millis(),
+                300..=6_000,
+                " (a stopped leader is replaced within 10 s)",
+            )
+            .err(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::assert_refused;
+
+    #[test]
+    fn the_feeds_interval_and_lease_are_bounded() {
+        assert_refused(&[
+            (
+                "[upstreams.calltracking.status_feed]\ninterval_ms = 9223372036854775807",
+                "upstreams.calltracking.status_feed.interval_ms",
+            ),
+            (
+                "[upstreams.calltracking.status_feed]\nlease_ttl_ms = 100",
+                "upstreams.calltracking.status_feed.lease_ttl_ms",
+            ),
+            (
+                "[upstreams.calltracking.status_feed]\nlease_ttl_ms = 10000",
+                "upstreams.calltracking.status_feed.lease_ttl_ms",
+            ),
+        ]);
+    }
+}

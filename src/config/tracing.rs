@@ -1,0 +1,86 @@
+//! `[tracing]`: distributed tracing (docs/tracing.md). W3C trace context is
+//! always continued; spans are exported only when `otlp_endpoint` is set.
+
+use serde::Deserialize;
+
+use super::check::parse_url;
+use super::error::{Mistake, invalid};
+
+/// Distributed tracing (docs/tracing.md): W3C trace context is always
+/// continued; spans are exported only when `otlp_endpoint` is set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The OTLP/HTTP collector's base URL (spans go to `{otlp_endpoint}/v1/traces`);
+    /// empty: no export.
+    pub otlp_endpoint: String,
+    /// The share of new traces recorded; a caller's sampled flag decides for its own.
+    pub sample_ratio: f64,
+}
+
+impl TracingConfig {
+    /// Whether spans are exported at all.
+    pub fn exports(&self) -> bool {
+        !self.otlp_endpoint.is_empty()
+    }
+
+    pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            // NaN lands here too.
+            found.push(invalid(
+                "tracing.sample_ratio",
+                format!("must be in 0.0..=1.0, got {}", self.sample_ratio),
+            ));
+        }
+        if self.exports() {
+            found.extend(
+                parse_url(
+                    "tracing.otlp_endpoint",
+                    &self.otlp_endpoint,
+                    &["http", "https"],
+                    "must be an http:// or https:// URL, or empty",
+                )
+                .err(),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::config::tests::{assert_refused, error_of};
+
+    #[test]
+    fn tracing_is_off_by_default_and_its_endpoint_must_be_an_http_url() {
+        let c = Config::from_toml("").unwrap();
+        assert!(!c.tracing.exports());
+        assert!((c.tracing.sample_ratio - 0.01).abs() < f64::EPSILON);
+        for endpoint in [
+            "http://otel-collector:4318",
+            "https://collector.example/otlp/",
+        ] {
+            let c =
+                Config::from_toml(&format!("[tracing]\notlp_endpoint = \"{endpoint}\"")).unwrap();
+            assert!(c.tracing.exports());
+        }
+        for endpoint in [
+            "otel-collector:4318",
+            "grpc://collector:4317",
+            "http://c:4318/?x=1",
+            "not a url",
+        ] {
+            let e = error_of(&format!("[tracing]\notlp_endpoint = \"{endpoint}\""));
+            assert!(e.contains("tracing.otlp_endpoint"), "{endpoint}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_sample_ratio_is_a_share() {
+        assert_refused(&[
+            ("[tracing]\nsample_ratio = 1.5", "tracing.sample_ratio"),
+            ("[tracing]\nsample_ratio = -0.1", "tracing.sample_ratio"),
+            ("[tracing]\nsample_ratio = nan", "tracing.sample_ratio"),
+        ]);
+    }
+}

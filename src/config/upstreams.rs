@@ -1,0 +1,296 @@
+//! `[upstreams.<name>]`: each upstream's address, timeout, `on_error` and
+//! bounds on calls in flight; call tracking's also holds its status feed.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::{in_range, parse_url};
+use super::error::{Mistake, invalid};
+use super::status_feed::StatusFeedConfig;
+use super::units;
+use crate::domain::{OnError, Source, Sources};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamsConfig {
+    pub real_phone: UpstreamConfig,
+    pub anonymous: UpstreamConfig,
+    pub calltracking: CalltrackingUpstreamConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    pub base_url: String,
+    #[serde(rename = "timeout_ms", deserialize_with = "units::millis")]
+    pub timeout: Duration,
+    pub on_error: OnError,
+    /// Calls to this upstream in flight at once; 0 means `server.max_in_flight`.
+    /// Read it through [`UpstreamConfig::max_in_flight_or`].
+    pub max_in_flight: usize,
+    /// Calls to this upstream about one seller in flight at once; 0 means an
+    /// eighth of the upstream's bound, at least 1 (why: `upstream::limit`).
+    /// Read it through [`UpstreamConfig::max_in_flight_per_seller_or`].
+    pub max_in_flight_per_seller: usize,
+}
+
+impl UpstreamConfig {
+    /// Calls in flight allowed to this upstream: its `max_in_flight`, or
+    /// `server_max_in_flight` (`server.max_in_flight`) when that is 0 (each
+    /// public request in flight makes at most one call to each upstream).
+    pub fn max_in_flight_or(&self, server_max_in_flight: usize) -> usize {
+        match self.max_in_flight {
+            0 => server_max_in_flight,
+            n => n,
+        }
+    }
+
+    /// Calls in flight allowed to this upstream about one seller, under the
+    /// upstream's bound `max_in_flight` (as resolved by
+    /// [`UpstreamConfig::max_in_flight_or`]): its `max_in_flight_per_seller`, or
+    /// when that is 0, an eighth of `max_in_flight`, at least 1.
+    pub fn max_in_flight_per_seller_or(&self, max_in_flight: usize) -> usize {
+        match self.max_in_flight_per_seller {
+            0 => (max_in_flight / 8).max(1),
+            n => n,
+        }
+    }
+
+    /// `section`'s keys (`upstreams.<name>`).
+    fn validate(&self, section: &str, found: &mut Vec<Mistake>) {
+        found.extend(validate_base_url(&format!("{section}.base_url"), &self.base_url).err());
+        found.extend(
+            in_range(
+                &format!("{section}.timeout_ms"),
+                self.timeout.as_millis(),
+                1..=60_000,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                &format!("{section}.max_in_flight"),
+                self.max_in_flight,
+                0..=1_000_000,
+                " (0: server.max_in_flight)",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                &format!("{section}.max_in_flight_per_seller"),
+                self.max_in_flight_per_seller,
+                0..=1_000_000,
+                " (0: an eighth of the upstream's max_in_flight)",
+            )
+            .err(),
+        );
+    }
+}
+
+/// The call-tracking upstream: an upstream like the others, and its status feed.
+///
+/// Its keys stay where they were (`upstreams.calltracking.timeout_ms`): read
+/// through [`CalltrackingKeys`], every key a field of its own, rather than with
+/// `#[serde(flatten)]`. Flattened keys are buffered by serde before they are
+/// read, so a mistake in one (`on_error = "maybe"`, a string for
+/// `timeout_ms`) lost its key and was reported against `upstreams.calltracking`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(from = "CalltrackingKeys")]
+pub struct CalltrackingUpstreamConfig {
+    pub upstream: UpstreamConfig,
+    pub status_feed: StatusFeedConfig,
+}
+
+/// `[upstreams.calltracking]` as written: [`UpstreamConfig`]'s keys and
+/// `status_feed`, each deserialized where figment can name it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CalltrackingKeys {
+    base_url: String,
+    #[serde(rename = "timeout_ms", deserialize_with = "units::millis")]
+    timeout: Duration,
+    on_error: OnError,
+    max_in_flight: usize,
+    max_in_flight_per_seller: usize,
+    status_feed: StatusFeedConfig,
+}
+
+impl From<CalltrackingKeys> for CalltrackingUpstreamConfig {
+    fn from(keys: CalltrackingKeys) -> Self {
+        CalltrackingUpstreamConfig {
+            upstream: UpstreamConfig {
+                base_url: keys.base_url,
+                timeout: keys.timeout,
+                on_error: keys.on_error,
+                max_in_flight: keys.max_in_flight,
+                max_in_flight_per_seller: keys.max_in_flight_per_seller,
+            },
+            status_feed: keys.status_feed,
+        }
+    }
+}
+
+impl UpstreamsConfig {
+    /// The upstream asked for `source`'s numbers.
+    pub fn of(&self, source: Source) -> &UpstreamConfig {
+        match source {
+            Source::Anonymous => &self.anonymous,
+            Source::Calltracking => &self.calltracking.upstream,
+            Source::Real => &self.real_phone,
+        }
+    }
+
+    /// Each source's `on_error`: what the selection rules do when it fails.
+    pub fn policies(&self) -> Sources<OnError> {
+        Sources::from_fn(|source| self.of(source).on_error)
+    }
+
+    /// max(anonymous, real_phone + calltracking) of the configured timeouts: how
+    /// long a request may need when every call answers within its own timeout.
+    pub fn longest_path(&self) -> Duration {
+        self.anonymous
+            .timeout
+            .max(self.real_phone.timeout + self.calltracking.upstream.timeout)
+    }
+
+    pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
+        self.real_phone.validate("upstreams.real_phone", found);
+        self.anonymous.validate("upstreams.anonymous", found);
+        self.calltracking
+            .upstream
+            .validate("upstreams.calltracking", found);
+        self.calltracking.status_feed.validate(found);
+    }
+}
+
+fn validate_base_url(key: &str, url: &str) -> Result<(), Mistake> {
+    // Plain ASCII: the client formats each call's URI onto this base and parses
+    // it with `http::Uri`, which does no host mapping (upstream/mod.rs).
+    let parsed = parse_url(
+        key,
+        url,
+        &["http"],
+        "must be an http:// URL (TLS to upstreams is left to the mesh)",
+    )?;
+    if parsed.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err(invalid(key, "must not carry credentials"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::config::tests::{assert_refused, error_of};
+
+    #[test]
+    fn the_calltracking_upstream_takes_the_common_keys_and_refuses_others() {
+        // `upstreams.calltracking` holds the common upstream keys beside its
+        // status feed: a typo is refused, as in every section.
+        let e = error_of("[upstreams.calltracking]\ntimeout_ms = 100\ntimeout = 100");
+        assert!(e.contains("upstreams.calltracking.timeout:"), "{e}");
+        assert!(e.contains("unknown field"), "{e}");
+        let e = error_of("[upstreams.calltracking.status_feed]\nenabeld = true");
+        assert!(
+            e.contains("upstreams.calltracking.status_feed.enabeld"),
+            "{e}"
+        );
+        let e = error_of("[upstreams.calltracking]\ntimeout_ms = 0");
+        assert!(e.contains("upstreams.calltracking.timeout_ms"), "{e}");
+        let c = Config::from_toml(
+            "[upstreams.calltracking]\ntimeout_ms = 123\nmax_in_flight = 5\n\
+             [upstreams.calltracking.status_feed]\nlimit = 9",
+        )
+        .unwrap();
+        let calltracking = &c.upstreams.calltracking;
+        assert_eq!(calltracking.upstream.timeout, Duration::from_millis(123));
+        assert_eq!(calltracking.upstream.max_in_flight, 5);
+        assert_eq!(calltracking.status_feed.limit, 9);
+        assert!(std::ptr::eq(
+            c.upstreams.of(Source::Calltracking),
+            &calltracking.upstream
+        ));
+    }
+
+    #[test]
+    fn the_bound_per_seller_is_an_eighth_of_the_upstreams_unless_set() {
+        let c = Config::from_toml(
+            "[upstreams.calltracking]
+max_in_flight = 64
+             [upstreams.real_phone]
+max_in_flight_per_seller = 3",
+        )
+        .unwrap();
+        let calltracking = &c.upstreams.calltracking.upstream;
+        assert_eq!(calltracking.max_in_flight_per_seller_or(64), 8);
+        assert_eq!(calltracking.max_in_flight_per_seller_or(4), 1);
+        assert_eq!(c.upstreams.real_phone.max_in_flight_per_seller_or(64), 3);
+        let e = error_of("[upstreams.anonymous]\nmax_in_flight_per_seller = 2000000");
+        assert!(
+            e.contains("upstreams.anonymous.max_in_flight_per_seller"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn base_urls_are_plain_http_with_a_host_and_nothing_after_the_path() {
+        for good in [
+            "http://127.0.0.1:9101",
+            "http://real-phone/",
+            "http://h:1/prefix",
+        ] {
+            assert!(validate_base_url("k", good).is_ok(), "{good}");
+        }
+        for bad in [
+            "https://real-phone",
+            "real-phone:9101",
+            "http://",
+            "http://h/?q=1",
+            "http://h/#f",
+            "http://user:secret@h",
+            "http://тел.рф",
+            "not a url",
+        ] {
+            let e = validate_base_url("upstreams.x.base_url", bad).unwrap_err();
+            assert!(e.to_string().contains("upstreams.x.base_url"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn upstream_concurrency_defaults_to_the_public_bound() {
+        let c = Config::from_toml("[server]\nmax_in_flight = 64").unwrap();
+        assert_eq!(
+            c.upstreams
+                .real_phone
+                .max_in_flight_or(c.server.max_in_flight),
+            64
+        );
+        let c = Config::from_toml("[upstreams.anonymous]\nmax_in_flight = 7").unwrap();
+        assert_eq!(
+            c.upstreams
+                .anonymous
+                .max_in_flight_or(c.server.max_in_flight),
+            7
+        );
+        assert_eq!(
+            c.upstreams
+                .real_phone
+                .max_in_flight_or(c.server.max_in_flight),
+            4096
+        );
+    }
+
+    #[test]
+    fn upstream_bounds_are_bounded() {
+        assert_refused(&[(
+            "[upstreams.real_phone]\nmax_in_flight = 9223372036854775807",
+            "upstreams.real_phone.max_in_flight",
+        )]);
+    }
+}
