@@ -31,8 +31,10 @@
 
 use sqlx::SqliteConnection;
 
-use super::{RevealRow, sqlite_chunks, sqlite_insert};
+use super::inserts::{sqlite_chunks, sqlite_insert};
+use super::rows::RevealRow;
 use crate::domain::{Reveal, RevealQuery};
+use crate::store::pool::signed;
 
 /// Postings a page looks up first in the index; doubled each time the page is
 /// not yet settled, up to [`MOST_POSTINGS`]: a seller seen once a flush needs
@@ -63,7 +65,7 @@ pub(super) fn postings_of(rows: &[(i64, &Reveal)]) -> Vec<Posting> {
     // sorted already.
     let mut keyed: Vec<(i64, i64, i64)> = rows
         .iter()
-        .map(|&(id, r)| (super::signed(r.user.get()), r.at_us, id))
+        .map(|&(id, r)| (signed(r.user.get()), r.at_us, id))
         .collect();
     keyed.sort_unstable();
     let mut postings: Vec<Posting> = keyed.chunk_by(|a, b| a.0 == b.0).map(posting).collect();
@@ -306,22 +308,9 @@ async fn rows_of(
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{
-        delete_every_reveal, migrated_before, migration, rows, scan, sqlite, walk,
-    };
     use super::*;
-    use crate::domain::{AdId, CategoryId, RevealsOf, Source, UserId, Viewer};
-
-    fn reveal(at_us: i64, user: u64, viewer: Option<&str>) -> Reveal {
-        Reveal {
-            at_us,
-            viewer: viewer.map(|v| Viewer::parse(v.as_bytes()).unwrap()),
-            user: UserId::new(user).unwrap(),
-            ad: AdId::new(1).unwrap(),
-            category: CategoryId::new(1).unwrap(),
-            kind: Source::Real,
-        }
-    }
+    use crate::domain::{RevealsOf, UserId};
+    use crate::store::reveals::test_support::{migrated_before, migration, reveal_at as reveal};
 
     #[test]
     fn a_posting_lists_one_sellers_reveals_newest_first() {
@@ -367,167 +356,6 @@ mod tests {
         let blob = one.entries.as_deref().unwrap();
         let cut: Vec<(i64, i64)> = entries(one.max_at_us, one.first_id, Some(&blob[..3])).collect();
         assert!(cut.len() < 4);
-    }
-
-    /// A page walk through postings against the plain query over every row:
-    /// the same reveals in the same order, for every seller, window and page
-    /// size. Flushes are in viewer order, so a seller's reveals are scattered
-    /// over the flush's ids; the clock steps back across flushes and instants
-    /// repeat, so postings overlap in time and ties fall to the id.
-    #[tokio::test]
-    async fn pages_through_postings_are_those_of_a_scan_of_every_row() {
-        let (_dir, database) = crate::store::Database::scratch().await;
-        let store = database.reveals();
-        let mut seed: u64 = 11;
-        let mut next = move |n: u64| {
-            seed = seed
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (seed >> 33) % n
-        };
-        let viewers = [Some("a"), Some("b"), Some("c"), None];
-        for flush in 0..40i64 {
-            let batch: Vec<Reveal> = (0..12)
-                .map(|_| {
-                    let at = flush * 20 + i64::try_from(next(20)).unwrap() * 10 - 100;
-                    let viewer = viewers[usize::try_from(next(4)).unwrap()];
-                    reveal(1_000_000 + at, 1 + next(3), viewer)
-                })
-                .collect();
-            store.write_reveals(&batch).await.unwrap();
-        }
-        // Retention of part of the log, so some postings are gone and some cut.
-        assert_eq!(
-            store
-                .delete_reveals_older_than(std::time::Duration::ZERO, 150)
-                .await
-                .unwrap(),
-            150
-        );
-        // Rows gone above the lowest id left, as retention takes a row past
-        // its cutoff behind a younger one when a clock stepped back.
-        sqlx::query("DELETE FROM reveals WHERE id % 7 = 0 AND id > 300")
-            .execute(sqlite(&store))
-            .await
-            .unwrap();
-        let windows = [
-            (i64::MIN, i64::MAX),
-            (1_000_100, 1_000_400),
-            (1_000_250, 1_000_260),
-        ];
-        for user in [1u64, 2, 3, 99] {
-            let of = RevealsOf::Seller(UserId::new(user).unwrap());
-            for (since, until) in windows {
-                let expected = scan(&store, &of, since, until).await;
-                if user != 99 && since == i64::MIN {
-                    assert!(
-                        expected.len() > 50,
-                        "seller {user}: too few to page through"
-                    );
-                }
-                for limit in [1, 3, 7, 50, 1000] {
-                    let got = walk(&store, &of, since, until, limit).await;
-                    assert_eq!(got, expected, "{user} {since}..{until} by {limit}");
-                }
-            }
-        }
-    }
-
-    /// Retention takes the postings whose reveals are all gone, and only those.
-    #[tokio::test]
-    async fn retention_deletes_the_postings_of_deleted_reveals() {
-        let (_dir, database) = crate::store::Database::scratch().await;
-        let store = database.reveals();
-        for _ in 0..3 {
-            // Viewer order puts seller 1's reveals first and last: ids 1 and
-            // 6 of the first flush, a posting that ends with it.
-            let batch = [
-                reveal(1_000_000, 1, Some("a")),
-                reveal(1_000_000, 2, Some("b")),
-                reveal(1_000_000, 3, Some("b")),
-                reveal(1_000_000, 2, Some("c")),
-                reveal(1_000_000, 3, Some("c")),
-                reveal(1_000_000, 1, Some("d")),
-            ];
-            store.write_reveals(&batch).await.unwrap();
-        }
-        assert_eq!(rows(&store, "reveal_seller_postings").await, 9);
-        // Ids 1..=5: seller 2's posting (2, 4) and 3's (3, 5) are gone, 1's
-        // (1, 6) is cut, not gone.
-        store
-            .delete_reveals_older_than(std::time::Duration::ZERO, 5)
-            .await
-            .unwrap();
-        assert_eq!(rows(&store, "reveal_seller_postings").await, 7);
-        let page = store
-            .read_reveals(&RevealQuery {
-                of: RevealsOf::Seller(UserId::new(1).unwrap()),
-                since_us: i64::MIN,
-                until_us: i64::MAX,
-                after: None,
-                limit: 100,
-            })
-            .await
-            .unwrap();
-        assert_eq!(
-            page.iter().map(|r| r.id).collect::<Vec<_>>(),
-            [18, 13, 12, 7, 6]
-        );
-        delete_every_reveal(&store).await;
-        assert_eq!(rows(&store, "reveal_seller_postings").await, 0);
-    }
-
-    /// A log emptied by retention faster than its postings were pruned: new
-    /// reveals get ids above those the old postings name, and a posting that
-    /// names a row it does not hold (written so by hand here) shows nothing
-    /// of it.
-    #[tokio::test]
-    async fn a_posting_never_shows_a_row_it_does_not_hold() {
-        let (_dir, database) = crate::store::Database::scratch().await;
-        let store = database.reveals();
-        let batch: Vec<Reveal> = (0..3).map(|i| reveal(100 + i, 1, Some("a"))).collect();
-        store.write_reveals(&batch).await.unwrap();
-        let pool = sqlite(&store);
-        sqlx::query("DELETE FROM reveals")
-            .execute(pool)
-            .await
-            .unwrap();
-        let batch: Vec<Reveal> = (0..2).map(|i| reveal(50 + i, 1, Some("a"))).collect();
-        store.write_reveals(&batch).await.unwrap();
-        let page = |since_us, limit| {
-            let store = &store;
-            async move {
-                store
-                    .read_reveals(&RevealQuery {
-                        of: RevealsOf::Seller(UserId::new(1).unwrap()),
-                        since_us,
-                        until_us: i64::MAX,
-                        after: None,
-                        limit,
-                    })
-                    .await
-            }
-        };
-        let ids = |page: Vec<crate::domain::StoredReveal>| {
-            page.iter()
-                .map(|r| (r.reveal.at_us, r.id))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(ids(page(i64::MIN, 10).await.unwrap()), [(51, 5), (50, 4)]);
-        // Stale postings: one naming row 4 (at 50) as at 70, inside a window
-        // from 51 that row 4 is not in, and one naming a row that is not
-        // there. Neither shows, and a page is still full.
-        sqlx::query(
-            "INSERT INTO reveal_seller_postings \
-             (user_id, max_at_us, min_at_us, first_id, last_id, entries) \
-             VALUES (1, 70, 70, 4, 4, NULL), (1, 998, 998, 9, 9, NULL)",
-        )
-        .execute(pool)
-        .await
-        .unwrap();
-        assert_eq!(ids(page(51, 10).await.unwrap()), [(51, 5)]);
-        assert_eq!(ids(page(i64::MIN, 1).await.unwrap()), [(51, 5)]);
-        assert_eq!(ids(page(i64::MIN, 10).await.unwrap()), [(51, 5), (50, 4)]);
     }
 
     /// 0009 on a log written before it: a posting per reveal, the seller
