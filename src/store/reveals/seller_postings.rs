@@ -202,56 +202,17 @@ pub(super) async fn read_page(
     // The postings still to walk are those before `from` (newest, last id).
     let mut from = (i64::MAX, i64::MAX);
     let mut take = FIRST_POSTINGS;
+    let window = Window {
+        user_id,
+        query,
+        after_at: after.0,
+        low,
+    };
     'walk: loop {
-        // A posting can hold a row of the page only if it reaches into the
-        // window, holds something no newer than the cursor and is not gone.
-        // From the index alone; a posting's entries are read only when the
-        // walk reaches it.
-        let postings: Vec<(i64, i64, i64, i64)> = sqlx::query_as(
-            "SELECT max_at_us, last_id, first_id, id FROM reveal_seller_postings \
-             WHERE user_id = $1 AND (max_at_us, last_id) < ($2, $3) \
-             AND max_at_us >= $4 AND min_at_us < $5 AND min_at_us <= $6 AND last_id >= $7 \
-             ORDER BY max_at_us DESC, last_id DESC LIMIT $8",
-        )
-        .bind(user_id)
-        .bind(from.0)
-        .bind(from.1)
-        .bind(query.since_us)
-        .bind(query.until_us)
-        .bind(after.0)
-        .bind(low)
-        .bind(i64::try_from(take + 1).unwrap_or(i64::MAX))
-        .fetch_all(&mut *conn)
-        .await?;
-        for (i, &(max_at_us, last_id, first_id, id)) in postings.iter().enumerate().take(take) {
-            // One reveal (first_id == last_id) is the posting's key itself.
-            let blob: Option<Vec<u8>> = if first_id == last_id {
-                None
-            } else {
-                sqlx::query_as::<_, (Option<Vec<u8>>,)>(
-                    "SELECT entries FROM reveal_seller_postings WHERE id = $1",
-                )
-                .bind(id)
-                .fetch_one(&mut *conn)
-                .await?
-                .0
-            };
-            // Newest first within a posting: up to `limit` of its rows, the
-            // rest of it is older than all of those. Entries whose row is
-            // gone (retention takes a row past its cutoff behind a younger
-            // one, when a clock stepped back) are passed over, and the next
-            // ones read instead: each entry is looked at once.
-            let mut listed = entries(max_at_us, first_id, blob.as_deref()).filter(keep);
-            let mut found = 0;
-            while found < limit {
-                let want: Vec<(i64, i64)> = listed.by_ref().take(limit - found).collect();
-                if want.is_empty() {
-                    break;
-                }
-                let rows = rows_of(&mut *conn, user_id, &want).await?;
-                found += rows.len();
-                page.extend(rows);
-            }
+        let postings = postings_before(conn, &window, from, take + 1).await?;
+        for (i, posting) in postings.iter().enumerate().take(take) {
+            let rows = rows_listed(conn, user_id, posting, &keep, limit).await?;
+            page.extend(rows);
             page.sort_unstable_by_key(|r: &RevealRow| std::cmp::Reverse((r.1, r.0)));
             // A reveal in two postings (never written so) shows once.
             page.dedup_by_key(|r| r.0);
@@ -260,22 +221,103 @@ pub(super) async fn read_page(
             // no newer than the next one.
             match postings.get(i + 1) {
                 None => break 'walk,
-                Some(&(next_newest, ..))
-                    if page.len() == limit && page[limit - 1].1 > next_newest =>
-                {
+                Some(next) if page.len() == limit && page[limit - 1].1 > next.max_at_us => {
                     break 'walk;
                 }
                 Some(_) => {}
             }
         }
         // `take` postings walked and one more to come.
-        let Some(&(seen_newest, seen_last_id, ..)) = postings.get(take - 1) else {
+        let Some(seen) = postings.get(take - 1) else {
             break;
         };
-        from = (seen_newest, seen_last_id);
+        from = (seen.max_at_us, seen.last_id);
         take = (take * 2).min(MOST_POSTINGS);
     }
     Ok(page)
+}
+
+/// What a page asks of the postings: whose, the window and cursor of its
+/// query, and the lowest id left in the log.
+struct Window<'a> {
+    user_id: i64,
+    query: &'a RevealQuery,
+    /// The cursor's `at_us` (`i64::MAX` without one).
+    after_at: i64,
+    low: i64,
+}
+
+/// A posting as the index lists it, before its entries are read.
+#[derive(sqlx::FromRow)]
+struct Listed {
+    max_at_us: i64,
+    last_id: i64,
+    first_id: i64,
+    id: i64,
+}
+
+/// Up to `n` postings before `from` (newest, last id), newest first, that can
+/// hold a row of the page: they reach into the window, hold something no
+/// newer than the cursor and are not gone. From the index alone; a posting's
+/// entries are read only when the walk reaches it.
+async fn postings_before(
+    conn: &mut SqliteConnection,
+    window: &Window<'_>,
+    from: (i64, i64),
+    n: usize,
+) -> Result<Vec<Listed>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT max_at_us, last_id, first_id, id FROM reveal_seller_postings \
+         WHERE user_id = $1 AND (max_at_us, last_id) < ($2, $3) \
+         AND max_at_us >= $4 AND min_at_us < $5 AND min_at_us <= $6 AND last_id >= $7 \
+         ORDER BY max_at_us DESC, last_id DESC LIMIT $8",
+    )
+    .bind(window.user_id)
+    .bind(from.0)
+    .bind(from.1)
+    .bind(window.query.since_us)
+    .bind(window.query.until_us)
+    .bind(window.after_at)
+    .bind(window.low)
+    .bind(i64::try_from(n).unwrap_or(i64::MAX))
+    .fetch_all(&mut *conn)
+    .await
+}
+
+/// Up to `limit` rows of one posting that `keep` lets on the page, newest
+/// first: the rest of the posting is older than all of those. Entries whose
+/// row is gone (retention takes a row past its cutoff behind a younger one,
+/// when a clock stepped back) are passed over, and the next ones read
+/// instead: each entry is looked at once.
+async fn rows_listed(
+    conn: &mut SqliteConnection,
+    user_id: i64,
+    posting: &Listed,
+    keep: &impl Fn(&(i64, i64)) -> bool,
+    limit: usize,
+) -> Result<Vec<RevealRow>, sqlx::Error> {
+    // One reveal (first_id == last_id) is the posting's key itself.
+    let blob: Option<Vec<u8>> = if posting.first_id == posting.last_id {
+        None
+    } else {
+        sqlx::query_as::<_, (Option<Vec<u8>>,)>(
+            "SELECT entries FROM reveal_seller_postings WHERE id = $1",
+        )
+        .bind(posting.id)
+        .fetch_one(&mut *conn)
+        .await?
+        .0
+    };
+    let mut listed = entries(posting.max_at_us, posting.first_id, blob.as_deref()).filter(keep);
+    let mut found = Vec::new();
+    while found.len() < limit {
+        let want: Vec<(i64, i64)> = listed.by_ref().take(limit - found.len()).collect();
+        if want.is_empty() {
+            break;
+        }
+        found.extend(rows_of(&mut *conn, user_id, &want).await?);
+    }
+    Ok(found)
 }
 
 /// The rows of `listed` (`(at_us, id)` of one posting of `user_id`) that are
