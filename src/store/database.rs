@@ -1,9 +1,8 @@
-//! The opened database, both dialects: connecting (SQLite creates its file,
-//! PostgreSQL connects lazily), the bounds of every call ([`Bounds`]) and the
-//! wrappers that apply them on the client side and time each operation,
-//! migrations, the pooler check, closing. The capability handles
-//! ([`super::StatusStore`], [`super::RevealStore`], [`super::Leadership`],
-//! [`super::ChangeHints`]) are made from a [`Database`] and share its pool.
+//! The opened database: connecting (SQLite creates its file, PostgreSQL
+//! connects lazily), migrations, the pooler check, closing, and the store
+//! handles, each made from the one pool ([`Backend`]) the [`Database`] holds.
+//! What builds the stores: it imports them, and none of them imports it (the
+//! pool they share, its bounds and its error are leaves of their own).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -12,96 +11,13 @@ use sqlx::Row as _;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use super::{BudgetStore, ChangeHints, Leadership, RevealStore, StatusStore};
-
-/// How long a connection attempt may take before the operation fails (and the
-/// webhook answers 503) rather than hanging on a dead database.
-pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// How every SQLite write transaction begins: status changes, snapshots, the
-/// reveal flush and retention alike take the write lock before their first
-/// read, so the gateway's own writers queue for it (up to the busy timeout,
-/// `database.lock_timeout_ms`) instead of refusing each other with
-/// `SQLITE_BUSY_SNAPSHOT` (see `status::sqlite`).
-pub(super) const SQLITE_BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
-
-/// Why a database call failed, whichever store made it. Each store hands it on
-/// wrapped in its own error ([`super::StatusStoreError`],
-/// [`super::RevealStoreError`]), so that whoever logs or answers it says which
-/// store failed; the database-wide work (opening, migrations, leadership)
-/// returns it bare.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error("migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("unsupported database URL (expected sqlite:// or postgres://)")]
-    UnsupportedUrl,
-    /// No connection could be had: the pool's own error ("pool timed out")
-    /// hides why, so the store asks once more itself and names the cause.
-    #[error("cannot connect to {target}: {cause}")]
-    Unreachable { target: String, cause: String },
-    /// The call did not finish within its bound (see [`Bounds`]); on the
-    /// database's side the statement is cancelled by its own timeout.
-    #[error("{operation} did not finish within {bound:?}")]
-    TimedOut {
-        operation: &'static str,
-        bound: Duration,
-    },
-    /// A write for a leased duty (the status feed's cursor) was refused: the
-    /// lease it was made under has expired or another replica took it.
-    #[error("the {0} lease is no longer this replica's")]
-    LeaseLost(&'static str),
-}
-
-/// How long a database call may take (docs/configuration.md, `database.*`).
-/// PostgreSQL enforces both on the server per transaction (`statement_timeout`,
-/// `lock_timeout`: `SET LOCAL`, so a transaction-mode pooler passes them on);
-/// SQLite waits for the write lock at most `lock` (its busy timeout). The
-/// client also gives up on a PostgreSQL call after [`Bounds::call`], for a
-/// connection that died without a word.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bounds {
-    /// One statement (a snapshot's largest statement must fit: see the docs).
-    pub statement: Duration,
-    /// Waiting for a lock another session holds (a table, the writers' lock).
-    pub lock: Duration,
-}
-
-impl Default for Bounds {
-    fn default() -> Self {
-        Bounds {
-            statement: Duration::from_secs(60),
-            lock: Duration::from_secs(5),
-        }
-    }
-}
-
-impl Bounds {
-    /// The client's bound on one call that writes: a connection, then a
-    /// statement.
-    pub fn call(&self) -> Duration {
-        ACQUIRE_TIMEOUT + self.statement + Duration::from_secs(1)
-    }
-
-    /// The client's bound on one read (a catch-up page, a page of the reveal
-    /// log): a connection, a lock wait, and two seconds for rows that come
-    /// from an index. Shorter than [`Bounds::call`], so a connection that died
-    /// silently holds the sync loop seconds, not a minute.
-    pub fn read(&self) -> Duration {
-        ACQUIRE_TIMEOUT + self.lock + Duration::from_secs(2)
-    }
-
-    /// The whole of a small call, connection included: a webhook delta, an
-    /// invalidation, a single-row read (the feed cursor), a lease's take or
-    /// renewal. `lock`, on the client and on the server alike (statement,
-    /// lock wait and idle time in the transaction): a database that stops
-    /// answering costs a webhook this long, not a snapshot's statement bound.
-    pub fn short(&self) -> Duration {
-        self.lock
-    }
-}
+use super::budgets::BudgetStore;
+use super::error::StoreError;
+use super::hints::ChangeHints;
+use super::leadership::Leadership;
+use super::pool::{ACQUIRE_TIMEOUT, Backend, Bounds, Pg, target};
+use super::reveals::RevealStore;
+use super::status::StatusStore;
 
 /// The one database the app opened: the source of every store handle, and
 /// the work that concerns the database as a whole (migrations, the pooler
@@ -271,216 +187,6 @@ impl Database {
     }
 }
 
-/// The pool of one database kind: what every handle holds, and the one place
-/// outside a capability's SQL that says which kinds there are.
-#[derive(Debug, Clone)]
-pub(super) enum Backend {
-    Sqlite(sqlx::SqlitePool),
-    Postgres(Pg),
-}
-
-/// A PostgreSQL store: the pool every query runs on (PostgreSQL itself, or a
-/// transaction-mode pooler in front of it), and where to reach PostgreSQL itself
-/// for the two things that need a session of their own: migrations (sqlx's
-/// migrator holds a session advisory lock) and LISTEN (its pool is the
-/// listener's own, see [`super::ChangeHints`]). Feed leadership is a lease row
-/// through the pool.
-///
-/// Pooler-safe by construction: every statement is unnamed
-/// (`persistent(false)`: a named one would outlive the transaction on a server
-/// connection the pooler hands to another client next), and every statement
-/// runs inside a transaction, even a lone read (sqlx sends an unnamed
-/// statement's parse and its execution as two round trips, which a
-/// transaction-mode pooler may send to two server connections otherwise).
-#[derive(Debug, Clone)]
-pub(super) struct Pg {
-    pub(super) pool: sqlx::PgPool,
-    /// Boxed: connect options are a few hundred bytes, the pool a pointer.
-    pub(super) direct: Box<PgConnectOptions>,
-    pub(super) bounds: Bounds,
-}
-
-impl Pg {
-    /// A transaction with this store's bounds set on the server (`SET LOCAL`,
-    /// one round trip: pooler-safe, and gone with the transaction).
-    pub(super) async fn begin(
-        &self,
-    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "SELECT set_config('statement_timeout', $1, true), \
-             set_config('lock_timeout', $2, true)",
-        )
-        .persistent(false)
-        .bind(self.bounds.statement.as_millis().to_string())
-        .bind(self.bounds.lock.as_millis().to_string())
-        .execute(&mut *tx)
-        .await?;
-        Ok(tx)
-    }
-
-    /// A transaction for a small call ([`Bounds::short`]): its statements,
-    /// its lock waits and its idle time each bounded by `lock` on the server.
-    /// The idle bound matters when the client freezes (SIGSTOP, a VM paused)
-    /// in mid-transaction: its connection stays open, and without it the
-    /// locks it holds (the writers' advisory lock, a lease row) would stay
-    /// held for as long as it sleeps, stopping every other replica's writes.
-    pub(super) async fn begin_short(
-        &self,
-    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let bound = self.bounds.short().as_millis().to_string();
-        sqlx::query(
-            "SELECT set_config('statement_timeout', $1, true), \
-             set_config('lock_timeout', $1, true), \
-             set_config('idle_in_transaction_session_timeout', $1, true)",
-        )
-        .persistent(false)
-        .bind(bound)
-        .execute(&mut *tx)
-        .await?;
-        Ok(tx)
-    }
-}
-
-impl Backend {
-    /// The bound of a small call ([`Bounds::short`]). SQLite: a call's, as
-    /// for every write there ([`Backend::call_bound`]): its writers queue for
-    /// one file, and a small write queued behind a large snapshot must not be
-    /// refused for it (its wait for SQLite's own lock is the busy timeout).
-    pub(super) fn short_bound(&self) -> Duration {
-        match self {
-            Backend::Postgres(pg) => pg.bounds.short(),
-            Backend::Sqlite(_) => self.call_bound(),
-        }
-    }
-
-    /// Runs one small database call that must be over by `deadline` (the
-    /// caller's share of [`Bounds::short`], after a wait for its turn): see
-    /// [`Backend::bounded`]. SQLite is local and bounded by its busy timeout.
-    pub(super) async fn until<T>(
-        &self,
-        operation: &'static str,
-        deadline: tokio::time::Instant,
-        f: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let bound = match self {
-            Backend::Postgres(_) => {
-                Some(deadline.saturating_duration_since(tokio::time::Instant::now()))
-            }
-            Backend::Sqlite(_) => None,
-        };
-        self.bounded(operation, bound, f).await
-    }
-
-    /// The client's bound on one call (see [`Bounds::call`]).
-    pub(super) fn call_bound(&self) -> Duration {
-        match self {
-            Backend::Postgres(pg) => pg.bounds.call(),
-            // Local: a statement cannot hang on a network, and the busy
-            // timeout bounds the wait for the write lock.
-            Backend::Sqlite(_) => Bounds::default().call(),
-        }
-    }
-
-    /// Runs one database call that writes: see [`Backend::bounded`], with
-    /// [`Bounds::call`].
-    pub(super) async fn call<T>(
-        &self,
-        operation: &'static str,
-        f: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let bound = match self {
-            Backend::Postgres(pg) => Some(pg.bounds.call()),
-            Backend::Sqlite(_) => None,
-        };
-        self.bounded(operation, bound, f).await
-    }
-
-    /// Runs one database call that only reads: see [`Backend::bounded`], with
-    /// [`Bounds::read`], so that the sync loop is back within seconds after a
-    /// connection died silently.
-    pub(super) async fn read<T>(
-        &self,
-        operation: &'static str,
-        f: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let bound = match self {
-            Backend::Postgres(pg) => Some(pg.bounds.read()),
-            Backend::Sqlite(_) => None,
-        };
-        self.bounded(operation, bound, f).await
-    }
-
-    /// Runs one database call: bounded on PostgreSQL by `bound` (a connection
-    /// that died without a word cannot hold the caller; SQLite is local),
-    /// timed for the operation histogram, and with a pool timeout explained
-    /// (see [`StoreError::Unreachable`]).
-    #[allow(
-        clippy::disallowed_types,
-        reason = "a duration metric: wall time, also under a paused test clock"
-    )]
-    async fn bounded<T>(
-        &self,
-        operation: &'static str,
-        bound: Option<Duration>,
-        f: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let start = std::time::Instant::now();
-        let out = match bound {
-            Some(bound) => tokio::time::timeout(bound, f)
-                .await
-                .unwrap_or(Err(StoreError::TimedOut { operation, bound })),
-            None => f.await,
-        };
-        metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => operation)
-            .record(start.elapsed().as_secs_f64());
-        match (out, bound) {
-            // The explanation within what is left of the bound: its own
-            // connection attempt on a silent database would add 3 s.
-            (Err(StoreError::Database(sqlx::Error::PoolTimedOut)), Some(bound)) => {
-                let left = bound.saturating_sub(start.elapsed());
-                Err(tokio::time::timeout(left, self.explain())
-                    .await
-                    .unwrap_or(StoreError::TimedOut { operation, bound }))
-            }
-            (Err(StoreError::Database(sqlx::Error::PoolTimedOut)), None) => {
-                Err(self.explain().await)
-            }
-            (other, _) => other,
-        }
-    }
-
-    /// Why no pooled connection could be had: one connection attempt of its own,
-    /// whose error names the cause (refused, authentication, DNS), with where it
-    /// went (host:port and database, never the password).
-    async fn explain(&self) -> StoreError {
-        let Backend::Postgres(pg) = self else {
-            return StoreError::Database(sqlx::Error::PoolTimedOut);
-        };
-        let options = pg.pool.connect_options();
-        let target = target(&options);
-        let attempt = tokio::time::timeout(
-            ACQUIRE_TIMEOUT,
-            <sqlx::PgConnection as sqlx::Connection>::connect_with(&options),
-        )
-        .await;
-        let cause = match attempt {
-            Err(_) => format!("no answer within {ACQUIRE_TIMEOUT:?}"),
-            Ok(Err(error)) => error.to_string(),
-            Ok(Ok(connection)) => {
-                let _ = sqlx::Connection::close(connection).await;
-                format!(
-                    "every pooled connection stayed busy for {ACQUIRE_TIMEOUT:?} \
-                     (database.max_connections is {})",
-                    pg.pool.options().get_max_connections()
-                )
-            }
-        };
-        StoreError::Unreachable { target, cause }
-    }
-}
-
 /// SQLite, the embedded default, for one replica. WAL journal,
 /// `synchronous = FULL` (an acknowledged change survives a crash of the machine,
 /// not only of the process), one writer at a time by SQLite's own lock.
@@ -569,17 +275,6 @@ fn connect_postgres(url: &str, max_connections: u32) -> Result<sqlx::PgPool, Sto
         .acquire_timeout(ACQUIRE_TIMEOUT)
         .connect_lazy_with(pg_options(url)?))
 }
-
-/// Where `options` reach, for a log line: host:port (or the socket) and the
-/// database; never the user's password.
-pub(super) fn target(options: &PgConnectOptions) -> String {
-    let database = options.get_database().unwrap_or("");
-    match options.get_socket() {
-        Some(socket) => format!("{}/{database}", socket.display()),
-        None => format!("{}:{}/{database}", options.get_host(), options.get_port()),
-    }
-}
-
 /// Whether a client connection to `options` keeps one server session, as
 /// PostgreSQL itself or a session-mode pooler does; a transaction-mode pooler
 /// hands each transaction the server connection that is free. Probed with two
@@ -652,13 +347,4 @@ async fn pid(conn: &mut sqlx::PgConnection) -> Result<i32, StoreError> {
     // A query without arguments goes as one simple-protocol message.
     let row = sqlx::Executor::fetch_one(conn, "SELECT pg_backend_pid()").await?;
     Ok(row.try_get(0)?)
-}
-
-/// Versions and ids are at most `i64::MAX` (validated at the edge); stored signed.
-pub(super) fn signed(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-pub(super) fn unsigned(value: i64) -> u64 {
-    u64::try_from(value).unwrap_or(0)
 }

@@ -31,8 +31,10 @@
 
 use sqlx::SqliteConnection;
 
-use super::{RevealRow, sqlite_chunks, sqlite_insert};
+use super::inserts::{sqlite_chunks, sqlite_insert};
+use super::rows::RevealRow;
 use crate::domain::{Reveal, RevealQuery};
+use crate::store::pool::signed;
 
 /// Postings a page looks up first in the index; doubled each time the page is
 /// not yet settled, up to [`MOST_POSTINGS`]: a seller seen once a flush needs
@@ -63,7 +65,7 @@ pub(super) fn postings_of(rows: &[(i64, &Reveal)]) -> Vec<Posting> {
     // sorted already.
     let mut keyed: Vec<(i64, i64, i64)> = rows
         .iter()
-        .map(|&(id, r)| (super::signed(r.user.get()), r.at_us, id))
+        .map(|&(id, r)| (signed(r.user.get()), r.at_us, id))
         .collect();
     keyed.sort_unstable();
     let mut postings: Vec<Posting> = keyed.chunk_by(|a, b| a.0 == b.0).map(posting).collect();
@@ -200,56 +202,17 @@ pub(super) async fn read_page(
     // The postings still to walk are those before `from` (newest, last id).
     let mut from = (i64::MAX, i64::MAX);
     let mut take = FIRST_POSTINGS;
+    let window = Window {
+        user_id,
+        query,
+        after_at: after.0,
+        low,
+    };
     'walk: loop {
-        // A posting can hold a row of the page only if it reaches into the
-        // window, holds something no newer than the cursor and is not gone.
-        // From the index alone; a posting's entries are read only when the
-        // walk reaches it.
-        let postings: Vec<(i64, i64, i64, i64)> = sqlx::query_as(
-            "SELECT max_at_us, last_id, first_id, id FROM reveal_seller_postings \
-             WHERE user_id = $1 AND (max_at_us, last_id) < ($2, $3) \
-             AND max_at_us >= $4 AND min_at_us < $5 AND min_at_us <= $6 AND last_id >= $7 \
-             ORDER BY max_at_us DESC, last_id DESC LIMIT $8",
-        )
-        .bind(user_id)
-        .bind(from.0)
-        .bind(from.1)
-        .bind(query.since_us)
-        .bind(query.until_us)
-        .bind(after.0)
-        .bind(low)
-        .bind(i64::try_from(take + 1).unwrap_or(i64::MAX))
-        .fetch_all(&mut *conn)
-        .await?;
-        for (i, &(max_at_us, last_id, first_id, id)) in postings.iter().enumerate().take(take) {
-            // One reveal (first_id == last_id) is the posting's key itself.
-            let blob: Option<Vec<u8>> = if first_id == last_id {
-                None
-            } else {
-                sqlx::query_as::<_, (Option<Vec<u8>>,)>(
-                    "SELECT entries FROM reveal_seller_postings WHERE id = $1",
-                )
-                .bind(id)
-                .fetch_one(&mut *conn)
-                .await?
-                .0
-            };
-            // Newest first within a posting: up to `limit` of its rows, the
-            // rest of it is older than all of those. Entries whose row is
-            // gone (retention takes a row past its cutoff behind a younger
-            // one, when a clock stepped back) are passed over, and the next
-            // ones read instead: each entry is looked at once.
-            let mut listed = entries(max_at_us, first_id, blob.as_deref()).filter(keep);
-            let mut found = 0;
-            while found < limit {
-                let want: Vec<(i64, i64)> = listed.by_ref().take(limit - found).collect();
-                if want.is_empty() {
-                    break;
-                }
-                let rows = rows_of(&mut *conn, user_id, &want).await?;
-                found += rows.len();
-                page.extend(rows);
-            }
+        let postings = postings_before(conn, &window, from, take + 1).await?;
+        for (i, posting) in postings.iter().enumerate().take(take) {
+            let rows = rows_listed(conn, user_id, posting, &keep, limit).await?;
+            page.extend(rows);
             page.sort_unstable_by_key(|r: &RevealRow| std::cmp::Reverse((r.1, r.0)));
             // A reveal in two postings (never written so) shows once.
             page.dedup_by_key(|r| r.0);
@@ -258,22 +221,103 @@ pub(super) async fn read_page(
             // no newer than the next one.
             match postings.get(i + 1) {
                 None => break 'walk,
-                Some(&(next_newest, ..))
-                    if page.len() == limit && page[limit - 1].1 > next_newest =>
-                {
+                Some(next) if page.len() == limit && page[limit - 1].1 > next.max_at_us => {
                     break 'walk;
                 }
                 Some(_) => {}
             }
         }
         // `take` postings walked and one more to come.
-        let Some(&(seen_newest, seen_last_id, ..)) = postings.get(take - 1) else {
+        let Some(seen) = postings.get(take - 1) else {
             break;
         };
-        from = (seen_newest, seen_last_id);
+        from = (seen.max_at_us, seen.last_id);
         take = (take * 2).min(MOST_POSTINGS);
     }
     Ok(page)
+}
+
+/// What a page asks of the postings: whose, the window and cursor of its
+/// query, and the lowest id left in the log.
+struct Window<'a> {
+    user_id: i64,
+    query: &'a RevealQuery,
+    /// The cursor's `at_us` (`i64::MAX` without one).
+    after_at: i64,
+    low: i64,
+}
+
+/// A posting as the index lists it, before its entries are read.
+#[derive(sqlx::FromRow)]
+struct Listed {
+    max_at_us: i64,
+    last_id: i64,
+    first_id: i64,
+    id: i64,
+}
+
+/// Up to `n` postings before `from` (newest, last id), newest first, that can
+/// hold a row of the page: they reach into the window, hold something no
+/// newer than the cursor and are not gone. From the index alone; a posting's
+/// entries are read only when the walk reaches it.
+async fn postings_before(
+    conn: &mut SqliteConnection,
+    window: &Window<'_>,
+    from: (i64, i64),
+    n: usize,
+) -> Result<Vec<Listed>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT max_at_us, last_id, first_id, id FROM reveal_seller_postings \
+         WHERE user_id = $1 AND (max_at_us, last_id) < ($2, $3) \
+         AND max_at_us >= $4 AND min_at_us < $5 AND min_at_us <= $6 AND last_id >= $7 \
+         ORDER BY max_at_us DESC, last_id DESC LIMIT $8",
+    )
+    .bind(window.user_id)
+    .bind(from.0)
+    .bind(from.1)
+    .bind(window.query.since_us)
+    .bind(window.query.until_us)
+    .bind(window.after_at)
+    .bind(window.low)
+    .bind(i64::try_from(n).unwrap_or(i64::MAX))
+    .fetch_all(&mut *conn)
+    .await
+}
+
+/// Up to `limit` rows of one posting that `keep` lets on the page, newest
+/// first: the rest of the posting is older than all of those. Entries whose
+/// row is gone (retention takes a row past its cutoff behind a younger one,
+/// when a clock stepped back) are passed over, and the next ones read
+/// instead: each entry is looked at once.
+async fn rows_listed(
+    conn: &mut SqliteConnection,
+    user_id: i64,
+    posting: &Listed,
+    keep: &impl Fn(&(i64, i64)) -> bool,
+    limit: usize,
+) -> Result<Vec<RevealRow>, sqlx::Error> {
+    // One reveal (first_id == last_id) is the posting's key itself.
+    let blob: Option<Vec<u8>> = if posting.first_id == posting.last_id {
+        None
+    } else {
+        sqlx::query_as::<_, (Option<Vec<u8>>,)>(
+            "SELECT entries FROM reveal_seller_postings WHERE id = $1",
+        )
+        .bind(posting.id)
+        .fetch_one(&mut *conn)
+        .await?
+        .0
+    };
+    let mut listed = entries(posting.max_at_us, posting.first_id, blob.as_deref()).filter(keep);
+    let mut found = Vec::new();
+    while found.len() < limit {
+        let want: Vec<(i64, i64)> = listed.by_ref().take(limit - found.len()).collect();
+        if want.is_empty() {
+            break;
+        }
+        found.extend(rows_of(&mut *conn, user_id, &want).await?);
+    }
+    Ok(found)
 }
 
 /// The rows of `listed` (`(at_us, id)` of one posting of `user_id`) that are
@@ -306,22 +350,9 @@ async fn rows_of(
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{
-        delete_every_reveal, migrated_before, migration, rows, scan, sqlite, walk,
-    };
     use super::*;
-    use crate::domain::{AdId, CategoryId, RevealsOf, Source, UserId, Viewer};
-
-    fn reveal(at_us: i64, user: u64, viewer: Option<&str>) -> Reveal {
-        Reveal {
-            at_us,
-            viewer: viewer.map(|v| Viewer::parse(v.as_bytes()).unwrap()),
-            user: UserId::new(user).unwrap(),
-            ad: AdId::new(1).unwrap(),
-            category: CategoryId::new(1).unwrap(),
-            kind: Source::Real,
-        }
-    }
+    use crate::domain::{RevealsOf, UserId};
+    use crate::store::reveals::test_support::{migrated_before, migration, reveal_at as reveal};
 
     #[test]
     fn a_posting_lists_one_sellers_reveals_newest_first() {
@@ -367,167 +398,6 @@ mod tests {
         let blob = one.entries.as_deref().unwrap();
         let cut: Vec<(i64, i64)> = entries(one.max_at_us, one.first_id, Some(&blob[..3])).collect();
         assert!(cut.len() < 4);
-    }
-
-    /// A page walk through postings against the plain query over every row:
-    /// the same reveals in the same order, for every seller, window and page
-    /// size. Flushes are in viewer order, so a seller's reveals are scattered
-    /// over the flush's ids; the clock steps back across flushes and instants
-    /// repeat, so postings overlap in time and ties fall to the id.
-    #[tokio::test]
-    async fn pages_through_postings_are_those_of_a_scan_of_every_row() {
-        let (_dir, database) = crate::store::Database::scratch().await;
-        let store = database.reveals();
-        let mut seed: u64 = 11;
-        let mut next = move |n: u64| {
-            seed = seed
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (seed >> 33) % n
-        };
-        let viewers = [Some("a"), Some("b"), Some("c"), None];
-        for flush in 0..40i64 {
-            let batch: Vec<Reveal> = (0..12)
-                .map(|_| {
-                    let at = flush * 20 + i64::try_from(next(20)).unwrap() * 10 - 100;
-                    let viewer = viewers[usize::try_from(next(4)).unwrap()];
-                    reveal(1_000_000 + at, 1 + next(3), viewer)
-                })
-                .collect();
-            store.write_reveals(&batch).await.unwrap();
-        }
-        // Retention of part of the log, so some postings are gone and some cut.
-        assert_eq!(
-            store
-                .delete_reveals_older_than(std::time::Duration::ZERO, 150)
-                .await
-                .unwrap(),
-            150
-        );
-        // Rows gone above the lowest id left, as retention takes a row past
-        // its cutoff behind a younger one when a clock stepped back.
-        sqlx::query("DELETE FROM reveals WHERE id % 7 = 0 AND id > 300")
-            .execute(sqlite(&store))
-            .await
-            .unwrap();
-        let windows = [
-            (i64::MIN, i64::MAX),
-            (1_000_100, 1_000_400),
-            (1_000_250, 1_000_260),
-        ];
-        for user in [1u64, 2, 3, 99] {
-            let of = RevealsOf::Seller(UserId::new(user).unwrap());
-            for (since, until) in windows {
-                let expected = scan(&store, &of, since, until).await;
-                if user != 99 && since == i64::MIN {
-                    assert!(
-                        expected.len() > 50,
-                        "seller {user}: too few to page through"
-                    );
-                }
-                for limit in [1, 3, 7, 50, 1000] {
-                    let got = walk(&store, &of, since, until, limit).await;
-                    assert_eq!(got, expected, "{user} {since}..{until} by {limit}");
-                }
-            }
-        }
-    }
-
-    /// Retention takes the postings whose reveals are all gone, and only those.
-    #[tokio::test]
-    async fn retention_deletes_the_postings_of_deleted_reveals() {
-        let (_dir, database) = crate::store::Database::scratch().await;
-        let store = database.reveals();
-        for _ in 0..3 {
-            // Viewer order puts seller 1's reveals first and last: ids 1 and
-            // 6 of the first flush, a posting that ends with it.
-            let batch = [
-                reveal(1_000_000, 1, Some("a")),
-                reveal(1_000_000, 2, Some("b")),
-                reveal(1_000_000, 3, Some("b")),
-                reveal(1_000_000, 2, Some("c")),
-                reveal(1_000_000, 3, Some("c")),
-                reveal(1_000_000, 1, Some("d")),
-            ];
-            store.write_reveals(&batch).await.unwrap();
-        }
-        assert_eq!(rows(&store, "reveal_seller_postings").await, 9);
-        // Ids 1..=5: seller 2's posting (2, 4) and 3's (3, 5) are gone, 1's
-        // (1, 6) is cut, not gone.
-        store
-            .delete_reveals_older_than(std::time::Duration::ZERO, 5)
-            .await
-            .unwrap();
-        assert_eq!(rows(&store, "reveal_seller_postings").await, 7);
-        let page = store
-            .read_reveals(&RevealQuery {
-                of: RevealsOf::Seller(UserId::new(1).unwrap()),
-                since_us: i64::MIN,
-                until_us: i64::MAX,
-                after: None,
-                limit: 100,
-            })
-            .await
-            .unwrap();
-        assert_eq!(
-            page.iter().map(|r| r.id).collect::<Vec<_>>(),
-            [18, 13, 12, 7, 6]
-        );
-        delete_every_reveal(&store).await;
-        assert_eq!(rows(&store, "reveal_seller_postings").await, 0);
-    }
-
-    /// A log emptied by retention faster than its postings were pruned: new
-    /// reveals get ids above those the old postings name, and a posting that
-    /// names a row it does not hold (written so by hand here) shows nothing
-    /// of it.
-    #[tokio::test]
-    async fn a_posting_never_shows_a_row_it_does_not_hold() {
-        let (_dir, database) = crate::store::Database::scratch().await;
-        let store = database.reveals();
-        let batch: Vec<Reveal> = (0..3).map(|i| reveal(100 + i, 1, Some("a"))).collect();
-        store.write_reveals(&batch).await.unwrap();
-        let pool = sqlite(&store);
-        sqlx::query("DELETE FROM reveals")
-            .execute(pool)
-            .await
-            .unwrap();
-        let batch: Vec<Reveal> = (0..2).map(|i| reveal(50 + i, 1, Some("a"))).collect();
-        store.write_reveals(&batch).await.unwrap();
-        let page = |since_us, limit| {
-            let store = &store;
-            async move {
-                store
-                    .read_reveals(&RevealQuery {
-                        of: RevealsOf::Seller(UserId::new(1).unwrap()),
-                        since_us,
-                        until_us: i64::MAX,
-                        after: None,
-                        limit,
-                    })
-                    .await
-            }
-        };
-        let ids = |page: Vec<crate::domain::StoredReveal>| {
-            page.iter()
-                .map(|r| (r.reveal.at_us, r.id))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(ids(page(i64::MIN, 10).await.unwrap()), [(51, 5), (50, 4)]);
-        // Stale postings: one naming row 4 (at 50) as at 70, inside a window
-        // from 51 that row 4 is not in, and one naming a row that is not
-        // there. Neither shows, and a page is still full.
-        sqlx::query(
-            "INSERT INTO reveal_seller_postings \
-             (user_id, max_at_us, min_at_us, first_id, last_id, entries) \
-             VALUES (1, 70, 70, 4, 4, NULL), (1, 998, 998, 9, 9, NULL)",
-        )
-        .execute(pool)
-        .await
-        .unwrap();
-        assert_eq!(ids(page(51, 10).await.unwrap()), [(51, 5)]);
-        assert_eq!(ids(page(i64::MIN, 1).await.unwrap()), [(51, 5)]);
-        assert_eq!(ids(page(i64::MIN, 10).await.unwrap()), [(51, 5), (50, 4)]);
     }
 
     /// 0009 on a log written before it: a posting per reveal, the seller

@@ -1,92 +1,50 @@
-//! What the SQLite store's tests share: the pool behind a store, a table's row
-//! count, retention until the log is empty, a page walk as the admin route's
-//! cursor makes it, the same reveals by a plain scan, and a database migrated
-//! up to a version.
+//! What the reveal store's tests share below the store itself: reveals made
+//! from a few fields, seeded random draws, and a SQLite file migrated up to a
+//! version. A leaf: the tests of every file of the store use it, and it uses
+//! none of them (what needs a whole store is in the store's own tests).
 
-use super::{Backend, RevealStore};
-use crate::domain::{RevealQuery, RevealsOf};
+use crate::domain::{AdId, CategoryId, Reveal, Source, UserId, Viewer};
 
-pub(super) fn sqlite(store: &RevealStore) -> &sqlx::SqlitePool {
-    match &store.backend {
-        Backend::Sqlite(pool) => pool,
-        Backend::Postgres(_) => unreachable!("a SQLite store"),
+/// A reveal of seller 42's ad `ad` in category 9, at one fixed instant.
+pub(super) fn reveal(ad: u64, kind: Source, viewer: Option<&str>) -> Reveal {
+    Reveal {
+        at_us: 1_700_000_000_000_000,
+        viewer: viewer.map(|v| Viewer::parse(v.as_bytes()).unwrap()),
+        user: UserId::new(42).unwrap(),
+        ad: AdId::new(ad).unwrap(),
+        category: CategoryId::new(9).unwrap(),
+        kind,
     }
 }
 
-/// How many rows `table` holds.
-pub(super) async fn rows(store: &RevealStore, table: &str) -> i64 {
-    let sql = format!("SELECT count(*) FROM {table}");
-    let (n,): (i64,) = sqlx::query_as(&sql).fetch_one(sqlite(store)).await.unwrap();
-    n
+/// A reveal of `user`'s ad 1 in category 1 at `at_us`.
+pub(super) fn reveal_at(at_us: i64, user: u64, viewer: Option<&str>) -> Reveal {
+    Reveal {
+        at_us,
+        viewer: viewer.map(|v| Viewer::parse(v.as_bytes()).unwrap()),
+        user: UserId::new(user).unwrap(),
+        ad: AdId::new(1).unwrap(),
+        category: CategoryId::new(1).unwrap(),
+        kind: Source::Real,
+    }
 }
 
-/// Retention with no age limit, in batches of 4, until the log is empty.
-pub(super) async fn delete_every_reveal(store: &RevealStore) {
-    while store
-        .delete_reveals_older_than(std::time::Duration::ZERO, 4)
-        .await
-        .unwrap()
-        > 0
-    {}
-}
+/// Small numbers from a seed (a linear congruential generator): the same
+/// draws on every run.
+pub(super) struct Draws(u64);
 
-/// Ids of `of`'s reveals in the window, newest first, by a scan of every row.
-pub(super) async fn scan(store: &RevealStore, of: &RevealsOf, since: i64, until: i64) -> Vec<i64> {
-    let column = match of {
-        RevealsOf::Seller(_) => "user_id",
-        RevealsOf::Viewer(_) => "viewer",
-    };
-    let sql = format!(
-        "SELECT id FROM reveals NOT INDEXED WHERE {column} = ?1 AND at_us >= ?2 AND at_us < ?3 \
-         ORDER BY at_us DESC, id DESC"
-    );
-    let query = sqlx::query_as::<_, (i64,)>(&sql);
-    let query = match of {
-        RevealsOf::Seller(user) => query.bind(i64::try_from(user.get()).unwrap()),
-        RevealsOf::Viewer(viewer) => query.bind(viewer.as_str()),
-    };
-    query
-        .bind(since)
-        .bind(until)
-        .fetch_all(sqlite(store))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(id,)| id)
-        .collect()
-}
+impl Draws {
+    pub(super) fn new(seed: u64) -> Self {
+        Draws(seed)
+    }
 
-/// Ids of `of`'s reveals in the window, page after page. A page short of
-/// `limit` must be the last: the API ends the walk there.
-pub(super) async fn walk(
-    store: &RevealStore,
-    of: &RevealsOf,
-    since: i64,
-    until: i64,
-    limit: u32,
-) -> Vec<i64> {
-    let mut ids = Vec::new();
-    let mut after = None;
-    let mut short = false;
-    loop {
-        let page = store
-            .read_reveals(&RevealQuery {
-                of: of.clone(),
-                since_us: since,
-                until_us: until,
-                after,
-                limit,
-            })
-            .await
-            .unwrap();
-        assert!(page.len() <= limit as usize);
-        assert!(!short || page.is_empty(), "a short page was not the last");
-        short = page.len() < limit as usize;
-        let Some(last) = page.last() else {
-            return ids;
-        };
-        after = Some((last.reveal.at_us, last.id));
-        ids.extend(page.iter().map(|r| r.id));
+    /// A number below `n`.
+    pub(super) fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
     }
 }
 

@@ -16,7 +16,8 @@
 
 use sqlx::SqliteConnection;
 
-use super::{RevealRow, sqlite_chunks, sqlite_insert};
+use super::inserts::{sqlite_chunks, sqlite_insert};
+use super::rows::RevealRow;
 use crate::domain::{Reveal, RevealQuery, Viewer};
 
 /// Runs a page reads first; doubled each time the page is not yet settled, up
@@ -161,96 +162,11 @@ pub(super) async fn read_page(
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{delete_every_reveal, rows, scan, walk};
     use super::*;
-    use crate::domain::{AdId, CategoryId, RevealsOf, Source, UserId};
+    use crate::store::reveals::test_support::reveal_at;
 
     fn reveal(at_us: i64, viewer: Option<&str>) -> Reveal {
-        Reveal {
-            at_us,
-            viewer: viewer.map(|v| Viewer::parse(v.as_bytes()).unwrap()),
-            user: UserId::new(1).unwrap(),
-            ad: AdId::new(1).unwrap(),
-            category: CategoryId::new(1).unwrap(),
-            kind: Source::Real,
-        }
-    }
-
-    /// A page walk through runs against the plain query over every row: the
-    /// same reveals in the same order, for every viewer, window and page size.
-    /// The clock steps back across flushes and instants repeat, so runs
-    /// overlap in time and ties fall to the id.
-    #[tokio::test]
-    async fn pages_through_runs_are_those_of_a_scan_of_every_row() {
-        let (_dir, database) = crate::store::Database::scratch().await;
-        let store = database.reveals();
-        let mut seed: u64 = 7;
-        let mut next = move |n: u64| {
-            seed = seed
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (seed >> 33) % n
-        };
-        let viewers = [Some("a"), Some("b"), Some("c"), None];
-        // Forty flushes of a few reveals a viewer: more runs than a page's
-        // first look, each overlapping the ten flushes around it in time.
-        for flush in 0..40i64 {
-            let batch: Vec<Reveal> = (0..12)
-                .map(|_| {
-                    let at = flush * 20 + i64::try_from(next(20)).unwrap() * 10 - 100;
-                    let viewer = viewers[usize::try_from(next(4)).unwrap()];
-                    reveal(1_000_000 + at, viewer)
-                })
-                .collect();
-            store.write_reveals(&batch).await.unwrap();
-        }
-        // Retention of part of the log, so some runs are gone and some cut.
-        assert_eq!(
-            store
-                .delete_reveals_older_than(std::time::Duration::ZERO, 150)
-                .await
-                .unwrap(),
-            150
-        );
-        let windows = [
-            (i64::MIN, i64::MAX),
-            (1_000_100, 1_000_400),
-            (1_000_250, 1_000_260),
-        ];
-        for viewer in ["a", "b", "c", "nobody"] {
-            let of = RevealsOf::Viewer(Viewer::parse(viewer.as_bytes()).unwrap());
-            for (since, until) in windows {
-                let expected = scan(&store, &of, since, until).await;
-                for limit in [1, 3, 7, 50, 1000] {
-                    let got = walk(&store, &of, since, until, limit).await;
-                    assert_eq!(got, expected, "{viewer} {since}..{until} by {limit}");
-                }
-            }
-        }
-    }
-
-    /// Retention takes the runs whose reveals are all gone, and only those.
-    #[tokio::test]
-    async fn retention_deletes_the_runs_of_deleted_reveals() {
-        let (_dir, database) = crate::store::Database::scratch().await;
-        let store = database.reveals();
-        for _ in 0..3 {
-            let batch: Vec<Reveal> = ["a", "a", "b", "c", "c", "c"]
-                .iter()
-                .map(|v| reveal(1_000_000, Some(v)))
-                .collect();
-            store.write_reveals(&batch).await.unwrap();
-        }
-        assert_eq!(rows(&store, "reveal_viewer_runs").await, 9);
-        // Ids 1..=7: the first flush's runs (a, b, c) and the second's "a"
-        // (ids 7 and 8) is cut, not gone.
-        store
-            .delete_reveals_older_than(std::time::Duration::ZERO, 7)
-            .await
-            .unwrap();
-        assert_eq!(rows(&store, "reveal_viewer_runs").await, 6);
-        delete_every_reveal(&store).await;
-        assert_eq!(rows(&store, "reveal_viewer_runs").await, 0);
+        reveal_at(at_us, 1, viewer)
     }
 
     #[test]

@@ -15,31 +15,26 @@
 //! flip and an invalidation of the same seller apply in the order they were
 //! written. SQLite serves one replica and records none.
 //!
-//! The two dialects are a file each ([`sqlite`], [`postgres`]): their write paths
-//! differ in shape (multi-row inserts under SQLite's one writer; arrays, `COPY`
-//! and an advisory lock on PostgreSQL), not only in placeholders.
+//! The two dialects are a file each ([`sqlite`], [`postgres`]), with the rows
+//! both read and write in [`rows`]: their write paths differ in shape
+//! (multi-row inserts under SQLite's one writer; arrays, `COPY` and an
+//! advisory lock on PostgreSQL), not only in placeholders.
 
 mod postgres;
+mod rows;
 mod sqlite;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use super::database::{Backend, unsigned};
-use super::{Fence, StoreError};
-use crate::domain::{Applied, Status, StatusChange, UserId};
+use super::error::StoreError;
+use super::leadership::Fence;
+use super::pool::{Backend, on_connection};
+use crate::domain::{Applied, StatusChange, UserId};
 
-pub(super) use postgres::CHANNEL;
+pub use rows::{Change, FLOOR_USER, Row, Watermark};
 
 /// Rows read per catch-up query.
 pub const CHANGES_PAGE: i64 = 50_000;
-
-/// The row that holds the snapshot floor (migration 0002): user ids start at 1,
-/// so user 0 is free. Its version is the last snapshot's; every user without a
-/// row of their own has that version, disabled. A snapshot moves it like any
-/// other row at or below its version; deltas read it as the version of users
-/// without a row; catch-up hands it over with the other rows, in change order.
-pub const FLOOR_USER: u64 = 0;
 
 /// The status store failed: the cause ([`StoreError`]), under a name of its own
 /// so that a log or an answer says which store it was.
@@ -53,55 +48,8 @@ impl StatusStoreError {
     }
 }
 
-/// A row of the change log, in change order: a status as stored, or a cache
-/// invalidation (PostgreSQL only; with SQLite invalidations stay local).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Row {
-    pub user_id: u64,
-    pub seq: i64,
-    pub change: Change,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Change {
-    Status {
-        status: Status,
-        /// The change that last turned call tracking on or off (0: never).
-        flip_seq: i64,
-    },
-    /// Every cached number of the seller is to be dropped.
-    Invalidated,
-}
-
-/// A row as both databases return it: (user_id, enabled, version, change_seq,
-/// flip_seq, is an invalidation).
-type RowTuple = (i64, bool, i64, i64, i64, bool);
-
-impl From<RowTuple> for Row {
-    fn from((user_id, enabled, version, seq, flip_seq, invalidation): RowTuple) -> Self {
-        Row {
-            user_id: unsigned(user_id),
-            seq,
-            change: if invalidation {
-                Change::Invalidated
-            } else {
-                Change::Status {
-                    status: Status {
-                        enabled,
-                        version: unsigned(version),
-                    },
-                    flip_seq,
-                }
-            },
-        }
-    }
-}
-
-/// A position in the change log: (change_seq, user_id) of the last row seen.
-pub type Watermark = (i64, i64);
-
 /// The status store's handle (see the module doc); made by
-/// [`super::Database::status`].
+/// `Database::status`.
 #[derive(Debug, Clone)]
 pub struct StatusStore {
     backend: Backend,
@@ -112,12 +60,12 @@ impl StatusStore {
         StatusStore { backend }
     }
 
-    /// The client's bound on one call (see [`super::Bounds::call`]).
+    /// The client's bound on one call (see [`crate::store::Bounds::call`]).
     pub fn call_bound(&self) -> Duration {
         self.backend.call_bound()
     }
 
-    /// The bound of a small call, whole (see [`super::Bounds::short`]): a
+    /// The bound of a small call, whole (see [`crate::store::Bounds::short`]): a
     /// delta, an invalidation, the writers' turn for them.
     pub fn short_bound(&self) -> Duration {
         self.backend.short_bound()
@@ -305,21 +253,4 @@ impl SnapshotLoad {
             .record(started.elapsed().as_secs_f64());
         Ok(result?)
     }
-}
-
-/// Distinct users of a delivery, and the floor row: the stored versions a
-/// delivery is planned against.
-fn users_of(items: &[StatusChange]) -> Vec<u64> {
-    let mut users: Vec<u64> = items.iter().map(|i| i.user.get()).collect();
-    users.push(FLOOR_USER);
-    users.sort_unstable();
-    users.dedup();
-    users
-}
-
-/// Plans a delivery against the stored versions read with [`users_of`] (the
-/// floor row among them).
-fn plan(items: &[StatusChange], mut stored: HashMap<u64, u64>) -> (Applied, Vec<StatusChange>) {
-    let floor = stored.remove(&FLOOR_USER).unwrap_or(0);
-    crate::domain::plan_changes(items, &stored, floor)
 }

@@ -1,6 +1,6 @@
 //! The status store on PostgreSQL: for a cluster of replicas, directly or through a
 //! transaction-mode pooler (every statement unnamed and in a transaction: see
-//! `store::database::Pg`). Writers take a
+//! `store::pool::Pg`). Writers take a
 //! transaction-level advisory lock before the change sequence value, so values
 //! commit in order; each write notifies `calltracking_status` on commit (a hint to
 //! the other replicas to catch up; the poll covers a lost one).
@@ -10,14 +10,14 @@ use std::fmt::Write as _;
 
 use sqlx::Row as _;
 
-use super::{Row, RowTuple, StoreError, Watermark, plan, users_of};
+use super::rows::{Row, RowTuple, Watermark, plan, users_of};
 use crate::domain::StatusChange;
 use crate::domain::{Applied, UserId};
-use crate::store::Fence;
-use crate::store::database::{Pg, signed, unsigned};
+use crate::store::error::StoreError;
+use crate::store::hints::CHANNEL;
+use crate::store::leadership::Fence;
+use crate::store::pool::{Pg, signed, unsigned};
 
-/// The notification channel of status changes (the change hints listen on it).
-pub(in crate::store) const CHANNEL: &str = "calltracking_status";
 /// Advisory lock key serialising writers ("ctstatus" in ASCII).
 const WRITE_LOCK: i64 = 0x6374_7374_6174_7573;
 
@@ -201,7 +201,7 @@ pub(super) async fn changes_after(
     after: Watermark,
     limit: i64,
 ) -> Result<Vec<Row>, StoreError> {
-    // In a transaction, alone as it is: pooler-safe (see `store::database::Pg`).
+    // In a transaction, alone as it is: pooler-safe (see `store::pool::Pg`).
     let mut tx = pg.begin().await?;
     let rows: Vec<RowTuple> = sqlx::query_as(
         "(SELECT user_id, enabled, version, change_seq, flip_seq, false AS invalidation \

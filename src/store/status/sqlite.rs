@@ -17,10 +17,11 @@ use std::collections::HashMap;
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, QueryBuilder, Row as _, Sqlite, SqlitePool};
 
-use super::{Row, RowTuple, StoreError, Watermark, plan, users_of};
+use super::rows::{Row, RowTuple, Watermark, plan, users_of};
 use crate::domain::Applied;
 use crate::domain::StatusChange;
-use crate::store::database::{SQLITE_BEGIN_WRITE as BEGIN_WRITE, signed, unsigned};
+use crate::store::error::StoreError;
+use crate::store::pool::{SQLITE_BEGIN_WRITE as BEGIN_WRITE, signed, unsigned};
 
 /// Bound parameters per statement, under SQLite's limit of 32,766.
 const MAX_PARAMS: usize = 30_000;

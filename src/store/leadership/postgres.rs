@@ -1,0 +1,80 @@
+//! Feed leadership on PostgreSQL: the lease row's SQL (see the parent's
+//! module doc). Every call is a small one, in a transaction bounded by
+//! `Pg::begin_short`.
+
+use std::time::Duration;
+
+use crate::store::error::StoreError;
+use crate::store::pool::Pg;
+
+/// The feed's row in the `leases` table (migration 0006 creates it, expired).
+const FEED_LEASE: &str = "status_feed";
+
+/// Takes the lease for `holder` if it is free (expired, or already
+/// `holder`'s): the new epoch, or `None` when another replica holds it.
+pub(super) async fn take(pg: &Pg, holder: &str, ttl: Duration) -> Result<Option<i64>, StoreError> {
+    let mut tx = pg.begin_short().await?;
+    let epoch = sqlx::query_scalar(
+        "UPDATE leases SET holder = $2, epoch = epoch + 1, \
+         acquired_at = clock_timestamp(), renewed_at = clock_timestamp(), \
+         expires_at = clock_timestamp() + $3::int8 * interval '1 millisecond' \
+         WHERE name = $1 AND (expires_at <= clock_timestamp() OR holder = $2) \
+         RETURNING epoch",
+    )
+    .persistent(false)
+    .bind(FEED_LEASE)
+    .bind(holder)
+    .bind(millis(ttl))
+    .fetch_optional(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(epoch)
+}
+
+/// Renews the lease in a transaction of its own (see [`check`]).
+pub(super) async fn renew(
+    pg: &Pg,
+    holder: &str,
+    epoch: i64,
+    ttl: Duration,
+) -> Result<(), StoreError> {
+    let mut tx = pg.begin_short().await?;
+    check(&mut tx, holder, epoch, ttl).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Checks, in `tx`, that the lease is still `holder`'s at `epoch` and not
+/// expired, and renews it for `ttl`: the row stays locked until `tx` ends.
+///
+/// # Errors
+/// [`StoreError::LeaseLost`] when it is not; the database's own errors.
+pub(super) async fn check(
+    tx: &mut sqlx::PgConnection,
+    holder: &str,
+    epoch: i64,
+    ttl: Duration,
+) -> Result<(), StoreError> {
+    let renewed = sqlx::query(
+        "UPDATE leases SET renewed_at = clock_timestamp(), \
+         expires_at = clock_timestamp() + $4::int8 * interval '1 millisecond' \
+         WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires_at > clock_timestamp()",
+    )
+    .persistent(false)
+    .bind(FEED_LEASE)
+    .bind(holder)
+    .bind(epoch)
+    .bind(millis(ttl))
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if renewed == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost(FEED_LEASE))
+    }
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,274 @@
+//! The reveal log on SQLite: the embedded default, one replica. A flush is
+//! written on the log's own writer connection with ids it assigns, in viewer
+//! order, so that SQLite keeps no index entry per reveal: a viewer's reveals
+//! of a flush are one run of ids ([`viewer_runs`]) and a seller's are one
+//! posting ([`seller_postings`]). Pages are read through those; retention
+//! takes the lowest ids, and the runs and postings whose reveals are gone.
+//!
+//! [`viewer_runs`]: super::viewer_runs
+//! [`seller_postings`]: super::seller_postings
+
+use sqlx::{SqliteConnection, SqlitePool};
+
+use super::inserts::{sqlite_chunks, sqlite_insert};
+use super::rows::RevealRow;
+use super::{seller_postings, viewer_runs};
+use crate::domain::{AdId, Reveal, RevealQuery, RevealsOf, Source, Viewer};
+use crate::store::error::StoreError;
+use crate::store::pool::{SQLITE_BEGIN_WRITE, signed};
+
+/// Writes a batch of reveals, its viewers' runs and sellers' postings, and
+/// adds its per-ad `counts`, in one transaction on `writer`.
+pub(super) async fn write(
+    writer: &SqlitePool,
+    reveals: &[Reveal],
+    counts: &[(AdId, Source, u64)],
+) -> Result<(), StoreError> {
+    // Sorted before the transaction: it takes the file's write lock, which
+    // status writes wait for (docs/status-sync.md).
+    let ordered = in_viewer_order(reveals);
+    let mut tx = writer.begin_with(SQLITE_BEGIN_WRITE).await?;
+    let first_id = next_id(&mut tx).await?;
+    let by_viewer: Vec<(i64, &Reveal)> = (first_id..).zip(ordered).collect();
+    insert_reveals(&mut tx, &by_viewer).await?;
+    viewer_runs::write(&mut tx, &viewer_runs::runs_of(&by_viewer)).await?;
+    seller_postings::write(&mut tx, &seller_postings::postings_of(&by_viewer)).await?;
+    add_counts(&mut tx, counts).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The id a flush's first reveal gets. Ids are given here rather than by
+/// SQLite, so the flush knows its viewers' runs and sellers' postings: the
+/// next after the largest a reveal, a run or a posting holds, so that an id
+/// is never reused while a run or posting not yet pruned still names it (when
+/// retention emptied the log, say). Runs and postings go in id order: the
+/// last is the largest.
+async fn next_id(tx: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
+    let (first_id,): (i64,) = sqlx::query_as(
+        "SELECT max(\
+         coalesce((SELECT max(id) FROM reveals), 0), \
+         coalesce((SELECT last_id FROM reveal_viewer_runs ORDER BY id DESC LIMIT 1), 0), \
+         coalesce((SELECT last_id FROM reveal_seller_postings ORDER BY id DESC LIMIT 1), 0)\
+         ) + 1",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(first_id)
+}
+
+/// Inserts the rows of a flush under their ids. `OR FAIL`: a statement that
+/// fails keeps the rows it inserted before, so SQLite keeps no statement
+/// journal for it (a copy of every page it touches, written to a temporary
+/// file); the transaction is what is atomic here, and on any error it is
+/// rolled back whole.
+async fn insert_reveals(
+    tx: &mut SqliteConnection,
+    by_viewer: &[(i64, &Reveal)],
+) -> Result<(), sqlx::Error> {
+    for chunk in sqlite_chunks(by_viewer) {
+        let sql = sqlite_insert(
+            "INSERT OR FAIL INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind)",
+            7,
+            chunk.len(),
+            "",
+        );
+        let mut query = sqlx::query(&sql);
+        for &(id, r) in chunk {
+            query = query
+                .bind(id)
+                .bind(r.at_us)
+                .bind(r.viewer.as_ref().map(Viewer::as_str))
+                .bind(signed(r.user.get()))
+                .bind(signed(r.ad.get()))
+                .bind(signed(r.category.get()))
+                .bind(r.kind.as_str());
+        }
+        query.execute(&mut *tx).await?;
+    }
+    Ok(())
+}
+
+/// Adds a flush's per-ad counts to the totals.
+async fn add_counts(
+    tx: &mut SqliteConnection,
+    counts: &[(AdId, Source, u64)],
+) -> Result<(), sqlx::Error> {
+    for chunk in sqlite_chunks(counts) {
+        let sql = sqlite_insert(
+            "INSERT OR FAIL INTO ad_reveal_counts (ad_id, kind, n)",
+            3,
+            chunk.len(),
+            " ON CONFLICT (ad_id, kind) DO UPDATE SET n = ad_reveal_counts.n + excluded.n",
+        );
+        let mut query = sqlx::query(&sql);
+        for (ad, kind, n) in chunk {
+            query = query
+                .bind(signed(ad.get()))
+                .bind(kind.as_str())
+                .bind(signed(*n));
+        }
+        query.execute(&mut *tx).await?;
+    }
+    Ok(())
+}
+
+/// One page of the log, newest first, through the viewers' runs or the
+/// sellers' postings.
+pub(super) async fn read(
+    pool: &SqlitePool,
+    query: &RevealQuery,
+) -> Result<Vec<RevealRow>, StoreError> {
+    // One snapshot: runs or postings and their rows as of one commit.
+    let mut tx = pool.begin().await?;
+    let rows = match &query.of {
+        RevealsOf::Viewer(viewer) => {
+            viewer_runs::read_page(&mut tx, viewer.as_str(), query).await?
+        }
+        RevealsOf::Seller(user) => {
+            seller_postings::read_page(&mut tx, signed(user.get()), query).await?
+        }
+    };
+    tx.commit().await?;
+    Ok(rows)
+}
+
+/// Deletes up to `batch` of the lowest ids, of them those older than
+/// `keep_us` by SQLite's clock, on `writer`; returns how many. Ids grow with
+/// time (written in flush order), so no index on at_us is kept
+/// (migrations/sqlite/0006); the viewers' runs and the sellers' postings go
+/// with their reveals (0007, 0009). A row whose at_us is past the cutoff but
+/// behind a younger one (a wall clock stepped back) goes once that one does:
+/// late by the step, never early. Julian days to microseconds since the
+/// epoch (2440587.5 is 1970-01-01): `julianday` reads the clock in every
+/// SQLite.
+pub(super) async fn delete_older_than(
+    writer: &SqlitePool,
+    keep_us: i64,
+    batch: i64,
+) -> Result<u64, StoreError> {
+    let mut tx = writer.begin_with(SQLITE_BEGIN_WRITE).await?;
+    let deleted = sqlx::query(
+        "DELETE FROM reveals WHERE id IN \
+         (SELECT id FROM reveals ORDER BY id LIMIT ?2) \
+         AND at_us < CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER) - ?1",
+    )
+    .bind(keep_us)
+    .bind(batch)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    prune_dead(&mut tx, "reveal_viewer_runs", batch).await?;
+    prune_dead(&mut tx, "reveal_seller_postings", batch).await?;
+    tx.commit().await?;
+    Ok(deleted)
+}
+
+/// Deletes up to `batch` of the oldest rows of `table` (SQLite's viewer runs
+/// or seller postings) whose reveals are all gone, in retention's transaction
+/// after its delete. Both go in order of their last id, as their reveals do,
+/// so the dead ones are the oldest; a reveals batch leaves at most as many
+/// dead ones as it deleted rows, so one batch each keeps up.
+async fn prune_dead(
+    conn: &mut sqlx::SqliteConnection,
+    table: &'static str,
+    batch: i64,
+) -> Result<u64, sqlx::Error> {
+    let sql = format!(
+        "DELETE FROM {table} WHERE id IN (SELECT id FROM {table} ORDER BY id LIMIT ?1) \
+         AND last_id < coalesce((SELECT min(id) FROM reveals), 9223372036854775807)"
+    );
+    Ok(sqlx::query(&sql)
+        .bind(batch)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected())
+}
+
+/// The batch ordered by viewer (those without one first), then by seller and
+/// time: each viewer's reveals of a flush are then one run of ids (see
+/// [`viewer_runs`](super::viewer_runs)). Ids still grow from one flush to the
+/// next, so the log's order in time holds for retention within one flush
+/// interval.
+pub(super) fn in_viewer_order(reveals: &[Reveal]) -> Vec<&Reveal> {
+    // Each viewer's rank among the batch's viewers (0: none), so that the sort
+    // of the batch compares integers: comparing the viewer ids themselves, a
+    // reveal against a reveal, was most of the flush thread's profile. Only
+    // the few distinct ids are sorted as strings.
+    let mut ranks: foldhash::HashMap<&str, usize> = foldhash::HashMap::default();
+    for reveal in reveals {
+        if let Some(viewer) = &reveal.viewer {
+            ranks.entry(viewer.as_str()).or_default();
+        }
+    }
+    let mut viewers: Vec<&str> = ranks.keys().copied().collect();
+    viewers.sort_unstable();
+    for (rank, viewer) in viewers.into_iter().enumerate() {
+        ranks.insert(viewer, rank + 1);
+    }
+    let mut keyed: Vec<(usize, u64, i64, &Reveal)> = reveals
+        .iter()
+        .map(|r| {
+            let viewer = r
+                .viewer
+                .as_ref()
+                .map_or(0, |v| ranks.get(v.as_str()).copied().unwrap_or(0));
+            (viewer, r.user.get(), r.at_us, r)
+        })
+        .collect();
+    // Within a viewer, by seller and time: the sort that builds the sellers'
+    // postings (seller_postings.rs) then meets its input nearly in order when
+    // a flush has few viewers. Nothing reads ids as arrival order: pages order
+    // by `at_us`, a run by its range, a posting by its entries.
+    keyed.sort_unstable_by_key(|&(viewer, user, at_us, _)| (viewer, user, at_us));
+    keyed.into_iter().map(|(.., r)| r).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::UserId;
+    use crate::store::reveals::test_support::reveal;
+
+    /// Viewers in order (so a flush is one run per viewer), those without
+    /// one first, and within a viewer by seller and time.
+    #[test]
+    fn a_flush_is_grouped_by_viewer_then_seller_and_time() {
+        let at = |r: &Reveal, n: i64, user: u64| Reveal {
+            at_us: r.at_us + n,
+            user: UserId::new(user).unwrap(),
+            ..r.clone()
+        };
+        let (b, a) = (
+            reveal(1, Source::Real, Some("b")),
+            reveal(1, Source::Real, Some("a")),
+        );
+        let none = reveal(1, Source::Real, None);
+        let batch = [
+            at(&b, 5, 7),
+            at(&a, 4, 9),
+            at(&none, 3, 8),
+            at(&b, 2, 6),
+            at(&a, 1, 9),
+            at(&b, 0, 7),
+        ];
+        let order: Vec<(Option<&str>, u64, i64)> = in_viewer_order(&batch)
+            .into_iter()
+            .map(|r| {
+                let viewer = r.viewer.as_ref().map(Viewer::as_str);
+                (viewer, r.user.get(), r.at_us - none.at_us)
+            })
+            .collect();
+        assert_eq!(
+            order,
+            [
+                (None, 8, 3),
+                (Some("a"), 9, 1),
+                (Some("a"), 9, 4),
+                (Some("b"), 6, 2),
+                (Some("b"), 7, 0),
+                (Some("b"), 7, 5),
+            ]
+        );
+    }
+}

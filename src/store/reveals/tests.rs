@@ -1,0 +1,437 @@
+//! The reveal store's tests through its interface, on a scratch SQLite
+//! database: flushes written and read back page by page (through the
+//! viewers' runs and the sellers' postings) against a plain scan of every
+//! row, and retention of the runs and postings with their reveals.
+
+use super::test_support::{Draws, migrated_before, migration, reveal, reveal_at};
+use super::{RevealStore, counts_of};
+use crate::domain::{AdId, Reveal, RevealQuery, RevealsOf, Source, StoredReveal, UserId, Viewer};
+use crate::store::pool::Backend;
+
+/// A reveal store on a migrated SQLite file in a fresh directory; the
+/// directory goes when the returned guard is dropped.
+pub(super) async fn scratch() -> (tempfile::TempDir, RevealStore) {
+    let (dir, pool) = migrated_before(i64::MAX).await;
+    (dir, RevealStore::of(Backend::Sqlite(pool), None))
+}
+
+pub(super) fn sqlite(store: &RevealStore) -> &sqlx::SqlitePool {
+    match &store.backend {
+        Backend::Sqlite(pool) => pool,
+        Backend::Postgres(_) => unreachable!("a SQLite store"),
+    }
+}
+
+/// How many rows `table` holds.
+pub(super) async fn rows(store: &RevealStore, table: &str) -> i64 {
+    let sql = format!("SELECT count(*) FROM {table}");
+    let (n,): (i64,) = sqlx::query_as(&sql).fetch_one(sqlite(store)).await.unwrap();
+    n
+}
+
+/// Retention with no age limit, in batches of 4, until the log is empty.
+pub(super) async fn delete_every_reveal(store: &RevealStore) {
+    while store
+        .delete_reveals_older_than(std::time::Duration::ZERO, 4)
+        .await
+        .unwrap()
+        > 0
+    {}
+}
+
+/// Ids of `of`'s reveals in the window, newest first, by a scan of every row.
+pub(super) async fn scan(store: &RevealStore, of: &RevealsOf, since: i64, until: i64) -> Vec<i64> {
+    let column = match of {
+        RevealsOf::Seller(_) => "user_id",
+        RevealsOf::Viewer(_) => "viewer",
+    };
+    let sql = format!(
+        "SELECT id FROM reveals NOT INDEXED WHERE {column} = ?1 AND at_us >= ?2 AND at_us < ?3 \
+         ORDER BY at_us DESC, id DESC"
+    );
+    let query = sqlx::query_as::<_, (i64,)>(&sql);
+    let query = match of {
+        RevealsOf::Seller(user) => query.bind(i64::try_from(user.get()).unwrap()),
+        RevealsOf::Viewer(viewer) => query.bind(viewer.as_str()),
+    };
+    query
+        .bind(since)
+        .bind(until)
+        .fetch_all(sqlite(store))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(id,)| id)
+        .collect()
+}
+
+/// Forty flushes of twelve reveals, each at a drawn time with a drawn viewer
+/// (a, b, c or none), made by `make` (which may draw more): more runs and
+/// postings than a page's first look, each overlapping the ten flushes
+/// around it in time, so the clock steps back across flushes and instants
+/// repeat. Then retention of the 150 lowest ids, so some runs and postings
+/// are gone and some cut.
+pub(super) async fn write_overlapping_flushes(
+    store: &RevealStore,
+    seed: u64,
+    mut make: impl FnMut(i64, Option<&str>, &mut Draws) -> Reveal,
+) {
+    let mut draws = Draws::new(seed);
+    let viewers = [Some("a"), Some("b"), Some("c"), None];
+    for flush in 0..40i64 {
+        let batch: Vec<Reveal> = (0..12)
+            .map(|_| {
+                let at = flush * 20 + i64::try_from(draws.below(20)).unwrap() * 10 - 100;
+                let viewer = viewers[usize::try_from(draws.below(4)).unwrap()];
+                make(1_000_000 + at, viewer, &mut draws)
+            })
+            .collect();
+        store.write_reveals(&batch).await.unwrap();
+    }
+    assert_eq!(
+        store
+            .delete_reveals_older_than(std::time::Duration::ZERO, 150)
+            .await
+            .unwrap(),
+        150
+    );
+}
+
+/// Walks `of`'s reveals page by page, in every window of the flushes above
+/// (all, a part, a sliver) and page sizes from 1 to 1,000, and checks each
+/// walk against the [`scan`] of every row; returns how many reveals the scan
+/// found in all.
+pub(super) async fn walks_match_scan(store: &RevealStore, of: &RevealsOf) -> usize {
+    let windows = [
+        (i64::MIN, i64::MAX),
+        (1_000_100, 1_000_400),
+        (1_000_250, 1_000_260),
+    ];
+    let mut all = 0;
+    for (since, until) in windows {
+        let expected = scan(store, of, since, until).await;
+        if since == i64::MIN {
+            all = expected.len();
+        }
+        for limit in [1, 3, 7, 50, 1000] {
+            let got = walk(store, of, since, until, limit).await;
+            assert_eq!(got, expected, "{of:?} {since}..{until} by {limit}");
+        }
+    }
+    all
+}
+
+/// Ids of `of`'s reveals in the window, page after page. A page short of
+/// `limit` must be the last: the API ends the walk there.
+pub(super) async fn walk(
+    store: &RevealStore,
+    of: &RevealsOf,
+    since: i64,
+    until: i64,
+    limit: u32,
+) -> Vec<i64> {
+    let mut ids = Vec::new();
+    let mut after = None;
+    let mut short = false;
+    loop {
+        let page = store
+            .read_reveals(&RevealQuery {
+                of: of.clone(),
+                since_us: since,
+                until_us: until,
+                after,
+                limit,
+            })
+            .await
+            .unwrap();
+        assert!(page.len() <= limit as usize);
+        assert!(!short || page.is_empty(), "a short page was not the last");
+        short = page.len() < limit as usize;
+        let Some(last) = page.last() else {
+            return ids;
+        };
+        after = Some((last.reveal.at_us, last.id));
+        ids.extend(page.iter().map(|r| r.id));
+    }
+}
+
+/// Every reveal of `of`, read page by page (`limit` a page) as the admin
+/// route's cursor walks them: newest first.
+async fn every_page(store: &RevealStore, of: RevealsOf, limit: u32) -> Vec<StoredReveal> {
+    let mut all: Vec<StoredReveal> = Vec::new();
+    loop {
+        let page = store
+            .read_reveals(&RevealQuery {
+                of: of.clone(),
+                since_us: i64::MIN,
+                until_us: i64::MAX,
+                after: all.last().map(|r| (r.reveal.at_us, r.id)),
+                limit,
+            })
+            .await
+            .unwrap();
+        if page.is_empty() {
+            return all;
+        }
+        all.extend(page);
+    }
+}
+
+/// One flush is written in viewer order (for the viewer index), not in
+/// the order of time: pages still come newest first, by seller and by
+/// viewer, and a cursor walks them without a gap or a repeat.
+#[tokio::test]
+async fn a_flush_in_viewer_order_still_pages_newest_first() {
+    let (_dir, store) = scratch().await;
+    // Twelve reveals a microsecond apart, viewers c, b, a, none, c, b, ...
+    let viewers = [Some("c"), Some("b"), Some("a"), None];
+    let batch: Vec<Reveal> = (0..12u64)
+        .map(|n| Reveal {
+            at_us: 1_700_000_000_000_000 + i64::try_from(n).unwrap(),
+            ..reveal(100 + n, Source::Real, viewers[(n % 4) as usize])
+        })
+        .collect();
+    store.write_reveals(&batch).await.unwrap();
+    let ads = |reveals: Vec<StoredReveal>| -> Vec<u64> {
+        reveals.iter().map(|r| r.reveal.ad.get()).collect()
+    };
+    let by_seller = ads(every_page(&store, RevealsOf::Seller(UserId::new(42).unwrap()), 2).await);
+    assert_eq!(by_seller, (100..112).rev().collect::<Vec<u64>>());
+    let by_viewer =
+        ads(every_page(&store, RevealsOf::Viewer(Viewer::parse(b"b").unwrap()), 2).await);
+    assert_eq!(by_viewer, [109, 105, 101]);
+}
+
+/// A flush of several statements (10,000 reveals: six chunks) writes every
+/// row and counts each exactly, in one transaction.
+#[tokio::test]
+async fn a_flush_of_many_chunks_writes_and_counts_every_reveal() {
+    let (_dir, store) = scratch().await;
+    let batch: Vec<Reveal> = (0..10_000u64)
+        .map(|n| reveal(1 + n % 3, Source::Real, Some("v")))
+        .collect();
+    store.write_reveals(&batch).await.unwrap();
+    let mut total = 0;
+    for ad in 1..=3 {
+        total += store
+            .ad_reveal_counts(AdId::new(ad).unwrap())
+            .await
+            .unwrap()
+            .total();
+    }
+    assert_eq!(total, 10_000);
+    let rows = every_page(
+        &store,
+        RevealsOf::Viewer(Viewer::parse(b"v").unwrap()),
+        1000,
+    )
+    .await
+    .len();
+    assert_eq!(rows, 10_000);
+}
+
+/// A page walk through runs against the plain query over every row: the
+/// same reveals in the same order, for every viewer, window and page size.
+/// The clock steps back across flushes and instants repeat, so runs
+/// overlap in time and ties fall to the id.
+#[tokio::test]
+async fn pages_through_runs_are_those_of_a_scan_of_every_row() {
+    let (_dir, store) = scratch().await;
+    write_overlapping_flushes(&store, 7, |at_us, viewer, _| reveal_at(at_us, 1, viewer)).await;
+    for viewer in ["a", "b", "c", "nobody"] {
+        let of = RevealsOf::Viewer(Viewer::parse(viewer.as_bytes()).unwrap());
+        walks_match_scan(&store, &of).await;
+    }
+}
+
+/// Retention takes the runs whose reveals are all gone, and only those.
+#[tokio::test]
+async fn retention_deletes_the_runs_of_deleted_reveals() {
+    let (_dir, store) = scratch().await;
+    for _ in 0..3 {
+        let batch: Vec<Reveal> = ["a", "a", "b", "c", "c", "c"]
+            .iter()
+            .map(|v| reveal_at(1_000_000, 1, Some(v)))
+            .collect();
+        store.write_reveals(&batch).await.unwrap();
+    }
+    assert_eq!(rows(&store, "reveal_viewer_runs").await, 9);
+    // Ids 1..=7: the first flush's runs (a, b, c) and the second's "a"
+    // (ids 7 and 8) is cut, not gone.
+    store
+        .delete_reveals_older_than(std::time::Duration::ZERO, 7)
+        .await
+        .unwrap();
+    assert_eq!(rows(&store, "reveal_viewer_runs").await, 6);
+    delete_every_reveal(&store).await;
+    assert_eq!(rows(&store, "reveal_viewer_runs").await, 0);
+}
+
+/// A page walk through postings against the plain query over every row:
+/// the same reveals in the same order, for every seller, window and page
+/// size. Flushes are in viewer order, so a seller's reveals are scattered
+/// over the flush's ids; the clock steps back across flushes and instants
+/// repeat, so postings overlap in time and ties fall to the id.
+#[tokio::test]
+async fn pages_through_postings_are_those_of_a_scan_of_every_row() {
+    let (_dir, store) = scratch().await;
+    write_overlapping_flushes(&store, 11, |at_us, viewer, draws| {
+        reveal_at(at_us, 1 + draws.below(3), viewer)
+    })
+    .await;
+    // Rows gone above the lowest id left, as retention takes a row past
+    // its cutoff behind a younger one when a clock stepped back.
+    sqlx::query("DELETE FROM reveals WHERE id % 7 = 0 AND id > 300")
+        .execute(sqlite(&store))
+        .await
+        .unwrap();
+    for user in [1u64, 2, 3, 99] {
+        let of = RevealsOf::Seller(UserId::new(user).unwrap());
+        let all = walks_match_scan(&store, &of).await;
+        if user != 99 {
+            assert!(all > 50, "seller {user}: too few to page through");
+        }
+    }
+}
+
+/// Retention takes the postings whose reveals are all gone, and only those.
+#[tokio::test]
+async fn retention_deletes_the_postings_of_deleted_reveals() {
+    let (_dir, store) = scratch().await;
+    for _ in 0..3 {
+        // Viewer order puts seller 1's reveals first and last: ids 1 and
+        // 6 of the first flush, a posting that ends with it.
+        let batch = [
+            reveal_at(1_000_000, 1, Some("a")),
+            reveal_at(1_000_000, 2, Some("b")),
+            reveal_at(1_000_000, 3, Some("b")),
+            reveal_at(1_000_000, 2, Some("c")),
+            reveal_at(1_000_000, 3, Some("c")),
+            reveal_at(1_000_000, 1, Some("d")),
+        ];
+        store.write_reveals(&batch).await.unwrap();
+    }
+    assert_eq!(rows(&store, "reveal_seller_postings").await, 9);
+    // Ids 1..=5: seller 2's posting (2, 4) and 3's (3, 5) are gone, 1's
+    // (1, 6) is cut, not gone.
+    store
+        .delete_reveals_older_than(std::time::Duration::ZERO, 5)
+        .await
+        .unwrap();
+    assert_eq!(rows(&store, "reveal_seller_postings").await, 7);
+    let page = store
+        .read_reveals(&RevealQuery {
+            of: RevealsOf::Seller(UserId::new(1).unwrap()),
+            since_us: i64::MIN,
+            until_us: i64::MAX,
+            after: None,
+            limit: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        page.iter().map(|r| r.id).collect::<Vec<_>>(),
+        [18, 13, 12, 7, 6]
+    );
+    delete_every_reveal(&store).await;
+    assert_eq!(rows(&store, "reveal_seller_postings").await, 0);
+}
+
+/// A log emptied by retention faster than its postings were pruned: new
+/// reveals get ids above those the old postings name, and a posting that
+/// names a row it does not hold (written so by hand here) shows nothing
+/// of it.
+#[tokio::test]
+async fn a_posting_never_shows_a_row_it_does_not_hold() {
+    let (_dir, store) = scratch().await;
+    let batch: Vec<Reveal> = (0..3).map(|i| reveal_at(100 + i, 1, Some("a"))).collect();
+    store.write_reveals(&batch).await.unwrap();
+    let pool = sqlite(&store);
+    sqlx::query("DELETE FROM reveals")
+        .execute(pool)
+        .await
+        .unwrap();
+    let batch: Vec<Reveal> = (0..2).map(|i| reveal_at(50 + i, 1, Some("a"))).collect();
+    store.write_reveals(&batch).await.unwrap();
+    let page = |since_us, limit| {
+        let store = &store;
+        async move {
+            store
+                .read_reveals(&RevealQuery {
+                    of: RevealsOf::Seller(UserId::new(1).unwrap()),
+                    since_us,
+                    until_us: i64::MAX,
+                    after: None,
+                    limit,
+                })
+                .await
+        }
+    };
+    let ids = |page: Vec<crate::domain::StoredReveal>| {
+        page.iter()
+            .map(|r| (r.reveal.at_us, r.id))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(page(i64::MIN, 10).await.unwrap()), [(51, 5), (50, 4)]);
+    // Stale postings: one naming row 4 (at 50) as at 70, inside a window
+    // from 51 that row 4 is not in, and one naming a row that is not
+    // there. Neither shows, and a page is still full.
+    sqlx::query(
+        "INSERT INTO reveal_seller_postings \
+         (user_id, max_at_us, min_at_us, first_id, last_id, entries) \
+         VALUES (1, 70, 70, 4, 4, NULL), (1, 998, 998, 9, 9, NULL)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    assert_eq!(ids(page(51, 10).await.unwrap()), [(51, 5)]);
+    assert_eq!(ids(page(i64::MIN, 1).await.unwrap()), [(51, 5)]);
+    assert_eq!(ids(page(i64::MIN, 10).await.unwrap()), [(51, 5), (50, 4)]);
+}
+
+#[test]
+fn counts_are_one_row_per_ad_and_kind() {
+    let batch = [
+        reveal(1, Source::Real, None),
+        reveal(1, Source::Real, None),
+        reveal(2, Source::Anonymous, None),
+        reveal(1, Source::Calltracking, None),
+        reveal(1, Source::Real, None),
+    ];
+    let counts = counts_of(&batch);
+    assert_eq!(counts.len(), 3);
+    assert!(counts.contains(&(AdId::new(1).unwrap(), Source::Real, 3)));
+    assert!(counts.contains(&(AdId::new(1).unwrap(), Source::Calltracking, 1)));
+    assert!(counts.contains(&(AdId::new(2).unwrap(), Source::Anonymous, 1)));
+}
+
+/// Migration 0008 rebuilds the per-ad counts `WITHOUT ROWID`: counts a
+/// replica wrote before it are all there after it, and the table has no
+/// rowid any more.
+#[tokio::test]
+async fn the_counts_survive_their_rebuild_without_rowid() {
+    let (_dir, pool) = migrated_before(8).await;
+    sqlx::raw_sql(
+        "INSERT INTO ad_reveal_counts (ad_id, kind, n) \
+         VALUES (7, 'real', 3), (7, 'anonymous', 1), (9, 'calltracking', 12)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::raw_sql(&migration(8)).execute(&pool).await.unwrap();
+    let counts: Vec<(i64, String, i64)> =
+        sqlx::query_as("SELECT ad_id, kind, n FROM ad_reveal_counts ORDER BY ad_id, kind")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let expected = [(7, "anonymous", 1), (7, "real", 3), (9, "calltracking", 12)];
+    let expected: Vec<(i64, String, i64)> = expected
+        .into_iter()
+        .map(|(ad, kind, n)| (ad, kind.to_owned(), n))
+        .collect();
+    assert_eq!(counts, expected);
+    let rowid = sqlx::query("SELECT rowid FROM ad_reveal_counts")
+        .fetch_all(&pool)
+        .await;
+    assert!(rowid.is_err(), "the table still has a rowid");
+}
