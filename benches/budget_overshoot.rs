@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use figment::providers::Format as _;
 use phones_gateway::app::App;
+use phones_gateway::budget::window::Moment;
 use phones_gateway::config::Config;
 
 struct Fleet {
@@ -158,14 +159,6 @@ async fn reveal(client: &reqwest::Client, public: &str, viewer: &str) -> (u16, O
     (response.status().as_u16(), retry)
 }
 
-fn into_minute_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        % 60_000
-}
-
 /// Sends `per_minute` requests a minute round-robin for `length`; what was
 /// answered.
 async fn round_robin(fleet: &Fleet, viewer: &str, per_minute: u32, length: Duration) -> usize {
@@ -234,9 +227,9 @@ async fn scenario(
     let idle_tps =
         (fleet.transactions().await - idle_from - 1) as f64 / idle.as_secs_f64() / replicas as f64;
     // One minute window for what follows (the sliding minute starts empty).
-    let left = 60_000 - into_minute_ms();
-    if left < (run + margin).as_millis() {
-        tokio::time::sleep(Duration::from_millis(u64::try_from(left).unwrap() + 200)).await;
+    let left = Duration::from_millis(60_000 - Moment::now().into_minute());
+    if left < run + margin {
+        tokio::time::sleep(left + Duration::from_millis(200)).await;
     }
     let busy_from = fleet.transactions().await;
     let start = Instant::now();

@@ -9,6 +9,8 @@
 //! which a per-viewer GCRA state does not. The day budget is a UTC calendar
 //! day.
 
+use crate::domain::wall_clock;
+
 pub const MINUTE_MS: u64 = 60_000;
 pub const DAY_MS: u64 = 86_400_000;
 
@@ -19,11 +21,7 @@ pub struct Moment(pub u64);
 
 impl Moment {
     pub fn now() -> Moment {
-        Moment(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-        )
+        Moment(u64::try_from(wall_clock::since_epoch().as_millis()).unwrap_or(u64::MAX))
     }
 
     /// Minutes since the epoch (fits `u32` until the year 10136).

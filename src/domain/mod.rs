@@ -9,12 +9,14 @@
 //! - [`reveal`]: the reveal log's records (`Reveal`, `Viewer`) and queries.
 //! - [`status`]: the call-tracking status model (`Status`, `StatusChange`,
 //!   `Version`, `Applied`) and the version rule, `plan_changes`.
+//! - [`wall_clock`]: the replica's wall clock, `since_epoch`, read in one place.
 
 pub mod ids;
 pub mod phone;
 pub mod reveal;
 pub mod source;
 pub mod status;
+pub mod wall_clock;
 
 pub use ids::{AdId, CategoryId, IdError, UserId};
 pub use phone::Phone;

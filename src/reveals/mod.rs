@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::mpsc;
 
 use crate::config::{OnOverflow, RevealsConfig};
-use crate::domain::Reveal;
+use crate::domain::{Reveal, wall_clock};
 
 /// The recording side of the reveal log; cheap to clone.
 #[derive(Clone)]
@@ -172,9 +172,8 @@ impl Reveals {
 
 /// Microseconds since the Unix epoch, now.
 pub fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+    i64::try_from(wall_clock::since_epoch().as_micros())
+        .unwrap_or(i64::MAX)
         .saturating_add(test_clock::skew_us())
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 pub use set::{StatusSet, Tracking};
 
-use crate::domain::{Applied, StatusChange, UserId};
+use crate::domain::{Applied, StatusChange, UserId, wall_clock};
 use crate::store::{
     CHANGES_PAGE, Change, FLOOR_USER, Fence, SnapshotLoad, StatusStore, StatusStoreError,
     StoreError, Watermark,
@@ -349,8 +349,7 @@ impl StatusService {
     }
 }
 
+/// The wall clock in milliseconds, as `last_sync_ms` holds it.
 fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    i64::try_from(wall_clock::since_epoch().as_millis()).unwrap_or(i64::MAX)
 }

@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use phones_gateway::budget::window::Moment;
 use serde_json::json;
 
 use crate::support::paths::{BATCH, phone_path};
@@ -132,14 +133,9 @@ async fn spend(app: &TestApp, viewer: &str, n: usize, limit: Duration) {
 /// Waits until at least `left` of the current UTC minute remain, so that a
 /// test of the minute budget stays in one window.
 async fn with_minute_left(left: Duration) {
-    let into = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        % 60_000;
-    let left_ms = 60_000 - into;
-    if left_ms < left.as_millis() {
-        tokio::time::sleep(Duration::from_millis(u64::try_from(left_ms).unwrap() + 50)).await;
+    let remaining = Duration::from_millis(60_000 - Moment::now().into_minute());
+    if remaining < left {
+        tokio::time::sleep(remaining + Duration::from_millis(50)).await;
     }
 }
 
