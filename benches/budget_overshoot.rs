@@ -1,5 +1,5 @@
 //! How far past a fleet budget a viewer gets, and how early a viewer within
-//! budget is refused (docs/abuse.md): real replicas in this process on one
+//! budget is refused (docs/budgets.md): real replicas in this process on one
 //! throwaway PostgreSQL cluster, the upstream simulator, real sockets.
 //!
 //! For each fleet size (4 and 20 replicas) and minute budget (5 and 60), in one

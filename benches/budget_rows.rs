@@ -1,4 +1,4 @@
-//! The budgets' rows at a million new viewers an hour (docs/abuse.md, "Memory
+//! The budgets' rows at a million new viewers an hour (docs/budgets.md, "Memory
 //! and the database"): an hour of a replica's reports compressed in time,
 //! with retention run as the app runs it (a pass every 10 s of the simulated
 //! clock), on SQLite and on a throwaway PostgreSQL cluster.

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 
 use super::window::{self, Moment, minute_fits, minute_wait};
 use super::{Budgets, FORGET_EVERY, count, low16};
-use crate::config::RateLimitConfig;
+use crate::config::BudgetsConfig;
 use crate::store::{BudgetStore, Spend, Total};
 
 /// Replicas count as alive while they exchanged within this many seconds.
@@ -64,7 +64,7 @@ impl Gauges {
 
 /// Runs until `stop`, then reports what is left once.
 pub async fn run(
-    config: RateLimitConfig,
+    config: BudgetsConfig,
     budgets: Arc<Budgets>,
     store: BudgetStore,
     stop: CancellationToken,

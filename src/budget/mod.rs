@@ -1,4 +1,4 @@
-//! Viewer budgets, the fleet's (docs/abuse.md): how many numbers a viewer
+//! Viewer budgets, the fleet's (docs/budgets.md): how many numbers a viewer
 //! (`X-Viewer-Id`) may be shown per minute and per UTC day, whichever replica
 //! they ask.
 //!
@@ -12,7 +12,7 @@
 //! to one replica), an even share over the live replicas for a viewer it sees
 //! first. So a viewer spread over `N` replicas gets past a budget by at most
 //! `N - 1` (the shares are rounded up) plus what the fleet's knowledge lags;
-//! the formula and the measured figures are in docs/abuse.md.
+//! the formula and the measured figures are in docs/budgets.md.
 //!
 //! Memory: one `Ledger` (28 bytes, and its 8-byte key) per viewer seen in
 //! the last two minutes, refused for the rest of a window, or with spends not
@@ -34,7 +34,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 
-use crate::config::RateLimitConfig;
+use crate::config::BudgetsConfig;
 use crate::domain::Viewer;
 use window::{Moment, minute_wait, share};
 
@@ -45,7 +45,7 @@ use window::{Moment, minute_wait, share};
 const FLEET_SEED: u64 = 0x7068_6f6e_6573_6777;
 
 /// Ledgers a replica holds at most: about 86 MB (86 bytes a viewer measured
-/// with `benches/limiter_memory.rs` at this size). See [`Budgets::keep`].
+/// with `benches/budget_memory.rs` at this size). See [`Budgets::keep`].
 pub const MAX_LEDGERS: usize = 1_000_000;
 /// How often idle ledgers are forgotten (and, past the cap's three quarters,
 /// the least recently used evicted); sooner when the table is full.
@@ -61,9 +61,9 @@ pub struct Limits {
     pub per_day: u32,
 }
 
-impl From<&RateLimitConfig> for Limits {
+impl From<&BudgetsConfig> for Limits {
     /// `rate_limit.per_viewer_per_minute` and `rate_limit.per_viewer_per_day`.
-    fn from(config: &RateLimitConfig) -> Self {
+    fn from(config: &BudgetsConfig) -> Self {
         Limits {
             per_minute: config.per_viewer_per_minute,
             per_day: config.per_viewer_per_day,

@@ -1,6 +1,6 @@
 //! Retention of the budgets' rows: the windows that ended and the refusals
 //! that ran out are deleted in the background, at least as fast as the
-//! exchanges write them (docs/abuse.md, "Memory and the database").
+//! exchanges write them (docs/budgets.md, "Memory and the database").
 //!
 //! A pass deletes batches of [`BATCH`] rows of each kind, one short
 //! transaction a batch with a pause between (on SQLite the gateway's other

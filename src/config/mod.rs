@@ -51,7 +51,7 @@ pub use database::DatabaseConfig;
 pub use env::{ENV_PREFIX, mistyped_environment};
 pub use error::{ConfigError, Mistake};
 pub use log::{LogConfig, LogFormat};
-pub use rate_limit::RateLimitConfig;
+pub use rate_limit::BudgetsConfig;
 pub use reveals::{OnOverflow, RevealsConfig};
 pub use runtime::RuntimeConfig;
 pub use secret::Secret;
@@ -86,7 +86,7 @@ pub struct Config {
     pub upstreams: UpstreamsConfig,
     pub selection: SelectionConfig,
     pub cache: CachesConfig,
-    pub rate_limit: RateLimitConfig,
+    pub rate_limit: BudgetsConfig,
     pub runtime: RuntimeConfig,
     pub breaker: BreakerConfig,
     pub reveals: RevealsConfig,

@@ -1,4 +1,4 @@
-//! `[rate_limit]`: the viewer budgets (docs/abuse.md), counted per replica and
+//! `[rate_limit]`: the viewer budgets (docs/budgets.md), counted per replica and
 //! exchanged through the database so that they are the fleet's.
 
 use std::time::Duration;
@@ -9,11 +9,12 @@ use super::check::in_range;
 use super::error::Mistake;
 use super::units;
 
-/// Viewer budgets (docs/abuse.md): counted per replica, exchanged through the
+/// `[rate_limit]`, the viewers' budgets (docs/budgets.md): counted per
+/// replica, exchanged through the
 /// database every `exchange_interval_ms`, so that they are the fleet's.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RateLimitConfig {
+pub struct BudgetsConfig {
     pub per_viewer_per_minute: u32,
     /// Per UTC calendar day; 0 = off.
     pub per_viewer_per_day: u32,
@@ -21,7 +22,7 @@ pub struct RateLimitConfig {
     pub exchange_interval: Duration,
 }
 
-impl RateLimitConfig {
+impl BudgetsConfig {
     /// Whether any budget is on.
     pub fn enabled(&self) -> bool {
         self.per_viewer_per_minute > 0 || self.per_viewer_per_day > 0

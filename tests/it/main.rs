@@ -2,7 +2,7 @@
 //! HTTP servers. One module per page of docs/ (docs/README.md lists them), so a
 //! reader of a page finds its tests in one place: `rules`, `caching`,
 //! `status_sync`, `reveals` (docs/api.md#the-reveal-log), `api_contract`
-//! (docs/api.md and docs/errors.md), `abuse`, `overload`, `tracing`, `operations`
+//! (docs/api.md and docs/errors.md), `budgets`, `overload`, `tracing`, `operations`
 //! (configuration, runbook, privacy). The harness is in `support/`.
 
 #![allow(clippy::unwrap_used)]
@@ -10,8 +10,8 @@
 // modules), and it times real sockets and processes: wall time is meant.
 #![allow(unreachable_pub, clippy::disallowed_types)]
 
-mod abuse;
 mod api_contract;
+mod budgets;
 mod caching;
 mod faults;
 mod operations;

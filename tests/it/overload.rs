@@ -1,7 +1,7 @@
 //! Overload (docs/rules.md "Other gates, before the rules", docs/runbook.md
 //! "PhonesGatewayShedding"): cold admission and load shedding while cached
 //! answers and the admin listener keep answering, and upstream concurrency
-//! bounded whatever clients do. The viewer budgets are in `abuse.rs`.
+//! bounded whatever clients do. The viewer budgets are in `budgets.rs`.
 
 use std::time::{Duration, Instant};
 

@@ -28,6 +28,7 @@
 //! (`tests/arrows.rs` holds it).
 
 pub mod admin;
+pub mod budget;
 pub mod durations;
 pub mod error;
 pub mod extract;
@@ -36,7 +37,6 @@ pub mod openapi;
 pub mod paths;
 pub mod profile;
 pub mod public;
-pub mod ratelimit;
 pub mod reveals;
 pub mod routes;
 pub mod snapshot;

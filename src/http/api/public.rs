@@ -8,11 +8,11 @@ use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::budget::{self, VIEWER_HEADER};
 use super::error::{ApiError, Problem};
 use super::extract::{BatchItem, BatchItems, Json, batch_item, public_phone_query};
 use super::limits::MAX_BATCH_ITEMS;
 use super::paths;
-use super::ratelimit::{self, VIEWER_HEADER};
 use super::state::PublicState;
 use crate::domain::{AdId, Phone, Reveal, Source, UserId, Viewer};
 use crate::resolve::{Request, Resolver};
@@ -35,7 +35,7 @@ impl PublicState {
     fn admit(&self, viewer: Option<&Viewer>, items: usize) -> Result<(), ApiError> {
         self.budgets
             .as_ref()
-            .map_or(Ok(()), |b| ratelimit::check(b, viewer, items))
+            .map_or(Ok(()), |b| budget::check(b, viewer, items))
     }
 
     /// Records a number about to be shown (docs/api.md#the-reveal-log). With `on_overflow =

@@ -24,7 +24,7 @@ pub struct PublicState {
     /// `server::front` asks it too, without the router.
     pub resolver: Arc<Resolver>,
     /// The per-viewer budgets (per minute and per day, the fleet's), checked
-    /// before resolving (`ratelimit::check`) so a viewer past one gets a 429
+    /// before resolving (`budget::check`) so a viewer past one gets a 429
     /// without costing a lookup; `None` when both budgets are 0.
     pub budgets: Option<Arc<Budgets>>,
     /// The reveal log's buffer: each number shown by GET is recorded here

@@ -1,5 +1,5 @@
 //! The budget store: what each viewer spent per budget window, summed over the
-//! fleet, and the viewers refused until a time (docs/abuse.md).
+//! fleet, and the viewers refused until a time (docs/budgets.md).
 //! Held by the budgets' exchange task, which calls it once per
 //! `rate_limit.exchange_interval_ms`: one upsert for every viewer the replica
 //! served in the interval (in chunks the caller sizes, each its own

@@ -23,7 +23,7 @@ pub(super) async fn report(pg: &Pg, spends: &[Spend]) -> Result<Vec<TotalRow>, S
     // index, which it takes whenever a new window is past its statistics
     // (window ids only grow) and which scans the whole window for each row: a
     // report of a few thousand spends over a busy window then outlasts any
-    // statement bound (docs/abuse.md).
+    // statement bound (docs/budgets.md).
     let rows: Vec<TotalRow> = sqlx::query_as(
         "WITH up AS ( \
            INSERT INTO viewer_budgets (viewer, kind, window_id, spent) \

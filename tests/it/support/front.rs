@@ -25,7 +25,7 @@ use tower::ServiceExt;
 
 use super::app::Answer;
 
-/// The public front on the default configuration, no rate limit, no reveal log.
+/// The public front on the default configuration, no viewer budgets, no reveal log.
 pub fn public_front() -> Front {
     let config = Config::from_toml("").expect("the defaults are valid");
     let upstreams = Arc::new(Upstreams::new(

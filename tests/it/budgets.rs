@@ -1,4 +1,4 @@
-//! Abuse (docs/abuse.md): the viewer budgets, per minute and per day, the
+//! The viewers' budgets (docs/budgets.md), per minute and per day, the
 //! fleet's: a viewer's spends on any replica count on every replica, a restart
 //! hands nobody a fresh budget, and the database down holds each viewer to a
 //! replica's share, reported once it is back. A single replica on SQLite, then

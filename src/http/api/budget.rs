@@ -1,4 +1,4 @@
-//! The viewer budgets as the public API speaks them (docs/api.md, docs/abuse.md):
+//! The viewer budgets as the public API speaks them (docs/api.md, docs/budgets.md):
 //! checked before any cache or upstream work, a batch costing one per item
 //! that asks for a number; a refusal is a 429 with `Retry-After`, or a 400 for
 //! a batch larger than a budget, which no wait would let through. The budgets

@@ -1,7 +1,7 @@
 //! Memory of the viewer budgets under a flood of distinct viewers: 1,000,000
 //! viewer ids (as a scraper rotating ids would send), one reveal each, with
 //! both the minute and the day budget on, then the RSS growth per viewer.
-//! `cargo bench --bench limiter_memory`; under `cargo test` 20,000 viewers as a
+//! `cargo bench --bench budget_memory`; under `cargo test` 20,000 viewers as a
 //! smoke check. The exchange forgets a viewer idle for two minutes, so a
 //! replica holds the viewers of the last two minutes, whatever the day budget.
 
@@ -38,7 +38,7 @@ fn main() {
     }
     let after = rss_bytes();
     println!(
-        "limiter_memory: {} viewers remembered after {viewers} distinct; RSS grew {:.1} MiB, {:.1} bytes per viewer",
+        "budget_memory: {} viewers remembered after {viewers} distinct; RSS grew {:.1} MiB, {:.1} bytes per viewer",
         budgets.len(),
         (after - before) as f64 / 1048576.0,
         (after - before) as f64 / viewers as f64
