@@ -146,7 +146,7 @@ fn fixture() -> Fixture {
     // 9) has no number, call tracking maps the real number.
     let ad = Key::ad(user, AdId::new(1001).unwrap());
     caches.phones[Source::Anonymous].insert(ad, None);
-    caches.phones[Source::Real].insert(ad, Some(real));
+    caches.phones[Source::RealPhone].insert(ad, Some(real));
     caches.phones[Source::Calltracking].insert(
         Key::real_phone(user, real),
         Phone::parse("+74951234567").ok(),

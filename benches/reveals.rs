@@ -55,7 +55,7 @@ fn reveal(n: u64, at_us: i64) -> Reveal {
         user: UserId::new(1 + n % SELLERS).unwrap(),
         ad: AdId::new(ad).unwrap(),
         category: CategoryId::new(1 + n % 40).unwrap(),
-        kind: [Source::Real, Source::Calltracking, Source::Anonymous][(n % 3) as usize],
+        kind: [Source::RealPhone, Source::Calltracking, Source::Anonymous][(n % 3) as usize],
     }
 }
 

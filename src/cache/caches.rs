@@ -54,7 +54,7 @@ impl Caches {
             };
             let generations = match source {
                 Source::Calltracking => &calltracking_generations,
-                Source::Anonymous | Source::Real => &generations,
+                Source::Anonymous | Source::RealPhone => &generations,
             };
             PhoneCache::new(
                 cache_name(source),
@@ -111,6 +111,6 @@ fn cache_name(source: Source) -> &'static str {
     match source {
         Source::Anonymous => "anonymous",
         Source::Calltracking => "calltracking",
-        Source::Real => "real_phone",
+        Source::RealPhone => "real_phone",
     }
 }

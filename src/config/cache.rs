@@ -26,7 +26,7 @@ impl CachesConfig {
         match source {
             Source::Anonymous => &self.anonymous,
             Source::Calltracking => &self.calltracking,
-            Source::Real => &self.real_phone,
+            Source::RealPhone => &self.real_phone,
         }
     }
 

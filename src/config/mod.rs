@@ -377,7 +377,7 @@ pub(crate) mod tests {
         assert_eq!(c.server.max_body_bytes, 1 << 20);
         assert_eq!(
             c.selection.order,
-            [Source::Anonymous, Source::Calltracking, Source::Real]
+            [Source::Anonymous, Source::Calltracking, Source::RealPhone]
         );
         assert_eq!(c.selection.anonymous_categories, [9, 24]);
         assert_eq!(c.upstreams.anonymous.on_error, OnError::FailClosed);

@@ -139,7 +139,7 @@ impl UpstreamsConfig {
         match source {
             Source::Anonymous => &self.anonymous,
             Source::Calltracking => &self.calltracking.upstream,
-            Source::Real => &self.real_phone,
+            Source::RealPhone => &self.real_phone,
         }
     }
 

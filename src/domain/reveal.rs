@@ -99,7 +99,7 @@ impl RevealCounts {
         match kind {
             Source::Anonymous => self.anonymous += n,
             Source::Calltracking => self.calltracking += n,
-            Source::Real => self.real += n,
+            Source::RealPhone => self.real += n,
         }
     }
 }

@@ -27,18 +27,19 @@ pub enum OnError {
 pub enum Source {
     Anonymous,
     Calltracking,
-    Real,
+    #[serde(rename = "real")]
+    RealPhone,
 }
 
 impl Source {
     /// Every source, in the order of [`Sources`]' columns.
-    pub const ALL: [Source; 3] = [Source::Anonymous, Source::Calltracking, Source::Real];
+    pub const ALL: [Source; 3] = [Source::Anonymous, Source::Calltracking, Source::RealPhone];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Anonymous => "anonymous",
             Source::Calltracking => "calltracking",
-            Source::Real => "real",
+            Source::RealPhone => "real",
         }
     }
 
@@ -118,7 +119,7 @@ mod tests {
             assert_eq!(table[source], *name);
         }
         let mut lengths = table.map(str::len);
-        lengths[Source::Real] = 0;
+        lengths[Source::RealPhone] = 0;
         assert_eq!(lengths.values().copied().collect::<Vec<_>>(), [9, 12, 0]);
     }
 }

@@ -348,7 +348,7 @@ impl Resolver {
         let asks = progress.asks();
         let start = |slot: Source| asks[slot].map(|ask| self.lookup(req, ask, trace));
         let mut anonymous = start(Source::Anonymous);
-        let mut real = start(Source::Real);
+        let mut real = start(Source::RealPhone);
         let mut calltracking = start(Source::Calltracking);
         let deadline = tokio::time::sleep(self.deadline);
         tokio::pin!(deadline);
@@ -367,7 +367,7 @@ impl Resolver {
                 }
                 lookup = poll_some(&mut real), if real.is_some() => {
                     real = None;
-                    progress.answered(Source::Real, &lookup.answer)
+                    progress.answered(Source::RealPhone, &lookup.answer)
                 }
                 lookup = poll_some(&mut calltracking), if calltracking.is_some() => {
                     calltracking = None;
@@ -387,7 +387,7 @@ impl Resolver {
                 match ask.source() {
                     Source::Anonymous => anonymous = lookup,
                     Source::Calltracking => calltracking = lookup,
-                    Source::Real => real = lookup,
+                    Source::RealPhone => real = lookup,
                 }
             }
             if let Some(done) = self.finish(&progress.states) {
@@ -407,7 +407,7 @@ impl Resolver {
         let phones = &self.caches.phones;
         match ask {
             Ask::Anonymous => (&phones[Source::Anonymous], Key::ad(req.user, req.ad)),
-            Ask::Real => (&phones[Source::Real], Key::ad(req.user, req.ad)),
+            Ask::RealPhone => (&phones[Source::RealPhone], Key::ad(req.user, req.ad)),
             Ask::Calltracking(real) => (
                 &phones[Source::Calltracking],
                 Key::real_phone(req.user, real),
@@ -452,7 +452,7 @@ impl Resolver {
             let trace = trace.as_ref();
             match ask {
                 Ask::Anonymous => upstreams.anonymous(user, ad, request_id, trace).await,
-                Ask::Real => upstreams.real_phone(user, ad, request_id, trace).await,
+                Ask::RealPhone => upstreams.real_phone(user, ad, request_id, trace).await,
                 Ask::Calltracking(real) => {
                     upstreams
                         .virtual_number(user, real, request_id, trace)
@@ -573,7 +573,7 @@ mod tests {
             phone: None,
         };
         let ad = Key::ad(user, req.ad);
-        caches.phones[Source::Real].insert(ad, Some(real));
+        caches.phones[Source::RealPhone].insert(ad, Some(real));
         caches.phones[Source::Calltracking]
             .insert(Key::real_phone(user, real), Some(virtual_number));
         caches.phones[Source::Anonymous].insert(ad, Some(anonymous));
@@ -586,7 +586,7 @@ mod tests {
                 req,
                 || Tracking::On,
                 |ask| match (ask, real) {
-                    (Ask::Real, Some(phone)) => Cached::Phone(phone),
+                    (Ask::RealPhone, Some(phone)) => Cached::Phone(phone),
                     _ => Cached::Miss,
                 },
             );
@@ -622,7 +622,7 @@ mod tests {
         // Past max_stale: failed too.
         tokio::time::advance(Duration::from_secs(3600)).await;
         let states = at_deadline(&req, None);
-        assert_eq!(states[Source::Real], SourceState::Failed);
+        assert_eq!(states[Source::RealPhone], SourceState::Failed);
         assert_eq!(states[Source::Calltracking], SourceState::Failed);
     }
 }

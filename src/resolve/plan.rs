@@ -43,18 +43,18 @@ pub struct Selection {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ask {
     Anonymous,
-    Real,
+    RealPhone,
     /// The call-tracking number of this real number.
     Calltracking(Phone),
 }
 
 impl Ask {
     /// The source this asks about; the real number is fetched for call
-    /// tracking too, and is asked as `Real` then.
+    /// tracking too, and is asked as `RealPhone` then.
     pub fn source(self) -> Source {
         match self {
             Ask::Anonymous => Source::Anonymous,
-            Ask::Real => Source::Real,
+            Ask::RealPhone => Source::RealPhone,
             Ask::Calltracking(_) => Source::Calltracking,
         }
     }
@@ -91,11 +91,11 @@ impl Selection {
             Tracking::Off
         };
         let calltracking_applies = tracking == Tracking::On;
-        let real_in_order = order.contains(&Source::Real);
+        let real_in_order = order.contains(&Source::RealPhone);
         let real_needed = real_in_order || calltracking_applies;
         let real_known = match req.phone {
             Some(phone) => Cached::Phone(phone),
-            None if real_needed => fresh(Ask::Real),
+            None if real_needed => fresh(Ask::RealPhone),
             None => Cached::Miss,
         };
         let anonymous = if anonymous_applies {
@@ -146,7 +146,7 @@ impl Progress {
                 Some(phone) if pending(Source::Calltracking) => Some(Ask::Calltracking(phone)),
                 _ => None,
             },
-            self.real_pending.then_some(Ask::Real),
+            self.real_pending.then_some(Ask::RealPhone),
         )
     }
 
@@ -159,10 +159,10 @@ impl Progress {
                 self.states[slot] = state;
                 None
             }
-            Source::Real => {
+            Source::RealPhone => {
                 self.real_pending = false;
                 if self.real_in_order {
-                    self.states[Source::Real] = state;
+                    self.states[Source::RealPhone] = state;
                 }
                 if let SourceState::Found(phone) = state {
                     self.real_phone = Some(phone);
@@ -195,13 +195,13 @@ impl Progress {
         }
         let calltracking_waits_for_real =
             pending(&self.states, Source::Calltracking) && self.real_phone.is_none();
-        if pending(&self.states, Source::Real) || calltracking_waits_for_real {
-            let real = stale(Ask::Real);
+        if pending(&self.states, Source::RealPhone) || calltracking_waits_for_real {
+            let real = stale(Ask::RealPhone);
             if let Cached::Phone(phone) = real {
                 self.real_phone = Some(phone);
             }
-            if pending(&self.states, Source::Real) {
-                self.states[Source::Real] = stale_or_failed(real);
+            if pending(&self.states, Source::RealPhone) {
+                self.states[Source::RealPhone] = stale_or_failed(real);
             }
             if calltracking_waits_for_real && real == Cached::NoPhone {
                 // A seller with no phone has no call-tracking number either.
@@ -251,7 +251,7 @@ mod tests {
     use super::*;
     use crate::domain::{AdId, CategoryId, OnError, UserId};
     use crate::upstream::UpstreamError;
-    use Source::{Anonymous, Calltracking, Real};
+    use Source::{Anonymous, Calltracking, RealPhone};
     use SourceState::{Failed, Found, NotApplicable, NotFound, Pending, Undecided, Unknown};
 
     const A: u64 = 78_000_000_001;
@@ -268,7 +268,7 @@ mod tests {
     fn selection() -> Selection {
         Selection {
             rules: Rules {
-                order: vec![Anonymous, Calltracking, Real],
+                order: vec![Anonymous, Calltracking, RealPhone],
                 policy: Sources::new(
                     OnError::FailClosed,
                     OnError::FallThrough,
@@ -294,7 +294,7 @@ mod tests {
     fn reader((anonymous, calltracking, real): Held) -> impl FnMut(Ask) -> Cached {
         move |ask| match ask {
             Ask::Anonymous => anonymous,
-            Ask::Real => real,
+            Ask::RealPhone => real,
             Ask::Calltracking(phone) if phone == p(R) => calltracking,
             Ask::Calltracking(_) => Cached::Miss,
         }
@@ -319,7 +319,7 @@ mod tests {
             // everything cached: the hit path decides
             (PLAIN_CATEGORY, None, on,  (MISS, has(C), has(R)),   (NotApplicable, Found(p(C)), Found(p(R))), (false, None, false),     Decision::Answer(Calltracking, p(C))),
             (ANON_CATEGORY,  None, on,  (has(A), MISS, MISS),     (Found(p(A)), Pending, Pending),           (false, None, true),      Decision::Answer(Anonymous, p(A))),
-            (PLAIN_CATEGORY, None, off, (MISS, has(C), has(R)),   (NotApplicable, NotApplicable, Found(p(R))), (false, None, false),   Decision::Answer(Real, p(R))),
+            (PLAIN_CATEGORY, None, off, (MISS, has(C), has(R)),   (NotApplicable, NotApplicable, Found(p(R))), (false, None, false),   Decision::Answer(RealPhone, p(R))),
             // the real-then-calltracking chain: nothing cached asks real first
             (PLAIN_CATEGORY, None, on,  (MISS, MISS, MISS),       (NotApplicable, Pending, Pending),         (false, None, true),      Decision::Wait),
             // real cached, its call-tracking number not: call tracking at once
@@ -350,7 +350,7 @@ mod tests {
                 ask_c.map(|n| Ask::Calltracking(p(n))),
                 "row {i}"
             );
-            assert_eq!(asks[Real].is_some(), ask_r, "row {i}");
+            assert_eq!(asks[RealPhone].is_some(), ask_r, "row {i}");
             assert_eq!(selection.decide(&progress), want, "row {i}");
         }
     }
@@ -359,14 +359,17 @@ mod tests {
     #[test]
     fn a_source_out_of_the_order_is_neither_asked_nor_read() {
         let mut selection = selection();
-        selection.rules.order = vec![Anonymous, Real];
+        selection.rules.order = vec![Anonymous, RealPhone];
         let req = request(PLAIN_CATEGORY, None);
         let progress = selection.start(
             &req,
             || panic!("tracking asked"),
             reader((MISS, has(C), has(R))),
         );
-        assert_eq!(selection.decide(&progress), Decision::Answer(Real, p(R)));
+        assert_eq!(
+            selection.decide(&progress),
+            Decision::Answer(RealPhone, p(R))
+        );
     }
 
     /// Answers as they arrive, for a tracked seller with nothing cached:
@@ -382,21 +385,21 @@ mod tests {
         #[rustfmt::skip]
         let table: &[(&[(Source, FetchResult)], Decision)] = &[
             // the chain: real found asks call tracking, whose number wins
-            (&[(Real, found(R)), (Calltracking, found(C))],              Decision::Answer(Calltracking, p(C))),
-            (&[(Real, found(R))],                                        Decision::Wait),
-            (&[(Real, found(R)), (Calltracking, Ok(None))],              Decision::Answer(Real, p(R))),
+            (&[(RealPhone, found(R)), (Calltracking, found(C))],              Decision::Answer(Calltracking, p(C))),
+            (&[(RealPhone, found(R))],                                        Decision::Wait),
+            (&[(RealPhone, found(R)), (Calltracking, Ok(None))],              Decision::Answer(RealPhone, p(R))),
             // call tracking failed by its own upstream: fall through
-            (&[(Real, found(R)), (Calltracking, failed.clone())],        Decision::Answer(Real, p(R))),
-            (&[(Real, found(R)), (Calltracking, timed_out.clone())],     Decision::Answer(Real, p(R))),
-            (&[(Real, found(R)), (Calltracking, open.clone())],          Decision::Answer(Real, p(R))),
+            (&[(RealPhone, found(R)), (Calltracking, failed.clone())],        Decision::Answer(RealPhone, p(R))),
+            (&[(RealPhone, found(R)), (Calltracking, timed_out.clone())],     Decision::Answer(RealPhone, p(R))),
+            (&[(RealPhone, found(R)), (Calltracking, open.clone())],          Decision::Answer(RealPhone, p(R))),
             // not asked (a bound reached): undecided, never the real number
-            (&[(Real, found(R)), (Calltracking, refused.clone())],       Decision::Undecided(Calltracking)),
-            (&[(Real, found(R)), (Calltracking, seller_refused.clone())], Decision::Undecided(Calltracking)),
+            (&[(RealPhone, found(R)), (Calltracking, refused.clone())],       Decision::Undecided(Calltracking)),
+            (&[(RealPhone, found(R)), (Calltracking, seller_refused.clone())], Decision::Undecided(Calltracking)),
             // the real number not asked: call tracking cannot be, either
-            (&[(Real, refused.clone())],                                 Decision::Undecided(Calltracking)),
+            (&[(RealPhone, refused.clone())],                                 Decision::Undecided(Calltracking)),
             // the real number failed: call tracking too, and so does the request
-            (&[(Real, failed.clone())],                                  Decision::Unavailable { fail_closed: None }),
-            (&[(Real, Ok(None))],                                        Decision::NoPhone),
+            (&[(RealPhone, failed.clone())],                                  Decision::Unavailable { fail_closed: None }),
+            (&[(RealPhone, Ok(None))],                                        Decision::NoPhone),
         ];
         let selection = selection();
         for (i, (answers, want)) in table.iter().enumerate() {

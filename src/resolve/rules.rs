@@ -99,7 +99,7 @@ mod tests {
 
     fn rules() -> Rules {
         Rules {
-            order: vec![Anonymous, Calltracking, Real],
+            order: vec![Anonymous, Calltracking, RealPhone],
             policy: Sources::new(
                 OnError::FailClosed,
                 OnError::FallThrough,
@@ -127,16 +127,16 @@ mod tests {
             ((NotFound,        Found(p(C)),      Found(p(R))),     Decision::Answer(Calltracking, p(C))),
             ((NotApplicable,   Found(p(C)),      Found(p(R))),     Decision::Answer(Calltracking, p(C))),
             ((NotApplicable,   Pending,          Found(p(R))),     Decision::Wait),
-            ((NotApplicable,   NotApplicable,    Found(p(R))),     Decision::Answer(Real, p(R))),
+            ((NotApplicable,   NotApplicable,    Found(p(R))),     Decision::Answer(RealPhone, p(R))),
             ((NotFound,        NotApplicable,    Pending),         Decision::Wait),
-            ((NotFound,        NotFound,         Found(p(R))),     Decision::Answer(Real, p(R))),
+            ((NotFound,        NotFound,         Found(p(R))),     Decision::Answer(RealPhone, p(R))),
             ((NotApplicable,   NotApplicable,    NotFound),        Decision::NoPhone),
             ((NotFound,        NotFound,         NotFound),        Decision::NoPhone),
             // anonymous fails closed: never reveals what is below it
             ((Failed,          Found(p(C)),      Found(p(R))),     closed),
             ((Failed,          Pending,          Pending),         closed),
             // calltracking falls through to the real number
-            ((NotApplicable,   Failed,           Found(p(R))),     Decision::Answer(Real, p(R))),
+            ((NotApplicable,   Failed,           Found(p(R))),     Decision::Answer(RealPhone, p(R))),
             ((NotFound,        Failed,           NotFound),        unavailable),
             ((NotApplicable,   Failed,           Failed),          unavailable),
             ((NotApplicable,   NotApplicable,    Failed),          unavailable),
@@ -153,8 +153,8 @@ mod tests {
             ((Pending,         Undecided,        Found(p(R))),     Decision::Wait),
             ((Found(p(A)),     Undecided,        Found(p(R))),     Decision::Answer(Anonymous, p(A))),
             ((Undecided,       Found(p(C)),      Found(p(R))),     Decision::Undecided(Anonymous)),
-            ((NotFound,        NotApplicable,    Undecided),       Decision::Undecided(Real)),
-            ((NotFound,        Failed,           Undecided),       Decision::Undecided(Real)),
+            ((NotFound,        NotApplicable,    Undecided),       Decision::Undecided(RealPhone)),
+            ((NotFound,        Failed,           Undecided),       Decision::Undecided(RealPhone)),
         ];
         let rules = rules();
         for ((anonymous, calltracking, real), want) in table {
@@ -168,7 +168,7 @@ mod tests {
         let mut rules = rules();
         rules.policy[Anonymous] = OnError::FallThrough;
         let states = States::new(Failed, NotApplicable, Found(p(R)));
-        assert_eq!(rules.decide(&states), Decision::Answer(Real, p(R)));
+        assert_eq!(rules.decide(&states), Decision::Answer(RealPhone, p(R)));
 
         rules.policy[Calltracking] = OnError::FailClosed;
         let states = States::new(NotFound, Failed, Found(p(R)));
@@ -180,11 +180,11 @@ mod tests {
         );
 
         let rules = Rules {
-            order: vec![Real, Anonymous],
+            order: vec![RealPhone, Anonymous],
             ..super::tests::rules()
         };
         let states = States::new(Found(p(A)), Found(p(C)), Found(p(R)));
-        assert_eq!(rules.decide(&states), Decision::Answer(Real, p(R)));
+        assert_eq!(rules.decide(&states), Decision::Answer(RealPhone, p(R)));
         let states = States::new(Found(p(A)), Found(p(C)), NotFound);
         assert_eq!(rules.decide(&states), Decision::Answer(Anonymous, p(A)));
     }

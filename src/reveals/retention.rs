@@ -78,7 +78,7 @@ mod tests {
                 user: UserId::new(42).unwrap(),
                 ad: AdId::new(days).unwrap(),
                 category: CategoryId::new(1).unwrap(),
-                kind: Source::Real,
+                kind: Source::RealPhone,
             })
             .collect();
         store.write_reveals(&reveals).await.unwrap();

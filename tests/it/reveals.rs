@@ -599,7 +599,7 @@ async fn retention_on_postgres_cuts_by_the_database_clock() {
             user: UserId::new(42).unwrap(),
             ad: AdId::new(days).unwrap(),
             category: CategoryId::new(1).unwrap(),
-            kind: Source::Real,
+            kind: Source::RealPhone,
         })
         .collect();
     store.write_reveals(&reveals).await.unwrap();

@@ -316,7 +316,7 @@ mod tests {
     #[test]
     fn the_written_body_is_what_serde_writes() {
         for (phone, kind, user, ad) in [
-            ("+79161234567", Source::Real, 1, 1),
+            ("+79161234567", Source::RealPhone, 1, 1),
             ("+12345678", Source::Anonymous, 42, 1001),
             (
                 "+999999999999999",

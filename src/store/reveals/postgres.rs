@@ -137,7 +137,7 @@ mod tests {
     #[test]
     fn copy_text_escapes_and_marks_nulls() {
         let text = copy_text(&[
-            reveal(1, Source::Real, Some("a\\b")),
+            reveal(1, Source::RealPhone, Some("a\\b")),
             reveal(2, Source::Anonymous, None),
             reveal(3, Source::Calltracking, Some("v-1")),
         ]);

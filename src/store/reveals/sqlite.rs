@@ -240,10 +240,10 @@ mod tests {
             ..r.clone()
         };
         let (b, a) = (
-            reveal(1, Source::Real, Some("b")),
-            reveal(1, Source::Real, Some("a")),
+            reveal(1, Source::RealPhone, Some("b")),
+            reveal(1, Source::RealPhone, Some("a")),
         );
-        let none = reveal(1, Source::Real, None);
+        let none = reveal(1, Source::RealPhone, None);
         let batch = [
             at(&b, 5, 7),
             at(&a, 4, 9),

@@ -25,7 +25,7 @@ pub(super) fn reveal_at(at_us: i64, user: u64, viewer: Option<&str>) -> Reveal {
         user: UserId::new(user).unwrap(),
         ad: AdId::new(1).unwrap(),
         category: CategoryId::new(1).unwrap(),
-        kind: Source::Real,
+        kind: Source::RealPhone,
     }
 }
 

@@ -188,7 +188,7 @@ async fn a_flush_in_viewer_order_still_pages_newest_first() {
     let batch: Vec<Reveal> = (0..12u64)
         .map(|n| Reveal {
             at_us: 1_700_000_000_000_000 + i64::try_from(n).unwrap(),
-            ..reveal(100 + n, Source::Real, viewers[(n % 4) as usize])
+            ..reveal(100 + n, Source::RealPhone, viewers[(n % 4) as usize])
         })
         .collect();
     store.write_reveals(&batch).await.unwrap();
@@ -208,7 +208,7 @@ async fn a_flush_in_viewer_order_still_pages_newest_first() {
 async fn a_flush_of_many_chunks_writes_and_counts_every_reveal() {
     let (_dir, store) = scratch().await;
     let batch: Vec<Reveal> = (0..10_000u64)
-        .map(|n| reveal(1 + n % 3, Source::Real, Some("v")))
+        .map(|n| reveal(1 + n % 3, Source::RealPhone, Some("v")))
         .collect();
     store.write_reveals(&batch).await.unwrap();
     let mut total = 0;
@@ -392,15 +392,15 @@ async fn a_posting_never_shows_a_row_it_does_not_hold() {
 #[test]
 fn counts_are_one_row_per_ad_and_kind() {
     let batch = [
-        reveal(1, Source::Real, None),
-        reveal(1, Source::Real, None),
+        reveal(1, Source::RealPhone, None),
+        reveal(1, Source::RealPhone, None),
         reveal(2, Source::Anonymous, None),
         reveal(1, Source::Calltracking, None),
-        reveal(1, Source::Real, None),
+        reveal(1, Source::RealPhone, None),
     ];
     let counts = counts_of(&batch);
     assert_eq!(counts.len(), 3);
-    assert!(counts.contains(&(AdId::new(1).unwrap(), Source::Real, 3)));
+    assert!(counts.contains(&(AdId::new(1).unwrap(), Source::RealPhone, 3)));
     assert!(counts.contains(&(AdId::new(1).unwrap(), Source::Calltracking, 1)));
     assert!(counts.contains(&(AdId::new(2).unwrap(), Source::Anonymous, 1)));
 }
