@@ -57,7 +57,8 @@ impl Caches {
                 Source::Anonymous | Source::RealPhone => &generations,
             };
             PhoneCache::new(
-                cache_name(source),
+                // Named as in `[cache.*]` and the `cache` label: the upstream's name.
+                source.upstream_name(),
                 c.capacity,
                 ttls,
                 generations.clone(),
@@ -103,14 +104,5 @@ impl Caches {
     /// over the three caches).
     pub fn longest_use(&self) -> std::time::Duration {
         self.longest_use
-    }
-}
-
-/// A source's cache as named in `[cache.*]` and in the `cache` label.
-fn cache_name(source: Source) -> &'static str {
-    match source {
-        Source::Anonymous => "anonymous",
-        Source::Calltracking => "calltracking",
-        Source::RealPhone => "real_phone",
     }
 }

@@ -1,5 +1,6 @@
 //! The number sources (`anonymous`, `calltracking`, `real`) as named in
-//! `selection.order` and answers' `kind`, what a failed one does, and
+//! `selection.order` and answers' `kind` (and as their upstreams and caches are
+//! named: `real_phone` for the real one), what a failed one does, and
 //! [`Sources`], one value per source: the table that states, policies, caches
 //! and per-source metrics are kept in, so that a source is never written out
 //! field by field (a fourth source is a variant here and a column in each
@@ -35,11 +36,24 @@ impl Source {
     /// Every source, in the order of [`Sources`]' columns.
     pub const ALL: [Source; 3] = [Source::Anonymous, Source::Calltracking, Source::RealPhone];
 
+    /// The source as `selection.order`, answers' `kind` and the reveal log
+    /// name it (the real phone is `real` there).
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Anonymous => "anonymous",
             Source::Calltracking => "calltracking",
             Source::RealPhone => "real",
+        }
+    }
+
+    /// The source as its config sections (`[upstreams.real_phone]`,
+    /// `[cache.real_phone]`) and the `upstream` and `cache` metric labels name
+    /// it: its upstream's name.
+    pub fn upstream_name(self) -> &'static str {
+        match self {
+            Source::Anonymous => "anonymous",
+            Source::Calltracking => "calltracking",
+            Source::RealPhone => "real_phone",
         }
     }
 
@@ -113,6 +127,11 @@ mod tests {
             assert_eq!(Source::from_name(source.as_str()), Some(source));
         }
         assert_eq!(Source::from_name("real_phone"), None);
+        let upstreams = Sources::from_fn(Source::upstream_name);
+        assert_eq!(
+            upstreams,
+            Sources::new("anonymous", "calltracking", "real_phone")
+        );
         let table = Sources::from_fn(Source::as_str);
         assert_eq!(table, Sources::new("anonymous", "calltracking", "real"));
         for (source, name) in table.iter() {

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use crate::domain::Source;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UpstreamError {
     /// No complete answer within the upstream's timeout.
@@ -64,9 +66,9 @@ impl UpstreamError {
 /// Which upstream a call went to; names appear in logs and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpstreamName {
-    RealPhone,
-    Anonymous,
-    Calltracking,
+    /// A number source's upstream, named as its `[upstreams.*]` section
+    /// ([`Source::upstream_name`]).
+    Source(Source),
     /// Call tracking's status feed: its base URL, a client of its own.
     StatusFeed,
 }
@@ -74,9 +76,7 @@ pub enum UpstreamName {
 impl UpstreamName {
     pub fn as_str(self) -> &'static str {
         match self {
-            UpstreamName::RealPhone => "real_phone",
-            UpstreamName::Anonymous => "anonymous",
-            UpstreamName::Calltracking => "calltracking",
+            UpstreamName::Source(source) => source.upstream_name(),
             UpstreamName::StatusFeed => "status_feed",
         }
     }

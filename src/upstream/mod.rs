@@ -52,7 +52,7 @@ use tracing::Instrument;
 pub use error::{UpstreamError, UpstreamName};
 
 use crate::config::{BreakerConfig, UpstreamConfig, UpstreamsConfig};
-use crate::domain::{AdId, Phone, StatusItem, UserId};
+use crate::domain::{AdId, Phone, Source, StatusItem, UserId};
 use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers, upstream_span};
 use breaker::Breaker;
 use limit::{Bound, PerSeller};
@@ -248,16 +248,18 @@ impl Upstreams {
         breaker: BreakerConfig,
         server_max_in_flight: usize,
     ) -> Self {
-        let endpoint = |name, upstream: &UpstreamConfig| {
+        let endpoint = |source: Source| {
+            let upstream = upstreams.of(source);
             let max_in_flight = upstream.max_in_flight_or(server_max_in_flight);
             let per_seller = upstream.max_in_flight_per_seller_or(max_in_flight);
+            let name = UpstreamName::Source(source);
             Endpoint::new(name, upstream, breaker, max_in_flight, per_seller)
         };
         let calltracking = &upstreams.calltracking.upstream;
         Upstreams {
-            real_phone: endpoint(UpstreamName::RealPhone, &upstreams.real_phone),
-            anonymous: endpoint(UpstreamName::Anonymous, &upstreams.anonymous),
-            calltracking: endpoint(UpstreamName::Calltracking, calltracking),
+            real_phone: endpoint(Source::RealPhone),
+            anonymous: endpoint(Source::Anonymous),
+            calltracking: endpoint(Source::Calltracking),
             // No seller: the per-seller bound is never asked.
             status_feed: Endpoint::new(
                 UpstreamName::StatusFeed,
