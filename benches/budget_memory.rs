@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use phones_gateway::budget::{Budgets, Limits};
+use phones_gateway::budget::{BudgetSizes, Budgets};
 use phones_gateway::domain::Viewer;
 
 fn rss_bytes() -> u64 {
@@ -26,7 +26,7 @@ fn main() {
     } else {
         20_000
     };
-    let budgets = Budgets::new(Limits {
+    let budgets = Budgets::new(BudgetSizes {
         per_minute: 60,
         per_day: 1_000,
     })

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::Criterion;
-use phones_gateway::cache::{Clock, Generations, Key, PhoneCache, Ttls};
+use phones_gateway::cache::{CacheKey, Clock, Generations, PhoneCache, Ttls};
 use phones_gateway::domain::UserId;
 use phones_gateway::domain::{AdId, Phone};
 
@@ -27,8 +27,8 @@ fn rss_bytes() -> u64 {
 }
 
 /// Ad `ad` of seller `user`.
-fn key(user: u64, ad: u64) -> Key {
-    Key::ad(UserId::new(user).unwrap(), AdId::new(ad).unwrap())
+fn key(user: u64, ad: u64) -> CacheKey {
+    CacheKey::ad(UserId::new(user).unwrap(), AdId::new(ad).unwrap())
 }
 
 fn main() {
@@ -75,7 +75,7 @@ fn main() {
 
     // Timings on the full cache. Keys are visited in a scattered order (a
     // multiplicative step), as requests would, not in insertion order.
-    let present: Vec<Key> = (0..100_000u64)
+    let present: Vec<CacheKey> = (0..100_000u64)
         .map(|n| n.wrapping_mul(0x9E37_79B9) % entries + 1)
         .map(|i| key(i / 3 + 1, i))
         .filter(|key| cache.get_fresh(key) != phones_gateway::cache::Cached::Miss)

@@ -31,7 +31,7 @@ use axum::body::Body;
 use axum::http::Request;
 use criterion::{Criterion, criterion_group, criterion_main};
 use hyper::service::Service as _;
-use phones_gateway::cache::Key;
+use phones_gateway::cache::CacheKey;
 use phones_gateway::cache::caches::Caches;
 use phones_gateway::config::Config;
 use phones_gateway::domain::Phone;
@@ -39,7 +39,7 @@ use phones_gateway::domain::Source;
 use phones_gateway::domain::StatusItem;
 use phones_gateway::domain::{AdId, CategoryId, UserId};
 use phones_gateway::http::api::state::PublicState;
-use phones_gateway::http::api::{Limits, public_router};
+use phones_gateway::http::api::{RequestLimits, public_router};
 use phones_gateway::http::server::front::Front;
 use phones_gateway::http::server::shed::Shed;
 use phones_gateway::resolve::{Request as Lookup, Resolver};
@@ -144,14 +144,14 @@ fn fixture() -> Fixture {
     let real = Phone::parse("+79161234567").unwrap();
     // Every source this request needs is fresh in the caches: anonymous (category
     // 9) has no number, call tracking maps the real number.
-    let ad = Key::ad(user, AdId::new(1001).unwrap());
+    let ad = CacheKey::ad(user, AdId::new(1001).unwrap());
     caches.phones[Source::Anonymous].insert(ad, None);
     caches.phones[Source::RealPhone].insert(ad, Some(real));
     caches.phones[Source::Calltracking].insert(
-        Key::real_phone(user, real),
+        CacheKey::real_phone(user, real),
         Phone::parse("+74951234567").ok(),
     );
-    let settings = phones_gateway::resolve::Settings {
+    let settings = phones_gateway::resolve::ResolverSettings {
         policy: config.upstreams.policies(),
         deadline: config.request_deadline(),
         max_queue_delay: config.server.max_queue_delay,
@@ -169,7 +169,7 @@ fn fixture() -> Fixture {
             resolver: resolver.clone(),
             budgets,
             reveals: None,
-            limits: Limits::from(&config.server),
+            limits: RequestLimits::from(&config.server),
         };
         Front::public(
             public_router(state.clone()),
@@ -184,7 +184,7 @@ fn fixture() -> Fixture {
     let router = front(None);
     // Budgets no viewer of the bench reaches (no exchange runs here).
     let budgeted = front(phones_gateway::budget::Budgets::new(
-        phones_gateway::budget::Limits {
+        phones_gateway::budget::BudgetSizes {
             per_minute: 65_535,
             per_day: 65_535,
         },

@@ -10,7 +10,7 @@
 //! So a key that one part reads is added in its section's file and in that
 //! part, never here. Where a part needs a value of another section, that value
 //! is passed as an argument of its own, and the call says why; the resolver
-//! takes those values together, as [`resolve::Settings`]. No part sees the
+//! takes those values together, as [`resolve::ResolverSettings`]. No part sees the
 //! whole `Config`.
 
 use std::future::Future;
@@ -30,7 +30,7 @@ use crate::cache::caches::Caches;
 use crate::config::{Config, DatabaseConfig};
 use crate::http::api::state::{AdminState, PublicState};
 use crate::http::api::{admin_router, public_router};
-use crate::http::server::Settings;
+use crate::http::server::ServeSettings;
 use crate::http::server::front::Front;
 use crate::http::server::serve::serve;
 use crate::resolve::{self, Resolver};
@@ -56,7 +56,7 @@ pub struct App {
     caches: Caches,
     upstreams: Arc<Upstreams>,
     /// `[server]` as the server's parts take it, read once in `build`.
-    server: Settings,
+    server: ServeSettings,
     /// The sections of the tasks `run` starts (the status load, the sync and
     /// feed loops, the budget exchange, the reveal flush and retention).
     config: Config,
@@ -96,7 +96,7 @@ impl Parts {
         let resolver = Arc::new(Resolver::new(
             &config.selection,
             // What the rules and the request's bounds take from other sections.
-            resolve::Settings {
+            resolve::ResolverSettings {
                 policy: config.upstreams.policies(),
                 deadline: config.request_deadline(),
                 max_queue_delay: config.server.max_queue_delay,
@@ -107,7 +107,7 @@ impl Parts {
             status.set().clone(),
         ));
         Parts {
-            budgets: Budgets::new(budget::Limits::from(&config.rate_limit)),
+            budgets: Budgets::new(budget::BudgetSizes::from(&config.rate_limit)),
             reveals: config
                 .reveals
                 .enabled
@@ -132,7 +132,7 @@ impl App {
         let metrics = crate::telemetry::metrics_handle();
         let database = connect(&config.database).await?;
         let reveal_store = database.reveals();
-        let server = Settings::of(&config.server);
+        let server = ServeSettings::of(&config.server);
         let parts = Parts::build(&config, &database);
         let admission = parts.resolver.admission();
         let shutting_down = Arc::new(AtomicBool::new(false));
@@ -399,7 +399,7 @@ fn start_shutdown(
     background: &Background,
     shutdown: impl Future<Output = ()> + Send + 'static,
     shutting_down: Arc<AtomicBool>,
-    server: &Settings,
+    server: &ServeSettings,
     stop: watch::Sender<bool>,
 ) -> oneshot::Receiver<()> {
     let pause = server.shutdown_pause;

@@ -205,7 +205,7 @@ fn resolve_imports_nothing_of_http() {
     assert!(found.is_empty(), "{found:?}");
     assert!(names_crate("use axum::http::HeaderMap;", "axum"));
     assert!(names_crate("fn f(h: Option<&http::HeaderMap>) {}", "http"));
-    assert!(!names_crate("use crate::http::api::Limits;", "http"));
+    assert!(!names_crate("use crate::http::api::RequestLimits;", "http"));
 }
 
 #[test]
@@ -368,9 +368,9 @@ fn the_folder_checker_finds_a_circle_through_mod_rs() {
         &[
             (
                 "mod",
-                "mod x;\nmod y;\npub use x::Thing;\npub struct Limits;",
+                "mod x;\nmod y;\npub use x::Thing;\npub struct RequestLimits;",
             ),
-            ("x", "use super::Limits;\npub struct Thing;"),
+            ("x", "use super::RequestLimits;\npub struct Thing;"),
             ("y", ""),
         ],
     );
@@ -436,8 +436,11 @@ fn the_path_reader_reads_every_spelling() {
             .collect()
     };
     assert_eq!(
-        read("use crate::http::{api::Limits, server::serve};", &["x"]),
-        ["http::api::Limits", "http::server::serve"]
+        read(
+            "use crate::http::{api::RequestLimits, server::serve};",
+            &["x"]
+        ),
+        ["http::api::RequestLimits", "http::server::serve"]
     );
     assert_eq!(
         read(

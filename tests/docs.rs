@@ -987,7 +987,7 @@ fn the_name_checker_catches_stale_names_and_leaves_the_rest() {
         ("src/http/mod.rs", "pub mod api;\n"),
         (
             "src/http/api/mod.rs",
-            "pub mod extract;\npub struct Limits;\n",
+            "pub mod extract;\npub struct RequestLimits;\n",
         ),
     ];
     let read = |p: &str| {
@@ -998,7 +998,7 @@ fn the_name_checker_catches_stale_names_and_leaves_the_rest() {
     };
     let deps = ["http".to_string(), "tower".to_string()];
     let doc = "- [`store`]: `RevealStore` of `crate::store::RevealStore::write`; [`http::api`] \
-               with `http::api::Limits` and `http::api::extract`, and \
+               with `http::api::RequestLimits` and `http::api::extract`, and \
                [`http::snapshot`], `store::BudgetStore`, `crate::http::api::Keys`, [`cache`]. \
                Not ours: `tower::ServiceExt`, `http::Uri`, `config.toml`; not links: `serve`.";
     assert_eq!(

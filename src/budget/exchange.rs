@@ -384,7 +384,7 @@ impl Budgets {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::{Limits, Refusal};
+    use crate::budget::{BudgetSizes, Refusal};
 
     const AT: Moment = Moment(1_800_000_000_000 + 5_000);
 
@@ -413,7 +413,7 @@ mod tests {
 
     #[test]
     fn a_share_follows_the_totals_only_once_two_reports_show_it() {
-        let budgets = Budgets::new(Limits {
+        let budgets = Budgets::new(BudgetSizes {
             per_minute: 60,
             per_day: 0,
         })
@@ -441,7 +441,7 @@ mod tests {
 
     #[test]
     fn spread_over_replicas_a_share_is_what_this_one_spent_of_the_total() {
-        let budgets = Budgets::new(Limits {
+        let budgets = Budgets::new(BudgetSizes {
             per_minute: 0,
             per_day: 100,
         })
@@ -464,7 +464,7 @@ mod tests {
     /// `take_spends` stops near its bound, a viewer's two windows together.
     #[test]
     fn spends_are_taken_up_to_a_bound() {
-        let budgets = Budgets::new(Limits {
+        let budgets = Budgets::new(BudgetSizes {
             per_minute: 10,
             per_day: 10,
         })
@@ -484,7 +484,7 @@ mod tests {
     async fn a_backlog_is_reported_a_bounded_amount_an_exchange() {
         let (_dir, database) = crate::store::Database::scratch().await;
         let store = database.budgets();
-        let budgets = Budgets::new(Limits {
+        let budgets = Budgets::new(BudgetSizes {
             per_minute: 10,
             per_day: 10,
         })

@@ -56,15 +56,15 @@ const AGES: usize = 64;
 
 /// The configured budgets (0 = off).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub struct BudgetSizes {
     pub per_minute: u32,
     pub per_day: u32,
 }
 
-impl From<&BudgetsConfig> for Limits {
+impl From<&BudgetsConfig> for BudgetSizes {
     /// `rate_limit.per_viewer_per_minute` and `rate_limit.per_viewer_per_day`.
     fn from(config: &BudgetsConfig) -> Self {
-        Limits {
+        BudgetSizes {
             per_minute: config.per_viewer_per_minute,
             per_day: config.per_viewer_per_day,
         }
@@ -177,7 +177,7 @@ struct Ledger {
 
 /// The viewers' ledgers and what the exchange learned of the fleet.
 pub struct Budgets {
-    limits: Limits,
+    limits: BudgetSizes,
     viewers: DashMap<u64, Ledger, foldhash::fast::RandomState>,
     /// Live replicas sharing the database (1 on SQLite or until known).
     replicas: AtomicU32,
@@ -221,12 +221,12 @@ pub struct Kept {
 
 impl Budgets {
     /// `None` when both budgets are off.
-    pub fn new(limits: Limits) -> Option<Arc<Budgets>> {
+    pub fn new(limits: BudgetSizes) -> Option<Arc<Budgets>> {
         Self::with_cap(limits, MAX_LEDGERS)
     }
 
     /// As [`Budgets::new`], holding at most `max_ledgers` ledgers.
-    pub fn with_cap(limits: Limits, max_ledgers: usize) -> Option<Arc<Budgets>> {
+    pub fn with_cap(limits: BudgetSizes, max_ledgers: usize) -> Option<Arc<Budgets>> {
         (limits.per_minute > 0 || limits.per_day > 0).then(|| {
             let refused = |budget: &'static str| {
                 metrics::counter!("phones_gateway_budget_refused_total", "budget" => budget)
@@ -253,7 +253,7 @@ impl Budgets {
         })
     }
 
-    pub fn limits(&self) -> Limits {
+    pub fn limits(&self) -> BudgetSizes {
         self.limits
     }
 
@@ -435,7 +435,7 @@ impl Ledger {
         &mut self,
         now: Moment,
         n: u32,
-        limits: Limits,
+        limits: BudgetSizes,
         replicas: u32,
     ) -> Result<(), (By, u64)> {
         let now_s = now.seconds();
@@ -521,7 +521,7 @@ mod tests {
 
     #[test]
     fn alone_a_replica_spends_the_whole_budget_then_refuses_until_it_fits() {
-        let budgets = Budgets::new(Limits {
+        let budgets = Budgets::new(BudgetSizes {
             per_minute: 3,
             per_day: 0,
         })
@@ -547,7 +547,7 @@ mod tests {
 
     #[test]
     fn a_first_sight_in_a_fleet_takes_an_even_share() {
-        let budgets = Budgets::new(Limits {
+        let budgets = Budgets::new(BudgetSizes {
             per_minute: 60,
             per_day: 0,
         })
@@ -565,7 +565,7 @@ mod tests {
 
     #[test]
     fn the_day_budget_refuses_until_midnight() {
-        let budgets = Budgets::new(Limits {
+        let budgets = Budgets::new(BudgetSizes {
             per_minute: 0,
             per_day: 2,
         })
@@ -585,7 +585,7 @@ mod tests {
     #[test]
     fn the_ledgers_stay_under_their_cap_evicting_the_least_recently_used() {
         let budgets = Budgets::with_cap(
-            Limits {
+            BudgetSizes {
                 per_minute: 10,
                 per_day: 100,
             },
@@ -654,7 +654,7 @@ mod tests {
     #[test]
     fn a_flood_of_viewers_never_grows_the_table_past_its_cap() {
         let budgets = Budgets::with_cap(
-            Limits {
+            BudgetSizes {
                 per_minute: 0,
                 per_day: 5,
             },

@@ -11,11 +11,11 @@ use crate::domain::{Source, Sources, UserId};
 /// The three caches and their generation tables.
 #[derive(Clone)]
 pub struct Caches {
-    /// Each source's numbers: real and anonymous by [`Key::ad`], call tracking
-    /// by [`Key::real_phone`].
+    /// Each source's numbers: real and anonymous by [`CacheKey::ad`], call tracking
+    /// by [`CacheKey::real_phone`].
     ///
-    /// [`Key::ad`]: super::Key::ad
-    /// [`Key::real_phone`]: super::Key::real_phone
+    /// [`CacheKey::ad`]: super::CacheKey::ad
+    /// [`CacheKey::real_phone`]: super::CacheKey::real_phone
     pub phones: Sources<PhoneCache>,
     /// The real and anonymous caches' table.
     pub generations: Arc<Generations>,

@@ -38,7 +38,7 @@
 //! to work around, and quick_cache costs a fraction of moka's bytes per entry
 //! (docs/caching.md, "How an entry is stored"). An entry is 16 bytes: the phone as an `Option<Phone>`
 //! (eight bytes: `Phone` wraps a `NonZeroU64`, so "no number" is the niche), the
-//! expiry in deciseconds and the generation. A [`Key`] carries its seller, whose
+//! expiry in deciseconds and the generation. A [`CacheKey`] carries its seller, whose
 //! generation guards the entry, so no lookup takes the seller separately.
 
 use foldhash::HashMap;
@@ -80,16 +80,16 @@ impl Cached {
 /// What a cache is asked: something of one seller (an ad, or a real number to
 /// map), together with the seller, whose generation guards the entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Key {
+pub struct CacheKey {
     user: UserId,
     /// The ad's id or the real number's digits: a cache holds one kind only.
     item: u64,
 }
 
-impl Key {
+impl CacheKey {
     /// The key of `ad` of seller `user` (the real-phone and anonymous caches).
     pub fn ad(user: UserId, ad: AdId) -> Self {
-        Key {
+        CacheKey {
             user,
             item: ad.get(),
         }
@@ -97,7 +97,7 @@ impl Key {
 
     /// The key of seller `user`'s real number `real` (the call-tracking cache).
     pub fn real_phone(user: UserId, real: Phone) -> Self {
-        Key {
+        CacheKey {
             user,
             item: real.to_u64(),
         }
@@ -268,7 +268,7 @@ impl Flight {
     }
 }
 
-/// A bounded, TTL'd, coalescing cache of phone answers by [`Key`].
+/// A bounded, TTL'd, coalescing cache of phone answers by [`CacheKey`].
 #[derive(Clone)]
 pub struct PhoneCache {
     inner: Arc<Inner>,
@@ -276,11 +276,11 @@ pub struct PhoneCache {
 
 struct Inner {
     name: &'static str,
-    entries: quick_cache::sync::Cache<Key, Entry>,
+    entries: quick_cache::sync::Cache<CacheKey, Entry>,
     /// Fetches under way, by key and generation. A plain mutex: it is held for a
     /// map operation only, and only on misses. foldhash, not SipHash: three
     /// hashes per miss were 750 instructions of it (callgrind).
-    inflight: Mutex<HashMap<(Key, u32), Arc<Flight>>>,
+    inflight: Mutex<HashMap<(CacheKey, u32), Arc<Flight>>>,
     generations: Arc<Generations>,
     ttls: Ttls,
     /// The refresh-ahead windows in deciseconds, for a number and for a cached
@@ -364,7 +364,7 @@ impl PhoneCache {
     }
 
     /// A fresh answer if there is one, without fetching: the allocation-free fast path.
-    pub fn get_fresh(&self, key: &Key) -> Cached {
+    pub fn get_fresh(&self, key: &CacheKey) -> Cached {
         self.fresh_entry(key, self.inner.now())
             .map_or(Cached::Miss, |entry| Cached::of(entry.phone))
     }
@@ -372,7 +372,7 @@ impl PhoneCache {
     /// A fresh answer at `now`, a reading of this cache's [`Clock`]; a hit
     /// within the refresh-ahead window of its expiry also starts `refresh` in
     /// the background (see the module doc). The request path's lookup.
-    pub fn get_fresh_refreshing<F, Fut>(&self, key: &Key, now: u32, refresh: F) -> Cached
+    pub fn get_fresh_refreshing<F, Fut>(&self, key: &CacheKey, now: u32, refresh: F) -> Cached
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = FetchResult> + Send + 'static,
@@ -389,7 +389,7 @@ impl PhoneCache {
     }
 
     /// The entry of `key` if it is fresh at `now` for the seller's generation.
-    fn fresh_entry(&self, key: &Key, now: u32) -> Option<Entry> {
+    fn fresh_entry(&self, key: &CacheKey, now: u32) -> Option<Entry> {
         let inner = &*self.inner;
         let entry = inner.entries.get(key).filter(|e| {
             e.generation == inner.generations.current(key.user) && now < e.fresh_until
@@ -401,7 +401,7 @@ impl PhoneCache {
     /// An answer usable when the upstream has failed (stale-if-error): fresh, or
     /// expired less than `max_stale` ago (never an expired "no number" where
     /// `stale_negatives` is off). Counted as `stale_served` when there is one.
-    pub fn get_stale(&self, key: &Key) -> Cached {
+    pub fn get_stale(&self, key: &CacheKey) -> Cached {
         let inner = &*self.inner;
         let usable = inner
             .entries
@@ -421,7 +421,7 @@ impl PhoneCache {
     /// concurrent caller of the same key, falling back to a stale entry if it fails.
     ///
     /// `fetch` must bound its own duration (the upstream timeout does).
-    pub async fn get_or_fetch<F, Fut>(&self, key: Key, fetch: F) -> Lookup
+    pub async fn get_or_fetch<F, Fut>(&self, key: CacheKey, fetch: F) -> Lookup
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = FetchResult> + Send + 'static,
@@ -431,7 +431,7 @@ impl PhoneCache {
         lookup
     }
 
-    async fn lookup<F, Fut>(&self, key: Key, fetch: F) -> Lookup
+    async fn lookup<F, Fut>(&self, key: CacheKey, fetch: F) -> Lookup
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = FetchResult> + Send + 'static,
@@ -470,7 +470,7 @@ impl PhoneCache {
         }
     }
 
-    fn join_or_start<F, Fut>(&self, key: Key, generation: u32, fetch: F) -> (Arc<Flight>, Via)
+    fn join_or_start<F, Fut>(&self, key: CacheKey, generation: u32, fetch: F) -> (Arc<Flight>, Via)
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = FetchResult> + Send + 'static,
@@ -505,7 +505,7 @@ impl PhoneCache {
     }
 
     /// Stores an answer as if just fetched (warming, benches, tests).
-    pub fn insert(&self, key: Key, phone: Option<Phone>) {
+    pub fn insert(&self, key: CacheKey, phone: Option<Phone>) {
         let generation = self.inner.generations.current(key.user);
         self.inner.store(key, generation, phone);
     }
@@ -517,7 +517,7 @@ impl PhoneCache {
 /// invalidated. A fetch that ends without an answer fails its callers.
 struct Registered {
     inner: Arc<Inner>,
-    key: (Key, u32),
+    key: (CacheKey, u32),
     flight: Arc<Flight>,
 }
 
@@ -533,7 +533,7 @@ impl Inner {
         self.clock.now()
     }
 
-    fn store(&self, key: Key, generation: u32, phone: Option<Phone>) {
+    fn store(&self, key: CacheKey, generation: u32, phone: Option<Phone>) {
         // An invalidation since the fetch started: the answer may be older than it.
         if self.generations.current(key.user) != generation {
             return;
@@ -567,7 +567,7 @@ impl Inner {
         self.now() < entry.fresh_until.saturating_add(stale_tenths)
     }
 
-    fn lock_inflight(&self) -> std::sync::MutexGuard<'_, HashMap<(Key, u32), Arc<Flight>>> {
+    fn lock_inflight(&self) -> std::sync::MutexGuard<'_, HashMap<(CacheKey, u32), Arc<Flight>>> {
         // The map stays consistent even if a holder panicked: every operation on it
         // is a single insert, get or remove.
         self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
@@ -595,8 +595,8 @@ mod tests {
     }
 
     /// Ad `ad` of seller `seller`.
-    fn key(seller: u64, ad: u64) -> Key {
-        Key::ad(user(seller), AdId::new(ad).unwrap())
+    fn key(seller: u64, ad: u64) -> CacheKey {
+        CacheKey::ad(user(seller), AdId::new(ad).unwrap())
     }
 
     fn cache(stale_negatives: bool) -> PhoneCache {

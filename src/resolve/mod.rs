@@ -26,7 +26,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::cache::caches::Caches;
-use crate::cache::{Cached, FetchResult, Key, Lookup, PhoneCache, Via};
+use crate::cache::{CacheKey, Cached, FetchResult, Lookup, PhoneCache, Via};
 use crate::config::SelectionConfig;
 use crate::domain::Phone;
 use crate::domain::UserId;
@@ -87,7 +87,7 @@ struct Asking<'h> {
 /// What a [`Resolver`] takes from sections other than `[selection]`, as values
 /// (`App::build` reads them): it never sees the whole `Config`.
 #[derive(Debug, Clone, Copy)]
-pub struct Settings {
+pub struct ResolverSettings {
     /// Each source's `upstreams.<name>.on_error` ([`UpstreamsConfig::policies`]).
     ///
     /// [`UpstreamsConfig::policies`]: crate::config::UpstreamsConfig::policies
@@ -175,7 +175,7 @@ impl Resolver {
     /// as values in `settings`.
     pub fn new(
         selection: &SelectionConfig,
-        settings: Settings,
+        settings: ResolverSettings,
         upstreams: Arc<Upstreams>,
         caches: Caches,
         status: Arc<StatusSet>,
@@ -403,14 +403,14 @@ impl Resolver {
     }
 
     /// The cache answering `ask`, and its key.
-    fn cache_of(&self, req: &Request, ask: Ask) -> (&PhoneCache, Key) {
+    fn cache_of(&self, req: &Request, ask: Ask) -> (&PhoneCache, CacheKey) {
         let phones = &self.caches.phones;
         match ask {
-            Ask::Anonymous => (&phones[Source::Anonymous], Key::ad(req.user, req.ad)),
-            Ask::RealPhone => (&phones[Source::RealPhone], Key::ad(req.user, req.ad)),
+            Ask::Anonymous => (&phones[Source::Anonymous], CacheKey::ad(req.user, req.ad)),
+            Ask::RealPhone => (&phones[Source::RealPhone], CacheKey::ad(req.user, req.ad)),
             Ask::Calltracking(real) => (
                 &phones[Source::Calltracking],
-                Key::real_phone(req.user, real),
+                CacheKey::real_phone(req.user, real),
             ),
         }
     }
@@ -547,7 +547,7 @@ mod tests {
             config.breaker,
             config.server.max_in_flight,
         ));
-        let settings = Settings {
+        let settings = ResolverSettings {
             policy: config.upstreams.policies(),
             deadline: config.request_deadline(),
             max_queue_delay: config.server.max_queue_delay,
@@ -572,10 +572,10 @@ mod tests {
             category: CategoryId::new(9).unwrap(),
             phone: None,
         };
-        let ad = Key::ad(user, req.ad);
+        let ad = CacheKey::ad(user, req.ad);
         caches.phones[Source::RealPhone].insert(ad, Some(real));
         caches.phones[Source::Calltracking]
-            .insert(Key::real_phone(user, real), Some(virtual_number));
+            .insert(CacheKey::real_phone(user, real), Some(virtual_number));
         caches.phones[Source::Anonymous].insert(ad, Some(anonymous));
         // Past every TTL, within max_stale.
         tokio::time::advance(Duration::from_secs(1000)).await;

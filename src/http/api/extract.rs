@@ -17,26 +17,26 @@ use serde::Deserialize;
 use serde::de::{DeserializeOwned, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::error::ApiError;
-use super::limits::{Limits, MAX_BATCH_ITEMS};
+use super::limits::{MAX_BATCH_ITEMS, RequestLimits};
 use crate::domain::Phone;
 use crate::domain::{AdId, CategoryId, UserId};
 use crate::resolve::Request as ResolveRequest;
 
-/// A JSON body, bounded by the state's [`Limits`] (the router's
+/// A JSON body, bounded by the state's [`RequestLimits`] (the router's
 /// `DefaultBodyLimit` carries the same number to the body reader).
 pub struct Json<T>(pub T);
 
 impl<S, T> FromRequest<S> for Json<T>
 where
     S: Send + Sync,
-    Limits: FromRef<S>,
+    RequestLimits: FromRef<S>,
     T: DeserializeOwned,
 {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         require_json(req.headers())?;
-        let limit = Limits::from_ref(state).body();
+        let limit = RequestLimits::from_ref(state).body();
         let read = Bytes::from_request(req, state);
         let bytes = tokio::time::timeout(limit.read_timeout, read)
             .await
@@ -414,7 +414,7 @@ impl<'de> Deserialize<'de> for Text {
 }
 
 /// The keys of an item that [`batch_item`] reads; any other is skipped.
-enum Key {
+enum ItemField {
     UserId,
     AdId,
     CategoryId,
@@ -422,25 +422,25 @@ enum Key {
     Other,
 }
 
-impl<'de> Deserialize<'de> for Key {
+impl<'de> Deserialize<'de> for ItemField {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Keys;
-        impl Visitor<'_> for Keys {
-            type Value = Key;
+        struct ItemFields;
+        impl Visitor<'_> for ItemFields {
+            type Value = ItemField;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a key")
             }
-            fn visit_str<E>(self, key: &str) -> Result<Key, E> {
+            fn visit_str<E>(self, key: &str) -> Result<ItemField, E> {
                 Ok(match key {
-                    "user_id" => Key::UserId,
-                    "ad_id" => Key::AdId,
-                    "category_id" => Key::CategoryId,
-                    "phone" => Key::Phone,
-                    _ => Key::Other,
+                    "user_id" => ItemField::UserId,
+                    "ad_id" => ItemField::AdId,
+                    "category_id" => ItemField::CategoryId,
+                    "phone" => ItemField::Phone,
+                    _ => ItemField::Other,
                 })
             }
         }
-        d.deserialize_str(Keys)
+        d.deserialize_str(ItemFields)
     }
 }
 
@@ -457,13 +457,13 @@ impl<'de> Deserialize<'de> for BatchItem {
                     object: true,
                     ..BatchItem::default()
                 };
-                while let Some(key) = map.next_key::<Key>()? {
+                while let Some(key) = map.next_key::<ItemField>()? {
                     match key {
-                        Key::UserId => item.user_id = map.next_value()?,
-                        Key::AdId => item.ad_id = map.next_value()?,
-                        Key::CategoryId => item.category_id = map.next_value()?,
-                        Key::Phone => item.phone = map.next_value()?,
-                        Key::Other => {
+                        ItemField::UserId => item.user_id = map.next_value()?,
+                        ItemField::AdId => item.ad_id = map.next_value()?,
+                        ItemField::CategoryId => item.category_id = map.next_value()?,
+                        ItemField::Phone => item.phone = map.next_value()?,
+                        ItemField::Other => {
                             map.next_value::<IgnoredAny>()?;
                         }
                     }

@@ -22,7 +22,7 @@ pub struct BodyLimit {
 /// extractor takes the body limit from there (`FromRef`), the snapshot route its
 /// own, and a 413 names the limit it enforced.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub struct RequestLimits {
     /// `server.max_body_bytes`: every JSON body but the snapshot's (the
     /// routers' `DefaultBodyLimit` and the JSON extractor).
     pub max_body_bytes: usize,
@@ -35,9 +35,9 @@ pub struct Limits {
     pub body_read_timeout: std::time::Duration,
 }
 
-impl From<&ServerConfig> for Limits {
+impl From<&ServerConfig> for RequestLimits {
     fn from(server: &ServerConfig) -> Self {
-        Limits {
+        RequestLimits {
             max_body_bytes: server.max_body_bytes,
             max_snapshot_bytes: server.max_snapshot_bytes,
             max_header_bytes: server.max_header_bytes,
@@ -46,7 +46,7 @@ impl From<&ServerConfig> for Limits {
     }
 }
 
-impl Limits {
+impl RequestLimits {
     /// Every JSON route but the snapshot.
     pub fn body(&self) -> BodyLimit {
         BodyLimit {

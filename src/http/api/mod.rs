@@ -45,7 +45,7 @@ pub mod state;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 
-pub use limits::Limits;
+pub use limits::RequestLimits;
 use state::{AdminState, PublicState};
 
 /// The public routes ([`routes::PUBLIC`]). Request tracking and shedding wrap it in `server::front::Front`,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use super::limits::Limits;
+use super::limits::RequestLimits;
 use crate::budget::Budgets;
 use crate::cache::caches::Caches;
 use crate::config::Secret;
@@ -33,10 +33,10 @@ pub struct PublicState {
     pub reveals: Option<Reveals>,
     /// The request limits of `[server]`: the router's body limit, and the JSON
     /// extractor's (through `FromRef`) for the batch.
-    pub limits: Limits,
+    pub limits: RequestLimits,
 }
 
-impl axum::extract::FromRef<PublicState> for Limits {
+impl axum::extract::FromRef<PublicState> for RequestLimits {
     fn from_ref(state: &PublicState) -> Self {
         state.limits
     }
@@ -78,10 +78,10 @@ pub struct AdminState {
     /// The request limits of `[server]`: the router's body limit, the JSON
     /// extractor's (through `FromRef`) and the snapshot's own, which the
     /// snapshot route streams against.
-    pub limits: Limits,
+    pub limits: RequestLimits,
 }
 
-impl axum::extract::FromRef<AdminState> for Limits {
+impl axum::extract::FromRef<AdminState> for RequestLimits {
     fn from_ref(state: &AdminState) -> Self {
         state.limits
     }

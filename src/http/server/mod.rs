@@ -11,7 +11,7 @@
 //! It imports the API (the route table, `ApiError`, the lookup), never the
 //! reverse.
 //!
-//! [`Settings`] reads `[server]` once (`App::build`): the routers' request
+//! [`ServeSettings`] reads `[server]` once (`App::build`): the routers' request
 //! limits, each connection's limits, the public listener's shedding and the
 //! shutdown timings, each part handed its own value from there.
 
@@ -23,7 +23,7 @@ pub mod shed;
 use std::time::Duration;
 
 use crate::config::ServerConfig;
-use crate::http::api::Limits;
+use crate::http::api::RequestLimits;
 use serve::ConnLimits;
 use shed::Shed;
 
@@ -31,9 +31,9 @@ use shed::Shed;
 /// (The listen addresses are bound by `App::build` itself; the queue delay is
 /// cold admission's, in `resolve`.)
 #[derive(Debug, Clone, Copy)]
-pub struct Settings {
+pub struct ServeSettings {
     /// The routers' request limits (body, snapshot, header size, body read).
-    pub limits: Limits,
+    pub limits: RequestLimits,
     /// Each connection's head deadline and hard head bound ([`serve::serve`]).
     pub conn: ConnLimits,
     /// `server.max_in_flight`: public requests in flight at once.
@@ -45,10 +45,10 @@ pub struct Settings {
     pub drain_timeout: Duration,
 }
 
-impl Settings {
+impl ServeSettings {
     pub fn of(server: &ServerConfig) -> Self {
-        Settings {
-            limits: Limits::from(server),
+        ServeSettings {
+            limits: RequestLimits::from(server),
             conn: ConnLimits::from(server),
             max_in_flight: server.max_in_flight,
             shutdown_pause: server.shutdown_pause,

@@ -39,7 +39,7 @@ pub(super) async fn write(
     Ok(())
 }
 
-enum Key {
+enum ColumnValue {
     Int(i64),
     Text(String),
 }
@@ -47,8 +47,8 @@ enum Key {
 /// One page of the log, newest first.
 pub(super) async fn read(pg: &Pg, query: &RevealQuery) -> Result<Vec<RevealRow>, StoreError> {
     let (column, key) = match &query.of {
-        RevealsOf::Seller(user) => ("user_id", Key::Int(signed(user.get()))),
-        RevealsOf::Viewer(viewer) => ("viewer", Key::Text(viewer.as_str().to_owned())),
+        RevealsOf::Seller(user) => ("user_id", ColumnValue::Int(signed(user.get()))),
+        RevealsOf::Viewer(viewer) => ("viewer", ColumnValue::Text(viewer.as_str().to_owned())),
     };
     let (after_at, after_id) = query.after.unwrap_or((i64::MAX, i64::MAX));
     let sql = format!(
@@ -59,8 +59,8 @@ pub(super) async fn read(pg: &Pg, query: &RevealQuery) -> Result<Vec<RevealRow>,
     let mut tx = pg.begin().await?;
     let q = sqlx::query_as(&sql).persistent(false);
     let q = match key {
-        Key::Int(v) => q.bind(v),
-        Key::Text(v) => q.bind(v),
+        ColumnValue::Int(v) => q.bind(v),
+        ColumnValue::Text(v) => q.bind(v),
     };
     let rows = q
         .bind(query.since_us)

@@ -15,7 +15,7 @@ use hyper::service::Service as _;
 use phones_gateway::cache::caches::Caches;
 use phones_gateway::config::Config;
 use phones_gateway::http::api::state::PublicState;
-use phones_gateway::http::api::{Limits, public_router};
+use phones_gateway::http::api::{RequestLimits, public_router};
 use phones_gateway::http::server::front::Front;
 use phones_gateway::http::server::shed::Shed;
 use phones_gateway::resolve::Resolver;
@@ -35,7 +35,7 @@ pub fn public_front() -> Front {
     ));
     let caches = Caches::new(&config.cache);
     let status = Arc::new(StatusSet::default());
-    let settings = phones_gateway::resolve::Settings {
+    let settings = phones_gateway::resolve::ResolverSettings {
         policy: config.upstreams.policies(),
         deadline: config.request_deadline(),
         max_queue_delay: config.server.max_queue_delay,
@@ -52,7 +52,7 @@ pub fn public_front() -> Front {
         resolver,
         budgets: None,
         reveals: None,
-        limits: Limits::from(&config.server),
+        limits: RequestLimits::from(&config.server),
     };
     Front::public(
         public_router(state.clone()),
