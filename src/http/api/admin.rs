@@ -65,7 +65,7 @@ impl utoipa::PartialSchema for UserIdValue {
 
 impl ToSchema for UserIdValue {}
 
-/// The snapshot PUT body (streamed; see `http::snapshot`).
+/// The snapshot PUT body (streamed; see `http::api::snapshot`).
 #[derive(ToSchema)]
 #[allow(dead_code)] // documentation only
 pub struct SnapshotBody {
@@ -140,7 +140,7 @@ pub async fn post_statuses(
     Ok(axum::Json(applied).into_response())
 }
 
-/// The snapshot PUT; the body is streamed (see `http::snapshot`).
+/// The snapshot PUT; the body is streamed (see `http::api::snapshot`).
 #[utoipa::path(
     put,
     path = paths::STATUSES,

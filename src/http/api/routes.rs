@@ -10,8 +10,8 @@
 //! same listener's table: a compile-time check holds each table to its rows,
 //! one for one and in order.
 //!
-//! The row constants are re-exported here, so `routes::PUBLIC_PHONE` and
-//! `routes::RouteId` name what they always did.
+//! The path constants, `RouteId` and `LABELS` are re-exported here from
+//! [`super::paths`], so a caller that named them through this module still does.
 
 use axum::routing::{MethodRouter, get, post, put};
 
