@@ -8,13 +8,17 @@
 //! The arrows point one way: `http -> resolve -> (cache, upstream, status) ->
 //! store -> domain`, and `http -> (budget, reveals) -> store`; [`app`] wires the
 //! parts; [`config`], [`telemetry`] and [`domain`] import nothing above them.
-//! `tests/arrows.rs` fails on a cycle, on a file outside `store` that names
-//! sqlx, and on `http::api` importing `http::server`.
+//! Inside every folder too, the rooms (its files and subfolders, the folder's
+//! own module one of them) form no circle. `tests/arrows.rs` fails on a cycle
+//! at either level, on a file outside `store` that names sqlx, and on
+//! `http::api` importing `http::server`.
 //!
 //! - [`app`]: builds the parts from the configuration, runs both listeners and
 //!   owns every background task (one cancellation token and task tracker:
 //!   stopped on shutdown, and when the app is dropped). It opens one database
-//!   and hands each owner its store handle.
+//!   and hands each owner its store handle. Each part is built from its own
+//!   section of the configuration (`&XConfig`; a background task takes an
+//!   owned copy), a value of another section passed as its own argument.
 //! - [`http`]: two rooms, and the server imports the API, never the reverse.
 //!   - [`http::server`]: the hand-built HTTP server: connections through hyper
 //!     (a head deadline and a size bound `axum::serve` does not expose; hyper's
@@ -24,7 +28,9 @@
 //!   - [`http::api`]: the route table, from which the routers are built, the
 //!     duration labels and the token check are derived and the OpenAPI check
 //!     iterates; the handlers, extractors, problem documents, the OpenAPI
-//!     documents and the request-duration histogram.
+//!     documents and the request-duration histogram. Its leaves, which the
+//!     handlers and the table both read: `paths` (every route's path and row),
+//!     `state` (each listener's state) and `limits` (the request limits).
 //! - [`resolve`]: one request's answer. The selection plan (what applies, what
 //!   is asked before what, what the deadline means) and the rule table, both
 //!   pure; the concurrent fan-out to the sources through the caches; cold
@@ -46,18 +52,21 @@
 //!   who is refused elsewhere, and retention of expired rows.
 //! - [`store`]: everything that speaks SQL, the only module that imports sqlx.
 //!   SQLite or PostgreSQL opened once (bounds, migrations, the pooler check),
-//!   then one narrow handle per capability, each with its own error and both
-//!   dialects in its room: the status set and its change log (invalidations
-//!   included) for [`status`], the reveal log for [`reveals`], the fleet's
-//!   budget totals for [`budget`], change hints and the feed's lease for the
-//!   sync and feed loops.
+//!   then one narrow handle per capability, each a folder of one shape (its
+//!   interface, then a file per dialect): the status set and its
+//!   change log (invalidations included) for [`status`], the reveal log (with
+//!   its SQLite indexes) for [`reveals`], the fleet's budget totals for
+//!   [`budget`], change hints and the feed's lease for the sync and feed loops.
+//!   Below the handles, the shared pool and error; above them, the database,
+//!   which opens SQLite or PostgreSQL and builds the handles.
 //! - [`domain`]: phones, ids, the sources (and one value per source), the status
 //!   model and its version rule, reveal records: valid values only, parsed once
 //!   at the edge, no I/O.
-//! - [`config`]: the configuration tree, its defaults and layering, each section
-//!   validating its own keys.
+//! - [`config`]: the configuration tree, its defaults and layering; a file per
+//!   section, which holds the section's keys, defaults and validation.
 //! - [`telemetry`]: logs, the metrics recorder, request ids; [`telemetry::trace`]:
-//!   W3C trace context in and out, and the OTLP span export.
+//!   W3C trace context in and out, and the OTLP span export (export -> context
+//!   -> exported, the flag both read).
 //! - [`runtime`]: tokio worker threads sized to the container's CPU quota, and
 //!   the background threads' priority.
 //! - [`sim`]: the upstream simulator for the demo, the tests and load runs.
