@@ -760,7 +760,7 @@ mod tests {
 
     // The allocator counts, so the test below can measure a parse (stats_alloc
     // keeps the unsafe out of this crate). Other tests of this binary allocate
-    // beside it, which only adds: the bound holds on the least of a few runs.
+    // beside it, which only adds: the bound holds on the least of the runs.
     #[global_allocator]
     static GLOBAL: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
 
@@ -775,7 +775,11 @@ mod tests {
         }
         body.push_str("]}");
         let zeros = body.matches('0').count();
-        let least = (0..5)
+        // Up to 200 runs, stopping at the first under the bound: a run that
+        // other tests' allocations pushed over it says nothing, and under a
+        // busy test binary five runs were not always enough to find a quiet one.
+        let bound = 256 * 1024;
+        let least = (0..200)
             .map(|_| {
                 let region = stats_alloc::Region::new(GLOBAL);
                 let parsed: Body = serde_json::from_slice(body.as_bytes()).unwrap();
@@ -784,8 +788,13 @@ mod tests {
                 drop(parsed);
                 allocated
             })
-            .min()
+            .scan(usize::MAX, |least, allocated| {
+                let done = *least < bound;
+                *least = (*least).min(allocated);
+                (!done).then_some(*least)
+            })
+            .last()
             .unwrap_or(usize::MAX);
-        assert!(least < 256 * 1024, "{least} bytes allocated");
+        assert!(least < bound, "{least} bytes allocated");
     }
 }
