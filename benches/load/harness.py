@@ -16,7 +16,16 @@ cold admission, off in the closed-model runs (see `gateway`). The hit path with
 the reveal log off is measured beside it, in the same rounds, as a second row;
 the log's cost on PostgreSQL on a throwaway cluster (or REVEALS_DATABASE_URL).
 
+The hit path runs on two sets of keys in the same rounds, against the same
+hello-world: fixed keys (one ad, every request the same hit) and the recorded
+stream of stream.py (a sale day's Zipf mix over 2,000,000 ads, 404s among them),
+warmed by one pass and then looped (see `stream_hits`). BENCHMARKS.md's sections
+between the fleet's markers and the profile findings' are kept as they are
+when it is rewritten (KEPT_SECTIONS); `--hit-path` rewrites the hit-path section
+alone.
+
     benches/load/harness.py [--seconds 10] [--soak 240] [--quick]
+    benches/load/harness.py --hit-path [--rounds 5]   (the hit-path section alone)
     benches/load/harness.py --cold | --refresh-ahead | --cold-replica   (one scenario, printed)
     benches/load/harness.py --reveals-cost [--postgres]   (the log's cost alone, printed)
 
@@ -56,6 +65,15 @@ GW_OFF, ADMIN_OFF = 19311, 19312
 VIEWER_SCRIPT = "viewer.lua"
 VIEWER_HEADER = "X-Viewer-Id: viewer-1"
 REVEALS_OFF = {"PHONES_GATEWAY__REVEALS__ENABLED": "false"}
+# The recorded stream (stream.py at its defaults, or HARNESS_STREAM), the hit
+# path's realistic keys beside the fixed ones: warmed by one pass of replay.lua,
+# then looped by stream_hits.lua.
+STREAM_SCRIPT = "stream_hits.lua"
+# Sections of BENCHMARKS.md a full run keeps as they are (another tool or a
+# person writes them), and the hit-path section `--hit-path` rewrites alone.
+KEPT_SECTIONS = (("<!-- fleet:begin -->", "<!-- fleet:end -->"),
+                 ("<!-- hitpath-profile:begin -->", "<!-- hitpath-profile:end -->"))
+HIT_PATH_SECTION = ("<!-- hitpath:begin -->", "<!-- hitpath:end -->")
 TOKEN = "harness-token"
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -354,6 +372,121 @@ def reveals_cost(db, hot_url, seconds, rounds, database_url=None):
     return sorted(ratio(p) for p in pairs)[len(pairs) // 2], lines
 
 
+def recorded_stream():
+    """The recorded stream's file and its summary (stream.py at its defaults:
+    300,000 requests, Zipf 1.1 over 2,000,000 ads of 200,000 sellers, a sale
+    day's hot seller, 404s), or HARNESS_STREAM's file; (None, None) without
+    stream.py."""
+    if os.environ.get("HARNESS_STREAM"):
+        return os.environ["HARNESS_STREAM"], None
+    script = os.path.join(LOAD, "stream.py")
+    if not os.path.exists(script):
+        print("warning: benches/load/stream.py is missing: no hit path on the recorded stream", file=sys.stderr)
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".json") as summary:
+        path = run([sys.executable, script, "--summary", summary.name], cwd=ROOT).strip()
+        return path, json.load(open(summary.name))
+
+
+# The cache lookups that waited on an upstream (a miss, one joining a miss
+# under way, one served stale when its fetch failed), and the hits that started
+# a refresh ahead of expiry (counted as hits too): what a measured pass on the
+# recorded stream must not hold if it is to be the hit path alone (the warm pass
+# before it took the first sight of every key).
+NOT_HITS = ("miss", "coalesced", "stale_served")
+
+
+def cache_lookups(admin_port):
+    """phones_gateway_cache_lookups_total by result, summed over the caches."""
+    return {result: metric(admin_port, "phones_gateway_cache_lookups_total", f'result="{result}"')
+            for result in ("hit", "refresh") + NOT_HITS}
+
+
+def stream_hits(server, port, admin_port, stream, seconds):
+    """The hit path on the recorded stream: one pass of replay.lua over the
+    file, unmeasured, so every key is in the caches (a cached 404 included)
+    and fresh; then stream_hits.lua loops the file for `seconds`, measured
+    like the fixed-key runs. The lookups that were not hits during the
+    measured run (expiry, refresh ahead) are counted in the result."""
+    base = f"http://127.0.0.1:{port}"
+    wrk(base, 600, 64, "replay.lua", (stream, "1"))
+    before = cache_lookups(admin_port)
+    result = measured(server, lambda: wrk(base, seconds, script=STREAM_SCRIPT, args=(stream,)))
+    after = cache_lookups(admin_port)
+    result["lookups"] = {k: after[k] - before[k] for k in after}
+    return result
+
+
+def hit_path_section(closed, streamed, summary, seconds, rounds):
+    """BENCHMARKS.md's hit-path section (between HIT_PATH_SECTION's markers):
+    the fixed keys and the recorded stream side by side, each with its CPU per
+    request over hello-world's of the same round, log on and off."""
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    ratio = lambda t, i: t[i]["cpu_us_per_req"] / t[0]["cpu_us_per_req"]
+    lines = [HIT_PATH_SECTION[0], "## The hit path: fixed keys and the recorded stream", "",
+             f"Each round measures hello-world, then the gateway as shipped (the reveal log on, SQLite) and the same "
+             f"build with the reveal log off, {seconds} s each, wrk at 64 connections, every request with an "
+             f"X-Viewer-Id (one of 1,000 viewers). Fixed keys: one ad, every request the same hit (viewer.lua). "
+             f"The recorded stream: one pass of replay.lua over the file (unmeasured: it fills the caches, the first "
+             f"sight of each key being a miss, not the hit path), then stream_hits.lua loops the file, measured; "
+             f"hello-world is measured again right before the stream's pair. Ratios are each run's CPU per request "
+             f"over its round's hello-world; the median of {rounds} rounds, and the lowest and highest round.", ""]
+    if summary:
+        lines += [f"The stream (`benches/load/stream.py`, seed {summary['seed']}): {summary['requests']:,} requests, "
+                  f"Zipf {summary['s']} over {summary['ads']:,} ads of {summary['sellers']:,} sellers; "
+                  f"{summary['distinct_ads']:,} distinct ads of {summary['distinct_sellers']:,} sellers; the sale "
+                  f"day's seller takes {100 * summary['hot_seller_share']:.1f}% of the requests; "
+                  f"{100 * summary['predicted_404_share']:.1f}% are 404s (a cached \"no number\").", ""]
+    lines += ["| keys | reveal log | server CPU us/req (median) | over hello-world (median) | rounds, lowest to highest | req/s (median) |",
+              "|---|---|---|---|---|---|"]
+    rows = [("fixed (one ad)", "on", closed, 1), ("fixed (one ad)", "off", closed, 2)]
+    if streamed:
+        rows += [("recorded stream", "on", streamed, 1), ("recorded stream", "off", streamed, 2)]
+    for keys, log, triples, i in rows:
+        ratios = [ratio(t, i) for t in triples]
+        lines.append(f"| {keys} | {log} | {median([t[i]['cpu_us_per_req'] for t in triples]):.2f} | "
+                     f"{median(ratios):.2f}x | {min(ratios):.2f} to {max(ratios):.2f} | "
+                     f"{median([t[i]['rps'] for t in triples]):.0f} |")
+    hellos = [t[0]["cpu_us_per_req"] for t in closed] + [t[0]["cpu_us_per_req"] for t in streamed]
+    lines += ["", f"hello-world: {median(hellos):.2f} us per request (median of its {len(hellos)} runs, "
+              f"{min(hellos):.2f} to {max(hellos):.2f})."]
+    if streamed:
+        lines += ["", "The recorded stream, each round (over its hello-world; non-2xx are the stream's 404s; of the "
+                  "caches' lookups during the measured run, those that waited on an upstream, and the hits that "
+                  "started a refresh ahead of expiry):", ""]
+        waited = lambda r: f"{sum(r['lookups'][k] for k in NOT_HITS):.0f}"
+        looked = lambda r: f"{r['lookups']['hit'] + sum(r['lookups'][k] for k in NOT_HITS):.0f}"
+        for h, a, o in streamed:
+            lines.append(f"- round: log on {a['cpu_us_per_req'] / h['cpu_us_per_req']:.2f}x ({a['cpu_us_per_req']:.2f} vs "
+                         f"{h['cpu_us_per_req']:.2f} us, {a['rps']:.0f} req/s, non-2xx {a['non2xx'] / max(a['requests'], 1):.1%}; "
+                         f"of {looked(a)} lookups {waited(a)} waited, {a['lookups']['refresh']:.0f} refreshed); log off "
+                         f"{o['cpu_us_per_req'] / h['cpu_us_per_req']:.2f}x ({o['cpu_us_per_req']:.2f} us, "
+                         f"{o['rps']:.0f} req/s; of {looked(o)} lookups {waited(o)} waited, {o['lookups']['refresh']:.0f} refreshed)")
+    lines += ["", f"Made by `benches/load/harness.py --hit-path --rounds {rounds} --seconds {seconds}` "
+              "(or a full run), which rewrites this section alone.", HIT_PATH_SECTION[1]]
+    return lines
+
+
+def section(text, markers):
+    """The lines of `text` from the `markers`' begin to their end, both kept;
+    None without them."""
+    begin, end = text.find(markers[0]), text.find(markers[1])
+    if begin < 0 or end < begin:
+        return None
+    return text[begin:end + len(markers[1])]
+
+
+def write_hit_path_section(lines):
+    """Replaces the hit-path section of BENCHMARKS.md (appends it if it has
+    none), leaving everything else as it is."""
+    path = os.path.join(ROOT, "BENCHMARKS.md")
+    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+    new = "\n".join(lines)
+    old = section(text, HIT_PATH_SECTION)
+    text = text.replace(old, new) if old else text.rstrip("\n") + "\n\n" + new + "\n"
+    open(path, "w").write(text)
+
+
 def child_cpu_seconds():
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -592,7 +725,12 @@ def main():
     parser.add_argument("--postgres", action="store_true",
                         help="with --reveals-cost: on a throwaway PostgreSQL")
     parser.add_argument("--hits-only", action="store_true",
-                        help="only hello-world and (a) at maximum, printed; BENCHMARKS.md untouched")
+                        help="only hello-world and the hit path at maximum (fixed keys and the recorded "
+                             "stream), printed; BENCHMARKS.md untouched")
+    parser.add_argument("--hit-path", action="store_true",
+                        help="as --hits-only, and BENCHMARKS.md's hit-path section rewritten (nothing else)")
+    parser.add_argument("--no-stream", action="store_true",
+                        help="the hit path on the fixed keys alone")
     parser.add_argument("--cold", action="store_true",
                         help="only the cold path's CPU against the bare client, printed")
     parser.add_argument("--refresh-ahead", action="store_true",
@@ -607,6 +745,7 @@ def main():
     parser.add_argument("--connections", type=int, default=1024,
                         help="the cold replica's client connections")
     args = parser.parse_args()
+    args.hits_only = args.hits_only or args.hit_path
     if args.quick:
         args.seconds, args.soak = 3, 30
     alone = args.reveals_cost or args.cold or args.refresh_ahead or args.cold_replica or args.soak_only
@@ -674,13 +813,21 @@ def main():
         go_url = hot_url.replace(f":{GW}/", f":{GO_PORT}/")
         if go:
             urllib.request.urlopen(go_url).read()
-        closed, go_hits = [], []
+        stream, stream_summary = (None, None) if args.no_stream else recorded_stream()
+        closed, go_hits, streamed = [], [], []
         for _ in range(args.rounds):
             closed.append((measured(hello, lambda: wrk(hello_url, s, script=VIEWER_SCRIPT)),
                            measured(gw, lambda: wrk(hot_url, s, script=VIEWER_SCRIPT)),
                            measured(gw_off, lambda: wrk(off_url, s, script=VIEWER_SCRIPT))))
             if go:
                 go_hits.append(measured(go, lambda: wrk(go_url, s, script=VIEWER_SCRIPT)))
+            if stream:
+                # The recorded stream in the same round, against a hello-world
+                # measured right before it (each pass warmed just before its run).
+                streamed.append((measured(hello, lambda: wrk(hello_url, s, script=VIEWER_SCRIPT)),
+                                 stream_hits(gw, GW, ADMIN, stream, s),
+                                 stream_hits(gw_off, GW_OFF, ADMIN_OFF, stream, s)))
+        hit_path_lines = hit_path_section(closed, streamed, stream_summary, s, args.rounds)
         gw_off.stop()
         if go:
             go.stop()
@@ -691,12 +838,17 @@ def main():
         if go_hits:
             results["(a) all hits, the Go design: max (wrk)"] = sorted(go_hits, key=lambda m: m["cpu_us_per_req"])[len(go_hits) // 2]
         cpu_ratio = lambda pair: pair[1]["cpu_us_per_req"] / pair[0]["cpu_us_per_req"]
+        stream_ratio = lambda i: sorted(t[i]["cpu_us_per_req"] / t[0]["cpu_us_per_req"] for t in streamed)[len(streamed) // 2]
         log_ratio = lambda t: t[1]["cpu_us_per_req"] / t[2]["cpu_us_per_req"]
         log_cost_sqlite = sorted(log_ratio(t) for t in closed)[len(closed) // 2]
         by_log_off = sorted(closed, key=lambda t: t[2]["cpu_us_per_req"] / t[0]["cpu_us_per_req"])
         closed.sort(key=cpu_ratio)
         results["hello: max (wrk)"], results["(a) all hits: max (wrk)"], _ = closed[len(closed) // 2]
         hello_of_off, _, results["(a) all hits, reveal log off: max (wrk)"] = by_log_off[len(closed) // 2]
+        if streamed:
+            for i, name in ((1, "(a) the recorded stream, all hits: max (wrk)"),
+                            (2, "(a) the recorded stream, all hits, reveal log off: max (wrk)")):
+                results[name] = sorted(streamed, key=lambda t: t[i]["cpu_us_per_req"] / t[0]["cpu_us_per_req"])[len(streamed) // 2][i]
         # With the log off the run is the same as before the default changed.
         rounds = ["Hit path against hello-world, each round one triple (closed model, wrk, every request "
                   "with an X-Viewer-Id: with the reveal log on, each a reveal):", ""]
@@ -715,9 +867,15 @@ def main():
         if args.hits_only:
             gw.stop(); sim.stop(); hello.stop()
             print("\n".join(rounds))
+            print("\n".join(hit_path_lines))
+            if args.hit_path:
+                write_hit_path_section(hit_path_lines)
             h, a = results["hello: max (wrk)"], results["(a) all hits: max (wrk)"]
             print(f"median: throughput ratio {a['rps'] / h['rps']:.2f}, CPU ratio {cpu_ratio((h, a)):.2f}x; "
                   f"the reveal log costs {log_cost_sqlite:.3f}x")
+            if streamed:
+                print(f"median on the recorded stream: CPU ratio {stream_ratio(1):.2f}x, "
+                      f"reveal log off {stream_ratio(2):.2f}x")
             if go_hits:
                 print(f"the Go design spends {go_over_gw:.2f}x the gateway's CPU per hit "
                       f"({go_over_off:.2f}x with the log off; {go_over_hello:.2f}x hello-world's)")
@@ -818,6 +976,9 @@ def main():
               f"| hit-path throughput vs hello-world (median pair of {args.rounds}) | >= 0.85 | {hits_max['rps'] / hello_max['rps']:.2f} |",
               f"| hit-path CPU per request vs hello-world (default: the reveal log on, SQLite) | <= 1.15x | {hits_max['cpu_us_per_req'] / hello_max['cpu_us_per_req']:.2f}x ({hits_max['cpu_us_per_req']:.2f} vs {hello_max['cpu_us_per_req']:.2f} us) |",
               f"| hit-path CPU per request vs hello-world, the reveal log off | <= 1.15x | {hits_off['cpu_us_per_req'] / hello_off['cpu_us_per_req']:.2f}x ({hits_off['cpu_us_per_req']:.2f} vs {hello_off['cpu_us_per_req']:.2f} us) |",
+              *([f"| hit-path CPU per request vs hello-world on the recorded stream, as shipped (median of {args.rounds} rounds) | <= 1.3x | {stream_ratio(1):.2f}x |",
+                 f"| the same, the reveal log off | | {stream_ratio(2):.2f}x |"] if streamed else
+                ["| hit path on the recorded stream | | not measured (no stream.py) |"]),
               f"| the reveal log's cost on SQLite: hit-path CPU, log on vs off (median of {args.rounds} rounds) | <= 1.15x | {log_cost_sqlite:.3f}x |",
               f"| the reveal log's cost on PostgreSQL: the same, alternating pairs (median of {args.rounds}) | <= 1.05x | " + (f"{log_cost_pg:.3f}x |" if log_cost_pg else "not measured |"),
               f"| open model at {half}/s: p99 vs hello-world (median of {args.rounds} pairs) | <= 1.5x | {p99_ratio:.2f}x |",
@@ -837,7 +998,7 @@ def main():
                 if go_hits else ["| against the Go design | | not measured (GO_SEED_BIN unset) |"]),
               f"| refresh ahead: top 1,000 ads, requests of 200 ms or more after warm-up | 0 | {ra_runs['TTL 10 s, refresh ahead 3 s']['top']['slow']} of {ra_runs['TTL 10 s, refresh ahead 3 s']['top']['answered']} (refresh ahead off: {ra_runs['TTL 10 s, refresh ahead off']['top']['slow']}) |",
               f"| refresh ahead: top 1,000 ads' p99.9 across expiry vs all hits | ~1x | {ra_runs['TTL 10 s, refresh ahead 3 s']['top']['p999_ms']:.2f} vs {ra_runs['all hits (TTL 1 h)']['top']['p999_ms']:.2f} ms |",
-              "", *rounds, "",
+              "", *rounds, "", *hit_path_lines, "",
               "The reveal log on PostgreSQL, hit path with the log on and off (every request a reveal with a viewer id), each round one pair:", "",
               *pg_lines, "",
               "## Cold path (`harness.py --cold`)", "",
@@ -877,6 +1038,12 @@ def main():
                   f"{json.dumps({k: round(v) for k, v in soak['reveals'].items()})}."]
         lines += ["", f"Soak RSS samples, reveal {name} (s, MiB): "
                   + ", ".join(f"{t}:{m:.1f}" for t, m in soak["samples"]), ""]
+    # What others write stays: the fleet's section, the profile's findings.
+    old = open(os.path.join(ROOT, "BENCHMARKS.md")).read() if os.path.exists(os.path.join(ROOT, "BENCHMARKS.md")) else ""
+    for markers in KEPT_SECTIONS:
+        kept = section(old, markers)
+        if kept:
+            lines += ["", kept, ""]
     open(os.path.join(ROOT, "BENCHMARKS.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
