@@ -52,6 +52,9 @@ reader can see the two agree.
 import argparse, json, os, re, shutil, signal, subprocess, sys, tempfile, threading, time, urllib.request
 from collections import Counter, defaultdict
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402  (the load harness's helpers: wait_http, parse_wrk, write_section)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOAD = os.path.join(ROOT, "benches", "load")
 RELEASE = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target", "release")
@@ -65,19 +68,6 @@ MADE = ("ok", "not_found", "timeout", "error")  # outcomes of calls actually mad
 
 def replica_ports(i):
     return BASE + 10 + 2 * i, BASE + 11 + 2 * i
-
-
-def wait_http(url, proc, seconds=60):
-    end = time.time() + seconds
-    while time.time() < end:
-        if proc.poll() is not None:
-            raise SystemExit(f"fleet: exited before {url} answered")
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except Exception:
-            time.sleep(0.1)
-    raise SystemExit(f"fleet: not up: {url}")
 
 
 def stop(proc):
@@ -213,7 +203,7 @@ class Fleet:
             }
             self.replicas[i] = (self.spawn([BIN, "serve"], f"replica-{i}", env), admin)
         for i, (proc, admin) in self.replicas.items():
-            wait_http(f"http://127.0.0.1:{admin}/readyz", proc)
+            harness.wait_http(f"http://127.0.0.1:{admin}/readyz", 60, proc)
         self.log_path = os.path.join(tmp, "haproxy.log")
         cfg = os.path.join(tmp, "haproxy.cfg")
         with open(cfg, "w") as f:
@@ -241,21 +231,11 @@ class Fleet:
             self.log.close()
 
 
-def parse_wrk(text):
-    def ms(s):
-        value, unit = float(re.match(r"[\d.]+", s).group()), re.sub(r"[\d.]", "", s)
-        return value * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
-    out = {}
-    for pct in ("50", "99"):
-        m = re.search(rf"^\s+{pct}%\s+(\S+)", text, re.M)
-        out[f"p{pct}_ms"] = ms(m.group(1)) if m else None
-    m = re.search(r"(\d+) requests in ([\d.]+)(\w+)", text)
-    out["wrk_requests"] = int(m.group(1))
-    m = re.search(r"Requests/sec:\s+([\d.]+)", text)
-    out["rps"] = float(m.group(1))
-    m = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-    out["non_2xx"] = int(m.group(1)) if m else 0
-    return out
+def wrk_figures(text):
+    """wrk's figures (harness.parse_wrk) under the names the run files keep."""
+    w = harness.parse_wrk(text)
+    return {"p50_ms": w["p50"], "p99_ms": w["p99"], "wrk_requests": w["requests"],
+            "rps": w["rps"], "non_2xx": w["non2xx"]}
 
 
 def read_log(path):
@@ -333,7 +313,7 @@ def run_one(mode, n, args, kill=False):
     finally:
         stop_scraping.set()
         fleet.down()
-    result = parse_wrk(wrk.stdout)
+    result = wrk_figures(wrk.stdout)
     rows = read_log(fleet.log_path)
     per_server = Counter(r[1] for r in rows)
     requests = sum(v["requests"] for v in final.values())
@@ -452,27 +432,17 @@ def markdown(results, kills, args, command):
     return "\n".join(lines) + "\n"
 
 
-BEGIN, END = "<!-- fleet:begin -->", "<!-- fleet:end -->"
-
-
 def write_benchmarks(md):
     """Replaces what BENCHMARKS.md holds between the fleet markers (appended at
     the end when it has none); the rest of the file is harness.py's."""
-    path = os.path.join(ROOT, "BENCHMARKS.md")
-    text = open(path).read() if os.path.exists(path) else ""
-    section = (f"{BEGIN}\n## The fleet behind a balancer: cache locality\n\n"
-               f"Written by `benches/load/fleet.py --benchmarks` (docs/locality.md explains the "
-               f"recipes). {time.strftime('%Y-%m-%d', time.gmtime())}, release build, 2 shared cores: "
-               f"counts do not depend on the machine, latencies do. A 503 is an answer without "
-               f"a number (e.g. a breaker opened by upstream timeouts on the loaded machine); "
-               f"docs/locality.md reads the run of record.\n\n{md}{END}")
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    with open(path, "w") as f:
-        f.write(text)
+    begin, end = harness.KEPT_SECTIONS[0]
+    harness.write_section(harness.KEPT_SECTIONS[0], [
+        f"{begin}\n## The fleet behind a balancer: cache locality\n\n"
+        f"Written by `benches/load/fleet.py --benchmarks` (docs/locality.md explains the "
+        f"recipes). {time.strftime('%Y-%m-%d', time.gmtime())}, release build, 2 shared cores: "
+        f"counts do not depend on the machine, latencies do. A 503 is an answer without "
+        f"a number (e.g. a breaker opened by upstream timeouts on the loaded machine); "
+        f"docs/locality.md reads the run of record.\n\n{md}{end}"])
 
 
 def main():

@@ -112,9 +112,12 @@ def rss_mib(pid):
     return 0.0
 
 
-def wait_http(url, seconds=20):
+def wait_http(url, seconds=20, proc=None):
+    """Until `url` answers; gives up at once when `proc` (the server) exited."""
     end = time.time() + seconds
     while time.time() < end:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"exited before {url} answered")
         try:
             urllib.request.urlopen(url, timeout=1).read()
             return
@@ -476,13 +479,14 @@ def section(text, markers):
     return text[begin:end + len(markers[1])]
 
 
-def write_hit_path_section(lines):
-    """Replaces the hit-path section of BENCHMARKS.md (appends it if it has
-    none), leaving everything else as it is."""
+def write_section(markers, lines):
+    """Replaces the section of BENCHMARKS.md between `markers` with `lines`
+    (appends it when the file has none), leaving everything else as it is:
+    the hit-path section here, the fleet's section in fleet.py."""
     path = os.path.join(ROOT, "BENCHMARKS.md")
     text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
     new = "\n".join(lines)
-    old = section(text, HIT_PATH_SECTION)
+    old = section(text, markers)
     text = text.replace(old, new) if old else text.rstrip("\n") + "\n\n" + new + "\n"
     open(path, "w").write(text)
 
@@ -869,7 +873,7 @@ def main():
             print("\n".join(rounds))
             print("\n".join(hit_path_lines))
             if args.hit_path:
-                write_hit_path_section(hit_path_lines)
+                write_section(HIT_PATH_SECTION, hit_path_lines)
             h, a = results["hello: max (wrk)"], results["(a) all hits: max (wrk)"]
             print(f"median: throughput ratio {a['rps'] / h['rps']:.2f}, CPU ratio {cpu_ratio((h, a)):.2f}x; "
                   f"the reveal log costs {log_cost_sqlite:.3f}x")
