@@ -115,13 +115,7 @@ async fn last_100(kind: &str, store: &RevealStore, sizes: &Sizes) -> i64 {
         left -= chunk;
     }
     let filled = start.elapsed();
-    let query = RevealQuery {
-        of: RevealsOf::Seller(UserId::new(4242).unwrap()),
-        since_us: i64::MIN,
-        until_us: i64::MAX,
-        after: None,
-        limit: 100,
-    };
+    let query = RevealQuery::newest(RevealsOf::Seller(UserId::new(4242).unwrap()), 100);
     let mut times = Vec::new();
     for _ in 0..50 {
         let t = Instant::now();

@@ -82,6 +82,19 @@ pub struct RevealQuery {
     pub limit: u32,
 }
 
+impl RevealQuery {
+    /// The first page, up to `limit` reveals, of `of` over all time.
+    pub fn newest(of: RevealsOf, limit: u32) -> Self {
+        RevealQuery {
+            of,
+            since_us: i64::MIN,
+            until_us: i64::MAX,
+            after: None,
+            limit,
+        }
+    }
+}
+
 /// How many numbers of each kind were shown for one ad.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RevealCounts {

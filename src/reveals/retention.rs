@@ -89,13 +89,10 @@ mod tests {
 
         assert_eq!(deleted.unwrap(), 2);
         let kept = store
-            .read_reveals(&RevealQuery {
-                of: RevealsOf::Seller(UserId::new(42).unwrap()),
-                since_us: i64::MIN,
-                until_us: i64::MAX,
-                after: None,
-                limit: 100,
-            })
+            .read_reveals(&RevealQuery::newest(
+                RevealsOf::Seller(UserId::new(42).unwrap()),
+                100,
+            ))
             .await
             .unwrap();
         let mut ads: Vec<u64> = kept.iter().map(|r| r.reveal.ad.get()).collect();

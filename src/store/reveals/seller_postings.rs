@@ -428,11 +428,8 @@ mod tests {
         assert_eq!(indexes, 0);
         let mut conn = pool.acquire().await.unwrap();
         let query = |after| RevealQuery {
-            of: RevealsOf::Seller(UserId::new(7).unwrap()),
-            since_us: i64::MIN,
-            until_us: i64::MAX,
             after,
-            limit: 2,
+            ..RevealQuery::newest(RevealsOf::Seller(UserId::new(7).unwrap()), 2)
         };
         let first = read_page(&mut conn, 7, &query(None)).await.unwrap();
         assert_eq!(first.iter().map(|r| r.0).collect::<Vec<_>>(), [4, 3]);

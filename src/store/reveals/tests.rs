@@ -162,11 +162,8 @@ async fn every_page(store: &RevealStore, of: RevealsOf, limit: u32) -> Vec<Store
     loop {
         let page = store
             .read_reveals(&RevealQuery {
-                of: of.clone(),
-                since_us: i64::MIN,
-                until_us: i64::MAX,
                 after: all.last().map(|r| (r.reveal.at_us, r.id)),
-                limit,
+                ..RevealQuery::newest(of.clone(), limit)
             })
             .await
             .unwrap();
@@ -320,13 +317,10 @@ async fn retention_deletes_the_postings_of_deleted_reveals() {
         .unwrap();
     assert_eq!(rows(&store, "reveal_seller_postings").await, 7);
     let page = store
-        .read_reveals(&RevealQuery {
-            of: RevealsOf::Seller(UserId::new(1).unwrap()),
-            since_us: i64::MIN,
-            until_us: i64::MAX,
-            after: None,
-            limit: 100,
-        })
+        .read_reveals(&RevealQuery::newest(
+            RevealsOf::Seller(UserId::new(1).unwrap()),
+            100,
+        ))
         .await
         .unwrap();
     assert_eq!(
