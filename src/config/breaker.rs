@@ -1,4 +1,12 @@
 //! `[breaker]`: the circuit breaker each upstream client has of its own.
+//!
+//! `min_sellers` (default 5): a window's failures must be about this many
+//! distinct sellers before the breaker opens for everyone (`upstream::breaker`
+//! says why). Five: one caller controls the sellers it asks about but rarely
+//! five sellers whose calls fail, while an upstream in real trouble fails for
+//! every seller and reaches five within its first failures (the default run is
+//! five failures, so a run spread over five sellers opens it as before). At
+//! most 32, the size of the set a window keeps.
 
 use std::time::Duration;
 
@@ -16,6 +24,8 @@ pub struct BreakerConfig {
     pub consecutive_failures: u32,
     pub failure_ratio: f64,
     pub min_calls: u32,
+    /// Distinct sellers a window's failures must be about to open the breaker.
+    pub min_sellers: u32,
     #[serde(rename = "window_s", deserialize_with = "units::seconds")]
     pub window: Duration,
     #[serde(rename = "open_ms", deserialize_with = "units::millis")]
@@ -37,6 +47,7 @@ impl BreakerConfig {
             found.push(invalid("breaker.failure_ratio", "must be in (0, 1]"));
         }
         found.extend(in_range("breaker.min_calls", self.min_calls, 1..=1_000_000, "").err());
+        found.extend(in_range("breaker.min_sellers", self.min_sellers, 1..=32, "").err());
         found.extend(in_range("breaker.window_s", self.window.as_secs(), 1..=3600, "").err());
         found.extend(in_range("breaker.open_ms", self.open.as_millis(), 1..=3_600_000, "").err());
     }
@@ -58,6 +69,8 @@ mod tests {
                 "breaker.open_ms",
             ),
             ("[breaker]\nmin_calls = 0", "breaker.min_calls"),
+            ("[breaker]\nmin_sellers = 0", "breaker.min_sellers"),
+            ("[breaker]\nmin_sellers = 33", "breaker.min_sellers"),
             (
                 "[breaker]\nconsecutive_failures = 0",
                 "breaker.consecutive_failures",

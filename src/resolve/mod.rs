@@ -275,7 +275,7 @@ impl Resolver {
             ),
             Err(ResolveError::Undecided(source)) => tracing::debug!(
                 user_id = %req.user, ad_id = %req.ad, source = source.as_str(),
-                "source not asked (a bound on calls in flight); answering 503"
+                "source undecided (no word from its upstream); answering 503"
             ),
             Err(e) => tracing::debug!(user_id = %req.user, ad_id = %req.ad, "{e}"),
         }

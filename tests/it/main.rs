@@ -3,7 +3,8 @@
 //! reader of a page finds its tests in one place: `rules`, `caching`,
 //! `status_sync`, `reveals` (docs/api.md#the-reveal-log), `api_contract`
 //! (docs/api.md and docs/errors.md), `budgets`, `overload`, `tracing`, `operations`
-//! (configuration, runbook, privacy). The harness is in `support/`.
+//! (configuration, runbook, privacy), `verdicts` (docs/rules.md, verdict or
+//! undecided). The harness is in `support/`.
 
 #![allow(clippy::unwrap_used)]
 // A test binary exports nothing (`pub` only shares helpers between its
@@ -21,6 +22,7 @@ mod rules;
 mod status_sync;
 mod support;
 mod tracing;
+mod verdicts;
 
 /// Numbers the fake upstreams hand out.
 pub const REAL: &str = "+79161234567";
