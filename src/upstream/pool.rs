@@ -409,7 +409,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_lookup_still_under_way_has_not_asked_the_upstream() {
+    async fn a_failed_host_lookup_is_the_gateways_own_and_asks_nothing() {
         // A name that never resolves (RFC 6761): the lookup fails, locally.
         let authority = "gateway-test.invalid:80".parse().unwrap();
         let pool = Pool::new(&authority, Duration::from_secs(20), 4);
