@@ -421,6 +421,34 @@ mod tests {
         assert!(!phase.asked());
     }
 
+    /// A call whose timeout runs out while its host lookup waits for a place on
+    /// the blocking pool never asked the upstream: undecided, not a timeout.
+    #[test]
+    fn a_timeout_during_the_host_lookup_is_the_gateways_own() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .max_blocking_threads(1)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            // The one blocking thread is busy: the lookup waits for it.
+            let (release, wait) = std::sync::mpsc::channel::<()>();
+            let busy = tokio::task::spawn_blocking(move || {
+                let _ = wait.recv();
+            });
+            let config = crate::config::Config::from_toml(
+                "[upstreams.real_phone]\nbase_url = \"http://localhost:9\"\ntimeout_ms = 100",
+            )
+            .unwrap();
+            let upstreams = Upstreams::new(&config.upstreams, config.breaker, 16);
+            let (user, ad) = (UserId::new(1).unwrap(), AdId::new(1).unwrap());
+            let got = upstreams.real_phone(user, ad, None, None).await;
+            release.send(()).unwrap();
+            busy.await.unwrap();
+            assert_eq!(got, Err(UpstreamError::LocalTimeout));
+        });
+    }
+
     #[tokio::test]
     async fn a_connection_the_upstream_closed_is_not_taken() {
         let (authority, accepted) = upstream().await;
