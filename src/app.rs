@@ -559,9 +559,15 @@ async fn load(
             }
         }
         tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(5));
+        // At most 2 s: with the migrations' and the pooler check's bounds, a
+        // start against a silent database is ready within 10 s of it
+        // answering (`MIGRATION_BOUND`).
+        delay = (delay * 2).min(START_RETRY_MAX);
     }
 }
+
+/// The longest pause between two tries of the start's database work.
+const START_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// What a replica says when the connection it needs a session on (`key`:
 /// `database.direct_url`, or `database.url` without it) is a transaction-mode

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::status_sync::{enabled, feed, wait_for};
 use crate::support::child::Process;
-use crate::support::paths::{INVALIDATE, READYZ, STATUSES, status_path};
+use crate::support::paths::{INVALIDATE, METRICS, READYZ, STATUSES, status_path};
 use crate::support::proxy::Proxy;
 use crate::support::{TestApp, eventually, pg};
 
@@ -608,4 +608,94 @@ async fn a_rolling_replacement_hands_the_feed_on_within_two_intervals() {
         (c_leads == Some(true)) != (d_leads == Some(true)),
         "one leader: c {c_leads:?}, d {d_leads:?}"
     );
+}
+
+/// A replica that starts while its database is silent on an open connection
+/// (each connection passes its set-up, then nothing comes back: the
+/// migrations hang) is not ready; once the database answers (new connections
+/// work, the old ones stay lost) it is ready within 10 s, without a restart:
+/// the migrations are bounded on the client and retried.
+#[tokio::test]
+async fn a_start_against_a_silent_database_is_ready_within_10_s_of_it_answering() {
+    let db = pg::or_skip!(pg::database().await);
+    let (proxy, through) = Proxy::in_front_of(&db.url).await;
+    proxy.strand_after_setup(true);
+    let app = TestApp::start_on(Some(&through), "").await;
+    // Longer than the migrations' bound: tries that timed out were retried,
+    // and those hang too.
+    let until = Instant::now() + phones_gateway::store::MIGRATION_BOUND + Duration::from_secs(2);
+    while Instant::now() < until {
+        assert_eq!(
+            app.get_admin(READYZ).await.status,
+            503,
+            "ready on a silent database"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    proxy.strand_after_setup(false);
+    let answering = Instant::now();
+    eventually(
+        "the replica to be ready",
+        Duration::from_secs(20),
+        || async { app.get_admin(READYZ).await.status == 200 },
+    )
+    .await;
+    let took = answering.elapsed();
+    eprintln!("ready {took:?} after the database answered again");
+    // What the migrations' bound must fit: each one's time, as the migrator
+    // recorded it (nanoseconds).
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    let times: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT version, execution_time FROM _sqlx_migrations ORDER BY version")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    eprintln!("migration times (version, ns): {times:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "ready {took:?} after the database answered"
+    );
+}
+
+/// `phones_gateway_status_sync_lag_seconds`, the time since this replica
+/// last heard from its database (a catch-up that worked), on its own
+/// `/metrics`.
+async fn sync_lag(app: &TestApp) -> f64 {
+    let metrics = app.get_admin(METRICS).await.text;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("phones_gateway_status_sync_lag_seconds "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the gauge is published")
+}
+
+/// The staleness gauge grows while the database is silent and drops back
+/// once it answers (docs/runbook.md, PhonesGatewayStatusSyncLagging).
+#[tokio::test]
+async fn the_sync_lag_grows_while_the_database_is_silent_and_drops_back_after() {
+    let db = pg::or_skip!(pg::database().await);
+    let (proxy, through) = Proxy::in_front_of(&db.url).await;
+    let app = TestApp::spawn_on(
+        Some(&through),
+        "[database]\nsync_interval_ms = 100\nlock_timeout_ms = 1000\n",
+    )
+    .await;
+    eventually("a fresh catch-up", Duration::from_secs(5), || async {
+        sync_lag(&app).await < 1.0
+    })
+    .await;
+    proxy.silence();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let silent = sync_lag(&app).await;
+    assert!(silent >= 2.5, "lag {silent} s after 3 s of silence");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let later = sync_lag(&app).await;
+    assert!(later > silent, "the lag grows: {silent} then {later}");
+    proxy.resume();
+    eventually("the lag to drop back", Duration::from_secs(10), || async {
+        sync_lag(&app).await < 1.0
+    })
+    .await;
 }
