@@ -105,7 +105,9 @@ fn main() -> anyhow::Result<()> {
                     phones_gateway::app::bounds(&config.database),
                 )
                 .await?;
-                database.migrate().await?;
+                // No client bound on the whole run: a migration that rightly
+                // takes long (an index on a large table) runs here, not at start.
+                database.migrate_within(None).await?;
                 tracing::info!(store = database.kind(), "migrations applied");
                 anyhow::Ok(())
             })

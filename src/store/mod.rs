@@ -52,7 +52,7 @@ mod reveals;
 mod status;
 
 pub use budgets::{BudgetStore, BudgetStoreError, Pruned, Spend, Total};
-pub use database::{Database, PROBE_BOUND, keeps_sessions};
+pub use database::{Database, MIGRATION_BOUND, PROBE_BOUND, keeps_sessions};
 pub use error::StoreError;
 pub use hints::ChangeHints;
 pub use leadership::{Fence, Leader, Leadership};
