@@ -241,8 +241,9 @@ impl SnapshotLoad {
             backend,
             started,
         } = self;
+        let bound = backend.finish_bound();
         let result = backend
-            .call("finish_snapshot", async {
+            .bounded("finish_snapshot", bound, async {
                 match tx {
                     SnapshotTx::Sqlite(tx) => sqlite::finish_snapshot(tx, version).await,
                     SnapshotTx::Postgres(tx) => postgres::finish_snapshot(tx, version).await,
