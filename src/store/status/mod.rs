@@ -73,7 +73,7 @@ impl StatusStore {
 
     /// Applies a delta delivery in one transaction (with the feed cursor that
     /// brought it and the lease it was read under, if any); returns what
-    /// applied and what was ignored. On PostgreSQL, given up at `deadline`.
+    /// applied and what was ignored. Given up at `deadline` (both dialects).
     ///
     /// # Errors
     /// The database refused or is unreachable, or the feed's lease is lost
