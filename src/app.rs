@@ -28,6 +28,7 @@ use tokio_util::task::TaskTracker;
 use crate::budget::{self, Budgets};
 use crate::cache::caches::Caches;
 use crate::config::{Config, DatabaseConfig};
+use crate::http::api::snapshot::Uploads;
 use crate::http::api::state::{AdminState, PublicState};
 use crate::http::api::{admin_router, public_router};
 use crate::http::server::ServeSettings;
@@ -146,6 +147,7 @@ impl App {
             reveal_store: reveal_store.clone(),
             budgets: parts.budgets.clone(),
             limits: server.limits,
+            snapshot_uploads: Uploads::new(server.limits.max_snapshot_uploads),
         };
         if config.admin.token.is_empty() {
             tracing::warn!("admin.token is empty: every /admin/ route answers 401");

@@ -17,6 +17,18 @@ pub struct ServerConfig {
     pub admin_addr: SocketAddr,
     pub max_body_bytes: usize,
     pub max_snapshot_bytes: usize,
+    /// Snapshot PUTs in flight at once; one more is answered 503 with
+    /// `Retry-After` before its body is read (each holds its parsed ids, up to
+    /// 80 MB, and a parser thread).
+    pub max_snapshot_uploads: usize,
+    /// The whole snapshot body must arrive within this (a 408 otherwise),
+    /// however steadily it trickles: `body_read_timeout_ms` bounds only the
+    /// pause between its chunks.
+    #[serde(
+        rename = "snapshot_body_timeout_ms",
+        deserialize_with = "units::millis"
+    )]
+    pub snapshot_body_timeout: Duration,
     #[serde(rename = "shutdown_pause_ms", deserialize_with = "units::millis")]
     pub shutdown_pause: Duration,
     #[serde(rename = "drain_timeout_ms", deserialize_with = "units::millis")]
@@ -62,6 +74,24 @@ impl ServerConfig {
                 self.max_snapshot_bytes,
                 self.max_body_bytes..=1 << 34,
                 " (at least server.max_body_bytes)",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "server.max_snapshot_uploads",
+                self.max_snapshot_uploads,
+                1..=64,
+                "",
+            )
+            .err(),
+        );
+        found.extend(
+            in_range(
+                "server.snapshot_body_timeout_ms",
+                self.snapshot_body_timeout.as_millis(),
+                self.body_read_timeout.as_millis()..=MAX_WAIT_MS.into(),
+                " (at least server.body_read_timeout_ms)",
             )
             .err(),
         );
@@ -135,6 +165,18 @@ mod tests {
                 "server.shutdown_pause_ms",
             ),
             ("[server]\ndrain_timeout_ms = 0", "server.drain_timeout_ms"),
+            (
+                "[server]\nmax_snapshot_uploads = 0",
+                "server.max_snapshot_uploads",
+            ),
+            (
+                "[server]\nsnapshot_body_timeout_ms = 9223372036854775807",
+                "server.snapshot_body_timeout_ms",
+            ),
+            (
+                "[server]\nbody_read_timeout_ms = 20000\nsnapshot_body_timeout_ms = 10000",
+                "server.snapshot_body_timeout_ms",
+            ),
             (
                 "[server]\nrequest_deadline_ms = 9223372036854775807",
                 "server.request_deadline_ms",

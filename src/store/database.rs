@@ -15,7 +15,7 @@ use super::budgets::BudgetStore;
 use super::error::StoreError;
 use super::hints::ChangeHints;
 use super::leadership::Leadership;
-use super::pool::{ACQUIRE_TIMEOUT, Backend, Bounds, Pg, target};
+use super::pool::{ACQUIRE_TIMEOUT, Backend, Bounds, Pg, Sqlite, target};
 use super::reveals::RevealStore;
 use super::status::StatusStore;
 
@@ -67,7 +67,7 @@ impl Database {
         let backend = if url.starts_with("sqlite:") {
             let pool = connect_sqlite(url, max_connections, bounds.lock).await?;
             log_writer = Some(connect_sqlite_log_writer(url, bounds.lock)?);
-            Backend::Sqlite(pool)
+            Backend::Sqlite(Sqlite { pool, bounds })
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             Backend::Postgres(Pg {
                 pool: connect_postgres(url, max_connections)?,
@@ -156,7 +156,11 @@ impl Database {
 
     async fn migrate_unbounded(&self) -> Result<(), StoreError> {
         match &self.backend {
-            Backend::Sqlite(pool) => sqlx::migrate!("migrations/sqlite").run(pool).await?,
+            Backend::Sqlite(sqlite) => {
+                sqlx::migrate!("migrations/sqlite")
+                    .run(&sqlite.pool)
+                    .await?
+            }
             // On a connection of its own to PostgreSQL itself: the migrator's
             // session lock means nothing through a transaction-mode pooler.
             // A connection, not a pool: its error names the cause (a pool's
