@@ -9,9 +9,9 @@
 //! store -> domain`, and `http -> (budget, reveals) -> store`; [`app`] wires the
 //! parts; [`config`], [`telemetry`] and [`domain`] import nothing above them.
 //! Inside every folder too, the modules (its files and subfolders, the
-//! folder's own `mod.rs` one of them) import one another without a cycle. `tests/arrows.rs` fails on a cycle
-//! at either level, on a file outside `store` that names sqlx, and on
-//! `http::api` importing `http::server`.
+//! folder's own module one of them) import one another without a cycle.
+//! `tests/arrows.rs` fails on a cycle at either level, on a file outside
+//! `store` that names sqlx, and on `http::api` importing `http::server`.
 //!
 //! - [`app`]: builds the parts from the configuration, runs both listeners and
 //!   owns every background task (one cancellation token and task tracker:
