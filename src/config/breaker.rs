@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::in_range;
+use super::check::Checks as _;
 use super::error::{Mistake, invalid};
 use super::units;
 
@@ -34,22 +34,18 @@ pub struct BreakerConfig {
 
 impl BreakerConfig {
     pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
-        found.extend(
-            in_range(
-                "breaker.consecutive_failures",
-                self.consecutive_failures,
-                1..=1_000_000,
-                "",
-            )
-            .err(),
+        found.range(
+            "breaker.consecutive_failures",
+            self.consecutive_failures,
+            1..=1_000_000,
         );
         if !(self.failure_ratio > 0.0 && self.failure_ratio <= 1.0) {
             found.push(invalid("breaker.failure_ratio", "must be in (0, 1]"));
         }
-        found.extend(in_range("breaker.min_calls", self.min_calls, 1..=1_000_000, "").err());
-        found.extend(in_range("breaker.min_sellers", self.min_sellers, 1..=32, "").err());
-        found.extend(in_range("breaker.window_s", self.window.as_secs(), 1..=3600, "").err());
-        found.extend(in_range("breaker.open_ms", self.open.as_millis(), 1..=3_600_000, "").err());
+        found.range("breaker.min_calls", self.min_calls, 1..=1_000_000);
+        found.range("breaker.min_sellers", self.min_sellers, 1..=32);
+        found.range("breaker.window_s", self.window.as_secs(), 1..=3600);
+        found.range("breaker.open_ms", self.open.as_millis(), 1..=3_600_000);
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::{MAX_WAIT_MS, in_range};
+use super::check::{Checks as _, MAX_WAIT_MS};
 use super::error::Mistake;
 use super::units;
 
@@ -59,84 +59,43 @@ pub struct ServerConfig {
 
 impl ServerConfig {
     pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
-        found.extend(
-            in_range(
-                "server.max_body_bytes",
-                self.max_body_bytes,
-                1..=1 << 30,
-                "",
-            )
-            .err(),
+        found.range("server.max_body_bytes", self.max_body_bytes, 1..=1 << 30);
+        found.range_noting(
+            "server.max_snapshot_bytes",
+            self.max_snapshot_bytes,
+            self.max_body_bytes..=1 << 34,
+            "at least server.max_body_bytes",
         );
-        found.extend(
-            in_range(
-                "server.max_snapshot_bytes",
-                self.max_snapshot_bytes,
-                self.max_body_bytes..=1 << 34,
-                " (at least server.max_body_bytes)",
-            )
-            .err(),
+        found.range(
+            "server.max_header_bytes",
+            self.max_header_bytes,
+            4096..=1 << 20,
         );
-        found.extend(
-            in_range(
-                "server.max_snapshot_uploads",
-                self.max_snapshot_uploads,
-                1..=64,
-                "",
-            )
-            .err(),
+        found.range("server.max_snapshot_uploads", self.max_snapshot_uploads, 1..=64);
+        found.range_noting(
+            "server.snapshot_body_timeout_ms",
+            self.snapshot_body_timeout.as_millis(),
+            self.body_read_timeout.as_millis()..=MAX_WAIT_MS.into(),
+            "at least server.body_read_timeout_ms",
         );
-        found.extend(
-            in_range(
-                "server.snapshot_body_timeout_ms",
-                self.snapshot_body_timeout.as_millis(),
-                self.body_read_timeout.as_millis()..=MAX_WAIT_MS.into(),
-                " (at least server.body_read_timeout_ms)",
-            )
-            .err(),
+        found.range("server.max_in_flight", self.max_in_flight, 1..=1_000_000);
+        found.range_noting(
+            "server.max_queue_delay_ms",
+            self.max_queue_delay.as_millis(),
+            0..=MAX_WAIT_MS.into(),
+            "0: never shed uncached requests for waiting",
         );
-        found.extend(
-            in_range(
-                "server.max_header_bytes",
-                self.max_header_bytes,
-                4096..=1 << 20,
-                "",
-            )
-            .err(),
-        );
-        found.extend(
-            in_range(
-                "server.max_in_flight",
-                self.max_in_flight,
-                1..=1_000_000,
-                "",
-            )
-            .err(),
-        );
-        found.extend(
-            in_range(
-                "server.max_queue_delay_ms",
-                self.max_queue_delay.as_millis(),
-                0..=MAX_WAIT_MS.into(),
-                " (0: never shed uncached requests for waiting)",
-            )
-            .err(),
-        );
-        found.extend(
-            in_range(
-                "server.shutdown_pause_ms",
-                self.shutdown_pause.as_millis(),
-                0..=MAX_WAIT_MS.into(),
-                "",
-            )
-            .err(),
+        found.range(
+            "server.shutdown_pause_ms",
+            self.shutdown_pause.as_millis(),
+            0..=MAX_WAIT_MS.into(),
         );
         for (key, value) in [
             ("server.drain_timeout_ms", self.drain_timeout),
             ("server.header_read_timeout_ms", self.header_read_timeout),
             ("server.body_read_timeout_ms", self.body_read_timeout),
         ] {
-            found.extend(in_range(key, value.as_millis(), 1..=MAX_WAIT_MS.into(), "").err());
+            found.range(key, value.as_millis(), 1..=MAX_WAIT_MS.into());
         }
     }
 }

@@ -19,8 +19,8 @@ use crate::store::{
 };
 
 /// What the number caches must forget when the change log says so. The status
-/// service reads the change log; the caches live above it (in `resolve`), so
-/// `app` hands them in as this.
+/// service reads the change log; the caches are another module (`cache`, which
+/// `status` does not import), so `app` hands them in as this.
 pub trait SellerCaches: Send + Sync {
     /// Every cached number of the seller (an invalidation).
     fn drop_seller(&self, user: UserId);
