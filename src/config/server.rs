@@ -71,7 +71,11 @@ impl ServerConfig {
             self.max_header_bytes,
             4096..=1 << 20,
         );
-        found.range("server.max_snapshot_uploads", self.max_snapshot_uploads, 1..=64);
+        found.range(
+            "server.max_snapshot_uploads",
+            self.max_snapshot_uploads,
+            1..=64,
+        );
         found.range_noting(
             "server.snapshot_body_timeout_ms",
             self.snapshot_body_timeout.as_millis(),
