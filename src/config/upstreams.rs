@@ -33,6 +33,14 @@ pub struct UpstreamConfig {
     /// eighth of the upstream's bound, at least 1 (why: `upstream::limit`).
     /// Read it through [`UpstreamConfig::max_in_flight_per_seller_or`].
     pub max_in_flight_per_seller: usize,
+    /// Whether the bound on calls in flight adapts below `max_in_flight` when
+    /// the upstream refuses load or slows down (`upstream::limit`).
+    pub adaptive_limit: bool,
+    /// The adaptive bound's floor.
+    pub min_in_flight: usize,
+    /// The short latency average over the long one that the adaptive bound
+    /// takes as a climb.
+    pub latency_tolerance: f64,
 }
 
 impl UpstreamConfig {
@@ -87,6 +95,21 @@ impl UpstreamConfig {
             )
             .err(),
         );
+        found.extend(
+            in_range(
+                &format!("{section}.min_in_flight"),
+                self.min_in_flight,
+                1..=1_000_000,
+                "",
+            )
+            .err(),
+        );
+        if !(1.1..=100.0).contains(&self.latency_tolerance) {
+            found.push(invalid(
+                format!("{section}.latency_tolerance"),
+                "must be from 1.1 to 100",
+            ));
+        }
     }
 }
 
@@ -115,6 +138,9 @@ struct CalltrackingKeys {
     on_error: OnError,
     max_in_flight: usize,
     max_in_flight_per_seller: usize,
+    adaptive_limit: bool,
+    min_in_flight: usize,
+    latency_tolerance: f64,
     status_feed: StatusFeedConfig,
 }
 
@@ -127,6 +153,9 @@ impl From<CalltrackingKeys> for CalltrackingUpstreamConfig {
                 on_error: keys.on_error,
                 max_in_flight: keys.max_in_flight,
                 max_in_flight_per_seller: keys.max_in_flight_per_seller,
+                adaptive_limit: keys.adaptive_limit,
+                min_in_flight: keys.min_in_flight,
+                latency_tolerance: keys.latency_tolerance,
             },
             status_feed: keys.status_feed,
         }

@@ -5,7 +5,9 @@
 //! body of the right shape, a phone that normalises. Anything else is an
 //! [`UpstreamError`]. Nothing here caches or decides; see `resolve`.
 //!
-//! Calls in flight are bounded per upstream (`upstreams.<name>.max_in_flight`):
+//! Calls in flight are bounded per upstream (`upstreams.<name>.max_in_flight`,
+//! a limit that adapts below it when the upstream refuses load or slows down,
+//! see `limit`):
 //! a fetch outlives the request that started it (the cache runs it in its own
 //! task, to its timeout), so clients that send and reset at once would otherwise
 //! drive the upstream's concurrency at the raw request rate, past anything
@@ -55,7 +57,7 @@ use crate::config::{BreakerConfig, UpstreamConfig, UpstreamsConfig};
 use crate::domain::{AdId, Phone, Source, StatusItem, UserId};
 use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers, upstream_span};
 use breaker::Breaker;
-use limit::{Bound, PerSeller};
+use limit::{Adapt, Bound, End, PerSeller, Slot};
 use pool::Pool;
 
 /// Largest upstream body read; a phone answer is tens of bytes, a status page of
@@ -136,6 +138,7 @@ impl Endpoint {
         config: &UpstreamConfig,
         breaker: BreakerConfig,
         max_in_flight: usize,
+        adapt: Option<Adapt>,
         max_in_flight_per_seller: usize,
     ) -> Self {
         // Checked at start to be an http:// URL naming a host
@@ -156,7 +159,11 @@ impl Endpoint {
             pool: Pool::new(&authority, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE),
             timeout: config.timeout,
             breaker: Breaker::new(name.as_str(), breaker),
-            in_flight: Bound::new(max_in_flight),
+            in_flight: Bound::new(
+                max_in_flight,
+                adapt,
+                metrics::gauge!("phones_gateway_upstream_limit", "upstream" => name.as_str()),
+            ),
             per_seller: PerSeller::new(max_in_flight_per_seller),
             metrics: CallMetrics::new(name.as_str()),
         }
@@ -170,6 +177,7 @@ impl Endpoint {
         request_id: Option<&HeaderValue>,
         trace: Option<&TraceContext>,
         span: tracing::Span,
+        slot: &Slot<'_>,
     ) -> Result<Option<T>, UpstreamError> {
         let request = get_request(url, request_id, trace, &span)?;
         let mut conn = self.pool.take().await?;
@@ -177,6 +185,9 @@ impl Endpoint {
         let status = response.status().as_u16();
         span.record("http.response.status_code", status);
         if status != 200 && status != 404 {
+            if limit::refuses_load(status, response.headers()) {
+                slot.load_refused();
+            }
             // Its body is not read: the connection is dropped, not reused.
             return Err(UpstreamError::Status(status));
         }
@@ -252,8 +263,12 @@ impl Upstreams {
             let upstream = upstreams.of(source);
             let max_in_flight = upstream.max_in_flight_or(server_max_in_flight);
             let per_seller = upstream.max_in_flight_per_seller_or(max_in_flight);
+            let adapt = upstream.adaptive_limit.then_some(Adapt {
+                min: upstream.min_in_flight,
+                tolerance: upstream.latency_tolerance,
+            });
             let name = UpstreamName::Source(source);
-            Endpoint::new(name, upstream, breaker, max_in_flight, per_seller)
+            Endpoint::new(name, upstream, breaker, max_in_flight, adapt, per_seller)
         };
         let calltracking = &upstreams.calltracking.upstream;
         Upstreams {
@@ -266,6 +281,7 @@ impl Upstreams {
                 calltracking,
                 breaker,
                 STATUS_FEED_MAX_IN_FLIGHT,
+                None,
                 STATUS_FEED_MAX_IN_FLIGHT,
             ),
         }
@@ -345,6 +361,18 @@ impl Upstreams {
         body.map(|b| parse_phone(&b.virtual_phone)).transpose()
     }
 
+    /// The most calls allowed in flight now to `source`'s upstream: its
+    /// adaptive limit, or its fixed bound.
+    pub fn limit(&self, source: Source) -> usize {
+        match source {
+            Source::RealPhone => &self.real_phone,
+            Source::Anonymous => &self.anonymous,
+            Source::Calltracking => &self.calltracking,
+        }
+        .in_flight
+        .limit()
+    }
+
     /// One page of the status feed after `cursor` (from the start when `None`),
     /// through the feed's own endpoint.
     ///
@@ -390,11 +418,11 @@ impl Upstreams {
             Err(UpstreamError::SellerSaturated)
         } else if slot.is_none() {
             Err(UpstreamError::Saturated)
-        } else if endpoint.breaker.allow() {
+        } else if let (Some(slot), true) = (&slot, endpoint.breaker.allow()) {
             // Runs under the call's own span: exported, it is the parent of
             // what the upstream does, and `traceparent` names it (docs/tracing.md).
             let span = upstream_span(endpoint.name.as_str());
-            let call = endpoint.get(url, request_id, trace, span.clone());
+            let call = endpoint.get(url, request_id, trace, span.clone(), slot);
             let result = tokio::time::timeout(endpoint.timeout, call.instrument(span))
                 .await
                 .unwrap_or(Err(UpstreamError::Timeout));
@@ -408,7 +436,15 @@ impl Upstreams {
             .metrics
             .duration
             .record(start.elapsed().as_secs_f64());
-        drop((slot, seller_slot));
+        if let Some(slot) = slot {
+            // What the adaptive bound learns from how the call ended (`limit`).
+            slot.finish(match &result {
+                Ok(_) | Err(UpstreamError::Status(_) | UpstreamError::Decode(_)) => End::Answered,
+                Err(UpstreamError::Timeout) => End::TimedOut,
+                Err(_) => End::Unknown,
+            });
+        }
+        drop(seller_slot);
         if let Err(error) = &result {
             let upstream = endpoint.name.as_str();
             tracing::debug!(upstream, %error, "upstream call failed");
