@@ -68,7 +68,12 @@
 //! the three upstreams alike: the same flood with random ad ids instead of phones
 //! fills the real-phone and anonymous bounds the same way.
 //!
-//! PER_SELLER_DOC
+//! Its default (0) is an eighth of the upstream's bound, at least one call: a fixed
+//! number would be either no bound at all under a small upstream bound or too tight
+//! under a large one, and an eighth leaves one seller 512 calls at once under the
+//! default bound (4096), far past what one seller's traffic needs (calls for one
+//! key coalesce, so a seller's calls in flight are its distinct cold keys), while
+//! eight sellers at once are needed to fill the upstream's bound.
 //!
 //! The seller's count is exact (a sharded map of sellers with calls in flight,
 //! dashmap over foldhash), not a hashed table of counters, where a seller hashed
@@ -363,6 +368,146 @@ mod tests {
 
     fn user(id: u64) -> UserId {
         UserId::new(id).unwrap()
+    }
+
+    fn adaptive(max: usize, min: usize) -> Bound {
+        let adapt = Adapt {
+            min,
+            tolerance: 2.0,
+        };
+        Bound::new(max, Some(adapt), metrics::Gauge::noop())
+    }
+
+    /// Each row: calls held in flight, how one of them ends, the limit after.
+    #[tokio::test(start_paused = true)]
+    async fn the_adaptive_limit_cuts_on_refusals_and_climbs_and_grows_back() {
+        let bound = adaptive(100, 4);
+        let ms = Duration::from_millis;
+        // (held, signal, wait before it, limit after)
+        let rows: &[(usize, Option<Signal>, Duration, usize)] = &[
+            // Answers at a steady 20 ms with 10 of 100 in flight: app-limited, no growth.
+            (10, Some(Signal::Latency(ms(20))), ms(0), 100),
+            // A refusal with 20 in flight: cut to 0.9 x 20.
+            (20, Some(Signal::Refused), ms(1), 18),
+            // A second refusal of a call that started before the cut: ignored.
+            (20, Some(Signal::Refused), ms(0), 18),
+            // Answers at the limit grow it by about 1/limit each.
+            (17, Some(Signal::Latency(ms(20))), ms(5), 18),
+            // A latency climb (short average past twice the long) cuts.
+            (17, Some(Signal::Latency(ms(400))), ms(5), 15),
+            // Many refusals, each after the last cut: down to the floor, not below.
+            (3, Some(Signal::Refused), ms(5), 4),
+            (3, Some(Signal::Refused), ms(5), 4),
+        ];
+        let mut started = Instant::now();
+        for (i, &(held, signal, wait, after)) in rows.iter().enumerate() {
+            let slots: Vec<_> = (0..held).map_while(|_| bound.slot()).collect();
+            if !wait.is_zero() {
+                // A call that starts after the last cut.
+                started = Instant::now();
+                tokio::time::advance(wait).await;
+            }
+            let slot = slots.first().unwrap();
+            let slot = Slot {
+                bound: &bound,
+                started,
+                before: slot.before,
+                refused: AtomicBool::new(false),
+            };
+            if let Some(signal) = signal {
+                bound.learn(signal, &slot);
+            }
+            drop(slot);
+            // The hand-made slot gave back a place it had not taken.
+            bound.in_flight.fetch_add(1, Ordering::AcqRel);
+            drop(slots);
+            assert_eq!(bound.limit(), after, "row {i}");
+            assert_eq!(bound.in_flight.load(Ordering::Acquire), 0, "row {i}");
+        }
+        // Back to 20 ms answers (the short average settles), then a second
+        // without a cut: growth is one place per answer at the limit.
+        for round in 0..30 {
+            if round == 10 {
+                tokio::time::advance(Duration::from_secs(2)).await;
+            }
+            let slots: Vec<_> = (0..bound.limit()).map_while(|_| bound.slot()).collect();
+            tokio::time::advance(ms(20)).await;
+            if let Some(slot) = slots.into_iter().last() {
+                slot.finish(End::Answered);
+            }
+        }
+        assert!(bound.limit() >= 20, "{}", bound.limit());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_load_refusal_reported_on_a_slot_cuts_and_a_timeout_is_a_climb() {
+        let bound = adaptive(64, 2);
+        for _ in 0..50 {
+            let slot = bound.slot().unwrap();
+            tokio::time::advance(Duration::from_millis(10)).await;
+            slot.finish(End::Answered);
+        }
+        assert_eq!(bound.limit(), 64);
+        let held: Vec<_> = (0..30).map(|_| bound.slot().unwrap()).collect();
+        let slot = bound.slot().unwrap();
+        slot.load_refused();
+        slot.finish(End::Answered);
+        assert_eq!(bound.limit(), 27, "0.9 x the 31 in flight");
+        drop(held);
+        // Cancelled or failed calls teach nothing.
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let slot = bound.slot().unwrap();
+        slot.load_refused();
+        drop(slot);
+        bound.slot().unwrap().finish(End::Unknown);
+        assert_eq!(bound.limit(), 27);
+        // A timeout is a 300 ms latency: a climb over 10 ms answers.
+        let held: Vec<_> = (0..20).map(|_| bound.slot().unwrap()).collect();
+        let slot = bound.slot().unwrap();
+        tokio::time::advance(Duration::from_millis(300)).await;
+        slot.finish(End::TimedOut);
+        assert_eq!(bound.limit(), 18, "0.9 x the 21 in flight");
+        drop(held);
+        assert_eq!(bound.in_flight.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn a_refused_place_is_handed_back() {
+        for bound in [Bound::new(2, None, metrics::Gauge::noop()), adaptive(2, 1)] {
+            let a = bound.slot().unwrap();
+            let b = bound.slot().unwrap();
+            for _ in 0..10 {
+                assert!(bound.slot().is_none());
+            }
+            assert_eq!(bound.in_flight.load(Ordering::Acquire), 2);
+            drop(a);
+            let c = bound.slot();
+            assert!(c.is_some());
+            drop((b, c));
+            assert_eq!(bound.in_flight.load(Ordering::Acquire), 0);
+        }
+    }
+
+    #[test]
+    fn two_threads_racing_for_the_last_place_never_both_have_it() {
+        let bound = Bound::new(1, None, metrics::Gauge::noop());
+        let holders = AtomicUsize::new(0);
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    for _ in 0..20_000 {
+                        barrier.wait();
+                        if let Some(slot) = bound.slot() {
+                            assert_eq!(holders.fetch_add(1, Ordering::AcqRel), 0);
+                            holders.fetch_sub(1, Ordering::AcqRel);
+                            drop(slot);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(bound.in_flight.load(Ordering::Acquire), 0);
     }
 
     #[test]
