@@ -29,8 +29,9 @@ pub struct UpstreamConfig {
     /// Calls to this upstream in flight at once; 0 means `server.max_in_flight`.
     /// Read it through [`UpstreamConfig::max_in_flight_or`].
     pub max_in_flight: usize,
-    /// Calls to this upstream about one seller in flight at once; 0 means an
-    /// eighth of the upstream's bound, at least 1 (why: `upstream::limit`).
+    /// Calls to this upstream about one seller in flight at once; 0 means the
+    /// upstream's [`seller_need`], at most an eighth of the upstream's bound and
+    /// at least 1 (why: `upstream::limit`).
     /// Read it through [`UpstreamConfig::max_in_flight_per_seller_or`].
     pub max_in_flight_per_seller: usize,
     /// Whether the bound on calls in flight adapts below `max_in_flight` when
@@ -57,10 +58,11 @@ impl UpstreamConfig {
     /// Calls in flight allowed to this upstream about one seller, under the
     /// upstream's bound `max_in_flight` (as resolved by
     /// [`UpstreamConfig::max_in_flight_or`]): its `max_in_flight_per_seller`, or
-    /// when that is 0, an eighth of `max_in_flight`, at least 1.
-    pub fn max_in_flight_per_seller_or(&self, max_in_flight: usize) -> usize {
+    /// when that is 0, `need` ([`seller_need`]) but at most an eighth of
+    /// `max_in_flight`, at least 1.
+    pub fn max_in_flight_per_seller_or(&self, max_in_flight: usize, need: usize) -> usize {
         match self.max_in_flight_per_seller {
-            0 => (max_in_flight / 8).max(1),
+            0 => need.min(max_in_flight / 8).max(1),
             n => n,
         }
     }
@@ -110,6 +112,20 @@ impl UpstreamConfig {
                 "must be from 1.1 to 100",
             ));
         }
+    }
+}
+
+/// The default bound per seller of `source`'s upstream, sized to what one
+/// seller needs: on the recorded stream (`benches/load/seller_need.py`, figures
+/// in docs/adaptive-limit.md) no seller ever had more than 3 distinct cold keys
+/// of the real phone, 2 of the anonymous and 1 of call tracking in flight at
+/// once, at 100,000 requests/s and 300 ms a call; these leave five times that
+/// and more (a seller's page of ads fetched together), and a flood of 100
+/// random phones or ads for one seller is held to them.
+pub fn seller_need(source: Source) -> usize {
+    match source {
+        Source::RealPhone | Source::Anonymous => 16,
+        Source::Calltracking => 8,
     }
 }
 
@@ -248,7 +264,7 @@ mod tests {
     }
 
     #[test]
-    fn the_bound_per_seller_is_an_eighth_of_the_upstreams_unless_set() {
+    fn the_bound_per_seller_is_the_need_at_most_an_eighth_of_the_upstreams_unless_set() {
         let c = Config::from_toml(
             "[upstreams.calltracking]
 max_in_flight = 64
@@ -257,9 +273,14 @@ max_in_flight_per_seller = 3",
         )
         .unwrap();
         let calltracking = &c.upstreams.calltracking.upstream;
-        assert_eq!(calltracking.max_in_flight_per_seller_or(64), 8);
-        assert_eq!(calltracking.max_in_flight_per_seller_or(4), 1);
-        assert_eq!(c.upstreams.real_phone.max_in_flight_per_seller_or(64), 3);
+        assert_eq!(calltracking.max_in_flight_per_seller_or(64, 8), 8);
+        assert_eq!(calltracking.max_in_flight_per_seller_or(4096, 8), 8);
+        assert_eq!(calltracking.max_in_flight_per_seller_or(4096, 16), 16);
+        assert_eq!(calltracking.max_in_flight_per_seller_or(4, 8), 1);
+        assert_eq!(
+            c.upstreams.real_phone.max_in_flight_per_seller_or(64, 16),
+            3
+        );
         let e = error_of("[upstreams.anonymous]\nmax_in_flight_per_seller = 2000000");
         assert!(
             e.contains("upstreams.anonymous.max_in_flight_per_seller"),

@@ -68,12 +68,20 @@
 //! the three upstreams alike: the same flood with random ad ids instead of phones
 //! fills the real-phone and anonymous bounds the same way.
 //!
-//! Its default (0) is an eighth of the upstream's bound, at least one call: a fixed
-//! number would be either no bound at all under a small upstream bound or too tight
-//! under a large one, and an eighth leaves one seller 512 calls at once under the
-//! default bound (4096), far past what one seller's traffic needs (calls for one
-//! key coalesce, so a seller's calls in flight are its distinct cold keys), while
-//! eight sellers at once are needed to fill the upstream's bound.
+//! Its default (0) is sized to need, per upstream (`config::seller_need`): 16
+//! calls at once to the real phone and the anonymous upstreams, 8 to call
+//! tracking, at most an eighth of the upstream's bound (at least one call), so
+//! that eight sellers at once are still needed to fill a small bound. A seller's
+//! calls in flight are its distinct cold keys (calls for one key coalesce, a key
+//! answered stays cached): measured on the recorded stream
+//! (`benches/load/seller_need.py`, docs/adaptive-limit.md), no seller, the
+//! sale's included, ever needed more than 3 of the real phone, 2 of the
+//! anonymous and 1 of call tracking at once, at 100,000 requests/s and 300 ms a
+//! call. The defaults leave five times that and more (a seller's page of ads
+//! fetched together) and never bind on that stream, while a flood of 100 random
+//! phones or ads for one seller is held to 8 or 16 calls. The former default,
+//! an eighth of the bound alone, left one seller 512 calls at once under the
+//! default bound (4096).
 //!
 //! The seller's count is exact (a sharded map of sellers with calls in flight,
 //! dashmap over foldhash), not a hashed table of counters, where a seller hashed

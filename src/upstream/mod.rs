@@ -262,7 +262,8 @@ impl Upstreams {
         let endpoint = |source: Source| {
             let upstream = upstreams.of(source);
             let max_in_flight = upstream.max_in_flight_or(server_max_in_flight);
-            let per_seller = upstream.max_in_flight_per_seller_or(max_in_flight);
+            let need = crate::config::seller_need(source);
+            let per_seller = upstream.max_in_flight_per_seller_or(max_in_flight, need);
             let adapt = upstream.adaptive_limit.then_some(Adapt {
                 min: upstream.min_in_flight,
                 tolerance: upstream.latency_tolerance,
