@@ -266,9 +266,11 @@ impl Bound {
         let mut limit = adaptive.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         let new = limit.learn(signal, slot.started, slot.before, in_flight, now);
-        // At least 1 (the floor is), so the upstream is never shut out.
-        self.limit.store(new as usize, Ordering::Release);
-        self.gauge.set(new.floor());
+        // At least 1 (the floor is), so the upstream is never shut out. The
+        // gauge is set only when the limit moves.
+        if self.limit.swap(new as usize, Ordering::AcqRel) != new as usize {
+            self.gauge.set(new.floor());
+        }
     }
 }
 

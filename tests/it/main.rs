@@ -2,7 +2,8 @@
 //! HTTP servers. One module per page of docs/ (docs/README.md lists them), so a
 //! reader of a page finds its tests in one place: `rules`, `caching`,
 //! `status_sync`, `reveals` (docs/api.md#the-reveal-log), `api_contract`
-//! (docs/api.md and docs/errors.md), `budgets`, `overload`, `tracing`, `operations`
+//! (docs/api.md and docs/errors.md), `budgets`, `overload`, `tracing`, `adaptive`
+//! (docs/adaptive-limit.md), `operations`
 //! (configuration, runbook, privacy). The harness is in `support/`.
 
 #![allow(clippy::unwrap_used)]
@@ -10,6 +11,7 @@
 // modules), and it times real sockets and processes: wall time is meant.
 #![allow(unreachable_pub, clippy::disallowed_types)]
 
+mod adaptive;
 mod api_contract;
 mod budgets;
 mod caching;
