@@ -93,7 +93,7 @@ impl UpstreamConfig {
                 &format!("{section}.max_in_flight_per_seller"),
                 self.max_in_flight_per_seller,
                 0..=1_000_000,
-                " (0: an eighth of the upstream's max_in_flight)",
+                " (0: the need-sized default)",
             )
             .err(),
         );
