@@ -59,7 +59,7 @@ pub use selection::SelectionConfig;
 pub use server::ServerConfig;
 pub use status_feed::StatusFeedConfig;
 pub use tracing::TracingConfig;
-pub use upstreams::{CalltrackingUpstreamConfig, UpstreamConfig, UpstreamsConfig};
+pub use upstreams::{CalltrackingUpstreamConfig, UpstreamConfig, UpstreamsConfig, seller_need};
 
 use check::{Checks as _, MAX_WAIT_MS};
 

@@ -29,10 +29,19 @@ pub struct UpstreamConfig {
     /// Calls to this upstream in flight at once; 0 means `server.max_in_flight`.
     /// Read it through [`UpstreamConfig::max_in_flight_or`].
     pub max_in_flight: usize,
-    /// Calls to this upstream about one seller in flight at once; 0 means an
-    /// eighth of the upstream's bound, at least 1 (why: `upstream::limit`).
+    /// Calls to this upstream about one seller in flight at once; 0 means the
+    /// upstream's [`seller_need`], at most an eighth of the upstream's bound and
+    /// at least 1 (why: `upstream::limit`).
     /// Read it through [`UpstreamConfig::max_in_flight_per_seller_or`].
     pub max_in_flight_per_seller: usize,
+    /// Whether the bound on calls in flight adapts below `max_in_flight` when
+    /// the upstream refuses load or slows down (`upstream::limit`).
+    pub adaptive_limit: bool,
+    /// The adaptive bound's floor.
+    pub min_in_flight: usize,
+    /// The short latency average over the long one that the adaptive bound
+    /// takes as a climb.
+    pub latency_tolerance: f64,
 }
 
 impl UpstreamConfig {
@@ -49,10 +58,11 @@ impl UpstreamConfig {
     /// Calls in flight allowed to this upstream about one seller, under the
     /// upstream's bound `max_in_flight` (as resolved by
     /// [`UpstreamConfig::max_in_flight_or`]): its `max_in_flight_per_seller`, or
-    /// when that is 0, an eighth of `max_in_flight`, at least 1.
-    pub fn max_in_flight_per_seller_or(&self, max_in_flight: usize) -> usize {
+    /// when that is 0, `need` ([`seller_need`]) but at most an eighth of
+    /// `max_in_flight`, at least 1.
+    pub fn max_in_flight_per_seller_or(&self, max_in_flight: usize, need: usize) -> usize {
         match self.max_in_flight_per_seller {
-            0 => (max_in_flight / 8).max(1),
+            0 => need.min(max_in_flight / 8).max(1),
             n => n,
         }
     }
@@ -75,8 +85,33 @@ impl UpstreamConfig {
             &format!("{section}.max_in_flight_per_seller"),
             self.max_in_flight_per_seller,
             0..=1_000_000,
-            "0: an eighth of the upstream's max_in_flight",
+            "0: the need-sized default",
         );
+        found.range(
+            &format!("{section}.min_in_flight"),
+            self.min_in_flight,
+            1..=1_000_000,
+        );
+        if !(1.1..=100.0).contains(&self.latency_tolerance) {
+            found.push(invalid(
+                format!("{section}.latency_tolerance"),
+                "must be from 1.1 to 100",
+            ));
+        }
+    }
+}
+
+/// The default bound per seller of `source`'s upstream, sized to what one
+/// seller needs: on the recorded stream (`benches/load/seller_need.py`, figures
+/// in docs/adaptive-limit.md) no seller ever had more than 3 distinct cold keys
+/// of the real phone, 2 of the anonymous and 1 of call tracking in flight at
+/// once, at 100,000 requests/s and 300 ms a call; these leave five times that
+/// and more (a seller's page of ads fetched together), and a flood of 100
+/// random phones or ads for one seller is held to them.
+pub fn seller_need(source: Source) -> usize {
+    match source {
+        Source::RealPhone | Source::Anonymous => 16,
+        Source::Calltracking => 8,
     }
 }
 
@@ -105,6 +140,9 @@ struct CalltrackingKeys {
     on_error: OnError,
     max_in_flight: usize,
     max_in_flight_per_seller: usize,
+    adaptive_limit: bool,
+    min_in_flight: usize,
+    latency_tolerance: f64,
     status_feed: StatusFeedConfig,
 }
 
@@ -117,6 +155,9 @@ impl From<CalltrackingKeys> for CalltrackingUpstreamConfig {
                 on_error: keys.on_error,
                 max_in_flight: keys.max_in_flight,
                 max_in_flight_per_seller: keys.max_in_flight_per_seller,
+                adaptive_limit: keys.adaptive_limit,
+                min_in_flight: keys.min_in_flight,
+                latency_tolerance: keys.latency_tolerance,
             },
             status_feed: keys.status_feed,
         }
@@ -209,7 +250,7 @@ mod tests {
     }
 
     #[test]
-    fn the_bound_per_seller_is_an_eighth_of_the_upstreams_unless_set() {
+    fn the_bound_per_seller_is_the_need_at_most_an_eighth_of_the_upstreams_unless_set() {
         let c = Config::from_toml(
             "[upstreams.calltracking]
 max_in_flight = 64
@@ -218,9 +259,14 @@ max_in_flight_per_seller = 3",
         )
         .unwrap();
         let calltracking = &c.upstreams.calltracking.upstream;
-        assert_eq!(calltracking.max_in_flight_per_seller_or(64), 8);
-        assert_eq!(calltracking.max_in_flight_per_seller_or(4), 1);
-        assert_eq!(c.upstreams.real_phone.max_in_flight_per_seller_or(64), 3);
+        assert_eq!(calltracking.max_in_flight_per_seller_or(64, 8), 8);
+        assert_eq!(calltracking.max_in_flight_per_seller_or(4096, 8), 8);
+        assert_eq!(calltracking.max_in_flight_per_seller_or(4096, 16), 16);
+        assert_eq!(calltracking.max_in_flight_per_seller_or(4, 8), 1);
+        assert_eq!(
+            c.upstreams.real_phone.max_in_flight_per_seller_or(64, 16),
+            3
+        );
         let e = error_of("[upstreams.anonymous]\nmax_in_flight_per_seller = 2000000");
         assert!(
             e.contains("upstreams.anonymous.max_in_flight_per_seller"),

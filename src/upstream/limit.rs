@@ -1,6 +1,61 @@
 //! The bounds on one upstream's calls in flight: the whole upstream's
-//! (`upstreams.<name>.max_in_flight`) and each seller's
+//! (`upstreams.<name>.max_in_flight`, adaptive unless
+//! `upstreams.<name>.adaptive_limit = false`) and each seller's
 //! (`upstreams.<name>.max_in_flight_per_seller`).
+//!
+//! # The adaptive bound
+//!
+//! An upstream that answers 429, or 503 with `Retry-After`, refuses load; that
+//! answer is no verdict on the seller (the source is undecided, SPEC section 4)
+//! and the gateway should have sent less. So the bound on calls in flight is a
+//! limit that moves between `min_in_flight` and `max_in_flight`, and the
+//! gateway's own refusal ([`UpstreamError::Saturated`](super::UpstreamError),
+//! which reveals nothing either) comes before the upstream's:
+//!
+//! - It starts at `max_in_flight`: an upstream that never refuses load and
+//!   never slows down sees exactly the fixed bound of old.
+//! - A load refusal cuts it to 0.9 x the calls in flight at that moment (not
+//!   0.9 x the limit: a limit of 4096 with 40 calls in flight says nothing of
+//!   what the upstream takes, so the first cut lands near its capacity).
+//! - So does a latency climb: each answer's latency feeds two moving averages
+//!   (about its last 8 calls, and about its last 256), and the short one above
+//!   `latency_tolerance` x the long one cuts as a refusal does. A timeout is an
+//!   answer whose latency is the timeout. When latency falls back, the long
+//!   average follows it down faster (Gradient2's decay), so a past slow spell
+//!   does not hide the next one.
+//! - At most one cut per round trip: a signal from a call that started before
+//!   the last cut says nothing about the limit set since (TCP's once per
+//!   window), so a burst of refusals of calls sent together cuts once.
+//! - Every other answer grows it, when the calls in flight were at least half
+//!   the limit as it started (an idle upstream's limit does not creep up to
+//!   mean nothing): by 1/limit, about one place per round trip (additive
+//!   increase), and by one place per answer (doubling per round trip) once a
+//!   second has passed without a cut, so a capacity that went up is found in
+//!   a few round trips rather than one place at a time.
+//! - A call that ends any other way (a connection or a protocol failure, a
+//!   non-refusing error status, its task cancelled) teaches nothing: the
+//!   breaker deals with failures, and a cancelled call's latency is unknown.
+//!
+//! That is AIMD (Netflix concurrency-limits' `AIMDLimit`, TCP's window) on
+//! load refusals with a Gradient2-like short/long latency ratio as the second
+//! signal, made a cut rather than a gradual gradient so one rule serves both.
+//! Netflix's `Gradient2Limit` and Envoy's adaptive concurrency filter (which
+//! measures a minimum RTT in periodic windows at a pinned low limit) both need
+//! latency to be the signal; an upstream here says "too much" with a status,
+//! so refusals lead, and Envoy's pinned measurement windows would refuse
+//! calls on a schedule for nothing. The crate `congestion-limiter` (0.1.0,
+//! its only release) has AIMD and Gradient, but its release of a token is an
+//! `async fn` behind a `tokio::sync::Mutex` (a [`Slot`] here reports on drop,
+//! synchronously, wherever a call ends) and it brings `async-trait` and the
+//! unmaintained `conv`; this is a hundred lines with its tests.
+//!
+//! Its cost is on the cold path only (a call about to go out): taking a place
+//! is one atomic add and one load, as for the fixed bound, and a call's end
+//! takes one uncontended `std::sync::Mutex` for a few float operations. The hit
+//! path never makes a call and never touches it. The limit now is the gauge
+//! `phones_gateway_upstream_limit{upstream}`.
+//!
+//! # The bound per seller
 //!
 //! Why a bound per seller: the upstream's own bound is shared by every seller,
 //! and one caller can fill it alone. A batch of items for one seller, each with
@@ -13,12 +68,20 @@
 //! the three upstreams alike: the same flood with random ad ids instead of phones
 //! fills the real-phone and anonymous bounds the same way.
 //!
-//! Its default (0) is an eighth of the upstream's bound, at least one call: a fixed
-//! number would be either no bound at all under a small upstream bound or too tight
-//! under a large one, and an eighth leaves one seller 512 calls at once under the
-//! default bound (4096), far past what one seller's traffic needs (calls for one
-//! key coalesce, so a seller's calls in flight are its distinct cold keys), while
-//! eight sellers at once are needed to fill the upstream's bound.
+//! Its default (0) is sized to need, per upstream (`config::seller_need`): 16
+//! calls at once to the real phone and the anonymous upstreams, 8 to call
+//! tracking, at most an eighth of the upstream's bound (at least one call), so
+//! that eight sellers at once are still needed to fill a small bound. A seller's
+//! calls in flight are its distinct cold keys (calls for one key coalesce, a key
+//! answered stays cached): measured on the recorded stream
+//! (`benches/load/seller_need.py`, docs/adaptive-limit.md), no seller, the
+//! sale's included, ever needed more than 3 of the real phone, 2 of the
+//! anonymous and 1 of call tracking at once, at 100,000 requests/s and 300 ms a
+//! call. The defaults leave five times that and more (a seller's page of ads
+//! fetched together) and never bind on that stream, while a flood of 100 random
+//! phones or ads for one seller is held to 8 or 16 calls. The former default,
+//! an eighth of the bound alone, left one seller 512 calls at once under the
+//! default bound (4096).
 //!
 //! The seller's count is exact (a sharded map of sellers with calls in flight,
 //! dashmap over foldhash), not a hashed table of counters, where a seller hashed
@@ -30,23 +93,148 @@
 //! gives them back.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
+use tokio::time::Instant;
 
 use crate::domain::UserId;
 
-/// Calls in flight to one upstream, and the most allowed at once.
+/// The multiplicative cut, of the calls in flight at a load refusal.
+const CUT: f64 = 0.9;
+/// Weight of a new latency in the short average (about its last 8 calls).
+const SHORT: f64 = 1.0 / 8.0;
+/// Weight of a new latency in the long average (about its last 256 calls).
+const LONG: f64 = 1.0 / 256.0;
+/// With no cut for this long, the limit grows one place per answer.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
+
+/// How the adaptive bound is tuned (`upstreams.<name>`'s keys).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Adapt {
+    /// The floor (`min_in_flight`).
+    pub(super) min: usize,
+    /// The short latency average over the long one that counts as a climb
+    /// (`latency_tolerance`).
+    pub(super) tolerance: f64,
+}
+
+/// Calls in flight to one upstream, and the most allowed at once: fixed, or
+/// adaptive between a floor and `max`.
 pub(super) struct Bound {
     in_flight: AtomicUsize,
-    max: usize,
+    /// The most allowed now (the adaptive limit rounded down).
+    limit: AtomicUsize,
+    adaptive: Option<Mutex<Limit>>,
+    gauge: metrics::Gauge,
+}
+
+/// What a call's end teaches the adaptive limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum End {
+    /// An answer (any status but a load refusal, even one that does not
+    /// parse): its latency is the call's.
+    Answered,
+    /// No answer within the timeout: a latency of the timeout.
+    TimedOut,
+    /// The upstream refused load (429, or 503 with `Retry-After`).
+    LoadRefused,
+    /// Nothing to learn: a connection failure, or no call made (an open
+    /// breaker).
+    Unknown,
+}
+
+/// The adaptive limit's state.
+struct Limit {
+    min: f64,
+    max: f64,
+    tolerance: f64,
+    limit: f64,
+    /// Latency averages in seconds; `None` until the first answer.
+    short: Option<f64>,
+    long: Option<f64>,
+    last_cut: Instant,
+}
+
+/// What one call's end was, as the limit reads it.
+#[derive(Debug, Clone, Copy)]
+enum Signal {
+    Refused,
+    Latency(Duration),
+}
+
+impl Limit {
+    /// Learns from a call that started at `started` with `before` calls in
+    /// flight (itself included), ending at `now` with `in_flight` in flight
+    /// (itself included); returns the new limit.
+    fn learn(
+        &mut self,
+        signal: Signal,
+        started: Instant,
+        before: usize,
+        in_flight: usize,
+        now: Instant,
+    ) -> f64 {
+        match signal {
+            Signal::Refused => self.cut(started, in_flight, now),
+            Signal::Latency(latency) => {
+                let latency = latency.as_secs_f64().max(1e-6);
+                let short = self.short.map_or(latency, |s| s + SHORT * (latency - s));
+                let mut long = self.long.map_or(latency, |l| l + LONG * (latency - l));
+                if long > 2.0 * short {
+                    // Latency fell back: the long average follows faster.
+                    long = long * 0.95 + short * 0.05;
+                }
+                self.short = Some(short);
+                self.long = Some(long);
+                if short > self.tolerance * long {
+                    self.cut(started, in_flight, now);
+                } else if 2 * before >= self.limit as usize {
+                    let step = if now.duration_since(self.last_cut) >= PROBE_AFTER {
+                        1.0
+                    } else {
+                        1.0 / self.limit
+                    };
+                    self.limit = (self.limit + step).min(self.max);
+                }
+            }
+        }
+        self.limit
+    }
+
+    fn cut(&mut self, started: Instant, in_flight: usize, now: Instant) {
+        if started < self.last_cut {
+            return;
+        }
+        self.limit = (self.limit.min(in_flight as f64) * CUT).clamp(self.min, self.max);
+        self.last_cut = now;
+    }
 }
 
 impl Bound {
-    pub(super) fn new(max: usize) -> Self {
+    /// A bound of `max` calls, adaptive between `adapt.min` and `max` when
+    /// `adapt` is given; `gauge` shows the limit now.
+    pub(super) fn new(max: usize, adapt: Option<Adapt>, gauge: metrics::Gauge) -> Self {
+        let max = max.max(1);
+        gauge.set(max as f64);
         Bound {
             in_flight: AtomicUsize::new(0),
-            max,
+            limit: AtomicUsize::new(max),
+            adaptive: adapt.map(|adapt| {
+                let top = max as f64;
+                Mutex::new(Limit {
+                    min: (adapt.min.max(1) as f64).min(top),
+                    max: top,
+                    tolerance: adapt.tolerance,
+                    limit: top,
+                    short: None,
+                    long: None,
+                    last_cut: Instant::now(),
+                })
+            }),
+            gauge,
         }
     }
 
@@ -55,17 +243,64 @@ impl Bound {
         // Taken before it is checked, so two calls racing for the last place
         // cannot both have it; the loser gives it back.
         let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
-        let slot = Slot(&self.in_flight);
-        (before < self.max).then_some(slot)
+        if before >= self.limit.load(Ordering::Acquire) {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Slot {
+            bound: self,
+            started: Instant::now(),
+            before: before + 1,
+        })
+    }
+
+    /// The most calls allowed in flight now.
+    pub(super) fn limit(&self) -> usize {
+        self.limit.load(Ordering::Acquire)
+    }
+
+    fn learn(&self, signal: Signal, slot: &Slot<'_>) {
+        let Some(adaptive) = &self.adaptive else {
+            return;
+        };
+        let in_flight = self.in_flight.load(Ordering::Acquire);
+        let mut limit = adaptive.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let new = limit.learn(signal, slot.started, slot.before, in_flight, now);
+        // At least 1 (the floor is), so the upstream is never shut out. The
+        // gauge is set only when the limit moves.
+        if self.limit.swap(new as usize, Ordering::AcqRel) != new as usize {
+            self.gauge.set(new.floor());
+        }
     }
 }
 
-/// A call in flight; dropping it (answered, timed out or cancelled) frees its place.
-pub(super) struct Slot<'a>(&'a AtomicUsize);
+/// A call in flight; dropping it (answered, timed out or cancelled) frees its
+/// place. [`Slot::finish`] first tells the adaptive limit how the call ended.
+pub(super) struct Slot<'a> {
+    bound: &'a Bound,
+    started: Instant,
+    /// Calls in flight when it was taken, itself included.
+    before: usize,
+}
+
+impl Slot<'_> {
+    /// The call ended as `end`; frees the place.
+    pub(super) fn finish(self, end: End) {
+        let signal = match end {
+            End::LoadRefused => Some(Signal::Refused),
+            End::Answered | End::TimedOut => Some(Signal::Latency(self.started.elapsed())),
+            End::Unknown => None,
+        };
+        if let Some(signal) = signal {
+            self.bound.learn(signal, &self);
+        }
+    }
+}
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.bound.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -128,6 +363,141 @@ mod tests {
 
     fn user(id: u64) -> UserId {
         UserId::new(id).unwrap()
+    }
+
+    fn adaptive(max: usize, min: usize) -> Bound {
+        let adapt = Adapt {
+            min,
+            tolerance: 2.0,
+        };
+        Bound::new(max, Some(adapt), metrics::Gauge::noop())
+    }
+
+    /// Each row: calls held in flight, how one of them ends, the limit after.
+    #[tokio::test(start_paused = true)]
+    async fn the_adaptive_limit_cuts_on_refusals_and_climbs_and_grows_back() {
+        let bound = adaptive(100, 4);
+        let ms = Duration::from_millis;
+        // (held, signal, wait before it, limit after)
+        let rows: &[(usize, Option<Signal>, Duration, usize)] = &[
+            // Answers at a steady 20 ms with 10 of 100 in flight: app-limited, no growth.
+            (10, Some(Signal::Latency(ms(20))), ms(0), 100),
+            // A refusal with 20 in flight: cut to 0.9 x 20.
+            (20, Some(Signal::Refused), ms(1), 18),
+            // A second refusal of a call that started before the cut: ignored.
+            (20, Some(Signal::Refused), ms(0), 18),
+            // Answers at the limit grow it by about 1/limit each.
+            (17, Some(Signal::Latency(ms(20))), ms(5), 18),
+            // A latency climb (short average past twice the long) cuts.
+            (17, Some(Signal::Latency(ms(400))), ms(5), 15),
+            // Many refusals, each after the last cut: down to the floor, not below.
+            (3, Some(Signal::Refused), ms(5), 4),
+            (3, Some(Signal::Refused), ms(5), 4),
+        ];
+        let mut started = Instant::now();
+        for (i, &(held, signal, wait, after)) in rows.iter().enumerate() {
+            let slots: Vec<_> = (0..held).map_while(|_| bound.slot()).collect();
+            if !wait.is_zero() {
+                // A call that starts after the last cut.
+                started = Instant::now();
+                tokio::time::advance(wait).await;
+            }
+            let slot = slots.first().unwrap();
+            let slot = Slot {
+                bound: &bound,
+                started,
+                before: slot.before,
+            };
+            if let Some(signal) = signal {
+                bound.learn(signal, &slot);
+            }
+            drop(slot);
+            // The hand-made slot gave back a place it had not taken.
+            bound.in_flight.fetch_add(1, Ordering::AcqRel);
+            drop(slots);
+            assert_eq!(bound.limit(), after, "row {i}");
+            assert_eq!(bound.in_flight.load(Ordering::Acquire), 0, "row {i}");
+        }
+        // Back to 20 ms answers (the short average settles), then a second
+        // without a cut: growth is one place per answer at the limit.
+        for round in 0..30 {
+            if round == 10 {
+                tokio::time::advance(Duration::from_secs(2)).await;
+            }
+            let slots: Vec<_> = (0..bound.limit()).map_while(|_| bound.slot()).collect();
+            tokio::time::advance(ms(20)).await;
+            if let Some(slot) = slots.into_iter().last() {
+                slot.finish(End::Answered);
+            }
+        }
+        assert!(bound.limit() >= 20, "{}", bound.limit());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_load_refusal_reported_on_a_slot_cuts_and_a_timeout_is_a_climb() {
+        let bound = adaptive(64, 2);
+        for _ in 0..50 {
+            let slot = bound.slot().unwrap();
+            tokio::time::advance(Duration::from_millis(10)).await;
+            slot.finish(End::Answered);
+        }
+        assert_eq!(bound.limit(), 64);
+        let held: Vec<_> = (0..30).map(|_| bound.slot().unwrap()).collect();
+        bound.slot().unwrap().finish(End::LoadRefused);
+        assert_eq!(bound.limit(), 27, "0.9 x the 31 in flight");
+        drop(held);
+        // Cancelled or failed calls teach nothing.
+        tokio::time::advance(Duration::from_millis(10)).await;
+        drop(bound.slot().unwrap());
+        bound.slot().unwrap().finish(End::Unknown);
+        assert_eq!(bound.limit(), 27);
+        // A timeout is a 300 ms latency: a climb over 10 ms answers.
+        let held: Vec<_> = (0..20).map(|_| bound.slot().unwrap()).collect();
+        let slot = bound.slot().unwrap();
+        tokio::time::advance(Duration::from_millis(300)).await;
+        slot.finish(End::TimedOut);
+        assert_eq!(bound.limit(), 18, "0.9 x the 21 in flight");
+        drop(held);
+        assert_eq!(bound.in_flight.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn a_refused_place_is_handed_back() {
+        for bound in [Bound::new(2, None, metrics::Gauge::noop()), adaptive(2, 1)] {
+            let a = bound.slot().unwrap();
+            let b = bound.slot().unwrap();
+            for _ in 0..10 {
+                assert!(bound.slot().is_none());
+            }
+            assert_eq!(bound.in_flight.load(Ordering::Acquire), 2);
+            drop(a);
+            let c = bound.slot();
+            assert!(c.is_some());
+            drop((b, c));
+            assert_eq!(bound.in_flight.load(Ordering::Acquire), 0);
+        }
+    }
+
+    #[test]
+    fn two_threads_racing_for_the_last_place_never_both_have_it() {
+        let bound = Bound::new(1, None, metrics::Gauge::noop());
+        let holders = AtomicUsize::new(0);
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    for _ in 0..20_000 {
+                        barrier.wait();
+                        if let Some(slot) = bound.slot() {
+                            assert_eq!(holders.fetch_add(1, Ordering::AcqRel), 0);
+                            holders.fetch_sub(1, Ordering::AcqRel);
+                            drop(slot);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(bound.in_flight.load(Ordering::Acquire), 0);
     }
 
     #[test]

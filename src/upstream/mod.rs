@@ -5,7 +5,9 @@
 //! body of the right shape, a phone that normalises. Anything else is an
 //! [`UpstreamError`]. Nothing here caches or decides; see `resolve`.
 //!
-//! Calls in flight are bounded per upstream (`upstreams.<name>.max_in_flight`):
+//! Calls in flight are bounded per upstream (`upstreams.<name>.max_in_flight`,
+//! a limit that adapts below it when the upstream refuses load or slows down,
+//! see `limit`):
 //! a fetch outlives the request that started it (the cache runs it in its own
 //! task, to its timeout), so clients that send and reset at once would otherwise
 //! drive the upstream's concurrency at the raw request rate, past anything
@@ -63,7 +65,7 @@ use crate::config::{BreakerConfig, UpstreamConfig, UpstreamsConfig};
 use crate::domain::{AdId, Phone, Source, StatusItem, UserId};
 use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers, upstream_span};
 use breaker::Breaker;
-use limit::{Bound, PerSeller};
+use limit::{Adapt, Bound, End, PerSeller};
 use pool::{Phase, Pool};
 
 /// Largest upstream body read; a phone answer is tens of bytes, a status page of
@@ -160,6 +162,7 @@ impl Endpoint {
         config: &UpstreamConfig,
         breaker: BreakerConfig,
         max_in_flight: usize,
+        adapt: Option<Adapt>,
         max_in_flight_per_seller: usize,
         min_sellers: u32,
     ) -> Self {
@@ -181,7 +184,11 @@ impl Endpoint {
             pool: Pool::new(&authority, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE),
             timeout: config.timeout,
             breaker: Breaker::new(name.as_str(), breaker, min_sellers),
-            in_flight: Bound::new(max_in_flight),
+            in_flight: Bound::new(
+                max_in_flight,
+                adapt,
+                metrics::gauge!("phones_gateway_upstream_limit", "upstream" => name.as_str()),
+            ),
             per_seller: PerSeller::new(max_in_flight_per_seller),
             metrics: CallMetrics::new(name.as_str()),
         }
@@ -278,13 +285,19 @@ impl Upstreams {
         let endpoint = |source: Source| {
             let upstream = upstreams.of(source);
             let max_in_flight = upstream.max_in_flight_or(server_max_in_flight);
-            let per_seller = upstream.max_in_flight_per_seller_or(max_in_flight);
+            let need = crate::config::seller_need(source);
+            let per_seller = upstream.max_in_flight_per_seller_or(max_in_flight, need);
+            let adapt = upstream.adaptive_limit.then_some(Adapt {
+                min: upstream.min_in_flight,
+                tolerance: upstream.latency_tolerance,
+            });
             let name = UpstreamName::Source(source);
             Endpoint::new(
                 name,
                 upstream,
                 breaker,
                 max_in_flight,
+                adapt,
                 per_seller,
                 breaker.min_sellers,
             )
@@ -301,6 +314,7 @@ impl Upstreams {
                 calltracking,
                 breaker,
                 STATUS_FEED_MAX_IN_FLIGHT,
+                None,
                 STATUS_FEED_MAX_IN_FLIGHT,
                 1,
             ),
@@ -381,6 +395,18 @@ impl Upstreams {
         body.map(|b| parse_phone(&b.virtual_phone)).transpose()
     }
 
+    /// The most calls allowed in flight now to `source`'s upstream: its
+    /// adaptive limit, or its fixed bound.
+    pub fn limit(&self, source: Source) -> usize {
+        match source {
+            Source::RealPhone => &self.real_phone,
+            Source::Anonymous => &self.anonymous,
+            Source::Calltracking => &self.calltracking,
+        }
+        .in_flight
+        .limit()
+    }
+
     /// One page of the status feed after `cursor` (from the start when `None`),
     /// through the feed's own endpoint.
     ///
@@ -449,7 +475,28 @@ impl Upstreams {
             .metrics
             .duration
             .record(start.elapsed().as_secs_f64());
-        drop((slot, seller_slot));
+        if let Some(slot) = slot {
+            // What the adaptive bound learns from how the call ended (`limit`).
+            // Exhaustive, like the errors' class: a new way to end is decided
+            // here too.
+            slot.finish(match &result {
+                Ok(_) | Err(UpstreamError::Status(_) | UpstreamError::Decode(_)) => End::Answered,
+                Err(UpstreamError::Timeout) => End::TimedOut,
+                Err(UpstreamError::LoadRefused(_)) => End::LoadRefused,
+                Err(
+                    UpstreamError::Connect(_)
+                    | UpstreamError::CircuitOpen
+                    | UpstreamError::LocalTimeout
+                    | UpstreamError::Local(_)
+                    | UpstreamError::Saturated
+                    | UpstreamError::SellerSaturated
+                    | UpstreamError::Panicked
+                    | UpstreamError::Cancelled
+                    | UpstreamError::Request,
+                ) => End::Unknown,
+            });
+        }
+        drop(seller_slot);
         if let Err(error) = &result {
             let upstream = endpoint.name.as_str();
             tracing::debug!(upstream, %error, "upstream call failed");

@@ -5,13 +5,14 @@
 //! the snapshot's body), `reveals` (docs/api.md#the-reveal-log), `api_contract`
 //! (docs/api.md and docs/errors.md), `budgets`, `overload`, `tracing`, `operations`
 //! (configuration, runbook, privacy), `verdicts` (docs/rules.md, verdict or
-//! undecided). The harness is in `support/`.
+//! undecided), `adaptive` (docs/adaptive-limit.md). The harness is in `support/`.
 
 #![allow(clippy::unwrap_used)]
 // A test binary exports nothing (`pub` only shares helpers between its
 // modules), and it times real sockets and processes: wall time is meant.
 #![allow(unreachable_pub, clippy::disallowed_types)]
 
+mod adaptive;
 mod api_contract;
 mod budgets;
 mod caching;

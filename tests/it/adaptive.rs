@@ -1,0 +1,103 @@
+//! The adaptive bound on calls in flight (docs/adaptive-limit.md), whole-app: a
+//! real-phone upstream that serves a fixed number of calls at once and answers
+//! 429 beyond; the limit (`phones_gateway_upstream_limit` on the app's own
+//! /metrics) comes down near that capacity and climbs back when it is raised.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+
+use crate::support::paths::METRICS;
+use crate::support::*;
+use crate::{PLAIN_CATEGORY, REAL};
+
+const LIMIT: &str = "phones_gateway_upstream_limit{upstream=\"real_phone\"}";
+
+/// A real-phone upstream serving `servers` calls at once in 20 ms, 429 beyond.
+async fn capacity_fake(servers: Arc<AtomicUsize>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let inside = Arc::new(AtomicUsize::new(0));
+    let router = Router::new().fallback(move || {
+        let (servers, inside) = (servers.clone(), inside.clone());
+        async move {
+            if inside.fetch_add(1, Ordering::AcqRel) >= servers.load(Ordering::Acquire) {
+                inside.fetch_sub(1, Ordering::AcqRel);
+                return StatusCode::TOO_MANY_REQUESTS.into_response();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            inside.fetch_sub(1, Ordering::AcqRel);
+            (
+                [("content-type", "application/json")],
+                format!(r#"{{"phone":"{REAL}"}}"#),
+            )
+                .into_response()
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    url
+}
+
+async fn limit(app: &TestApp) -> f64 {
+    let metrics = app.get_admin(METRICS).await.text;
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(LIMIT)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+// Two workers: the load's clients, the app and the fakes share the runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limit_comes_down_to_a_fixed_capacity_and_climbs_back_when_it_is_raised() {
+    let servers = Arc::new(AtomicUsize::new(8));
+    let url = capacity_fake(servers.clone()).await;
+    // The breaker off: this upstream's 429s are load refusals, not failures.
+    let app = Arc::new(
+        TestApp::spawn_with(&format!(
+            "[breaker]\nenabled = false\n[upstreams.real_phone]\nbase_url = \"{url}\"\n\
+             max_in_flight = 256\nmax_in_flight_per_seller = 256\ntimeout_ms = 2000"
+        ))
+        .await,
+    );
+    // 48 clients, each asking for new sellers' numbers without pause: six
+    // times what the upstream serves at once.
+    let stop = Arc::new(AtomicBool::new(false));
+    let next = Arc::new(AtomicUsize::new(1));
+    let clients: Vec<_> = (0..48)
+        .map(|_| {
+            let (app, stop, next) = (app.clone(), stop.clone(), next.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let id = next.fetch_add(1, Ordering::Relaxed) as u64;
+                    app.phone(id, id, PLAIN_CATEGORY).await;
+                }
+            })
+        })
+        .collect();
+    // Down near the capacity: a cut lands at 0.9 x the calls in flight, and the
+    // limit then grows about one place per round trip until the next 429, so
+    // it stays within a few places of 8; 16 (twice the capacity) leaves room
+    // for a busy box, and is far below the configured 256.
+    eventually(
+        "the limit came down near 8",
+        Duration::from_secs(10),
+        || async { limit(&app).await <= 16.0 },
+    )
+    .await;
+    servers.store(64, Ordering::Release);
+    eventually(
+        "the limit climbed back",
+        Duration::from_secs(15),
+        || async { limit(&app).await >= 32.0 },
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+}
