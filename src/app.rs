@@ -28,6 +28,7 @@ use tokio_util::task::TaskTracker;
 use crate::budget::{self, Budgets};
 use crate::cache::caches::Caches;
 use crate::config::{Config, DatabaseConfig};
+use crate::http::api::snapshot::Uploads;
 use crate::http::api::state::{AdminState, PublicState};
 use crate::http::api::{admin_router, public_router};
 use crate::http::server::ServeSettings;
@@ -146,6 +147,7 @@ impl App {
             reveal_store: reveal_store.clone(),
             budgets: parts.budgets.clone(),
             limits: server.limits,
+            snapshot_uploads: Uploads::new(server.limits.max_snapshot_uploads),
         };
         if config.admin.token.is_empty() {
             tracing::warn!("admin.token is empty: every /admin/ route answers 401");
@@ -242,7 +244,11 @@ impl App {
         let loaded = CancellationToken::new();
         // A mistake no retry mends (a pooler without a session): stops the app.
         let (fatal_tx, mut fatal_rx) = mpsc::channel::<String>(1);
-        self.start_status(&background, &loaded, fatal_tx);
+        // Cancelled when the shutdown begins (or with every task): the duties
+        // that hand something on to another replica (the feed's lease) stop
+        // then, before the drain, not when the listeners have drained.
+        let stopping = background.token.child_token();
+        self.start_status(&background, &loaded, &stopping, fatal_tx);
         self.start_budgets(&background, &loaded);
         background.spawn(crate::telemetry::metrics_upkeep());
         background.spawn_until_stopped(|stop| self.admission.clone().watch(stop));
@@ -262,7 +268,10 @@ impl App {
         let deadline_rx = start_shutdown(
             &background,
             shutdown,
-            self.shutting_down,
+            Stopping {
+                shutting_down: self.shutting_down,
+                duties: stopping,
+            },
             &self.server,
             stop_tx,
         );
@@ -287,11 +296,13 @@ impl App {
     }
 
     /// The status set's load (which opens `loaded`), then its sync and, when
-    /// `status_feed.enabled`, the feed loop.
+    /// `status_feed.enabled`, the feed loop (which ends at `stopping`, giving
+    /// its lease back).
     fn start_status(
         &self,
         background: &Background,
         loaded: &CancellationToken,
+        stopping: &CancellationToken,
         fatal: mpsc::Sender<String>,
     ) {
         let database = &self.config.database;
@@ -313,15 +324,23 @@ impl App {
         ));
         let feed = &self.config.upstreams.calltracking.status_feed;
         if feed.enabled {
-            background.spawn(after(
-                loaded,
-                crate::status::feed::run(
-                    feed.clone(),
-                    self.status.clone(),
-                    self.leadership.clone(),
-                    self.upstreams.clone(),
-                ),
-            ));
+            let run = crate::status::feed::run(
+                feed.clone(),
+                self.status.clone(),
+                self.leadership.clone(),
+                self.upstreams.clone(),
+                stopping.clone(),
+            );
+            let (ready, stopping) = (loaded.clone(), stopping.clone());
+            // Not cut off: it stores the page under way and gives the lease
+            // back once `stopping` is cancelled (bounded: a page's calls and
+            // one small statement).
+            background.spawn_until_stopped(|_| async move {
+                tokio::select! {
+                    () = ready.cancelled() => run.await,
+                    () = stopping.cancelled() => {}
+                }
+            });
         }
     }
 
@@ -392,13 +411,23 @@ async fn bind(config: &Config) -> anyhow::Result<(TcpListener, TcpListener)> {
     Ok((public, admin))
 }
 
+/// What the shutdown's first step flips.
+struct Stopping {
+    /// `/readyz` answers 503 from then on.
+    shutting_down: Arc<AtomicBool>,
+    /// The duties that hand on to another replica stop (see `stopping` in
+    /// [`App::run`]).
+    duties: CancellationToken,
+}
+
 /// The shutdown sequence, once `shutdown` completes: `/readyz` turns 503
-/// (`shutting_down`), a pause for the load balancer, the listeners stop
-/// (`stop`), and after the drain timeout the returned receiver fires.
+/// and the feed stops and gives its lease back (`stopping`), a pause for the
+/// load balancer, the listeners stop (`stop`), and after the drain timeout
+/// the returned receiver fires.
 fn start_shutdown(
     background: &Background,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    shutting_down: Arc<AtomicBool>,
+    stopping: Stopping,
     server: &ServeSettings,
     stop: watch::Sender<bool>,
 ) -> oneshot::Receiver<()> {
@@ -407,7 +436,8 @@ fn start_shutdown(
     let (deadline_tx, deadline_rx) = oneshot::channel::<()>();
     background.spawn(async move {
         shutdown.await;
-        shutting_down.store(true, Ordering::Release);
+        stopping.shutting_down.store(true, Ordering::Release);
+        stopping.duties.cancel();
         tracing::info!(
             ?pause,
             "shutting down: /readyz answers 503; pausing for the load balancer"
@@ -531,9 +561,15 @@ async fn load(
             }
         }
         tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(5));
+        // At most 2 s: with the migrations' and the pooler check's bounds, a
+        // start against a silent database is ready within 10 s of it
+        // answering (`MIGRATION_BOUND`).
+        delay = (delay * 2).min(START_RETRY_MAX);
     }
 }
+
+/// The longest pause between two tries of the start's database work.
+const START_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// What a replica says when the connection it needs a session on (`key`:
 /// `database.direct_url`, or `database.url` without it) is a transaction-mode

@@ -5,13 +5,13 @@
 //!
 //! # The map, top down
 //!
-//! The arrows point one way: `http -> resolve -> (cache, upstream, status) ->
+//! Imports go one way: `http -> resolve -> (cache, upstream, status) ->
 //! store -> domain`, and `http -> (budget, reveals) -> store`; [`app`] wires the
 //! parts; [`config`], [`telemetry`] and [`domain`] import nothing above them.
-//! Inside every folder too, the rooms (its files and subfolders, the folder's
-//! own module one of them) form no circle. `tests/arrows.rs` fails on a cycle
-//! at either level, on a file outside `store` that names sqlx, and on
-//! `http::api` importing `http::server`.
+//! Inside every folder too, the modules (its files and subfolders, the
+//! folder's own module one of them) import one another without a cycle.
+//! `tests/arrows.rs` fails on a cycle at either level, on a file outside
+//! `store` that names sqlx, and on `http::api` importing `http::server`.
 //!
 //! - [`app`]: builds the parts from the configuration, runs both listeners and
 //!   owns every background task (one cancellation token and task tracker:
@@ -19,7 +19,7 @@
 //!   and hands each owner its store handle. Each part is built from its own
 //!   section of the configuration (`&XConfig`; a background task takes an
 //!   owned copy), a value of another section passed as its own argument.
-//! - [`http`]: two rooms, and the server imports the API, never the reverse.
+//! - [`http`]: two modules, and the server imports the API, never the reverse.
 //!   - [`http::server`]: the hand-built HTTP server: connections through hyper
 //!     (a head deadline and a size bound `axum::serve` does not expose; hyper's
 //!     own rejections rewritten as problem documents), each listener's front

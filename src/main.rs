@@ -57,74 +57,86 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Demo { config: None }) {
-        Command::Serve { config } => {
-            let config = load(config);
-            // Dropped last, once the app and its runtime have stopped: the
-            // spans still buffered go out then.
-            let _export = phones_gateway::telemetry::init_logs_and_traces(
-                &config.log.filter,
-                config.log.format,
-                &config.tracing,
-            )?;
-            log_mistyped_environment();
-            let served = runtime(config.runtime.worker_threads)?.block_on(serve(config));
-            // A start-up mistake (a port taken, a pooler without a session) is
-            // one line and exit status 1, not an anyhow report: with
-            // RUST_BACKTRACE=1 that would follow it with a backtrace of main.
-            if let Err(error) = served {
-                tracing::error!("{error:#}");
-                eprintln!("Error: {error:#}");
-                std::process::exit(1);
-            }
-            Ok(())
-        }
-        Command::CheckConfig { config } => {
-            // `load` names the mistyped variables itself when it fails.
-            let config = load(config);
-            for warning in mistyped_environment() {
-                eprintln!("phones-gateway: warning: {warning}");
-            }
-            if config.admin.token.is_empty() {
-                eprintln!(
-                    "phones-gateway: warning: admin.token is empty: every /admin/ route will answer 401 \
-                     (set PHONES_GATEWAY__ADMIN__TOKEN)"
-                );
-            }
-            println!("configuration ok");
-            Ok(())
-        }
-        Command::Migrate { config } => {
-            let config = load(config);
-            phones_gateway::telemetry::init_logs(&config.log.filter, config.log.format)?;
-            log_mistyped_environment();
-            runtime(1)?.block_on(async {
-                let database = phones_gateway::store::Database::connect_via(
-                    config.database.url.expose(),
-                    config.database.direct_url(),
-                    1,
-                    phones_gateway::app::bounds(&config.database),
-                )
-                .await?;
-                database.migrate().await?;
-                tracing::info!(store = database.kind(), "migrations applied");
-                anyhow::Ok(())
-            })
-        }
+        Command::Serve { config } => run_serve(load(config)),
+        Command::CheckConfig { config } => check_config(config),
+        Command::Migrate { config } => run_migrate(load(config)),
         Command::Simulate(sim_config) => {
             phones_gateway::telemetry::init_logs("info", LogFormat::Text)?;
             runtime(0)?.block_on(simulate(sim_config))
         }
-        Command::Demo { config } => {
-            let config = load(config);
-            let _export = phones_gateway::telemetry::init_logs_and_traces(
-                &config.log.filter,
-                LogFormat::Text,
-                &config.tracing,
-            )?;
-            log_mistyped_environment();
-            runtime(config.runtime.worker_threads)?.block_on(demo(config))
-        }
+        Command::Demo { config } => run_demo(load(config)),
     }
+}
+
+/// `serve`: the service as configured, until a signal stops it.
+fn run_serve(config: Config) -> anyhow::Result<()> {
+    // Dropped last, once the app and its runtime have stopped: the
+    // spans still buffered go out then.
+    let _export = phones_gateway::telemetry::init_logs_and_traces(
+        &config.log.filter,
+        config.log.format,
+        &config.tracing,
+    )?;
+    log_mistyped_environment();
+    let served = runtime(config.runtime.worker_threads)?.block_on(serve(config));
+    // A start-up mistake (a port taken, a pooler without a session) is
+    // one line and exit status 1, not an anyhow report: with
+    // RUST_BACKTRACE=1 that would follow it with a backtrace of main.
+    if let Err(error) = served {
+        tracing::error!("{error:#}");
+        eprintln!("Error: {error:#}");
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// `check-config`: loads and validates, with warnings for what is valid but
+/// likely a mistake.
+fn check_config(file: Option<PathBuf>) -> anyhow::Result<()> {
+    // `load` names the mistyped variables itself when it fails.
+    let config = load(file);
+    for warning in mistyped_environment() {
+        eprintln!("phones-gateway: warning: {warning}");
+    }
+    if config.admin.token.is_empty() {
+        eprintln!(
+            "phones-gateway: warning: admin.token is empty: every /admin/ route will answer 401 \
+             (set PHONES_GATEWAY__ADMIN__TOKEN)"
+        );
+    }
+    println!("configuration ok");
+    Ok(())
+}
+
+/// `migrate`: applies the migrations and exits.
+fn run_migrate(config: Config) -> anyhow::Result<()> {
+    phones_gateway::telemetry::init_logs(&config.log.filter, config.log.format)?;
+    log_mistyped_environment();
+    runtime(1)?.block_on(async {
+        let database = phones_gateway::store::Database::connect_via(
+            config.database.url.expose(),
+            config.database.direct_url(),
+            1,
+            phones_gateway::app::bounds(&config.database),
+        )
+        .await?;
+        // No client bound on the whole run: a migration that rightly
+        // takes long (an index on a large table) runs here, not at start.
+        database.migrate_within(None).await?;
+        tracing::info!(store = database.kind(), "migrations applied");
+        anyhow::Ok(())
+    })
+}
+
+/// `demo` (and no command): the service and the simulator together.
+fn run_demo(config: Config) -> anyhow::Result<()> {
+    let _export = phones_gateway::telemetry::init_logs_and_traces(
+        &config.log.filter,
+        LogFormat::Text,
+        &config.tracing,
+    )?;
+    log_mistyped_environment();
+    runtime(config.runtime.worker_threads)?.block_on(demo(config))
 }
 
 /// A multi-threaded runtime sized by `runtime::worker_threads`.

@@ -1,15 +1,14 @@
-//! The module graph points one way: http -> resolve -> (cache, upstream,
-//! status) -> store -> domain. This test reads every path in `src/`
-//! (`crate::`, `super::`, `self::` and relative ones, `use` groups expanded,
-//! comments and strings skipped), builds the graph between top-level modules
-//! and fails on a cycle, naming it, and on a low module importing anything
-//! above it (`domain` imports nothing of the crate; `config` only the domain;
-//! `telemetry` only config and domain).
+//! Imports go one way: http -> resolve -> (cache, upstream, status) -> store
+//! -> domain. This test parses every file of `src/` with syn and reads the
+//! paths it names (`crate::`, `super::`, `self::` and relative ones, `use`
+//! groups expanded, paths in macro calls too), builds the graph between
+//! top-level modules and fails on a cycle, naming it, and on a low module
+//! importing anything above it (`domain` imports nothing of the crate;
+//! `config` only the domain; `telemetry` only config and domain).
 //!
-//! Every folder below `src/` is checked the same way, with its direct
-//! children as rooms and its `mod.rs` as a room of its own
-//! (`no_folder_has_a_circle` says how arrows are drawn): no circle in any
-//! folder.
+//! Every folder below `src/` is checked the same way, its direct children and
+//! its `mod.rs` the nodes (`no_folder_has_a_cycle` says how an import is
+//! counted): no cycle in any folder.
 //! It also fails when a file outside `store` names sqlx: the database is the
 //! store's, and the rest of the crate reaches it through the store's handles.
 //!
@@ -20,7 +19,11 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use proc_macro2::{TokenStream, TokenTree};
+use syn::visit::Visit;
 
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
@@ -59,10 +62,10 @@ fn low_modules_import_nothing_above_them() {
 #[test]
 fn the_api_does_not_import_the_server() {
     let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
-    let rooms = folder_graph(src, &src.join("http"));
-    assert!(rooms["server"].contains("api"), "{rooms:?}");
+    let http = folder_graph(src, &src.join("http"));
+    assert!(http["server"].contains("api"), "{http:?}");
     assert!(
-        !rooms["api"].contains("server"),
+        !http["api"].contains("server"),
         "the API imports the server"
     );
 }
@@ -81,17 +84,13 @@ fn no_route_path_is_written_twice() {
     assert!(routes.len() > 10, "{routes:?}");
     let mut places: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for path in rust_files(src) {
-        let text = std::fs::read_to_string(&path).unwrap();
-        for (n, line) in text.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or_default();
-            for literal in string_literals(code) {
-                let route_like = literal.starts_with("/v1/")
-                    || literal.starts_with("/admin")
-                    || routes.contains(&literal);
-                if route_like {
-                    let place = format!("{}:{}", path.strip_prefix(src).unwrap().display(), n + 1);
-                    places.entry(literal.to_owned()).or_default().push(place);
-                }
+        for literal in &parsed(&path).literals {
+            let route_like = literal.starts_with("/v1/")
+                || literal.starts_with("/admin")
+                || routes.contains(&literal.as_str());
+            if route_like {
+                let place = path.strip_prefix(src).unwrap().display().to_string();
+                places.entry(literal.clone()).or_default().push(place);
             }
         }
     }
@@ -109,11 +108,12 @@ fn no_route_path_is_written_twice() {
 }
 
 #[test]
-fn the_literal_reader_skips_escapes() {
-    let code = r#"f("/v1/a", "say \"/v1/b\"", b"/admin", '"');"#;
+fn the_literal_reader_reads_code_and_macros_not_docs() {
+    let code = "/// \"/v1/doc\"\nfn f() { g(\"/v1/a\", b\"/admin\", '\"'); \
+                format!(\"say \\\"/v1/b\\\"\"); }";
     assert_eq!(
-        string_literals(code),
-        ["/v1/a", r#"say \"/v1/b\""#, "/admin"]
+        names_in(code).literals,
+        ["/v1/a", "/admin", r#"say "/v1/b""#]
     );
 }
 
@@ -123,7 +123,7 @@ fn only_the_store_speaks_sql() {
     let outside: Vec<String> = rust_files(src)
         .into_iter()
         .filter(|path| top_level(src, path) != "store")
-        .filter(|path| names_sqlx(&std::fs::read_to_string(path).unwrap()))
+        .filter(|path| crate_in(parsed(path), "sqlx"))
         .map(|path| path.strip_prefix(src).unwrap().display().to_string())
         .collect();
     assert!(
@@ -133,7 +133,7 @@ fn only_the_store_speaks_sql() {
     assert!(
         rust_files(src)
             .iter()
-            .any(|path| names_sqlx(&std::fs::read_to_string(path).unwrap())),
+            .any(|path| crate_in(parsed(path), "sqlx")),
         "read the store"
     );
 }
@@ -141,11 +141,11 @@ fn only_the_store_speaks_sql() {
 #[test]
 fn the_sqlx_check_reads_code_not_comments() {
     assert!(names_sqlx("use sqlx::PgPool;"));
-    assert!(names_sqlx("    let e: ::sqlx::Error = todo!();"));
+    assert!(names_sqlx("fn f() { let e: ::sqlx::Error = todo!(); }"));
     assert!(names_sqlx("use {sqlx::Row, std::fmt};"));
     assert!(names_sqlx("extern crate sqlx;"));
     assert!(!names_sqlx("//! everything that speaks SQL (sqlx)"));
-    assert!(!names_sqlx("let n = 1; // not sqlx::Error"));
+    assert!(!names_sqlx("fn f() { let n = 1; } // not sqlx::Error"));
     assert!(!names_sqlx("use my_sqlx::Thing;"));
 }
 
@@ -155,26 +155,19 @@ fn names_sqlx(text: &str) -> bool {
     names_crate(text, "sqlx")
 }
 
-/// Whether `text` names the crate `name` in code: a path `name::...` that is
-/// not a segment of another path (`crate::name::` is a module of ours), or
-/// `extern crate name`; comments skipped.
+/// Whether `text` names the crate `name` in code: a path `name::...` (not
+/// `crate::name::`, a module of ours), or `extern crate name`.
 fn names_crate(text: &str, name: &str) -> bool {
-    let ident = |c: char| c.is_alphanumeric() || c == '_';
-    text.lines().any(|line| {
-        let code = line.split("//").next().unwrap_or_default();
-        code.match_indices(name).any(|(at, _)| {
-            let before = &code[..at];
-            let after = &code[at + name.len()..];
-            let segment = before
-                .strip_suffix("::")
-                .is_some_and(|b| b.chars().next_back().is_some_and(ident));
-            !before.chars().next_back().is_some_and(ident)
-                && !segment
-                && (after.starts_with("::")
-                    || (before.trim_end().ends_with("crate")
-                        && after.trim_start().starts_with(';')))
-        })
-    })
+    crate_in(&names_in(text), name)
+}
+
+/// [`names_crate`] of a parsed file.
+fn crate_in(names: &Names, name: &str) -> bool {
+    names.extern_crates.iter().any(|c| c == name)
+        || names
+            .paths
+            .iter()
+            .any(|p| p.segments.len() >= 2 && p.segments[0] == name)
 }
 
 /// The selection rules and the fan-out know nothing of HTTP: the request's
@@ -194,10 +187,9 @@ fn resolve_imports_nothing_of_http() {
         .into_iter()
         .filter(|path| top_level(src, path) == "resolve")
         .flat_map(|path| {
-            let text = std::fs::read_to_string(&path).unwrap();
             http_crates
                 .iter()
-                .filter(|name| names_crate(&text, name))
+                .filter(|name| crate_in(parsed(&path), name))
                 .map(|name| format!("{} names {name}", path.display()))
                 .collect::<Vec<_>>()
         })
@@ -229,11 +221,11 @@ fn the_checker_finds_a_cycle_and_reads_grouped_imports() {
 }
 
 fn graph_of(modules: &[(&str, &str)]) -> Graph {
-    rooms_of(&[], modules)
+    folder_graph_of(&[], modules)
 }
 
 /// Every `.rs` file under `dir`.
-fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
     let (mut found, mut todo) = (Vec::new(), vec![dir.to_path_buf()]);
     while let Some(path) = todo.pop() {
         if path.is_dir() {
@@ -246,41 +238,6 @@ fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     found.sort();
     found
-}
-
-/// The string literals of a line of code (`"..."`, escapes kept as written;
-/// character literals skipped).
-fn string_literals(code: &str) -> Vec<&str> {
-    let mut literals = Vec::new();
-    let mut chars = code.char_indices();
-    while let Some((i, c)) = chars.next() {
-        match c {
-            '\'' => {
-                // A char literal ('"', '\'') or a lifetime ('a): skip the
-                // quoted character either way.
-                let _ = chars
-                    .next()
-                    .filter(|&(_, c)| c == '\\')
-                    .map(|_| chars.next());
-            }
-            '"' => {
-                let start = i + 1;
-                let mut escaped = false;
-                for (j, c) in chars.by_ref() {
-                    match c {
-                        '\\' if !escaped => escaped = true,
-                        '"' if !escaped => {
-                            literals.push(&code[start..j]);
-                            break;
-                        }
-                        _ => escaped = false,
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    literals
 }
 
 /// Top-level module -> the top-level modules its files name (`mod` is
@@ -328,18 +285,19 @@ fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
         .find_map(|node| visit(graph, node, &mut Vec::new(), &mut done))
 }
 
-/// Every folder below `src/` is a house of its own: its rooms are its direct
-/// children (a file `x.rs` or a folder `x/` is the room `x`), and its `mod.rs`
-/// is the room `mod`, a room like the others. An arrow goes from the room of the
-/// file that names a path to the room the path lands in: `crate::a::f::x::...`,
-/// `super::x::...` or (in `mod.rs`) `x::...` land in `x`; a path to an item of
-/// the folder itself (`super::Item`, `crate::a::f::Item`, `use super::*`) lands
-/// in `mod`, since `mod.rs` defines or re-exports it. A `mod x;` declaration is
-/// no arrow. So a child may import what `mod.rs` defines only if `mod.rs`
-/// imports nothing from it (directly or round about), and the other way round.
-/// This test fails on a circle in any folder, naming the folder and the circle.
+/// Every folder below `src/` is a graph of its own: its nodes are its direct
+/// children (a file `x.rs` or a folder `x/` is the node `x`), and its `mod.rs`
+/// is the node `mod`, a node like the others. An import goes from the node of
+/// the file that names a path to the node the path lands in:
+/// `crate::a::f::x::...`, `super::x::...` or (in `mod.rs`) `x::...` land in
+/// `x`; a path to an item of the folder itself (`super::Item`,
+/// `crate::a::f::Item`, `use super::*`) lands in `mod`, since `mod.rs` defines
+/// or re-exports it. A `mod x;` declaration is no import. So a child may import
+/// what `mod.rs` defines only if `mod.rs` imports nothing from it (directly or
+/// round about), and the other way round. This test fails on a cycle in any
+/// folder, naming the folder and the cycle.
 #[test]
-fn no_folder_has_a_circle() {
+fn no_folder_has_a_cycle() {
     let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
     let folders = folders(src);
     assert!(folders.len() > 10, "read the folders: {folders:?}");
@@ -355,15 +313,15 @@ fn no_folder_has_a_circle() {
         .collect();
     assert!(
         circles.is_empty(),
-        "circles inside folders:\n{}",
+        "cycles inside folders:\n{}",
         circles.join("\n")
     );
 }
 
 #[test]
-fn the_folder_checker_finds_a_circle_through_mod_rs() {
+fn the_folder_checker_finds_a_cycle_through_mod_rs() {
     // A child importing what `mod.rs` defines, while `mod.rs` imports the child.
-    let circle = rooms_of(
+    let circle = folder_graph_of(
         &["a", "f"],
         &[
             (
@@ -378,27 +336,27 @@ fn the_folder_checker_finds_a_circle_through_mod_rs() {
     assert_eq!(circle["x"], BTreeSet::from(["mod".to_owned()]));
     assert!(find_cycle(&circle).is_some());
     // Two siblings through absolute and grouped paths, across lines.
-    let circle = rooms_of(
+    let circle = folder_graph_of(
         &["a", "f"],
         &[
             ("mod", "mod x;\nmod y;"),
             ("x", "use crate::a::f::{\n    y::Route,\n};"),
-            ("y", "fn f() { let _ = crate::a::{f::x::Handler}; }"),
+            ("y", "fn f() { use crate::a::{f::x::Handler}; }"),
         ],
     );
     assert_eq!(
         find_cycle(&circle).unwrap(),
         ["x", "y", "x"].map(str::to_owned)
     );
-    // One way only: no circle. The test module's `super` is its own file, a
-    // `mod x;` declaration is no arrow, nor a path in a comment or a string,
+    // One way only: no cycle. The test module's `super` is its own file, a
+    // `mod x;` declaration is no import, nor a path in a comment or a string,
     // nor one in a `#[cfg(test)]` module.
-    let one_way = rooms_of(
+    let one_way = folder_graph_of(
         &["a", "f"],
         &[
             (
                 "mod",
-                "pub mod x;\npub mod y;\n//! see [`x::Thing`]\npub use y::Route;",
+                "//! see [`x::Thing`]\npub mod x;\npub mod y;\npub use y::Route;",
             ),
             (
                 "x",
@@ -415,8 +373,8 @@ fn the_folder_checker_finds_a_circle_through_mod_rs() {
     assert_eq!(one_way["x"], BTreeSet::from(["y".to_owned()]));
     assert!(one_way["y"].is_empty(), "{one_way:?}");
     assert_eq!(find_cycle(&one_way), None);
-    // An inline module that is not a test's draws arrows from its file.
-    let inline = rooms_of(
+    // An inline module that is not a test's imports for its file.
+    let inline = folder_graph_of(
         &["a", "f"],
         &[
             ("x", ""),
@@ -458,7 +416,7 @@ fn the_path_reader_reads_every_spelling() {
     );
     assert_eq!(
         read(
-            "let n = routes::LABELS.len(); v.iter().collect::<Vec<_>>();",
+            "fn f() { let n = routes::LABELS.len(); v.iter().collect::<Vec<_>>(); }",
             &["http", "api"]
         ),
         ["http::api::routes::LABELS"]
@@ -479,34 +437,41 @@ fn the_path_reader_reads_every_spelling() {
     );
     assert_eq!(
         read(
-            "let s = r#\"crate::x::y\"#; let b = b'a'; crate::z::w();",
+            "fn f() { let s = r#\"crate::x::y\"#; let b = b'a'; crate::z::w(); }",
             &["a"]
         ),
         ["z::w"]
     );
 }
 
-/// A folder's rooms from texts (`mod` for its `mod.rs`), the folder at
+/// A folder's graph from texts (`mod` for its `mod.rs`), the folder at
 /// `folder` in the crate.
-fn rooms_of(folder: &[&str], files: &[(&str, &str)]) -> Graph {
+fn folder_graph_of(folder: &[&str], files: &[(&str, &str)]) -> Graph {
     let folder: Vec<String> = folder.iter().map(|s| s.to_string()).collect();
     let children: BTreeSet<String> = files
         .iter()
-        .map(|(room, _)| room.to_string())
-        .filter(|room| room != "mod")
+        .map(|(node, _)| node.to_string())
+        .filter(|node| node != "mod")
         .collect();
     let mut graph = Graph::new();
-    for (room, text) in files {
+    for (node, text) in files {
         let mut module = folder.clone();
-        if *room != "mod" {
-            module.push(room.to_string());
+        if *node != "mod" {
+            module.push(node.to_string());
         }
-        add_arrows(&mut graph, &folder, &children, room, &module, text);
+        add_imports(
+            &mut graph,
+            &folder,
+            &children,
+            node,
+            &module,
+            &names_in(text),
+        );
     }
     graph
 }
 
-/// Every folder below `src/` (not `src/` itself: its rooms are the top-level
+/// Every folder below `src/` (not `src/` itself: its nodes are the top-level
 /// modules, checked above).
 fn folders(src: &Path) -> Vec<std::path::PathBuf> {
     let (mut found, mut todo) = (Vec::new(), vec![src.to_path_buf()]);
@@ -523,7 +488,7 @@ fn folders(src: &Path) -> Vec<std::path::PathBuf> {
     found
 }
 
-/// The rooms of `folder` -> the sibling rooms its files' paths land in.
+/// The nodes of `folder` -> the sibling nodes its files' paths land in.
 fn folder_graph(src: &Path, folder: &Path) -> Graph {
     let module_of = |path: &Path| -> Vec<String> {
         let relative = path.strip_prefix(src).unwrap();
@@ -556,9 +521,8 @@ fn folder_graph(src: &Path, folder: &Path) -> Graph {
             continue; // the binary, a crate of its own
         }
         let module = module_of(&path);
-        let room = module.get(here.len()).map_or("mod", String::as_str);
-        let text = std::fs::read_to_string(&path).unwrap();
-        add_arrows(&mut graph, &here, &children, room, &module, &text);
+        let node = module.get(here.len()).map_or("mod", String::as_str);
+        add_imports(&mut graph, &here, &children, node, &module, parsed(&path));
     }
     graph
 }
@@ -569,18 +533,18 @@ fn is_root(src: &Path, path: &Path) -> bool {
     path.ends_with("mod.rs") || path == src.join("lib.rs") || path == src.join("main.rs")
 }
 
-/// Adds the arrows from `room` (of the folder at `folder`, whose child rooms
+/// Adds the imports from `node` (of the folder at `folder`, whose child nodes
 /// are `children`) that the text of the module `module` draws.
-fn add_arrows(
+fn add_imports(
     graph: &mut Graph,
     folder: &[String],
     children: &BTreeSet<String>,
-    room: &str,
+    node: &str,
     module: &[String],
-    text: &str,
+    names: &Names,
 ) {
     let mut targets = BTreeSet::new();
-    for path in paths_of(text, module) {
+    for path in paths_in(names, module) {
         let Some(rest) = path.strip_prefix(folder) else {
             continue;
         };
@@ -588,252 +552,225 @@ fn add_arrows(
             Some(child) if children.contains(child) => child.as_str(),
             _ => "mod",
         };
-        if target != room {
+        if target != node {
             targets.insert(target.to_owned());
         }
     }
-    graph.entry(room.to_owned()).or_default().extend(targets);
+    graph.entry(node.to_owned()).or_default().extend(targets);
 }
 
-/// What a word of code is to the path reader.
-#[derive(Debug, PartialEq)]
-enum Token {
-    Word(String),
-    Sep,
-    Open,
-    Close,
-    Comma,
-    Star,
-    Other(char),
+/// A path as written in a file: its segments, the inline modules (`mod x {
+/// .. }`) around it, whether it starts with `::` (another crate) and whether
+/// it sits in a `#[cfg(test)]` inline module.
+struct WrittenPath {
+    inline: Vec<String>,
+    segments: Vec<String>,
+    external: bool,
+    in_test: bool,
 }
 
-/// The tokens of `text` that paths are made of, comments, strings and
-/// character literals left out.
-fn tokens(text: &str) -> Vec<Token> {
-    let chars: Vec<char> = text.chars().collect();
-    let mut tokens = Vec::new();
-    let mut i = 0;
-    let word = |c: char| c.is_alphanumeric() || c == '_';
-    while i < chars.len() {
-        let c = chars[i];
-        let next = chars.get(i + 1).copied();
-        match c {
-            '/' if next == Some('/') => {
-                while i < chars.len() && chars[i] != '\n' {
-                    i += 1;
-                }
-            }
-            '/' if next == Some('*') => {
-                let mut depth = 0;
-                while i < chars.len() {
-                    if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
-                        depth += 1;
-                        i += 2;
-                    } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
-                        depth -= 1;
-                        i += 2;
-                        if depth == 0 {
+/// What the checks read from one file, parsed by syn: the paths it names in
+/// code (`use` trees expanded: `a::{b, c::D}` is `a::b` and `a::c::D`,
+/// `a::{self, *}` is `a`), its string literals and the crates of its `extern
+/// crate` items. Inside a macro call or an attribute's arguments, which syn
+/// keeps as tokens, a path is a run of identifiers joined by `::` and a
+/// literal is a literal token; doc comments are no code.
+#[derive(Default)]
+struct Names {
+    paths: Vec<WrittenPath>,
+    literals: Vec<String>,
+    extern_crates: Vec<String>,
+}
+
+/// What [`names_in`] reads from the file at `path` under `src/`, each file
+/// parsed once for all the tests (a file is read by its folder and each
+/// folder above it).
+fn parsed(path: &Path) -> &'static Names {
+    static FILES: OnceLock<BTreeMap<PathBuf, Names>> = OnceLock::new();
+    let files = FILES.get_or_init(|| {
+        let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
+        rust_files(src)
+            .into_iter()
+            .map(|file| {
+                let names = names_in(&std::fs::read_to_string(&file).unwrap());
+                (file, names)
+            })
+            .collect()
+    });
+    &files[path]
+}
+
+fn names_in(text: &str) -> Names {
+    let file = syn::parse_file(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let mut reader = Reader::default();
+    reader.visit_file(&file);
+    reader.names
+}
+
+/// The syntax-tree walk that fills [`Names`].
+#[derive(Default)]
+struct Reader {
+    names: Names,
+    /// The inline modules the walk is in, and whether one is a test's.
+    inline: Vec<(String, bool)>,
+}
+
+impl Reader {
+    fn path(&mut self, segments: Vec<String>, external: bool) {
+        self.names.paths.push(WrittenPath {
+            inline: self.inline.iter().map(|(name, _)| name.clone()).collect(),
+            segments,
+            external,
+            in_test: self.inline.iter().any(|(_, test)| *test),
+        });
+    }
+
+    /// The paths and literals in `tokens` (a macro call's or an attribute's).
+    fn tokens(&mut self, tokens: TokenStream) {
+        let trees: Vec<TokenTree> = tokens.into_iter().collect();
+        let colons = |i: usize| {
+            matches!((trees.get(i), trees.get(i + 1)),
+                (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b))) if a.as_char() == ':' && b.as_char() == ':')
+        };
+        let mut i = 0;
+        while i < trees.len() {
+            match &trees[i] {
+                TokenTree::Group(group) => self.tokens(group.stream()),
+                TokenTree::Literal(literal) => match syn::Lit::new(literal.clone()) {
+                    syn::Lit::Str(s) => self.names.literals.push(s.value()),
+                    syn::Lit::ByteStr(b) => self
+                        .names
+                        .literals
+                        .push(String::from_utf8_lossy(&b.value()).into_owned()),
+                    _ => {}
+                },
+                TokenTree::Ident(first) => {
+                    let external = i >= 2 && colons(i - 2);
+                    let mut segments = vec![first.to_string()];
+                    while colons(i + 1) {
+                        let Some(TokenTree::Ident(next)) = trees.get(i + 3) else {
                             break;
-                        }
-                    } else {
-                        i += 1;
+                        };
+                        segments.push(next.to_string());
+                        i += 3;
                     }
+                    self.path(segments, external);
                 }
+                TokenTree::Punct(_) => {}
             }
-            '"' => i = skip_string(&chars, i + 1, 0, false),
-            '\'' => {
-                // A character literal ('"', '\'') or a lifetime ('a, skipped
-                // as a quote and a word).
-                if next == Some('\\') || chars.get(i + 2) == Some(&'\'') {
-                    i = skip_char(&chars, i);
-                } else {
-                    i += 1;
-                }
-            }
-            ':' if next == Some(':') => {
-                tokens.push(Token::Sep);
-                i += 2;
-            }
-            '{' | '}' | ',' | '*' => {
-                tokens.push(match c {
-                    '{' => Token::Open,
-                    '}' => Token::Close,
-                    ',' => Token::Comma,
-                    _ => Token::Star,
-                });
-                i += 1;
-            }
-            c if word(c) => {
-                let start = i;
-                while i < chars.len() && word(chars[i]) {
-                    i += 1;
-                }
-                let text: String = chars[start..i].iter().collect();
-                let raw = matches!(text.as_str(), "r" | "br" | "b" | "c" | "cr");
-                match chars.get(i) {
-                    Some('"') if raw => {
-                        i = skip_string(&chars, i + 1, 0, text.contains('r'));
-                    }
-                    Some('#') if text.contains('r') && raw_string(&chars, i) => {
-                        let hashes = chars[i..].iter().take_while(|&&c| c == '#').count();
-                        i = skip_string(&chars, i + hashes + 1, hashes, true);
-                    }
-                    Some('\'') if text == "b" => i = skip_char(&chars, i),
-                    _ if c.is_ascii_digit() => tokens.push(Token::Other('0')),
-                    _ => tokens.push(Token::Word(text)),
-                }
-            }
-            c if c.is_whitespace() => i += 1,
-            _ => {
-                tokens.push(Token::Other(c));
-                i += 1;
+            i += 1;
+        }
+    }
+}
+
+/// `tree` (after `prefix`) as the paths it names.
+fn use_paths(tree: &syn::UseTree, mut prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+    match tree {
+        syn::UseTree::Path(path) => {
+            prefix.push(path.ident.to_string());
+            use_paths(&path.tree, prefix, out);
+        }
+        syn::UseTree::Name(syn::UseName { ident })
+        | syn::UseTree::Rename(syn::UseRename { ident, .. }) => {
+            prefix.push(ident.to_string());
+            out.push(prefix);
+        }
+        syn::UseTree::Glob(_) => {
+            prefix.push("self".to_owned());
+            out.push(prefix);
+        }
+        syn::UseTree::Group(group) => {
+            for item in &group.items {
+                use_paths(item, prefix.clone(), out);
             }
         }
     }
-    tokens
 }
 
-/// Whether the `#` at `i` (after `r`) opens a raw string (`r#"`), not a raw
-/// identifier (`r#type`).
-fn raw_string(chars: &[char], i: usize) -> bool {
-    chars[i..].iter().find(|&&c| c != '#') == Some(&'"')
-}
-
-/// The index just past the character literal whose opening quote is at `i`.
-fn skip_char(chars: &[char], mut i: usize) -> usize {
-    i += 1;
-    if chars.get(i) == Some(&'\\') {
-        i += 1;
+impl<'ast> Visit<'ast> for Reader {
+    fn visit_item_mod(&mut self, item: &'ast syn::ItemMod) {
+        // A `mod x;` declaration names no path.
+        if item.content.is_none() {
+            return;
+        }
+        let test = item.attrs.iter().any(|attr| {
+            attr.path().is_ident("cfg")
+                && attr
+                    .parse_args::<syn::Ident>()
+                    .is_ok_and(|arg| arg == "test")
+        });
+        self.inline.push((item.ident.to_string(), test));
+        syn::visit::visit_item_mod(self, item);
+        self.inline.pop();
     }
-    i += 1; // the character, or the escaped one
-    while i < chars.len() && chars[i] != '\'' {
-        i += 1;
-    }
-    i + 1
-}
 
-/// The index just past the string whose text starts at `i` (after its quote)
-/// and ends with a quote and `hashes` hashes; a raw string has no escapes.
-fn skip_string(chars: &[char], mut i: usize, hashes: usize, raw: bool) -> usize {
-    while i < chars.len() {
-        match chars[i] {
-            '\\' if !raw => i += 2,
-            '"' if chars[i + 1..]
-                .iter()
-                .take(hashes)
-                .filter(|&&c| c == '#')
-                .count()
-                == hashes =>
-            {
-                return i + 1 + hashes;
-            }
-            _ => i += 1,
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        let mut paths = Vec::new();
+        use_paths(&item.tree, Vec::new(), &mut paths);
+        for path in paths {
+            self.path(path, item.leading_colon.is_some());
         }
     }
-    i
+
+    fn visit_item_extern_crate(&mut self, item: &'ast syn::ItemExternCrate) {
+        self.names.extern_crates.push(item.ident.to_string());
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        let segments = path.segments.iter().map(|s| s.ident.to_string()).collect();
+        self.path(segments, path.leading_colon.is_some());
+        syn::visit::visit_path(self, path);
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        self.visit_path(&mac.path);
+        self.tokens(mac.tokens.clone());
+    }
+
+    fn visit_attribute(&mut self, attr: &'ast syn::Attribute) {
+        match &attr.meta {
+            syn::Meta::NameValue(doc) if doc.path.is_ident("doc") => {}
+            syn::Meta::List(list) => {
+                self.visit_path(&list.path);
+                self.tokens(list.tokens.clone());
+            }
+            _ => syn::visit::visit_attribute(self, attr),
+        }
+    }
+
+    fn visit_lit_str(&mut self, literal: &'ast syn::LitStr) {
+        self.names.literals.push(literal.value());
+    }
+
+    fn visit_lit_byte_str(&mut self, literal: &'ast syn::LitByteStr) {
+        let text = String::from_utf8_lossy(&literal.value()).into_owned();
+        self.names.literals.push(text);
+    }
 }
 
 /// Every path of two segments or more that `text` (the module `module`,
 /// segments after `crate`) names, as the crate-absolute path it resolves to:
 /// `crate::`, `super::`, `self::` and bare paths (relative to the module they
-/// are written in, inline `mod x { ... }` modules included), `use` groups
-/// expanded (`a::{b, c::D}` is `a::b` and `a::c::D`; `a::{self, *}` is `a`).
-/// The paths of a `#[cfg(test)]` inline module are left out: a room's tests
-/// may drive it through the folder's front door (`mod.rs`) without making the
-/// shipped code go round in a circle.
+/// are written in, inline `mod x { ... }` modules included). The paths of a
+/// `#[cfg(test)]` inline module are left out: a module's tests may drive it
+/// through the folder's `mod.rs` without making the shipped code go round in
+/// a cycle.
 fn paths_of(text: &str, module: &[String]) -> Vec<Vec<String>> {
-    let tokens = tokens(text);
-    let mut found = Vec::new();
-    // The inline modules open here: (brace depth inside, name, whether it is
-    // a `#[cfg(test)]` module).
-    let mut inline: Vec<(usize, String, bool)> = Vec::new();
-    let mut depth = 0;
-    // Whether the item being read follows `#[cfg(test)]`.
-    let mut after_cfg_test = false;
-    let mut i = 0;
-    while i < tokens.len() {
-        let word = |j: usize| match tokens.get(j) {
-            Some(Token::Word(word)) => word.as_str(),
-            _ => "",
-        };
-        match &tokens[i] {
-            Token::Word(cfg) if cfg == "cfg" && word(i + 2) == "test" => {
-                after_cfg_test = true;
-            }
-            Token::Other(';') => after_cfg_test = false,
-            Token::Open => {
-                depth += 1;
-                if i >= 2 && word(i - 2) == "mod" {
-                    inline.push((depth, word(i - 1).to_owned(), after_cfg_test));
-                }
-                after_cfg_test = false;
-            }
-            Token::Close => {
-                if inline.last().is_some_and(|(d, ..)| *d == depth) {
-                    inline.pop();
-                }
-                depth = depth.saturating_sub(1);
-            }
-            Token::Word(_) if inline.iter().any(|(.., test)| *test) => {}
-            Token::Word(_) if tokens.get(i + 1) == Some(&Token::Sep) => {
-                let mut here = module.to_vec();
-                here.extend(inline.iter().map(|(_, name, _)| name.clone()));
-                let mut paths = Vec::new();
-                i = use_tree(&tokens, i, Vec::new(), &mut paths);
-                found.extend(paths.into_iter().filter_map(|path| resolve(&here, &path)));
-                continue;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    found
+    paths_in(&names_in(text), module)
 }
 
-/// Reads the path (or `use` tree) starting at `i` after `prefix`, adds each
-/// path it names to `out`, and returns the index past it.
-fn use_tree(
-    tokens: &[Token],
-    mut i: usize,
-    mut path: Vec<String>,
-    out: &mut Vec<Vec<String>>,
-) -> usize {
-    loop {
-        match tokens.get(i) {
-            Some(Token::Word(word)) => {
-                path.push(word.clone());
-                i += 1;
-            }
-            Some(Token::Open) => {
-                i += 1;
-                loop {
-                    match tokens.get(i) {
-                        None => return i,
-                        Some(Token::Close) => return i + 1,
-                        Some(Token::Word(word)) if word == "as" => i += 2,
-                        Some(Token::Word(_) | Token::Open | Token::Star) => {
-                            i = use_tree(tokens, i, path.clone(), out);
-                        }
-                        Some(_) => i += 1,
-                    }
-                }
-            }
-            Some(Token::Star) => {
-                path.push("self".to_owned());
-                out.push(path);
-                return i + 1;
-            }
-            _ => {
-                out.push(path);
-                return i;
-            }
-        }
-        if tokens.get(i) != Some(&Token::Sep) {
-            out.push(path);
-            return i;
-        }
-        i += 1;
-    }
+/// [`paths_of`] of a parsed file.
+fn paths_in(names: &Names, module: &[String]) -> Vec<Vec<String>> {
+    names
+        .paths
+        .iter()
+        .filter(|path| !path.external && !path.in_test)
+        .filter_map(|path| {
+            let mut here = module.to_vec();
+            here.extend(path.inline.iter().cloned());
+            resolve(&here, &path.segments)
+        })
+        .collect()
 }
 
 /// The crate-absolute path of `path` written in the module `here`, if it has

@@ -4,11 +4,8 @@
 //! resolve, and the README, the pages under docs/, the module map and the
 //! comments under src/ name only files, modules and types that exist (the rules
 //! are above `PATH_ROOTS`; the checker is tested on small texts too).
-//!
-//! `config/default.toml` is read with a small line parser rather than a TOML
-//! crate: `toml` is not a direct dependency, and the commented-out keys
-//! (`# request_deadline_ms = 600`), which a TOML parser drops, must be found too.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -20,56 +17,93 @@ fn read(path: &Path) -> String {
     fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// `key` of a `key = value` line (or `# key = value` when `commented`).
-fn key_of(line: &str, commented: bool) -> Option<&str> {
-    let line = line.trim();
-    let line = if commented {
-        line.strip_prefix('#')?.trim_start()
-    } else {
-        line
-    };
-    let (key, _) = line.split_once(" = ")?;
-    let is_key = !key.is_empty()
-        && key.starts_with(|c: char| c.is_ascii_lowercase())
-        && key
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    is_key.then_some(key)
-}
-
-/// Every key of a TOML file as a dotted path (`upstreams.real_phone.timeout_ms`),
-/// commented-out `# key = value` lines included.
-fn dotted_keys(toml: &str) -> Vec<String> {
-    let mut section = String::new();
-    let mut keys = Vec::new();
-    for line in toml.lines() {
-        let trimmed = line.trim();
-        if let Some(header) = trimmed.strip_prefix('[') {
-            section = header
-                .split_once(']')
-                .map(|(name, _)| name.trim().to_string())
-                .expect("a section header ends with ]");
-            continue;
-        }
-        let key = key_of(trimmed, false).or_else(|| key_of(trimmed, true));
-        if let Some(key) = key {
-            keys.push(if section.is_empty() {
-                key.to_string()
+/// Every key `config/default.toml` sets (the compiled-in defaults), as a
+/// dotted path (`upstreams.real_phone.timeout_ms`) with its value written as
+/// the documentation writes it (`300`, `"info"`, `["a", "b"]`). Keys only
+/// commented out (`# request_deadline_ms = 700`) are no keys here.
+fn default_keys(toml: &str) -> BTreeMap<String, String> {
+    fn walk(prefix: &str, table: &toml::Table, keys: &mut BTreeMap<String, String>) {
+        for (name, value) in table {
+            let key = if prefix.is_empty() {
+                name.clone()
             } else {
-                format!("{section}.{key}")
-            });
+                format!("{prefix}.{name}")
+            };
+            match value {
+                toml::Value::Table(inner) => walk(&key, inner, keys),
+                value => {
+                    keys.insert(key, written(value));
+                }
+            }
         }
     }
+    fn written(value: &toml::Value) -> String {
+        match value {
+            toml::Value::String(s) => format!("{s:?}"),
+            toml::Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(written).collect();
+                format!("[{}]", items.join(", "))
+            }
+            toml::Value::Integer(n) => n.to_string(),
+            toml::Value::Float(x) => x.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Datetime(d) => d.to_string(),
+            toml::Value::Table(_) => unreachable!("tables are walked"),
+        }
+    }
+    let table: toml::Table = toml.parse().expect("config/default.toml parses");
+    let mut keys = BTreeMap::new();
+    walk("", &table, &mut keys);
     keys
 }
 
-/// Whether `text` holds `word` not as part of a longer dotted name.
-fn mentions(text: &str, word: &str) -> bool {
-    let part_of_name = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '.';
-    text.match_indices(word).any(|(at, _)| {
-        let before = text[..at].chars().next_back();
-        let after = text[at + word.len()..].chars().next();
-        !before.is_some_and(part_of_name) && !after.is_some_and(|c| part_of_name(c) && c != '.')
+/// The keys docs/configuration.md documents, each with its default (`None`:
+/// unset). A key is recognised in a table row `| keys | default | meaning |`
+/// whose first cell holds backticked dotted keys: one, or several that share
+/// a meaning, comma-separated. The second cell is the default: a backticked
+/// value for one key (prose may follow); for several, their values in the
+/// keys' order separated by ` / `; or, for every key of the row, a cell that
+/// starts with `unset` (the key is only commented out in default.toml).
+fn documented_keys(doc: &str) -> Vec<(String, Option<String>)> {
+    let mut found = Vec::new();
+    for line in doc.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let [_, keys, default, ..] = cells[..] else {
+            continue;
+        };
+        let keys: Vec<&str> = keys
+            .split(", ")
+            .filter_map(|k| k.strip_prefix('`')?.strip_suffix('`'))
+            .filter(|k| k.contains('.') && !k.contains(' '))
+            .collect();
+        if keys.is_empty() {
+            continue;
+        }
+        let defaults: Vec<Option<String>> = if default.starts_with("unset") {
+            vec![None; keys.len()]
+        } else if keys.len() == 1 {
+            vec![default.split('`').nth(1).map(str::to_string)]
+        } else {
+            default
+                .split(" / ")
+                .map(|v| Some(v.trim().trim_matches('`').to_string()))
+                .collect()
+        };
+        assert_eq!(defaults.len(), keys.len(), "one default per key: {line}");
+        found.extend(keys.iter().map(|k| k.to_string()).zip(defaults));
+    }
+    found
+}
+
+/// Whether `toml` holds `key` commented out (`# leaf = value` in its section).
+fn commented_out(toml: &str, key: &str) -> bool {
+    let (section, leaf) = key.rsplit_once('.').expect("a dotted key");
+    let mut current = "";
+    toml.lines().any(|line| {
+        if let Some(header) = line.strip_prefix('[') {
+            current = header.trim_end_matches(']');
+        }
+        current == section && line.starts_with(&format!("# {leaf} = "))
     })
 }
 
@@ -92,33 +126,72 @@ fn documentation() -> Vec<PathBuf> {
 }
 
 #[test]
-fn the_key_parser_reads_sections_and_commented_keys() {
-    let keys = dotted_keys(
-        "# A comment = prose\n[server]\nport = 1\n# deadline_ms = 600\n\
-         # PREFIX__KEY=x\n[a.b]\nlist = [1, 2]\n",
+fn the_key_readers_read_tables_rows_and_comments() {
+    let toml = "[server]\nport = 1\n# deadline_ms = 600\n[a.b]\nlist = [\"x\", \"y\"]\n\
+                # [[a.tokens]]\n# name = \"t\"\n";
+    let keys: Vec<(String, String)> = default_keys(toml).into_iter().collect();
+    assert_eq!(
+        keys,
+        [
+            ("a.b.list".to_string(), r#"["x", "y"]"#.to_string()),
+            ("server.port".to_string(), "1".to_string())
+        ]
     );
-    assert_eq!(keys, ["server.port", "server.deadline_ms", "a.b.list"]);
-    assert!(mentions("| `cache.a.ttl_s` |", "cache.a.ttl_s"));
-    assert!(!mentions("`cache.a.negative_ttl_s`", "a.negative"));
-    assert!(!mentions("`x.cache.a.ttl_s`", "cache.a.ttl_s"));
-    assert!(mentions("see server.port.", "server.port"));
+    assert!(commented_out(toml, "server.deadline_ms"));
+    assert!(!commented_out(toml, "a.b.deadline_ms"));
+    let doc = "| key | default | meaning |\n|---|---|---|\n\
+               | `server.port` | `1` (one) | the `x.y` port |\n\
+               | `c.a.ttl_s`, `c.b.ttl_s` | 9 / 3 | ttl |\n\
+               | `server.deadline_ms` | unset (`# deadline_ms = 600`) | |\n";
+    let some = |v: &str| Some(v.to_string());
+    assert_eq!(
+        documented_keys(doc),
+        [
+            ("server.port".to_string(), some("1")),
+            ("c.a.ttl_s".to_string(), some("9")),
+            ("c.b.ttl_s".to_string(), some("3")),
+            ("server.deadline_ms".to_string(), None),
+        ]
+    );
 }
 
+/// Every key of the compiled-in defaults is documented with the same
+/// default, and every documented key is a default or commented out there.
 #[test]
-fn every_default_key_is_documented() {
-    let defaults = read(&root().join("config/default.toml"));
-    let keys = dotted_keys(&defaults);
+fn the_documented_keys_are_the_defaults() {
+    let toml = read(&root().join("config/default.toml"));
+    let defaults = default_keys(&toml);
     assert!(
-        keys.len() > 40,
-        "the parser found only {} keys: {keys:?}",
-        keys.len()
+        defaults.len() > 40,
+        "only {} keys in config/default.toml: {defaults:?}",
+        defaults.len()
     );
-    assert!(keys.iter().any(|k| k == "upstreams.real_phone.timeout_ms"));
-    let docs = read(&root().join("docs/configuration.md"));
-    let missing: Vec<&String> = keys.iter().filter(|k| !mentions(&docs, k)).collect();
+    let documented = documented_keys(&read(&root().join("docs/configuration.md")));
+    let mut wrong = Vec::new();
+    for (key, value) in &defaults {
+        match documented.iter().find(|(k, _)| k == key) {
+            None => wrong.push(format!("{key} is not documented")),
+            Some((_, documented)) if documented.as_ref() != Some(value) => {
+                wrong.push(format!("{key}: default {value}, documented {documented:?}"))
+            }
+            Some(_) => {}
+        }
+    }
+    for (key, default) in &documented {
+        let known = match default {
+            Some(_) => defaults.contains_key(key),
+            None => !defaults.contains_key(key) && commented_out(&toml, key),
+        };
+        if !known {
+            wrong.push(format!(
+                "{key} (documented {default:?}) is not a key of config/default.toml"
+            ));
+        }
+    }
     assert!(
-        missing.is_empty(),
-        "keys of config/default.toml not in docs/configuration.md: {missing:?}"
+        wrong.is_empty(),
+        "docs/configuration.md against config/default.toml:\n{}",
+        wrong.join("\n")
     );
 }
 

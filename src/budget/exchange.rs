@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use std::collections::HashMap;
 
 use super::window::{self, Moment, minute_fits, minute_wait};
-use super::{Budgets, FORGET_EVERY, count, low16};
+use super::{Budgets, FORGET_EVERY, Ledger, count, low16};
 use crate::config::BudgetsConfig;
 use crate::store::{BudgetStore, Spend, Total};
 
@@ -69,61 +69,106 @@ pub async fn run(
     store: BudgetStore,
     stop: CancellationToken,
 ) {
-    let interval = config.exchange_interval;
     let replica = getrandom::u64().unwrap_or_else(|_| Moment::now().0);
     let gauges = Gauges::new();
     gauges.up.set(1.0);
-    // Load the refusals in force, retrying, before counting as primed.
-    loop {
-        let now = Moment::now();
-        let loaded = async {
-            budgets.set_replicas(store.replicas(replica, ALIVE_S).await?, &gauges);
-            store.refusals(true, now.seconds()).await
-        };
-        match loaded.await {
-            Ok(refusals) => {
-                budgets.refused(&refusals, Moment::now());
-                budgets.primed.store(true, Ordering::Release);
-                break;
+    let exchanging = Exchanging {
+        interval: config.exchange_interval,
+        replica,
+        budgets: &budgets,
+        store: &store,
+        gauges: &gauges,
+        stop: &stop,
+    };
+    if !exchanging.prime().await {
+        return;
+    }
+    tokio::join!(
+        exchanging.exchanges(),
+        exchanging.keeper(),
+        super::retention::run(store.clone(), stop.clone())
+    );
+}
+
+/// What the exchange task's loops share: this replica's budgets and store,
+/// its random id among the replicas, and the token that stops them.
+struct Exchanging<'a> {
+    interval: Duration,
+    replica: u64,
+    budgets: &'a Budgets,
+    store: &'a BudgetStore,
+    gauges: &'a Gauges,
+    stop: &'a CancellationToken,
+}
+
+impl Exchanging<'_> {
+    /// Loads the refusals in force, retrying, then counts the replica as
+    /// primed; false when stopped first.
+    async fn prime(&self) -> bool {
+        let (budgets, store) = (self.budgets, self.store);
+        loop {
+            let now = Moment::now();
+            let loaded = async {
+                budgets.set_replicas(store.replicas(self.replica, ALIVE_S).await?, self.gauges);
+                store.refusals(true, now.seconds()).await
+            };
+            match loaded.await {
+                Ok(refusals) => {
+                    budgets.refused(&refusals, Moment::now());
+                    budgets.primed.store(true, Ordering::Release);
+                    return true;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "viewer budgets: cannot load the refusals in force; retrying");
+                }
             }
-            Err(error) => {
-                tracing::warn!(%error, "viewer budgets: cannot load the refusals in force; retrying");
+            tokio::select! {
+                () = tokio::time::sleep(self.interval.max(Duration::from_millis(500))) => {}
+                () = self.stop.cancelled() => return false,
             }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(interval.max(Duration::from_millis(500))) => {}
-            () = stop.cancelled() => return,
         }
     }
-    let exchanges = async {
+
+    /// An exchange every interval (and a count of the live replicas at most
+    /// every [`COUNT_REPLICAS_EVERY`]) until stopped, then the last report.
+    async fn exchanges(&self) {
+        let (budgets, store, gauges) = (self.budgets, self.store, self.gauges);
         let mut state = State::default();
         let mut counted = tokio::time::Instant::now();
         let mut refusals: Vec<(u64, u64)> = Vec::new();
         loop {
             tokio::select! {
-                () = tokio::time::sleep(interval) => {}
-                () = stop.cancelled() => break,
+                () = tokio::time::sleep(self.interval) => {}
+                () = self.stop.cancelled() => break,
             }
             let now = Moment::now();
             let at = tokio::time::Instant::now();
-            let ok = exchange(&budgets, &store, now, &mut refusals, &gauges).await;
+            let ok = exchange(budgets, store, now, &mut refusals, gauges).await;
             gauges.took.record(at.elapsed().as_secs_f64());
-            state.after(ok, &gauges);
+            state.after(ok, gauges);
             if ok && at.duration_since(counted) >= COUNT_REPLICAS_EVERY {
                 counted = at;
-                if let Ok(n) = store.replicas(replica, ALIVE_S).await {
-                    budgets.set_replicas(n, &gauges);
+                if let Ok(n) = store.replicas(self.replica, ALIVE_S).await {
+                    budgets.set_replicas(n, gauges);
                 }
             }
         }
-        // Stopping: report what was spent since the last exchange, as much as
-        // an exchange reports, and the refusals that report makes (the next
-        // replica to start loads them).
+        self.report_at_shutdown(refusals).await;
+    }
+
+    /// Stopping: reports what was spent since the last exchange, as much as
+    /// an exchange reports, and writes `refusals` (those not yet written)
+    /// with the ones that report makes (the next replica to start loads
+    /// them).
+    async fn report_at_shutdown(&self, mut refusals: Vec<(u64, u64)>) {
+        let (budgets, store) = (self.budgets, self.store);
         let now = Moment::now();
         let spends = budgets.take_spends(now, REPORT_MAX);
         for chunk in spends.chunks(REPORT_CHUNK) {
             match store.report(chunk).await {
-                Ok(totals) => refusals.extend(budgets.reported(chunk, &totals, now, &gauges)),
+                Ok(totals) => {
+                    refusals.extend(budgets.reported(chunk, &totals, now, self.gauges));
+                }
                 Err(error) => {
                     tracing::warn!(%error, "viewer budgets: a report failed at shutdown");
                     break;
@@ -143,16 +188,19 @@ pub async fn run(
                 break;
             }
         }
-    };
-    let keeper = async {
+    }
+
+    /// The keeper: holds the ledgers under their cap every [`FORGET_EVERY`],
+    /// and at once when a new viewer finds the table full, until stopped.
+    async fn keeper(&self) {
         loop {
             tokio::select! {
                 () = tokio::time::sleep(FORGET_EVERY) => {}
-                () = budgets.full.notified() => {}
-                () = stop.cancelled() => break,
+                () = self.budgets.full.notified() => {}
+                () = self.stop.cancelled() => break,
             }
-            let kept = budgets.keep(Moment::now());
-            gauges.viewers.set(kept.ledgers as f64);
+            let kept = self.budgets.keep(Moment::now());
+            self.gauges.viewers.set(kept.ledgers as f64);
             if kept.evicted > 0 {
                 tracing::warn!(
                     evicted = kept.evicted,
@@ -162,12 +210,7 @@ pub async fn run(
                 );
             }
         }
-    };
-    tokio::join!(
-        exchanges,
-        keeper,
-        super::retention::run(store.clone(), stop.clone())
-    );
+    }
 }
 
 /// Whether the database answered, for one log line per change.
@@ -292,76 +335,88 @@ impl Budgets {
             .iter()
             .map(|s| ((s.viewer, s.kind, s.window), s.n))
             .collect();
-        let (per_minute, per_day) = (
-            u64::from(self.limits.per_minute),
-            u64::from(self.limits.per_day),
-        );
         let mut crossed = Vec::new();
         for total in totals {
             let Some(n) = sent.get(&(total.viewer, total.kind, total.window)) else {
                 continue;
             };
-            let n = count(u64::from(*n));
             let Some(mut ledger) = self.viewers.get_mut(&total.viewer) else {
                 continue;
             };
-            let ledger = &mut *ledger;
-            let (id, next) = (low16(total.window), low16(total.window.wrapping_add(1)));
-            let window = if total.kind == 0 {
-                &mut ledger.minute
-            } else {
-                &mut ledger.day
-            };
-            if window.id == next {
-                // Reported for the window before, after the ledger moved on
-                // with it pending: it counts there.
-                window.pending = window.pending.saturating_sub(n);
-                if total.kind == 0 {
-                    ledger.before = ledger.before.max(count(total.spent));
-                }
+            let Some(until_ms) =
+                self.apply_total(&mut ledger, total, count(u64::from(*n)), now, gauges)
+            else {
                 continue;
-            }
-            if window.id != id {
-                continue;
-            }
-            window.pending = window.pending.saturating_sub(n);
-            window.own = window.own.saturating_add(n);
-            window.reports = window.reports.saturating_add(1).min(2);
-            window.known = count(total.spent).max(window.own);
-            let spent = window.spent();
-            let until_ms = if total.kind == 0 {
-                if per_minute == 0 {
-                    continue;
-                }
-                ledger.before = ledger.before.max(count(total.before));
-                let (before, into) = (u64::from(ledger.before), now.into_minute());
-                (!minute_fits(before, spent, 1, per_minute, into)).then(|| {
-                    gauges.overshoot.record(
-                        window::minute_estimate(before, spent, into).saturating_sub(per_minute)
-                            as f64,
-                    );
-                    minute_wait(before, spent, 1, per_minute, into).unwrap_or(0)
-                })
-            } else {
-                if per_day == 0 {
-                    continue;
-                }
-                (spent >= per_day).then(|| {
-                    gauges
-                        .overshoot
-                        .record(spent.saturating_sub(per_day) as f64);
-                    now.rest_of_day()
-                })
             };
-            if let Some(until_ms) = until_ms {
-                let until_s = (now.0 + until_ms).div_ceil(1000);
-                if until_s > u64::from(ledger.refused_until_s) {
-                    ledger.refused_until_s = u32::try_from(until_s).unwrap_or(u32::MAX);
-                    crossed.push((total.viewer, until_s));
-                }
+            let until_s = (now.0 + until_ms).div_ceil(1000);
+            if until_s > u64::from(ledger.refused_until_s) {
+                ledger.refused_until_s = u32::try_from(until_s).unwrap_or(u32::MAX);
+                crossed.push((total.viewer, until_s));
             }
         }
         crossed
+    }
+
+    /// The fleet's `total` of a window, after a report that sent `n` of it, in
+    /// the viewer's ledger: `n` is no longer pending and the fleet's spend is
+    /// known. Returns how long from `now` the viewer is to be refused when
+    /// the window is the current one and the total crossed its budget.
+    fn apply_total(
+        &self,
+        ledger: &mut Ledger,
+        total: &Total,
+        n: u16,
+        now: Moment,
+        gauges: &Gauges,
+    ) -> Option<u64> {
+        let (id, next) = (low16(total.window), low16(total.window.wrapping_add(1)));
+        let window = if total.kind == 0 {
+            &mut ledger.minute
+        } else {
+            &mut ledger.day
+        };
+        if window.id == next {
+            // Reported for the window before, after the ledger moved on
+            // with it pending: it counts there.
+            window.pending = window.pending.saturating_sub(n);
+            if total.kind == 0 {
+                ledger.before = ledger.before.max(count(total.spent));
+            }
+            return None;
+        }
+        if window.id != id {
+            return None;
+        }
+        window.pending = window.pending.saturating_sub(n);
+        window.own = window.own.saturating_add(n);
+        window.reports = window.reports.saturating_add(1).min(2);
+        window.known = count(total.spent).max(window.own);
+        let spent = window.spent();
+        if total.kind == 0 {
+            let per_minute = u64::from(self.limits.per_minute);
+            if per_minute == 0 {
+                return None;
+            }
+            ledger.before = ledger.before.max(count(total.before));
+            let (before, into) = (u64::from(ledger.before), now.into_minute());
+            (!minute_fits(before, spent, 1, per_minute, into)).then(|| {
+                gauges.overshoot.record(
+                    window::minute_estimate(before, spent, into).saturating_sub(per_minute) as f64,
+                );
+                minute_wait(before, spent, 1, per_minute, into).unwrap_or(0)
+            })
+        } else {
+            let per_day = u64::from(self.limits.per_day);
+            if per_day == 0 {
+                return None;
+            }
+            (spent >= per_day).then(|| {
+                gauges
+                    .overshoot
+                    .record(spent.saturating_sub(per_day) as f64);
+                now.rest_of_day()
+            })
+        }
     }
 
     /// Refusals written by this or another replica: each viewer is refused

@@ -522,7 +522,10 @@ impl PhoneCache {
 /// A fetch's place in the in-flight registry, given up however the fetch ends:
 /// answered, or its task panicked or was dropped. Otherwise every later request
 /// for the key would join the dead fetch and fail until the key's seller was
-/// invalidated. A fetch that ends without an answer fails its callers.
+/// invalidated. A fetch that ends without an answer ends its callers'
+/// wait with [`UpstreamError::Panicked`] (dropped while unwinding) or
+/// [`UpstreamError::Cancelled`] (its task dropped): both undecided, since the
+/// upstream said nothing (docs/rules.md), and neither reaches a breaker.
 struct Registered {
     inner: Arc<Inner>,
     key: (CacheKey, u32),
@@ -532,7 +535,12 @@ struct Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         self.inner.lock_inflight().remove(&self.key);
-        self.flight.end(Err(UpstreamError::Internal));
+        let error = if std::thread::panicking() {
+            UpstreamError::Panicked
+        } else {
+            UpstreamError::Cancelled
+        };
+        self.flight.end(Err(error));
     }
 }
 
@@ -720,7 +728,7 @@ mod tests {
                 panic!("a bug inside the fetch");
             })
             .await;
-        assert_eq!(got.answer, Err(UpstreamError::Internal));
+        assert_eq!(got.answer, Err(UpstreamError::Panicked));
         // The next request starts a fetch of its own instead of joining the dead one.
         let p = phone("+79161234567");
         let got = c

@@ -1,10 +1,18 @@
 //! `[breaker]`: the circuit breaker each upstream client has of its own.
+//!
+//! `min_sellers` (default 5): a window's failures must be about this many
+//! distinct sellers before the breaker opens for everyone (`upstream::breaker`
+//! says why). Five: one caller controls the sellers it asks about but rarely
+//! five sellers whose calls fail, while an upstream in real trouble fails for
+//! every seller and reaches five within its first failures (the default run is
+//! five failures, so a run spread over five sellers opens it as before). At
+//! most 32, the size of the set a window keeps.
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::in_range;
+use super::check::Checks as _;
 use super::error::{Mistake, invalid};
 use super::units;
 
@@ -16,6 +24,8 @@ pub struct BreakerConfig {
     pub consecutive_failures: u32,
     pub failure_ratio: f64,
     pub min_calls: u32,
+    /// Distinct sellers a window's failures must be about to open the breaker.
+    pub min_sellers: u32,
     #[serde(rename = "window_s", deserialize_with = "units::seconds")]
     pub window: Duration,
     #[serde(rename = "open_ms", deserialize_with = "units::millis")]
@@ -24,21 +34,18 @@ pub struct BreakerConfig {
 
 impl BreakerConfig {
     pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
-        found.extend(
-            in_range(
-                "breaker.consecutive_failures",
-                self.consecutive_failures,
-                1..=1_000_000,
-                "",
-            )
-            .err(),
+        found.range(
+            "breaker.consecutive_failures",
+            self.consecutive_failures,
+            1..=1_000_000,
         );
         if !(self.failure_ratio > 0.0 && self.failure_ratio <= 1.0) {
             found.push(invalid("breaker.failure_ratio", "must be in (0, 1]"));
         }
-        found.extend(in_range("breaker.min_calls", self.min_calls, 1..=1_000_000, "").err());
-        found.extend(in_range("breaker.window_s", self.window.as_secs(), 1..=3600, "").err());
-        found.extend(in_range("breaker.open_ms", self.open.as_millis(), 1..=3_600_000, "").err());
+        found.range("breaker.min_calls", self.min_calls, 1..=1_000_000);
+        found.range("breaker.min_sellers", self.min_sellers, 1..=32);
+        found.range("breaker.window_s", self.window.as_secs(), 1..=3600);
+        found.range("breaker.open_ms", self.open.as_millis(), 1..=3_600_000);
     }
 }
 
@@ -58,6 +65,8 @@ mod tests {
                 "breaker.open_ms",
             ),
             ("[breaker]\nmin_calls = 0", "breaker.min_calls"),
+            ("[breaker]\nmin_sellers = 0", "breaker.min_sellers"),
+            ("[breaker]\nmin_sellers = 33", "breaker.min_sellers"),
             (
                 "[breaker]\nconsecutive_failures = 0",
                 "breaker.consecutive_failures",

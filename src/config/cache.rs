@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::in_range;
+use super::check::Checks as _;
 use super::error::Mistake;
 use super::units;
 use crate::domain::Source;
@@ -65,52 +65,33 @@ impl CacheConfig {
 
     fn validate(&self, section: &str, found: &mut Vec<Mistake>) {
         // 10^8 entries is about 5.6 GB at the measured 56 B an entry.
-        found.extend(
-            in_range(
-                &format!("{section}.capacity"),
-                self.capacity,
-                1..=100_000_000,
-                "",
-            )
-            .err(),
+        found.range(
+            &format!("{section}.capacity"),
+            self.capacity,
+            1..=100_000_000,
         );
-        found.extend(
-            in_range(
-                &format!("{section}.ttl_s"),
-                self.ttl.as_secs(),
-                1..=MAX_TTL_S,
-                "",
-            )
-            .err(),
+        found.range(
+            &format!("{section}.ttl_s"),
+            self.ttl.as_secs(),
+            1..=MAX_TTL_S,
         );
-        found.extend(
-            in_range(
-                &format!("{section}.negative_ttl_s"),
-                self.negative_ttl.as_secs(),
-                1..=MAX_TTL_S,
-                "",
-            )
-            .err(),
+        found.range(
+            &format!("{section}.negative_ttl_s"),
+            self.negative_ttl.as_secs(),
+            1..=MAX_TTL_S,
         );
-        found.extend(
-            in_range(
-                &format!("{section}.max_stale_s"),
-                self.max_stale.as_secs(),
-                0..=MAX_TTL_S,
-                "",
-            )
-            .err(),
+        found.range(
+            &format!("{section}.max_stale_s"),
+            self.max_stale.as_secs(),
+            0..=MAX_TTL_S,
         );
         if let Some(ahead) = self.refresh_ahead {
-            found.extend(
-                in_range(
-                    &format!("{section}.refresh_ahead_s"),
-                    ahead.as_secs(),
-                    // Saturating: a ttl_s of 0 is its own mistake, found above.
-                    0..=self.ttl.as_secs().saturating_sub(1),
-                    " (below ttl_s, or every hit would refresh)",
-                )
-                .err(),
+            // Saturating: a ttl_s of 0 is its own mistake, found above.
+            found.range_noting(
+                &format!("{section}.refresh_ahead_s"),
+                ahead.as_secs(),
+                0..=self.ttl.as_secs().saturating_sub(1),
+                "below ttl_s, or every hit would refresh",
             );
         }
     }

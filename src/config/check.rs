@@ -1,18 +1,67 @@
 //! The small checks every section's validation is made of: a number in a range,
 //! a URL of a scheme. Each names the key it checks.
+//!
+//! A section's `validate(&self, found: &mut Vec<Mistake>)` writes one line per
+//! ranged key through [`Checks`]: `found.range(key, value, low..=high)`, or
+//! `found.range_noting(key, value, low..=high, "why")` when the reason for the
+//! bounds belongs in the message.
 
 use std::fmt;
+use std::ops::RangeInclusive;
 
 use super::error::{Mistake, invalid};
 
 /// Ten minutes: the longest any wait, pause or timeout key may be.
 pub(super) const MAX_WAIT_MS: u64 = 600_000;
 
-/// `Ok` when `value` is in `range`, else an error naming `key` and the range.
+/// Range checks on the list of mistakes a section's validation fills: each
+/// pushes a mistake naming the key and the range when the value is outside.
+pub(super) trait Checks {
+    /// `value` must be in `range`.
+    fn range<T: PartialOrd + fmt::Display>(
+        &mut self,
+        key: &str,
+        value: T,
+        range: RangeInclusive<T>,
+    );
+    /// `value` must be in `range`, for the reason `note` (said in parentheses
+    /// after the range).
+    fn range_noting<T: PartialOrd + fmt::Display>(
+        &mut self,
+        key: &str,
+        value: T,
+        range: RangeInclusive<T>,
+        note: &str,
+    );
+}
+
+impl Checks for Vec<Mistake> {
+    fn range<T: PartialOrd + fmt::Display>(
+        &mut self,
+        key: &str,
+        value: T,
+        range: RangeInclusive<T>,
+    ) {
+        self.extend(in_range(key, value, range, "").err());
+    }
+
+    fn range_noting<T: PartialOrd + fmt::Display>(
+        &mut self,
+        key: &str,
+        value: T,
+        range: RangeInclusive<T>,
+        note: &str,
+    ) {
+        self.extend(in_range(key, value, range, &format!(" ({note})")).err());
+    }
+}
+
+/// `Ok` when `value` is in `range`, else an error naming `key` and the range
+/// (`why` follows the range as it is). [`Checks`] is the way to call it.
 pub(super) fn in_range<T>(
     key: &str,
     value: T,
-    range: std::ops::RangeInclusive<T>,
+    range: RangeInclusive<T>,
     why: &str,
 ) -> Result<(), Mistake>
 where

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::in_range;
+use super::check::Checks as _;
 use super::error::{Mistake, invalid};
 use super::secret::Secret;
 use super::units;
@@ -69,41 +69,22 @@ impl DatabaseConfig {
                 found.push(invalid("database.direct_url", "must start with postgres:"));
             }
         }
-        found.extend(
-            in_range(
-                "database.max_connections",
-                self.max_connections,
-                1..=1000,
-                "",
-            )
-            .err(),
+        found.range("database.max_connections", self.max_connections, 1..=1000);
+        found.range(
+            "database.sync_interval_ms",
+            self.sync_interval.as_millis(),
+            10..=60_000,
         );
-        found.extend(
-            in_range(
-                "database.sync_interval_ms",
-                self.sync_interval.as_millis(),
-                10..=60_000,
-                "",
-            )
-            .err(),
+        found.range(
+            "database.statement_timeout_ms",
+            self.statement_timeout.as_millis(),
+            100..=3_600_000,
         );
-        found.extend(
-            in_range(
-                "database.statement_timeout_ms",
-                self.statement_timeout.as_millis(),
-                100..=3_600_000,
-                "",
-            )
-            .err(),
-        );
-        found.extend(
-            in_range(
-                "database.lock_timeout_ms",
-                self.lock_timeout.as_millis(),
-                10..=self.statement_timeout.as_millis().max(10),
-                " (at most database.statement_timeout_ms)",
-            )
-            .err(),
+        found.range_noting(
+            "database.lock_timeout_ms",
+            self.lock_timeout.as_millis(),
+            10..=self.statement_timeout.as_millis().max(10),
+            "at most database.statement_timeout_ms",
         );
     }
 }

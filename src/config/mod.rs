@@ -61,7 +61,7 @@ pub use status_feed::StatusFeedConfig;
 pub use tracing::TracingConfig;
 pub use upstreams::{CalltrackingUpstreamConfig, UpstreamConfig, UpstreamsConfig};
 
-use check::{MAX_WAIT_MS, in_range};
+use check::{Checks as _, MAX_WAIT_MS};
 
 /// The documented defaults, key by key.
 pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
@@ -312,15 +312,12 @@ impl Config {
         // upstreams' timeouts.
         if let Some(explicit) = self.server.request_deadline {
             let longest = self.longest_upstream_path();
-            found.extend(
-                in_range(
-                    "server.request_deadline_ms",
-                    explicit.as_millis(),
-                    longest.as_millis()..=MAX_WAIT_MS.into(),
-                    " (at least the longest path through the upstream timeouts, \
-                     max(anonymous, real_phone + calltracking))",
-                )
-                .err(),
+            found.range_noting(
+                "server.request_deadline_ms",
+                explicit.as_millis(),
+                longest.as_millis()..=MAX_WAIT_MS.into(),
+                "at least the longest path through the upstream timeouts, \
+                     max(anonymous, real_phone + calltracking)",
             );
         }
         self.database.validate(&mut found);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::in_range;
+use super::check::Checks as _;
 use super::error::Mistake;
 use super::units;
 
@@ -29,34 +29,25 @@ impl BudgetsConfig {
     }
 
     pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
-        found.extend(
-            in_range(
-                "rate_limit.per_viewer_per_minute",
-                self.per_viewer_per_minute,
-                0..=65_535,
-                " (a budget is for people; the ledgers count in 16 bits)",
-            )
-            .err(),
+        found.range_noting(
+            "rate_limit.per_viewer_per_minute",
+            self.per_viewer_per_minute,
+            0..=65_535,
+            "a budget is for people; the ledgers count in 16 bits",
         );
-        found.extend(
-            in_range(
-                "rate_limit.per_viewer_per_day",
-                self.per_viewer_per_day,
-                0..=65_535,
-                " (a budget is for people; the ledgers count in 16 bits)",
-            )
-            .err(),
+        found.range_noting(
+            "rate_limit.per_viewer_per_day",
+            self.per_viewer_per_day,
+            0..=65_535,
+            "a budget is for people; the ledgers count in 16 bits",
         );
         // Under a second: a viewer past a budget anywhere is refused everywhere
         // within one exchange (and its bounded call).
-        found.extend(
-            in_range(
-                "rate_limit.exchange_interval_ms",
-                self.exchange_interval.as_millis(),
-                10..=750,
-                " (a viewer past a budget must be refused fleet-wide within 1 s)",
-            )
-            .err(),
+        found.range_noting(
+            "rate_limit.exchange_interval_ms",
+            self.exchange_interval.as_millis(),
+            10..=750,
+            "a viewer past a budget must be refused fleet-wide within 1 s",
         );
     }
 }

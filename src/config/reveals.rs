@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::in_range;
+use super::check::Checks as _;
 use super::error::Mistake;
 use super::units;
 
@@ -38,24 +38,12 @@ impl RevealsConfig {
     }
 
     pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
-        found.extend(
-            in_range(
-                "reveals.flush_interval_ms",
-                self.flush_interval.as_millis(),
-                10..=60_000,
-                "",
-            )
-            .err(),
+        found.range(
+            "reveals.flush_interval_ms",
+            self.flush_interval.as_millis(),
+            10..=60_000,
         );
-        found.extend(
-            in_range(
-                "reveals.max_buffered",
-                self.max_buffered,
-                1..=100_000_000,
-                "",
-            )
-            .err(),
-        );
-        found.extend(in_range("reveals.retention_days", self.retention_days, 1..=3650, "").err());
+        found.range("reveals.max_buffered", self.max_buffered, 1..=100_000_000);
+        found.range("reveals.retention_days", self.retention_days, 1..=3650);
     }
 }

@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 
-use super::check::in_range;
+use super::check::Checks as _;
 use super::error::Mistake;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -14,6 +14,6 @@ pub struct RuntimeConfig {
 
 impl RuntimeConfig {
     pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
-        found.extend(in_range("runtime.worker_threads", self.worker_threads, 0..=1024, "").err());
+        found.range("runtime.worker_threads", self.worker_threads, 0..=1024);
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::{MAX_WAIT_MS, in_range};
+use super::check::{Checks as _, MAX_WAIT_MS};
 use super::error::Mistake;
 use super::units;
 
@@ -17,6 +17,18 @@ pub struct ServerConfig {
     pub admin_addr: SocketAddr,
     pub max_body_bytes: usize,
     pub max_snapshot_bytes: usize,
+    /// Snapshot PUTs in flight at once; one more is answered 503 with
+    /// `Retry-After` before its body is read (each holds its parsed ids, up to
+    /// 80 MB, and a parser thread).
+    pub max_snapshot_uploads: usize,
+    /// The whole snapshot body must arrive within this (a 408 otherwise),
+    /// however steadily it trickles: `body_read_timeout_ms` bounds only the
+    /// pause between its chunks.
+    #[serde(
+        rename = "snapshot_body_timeout_ms",
+        deserialize_with = "units::millis"
+    )]
+    pub snapshot_body_timeout: Duration,
     #[serde(rename = "shutdown_pause_ms", deserialize_with = "units::millis")]
     pub shutdown_pause: Duration,
     #[serde(rename = "drain_timeout_ms", deserialize_with = "units::millis")]
@@ -47,66 +59,47 @@ pub struct ServerConfig {
 
 impl ServerConfig {
     pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
-        found.extend(
-            in_range(
-                "server.max_body_bytes",
-                self.max_body_bytes,
-                1..=1 << 30,
-                "",
-            )
-            .err(),
+        found.range("server.max_body_bytes", self.max_body_bytes, 1..=1 << 30);
+        found.range_noting(
+            "server.max_snapshot_bytes",
+            self.max_snapshot_bytes,
+            self.max_body_bytes..=1 << 34,
+            "at least server.max_body_bytes",
         );
-        found.extend(
-            in_range(
-                "server.max_snapshot_bytes",
-                self.max_snapshot_bytes,
-                self.max_body_bytes..=1 << 34,
-                " (at least server.max_body_bytes)",
-            )
-            .err(),
+        found.range(
+            "server.max_header_bytes",
+            self.max_header_bytes,
+            4096..=1 << 20,
         );
-        found.extend(
-            in_range(
-                "server.max_header_bytes",
-                self.max_header_bytes,
-                4096..=1 << 20,
-                "",
-            )
-            .err(),
+        found.range(
+            "server.max_snapshot_uploads",
+            self.max_snapshot_uploads,
+            1..=64,
         );
-        found.extend(
-            in_range(
-                "server.max_in_flight",
-                self.max_in_flight,
-                1..=1_000_000,
-                "",
-            )
-            .err(),
+        found.range_noting(
+            "server.snapshot_body_timeout_ms",
+            self.snapshot_body_timeout.as_millis(),
+            self.body_read_timeout.as_millis()..=MAX_WAIT_MS.into(),
+            "at least server.body_read_timeout_ms",
         );
-        found.extend(
-            in_range(
-                "server.max_queue_delay_ms",
-                self.max_queue_delay.as_millis(),
-                0..=MAX_WAIT_MS.into(),
-                " (0: never shed uncached requests for waiting)",
-            )
-            .err(),
+        found.range("server.max_in_flight", self.max_in_flight, 1..=1_000_000);
+        found.range_noting(
+            "server.max_queue_delay_ms",
+            self.max_queue_delay.as_millis(),
+            0..=MAX_WAIT_MS.into(),
+            "0: never shed uncached requests for waiting",
         );
-        found.extend(
-            in_range(
-                "server.shutdown_pause_ms",
-                self.shutdown_pause.as_millis(),
-                0..=MAX_WAIT_MS.into(),
-                "",
-            )
-            .err(),
+        found.range(
+            "server.shutdown_pause_ms",
+            self.shutdown_pause.as_millis(),
+            0..=MAX_WAIT_MS.into(),
         );
         for (key, value) in [
             ("server.drain_timeout_ms", self.drain_timeout),
             ("server.header_read_timeout_ms", self.header_read_timeout),
             ("server.body_read_timeout_ms", self.body_read_timeout),
         ] {
-            found.extend(in_range(key, value.as_millis(), 1..=MAX_WAIT_MS.into(), "").err());
+            found.range(key, value.as_millis(), 1..=MAX_WAIT_MS.into());
         }
     }
 }
@@ -135,6 +128,18 @@ mod tests {
                 "server.shutdown_pause_ms",
             ),
             ("[server]\ndrain_timeout_ms = 0", "server.drain_timeout_ms"),
+            (
+                "[server]\nmax_snapshot_uploads = 0",
+                "server.max_snapshot_uploads",
+            ),
+            (
+                "[server]\nsnapshot_body_timeout_ms = 9223372036854775807",
+                "server.snapshot_body_timeout_ms",
+            ),
+            (
+                "[server]\nbody_read_timeout_ms = 20000\nsnapshot_body_timeout_ms = 10000",
+                "server.snapshot_body_timeout_ms",
+            ),
             (
                 "[server]\nrequest_deadline_ms = 9223372036854775807",
                 "server.request_deadline_ms",

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::in_range;
+use super::check::Checks as _;
 use super::error::Mistake;
 use super::units;
 
@@ -23,32 +23,21 @@ pub struct StatusFeedConfig {
 
 impl StatusFeedConfig {
     pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
-        found.extend(
-            in_range(
-                "upstreams.calltracking.status_feed.interval_ms",
-                self.interval.as_millis(),
-                1..=3_600_000,
-                "",
-            )
-            .err(),
+        found.range(
+            "upstreams.calltracking.status_feed.interval_ms",
+            self.interval.as_millis(),
+            1..=3_600_000,
         );
-        found.extend(
-            in_range(
-                "upstreams.calltracking.status_feed.limit",
-                self.limit,
-                1..=10_000,
-                "",
-            )
-            .err(),
+        found.range(
+            "upstreams.calltracking.status_feed.limit",
+            self.limit,
+            1..=10_000,
         );
-        found.extend(
-            in_range(
-                "upstreams.calltracking.status_feed.lease_ttl_ms",
-                self.lease_ttl.as_millis(),
-                300..=6_000,
-                " (a stopped leader is replaced within 10 s)",
-            )
-            .err(),
+        found.range_noting(
+            "upstreams.calltracking.status_feed.lease_ttl_ms",
+            self.lease_ttl.as_millis(),
+            300..=6_000,
+            "a stopped leader is replaced within 10 s",
         );
     }
 }

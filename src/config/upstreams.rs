@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::{in_range, parse_url};
+use super::check::{Checks as _, parse_url};
 use super::error::{Mistake, invalid};
 use super::status_feed::StatusFeedConfig;
 use super::units;
@@ -60,32 +60,22 @@ impl UpstreamConfig {
     /// `section`'s keys (`upstreams.<name>`).
     fn validate(&self, section: &str, found: &mut Vec<Mistake>) {
         found.extend(validate_base_url(&format!("{section}.base_url"), &self.base_url).err());
-        found.extend(
-            in_range(
-                &format!("{section}.timeout_ms"),
-                self.timeout.as_millis(),
-                1..=60_000,
-                "",
-            )
-            .err(),
+        found.range(
+            &format!("{section}.timeout_ms"),
+            self.timeout.as_millis(),
+            1..=60_000,
         );
-        found.extend(
-            in_range(
-                &format!("{section}.max_in_flight"),
-                self.max_in_flight,
-                0..=1_000_000,
-                " (0: server.max_in_flight)",
-            )
-            .err(),
+        found.range_noting(
+            &format!("{section}.max_in_flight"),
+            self.max_in_flight,
+            0..=1_000_000,
+            "0: server.max_in_flight",
         );
-        found.extend(
-            in_range(
-                &format!("{section}.max_in_flight_per_seller"),
-                self.max_in_flight_per_seller,
-                0..=1_000_000,
-                " (0: an eighth of the upstream's max_in_flight)",
-            )
-            .err(),
+        found.range_noting(
+            &format!("{section}.max_in_flight_per_seller"),
+            self.max_in_flight_per_seller,
+            0..=1_000_000,
+            "0: an eighth of the upstream's max_in_flight",
         );
     }
 }

@@ -1,5 +1,5 @@
-//! The HTTP edge, in two rooms with one arrow between them, `server -> api`
-//! (`tests/arrows.rs` holds it):
+//! The HTTP edge, in two modules, the server importing the API and never the
+//! reverse (`tests/arrows.rs` holds it):
 //! - [`server`]: the hand-built HTTP server: serving connections through hyper
 //!   with our own connection limits, the front service every request meets
 //!   (request tracking, admission, the hit path without the router), shedding,
@@ -10,7 +10,7 @@
 //!   routers built from it, handlers, extractors, problem documents, the OpenAPI
 //!   documents and the request-duration histogram labelled by route.
 //!
-//! The arrow points from the server to the API because the server's one reason
+//! The server imports the API, not the other way, because the server's one reason
 //! to exist is to run the API fast; the API does not know how it is served, so
 //! its handlers are tested with `oneshot` on the routers alone.
 

@@ -51,9 +51,10 @@ pub enum ResolveError {
     NoPhone,
     #[error("cannot decide safely")]
     Unavailable { fail_closed: Option<Source> },
-    /// A source the rules needed was not asked, for a reason of the gateway's
-    /// own (a bound on calls in flight reached), and had no usable stale value.
-    #[error("cannot decide now: {} was not asked", .0.as_str())]
+    /// A source the rules needed had no verdict from its upstream (not asked,
+    /// for a reason of the gateway's own, or a load refusal: docs/rules.md),
+    /// and had no usable stale value.
+    #[error("cannot decide now: {} is undecided", .0.as_str())]
     Undecided(Source),
     /// Needs an upstream call while the workers are saturated (`admission`).
     #[error("shed: the workers are saturated and the answer is not cached")]
@@ -275,7 +276,7 @@ impl Resolver {
             ),
             Err(ResolveError::Undecided(source)) => tracing::debug!(
                 user_id = %req.user, ad_id = %req.ad, source = source.as_str(),
-                "source not asked (a bound on calls in flight); answering 503"
+                "source undecided (no word from its upstream); answering 503"
             ),
             Err(e) => tracing::debug!(user_id = %req.user, ad_id = %req.ad, "{e}"),
         }

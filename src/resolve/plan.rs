@@ -13,9 +13,9 @@
 //! cannot settle are pending; [`Progress::asks`] says which to ask at once
 //! (anonymous and real together; call tracking as soon as the real number is
 //! known, since it maps it), and [`Progress::answered`] takes each answer and
-//! says what to ask next. An answer is a state by [`state_of`]: a refusal of the
-//! gateway's own leaves its source undecided, only its upstream's own failure
-//! fails it. At the deadline ([`Progress::at_deadline`]) a pending source has
+//! says what to ask next. An answer is a state by [`state_of`]: only its
+//! upstream's verdict fails a source; an undecided error (the gateway's own
+//! refusal or trouble, a panicked fetch, a load refusal) leaves it undecided. At the deadline ([`Progress::at_deadline`]) a pending source has
 //! failed (no answer in time), so its usable stale value is served as for any
 //! failure.
 //!
@@ -29,6 +29,7 @@ use super::rules::{Decision, Rules, SourceState, States};
 use crate::cache::{Cached, FetchResult};
 use crate::domain::{Phone, Source, Sources};
 use crate::status::Tracking;
+use crate::upstream::Class;
 
 /// What `[selection]` (and each source's `on_error`) says, ready to plan with.
 #[derive(Debug, Clone)]
@@ -235,14 +236,18 @@ fn stale_or_failed(stale: Cached) -> SourceState {
     }
 }
 
-/// An answer as a source state: a refusal of the gateway's own (no call made)
-/// leaves the source undecided, only its upstream's own failure fails it.
+/// An answer as a source state by the error's class ([`UpstreamError::class`]):
+/// only its upstream's verdict fails the source; anything else (the gateway's
+/// own refusal or trouble, a panicked or cancelled fetch, a load refusal)
+/// leaves it undecided.
 pub fn state_of(answer: &FetchResult) -> SourceState {
     match answer {
         Ok(Some(phone)) => SourceState::Found(*phone),
         Ok(None) => SourceState::NotFound,
-        Err(error) if error.refused() => SourceState::Undecided,
-        Err(_) => SourceState::Failed,
+        Err(error) => match error.class() {
+            Class::Verdict => SourceState::Failed,
+            Class::Undecided => SourceState::Undecided,
+        },
     }
 }
 
@@ -381,6 +386,13 @@ mod tests {
         let failed = Err(UpstreamError::Status(500));
         let timed_out = Err(UpstreamError::Timeout);
         let open = Err(UpstreamError::CircuitOpen);
+        let load_refused = Err(UpstreamError::LoadRefused(429));
+        let unavailable_retry = Err(UpstreamError::LoadRefused(503));
+        let local = Err(UpstreamError::Local("EMFILE".into()));
+        let local_timeout = Err(UpstreamError::LocalTimeout);
+        let panicked = Err(UpstreamError::Panicked);
+        let cancelled = Err(UpstreamError::Cancelled);
+        let unavailable = Decision::Unavailable { fail_closed: None };
         let found = |n| Ok(Some(p(n)));
         #[rustfmt::skip]
         let table: &[(&[(Source, FetchResult)], Decision)] = &[
@@ -395,10 +407,24 @@ mod tests {
             // not asked (a bound reached): undecided, never the real number
             (&[(RealPhone, found(R)), (Calltracking, refused.clone())],       Decision::Undecided(Calltracking)),
             (&[(RealPhone, found(R)), (Calltracking, seller_refused.clone())], Decision::Undecided(Calltracking)),
+            // no word from the upstream: a load refusal, the gateway's own
+            // socket trouble, a panicked or cancelled fetch
+            (&[(RealPhone, found(R)), (Calltracking, load_refused.clone())],  Decision::Undecided(Calltracking)),
+            (&[(RealPhone, found(R)), (Calltracking, unavailable_retry.clone())], Decision::Undecided(Calltracking)),
+            (&[(RealPhone, found(R)), (Calltracking, local.clone())],         Decision::Undecided(Calltracking)),
+            (&[(RealPhone, found(R)), (Calltracking, local_timeout.clone())], Decision::Undecided(Calltracking)),
+            (&[(RealPhone, found(R)), (Calltracking, panicked.clone())],      Decision::Undecided(Calltracking)),
+            (&[(RealPhone, found(R)), (Calltracking, cancelled.clone())],     Decision::Undecided(Calltracking)),
             // the real number not asked: call tracking cannot be, either
             (&[(RealPhone, refused.clone())],                                 Decision::Undecided(Calltracking)),
-            // the real number failed: call tracking too, and so does the request
-            (&[(RealPhone, failed.clone())],                                  Decision::Unavailable { fail_closed: None }),
+            (&[(RealPhone, seller_refused.clone())],                          Decision::Undecided(Calltracking)),
+            (&[(RealPhone, load_refused.clone())],                            Decision::Undecided(Calltracking)),
+            (&[(RealPhone, panicked.clone())],                                Decision::Undecided(Calltracking)),
+            // the real number failed by its upstream: call tracking too, and so
+            // does the request
+            (&[(RealPhone, failed.clone())],                                  unavailable),
+            (&[(RealPhone, timed_out.clone())],                               unavailable),
+            (&[(RealPhone, open.clone())],                                    unavailable),
             (&[(RealPhone, Ok(None))],                                        Decision::NoPhone),
         ];
         let selection = selection();
@@ -414,46 +440,94 @@ mod tests {
             }
             assert_eq!(selection.decide(&progress), *want, "row {i}");
         }
-        // Anonymous refused is undecided too: 503, whatever is below it.
-        let req = request(ANON_CATEGORY, None);
-        let mut progress = selection.start(&req, || Tracking::Off, reader((MISS, MISS, has(R))));
-        assert_eq!(progress.answered(Anonymous, &refused), None);
-        assert_eq!(selection.decide(&progress), Decision::Undecided(Anonymous));
+        // The anonymous source, above a cached real number: undecided is 503
+        // whatever is below it; its upstream's own failure fails it closed.
+        let closed = Decision::Unavailable {
+            fail_closed: Some(Anonymous),
+        };
+        #[rustfmt::skip]
+        let anonymous: &[(FetchResult, Decision)] = &[
+            (refused,         Decision::Undecided(Anonymous)),
+            (load_refused,    Decision::Undecided(Anonymous)),
+            (local,           Decision::Undecided(Anonymous)),
+            (panicked,        Decision::Undecided(Anonymous)),
+            (failed,          closed),
+            (timed_out,       closed),
+            (open,            closed),
+            (found(A),        Decision::Answer(Anonymous, p(A))),
+            (Ok(None),        Decision::Answer(RealPhone, p(R))),
+        ];
+        for (i, (answer, want)) in anonymous.iter().enumerate() {
+            let req = request(ANON_CATEGORY, None);
+            let mut progress =
+                selection.start(&req, || Tracking::Off, reader((MISS, MISS, has(R))));
+            assert_eq!(
+                progress.answered(Anonymous, answer),
+                None,
+                "anonymous row {i}"
+            );
+            assert_eq!(selection.decide(&progress), *want, "anonymous row {i}");
+        }
     }
 
     /// At the deadline: a pending source serves its usable stale value, else
     /// has failed; call tracking maps the real number known by then (stale
-    /// included).
+    /// included). An undecided source stays undecided, and an unknown status
+    /// set stays unknown: the deadline fails only what is still pending.
     #[test]
     #[allow(clippy::type_complexity)] // a table reads best as tuples
     fn the_deadline_table() {
+        let (on, off, unknown) = (Tracking::On, Tracking::Off, Tracking::Unknown);
+        let refused: FetchResult = Err(UpstreamError::LoadRefused(429));
+        let local: FetchResult = Err(UpstreamError::Local("EMFILE".into()));
+        let panicked: FetchResult = Err(UpstreamError::Panicked);
+        let unavailable = Decision::Unavailable { fail_closed: None };
+        let closed = Decision::Unavailable {
+            fail_closed: Some(Anonymous),
+        };
         #[rustfmt::skip]
-        let table: &[(u64, Held, Held, (SourceState, SourceState, SourceState))] = &[
-            // category      cached at start        stale at the deadline        -> states
-            (ANON_CATEGORY,  (MISS, MISS, MISS),    (has(A), has(C), has(R)),    (Found(p(A)), Found(p(C)), Found(p(R)))),
-            (ANON_CATEGORY,  (MISS, MISS, MISS),    (MISS, MISS, MISS),          (Failed, Failed, Failed)),
+        let table: &[(u64, Tracking, Held, &[(Source, FetchResult)], Held, (SourceState, SourceState, SourceState), Decision)] = &[
+            // category   tracking cached at start    answered before        stale at the deadline     -> states                                  decision
+            (ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (has(A), has(C), has(R)), (Found(p(A)), Found(p(C)), Found(p(R))), Decision::Answer(Anonymous, p(A))),
+            (ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, MISS),       (Failed, Failed, Failed),                closed),
             // the real number known (cached): call tracking's stale value for it
-            (PLAIN_CATEGORY, (MISS, MISS, has(R)),  (MISS, has(C), has(R)),      (NotApplicable, Found(p(C)), Found(p(R)))),
-            (PLAIN_CATEGORY, (MISS, MISS, has(R)),  (MISS, MISS, has(R)),        (NotApplicable, Failed, Found(p(R)))),
+            (PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), has(R)),   (NotApplicable, Found(p(C)), Found(p(R))), Decision::Answer(Calltracking, p(C))),
+            (PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, MISS, has(R)),     (NotApplicable, Failed, Found(p(R))),    Decision::Answer(RealPhone, p(R))),
             // a stale "no phone": no call-tracking number either
-            (PLAIN_CATEGORY, (MISS, MISS, MISS),    (MISS, has(C), NONE),        (NotApplicable, NotFound, NotFound)),
+            (PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[],                       (MISS, has(C), NONE),     (NotApplicable, NotFound, NotFound),     Decision::NoPhone),
             // a stale real number alone: call tracking failed, real served
-            (PLAIN_CATEGORY, (MISS, MISS, MISS),    (MISS, MISS, has(R)),        (NotApplicable, Failed, Found(p(R)))),
+            (PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, has(R)),     (NotApplicable, Failed, Found(p(R))),    Decision::Answer(RealPhone, p(R))),
+            // the status set not loaded: call tracking stays unknown, and what is
+            // below it is not shown, stale real number or not
+            (PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, has(C), has(R)),   (NotApplicable, Unknown, Found(p(R))),   unavailable),
+            (PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, MISS, MISS),       (NotApplicable, Unknown, Failed),        unavailable),
+            (ANON_CATEGORY,  unknown, (MISS, MISS, MISS), &[],                     (has(A), MISS, has(R)),   (Found(p(A)), Unknown, Found(p(R))),     Decision::Answer(Anonymous, p(A))),
+            // an undecided real number stays undecided, and so does call
+            // tracking, which needed it: a stale value does not decide them
+            (PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[(RealPhone, refused)],   (MISS, has(C), has(R)),   (NotApplicable, Undecided, Undecided),   Decision::Undecided(Calltracking)),
+            (PLAIN_CATEGORY, off, (MISS, MISS, MISS),   &[(RealPhone, panicked)],  (MISS, MISS, has(R)),     (NotApplicable, NotApplicable, Undecided), Decision::Undecided(RealPhone)),
+            // an undecided anonymous source: 503, whatever the deadline settles below
+            (ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[(Anonymous, local)],     (MISS, MISS, has(R)),     (Undecided, Failed, Found(p(R))),        Decision::Undecided(Anonymous)),
+            (ANON_CATEGORY,  off, (MISS, MISS, has(R)), &[(Anonymous, Err(UpstreamError::Saturated))], (has(A), MISS, has(R)), (Undecided, NotApplicable, Found(p(R))), Decision::Undecided(Anonymous)),
         ];
         let selection = selection();
-        for (i, &(category, cached, stale, (a, c, r))) in table.iter().enumerate() {
-            let req = request(category, None);
-            let mut progress = selection.start(&req, || Tracking::On, reader(cached));
-            progress.at_deadline(reader(stale));
-            assert_eq!(progress.states, States::new(a, c, r), "row {i}");
-            assert_ne!(selection.decide(&progress), Decision::Wait, "row {i}");
+        for (i, (category, tracking, cached, answered, stale, (a, c, r), want)) in
+            table.iter().enumerate()
+        {
+            let req = request(*category, None);
+            let mut progress = selection.start(&req, || *tracking, reader(*cached));
+            for (slot, answer) in answered.iter() {
+                progress.answered(*slot, answer);
+            }
+            progress.at_deadline(reader(*stale));
+            assert_eq!(progress.states, States::new(*a, *c, *r), "row {i}");
+            assert_eq!(selection.decide(&progress), *want, "row {i}");
         }
-        // An undecided source stays undecided: the deadline fails only what is
-        // still pending.
+        // An undecided call tracking stays undecided, a stale value or not.
         let req = request(PLAIN_CATEGORY, None);
         let mut progress = selection.start(&req, || Tracking::On, reader((MISS, MISS, has(R))));
         progress.answered(Calltracking, &Err(UpstreamError::Saturated));
-        progress.at_deadline(reader((MISS, MISS, has(R))));
+        progress.at_deadline(reader((MISS, has(C), has(R))));
         assert_eq!(progress.states[Calltracking], Undecided);
         assert_eq!(
             selection.decide(&progress),

@@ -6,9 +6,10 @@
 //! nothing below it may be revealed before it has answered. A source whose
 //! applicability is not known yet (call tracking while the status set loads) is
 //! pending for good: nothing will tell during this request, so the walk ends there
-//! with `Unavailable`, whatever its policy. So is an undecided one (the gateway
-//! did not ask it, for a reason of its own): the walk ends there with
-//! `Undecided`, whatever its policy, since its upstream has not failed. A failed
+//! with `Unavailable`, whatever its policy. So is an undecided one (no verdict
+//! from its upstream: not asked for a reason of the gateway's own, or a load
+//! refusal): the walk ends there with `Undecided`, whatever its policy, since
+//! its upstream has not failed. A failed
 //! source either ends the walk with `Unavailable` (fail_closed) or is skipped
 //! (fall_through).
 //! With no source left: `Unavailable` if any applicable source failed (we cannot
@@ -26,12 +27,15 @@ pub enum SourceState {
     Pending,
     Found(Phone),
     NotFound,
-    /// Its own upstream failed it (an error, an answer that does not validate,
-    /// no answer in time, its breaker open): `on_error` applies.
+    /// Its own upstream's verdict failed it (an error answer, an answer that
+    /// does not validate, a refused or reset connection, no answer in time,
+    /// its breaker open on many sellers' failures): `on_error` applies.
     Failed,
-    /// Not asked, for a reason of the gateway's own (a bound on calls in flight
-    /// reached): nothing tells during this request, and nothing below it may be
-    /// revealed.
+    /// No verdict from its upstream ([`crate::upstream::Class::Undecided`]):
+    /// not asked or not reachable for a reason of the gateway's own (a bound on
+    /// calls in flight, its own sockets, a panicked fetch), or the upstream
+    /// refused load. Nothing tells during this request, and nothing below it
+    /// may be revealed.
     Undecided,
 }
 
@@ -46,7 +50,7 @@ pub enum Decision {
     NoPhone,
     /// Cannot decide safely: 503. `failed` is the fail-closed source, if one.
     Unavailable { fail_closed: Option<Source> },
-    /// Cannot decide now: 503 with `Retry-After`. This source was not asked.
+    /// Cannot decide now: 503 with `Retry-After`. This source has no verdict.
     Undecided(Source),
     /// A source that matters has not answered yet.
     Wait,

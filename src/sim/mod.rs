@@ -19,6 +19,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use rand_xoshiro::SplitMix64;
+use rand_xoshiro::rand_core::{RngCore as _, SeedableRng as _};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 
@@ -76,12 +78,10 @@ struct Sim {
     sequence: Arc<AtomicU64>,
 }
 
-/// splitmix64: a fast, well-spread hash for deterministic pseudo-random choices.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
+/// SplitMix64's first output for the seed `x`: a fast, well-spread hash for
+/// deterministic pseudo-random choices.
+fn mix(x: u64) -> u64 {
+    SplitMix64::seed_from_u64(x).next_u64()
 }
 
 /// The simulated real number of a seller, if any.

@@ -13,10 +13,16 @@
 //! lease's fencing token, which the store checks in the page's transaction:
 //! a page read under a lease that was lost meanwhile is not stored, so the
 //! cursor never moves back behind a successor's.
+//!
+//! A clean stop (`stop` cancelled when the app's shutdown begins) ends the
+//! loop at the next page boundary, after the page under way is stored, and
+//! gives the lease back ([`crate::store::Leader::release`]), so the next
+//! replica takes the feed at its next ask rather than a lease later.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::StatusService;
 use crate::config::StatusFeedConfig;
@@ -28,21 +34,33 @@ use crate::upstream::Upstreams;
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Polls as `[upstreams.calltracking.status_feed]` says while this replica
-/// holds the lease; runs until its task is cancelled.
+/// holds the lease; returns once `stop` is cancelled, the lease given back
+/// if it held it.
 pub async fn run(
     config: StatusFeedConfig,
     service: StatusService,
     leadership: Leadership,
     upstreams: std::sync::Arc<Upstreams>,
+    stop: CancellationToken,
 ) {
     let (interval, limit) = (config.interval, config.limit);
     let ask_every = leadership.renew_every().min(interval);
     let mut warned: Option<Instant> = None;
-    loop {
+    let leading = Leading {
+        service: &service,
+        leadership: &leadership,
+        upstreams: &upstreams,
+        interval,
+        limit,
+        stop: &stop,
+    };
+    while !stop.is_cancelled() {
+        // Not cut short by the stop (it is bounded): a lease taken meanwhile
+        // is given back below rather than left to run out.
         match leadership.try_take().await {
             Ok(Some(leader)) => {
                 warned = None;
-                lead(&service, &leadership, leader, &upstreams, interval, limit).await;
+                leading.lead(leader).await;
             }
             Ok(None) => {}
             Err(error) => {
@@ -52,61 +70,90 @@ pub async fn run(
                 }
             }
         }
-        tokio::time::sleep(ask_every).await;
+        tokio::select! {
+            () = tokio::time::sleep(ask_every) => {}
+            () = stop.cancelled() => {}
+        }
     }
 }
 
-/// Polls every `interval` while the lease holds, renewing it before each
-/// poll and at least every [`Leadership::renew_every`].
-async fn lead(
-    service: &StatusService,
-    leadership: &Leadership,
-    mut leader: Leader,
-    upstreams: &Upstreams,
+/// What leading takes: the loop's settings and handles.
+struct Leading<'a> {
+    service: &'a StatusService,
+    leadership: &'a Leadership,
+    upstreams: &'a Upstreams,
     interval: Duration,
     limit: u32,
-) {
-    tracing::info!(
-        epoch = leader.fence().map(crate::store::Fence::epoch),
-        "status feed: this replica is the leader"
-    );
-    service.set_feed_leader(true);
-    let mut next_poll = Instant::now();
-    loop {
-        if Instant::now() >= next_poll {
-            // No longer than the lease: past it, a renewal decides.
-            let polled = match leader.valid_until() {
-                Some(until) => {
-                    tokio::time::timeout_at(until, poll(service, upstreams, limit, &leader))
-                        .await
-                        .unwrap_or(Polled::Expired)
-                }
-                None => poll(service, upstreams, limit, &leader).await,
-            };
-            next_poll = match polled {
-                Polled::LeaseLost => break,
-                // A catch-up longer than the lease goes on once renewed.
-                Polled::Expired => Instant::now(),
-                Polled::Done => Instant::now() + interval,
-            };
+    stop: &'a CancellationToken,
+}
+
+impl Leading<'_> {
+    /// Leads while the lease holds (see [`Leading::hold`]); on a stop, gives
+    /// the lease back.
+    async fn lead(&self, mut leader: Leader) {
+        let stopped = self.hold(&mut leader).await;
+        self.service.set_feed_leader(false);
+        if stopped {
+            leader.release(self.leadership).await;
+        } else {
+            tracing::warn!("status feed: no longer the leader");
         }
-        // Renewed at the latest when the lease would end, at once after a poll
-        // that outlasted it.
-        let renew_at = Instant::now() + leadership.renew_every();
-        let wake = next_poll.min(renew_at);
-        tokio::time::sleep_until(leader.valid_until().map_or(wake, |until| wake.min(until))).await;
-        // The gauge says what this replica can prove: past the lease by its
-        // own clock, not the leader until a renewal says so again.
-        if !leader.is_valid() {
-            service.set_feed_leader(false);
-        }
-        if !leader.renew(leadership).await {
-            break;
-        }
-        service.set_feed_leader(true);
     }
-    tracing::warn!("status feed: no longer the leader");
-    service.set_feed_leader(false);
+
+    /// Polls every `interval` while the lease holds, renewing it before each
+    /// poll and at least every [`Leadership::renew_every`]. True when it
+    /// ended for the stop (the lease may still be this replica's), false
+    /// when the lease was lost.
+    async fn hold(&self, leader: &mut Leader) -> bool {
+        let (service, leadership, upstreams) = (self.service, self.leadership, self.upstreams);
+        let (interval, limit, stop) = (self.interval, self.limit, self.stop);
+        if stop.is_cancelled() {
+            return true;
+        }
+        tracing::info!(
+            epoch = leader.fence().map(crate::store::Fence::epoch),
+            "status feed: this replica is the leader"
+        );
+        service.set_feed_leader(true);
+        let mut next_poll = Instant::now();
+        loop {
+            if Instant::now() >= next_poll {
+                // No longer than the lease: past it, a renewal decides.
+                let polling = poll(service, upstreams, limit, leader, stop);
+                let polled = match leader.valid_until() {
+                    Some(until) => tokio::time::timeout_at(until, polling)
+                        .await
+                        .unwrap_or(Polled::Expired),
+                    None => polling.await,
+                };
+                next_poll = match polled {
+                    Polled::LeaseLost => return false,
+                    Polled::Stopped => return true,
+                    // A catch-up longer than the lease goes on once renewed.
+                    Polled::Expired => Instant::now(),
+                    Polled::Done => Instant::now() + interval,
+                };
+            }
+            // Renewed at the latest when the lease would end, at once after a
+            // poll that outlasted it.
+            let renew_at = Instant::now() + leadership.renew_every();
+            let wake = next_poll.min(renew_at);
+            let wake = leader.valid_until().map_or(wake, |until| wake.min(until));
+            tokio::select! {
+                () = tokio::time::sleep_until(wake) => {}
+                () = stop.cancelled() => return true,
+            }
+            // The gauge says what this replica can prove: past the lease by
+            // its own clock, not the leader until a renewal says so again.
+            if !leader.is_valid() {
+                service.set_feed_leader(false);
+            }
+            if !leader.renew(leadership).await {
+                return false;
+            }
+            service.set_feed_leader(true);
+        }
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -118,6 +165,9 @@ enum Polled {
     Expired,
     /// The lease is gone: stop leading.
     LeaseLost,
+    /// The app is stopping: the page under way was stored (or refused), no
+    /// other is asked for.
+    Stopped,
 }
 
 /// Reads pages from the stored cursor until the feed is caught up, while the
@@ -127,6 +177,7 @@ async fn poll(
     upstreams: &Upstreams,
     limit: u32,
     leader: &Leader,
+    stop: &CancellationToken,
 ) -> Polled {
     let mut cursor = match service.store().feed_cursor().await {
         Ok(cursor) => cursor,
@@ -136,6 +187,9 @@ async fn poll(
         }
     };
     loop {
+        if stop.is_cancelled() {
+            return Polled::Stopped;
+        }
         if !leader.is_valid() {
             return Polled::Expired;
         }

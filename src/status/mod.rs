@@ -19,8 +19,8 @@ use crate::store::{
 };
 
 /// What the number caches must forget when the change log says so. The status
-/// service reads the change log; the caches live above it (in `resolve`), so
-/// `app` hands them in as this.
+/// service reads the change log; the caches are another module (`cache`, which
+/// `status` does not import), so `app` hands them in as this.
 pub trait SellerCaches: Send + Sync {
     /// Every cached number of the seller (an invalidation).
     fn drop_seller(&self, user: UserId);
@@ -144,7 +144,14 @@ impl StatusService {
     /// # Errors
     /// The store could not be read; nothing is marked loaded.
     pub async fn load(&self) -> Result<usize, StatusStoreError> {
-        let count = self.catch_up().await?;
+        // Each page within a small call's bound, not a read's (3 s + lock +
+        // 2 s): a start whose connection was lost silently under its first
+        // page then tries again soon enough to be ready within 10 s of the
+        // database answering (docs/status-sync.md, the bounds table). A page
+        // is a few thousand rows from an index, milliseconds when answered.
+        let count = self
+            .catch_up_paged(Some(self.inner.store.short_bound()))
+            .await?;
         self.inner.set.mark_loaded();
         Ok(count)
     }
@@ -158,16 +165,30 @@ impl StatusService {
     /// # Errors
     /// The store could not be read; what was applied before the error stays.
     pub async fn catch_up(&self) -> Result<usize, StatusStoreError> {
+        self.catch_up_paged(None).await
+    }
+
+    /// [`StatusService::catch_up`], each page within `page_bound` as well as
+    /// the store's own read bound.
+    async fn catch_up_paged(
+        &self,
+        page_bound: Option<Duration>,
+    ) -> Result<usize, StatusStoreError> {
         let mut watermark = self.inner.watermark.lock().await;
         let seen = watermark.0;
         let caches = &self.inner.caches;
         let mut total = 0;
         loop {
-            let rows = self
-                .inner
-                .store
-                .changes_after(*watermark, CHANGES_PAGE)
-                .await?;
+            let page = self.inner.store.changes_after(*watermark, CHANGES_PAGE);
+            let rows = match page_bound {
+                None => page.await?,
+                Some(bound) => tokio::time::timeout(bound, page).await.map_err(|_| {
+                    StatusStoreError::from(StoreError::TimedOut {
+                        operation: "load_page",
+                        bound,
+                    })
+                })??,
+            };
             for (i, row) in rows.iter().enumerate() {
                 let user = UserId::new(row.user_id);
                 match row.change {

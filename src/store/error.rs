@@ -23,7 +23,7 @@ pub enum StoreError {
     /// hides why, so the store asks once more itself and names the cause.
     #[error("cannot connect to {target}: {cause}")]
     Unreachable { target: String, cause: String },
-    /// The call did not finish within its bound (see [`Bounds`]); on the
+    /// The call did not finish within its bound (see [`Bounds`](super::Bounds)); on the
     /// database's side the statement is cancelled by its own timeout.
     #[error("{operation} did not finish within {bound:?}")]
     TimedOut {

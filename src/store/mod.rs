@@ -24,12 +24,12 @@
 //! dialect with that dialect's SQL, side by side where a reader sees the two
 //! stay equal. By capability first because capabilities are what change: a
 //! new query is one capability's interface and dialects, and its error, its
-//! bounds and its operation label are decided in the same room. A backend is
+//! bounds and its operation label are decided in the same module. A backend is
 //! added rarely and is the wider change either way. What every capability
 //! shares (the pool of either kind with its bounds and timed calls, the one
 //! cause of every failure) sits below them all; what opens the database and
-//! builds the handles sits above them, so that no arrow inside the store
-//! points back up.
+//! builds the handles sits above them, so that no module inside the store
+//! imports one above it.
 //!
 //! - *A new capability*: a module with its handle, its error and its SQL in
 //!   each dialect, plus a migration per dialect in `migrations/`; a
@@ -52,7 +52,7 @@ mod reveals;
 mod status;
 
 pub use budgets::{BudgetStore, BudgetStoreError, Pruned, Spend, Total};
-pub use database::{Database, PROBE_BOUND, keeps_sessions};
+pub use database::{Database, MIGRATION_BOUND, PROBE_BOUND, keeps_sessions};
 pub use error::StoreError;
 pub use hints::ChangeHints;
 pub use leadership::{Fence, Leader, Leadership};

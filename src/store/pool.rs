@@ -27,8 +27,10 @@ pub(super) const SQLITE_BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
 /// PostgreSQL enforces both on the server per transaction (`statement_timeout`,
 /// `lock_timeout`: `SET LOCAL`, so a transaction-mode pooler passes them on);
 /// SQLite waits for the write lock at most `lock` (its busy timeout). The
-/// client also gives up on a PostgreSQL call after [`Bounds::call`], for a
-/// connection that died without a word.
+/// client also gives up on every call, of either kind, after its bound
+/// ([`Bounds::call`], [`Bounds::read`], [`Bounds::short`]): for a PostgreSQL
+/// connection that died without a word, and for an SQLite file on a disk that
+/// stopped answering (a busy timeout bounds lock waits, not I/O).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
     /// One statement (a snapshot's largest statement must fit: see the docs).
@@ -69,14 +71,47 @@ impl Bounds {
     pub fn short(&self) -> Duration {
         self.lock
     }
+
+    /// The client's bound on an SQLite snapshot's finish, one call of several
+    /// large statements in one write transaction: the wait for the write lock
+    /// (`lock`, the busy timeout), then the index, the update, the insert and
+    /// the commit, each within a statement's bound, and a second. PostgreSQL
+    /// bounds each of those statements on the server, and its finish by
+    /// [`Bounds::call`]; SQLite has no statement timeout, and a 10,000,000-id
+    /// snapshot over a full set spends tens of seconds of CPU in each of the
+    /// update and the insert (docs/status-sync.md, "Every call and its bound").
+    pub fn sqlite_finish(&self) -> Duration {
+        self.lock + 4 * self.statement + Duration::from_secs(1)
+    }
 }
 
 /// The pool of one database kind: what every handle holds, and the one place
 /// outside a capability's SQL that says which kinds there are.
 #[derive(Debug, Clone)]
 pub(super) enum Backend {
-    Sqlite(sqlx::SqlitePool),
+    Sqlite(Sqlite),
     Postgres(Pg),
+}
+
+/// An SQLite store: the pool every query runs on, and the bounds its calls
+/// are given on the client. SQLite enforces only the busy timeout (`lock`, set
+/// on each connection where the pool is opened); a statement has no timeout
+/// of its own, and a disk that stalls holds a call in the middle of a read, a
+/// write or an fsync for as long as it stalls, so every call is bounded here
+/// as on PostgreSQL. Derefs to the pool: the dialect files take
+/// `&SqlitePool`.
+#[derive(Debug, Clone)]
+pub(super) struct Sqlite {
+    pub(super) pool: sqlx::SqlitePool,
+    pub(super) bounds: Bounds,
+}
+
+impl std::ops::Deref for Sqlite {
+    type Target = sqlx::SqlitePool;
+
+    fn deref(&self) -> &sqlx::SqlitePool {
+        &self.pool
+    }
 }
 
 /// A PostgreSQL store: the pool every query runs on (PostgreSQL itself, or a
@@ -144,43 +179,39 @@ impl Pg {
 }
 
 impl Backend {
-    /// The bound of a small call ([`Bounds::short`]). SQLite: a call's, as
-    /// for every write there ([`Backend::call_bound`]): its writers queue for
-    /// one file, and a small write queued behind a large snapshot must not be
-    /// refused for it (its wait for SQLite's own lock is the busy timeout).
-    pub(super) fn short_bound(&self) -> Duration {
+    /// The bounds of this store's calls (`database.*`).
+    fn bounds(&self) -> Bounds {
         match self {
-            Backend::Postgres(pg) => pg.bounds.short(),
-            Backend::Sqlite(_) => self.call_bound(),
+            Backend::Postgres(pg) => pg.bounds,
+            Backend::Sqlite(sqlite) => sqlite.bounds,
         }
+    }
+
+    /// The bound of a small call ([`Bounds::short`]), on either kind: a
+    /// webhook against a locked or stalled SQLite file answers 503 within
+    /// `lock` as on PostgreSQL, its turn among the local writers included (so
+    /// a delta queued behind a large snapshot's finish may be refused, and
+    /// retried by its sender, rather than hold its caller for a minute).
+    pub(super) fn short_bound(&self) -> Duration {
+        self.bounds().short()
     }
 
     /// Runs one small database call that must be over by `deadline` (the
     /// caller's share of [`Bounds::short`], after a wait for its turn): see
-    /// [`Backend::bounded`]. SQLite is local and bounded by its busy timeout.
+    /// [`Backend::bounded`].
     pub(super) async fn until<T>(
         &self,
         operation: &'static str,
         deadline: tokio::time::Instant,
         f: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let bound = match self {
-            Backend::Postgres(_) => {
-                Some(deadline.saturating_duration_since(tokio::time::Instant::now()))
-            }
-            Backend::Sqlite(_) => None,
-        };
+        let bound = deadline.saturating_duration_since(tokio::time::Instant::now());
         self.bounded(operation, bound, f).await
     }
 
     /// The client's bound on one call (see [`Bounds::call`]).
     pub(super) fn call_bound(&self) -> Duration {
-        match self {
-            Backend::Postgres(pg) => pg.bounds.call(),
-            // Local: a statement cannot hang on a network, and the busy
-            // timeout bounds the wait for the write lock.
-            Backend::Sqlite(_) => Bounds::default().call(),
-        }
+        self.bounds().call()
     }
 
     /// Runs one database call that writes: see [`Backend::bounded`], with
@@ -190,64 +221,63 @@ impl Backend {
         operation: &'static str,
         f: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let bound = match self {
-            Backend::Postgres(pg) => Some(pg.bounds.call()),
-            Backend::Sqlite(_) => None,
-        };
-        self.bounded(operation, bound, f).await
+        self.bounded(operation, self.call_bound(), f).await
+    }
+
+    /// The client's bound on a snapshot's finish: [`Bounds::call`] on
+    /// PostgreSQL, [`Bounds::sqlite_finish`] on SQLite.
+    pub(super) fn finish_bound(&self) -> Duration {
+        match self {
+            Backend::Postgres(pg) => pg.bounds.call(),
+            Backend::Sqlite(sqlite) => sqlite.bounds.sqlite_finish(),
+        }
     }
 
     /// Runs one database call that only reads: see [`Backend::bounded`], with
     /// [`Bounds::read`], so that the sync loop is back within seconds after a
-    /// connection died silently.
+    /// connection died silently (or a disk stalled).
     pub(super) async fn read<T>(
         &self,
         operation: &'static str,
         f: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let bound = match self {
-            Backend::Postgres(pg) => Some(pg.bounds.read()),
-            Backend::Sqlite(_) => None,
-        };
-        self.bounded(operation, bound, f).await
+        self.bounded(operation, self.bounds().read(), f).await
     }
 
-    /// Runs one database call: bounded on PostgreSQL by `bound` (a connection
-    /// that died without a word cannot hold the caller; SQLite is local),
-    /// timed for the operation histogram, and with a pool timeout explained
-    /// (see [`StoreError::Unreachable`]).
+    /// Runs one database call, taking its connection included: bounded by
+    /// `bound` on the client (a PostgreSQL connection that died without a word,
+    /// or an SQLite file on a stalled disk, cannot hold the caller), timed for
+    /// the operation histogram, and with a pool timeout explained (see
+    /// [`StoreError::Unreachable`]). Given up, the call's future is dropped:
+    /// sqlx rolls back its open transaction (on SQLite, on the connection's
+    /// own thread once the statement it is in returns), so nothing applies
+    /// unless its commit had been answered.
     #[allow(
         clippy::disallowed_types,
         reason = "a duration metric: wall time, also under a paused test clock"
     )]
-    async fn bounded<T>(
+    pub(super) async fn bounded<T>(
         &self,
         operation: &'static str,
-        bound: Option<Duration>,
+        bound: Duration,
         f: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let start = std::time::Instant::now();
-        let out = match bound {
-            Some(bound) => tokio::time::timeout(bound, f)
-                .await
-                .unwrap_or(Err(StoreError::TimedOut { operation, bound })),
-            None => f.await,
-        };
+        let out = tokio::time::timeout(bound, f)
+            .await
+            .unwrap_or(Err(StoreError::TimedOut { operation, bound }));
         metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => operation)
             .record(start.elapsed().as_secs_f64());
-        match (out, bound) {
+        match out {
             // The explanation within what is left of the bound: its own
             // connection attempt on a silent database would add 3 s.
-            (Err(StoreError::Database(sqlx::Error::PoolTimedOut)), Some(bound)) => {
+            Err(StoreError::Database(sqlx::Error::PoolTimedOut)) => {
                 let left = bound.saturating_sub(start.elapsed());
                 Err(tokio::time::timeout(left, self.explain())
                     .await
                     .unwrap_or(StoreError::TimedOut { operation, bound }))
             }
-            (Err(StoreError::Database(sqlx::Error::PoolTimedOut)), None) => {
-                Err(self.explain().await)
-            }
-            (other, _) => other,
+            other => other,
         }
     }
 

@@ -13,9 +13,15 @@
 //! (`upstreams.<name>.max_in_flight_per_seller`, see `limit`), so that one
 //! caller flooding one seller cannot take every place. A call over either bound
 //! is not made: it fails at once as [`UpstreamError::Saturated`] or
-//! [`UpstreamError::SellerSaturated`], a refusal of the gateway's own
-//! ([`UpstreamError::refused`]): the source is undecided, not failed, and its
-//! `on_error` does not apply (docs/rules.md).
+//! [`UpstreamError::SellerSaturated`], a refusal of the gateway's own: the
+//! source is undecided, not failed, and its `on_error` does not apply
+//! (docs/rules.md).
+//!
+//! Every error has a class ([`UpstreamError::class`]): the upstream's verdict,
+//! or undecided (the gateway's own trouble, or the upstream refusing load: 429,
+//! or 503 with `Retry-After`). Only verdicts reach the breaker, each with the
+//! seller it was about, so that one seller's failing calls cannot open it for
+//! every seller (`breaker`).
 //!
 //! The status feed is an endpoint of its own, on call tracking's base URL and
 //! timeout: its own connections, its own breaker and its own bound (it polls one
@@ -38,6 +44,8 @@
 
 mod breaker;
 mod error;
+#[cfg(feature = "test-faults")]
+pub mod faults;
 mod limit;
 mod pool;
 
@@ -49,14 +57,14 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-pub use error::{UpstreamError, UpstreamName};
+pub use error::{Class, UpstreamError, UpstreamName};
 
 use crate::config::{BreakerConfig, UpstreamConfig, UpstreamsConfig};
 use crate::domain::{AdId, Phone, Source, StatusItem, UserId};
 use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers, upstream_span};
 use breaker::Breaker;
 use limit::{Bound, PerSeller};
-use pool::Pool;
+use pool::{Phase, Pool};
 
 /// Largest upstream body read; a phone answer is tens of bytes, a status page of
 /// 10,000 items under a megabyte.
@@ -97,6 +105,8 @@ struct CallMetrics {
     circuit_open: metrics::Counter,
     saturated: metrics::Counter,
     seller_saturated: metrics::Counter,
+    load_refused: metrics::Counter,
+    local: metrics::Counter,
     error: metrics::Counter,
     duration: metrics::Histogram,
 }
@@ -111,6 +121,8 @@ impl CallMetrics {
             circuit_open: outcome("circuit_open"),
             saturated: outcome("saturated"),
             seller_saturated: outcome("seller_saturated"),
+            load_refused: outcome("load_refused"),
+            local: outcome("local"),
             error: outcome("error"),
             duration: metrics::histogram!("phones_gateway_upstream_request_duration_seconds", "upstream" => upstream),
         }
@@ -121,11 +133,23 @@ impl CallMetrics {
         match result {
             Ok(Some(_)) => &self.ok,
             Ok(None) => &self.not_found,
-            Err(UpstreamError::Timeout) => &self.timeout,
-            Err(UpstreamError::CircuitOpen) => &self.circuit_open,
-            Err(UpstreamError::Saturated) => &self.saturated,
-            Err(UpstreamError::SellerSaturated) => &self.seller_saturated,
-            Err(_) => &self.error,
+            Err(error) => match error {
+                UpstreamError::Timeout => &self.timeout,
+                UpstreamError::CircuitOpen => &self.circuit_open,
+                UpstreamError::Saturated => &self.saturated,
+                UpstreamError::SellerSaturated => &self.seller_saturated,
+                UpstreamError::LoadRefused(_) => &self.load_refused,
+                // The gateway's own trouble before or while connecting.
+                UpstreamError::Local(_)
+                | UpstreamError::LocalTimeout
+                | UpstreamError::Request => &self.local,
+                UpstreamError::Connect(_)
+                | UpstreamError::Status(_)
+                | UpstreamError::Decode(_)
+                // Never returned by a call (the cache's task ends them).
+                | UpstreamError::Panicked
+                | UpstreamError::Cancelled => &self.error,
+            },
         }
     }
 }
@@ -137,6 +161,7 @@ impl Endpoint {
         breaker: BreakerConfig,
         max_in_flight: usize,
         max_in_flight_per_seller: usize,
+        min_sellers: u32,
     ) -> Self {
         // Checked at start to be an http:// URL naming a host
         // (`config::upstreams`); were it not, every call would fail to
@@ -155,7 +180,7 @@ impl Endpoint {
                 .to_owned(),
             pool: Pool::new(&authority, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE),
             timeout: config.timeout,
-            breaker: Breaker::new(name.as_str(), breaker),
+            breaker: Breaker::new(name.as_str(), breaker, min_sellers),
             in_flight: Bound::new(max_in_flight),
             per_seller: PerSeller::new(max_in_flight_per_seller),
             metrics: CallMetrics::new(name.as_str()),
@@ -163,22 +188,24 @@ impl Endpoint {
     }
 
     /// The call itself, once its places are taken: sends the GET on a pooled
-    /// connection and reads the answer (200 -> parsed body, 404 -> `None`).
+    /// connection and reads the answer (200 -> parsed body, 404 -> `None`);
+    /// `phase` tells when the upstream is asked.
     async fn get<T: DeserializeOwned>(
         &self,
         url: String,
         request_id: Option<&HeaderValue>,
         trace: Option<&TraceContext>,
         span: tracing::Span,
+        phase: &Phase,
     ) -> Result<Option<T>, UpstreamError> {
         let request = get_request(url, request_id, trace, &span)?;
-        let mut conn = self.pool.take().await?;
+        let mut conn = self.pool.take(phase).await?;
         let response = self.pool.send(&mut conn, request).await?;
         let status = response.status().as_u16();
         span.record("http.response.status_code", status);
         if status != 200 && status != 404 {
             // Its body is not read: the connection is dropped, not reused.
-            return Err(UpstreamError::Status(status));
+            return Err(status_error(&response));
         }
         let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
             .collect()
@@ -253,20 +280,29 @@ impl Upstreams {
             let max_in_flight = upstream.max_in_flight_or(server_max_in_flight);
             let per_seller = upstream.max_in_flight_per_seller_or(max_in_flight);
             let name = UpstreamName::Source(source);
-            Endpoint::new(name, upstream, breaker, max_in_flight, per_seller)
+            Endpoint::new(
+                name,
+                upstream,
+                breaker,
+                max_in_flight,
+                per_seller,
+                breaker.min_sellers,
+            )
         };
         let calltracking = &upstreams.calltracking.upstream;
         Upstreams {
             real_phone: endpoint(Source::RealPhone),
             anonymous: endpoint(Source::Anonymous),
             calltracking: endpoint(Source::Calltracking),
-            // No seller: the per-seller bound is never asked.
+            // No seller: the per-seller bound is never asked, and its breaker
+            // opens on its own failures alone (`breaker`'s doc says why).
             status_feed: Endpoint::new(
                 UpstreamName::StatusFeed,
                 calltracking,
                 breaker,
                 STATUS_FEED_MAX_IN_FLIGHT,
                 STATUS_FEED_MAX_IN_FLIGHT,
+                1,
             ),
         }
     }
@@ -391,14 +427,19 @@ impl Upstreams {
         } else if slot.is_none() {
             Err(UpstreamError::Saturated)
         } else if endpoint.breaker.allow() {
+            #[cfg(feature = "test-faults")]
+            faults::panic_for(seller);
             // Runs under the call's own span: exported, it is the parent of
             // what the upstream does, and `traceparent` names it (docs/tracing.md).
             let span = upstream_span(endpoint.name.as_str());
-            let call = endpoint.get(url, request_id, trace, span.clone());
-            let result = tokio::time::timeout(endpoint.timeout, call.instrument(span))
-                .await
-                .unwrap_or(Err(UpstreamError::Timeout));
-            endpoint.breaker.record(result.is_ok());
+            let phase = Phase::default();
+            let call = endpoint.get(url, request_id, trace, span.clone(), &phase);
+            let result = match tokio::time::timeout(endpoint.timeout, call.instrument(span)).await {
+                Ok(result) => result,
+                Err(_) if phase.asked() => Err(UpstreamError::Timeout),
+                Err(_) => Err(UpstreamError::LocalTimeout),
+            };
+            endpoint.breaker.record(&result, seller);
             result
         } else {
             Err(UpstreamError::CircuitOpen)
@@ -427,11 +468,11 @@ fn get_request(
 ) -> Result<hyper::Request<Empty<hyper::body::Bytes>>, UpstreamError> {
     // The base URL was checked at start and the rest is ids and digits, so
     // this cannot fail; if it did, the call fails without a panic.
-    let uri = hyper::Uri::try_from(url).map_err(|_| UpstreamError::Internal)?;
+    let uri = hyper::Uri::try_from(url).map_err(|_| UpstreamError::Request)?;
     let mut request = hyper::Request::get(uri)
         .header(USER_AGENT, AGENT)
         .body(Empty::new())
-        .map_err(|_| UpstreamError::Internal)?;
+        .map_err(|_| UpstreamError::Request)?;
     let headers = request.headers_mut();
     if let Some(id) = request_id {
         headers.insert(REQUEST_ID, id.clone());
@@ -442,6 +483,19 @@ fn get_request(
         headers.insert(TRACESTATE, state);
     }
     Ok(request)
+}
+
+/// A status the contract does not allow: the upstream refusing load (429, or
+/// 503 with `Retry-After`, RFC 9110 section 15.6.4) says nothing of the seller,
+/// any other is the upstream's verdict.
+fn status_error<B>(response: &hyper::Response<B>) -> UpstreamError {
+    let status = response.status().as_u16();
+    let retry_after = response.headers().contains_key(hyper::header::RETRY_AFTER);
+    match status {
+        429 => UpstreamError::LoadRefused(status),
+        503 if retry_after => UpstreamError::LoadRefused(status),
+        _ => UpstreamError::Status(status),
+    }
 }
 
 /// What kind of body failed to decode. serde's message quotes the body (a

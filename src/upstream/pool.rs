@@ -18,9 +18,22 @@
 //! it is dropped, which closes it. Idle connections past their timeout are
 //! dropped when a call takes or returns one; an upstream that is not called at all
 //! closes its side after its own keep-alive, and the connection's task then ends.
+//!
+//! Where a connection fails says whose word it is (docs/rules.md, "Verdict or
+//! undecided"). The host is looked up first, apart from the connect, and the
+//! call's [`Phase`] is set to `Asked` only once an address is known (or an idle
+//! connection is taken): a call whose timeout runs out before that was still in
+//! the gateway's own phase (the lookup waits for a place on tokio's blocking
+//! pool), and is undecided. A connect error is the upstream's verdict (refused,
+//! reset, unreachable) unless its `errno` is the gateway's own trouble: out of
+//! file descriptors (EMFILE, ENFILE), of local ports (EADDRNOTAVAIL), of buffers
+//! or memory (ENOBUFS, ENOMEM) ([`local_errno`]); a failed host lookup is the
+//! gateway's own too (its resolver, not the upstream).
 
 use std::collections::VecDeque;
+use std::io;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http_body_util::Empty;
@@ -34,6 +47,26 @@ use tokio::time::Instant;
 use super::error::UpstreamError;
 
 type Sender = SendRequest<Empty<Bytes>>;
+
+/// How far one call got: whether the upstream had the chance to answer. An
+/// atomic, not a `Cell`, so the call's future stays `Send`; one call writes it
+/// and reads it, so `Relaxed` is enough.
+#[derive(Debug, Default)]
+pub(super) struct Phase {
+    asked: AtomicBool,
+}
+
+impl Phase {
+    fn set_asked(&self) {
+        self.asked.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the call got past the gateway's own phase (an address known, a
+    /// connection being opened or used): a timeout is then the upstream's.
+    pub(super) fn asked(&self) -> bool {
+        self.asked.load(Ordering::Relaxed)
+    }
+}
 
 /// The idle connections to one upstream and how to open another.
 pub(super) struct Pool {
@@ -89,16 +122,18 @@ impl Pool {
             .map_err(|e| connection_error("the request failed", &e))
     }
 
-    /// An idle connection that is still open, or a new one.
-    pub(super) async fn take(&self) -> Result<Conn, UpstreamError> {
+    /// An idle connection that is still open, or a new one; `phase` says
+    /// when the upstream is being asked.
+    pub(super) async fn take(&self, phase: &Phase) -> Result<Conn, UpstreamError> {
         loop {
             let Some(idle) = self.lock().pop_back() else {
-                return self.connect().await;
+                return self.connect(phase).await;
             };
             if idle.sender.is_closed() || idle.since.elapsed() > self.idle_timeout {
                 continue;
             }
             let mut sender = idle.sender;
+            phase.set_asked();
             // Not ready only when its task has not yet run since the last answer;
             // an error means it closed meanwhile.
             if sender.is_ready() || sender.ready().await.is_ok() {
@@ -136,13 +171,32 @@ impl Pool {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    async fn connect(&self) -> Result<Conn, UpstreamError> {
-        let stream = TcpStream::connect(&self.address)
+    async fn connect(&self, phase: &Phase) -> Result<Conn, UpstreamError> {
+        // An IP literal is parsed at once; a name goes to the blocking pool.
+        let addresses: Vec<_> = tokio::net::lookup_host(&self.address)
             .await
-            .map_err(|e| UpstreamError::Connect(format!("could not connect: {e}")))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| UpstreamError::Connect(format!("could not connect: {e}")))?;
+            .map_err(|e| UpstreamError::Local(format!("host lookup failed: {e}")))?
+            .collect();
+        phase.set_asked();
+        let mut last = None;
+        let mut stream = None;
+        for address in addresses {
+            match TcpStream::connect(address).await {
+                Ok(connected) => {
+                    stream = Some(connected);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let stream = match (stream, last) {
+            (Some(stream), _) => stream,
+            (None, Some(e)) => return Err(connect_error(&e)),
+            (None, None) => {
+                return Err(UpstreamError::Local("host lookup found no address".into()));
+            }
+        };
+        stream.set_nodelay(true).map_err(|e| connect_error(&e))?;
         let (sender, connection) = http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| connection_error("the handshake failed", &e))?;
@@ -154,6 +208,31 @@ impl Pool {
             }
         });
         Ok(Conn(sender))
+    }
+}
+
+/// Whether a socket error is the gateway's own trouble rather than the
+/// upstream's answer: out of descriptors, local ports, buffers or memory.
+pub(super) fn local_errno(error: &io::Error) -> bool {
+    use rustix::io::Errno;
+    Errno::from_io_error(error).is_some_and(|errno| {
+        [
+            Errno::MFILE,
+            Errno::NFILE,
+            Errno::ADDRNOTAVAIL,
+            Errno::NOBUFS,
+            Errno::NOMEM,
+        ]
+        .contains(&errno)
+    })
+}
+
+/// A failed connect, classified by its `errno` ([`local_errno`]).
+fn connect_error(error: &io::Error) -> UpstreamError {
+    if local_errno(error) {
+        UpstreamError::Local(format!("could not connect: {error}"))
+    } else {
+        UpstreamError::Connect(format!("could not connect: {error}"))
     }
 }
 
@@ -234,7 +313,7 @@ mod tests {
 
     /// One call whose answer is read in full and whose connection goes back.
     async fn call(pool: &Pool, path: &str) {
-        let mut conn = pool.take().await.unwrap();
+        let mut conn = pool.take(&Phase::default()).await.unwrap();
         let request = hyper::Request::get(path).body(Empty::new()).unwrap();
         let response = pool.send(&mut conn, request).await.unwrap();
         response.into_body().collect().await.unwrap();
@@ -285,7 +364,12 @@ mod tests {
             "an aged-out connection was taken"
         );
 
-        let conns = [pool.take().await, pool.take().await, pool.take().await];
+        let phase = Phase::default();
+        let conns = [
+            pool.take(&phase).await,
+            pool.take(&phase).await,
+            pool.take(&phase).await,
+        ];
         for conn in conns {
             pool.put_back(conn.unwrap());
         }
@@ -294,6 +378,75 @@ mod tests {
             2,
             "more idle connections kept than the bound"
         );
+    }
+
+    /// The gateway's own socket trouble is undecided; the upstream refusing or
+    /// resetting is its verdict.
+    #[test]
+    fn errno_says_whose_trouble_a_connect_error_is() {
+        use rustix::io::Errno;
+        let local = [
+            Errno::MFILE,
+            Errno::NFILE,
+            Errno::ADDRNOTAVAIL,
+            Errno::NOBUFS,
+            Errno::NOMEM,
+        ];
+        for errno in local {
+            let error = io::Error::from_raw_os_error(errno.raw_os_error());
+            assert!(connect_error(&error).undecided(), "{error}");
+        }
+        let upstream = [
+            Errno::CONNREFUSED,
+            Errno::CONNRESET,
+            Errno::HOSTUNREACH,
+            Errno::TIMEDOUT,
+        ];
+        for errno in upstream {
+            let error = io::Error::from_raw_os_error(errno.raw_os_error());
+            assert!(!connect_error(&error).undecided(), "{error}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_host_lookup_is_the_gateways_own_and_asks_nothing() {
+        // A name that never resolves (RFC 6761): the lookup fails, locally.
+        let authority = "gateway-test.invalid:80".parse().unwrap();
+        let pool = Pool::new(&authority, Duration::from_secs(20), 4);
+        let phase = Phase::default();
+        let Err(error) = pool.take(&phase).await else {
+            panic!("connected to .invalid");
+        };
+        assert!(error.undecided(), "{error:?}");
+        assert!(!phase.asked());
+    }
+
+    /// A call whose timeout runs out while its host lookup waits for a place on
+    /// the blocking pool never asked the upstream: undecided, not a timeout.
+    #[test]
+    fn a_timeout_during_the_host_lookup_is_the_gateways_own() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .max_blocking_threads(1)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            // The one blocking thread is busy: the lookup waits for it.
+            let (release, wait) = std::sync::mpsc::channel::<()>();
+            let busy = tokio::task::spawn_blocking(move || {
+                let _ = wait.recv();
+            });
+            let config = crate::config::Config::from_toml(
+                "[upstreams.real_phone]\nbase_url = \"http://localhost:9\"\ntimeout_ms = 100",
+            )
+            .unwrap();
+            let upstreams = Upstreams::new(&config.upstreams, config.breaker, 16);
+            let (user, ad) = (UserId::new(1).unwrap(), AdId::new(1).unwrap());
+            let got = upstreams.real_phone(user, ad, None, None).await;
+            release.send(()).unwrap();
+            busy.await.unwrap();
+            assert_eq!(got, Err(UpstreamError::LocalTimeout));
+        });
     }
 
     #[tokio::test]

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::status_sync::{enabled, feed, wait_for};
 use crate::support::child::Process;
-use crate::support::paths::{INVALIDATE, STATUSES, status_path};
+use crate::support::paths::{INVALIDATE, METRICS, READYZ, STATUSES, status_path};
 use crate::support::proxy::Proxy;
 use crate::support::{TestApp, eventually, pg};
 
@@ -400,4 +400,302 @@ async fn measure_handover_after_sigstop() {
         took[took.len() / 2],
         took[took.len() - 1]
     );
+}
+
+/// The lease's own calls (`src/store/leadership/`), on PostgreSQL: a replica
+/// that asks again while it holds the lease takes it again under a new
+/// epoch, and its old term's fence is then void.
+#[tokio::test]
+async fn a_lease_retaken_by_its_holder_moves_the_epoch_on_and_voids_the_old_term() {
+    let db = pg::or_skip!(pg::database().await);
+    let database = lease_database(&db.url).await;
+    let ttl = Duration::from_secs(5);
+    let (first, second) = (database.leadership(ttl), database.leadership(ttl));
+    let mut old = first.try_take().await.unwrap().expect("a free lease");
+    let mut again = first.try_take().await.unwrap().expect("its own lease");
+    let (old_epoch, epoch) = (old.fence().unwrap().epoch(), again.fence().unwrap().epoch());
+    assert_eq!(epoch, old_epoch + 1, "a take moves the epoch on");
+    assert!(second.try_take().await.unwrap().is_none(), "still held");
+    assert!(!old.renew(&first).await, "the old term is over");
+    assert!(again.renew(&first).await, "the new one renews");
+}
+
+/// After a failed renewal (the lease ran out and another replica took it)
+/// the old leader says it does not lead, by its own clock too, and cannot
+/// take the lease back while the new holder keeps it.
+#[tokio::test]
+async fn after_a_failed_renewal_the_leader_knows_it_does_not_lead() {
+    let db = pg::or_skip!(pg::database().await);
+    let database = lease_database(&db.url).await;
+    let ttl = Duration::from_millis(300);
+    let (first, second) = (database.leadership(ttl), database.leadership(ttl));
+    let mut old = first.try_take().await.unwrap().expect("a free lease");
+    assert!(old.is_valid());
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let mut new = second.try_take().await.unwrap().expect("an expired lease");
+    assert!(!old.renew(&first).await, "a lost lease is not renewed");
+    assert!(!old.is_valid(), "not valid after a failed renewal");
+    assert!(
+        old.valid_until()
+            .is_some_and(|until| until <= tokio::time::Instant::now()),
+        "its end is in the past"
+    );
+    assert!(new.renew(&second).await);
+    assert!(
+        first.try_take().await.unwrap().is_none(),
+        "held by the other"
+    );
+}
+
+/// A lease given back is taken by another replica at once; a release
+/// under a stale epoch (a term already lost) does nothing.
+#[tokio::test]
+async fn a_released_lease_is_taken_at_once_and_a_stale_release_does_nothing() {
+    let db = pg::or_skip!(pg::database().await);
+    let database = lease_database(&db.url).await;
+    // Long: a take that succeeds below does so because of the release.
+    let ttl = Duration::from_secs(60);
+    let (first, second, third) = (
+        database.leadership(ttl),
+        database.leadership(ttl),
+        database.leadership(ttl),
+    );
+    let leader = first.try_take().await.unwrap().expect("a free lease");
+    assert!(second.try_take().await.unwrap().is_none(), "held");
+    assert!(leader.release(&first).await, "given back");
+    let new = second
+        .try_take()
+        .await
+        .unwrap()
+        .expect("a released lease is taken at once");
+
+    // A stale term: the first takes a short lease, loses it, then gives it
+    // back after another took it.
+    let short = Duration::from_millis(300);
+    let (stale_side, taker) = (database.leadership(short), database.leadership(short));
+    assert!(new.release(&second).await);
+    let stale = stale_side.try_take().await.unwrap().expect("released");
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    let mut current = taker.try_take().await.unwrap().expect("expired");
+    assert!(
+        !stale.release(&stale_side).await,
+        "a release under a stale epoch gives nothing back"
+    );
+    assert!(
+        third.try_take().await.unwrap().is_none(),
+        "the current holder keeps it"
+    );
+    assert!(current.renew(&taker).await, "and renews it");
+}
+
+/// A migrated PostgreSQL database for the lease's own tests.
+async fn lease_database(url: &str) -> phones_gateway::store::Database {
+    use phones_gateway::store::{Bounds, Database};
+    let database = Database::connect_via(url, None, 2, Bounds::default())
+        .await
+        .unwrap();
+    database.migrate().await.unwrap();
+    database
+}
+
+/// The feed's interval and lease in the hand-over tests: the lease as long
+/// as the settings allow, so that a replica that waited for it to run out
+/// (rather than being handed it) would be seconds late.
+const HANDOVER_INTERVAL_MS: u64 = 300;
+const HANDOVER_TTL_MS: u64 = 6000;
+/// Two intervals (SPEC section 7), plus what a loaded 2-core runner adds.
+const HANDOVER_BOUND: Duration = Duration::from_millis(2 * HANDOVER_INTERVAL_MS + 700);
+
+/// A replica of the hand-over tests: the binary, polling the feed through
+/// `tap`.
+async fn feed_replica(url: &str, tap: &Proxy) -> Process {
+    start_with_feed(url, tap, HANDOVER_TTL_MS, HANDOVER_INTERVAL_MS).await
+}
+
+/// SIGTERM, then waits (up to 30 s) until the replica no longer answers.
+async fn stop_cleanly(process: &Process) {
+    signal(process, "-TERM");
+    eventually("the replica to stop", Duration::from_secs(30), || async {
+        process
+            .http
+            .get(format!("{}{READYZ}", process.admin))
+            .timeout(Duration::from_millis(500))
+            .send()
+            .await
+            .is_err()
+    })
+    .await;
+}
+
+/// The feed leader restarts cleanly (SIGTERM, then the binary again): it gave
+/// its lease back, so the restarted replica polls the feed within two
+/// intervals of being ready, not once the old lease ran out (6 s).
+#[tokio::test]
+async fn a_leader_restarted_cleanly_polls_again_within_two_intervals_of_ready() {
+    let db = pg::or_skip!(pg::database().await);
+    let feed_url = feed(20).await;
+    let sim = feed_url.trim_start_matches("http://");
+    let (tap_old, tap_new) = (Proxy::start(sim).await, Proxy::start(sim).await);
+    let old = feed_replica(&db.url, &tap_old).await;
+    eventually("the replica to lead", Duration::from_secs(10), || async {
+        leads(&old).await == Some(true) && stored_cursor(&db.url).await == Some(20)
+    })
+    .await;
+    stop_cleanly(&old).await;
+    let new = feed_replica(&db.url, &tap_new).await;
+    let ready = Instant::now();
+    eventually(
+        "the restarted replica to poll",
+        Duration::from_secs(10),
+        || async { tap_new.sent() > 0 },
+    )
+    .await;
+    let took = ready.elapsed();
+    eprintln!("feed polled {took:?} after the restarted replica was ready");
+    assert!(
+        took < HANDOVER_BOUND,
+        "polled {took:?} after ready (bound {HANDOVER_BOUND:?})"
+    );
+    assert_eq!(leads(&new).await, Some(true));
+}
+
+/// A rolling replacement of two replicas (a, b replaced by c, d, one at a
+/// time, each old one stopped with SIGTERM once its successor is ready): the
+/// feed never goes unpolled for more than two intervals after a stop, and
+/// one replica leads at the end.
+#[tokio::test]
+async fn a_rolling_replacement_hands_the_feed_on_within_two_intervals() {
+    let db = pg::or_skip!(pg::database().await);
+    let feed_url = feed(20).await;
+    let sim = feed_url.trim_start_matches("http://");
+    let mut taps = Vec::new();
+    for _ in 0..4 {
+        taps.push(Proxy::start(sim).await);
+    }
+    let a = feed_replica(&db.url, &taps[0]).await;
+    eventually("a to lead", Duration::from_secs(10), || async {
+        leads(&a).await == Some(true) && stored_cursor(&db.url).await == Some(20)
+    })
+    .await;
+    let b = feed_replica(&db.url, &taps[1]).await;
+    let c = feed_replica(&db.url, &taps[2]).await;
+    // a, the leader, goes: b or c polls within two intervals of the stop.
+    let others = taps[1].sent() + taps[2].sent();
+    let stopping = Instant::now();
+    stop_cleanly(&a).await;
+    eventually("b or c to poll", Duration::from_secs(10), || async {
+        taps[1].sent() + taps[2].sent() > others
+    })
+    .await;
+    let first = stopping.elapsed();
+    let d = feed_replica(&db.url, &taps[3]).await;
+    // b goes; if it led, c or d polls within two intervals of the stop.
+    let b_led = leads(&b).await == Some(true);
+    let others = taps[2].sent() + taps[3].sent();
+    let stopping = Instant::now();
+    stop_cleanly(&b).await;
+    eventually("c or d to poll", Duration::from_secs(10), || async {
+        taps[2].sent() + taps[3].sent() > others
+    })
+    .await;
+    let second = stopping.elapsed();
+    eprintln!("feed polled again {first:?} after a stopped, {second:?} after b (b led: {b_led})");
+    assert!(first < HANDOVER_BOUND, "after a: {first:?}");
+    assert!(second < HANDOVER_BOUND, "after b: {second:?}");
+    // A replica that never led has not published the gauge yet (`None`).
+    let (c_leads, d_leads) = (leads(&c).await, leads(&d).await);
+    assert!(
+        (c_leads == Some(true)) != (d_leads == Some(true)),
+        "one leader: c {c_leads:?}, d {d_leads:?}"
+    );
+}
+
+/// A replica that starts while its database is silent on an open connection
+/// (each connection passes its set-up, then nothing comes back: the
+/// migrations hang) is not ready; once the database answers (new connections
+/// work, the old ones stay lost) it is ready within 10 s, without a restart:
+/// the migrations are bounded on the client and retried.
+#[tokio::test]
+async fn a_start_against_a_silent_database_is_ready_within_10_s_of_it_answering() {
+    let db = pg::or_skip!(pg::database().await);
+    let (proxy, through) = Proxy::in_front_of(&db.url).await;
+    proxy.strand_after_setup(true);
+    let app = TestApp::start_on(Some(&through), "").await;
+    // Longer than the migrations' bound: tries that timed out were retried,
+    // and those hang too.
+    let until = Instant::now() + phones_gateway::store::MIGRATION_BOUND + Duration::from_secs(2);
+    while Instant::now() < until {
+        assert_eq!(
+            app.get_admin(READYZ).await.status,
+            503,
+            "ready on a silent database"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    proxy.strand_after_setup(false);
+    let answering = Instant::now();
+    eventually(
+        "the replica to be ready",
+        Duration::from_secs(20),
+        || async { app.get_admin(READYZ).await.status == 200 },
+    )
+    .await;
+    let took = answering.elapsed();
+    eprintln!("ready {took:?} after the database answered again");
+    // What the migrations' bound must fit: each one's time, as the migrator
+    // recorded it (nanoseconds).
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    let times: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT version, execution_time FROM _sqlx_migrations ORDER BY version")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    eprintln!("migration times (version, ns): {times:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "ready {took:?} after the database answered"
+    );
+}
+
+/// `phones_gateway_status_sync_lag_seconds`, the time since this replica
+/// last heard from its database (a catch-up that worked), on its own
+/// `/metrics`.
+async fn sync_lag(app: &TestApp) -> f64 {
+    let metrics = app.get_admin(METRICS).await.text;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("phones_gateway_status_sync_lag_seconds "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the gauge is published")
+}
+
+/// The staleness gauge grows while the database is silent and drops back
+/// once it answers (docs/runbook.md, PhonesGatewayStatusSyncLagging).
+#[tokio::test]
+async fn the_sync_lag_grows_while_the_database_is_silent_and_drops_back_after() {
+    let db = pg::or_skip!(pg::database().await);
+    let (proxy, through) = Proxy::in_front_of(&db.url).await;
+    let app = TestApp::spawn_on(
+        Some(&through),
+        "[database]\nsync_interval_ms = 100\nlock_timeout_ms = 1000\n",
+    )
+    .await;
+    eventually("a fresh catch-up", Duration::from_secs(5), || async {
+        sync_lag(&app).await < 1.0
+    })
+    .await;
+    proxy.silence();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let silent = sync_lag(&app).await;
+    assert!(silent >= 2.5, "lag {silent} s after 3 s of silence");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let later = sync_lag(&app).await;
+    assert!(later > silent, "the lag grows: {silent} then {later}");
+    proxy.resume();
+    eventually("the lag to drop back", Duration::from_secs(10), || async {
+        sync_lag(&app).await < 1.0
+    })
+    .await;
 }

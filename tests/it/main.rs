@@ -1,9 +1,11 @@
 //! Whole-app tests: the real router on real sockets, fake upstreams that are real
 //! HTTP servers. One module per page of docs/ (docs/README.md lists them), so a
 //! reader of a page finds its tests in one place: `rules`, `caching`,
-//! `status_sync`, `reveals` (docs/api.md#the-reveal-log), `api_contract`
+//! `status_sync` (and `status_bounds`, its bounds on the embedded database and
+//! the snapshot's body), `reveals` (docs/api.md#the-reveal-log), `api_contract`
 //! (docs/api.md and docs/errors.md), `budgets`, `overload`, `tracing`, `operations`
-//! (configuration, runbook, privacy). The harness is in `support/`.
+//! (configuration, runbook, privacy), `verdicts` (docs/rules.md, verdict or
+//! undecided). The harness is in `support/`.
 
 #![allow(clippy::unwrap_used)]
 // A test binary exports nothing (`pub` only shares helpers between its
@@ -18,9 +20,11 @@ mod operations;
 mod overload;
 mod reveals;
 mod rules;
+mod status_bounds;
 mod status_sync;
 mod support;
 mod tracing;
+mod verdicts;
 
 /// Numbers the fake upstreams hand out.
 pub const REAL: &str = "+79161234567";

@@ -499,7 +499,11 @@ async fn on_a_busy_worker_a_calltracking_answer_within_its_timeout_is_not_cut_by
 
 #[tokio::test]
 async fn an_open_circuit_fails_fast_and_a_probe_closes_it() {
-    let app = TestApp::spawn_with("[breaker]\nconsecutive_failures = 3\nopen_ms = 500").await;
+    // Three sellers' failures: the breaker opens only on failures about
+    // `min_sellers` distinct sellers.
+    let app =
+        TestApp::spawn_with("[breaker]\nconsecutive_failures = 3\nmin_sellers = 3\nopen_ms = 500")
+            .await;
     app.real.reply(Reply::Status(500));
     for user in 1..=3 {
         app.phone(user, 1, PLAIN_CATEGORY).await.assert_problem(503);
@@ -813,7 +817,7 @@ async fn kinds_of_sellers(app: &TestApp, users: std::ops::RangeInclusive<u64>) -
 /// The status feed shares call tracking's base URL, not its client: a feed
 /// answering 500 long enough to open a breaker opens its own, and sellers with
 /// call tracking on are still answered their call-tracking number, never their
-/// real one (docs/rules.md, "Failed or undecided").
+/// real one (docs/rules.md, "Verdict or undecided").
 #[tokio::test]
 async fn a_failing_status_feed_never_moves_tracked_sellers_onto_their_real_number() {
     let app = TestApp::spawn_with(

@@ -403,7 +403,7 @@ async fn slow_snapshot_uploads_hold_no_database_connection() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     const UPLOADS: usize = 12;
-    let app = TestApp::spawn().await;
+    let app = TestApp::spawn_with(&format!("[server]\nmax_snapshot_uploads = {UPLOADS}")).await;
     let stop = Arc::new(AtomicBool::new(false));
     let admin = app.admin.trim_start_matches("http://").to_owned();
     let chunk = |data: &str| format!("{:x}\r\n{data}\r\n", data.len());

@@ -151,9 +151,10 @@ pub async fn post_statuses(
         (status = 200, description = "Applied", body = SnapshotApplied),
         (status = 400, description = "Bad JSON, version or id; nothing applied", body = Problem),
         (status = 401, description = "No or a wrong token", body = Problem),
+        (status = 408, description = "The body did not arrive in time (server.body_read_timeout_ms between chunks, server.snapshot_body_timeout_ms whole); nothing applied", body = Problem),
         (status = 413, description = "Body over server.max_snapshot_bytes", body = Problem),
         (status = 415, description = "The body is not sent as application/json", body = Problem),
-        (status = 503, description = "The database cannot take it; nothing applied", body = Problem),
+        (status = 503, description = "The database cannot take it, or server.max_snapshot_uploads are in flight; nothing applied", body = Problem),
     )
 )]
 pub async fn put_statuses(
@@ -161,6 +162,8 @@ pub async fn put_statuses(
     request: Request,
 ) -> Result<Response, ApiError> {
     require_json(request.headers())?;
+    // Before the body is read; held until the answer.
+    let _upload = state.snapshot_uploads.start()?;
     let limit = state.limits.snapshot();
     let (version, count) = snapshot::load(&state.status, request.into_body(), limit).await?;
     tracing::info!(version, ids = count, "status snapshot applied");

@@ -14,8 +14,11 @@ pub const MAX_BATCH_ITEMS: usize = 100;
 pub struct BodyLimit {
     /// The most bytes the body may hold: over it, a 413 naming this limit.
     pub max_bytes: usize,
-    /// The whole body must arrive within this time (a slow client gets 408).
+    /// The longest wait for the body's next bytes (a slow client gets 408).
     pub read_timeout: std::time::Duration,
+    /// The whole body must arrive within this time (a 408 otherwise). For a
+    /// JSON route, `read_timeout` itself: its body is read whole.
+    pub total_timeout: std::time::Duration,
 }
 
 /// The request limits of `[server]`, held in both routers' states: the JSON
@@ -33,6 +36,11 @@ pub struct RequestLimits {
     /// `server.body_read_timeout_ms`: a whole body must arrive within this
     /// (a 408 otherwise).
     pub body_read_timeout: std::time::Duration,
+    /// `server.snapshot_body_timeout_ms`: the whole snapshot body must arrive
+    /// within this (a 408 otherwise).
+    pub snapshot_body_timeout: std::time::Duration,
+    /// `server.max_snapshot_uploads`: snapshot PUTs in flight at once.
+    pub max_snapshot_uploads: usize,
 }
 
 impl From<&ServerConfig> for RequestLimits {
@@ -42,6 +50,8 @@ impl From<&ServerConfig> for RequestLimits {
             max_snapshot_bytes: server.max_snapshot_bytes,
             max_header_bytes: server.max_header_bytes,
             body_read_timeout: server.body_read_timeout,
+            snapshot_body_timeout: server.snapshot_body_timeout,
+            max_snapshot_uploads: server.max_snapshot_uploads,
         }
     }
 }
@@ -52,6 +62,7 @@ impl RequestLimits {
         BodyLimit {
             max_bytes: self.max_body_bytes,
             read_timeout: self.body_read_timeout,
+            total_timeout: self.body_read_timeout,
         }
     }
     /// The streamed snapshot PUT.
@@ -59,6 +70,7 @@ impl RequestLimits {
         BodyLimit {
             max_bytes: self.max_snapshot_bytes,
             read_timeout: self.body_read_timeout,
+            total_timeout: self.snapshot_body_timeout,
         }
     }
 }

@@ -18,7 +18,7 @@
 //! (`server::serve::serve`), which tracks and admits every request and answers
 //! the public lookup itself.
 //!
-//! The rooms point one way, down from this file (the routers) and the route
+//! Imports go one way, down from this file (the routers) and the route
 //! table ([`routes`]) through the handlers ([`public`], [`admin`],
 //! [`reveals`], [`profile`], and [`openapi`] above those it describes) to
 //! what they all read: the extractors ([`extract`]), the problem documents

@@ -16,9 +16,9 @@
 //! these rows one for one (a compile-time check). The rows are apart from the
 //! handlers so that what the handlers read (a path, a route's label) sits below
 //! them: the `/metrics` handler renders the histogram, whose series are these
-//! rows, so rows that named their handlers would make a circle (table ->
-//! handler -> histogram -> table). The handlers, the histogram and the table
-//! all point down here, and nothing here points back.
+//! rows, so rows that named their handlers would make an import cycle (table
+//! -> handler -> histogram -> table). The handlers, the histogram and the table
+//! import this module, and it imports none of them.
 //!
 //! Two tables, not one with a listener column: each listener's router has its
 //! own state type (`PublicState`, `AdminState`), so a row's handlers are typed

@@ -177,32 +177,19 @@ impl PublicPhone {
     /// every field is digits or a fixed word, so nothing needs escaping, and the
     /// hit path skips the serializer (a twentieth of a hit's CPU).
     fn to_json(&self) -> Vec<u8> {
+        let mut digits = itoa::Buffer::new();
         let mut out = Vec::with_capacity(96);
         out.extend_from_slice(br#"{"phone":"+"#);
-        push_decimal(&mut out, self.phone.to_u64());
+        out.extend_from_slice(digits.format(self.phone.to_u64()).as_bytes());
         out.extend_from_slice(br#"","kind":""#);
         out.extend_from_slice(self.kind.as_str().as_bytes());
         out.extend_from_slice(br#"","user_id":"#);
-        push_decimal(&mut out, self.user_id.get());
+        out.extend_from_slice(digits.format(self.user_id.get()).as_bytes());
         out.extend_from_slice(br#","ad_id":"#);
-        push_decimal(&mut out, self.ad_id.get());
+        out.extend_from_slice(digits.format(self.ad_id.get()).as_bytes());
         out.push(b'}');
         out
     }
-}
-
-fn push_decimal(out: &mut Vec<u8>, mut value: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[start..]);
 }
 
 async fn answer(

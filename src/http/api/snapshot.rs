@@ -1,8 +1,8 @@
 //! The snapshot PUT: up to 10,000,000 ids, parsed as the body streams in, and
 //! written to the database only once the whole body is read.
 //!
-//! The body flows through a bounded channel into a blocking task that parses it
-//! with serde_json (any key order, unknown keys skipped) and hands ids on in
+//! The body flows through a bounded channel into a parser thread of its own
+//! that parses it with serde_json (any key order, unknown keys skipped) and hands ids on in
 //! chunks through a second bounded channel; the request task keeps the chunks
 //! and, once the body is complete and valid, takes a database connection (the
 //! store's snapshot transaction, COPY on PostgreSQL) and writes them. So an
@@ -14,14 +14,24 @@
 //! 10,000,000-id maximum), per upload in flight. Any bad id, a bad version or
 //! a body over `server.max_snapshot_bytes` is refused before the database is
 //! touched: nothing applies.
+//!
+//! Bounded three ways besides its size: at most `server.max_snapshot_uploads`
+//! at once ([`Uploads`]; one more is a 503 before its body is read), each pause
+//! between chunks within `server.body_read_timeout_ms`, and the whole body
+//! within `server.snapshot_body_timeout_ms` (a 408 either way). The parser runs
+//! on a thread of its own, not on tokio's blocking pool: it blocks for as long
+//! as the body trickles in (minutes), and that pool is where upstream host
+//! lookups run. [`Uploads`] bounds those threads too.
 
 use std::fmt;
 use std::io::{self, Read};
 
+use std::sync::Arc;
+
 use axum::body::{Body, Bytes};
 use futures_util::StreamExt;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, mpsc, oneshot};
 
 use super::error::ApiError;
 use crate::domain::MAX_VERSION;
@@ -34,6 +44,42 @@ const ID_CHUNK: usize = 100_000;
 pub const MAX_SNAPSHOT_IDS: usize = 10_000_000;
 const TOO_LARGE: &str = "snapshot body over the limit";
 const TIMED_OUT: &str = "snapshot body not received in time";
+
+/// The snapshot uploads in flight (`server.max_snapshot_uploads`): each holds
+/// its parsed ids in memory (up to 80 MB) and a parser thread until it is
+/// applied, so one more than the bound is refused before its body is read
+/// instead of queued. Cheap to clone (one semaphore, shared).
+#[derive(Debug, Clone)]
+pub struct Uploads {
+    permits: Arc<Semaphore>,
+}
+
+impl Uploads {
+    /// At most `max` uploads at once.
+    pub fn new(max: usize) -> Self {
+        Uploads {
+            permits: Arc::new(Semaphore::new(max)),
+        }
+    }
+
+    /// An upload's place, held until it is answered.
+    ///
+    /// # Errors
+    /// `max` uploads are in flight already: a 503 with `Retry-After`.
+    pub fn start(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => Ok(permit),
+            Err(TryAcquireError::NoPermits | TryAcquireError::Closed) => {
+                tracing::warn!(
+                    "a snapshot upload was refused: server.max_snapshot_uploads are in flight"
+                );
+                Err(ApiError::Unavailable {
+                    detail: "too many snapshot uploads at once; retry later",
+                })
+            }
+        }
+    }
+}
 
 /// How the body forwarding ended.
 #[derive(Clone, Copy)]
@@ -57,13 +103,15 @@ pub async fn load(
     let (bytes_tx, bytes_rx) = mpsc::channel::<io::Result<Bytes>>(4);
     let (ids_tx, mut ids_rx) = mpsc::channel::<Vec<u64>>(2);
     // A large snapshot may take a while to upload: the read timeout bounds the
-    // silence between chunks, not the whole body.
+    // silence between chunks, the total timeout the whole body.
     let idle = limits.read_timeout;
+    let deadline = tokio::time::Instant::now() + limits.total_timeout;
     let forward = tokio::spawn(async move {
         let mut stream = body.into_data_stream();
         let mut total = 0usize;
         loop {
-            let Ok(chunk) = tokio::time::timeout(idle, stream.next()).await else {
+            let next = (tokio::time::Instant::now() + idle).min(deadline);
+            let Ok(chunk) = tokio::time::timeout_at(next, stream.next()).await else {
                 let _ = bytes_tx.send(Err(io::Error::other(TIMED_OUT))).await;
                 return Forwarded::TimedOut;
             };
@@ -86,23 +134,36 @@ pub async fn load(
         }
         Forwarded::Done
     });
-    let parser = tokio::task::spawn_blocking(move || {
-        let reader = io::BufReader::with_capacity(
-            64 * 1024,
-            ChannelReader {
-                rx: bytes_rx,
-                current: Bytes::new(),
-            },
-        );
-        parse(reader, |chunk| ids_tx.blocking_send(chunk).is_ok())
-    });
+    // A thread of its own, not the blocking pool (see the module doc). Its
+    // result comes back through `parsed`; a parser that panicked drops the
+    // sender, which reads as an unreadable body below.
+    let (parsed_tx, parsed_rx) = oneshot::channel();
+    let parser = std::thread::Builder::new()
+        .name("snapshot-parser".into())
+        .spawn(move || {
+            let reader = io::BufReader::with_capacity(
+                64 * 1024,
+                ChannelReader {
+                    rx: bytes_rx,
+                    current: Bytes::new(),
+                },
+            );
+            let _ = parsed_tx.send(parse(reader, |chunk| ids_tx.blocking_send(chunk).is_ok()));
+        });
+    if let Err(error) = parser {
+        tracing::error!(%error, "no thread for the snapshot parser");
+        forward.abort();
+        return Err(ApiError::Unavailable {
+            detail: "the snapshot cannot be read right now; retry later",
+        });
+    }
 
     // The whole body first: no connection is taken while a client is slow.
     let mut chunks = Vec::new();
     while let Some(ids) = ids_rx.recv().await {
         chunks.push(ids);
     }
-    let parsed = parser
+    let parsed = parsed_rx
         .await
         .map_err(|_| ApiError::bad_request("could not read the body"))?;
     let forwarded = forward.await.unwrap_or(Forwarded::Done);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::limits::RequestLimits;
+use super::snapshot::Uploads;
 use crate::budget::Budgets;
 use crate::cache::caches::Caches;
 use crate::config::Secret;
@@ -79,6 +80,9 @@ pub struct AdminState {
     /// extractor's (through `FromRef`) and the snapshot's own, which the
     /// snapshot route streams against.
     pub limits: RequestLimits,
+    /// The snapshot uploads in flight (`server.max_snapshot_uploads`): the
+    /// snapshot PUT takes a place before it reads its body.
+    pub snapshot_uploads: Uploads,
 }
 
 impl axum::extract::FromRef<AdminState> for RequestLimits {

@@ -18,6 +18,13 @@
 //! database by a network that drops packets while the connection stays open,
 //! kept for ever: PostgreSQL saw a session that was merely idle. A lease needs
 //! no session, so it goes through the pool, pooler or not.
+//!
+//! A leader that stops cleanly gives the lease back ([`Leader::release`]):
+//! the row expires at once, under the same fence as every write (holder and
+//! epoch), so the next replica takes the feed at its next ask instead of
+//! waiting out the lease. The shape of client-go's leader election with
+//! `ReleaseOnCancel`, which, on cancel, rewrites the lease it still holds so
+//! that it has expired.
 
 mod postgres;
 
@@ -185,6 +192,43 @@ impl Leader {
             Err(error) => {
                 tracing::warn!(%error, epoch = fence.epoch, "status feed: lease not renewed");
                 self.valid_until = Some(asked);
+                false
+            }
+        }
+    }
+
+    /// Gives the lease back (a clean stop): it expires now if it is still
+    /// this term's (same holder and epoch, not expired), so another replica
+    /// takes it at its next ask; a term already lost changes nothing. One
+    /// statement within [`crate::store::Bounds::short`]. True when it was
+    /// given back (with SQLite there is nothing to give back: false).
+    pub async fn release(self, leadership: &Leadership) -> bool {
+        let (Term::Leased(fence), Some(pg)) = (&self.term, &leadership.postgres) else {
+            return false;
+        };
+        let backend = Backend::Postgres(pg.clone());
+        let released = backend
+            .until(
+                "release_lease",
+                Instant::now() + pg.bounds.short(),
+                postgres::release(pg, &fence.holder, fence.epoch),
+            )
+            .await;
+        match released {
+            Ok(true) => {
+                tracing::info!(epoch = fence.epoch, "status feed: lease given back");
+                true
+            }
+            Ok(false) => {
+                tracing::info!(
+                    epoch = fence.epoch,
+                    "status feed: lease already lost; nothing to give back"
+                );
+                false
+            }
+            // It runs out by itself after its length, as after a crash.
+            Err(error) => {
+                tracing::warn!(%error, epoch = fence.epoch, "status feed: lease not given back");
                 false
             }
         }

@@ -75,6 +75,28 @@ pub(super) async fn check(
     }
 }
 
+/// Gives the lease back if it is still `holder`'s at `epoch` and not expired:
+/// it expires now, so the next replica to ask takes it at once (the holder
+/// and epoch stay, for whoever looks at the row: the next take moves the
+/// epoch on). True when it was given back; false when it was no longer this
+/// term's (a release under a stale epoch changes nothing).
+pub(super) async fn release(pg: &Pg, holder: &str, epoch: i64) -> Result<bool, StoreError> {
+    let mut tx = pg.begin_short().await?;
+    let released = sqlx::query(
+        "UPDATE leases SET expires_at = clock_timestamp() \
+         WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires_at > clock_timestamp()",
+    )
+    .persistent(false)
+    .bind(FEED_LEASE)
+    .bind(holder)
+    .bind(epoch)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(released == 1)
+}
+
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }

@@ -6,18 +6,22 @@
 use super::test_support::{Draws, migrated_before, migration, reveal, reveal_at};
 use super::{RevealStore, counts_of};
 use crate::domain::{AdId, Reveal, RevealQuery, RevealsOf, Source, StoredReveal, UserId, Viewer};
-use crate::store::pool::Backend;
+use crate::store::pool::{Backend, Bounds, Sqlite};
 
 /// A reveal store on a migrated SQLite file in a fresh directory; the
 /// directory goes when the returned guard is dropped.
 pub(super) async fn scratch() -> (tempfile::TempDir, RevealStore) {
     let (dir, pool) = migrated_before(i64::MAX).await;
-    (dir, RevealStore::of(Backend::Sqlite(pool), None))
+    let sqlite = Sqlite {
+        pool,
+        bounds: Bounds::default(),
+    };
+    (dir, RevealStore::of(Backend::Sqlite(sqlite), None))
 }
 
 pub(super) fn sqlite(store: &RevealStore) -> &sqlx::SqlitePool {
     match &store.backend {
-        Backend::Sqlite(pool) => pool,
+        Backend::Sqlite(sqlite) => &sqlite.pool,
         Backend::Postgres(_) => unreachable!("a SQLite store"),
     }
 }

@@ -73,7 +73,7 @@ impl StatusStore {
 
     /// Applies a delta delivery in one transaction (with the feed cursor that
     /// brought it and the lease it was read under, if any); returns what
-    /// applied and what was ignored. On PostgreSQL, given up at `deadline`.
+    /// applied and what was ignored. Given up at `deadline` (both dialects).
     ///
     /// # Errors
     /// The database refused or is unreachable, or the feed's lease is lost
@@ -241,8 +241,9 @@ impl SnapshotLoad {
             backend,
             started,
         } = self;
+        let bound = backend.finish_bound();
         let result = backend
-            .call("finish_snapshot", async {
+            .bounded("finish_snapshot", bound, async {
                 match tx {
                     SnapshotTx::Sqlite(tx) => sqlite::finish_snapshot(tx, version).await,
                     SnapshotTx::Postgres(tx) => postgres::finish_snapshot(tx, version).await,

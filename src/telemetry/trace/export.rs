@@ -16,6 +16,8 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
     BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
 };
+use rand_xoshiro::SplitMix64;
+use rand_xoshiro::rand_core::{RngCore as _, SeedableRng as _};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::context::{TRACEPARENT, parse_traceparent};
@@ -49,17 +51,18 @@ pub fn sampled(headers: &HeaderMap, ratio: f64) -> bool {
 }
 
 /// The `sequence`th draw of a process seeded with `seed`: SplitMix64's output
-/// mix over a Weyl sequence, which spreads consecutive counters over the whole
-/// range whatever the seed. A general-purpose hasher does not promise that for
-/// consecutive integers: with foldhash's fast hasher, one run of the unit tests
-/// drew 10,000 consecutive counters all in the upper half, so a ratio of 0.5
-/// would have sampled nothing (the seed was not kept; 2,000 fresh seeds did not
-/// repeat it). SplitMix64 is a bijection with full avalanche, per draw.
+/// with its state `sequence` of its own steps (a Weyl sequence) past `seed`,
+/// which spreads consecutive counters over the whole range whatever the seed. A
+/// general-purpose hasher does not promise that for consecutive integers: with
+/// foldhash's fast hasher, one run of the unit tests drew 10,000 consecutive
+/// counters all in the upper half, so a ratio of 0.5 would have sampled nothing
+/// (the seed was not kept; 2,000 fresh seeds did not repeat it). SplitMix64 is
+/// a bijection with full avalanche, per draw.
 fn share_draw(seed: u64, sequence: u64) -> u64 {
-    let mut z = seed.wrapping_add(sequence.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    // SplitMix64's step (its "gamma", 2^64 over the golden ratio), which
+    // rand_xoshiro keeps private.
+    const STEP: u64 = 0x9E37_79B9_7F4A_7C15;
+    SplitMix64::seed_from_u64(seed.wrapping_add(sequence.wrapping_mul(STEP))).next_u64()
 }
 
 /// The span of one upstream call: exported (a child of the request's exported

@@ -1,5 +1,5 @@
-//! Distributed tracing (docs/tracing.md), in three rooms, `export -> context ->
-//! exported`: [`context`], W3C trace context in and out (ids,
+//! Distributed tracing (docs/tracing.md), in three modules, `export` importing
+//! `context` importing `exported`: [`context`], W3C trace context in and out (ids,
 //! `traceparent`/`tracestate`, what an upstream call carries); [`export`], the
 //! OpenTelemetry export of spans (sampling, the layer, the provider and its one
 //! owner); and [`exported`], the mark of an exported span both read. Their

@@ -3,6 +3,7 @@
 //! defines (anything else is answered 400 and recorded; `TestApp`'s drop fails the
 //! test on it, so a wrong path cannot pass as "the seller has no phone").
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -77,6 +78,21 @@ pub struct Fake {
     feed_uris: Arc<Mutex<Vec<String>>>,
     /// When set, every status-feed poll is answered this status, empty.
     feed_failure: Arc<Mutex<Option<u16>>>,
+    /// Replies for one seller's lookups, over the behaviour's reply.
+    for_seller: Arc<Mutex<HashMap<u64, Reply>>>,
+    /// When set, the most lookups answered at once: past it, a lookup is
+    /// answered 429 at once, as an upstream refusing load does.
+    capacity: Arc<Mutex<Option<usize>>>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// A lookup under way at a fake with a capacity; gives its place back on drop.
+struct Place(Arc<AtomicUsize>);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Fake {
@@ -97,6 +113,9 @@ impl Fake {
             feed: Arc::new(Mutex::new(Vec::new())),
             feed_uris: Arc::new(Mutex::new(Vec::new())),
             feed_failure: Arc::new(Mutex::new(None)),
+            for_seller: Arc::new(Mutex::new(HashMap::new())),
+            capacity: Arc::new(Mutex::new(None)),
+            in_flight: Arc::new(AtomicUsize::new(0)),
         };
         let router = Router::new().fallback(answer).with_state(fake.clone());
         tokio::spawn(async move { axum::serve(listener, router).await });
@@ -111,6 +130,16 @@ impl Fake {
     /// Answer `reply` from now on, after `delay`.
     pub fn reply_after(&self, reply: Reply, delay: Duration) {
         *self.behaviour.lock().unwrap() = Behaviour { reply, delay };
+    }
+
+    /// Answer `reply` (after the behaviour's delay) to lookups about `seller`.
+    pub fn reply_for(&self, seller: u64, reply: Reply) {
+        self.for_seller.lock().unwrap().insert(seller, reply);
+    }
+
+    /// Answer at most `max` lookups at once, and 429 to any past it.
+    pub fn capacity(&self, max: usize) {
+        *self.capacity.lock().unwrap() = Some(max);
     }
 
     /// Number lookups received (the status feed's polls are not counted).
@@ -176,6 +205,20 @@ fn pairs(query: &str) -> Vec<(&str, &str)> {
         .split('&')
         .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
         .collect()
+}
+
+/// The seller a lookup is about (its `user_id`).
+fn seller_of(path: &str, query: &str) -> Option<u64> {
+    if let Some(user) = path
+        .strip_prefix("/v1/users/")
+        .and_then(|rest| rest.strip_suffix("/phone"))
+    {
+        return user.parse().ok();
+    }
+    pairs(query)
+        .into_iter()
+        .find(|(key, _)| *key == "user_id")
+        .and_then(|(_, user)| user.parse().ok())
 }
 
 /// What a request to `upstream` is, if it is one docs/rules.md defines.
@@ -276,7 +319,22 @@ async fn answer(State(fake): State<Fake>, request: Request) -> Response {
         )
     };
     fake.traces.lock().unwrap().push(trace);
-    let Behaviour { reply, delay } = fake.behaviour.lock().unwrap().clone();
+    let capacity = *fake.capacity.lock().unwrap();
+    let _place = match capacity {
+        Some(max) => {
+            let place = Place(fake.in_flight.clone());
+            if fake.in_flight.fetch_add(1, Ordering::SeqCst) >= max {
+                return StatusCode::TOO_MANY_REQUESTS.into_response();
+            }
+            Some(place)
+        }
+        None => None,
+    };
+    let Behaviour { mut reply, delay } = fake.behaviour.lock().unwrap().clone();
+    let seller = seller_of(request.uri().path(), request.uri().query().unwrap_or(""));
+    if let Some(special) = seller.and_then(|s| fake.for_seller.lock().unwrap().get(&s).cloned()) {
+        reply = special;
+    }
     tokio::time::sleep(delay).await;
     match reply {
         Reply::Phone(phone) => {

@@ -5,7 +5,7 @@
 //! forwarded from clients, which tells whether a client asked anything.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -16,6 +16,7 @@ pub struct Proxy {
     pub addr: String,
     silent: watch::Sender<bool>,
     sent: Arc<AtomicU64>,
+    stranding: Arc<AtomicBool>,
     accepting: tokio::task::JoinHandle<()>,
 }
 
@@ -26,13 +27,15 @@ impl Proxy {
         let addr = listener.local_addr().unwrap().to_string();
         let (silent, watching) = watch::channel(false);
         let sent = Arc::new(AtomicU64::new(0));
-        let (target, counter) = (target.to_owned(), sent.clone());
+        let stranding = Arc::new(AtomicBool::new(false));
+        let (target, counter, strands) = (target.to_owned(), sent.clone(), stranding.clone());
         let accepting = tokio::spawn(async move {
             // Dropped with the accept loop: every connection goes with it.
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
                 let (target, watching, counter) =
                     (target.clone(), watching.clone(), counter.clone());
+                let stranded = strands.load(Ordering::Relaxed);
                 connections.spawn(async move {
                     let Ok(server) = TcpStream::connect(&target).await else {
                         return;
@@ -40,8 +43,14 @@ impl Proxy {
                     let (client_read, client_write) = client.into_split();
                     let (server_read, server_write) = server.into_split();
                     tokio::join!(
-                        pump(client_read, server_write, watching.clone(), Some(counter)),
-                        pump(server_read, client_write, watching, None),
+                        pump(
+                            client_read,
+                            server_write,
+                            watching.clone(),
+                            Some(counter),
+                            stranded
+                        ),
+                        pump(server_read, client_write, watching, None, false),
                     );
                 });
             }
@@ -50,8 +59,18 @@ impl Proxy {
             addr,
             silent,
             sent,
+            stranding,
             accepting,
         }
+    }
+
+    /// With `on`, each new PostgreSQL connection passes its set-up (SSL
+    /// request, startup, password) and then nothing, for ever, also after
+    /// this is turned off: a database whose old connections were lost
+    /// without a word (its host failed over, a firewall forgot them) while
+    /// new ones work.
+    pub fn strand_after_setup(&self, on: bool) {
+        self.stranding.store(on, Ordering::Relaxed);
     }
 
     /// A proxy to the host and port of `url` (`scheme://[user@]host:port/...`),
@@ -97,6 +116,7 @@ async fn pump(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut silent: watch::Receiver<bool>,
     counter: Option<Arc<AtomicU64>>,
+    stranded: bool,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -107,6 +127,12 @@ async fn pump(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        // After the set-up, a client's messages begin with their type (a
+        // query, a parse); the set-up's begin with a length (0) or are the
+        // password (`p`).
+        if stranded && !matches!(buf[0], 0 | b'p') {
+            std::future::pending::<()>().await;
+        }
         if silent.wait_for(|s| !*s).await.is_err() {
             break;
         }

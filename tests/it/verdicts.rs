@@ -1,0 +1,205 @@
+//! Only the upstream's word is a verdict (docs/rules.md, "Verdict or
+//! undecided"): a load refusal, a panicked fetch, one seller's failing calls
+//! never move a seller onto a number the rules do not allow, and never open a
+//! breaker for everyone. Evidence is the test's own app's answers.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::paths::BATCH;
+use crate::support::{Answer, Reply, TestApp, eventually, read};
+use crate::{PLAIN_CATEGORY, REAL, VIRTUAL};
+
+/// The `detail` of the 503 of an undecided source (src/http/api/error.rs).
+const UNDECIDED: &str = "the number cannot be decided right now; retry later";
+
+/// A single lookup for `user` with the real number given.
+fn given(user: u64, ad: u64) -> String {
+    format!(
+        "/v1/public-phone?user_id={user}&ad_id={ad}&category_id={PLAIN_CATEGORY}&phone=%2B{}",
+        &REAL[1..]
+    )
+}
+
+/// Asserts an undecided 503: a problem document with `Retry-After`, the
+/// undecided detail (not the admission's "overloaded").
+#[track_caller]
+fn assert_undecided(answer: &Answer) {
+    answer.assert_problem(503);
+    assert!(answer.retry_after.is_some(), "{answer:?}");
+    assert_eq!(answer.body["detail"], UNDECIDED, "{answer:?}");
+}
+
+/// A batch result that is an error, as an `Answer`-like check.
+#[track_caller]
+fn assert_undecided_item(item: &Value) {
+    let error = &item["error"];
+    assert_eq!(error["status"], 503, "{item}");
+    assert_eq!(error["title"], "Service Unavailable", "{item}");
+    assert_eq!(error["detail"], UNDECIDED, "{item}");
+}
+
+/// Distinct Russian mobile numbers, spread (a small LCG): each batch item asks
+/// call tracking about a number of its own, so nothing coalesces or caches.
+fn phones(seed: u64, n: usize) -> Vec<String> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            format!("+7926{:07}", (x >> 33) % 10_000_000)
+        })
+        .collect()
+}
+
+/// An upstream with room for 8 calls at once, answering 429 past that, flooded
+/// by one seller's batches of random phones: no answer, the flooding seller's
+/// or anyone else's, is ever the real number (a load refusal is no verdict),
+/// and every other tracked seller gets its call-tracking number within 2 s of
+/// the flood's end (the refusals opened no breaker).
+#[tokio::test]
+async fn a_429_flood_reveals_no_real_number_and_opens_no_breaker() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking
+        .reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(50));
+    app.calltracking.capacity(8);
+    const FLOODER: u64 = 500;
+    let others: Vec<u64> = (501..=510).collect();
+    app.enable_calltracking(FLOODER, 1).await;
+    for &user in &others {
+        app.enable_calltracking(user, 1).await;
+    }
+
+    let flood = async {
+        let mut results = Vec::new();
+        for round in 0..3u64 {
+            let items: Vec<Value> = phones(round + 1, 100)
+                .into_iter()
+                .enumerate()
+                .map(|(i, phone)| {
+                    json!({ "user_id": FLOODER, "ad_id": round * 1000 + i as u64 + 1,
+                            "category_id": PLAIN_CATEGORY, "phone": phone })
+                })
+                .collect();
+            let response = app
+                .http
+                .post(format!("{}{BATCH}", app.public))
+                .header("content-type", "application/json")
+                .body(json!({ "items": items }).to_string())
+                .send()
+                .await
+                .unwrap();
+            let answer = read(response).await;
+            assert_eq!(answer.status, 200, "{answer:?}");
+            results.extend(answer.body["results"].as_array().unwrap().clone());
+        }
+        results
+    };
+    let asking = async {
+        let mut answers = Vec::new();
+        for round in 0..3 {
+            for &user in &others {
+                answers.push(app.get_public(&given(user, 100 + round)).await);
+            }
+        }
+        answers
+    };
+    let (results, answers) = tokio::join!(flood, asking);
+
+    assert_eq!(results.len(), 300);
+    let mut refused = 0;
+    for item in &results {
+        assert_ne!(item["kind"], "real", "a load refusal revealed: {item}");
+        if item.get("error").is_some() {
+            assert_undecided_item(item);
+            refused += 1;
+        } else {
+            assert_eq!(item["kind"], "calltracking", "{item}");
+        }
+    }
+    assert!(
+        refused > 0,
+        "the fake never refused load: the test tests nothing"
+    );
+    for answer in &answers {
+        assert_ne!(answer.body["kind"], "real", "{answer:?}");
+        if answer.status != 200 {
+            assert_undecided(answer);
+        }
+    }
+
+    // After the flood: every other seller has its call-tracking number.
+    for &user in &others {
+        let path = given(user, 200);
+        eventually(
+            "call tracking after the flood",
+            Duration::from_secs(2),
+            || {
+                let (app, path) = (&app, &path);
+                async move {
+                    let answer = app.get_public(path).await;
+                    assert_ne!(answer.body["kind"], "real", "{answer:?}");
+                    answer.status == 200 && answer.body["kind"] == "calltracking"
+                }
+            },
+        )
+        .await;
+    }
+}
+
+/// One seller whose call-tracking calls all answer 500: its own requests fall
+/// through (a 500 is a verdict), but the breaker stays closed for others.
+#[tokio::test]
+async fn one_sellers_failing_calls_leave_the_breaker_closed_for_others() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    const FAILING: u64 = 600;
+    const OTHER: u64 = 601;
+    app.calltracking.reply_for(FAILING, Reply::Status(500));
+    app.enable_calltracking(FAILING, 1).await;
+    app.enable_calltracking(OTHER, 1).await;
+    // Far past the breaker's run (5) and its ratio's minimum (20 calls).
+    for ad in 1..=30 {
+        let answer = app.get_public(&given(FAILING, ad)).await;
+        answer.assert_number(REAL, "real");
+    }
+    let calls = app.calltracking.calls();
+    assert!(
+        calls >= 30,
+        "the failing seller's calls were not made: {calls}"
+    );
+    app.get_public(&given(OTHER, 1))
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+}
+
+/// A fetch that panics (the `test-faults` feature, src/upstream/faults.rs):
+/// undecided, 503 with `Retry-After`, never the real number; and however many
+/// sellers' fetches panic, the breaker stays closed for others.
+#[tokio::test]
+async fn a_panicking_fetch_is_undecided_and_opens_no_breaker() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    let panicking: Vec<u64> = phones_gateway::upstream::faults::PANICKING_SELLERS
+        .take(10)
+        .collect();
+    const OTHER: u64 = 700;
+    for &user in &panicking {
+        app.enable_calltracking(user, 1).await;
+    }
+    app.enable_calltracking(OTHER, 1).await;
+    for round in 0..3 {
+        for &user in &panicking {
+            let answer = app.get_public(&given(user, round + 1)).await;
+            assert_undecided(&answer);
+        }
+    }
+    app.get_public(&given(OTHER, 1))
+        .await
+        .assert_number(VIRTUAL, "calltracking");
+}
