@@ -36,7 +36,7 @@ use crate::telemetry::trace::{Incoming, RequestTrace};
 use crate::upstream::Upstreams;
 use plan::{Ask, Progress, Selection};
 pub use request::Request;
-use rules::{Decision, Rules, SourceState, States};
+use rules::{Decision, SourceState, States};
 
 /// The number to show.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,13 +182,7 @@ impl Resolver {
         status: Arc<StatusSet>,
     ) -> Self {
         Resolver {
-            selection: Selection {
-                rules: Rules {
-                    order: selection.order.clone(),
-                    policy: settings.policy,
-                },
-                anonymous_categories: selection.anonymous_categories.iter().copied().collect(),
-            },
+            selection: Selection::new(selection, settings.policy),
             upstreams,
             caches,
             status,

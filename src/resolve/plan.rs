@@ -19,7 +19,8 @@
 //! failed (no answer in time), so its usable stale value is served as for any
 //! failure.
 //!
-//! A new selection condition is a change to `[selection]`, to [`Selection`] and
+//! A new selection condition is a change to `[selection]` (`SelectionConfig`),
+//! to [`Selection`] (built from it by [`Selection::new`]) and
 //! [`Selection::start`], and to the table tests below.
 
 use foldhash::HashSet;
@@ -27,7 +28,8 @@ use foldhash::HashSet;
 use super::request::Request;
 use super::rules::{Decision, Rules, SourceState, States};
 use crate::cache::{Cached, FetchResult};
-use crate::domain::{Phone, Source, Sources};
+use crate::config::SelectionConfig;
+use crate::domain::{OnError, Phone, Source, Sources};
 use crate::status::Tracking;
 use crate::upstream::Class;
 
@@ -75,6 +77,19 @@ pub struct Progress {
 }
 
 impl Selection {
+    /// The plan of `[selection]` with each source's `on_error` (`policy`, from
+    /// `[upstreams.*]`): built here, so a new selection condition is a key of
+    /// `SelectionConfig`, a field and its use below, and the table tests.
+    pub fn new(selection: &SelectionConfig, policy: Sources<OnError>) -> Self {
+        Selection {
+            rules: Rules {
+                order: selection.order.clone(),
+                policy,
+            },
+            anonymous_categories: selection.anonymous_categories.iter().copied().collect(),
+        }
+    }
+
     /// What is known without asking: `tracking` is asked only when call tracking
     /// is in the order, `fresh` once per cache that matters, real first.
     pub fn start(
@@ -254,7 +269,7 @@ pub fn state_of(answer: &FetchResult) -> SourceState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{AdId, CategoryId, OnError, UserId};
+    use crate::domain::{AdId, CategoryId, UserId};
     use crate::upstream::UpstreamError;
     use Source::{Anonymous, Calltracking, RealPhone};
     use SourceState::{Failed, Found, NotApplicable, NotFound, Pending, Undecided, Unknown};
