@@ -67,6 +67,7 @@ fn main() -> anyhow::Result<()> {
                 &config.tracing,
             )?;
             log_mistyped_environment();
+            phones_gateway::runtime::raise_open_files();
             let served = runtime(config.runtime.worker_threads)?.block_on(serve(config));
             // A start-up mistake (a port taken, a pooler without a session) is
             // one line and exit status 1, not an anyhow report: with
@@ -122,6 +123,7 @@ fn main() -> anyhow::Result<()> {
                 &config.tracing,
             )?;
             log_mistyped_environment();
+            phones_gateway::runtime::raise_open_files();
             runtime(config.runtime.worker_threads)?.block_on(demo(config))
         }
     }
