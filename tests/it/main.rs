@@ -16,6 +16,7 @@ mod caching;
 mod faults;
 mod operations;
 mod overload;
+mod resources;
 mod reveals;
 mod rules;
 mod status_sync;
