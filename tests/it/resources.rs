@@ -119,7 +119,6 @@ async fn idle_clients_cannot_take_the_descriptors_a_lookup_needs() {
         "no upstream connection is pooled yet"
     );
 
-    let start = std::time::Instant::now();
     let mut idle = Vec::new();
     // Until the listen backlog is full too (a connect then waits for a SYN
     // retry: given up on at once), or more clients than the limit.
