@@ -47,9 +47,10 @@ fn durations(c: &mut Criterion) {
         .unwrap()
         .build_recorder();
     let handle = recorder.handle();
-    let histogram = metrics::with_local_recorder(&recorder, || {
-        metrics::histogram!("bench_request_duration_seconds", "route" => "public_phone", "status" => "200")
-    });
+    let histogram = metrics::with_local_recorder(
+        &recorder,
+        || metrics::histogram!("bench_request_duration_seconds", "route" => "public_phone", "status" => "200"),
+    );
     // As a request would record it: the series looked up by its labels in the
     // recorder's registry each time (the status is known only at the answer).
     c.bench_function("durations/metrics-labelled", |b| {
@@ -117,7 +118,13 @@ struct ValueBody {
 
 fn batch(c: &mut Criterion) {
     let items: Vec<String> = (1..=100)
-        .map(|i| format!(r#"{{"user_id":{i},"ad_id":{},"category_id":9,"phone":"+7916123{:04}"}}"#, 1000 + i, i))
+        .map(|i| {
+            format!(
+                r#"{{"user_id":{i},"ad_id":{},"category_id":9,"phone":"+7916123{:04}"}}"#,
+                1000 + i,
+                i
+            )
+        })
         .collect();
     let body = format!(r#"{{"items":[{}]}}"#, items.join(","));
     c.bench_function("batch/own", |b| {

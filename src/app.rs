@@ -32,6 +32,7 @@ use crate::http::api::snapshot::Uploads;
 use crate::http::api::state::{AdminState, PublicState};
 use crate::http::api::{admin_router, public_router};
 use crate::http::server::ServeSettings;
+use crate::http::server::conns::{self, Inbound};
 use crate::http::server::front::Front;
 use crate::http::server::serve::serve;
 use crate::resolve::{self, Resolver};
@@ -133,7 +134,20 @@ impl App {
         let metrics = crate::telemetry::metrics_handle();
         let database = connect(&config.database).await?;
         let reveal_store = database.reveals();
-        let server = ServeSettings::of(&config.server);
+        // The public listener's cap, from the open-files limit (which `main`
+        // raised to the hard limit) less what the process's own calls hold.
+        let (max_connections, source) = conns::max_connections(
+            config.server.max_connections,
+            crate::runtime::open_files_limit(),
+            config.outbound_descriptors(),
+        );
+        tracing::info!(
+            max_connections,
+            source,
+            admin = conns::ADMIN_MAX_CONNECTIONS,
+            "inbound connection cap"
+        );
+        let server = ServeSettings::of(&config.server, max_connections);
         let parts = Parts::build(&config, &database);
         let admission = parts.resolver.admission();
         let shutting_down = Arc::new(AtomicBool::new(false));
@@ -262,9 +276,16 @@ impl App {
             self.public,
             self.public_front,
             conn,
+            Inbound::new("public", self.server.max_connections),
             stopped(stop_rx.clone()),
         );
-        let admin = serve(self.admin, self.admin_front, conn, stopped(stop_rx));
+        let admin = serve(
+            self.admin,
+            self.admin_front,
+            conn,
+            Inbound::new("admin", conns::ADMIN_MAX_CONNECTIONS),
+            stopped(stop_rx),
+        );
         let deadline_rx = start_shutdown(
             &background,
             shutdown,

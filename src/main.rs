@@ -78,6 +78,7 @@ fn run_serve(config: Config) -> anyhow::Result<()> {
         &config.tracing,
     )?;
     log_mistyped_environment();
+    phones_gateway::runtime::raise_open_files();
     let served = runtime(config.runtime.worker_threads)?.block_on(serve(config));
     // A start-up mistake (a port taken, a pooler without a session) is
     // one line and exit status 1, not an anyhow report: with
@@ -136,6 +137,7 @@ fn run_demo(config: Config) -> anyhow::Result<()> {
         &config.tracing,
     )?;
     log_mistyped_environment();
+    phones_gateway::runtime::raise_open_files();
     runtime(config.runtime.worker_threads)?.block_on(demo(config))
 }
 

@@ -15,6 +15,13 @@
 //! workers too little while a flush ran in the soak's shape. The figures, with
 //! their commands: docs/performance.md, "The background priority". Linux keeps
 //! a nice value per thread; elsewhere this does nothing.
+//!
+//! And the open-files limit (`RLIMIT_NOFILE`): at start the soft limit is
+//! raised to the hard one ([`raise_open_files`]), since every inbound
+//! connection, upstream call and database connection is a descriptor and a
+//! soft limit of 1024 (a common default) runs out long before the CPU does.
+//! The limit then sizes the inbound connection cap (`server.max_connections`,
+//! `http::server::conns`), which keeps a reserve for the process's own calls.
 
 use std::path::Path;
 
@@ -59,6 +66,60 @@ pub fn lower_thread(tid: rustix::process::Pid) {
     if let Err(error) = rustix::process::setpriority_process(Some(tid), BACKGROUND_NICE) {
         tracing::warn!(%error, "cannot lower a background thread's priority");
     }
+}
+
+/// The open-files limit before and after [`raise_open_files`] (`None`: unlimited).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFiles {
+    /// The soft limit found at start.
+    pub before: Option<u64>,
+    /// The soft limit now (the hard one, unless raising it failed).
+    pub soft: Option<u64>,
+    /// The hard limit.
+    pub hard: Option<u64>,
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit and logs both. Best effort:
+/// a failure is logged and the soft limit stays where it was. An unlimited hard
+/// limit (which Linux does not allow as a soft `RLIMIT_NOFILE`) raises the soft
+/// one to `fs.nr_open`, the most a process may have.
+pub fn raise_open_files() -> OpenFiles {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let found = getrlimit(Resource::Nofile);
+    let target = found.maximum.or_else(|| {
+        std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+    });
+    let mut soft = found.current;
+    let below = |target: u64| found.current.is_some_and(|current| current < target);
+    if let Some(target) = target.filter(|&t| below(t)) {
+        let raised = Rlimit {
+            current: Some(target),
+            maximum: found.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => soft = Some(target),
+            Err(error) => tracing::warn!(%error, "cannot raise the open-files soft limit"),
+        }
+    }
+    let limits = OpenFiles {
+        before: found.current,
+        soft,
+        hard: found.maximum,
+    };
+    tracing::info!(
+        soft_before = limits.before,
+        soft = limits.soft,
+        hard = limits.hard,
+        "open-files limit (RLIMIT_NOFILE; none: unlimited)"
+    );
+    limits
+}
+
+/// The soft open-files limit now (`None`: unlimited).
+pub fn open_files_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 
 /// Parses "<quota> <period>" ("max" or a negative quota: no limit).

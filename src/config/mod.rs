@@ -56,7 +56,7 @@ pub use reveals::{OnOverflow, RevealsConfig};
 pub use runtime::RuntimeConfig;
 pub use secret::Secret;
 pub use selection::SelectionConfig;
-pub use server::ServerConfig;
+pub use server::{MAX_CONNECTIONS, ServerConfig};
 pub use status_feed::StatusFeedConfig;
 pub use tracing::TracingConfig;
 pub use upstreams::{CalltrackingUpstreamConfig, UpstreamConfig, UpstreamsConfig, seller_need};
@@ -346,6 +346,36 @@ impl Config {
         self.server
             .request_deadline
             .unwrap_or_else(|| self.longest_upstream_path() + DEADLINE_MARGIN)
+    }
+
+    /// The most descriptors the process's own calls hold at once, which the
+    /// inbound connection cap keeps free (`server.max_connections`, derived
+    /// from `RLIMIT_NOFILE` less this and the fixed part in
+    /// `http::server::conns`):
+    /// - each upstream's calls in flight (`max_in_flight` as resolved): a call
+    ///   holds one connection, an idle pooled connection was one such call's,
+    ///   and a call takes an idle connection before it opens one, so one
+    ///   upstream's connections never outnumber its bound (its idle maximum
+    ///   is below it);
+    /// - the status feed's 2 calls in flight, when it is on;
+    /// - the database: 3 descriptors (SQLite's file, WAL and shared memory; one
+    ///   socket on PostgreSQL) for each of `database.max_connections`, and for
+    ///   two connections beside the pool (SQLite's reveal-log writer;
+    ///   PostgreSQL's LISTEN and pooler check on `direct_url`).
+    pub fn outbound_descriptors(&self) -> usize {
+        let server = self.server.max_in_flight;
+        let upstreams: usize = Source::ALL
+            .into_iter()
+            .map(|source| self.upstreams.of(source).max_in_flight_or(server))
+            .sum();
+        let feed = if self.upstreams.calltracking.status_feed.enabled {
+            2
+        } else {
+            0
+        };
+        let database =
+            3 * (usize::try_from(self.database.max_connections).unwrap_or(usize::MAX) + 2);
+        upstreams.saturating_add(feed).saturating_add(database)
     }
 }
 

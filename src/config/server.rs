@@ -10,6 +10,10 @@ use super::check::{Checks as _, MAX_WAIT_MS};
 use super::error::Mistake;
 use super::units;
 
+/// The most `server.max_connections` may say (and the cap when the open-files
+/// limit is unlimited).
+pub const MAX_CONNECTIONS: usize = 1_000_000;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
@@ -34,6 +38,10 @@ pub struct ServerConfig {
     #[serde(rename = "drain_timeout_ms", deserialize_with = "units::millis")]
     pub drain_timeout: Duration,
     pub max_in_flight: usize,
+    /// Connections the public listener holds open at once; past it new ones
+    /// wait in the listen backlog. 0: derived from `RLIMIT_NOFILE` less what
+    /// the process's own calls need (`http::server::conns::max_connections`).
+    pub max_connections: usize,
     /// When a ready request waits longer than this for a worker thread,
     /// requests that need an upstream call are shed in proportion
     /// (`resolve::admission`); zero: never.
@@ -82,6 +90,12 @@ impl ServerConfig {
             self.body_read_timeout.as_millis()..=MAX_WAIT_MS.into(),
             "at least server.body_read_timeout_ms",
         );
+        found.range_noting(
+            "server.max_connections",
+            self.max_connections,
+            0..=MAX_CONNECTIONS,
+            "0: derived from the open-files limit",
+        );
         found.range("server.max_in_flight", self.max_in_flight, 1..=1_000_000);
         found.range_noting(
             "server.max_queue_delay_ms",
@@ -122,6 +136,10 @@ mod tests {
             (
                 "[server]\nmax_in_flight = 9223372036854775807",
                 "server.max_in_flight",
+            ),
+            (
+                "[server]\nmax_connections = 1000001",
+                "server.max_connections",
             ),
             (
                 "[server]\nshutdown_pause_ms = 9223372036854775807",

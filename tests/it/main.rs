@@ -19,6 +19,7 @@ mod caching;
 mod faults;
 mod operations;
 mod overload;
+mod resources;
 mod reveals;
 mod rules;
 mod status_bounds;

@@ -6,6 +6,9 @@
 //!   duration by route), admission (the admin token, the header limit,
 //!   shedding), and the public lookup answered without the router;
 //! - [`shed`]: the header limit and load shedding;
+//! - [`conns`]: the cap on each listener's open connections, which keeps a
+//!   reserve of file descriptors for the process's own calls, and accepting
+//!   under it;
 //! - [`rewrite`]: hyper's own bare 400/414/431 answers as problem documents.
 //!
 //! It imports the API (the route table, `ApiError`, the lookup), never the
@@ -15,6 +18,7 @@
 //! limits, each connection's limits, the public listener's shedding and the
 //! shutdown timings, each part handed its own value from there.
 
+pub mod conns;
 pub mod front;
 pub mod rewrite;
 pub mod serve;
@@ -38,6 +42,9 @@ pub struct ServeSettings {
     pub conn: ConnLimits,
     /// `server.max_in_flight`: public requests in flight at once.
     pub max_in_flight: usize,
+    /// `server.max_connections` as it applies ([`conns::max_connections`]):
+    /// the public listener's open connections at most.
+    pub max_connections: usize,
     /// `server.shutdown_pause_ms`: `/readyz` answers 503 this long before the
     /// listeners close.
     pub shutdown_pause: Duration,
@@ -46,11 +53,14 @@ pub struct ServeSettings {
 }
 
 impl ServeSettings {
-    pub fn of(server: &ServerConfig) -> Self {
+    /// `server` with `max_connections`, `server.max_connections` as it applies
+    /// (derived from the open-files limit when 0: [`conns::max_connections`]).
+    pub fn of(server: &ServerConfig, max_connections: usize) -> Self {
         ServeSettings {
             limits: RequestLimits::from(server),
             conn: ConnLimits::from(server),
             max_in_flight: server.max_in_flight,
+            max_connections,
             shutdown_pause: server.shutdown_pause,
             drain_timeout: server.drain_timeout,
         }

@@ -31,6 +31,7 @@ use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
+use super::conns::Inbound;
 use super::front::Front;
 use super::rewrite::ProblemIo;
 use crate::config::ServerConfig;
@@ -58,14 +59,17 @@ impl From<&ServerConfig> for ConnLimits {
 }
 
 /// Serves `front` until `shutdown` completes, then closes the listener and waits
-/// for open connections to finish (the caller bounds that wait).
+/// for open connections to finish (the caller bounds that wait). At most
+/// `inbound`'s cap of connections are open at once ([`Inbound::accept`]).
 ///
 /// # Errors
-/// None today: accept errors (too many open files, say) are logged and retried.
+/// None today: accept errors (too many open files, say) are counted, logged
+/// and retried after a back-off.
 pub async fn serve(
     listener: TcpListener,
     front: Front,
     limits: ConnLimits,
+    inbound: Inbound,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -75,15 +79,7 @@ pub async fn serve(
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(error) => {
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
+            (stream, held) = inbound.accept(&listener) => {
                 let _ = stream.set_nodelay(true);
                 let activity = Arc::new(Activity::default());
                 let service = Watched {
@@ -96,6 +92,8 @@ pub async fn serve(
                 ));
                 let period = limits.header_read_timeout;
                 tokio::spawn(async move {
+                    // The connection's place under the cap, freed with it.
+                    let _held = held;
                     tokio::select! {
                         // Errors here are the client's (reset, bad request).
                         _ = connection => {}

@@ -175,7 +175,26 @@ impl Process {
     /// Starts the binary with extra `PHONES_GATEWAY__*` settings; both listeners
     /// on port 0, their addresses read back from the "listening" line.
     pub async fn start_with(database_url: &str, env: &[(&str, &str)]) -> Process {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_phones-gateway"));
+        Self::start_under(&[], database_url, env).await
+    }
+
+    /// As [`Process::start_with`], the binary started by `wrapper` (a command
+    /// and its arguments that runs the binary in its own process, as
+    /// `prlimit --nofile=256:256` does); no wrapper: the binary itself.
+    pub async fn start_under(
+        wrapper: &[&str],
+        database_url: &str,
+        env: &[(&str, &str)],
+    ) -> Process {
+        let binary = env!("CARGO_BIN_EXE_phones-gateway");
+        let mut command = match wrapper.split_first() {
+            Some((program, arguments)) => {
+                let mut command = Command::new(program);
+                command.args(arguments).arg("--").arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
         command
             .arg("serve")
             .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
