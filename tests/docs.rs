@@ -44,8 +44,15 @@ fn dotted_keys(toml: &str) -> Vec<String> {
     let mut keys = Vec::new();
     for line in toml.lines() {
         let trimmed = line.trim();
-        if let Some(header) = trimmed.strip_prefix('[') {
+        // A commented-out array of tables (`# [[admin.tokens]]`) opens a
+        // section too: its example keys are `admin.tokens.name`, ...
+        let commented_array = trimmed
+            .strip_prefix('#')
+            .map(str::trim_start)
+            .filter(|rest| rest.starts_with("[["));
+        if let Some(header) = trimmed.strip_prefix('[').or(commented_array) {
             section = header
+                .trim_start_matches('[')
                 .split_once(']')
                 .map(|(name, _)| name.trim().to_string())
                 .expect("a section header ends with ]");

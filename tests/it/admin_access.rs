@@ -145,7 +145,7 @@ async fn unauthorized_then_forbidden_then_not_found_or_not_allowed() {
             unreachable!()
         };
         let (_, path, wrong_method) = request_for(row.path);
-        for token in [None, Some("nope"), Some(&OLD[..])] {
+        for token in [None, Some("nope"), Some(OLD)] {
             send(&app, wrong_method.clone(), &path, token)
                 .await
                 .assert_problem(401);

@@ -57,7 +57,7 @@ pub const PUBLIC: &[Row] = &[
 /// Every other row names the scope its caller's token must carry
 /// (docs/admin-access.md): a row cannot want a token without naming one
 /// ([`Access::Token`] holds it), and the OpenAPI document declares it per
-/// operation from here (`openapi::Scopes`).
+/// operation from here (`openapi::RequiredScopes`).
 pub const ADMIN: &[Row] = &[
     Row::token(STATUSES, Scope::StatusesWrite),
     Row::token(STATUS_OF_USER, Scope::StatusesRead),

@@ -235,6 +235,11 @@ pub(super) fn init_logs() {
 
 #[test]
 fn the_scanner_finds_numbers_in_every_disguise() {
+    assert_eq!(
+        leaks_in(&format!("authorization=Bearer {}", crate::SECRETS[1])),
+        ["admin token value SECRETS[1]"],
+        "a token value is a leak too"
+    );
     let finds = |line: &str| !leaks_in(line).is_empty();
     // With `+` and the separators input may use, and more.
     assert_eq!(leaks_in("a +7 916 123-45-67 b"), ["+79161234567"]);
