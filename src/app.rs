@@ -28,6 +28,7 @@ use tokio_util::task::TaskTracker;
 use crate::budget::{self, Budgets};
 use crate::cache::caches::Caches;
 use crate::config::{Config, DatabaseConfig};
+use crate::http::api::access::AdminTokens;
 use crate::http::api::snapshot::Uploads;
 use crate::http::api::state::{AdminState, PublicState};
 use crate::http::api::{admin_router, public_router};
@@ -71,6 +72,8 @@ pub struct App {
     shutting_down: Arc<AtomicBool>,
     /// Cold admission, watched by a background task.
     admission: Arc<crate::resolve::admission::Admission>,
+    /// The admin tokens, whose files a background task re-reads (rotation).
+    tokens: Arc<AdminTokens>,
 }
 
 /// The parts that answer requests, each built from its own section.
@@ -150,11 +153,14 @@ impl App {
         let server = ServeSettings::of(&config.server, max_connections);
         let parts = Parts::build(&config, &database);
         let admission = parts.resolver.admission();
+        // Read now so that a token file that cannot be read stops the start,
+        // naming its key.
+        let tokens = Arc::new(AdminTokens::new(config.admin.read_tokens()?));
         let shutting_down = Arc::new(AtomicBool::new(false));
         let admin_state = AdminState {
             status: parts.status.clone(),
             caches: parts.caches.clone(),
-            token: Arc::new(config.admin.token.clone()),
+            tokens: tokens.clone(),
             shutting_down: shutting_down.clone(),
             metrics,
             reveals: parts.reveals.clone(),
@@ -163,8 +169,10 @@ impl App {
             limits: server.limits,
             snapshot_uploads: Uploads::new(server.limits.max_snapshot_uploads),
         };
-        if config.admin.token.is_empty() {
-            tracing::warn!("admin.token is empty: every /admin/ route answers 401");
+        if tokens.is_empty() {
+            tracing::warn!(
+                "admin.token is empty and no [[admin.tokens]] is set: every /admin/ route answers 401"
+            );
         }
         let (public, admin) = bind(&config).await?;
         let public_state = PublicState {
@@ -189,8 +197,9 @@ impl App {
             admin_front: Front::admin(
                 admin_router(admin_state.clone()),
                 server.limits.max_header_bytes,
-                admin_state.token,
+                admin_state.tokens,
             ),
+            tokens,
             budgets: parts.budgets,
             reveals: parts.reveals,
             status: parts.status,
@@ -266,6 +275,7 @@ impl App {
         self.start_budgets(&background, &loaded);
         background.spawn(crate::telemetry::metrics_upkeep());
         background.spawn_until_stopped(|stop| self.admission.clone().watch(stop));
+        background.spawn(self.tokens.clone().watch());
         self.start_reveals(&background, &loaded);
         let (stop_tx, stop_rx) = watch::channel(false);
         let stopped = |mut rx: watch::Receiver<bool>| async move {

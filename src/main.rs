@@ -99,10 +99,18 @@ fn check_config(file: Option<PathBuf>) -> anyhow::Result<()> {
     for warning in mistyped_environment() {
         eprintln!("phones-gateway: warning: {warning}");
     }
-    if config.admin.token.is_empty() {
+    // The token files, read as `serve` reads them at start.
+    let tokens = match config.admin.read_tokens() {
+        Ok(tokens) => tokens,
+        Err(error) => {
+            eprintln!("phones-gateway: {error}");
+            std::process::exit(2);
+        }
+    };
+    if tokens.is_empty() {
         eprintln!(
-            "phones-gateway: warning: admin.token is empty: every /admin/ route will answer 401 \
-             (set PHONES_GATEWAY__ADMIN__TOKEN)"
+            "phones-gateway: warning: admin.token is empty and no [[admin.tokens]] is set: \
+             every /admin/ route will answer 401 (set PHONES_GATEWAY__ADMIN__TOKEN)"
         );
     }
     println!("configuration ok");

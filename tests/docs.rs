@@ -45,7 +45,8 @@ fn default_keys(toml: &str) -> BTreeMap<String, String> {
                 format!("[{}]", items.join(", "))
             }
             toml::Value::Integer(n) => n.to_string(),
-            toml::Value::Float(x) => x.to_string(),
+            // `2.0` as written, not `2`.
+            toml::Value::Float(x) => format!("{x:?}"),
             toml::Value::Boolean(b) => b.to_string(),
             toml::Value::Datetime(d) => d.to_string(),
             toml::Value::Table(_) => unreachable!("tables are walked"),
@@ -100,8 +101,14 @@ fn commented_out(toml: &str, key: &str) -> bool {
     let (section, leaf) = key.rsplit_once('.').expect("a dotted key");
     let mut current = "";
     toml.lines().any(|line| {
-        if let Some(header) = line.strip_prefix('[') {
-            current = header.trim_end_matches(']');
+        // A commented-out array of tables (`# [[admin.tokens]]`) opens a
+        // section of example keys too.
+        let header = line.strip_prefix('[').or_else(|| {
+            line.strip_prefix("# [[")
+                .map(|rest| rest.trim_start_matches('['))
+        });
+        if let Some(header) = header {
+            current = header.trim_start_matches('[').trim_end_matches(']');
         }
         current == section && line.starts_with(&format!("# {leaf} = "))
     })

@@ -44,7 +44,9 @@ use figment::providers::{Format, Toml};
 use serde::Deserialize;
 
 pub use crate::domain::{OnError, Source};
-pub use admin::AdminConfig;
+pub use admin::{
+    ADMIN_TOKEN_NAME, AdminConfig, AdminToken, NamedTokenConfig, Scope, Scopes, read_token_file,
+};
 pub use breaker::BreakerConfig;
 pub use cache::{CacheConfig, CachesConfig};
 pub use database::DatabaseConfig;
@@ -320,6 +322,7 @@ impl Config {
                      max(anonymous, real_phone + calltracking)",
             );
         }
+        self.admin.validate(&mut found);
         self.database.validate(&mut found);
         self.upstreams.validate(&mut found);
         self.selection.validate(&mut found);

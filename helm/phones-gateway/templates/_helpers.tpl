@@ -130,7 +130,27 @@ The rendered config.toml: .Values.config with whole numbers as integers.
 {{- $_ := set $db "migrate_on_start" false }}
 {{- $_ := set $config "database" $db }}
 {{- end }}
+{{- if .Values.adminTokens }}
+{{- /* Each named token as a file from its Secret (see phones-gateway.tokenDir). */}}
+{{- $admin := get $config "admin" | default dict }}
+{{- $tokens := list }}
+{{- range .Values.adminTokens }}
+{{- $file := printf "%s/%s" (include "phones-gateway.tokenDir" .name) (.secretKey | default "token") }}
+{{- $tokens = append $tokens (dict "name" .name "token_file" $file "scopes" .scopes) }}
+{{- end }}
+{{- $_ := set $admin "tokens" $tokens }}
+{{- $_ := set $config "admin" $admin }}
+{{- end }}
 {{- toToml $config }}
+{{- end }}
+
+{{/*
+Where a named admin token's Secret is mounted (a directory, not a subPath
+file: a subPath mount is never refreshed, so a rotated token would not reach
+the pod).
+*/}}
+{{- define "phones-gateway.tokenDir" -}}
+{{- printf "/var/run/secrets/phones-gateway/%s" . }}
 {{- end }}
 
 {{/*
@@ -168,6 +188,25 @@ Refuses values that would deploy something broken or leak a secret.
 {{- define "phones-gateway.validate" -}}
 {{- if dig "admin" "token" "" .Values.config }}
 {{- fail "config.admin.token must stay empty: put the token in a Secret and set adminToken.secretName (the ConfigMap is not secret)" }}
+{{- end }}
+{{- if dig "admin" "tokens" (list) .Values.config }}
+{{- fail "config.admin.tokens must stay empty: list named tokens in adminTokens, each from its own Secret (the ConfigMap is not secret)" }}
+{{- end }}
+{{- $names := list }}
+{{- range .Values.adminTokens }}
+{{- if not (regexMatch "^[a-z0-9_-]{1,64}$" (toString .name)) }}
+{{- fail (printf "adminTokens: name %q must be 1 to 64 of a-z 0-9 - _" (toString .name)) }}
+{{- end }}
+{{- if has .name $names }}
+{{- fail (printf "adminTokens: name %q is listed twice" .name) }}
+{{- end }}
+{{- $names = append $names .name }}
+{{- if not .existingSecret }}
+{{- fail (printf "adminTokens %s: existingSecret must name the Secret holding its token" .name) }}
+{{- end }}
+{{- if not .scopes }}
+{{- fail (printf "adminTokens %s: scopes must list what it may do" .name) }}
+{{- end }}
 {{- end }}
 {{- $dbUrl := toString (dig "database" "url" "" .Values.config) }}
 {{- if and $dbUrl (not (hasPrefix "sqlite:" $dbUrl)) }}

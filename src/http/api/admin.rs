@@ -1,17 +1,17 @@
 //! The admin API (docs/api.md): status sync, status lookup, cache invalidation, behind
-//! a bearer token; and the operations routes (health, readiness, metrics), open.
-//! The token is checked by the listener's front (`server::front`) for every
-//! other path (`paths::RouteId::needs_token`), the API descriptions and unknown
-//! paths included, before routing, so a caller without it learns nothing (not
-//! which routes or methods exist).
+//! a bearer token with the route's scope; and the operations routes (health,
+//! readiness, metrics), open. The token is checked by the listener's front
+//! (`server::front`, with `access::AdminTokens`) for every other path
+//! (`paths::RouteId::needs_token`), the API descriptions and unknown paths
+//! included, before routing, so a caller without it learns nothing (not which
+//! routes or methods exist).
 
 use std::sync::atomic::Ordering;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use subtle::ConstantTimeEq;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem};
@@ -19,7 +19,6 @@ use super::extract::{Json, Path, field_error, require_json};
 use super::paths;
 use super::state::AdminState;
 use super::{durations, snapshot};
-use crate::config::Secret;
 use crate::domain::Applied;
 use crate::domain::StatusItem;
 use crate::domain::UserId;
@@ -28,20 +27,6 @@ use crate::domain::UserId;
 pub const MAX_WEBHOOK_ITEMS: usize = 10_000;
 /// Sellers one invalidation may name.
 pub const MAX_INVALIDATE_IDS: usize = 10_000;
-
-/// Whether `headers` carry the configured bearer token; with no token
-/// configured, never. The comparison is constant-time in the token's contents
-/// (its length may leak, which says little about a random token).
-pub fn has_token(expected: &Secret, headers: &HeaderMap) -> bool {
-    let expected = expected.expose().as_bytes();
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
-    match given {
-        Some(given) => !expected.is_empty() && bool::from(given.ct_eq(expected)),
-        None => false,
-    }
-}
 
 #[derive(Deserialize, ToSchema)]
 pub struct WebhookBody {

@@ -31,6 +31,8 @@ pub enum ApiError {
     /// The client sent its body too slowly.
     RequestTimeout,
     Unauthorized,
+    /// A valid admin token without the route's scope; the detail names it.
+    Forbidden(crate::config::Scope),
     /// The resource is busy with another request.
     Conflict(&'static str),
     TooManyRequests {
@@ -72,6 +74,7 @@ impl ApiError {
             ApiError::HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -95,6 +98,9 @@ impl ApiError {
             }
             ApiError::RequestTimeout => "the body was not received in time".into(),
             ApiError::Unauthorized => "a valid bearer token is required".into(),
+            ApiError::Forbidden(scope) => {
+                format!("this token lacks the scope {scope}, which this route needs")
+            }
             ApiError::TooManyRequests { .. } => "rate limit exceeded".into(),
             ApiError::Conflict(detail) => (*detail).into(),
             ApiError::Unavailable { detail } => (*detail).into(),

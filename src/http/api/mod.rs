@@ -21,12 +21,13 @@
 //! Imports go one way, down from this file (the routers) and the route
 //! table ([`routes`]) through the handlers ([`public`], [`admin`],
 //! [`reveals`], [`profile`], and [`openapi`] above those it describes) to
-//! what they all read: the extractors ([`extract`]), the problem documents
+//! what they all read: the admin tokens and their record ([`access`]), the extractors ([`extract`]), the problem documents
 //! ([`error`]), the listeners' states ([`state`]), the request limits
 //! ([`limits`]), the rows and paths ([`paths`]) and the duration histogram
 //! ([`durations`]). Nothing below reads what is above it, this file included
 //! (`tests/arrows.rs` holds it).
 
+pub mod access;
 pub mod admin;
 pub mod budget;
 pub mod durations;

@@ -7,7 +7,7 @@ use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{admin, error, profile, public, reveals};
+use super::{admin, error, paths, profile, public, reveals};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -59,7 +59,7 @@ pub struct PublicApi;
         crate::domain::Applied,
         error::Problem
     )),
-    modifiers(&Bearer, &ProblemContentType)
+    modifiers(&Bearer, &RequiredScopes, &ProblemContentType)
 )]
 pub struct AdminApi;
 
@@ -103,10 +103,78 @@ struct Bearer;
 impl Modify for Bearer {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         if let Some(components) = openapi.components.as_mut() {
-            components.add_security_scheme(
-                "bearer",
-                SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
-            );
+            let mut http = Http::new(HttpAuthScheme::Bearer);
+            http.description = Some(BEARER_DESCRIPTION.to_owned());
+            components.add_security_scheme("bearer", SecurityScheme::Http(http));
+        }
+    }
+}
+
+/// How the document declares scopes: an OpenAPI 3 bearer scheme has none (only
+/// OAuth2 and OpenID Connect schemes do), so each operation names its scope in
+/// the extension [`SCOPE_EXTENSION`] and in its description.
+const BEARER_DESCRIPTION: &str = "An admin token (admin.token, or a named \
+    [[admin.tokens]] entry). Each operation needs its token to carry the scope \
+    named by its x-required-scope extension (and in its description); a valid \
+    token without it gets 403. docs/admin-access.md.";
+
+/// The operation extension naming the scope a route needs.
+pub const SCOPE_EXTENSION: &str = "x-required-scope";
+
+/// Each admin operation's scope, from the route table (`paths::ADMIN`): the
+/// bearer requirement, the `x-required-scope` extension, a line of its
+/// description and its 403 answer. Before [`ProblemContentType`]: the 403 is
+/// added as the other errors are written.
+struct RequiredScopes;
+
+impl Modify for RequiredScopes {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::extensions::ExtensionsBuilder;
+        use utoipa::openapi::security::SecurityRequirement;
+        use utoipa::openapi::{Content, Ref, ResponseBuilder};
+        for row in paths::ADMIN {
+            let paths::Access::Token(scope) = row.access else {
+                continue;
+            };
+            let Some(item) = openapi.paths.paths.get_mut(row.path) else {
+                continue;
+            };
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.head,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                operation.security = Some(vec![SecurityRequirement::new(
+                    "bearer",
+                    Vec::<String>::new(),
+                )]);
+                let extension = ExtensionsBuilder::new()
+                    .add(SCOPE_EXTENSION, scope.as_str())
+                    .build();
+                match &mut operation.extensions {
+                    Some(extensions) => extensions.merge(extension),
+                    None => operation.extensions = Some(extension),
+                }
+                let line = format!("Needs a token with the scope `{scope}`.");
+                operation.description = Some(match operation.description.take() {
+                    Some(text) if !text.is_empty() => format!("{text}\n\n{line}"),
+                    _ => line,
+                });
+                operation.responses.responses.insert(
+                    "403".to_owned(),
+                    ResponseBuilder::new()
+                        .description(format!("A valid token without the scope {scope}"))
+                        .content(
+                            "application/json",
+                            Content::new(Some(Ref::from_schema_name("Problem"))),
+                        )
+                        .into(),
+                );
+            }
         }
     }
 }
@@ -124,7 +192,6 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::http::api::paths;
 
     fn paths(api: &utoipa::openapi::OpenApi) -> BTreeSet<&str> {
         api.paths.paths.keys().map(String::as_str).collect()
@@ -146,6 +213,36 @@ mod tests {
         assert_eq!(paths(&public), documented(paths::PUBLIC));
         let admin = AdminApi::openapi();
         assert_eq!(paths(&admin), documented(paths::ADMIN));
+    }
+
+    /// docs/admin-access.md: every operation behind a token declares the
+    /// bearer scheme and its route's scope; the open ones neither.
+    #[test]
+    fn each_admin_operation_declares_its_scope() {
+        let json = serde_json::to_value(AdminApi::openapi()).unwrap();
+        let mut scoped = 0;
+        for row in paths::ADMIN.iter().filter(|r| r.documented) {
+            for (method, op) in json["paths"][row.path].as_object().unwrap() {
+                match row.access {
+                    paths::Access::Token(scope) => {
+                        scoped += 1;
+                        assert_eq!(op[SCOPE_EXTENSION], scope.as_str(), "{method} {}", row.path);
+                        assert_eq!(op["security"], serde_json::json!([{"bearer": []}]));
+                        assert!(op["description"].as_str().unwrap().contains(scope.as_str()));
+                        assert_eq!(
+                            op["responses"]["403"]["content"]["application/problem+json"]["schema"]
+                                ["$ref"],
+                            "#/components/schemas/Problem"
+                        );
+                    }
+                    paths::Access::Open => {
+                        assert!(op.get(SCOPE_EXTENSION).is_none(), "{}", row.path);
+                        assert!(op["responses"].get("403").is_none(), "{}", row.path);
+                    }
+                }
+            }
+        }
+        assert_eq!(scoped, 7);
     }
 
     #[test]

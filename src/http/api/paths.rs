@@ -24,6 +24,8 @@
 //! own state type (`PublicState`, `AdminState`), so a row's handlers are typed
 //! by the table they are in, and a handler cannot land on the wrong listener.
 
+use crate::config::Scope;
+
 pub const PUBLIC_PHONE: &str = "/v1/public-phone";
 pub const BATCH: &str = "/v1/public-phones/batch";
 
@@ -51,25 +53,31 @@ pub const PUBLIC: &[Row] = &[
 /// metrics) are open; the admin API's description wants the token like every
 /// admin route, so a caller without it learns nothing of what the listener
 /// offers. The public API's is on the public listener.
+///
+/// Every other row names the scope its caller's token must carry
+/// (docs/admin-access.md): a row cannot want a token without naming one
+/// ([`Access::Token`] holds it), and the OpenAPI document declares it per
+/// operation from here (`openapi::RequiredScopes`).
 pub const ADMIN: &[Row] = &[
-    Row::token(STATUSES),
-    Row::token(STATUS_OF_USER),
-    Row::token(INVALIDATE),
-    Row::token(PROFILE),
-    Row::token(REVEALS),
-    Row::token(REVEALS_OF_AD),
+    Row::token(STATUSES, Scope::StatusesWrite),
+    Row::token(STATUS_OF_USER, Scope::StatusesRead),
+    Row::token(INVALIDATE, Scope::CacheInvalidate),
+    Row::token(PROFILE, Scope::Debug),
+    Row::token(REVEALS, Scope::RevealsRead),
+    Row::token(REVEALS_OF_AD, Scope::RevealsRead),
     Row::open(HEALTHZ),
     Row::open(READYZ),
     Row::open(METRICS),
-    Row::token(OPENAPI_ADMIN).undocumented(),
+    Row::token(OPENAPI_ADMIN, Scope::Debug).undocumented(),
 ];
 
 /// Who may call a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
     Open,
-    /// The admin bearer token, checked by the front before routing.
-    Token,
+    /// An admin bearer token carrying this scope, checked by the front before
+    /// routing.
+    Token(Scope),
 }
 
 /// One row of a table: a route, as the front, the duration histogram and the
@@ -92,9 +100,9 @@ impl Row {
         }
     }
 
-    const fn token(path: &'static str) -> Self {
+    const fn token(path: &'static str, scope: Scope) -> Self {
         Row {
-            access: Access::Token,
+            access: Access::Token(scope),
             ..Row::open(path)
         }
     }
@@ -180,10 +188,24 @@ impl RouteId {
     /// (docs/api.md): every row but those marked [`Access::Open`], and every
     /// unmatched path, so that without the token no 404 or 405 tells what exists.
     pub fn needs_token(self) -> bool {
-        match self.0.checked_sub(PUBLIC.len()).and_then(|i| ADMIN.get(i)) {
-            Some(route) => route.access == Access::Token,
+        match self.admin_row() {
+            Some(route) => route.access != Access::Open,
             None => true,
         }
+    }
+
+    /// The scope a request on the admin listener for this row needs its token
+    /// to carry; `None` for the open rows and for unmatched paths (any valid
+    /// token, then a 404 or 405).
+    pub fn scope(self) -> Option<Scope> {
+        match self.admin_row()?.access {
+            Access::Token(scope) => Some(scope),
+            Access::Open => None,
+        }
+    }
+
+    fn admin_row(self) -> Option<&'static Row> {
+        self.0.checked_sub(PUBLIC.len()).and_then(|i| ADMIN.get(i))
     }
 }
 
@@ -240,6 +262,31 @@ mod tests {
         assert_eq!(RouteId::public(OPENAPI_PUBLIC).label(), OPENAPI_PUBLIC);
         assert!(needs("/administrator") && needs("/nothing") && needs(""));
         assert!(!needs(HEALTHZ) && !needs(READYZ) && !needs(METRICS));
+    }
+
+    /// docs/admin-access.md: the scope of each admin route, and every scope
+    /// used by some route.
+    #[test]
+    fn each_admin_route_needs_its_scope() {
+        let scope = |path: &str| RouteId::admin(path).scope();
+        assert_eq!(scope(STATUSES), Some(Scope::StatusesWrite));
+        assert_eq!(
+            scope("/admin/v1/calltracking/statuses/42"),
+            Some(Scope::StatusesRead)
+        );
+        assert_eq!(scope(INVALIDATE), Some(Scope::CacheInvalidate));
+        assert_eq!(scope(REVEALS), Some(Scope::RevealsRead));
+        assert_eq!(scope("/admin/v1/ads/7/reveals"), Some(Scope::RevealsRead));
+        assert_eq!(scope(PROFILE), Some(Scope::Debug));
+        assert_eq!(scope(OPENAPI_ADMIN), Some(Scope::Debug));
+        assert_eq!(scope("/admin/nothing"), None);
+        assert_eq!(scope(HEALTHZ), None);
+        for wanted in Scope::ALL {
+            assert!(
+                ADMIN.iter().any(|r| r.access == Access::Token(wanted)),
+                "{wanted} guards no route"
+            );
+        }
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The reveal log's admin routes (docs/api.md#the-reveal-log): a seller's or a viewer's reveals,
 //! newest first in keyset pages, and an ad's counts over every replica. Both
-//! answer 404 when `reveals.enabled` is false.
+//! answer 404 when `reveals.enabled` is false. Each read is logged at INFO with
+//! the caller's token name and the subject asked about (docs/admin-access.md).
 
+use axum::Extension;
 use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -9,6 +11,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use utoipa::ToSchema;
 
+use super::access::{self, Caller};
 use super::error::{ApiError, Problem};
 use super::extract::{Path, field_error};
 use super::paths;
@@ -79,12 +82,23 @@ pub struct AdReveals {
 )]
 pub async fn list(
     State(state): State<AdminState>,
+    caller: Option<Extension<Caller>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     if state.reveals.is_none() {
         return Err(ApiError::RouteNotFound);
     }
     let query = parse_query(query.as_deref().unwrap_or_default())?;
+    // Who read whose history is itself on record (docs/admin-access.md).
+    let token = name_of(caller.as_ref());
+    match &query.of {
+        RevealsOf::Seller(user) => {
+            tracing::info!(token, user_id = %user, "reveal log read");
+        }
+        RevealsOf::Viewer(viewer) => {
+            tracing::info!(token, viewer = viewer.as_str(), "reveal log read");
+        }
+    }
     // One more than asked tells whether there is a next page.
     let limit = query.limit;
     let mut rows = state
@@ -121,12 +135,15 @@ pub async fn list(
 )]
 pub async fn ad_counts(
     State(state): State<AdminState>,
+    caller: Option<Extension<Caller>>,
     Path(ad_id): Path<String>,
 ) -> Result<Response, ApiError> {
     if state.reveals.is_none() {
         return Err(ApiError::RouteNotFound);
     }
     let ad = AdId::parse(&ad_id).map_err(|e| field_error("ad_id", e))?;
+    let token = name_of(caller.as_ref());
+    tracing::info!(token, ad_id = %ad, "reveal log read");
     let counts = state.reveal_store.ad_reveal_counts(ad).await?;
     Ok(axum::Json(AdReveals {
         ad_id: ad,
@@ -138,6 +155,12 @@ pub async fn ad_counts(
         },
     })
     .into_response())
+}
+
+/// The caller's token name, as the admin front handed it over; `"none"` for
+/// a router run without the front.
+fn name_of(caller: Option<&Extension<Caller>>) -> &str {
+    caller.map_or(access::NO_TOKEN, |Extension(caller)| &caller.name)
 }
 
 fn item(row: StoredReveal) -> RevealItem {

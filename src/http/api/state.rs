@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use super::access::AdminTokens;
 use super::limits::RequestLimits;
 use super::snapshot::Uploads;
 use crate::budget::Budgets;
 use crate::cache::caches::Caches;
-use crate::config::Secret;
 use crate::resolve::Resolver;
 use crate::reveals::Reveals;
 use crate::status::StatusService;
@@ -44,7 +44,7 @@ impl axum::extract::FromRef<PublicState> for RequestLimits {
 }
 
 /// What the admin routes may reach: the write side of the status set, the caches
-/// (to invalidate), the reveal log, the token, readiness and the metrics
+/// (to invalidate), the reveal log, the tokens, readiness and the metrics
 /// renderer. Not the resolver: nothing on the admin listener looks a number up.
 #[derive(Clone)]
 pub struct AdminState {
@@ -56,10 +56,12 @@ pub struct AdminState {
     /// This replica's number caches, for their gauges on `/metrics` (an
     /// invalidation reaches them through `status`, which tells the fleet).
     pub caches: Caches,
-    /// The admin bearer token (`admin.token`). No handler reads it: the admin
-    /// listener's front checks it before routing, and `App::build` hands it
-    /// over from here, so the state and the front hold the same one.
-    pub token: Arc<Secret>,
+    /// The admin tokens (`admin.token`, `[[admin.tokens]]`). No handler reads
+    /// them: the admin listener's front checks them before routing (and hands
+    /// the handlers the caller's name), `App::build` hands them over from here
+    /// so the state and the front hold the same set, and the app's background
+    /// task re-reads their files.
+    pub tokens: Arc<AdminTokens>,
     /// Set when shutdown begins: `/readyz` then answers 503, so the load
     /// balancer stops sending traffic before the listeners close.
     pub shutting_down: Arc<AtomicBool>,

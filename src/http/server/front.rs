@@ -1,8 +1,10 @@
 //! What a listener runs for every request, around the router: request tracking
 //! (an id, a span, a duration by route and status) and admission (on the admin
 //! listener the token, checked first for every path but health, readiness and
-//! metrics so that without it nothing, not even a 404 or 405, tells what exists; the header
-//! limit; and shedding on the public listener). The public lookup, the request a
+//! metrics so that without it nothing, not even a 404 or 405, tells what exists,
+//! then the route's scope, so a token without it gets a 403 before any 404 or
+//! 405 of that route; every such call put on record by `access::record`; the
+//! header limit; and shedding on the public listener). The public lookup, the request a
 //! sale day is made of, is answered here without the router.
 //!
 //! A request's path is matched against the route table once, here
@@ -28,8 +30,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::shed::Shed;
-use crate::config::Secret;
-use crate::http::api::admin;
+use crate::http::api::access::{self, AdminTokens, Caller};
 use crate::http::api::durations;
 use crate::http::api::error::ApiError;
 use crate::http::api::paths::{PUBLIC_PHONE as PUBLIC_PHONE_PATH, RouteId};
@@ -62,8 +63,9 @@ struct Inner {
     route_of: fn(&str) -> RouteId,
     /// Set on the public listener: `GET /v1/public-phone` is answered directly.
     lookup: Option<PublicState>,
-    /// Set on the admin listener: the bearer token every `/admin/` path needs.
-    token: Option<Arc<Secret>>,
+    /// Set on the admin listener: the bearer tokens, one of which every
+    /// `/admin/` path needs (with the route's scope).
+    tokens: Option<Arc<AdminTokens>>,
     /// `tracing.sample_ratio` when `tracing.otlp_endpoint` is set: a sampled
     /// request's span is exported. Otherwise (and for unsampled requests) the
     /// span is the log's alone and the trace headers wait for an upstream call.
@@ -92,15 +94,15 @@ impl Front {
         )
     }
 
-    /// The admin listener: the token on `/admin/` paths, the header limit, never
+    /// The admin listener: the tokens on `/admin/` paths, the header limit, never
     /// shed.
-    pub fn admin(router: Router, max_header_bytes: usize, token: Arc<Secret>) -> Self {
+    pub fn admin(router: Router, max_header_bytes: usize, tokens: Arc<AdminTokens>) -> Self {
         Front::new(
             router,
             Shed::unlimited(max_header_bytes),
             RouteId::admin,
             None,
-            Some(token),
+            Some(tokens),
             None,
         )
     }
@@ -110,7 +112,7 @@ impl Front {
         shed: Shed,
         route_of: fn(&str) -> RouteId,
         lookup: Option<PublicState>,
-        token: Option<Arc<Secret>>,
+        tokens: Option<Arc<AdminTokens>>,
         export_ratio: Option<f64>,
     ) -> Self {
         Front {
@@ -119,7 +121,7 @@ impl Front {
                 shed,
                 route_of,
                 lookup,
-                token,
+                tokens,
                 export_ratio,
             }),
         }
@@ -129,14 +131,42 @@ impl Front {
 impl Inner {
     /// Admission, then the answer: the lookup directly, anything else by the router.
     /// Takes the `Arc` so the future holds nothing twice (it is boxed per request).
-    async fn admit(self: Arc<Self>, request: Request, route: RouteId) -> Response {
+    async fn admit(self: Arc<Self>, mut request: Request, route: RouteId) -> Response {
         // docs/api.md: the token before anything else, whatever the method and whether
-        // or not the route exists.
-        if let Some(token) = &self.token {
-            if route.needs_token() && !admin::has_token(token, request.headers()) {
-                return ApiError::Unauthorized.into_response();
+        // or not the route exists; then the route's scope, before its 404 or 405.
+        if let Some(tokens) = &self.tokens {
+            if route.needs_token() {
+                let method = request.method().clone();
+                let (name, response) = match tokens.check(request.headers()) {
+                    None => (
+                        access::NO_TOKEN.into(),
+                        ApiError::Unauthorized.into_response(),
+                    ),
+                    Some(id) => {
+                        let name = tokens.name(id).clone();
+                        match route.scope() {
+                            Some(scope) if !tokens.allows(id, scope) => {
+                                (name, ApiError::Forbidden(scope).into_response())
+                            }
+                            _ => {
+                                request
+                                    .extensions_mut()
+                                    .insert(Caller { name: name.clone() });
+                                (name, self.answer(request).await)
+                            }
+                        }
+                    }
+                };
+                access::record(&name, &method, route.label(), response.status().as_u16());
+                return response;
             }
         }
+        self.answer(request).await
+    }
+
+    /// Admission past the token, then the answer: the lookup directly,
+    /// anything else by the router.
+    async fn answer(&self, request: Request) -> Response {
         if let Err(refused) = self.shed.check_head(&request) {
             return refused.into_response();
         }

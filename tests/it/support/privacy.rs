@@ -1,6 +1,6 @@
 //! The privacy scanner (docs/README.md#privacy): every log line the test binary
 //! writes, in the text and the JSON format, at trace level for the crate, is read
-//! as it is written and every full phone number found is recorded; `TestApp`'s
+//! as it is written and every full phone number (and admin token value) found is recorded; `TestApp`'s
 //! drop (and `Process`'s for the binary's own output) fails the test on any leak
 //! recorded so far.
 
@@ -43,9 +43,17 @@ fn percent_decoded(text: &str) -> String {
 ///   `7916*****67`);
 ///
 /// each in the line as written and percent-decoded (`%2B7916...`).
+///
+/// And any admin token value the tests configure (`crate::SECRETS`), named by
+/// its position in that list, never quoted.
 pub fn leaks_in(line: &str) -> Vec<String> {
     let decoded = percent_decoded(line);
     let mut found = Vec::new();
+    for (i, secret) in crate::SECRETS.iter().enumerate() {
+        if line.contains(secret) || decoded.contains(secret) {
+            found.push(format!("admin token value SECRETS[{i}]"));
+        }
+    }
     for text in [line, decoded.as_str()] {
         let mut chars: Vec<char> = text.chars().collect();
         // A lone `*` (no digit or `*` beside it) is an operator, as in the SQL
@@ -227,6 +235,11 @@ pub(super) fn init_logs() {
 
 #[test]
 fn the_scanner_finds_numbers_in_every_disguise() {
+    assert_eq!(
+        leaks_in(&format!("authorization=Bearer {}", crate::SECRETS[1])),
+        ["admin token value SECRETS[1]"],
+        "a token value is a leak too"
+    );
     let finds = |line: &str| !leaks_in(line).is_empty();
     // With `+` and the separators input may use, and more.
     assert_eq!(leaks_in("a +7 916 123-45-67 b"), ["+79161234567"]);

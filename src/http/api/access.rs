@@ -1,0 +1,288 @@
+//! Who may call the admin API (docs/admin-access.md): the token set the admin
+//! listener's front checks before routing ([`AdminTokens::check`]), the caller
+//! it hands the handlers ([`Caller`]), what every admin call leaves on record
+//! ([`record`]), and the poller that re-reads token files so a token is
+//! replaced without a restart ([`AdminTokens::watch`]).
+//!
+//! The names, scopes and files are fixed at start; only the values change
+//! (rotation), so they sit in one [`ArcSwap`] that the check loads once per
+//! request (a few nanoseconds, no lock) and the poller swaps whole: a new value
+//! works, and the old one stops, at the same store.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use axum::http::{HeaderMap, Method, header};
+use subtle::{ConditionallySelectable, ConstantTimeEq};
+
+use crate::config::{AdminToken, Scope, Scopes, Secret, read_token_file};
+
+/// How often token files are read again: a rotated value works within this
+/// (the contract says within 10 s).
+pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+
+/// The `token` label and log field of a call without a known token.
+pub const NO_TOKEN: &str = "none";
+
+/// The admin listener's tokens.
+pub struct AdminTokens {
+    /// One per token, fixed at start.
+    entries: Box<[Entry]>,
+    /// The current values, by entry (swapped whole by [`AdminTokens::reload`]).
+    values: ArcSwap<Vec<Secret>>,
+}
+
+struct Entry {
+    name: Arc<str>,
+    scopes: Scopes,
+    file: Option<PathBuf>,
+    /// Whether the last read of `file` failed (so a failure is logged once
+    /// when it begins and once when it ends, not every poll).
+    failing: AtomicBool,
+}
+
+/// The caller of an admin route, as the front found it: handlers that put
+/// who asked on record (the reveal log's) take it from the request's
+/// extensions.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The token's name (`admin.token` for the token with every scope); never
+    /// its value.
+    pub name: Arc<str>,
+}
+
+impl AdminTokens {
+    /// The tokens read at start (`AdminConfig::read_tokens`).
+    pub fn new(tokens: Vec<AdminToken>) -> Self {
+        let values = tokens.iter().map(|t| t.value.clone()).collect();
+        let entries = tokens
+            .into_iter()
+            .map(|t| Entry {
+                name: t.name.into(),
+                scopes: t.scopes,
+                file: t.file,
+                failing: AtomicBool::new(false),
+            })
+            .collect();
+        AdminTokens {
+            entries,
+            values: ArcSwap::from_pointee(values),
+        }
+    }
+
+    /// Whether no token is configured (every admin route answers 401).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The entry whose token `headers` carry as `Authorization: Bearer`, if
+    /// any. Every entry is compared, each in constant time in its contents,
+    /// and the match is selected without a branch, so the time taken says
+    /// neither which entry matched nor how much of a token was right (only the
+    /// lengths may show, which say little about random tokens).
+    pub fn check(&self, headers: &HeaderMap) -> Option<TokenId> {
+        let given = headers
+            .get(header::AUTHORIZATION)?
+            .as_bytes()
+            .strip_prefix(b"Bearer ")?;
+        let values = self.values.load();
+        let mut found = u32::MAX;
+        for (i, value) in values.iter().enumerate() {
+            // At most a handful of entries: the index fits.
+            #[allow(clippy::cast_possible_truncation)]
+            found.conditional_assign(&(i as u32), given.ct_eq(value.expose().as_bytes()));
+        }
+        (found != u32::MAX).then_some(TokenId(found as usize))
+    }
+
+    /// The token's name.
+    pub fn name(&self, id: TokenId) -> &Arc<str> {
+        &self.entries[id.0].name
+    }
+
+    /// Whether the token carries `scope`.
+    pub fn allows(&self, id: TokenId, scope: Scope) -> bool {
+        self.entries[id.0].scopes.contains(scope)
+    }
+
+    /// Re-reads the token files every [`RELOAD_INTERVAL`], forever (the app's
+    /// background tasks stop it).
+    pub async fn watch(self: Arc<Self>) {
+        if self.entries.iter().all(|e| e.file.is_none()) {
+            return;
+        }
+        loop {
+            tokio::time::sleep(RELOAD_INTERVAL).await;
+            let tokens = self.clone();
+            // Blocking file reads, off the workers.
+            let read = tokio::task::spawn_blocking(move || tokens.reload()).await;
+            if let Err(error) = read {
+                tracing::error!(%error, "admin token reload task failed");
+            }
+        }
+    }
+
+    /// Reads every token file once; swaps in the set with each changed value.
+    /// A file that cannot be read or is empty, or that now holds another
+    /// entry's token, keeps its last good value, said by a log line and
+    /// `phones_gateway_admin_token_reload_errors_total{name}`.
+    pub fn reload(&self) {
+        let current = self.values.load_full();
+        let mut next: Vec<Secret> = current.as_ref().clone();
+        let mut changed = Vec::new();
+        for (i, entry) in self.entries.iter().enumerate() {
+            let Some(file) = &entry.file else { continue };
+            let refused = match read_token_file(file) {
+                Err(reason) => Some(reason),
+                Ok(value) if value.expose() == next[i].expose() => None,
+                Ok(value) => {
+                    let shared = next
+                        .iter()
+                        .enumerate()
+                        .any(|(j, other)| j != i && other.expose() == value.expose());
+                    if shared {
+                        Some(format!(
+                            "{} now holds the token of another entry",
+                            file.display()
+                        ))
+                    } else {
+                        next[i] = value;
+                        changed.push(i);
+                        None
+                    }
+                }
+            };
+            match refused {
+                Some(reason) => {
+                    metrics::counter!(
+                        "phones_gateway_admin_token_reload_errors_total",
+                        "name" => entry.name.to_string()
+                    )
+                    .increment(1);
+                    if !entry.failing.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            token = &*entry.name,
+                            reason,
+                            "admin token file unusable; keeping its last good value"
+                        );
+                    }
+                }
+                None => {
+                    if entry.failing.swap(false, Ordering::Relaxed) {
+                        tracing::info!(token = &*entry.name, "admin token file readable again");
+                    }
+                }
+            }
+        }
+        if changed.is_empty() {
+            return;
+        }
+        self.values.store(Arc::new(next));
+        for i in changed {
+            let name = &*self.entries[i].name;
+            metrics::counter!("phones_gateway_admin_token_rotations_total", "name" => name.to_owned())
+                .increment(1);
+            tracing::info!(
+                token = name,
+                "admin token rotated: the new value works, the previous one no longer"
+            );
+        }
+    }
+}
+
+/// An entry of [`AdminTokens`], found by [`AdminTokens::check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenId(usize);
+
+/// Puts an admin call on record: a log line with the token's name (never its
+/// value; [`NO_TOKEN`] without a known one), the route and the status, and
+/// `phones_gateway_admin_requests_total{token,route,status}`.
+pub fn record(token: &str, method: &Method, route: &'static str, status: u16) {
+    tracing::info!(token, %method, route, status, "admin call");
+    metrics::counter!(
+        "phones_gateway_admin_requests_total",
+        "token" => token.to_owned(),
+        "route" => route,
+        "status" => status.to_string()
+    )
+    .increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn token(name: &str, value: &str, scopes: Scopes) -> AdminToken {
+        AdminToken {
+            name: name.into(),
+            value: Secret::new(value),
+            scopes,
+            file: None,
+        }
+    }
+
+    fn bearer(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+        headers
+    }
+
+    #[test]
+    fn the_check_finds_the_entry_and_nothing_else() {
+        let tokens = AdminTokens::new(vec![
+            token("admin.token", "every-scope", Scopes::ALL),
+            token("sync", "sync-token", Scopes::of([Scope::StatusesWrite])),
+        ]);
+        let sync = tokens.check(&bearer("Bearer sync-token")).unwrap();
+        assert_eq!(&**tokens.name(sync), "sync");
+        assert!(tokens.allows(sync, Scope::StatusesWrite));
+        assert!(!tokens.allows(sync, Scope::RevealsRead));
+        let all = tokens.check(&bearer("Bearer every-scope")).unwrap();
+        assert_eq!(&**tokens.name(all), "admin.token");
+        for refused in [
+            "Bearer sync-toke",
+            "Bearer sync-tokenn",
+            "Bearer ",
+            "bearer sync-token",
+            "sync-token",
+            "Basic sync-token",
+        ] {
+            assert_eq!(tokens.check(&bearer(refused)), None, "{refused}");
+        }
+        assert_eq!(tokens.check(&HeaderMap::new()), None);
+        assert!(AdminTokens::new(vec![]).check(&bearer("Bearer ")).is_none());
+    }
+
+    #[test]
+    fn a_reload_swaps_the_value_and_keeps_it_when_the_file_fails() {
+        let dir = std::env::temp_dir().join(format!("pg-access-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("sync");
+        std::fs::write(&file, "one\n").unwrap();
+        let mut entry = token("sync", "one", Scopes::of([Scope::StatusesWrite]));
+        entry.file = Some(file.clone());
+        let tokens = AdminTokens::new(vec![token("other", "other", Scopes::ALL), entry]);
+        std::fs::write(&file, "two").unwrap();
+        tokens.reload();
+        assert!(tokens.check(&bearer("Bearer two")).is_some());
+        assert!(tokens.check(&bearer("Bearer one")).is_none());
+        for bad in ["", "\n"] {
+            std::fs::write(&file, bad).unwrap();
+            tokens.reload();
+            assert!(tokens.check(&bearer("Bearer two")).is_some());
+        }
+        std::fs::write(&file, "other").unwrap();
+        tokens.reload();
+        let other = tokens.check(&bearer("Bearer other")).unwrap();
+        assert_eq!(&**tokens.name(other), "other", "a shared value is refused");
+        assert!(tokens.check(&bearer("Bearer two")).is_some());
+        std::fs::remove_file(&file).unwrap();
+        tokens.reload();
+        assert!(tokens.check(&bearer("Bearer two")).is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,408 @@
+//! docs/admin-access.md: named tokens and their scopes against every admin
+//! route (a table over the route table), the order of 401, 403, 404 and 405,
+//! a token file rotated under the running app, what every admin call leaves on
+//! record, and the start-up refusals.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use phones_gateway::config::Scope;
+use phones_gateway::http::api::paths::{self, Access};
+use reqwest::Method;
+
+use crate::support::paths::{METRICS, REVEALS, STATUSES, ad_reveals_path, status_path};
+use crate::support::{TestApp, captured_logs, eventually};
+
+pub const STATUSES_READ: &str = "tok-statuses-read-5e1f0c";
+pub const STATUSES_WRITE: &str = "tok-statuses-write-9a3b2d";
+pub const CACHE_INVALIDATE: &str = "tok-cache-invalidate-71c4e8";
+pub const REVEALS_READ: &str = "tok-reveals-read-3d9f6a";
+pub const DEBUG: &str = "tok-debug-b28e17";
+pub const NO_SCOPE: &str = "tok-no-scope-60da4c";
+/// A rotated token's value before and after.
+pub const OLD: &str = "tok-rotating-old-c7a1e3";
+pub const NEW: &str = "tok-rotating-new-f04b9d";
+
+/// One token per scope, and one with none.
+fn one_token_per_scope() -> String {
+    let mut toml = String::new();
+    for (scope, value) in [
+        (Some(Scope::StatusesRead), STATUSES_READ),
+        (Some(Scope::StatusesWrite), STATUSES_WRITE),
+        (Some(Scope::CacheInvalidate), CACHE_INVALIDATE),
+        (Some(Scope::RevealsRead), REVEALS_READ),
+        (Some(Scope::Debug), DEBUG),
+        (None, NO_SCOPE),
+    ] {
+        let (name, scopes) = match scope {
+            Some(scope) => (
+                scope.as_str().replace(':', "-"),
+                format!("[\"{}\"]", scope.as_str()),
+            ),
+            None => ("no-scope".to_owned(), "[]".to_owned()),
+        };
+        toml.push_str(&format!(
+            "[[admin.tokens]]\nname = \"{name}\"\ntoken = \"{value}\"\nscopes = {scopes}\n"
+        ));
+    }
+    toml
+}
+
+fn token_of(scope: Scope) -> &'static str {
+    match scope {
+        Scope::StatusesRead => STATUSES_READ,
+        Scope::StatusesWrite => STATUSES_WRITE,
+        Scope::CacheInvalidate => CACHE_INVALIDATE,
+        Scope::RevealsRead => REVEALS_READ,
+        Scope::Debug => DEBUG,
+    }
+}
+
+/// A request each guarded row of the route table answers cheaply when
+/// admitted (a bad body or parameter is a 400, never a 401 or 403), and a
+/// method it does not serve.
+fn request_for(path: &str) -> (Method, String, Method) {
+    match path {
+        "/admin/v1/calltracking/statuses" => (Method::POST, path.into(), Method::DELETE),
+        "/admin/v1/calltracking/statuses/{user_id}" => (Method::GET, status_path(42), Method::POST),
+        "/admin/v1/cache/invalidate" => (Method::POST, path.into(), Method::GET),
+        // A bad `seconds`: admitted, then refused before any sampling.
+        "/admin/v1/debug/pprof/profile" => (Method::GET, format!("{path}?seconds=0"), Method::POST),
+        "/admin/v1/reveals" => (Method::GET, format!("{REVEALS}?user_id=42"), Method::POST),
+        "/admin/v1/ads/{ad_id}/reveals" => (Method::GET, ad_reveals_path(7), Method::POST),
+        "/openapi/admin.json" => (Method::GET, path.into(), Method::POST),
+        other => panic!("a guarded route this test does not know: {other} (add it here)"),
+    }
+}
+
+async fn send(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+) -> crate::support::Answer {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(bearer) = &bearer {
+        headers.push(("authorization", bearer));
+    }
+    app.admin_request(method, path, &headers, "{}").await
+}
+
+/// Each scope against each guarded route of the table: the token with the
+/// route's scope is admitted (whatever the handler then says), every other
+/// is a 403 naming the scope; the token with every scope is admitted
+/// everywhere.
+#[tokio::test]
+async fn each_scope_against_each_admin_route() {
+    let app = TestApp::spawn_with(&one_token_per_scope()).await;
+    let mut guarded = 0;
+    for row in paths::ADMIN {
+        let Access::Token(needed) = row.access else {
+            continue;
+        };
+        guarded += 1;
+        let (method, path, _) = request_for(row.path);
+        for scope in Scope::ALL {
+            let got = send(&app, method.clone(), &path, Some(token_of(scope))).await;
+            if scope == needed {
+                assert!(
+                    got.status != 401 && got.status != 403 && got.status < 500,
+                    "{method} {path} with {scope}: {got:?}"
+                );
+            } else {
+                got.assert_problem(403);
+                let detail = got.body["detail"].as_str().unwrap();
+                assert!(
+                    detail.contains(needed.as_str()),
+                    "{method} {path} with {scope}: {detail}"
+                );
+            }
+        }
+        send(&app, method.clone(), &path, Some(NO_SCOPE))
+            .await
+            .assert_problem(403);
+        let all = send(&app, method.clone(), &path, Some(crate::support::TOKEN)).await;
+        assert!(
+            got_in(all.status, &[200, 400, 404]),
+            "{method} {path} with admin.token: {all:?}"
+        );
+    }
+    assert_eq!(guarded, 7);
+}
+
+fn got_in(status: u16, set: &[u16]) -> bool {
+    set.contains(&status)
+}
+
+/// 401 before anything else; 403 before the route's 404 or 405; 404 for an
+/// unknown path with any valid token, a token without scopes too.
+#[tokio::test]
+async fn unauthorized_then_forbidden_then_not_found_or_not_allowed() {
+    let app = TestApp::spawn_with(&one_token_per_scope()).await;
+    for row in paths::ADMIN.iter().filter(|r| r.access != Access::Open) {
+        let Access::Token(needed) = row.access else {
+            unreachable!()
+        };
+        let (_, path, wrong_method) = request_for(row.path);
+        for token in [None, Some("nope"), Some(OLD)] {
+            send(&app, wrong_method.clone(), &path, token)
+                .await
+                .assert_problem(401);
+        }
+        let other = Scope::ALL.into_iter().find(|s| *s != needed).unwrap();
+        let forbidden = send(&app, wrong_method.clone(), &path, Some(token_of(other))).await;
+        forbidden.assert_problem(403);
+        send(&app, wrong_method.clone(), &path, Some(token_of(needed)))
+            .await
+            .assert_problem(405);
+    }
+    for token in [NO_SCOPE, STATUSES_WRITE] {
+        for method in [Method::GET, Method::POST] {
+            send(&app, method, "/admin/v1/nothing/here", Some(token))
+                .await
+                .assert_problem(404);
+        }
+    }
+    send(&app, Method::GET, "/admin/v1/nothing/here", None)
+        .await
+        .assert_problem(401);
+}
+
+/// A token file rewritten under the running app: a caller that switches once
+/// the new value is written is never refused (the old value works until the
+/// new one does, and stops that same moment), within 10 s; an emptied or
+/// removed file keeps the last good value and says so.
+#[tokio::test]
+async fn a_rotated_token_file_takes_over_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rotating");
+    std::fs::write(&file, format!("{OLD}\n")).unwrap();
+    let app = TestApp::spawn_with(&format!(
+        "[[admin.tokens]]\nname = \"rotating\"\ntoken_file = {file:?}\nscopes = [\"statuses:read\"]\n"
+    ))
+    .await;
+    let path = status_path(42);
+    let ok = |token: &'static str| {
+        let (app, path) = (&app, &path);
+        async move { send(app, Method::GET, path, Some(token)).await.status == 200 }
+    };
+    assert!(ok(OLD).await);
+    assert!(!ok(NEW).await);
+    // Written as an editor or kubelet would: a new file moved over the old.
+    let staged = dir.path().join("staged");
+    std::fs::write(&staged, NEW).unwrap();
+    std::fs::rename(&staged, &file).unwrap();
+    let written = Instant::now();
+    loop {
+        // The old value first: once it fails, the swap has happened, so the
+        // new one must work; and once the new one works, the old must not.
+        if ok(OLD).await {
+            assert!(
+                written.elapsed() < Duration::from_secs(10),
+                "not rotated within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        assert!(ok(NEW).await, "neither the old nor the new value worked");
+        break;
+    }
+    assert!(
+        written.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        written.elapsed()
+    );
+    assert!(ok(NEW).await && !ok(OLD).await);
+    assert!(
+        captured_logs().contains("admin token rotated"),
+        "the rotation is logged"
+    );
+
+    // Emptied, then removed: the last good value stays, said by the metric.
+    std::fs::write(&file, "").unwrap();
+    eventually("an empty file counted", Duration::from_secs(10), || async {
+        reload_errors(&app).await >= 1
+    })
+    .await;
+    assert!(ok(NEW).await, "an empty file keeps the last good value");
+    std::fs::remove_file(&file).unwrap();
+    let before = reload_errors(&app).await;
+    eventually(
+        "a missing file counted",
+        Duration::from_secs(10),
+        || async { reload_errors(&app).await > before },
+    )
+    .await;
+    assert!(ok(NEW).await && !ok(OLD).await);
+    assert!(captured_logs().contains("admin token file unusable; keeping its last good value"));
+}
+
+/// `phones_gateway_admin_token_reload_errors_total{name="rotating"}` so far.
+async fn reload_errors(app: &TestApp) -> u64 {
+    let text = app.get_admin_without_token(METRICS).await.text;
+    text.lines()
+        .find(|l| {
+            l.starts_with("phones_gateway_admin_token_reload_errors_total")
+                && l.contains("name=\"rotating\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+/// Every admin call is logged with its token's name, route and status (never
+/// the value: the privacy scanner looks for every test token), and counted; a
+/// read of the reveal log names who read and whose history.
+#[tokio::test]
+async fn admin_calls_are_on_record_by_name() {
+    let app = TestApp::spawn_with(&one_token_per_scope()).await;
+    let read = send(
+        &app,
+        Method::GET,
+        &format!("{REVEALS}?user_id=4242"),
+        Some(REVEALS_READ),
+    )
+    .await;
+    assert_eq!(read.status, 200, "{read:?}");
+    let read = send(
+        &app,
+        Method::GET,
+        &format!("{REVEALS}?viewer=v-4243"),
+        Some(REVEALS_READ),
+    )
+    .await;
+    assert_eq!(read.status, 200, "{read:?}");
+    let ad = send(
+        &app,
+        Method::GET,
+        &ad_reveals_path(4244),
+        Some(REVEALS_READ),
+    )
+    .await;
+    assert_eq!(ad.status, 200, "{ad:?}");
+    send(&app, Method::GET, REVEALS, Some(DEBUG))
+        .await
+        .assert_problem(403);
+    send(&app, Method::GET, REVEALS, Some("nope"))
+        .await
+        .assert_problem(401);
+    let logs = captured_logs();
+    let line = |needles: &[&str]| logs.lines().any(|l| needles.iter().all(|n| l.contains(n)));
+    assert!(
+        line(&["reveal log read", "token=\"reveals-read\"", "user_id=4242"])
+            || line(&["reveal log read", "token=reveals-read", "user_id=4242"]),
+        "{logs}"
+    );
+    assert!(
+        line(&["reveal log read", "reveals-read", "viewer=", "v-4243"]),
+        "{logs}"
+    );
+    assert!(
+        line(&["reveal log read", "reveals-read", "ad_id=4244"]),
+        "{logs}"
+    );
+    assert!(
+        line(&[
+            "admin call",
+            "reveals-read",
+            "/admin/v1/reveals",
+            "status=200"
+        ]),
+        "{logs}"
+    );
+    assert!(
+        line(&["admin call", "debug", "/admin/v1/reveals", "status=403"]),
+        "{logs}"
+    );
+    assert!(
+        line(&["admin call", "none", "/admin/v1/reveals", "status=401"]),
+        "{logs}"
+    );
+    let metrics = app.get_admin_without_token(METRICS).await.text;
+    let counted = |token: &str, status: &str| {
+        metrics.lines().any(|l| {
+            l.starts_with("phones_gateway_admin_requests_total{")
+                && l.contains(&format!("token=\"{token}\""))
+                && l.contains("route=\"/admin/v1/reveals\"")
+                && l.contains(&format!("status=\"{status}\""))
+        })
+    };
+    assert!(counted("reveals-read", "200"), "{metrics}");
+    assert!(counted("debug", "403"), "{metrics}");
+    assert!(counted("none", "401"), "{metrics}");
+    // The webhook's call too, by the token with every scope.
+    assert_eq!(app.set_status(4245, true, 1).await, 200);
+    assert!(captured_logs().lines().any(|l| l.contains("admin call")
+        && l.contains("admin.token")
+        && l.contains(STATUSES)
+        && l.contains("status=200")));
+}
+
+fn check_config(toml: &str, dir: &std::path::Path) -> (Option<i32>, String) {
+    std::fs::write(dir.join("gw.toml"), toml).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_phones-gateway"));
+    for (name, _) in std::env::vars() {
+        if name.starts_with("PHONES_GATEWAY") || name == "RUST_LOG" {
+            command.env_remove(name);
+        }
+    }
+    let output = command
+        .args(["check-config", "--config", "gw.toml"])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    crate::support::scan("check-config stderr", &stderr);
+    crate::support::scan(
+        "check-config stdout",
+        &String::from_utf8_lossy(&output.stdout),
+    );
+    (output.status.code(), stderr)
+}
+
+/// `check-config` refuses, naming the key: an unknown scope, a duplicate name,
+/// a token two entries share, a token file that cannot be read; and never
+/// prints a token's value.
+#[test]
+fn bad_tokens_are_refused_at_start_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let entry = |name: &str, value: &str, scopes: &str| {
+        format!("[[admin.tokens]]\nname = \"{name}\"\n{value}\nscopes = {scopes}\n")
+    };
+    let missing = dir.path().join("missing");
+    let cases = [
+        (
+            entry("a", &format!("token = \"{OLD}\""), "[\"statuses:wrote\"]"),
+            "admin.tokens[0].scopes",
+        ),
+        (
+            entry("a", &format!("token = \"{OLD}\""), "[]")
+                + &entry("a", &format!("token = \"{NEW}\""), "[]"),
+            "admin.tokens[1].name",
+        ),
+        (
+            entry("a", &format!("token = \"{OLD}\""), "[]")
+                + &entry("b", &format!("token = \"{OLD}\""), "[]"),
+            "admin.tokens[1].token",
+        ),
+        (
+            entry("a", &format!("token_file = {missing:?}"), "[]"),
+            "admin.tokens[0].token_file",
+        ),
+    ];
+    for (toml, key) in cases {
+        let (code, stderr) = check_config(&toml, dir.path());
+        assert_eq!(code, Some(2), "{toml}: {stderr}");
+        assert!(stderr.contains(key), "{key} not named: {stderr}");
+        assert!(!stderr.contains(OLD) && !stderr.contains(NEW), "{stderr}");
+    }
+    let (code, stderr) = check_config(
+        &entry(
+            "a",
+            &format!("token = \"{OLD}\""),
+            "[\"statuses:read\", \"debug\"]",
+        ),
+        dir.path(),
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+}
