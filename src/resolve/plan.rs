@@ -392,6 +392,27 @@ mod tests {
         );
     }
 
+    /// Only real in the order and call tracking off: the real number is not
+    /// read for call tracking either (a cache read the hit path does not need).
+    #[test]
+    fn a_number_no_source_needs_is_not_read() {
+        let mut selection = selection();
+        selection.rules.order = vec![Anonymous, Calltracking];
+        let req = request(ANON_CATEGORY, None);
+        let progress = selection.start(
+            &req,
+            || Tracking::Off,
+            |ask| match ask {
+                Ask::Anonymous => has(A),
+                other => panic!("{other:?} read"),
+            },
+        );
+        assert_eq!(
+            selection.decide(&progress),
+            Decision::Answer(Anonymous, p(A))
+        );
+    }
+
     /// Answers as they arrive, for a tracked seller with nothing cached:
     /// undecided against failed, and the real-then-calltracking chain.
     #[test]
@@ -508,6 +529,9 @@ mod tests {
             // the real number known (cached): call tracking's stale value for it
             (PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), has(R)),   (NotApplicable, Found(p(C)), Found(p(R))), Decision::Answer(Calltracking, p(C))),
             (PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, MISS, has(R)),     (NotApplicable, Failed, Found(p(R))),    Decision::Answer(RealPhone, p(R))),
+            // the real number known: its stale entry is not read again (were it,
+            // a stale "no phone" would hide the known number's call tracking)
+            (PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), NONE),     (NotApplicable, Found(p(C)), Found(p(R))), Decision::Answer(Calltracking, p(C))),
             // a stale "no phone": no call-tracking number either
             (PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[],                       (MISS, has(C), NONE),     (NotApplicable, NotFound, NotFound),     Decision::NoPhone),
             // a stale real number alone: call tracking failed, real served
