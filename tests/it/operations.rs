@@ -707,7 +707,9 @@ fn check_config_warns_of_a_mistyped_environment_prefix() {
     assert!(!stderr.contains("PHONES_GATEWAY_BIN"), "{stderr}");
     // The token is empty too (it was not read): check-config says what that means.
     assert!(
-        stderr.contains("admin.token is empty: every /admin/ route will answer 401"),
+        stderr.contains(
+            "admin.token is empty and no [[admin.tokens]] is set: every /admin/ route will answer 401"
+        ),
         "{stderr}"
     );
     assert!(
