@@ -3,6 +3,7 @@
 //! defines (anything else is answered 400 and recorded; `TestApp`'s drop fails the
 //! test on it, so a wrong path cannot pass as "the seller has no phone").
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -77,6 +78,9 @@ pub struct Fake {
     feed_uris: Arc<Mutex<Vec<String>>>,
     /// When set, every status-feed poll is answered this status, empty.
     feed_failure: Arc<Mutex<Option<u16>>>,
+    /// Per seller (`user_id`): number lookups in flight now, and the most
+    /// at once so far.
+    in_flight: Arc<Mutex<HashMap<u64, (usize, usize)>>>,
 }
 
 impl Fake {
@@ -97,6 +101,7 @@ impl Fake {
             feed: Arc::new(Mutex::new(Vec::new())),
             feed_uris: Arc::new(Mutex::new(Vec::new())),
             feed_failure: Arc::new(Mutex::new(None)),
+            in_flight: Arc::new(Mutex::new(HashMap::new())),
         };
         let router = Router::new().fallback(answer).with_state(fake.clone());
         tokio::spawn(async move { axum::serve(listener, router).await });
@@ -150,6 +155,17 @@ impl Fake {
             .collect();
     }
 
+    /// The most number lookups for seller `user` this fake had in flight at
+    /// once (each counted from its arrival until its answer, or until the
+    /// caller gave it up).
+    pub fn max_in_flight_of(&self, user: u64) -> usize {
+        self.in_flight
+            .lock()
+            .unwrap()
+            .get(&user)
+            .map_or(0, |&(_, max)| max)
+    }
+
     /// Answers every status-feed poll with `status` (empty body) from now on;
     /// `None`: serves the items again.
     pub fn fail_feed(&self, status: Option<u16>) {
@@ -176,6 +192,49 @@ fn pairs(query: &str) -> Vec<(&str, &str)> {
         .split('&')
         .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
         .collect()
+}
+
+/// The seller a number lookup (already checked by [`shape`]) is about.
+fn seller_of(upstream: Upstream, uri: &str) -> Option<u64> {
+    let (path, query) = uri.split_once('?')?;
+    match upstream {
+        Upstream::RealPhone => path
+            .strip_prefix("/v1/users/")?
+            .strip_suffix("/phone")?
+            .parse()
+            .ok(),
+        _ => pairs(query)
+            .into_iter()
+            .find_map(|(key, value)| (key == "user_id").then(|| value.parse().ok())?),
+    }
+}
+
+/// One lookup in flight for a seller, counted until dropped (answered, or
+/// its connection closed by the caller).
+struct InFlight {
+    counts: Arc<Mutex<HashMap<u64, (usize, usize)>>>,
+    user: u64,
+}
+
+impl InFlight {
+    fn new(fake: &Fake, user: u64) -> InFlight {
+        let counts = fake.in_flight.clone();
+        {
+            let mut counts = counts.lock().unwrap();
+            let (now, max) = counts.entry(user).or_default();
+            *now += 1;
+            *max = (*max).max(*now);
+        }
+        InFlight { counts, user }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some((now, _)) = self.counts.lock().unwrap().get_mut(&self.user) {
+            *now -= 1;
+        }
+    }
 }
 
 /// What a request to `upstream` is, if it is one docs/rules.md defines.
@@ -256,6 +315,7 @@ async fn answer(State(fake): State<Fake>, request: Request) -> Response {
         .into_response();
     }
     fake.calls.fetch_add(1, Ordering::SeqCst);
+    let _in_flight = seller_of(fake.upstream, &uri).map(|user| InFlight::new(&fake, user));
     fake.uris.lock().unwrap().push(uri);
     if let Some(id) = request.headers().get("x-request-id") {
         fake.request_ids
