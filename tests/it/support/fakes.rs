@@ -84,6 +84,9 @@ pub struct Fake {
     /// answered 429 at once, as an upstream refusing load does.
     capacity: Arc<Mutex<Option<usize>>>,
     in_flight: Arc<AtomicUsize>,
+    /// Per seller (`user_id`): number lookups in flight now, and the most
+    /// at once so far.
+    per_seller: Arc<Mutex<HashMap<u64, (usize, usize)>>>,
 }
 
 /// A lookup under way at a fake with a capacity; gives its place back on drop.
@@ -116,6 +119,7 @@ impl Fake {
             for_seller: Arc::new(Mutex::new(HashMap::new())),
             capacity: Arc::new(Mutex::new(None)),
             in_flight: Arc::new(AtomicUsize::new(0)),
+            per_seller: Arc::new(Mutex::new(HashMap::new())),
         };
         let router = Router::new().fallback(answer).with_state(fake.clone());
         tokio::spawn(async move { axum::serve(listener, router).await });
@@ -179,6 +183,17 @@ impl Fake {
             .collect();
     }
 
+    /// The most number lookups for seller `user` this fake had in flight at
+    /// once (each counted from its arrival until its answer, or until the
+    /// caller gave it up).
+    pub fn max_in_flight_of(&self, user: u64) -> usize {
+        self.per_seller
+            .lock()
+            .unwrap()
+            .get(&user)
+            .map_or(0, |&(_, max)| max)
+    }
+
     /// Answers every status-feed poll with `status` (empty body) from now on;
     /// `None`: serves the items again.
     pub fn fail_feed(&self, status: Option<u16>) {
@@ -219,6 +234,34 @@ fn seller_of(path: &str, query: &str) -> Option<u64> {
         .into_iter()
         .find(|(key, _)| *key == "user_id")
         .and_then(|(_, user)| user.parse().ok())
+}
+
+/// One lookup in flight for a seller, counted until dropped (answered, or
+/// its connection closed by the caller).
+struct InFlight {
+    counts: Arc<Mutex<HashMap<u64, (usize, usize)>>>,
+    user: u64,
+}
+
+impl InFlight {
+    fn new(fake: &Fake, user: u64) -> InFlight {
+        let counts = fake.per_seller.clone();
+        {
+            let mut counts = counts.lock().unwrap();
+            let (now, max) = counts.entry(user).or_default();
+            *now += 1;
+            *max = (*max).max(*now);
+        }
+        InFlight { counts, user }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some((now, _)) = self.counts.lock().unwrap().get_mut(&self.user) {
+            *now -= 1;
+        }
+    }
 }
 
 /// What a request to `upstream` is, if it is one docs/rules.md defines.
@@ -299,6 +342,8 @@ async fn answer(State(fake): State<Fake>, request: Request) -> Response {
         .into_response();
     }
     fake.calls.fetch_add(1, Ordering::SeqCst);
+    let (path, query) = uri.split_once('?').unwrap_or((&uri, ""));
+    let _in_flight = seller_of(path, query).map(|user| InFlight::new(&fake, user));
     fake.uris.lock().unwrap().push(uri);
     if let Some(id) = request.headers().get("x-request-id") {
         fake.request_ids

@@ -110,7 +110,9 @@ impl Drop for Proxy {
 }
 
 /// Copies `from` to `to` while not silent; a chunk read just before the
-/// silence is held until it ends.
+/// silence is held until it ends, and so is the end of the stream (a close or
+/// a reset read while silent): a partition delivers no FIN either, so the
+/// other side sees an open, silent connection until the silence ends.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
@@ -123,19 +125,21 @@ async fn pump(
         if silent.wait_for(|s| !*s).await.is_err() {
             break;
         }
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
+        let read = from.read(&mut buf).await;
         // After the set-up, a client's messages begin with their type (a
         // query, a parse); the set-up's begin with a length (0) or are the
         // password (`p`).
-        if stranded && !matches!(buf[0], 0 | b'p') {
+        if stranded && matches!(read, Ok(n) if n > 0 && !matches!(buf[0], 0 | b'p')) {
             std::future::pending::<()>().await;
         }
+        // Held while silent, whatever was read: data, an end or an error.
         if silent.wait_for(|s| !*s).await.is_err() {
             break;
         }
+        let n = match read {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
         if let Some(counter) = &counter {
             counter.fetch_add(n as u64, Ordering::Relaxed);
         }
@@ -144,4 +148,34 @@ async fn pump(
         }
     }
     let _ = to.shutdown().await;
+}
+
+/// The proxy's own claim: while silent, a client's close reaches nobody (the
+/// server reads neither bytes nor an end); once resumed, both arrive, in order.
+#[tokio::test]
+async fn a_silent_proxy_holds_a_close_until_it_resumes() {
+    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = Proxy::start(&server.local_addr().unwrap().to_string()).await;
+    let mut client = TcpStream::connect(&proxy.addr).await.unwrap();
+    let (mut accepted, _) = server.accept().await.unwrap();
+    proxy.silence();
+    client.write_all(b"last words").await.unwrap();
+    drop(client);
+    let mut buf = [0u8; 64];
+    let early = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        accepted.read(&mut buf),
+    )
+    .await;
+    assert!(early.is_err(), "read through a silent proxy: {early:?}");
+    proxy.resume();
+    let mut got = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        accepted.read_to_end(&mut got),
+    )
+    .await
+    .expect("the close arrives once resumed")
+    .unwrap();
+    assert_eq!(got, b"last words");
 }
