@@ -119,6 +119,22 @@ pub(super) struct Adapt {
     /// The short latency average over the long one that counts as a climb
     /// (`latency_tolerance`).
     pub(super) tolerance: f64,
+    /// The least short average that counts as a climb at all: a tenth of the
+    /// call's timeout ([`Adapt::climb_floor`]).
+    pub(super) climb_floor: Duration,
+}
+
+impl Adapt {
+    /// A tenth of the call's `timeout`: below it a latency "climb" is the
+    /// gateway's own queueing, not the upstream slowing down. Measured with
+    /// the simulator at 0 ms (`benches/load/harness.py --cold`, a saturating
+    /// closed loop of new sellers): calls that take 0.1 ms idle take a few
+    /// milliseconds while the gateway's own cores are busy, a climb of ten
+    /// times and more; without this floor the real-phone limit fell to 7
+    /// and four requests in five were refused as undecided.
+    pub(super) fn climb_floor(timeout: Duration) -> Duration {
+        timeout / 10
+    }
 }
 
 /// Calls in flight to one upstream, and the most allowed at once: fixed, or
@@ -151,6 +167,8 @@ struct Limit {
     min: f64,
     max: f64,
     tolerance: f64,
+    /// [`Adapt::climb_floor`], in seconds.
+    climb_floor: f64,
     limit: f64,
     /// Latency averages in seconds; `None` until the first answer.
     short: Option<f64>,
@@ -189,7 +207,7 @@ impl Limit {
                 }
                 self.short = Some(short);
                 self.long = Some(long);
-                if short > self.tolerance * long {
+                if short > self.tolerance * long && short > self.climb_floor {
                     self.cut(started, in_flight, now);
                 } else if 2 * before >= self.limit as usize {
                     let step = if now.duration_since(self.last_cut) >= PROBE_AFTER {
@@ -228,6 +246,7 @@ impl Bound {
                     min: (adapt.min.max(1) as f64).min(top),
                     max: top,
                     tolerance: adapt.tolerance,
+                    climb_floor: adapt.climb_floor.as_secs_f64(),
                     limit: top,
                     short: None,
                     long: None,
@@ -369,8 +388,28 @@ mod tests {
         let adapt = Adapt {
             min,
             tolerance: 2.0,
+            climb_floor: Adapt::climb_floor(Duration::from_millis(300)),
         };
         Bound::new(max, Some(adapt), metrics::Gauge::noop())
+    }
+
+    /// Answers of 0.1 ms, then of 5 ms: fifty times the long average, but
+    /// below the climb's floor (30 ms for a 300 ms timeout), as the
+    /// gateway's own queueing on busy cores is: nothing is cut.
+    #[tokio::test(start_paused = true)]
+    async fn a_climb_below_the_floor_is_the_gateways_own_queueing() {
+        let bound = adaptive(64, 2);
+        for latency in [Duration::from_micros(100); 50]
+            .into_iter()
+            .chain([Duration::from_millis(5); 20])
+        {
+            let held: Vec<_> = (0..40).map(|_| bound.slot().unwrap()).collect();
+            let slot = bound.slot().unwrap();
+            tokio::time::advance(latency).await;
+            slot.finish(End::Answered);
+            drop(held);
+        }
+        assert_eq!(bound.limit(), 64);
     }
 
     /// Each row: calls held in flight, how one of them ends, the limit after.

@@ -290,6 +290,7 @@ impl Upstreams {
             let adapt = upstream.adaptive_limit.then_some(Adapt {
                 min: upstream.min_in_flight,
                 tolerance: upstream.latency_tolerance,
+                climb_floor: Adapt::climb_floor(upstream.timeout),
             });
             let name = UpstreamName::Source(source);
             Endpoint::new(
