@@ -429,7 +429,7 @@ mod tests {
             // Answers at the limit grow it by about 1/limit each.
             (17, Some(Signal::Latency(ms(20))), ms(5), 18),
             // A latency climb (short average past twice the long) cuts.
-            (17, Some(Signal::Latency(ms(400))), ms(5), 15),
+            (17, Some(Signal::Latency(ms(800))), ms(5), 15),
             // Many refusals, each after the last cut: down to the floor, not below.
             (3, Some(Signal::Refused), ms(5), 4),
             (3, Some(Signal::Refused), ms(5), 4),
@@ -491,11 +491,14 @@ mod tests {
         drop(bound.slot().unwrap());
         bound.slot().unwrap().finish(End::Unknown);
         assert_eq!(bound.limit(), 27);
-        // A timeout is a 300 ms latency: a climb over 10 ms answers.
+        // A timeout is a 300 ms latency: timeouts in a row are a climb over
+        // 10 ms answers, once the short average passes the floor (100 ms).
         let held: Vec<_> = (0..20).map(|_| bound.slot().unwrap()).collect();
-        let slot = bound.slot().unwrap();
-        tokio::time::advance(Duration::from_millis(300)).await;
-        slot.finish(End::TimedOut);
+        for _ in 0..3 {
+            let slot = bound.slot().unwrap();
+            tokio::time::advance(Duration::from_millis(300)).await;
+            slot.finish(End::TimedOut);
+        }
         assert_eq!(bound.limit(), 18, "0.9 x the 21 in flight");
         drop(held);
         assert_eq!(bound.in_flight.load(Ordering::Acquire), 0);
