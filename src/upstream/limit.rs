@@ -413,6 +413,46 @@ mod tests {
         assert_eq!(bound.limit(), 64);
     }
 
+    /// Answers of `latency`, one after another with up to 20 others in
+    /// flight; stops early once a cut leaves no place.
+    async fn answers(bound: &Bound, latency: Duration, count: usize) {
+        for _ in 0..count {
+            let held: Vec<_> = (0..20).map_while(|_| bound.slot()).collect();
+            let Some(slot) = bound.slot() else {
+                return;
+            };
+            tokio::time::advance(latency).await;
+            slot.finish(End::Answered);
+            drop(held);
+        }
+    }
+
+    /// One slow answer among steady ones moves the short average an eighth
+    /// of the way: no cut. Many in a row are a climb.
+    #[tokio::test(start_paused = true)]
+    async fn one_slow_answer_is_not_a_climb_and_many_are() {
+        let ms = Duration::from_millis;
+        let bound = adaptive(64, 2);
+        answers(&bound, ms(60), 300).await;
+        answers(&bound, ms(200), 1).await;
+        assert_eq!(bound.limit(), 64, "one slow answer");
+        answers(&bound, ms(200), 6).await;
+        assert!(bound.limit() < 64, "a climb: {}", bound.limit());
+    }
+
+    /// After a long stretch of slow answers, latency falls back: the long
+    /// average follows faster, so a later rise from the new level is seen.
+    #[tokio::test(start_paused = true)]
+    async fn the_long_average_follows_latency_down() {
+        let ms = Duration::from_millis;
+        let bound = adaptive(64, 2);
+        answers(&bound, ms(280), 300).await;
+        answers(&bound, ms(10), 200).await;
+        assert_eq!(bound.limit(), 64);
+        answers(&bound, ms(250), 6).await;
+        assert!(bound.limit() < 64, "a rise from 10 ms: {}", bound.limit());
+    }
+
     /// Each row: calls held in flight, how one of them ends, the limit after.
     #[tokio::test(start_paused = true)]
     async fn the_adaptive_limit_cuts_on_refusals_and_climbs_and_grows_back() {
