@@ -61,7 +61,13 @@ fn phones(seed: u64, n: usize) -> Vec<String> {
 /// the flood's end (the refusals opened no breaker).
 #[tokio::test]
 async fn a_429_flood_reveals_no_real_number_and_opens_no_breaker() {
-    let app = TestApp::spawn().await;
+    // Timeouts long enough that a busy test machine never turns a slow
+    // answer into a verdict: what is tested is the upstream's refusals.
+    let app = TestApp::spawn_with(
+        "[upstreams.real_phone]\ntimeout_ms = 3000\n\
+         [upstreams.calltracking]\ntimeout_ms = 3000",
+    )
+    .await;
     app.real.reply(Reply::Phone(REAL));
     app.calltracking
         .reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(50));
