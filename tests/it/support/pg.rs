@@ -227,7 +227,15 @@ fn unavailable(why: &str) -> Option<TestDb> {
 /// runs.
 pub fn skipped(why: &str) {
     let thread = std::thread::current();
-    let test = thread.name().unwrap_or("a PostgreSQL test");
+    // A bench (run once by `cargo test --all-targets`) runs on `main`: named
+    // by its binary instead.
+    let test = match thread.name() {
+        Some("main") | None => std::env::args().next().map_or_else(
+            || "a PostgreSQL test".to_owned(),
+            |exe| format!("{exe} (main)"),
+        ),
+        Some(name) => name.to_owned(),
+    };
     eprintln!("SKIPPED: {test}: {why}");
     if let Some(dir) = std::env::var_os("SKIPPED_DIR").filter(|d| !d.is_empty()) {
         let file = PathBuf::from(dir).join(format!("{:016x}", rand_u64()));
