@@ -640,12 +640,29 @@ mod tests {
         budgets.check_at(10, 1, AT).unwrap();
         assert_eq!(budgets.len(), 8);
 
-        // Two minutes later, the viewers with nothing pending are forgotten
-        // without loss; those with spends pending are not idle.
+        // A report acknowledged the spends of viewers 9 and 10 (as the
+        // exchange's `reported` does): nothing of theirs is pending.
+        for viewer in [9, 10] {
+            let mut ledger = budgets.viewers.get_mut(&viewer).unwrap();
+            (ledger.minute.pending, ledger.day.pending) = (0, 0);
+        }
+        // Three minutes later, those two are idle and forgotten without loss;
+        // the others still have spends pending (5 to 8) or a refusal in force
+        // (1), so are not idle; six left, under three quarters: no eviction.
         let later = Moment(AT.0 + 3 * 60_000);
         let kept = budgets.keep(later);
-        assert_eq!(kept.forgotten, 0);
-        assert_eq!(kept.ledgers, 6);
+        assert_eq!(
+            kept,
+            Kept {
+                forgotten: 2,
+                evicted: 0,
+                dropped: 0,
+                ledgers: 6
+            }
+        );
+        assert!(!budgets.viewers.contains_key(&9));
+        assert!(!budgets.viewers.contains_key(&10));
+        assert_eq!(budgets.len(), 6);
         assert_eq!(budgets.len(), budgets.viewers.len());
     }
 

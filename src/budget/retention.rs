@@ -112,16 +112,26 @@ pub async fn run(store: BudgetStore, stop: CancellationToken) {
                         "viewer budgets: retention is behind; next pass soon"
                     );
                 }
-                wait = if pass.done { EVERY } else { BACKLOG_PAUSE };
+                wait = wait_after(Some(&pass));
             }
             Err(error) => {
                 if !failing {
                     tracing::warn!(%error, "viewer budgets: retention failed; retrying");
                     failing = true;
                 }
-                wait = EVERY;
+                wait = wait_after(None);
             }
         }
+    }
+}
+
+/// The wait before the next pass, after `pass` (`None`: it failed): a pass
+/// that stopped at its bounds left a backlog, so the next comes after
+/// [`BACKLOG_PAUSE`]; one that caught up, or failed, waits the full [`EVERY`].
+fn wait_after(pass: Option<&Pass>) -> Duration {
+    match pass {
+        Some(pass) if !pass.done => BACKLOG_PAUSE,
+        _ => EVERY,
     }
 }
 
@@ -197,6 +207,67 @@ mod tests {
         );
         assert_eq!(deleted, expired);
         assert_eq!(store.rows().await.unwrap(), (3 * 5_000, 6_000, 1));
+    }
+
+    /// A pass out of time stops after the batch in hand, with the rest left
+    /// for the next pass: one batch, not done.
+    #[tokio::test]
+    async fn a_pass_out_of_time_stops_after_one_batch_not_done() {
+        let (_dir, database) = crate::store::Database::scratch().await;
+        let store = database.budgets();
+        let now = Moment(1_800_000_000_000 + 3_600_000);
+        let batch = u64::try_from(BATCH).unwrap();
+        // Two batches' worth of expired minute rows (ten minutes back).
+        let spends: Vec<Spend> = (0..2 * batch)
+            .map(|viewer| Spend {
+                viewer,
+                kind: 0,
+                window: now.minute() - 10,
+                n: 1,
+            })
+            .collect();
+        for chunk in spends.chunks(5_000) {
+            store.report(chunk).await.unwrap();
+        }
+
+        let pass = pass_within(&store, now, PASS_ROWS, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(
+            pass,
+            Pass {
+                rows: batch,
+                batches: 1,
+                done: false
+            }
+        );
+        assert_eq!(wait_after(Some(&pass)), BACKLOG_PAUSE);
+        // With time to spare, the next pass takes the rest and is done.
+        let pass = pass_within(&store, now, PASS_ROWS, PASS_TIME)
+            .await
+            .unwrap();
+        assert_eq!(pass.rows, batch);
+        assert!(pass.done, "{pass:?}");
+        assert_eq!(wait_after(Some(&pass)), EVERY);
+    }
+
+    /// Behind, the next pass comes after a short pause; caught up or failing,
+    /// after the full interval.
+    #[test]
+    fn the_next_pass_comes_soon_only_while_behind() {
+        let behind = Pass {
+            rows: PASS_ROWS,
+            batches: 50,
+            done: false,
+        };
+        let caught_up = Pass {
+            rows: 3,
+            batches: 1,
+            done: true,
+        };
+        assert_eq!(wait_after(Some(&behind)), BACKLOG_PAUSE);
+        assert_eq!(wait_after(Some(&caught_up)), EVERY);
+        assert_eq!(wait_after(None), EVERY);
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!
 //! With `REQUIRE_POSTGRES` or `CI` set to anything but empty, `0` or `false`
 //! (`.ci/run` sets `REQUIRE_POSTGRES=1`), a PostgreSQL that cannot be had fails
-//! the test; elsewhere the test says `SKIPPED` in its output and returns. A test
+//! the test; elsewhere the test says `SKIPPED` in its output, leaves a marker in
+//! `SKIPPED_DIR` when set (`scripts/test` counts them) and returns. A test
 //! opens with `let db = pg::or_skip!(pg::database().await);` (or `pg::cluster()`,
 //! or `pgbouncer::pooled()`), which does both.
 
@@ -214,12 +215,37 @@ fn unavailable(why: &str) -> Option<TestDb> {
     if required() {
         panic!("PostgreSQL is required (REQUIRE_POSTGRES / CI) and could not be had: {why}");
     }
-    let thread = std::thread::current();
-    eprintln!(
-        "SKIPPED: {}: no PostgreSQL ({why}); set TEST_POSTGRES_URL or install PostgreSQL",
-        thread.name().unwrap_or("a PostgreSQL test")
-    );
+    skipped(&format!(
+        "no PostgreSQL ({why}); set TEST_POSTGRES_URL or install PostgreSQL"
+    ));
     None
+}
+
+/// Says the calling test is skipped, and why: `SKIPPED` on stderr, and a
+/// marker file (the test's name, then the reason) in `SKIPPED_DIR` when it is
+/// set, so `scripts/test` counts the skips instead of letting them pass as
+/// runs.
+pub fn skipped(why: &str) {
+    let thread = std::thread::current();
+    // A bench (run once by `cargo test --all-targets`) runs on `main`: named
+    // by its binary instead.
+    let test = match thread.name() {
+        Some("main") | None => std::env::args().next().map_or_else(
+            || "a PostgreSQL test".to_owned(),
+            |exe| format!("{exe} (main)"),
+        ),
+        Some(name) => name.to_owned(),
+    };
+    eprintln!("SKIPPED: {test}: {why}");
+    if let Some(dir) = std::env::var_os("SKIPPED_DIR").filter(|d| !d.is_empty()) {
+        let file = PathBuf::from(dir).join(format!("{:016x}", rand_u64()));
+        if let Err(error) = std::fs::write(&file, format!("{test}\n{why}\n")) {
+            eprintln!(
+                "the skip could not be recorded in {}: {error}",
+                file.display()
+            );
+        }
+    }
 }
 
 /// The `Some` value of `$wanted` (`database().await`, `cluster()`,

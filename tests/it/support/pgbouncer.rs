@@ -143,7 +143,7 @@ pub fn pooled() -> Option<(pg::TestDb, PgBouncer)> {
             panic!("PgBouncer is required (REQUIRE_POSTGRES / CI) and could not be had: {why}")
         }
         Err(why) => {
-            eprintln!("SKIPPED: no PgBouncer ({why})");
+            pg::skipped(&format!("no PgBouncer ({why})"));
             None
         }
     }
