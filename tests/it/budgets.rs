@@ -297,7 +297,33 @@ async fn with_the_database_down_a_replica_holds_a_viewer_to_its_share_and_report
         reported("SELECT count(*) FROM viewer_refusals").await == 1
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // B has read the refusal once it has run a full exchange after it was
+    // written: every replica's `seen_at` (A's and B's, stamped by each
+    // exchange) moves past a mark taken now, and then past a second mark.
+    for round in ["first", "second"] {
+        let mark: String = sqlx::query_scalar("SELECT clock_timestamp()::text")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        crate::support::eventually(
+            &format!("B's {round} exchange after the refusal"),
+            Duration::from_secs(10),
+            || {
+                let (pool, mark) = (pool.clone(), mark.clone());
+                async move {
+                    sqlx::query_scalar::<_, i64>(
+                        "SELECT count(*) FROM budget_replicas WHERE seen_at > $1::timestamptz",
+                    )
+                    .bind(mark)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap()
+                        == 2
+                }
+            },
+        )
+        .await;
+    }
     let refused = reveal(&b, "scraper").await;
     refused.assert_problem(429);
 }

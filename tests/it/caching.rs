@@ -408,7 +408,15 @@ async fn a_fetch_in_flight_on_the_other_replica_is_not_written_back() {
             .status()
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    eventually(
+        "B's fetch to reach its upstream",
+        Duration::from_secs(5),
+        || {
+            let calls = b.real.calls();
+            async move { calls >= 1 }
+        },
+    )
+    .await;
     // The invalidation lands on A while B's fetch is under way; a status change
     // after it is a marker: once B has that, it has applied the invalidation.
     a.invalidate(&[6]).await;

@@ -13,7 +13,7 @@ use crate::status_sync::{enabled, feed, wait_for};
 use crate::support::child::Process;
 use crate::support::paths::{INVALIDATE, METRICS, READYZ, STATUSES, status_path};
 use crate::support::proxy::Proxy;
-use crate::support::{TestApp, eventually, pg};
+use crate::support::{Fake, TestApp, Upstream, eventually, pg};
 
 /// The lock bound the silent-database test sets, and what it allows on top
 /// for a loaded machine (the bound before was the statement's, a minute).
@@ -106,16 +106,60 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
     for app in [&a, &b] {
         assert_eq!(app.get_admin(&status_path(1)).await.body["enabled"], true);
     }
-    assert_eq!(
-        b.get_admin(&status_path(2)).await.body["version"],
-        0,
-        "nothing refused was applied"
-    );
+    // Nothing refused was applied: no row for user 2 in the status table nor
+    // in the invalidation log, read on the database itself.
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    for table in ["calltracking_status", "cache_invalidations"] {
+        let rows: i64 =
+            sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE user_id = 2"))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(rows, 0, "a refused write to {table} was applied");
+    }
     assert_eq!(
         a.set_status(2, true, 3).await,
         200,
         "writes are taken again"
     );
+}
+
+/// The lease renewal itself gives up within its bound on a silent database
+/// (`database.lock_timeout_ms`, `Bounds::short`): it answers false (not
+/// leading) within the bound, long before the lease would run out by the local
+/// clock, so a leader cut off from the database stops at its next renewal,
+/// not only once its lease ends.
+#[tokio::test]
+async fn on_a_silent_database_a_lease_renewal_gives_up_within_lock_timeout() {
+    use phones_gateway::store::{Bounds, Database};
+    let db = pg::or_skip!(pg::database().await);
+    let (proxy, through) = Proxy::in_front_of(&db.url).await;
+    let bounds = Bounds {
+        lock: LOCK,
+        ..Bounds::default()
+    };
+    let database = Database::connect_via(&through, None, 2, bounds)
+        .await
+        .unwrap();
+    database.migrate().await.unwrap();
+    // A lease far longer than the test: only the renewal's bound can end it.
+    let leadership = database.leadership(Duration::from_secs(600));
+    let mut leader = leadership.try_take().await.unwrap().expect("a free lease");
+    assert!(leader.renew(&leadership).await, "renewed while answered");
+
+    proxy.silence();
+    let asked = Instant::now();
+    let renewed = tokio::time::timeout(Duration::from_secs(30), leader.renew(&leadership))
+        .await
+        .expect("the renewal hung on a silent database");
+    let took = asked.elapsed();
+    assert!(!renewed, "renewed on a silent database");
+    assert!(
+        took < LOCK + SLACK,
+        "the renewal gave up after {took:?} (lock_timeout_ms {LOCK:?})"
+    );
+    assert!(!leader.is_valid(), "still valid after a failed renewal");
+    proxy.resume();
 }
 
 /// The binary's feed settings for a fault test, and the feed through `tap`.
@@ -199,11 +243,14 @@ async fn stored_cursor(url: &str) -> Option<u64> {
 #[tokio::test]
 async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new_one() {
     let db = pg::or_skip!(pg::database().await);
-    let feed_url = feed(20).await;
-    let sim = feed_url.trim_start_matches("http://");
+    // A feed of 20 items that grows while the cursor is watched.
+    let source = Fake::start(Upstream::Calltracking).await;
+    let first: Vec<_> = (1..=20).map(|u| (u, true, 1)).collect();
+    source.feed(&first);
+    let sim = source.url.trim_start_matches("http://");
     let (tap_a, tap_b) = (Proxy::start(sim).await, Proxy::start(sim).await);
-    let ttl_ms = 1500;
-    let a = start_with_feed(&db.url, &tap_a, ttl_ms, 100).await;
+    let (ttl_ms, interval_ms) = (1500, 100);
+    let a = start_with_feed(&db.url, &tap_a, ttl_ms, interval_ms).await;
     eventually(
         "the first replica to lead",
         Duration::from_secs(10),
@@ -221,7 +268,18 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
         ),
     )
     .await;
-    // The cursor, watched from the side: it never moves back.
+    // The feed grows by an item every 50 ms from now on (the leader reads 7
+    // every 100 ms, so it keeps up), and the cursor, watched from the side,
+    // rises with it and never moves back.
+    let grower = {
+        let source = source.clone();
+        tokio::spawn(async move {
+            for user in 21.. {
+                source.extend_feed(&[(user, true, 1)]);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
     let (watched, into) = (db.url.clone(), seen.clone());
     let watcher = tokio::spawn(async move {
@@ -247,6 +305,27 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
     .await;
     let took = frozen.elapsed();
     eprintln!("hand-over after SIGSTOP: {took:?}");
+    // The frozen leader's last renewal was at most a third of the lease (its
+    // renewal period; it renews before each poll, so mostly an interval) before
+    // the freeze, so its lease ran out at most `ttl` after it; the follower asks
+    // every `interval`, and its take is one statement bounded by
+    // `lock_timeout_ms` (1000 ms here), which is the margin: the hand-over is
+    // within ttl + interval + lock_timeout_ms. Not before the lease could have
+    // run out either: ttl less a renewal period and an interval.
+    let (ttl, interval) = (
+        Duration::from_millis(ttl_ms),
+        Duration::from_millis(interval_ms),
+    );
+    let margin = Duration::from_millis(1000);
+    assert!(
+        took < ttl + interval + margin,
+        "hand-over after {took:?}, past the lease {ttl:?} + interval {interval:?} + {margin:?}"
+    );
+    assert!(
+        took > ttl - ttl / 3 - interval,
+        "hand-over after {took:?}, before the frozen leader's lease of {ttl:?} ran out"
+    );
+    let at_handover = *seen.lock().unwrap().last().expect("a watched cursor");
     eventually("the new leader to poll", Duration::from_secs(5), || async {
         tap_b.sent() > 0
     })
@@ -274,10 +353,18 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
     )
     .await;
     watcher.abort();
+    grower.abort();
     let seen = seen.lock().unwrap().clone();
     assert!(
         seen.windows(2).all(|w| w[0] <= w[1]),
         "the cursor moved back: {seen:?}"
+    );
+    // The window was a real one: the cursor rose many times from 20, also
+    // while the new leader led.
+    assert!(seen.len() >= 10, "the cursor hardly moved: {seen:?}");
+    assert!(
+        seen.last().is_some_and(|&last| last > at_handover),
+        "the new leader never moved the cursor on from {at_handover}: {seen:?}"
     );
 }
 

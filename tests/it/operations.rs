@@ -512,8 +512,31 @@ async fn dropping_a_running_app_stops_its_background_tasks() {
 /// background work (the first retention round, the first flush) has run.
 async fn first_start_complaints(database_url: &str) -> Vec<String> {
     let process = Process::start_with(database_url, &[("REVEALS__FLUSH_INTERVAL_MS", "50")]).await;
-    // The first retention round runs right after the load; give it a moment.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The first retention round runs right after the load: wait until its
+    // delete has been timed on this process's own /metrics (a child process,
+    // so its recorder is its own).
+    eventually(
+        "the first retention round",
+        Duration::from_secs(10),
+        || async {
+            let Ok(answer) = process
+                .http
+                .get(format!("{}/metrics", process.admin))
+                .send()
+                .await
+            else {
+                return false;
+            };
+            answer.text().await.is_ok_and(|text| {
+                text.lines().any(|line| {
+                    line.starts_with(
+                        "phones_gateway_db_operation_duration_seconds_count{operation=\"delete_reveals\"}",
+                    )
+                })
+            })
+        },
+    )
+    .await;
     process
         .child
         .lines_so_far()

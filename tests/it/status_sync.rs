@@ -427,8 +427,27 @@ async fn slow_snapshot_uploads_hold_no_database_connection() {
             stream
         }));
     }
-    // Every upload is in its handler, its body still arriving.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Every upload is in its handler, its body still arriving: each holds one
+    // of `max_snapshot_uploads` places, so one more is refused 503 before its
+    // body is read (a probe that got a place would be refused 400 for its body,
+    // and apply nothing).
+    crate::support::eventually(
+        "every upload to hold its place",
+        Duration::from_secs(10),
+        || async {
+            app.http
+                .put(format!("{}{STATUSES}", app.admin))
+                .header("authorization", crate::support::bearer())
+                .header("content-type", "application/json")
+                .body("not a snapshot")
+                .send()
+                .await
+                .unwrap()
+                .status()
+                == 503
+        },
+    )
+    .await;
     for user in 1..=3u64 {
         let answer = tokio::time::timeout(
             Duration::from_secs(30),

@@ -183,6 +183,16 @@ impl Fake {
             .collect();
     }
 
+    /// Appends `(user_id, enabled, version)` items to the status feed (a feed
+    /// that grows while its readers poll it); returns its new length.
+    pub fn extend_feed(&self, items: &[(u64, bool, u64)]) -> usize {
+        let mut feed = self.feed.lock().unwrap();
+        feed.extend(items.iter().map(|&(user_id, enabled, version)| {
+            serde_json::json!({ "user_id": user_id, "enabled": enabled, "version": version })
+        }));
+        feed.len()
+    }
+
     /// The most number lookups for seller `user` this fake had in flight at
     /// once (each counted from its arrival until its answer, or until the
     /// caller gave it up).
