@@ -251,7 +251,7 @@ fn stale_or_failed(stale: Cached) -> SourceState {
     }
 }
 
-/// An answer as a source state by the error's class ([`UpstreamError::class`]):
+/// An answer as a source state by the error's class ([`UpstreamError::class`](crate::upstream::UpstreamError::class)):
 /// only its upstream's verdict fails the source; anything else (the gateway's
 /// own refusal or trouble, a panicked or cancelled fetch, a load refusal)
 /// leaves it undecided.
