@@ -71,15 +71,7 @@ struct ProblemContentType;
 impl Modify for ProblemContentType {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         for item in openapi.paths.paths.values_mut() {
-            let operations = [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.head,
-                &mut item.patch,
-            ];
-            for operation in operations.into_iter().flatten() {
+            for operation in operations(item) {
                 for (status, response) in &mut operation.responses.responses {
                     let utoipa::openapi::RefOr::T(response) = response else {
                         continue;
@@ -139,15 +131,7 @@ impl Modify for RequiredScopes {
             let Some(item) = openapi.paths.paths.get_mut(row.path) else {
                 continue;
             };
-            let operations = [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.head,
-                &mut item.patch,
-            ];
-            for operation in operations.into_iter().flatten() {
+            for operation in operations(item) {
                 operation.security = Some(vec![SecurityRequirement::new(
                     "bearer",
                     Vec::<String>::new(),
@@ -185,6 +169,22 @@ pub async fn public_json() -> Json<utoipa::openapi::OpenApi> {
 
 pub async fn admin_json() -> Json<utoipa::openapi::OpenApi> {
     Json(AdminApi::openapi())
+}
+
+/// Every operation of a path, whatever its method.
+fn operations(
+    item: &mut utoipa::openapi::path::PathItem,
+) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
+    [
+        &mut item.get,
+        &mut item.put,
+        &mut item.post,
+        &mut item.delete,
+        &mut item.head,
+        &mut item.patch,
+    ]
+    .into_iter()
+    .flatten()
 }
 
 #[cfg(test)]
