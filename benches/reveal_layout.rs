@@ -12,7 +12,11 @@
 //! - `bucketed`: plain indexes whose key starts with a bucket of the log
 //!   (the reveals written before the flush, over 262,144), so that a flush's
 //!   index entries land in the newest bucket's part of each index instead of
-//!   over the whole of it; pages walk the buckets newest first.
+//!   over the whole of it; pages walk the buckets newest first;
+//! - `blob`: no row per reveal at all, a floor for what a log written by the
+//!   flush can cost: a flush is one row holding its reveals packed (varints,
+//!   viewers as a dictionary), with the same per-ad counts. Its pages are not
+//!   measured (they would scan the flushes, or need an index built apart).
 //!
 //! Each layout gets a file of its own; they are written in turns, a segment of
 //! the stream at a time (flushes of `FLUSH` reveals, a second apart in the
@@ -59,6 +63,7 @@ enum Layout {
     Shipped,
     Plain,
     Bucketed,
+    Blob,
 }
 
 impl Layout {
@@ -67,6 +72,7 @@ impl Layout {
             Layout::Shipped => "shipped",
             Layout::Plain => "plain",
             Layout::Bucketed => "bucketed",
+            Layout::Blob => "blob",
         }
     }
     /// The writer thread's name prefix (at most 15 bytes with its number).
@@ -75,6 +81,7 @@ impl Layout {
             Layout::Shipped => "reveal-writer",
             Layout::Plain => "plain-writer",
             Layout::Bucketed => "bucket-writer",
+            Layout::Blob => "blob-writer",
         }
     }
 }
@@ -217,6 +224,10 @@ async fn open(layout: Layout, dir: &std::path::Path) -> Db {
                 "CREATE INDEX reveals_user ON reveals (user_id, at_us)",
                 "CREATE INDEX reveals_viewer ON reveals (viewer, at_us) WHERE viewer IS NOT NULL",
             ],
+            Layout::Blob => &[
+                "CREATE TABLE reveal_flushes (id INTEGER PRIMARY KEY, first_at_us INTEGER NOT NULL, \
+                 last_at_us INTEGER NOT NULL, body BLOB NOT NULL)",
+            ],
             _ => &[
                 "ALTER TABLE reveals ADD COLUMN bucket INTEGER NOT NULL DEFAULT 0",
                 "CREATE INDEX reveals_user ON reveals (bucket, user_id, at_us)",
@@ -292,7 +303,8 @@ async fn write_plain(writer: &SqlitePool, layout: Layout, reveals: &[Reveal], be
     }
     let mut counts: Vec<_> = counts.into_iter().collect();
     counts.sort_unstable();
-    let mut ordered: Vec<&Reveal> = reveals.iter().collect();
+    // The blob keeps arrival order: no sort.
+    let mut ordered: Vec<&Reveal> = reveals.iter().filter(|_| layout != Layout::Blob).collect();
     ordered.sort_unstable_by(|a, b| {
         (a.viewer.as_ref().map(Viewer::as_str), a.user, a.at_us).cmp(&(
             b.viewer.as_ref().map(Viewer::as_str),
@@ -302,6 +314,16 @@ async fn write_plain(writer: &SqlitePool, layout: Layout, reveals: &[Reveal], be
     });
     let bucketed = layout == Layout::Bucketed;
     let mut tx = writer.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    if layout == Layout::Blob {
+        let body = packed(reveals);
+        query("INSERT INTO reveal_flushes (first_at_us, last_at_us, body) VALUES (?, ?, ?)")
+            .bind(reveals.first().map_or(0, |r| r.at_us))
+            .bind(reveals.last().map_or(0, |r| r.at_us))
+            .bind(body)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
     for chunk in chunks(&ordered) {
         let sql = if bucketed {
             insert_sql(
@@ -347,6 +369,47 @@ async fn write_plain(writer: &SqlitePool, layout: Layout, reveals: &[Reveal], be
         q.execute(&mut *tx).await.unwrap();
     }
     tx.commit().await.unwrap();
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// A flush's reveals in arrival order, packed: the viewers' dictionary, then
+/// per reveal the step in `at_us`, the viewer's number (0: none), seller, ad,
+/// category and kind.
+fn packed(reveals: &[Reveal]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(reveals.len() * 12);
+    let mut dictionary: foldhash::HashMap<&str, u64> = foldhash::HashMap::default();
+    let mut names: Vec<&str> = Vec::new();
+    let mut body = Vec::with_capacity(reveals.len() * 12);
+    let mut at = reveals.first().map_or(0, |r| r.at_us);
+    for r in reveals {
+        put_varint(&mut body, r.at_us.abs_diff(at));
+        at = r.at_us;
+        let viewer = r.viewer.as_ref().map_or(0, |v| {
+            *dictionary.entry(v.as_str()).or_insert_with(|| {
+                names.push(v.as_str());
+                names.len() as u64
+            })
+        });
+        put_varint(&mut body, viewer);
+        put_varint(&mut body, r.user.get());
+        put_varint(&mut body, r.ad.get());
+        put_varint(&mut body, r.category.get());
+        body.push(r.kind.as_str().as_bytes()[0]);
+    }
+    put_varint(&mut out, names.len() as u64);
+    for name in names {
+        put_varint(&mut out, name.len() as u64);
+        out.extend_from_slice(name.as_bytes());
+    }
+    out.extend_from_slice(&body);
+    out
 }
 
 type Row = (i64, i64, Option<String>, i64, i64, i64, String);
@@ -430,7 +493,7 @@ fn quantiles(mut times: Vec<Duration>) -> (Duration, Duration) {
 
 async fn reads(dbs: &[Db], targets: &[(String, RevealsOf)], rounds: usize) {
     for (label, of) in targets {
-        for db in dbs {
+        for db in dbs.iter().filter(|db| db.layout != Layout::Blob) {
             // The first page, then the page after it (the cursor a client sends).
             let first = page(db, of, None).await;
             let cursor = first.get(PAGE as usize - 2).copied();
@@ -554,7 +617,7 @@ fn main() {
         .unwrap();
     runtime.block_on(async {
         let mut dbs = Vec::new();
-        for layout in [Layout::Shipped, Layout::Plain, Layout::Bucketed] {
+        for layout in [Layout::Shipped, Layout::Plain, Layout::Bucketed, Layout::Blob] {
             dbs.push(open(layout, base.path()).await);
         }
         let start_us = phones_gateway::reveals::now_us() - 30 * 86_400_000_000;
