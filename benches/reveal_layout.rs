@@ -13,6 +13,10 @@
 //!   (the reveals written before the flush, over 262,144), so that a flush's
 //!   index entries land in the newest bucket's part of each index instead of
 //!   over the whole of it; pages walk the buckets newest first;
+//! - `shipped-bkt`: the store's own code too, its postings' and runs'
+//!   indexes keyed first by a bucket of 262,144 ids (a virtual column of
+//!   `first_id`), to see whether the bucketed keys hold the shipped layout's
+//!   cost flat; writes only (the store's pages do not walk buckets);
 //! - `blob`: no row per reveal at all, a floor for what a log written by the
 //!   flush can cost: a flush is one row holding its reveals packed (varints,
 //!   viewers as a dictionary), with the same per-ad counts. Its pages are not
@@ -61,6 +65,7 @@ const PAGE: u32 = 101;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Layout {
     Shipped,
+    ShippedBucketed,
     Plain,
     Bucketed,
     Blob,
@@ -70,6 +75,7 @@ impl Layout {
     fn name(self) -> &'static str {
         match self {
             Layout::Shipped => "shipped",
+            Layout::ShippedBucketed => "shipped-bkt",
             Layout::Plain => "plain",
             Layout::Bucketed => "bucketed",
             Layout::Blob => "blob",
@@ -78,7 +84,7 @@ impl Layout {
     /// The writer thread's name prefix (at most 15 bytes with its number).
     fn writer(self) -> &'static str {
         match self {
-            Layout::Shipped => "reveal-writer",
+            Layout::Shipped | Layout::ShippedBucketed => "reveal-writer",
             Layout::Plain => "plain-writer",
             Layout::Bucketed => "bucket-writer",
             Layout::Blob => "blob-writer",
@@ -139,9 +145,9 @@ fn reveal_of(line: Line, n: u64, at_us: i64) -> Option<Reveal> {
     })
 }
 
-/// Nanoseconds on CPU and bytes written (`wchar`) of every thread of this
-/// process, by name.
-fn threads() -> Vec<(String, u64, u64)> {
+/// Id, name, nanoseconds on CPU and bytes written (`wchar`) of every thread
+/// of this process.
+fn threads() -> Vec<(String, String, u64, u64)> {
     let mut out = Vec::new();
     for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
         let dir = task.path();
@@ -157,17 +163,29 @@ fn threads() -> Vec<(String, u64, u64)> {
                     .find_map(|l| l.strip_prefix("wchar: ")?.trim().parse().ok())
             })
             .unwrap_or(0);
-        out.push((name.trim().to_owned(), cpu, wchar));
+        let tid = task.file_name().to_string_lossy().into_owned();
+        out.push((tid, name.trim().to_owned(), cpu, wchar));
     }
     out
 }
 
-/// CPU ns and bytes written of the threads whose name starts with `prefix`.
-fn of_threads(prefix: &str) -> (u64, u64) {
+/// CPU ns and bytes written of a layout's writer thread: the one named
+/// `tid` (the store names every log writer alike), else those whose name
+/// starts with `prefix`.
+fn of_threads(prefix: &str, tid: Option<&str>) -> (u64, u64) {
     threads()
         .into_iter()
-        .filter(|(name, ..)| name.starts_with(prefix))
-        .fold((0, 0), |(c, w), (_, cpu, wchar)| (c + cpu, w + wchar))
+        .filter(|(id, name, ..)| tid.map_or(name.starts_with(prefix), |t| t == id))
+        .fold((0, 0), |(c, w), (.., cpu, wchar)| (c + cpu, w + wchar))
+}
+
+/// The ids of the store's log writer threads.
+fn store_writers() -> Vec<String> {
+    threads()
+        .into_iter()
+        .filter(|(_, name, ..)| name.starts_with("reveal-writer"))
+        .map(|(id, ..)| id)
+        .collect()
 }
 
 /// This thread's CPU ns (the flush's side: a current-thread runtime).
@@ -190,6 +208,8 @@ struct Db {
     reader: Option<SqlitePool>,
     written: u64,
     flushes: u64,
+    /// The store's writer thread, for the shipped layouts.
+    writer_tid: Option<String>,
 }
 
 async fn open(layout: Layout, dir: &std::path::Path) -> Db {
@@ -199,7 +219,36 @@ async fn open(layout: Layout, dir: &std::path::Path) -> Db {
     database.migrate().await.unwrap();
     let store = database.reveals();
     let (mut writer, mut reader) = (None, None);
-    if layout != Layout::Shipped {
+    let mut writer_tid = None;
+    if matches!(layout, Layout::Shipped | Layout::ShippedBucketed) {
+        if layout == Layout::ShippedBucketed {
+            let conn = SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect_with(SqliteConnectOptions::from_str(&url).unwrap())
+                .await
+                .unwrap();
+            for sql in [
+                "ALTER TABLE reveal_seller_postings ADD COLUMN bucket INTEGER \
+                 GENERATED ALWAYS AS (first_id >> 18) VIRTUAL",
+                "DROP INDEX reveal_seller_postings_user",
+                "CREATE INDEX reveal_seller_postings_user ON reveal_seller_postings \
+                 (bucket, user_id, max_at_us, last_id, min_at_us, first_id)",
+                "ALTER TABLE reveal_viewer_runs ADD COLUMN bucket INTEGER \
+                 GENERATED ALWAYS AS (first_id >> 18) VIRTUAL",
+                "DROP INDEX reveal_viewer_runs_viewer",
+                "CREATE INDEX reveal_viewer_runs_viewer ON reveal_viewer_runs \
+                 (bucket, viewer, max_at_us, last_id, min_at_us, first_id)",
+            ] {
+                query(sql).execute(&conn).await.unwrap();
+            }
+            conn.close().await;
+        }
+        // One reveal opens the store's writer, so its thread is known.
+        let before = store_writers();
+        let first = reveal_of((2, 2, 1), 0, 0).unwrap();
+        store.write_reveals(&[first]).await.unwrap();
+        writer_tid = store_writers().into_iter().find(|t| !before.contains(t));
+    } else {
         let options = SqliteConnectOptions::from_str(&url)
             .unwrap()
             .journal_mode(SqliteJournalMode::Wal)
@@ -261,6 +310,7 @@ async fn open(layout: Layout, dir: &std::path::Path) -> Db {
         reader,
         written: 0,
         flushes: 0,
+        writer_tid,
     }
 }
 
@@ -493,7 +543,10 @@ fn quantiles(mut times: Vec<Duration>) -> (Duration, Duration) {
 
 async fn reads(dbs: &[Db], targets: &[(String, RevealsOf)], rounds: usize) {
     for (label, of) in targets {
-        for db in dbs.iter().filter(|db| db.layout != Layout::Blob) {
+        for db in dbs
+            .iter()
+            .filter(|db| !matches!(db.layout, Layout::Blob | Layout::ShippedBucketed))
+        {
             // The first page, then the page after it (the cursor a client sends).
             let first = page(db, of, None).await;
             let cursor = first.get(PAGE as usize - 2).copied();
@@ -617,7 +670,13 @@ fn main() {
         .unwrap();
     runtime.block_on(async {
         let mut dbs = Vec::new();
-        for layout in [Layout::Shipped, Layout::Plain, Layout::Bucketed, Layout::Blob] {
+        for layout in [
+            Layout::Shipped,
+            Layout::ShippedBucketed,
+            Layout::Plain,
+            Layout::Bucketed,
+            Layout::Blob,
+        ] {
             dbs.push(open(layout, base.path()).await);
         }
         let start_us = phones_gateway::reveals::now_us() - 30 * 86_400_000_000;
@@ -626,7 +685,7 @@ fn main() {
         while done < total {
             let upto = (done + segment).min(total);
             for db in &mut dbs {
-                let (w_cpu0, w_bytes0) = of_threads(db.layout.writer());
+                let (w_cpu0, w_bytes0) = of_threads(db.layout.writer(), db.writer_tid.as_deref());
                 let me0 = this_thread_cpu();
                 let wall = Instant::now();
                 let mut n = done;
@@ -650,7 +709,7 @@ fn main() {
                     db.flushes += 1;
                 }
                 let wall = wall.elapsed();
-                let (w_cpu1, w_bytes1) = of_threads(db.layout.writer());
+                let (w_cpu1, w_bytes1) = of_threads(db.layout.writer(), db.writer_tid.as_deref());
                 let me1 = this_thread_cpu();
                 let lines = (upto - done) as f64;
                 println!(
