@@ -23,20 +23,21 @@
 //!   measured (they would scan the flushes, or need an index built apart).
 //!
 //! Each layout gets a file of its own; they are written in turns, a segment of
-//! the stream at a time (flushes of `FLUSH` reveals, a second apart in the
+//! the stream at a time (flushes of 30,000 reveals, a second apart in the
 //! reveals' time), so the machine's noise falls on all of them alike. Per
 //! segment: CPU per reveal of the log's writer thread (SQLite's connection
 //! thread, from /proc/self/task/*/schedstat) and of the calling thread (the
 //! flush's side: sort, statements, binds), bytes the writer thread wrote a
 //! reveal (its `wchar`: WAL frames and checkpoints), and the file's size a
-//! reveal. After the first `READ_AT` reveals and at the end: the admin pages'
+//! reveal. After the first segment (a million lines) and at the end: the admin pages'
 //! latency, p50 and p99 (by seller: the sale's seller, a warm one, a cold one;
 //! by viewer; by ad, the counts).
 //!
 //! `CARGO_PROFILE_BENCH_LTO=false CARGO_PROFILE_BENCH_CODEGEN_UNITS=16 cargo
 //! bench --bench reveal_layout` (REVEAL_LAYOUT_TOTAL, REVEAL_LAYOUT_FLUSH,
-//! REVEAL_LAYOUT_DIR and REVEAL_LAYOUT_STREAM change the sizes, the
-//! directory and the stream file); under `cargo test` it runs small.
+//! REVEAL_LAYOUT_SEGMENT, REVEAL_LAYOUT_DIR and REVEAL_LAYOUT_STREAM change
+//! the sizes, the directory and the stream file); under `cargo test` it runs
+//! small. The files go with the run (about 1.5 GB at 4M reveals a layout).
 
 #![allow(clippy::unwrap_used)]
 // A bench measures wall time and exports nothing.
