@@ -38,8 +38,8 @@ use phones_gateway::domain::Phone;
 use phones_gateway::domain::Source;
 use phones_gateway::domain::StatusItem;
 use phones_gateway::domain::{AdId, CategoryId, UserId};
+use phones_gateway::http::api::public_router;
 use phones_gateway::http::api::state::PublicState;
-use phones_gateway::http::api::{RequestLimits, public_router};
 use phones_gateway::http::server::front::Front;
 use phones_gateway::http::server::shed::Shed;
 use phones_gateway::resolve::{Request as Lookup, Resolver};
@@ -151,25 +151,13 @@ fn fixture() -> Fixture {
         CacheKey::real_phone(user, real),
         Phone::parse("+74951234567").ok(),
     );
-    let settings = phones_gateway::resolve::ResolverSettings {
-        policy: config.upstreams.policies(),
-        deadline: config.request_deadline(),
-        max_queue_delay: config.server.max_queue_delay,
-        export_spans: config.tracing.exports(),
-    };
-    let resolver = Arc::new(Resolver::new(
-        &config.selection,
-        settings,
-        upstreams,
-        caches,
-        status,
-    ));
+    let resolver = Arc::new(Resolver::new(&config, upstreams, caches, status));
     let front = |budgets| {
         let state = PublicState {
             resolver: resolver.clone(),
             budgets,
             reveals: None,
-            limits: RequestLimits::from(&config.server),
+            server: config.server,
         };
         Front::public(
             public_router(state.clone()),

@@ -9,9 +9,13 @@
 //! owned copy for a task, which outlives `build`), plus handles to other parts.
 //! So a key that one part reads is added in its section's file and in that
 //! part, never here. Where a part needs a value of another section, that value
-//! is passed as an argument of its own, and the call says why; the resolver
-//! takes those values together, as [`resolve::ResolverSettings`]. No part sees the
-//! whole `Config`.
+//! is passed as an argument of its own, and the call says why. The resolver
+//! alone reads several sections (`[selection]`, the upstreams' policies and
+//! timeouts, `[server]`'s deadline and queue delay, `[tracing]`), so it takes
+//! the whole `Config` and picks its keys itself. The listeners' own keys
+//! (`[server]`) are read where they are used: `serve` (the head deadline and
+//! bounds), the routers' states (the request limits) and, here, the shedding,
+//! the connection cap and the shutdown timings.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -27,16 +31,16 @@ use tokio_util::task::TaskTracker;
 
 use crate::budget::{self, Budgets};
 use crate::cache::caches::Caches;
-use crate::config::{Config, DatabaseConfig};
+use crate::config::{Config, DatabaseConfig, ServerConfig};
 use crate::http::api::access::AdminTokens;
 use crate::http::api::snapshot::Uploads;
 use crate::http::api::state::{AdminState, PublicState};
 use crate::http::api::{admin_router, public_router};
-use crate::http::server::ServeSettings;
 use crate::http::server::conns::{self, Inbound};
 use crate::http::server::front::Front;
 use crate::http::server::serve::serve;
-use crate::resolve::{self, Resolver};
+use crate::http::server::shed::Shed;
+use crate::resolve::Resolver;
 use crate::reveals::Reveals;
 use crate::status::StatusService;
 use crate::store::{Database, Leadership, RevealStore};
@@ -58,8 +62,10 @@ pub struct App {
     leadership: Leadership,
     caches: Caches,
     upstreams: Arc<Upstreams>,
-    /// `[server]` as the server's parts take it, read once in `build`.
-    server: ServeSettings,
+    /// `server.max_connections` as it applies: the public listener's open
+    /// connections at most (derived from the open-files limit when 0,
+    /// [`conns::max_connections`]).
+    max_connections: usize,
     /// The sections of the tasks `run` starts (the status load, the sync and
     /// feed loops, the budget exchange, the reveal flush and retention).
     config: Config,
@@ -99,14 +105,7 @@ impl Parts {
         let caches = Caches::new(&config.cache);
         let status = StatusService::with_caches(database.status(), Arc::new(caches.clone()));
         let resolver = Arc::new(Resolver::new(
-            &config.selection,
-            // What the rules and the request's bounds take from other sections.
-            resolve::ResolverSettings {
-                policy: config.upstreams.policies(),
-                deadline: config.request_deadline(),
-                max_queue_delay: config.server.max_queue_delay,
-                export_spans: config.tracing.exports(),
-            },
+            config,
             upstreams.clone(),
             caches.clone(),
             status.set().clone(),
@@ -150,7 +149,6 @@ impl App {
             admin = conns::ADMIN_MAX_CONNECTIONS,
             "inbound connection cap"
         );
-        let server = ServeSettings::of(&config.server, max_connections);
         let parts = Parts::build(&config, &database);
         let admission = parts.resolver.admission();
         // Read now so that a token file that cannot be read stops the start,
@@ -166,8 +164,8 @@ impl App {
             reveals: parts.reveals.clone(),
             reveal_store: reveal_store.clone(),
             budgets: parts.budgets.clone(),
-            limits: server.limits,
-            snapshot_uploads: Uploads::new(server.limits.max_snapshot_uploads),
+            server: config.server,
+            snapshot_uploads: Uploads::new(config.server.max_snapshot_uploads),
         };
         if tokens.is_empty() {
             tracing::warn!(
@@ -179,7 +177,7 @@ impl App {
             resolver: parts.resolver,
             budgets: parts.budgets.clone(),
             reveals: parts.reveals.clone(),
-            limits: server.limits,
+            server: config.server,
         };
         Ok(App {
             public,
@@ -187,7 +185,9 @@ impl App {
             public_front: Front::public(
                 public_router(public_state.clone()),
                 public_state,
-                server.public_shed(),
+                // The header limit, and shedding past `server.max_in_flight`
+                // (the admin listener has the header limit only).
+                Shed::new(config.server.max_in_flight, config.server.max_header_bytes),
                 // The share of new traces exported, when spans are.
                 config
                     .tracing
@@ -196,7 +196,7 @@ impl App {
             ),
             admin_front: Front::admin(
                 admin_router(admin_state.clone()),
-                server.limits.max_header_bytes,
+                config.server.max_header_bytes,
                 admin_state.tokens,
             ),
             tokens,
@@ -210,7 +210,7 @@ impl App {
             reveal_store,
             caches: parts.caches,
             upstreams: parts.upstreams,
-            server,
+            max_connections,
             config,
             shutting_down,
             admission,
@@ -281,18 +281,18 @@ impl App {
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let conn = self.server.conn;
+        let server = self.config.server;
         let public = serve(
             self.public,
             self.public_front,
-            conn,
-            Inbound::new("public", self.server.max_connections),
+            server,
+            Inbound::new("public", self.max_connections),
             stopped(stop_rx.clone()),
         );
         let admin = serve(
             self.admin,
             self.admin_front,
-            conn,
+            server,
             Inbound::new("admin", conns::ADMIN_MAX_CONNECTIONS),
             stopped(stop_rx),
         );
@@ -303,7 +303,7 @@ impl App {
                 shutting_down: self.shutting_down,
                 duties: stopping,
             },
-            &self.server,
+            &server,
             stop_tx,
         );
         let served = async { tokio::join!(public, admin) };
@@ -459,7 +459,7 @@ fn start_shutdown(
     background: &Background,
     shutdown: impl Future<Output = ()> + Send + 'static,
     stopping: Stopping,
-    server: &ServeSettings,
+    server: &ServerConfig,
     stop: watch::Sender<bool>,
 ) -> oneshot::Receiver<()> {
     let pause = server.shutdown_pause;

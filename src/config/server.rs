@@ -14,7 +14,9 @@ use super::units;
 /// limit is unlimited).
 pub const MAX_CONNECTIONS: usize = 1_000_000;
 
-#[derive(Debug, Clone, Deserialize)]
+/// Every field is a plain value, so the section is `Copy`: the routers' states
+/// hold it whole, and the JSON extractor takes its body limit from there.
+#[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
     pub public_addr: SocketAddr,

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use crate::cache::caches::Caches;
 use crate::cache::{CacheKey, Cached, FetchResult, Lookup, PhoneCache, Via};
-use crate::config::SelectionConfig;
+use crate::config::Config;
 use crate::domain::Phone;
 use crate::domain::UserId;
 use crate::domain::{OnError, Source, Sources};
@@ -83,25 +83,6 @@ type LookupFuture<'a> = Pin<Box<dyn Future<Output = Lookup> + Send + 'a>>;
 struct Asking<'h> {
     trace: Incoming<'h>,
     progress: Progress,
-}
-
-/// What a [`Resolver`] takes from sections other than `[selection]`, as values
-/// (`App::build` reads them): it never sees the whole `Config`.
-#[derive(Debug, Clone, Copy)]
-pub struct ResolverSettings {
-    /// Each source's `upstreams.<name>.on_error` ([`UpstreamsConfig::policies`]).
-    ///
-    /// [`UpstreamsConfig::policies`]: crate::config::UpstreamsConfig::policies
-    pub policy: Sources<OnError>,
-    /// [`Config::request_deadline`]: no request waits on sources longer.
-    ///
-    /// [`Config::request_deadline`]: crate::config::Config::request_deadline
-    pub deadline: std::time::Duration,
-    /// `server.max_queue_delay_ms`, for cold admission (zero: never shed).
-    pub max_queue_delay: std::time::Duration,
-    /// `tracing.otlp_endpoint` is set: cache outcomes and the decision become
-    /// events of the request's span (docs/tracing.md).
-    pub export_spans: bool,
 }
 
 /// Answers one request at a time, for every listener and task of a replica:
@@ -172,24 +153,28 @@ impl Counters {
 }
 
 impl Resolver {
-    /// A resolver applying `[selection]`; what it needs of other sections comes
-    /// as values in `settings`.
+    /// A resolver of `config`. It reads four sections, so it takes the whole
+    /// configuration, and a key it reads is added in its section's file and
+    /// here: `[selection]` (the plan), each upstream's `on_error`, the request
+    /// deadline ([`Config::request_deadline`], from `[server]` and the
+    /// upstreams' timeouts), `server.max_queue_delay_ms` (cold admission) and
+    /// whether `[tracing]` exports spans (cache outcomes and the decision
+    /// become events of the request's span, docs/tracing.md).
     pub fn new(
-        selection: &SelectionConfig,
-        settings: ResolverSettings,
+        config: &Config,
         upstreams: Arc<Upstreams>,
         caches: Caches,
         status: Arc<StatusSet>,
     ) -> Self {
         Resolver {
-            selection: Selection::new(selection, settings.policy),
+            selection: Selection::new(&config.selection, config.upstreams.policies()),
             upstreams,
             caches,
             status,
             counters: Counters::new(),
-            deadline: settings.deadline,
-            admission: Arc::new(admission::Admission::new(settings.max_queue_delay)),
-            export_spans: settings.export_spans,
+            deadline: config.request_deadline(),
+            admission: Arc::new(admission::Admission::new(config.server.max_queue_delay)),
+            export_spans: config.tracing.exports(),
         }
     }
 
@@ -542,19 +527,7 @@ mod tests {
             config.breaker,
             config.server.max_in_flight,
         ));
-        let settings = ResolverSettings {
-            policy: config.upstreams.policies(),
-            deadline: config.request_deadline(),
-            max_queue_delay: config.server.max_queue_delay,
-            export_spans: config.tracing.exports(),
-        };
-        let resolver = Resolver::new(
-            &config.selection,
-            settings,
-            upstreams,
-            caches.clone(),
-            status,
-        );
+        let resolver = Resolver::new(&config, upstreams, caches.clone(), status);
         let (real, virtual_number, anonymous) = (
             phone("+79161234567"),
             phone("+74951234567"),

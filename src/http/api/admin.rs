@@ -149,7 +149,7 @@ pub async fn put_statuses(
     require_json(request.headers())?;
     // Before the body is read; held until the answer.
     let _upload = state.snapshot_uploads.start()?;
-    let limit = state.limits.snapshot();
+    let limit = super::limits::snapshot_body(&state.server);
     let (version, count) = snapshot::load(&state.status, request.into_body(), limit).await?;
     tracing::info!(version, ids = count, "status snapshot applied");
     Ok(axum::Json(SnapshotApplied {

@@ -17,26 +17,27 @@ use serde::Deserialize;
 use serde::de::{DeserializeOwned, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::error::ApiError;
-use super::limits::{MAX_BATCH_ITEMS, RequestLimits};
+use super::limits::{self, MAX_BATCH_ITEMS};
+use crate::config::ServerConfig;
 use crate::domain::Phone;
 use crate::domain::{AdId, CategoryId, UserId};
 use crate::resolve::Request as ResolveRequest;
 
-/// A JSON body, bounded by the state's [`RequestLimits`] (the router's
+/// A JSON body, bounded by the state's `[server]` limits ([`limits::json_body`]; the router's
 /// `DefaultBodyLimit` carries the same number to the body reader).
 pub struct Json<T>(pub T);
 
 impl<S, T> FromRequest<S> for Json<T>
 where
     S: Send + Sync,
-    RequestLimits: FromRef<S>,
+    ServerConfig: FromRef<S>,
     T: DeserializeOwned,
 {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         require_json(req.headers())?;
-        let limit = RequestLimits::from_ref(state).body();
+        let limit = limits::json_body(&ServerConfig::from_ref(state));
         let read = Bytes::from_request(req, state);
         let bytes = tokio::time::timeout(limit.read_timeout, read)
             .await

@@ -46,13 +46,12 @@ pub mod state;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 
-pub use limits::RequestLimits;
 use state::{AdminState, PublicState};
 
 /// The public routes ([`routes::PUBLIC`]). Request tracking and shedding wrap it in `server::front::Front`,
 /// which also answers `GET /v1/public-phone` without it.
 pub fn public_router(state: PublicState) -> Router {
-    let max_body = state.limits.max_body_bytes;
+    let max_body = state.server.max_body_bytes;
     router_of(routes::PUBLIC, state, max_body)
 }
 
@@ -62,7 +61,7 @@ pub fn public_router(state: PublicState) -> Router {
 pub fn admin_router(state: AdminState) -> Router {
     // Bounds what the JSON extractor reads; the snapshot streams its body and
     // bounds it itself (`server.max_snapshot_bytes`).
-    let max_body = state.limits.max_body_bytes;
+    let max_body = state.server.max_body_bytes;
     router_of(routes::ADMIN, state, max_body)
 }
 

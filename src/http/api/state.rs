@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::access::AdminTokens;
-use super::limits::RequestLimits;
 use super::snapshot::Uploads;
 use crate::budget::Budgets;
 use crate::cache::caches::Caches;
+use crate::config::ServerConfig;
 use crate::resolve::Resolver;
 use crate::reveals::Reveals;
 use crate::status::StatusService;
@@ -32,14 +32,14 @@ pub struct PublicState {
     /// before it is answered (with `on_overflow = "refuse"`, a full buffer is a
     /// 503); `None` when `reveals.enabled` is false.
     pub reveals: Option<Reveals>,
-    /// The request limits of `[server]`: the router's body limit, and the JSON
-    /// extractor's (through `FromRef`) for the batch.
-    pub limits: RequestLimits,
+    /// `[server]`, for its request limits: the router's body limit, and the
+    /// JSON extractor's (through `FromRef`) for the batch.
+    pub server: ServerConfig,
 }
 
-impl axum::extract::FromRef<PublicState> for RequestLimits {
+impl axum::extract::FromRef<PublicState> for ServerConfig {
     fn from_ref(state: &PublicState) -> Self {
-        state.limits
+        state.server
     }
 }
 
@@ -78,17 +78,17 @@ pub struct AdminState {
     /// The viewer budgets, when on: `/readyz` answers 503 until the refusals in
     /// force are loaded.
     pub budgets: Option<Arc<Budgets>>,
-    /// The request limits of `[server]`: the router's body limit, the JSON
+    /// `[server]`, for its request limits: the router's body limit, the JSON
     /// extractor's (through `FromRef`) and the snapshot's own, which the
     /// snapshot route streams against.
-    pub limits: RequestLimits,
+    pub server: ServerConfig,
     /// The snapshot uploads in flight (`server.max_snapshot_uploads`): the
     /// snapshot PUT takes a place before it reads its body.
     pub snapshot_uploads: Uploads,
 }
 
-impl axum::extract::FromRef<AdminState> for RequestLimits {
+impl axum::extract::FromRef<AdminState> for ServerConfig {
     fn from_ref(state: &AdminState) -> Self {
-        state.limits
+        state.server
     }
 }

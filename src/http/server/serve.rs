@@ -36,28 +36,6 @@ use super::front::Front;
 use super::rewrite::ProblemIo;
 use crate::config::ServerConfig;
 
-/// Connection limits.
-#[derive(Debug, Clone, Copy)]
-pub struct ConnLimits {
-    /// Time a client has to send the request line and headers.
-    pub header_read_timeout: Duration,
-    /// Bytes of request head hyper buffers at most (at least 8 KiB).
-    pub max_head_bytes: usize,
-    /// `server.max_header_bytes`, named by the 431 of a head over `max_head_bytes`.
-    pub max_header_bytes: usize,
-}
-
-impl From<&ServerConfig> for ConnLimits {
-    fn from(server: &ServerConfig) -> Self {
-        ConnLimits {
-            header_read_timeout: server.header_read_timeout,
-            // Hyper's hard bound, above the problem-document limit of the routers.
-            max_head_bytes: (server.max_header_bytes * 2).max(16 * 1024),
-            max_header_bytes: server.max_header_bytes,
-        }
-    }
-}
-
 /// Serves `front` until `shutdown` completes, then closes the listener and waits
 /// for open connections to finish (the caller bounds that wait). At most
 /// `inbound`'s cap of connections are open at once ([`Inbound::accept`]).
@@ -68,13 +46,17 @@ impl From<&ServerConfig> for ConnLimits {
 pub async fn serve(
     listener: TcpListener,
     front: Front,
-    limits: ConnLimits,
+    server: ServerConfig,
     inbound: Inbound,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    // Hyper's hard bound on a request head, above the problem-document limit
+    // of the routers (`server.max_header_bytes`, a 431 from the front).
+    let max_head_bytes = (server.max_header_bytes * 2).max(16 * 1024);
+    let (max_header_bytes, header_read_timeout) =
+        (server.max_header_bytes, server.header_read_timeout);
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.max_buf_size(limits.max_head_bytes.max(8192))
-        .keep_alive(true);
+    http.max_buf_size(max_head_bytes).keep_alive(true);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -87,10 +69,10 @@ pub async fn serve(
                     activity: activity.clone(),
                 };
                 let connection = graceful.watch(http.serve_connection(
-                    TokioIo::new(ProblemIo::new(stream, limits.max_header_bytes)),
+                    TokioIo::new(ProblemIo::new(stream, max_header_bytes)),
                     service,
                 ));
-                let period = limits.header_read_timeout;
+                let period = header_read_timeout;
                 tokio::spawn(async move {
                     // The connection's place under the cap, freed with it.
                     let _held = held;

@@ -14,8 +14,8 @@ use axum::http::{Request, Response};
 use hyper::service::Service as _;
 use phones_gateway::cache::caches::Caches;
 use phones_gateway::config::Config;
+use phones_gateway::http::api::public_router;
 use phones_gateway::http::api::state::PublicState;
-use phones_gateway::http::api::{RequestLimits, public_router};
 use phones_gateway::http::server::front::Front;
 use phones_gateway::http::server::shed::Shed;
 use phones_gateway::resolve::Resolver;
@@ -35,24 +35,12 @@ pub fn public_front() -> Front {
     ));
     let caches = Caches::new(&config.cache);
     let status = Arc::new(StatusSet::default());
-    let settings = phones_gateway::resolve::ResolverSettings {
-        policy: config.upstreams.policies(),
-        deadline: config.request_deadline(),
-        max_queue_delay: config.server.max_queue_delay,
-        export_spans: false,
-    };
-    let resolver = Arc::new(Resolver::new(
-        &config.selection,
-        settings,
-        upstreams,
-        caches,
-        status,
-    ));
+    let resolver = Arc::new(Resolver::new(&config, upstreams, caches, status));
     let state = PublicState {
         resolver,
         budgets: None,
         reveals: None,
-        limits: RequestLimits::from(&config.server),
+        server: config.server,
     };
     Front::public(
         public_router(state.clone()),
