@@ -506,7 +506,7 @@ mod tests {
     /// Answers as they arrive, for a tracked seller with nothing cached:
     /// undecided against failed, and the real-then-calltracking chain. Which
     /// upstream error is which state is the error's class
-    /// (`resolve::tests::an_answer_is_a_state_by_its_class`).
+    /// (the resolver's `an_answer_is_a_state_by_its_class`).
     #[test]
     fn the_answer_table() {
         let unavailable = Decision::Unavailable { fail_closed: None };
