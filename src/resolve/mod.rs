@@ -4,7 +4,9 @@
 //! What applies, what is asked before what, what each answer settles and what
 //! the deadline means are the pure [`plan`]; the walk over the states is the
 //! pure [`rules`]. This module keeps the I/O: the cache reads and fetches, the
-//! futures, the deadline timer and the counters.
+//! futures, the deadline timer and the counters; and it is the one place that
+//! puts a cache's entry, the status set's word and an upstream's answer into
+//! the plan's terms ([`known`], [`tracking`], [`state_of`]).
 //!
 //! Anonymous and real start at once; call tracking starts as soon as the real
 //! number is known (it maps real to virtual). After every answer the rules are
@@ -18,7 +20,6 @@
 
 pub mod admission;
 pub mod plan;
-mod request;
 pub mod rules;
 
 use std::future::Future;
@@ -31,11 +32,11 @@ use crate::config::Config;
 use crate::domain::Phone;
 use crate::domain::UserId;
 use crate::domain::{OnError, Source, Sources};
-use crate::status::StatusSet;
+use crate::status::{StatusSet, Tracking};
 use crate::telemetry::trace::{Incoming, RequestTrace};
-use crate::upstream::Upstreams;
-use plan::{Ask, Progress, Selection};
-pub use request::Request;
+use crate::upstream::{Class, Upstreams};
+pub use plan::Request;
+use plan::{Ask, Known, Progress, Selection};
 use rules::{Decision, SourceState, States};
 
 /// The number to show.
@@ -305,11 +306,11 @@ impl Resolver {
             if exported && cached != Cached::Miss {
                 trace_cache(cache.name(), Via::Hit);
             }
-            cached
+            known(cached)
         };
-        let progress = self
-            .selection
-            .start(req, || self.status.tracking(req.user), fresh);
+        let progress =
+            self.selection
+                .start(req, || tracking(self.status.tracking(req.user)), fresh);
         match self.finish(&progress.states) {
             Some(done) => Ok(done),
             None => Err(Asking { trace, progress }),
@@ -343,15 +344,15 @@ impl Resolver {
                 }
                 lookup = poll_some(&mut anonymous), if anonymous.is_some() => {
                     anonymous = None;
-                    progress.answered(Source::Anonymous, &lookup.answer)
+                    progress.answered(Source::Anonymous, state_of(&lookup.answer))
                 }
                 lookup = poll_some(&mut real), if real.is_some() => {
                     real = None;
-                    progress.answered(Source::RealPhone, &lookup.answer)
+                    progress.answered(Source::RealPhone, state_of(&lookup.answer))
                 }
                 lookup = poll_some(&mut calltracking), if calltracking.is_some() => {
                     calltracking = None;
-                    progress.answered(Source::Calltracking, &lookup.answer)
+                    progress.answered(Source::Calltracking, state_of(&lookup.answer))
                 }
                 else => {
                     // Unreachable by construction: a pending state always has its
@@ -377,9 +378,9 @@ impl Resolver {
     }
 
     /// A usable stale answer to `ask` (stale-if-error), read at the deadline.
-    fn stale(&self, req: &Request, ask: Ask) -> Cached {
+    fn stale(&self, req: &Request, ask: Ask) -> Known<Phone> {
         let (cache, key) = self.cache_of(req, ask);
-        cache.get_stale(&key)
+        known(cache.get_stale(&key))
     }
 
     /// The cache answering `ask`, and its key.
@@ -440,6 +441,41 @@ impl Resolver {
                 }
             }
         })
+    }
+}
+
+/// A cache's entry in the plan's terms: a number, none, or a miss (not known).
+fn known(cached: Cached) -> Known<Phone> {
+    match cached {
+        Cached::Phone(phone) => Known::Yes(phone),
+        Cached::NoPhone => Known::No,
+        Cached::Miss => Known::NotKnown,
+    }
+}
+
+/// The seller's call tracking in the plan's terms; not known until the status
+/// set is loaded (docs/status-sync.md).
+fn tracking(tracking: Tracking) -> Known<()> {
+    match tracking {
+        Tracking::On => Known::Yes(()),
+        Tracking::Off => Known::No,
+        Tracking::Unknown => Known::NotKnown,
+    }
+}
+
+/// An answer as the state it settles, by the error's class
+/// ([`UpstreamError::class`](crate::upstream::UpstreamError::class)): only its
+/// upstream's verdict fails the source; anything else (the gateway's own
+/// refusal or trouble, a panicked or cancelled fetch, a load refusal) leaves
+/// it undecided.
+fn state_of(answer: &FetchResult) -> SourceState {
+    match answer {
+        Ok(Some(phone)) => SourceState::Found(*phone),
+        Ok(None) => SourceState::NotFound,
+        Err(error) => match error.class() {
+            Class::Verdict => SourceState::Failed,
+            Class::Undecided => SourceState::Undecided,
+        },
     }
 }
 
@@ -505,7 +541,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::domain::{AdId, CategoryId};
-    use crate::status::Tracking;
+    use crate::upstream::UpstreamError;
     use std::time::Duration;
 
     fn phone(text: &str) -> Phone {
@@ -552,10 +588,10 @@ mod tests {
         let at_deadline = |req: &Request, real: Option<Phone>| {
             let mut progress = resolver.selection.start(
                 req,
-                || Tracking::On,
+                || Known::Yes(()),
                 |ask| match (ask, real) {
-                    (Ask::RealPhone, Some(phone)) => Cached::Phone(phone),
-                    _ => Cached::Miss,
+                    (Ask::RealPhone, Some(phone)) => Known::Yes(phone),
+                    _ => Known::NotKnown,
                 },
             );
             progress.at_deadline(|ask| resolver.stale(req, ask));
@@ -592,5 +628,41 @@ mod tests {
         let states = at_deadline(&req, None);
         assert_eq!(states[Source::RealPhone], SourceState::Failed);
         assert_eq!(states[Source::Calltracking], SourceState::Failed);
+    }
+
+    /// What reaches the plan: every upstream error by its class, and each
+    /// translation of a cache's entry and the status set's word.
+    #[test]
+    fn an_answer_is_a_state_by_its_class() {
+        let found = phone("+79161234567");
+        assert_eq!(state_of(&Ok(Some(found))), SourceState::Found(found));
+        assert_eq!(state_of(&Ok(None)), SourceState::NotFound);
+        #[rustfmt::skip]
+        let table = [
+            (UpstreamError::Status(500),               SourceState::Failed),
+            (UpstreamError::Timeout,                   SourceState::Failed),
+            (UpstreamError::CircuitOpen,               SourceState::Failed),
+            (UpstreamError::Connect("reset".into()),   SourceState::Failed),
+            (UpstreamError::Decode("not json"),        SourceState::Failed),
+            (UpstreamError::Request,                   SourceState::Undecided),
+            (UpstreamError::Saturated,                 SourceState::Undecided),
+            (UpstreamError::SellerSaturated,           SourceState::Undecided),
+            (UpstreamError::LoadRefused(429),          SourceState::Undecided),
+            (UpstreamError::LoadRefused(503),          SourceState::Undecided),
+            (UpstreamError::Local("EMFILE".into()),    SourceState::Undecided),
+            (UpstreamError::LocalTimeout,              SourceState::Undecided),
+            (UpstreamError::Panicked,                  SourceState::Undecided),
+            (UpstreamError::Cancelled,                 SourceState::Undecided),
+        ];
+        for (error, want) in table {
+            let label = format!("{error:?}");
+            assert_eq!(state_of(&Err(error)), want, "{label}");
+        }
+        assert_eq!(known(Cached::Phone(found)), Known::Yes(found));
+        assert_eq!(known(Cached::NoPhone), Known::No);
+        assert_eq!(known(Cached::Miss), Known::NotKnown);
+        assert_eq!(tracking(Tracking::On), Known::Yes(()));
+        assert_eq!(tracking(Tracking::Off), Known::No);
+        assert_eq!(tracking(Tracking::Unknown), Known::NotKnown);
     }
 }

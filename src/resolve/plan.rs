@@ -5,6 +5,11 @@
 //! the states; the resolver only runs the futures, the deadline timer and the
 //! counters.
 //!
+//! The plan speaks its own terms: what is known without asking is a
+//! [`Known`] (a number, none, or not known), an answer is the [`SourceState`]
+//! it settles. The resolver translates a cache's entry, the status set's word
+//! and an upstream's answer into them at one place (`resolve/mod.rs`).
+//!
 //! A request starts from what is known without asking ([`Selection::start`]):
 //! each cache is read through a function handed in (the resolver's reads a
 //! cache; a test's reads a table), in the order the hit path reads them: the
@@ -12,10 +17,8 @@
 //! number, then the call-tracking number of the real one. Sources the caches
 //! cannot settle are pending; [`Progress::asks`] says which to ask at once
 //! (anonymous and real together; call tracking as soon as the real number is
-//! known, since it maps it), and [`Progress::answered`] takes each answer and
-//! says what to ask next. An answer is a state by [`state_of`]: only its
-//! upstream's verdict fails a source; an undecided error (the gateway's own
-//! refusal or trouble, a panicked fetch, a load refusal) leaves it undecided. At the deadline ([`Progress::at_deadline`]) a pending source has
+//! known, since it maps it), and [`Progress::answered`] takes each answer's
+//! state and says what to ask next. At the deadline ([`Progress::at_deadline`]) a pending source has
 //! failed (no answer in time), so its usable stale value is served as for any
 //! failure.
 //!
@@ -25,13 +28,31 @@
 
 use foldhash::HashSet;
 
-use super::request::Request;
 use super::rules::{Decision, Rules, SourceState, States};
-use crate::cache::{Cached, FetchResult};
 use crate::config::SelectionConfig;
-use crate::domain::{OnError, Phone, Source, Sources};
-use crate::status::Tracking;
-use crate::upstream::Class;
+use crate::domain::{AdId, CategoryId, OnError, Phone, Source, Sources, UserId};
+
+/// What the buyer asked about: the resolver's input and the plan's.
+#[derive(Debug, Clone, Copy)]
+pub struct Request {
+    pub user: UserId,
+    pub ad: AdId,
+    pub category: CategoryId,
+    /// The seller's real number, when the caller already has it.
+    pub phone: Option<Phone>,
+}
+
+/// The plan's one tri-state: what is known without asking. `Yes` holds what
+/// is known (a cached number; `()` for a seller's call tracking being on),
+/// `No` that it is known to be absent (a cached "no phone", call tracking
+/// off), `NotKnown` that it is not known here (a cache miss, to be asked; the
+/// status set not loaded yet, so the seller may have call tracking on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Known<T> {
+    Yes(T),
+    No,
+    NotKnown,
+}
 
 /// What `[selection]` (and each source's `on_error`) says, ready to plan with.
 #[derive(Debug, Clone)]
@@ -90,13 +111,14 @@ impl Selection {
         }
     }
 
-    /// What is known without asking: `tracking` is asked only when call tracking
-    /// is in the order, `fresh` once per cache that matters, real first.
+    /// What is known without asking: `tracking` (whether the seller has call
+    /// tracking on) is asked only when call tracking is in the order, `fresh`
+    /// once per cache that matters, real first.
     pub fn start(
         &self,
         req: &Request,
-        tracking: impl FnOnce() -> Tracking,
-        mut fresh: impl FnMut(Ask) -> Cached,
+        tracking: impl FnOnce() -> Known<()>,
+        mut fresh: impl FnMut(Ask) -> Known<Phone>,
     ) -> Progress {
         let order = &self.rules.order;
         let anonymous_applies = order.contains(&Source::Anonymous)
@@ -104,15 +126,15 @@ impl Selection {
         let tracking = if order.contains(&Source::Calltracking) {
             tracking()
         } else {
-            Tracking::Off
+            Known::No
         };
-        let calltracking_applies = tracking == Tracking::On;
+        let calltracking_applies = tracking == Known::Yes(());
         let real_in_order = order.contains(&Source::RealPhone);
         let real_needed = real_in_order || calltracking_applies;
         let real_known = match req.phone {
-            Some(phone) => Cached::Phone(phone),
+            Some(phone) => Known::Yes(phone),
             None if real_needed => fresh(Ask::RealPhone),
-            None => Cached::Miss,
+            None => Known::NotKnown,
         };
         let anonymous = if anonymous_applies {
             known(fresh(Ask::Anonymous))
@@ -127,19 +149,19 @@ impl Selection {
         let calltracking = match (tracking, real_known) {
             // Until the status set is loaded, the seller may have call
             // tracking on: nothing below it may be shown (docs/status-sync.md).
-            (Tracking::Unknown, _) => SourceState::Unknown,
-            (Tracking::Off, _) => SourceState::NotApplicable,
-            (Tracking::On, Cached::Phone(real)) => known(fresh(Ask::Calltracking(real))),
-            (Tracking::On, Cached::NoPhone) => SourceState::NotFound,
-            (Tracking::On, Cached::Miss) => SourceState::Pending,
+            (Known::NotKnown, _) => SourceState::Unknown,
+            (Known::No, _) => SourceState::NotApplicable,
+            (Known::Yes(()), Known::Yes(real)) => known(fresh(Ask::Calltracking(real))),
+            (Known::Yes(()), Known::No) => SourceState::NotFound,
+            (Known::Yes(()), Known::NotKnown) => SourceState::Pending,
         };
         Progress {
             states: States::new(anonymous, calltracking, real),
             real_phone: match real_known {
-                Cached::Phone(phone) => Some(phone),
-                Cached::NoPhone | Cached::Miss => None,
+                Known::Yes(phone) => Some(phone),
+                Known::No | Known::NotKnown => None,
             },
-            real_pending: real_needed && real_known == Cached::Miss,
+            real_pending: real_needed && real_known == Known::NotKnown,
             calltracking_applies,
             real_in_order,
         }
@@ -166,10 +188,11 @@ impl Progress {
         )
     }
 
-    /// The answer to what was asked in `slot`'s slot: the states it settles,
-    /// and what to ask next (call tracking, once the real number is known).
-    pub fn answered(&mut self, slot: Source, answer: &FetchResult) -> Option<Ask> {
-        let state = state_of(answer);
+    /// The answer to what was asked in `slot`'s slot, as the state it settles
+    /// (found, not found, failed by its upstream's verdict, or undecided): the
+    /// states it settles, and what to ask next (call tracking, once the real
+    /// number is known).
+    pub fn answered(&mut self, slot: Source, state: SourceState) -> Option<Ask> {
         match slot {
             Source::Anonymous | Source::Calltracking => {
                 self.states[slot] = state;
@@ -204,7 +227,7 @@ impl Progress {
     /// (stale-if-error, docs/rules.md and docs/caching.md), exactly as when its
     /// upstream call fails: `stale` reads a cache's usable stale value. Every
     /// state is settled after it.
-    pub fn at_deadline(&mut self, mut stale: impl FnMut(Ask) -> Cached) {
+    pub fn at_deadline(&mut self, mut stale: impl FnMut(Ask) -> Known<Phone>) {
         let pending = |states: &States, source| states[source] == SourceState::Pending;
         if pending(&self.states, Source::Anonymous) {
             self.states[Source::Anonymous] = stale_or_failed(stale(Ask::Anonymous));
@@ -213,13 +236,13 @@ impl Progress {
             pending(&self.states, Source::Calltracking) && self.real_phone.is_none();
         if pending(&self.states, Source::RealPhone) || calltracking_waits_for_real {
             let real = stale(Ask::RealPhone);
-            if let Cached::Phone(phone) = real {
+            if let Known::Yes(phone) = real {
                 self.real_phone = Some(phone);
             }
             if pending(&self.states, Source::RealPhone) {
                 self.states[Source::RealPhone] = stale_or_failed(real);
             }
-            if calltracking_waits_for_real && real == Cached::NoPhone {
+            if calltracking_waits_for_real && real == Known::No {
                 // A seller with no phone has no call-tracking number either.
                 self.states[Source::Calltracking] = SourceState::NotFound;
             }
@@ -235,42 +258,25 @@ impl Progress {
 }
 
 /// What a cache knows without fetching, as a source state.
-fn known(cached: Cached) -> SourceState {
+fn known(cached: Known<Phone>) -> SourceState {
     match cached {
-        Cached::Phone(phone) => SourceState::Found(phone),
-        Cached::NoPhone => SourceState::NotFound,
-        Cached::Miss => SourceState::Pending,
+        Known::Yes(phone) => SourceState::Found(phone),
+        Known::No => SourceState::NotFound,
+        Known::NotKnown => SourceState::Pending,
     }
 }
 
 /// A stale cache answer as a source state; none usable means the source failed.
-fn stale_or_failed(stale: Cached) -> SourceState {
+fn stale_or_failed(stale: Known<Phone>) -> SourceState {
     match known(stale) {
         SourceState::Pending => SourceState::Failed,
         state => state,
     }
 }
 
-/// An answer as a source state by the error's class ([`UpstreamError::class`](crate::upstream::UpstreamError::class)):
-/// only its upstream's verdict fails the source; anything else (the gateway's
-/// own refusal or trouble, a panicked or cancelled fetch, a load refusal)
-/// leaves it undecided.
-pub fn state_of(answer: &FetchResult) -> SourceState {
-    match answer {
-        Ok(Some(phone)) => SourceState::Found(*phone),
-        Ok(None) => SourceState::NotFound,
-        Err(error) => match error.class() {
-            Class::Verdict => SourceState::Failed,
-            Class::Undecided => SourceState::Undecided,
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{AdId, CategoryId, UserId};
-    use crate::upstream::UpstreamError;
     use Source::{Anonymous, Calltracking, RealPhone};
     use SourceState::{Failed, Found, NotApplicable, NotFound, Pending, Undecided, Unknown};
 
@@ -309,57 +315,141 @@ mod tests {
     }
 
     /// What the caches hold, by source (call tracking's for the real number R).
-    type Held = (Cached, Cached, Cached);
+    type Held = (Known<Phone>, Known<Phone>, Known<Phone>);
 
-    fn reader((anonymous, calltracking, real): Held) -> impl FnMut(Ask) -> Cached {
+    fn reader((anonymous, calltracking, real): Held) -> impl FnMut(Ask) -> Known<Phone> {
         move |ask| match ask {
             Ask::Anonymous => anonymous,
             Ask::RealPhone => real,
             Ask::Calltracking(phone) if phone == p(R) => calltracking,
-            Ask::Calltracking(_) => Cached::Miss,
+            Ask::Calltracking(_) => Known::NotKnown,
         }
     }
 
-    const MISS: Cached = Cached::Miss;
-    const NONE: Cached = Cached::NoPhone;
+    const MISS: Known<Phone> = Known::NotKnown;
+    const NONE: Known<Phone> = Known::No;
 
-    fn has(n: u64) -> Cached {
-        Cached::Phone(p(n))
+    fn has(n: u64) -> Known<Phone> {
+        Known::Yes(p(n))
+    }
+
+    /// The seller's call tracking: on, off, or not known (the status set not
+    /// loaded yet).
+    const ON: Known<()> = Known::Yes(());
+    const OFF: Known<()> = Known::No;
+    const UNKNOWN_SET: Known<()> = Known::NotKnown;
+
+    /// Each source's state: anonymous, call tracking, real.
+    type Three = (SourceState, SourceState, SourceState);
+
+    /// A row of the start table: the request (its category, a phone given by
+    /// the caller), the seller's call tracking and what the caches hold; then
+    /// the states, what is asked at once (anonymous, call tracking of which
+    /// number, real) and the decision.
+    #[derive(Clone, Copy)]
+    struct Start {
+        category: u64,
+        given: Option<u64>,
+        tracking: Known<()>,
+        held: Held,
+        states: Three,
+        asks: (bool, Option<u64>, bool),
+        want: Decision,
+    }
+
+    fn start(
+        category: u64,
+        given: Option<u64>,
+        tracking: Known<()>,
+        held: Held,
+        states: Three,
+        asks: (bool, Option<u64>, bool),
+        want: Decision,
+    ) -> Start {
+        Start {
+            category,
+            given,
+            tracking,
+            held,
+            states,
+            asks,
+            want,
+        }
+    }
+
+    /// A row of the deadline table: the category, the seller's call tracking,
+    /// what the caches hold at the start, the answers before the deadline and
+    /// the usable stale values at it; then the states and the decision.
+    #[derive(Clone, Copy)]
+    struct AtDeadline {
+        category: u64,
+        tracking: Known<()>,
+        cached: Held,
+        answered: &'static [(Source, SourceState)],
+        stale: Held,
+        states: Three,
+        want: Decision,
+    }
+
+    fn deadline(
+        category: u64,
+        tracking: Known<()>,
+        cached: Held,
+        answered: &'static [(Source, SourceState)],
+        stale: Held,
+        states: Three,
+        want: Decision,
+    ) -> AtDeadline {
+        AtDeadline {
+            category,
+            tracking,
+            cached,
+            answered,
+            stale,
+            states,
+            want,
+        }
     }
 
     /// From a request, the seller's tracking and what the caches hold: the
     /// states, what is asked at once, and the decision.
     #[test]
-    #[allow(clippy::type_complexity)] // a table reads best as tuples
     fn the_start_table() {
-        let (on, off, unknown) = (Tracking::On, Tracking::Off, Tracking::Unknown);
+        let (on, off, unknown) = (ON, OFF, UNKNOWN_SET);
         #[rustfmt::skip]
-        let table: &[(u64, Option<u64>, Tracking, Held, (SourceState, SourceState, SourceState), (bool, Option<u64>, bool), Decision)] = &[
+        let table = [
             // category   given    tracking  cached (anon, ct, real)      -> states (anon, ct, real)            asks (anon, ct of, real)  decision
             // everything cached: the hit path decides
-            (PLAIN_CATEGORY, None, on,  (MISS, has(C), has(R)),   (NotApplicable, Found(p(C)), Found(p(R))), (false, None, false),     Decision::Answer(Calltracking, p(C))),
-            (ANON_CATEGORY,  None, on,  (has(A), MISS, MISS),     (Found(p(A)), Pending, Pending),           (false, None, true),      Decision::Answer(Anonymous, p(A))),
-            (PLAIN_CATEGORY, None, off, (MISS, has(C), has(R)),   (NotApplicable, NotApplicable, Found(p(R))), (false, None, false),   Decision::Answer(RealPhone, p(R))),
+            start(PLAIN_CATEGORY, None, on,  (MISS, has(C), has(R)),   (NotApplicable, Found(p(C)), Found(p(R))), (false, None, false),     Decision::Answer(Calltracking, p(C))),
+            start(ANON_CATEGORY,  None, on,  (has(A), MISS, MISS),     (Found(p(A)), Pending, Pending),           (false, None, true),      Decision::Answer(Anonymous, p(A))),
+            start(PLAIN_CATEGORY, None, off, (MISS, has(C), has(R)),   (NotApplicable, NotApplicable, Found(p(R))), (false, None, false),   Decision::Answer(RealPhone, p(R))),
             // the real-then-calltracking chain: nothing cached asks real first
-            (PLAIN_CATEGORY, None, on,  (MISS, MISS, MISS),       (NotApplicable, Pending, Pending),         (false, None, true),      Decision::Wait),
+            start(PLAIN_CATEGORY, None, on,  (MISS, MISS, MISS),       (NotApplicable, Pending, Pending),         (false, None, true),      Decision::Wait),
             // real cached, its call-tracking number not: call tracking at once
-            (PLAIN_CATEGORY, None, on,  (MISS, MISS, has(R)),     (NotApplicable, Pending, Found(p(R))),     (false, Some(R), false),  Decision::Wait),
+            start(PLAIN_CATEGORY, None, on,  (MISS, MISS, has(R)),     (NotApplicable, Pending, Found(p(R))),     (false, Some(R), false),  Decision::Wait),
             // a given phone saves the real-phone call and feeds call tracking
-            (PLAIN_CATEGORY, Some(R), on, (MISS, MISS, MISS),     (NotApplicable, Pending, Found(p(R))),     (false, Some(R), false),  Decision::Wait),
+            start(PLAIN_CATEGORY, Some(R), on, (MISS, MISS, MISS),     (NotApplicable, Pending, Found(p(R))),     (false, Some(R), false),  Decision::Wait),
             // a seller with no phone has no call-tracking number either
-            (PLAIN_CATEGORY, None, on,  (MISS, MISS, NONE),       (NotApplicable, NotFound, NotFound),       (false, None, false),     Decision::NoPhone),
+            start(PLAIN_CATEGORY, None, on,  (MISS, MISS, NONE),       (NotApplicable, NotFound, NotFound),       (false, None, false),     Decision::NoPhone),
             // anonymous pending above everything
-            (ANON_CATEGORY,  None, on,  (MISS, has(C), has(R)),   (Pending, Found(p(C)), Found(p(R))),       (true, None, false),      Decision::Wait),
+            start(ANON_CATEGORY,  None, on,  (MISS, has(C), has(R)),   (Pending, Found(p(C)), Found(p(R))),       (true, None, false),      Decision::Wait),
             // the status set not loaded yet: call tracking unknown for everyone,
             // nothing below it is shown, cached or not
-            (PLAIN_CATEGORY, None, unknown, (MISS, has(C), has(R)), (NotApplicable, Unknown, Found(p(R))),   (false, None, false),     Decision::Unavailable { fail_closed: None }),
-            (PLAIN_CATEGORY, None, unknown, (MISS, MISS, MISS),   (NotApplicable, Unknown, Pending),         (false, None, true),      Decision::Unavailable { fail_closed: None }),
-            (ANON_CATEGORY,  None, unknown, (has(A), MISS, MISS), (Found(p(A)), Unknown, Pending),           (false, None, true),      Decision::Answer(Anonymous, p(A))),
+            start(PLAIN_CATEGORY, None, unknown, (MISS, has(C), has(R)), (NotApplicable, Unknown, Found(p(R))),   (false, None, false),     Decision::Unavailable { fail_closed: None }),
+            start(PLAIN_CATEGORY, None, unknown, (MISS, MISS, MISS),   (NotApplicable, Unknown, Pending),         (false, None, true),      Decision::Unavailable { fail_closed: None }),
+            start(ANON_CATEGORY,  None, unknown, (has(A), MISS, MISS), (Found(p(A)), Unknown, Pending),           (false, None, true),      Decision::Answer(Anonymous, p(A))),
         ];
         let selection = selection();
-        for (i, &(category, given, tracking, held, (a, c, r), (ask_a, ask_c, ask_r), want)) in
-            table.iter().enumerate()
-        {
+        for (i, row) in table.iter().enumerate() {
+            let Start {
+                category,
+                given,
+                tracking,
+                held,
+                states: (a, c, r),
+                asks: (ask_a, ask_c, ask_r),
+                want,
+            } = *row;
             let req = request(category, given.map(p));
             let progress = selection.start(&req, || tracking, reader(held));
             assert_eq!(progress.states, States::new(a, c, r), "row {i}");
@@ -401,7 +491,7 @@ mod tests {
         let req = request(ANON_CATEGORY, None);
         let progress = selection.start(
             &req,
-            || Tracking::Off,
+            || OFF,
             |ask| match ask {
                 Ask::Anonymous => has(A),
                 other => panic!("{other:?} read"),
@@ -414,65 +504,41 @@ mod tests {
     }
 
     /// Answers as they arrive, for a tracked seller with nothing cached:
-    /// undecided against failed, and the real-then-calltracking chain.
+    /// undecided against failed, and the real-then-calltracking chain. Which
+    /// upstream error is which state is the error's class
+    /// (the resolver's `an_answer_is_a_state_by_its_class`).
     #[test]
     fn the_answer_table() {
-        let refused = Err(UpstreamError::Saturated);
-        let seller_refused = Err(UpstreamError::SellerSaturated);
-        let failed = Err(UpstreamError::Status(500));
-        let timed_out = Err(UpstreamError::Timeout);
-        let open = Err(UpstreamError::CircuitOpen);
-        let load_refused = Err(UpstreamError::LoadRefused(429));
-        let unavailable_retry = Err(UpstreamError::LoadRefused(503));
-        let local = Err(UpstreamError::Local("EMFILE".into()));
-        let local_timeout = Err(UpstreamError::LocalTimeout);
-        let panicked = Err(UpstreamError::Panicked);
-        let cancelled = Err(UpstreamError::Cancelled);
         let unavailable = Decision::Unavailable { fail_closed: None };
-        let found = |n| Ok(Some(p(n)));
         #[rustfmt::skip]
-        let table: &[(&[(Source, FetchResult)], Decision)] = &[
+        let table: &[(&[(Source, SourceState)], Decision)] = &[
             // the chain: real found asks call tracking, whose number wins
-            (&[(RealPhone, found(R)), (Calltracking, found(C))],              Decision::Answer(Calltracking, p(C))),
-            (&[(RealPhone, found(R))],                                        Decision::Wait),
-            (&[(RealPhone, found(R)), (Calltracking, Ok(None))],              Decision::Answer(RealPhone, p(R))),
-            // call tracking failed by its own upstream: fall through
-            (&[(RealPhone, found(R)), (Calltracking, failed.clone())],        Decision::Answer(RealPhone, p(R))),
-            (&[(RealPhone, found(R)), (Calltracking, timed_out.clone())],     Decision::Answer(RealPhone, p(R))),
-            (&[(RealPhone, found(R)), (Calltracking, open.clone())],          Decision::Answer(RealPhone, p(R))),
-            // not asked (a bound reached): undecided, never the real number
-            (&[(RealPhone, found(R)), (Calltracking, refused.clone())],       Decision::Undecided(Calltracking)),
-            (&[(RealPhone, found(R)), (Calltracking, seller_refused.clone())], Decision::Undecided(Calltracking)),
-            // no word from the upstream: a load refusal, the gateway's own
-            // socket trouble, a panicked or cancelled fetch
-            (&[(RealPhone, found(R)), (Calltracking, load_refused.clone())],  Decision::Undecided(Calltracking)),
-            (&[(RealPhone, found(R)), (Calltracking, unavailable_retry.clone())], Decision::Undecided(Calltracking)),
-            (&[(RealPhone, found(R)), (Calltracking, local.clone())],         Decision::Undecided(Calltracking)),
-            (&[(RealPhone, found(R)), (Calltracking, local_timeout.clone())], Decision::Undecided(Calltracking)),
-            (&[(RealPhone, found(R)), (Calltracking, panicked.clone())],      Decision::Undecided(Calltracking)),
-            (&[(RealPhone, found(R)), (Calltracking, cancelled.clone())],     Decision::Undecided(Calltracking)),
-            // the real number not asked: call tracking cannot be, either
-            (&[(RealPhone, refused.clone())],                                 Decision::Undecided(Calltracking)),
-            (&[(RealPhone, seller_refused.clone())],                          Decision::Undecided(Calltracking)),
-            (&[(RealPhone, load_refused.clone())],                            Decision::Undecided(Calltracking)),
-            (&[(RealPhone, panicked.clone())],                                Decision::Undecided(Calltracking)),
+            (&[(RealPhone, Found(p(R))), (Calltracking, Found(p(C)))], Decision::Answer(Calltracking, p(C))),
+            (&[(RealPhone, Found(p(R)))],                              Decision::Wait),
+            (&[(RealPhone, Found(p(R))), (Calltracking, NotFound)],    Decision::Answer(RealPhone, p(R))),
+            // call tracking failed by its own upstream's verdict: fall through
+            (&[(RealPhone, Found(p(R))), (Calltracking, Failed)],      Decision::Answer(RealPhone, p(R))),
+            // no word from the upstream (a bound reached, a load refusal, the
+            // gateway's own trouble, a panicked or cancelled fetch): undecided,
+            // never the real number
+            (&[(RealPhone, Found(p(R))), (Calltracking, Undecided)],   Decision::Undecided(Calltracking)),
+            // the real number undecided: call tracking cannot be asked either
+            (&[(RealPhone, Undecided)],                                Decision::Undecided(Calltracking)),
             // the real number failed by its upstream: call tracking too, and so
             // does the request
-            (&[(RealPhone, failed.clone())],                                  unavailable),
-            (&[(RealPhone, timed_out.clone())],                               unavailable),
-            (&[(RealPhone, open.clone())],                                    unavailable),
-            (&[(RealPhone, Ok(None))],                                        Decision::NoPhone),
+            (&[(RealPhone, Failed)],                                   unavailable),
+            (&[(RealPhone, NotFound)],                                 Decision::NoPhone),
         ];
         let selection = selection();
         for (i, (answers, want)) in table.iter().enumerate() {
             let req = request(PLAIN_CATEGORY, None);
-            let mut progress = selection.start(&req, || Tracking::On, reader((MISS, MISS, MISS)));
+            let mut progress = selection.start(&req, || ON, reader((MISS, MISS, MISS)));
             let mut expected_next = None;
-            for (slot, answer) in answers.iter() {
-                if *slot == Calltracking {
+            for &(slot, answer) in answers.iter() {
+                if slot == Calltracking {
                     assert_eq!(expected_next, Some(Ask::Calltracking(p(R))), "row {i}");
                 }
-                expected_next = progress.answered(*slot, answer);
+                expected_next = progress.answered(slot, answer);
             }
             assert_eq!(selection.decide(&progress), *want, "row {i}");
         }
@@ -482,27 +548,21 @@ mod tests {
             fail_closed: Some(Anonymous),
         };
         #[rustfmt::skip]
-        let anonymous: &[(FetchResult, Decision)] = &[
-            (refused,         Decision::Undecided(Anonymous)),
-            (load_refused,    Decision::Undecided(Anonymous)),
-            (local,           Decision::Undecided(Anonymous)),
-            (panicked,        Decision::Undecided(Anonymous)),
-            (failed,          closed),
-            (timed_out,       closed),
-            (open,            closed),
-            (found(A),        Decision::Answer(Anonymous, p(A))),
-            (Ok(None),        Decision::Answer(RealPhone, p(R))),
+        let anonymous: &[(SourceState, Decision)] = &[
+            (Undecided,   Decision::Undecided(Anonymous)),
+            (Failed,      closed),
+            (Found(p(A)), Decision::Answer(Anonymous, p(A))),
+            (NotFound,    Decision::Answer(RealPhone, p(R))),
         ];
-        for (i, (answer, want)) in anonymous.iter().enumerate() {
+        for (i, &(answer, want)) in anonymous.iter().enumerate() {
             let req = request(ANON_CATEGORY, None);
-            let mut progress =
-                selection.start(&req, || Tracking::Off, reader((MISS, MISS, has(R))));
+            let mut progress = selection.start(&req, || OFF, reader((MISS, MISS, has(R))));
             assert_eq!(
                 progress.answered(Anonymous, answer),
                 None,
                 "anonymous row {i}"
             );
-            assert_eq!(selection.decide(&progress), *want, "anonymous row {i}");
+            assert_eq!(selection.decide(&progress), want, "anonymous row {i}");
         }
     }
 
@@ -511,61 +571,64 @@ mod tests {
     /// included). An undecided source stays undecided, and an unknown status
     /// set stays unknown: the deadline fails only what is still pending.
     #[test]
-    #[allow(clippy::type_complexity)] // a table reads best as tuples
     fn the_deadline_table() {
-        let (on, off, unknown) = (Tracking::On, Tracking::Off, Tracking::Unknown);
-        let refused: FetchResult = Err(UpstreamError::LoadRefused(429));
-        let local: FetchResult = Err(UpstreamError::Local("EMFILE".into()));
-        let panicked: FetchResult = Err(UpstreamError::Panicked);
+        let (on, off, unknown) = (ON, OFF, UNKNOWN_SET);
         let unavailable = Decision::Unavailable { fail_closed: None };
         let closed = Decision::Unavailable {
             fail_closed: Some(Anonymous),
         };
         #[rustfmt::skip]
-        let table: &[(u64, Tracking, Held, &[(Source, FetchResult)], Held, (SourceState, SourceState, SourceState), Decision)] = &[
+        let table = [
             // category   tracking cached at start    answered before        stale at the deadline     -> states                                  decision
-            (ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (has(A), has(C), has(R)), (Found(p(A)), Found(p(C)), Found(p(R))), Decision::Answer(Anonymous, p(A))),
-            (ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, MISS),       (Failed, Failed, Failed),                closed),
+            deadline(ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (has(A), has(C), has(R)), (Found(p(A)), Found(p(C)), Found(p(R))), Decision::Answer(Anonymous, p(A))),
+            deadline(ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, MISS),       (Failed, Failed, Failed),                closed),
             // the real number known (cached): call tracking's stale value for it
-            (PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), has(R)),   (NotApplicable, Found(p(C)), Found(p(R))), Decision::Answer(Calltracking, p(C))),
-            (PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, MISS, has(R)),     (NotApplicable, Failed, Found(p(R))),    Decision::Answer(RealPhone, p(R))),
+            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), has(R)),   (NotApplicable, Found(p(C)), Found(p(R))), Decision::Answer(Calltracking, p(C))),
+            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, MISS, has(R)),     (NotApplicable, Failed, Found(p(R))),    Decision::Answer(RealPhone, p(R))),
             // the real number known: its stale entry is not read again (were it,
             // a stale "no phone" would hide the known number's call tracking)
-            (PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), NONE),     (NotApplicable, Found(p(C)), Found(p(R))), Decision::Answer(Calltracking, p(C))),
+            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), NONE),     (NotApplicable, Found(p(C)), Found(p(R))), Decision::Answer(Calltracking, p(C))),
             // a stale "no phone": no call-tracking number either
-            (PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[],                       (MISS, has(C), NONE),     (NotApplicable, NotFound, NotFound),     Decision::NoPhone),
+            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[],                       (MISS, has(C), NONE),     (NotApplicable, NotFound, NotFound),     Decision::NoPhone),
             // a stale real number alone: call tracking failed, real served
-            (PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, has(R)),     (NotApplicable, Failed, Found(p(R))),    Decision::Answer(RealPhone, p(R))),
+            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, has(R)),     (NotApplicable, Failed, Found(p(R))),    Decision::Answer(RealPhone, p(R))),
             // the status set not loaded: call tracking stays unknown, and what is
             // below it is not shown, stale real number or not
-            (PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, has(C), has(R)),   (NotApplicable, Unknown, Found(p(R))),   unavailable),
-            (PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, MISS, MISS),       (NotApplicable, Unknown, Failed),        unavailable),
-            (ANON_CATEGORY,  unknown, (MISS, MISS, MISS), &[],                     (has(A), MISS, has(R)),   (Found(p(A)), Unknown, Found(p(R))),     Decision::Answer(Anonymous, p(A))),
+            deadline(PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, has(C), has(R)),   (NotApplicable, Unknown, Found(p(R))),   unavailable),
+            deadline(PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, MISS, MISS),       (NotApplicable, Unknown, Failed),        unavailable),
+            deadline(ANON_CATEGORY,  unknown, (MISS, MISS, MISS), &[],                     (has(A), MISS, has(R)),   (Found(p(A)), Unknown, Found(p(R))),     Decision::Answer(Anonymous, p(A))),
             // an undecided real number stays undecided, and so does call
             // tracking, which needed it: a stale value does not decide them
-            (PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[(RealPhone, refused)],   (MISS, has(C), has(R)),   (NotApplicable, Undecided, Undecided),   Decision::Undecided(Calltracking)),
-            (PLAIN_CATEGORY, off, (MISS, MISS, MISS),   &[(RealPhone, panicked)],  (MISS, MISS, has(R)),     (NotApplicable, NotApplicable, Undecided), Decision::Undecided(RealPhone)),
+            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[(RealPhone, Undecided)], (MISS, has(C), has(R)),   (NotApplicable, Undecided, Undecided),   Decision::Undecided(Calltracking)),
+            deadline(PLAIN_CATEGORY, off, (MISS, MISS, MISS),   &[(RealPhone, Undecided)], (MISS, MISS, has(R)),     (NotApplicable, NotApplicable, Undecided), Decision::Undecided(RealPhone)),
             // an undecided anonymous source: 503, whatever the deadline settles below
-            (ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[(Anonymous, local)],     (MISS, MISS, has(R)),     (Undecided, Failed, Found(p(R))),        Decision::Undecided(Anonymous)),
-            (ANON_CATEGORY,  off, (MISS, MISS, has(R)), &[(Anonymous, Err(UpstreamError::Saturated))], (has(A), MISS, has(R)), (Undecided, NotApplicable, Found(p(R))), Decision::Undecided(Anonymous)),
+            deadline(ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[(Anonymous, Undecided)], (MISS, MISS, has(R)),     (Undecided, Failed, Found(p(R))),        Decision::Undecided(Anonymous)),
+            deadline(ANON_CATEGORY,  off, (MISS, MISS, has(R)), &[(Anonymous, Undecided)], (has(A), MISS, has(R)), (Undecided, NotApplicable, Found(p(R))), Decision::Undecided(Anonymous)),
         ];
         let selection = selection();
-        for (i, (category, tracking, cached, answered, stale, (a, c, r), want)) in
-            table.iter().enumerate()
-        {
-            let req = request(*category, None);
-            let mut progress = selection.start(&req, || *tracking, reader(*cached));
-            for (slot, answer) in answered.iter() {
-                progress.answered(*slot, answer);
+        for (i, row) in table.iter().enumerate() {
+            let AtDeadline {
+                category,
+                tracking,
+                cached,
+                answered,
+                stale,
+                states: (a, c, r),
+                want,
+            } = *row;
+            let req = request(category, None);
+            let mut progress = selection.start(&req, || tracking, reader(cached));
+            for &(slot, answer) in answered {
+                progress.answered(slot, answer);
             }
-            progress.at_deadline(reader(*stale));
-            assert_eq!(progress.states, States::new(*a, *c, *r), "row {i}");
-            assert_eq!(selection.decide(&progress), *want, "row {i}");
+            progress.at_deadline(reader(stale));
+            assert_eq!(progress.states, States::new(a, c, r), "row {i}");
+            assert_eq!(selection.decide(&progress), want, "row {i}");
         }
         // An undecided call tracking stays undecided, a stale value or not.
         let req = request(PLAIN_CATEGORY, None);
-        let mut progress = selection.start(&req, || Tracking::On, reader((MISS, MISS, has(R))));
-        progress.answered(Calltracking, &Err(UpstreamError::Saturated));
+        let mut progress = selection.start(&req, || ON, reader((MISS, MISS, has(R))));
+        progress.answered(Calltracking, Undecided);
         progress.at_deadline(reader((MISS, has(C), has(R))));
         assert_eq!(progress.states[Calltracking], Undecided);
         assert_eq!(
