@@ -65,8 +65,8 @@
 //! - [`config`]: the configuration tree, its defaults and layering; a file per
 //!   section, which holds the section's keys, defaults and validation.
 //! - [`telemetry`]: logs, the metrics recorder, request ids; [`telemetry::trace`]:
-//!   W3C trace context in and out, and the OTLP span export (export -> context
-//!   -> exported, the flag both read).
+//!   W3C trace context in and out (with the mark of an exported span), and the
+//!   OTLP span export, which reads the context.
 //! - [`runtime`]: tokio worker threads sized to the container's CPU quota, and
 //!   the background threads' priority.
 //! - [`sim`]: the upstream simulator for the demo, the tests and load runs.

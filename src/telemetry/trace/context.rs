@@ -1,7 +1,9 @@
 //! W3C Trace Context in and out: `traceparent` parsed and written, the trace a
 //! request's upstream calls continue ([`TraceContext`], parsed lazily through
 //! [`Incoming`]), the headers of one upstream call, and continuing a caller's
-//! trace in an exported span. Nothing here exports: that is [`super::export`].
+//! trace in an exported span, and the mark of an exported span
+//! ([`EXPORTED_FIELD`], [`current_is_exported`]), which the export reads too.
+//! Nothing here exports: that is [`super::export`].
 //!
 //! `traceparent` is parsed and written here rather than through
 //! `opentelemetry_sdk`'s `TraceContextPropagator`: without export a caller's
@@ -18,7 +20,21 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::exported::current_is_exported;
+/// The field that marks a span's callsite as exported (`otel.kind`, which
+/// `tracing-opentelemetry` reads as the span kind): every other span, and every
+/// event, stays in the logs only.
+pub const EXPORTED_FIELD: &str = "otel.kind";
+
+/// Whether the current span is an exported one: read from its callsite's
+/// fields, without touching the span (no reference count, no lookup).
+pub fn current_is_exported() -> bool {
+    tracing::dispatcher::get_default(|dispatch| {
+        dispatch
+            .current_span()
+            .metadata()
+            .is_some_and(|meta| meta.fields().field(EXPORTED_FIELD).is_some())
+    })
+}
 
 /// The W3C header naming the caller's trace and span.
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");

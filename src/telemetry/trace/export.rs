@@ -4,8 +4,8 @@
 //! [`EXPORTED_FIELD`]: requests and their upstream calls), events on them, and
 //! the provider, layer and OTLP/HTTP exporter ([`Export`], owned by `main`).
 //! Trace context (ids, headers) is [`super::context`]'s, and the export reads
-//! it (`traceparent`'s sampled flag), never the reverse; the mark of an
-//! exported span, which both read, is [`super::exported`].
+//! it (`traceparent`'s sampled flag and the mark of an exported span), never
+//! the reverse.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -20,8 +20,7 @@ use rand_xoshiro::SplitMix64;
 use rand_xoshiro::rand_core::{RngCore as _, SeedableRng as _};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::context::{TRACEPARENT, parse_traceparent};
-use super::exported::{EXPORTED_FIELD, current_is_exported};
+use super::context::{EXPORTED_FIELD, TRACEPARENT, current_is_exported, parse_traceparent};
 use crate::config::TracingConfig;
 
 /// The service name spans are exported under.

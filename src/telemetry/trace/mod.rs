@@ -1,9 +1,8 @@
-//! Distributed tracing (docs/tracing.md), in three modules, `export` importing
-//! `context` importing `exported`: [`context`], W3C trace context in and out (ids,
-//! `traceparent`/`tracestate`, what an upstream call carries); [`export`], the
-//! OpenTelemetry export of spans (sampling, the layer, the provider and its one
-//! owner); and [`exported`], the mark of an exported span both read. Their
-//! items are re-exported here.
+//! Distributed tracing (docs/tracing.md), in two modules, `export` importing
+//! `context`: [`context`], W3C trace context in and out (ids,
+//! `traceparent`/`tracestate`, what an upstream call carries) and the mark of an
+//! exported span; [`export`], the OpenTelemetry export of spans (sampling, the
+//! layer, the provider and its one owner). Their items are re-exported here.
 //!
 //! Two modes, chosen once at start by `tracing.otlp_endpoint`:
 //! - **No export** (the default): no span is recorded. Upstream calls still
@@ -25,11 +24,9 @@
 
 pub mod context;
 pub mod export;
-pub mod exported;
 
 pub use context::{
     Incoming, Parent, RequestTrace, TRACEPARENT, TRACESTATE, TraceContext, call_headers,
-    continue_trace, format_traceparent, parse_traceparent,
+    continue_trace, current_is_exported, format_traceparent, parse_traceparent,
 };
 pub use export::{Export, event, sampled, upstream_span};
-pub use exported::current_is_exported;
