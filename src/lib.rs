@@ -8,10 +8,10 @@
 //! Imports go one way: `http -> resolve -> (cache, upstream, status) ->
 //! store -> domain`, and `http -> (budget, reveals) -> store`; [`app`] wires the
 //! parts; [`config`], [`telemetry`] and [`domain`] import nothing above them.
-//! Inside every folder too, the modules (its files and subfolders, the
-//! folder's own module one of them) import one another without a cycle.
-//! `tests/arrows.rs` fails on a cycle at either level, on a file outside
-//! `store` that names sqlx, and on `http::api` importing `http::server`.
+//! Inside a folder, files may use one another both ways: a folder is one
+//! module to the rest of the crate. `tests/arrows.rs` fails on a cycle between
+//! top-level modules, on a file outside `store` that names sqlx, and on
+//! `http::api` importing `http::server`.
 //!
 //! - [`app`]: builds the parts from the configuration, runs both listeners and
 //!   owns every background task (one cancellation token and task tracker:

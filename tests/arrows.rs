@@ -6,9 +6,10 @@
 //! importing anything above it (`domain` imports nothing of the crate;
 //! `config` only the domain; `telemetry` only config and domain).
 //!
-//! Every folder below `src/` is checked the same way, its direct children and
-//! its `mod.rs` the nodes (`no_folder_has_a_cycle` says how an import is
-//! counted): no cycle in any folder.
+//! Inside a folder, files may import each other both ways: a folder is one
+//! module to the rest of the crate, and a file is folded into its sibling
+//! where that reads better, never kept apart only to keep a cycle away.
+//!
 //! It also fails when a file outside `store` names sqlx: the database is the
 //! store's, and the rest of the crate reaches it through the store's handles.
 //!
@@ -285,105 +286,6 @@ fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
         .find_map(|node| visit(graph, node, &mut Vec::new(), &mut done))
 }
 
-/// Every folder below `src/` is a graph of its own: its nodes are its direct
-/// children (a file `x.rs` or a folder `x/` is the node `x`), and its `mod.rs`
-/// is the node `mod`, a node like the others. An import goes from the node of
-/// the file that names a path to the node the path lands in:
-/// `crate::a::f::x::...`, `super::x::...` or (in `mod.rs`) `x::...` land in
-/// `x`; a path to an item of the folder itself (`super::Item`,
-/// `crate::a::f::Item`, `use super::*`) lands in `mod`, since `mod.rs` defines
-/// or re-exports it. A `mod x;` declaration is no import. So a child may import
-/// what `mod.rs` defines only if `mod.rs` imports nothing from it (directly or
-/// round about), and the other way round. This test fails on a cycle in any
-/// folder, naming the folder and the cycle.
-#[test]
-fn no_folder_has_a_cycle() {
-    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
-    let folders = folders(src);
-    assert!(folders.len() > 10, "read the folders: {folders:?}");
-    let circles: Vec<String> = folders
-        .iter()
-        .filter_map(|folder| {
-            let graph = folder_graph(src, folder);
-            find_cycle(&graph).map(|cycle| {
-                let name = folder.strip_prefix(src).unwrap().display();
-                format!("src/{name}: {}", cycle.join(" -> "))
-            })
-        })
-        .collect();
-    assert!(
-        circles.is_empty(),
-        "cycles inside folders:\n{}",
-        circles.join("\n")
-    );
-}
-
-#[test]
-fn the_folder_checker_finds_a_cycle_through_mod_rs() {
-    // A child importing what `mod.rs` defines, while `mod.rs` imports the child.
-    let circle = folder_graph_of(
-        &["a", "f"],
-        &[
-            (
-                "mod",
-                "mod x;\nmod y;\npub use x::Thing;\npub struct RequestLimits;",
-            ),
-            ("x", "use super::RequestLimits;\npub struct Thing;"),
-            ("y", ""),
-        ],
-    );
-    assert_eq!(circle["mod"], BTreeSet::from(["x".to_owned()]));
-    assert_eq!(circle["x"], BTreeSet::from(["mod".to_owned()]));
-    assert!(find_cycle(&circle).is_some());
-    // Two siblings through absolute and grouped paths, across lines.
-    let circle = folder_graph_of(
-        &["a", "f"],
-        &[
-            ("mod", "mod x;\nmod y;"),
-            ("x", "use crate::a::f::{\n    y::Route,\n};"),
-            ("y", "fn f() { use crate::a::{f::x::Handler}; }"),
-        ],
-    );
-    assert_eq!(
-        find_cycle(&circle).unwrap(),
-        ["x", "y", "x"].map(str::to_owned)
-    );
-    // One way only: no cycle. The test module's `super` is its own file, a
-    // `mod x;` declaration is no import, nor a path in a comment or a string,
-    // nor one in a `#[cfg(test)]` module.
-    let one_way = folder_graph_of(
-        &["a", "f"],
-        &[
-            (
-                "mod",
-                "//! see [`x::Thing`]\npub mod x;\npub mod y;\npub use y::Route;",
-            ),
-            (
-                "x",
-                "use super::y::Route;\nmod tests { use super::*; use super::super::y; }",
-            ),
-            (
-                "y",
-                "const P: &str = \"super::x::no\"; // super::x::neither\n\
-                 #[cfg(test)]\nmod tests {\n    use crate::a::f::x::Thing;\n}",
-            ),
-        ],
-    );
-    assert_eq!(one_way["mod"], BTreeSet::from(["y".to_owned()]));
-    assert_eq!(one_way["x"], BTreeSet::from(["y".to_owned()]));
-    assert!(one_way["y"].is_empty(), "{one_way:?}");
-    assert_eq!(find_cycle(&one_way), None);
-    // An inline module that is not a test's imports for its file.
-    let inline = folder_graph_of(
-        &["a", "f"],
-        &[
-            ("x", ""),
-            ("y", "mod inner {\n    use super::super::x::T;\n}"),
-        ],
-    );
-    assert_eq!(inline["y"], BTreeSet::from(["x".to_owned()]));
-}
-
 #[test]
 fn the_path_reader_reads_every_spelling() {
     let module = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -469,23 +371,6 @@ fn folder_graph_of(folder: &[&str], files: &[(&str, &str)]) -> Graph {
         );
     }
     graph
-}
-
-/// Every folder below `src/` (not `src/` itself: its nodes are the top-level
-/// modules, checked above).
-fn folders(src: &Path) -> Vec<std::path::PathBuf> {
-    let (mut found, mut todo) = (Vec::new(), vec![src.to_path_buf()]);
-    while let Some(dir) = todo.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                found.push(path.clone());
-                todo.push(path);
-            }
-        }
-    }
-    found.sort();
-    found
 }
 
 /// The nodes of `folder` -> the sibling nodes its files' paths land in.
