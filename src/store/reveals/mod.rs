@@ -4,15 +4,15 @@
 //! and retention in small batches. Held by the flush and retention tasks and
 //! by the reveal routes.
 //!
-//! The interface is here; each dialect is a file of its own ([`sqlite`],
-//! [`postgres`]), with the rows both read in [`rows`]. SQLite keeps no index
+//! The interface is here, with what both dialects share: a batch's per-ad
+//! counts and the row a reveal is read back from ([`RevealRow`]). Each
+//! dialect is a file of its own ([`sqlite`], [`postgres`]). SQLite keeps no index
 //! entry per reveal: its indexes are the viewers' runs ([`viewer_runs`]) and
 //! the sellers' postings ([`seller_postings`]), written by its flush in
 //! multi-row inserts ([`inserts`]).
 
 mod inserts;
 mod postgres;
-mod rows;
 mod seller_postings;
 mod sqlite;
 #[cfg(test)]
@@ -23,8 +23,9 @@ mod viewer_runs;
 
 use super::error::StoreError;
 use super::pool::{Backend, on_connection, signed, unsigned};
-use crate::domain::{AdId, Reveal, RevealCounts, RevealQuery, Source, StoredReveal};
-use rows::stored;
+use crate::domain::{
+    AdId, CategoryId, Reveal, RevealCounts, RevealQuery, Source, StoredReveal, UserId, Viewer,
+};
 
 /// Per-ad counts of one batch: one row per (ad, kind) that occurs in it.
 fn counts_of(reveals: &[Reveal]) -> Vec<(AdId, Source, u64)> {
@@ -41,6 +42,26 @@ fn counts_of(reveals: &[Reveal]) -> Vec<(AdId, Source, u64)> {
         .collect();
     counts.sort_unstable_by_key(|&(ad, kind, _)| (ad, kind.as_str()));
     counts
+}
+
+/// A row of `reveals` as both dialects read it: (id, at_us, viewer, user_id,
+/// ad_id, category_id, kind).
+type RevealRow = (i64, i64, Option<String>, i64, i64, i64, String);
+
+/// The reveal a row stands for; `None` for a row no reveal could hold.
+fn stored(row: RevealRow) -> Option<StoredReveal> {
+    let (id, at_us, viewer, user, ad, category, kind) = row;
+    Some(StoredReveal {
+        id,
+        reveal: Reveal {
+            at_us,
+            viewer: viewer.and_then(|v| Viewer::parse(v.as_bytes()).ok()),
+            user: UserId::new(unsigned(user)).ok()?,
+            ad: AdId::new(unsigned(ad)).ok()?,
+            category: CategoryId::new(unsigned(category)).ok()?,
+            kind: Source::from_name(&kind)?,
+        },
+    })
 }
 
 /// The reveal store failed: the cause ([`StoreError`]), under a name of its own

@@ -3,7 +3,7 @@
 //! at_us, id) and (viewer, at_us, id) (COPY made a viewer's index cheap
 //! enough here); retention deletes the oldest by time.
 
-use super::rows::RevealRow;
+use super::RevealRow;
 use crate::domain::{AdId, Reveal, RevealQuery, RevealsOf, Source, Viewer};
 use crate::store::error::StoreError;
 use crate::store::pool::{Pg, signed};

@@ -31,8 +31,8 @@
 
 use sqlx::SqliteConnection;
 
+use super::RevealRow;
 use super::inserts::{sqlite_chunks, sqlite_insert};
-use super::rows::RevealRow;
 use crate::domain::{Reveal, RevealQuery};
 use crate::store::pool::signed;
 

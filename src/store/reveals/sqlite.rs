@@ -10,8 +10,8 @@
 
 use sqlx::{SqliteConnection, SqlitePool};
 
+use super::RevealRow;
 use super::inserts::{sqlite_chunks, sqlite_insert};
-use super::rows::RevealRow;
 use super::{seller_postings, viewer_runs};
 use crate::domain::{AdId, Reveal, RevealQuery, RevealsOf, Source, Viewer};
 use crate::store::error::StoreError;

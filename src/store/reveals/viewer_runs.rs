@@ -16,8 +16,8 @@
 
 use sqlx::SqliteConnection;
 
+use super::RevealRow;
 use super::inserts::{sqlite_chunks, sqlite_insert};
-use super::rows::RevealRow;
 use crate::domain::{Reveal, RevealQuery, Viewer};
 
 /// Runs a page reads first; doubled each time the page is not yet settled, up
