@@ -2,7 +2,7 @@
 //! (`UNNEST`), the fleet's totals and the window before read back in it; the
 //! replicas alive; retention by `ctid`.
 
-use super::rows::{Expired, Spend, TotalRow, key, seconds};
+use super::{Expired, Spend, TotalRow, key, seconds};
 use crate::store::error::StoreError;
 use crate::store::pool::Pg;
 

@@ -5,7 +5,7 @@
 
 use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
-use super::rows::{Expired, Spend, TotalRow, key, seconds};
+use super::{Expired, Spend, TotalRow, key, seconds};
 use crate::store::error::StoreError;
 use crate::store::pool::SQLITE_BEGIN_WRITE;
 
