@@ -19,8 +19,9 @@
 //! returns the cause bare.
 //!
 //! **Split by capability, then by dialect.** Each capability is a module of
-//! one shape: its interface (the handle, its error, its operations, and the
-//! queries whose text is the same in both dialects) first, then a file per
+//! one shape: its interface (the handle, its error, its operations, the rows
+//! both dialects read and write, and the queries whose text is the same in
+//! both) first, then a file per
 //! dialect with that dialect's SQL, side by side where a reader sees the two
 //! stay equal. By capability first because capabilities are what change: a
 //! new query is one capability's interface and dialects, and its error, its

@@ -15,26 +15,81 @@
 //! flip and an invalidation of the same seller apply in the order they were
 //! written. SQLite serves one replica and records none.
 //!
-//! The two dialects are a file each ([`sqlite`], [`postgres`]), with the rows
-//! both read and write in [`rows`]: their write paths differ in shape
-//! (multi-row inserts under SQLite's one writer; arrays, `COPY` and an
-//! advisory lock on PostgreSQL), not only in placeholders.
+//! The interface is here, with what both dialects read and write: a row of
+//! the change log ([`Row`]), a position in it ([`Watermark`]), the snapshot
+//! floor's row ([`FLOOR_USER`]) and a delivery's plan against the stored
+//! versions. The two dialects are a file each ([`sqlite`], [`postgres`]):
+//! their write paths differ in shape (multi-row inserts under SQLite's one
+//! writer; arrays, `COPY` and an advisory lock on PostgreSQL), not only in
+//! placeholders.
 
 mod postgres;
-mod rows;
 mod sqlite;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use super::error::StoreError;
 use super::leadership::Fence;
-use super::pool::{Backend, on_connection};
-use crate::domain::{Applied, StatusChange, UserId};
-
-pub use rows::{Change, FLOOR_USER, Row, Watermark};
+use super::pool::{Backend, on_connection, unsigned};
+use crate::domain::{Applied, Status, StatusChange, UserId};
 
 /// Rows read per catch-up query.
 pub const CHANGES_PAGE: i64 = 50_000;
+
+/// The row that holds the snapshot floor (migration 0002): user ids start at 1,
+/// so user 0 is free. Its version is the last snapshot's; every user without a
+/// row of their own has that version, disabled. A snapshot moves it like any
+/// other row at or below its version; deltas read it as the version of users
+/// without a row; catch-up hands it over with the other rows, in change order.
+pub const FLOOR_USER: u64 = 0;
+
+/// A row of the change log, in change order: a status as stored, or a cache
+/// invalidation (PostgreSQL only; with SQLite invalidations stay local).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Row {
+    pub user_id: u64,
+    pub seq: i64,
+    pub change: Change,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Status {
+        status: Status,
+        /// The change that last turned call tracking on or off (0: never).
+        flip_seq: i64,
+    },
+    /// Every cached number of the seller is to be dropped.
+    Invalidated,
+}
+
+/// A row as both databases return it: (user_id, enabled, version, change_seq,
+/// flip_seq, is an invalidation).
+type RowTuple = (i64, bool, i64, i64, i64, bool);
+
+impl From<RowTuple> for Row {
+    fn from((user_id, enabled, version, seq, flip_seq, invalidation): RowTuple) -> Self {
+        Row {
+            user_id: unsigned(user_id),
+            seq,
+            change: if invalidation {
+                Change::Invalidated
+            } else {
+                Change::Status {
+                    status: Status {
+                        enabled,
+                        version: unsigned(version),
+                    },
+                    flip_seq,
+                }
+            },
+        }
+    }
+}
+
+/// A position in the change log: (change_seq, user_id) of the last row seen.
+pub type Watermark = (i64, i64);
 
 /// The status store failed: the cause ([`StoreError`]), under a name of its own
 /// so that a log or an answer says which store it was.
@@ -254,4 +309,21 @@ impl SnapshotLoad {
             .record(started.elapsed().as_secs_f64());
         Ok(result?)
     }
+}
+
+/// Distinct users of a delivery, and the floor row: the stored versions a
+/// delivery is planned against.
+fn users_of(items: &[StatusChange]) -> Vec<u64> {
+    let mut users: Vec<u64> = items.iter().map(|i| i.user.get()).collect();
+    users.push(FLOOR_USER);
+    users.sort_unstable();
+    users.dedup();
+    users
+}
+
+/// Plans a delivery against the stored versions read with [`users_of`] (the
+/// floor row among them).
+fn plan(items: &[StatusChange], mut stored: HashMap<u64, u64>) -> (Applied, Vec<StatusChange>) {
+    let floor = stored.remove(&FLOOR_USER).unwrap_or(0);
+    crate::domain::plan_changes(items, &stored, floor)
 }

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use sqlx::Row as _;
 
-use super::rows::{Row, RowTuple, Watermark, plan, users_of};
+use super::{Row, RowTuple, Watermark, plan, users_of};
 use crate::domain::StatusChange;
 use crate::domain::{Applied, UserId};
 use crate::store::error::StoreError;

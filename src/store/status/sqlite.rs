@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, QueryBuilder, Row as _, Sqlite, SqlitePool};
 
-use super::rows::{Row, RowTuple, Watermark, plan, users_of};
+use super::{Row, RowTuple, Watermark, plan, users_of};
 use crate::domain::Applied;
 use crate::domain::StatusChange;
 use crate::store::error::StoreError;
