@@ -57,8 +57,8 @@
 //!   change log (invalidations included) for [`status`], the reveal log (with
 //!   its SQLite indexes) for [`reveals`], the fleet's budget totals for
 //!   [`budget`], change hints and the feed's lease for the sync and feed loops.
-//!   Below the handles, the shared pool and error; above them, the database,
-//!   which opens SQLite or PostgreSQL and builds the handles.
+//!   Beside the handles, the shared pool and error, and the database, which
+//!   opens SQLite or PostgreSQL and builds the handles.
 //! - [`domain`]: phones, ids, the sources (and one value per source), the status
 //!   model and its version rule, reveal records: valid values only, parsed once
 //!   at the edge, no I/O.

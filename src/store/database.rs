@@ -1,8 +1,8 @@
 //! The opened database: connecting (SQLite creates its file, PostgreSQL
 //! connects lazily), migrations, the pooler check, closing, and the store
-//! handles, each made from the one pool ([`Backend`]) the [`Database`] holds.
-//! What builds the stores: it imports them, and none of them imports it (the
-//! pool they share, its bounds and its error are leaves of their own).
+//! handles, each made from the one pool ([`Backend`]) the [`Database`] holds;
+//! on SQLite, the reveal log's writer, a connection of its own whose thread
+//! runs at background priority.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -267,7 +267,7 @@ pub(super) const SQLITE_LOG_CHECKPOINT_PAGES: u32 = 8_000;
 /// The reveal log's writer on SQLite: one connection of its own, held open, so
 /// that its page cache ([`SQLITE_LOG_CACHE_KIB`]) stays warm from one flush to
 /// the next instead of being spread over (and evicted from) the status set's
-/// pool. Its thread yields the core to requests (see [`super::priority`]).
+/// pool. Its thread yields the core to requests ([`lower_writer_threads`]).
 /// Same file, same durability as [`connect_sqlite`] (`synchronous =
 /// FULL`: a flush acknowledged is on disk; measured, `NORMAL` saved nothing
 /// at one commit a second). The flush and retention write on it; the reveal
@@ -283,7 +283,7 @@ fn connect_sqlite_log_writer(url: &str, lock: Duration) -> Result<sqlx::SqlitePo
             "wal_autocheckpoint",
             SQLITE_LOG_CHECKPOINT_PAGES.to_string(),
         )
-        .thread_name(super::priority::writer_thread_name);
+        .thread_name(writer_thread_name);
     Ok(SqlitePoolOptions::new()
         .max_connections(1)
         .idle_timeout(None)
@@ -292,12 +292,51 @@ fn connect_sqlite_log_writer(url: &str, lock: Duration) -> Result<sqlx::SqlitePo
         // Each time the connection (and so its thread) is new.
         .after_connect(|_, _| {
             Box::pin(async {
-                super::priority::lower_writer_threads();
+                lower_writer_threads();
                 Ok(())
             })
         })
         .connect_lazy_with(options))
 }
+
+/// The name of the reveal log's SQLite connection thread, by which
+/// [`lower_writer_threads`] finds it: at most 15 bytes with its number,
+/// Linux's limit for a thread name.
+fn writer_thread_name(id: u64) -> String {
+    format!("{WRITER}{id}")
+}
+
+const WRITER: &str = "reveal-writer";
+
+/// Lowers every live thread named by [`writer_thread_name`] to
+/// [`crate::runtime::BACKGROUND_NICE`]: the reveal log's writer is background
+/// work (see [`crate::runtime`]'s module doc). The thread is sqlx's, made when
+/// the connection opens, so it is found by its name in `/proc/self/task` once
+/// its connection is open.
+#[cfg(target_os = "linux")]
+fn lower_writer_threads() {
+    let tasks = match std::fs::read_dir("/proc/self/task") {
+        Ok(tasks) => tasks,
+        Err(error) => {
+            tracing::warn!(%error, "reveals: cannot list threads; the writer keeps its priority");
+            return;
+        }
+    };
+    for task in tasks.flatten() {
+        let is_writer = std::fs::read_to_string(task.path().join("comm"))
+            .is_ok_and(|name| name.starts_with(WRITER));
+        let tid = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<i32>().ok());
+        if let (true, Some(tid)) = (is_writer, tid.and_then(rustix::process::Pid::from_raw)) {
+            crate::runtime::lower_thread(tid);
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn lower_writer_threads() {}
 
 fn pg_options(url: &str) -> Result<PgConnectOptions, StoreError> {
     Ok(PgConnectOptions::from_str(url)?)

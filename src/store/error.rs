@@ -1,8 +1,7 @@
 //! Why a database call failed, whichever store made it: the one cause every
 //! store's own error wraps (the status store's, the reveal store's, the
 //! budget store's), and what the database-wide work (opening, migrations,
-//! the pooler check, leadership) returns bare. A leaf: the pool, the
-//! database and every store name it from here.
+//! the pooler check, leadership) returns bare.
 
 use std::time::Duration;
 

@@ -26,11 +26,11 @@
 //! stay equal. By capability first because capabilities are what change: a
 //! new query is one capability's interface and dialects, and its error, its
 //! bounds and its operation label are decided in the same module. A backend is
-//! added rarely and is the wider change either way. What every capability
-//! shares (the pool of either kind with its bounds and timed calls, the one
-//! cause of every failure) sits below them all; what opens the database and
-//! builds the handles sits above them, so that no module inside the store
-//! imports one above it.
+//! added rarely and is the wider change either way. Beside the capabilities,
+//! what they all share: the pool of either kind with its bounds and timed
+//! calls (`pool`), the one cause of every failure (`error`), and the
+//! [`Database`], which opens SQLite or PostgreSQL (with the reveal log's own
+//! SQLite writer) and builds the handles.
 //!
 //! - *A new capability*: a module with its handle, its error and its SQL in
 //!   each dialect, plus a migration per dialect in `migrations/`; a
@@ -48,7 +48,6 @@ mod error;
 mod hints;
 mod leadership;
 mod pool;
-mod priority;
 mod reveals;
 mod status;
 

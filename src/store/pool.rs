@@ -3,8 +3,8 @@
 //! `database.*` bounds), PostgreSQL's transactions with those bounds set on
 //! the server ([`Pg`]), and the wrappers that bound each call on the client
 //! side, time it for the operation histogram and explain a pool timeout.
-//! Made by `database` when it opens the database; a leaf the stores share,
-//! so that no store imports what builds it.
+//! Made by `database` when it opens the database; every store handle holds
+//! one.
 
 use std::time::Duration;
 
