@@ -16,8 +16,6 @@ mod postgres;
 mod seller_postings;
 mod sqlite;
 #[cfg(test)]
-mod test_support;
-#[cfg(test)]
 mod tests;
 mod viewer_runs;
 

@@ -132,7 +132,7 @@ pub(super) fn copy_text(reveals: &[Reveal]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::reveals::test_support::reveal;
+    use crate::store::reveals::tests::reveal;
 
     #[test]
     fn copy_text_escapes_and_marks_nulls() {

@@ -352,7 +352,7 @@ async fn rows_of(
 mod tests {
     use super::*;
     use crate::domain::{RevealsOf, UserId};
-    use crate::store::reveals::test_support::{migrated_before, migration, reveal_at as reveal};
+    use crate::store::reveals::tests::{migrated_before, migration, reveal_at as reveal};
 
     #[test]
     fn a_posting_lists_one_sellers_reveals_newest_first() {

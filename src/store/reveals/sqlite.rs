@@ -228,7 +228,7 @@ pub(super) fn in_viewer_order(reveals: &[Reveal]) -> Vec<&Reveal> {
 mod tests {
     use super::*;
     use crate::domain::UserId;
-    use crate::store::reveals::test_support::reveal;
+    use crate::store::reveals::tests::reveal;
 
     /// Viewers in order (so a flush is one run per viewer), those without
     /// one first, and within a viewer by seller and time.

@@ -163,7 +163,7 @@ pub(super) async fn read_page(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::reveals::test_support::reveal_at;
+    use crate::store::reveals::tests::reveal_at;
 
     fn reveal(at_us: i64, viewer: Option<&str>) -> Reveal {
         reveal_at(at_us, 1, viewer)
