@@ -1,8 +1,8 @@
-//! The number caches: one [`PhoneCache`] per upstream, and
-//! [`Caches`](caches::Caches), the three of a replica with their
-//! [`Generations`] tables for invalidation by seller (in [`caches`], which
-//! builds on this module's items and is reached at its own path, so that
-//! nothing here reads it back).
+//! The number caches: one [`PhoneCache`] per upstream, here, and
+//! [`Caches`](caches::Caches), the three of a replica built from `[cache]`
+//! with their [`Generations`] tables for invalidation by seller, in
+//! [`caches`]: what one cache does is this file, how a replica sizes, names
+//! and invalidates its three is that one.
 //!
 //! What a cache does, beyond bounded storage:
 //! - **TTL per entry**, positive and negative (a 404 is cached as "no number").
