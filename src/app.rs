@@ -111,7 +111,7 @@ impl Parts {
             status.set().clone(),
         ));
         Parts {
-            budgets: Budgets::new(budget::BudgetSizes::from(&config.rate_limit)),
+            budgets: Budgets::new(&config.rate_limit),
             reveals: config
                 .reveals
                 .enabled
@@ -134,7 +134,9 @@ impl App {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         // The recorder first: the parts register their metrics as they are built.
         let metrics = crate::telemetry::metrics_handle();
-        let database = connect(&config.database).await?;
+        let database = Database::open(&config.database)
+            .await
+            .context("opening database.url")?;
         let reveal_store = database.reveals();
         // The public listener's cap, from the open-files limit (which `main`
         // raised to the hard limit) less what the process's own calls hold.
@@ -348,8 +350,7 @@ impl App {
             loaded,
             crate::status::sync::run(
                 self.status.clone(),
-                self.database
-                    .change_hints(database.sync_interval, database.listen),
+                self.database.change_hints(database),
                 database.sync_interval,
             ),
         ));
@@ -380,7 +381,6 @@ impl App {
         let Some(budgets) = self.budgets.clone() else {
             return;
         };
-        let config = self.config.rate_limit.clone();
         let store = self.database.budgets();
         let ready = loaded.clone();
         // Not cut off at the stop: it reports the last spends first.
@@ -389,7 +389,7 @@ impl App {
                 () = ready.cancelled() => {}
                 () = stop.cancelled() => return,
             }
-            budget::exchange::run(config, budgets, store, stop).await;
+            budget::exchange::run(budgets, store, stop).await;
         });
     }
 
@@ -416,18 +416,6 @@ impl App {
             crate::reveals::retention::run(config, self.reveal_store.clone()),
         ));
     }
-}
-
-/// Opens `[database]`.
-async fn connect(database: &DatabaseConfig) -> anyhow::Result<Database> {
-    Database::connect_via(
-        database.url.expose(),
-        database.direct_url(),
-        database.max_connections,
-        bounds(database),
-    )
-    .await
-    .context("opening database.url")
 }
 
 /// Binds `server.public_addr` and `server.admin_addr`.
@@ -616,12 +604,4 @@ pub fn pooler_without_session(key: &str) -> String {
          server session), and migrations and LISTEN need one: {fix} \
          (or set database.migrate_on_start = false and database.listen = false)"
     )
-}
-
-/// The bounds of every database call, from `[database]`.
-pub fn bounds(database: &DatabaseConfig) -> crate::store::Bounds {
-    crate::store::Bounds {
-        statement: database.statement_timeout,
-        lock: database.lock_timeout,
-    }
 }
