@@ -166,10 +166,7 @@ fn fixture() -> Fixture {
             public_router(state.clone()),
             state,
             Shed::new(4096, 16384),
-            config
-                .tracing
-                .exports()
-                .then_some(config.tracing.sample_ratio),
+            &config.tracing,
         )
     };
     let router = front(None);

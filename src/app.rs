@@ -191,10 +191,7 @@ impl App {
                 // (the admin listener has the header limit only).
                 Shed::new(config.server.max_in_flight, config.server.max_header_bytes),
                 // The share of new traces exported, when spans are.
-                config
-                    .tracing
-                    .exports()
-                    .then_some(config.tracing.sample_ratio),
+                &config.tracing,
             ),
             admin_front: Front::admin(
                 admin_router(admin_state.clone()),
@@ -398,10 +395,8 @@ impl App {
         let Some(reveals) = self.reveals.clone() else {
             return;
         };
-        let config = self.config.reveals.clone();
         let store = self.reveal_store.clone();
         let ready = loaded.clone();
-        let flush_config = config.clone();
         // Not cut off at the stop: it writes what is buffered first (also
         // when the stop comes before the load, then at once).
         background.spawn_until_stopped(|stop| async move {
@@ -409,11 +404,11 @@ impl App {
                 () = ready.cancelled() => {}
                 () = stop.cancelled() => {}
             }
-            crate::reveals::flush::run_apart(flush_config, reveals, store, stop).await;
+            crate::reveals::flush::run_apart(reveals, store, stop).await;
         });
         background.spawn(after(
             loaded,
-            crate::reveals::retention::run(config, self.reveal_store.clone()),
+            crate::reveals::retention::run(self.config.reveals.clone(), self.reveal_store.clone()),
         ));
     }
 }
