@@ -6,7 +6,9 @@
 //!
 //! Each part is built from its own section in one way: its constructor (or its
 //! background task's `run`) takes that section's struct (`&XConfig`, or an
-//! owned copy for a task, which outlives `build`), plus handles to other parts.
+//! owned copy for a task, which outlives `build`), plus handles to other parts;
+//! a part that holds its section whole (the budgets, the reveal buffer) hands
+//! it on to its own task.
 //! So a key that one part reads is added in its section's file and in that
 //! part, never here. Where a part needs a value of another section, that value
 //! is passed as an argument of its own, and the call says why. The resolver
