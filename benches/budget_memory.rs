@@ -7,7 +7,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-use phones_gateway::budget::{BudgetSizes, Budgets};
+use std::time::Duration;
+
+use phones_gateway::budget::Budgets;
+use phones_gateway::config::BudgetsConfig;
 use phones_gateway::domain::Viewer;
 
 fn rss_bytes() -> u64 {
@@ -26,9 +29,10 @@ fn main() {
     } else {
         20_000
     };
-    let budgets = Budgets::new(BudgetSizes {
-        per_minute: 60,
-        per_day: 1_000,
+    let budgets = Budgets::new(&BudgetsConfig {
+        per_viewer_per_minute: 60,
+        per_viewer_per_day: 1_000,
+        exchange_interval: Duration::from_millis(250),
     })
     .unwrap();
     let before = rss_bytes();

@@ -97,12 +97,16 @@ fn start_sink() -> String {
 
 /// The subscriber `HOT_PATH_TRACING` asks for; the config overlay that goes with it.
 fn tracing_setup() -> String {
-    use phones_gateway::config::LogFormat;
+    use phones_gateway::config::{LogConfig, LogFormat};
     let Ok(mode) = std::env::var("HOT_PATH_TRACING") else {
         return String::new();
     };
+    let log = LogConfig {
+        filter: "info".to_owned(),
+        format: LogFormat::Json,
+    };
     if mode == "logs" {
-        phones_gateway::telemetry::init_logs("info", LogFormat::Json).unwrap();
+        phones_gateway::telemetry::init_logs(&log).unwrap();
         return String::new();
     }
     let ratio: f64 = mode.parse().expect("HOT_PATH_TRACING: logs or a ratio");
@@ -113,8 +117,7 @@ fn tracing_setup() -> String {
     let config = Config::from_toml(&overlay).unwrap();
     // Leaked: the exporter runs for the whole process.
     std::mem::forget(
-        phones_gateway::telemetry::init_logs_and_traces("info", LogFormat::Json, &config.tracing)
-            .unwrap(),
+        phones_gateway::telemetry::init_logs_and_traces(&log, &config.tracing).unwrap(),
     );
     println!("tracing: export at sample ratio {ratio}");
     overlay
@@ -163,18 +166,16 @@ fn fixture() -> Fixture {
             public_router(state.clone()),
             state,
             Shed::new(4096, 16384),
-            config
-                .tracing
-                .exports()
-                .then_some(config.tracing.sample_ratio),
+            &config.tracing,
         )
     };
     let router = front(None);
     // Budgets no viewer of the bench reaches (no exchange runs here).
     let budgeted = front(phones_gateway::budget::Budgets::new(
-        phones_gateway::budget::BudgetSizes {
-            per_minute: 65_535,
-            per_day: 65_535,
+        &phones_gateway::config::BudgetsConfig {
+            per_viewer_per_minute: 65_535,
+            per_viewer_per_day: 65_535,
+            exchange_interval: Duration::from_millis(250),
         },
     ));
     let hello = axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));

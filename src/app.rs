@@ -6,7 +6,9 @@
 //!
 //! Each part is built from its own section in one way: its constructor (or its
 //! background task's `run`) takes that section's struct (`&XConfig`, or an
-//! owned copy for a task, which outlives `build`), plus handles to other parts.
+//! owned copy for a task, which outlives `build`), plus handles to other parts;
+//! a part that holds its section whole (the budgets, the reveal buffer) hands
+//! it on to its own task.
 //! So a key that one part reads is added in its section's file and in that
 //! part, never here. Where a part needs a value of another section, that value
 //! is passed as an argument of its own, and the call says why. The resolver
@@ -111,7 +113,7 @@ impl Parts {
             status.set().clone(),
         ));
         Parts {
-            budgets: Budgets::new(budget::BudgetSizes::from(&config.rate_limit)),
+            budgets: Budgets::new(&config.rate_limit),
             reveals: config
                 .reveals
                 .enabled
@@ -134,7 +136,9 @@ impl App {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         // The recorder first: the parts register their metrics as they are built.
         let metrics = crate::telemetry::metrics_handle();
-        let database = connect(&config.database).await?;
+        let database = Database::open(&config.database)
+            .await
+            .context("opening database.url")?;
         let reveal_store = database.reveals();
         // The public listener's cap, from the open-files limit (which `main`
         // raised to the hard limit) less what the process's own calls hold.
@@ -189,10 +193,7 @@ impl App {
                 // (the admin listener has the header limit only).
                 Shed::new(config.server.max_in_flight, config.server.max_header_bytes),
                 // The share of new traces exported, when spans are.
-                config
-                    .tracing
-                    .exports()
-                    .then_some(config.tracing.sample_ratio),
+                &config.tracing,
             ),
             admin_front: Front::admin(
                 admin_router(admin_state.clone()),
@@ -348,8 +349,7 @@ impl App {
             loaded,
             crate::status::sync::run(
                 self.status.clone(),
-                self.database
-                    .change_hints(database.sync_interval, database.listen),
+                self.database.change_hints(database),
                 database.sync_interval,
             ),
         ));
@@ -380,7 +380,6 @@ impl App {
         let Some(budgets) = self.budgets.clone() else {
             return;
         };
-        let config = self.config.rate_limit.clone();
         let store = self.database.budgets();
         let ready = loaded.clone();
         // Not cut off at the stop: it reports the last spends first.
@@ -389,7 +388,7 @@ impl App {
                 () = ready.cancelled() => {}
                 () = stop.cancelled() => return,
             }
-            budget::exchange::run(config, budgets, store, stop).await;
+            budget::exchange::run(budgets, store, stop).await;
         });
     }
 
@@ -398,10 +397,8 @@ impl App {
         let Some(reveals) = self.reveals.clone() else {
             return;
         };
-        let config = self.config.reveals.clone();
         let store = self.reveal_store.clone();
         let ready = loaded.clone();
-        let flush_config = config.clone();
         // Not cut off at the stop: it writes what is buffered first (also
         // when the stop comes before the load, then at once).
         background.spawn_until_stopped(|stop| async move {
@@ -409,25 +406,13 @@ impl App {
                 () = ready.cancelled() => {}
                 () = stop.cancelled() => {}
             }
-            crate::reveals::flush::run_apart(flush_config, reveals, store, stop).await;
+            crate::reveals::flush::run_apart(reveals, store, stop).await;
         });
         background.spawn(after(
             loaded,
-            crate::reveals::retention::run(config, self.reveal_store.clone()),
+            crate::reveals::retention::run(self.config.reveals.clone(), self.reveal_store.clone()),
         ));
     }
-}
-
-/// Opens `[database]`.
-async fn connect(database: &DatabaseConfig) -> anyhow::Result<Database> {
-    Database::connect_via(
-        database.url.expose(),
-        database.direct_url(),
-        database.max_connections,
-        bounds(database),
-    )
-    .await
-    .context("opening database.url")
 }
 
 /// Binds `server.public_addr` and `server.admin_addr`.
@@ -616,12 +601,4 @@ pub fn pooler_without_session(key: &str) -> String {
          server session), and migrations and LISTEN need one: {fix} \
          (or set database.migrate_on_start = false and database.listen = false)"
     )
-}
-
-/// The bounds of every database call, from `[database]`.
-pub fn bounds(database: &DatabaseConfig) -> crate::store::Bounds {
-    crate::store::Bounds {
-        statement: database.statement_timeout,
-        lock: database.lock_timeout,
-    }
 }

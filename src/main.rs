@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use phones_gateway::app::App;
-use phones_gateway::config::{Config, LogFormat, Secret};
+use phones_gateway::config::{Config, DatabaseConfig, LogConfig, LogFormat, Secret};
 use phones_gateway::domain::StatusItem;
 use phones_gateway::sim::{self, SimConfig};
 
@@ -61,7 +61,10 @@ fn main() -> anyhow::Result<()> {
         Command::CheckConfig { config } => check_config(config),
         Command::Migrate { config } => run_migrate(load(config)),
         Command::Simulate(sim_config) => {
-            phones_gateway::telemetry::init_logs("info", LogFormat::Text)?;
+            phones_gateway::telemetry::init_logs(&LogConfig {
+                filter: "info".to_owned(),
+                format: LogFormat::Text,
+            })?;
             runtime(0)?.block_on(simulate(sim_config))
         }
         Command::Demo { config } => run_demo(load(config)),
@@ -72,11 +75,7 @@ fn main() -> anyhow::Result<()> {
 fn run_serve(config: Config) -> anyhow::Result<()> {
     // Dropped last, once the app and its runtime have stopped: the
     // spans still buffered go out then.
-    let _export = phones_gateway::telemetry::init_logs_and_traces(
-        &config.log.filter,
-        config.log.format,
-        &config.tracing,
-    )?;
+    let _export = phones_gateway::telemetry::init_logs_and_traces(&config.log, &config.tracing)?;
     log_mistyped_environment();
     phones_gateway::runtime::raise_open_files();
     let served = runtime(config.runtime.worker_threads)?.block_on(serve(config));
@@ -119,16 +118,15 @@ fn check_config(file: Option<PathBuf>) -> anyhow::Result<()> {
 
 /// `migrate`: applies the migrations and exits.
 fn run_migrate(config: Config) -> anyhow::Result<()> {
-    phones_gateway::telemetry::init_logs(&config.log.filter, config.log.format)?;
+    phones_gateway::telemetry::init_logs(&config.log)?;
     log_mistyped_environment();
+    // One connection is all a migration run takes.
+    let database = DatabaseConfig {
+        max_connections: 1,
+        ..config.database
+    };
     runtime(1)?.block_on(async {
-        let database = phones_gateway::store::Database::connect_via(
-            config.database.url.expose(),
-            config.database.direct_url(),
-            1,
-            phones_gateway::app::bounds(&config.database),
-        )
-        .await?;
+        let database = phones_gateway::store::Database::open(&database).await?;
         // No client bound on the whole run: a migration that rightly
         // takes long (an index on a large table) runs here, not at start.
         database.migrate_within(None).await?;
@@ -139,11 +137,12 @@ fn run_migrate(config: Config) -> anyhow::Result<()> {
 
 /// `demo` (and no command): the service and the simulator together.
 fn run_demo(config: Config) -> anyhow::Result<()> {
-    let _export = phones_gateway::telemetry::init_logs_and_traces(
-        &config.log.filter,
-        LogFormat::Text,
-        &config.tracing,
-    )?;
+    // The demo always writes text (`log.format` is for collectors).
+    let log = LogConfig {
+        format: LogFormat::Text,
+        ..config.log.clone()
+    };
+    let _export = phones_gateway::telemetry::init_logs_and_traces(&log, &config.tracing)?;
     log_mistyped_environment();
     phones_gateway::runtime::raise_open_files();
     runtime(config.runtime.worker_threads)?.block_on(demo(config))

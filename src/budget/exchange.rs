@@ -26,7 +26,6 @@ use std::collections::HashMap;
 
 use super::window::{self, Moment, minute_fits, minute_wait};
 use super::{Budgets, FORGET_EVERY, Ledger, count, low16};
-use crate::config::BudgetsConfig;
 use crate::store::{BudgetStore, Spend, Total};
 
 /// Replicas count as alive while they exchanged within this many seconds.
@@ -62,18 +61,14 @@ impl Gauges {
     }
 }
 
-/// Runs until `stop`, then reports what is left once.
-pub async fn run(
-    config: BudgetsConfig,
-    budgets: Arc<Budgets>,
-    store: BudgetStore,
-    stop: CancellationToken,
-) {
+/// Runs until `stop`, then reports what is left once, every
+/// `rate_limit.exchange_interval_ms` (of the section the budgets hold).
+pub async fn run(budgets: Arc<Budgets>, store: BudgetStore, stop: CancellationToken) {
     let replica = getrandom::u64().unwrap_or_else(|_| Moment::now().0);
     let gauges = Gauges::new();
     gauges.up.set(1.0);
     let exchanging = Exchanging {
-        interval: config.exchange_interval,
+        interval: budgets.config.exchange_interval,
         replica,
         budgets: &budgets,
         store: &store,
@@ -393,7 +388,7 @@ impl Budgets {
         window.known = count(total.spent).max(window.own);
         let spent = window.spent();
         if total.kind == 0 {
-            let per_minute = u64::from(self.limits.per_minute);
+            let per_minute = u64::from(self.config.per_viewer_per_minute);
             if per_minute == 0 {
                 return None;
             }
@@ -406,7 +401,7 @@ impl Budgets {
                 minute_wait(before, spent, 1, per_minute, into).unwrap_or(0)
             })
         } else {
-            let per_day = u64::from(self.limits.per_day);
+            let per_day = u64::from(self.config.per_viewer_per_day);
             if per_day == 0 {
                 return None;
             }
@@ -439,7 +434,8 @@ impl Budgets {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::{BudgetSizes, Refusal};
+    use crate::budget::Refusal;
+    use crate::budget::tests::sizes;
 
     const AT: Moment = Moment(1_800_000_000_000 + 5_000);
 
@@ -468,11 +464,7 @@ mod tests {
 
     #[test]
     fn a_share_follows_the_totals_only_once_two_reports_show_it() {
-        let budgets = Budgets::new(BudgetSizes {
-            per_minute: 60,
-            per_day: 0,
-        })
-        .unwrap();
+        let budgets = Budgets::new(&sizes(60, 0)).unwrap();
         budgets.replicas.store(4, Ordering::Relaxed);
         // First sight: an even share of 60 over 4.
         assert_eq!(admitted(&budgets, 1, AT), 15);
@@ -496,11 +488,7 @@ mod tests {
 
     #[test]
     fn spread_over_replicas_a_share_is_what_this_one_spent_of_the_total() {
-        let budgets = Budgets::new(BudgetSizes {
-            per_minute: 0,
-            per_day: 100,
-        })
-        .unwrap();
+        let budgets = Budgets::new(&sizes(0, 100)).unwrap();
         budgets.replicas.store(4, Ordering::Relaxed);
         assert_eq!(admitted(&budgets, 1, AT), 25);
         report(&budgets, 40, AT);
@@ -519,11 +507,7 @@ mod tests {
     /// `take_spends` stops near its bound, a viewer's two windows together.
     #[test]
     fn spends_are_taken_up_to_a_bound() {
-        let budgets = Budgets::new(BudgetSizes {
-            per_minute: 10,
-            per_day: 10,
-        })
-        .unwrap();
+        let budgets = Budgets::new(&sizes(10, 10)).unwrap();
         for viewer in 0..10 {
             budgets.check_at(viewer, 1, AT).unwrap();
         }
@@ -539,11 +523,7 @@ mod tests {
     async fn a_backlog_is_reported_a_bounded_amount_an_exchange() {
         let (_dir, database) = crate::store::Database::scratch().await;
         let store = database.budgets();
-        let budgets = Budgets::new(BudgetSizes {
-            per_minute: 10,
-            per_day: 10,
-        })
-        .unwrap();
+        let budgets = Budgets::new(&sizes(10, 10)).unwrap();
         let viewers = 40_000u64;
         for viewer in 0..viewers {
             budgets.check_at(viewer, 1, AT).unwrap();

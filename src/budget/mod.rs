@@ -54,23 +54,6 @@ pub const FORGET_EVERY: Duration = Duration::from_secs(10);
 /// ones count as this old.
 const AGES: usize = 64;
 
-/// The configured budgets (0 = off).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BudgetSizes {
-    pub per_minute: u32,
-    pub per_day: u32,
-}
-
-impl From<&BudgetsConfig> for BudgetSizes {
-    /// `rate_limit.per_viewer_per_minute` and `rate_limit.per_viewer_per_day`.
-    fn from(config: &BudgetsConfig) -> Self {
-        BudgetSizes {
-            per_minute: config.per_viewer_per_minute,
-            per_day: config.per_viewer_per_day,
-        }
-    }
-}
-
 /// Why a request was refused, and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -177,7 +160,8 @@ struct Ledger {
 
 /// The viewers' ledgers and what the exchange learned of the fleet.
 pub struct Budgets {
-    limits: BudgetSizes,
+    /// `[rate_limit]`: the budgets (0 = off).
+    config: BudgetsConfig,
     viewers: DashMap<u64, Ledger, foldhash::fast::RandomState>,
     /// Live replicas sharing the database (1 on SQLite or until known).
     replicas: AtomicU32,
@@ -220,19 +204,19 @@ pub struct Kept {
 }
 
 impl Budgets {
-    /// `None` when both budgets are off.
-    pub fn new(limits: BudgetSizes) -> Option<Arc<Budgets>> {
-        Self::with_cap(limits, MAX_LEDGERS)
+    /// The budgets of `[rate_limit]`; `None` when both are off.
+    pub fn new(config: &BudgetsConfig) -> Option<Arc<Budgets>> {
+        Self::with_cap(config, MAX_LEDGERS)
     }
 
     /// As [`Budgets::new`], holding at most `max_ledgers` ledgers.
-    pub fn with_cap(limits: BudgetSizes, max_ledgers: usize) -> Option<Arc<Budgets>> {
-        (limits.per_minute > 0 || limits.per_day > 0).then(|| {
+    pub fn with_cap(config: &BudgetsConfig, max_ledgers: usize) -> Option<Arc<Budgets>> {
+        config.enabled().then(|| {
             let refused = |budget: &'static str| {
                 metrics::counter!("phones_gateway_budget_refused_total", "budget" => budget)
             };
             Arc::new(Budgets {
-                limits,
+                config: *config,
                 viewers: DashMap::with_hasher(foldhash::fast::RandomState::default()),
                 replicas: AtomicU32::new(1),
                 primed: AtomicBool::new(false),
@@ -253,10 +237,6 @@ impl Budgets {
         })
     }
 
-    pub fn limits(&self) -> BudgetSizes {
-        self.limits
-    }
-
     /// The viewer's key, the same on every replica.
     pub fn key(viewer: &Viewer) -> u64 {
         foldhash::fast::FixedState::with_seed(FLEET_SEED).hash_one(viewer.as_str().as_bytes())
@@ -273,8 +253,8 @@ impl Budgets {
 
     fn check_at(&self, key: u64, items: u32, now: Moment) -> Result<(), Refusal> {
         for (budget, per) in [
-            (self.limits.per_minute, "minute"),
-            (self.limits.per_day, "day"),
+            (self.config.per_viewer_per_minute, "minute"),
+            (self.config.per_viewer_per_day, "day"),
         ] {
             if budget > 0 && items > budget {
                 return Err(Refusal::Never { items, budget, per });
@@ -285,7 +265,7 @@ impl Budgets {
             return Err(self.refuse(By::Full, 1000));
         };
         ledger.roll(now);
-        match ledger.admit(now, items, self.limits, replicas) {
+        match ledger.admit(now, items, &self.config, replicas) {
             Ok(()) => Ok(()),
             Err((by, wait_ms)) => {
                 drop(ledger);
@@ -435,7 +415,7 @@ impl Ledger {
         &mut self,
         now: Moment,
         n: u32,
-        limits: BudgetSizes,
+        limits: &BudgetsConfig,
         replicas: u32,
     ) -> Result<(), (By, u64)> {
         let now_s = now.seconds();
@@ -451,9 +431,9 @@ impl Ledger {
         };
         // A share refusal lasts until the next report renews the share.
         let share_wait = 1000;
-        if limits.per_minute > 0 {
+        if limits.per_viewer_per_minute > 0 {
             let (budget, before, into) = (
-                u64::from(limits.per_minute),
+                u64::from(limits.per_viewer_per_minute),
                 u64::from(self.before),
                 now.into_minute(),
             );
@@ -470,8 +450,8 @@ impl Ledger {
                 refuse(By::Share, share_wait);
             }
         }
-        if limits.per_day > 0 {
-            let budget = u64::from(limits.per_day);
+        if limits.per_viewer_per_day > 0 {
+            let budget = u64::from(limits.per_viewer_per_day);
             let remaining = budget.saturating_sub(u64::from(self.day.known));
             if self.day.spent() + n > budget {
                 refuse(By::Day, now.rest_of_day());
@@ -483,10 +463,10 @@ impl Ledger {
             return Err(refused);
         }
         // Only the budgets that are on are counted (and reported).
-        if limits.per_minute > 0 {
+        if limits.per_viewer_per_minute > 0 {
             self.minute.pending = count(u64::from(self.minute.pending) + n);
         }
-        if limits.per_day > 0 {
+        if limits.per_viewer_per_day > 0 {
             self.day.pending = count(u64::from(self.day.pending) + n);
         }
         Ok(())
@@ -506,6 +486,15 @@ impl Ledger {
 mod tests {
     use super::*;
 
+    /// `[rate_limit]` with these budgets (and the default exchange interval).
+    pub(super) fn sizes(per_viewer_per_minute: u32, per_viewer_per_day: u32) -> BudgetsConfig {
+        BudgetsConfig {
+            per_viewer_per_minute,
+            per_viewer_per_day,
+            exchange_interval: Duration::from_millis(250),
+        }
+    }
+
     fn viewer(id: &str) -> Viewer {
         Viewer::parse(id.as_bytes()).unwrap()
     }
@@ -521,11 +510,7 @@ mod tests {
 
     #[test]
     fn alone_a_replica_spends_the_whole_budget_then_refuses_until_it_fits() {
-        let budgets = Budgets::new(BudgetSizes {
-            per_minute: 3,
-            per_day: 0,
-        })
-        .unwrap();
+        let budgets = Budgets::new(&sizes(3, 0)).unwrap();
         for _ in 0..3 {
             budgets.check_at(1, 1, AT).unwrap();
         }
@@ -547,11 +532,7 @@ mod tests {
 
     #[test]
     fn a_first_sight_in_a_fleet_takes_an_even_share() {
-        let budgets = Budgets::new(BudgetSizes {
-            per_minute: 60,
-            per_day: 0,
-        })
-        .unwrap();
+        let budgets = Budgets::new(&sizes(60, 0)).unwrap();
         budgets.replicas.store(4, Ordering::Relaxed);
         for _ in 0..15 {
             budgets.check_at(1, 1, AT).unwrap();
@@ -565,11 +546,7 @@ mod tests {
 
     #[test]
     fn the_day_budget_refuses_until_midnight() {
-        let budgets = Budgets::new(BudgetSizes {
-            per_minute: 0,
-            per_day: 2,
-        })
-        .unwrap();
+        let budgets = Budgets::new(&sizes(0, 2)).unwrap();
         budgets.check_at(1, 2, AT).unwrap();
         let Err(Refusal::Spent { retry_after_s }) = budgets.check_at(1, 1, AT) else {
             panic!("passed");
@@ -584,14 +561,7 @@ mod tests {
     /// had not reported; then new viewers pass again.
     #[test]
     fn the_ledgers_stay_under_their_cap_evicting_the_least_recently_used() {
-        let budgets = Budgets::with_cap(
-            BudgetSizes {
-                per_minute: 10,
-                per_day: 100,
-            },
-            8,
-        )
-        .unwrap();
+        let budgets = Budgets::with_cap(&sizes(10, 100), 8).unwrap();
         let earlier = Moment(AT.0 - 5 * 60_000);
         for viewer in 1..=4 {
             budgets.check_at(viewer, 2, earlier).unwrap();
@@ -670,14 +640,7 @@ mod tests {
     /// between two keeper passes and at three quarters after each.
     #[test]
     fn a_flood_of_viewers_never_grows_the_table_past_its_cap() {
-        let budgets = Budgets::with_cap(
-            BudgetSizes {
-                per_minute: 0,
-                per_day: 5,
-            },
-            1000,
-        )
-        .unwrap();
+        let budgets = Budgets::with_cap(&sizes(0, 5), 1000).unwrap();
         let mut refused = 0;
         for round in 0..10u64 {
             for viewer in 0..700 {

@@ -12,7 +12,8 @@ use super::units;
 /// `[rate_limit]`, the viewers' budgets (docs/budgets.md): counted per
 /// replica, exchanged through the
 /// database every `exchange_interval_ms`, so that they are the fleet's.
-#[derive(Debug, Clone, Deserialize)]
+/// A plain value: the budgets hold it whole.
+#[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetsConfig {
     pub per_viewer_per_minute: u32,

@@ -11,14 +11,14 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::Reveals;
-use crate::config::RevealsConfig;
 use crate::domain::Reveal;
 use crate::store::RevealStore;
 
 /// How long the last flush at shutdown keeps trying a failing database.
 const FINAL_FLUSH_FOR: Duration = Duration::from_secs(5);
 
-/// [`run`] on a thread of its own, at background priority, on a current-thread
+/// [`run`] every `reveals.flush_interval_ms` (of the section the buffer
+/// holds) on a thread of its own, at background priority, on a current-thread
 /// runtime; returns when it does. If the runtime or the thread cannot be
 /// made, [`run`] runs here instead.
 ///
@@ -26,13 +26,8 @@ const FINAL_FLUSH_FOR: Duration = Duration::from_secs(5);
 /// call. PostgreSQL's are sockets registered with the reactor of the runtime
 /// that opened them, and the pool is shared with the request path, so there
 /// the flush stays on the workers (the database's work is in its own process).
-pub async fn run_apart(
-    config: RevealsConfig,
-    reveals: Reveals,
-    store: RevealStore,
-    stop: CancellationToken,
-) {
-    let interval = config.flush_interval;
+pub async fn run_apart(reveals: Reveals, store: RevealStore, stop: CancellationToken) {
+    let interval = reveals.inner.config.flush_interval;
     if !store.is_embedded() {
         return run(reveals, store, interval, stop).await;
     }

@@ -47,8 +47,8 @@ struct Inner {
     /// kept while writes fail, so a hung or failing database shows as a growing
     /// age at scrape time.
     oldest_unwritten_us: AtomicI64,
-    max_buffered: usize,
-    on_overflow: OnOverflow,
+    /// `[reveals]`: `max_buffered` and `on_overflow` are read here.
+    config: RevealsConfig,
     metrics: Metrics,
 }
 
@@ -74,8 +74,7 @@ impl Reveals {
                 receiver: Mutex::new(Some(receiver)),
                 buffered: AtomicUsize::new(0),
                 oldest_unwritten_us: AtomicI64::new(0),
-                max_buffered: config.max_buffered,
-                on_overflow: config.on_overflow,
+                config: config.clone(),
                 metrics: Metrics {
                     recorded: metrics::counter!("phones_gateway_reveals_recorded_total"),
                     dropped: metrics::counter!("phones_gateway_reveals_dropped_total"),
@@ -99,9 +98,9 @@ impl Reveals {
         let inner = &*self.inner;
         // Taken before it is checked, so racing recorders cannot overshoot.
         let before = inner.buffered.fetch_add(1, Ordering::AcqRel);
-        if before >= inner.max_buffered {
+        if before >= inner.config.max_buffered {
             inner.buffered.fetch_sub(1, Ordering::AcqRel);
-            return match inner.on_overflow {
+            return match inner.config.on_overflow {
                 OnOverflow::Drop => {
                     inner.metrics.dropped.increment(1);
                     Ok(())

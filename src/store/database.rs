@@ -18,6 +18,7 @@ use super::leadership::Leadership;
 use super::pool::{ACQUIRE_TIMEOUT, Backend, Bounds, Pg, Sqlite, target};
 use super::reveals::RevealStore;
 use super::status::StatusStore;
+use crate::config::DatabaseConfig;
 
 /// The one database the app opened: the source of every store handle, and
 /// the work that concerns the database as a whole (migrations, the pooler
@@ -52,11 +53,27 @@ impl Database {
         Database::connect_via(url, None, max_connections, Bounds::default()).await
     }
 
-    /// As [`Database::connect`]; for PostgreSQL, `direct` (when given) reaches
+    /// Opens `[database]` as [`Database::connect`] does: `url` with
+    /// `max_connections`, every call bounded by `statement_timeout_ms` and
+    /// `lock_timeout_ms`; for PostgreSQL, `direct_url` (when set) reaches
     /// PostgreSQL itself when `url` is a transaction-mode pooler (see [`Pg`]).
     ///
     /// # Errors
     /// A URL that does not parse, or an SQLite file that cannot be created.
+    pub async fn open(config: &DatabaseConfig) -> Result<Database, StoreError> {
+        let bounds = Bounds {
+            statement: config.statement_timeout,
+            lock: config.lock_timeout,
+        };
+        let url = config.url.expose();
+        Database::connect_via(url, config.direct_url(), config.max_connections, bounds).await
+    }
+
+    /// [`Database::open`] in loose terms, for tests that set bounds of their
+    /// own without a `[database]` section.
+    ///
+    /// # Errors
+    /// As [`Database::open`].
     pub async fn connect_via(
         url: &str,
         direct: Option<&str>,
@@ -105,10 +122,11 @@ impl Database {
     }
 
     /// Hints that the change log may have grown (for the sync loop; see
-    /// [`ChangeHints`]); a broken listener is retried every `retry`. Without
-    /// `listen`, none: the caller's poll alone finds changes.
-    pub fn change_hints(&self, retry: Duration, listen: bool) -> ChangeHints {
-        ChangeHints::of(&self.backend, retry, listen)
+    /// [`ChangeHints`]); a broken listener is retried every
+    /// `database.sync_interval_ms`. Without `database.listen`, none: the
+    /// caller's poll alone finds changes.
+    pub fn change_hints(&self, config: &DatabaseConfig) -> ChangeHints {
+        ChangeHints::of(&self.backend, config.sync_interval, config.listen)
     }
 
     pub fn kind(&self) -> &'static str {

@@ -15,7 +15,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 pub use crate::config::LogFormat;
-use crate::config::TracingConfig;
+use crate::config::{LogConfig, TracingConfig};
 
 pub mod trace;
 
@@ -41,14 +41,15 @@ pub fn with_request_id<F: Future>(
     REQUEST_ID.scope(id, future)
 }
 
-/// Installs the global subscriber: `RUST_LOG` if set, else `filter`; JSON lines
-/// for production, readable text for people.
+/// Installs the global subscriber of `[log]`: `RUST_LOG` if set, else
+/// `log.filter`; `log.format`, JSON lines for production or readable text for
+/// people.
 ///
 /// # Errors
 /// A filter that does not parse, or a subscriber already installed.
-pub fn init_logs(filter: &str, format: LogFormat) -> anyhow::Result<()> {
-    let builder = tracing_subscriber::fmt().with_env_filter(env_filter(filter)?);
-    match format {
+pub fn init_logs(log: &LogConfig) -> anyhow::Result<()> {
+    let builder = tracing_subscriber::fmt().with_env_filter(env_filter(&log.filter)?);
+    match log.format {
         LogFormat::Json => builder
             .json()
             .with_current_span(true)
@@ -66,20 +67,19 @@ pub fn init_logs(filter: &str, format: LogFormat) -> anyhow::Result<()> {
 /// # Errors
 /// As [`init_logs`], or an exporter that cannot be built.
 pub fn init_logs_and_traces(
-    filter: &str,
-    format: LogFormat,
+    log: &LogConfig,
     tracing: &TracingConfig,
 ) -> anyhow::Result<Option<trace::Export>> {
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     if !tracing.exports() {
-        return init_logs(filter, format).map(|()| None);
+        return init_logs(log).map(|()| None);
     }
     let export = trace::Export::new(tracing)?;
     // The filter is the log's alone: the exported spans have their own.
-    let filter = env_filter(filter)?;
-    let logs = match format {
+    let filter = env_filter(&log.filter)?;
+    let logs = match log.format {
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .with_current_span(true)

@@ -30,6 +30,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::shed::Shed;
+use crate::config::TracingConfig;
 use crate::http::api::access::{self, AdminTokens, Caller};
 use crate::http::api::durations;
 use crate::http::api::error::ApiError;
@@ -74,16 +75,13 @@ struct Inner {
 
 impl Front {
     /// The public listener: shedding, and the lookup answered directly. With
-    /// `export_ratio` (`tracing.otlp_endpoint` set) the span of each sampled
-    /// request is exported, sampled at that ratio unless the caller's
+    /// `tracing.otlp_endpoint` set the span of each sampled request is
+    /// exported, sampled at `tracing.sample_ratio` unless the caller's
     /// `traceparent` decides. Given here, not by a setter: the front is shared
     /// (cloned per connection) as soon as it is built.
-    pub fn public(
-        router: Router,
-        state: PublicState,
-        shed: Shed,
-        export_ratio: Option<f64>,
-    ) -> Self {
+    pub fn public(router: Router, state: PublicState, shed: Shed, tracing: &TracingConfig) -> Self {
+        // Read once here: the hit path asks one `Option`.
+        let export_ratio = tracing.exports().then_some(tracing.sample_ratio);
         Front::new(
             router,
             shed,

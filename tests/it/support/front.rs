@@ -46,7 +46,8 @@ pub fn public_front() -> Front {
         public_router(state.clone()),
         state,
         Shed::new(config.server.max_in_flight, config.server.max_header_bytes),
-        None,
+        // No export: `tracing.otlp_endpoint` is empty by default.
+        &config.tracing,
     )
 }
 
