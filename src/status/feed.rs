@@ -9,7 +9,8 @@
 //! renewal fails or does not answer in time, since it can no longer prove
 //! that it leads. Within a poll it asks the feed for a page only while the
 //! lease is still its own by the local clock (a leader woken from a freeze
-//! finds it expired and asks nothing), and each page is stored under the
+//! finds it expired and asks nothing; one frozen between that check and its
+//! send lets that one request out on waking), and each page is stored under the
 //! lease's fencing token, which the store checks in the page's transaction:
 //! a page read under a lease that was lost meanwhile is not stored, so the
 //! cursor never moves back behind a successor's.

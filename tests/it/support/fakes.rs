@@ -78,6 +78,10 @@ pub struct Fake {
     feed_uris: Arc<Mutex<Vec<String>>>,
     /// When set, every status-feed poll is answered this status, empty.
     feed_failure: Arc<Mutex<Option<u16>>>,
+    /// How long every status-feed poll waits before its answer.
+    feed_delay: Arc<Mutex<Duration>>,
+    /// Status-feed polls in flight now, and the most at once so far.
+    feed_in_flight: Arc<Mutex<(usize, usize)>>,
     /// Replies for one seller's lookups, over the behaviour's reply.
     for_seller: Arc<Mutex<HashMap<u64, Reply>>>,
     /// When set, the most lookups answered at once: past it, a lookup is
@@ -87,6 +91,25 @@ pub struct Fake {
     /// Per seller (`user_id`): number lookups in flight now, and the most
     /// at once so far.
     per_seller: Arc<Mutex<HashMap<u64, (usize, usize)>>>,
+}
+
+/// A status-feed poll under way; counted out on drop (also when its caller
+/// gave it up).
+struct FeedPoll(Arc<Mutex<(usize, usize)>>);
+
+impl FeedPoll {
+    fn new(fake: &Fake) -> FeedPoll {
+        let mut counts = fake.feed_in_flight.lock().unwrap();
+        counts.0 += 1;
+        counts.1 = counts.1.max(counts.0);
+        FeedPoll(fake.feed_in_flight.clone())
+    }
+}
+
+impl Drop for FeedPoll {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().0 -= 1;
+    }
 }
 
 /// A lookup under way at a fake with a capacity; gives its place back on drop.
@@ -116,6 +139,8 @@ impl Fake {
             feed: Arc::new(Mutex::new(Vec::new())),
             feed_uris: Arc::new(Mutex::new(Vec::new())),
             feed_failure: Arc::new(Mutex::new(None)),
+            feed_delay: Arc::new(Mutex::new(Duration::ZERO)),
+            feed_in_flight: Arc::new(Mutex::new((0, 0))),
             for_seller: Arc::new(Mutex::new(HashMap::new())),
             capacity: Arc::new(Mutex::new(None)),
             in_flight: Arc::new(AtomicUsize::new(0)),
@@ -208,6 +233,19 @@ impl Fake {
     /// `None`: serves the items again.
     pub fn fail_feed(&self, status: Option<u16>) {
         *self.feed_failure.lock().unwrap() = status;
+    }
+
+    /// Every status-feed poll is answered after `delay` from now on (a slow
+    /// feed, so that a catch-up of many pages takes long).
+    pub fn delay_feed(&self, delay: Duration) {
+        *self.feed_delay.lock().unwrap() = delay;
+    }
+
+    /// The most status-feed polls this fake had in flight at once (each
+    /// counted from its arrival until its answer, or until the caller gave
+    /// it up).
+    pub fn max_feed_in_flight(&self) -> usize {
+        self.feed_in_flight.lock().unwrap().1
     }
 
     /// The path and query of every status-feed poll received.
@@ -339,6 +377,9 @@ async fn answer(State(fake): State<Fake>, request: Request) -> Response {
     };
     if after != usize::MAX {
         fake.feed_uris.lock().unwrap().push(uri);
+        let _in_flight = FeedPoll::new(&fake);
+        let delay = *fake.feed_delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
         if let Some(status) = *fake.feed_failure.lock().unwrap() {
             return StatusCode::from_u16(status).unwrap().into_response();
         }
