@@ -30,7 +30,7 @@ use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
 use phones_gateway::http::api::durations;
 use phones_gateway::http::api::extract::BatchItems;
-use phones_gateway::http::api::paths::{PUBLIC_PHONE, RouteId};
+use phones_gateway::http::api::routes::{PUBLIC_PHONE, RouteId};
 use phones_gateway::telemetry::trace::context::parse_traceparent;
 use serde::Deserialize;
 

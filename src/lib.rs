@@ -25,12 +25,12 @@
 //!     own rejections rewritten as problem documents), each listener's front
 //!     service (request tracking, the admin token, shedding, and the public
 //!     lookup answered without the router: the hit path).
-//!   - [`http::api`]: the route table, from which the routers are built, the
-//!     duration labels and the token check are derived and the OpenAPI check
-//!     iterates; the handlers, extractors, problem documents, the OpenAPI
-//!     documents and the request-duration histogram. Its leaves, which the
-//!     handlers and the table both read: `paths` (every route's path and row),
-//!     `state` (each listener's state) and `limits` (the request limits).
+//!   - [`http::api`]: the route table (one row a route: path, access, scope,
+//!     handlers, OpenAPI entries), from which the routers, the OpenAPI
+//!     documents, the duration labels and the token check are derived; the
+//!     handlers, extractors, problem documents and the request-duration
+//!     histogram; `state` (each listener's state) and `limits` (the request
+//!     limits).
 //! - [`resolve`]: one request's answer. The selection plan (what applies, what
 //!   is asked before what, what the deadline means) and the rule table, both
 //!   pure; the concurrent fan-out to the sources through the caches; cold

@@ -72,13 +72,13 @@ fn the_api_does_not_import_the_server() {
 }
 
 /// Every path of the route table is written once in `src/` (in
-/// `http/api/paths.rs`), and no other literal that looks like one of our
+/// `http/api/routes.rs`), and no other literal that looks like one of our
 /// routes (`"/v1/...`, `"/admin...`) is written twice: a second copy is a second
 /// place to change.
 #[test]
 fn no_route_path_is_written_twice() {
     let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
-    let routes: Vec<&str> = phones_gateway::http::api::paths::LABELS
+    let routes: Vec<&str> = phones_gateway::http::api::routes::LABELS
         .into_iter()
         .filter(|label| label.starts_with('/'))
         .collect();

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use phones_gateway::config::Scope;
-use phones_gateway::http::api::paths::{self, Access};
+use phones_gateway::http::api::routes::{self, Access};
 use reqwest::Method;
 
 use crate::support::paths::{METRICS, REVEALS, STATUSES, ad_reveals_path, status_path};
@@ -97,7 +97,7 @@ async fn send(
 async fn each_scope_against_each_admin_route() {
     let app = TestApp::spawn_with(&one_token_per_scope()).await;
     let mut guarded = 0;
-    for row in paths::ADMIN {
+    for row in routes::ADMIN {
         let Access::Token(needed) = row.access else {
             continue;
         };
@@ -140,7 +140,7 @@ fn got_in(status: u16, set: &[u16]) -> bool {
 #[tokio::test]
 async fn unauthorized_then_forbidden_then_not_found_or_not_allowed() {
     let app = TestApp::spawn_with(&one_token_per_scope()).await;
-    for row in paths::ADMIN.iter().filter(|r| r.access != Access::Open) {
+    for row in routes::ADMIN.iter().filter(|r| r.access != Access::Open) {
         let Access::Token(needed) = row.access else {
             unreachable!()
         };

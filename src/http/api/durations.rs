@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::paths::{LABELS, RouteId};
+use super::routes::{LABELS, RouteId};
 // The bucket bounds every `_seconds` histogram shares.
 use crate::telemetry::DURATION_BOUNDS_NS as BOUNDS_NS;
 
@@ -148,7 +148,7 @@ pub fn render(out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::api::paths;
+    use crate::http::api::routes;
 
     fn rendered() -> String {
         let mut out = String::new();
@@ -158,7 +158,7 @@ mod tests {
 
     #[test]
     fn buckets_are_cumulative_and_bounds_inclusive() {
-        let route = RouteId::admin(paths::OPENAPI_ADMIN);
+        let route = RouteId::admin(routes::OPENAPI_ADMIN);
         record(route, 299, Duration::from_micros(100)); // le 0.0001, inclusive
         record(route, 299, Duration::from_micros(101)); // le 0.00025
         record(route, 299, Duration::from_secs(3)); // +Inf only
@@ -181,14 +181,14 @@ mod tests {
         let statuses = 600..600 + SLOTS as u16 + 2;
         for status in statuses.clone() {
             record(
-                RouteId::admin(paths::HEALTHZ),
+                RouteId::admin(routes::HEALTHZ),
                 status,
                 Duration::from_millis(1),
             );
         }
         let out = rendered();
         for status in statuses {
-            let healthz = paths::HEALTHZ;
+            let healthz = routes::HEALTHZ;
             let line = format!("{NAME}_count{{route=\"{healthz}\",status=\"{status}\"}} 1\n");
             assert!(out.contains(&line), "{line}{out}");
         }

@@ -18,14 +18,13 @@
 //! (`server::serve::serve`), which tracks and admits every request and answers
 //! the public lookup itself.
 //!
-//! Imports go one way, down from this file (the routers) and the route
-//! table ([`routes`]) through the handlers ([`public`], [`admin`],
-//! [`reveals`], [`profile`], and [`openapi`] above those it describes) to
-//! what they all read: the admin tokens and their record ([`access`]), the extractors ([`extract`]), the problem documents
-//! ([`error`]), the listeners' states ([`state`]), the request limits
-//! ([`limits`]), the rows and paths ([`paths`]) and the duration histogram
-//! ([`durations`]). Nothing below reads what is above it, this file included
-//! (`tests/arrows.rs` holds it).
+//! The route table ([`routes`]) names each route's handlers ([`public`],
+//! [`admin`], [`reveals`], [`profile`], [`openapi`]); the handlers name their
+//! path's constant there, and the OpenAPI documents and the duration
+//! histogram ([`durations`]) are read from its rows. Beside them: the admin
+//! tokens and their record ([`access`]), the extractors ([`extract`]), the
+//! problem documents ([`error`]), the listeners' states ([`state`]) and the
+//! request limits ([`limits`]).
 
 pub mod access;
 pub mod admin;
@@ -35,7 +34,6 @@ pub mod error;
 pub mod extract;
 pub mod limits;
 pub mod openapi;
-pub mod paths;
 pub mod profile;
 pub mod public;
 pub mod reveals;

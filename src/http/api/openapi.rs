@@ -1,5 +1,6 @@
-//! The OpenAPI documents of both listeners, generated from the handlers'
-//! annotations (utoipa) and served on the admin listener:
+//! The OpenAPI documents of both listeners: the info and the schemas here, the
+//! operations from the route table's rows (each row's handlers' annotations,
+//! utoipa), and for the admin listener each row's scope. Served as
 //! `/openapi/public.json` and `/openapi/admin.json`. CI runs schemathesis against
 //! them on a live service (`scripts/schemathesis`).
 
@@ -7,7 +8,7 @@ use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{admin, error, paths, profile, public, reveals};
+use super::{admin, error, public, reveals, routes};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -15,7 +16,6 @@ use super::{admin, error, paths, profile, public, reveals};
         title = "phones-gateway public API",
         description = "Which phone number a buyer sees for an ad."
     ),
-    paths(public::public_phone, public::batch),
     components(schemas(
         public::PublicPhone,
         public::BatchBody,
@@ -23,25 +23,15 @@ use super::{admin, error, paths, profile, public, reveals};
         public::BatchResult,
         error::Problem,
         crate::domain::Source
-    )),
-    modifiers(&ProblemContentType)
+    ))
 )]
-pub struct PublicApi;
+struct PublicApi;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "phones-gateway admin API", description = "Status sync, cache invalidation, operations."),
-    paths(
-        admin::post_statuses,
-        admin::put_statuses,
-        admin::get_status,
-        admin::invalidate,
-        reveals::list,
-        reveals::ad_counts,
-        profile::profile,
-        admin::healthz,
-        admin::readyz,
-        admin::metrics
+    info(
+        title = "phones-gateway admin API",
+        description = "Status sync, cache invalidation, operations."
     ),
     components(schemas(
         admin::WebhookBody,
@@ -58,10 +48,35 @@ pub struct PublicApi;
         crate::domain::StatusItem,
         crate::domain::Applied,
         error::Problem
-    )),
-    modifiers(&Bearer, &RequiredScopes, &ProblemContentType)
+    ))
 )]
-pub struct AdminApi;
+struct AdminApi;
+
+/// The public listener's document: the operations of [`routes::PUBLIC`].
+pub fn public_api() -> utoipa::openapi::OpenApi {
+    let mut api = PublicApi::openapi();
+    document(&mut api, routes::PUBLIC);
+    ProblemContentType.modify(&mut api);
+    api
+}
+
+/// The admin listener's document: the operations of [`routes::ADMIN`], the
+/// bearer scheme and each operation's scope.
+pub fn admin_api() -> utoipa::openapi::OpenApi {
+    let mut api = AdminApi::openapi();
+    document(&mut api, routes::ADMIN);
+    Bearer.modify(&mut api);
+    RequiredScopes.modify(&mut api);
+    ProblemContentType.modify(&mut api);
+    api
+}
+
+/// Adds the operations of every row of `table`.
+fn document<S>(api: &mut utoipa::openapi::OpenApi, table: &[routes::Route<S>]) {
+    for doc in table.iter().flat_map(|route| route.docs) {
+        doc(api);
+    }
+}
 
 /// Every 4xx and 5xx response is a problem document: the annotations say
 /// `body = Problem`, and this serves it as `application/problem+json`, in one
@@ -113,7 +128,7 @@ const BEARER_DESCRIPTION: &str = "An admin token (admin.token, or a named \
 /// The operation extension naming the scope a route needs.
 pub const SCOPE_EXTENSION: &str = "x-required-scope";
 
-/// Each admin operation's scope, from the route table (`paths::ADMIN`): the
+/// Each admin operation's scope, from the route table (`routes::ADMIN`): the
 /// bearer requirement, the `x-required-scope` extension, a line of its
 /// description and its 403 answer. Before [`ProblemContentType`]: the 403 is
 /// added as the other errors are written.
@@ -124,8 +139,8 @@ impl Modify for RequiredScopes {
         use utoipa::openapi::extensions::ExtensionsBuilder;
         use utoipa::openapi::security::SecurityRequirement;
         use utoipa::openapi::{Content, Ref, ResponseBuilder};
-        for row in paths::ADMIN {
-            let paths::Access::Token(scope) = row.access else {
+        for row in routes::ADMIN {
+            let routes::Access::Token(scope) = row.access else {
                 continue;
             };
             let Some(item) = openapi.paths.paths.get_mut(row.path) else {
@@ -164,11 +179,11 @@ impl Modify for RequiredScopes {
 }
 
 pub async fn public_json() -> Json<utoipa::openapi::OpenApi> {
-    Json(PublicApi::openapi())
+    Json(public_api())
 }
 
 pub async fn admin_json() -> Json<utoipa::openapi::OpenApi> {
-    Json(AdminApi::openapi())
+    Json(admin_api())
 }
 
 /// Every operation of a path, whatever its method.
@@ -197,34 +212,34 @@ mod tests {
         api.paths.paths.keys().map(String::as_str).collect()
     }
 
-    fn documented(table: &[paths::Row]) -> BTreeSet<&str> {
+    fn documented<S>(table: &[routes::Route<S>]) -> BTreeSet<&str> {
         table
             .iter()
-            .filter(|r| r.documented)
+            .filter(|r| r.documented())
             .map(|r| r.path)
             .collect()
     }
 
-    /// The documents list their handlers (`paths(...)` above): every route the
-    /// table marks documented must be among them, and nothing else.
+    /// The documents hold the rows' entries at the paths the handlers'
+    /// annotations name: each documented row's path, and nothing else.
     #[test]
     fn the_documents_describe_the_routes_the_routers_serve() {
-        let public = PublicApi::openapi();
-        assert_eq!(paths(&public), documented(paths::PUBLIC));
-        let admin = AdminApi::openapi();
-        assert_eq!(paths(&admin), documented(paths::ADMIN));
+        let public = public_api();
+        assert_eq!(paths(&public), documented(routes::PUBLIC));
+        let admin = admin_api();
+        assert_eq!(paths(&admin), documented(routes::ADMIN));
     }
 
     /// docs/admin-access.md: every operation behind a token declares the
     /// bearer scheme and its route's scope; the open ones neither.
     #[test]
     fn each_admin_operation_declares_its_scope() {
-        let json = serde_json::to_value(AdminApi::openapi()).unwrap();
+        let json = serde_json::to_value(admin_api()).unwrap();
         let mut scoped = 0;
-        for row in paths::ADMIN.iter().filter(|r| r.documented) {
+        for row in routes::ADMIN.iter().filter(|r| r.documented()) {
             for (method, op) in json["paths"][row.path].as_object().unwrap() {
                 match row.access {
-                    paths::Access::Token(scope) => {
+                    routes::Access::Token(scope) => {
                         scoped += 1;
                         assert_eq!(op[SCOPE_EXTENSION], scope.as_str(), "{method} {}", row.path);
                         assert_eq!(op["security"], serde_json::json!([{"bearer": []}]));
@@ -235,7 +250,7 @@ mod tests {
                             "#/components/schemas/Problem"
                         );
                     }
-                    paths::Access::Open => {
+                    routes::Access::Open => {
                         assert!(op.get(SCOPE_EXTENSION).is_none(), "{}", row.path);
                         assert!(op["responses"].get("403").is_none(), "{}", row.path);
                     }
@@ -247,7 +262,7 @@ mod tests {
 
     #[test]
     fn every_error_response_is_a_problem_document() {
-        for api in [PublicApi::openapi(), AdminApi::openapi()] {
+        for api in [public_api(), admin_api()] {
             let json = serde_json::to_value(&api).unwrap();
             let mut errors = 0;
             for (path, item) in json["paths"].as_object().unwrap() {

@@ -12,7 +12,7 @@ use super::budget::{self, VIEWER_HEADER};
 use super::error::{ApiError, Problem};
 use super::extract::{BatchItem, BatchItems, Json, batch_item, public_phone_query};
 use super::limits::MAX_BATCH_ITEMS;
-use super::paths;
+use super::routes;
 use super::state::PublicState;
 use crate::domain::{AdId, Phone, Reveal, Source, UserId, Viewer};
 use crate::resolve::{Request, Resolver};
@@ -82,7 +82,7 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
 
 #[utoipa::path(
     get,
-    path = paths::PUBLIC_PHONE,
+    path = routes::PUBLIC_PHONE,
     tag = "public",
     params(
         ("user_id" = i64, Query, minimum = 1, description = "The seller"),
@@ -244,7 +244,7 @@ pub enum BatchResult {
 
 #[utoipa::path(
     post,
-    path = paths::BATCH,
+    path = routes::BATCH,
     tag = "public",
     request_body = BatchBody,
     params(("X-Viewer-Id" = Option<String>, Header, description = "The buyer (1 to 128 visible ASCII characters); each item counts once against the limit and is one reveal")),

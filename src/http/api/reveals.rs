@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 use super::access::{self, Caller};
 use super::error::{ApiError, Problem};
 use super::extract::{Path, field_error};
-use super::paths;
+use super::routes;
 use super::state::AdminState;
 use crate::domain::{AdId, RevealQuery, RevealsOf, Source, StoredReveal, UserId, Viewer};
 
@@ -61,7 +61,7 @@ pub struct AdReveals {
 
 #[utoipa::path(
     get,
-    path = paths::REVEALS,
+    path = routes::REVEALS,
     tag = "admin",
     security(("bearer" = [])),
     params(
@@ -121,7 +121,7 @@ pub async fn list(
 
 #[utoipa::path(
     get,
-    path = paths::REVEALS_OF_AD,
+    path = routes::REVEALS_OF_AD,
     tag = "admin",
     security(("bearer" = [])),
     params(("ad_id" = i64, Path, minimum = 1)),

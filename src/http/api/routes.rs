@@ -1,104 +1,247 @@
-//! The route table: the handlers of every row of both listeners
-//! ([`super::paths`]), at the top of the API: it names the handlers, and
-//! nothing below it names the table. The routers ([`super::public_router`],
-//! [`super::admin_router`]) are folds over [`PUBLIC`] and [`ADMIN`].
+//! The route table of both listeners, one row per route: its path (written
+//! here once, as a constant the handler's `#[utoipa::path]` names), who may
+//! call it (open, or a token with a scope), its handlers by method, and the
+//! handlers' OpenAPI entries. Everything else about routes is read from here:
+//! - the routers ([`super::public_router`], [`super::admin_router`]) are folds
+//!   over [`PUBLIC`] and [`ADMIN`];
+//! - the OpenAPI documents (`openapi`) are the entries of the rows, with the
+//!   scope of each admin row declared on its operations;
+//! - the front finds a request's row once per request ([`RouteId`]) and takes
+//!   from it the duration label ([`RouteId::label`]) and whether the token is
+//!   needed ([`RouteId::needs_token`]: on the admin listener everything but the
+//!   rows marked open, the operations, unmatched paths included);
+//! - the duration histogram (`durations`) keeps a series per row ([`LABELS`]).
 //!
-//! A new route is its path's constant and its row in [`super::paths`] (which
-//! the handler's `#[utoipa::path(path = ...)]` names: utoipa wants a path per
-//! handler, and the constant keeps the literal in one place, which
-//! `tests/arrows.rs` checks), and its handlers here, in the same place of the
-//! same listener's table: a compile-time check holds each table to its rows,
-//! one for one and in order.
+//! A new route is its path's constant, its row here and its handler.
 //!
-//! The path constants, `RouteId` and `LABELS` are re-exported here from
-//! [`super::paths`], so a caller that named them through this module still does.
+//! Two tables, not one with a listener column: each listener's router has its
+//! own state type (`PublicState`, `AdminState`), so a row's handlers are typed
+//! by the table they are in, and a handler cannot land on the wrong listener.
 
 use axum::routing::{MethodRouter, get, post, put};
+use utoipa::openapi::OpenApi;
 
-use super::paths::{self, Row};
-pub use super::paths::{
-    BATCH, HEALTHZ, INVALIDATE, LABELS, METRICS, OPENAPI_ADMIN, OPENAPI_PUBLIC, PROFILE,
-    PUBLIC_PHONE, READYZ, REVEALS, REVEALS_OF_AD, RouteId, STATUS_OF_USER, STATUSES,
-};
 use super::state::{AdminState, PublicState};
 use super::{admin, openapi, profile, public, reveals};
+use crate::config::Scope;
 
-/// The public listener's handlers, row by row of [`paths::PUBLIC`].
+pub const PUBLIC_PHONE: &str = "/v1/public-phone";
+pub const BATCH: &str = "/v1/public-phones/batch";
+
+pub const STATUSES: &str = "/admin/v1/calltracking/statuses";
+pub const STATUS_OF_USER: &str = "/admin/v1/calltracking/statuses/{user_id}";
+pub const INVALIDATE: &str = "/admin/v1/cache/invalidate";
+pub const PROFILE: &str = "/admin/v1/debug/pprof/profile";
+pub const REVEALS: &str = "/admin/v1/reveals";
+pub const REVEALS_OF_AD: &str = "/admin/v1/ads/{ad_id}/reveals";
+pub const HEALTHZ: &str = "/healthz";
+pub const READYZ: &str = "/readyz";
+pub const METRICS: &str = "/metrics";
+pub const OPENAPI_PUBLIC: &str = "/openapi/public.json";
+pub const OPENAPI_ADMIN: &str = "/openapi/admin.json";
+
+/// The public listener's routes, and its API's description (open: it describes
+/// what any caller of this listener may call).
 pub const PUBLIC: &[Route<PublicState>] = &[
-    Route::new(PUBLIC_PHONE, || get(public::public_phone)),
-    Route::new(BATCH, || post(public::batch)),
-    Route::new(OPENAPI_PUBLIC, || get(openapi::public_json)),
+    Route::open(PUBLIC_PHONE, || get(public::public_phone))
+        .doc(&[doc::<public::__path_public_phone>]),
+    Route::open(BATCH, || post(public::batch)).doc(&[doc::<public::__path_batch>]),
+    Route::open(OPENAPI_PUBLIC, || get(openapi::public_json)),
 ];
 
-/// The admin listener's handlers, row by row of [`paths::ADMIN`].
+/// The admin listener's routes. Only the operations (health, readiness,
+/// metrics) are open; the admin API's description wants the token like every
+/// admin route, so a caller without it learns nothing of what the listener
+/// offers. The public API's is on the public listener.
+///
+/// Every other row names the scope its caller's token must carry
+/// (docs/admin-access.md): a row cannot want a token without naming one
+/// ([`Access::Token`] holds it), and the OpenAPI document declares it per
+/// operation from here (`openapi::RequiredScopes`).
 pub const ADMIN: &[Route<AdminState>] = &[
-    Route::new(STATUSES, || {
+    Route::token(STATUSES, Scope::StatusesWrite, || {
         put(admin::put_statuses).post(admin::post_statuses)
-    }),
-    Route::new(STATUS_OF_USER, || get(admin::get_status)),
-    Route::new(INVALIDATE, || post(admin::invalidate)),
-    Route::new(PROFILE, || get(profile::profile)),
-    Route::new(REVEALS, || get(reveals::list)),
-    Route::new(REVEALS_OF_AD, || get(reveals::ad_counts)),
-    Route::new(HEALTHZ, || get(admin::healthz)),
-    Route::new(READYZ, || get(admin::readyz)),
-    Route::new(METRICS, || get(admin::metrics)),
-    Route::new(OPENAPI_ADMIN, || get(openapi::admin_json)),
+    })
+    .doc(&[
+        doc::<admin::__path_put_statuses>,
+        doc::<admin::__path_post_statuses>,
+    ]),
+    Route::token(STATUS_OF_USER, Scope::StatusesRead, || {
+        get(admin::get_status)
+    })
+    .doc(&[doc::<admin::__path_get_status>]),
+    Route::token(INVALIDATE, Scope::CacheInvalidate, || {
+        post(admin::invalidate)
+    })
+    .doc(&[doc::<admin::__path_invalidate>]),
+    Route::token(PROFILE, Scope::Debug, || get(profile::profile))
+        .doc(&[doc::<profile::__path_profile>]),
+    Route::token(REVEALS, Scope::RevealsRead, || get(reveals::list))
+        .doc(&[doc::<reveals::__path_list>]),
+    Route::token(REVEALS_OF_AD, Scope::RevealsRead, || {
+        get(reveals::ad_counts)
+    })
+    .doc(&[doc::<reveals::__path_ad_counts>]),
+    Route::open(HEALTHZ, || get(admin::healthz)).doc(&[doc::<admin::__path_healthz>]),
+    Route::open(READYZ, || get(admin::readyz)).doc(&[doc::<admin::__path_readyz>]),
+    Route::open(METRICS, || get(admin::metrics)).doc(&[doc::<admin::__path_metrics>]),
+    Route::token(OPENAPI_ADMIN, Scope::Debug, || get(openapi::admin_json)),
 ];
 
-const _: () = assert!(
-    follows(PUBLIC, paths::PUBLIC),
-    "routes::PUBLIC must follow paths::PUBLIC row by row"
-);
-const _: () = assert!(
-    follows(ADMIN, paths::ADMIN),
-    "routes::ADMIN must follow paths::ADMIN row by row"
-);
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Open,
+    /// An admin bearer token carrying this scope, checked by the front before
+    /// routing.
+    Token(Scope),
+}
 
-/// The handlers of one row.
+/// One row of a table: a route, as the router, the front, the duration
+/// histogram and the OpenAPI documents see it.
 pub struct Route<S> {
-    /// The row's path ([`Row::path`]).
+    /// The axum path; a `{name}` segment matches one non-empty segment.
     pub path: &'static str,
+    pub access: Access,
     /// The handlers by method, as the router takes them.
     pub handlers: fn() -> MethodRouter<S>,
+    /// The handlers' entries in their listener's OpenAPI document ([`doc`]);
+    /// none for the documents themselves.
+    pub docs: &'static [fn(&mut OpenApi)],
 }
 
 impl<S> Route<S> {
-    const fn new(path: &'static str, handlers: fn() -> MethodRouter<S>) -> Self {
-        Route { path, handlers }
+    const fn open(path: &'static str, handlers: fn() -> MethodRouter<S>) -> Self {
+        Route {
+            path,
+            access: Access::Open,
+            handlers,
+            docs: &[],
+        }
+    }
+
+    const fn token(path: &'static str, scope: Scope, handlers: fn() -> MethodRouter<S>) -> Self {
+        Route {
+            access: Access::Token(scope),
+            ..Route::open(path, handlers)
+        }
+    }
+
+    const fn doc(self, docs: &'static [fn(&mut OpenApi)]) -> Self {
+        Route { docs, ..self }
+    }
+
+    /// Described in its listener's OpenAPI document.
+    pub fn documented(&self) -> bool {
+        !self.docs.is_empty()
+    }
+
+    /// Whether `path` is this route's: equal, a `{name}` segment matching one
+    /// non-empty segment. Splitting borrows; nothing is allocated.
+    fn matches(&self, path: &str) -> bool {
+        let (mut want, mut got) = (self.path.split('/'), path.split('/'));
+        loop {
+            match (want.next(), got.next()) {
+                (None, None) => return true,
+                (Some(w), Some(g)) if w.starts_with('{') && !g.is_empty() => {}
+                (Some(w), Some(g)) if w == g => {}
+                _ => return false,
+            }
+        }
     }
 }
 
-/// Whether `table` has a route for each of `rows`, with the same path, in the
-/// same order.
-const fn follows<S>(table: &[Route<S>], rows: &[Row]) -> bool {
-    if table.len() != rows.len() {
-        return false;
-    }
+/// Routes of both listeners, and "unmatched".
+const COUNT: usize = PUBLIC.len() + ADMIN.len() + 1;
+
+/// Every route label, by [`RouteId`]: the public listener's paths, then the
+/// admin listener's, then everything else.
+pub const LABELS: [&str; COUNT] = {
+    let mut all = ["unmatched"; COUNT];
     let mut i = 0;
-    while i < table.len() {
-        if !same(table[i].path, rows[i].path) {
-            return false;
-        }
+    while i < PUBLIC.len() {
+        all[i] = PUBLIC[i].path;
         i += 1;
     }
-    true
+    let mut j = 0;
+    while j < ADMIN.len() {
+        all[PUBLIC.len() + j] = ADMIN[j].path;
+        j += 1;
+    }
+    all
+};
+
+/// A request's row, found once per request by the front: an index into
+/// [`LABELS`], so the duration series is found by index too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteId(usize);
+
+impl RouteId {
+    pub const UNMATCHED: RouteId = RouteId(COUNT - 1);
+
+    /// The row of a path on the public listener. Its paths have no parameter (a
+    /// test holds it), so this is the equality the hit path always paid.
+    pub fn public(path: &str) -> RouteId {
+        PUBLIC
+            .iter()
+            .position(|route| route.path == path)
+            .map_or(RouteId::UNMATCHED, RouteId)
+    }
+
+    /// The row of a path on the admin listener.
+    pub fn admin(path: &str) -> RouteId {
+        ADMIN
+            .iter()
+            .position(|route| route.matches(path))
+            .map_or(RouteId::UNMATCHED, |i| RouteId(PUBLIC.len() + i))
+    }
+
+    /// The duration histogram's `route` label: the path as written in the table.
+    pub fn label(self) -> &'static str {
+        LABELS[self.0]
+    }
+
+    /// The row's index into [`LABELS`].
+    pub fn index(self) -> usize {
+        self.0
+    }
+
+    /// Whether a request on the admin listener for this row needs the token
+    /// (docs/api.md): every row but those marked [`Access::Open`], and every
+    /// unmatched path, so that without the token no 404 or 405 tells what exists.
+    pub fn needs_token(self) -> bool {
+        match self.admin_row() {
+            Some(route) => route.access != Access::Open,
+            None => true,
+        }
+    }
+
+    /// The scope a request on the admin listener for this row needs its token
+    /// to carry; `None` for the open rows and for unmatched paths (any valid
+    /// token, then a 404 or 405).
+    pub fn scope(self) -> Option<Scope> {
+        match self.admin_row()?.access {
+            Access::Token(scope) => Some(scope),
+            Access::Open => None,
+        }
+    }
+
+    fn admin_row(self) -> Option<&'static Route<AdminState>> {
+        self.0.checked_sub(PUBLIC.len()).and_then(|i| ADMIN.get(i))
+    }
 }
 
-/// `a == b`, in a `const fn`.
-const fn same(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
+/// A handler's OpenAPI entry, from what `#[utoipa::path]` generated for it
+/// (the operation at its path, with its tags), as `#[derive(OpenApi)]` adds
+/// the handlers of its `paths(...)`. `Tags` is utoipa's hidden trait for the
+/// annotation's tags, the one the derive calls; `Cargo.lock` pins utoipa, and
+/// the documents' test fails if an update moved it.
+fn doc<P: utoipa::Path + for<'t> utoipa::__dev::Tags<'t>>(api: &mut OpenApi) {
+    let mut operation = P::operation();
+    let tags = operation.tags.get_or_insert_with(Vec::new);
+    tags.extend(P::tags().into_iter().map(str::to_owned));
+    api.paths
+        .add_path_operation(P::path(), P::methods(), operation);
 }
 
 #[cfg(test)]
@@ -106,16 +249,86 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_path_check_compares_whole_paths() {
-        assert!(same(STATUSES, STATUSES));
-        assert!(!same(STATUSES, STATUS_OF_USER));
-        assert!(!same(HEALTHZ, READYZ));
-        let swapped = [
-            Route::<AdminState>::new(READYZ, || get(admin::readyz)),
-            Route::new(HEALTHZ, || get(admin::healthz)),
-        ];
-        assert!(follows(&ADMIN[6..8], &paths::ADMIN[6..8]));
-        assert!(!follows(&swapped, &paths::ADMIN[6..8]));
-        assert!(!follows(&ADMIN[..1], &paths::ADMIN[..2]));
+    fn labels_routes_by_listener_and_path() {
+        let label = |route: RouteId| route.label();
+        let user = STATUS_OF_USER.replace("{user_id}", "42");
+        let ad = REVEALS_OF_AD.replace("{ad_id}", "7");
+        assert_eq!(label(RouteId::public(PUBLIC_PHONE)), PUBLIC_PHONE);
+        assert_eq!(
+            label(RouteId::public(&format!("{PUBLIC_PHONE}/"))),
+            "unmatched"
+        );
+        assert_eq!(label(RouteId::public(HEALTHZ)), "unmatched");
+        assert_eq!(label(RouteId::admin(PUBLIC_PHONE)), "unmatched");
+        assert_eq!(label(RouteId::admin(HEALTHZ)), HEALTHZ);
+        assert_eq!(label(RouteId::admin(STATUSES)), STATUSES);
+        assert_eq!(label(RouteId::admin(&user)), STATUS_OF_USER);
+        assert_eq!(label(RouteId::admin(STATUS_OF_USER)), STATUS_OF_USER);
+        assert_eq!(label(RouteId::admin(&format!("{STATUSES}/"))), "unmatched");
+        assert_eq!(label(RouteId::admin(&format!("{user}/2"))), "unmatched");
+        assert_eq!(label(RouteId::admin(&ad)), REVEALS_OF_AD);
+        let no_ad = REVEALS_OF_AD.replace("{ad_id}", "");
+        assert_eq!(label(RouteId::admin(&no_ad)), "unmatched");
+        assert_eq!(label(RouteId::admin(&format!("{ad}/x"))), "unmatched");
+    }
+
+    #[test]
+    fn the_public_listener_has_no_parameter_and_no_token() {
+        for route in PUBLIC {
+            assert!(!route.path.contains('{'), "{}", route.path);
+            assert_eq!(route.access, Access::Open, "{}", route.path);
+        }
+    }
+
+    /// docs/api.md: on the admin listener the token guards everything but
+    /// health, readiness and metrics.
+    #[test]
+    fn the_token_guards_everything_but_the_operations() {
+        let open: Vec<_> = ADMIN
+            .iter()
+            .filter(|route| route.access == Access::Open)
+            .map(|route| route.path)
+            .collect();
+        assert_eq!(open, [HEALTHZ, READYZ, METRICS]);
+        let needs = |path: &str| RouteId::admin(path).needs_token();
+        assert!(needs(STATUSES) && needs(&STATUS_OF_USER.replace("{user_id}", "1")));
+        assert!(needs("/admin") && needs("/admin/") && needs("/admin/nothing/here"));
+        assert!(needs(OPENAPI_ADMIN) && needs(OPENAPI_PUBLIC));
+        assert_eq!(RouteId::public(OPENAPI_PUBLIC).label(), OPENAPI_PUBLIC);
+        assert!(needs("/administrator") && needs("/nothing") && needs(""));
+        assert!(!needs(HEALTHZ) && !needs(READYZ) && !needs(METRICS));
+    }
+
+    /// docs/admin-access.md: the scope of each admin route, and every scope
+    /// used by some route.
+    #[test]
+    fn each_admin_route_needs_its_scope() {
+        let scope = |path: &str| RouteId::admin(path).scope();
+        assert_eq!(scope(STATUSES), Some(Scope::StatusesWrite));
+        assert_eq!(
+            scope("/admin/v1/calltracking/statuses/42"),
+            Some(Scope::StatusesRead)
+        );
+        assert_eq!(scope(INVALIDATE), Some(Scope::CacheInvalidate));
+        assert_eq!(scope(REVEALS), Some(Scope::RevealsRead));
+        assert_eq!(scope("/admin/v1/ads/7/reveals"), Some(Scope::RevealsRead));
+        assert_eq!(scope(PROFILE), Some(Scope::Debug));
+        assert_eq!(scope(OPENAPI_ADMIN), Some(Scope::Debug));
+        assert_eq!(scope("/admin/nothing"), None);
+        assert_eq!(scope(HEALTHZ), None);
+        for wanted in Scope::ALL {
+            assert!(
+                ADMIN.iter().any(|r| r.access == Access::Token(wanted)),
+                "{wanted} guards no route"
+            );
+        }
+    }
+
+    #[test]
+    fn every_path_is_one_row() {
+        let mut paths: Vec<_> = LABELS.to_vec();
+        paths.sort_unstable();
+        paths.dedup();
+        assert_eq!(paths.len(), LABELS.len());
     }
 }

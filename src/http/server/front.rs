@@ -8,7 +8,7 @@
 //! sale day is made of, is answered here without the router.
 //!
 //! A request's path is matched against the route table once, here
-//! (`api::paths::RouteId`): its duration label and, on the admin listener,
+//! (`api::routes::RouteId`): its duration label and, on the admin listener,
 //! whether it needs the token come from that one match; the router matches it
 //! again to dispatch (the hit path keeps its one equality check instead).
 //!
@@ -34,8 +34,8 @@ use crate::config::TracingConfig;
 use crate::http::api::access::{self, AdminTokens, Caller};
 use crate::http::api::durations;
 use crate::http::api::error::ApiError;
-use crate::http::api::paths::{PUBLIC_PHONE as PUBLIC_PHONE_PATH, RouteId};
 use crate::http::api::public;
+use crate::http::api::routes::{PUBLIC_PHONE as PUBLIC_PHONE_PATH, RouteId};
 use crate::http::api::state::PublicState;
 use crate::telemetry;
 
