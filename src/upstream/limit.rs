@@ -643,4 +643,138 @@ mod tests {
             assert_eq!(bound.sellers(), 0, "panics: {panics}");
         }
     }
+
+    /// A `Limit` at `limit` (of 100, floor 2, tolerance 2, climb floor
+    /// 100 ms) with these averages, its last cut at the returned instant.
+    fn limit_state(limit: f64, short: Option<f64>, long: Option<f64>) -> (Limit, Instant) {
+        let last_cut = Instant::now();
+        let state = Limit {
+            min: 2.0,
+            max: 100.0,
+            tolerance: 2.0,
+            climb_floor: 0.1,
+            limit,
+            short,
+            long,
+            last_cut,
+        };
+        (state, last_cut)
+    }
+
+    /// The long average moves 1/256 of the way to each latency, up or down;
+    /// when it is past twice the short one, it then moves a twentieth of the
+    /// way to the short one. Values in seconds, exact in binary.
+    #[test]
+    fn the_long_average_moves_as_its_formulas_say() {
+        let secs = Duration::from_secs_f64;
+        // Up: 1 + (3 - 1) / 256.
+        let (mut state, t) = limit_state(100.0, Some(1.0), Some(1.0));
+        state.learn(Signal::Latency(secs(3.0)), t, 1, 1, t);
+        assert_eq!(state.long, Some(1.0078125));
+        // Down, with the short average at a quarter: 1 - 0.75 / 256, then
+        // 0.95 of that plus 0.05 of the short one.
+        let (mut state, t) = limit_state(100.0, Some(0.25), Some(1.0));
+        state.learn(Signal::Latency(secs(0.25)), t, 1, 1, t);
+        let long = state.long.unwrap();
+        let want = 0.997_070_312_5 * 0.95 + 0.25 * 0.05;
+        assert!((long - want).abs() < 1e-12, "{long} != {want}");
+    }
+
+    /// Each comparison of the averages is strict: at exact equality nothing
+    /// happens. The averages after one answer are exact in binary.
+    #[test]
+    fn the_averages_compare_strictly() {
+        let ms = Duration::from_millis;
+        // The long average lands at exactly twice the short one (0.875 and
+        // 0.375 + 0.5 / 8): it does not follow the short one down.
+        let (mut state, t) = limit_state(100.0, Some(0.375), Some(0.875));
+        state.learn(Signal::Latency(ms(875)), t, 1, 10, t);
+        assert_eq!((state.short, state.long), (Some(0.4375), Some(0.875)));
+        // The short average lands at exactly the tolerance (2) x the long
+        // one (0.9375 - 0.5 / 8 and 0.4375): no cut.
+        let (mut state, t) = limit_state(100.0, Some(0.9375), Some(0.4375));
+        let limit = state.learn(Signal::Latency(Duration::from_micros(437_500)), t, 1, 10, t);
+        assert_eq!((state.short, state.long), (Some(0.875), Some(0.4375)));
+        assert_eq!(limit, 100.0);
+        // The short average lands at exactly the climb floor (0.25), far
+        // above twice the long one: no cut.
+        let (mut state, t) = limit_state(100.0, Some(0.25), Some(0.0625));
+        state.climb_floor = 0.25;
+        let limit = state.learn(Signal::Latency(ms(250)), t, 1, 10, t);
+        assert_eq!(state.short, Some(0.25));
+        assert_eq!(limit, 100.0);
+        // Just above it: a cut to 0.9 x the 10 in flight.
+        let (mut state, t) = limit_state(100.0, Some(0.25), Some(0.0625));
+        state.climb_floor = 0.249;
+        assert_eq!(state.learn(Signal::Latency(ms(250)), t, 1, 10, t), 9.0);
+    }
+
+    /// An answer grows the limit when the calls in flight as it started were
+    /// at least half the limit; before `PROBE_AFTER` without a cut, by
+    /// 1/limit, and after it by one place.
+    #[test]
+    fn an_answer_grows_the_limit_by_one_over_it_and_only_at_half_of_it() {
+        let ms = Duration::from_millis;
+        let latency = Signal::Latency(ms(20));
+        // Half of 6 in flight: 6 + 1/6.
+        let (mut state, t) = limit_state(6.0, None, None);
+        let grown = state.learn(latency, t, 3, 3, t + ms(20));
+        assert!((grown - (6.0 + 1.0 / 6.0)).abs() < 1e-12, "{grown}");
+        // 4 + 1/4, exact.
+        let (mut state, t) = limit_state(4.0, None, None);
+        assert_eq!(state.learn(latency, t, 2, 2, t + ms(20)), 4.25);
+        // Fewer than half of 4 in flight: no growth.
+        let (mut state, t) = limit_state(4.0, None, None);
+        assert_eq!(state.learn(latency, t, 1, 1, t + ms(20)), 4.0);
+        // A second without a cut: one place.
+        let (mut state, t) = limit_state(4.0, None, None);
+        assert_eq!(state.learn(latency, t, 2, 2, t + PROBE_AFTER), 5.0);
+    }
+
+    #[test]
+    fn a_slot_counts_itself_among_the_calls_in_flight() {
+        let bound = adaptive(8, 1);
+        let a = bound.slot().unwrap();
+        let b = bound.slot().unwrap();
+        assert_eq!((a.before, b.before), (1, 2));
+    }
+
+    /// The values a gauge was set to.
+    #[derive(Default)]
+    struct Sets(Mutex<Vec<f64>>);
+
+    impl metrics::GaugeFn for Sets {
+        fn increment(&self, _: f64) {
+            unreachable!("the limit's gauge is only set");
+        }
+        fn decrement(&self, _: f64) {
+            unreachable!("the limit's gauge is only set");
+        }
+        fn set(&self, value: f64) {
+            self.0.lock().unwrap().push(value);
+        }
+    }
+
+    /// The gauge shows the limit at start and each time it moves, and is
+    /// left alone when it does not.
+    #[tokio::test(start_paused = true)]
+    async fn the_gauge_follows_the_limit_when_it_moves() {
+        let sets = std::sync::Arc::new(Sets::default());
+        let adapt = Adapt {
+            min: 2,
+            tolerance: 2.0,
+            climb_floor: Duration::from_millis(100),
+        };
+        let bound = Bound::new(64, Some(adapt), metrics::Gauge::from_arc(sets.clone()));
+        // An idle answer: the limit stays.
+        let slot = bound.slot().unwrap();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        slot.finish(End::Answered);
+        assert_eq!(*sets.0.lock().unwrap(), [64.0]);
+        let held: Vec<_> = (0..30).map(|_| bound.slot().unwrap()).collect();
+        bound.slot().unwrap().finish(End::LoadRefused);
+        assert_eq!(bound.limit(), 27);
+        assert_eq!(*sets.0.lock().unwrap(), [64.0, 27.0]);
+        drop(held);
+    }
 }
