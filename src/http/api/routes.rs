@@ -232,16 +232,27 @@ impl RouteId {
 }
 
 /// A handler's OpenAPI entry, from what `#[utoipa::path]` generated for it
-/// (the operation at its path, with its tags), as `#[derive(OpenApi)]` adds
-/// the handlers of its `paths(...)`. `Tags` is utoipa's hidden trait for the
-/// annotation's tags, the one the derive calls; `Cargo.lock` pins utoipa, and
-/// the documents' test fails if an update moved it.
-fn doc<P: utoipa::Path + for<'t> utoipa::__dev::Tags<'t>>(api: &mut OpenApi) {
+/// (the operation at its path, with its tags, and the schemas its request and
+/// responses name), as `#[derive(OpenApi)]` adds the handlers of its
+/// `paths(...)`: a new route's body types reach the document with its row.
+/// `Tags` and `SchemaReferences` are utoipa's hidden traits, the ones its
+/// derive calls; `Cargo.lock` pins utoipa, and the documents' tests fail if an
+/// update moved them.
+fn doc<P>(api: &mut OpenApi)
+where
+    P: utoipa::Path + for<'t> utoipa::__dev::Tags<'t> + utoipa::__dev::SchemaReferences,
+{
     let mut operation = P::operation();
     let tags = operation.tags.get_or_insert_with(Vec::new);
     tags.extend(P::tags().into_iter().map(str::to_owned));
     api.paths
         .add_path_operation(P::path(), P::methods(), operation);
+    let mut schemas = Vec::new();
+    P::schemas(&mut schemas);
+    let components = api
+        .components
+        .get_or_insert_with(utoipa::openapi::Components::new);
+    components.schemas.extend(schemas);
 }
 
 #[cfg(test)]
