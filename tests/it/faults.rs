@@ -237,9 +237,9 @@ async fn stored_cursor(url: &str) -> Option<u64> {
 
 /// The feed leader is frozen (SIGSTOP): another replica leads within 10 s.
 /// Woken (SIGCONT), the old leader asks the feed nothing while the new one
-/// leads (its own path to the feed counts every byte), says it does not
-/// lead, and the cursor never moved back; when the new leader goes, the old
-/// one leads again.
+/// leads but the one request a freeze may have caught under way (counted at
+/// the feed, told apart by page size), says it does not lead, and the cursor
+/// never moved back; when the new leader goes, the old one leads again.
 #[tokio::test]
 async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new_one() {
     let db = pg::or_skip!(pg::database().await);
