@@ -143,6 +143,7 @@ fn reveal_of(line: Line, n: u64, at_us: i64) -> Option<Reveal> {
         ad: AdId::new(ad).unwrap(),
         category: CategoryId::new(category).unwrap(),
         kind,
+        reason: None,
     })
 }
 

@@ -56,6 +56,7 @@ fn reveal(n: u64, at_us: i64) -> Reveal {
         ad: AdId::new(ad).unwrap(),
         category: CategoryId::new(1 + n % 40).unwrap(),
         kind: [Source::RealPhone, Source::Calltracking, Source::Anonymous][(n % 3) as usize],
+        reason: None,
     }
 }
 

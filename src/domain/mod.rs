@@ -6,6 +6,8 @@
 //! - [`ids`]: `UserId`, `AdId`, `CategoryId`.
 //! - [`source`]: `Source` (anonymous, calltracking, real), `OnError`, and
 //!   `Sources<T>`, one value per source indexed by `Source`.
+//! - [`reason`]: why an answer is of its kind (`Reason`, its codes and
+//!   their packed form), given by the rules and stored with each reveal.
 //! - [`reveal`]: the reveal log's records (`Reveal`, `Viewer`) and queries.
 //! - [`status`]: the call-tracking status model (`Status`, `StatusChange`,
 //!   `Version`, `Applied`) and the version rule, `plan_changes`.
@@ -13,6 +15,7 @@
 
 pub mod ids;
 pub mod phone;
+pub mod reason;
 pub mod reveal;
 pub mod source;
 pub mod status;
@@ -20,6 +23,7 @@ pub mod wall_clock;
 
 pub use ids::{AdId, CategoryId, IdError, UserId};
 pub use phone::Phone;
+pub use reason::{Code, Failure, Origin, Reason, Skip};
 pub use reveal::{Reveal, RevealCounts, RevealQuery, RevealsOf, StoredReveal, Viewer};
 pub use source::{OnError, Source, Sources};
 pub use status::{

@@ -4,6 +4,7 @@
 use std::fmt;
 
 use super::ids::{AdId, CategoryId, UserId};
+use super::reason::Reason;
 use super::source::Source;
 
 /// The buyer as the trusted backend names them (`X-Viewer-Id`): 1 to 128
@@ -46,7 +47,7 @@ impl fmt::Debug for Viewer {
 }
 
 /// One number shown: when (microseconds since the Unix epoch), to whom, for
-/// which seller, ad and category, of which kind.
+/// which seller, ad and category, of which kind, and why that kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reveal {
     pub at_us: i64,
@@ -55,6 +56,8 @@ pub struct Reveal {
     pub ad: AdId,
     pub category: CategoryId,
     pub kind: Source,
+    /// Why this kind (`None`: a reveal recorded before reasons were kept).
+    pub reason: Option<Reason>,
 }
 
 /// A reveal as stored: with its row id, which orders reveals of the same instant.

@@ -79,6 +79,7 @@ mod tests {
                 ad: AdId::new(days).unwrap(),
                 category: CategoryId::new(1).unwrap(),
                 kind: Source::RealPhone,
+                reason: None,
             })
             .collect();
         store.write_reveals(&reveals).await.unwrap();

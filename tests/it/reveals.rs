@@ -600,6 +600,7 @@ async fn retention_on_postgres_cuts_by_the_database_clock() {
             ad: AdId::new(days).unwrap(),
             category: CategoryId::new(1).unwrap(),
             kind: Source::RealPhone,
+            reason: None,
         })
         .collect();
     store.write_reveals(&reveals).await.unwrap();

@@ -61,6 +61,7 @@ impl PublicState {
             ad: request.ad,
             category: request.category,
             kind,
+            reason: None,
         };
         reveals.record(reveal).map_err(|_| ApiError::Unavailable {
             detail: "the reveal log is full: numbers cannot be recorded",

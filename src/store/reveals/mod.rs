@@ -58,6 +58,7 @@ fn stored(row: RevealRow) -> Option<StoredReveal> {
             ad: AdId::new(unsigned(ad)).ok()?,
             category: CategoryId::new(unsigned(category)).ok()?,
             kind: Source::from_name(&kind)?,
+            reason: None,
         },
     })
 }

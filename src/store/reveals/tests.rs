@@ -21,6 +21,7 @@ pub(super) fn reveal(ad: u64, kind: Source, viewer: Option<&str>) -> Reveal {
         ad: AdId::new(ad).unwrap(),
         category: CategoryId::new(9).unwrap(),
         kind,
+        reason: None,
     }
 }
 
@@ -33,6 +34,7 @@ pub(super) fn reveal_at(at_us: i64, user: u64, viewer: Option<&str>) -> Reveal {
         ad: AdId::new(1).unwrap(),
         category: CategoryId::new(1).unwrap(),
         kind: Source::RealPhone,
+        reason: None,
     }
 }
 
