@@ -126,7 +126,7 @@ async fn run(adaptive: bool, capacity: usize, seconds: f64) -> (String, f64, f64
             let sent = Instant::now();
             let user = UserId::new(1 + i).unwrap();
             let result = upstreams
-                .real_phone(user, AdId::new(1 + i).unwrap(), None, None)
+                .real_phone(user, AdId::new(1 + i).unwrap(), Default::default())
                 .await;
             (at.as_secs_f64(), result, sent.elapsed())
         }));

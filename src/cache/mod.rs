@@ -50,8 +50,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::domain::Phone;
-use crate::domain::{AdId, UserId};
+use crate::domain::{AdId, Failure, Phone, UserId};
 use crate::upstream::UpstreamError;
 
 pub mod caches;
@@ -118,8 +117,9 @@ pub enum Via {
     Miss,
     /// This caller joined a fetch already under way.
     Coalesced,
-    /// The fetch failed and an expired entry within `max_stale` was served.
-    Stale,
+    /// The fetch failed and an expired entry within `max_stale` was served,
+    /// standing in for this failure (or undecided outcome) of the fetch.
+    Stale(Failure),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -319,7 +319,7 @@ impl LookupCounters {
             Via::Hit => self.hit.increment(1),
             Via::Miss => self.miss.increment(1),
             Via::Coalesced => self.coalesced.increment(1),
-            Via::Stale => self.stale_served.increment(1),
+            Via::Stale(_) => self.stale_served.increment(1),
         }
     }
 }
@@ -418,7 +418,7 @@ impl PhoneCache {
             .filter(|e| inner.stale_usable(e));
         match usable {
             Some(entry) => {
-                inner.lookups.record(Via::Stale);
+                inner.lookups.stale_served.increment(1);
                 Cached::of(entry.phone)
             }
             None => Cached::Miss,
@@ -468,7 +468,7 @@ impl PhoneCache {
             Err(error) => match cached.filter(|e| inner.stale_usable(e)) {
                 Some(entry) => Lookup {
                     answer: Ok(entry.phone),
-                    via: Via::Stale,
+                    via: Via::Stale(error.failure()),
                 },
                 None => Lookup {
                     answer: Err(error),
@@ -686,7 +686,7 @@ mod tests {
             got,
             Lookup {
                 answer: Ok(Some(p)),
-                via: Via::Stale
+                via: Via::Stale(Failure::Timeout)
             }
         );
         tokio::time::advance(Duration::from_secs(41)).await;
@@ -715,7 +715,7 @@ mod tests {
             got,
             Lookup {
                 answer: Ok(None),
-                via: Via::Stale
+                via: Via::Stale(Failure::ErrorStatus)
             }
         );
     }

@@ -7,6 +7,10 @@
 //! every seller and reaches five within its first failures (the default run is
 //! five failures, so a run spread over five sellers opens it as before). At
 //! most 32, the size of the set a window keeps.
+//!
+//! `min_requests` (default 5): and from this many distinct requests (a batch
+//! is one request), so that one caller's batch over many sellers cannot open
+//! it either. At most 32, likewise.
 
 use std::time::Duration;
 
@@ -26,6 +30,8 @@ pub struct BreakerConfig {
     pub min_calls: u32,
     /// Distinct sellers a window's failures must be about to open the breaker.
     pub min_sellers: u32,
+    /// Distinct requests a window's failures must come from to open it.
+    pub min_requests: u32,
     #[serde(rename = "window_s", deserialize_with = "units::seconds")]
     pub window: Duration,
     #[serde(rename = "open_ms", deserialize_with = "units::millis")]
@@ -44,6 +50,7 @@ impl BreakerConfig {
         }
         found.range("breaker.min_calls", self.min_calls, 1..=1_000_000);
         found.range("breaker.min_sellers", self.min_sellers, 1..=32);
+        found.range("breaker.min_requests", self.min_requests, 1..=32);
         found.range("breaker.window_s", self.window.as_secs(), 1..=3600);
         found.range("breaker.open_ms", self.open.as_millis(), 1..=3_600_000);
     }
@@ -67,6 +74,8 @@ mod tests {
             ("[breaker]\nmin_calls = 0", "breaker.min_calls"),
             ("[breaker]\nmin_sellers = 0", "breaker.min_sellers"),
             ("[breaker]\nmin_sellers = 33", "breaker.min_sellers"),
+            ("[breaker]\nmin_requests = 0", "breaker.min_requests"),
+            ("[breaker]\nmin_requests = 33", "breaker.min_requests"),
             (
                 "[breaker]\nconsecutive_failures = 0",
                 "breaker.consecutive_failures",

@@ -1,5 +1,7 @@
-//! `[upstreams.<name>]`: each upstream's address, timeout, `on_error` and
-//! bounds on calls in flight; call tracking's also holds its status feed.
+//! `[upstreams]`: the time lost by the gateway a call tolerates
+//! (`lost_time_tolerance_ms`), and `[upstreams.<name>]`: each upstream's
+//! address, timeout, `on_error` and bounds on calls in flight (the upstream's,
+//! a seller's, a request's); call tracking's also holds its status feed.
 
 use std::time::Duration;
 
@@ -14,6 +16,11 @@ use crate::domain::{OnError, Source, Sources};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamsConfig {
+    /// Time the gateway itself lost during a call (its timers late, its
+    /// process paused) that the call tolerates before that time is given back
+    /// (`upstream::lost`).
+    #[serde(rename = "lost_time_tolerance_ms", deserialize_with = "units::millis")]
+    pub lost_time_tolerance: Duration,
     pub real_phone: UpstreamConfig,
     pub anonymous: UpstreamConfig,
     pub calltracking: CalltrackingUpstreamConfig,
@@ -34,6 +41,9 @@ pub struct UpstreamConfig {
     /// at least 1 (why: `upstream::limit`).
     /// Read it through [`UpstreamConfig::max_in_flight_per_seller_or`].
     pub max_in_flight_per_seller: usize,
+    /// Calls to this upstream one request (a batch: all its items) has in
+    /// flight at once; its other items wait their turn (`resolve::fan_out`).
+    pub max_in_flight_per_request: usize,
     /// Whether the bound on calls in flight adapts below `max_in_flight` when
     /// the upstream refuses load or slows down (`upstream::limit`).
     pub adaptive_limit: bool,
@@ -88,6 +98,11 @@ impl UpstreamConfig {
             "0: the need-sized default",
         );
         found.range(
+            &format!("{section}.max_in_flight_per_request"),
+            self.max_in_flight_per_request,
+            1..=1_000,
+        );
+        found.range(
             &format!("{section}.min_in_flight"),
             self.min_in_flight,
             1..=1_000_000,
@@ -140,6 +155,7 @@ struct CalltrackingKeys {
     on_error: OnError,
     max_in_flight: usize,
     max_in_flight_per_seller: usize,
+    max_in_flight_per_request: usize,
     adaptive_limit: bool,
     min_in_flight: usize,
     latency_tolerance: f64,
@@ -155,6 +171,7 @@ impl From<CalltrackingKeys> for CalltrackingUpstreamConfig {
                 on_error: keys.on_error,
                 max_in_flight: keys.max_in_flight,
                 max_in_flight_per_seller: keys.max_in_flight_per_seller,
+                max_in_flight_per_request: keys.max_in_flight_per_request,
                 adaptive_limit: keys.adaptive_limit,
                 min_in_flight: keys.min_in_flight,
                 latency_tolerance: keys.latency_tolerance,
@@ -188,6 +205,11 @@ impl UpstreamsConfig {
     }
 
     pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
+        found.range(
+            "upstreams.lost_time_tolerance_ms",
+            self.lost_time_tolerance.as_millis(),
+            1..=10_000,
+        );
         self.real_phone.validate("upstreams.real_phone", found);
         self.anonymous.validate("upstreams.anonymous", found);
         self.calltracking
@@ -324,9 +346,24 @@ max_in_flight_per_seller = 3",
 
     #[test]
     fn upstream_bounds_are_bounded() {
-        assert_refused(&[(
-            "[upstreams.real_phone]\nmax_in_flight = 9223372036854775807",
-            "upstreams.real_phone.max_in_flight",
-        )]);
+        assert_refused(&[
+            (
+                "[upstreams.real_phone]\nmax_in_flight = 9223372036854775807",
+                "upstreams.real_phone.max_in_flight",
+            ),
+            (
+                "[upstreams.calltracking]\nmax_in_flight_per_request = 0",
+                "upstreams.calltracking.max_in_flight_per_request",
+            ),
+            (
+                "[upstreams]\nlost_time_tolerance_ms = 0",
+                "upstreams.lost_time_tolerance_ms",
+            ),
+        ]);
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.upstreams.lost_time_tolerance, Duration::from_millis(30));
+        for source in Source::ALL {
+            assert_eq!(c.upstreams.of(source).max_in_flight_per_request, 16);
+        }
     }
 }

@@ -17,6 +17,10 @@
 //!
 //! A probe task sleeps [`PROBE`] at a time and records how late it wakes; every
 //! [`INTERVAL`] the worst lateness is compared with `server.max_queue_delay_ms`.
+//! Every lateness is also added to the replica's running total of lost time
+//! ([`LostTime`]), which upstream calls read when their timers fire (a call's
+//! timeout counts only the time the upstream had): so the probe runs also with
+//! cold admission off (`server.max_queue_delay_ms = 0`).
 //! The action sheds only the expensive class, misses: a hit costs little more
 //! than a shed, so hits keep being answered, and the misses let in fill the
 //! caches as fast as the CPU allows, so the share of hits, and then throughput,
@@ -33,6 +37,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+
+use crate::upstream::{LostTime, lateness};
 
 /// How often the admitted share is adjusted.
 pub const INTERVAL: Duration = Duration::from_millis(100);
@@ -53,10 +59,14 @@ pub struct Admission {
     shed: metrics::Counter,
     delay_gauge: metrics::Gauge,
     share_gauge: metrics::Gauge,
+    /// The running total of time lost, which the probe feeds.
+    lost: Arc<LostTime>,
 }
 
 impl Admission {
-    pub fn new(max_delay: Duration) -> Self {
+    /// Cold admission at `max_delay` (`server.max_queue_delay_ms`; zero: never
+    /// shed), its probe feeding `lost`.
+    pub fn new(max_delay: Duration, lost: Arc<LostTime>) -> Self {
         Admission {
             share: AtomicU32::new(ALL),
             misses: AtomicU64::new(0),
@@ -64,6 +74,7 @@ impl Admission {
             shed: metrics::counter!("phones_gateway_shed_total", "reason" => "cold"),
             delay_gauge: metrics::gauge!("phones_gateway_queue_delay_seconds"),
             share_gauge: metrics::gauge!("phones_gateway_cold_admitted_ratio"),
+            lost,
         }
     }
 
@@ -104,11 +115,10 @@ impl Admission {
         self.share_gauge.set(f64::from(next) / f64::from(ALL));
     }
 
-    /// Probes the runtime until `stop`.
+    /// Probes the runtime until `stop`: feeds the lost time always, and steers
+    /// admission unless `max_delay` is zero.
     pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
-        if self.max_delay.is_zero() {
-            return;
-        }
+        let steer = !self.max_delay.is_zero();
         // The service's clock (tokio's), as the probe's: under a paused test
         // clock the interval passes with the probe's sleeps.
         let (mut worst, mut since) = (Duration::ZERO, tokio::time::Instant::now());
@@ -119,12 +129,11 @@ impl Admission {
                 () = tokio::time::sleep_until(due) => {}
             }
             // tokio's timer fires on the millisecond after `due` at best.
-            let late = tokio::time::Instant::now()
-                .saturating_duration_since(due)
-                .saturating_sub(Duration::from_millis(1));
+            let late = lateness(due, tokio::time::Instant::now());
+            self.lost.add(late);
             worst = worst.max(late);
             // A late probe acts at once: the interval has long passed.
-            if since.elapsed() >= INTERVAL {
+            if steer && since.elapsed() >= INTERVAL {
                 self.adjust(worst);
                 (worst, since) = (Duration::ZERO, tokio::time::Instant::now());
             }
@@ -138,13 +147,17 @@ mod tests {
 
     const LIMIT: Duration = Duration::from_millis(50);
 
+    fn lost() -> Arc<LostTime> {
+        Arc::new(LostTime::new(Duration::from_millis(30)))
+    }
+
     fn admitted_of(admission: &Admission, n: usize) -> usize {
         (0..n).filter(|_| admission.admit()).count()
     }
 
     #[test]
     fn all_misses_are_admitted_until_requests_wait_too_long() {
-        let admission = Admission::new(LIMIT);
+        let admission = Admission::new(LIMIT, lost());
         admission.adjust(Duration::from_millis(20));
         assert_eq!(admitted_of(&admission, 1000), 1000);
         admission.adjust(Duration::from_millis(60));
@@ -163,7 +176,7 @@ mod tests {
 
     #[test]
     fn a_swamped_replica_cuts_hard_at_once() {
-        let admission = Admission::new(LIMIT);
+        let admission = Admission::new(LIMIT, lost());
         admission.adjust(Duration::from_millis(500));
         assert_eq!(
             admitted_of(&admission, 1000),
@@ -174,7 +187,7 @@ mod tests {
 
     #[test]
     fn the_share_falls_to_a_floor_and_climbs_back_by_tenths() {
-        let admission = Admission::new(LIMIT);
+        let admission = Admission::new(LIMIT, lost());
         for _ in 0..100 {
             admission.adjust(Duration::from_secs(1));
         }
@@ -195,15 +208,26 @@ mod tests {
         assert_eq!(admitted_of(&admission, 1000), 1000);
     }
 
-    #[tokio::test]
-    async fn at_zero_nothing_watches_and_nothing_is_shed() {
+    /// At zero nothing is shed, however late the probe wakes, but the lost
+    /// time is still fed: upstream calls need it.
+    #[tokio::test(start_paused = true)]
+    async fn at_zero_nothing_is_shed_and_lost_time_is_still_fed() {
         let stop = CancellationToken::new();
-        let off = Arc::new(Admission::new(Duration::ZERO));
-        let watching = tokio::time::timeout(INTERVAL * 3, off.clone().watch(stop.clone()));
-        assert!(watching.await.is_ok(), "the watcher returns at once");
-        assert_eq!(admitted_of(&off, 1000), 1000);
-        let on = Arc::new(Admission::new(LIMIT));
-        let watching = tokio::time::timeout(INTERVAL * 3, on.watch(stop.clone()));
-        assert!(watching.await.is_err(), "the watcher runs until stopped");
+        let lost = lost();
+        let off = Arc::new(Admission::new(Duration::ZERO, lost.clone()));
+        let mark = lost.mark();
+        let watching = tokio::spawn(off.clone().watch(stop.clone()));
+        tokio::task::yield_now().await;
+        // The runtime frozen for 400 ms (the clock jumps, no task runs).
+        std::thread::sleep(Duration::from_millis(1));
+        tokio::time::advance(Duration::from_millis(400)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let fed = lost.since(mark);
+        assert!(fed >= Duration::from_millis(390), "lost time fed: {fed:?}");
+        assert_eq!(admitted_of(&off, 1000), 1000, "nothing shed at zero");
+        stop.cancel();
+        watching.await.unwrap();
     }
 }

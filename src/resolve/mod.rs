@@ -17,33 +17,40 @@
 //!
 //! When everything needed is fresh in the caches the decision is made without
 //! starting any future (the hit path).
+//!
+//! Each request that asks an upstream gets a sequence number of the gateway's
+//! own (a batch one for all its items, `fan_out::Batch`), which its calls carry
+//! so that a breaker can tell many requests from one. The request deadline is
+//! the gateway's own bound: what is still pending there is undecided.
 
 pub mod admission;
+pub mod fan_out;
 pub mod plan;
 pub mod rules;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cache::caches::Caches;
 use crate::cache::{CacheKey, Cached, FetchResult, Lookup, PhoneCache, Via};
 use crate::config::Config;
-use crate::domain::Phone;
-use crate::domain::UserId;
-use crate::domain::{OnError, Source, Sources};
+use crate::domain::{OnError, Origin, Phone, Reason, Source, Sources, UserId};
 use crate::status::{StatusSet, Tracking};
 use crate::telemetry::trace::{Incoming, RequestTrace};
-use crate::upstream::{Class, Upstreams};
+use crate::upstream::{Call, Class, Upstreams};
+pub use fan_out::Batch;
 pub use plan::Request;
 use plan::{Ask, Known, Progress, Selection};
 use rules::{Decision, SourceState, States};
 
-/// The number to show.
+/// The number to show, and why it is of its kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Resolved {
     pub kind: Source,
     pub phone: Phone,
+    pub reason: Reason,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -109,8 +116,12 @@ pub struct Resolver {
     /// path increments atomics instead of looking a labelled series up.
     counters: Counters,
     /// `server.request_deadline_ms`: no request waits on sources longer; at
-    /// the deadline a pending source counts as failed (docs/rules.md).
+    /// the deadline a pending source is undecided (docs/rules.md).
     deadline: std::time::Duration,
+    /// Each upstream's `max_in_flight_per_request`: a batch's places.
+    fan_out: Sources<usize>,
+    /// The next request's sequence number (`Call::request`).
+    next_request: AtomicU64,
     /// Whether a request that needs an upstream call is let in now (cold
     /// admission): read only on a miss, so the hit path never pays for it.
     /// Shared with the probe task that steers it.
@@ -134,6 +145,10 @@ struct Counters {
     no_phone: metrics::Counter,
     unavailable: metrics::Counter,
     undecided: metrics::Counter,
+    /// `phones_gateway_answers_total{kind, reason}`, by kind and by the
+    /// reason's code ([`Code::ALL`](crate::domain::Code::ALL)): 75 series at
+    /// most, counted for answers shown (not HEAD).
+    answers: Sources<Box<[metrics::Counter]>>,
 }
 
 impl Counters {
@@ -149,6 +164,14 @@ impl Counters {
             no_phone: failure("no_phone"),
             unavailable: failure("unavailable"),
             undecided: failure("undecided"),
+            answers: Sources::from_fn(|kind| {
+                crate::domain::Code::ALL
+                    .iter()
+                    .map(|&reason| {
+                        metrics::counter!("phones_gateway_answers_total", "kind" => kind.as_str(), "reason" => reason)
+                    })
+                    .collect()
+            }),
         }
     }
 }
@@ -169,13 +192,45 @@ impl Resolver {
     ) -> Self {
         Resolver {
             selection: Selection::new(&config.selection, config.upstreams.policies()),
-            upstreams,
             caches,
             status,
             counters: Counters::new(),
             deadline: config.request_deadline(),
-            admission: Arc::new(admission::Admission::new(config.server.max_queue_delay)),
+            fan_out: Sources::from_fn(|source| {
+                config.upstreams.of(source).max_in_flight_per_request
+            }),
+            next_request: AtomicU64::new(1),
+            admission: Arc::new(admission::Admission::new(
+                config.server.max_queue_delay,
+                upstreams.lost_time(),
+            )),
+            upstreams,
             export_spans: config.tracing.exports(),
+        }
+    }
+
+    /// A new request's sequence number.
+    fn next_request(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// What the items of one batch share: one request (its sequence number,
+    /// its deadline from now, its places on the upstreams).
+    pub fn batch(&self) -> Batch {
+        Batch::new(
+            self.next_request(),
+            tokio::time::Instant::now() + self.deadline,
+            self.fan_out,
+        )
+    }
+
+    /// Counts an answer shown (a reveal: not HEAD) by its kind and the code of
+    /// its reason.
+    pub fn count_answer(&self, resolved: &Resolved) {
+        if let Some(counter) =
+            self.counters.answers[resolved.kind].get(resolved.reason.code().index())
+        {
+            counter.increment(1);
         }
     }
 
@@ -191,7 +246,7 @@ impl Resolver {
         let counters = &self.counters;
         let stop_at = match decision {
             Decision::Wait => return None,
-            Decision::Answer(kind, _) => {
+            Decision::Answer(kind, _, _) => {
                 counters.selections[kind].increment(1);
                 Some(kind)
             }
@@ -215,7 +270,8 @@ impl Resolver {
             if Some(source) == stop_at {
                 break;
             }
-            if states[source] == SourceState::Failed && rules.policy[source] == OnError::FallThrough
+            if matches!(states[source], SourceState::Failed(_))
+                && rules.policy[source] == OnError::FallThrough
             {
                 counters.fall_through[source].increment(1);
             }
@@ -239,7 +295,22 @@ impl Resolver {
         req: &Request,
         trace: Option<&RequestTrace<'_>>,
     ) -> Result<Resolved, ResolveError> {
-        let result = self.decide(req, trace).await;
+        self.resolve_in(req, trace, None).await
+    }
+
+    /// [`Resolver::resolve`] for an item of `batch` (`None`: a request of its
+    /// own): the item's calls carry the batch's sequence number, wait for its
+    /// places on the upstreams, and end at its deadline.
+    ///
+    /// # Errors
+    /// As [`Resolver::resolve`].
+    pub async fn resolve_in(
+        &self,
+        req: &Request,
+        trace: Option<&RequestTrace<'_>>,
+        batch: Option<&Batch>,
+    ) -> Result<Resolved, ResolveError> {
+        let result = self.decide(req, trace, batch).await;
         if self.export_spans {
             trace_decision(&result);
         }
@@ -267,6 +338,7 @@ impl Resolver {
         &self,
         req: &Request,
         trace: Option<&RequestTrace<'_>>,
+        batch: Option<&Batch>,
     ) -> Result<Resolved, ResolveError> {
         // The plan is moved into the boxed asking future within this statement,
         // so the request's future holds a pointer across the await, not a plan
@@ -278,7 +350,7 @@ impl Resolver {
             Err(_) if !self.admission.admit() => return Err(ResolveError::Overloaded),
             // Boxed: the hit path then neither builds nor moves the asking future
             // (a quarter of the whole request future's size).
-            Err(asking) => Box::pin(self.ask(req, asking)),
+            Err(asking) => Box::pin(self.ask(req, asking, batch)),
         };
         asking.await
     }
@@ -300,8 +372,9 @@ impl Resolver {
         // A hit near expiry also starts a background refresh of its key.
         let fresh = |ask: Ask| {
             let (cache, key) = self.cache_of(req, ask);
-            // A refresh ahead reads the trace headers; a hit does not.
-            let refresh = || self.fetch(req, ask, &trace);
+            // A refresh ahead reads the trace headers; a hit does not. It is a
+            // request of its own to the breaker.
+            let refresh = || self.fetch(req, ask, &trace, self.next_request(), None);
             let cached = cache.get_fresh_refreshing(&key, now, refresh);
             if exported && cached != Cached::Miss {
                 trace_cache(cache.name(), Via::Hit);
@@ -318,20 +391,33 @@ impl Resolver {
     }
 
     /// Asks what is still pending, concurrently, deciding as answers arrive.
-    async fn ask(&self, req: &Request, asking: Asking<'_>) -> Result<Resolved, ResolveError> {
+    async fn ask(
+        &self,
+        req: &Request,
+        asking: Asking<'_>,
+        batch: Option<&Batch>,
+    ) -> Result<Resolved, ResolveError> {
         let Asking {
             trace,
             mut progress,
         } = asking;
         let trace = &trace;
+        let (request, deadline) = match batch {
+            Some(batch) => (batch.request, batch.deadline),
+            None => (
+                self.next_request(),
+                tokio::time::Instant::now() + self.deadline,
+            ),
+        };
         // One slot per source; the real number for call tracking alone is
         // fetched in `real`'s.
         let asks = progress.asks();
-        let start = |slot: Source| asks[slot].map(|ask| self.lookup(req, ask, trace));
+        let start =
+            |slot: Source| asks[slot].map(|ask| self.lookup(req, ask, trace, request, batch));
         let mut anonymous = start(Source::Anonymous);
         let mut real = start(Source::RealPhone);
         let mut calltracking = start(Source::Calltracking);
-        let deadline = tokio::time::sleep(self.deadline);
+        let deadline = tokio::time::sleep_until(deadline);
         tokio::pin!(deadline);
         loop {
             let next = tokio::select! {
@@ -344,15 +430,15 @@ impl Resolver {
                 }
                 lookup = poll_some(&mut anonymous), if anonymous.is_some() => {
                     anonymous = None;
-                    progress.answered(Source::Anonymous, state_of(&lookup.answer))
+                    progress.answered(Source::Anonymous, state_of(&lookup))
                 }
                 lookup = poll_some(&mut real), if real.is_some() => {
                     real = None;
-                    progress.answered(Source::RealPhone, state_of(&lookup.answer))
+                    progress.answered(Source::RealPhone, state_of(&lookup))
                 }
                 lookup = poll_some(&mut calltracking), if calltracking.is_some() => {
                     calltracking = None;
-                    progress.answered(Source::Calltracking, state_of(&lookup.answer))
+                    progress.answered(Source::Calltracking, state_of(&lookup))
                 }
                 else => {
                     // Unreachable by construction: a pending state always has its
@@ -364,7 +450,7 @@ impl Resolver {
             // What an answer leads to (call tracking, once the real number is
             // known) takes the slot of its source.
             if let Some(ask) = next {
-                let lookup = Some(self.lookup(req, ask, trace));
+                let lookup = Some(self.lookup(req, ask, trace, request, batch));
                 match ask.source() {
                     Source::Anonymous => anonymous = lookup,
                     Source::Calltracking => calltracking = lookup,
@@ -396,30 +482,56 @@ impl Resolver {
         }
     }
 
-    /// `ask` through its cache: the cached answer, or the upstream's (coalesced).
-    fn lookup(&self, req: &Request, ask: Ask, trace: &Incoming<'_>) -> LookupFuture<'_> {
+    /// `ask` through its cache: the cached answer, or the upstream's (coalesced),
+    /// for request `request`; an item of `batch` takes its place on the
+    /// upstream first (`fan_out`).
+    fn lookup<'a>(
+        &'a self,
+        req: &'a Request,
+        ask: Ask,
+        trace: &'a Incoming<'_>,
+        request: u64,
+        batch: Option<&'a Batch>,
+    ) -> LookupFuture<'a> {
         let (cache, key) = self.cache_of(req, ask);
-        let fetch = self.fetch(req, ask, trace);
-        let lookup = cache.get_or_fetch(key, move || fetch);
-        if !trace.exported() {
-            return Box::pin(lookup);
-        }
+        let exported = trace.exported();
+        let Some(batch) = batch else {
+            let fetch = self.fetch(req, ask, trace, request, None);
+            let lookup = cache.get_or_fetch(key, move || fetch);
+            if !exported {
+                return Box::pin(lookup);
+            }
+            return Box::pin(async move {
+                let lookup = lookup.await;
+                trace_cache(cache.name(), lookup.via);
+                lookup
+            });
+        };
+        let fetch = move |place| self.fetch(req, ask, trace, request, place);
         Box::pin(async move {
-            let lookup = lookup.await;
-            trace_cache(cache.name(), lookup.via);
+            let place = batch.place(ask.source()).await;
+            let fetch = fetch(place);
+            let lookup = cache.get_or_fetch(key, move || fetch).await;
+            if exported {
+                trace_cache(cache.name(), lookup.via);
+            }
             lookup
         })
     }
 
     /// The upstream call answering `ask`, owning what it needs (it runs in the
-    /// cache's own task, past the request that started it). It carries the
-    /// request's id and trace; a fetch that other requests join (coalesced)
-    /// carries those of the request that started it (docs/tracing.md).
+    /// cache's own task, past the request that started it, holding `place`,
+    /// its request's place on the upstream, until it ends). It carries the
+    /// request's sequence number, id and trace; a fetch that other requests
+    /// join (coalesced) carries those of the request that started it
+    /// (docs/tracing.md).
     fn fetch(
         &self,
         req: &Request,
         ask: Ask,
         trace: &Incoming<'_>,
+        request: u64,
+        place: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> impl Future<Output = FetchResult> + Send + use<> {
         let (user, ad) = (req.user, req.ad);
         let upstreams = self.upstreams.clone();
@@ -429,16 +541,16 @@ impl Resolver {
         // body) is large, and unboxed it was copied whole into the lookup, the
         // task and the task's every stage change (perf on the cold path: memcpy).
         Box::pin(async move {
-            let request_id = request_id.as_ref();
-            let trace = trace.as_ref();
+            let _place = place;
+            let call = Call {
+                request,
+                request_id: request_id.as_ref(),
+                trace: trace.as_ref(),
+            };
             match ask {
-                Ask::Anonymous => upstreams.anonymous(user, ad, request_id, trace).await,
-                Ask::RealPhone => upstreams.real_phone(user, ad, request_id, trace).await,
-                Ask::Calltracking(real) => {
-                    upstreams
-                        .virtual_number(user, real, request_id, trace)
-                        .await
-                }
+                Ask::Anonymous => upstreams.anonymous(user, ad, call).await,
+                Ask::RealPhone => upstreams.real_phone(user, ad, call).await,
+                Ask::Calltracking(real) => upstreams.virtual_number(user, real, call).await,
             }
         })
     }
@@ -467,14 +579,22 @@ fn tracking(tracking: Tracking) -> Known<()> {
 /// ([`UpstreamError::class`](crate::upstream::UpstreamError::class)): only its
 /// upstream's verdict fails the source; anything else (the gateway's own
 /// refusal or trouble, a panicked or cancelled fetch, a load refusal) leaves
-/// it undecided.
-fn state_of(answer: &FetchResult) -> SourceState {
-    match answer {
-        Ok(Some(phone)) => SourceState::Found(*phone),
+/// it undecided. Either way with its code, and a number with where it came
+/// from (the cache, the upstream, or a stale value and what it stood in for).
+fn state_of(lookup: &Lookup) -> SourceState {
+    match &lookup.answer {
+        Ok(Some(phone)) => SourceState::Found(
+            *phone,
+            match lookup.via {
+                Via::Hit => Origin::Cache,
+                Via::Miss | Via::Coalesced => Origin::Upstream,
+                Via::Stale(failure) => Origin::Stale(failure),
+            },
+        ),
         Ok(None) => SourceState::NotFound,
         Err(error) => match error.class() {
-            Class::Verdict => SourceState::Failed,
-            Class::Undecided => SourceState::Undecided,
+            Class::Verdict => SourceState::Failed(error.failure()),
+            Class::Undecided => SourceState::Undecided(error.failure()),
         },
     }
 }
@@ -487,7 +607,7 @@ fn trace_cache(cache: &'static str, via: Via) {
         Via::Hit => "hit",
         Via::Miss => "miss",
         Via::Coalesced => "coalesced",
-        Via::Stale => "stale",
+        Via::Stale(_) => "stale",
     };
     crate::telemetry::trace::event("cache", &[("cache", cache), ("outcome", outcome)]);
 }
@@ -519,7 +639,11 @@ fn trace_decision(result: &Result<Resolved, ResolveError>) {
 fn finished(decision: Decision) -> Option<Result<Resolved, ResolveError>> {
     match decision {
         Decision::Wait => None,
-        Decision::Answer(kind, phone) => Some(Ok(Resolved { kind, phone })),
+        Decision::Answer(kind, phone, reason) => Some(Ok(Resolved {
+            kind,
+            phone,
+            reason,
+        })),
         Decision::NoPhone => Some(Err(ResolveError::NoPhone)),
         Decision::Unavailable { fail_closed } => {
             Some(Err(ResolveError::Unavailable { fail_closed }))
@@ -540,7 +664,7 @@ async fn poll_some(slot: &mut Option<LookupFuture<'_>>) -> Lookup {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::domain::{AdId, CategoryId};
+    use crate::domain::{AdId, CategoryId, Failure};
     use crate::upstream::UpstreamError;
     use std::time::Duration;
 
@@ -597,66 +721,76 @@ mod tests {
             progress.at_deadline(|ask| resolver.stale(req, ask));
             progress.states
         };
+        let stale = |phone| SourceState::Found(phone, Origin::Stale(Failure::Deadline));
         assert_eq!(
             at_deadline(&req, None),
-            States::new(
-                SourceState::Found(anonymous),
-                SourceState::Found(virtual_number),
-                SourceState::Found(real)
-            )
+            States::new(stale(anonymous), stale(virtual_number), stale(real))
         );
         // The real number already known: call tracking's stale value for it.
         assert_eq!(
             at_deadline(&req, Some(real))[Source::Calltracking],
-            SourceState::Found(virtual_number)
+            stale(virtual_number)
         );
-        // Nothing usable (another seller): everything pending has failed.
+        // Nothing usable (another seller): everything pending is undecided.
         let other = Request {
             user: UserId::new(43).unwrap(),
             ..req
         };
-        assert_eq!(
-            at_deadline(&other, None),
-            States::new(
-                SourceState::Failed,
-                SourceState::Failed,
-                SourceState::Failed
-            )
-        );
-        // Past max_stale: failed too.
+        let late = SourceState::Undecided(Failure::Deadline);
+        assert_eq!(at_deadline(&other, None), States::new(late, late, late));
+        // Past max_stale: undecided too.
         tokio::time::advance(Duration::from_secs(3600)).await;
         let states = at_deadline(&req, None);
-        assert_eq!(states[Source::RealPhone], SourceState::Failed);
-        assert_eq!(states[Source::Calltracking], SourceState::Failed);
+        assert_eq!(states[Source::RealPhone], late);
+        assert_eq!(states[Source::Calltracking], late);
     }
 
-    /// What reaches the plan: every upstream error by its class, and each
-    /// translation of a cache's entry and the status set's word.
+    /// What reaches the plan: every upstream error by its code and class, a
+    /// number with where it came from, and each translation of a cache's entry
+    /// and the status set's word.
     #[test]
-    fn an_answer_is_a_state_by_its_class() {
+    fn an_answer_is_a_state_by_its_code() {
         let found = phone("+79161234567");
-        assert_eq!(state_of(&Ok(Some(found))), SourceState::Found(found));
-        assert_eq!(state_of(&Ok(None)), SourceState::NotFound);
+        let lookup = |answer, via| Lookup { answer, via };
+        #[rustfmt::skip]
+        let numbers = [
+            (Via::Hit,                             Origin::Cache),
+            (Via::Miss,                            Origin::Upstream),
+            (Via::Coalesced,                       Origin::Upstream),
+            (Via::Stale(Failure::Timeout),         Origin::Stale(Failure::Timeout)),
+            (Via::Stale(Failure::LoadRefused),     Origin::Stale(Failure::LoadRefused)),
+        ];
+        for (via, origin) in numbers {
+            assert_eq!(
+                state_of(&lookup(Ok(Some(found)), via)),
+                SourceState::Found(found, origin)
+            );
+            assert_eq!(state_of(&lookup(Ok(None), via)), SourceState::NotFound);
+        }
+        use SourceState::{Failed, Undecided};
         #[rustfmt::skip]
         let table = [
-            (UpstreamError::Status(500),               SourceState::Failed),
-            (UpstreamError::Timeout,                   SourceState::Failed),
-            (UpstreamError::CircuitOpen,               SourceState::Failed),
-            (UpstreamError::Connect("reset".into()),   SourceState::Failed),
-            (UpstreamError::Decode("not json"),        SourceState::Failed),
-            (UpstreamError::Request,                   SourceState::Undecided),
-            (UpstreamError::Saturated,                 SourceState::Undecided),
-            (UpstreamError::SellerSaturated,           SourceState::Undecided),
-            (UpstreamError::LoadRefused(429),          SourceState::Undecided),
-            (UpstreamError::LoadRefused(503),          SourceState::Undecided),
-            (UpstreamError::Local("EMFILE".into()),    SourceState::Undecided),
-            (UpstreamError::LocalTimeout,              SourceState::Undecided),
-            (UpstreamError::Panicked,                  SourceState::Undecided),
-            (UpstreamError::Cancelled,                 SourceState::Undecided),
+            (UpstreamError::Status(500),               Failed(Failure::ErrorStatus)),
+            (UpstreamError::Status(422),               Failed(Failure::Rejected)),
+            (UpstreamError::Timeout,                   Failed(Failure::Timeout)),
+            (UpstreamError::CircuitOpen,               Failed(Failure::CircuitOpen)),
+            (UpstreamError::Connect("reset".into()),   Failed(Failure::Connect)),
+            (UpstreamError::Decode("not json"),        Failed(Failure::Invalid)),
+            (UpstreamError::Request,                   Undecided(Failure::Gateway)),
+            (UpstreamError::Saturated,                 Undecided(Failure::Bound)),
+            (UpstreamError::SellerSaturated,           Undecided(Failure::Bound)),
+            (UpstreamError::LoadRefused(429),          Undecided(Failure::LoadRefused)),
+            (UpstreamError::LoadRefused(503),          Undecided(Failure::LoadRefused)),
+            (UpstreamError::Load,                      Undecided(Failure::Load)),
+            (UpstreamError::LostTime,                  Undecided(Failure::LostTime)),
+            (UpstreamError::Local("EMFILE".into()),    Undecided(Failure::Gateway)),
+            (UpstreamError::LocalTimeout,              Undecided(Failure::Gateway)),
+            (UpstreamError::Panicked,                  Undecided(Failure::Gateway)),
+            (UpstreamError::Cancelled,                 Undecided(Failure::Gateway)),
         ];
         for (error, want) in table {
             let label = format!("{error:?}");
-            assert_eq!(state_of(&Err(error)), want, "{label}");
+            assert_eq!(state_of(&lookup(Err(error), Via::Miss)), want, "{label}");
         }
         assert_eq!(known(Cached::Phone(found)), Known::Yes(found));
         assert_eq!(known(Cached::NoPhone), Known::No);

@@ -30,7 +30,7 @@ use foldhash::HashSet;
 
 use super::rules::{Decision, Rules, SourceState, States};
 use crate::config::SelectionConfig;
-use crate::domain::{AdId, CategoryId, OnError, Phone, Source, Sources, UserId};
+use crate::domain::{AdId, CategoryId, Failure, OnError, Origin, Phone, Source, Sources, UserId};
 
 /// What the buyer asked about: the resolver's input and the plan's.
 #[derive(Debug, Clone, Copy)]
@@ -141,10 +141,10 @@ impl Selection {
         } else {
             SourceState::NotApplicable
         };
-        let real = if real_in_order {
-            known(real_known)
-        } else {
-            SourceState::NotApplicable
+        let real = match (real_in_order, req.phone) {
+            (false, _) => SourceState::NotApplicable,
+            (true, Some(phone)) => SourceState::Found(phone, Origin::Phone),
+            (true, None) => known(real_known),
         };
         let calltracking = match (tracking, real_known) {
             // Until the status set is loaded, the seller may have call
@@ -203,14 +203,14 @@ impl Progress {
                 if self.real_in_order {
                     self.states[Source::RealPhone] = state;
                 }
-                if let SourceState::Found(phone) = state {
+                if let SourceState::Found(phone, _) = state {
                     self.real_phone = Some(phone);
                 }
                 if !self.calltracking_applies {
                     return None;
                 }
                 match state {
-                    SourceState::Found(phone) => Some(Ask::Calltracking(phone)),
+                    SourceState::Found(phone, _) => Some(Ask::Calltracking(phone)),
                     // No real number, no call-tracking number: call tracking
                     // shares the real number's fate (undecided included).
                     other => {
@@ -222,15 +222,15 @@ impl Progress {
         }
     }
 
-    /// At the request deadline whatever is still pending has failed (no answer
-    /// in time), and a failed source with a usable stale value serves it
-    /// (stale-if-error, docs/rules.md and docs/caching.md), exactly as when its
-    /// upstream call fails: `stale` reads a cache's usable stale value. Every
-    /// state is settled after it.
+    /// At the request deadline whatever is still pending is undecided (the
+    /// deadline is the gateway's own bound), and a source with a usable stale
+    /// value serves it (stale-if-error, docs/rules.md and docs/caching.md), as
+    /// when its upstream call fails: `stale` reads a cache's usable stale
+    /// value. Every state is settled after it.
     pub fn at_deadline(&mut self, mut stale: impl FnMut(Ask) -> Known<Phone>) {
         let pending = |states: &States, source| states[source] == SourceState::Pending;
         if pending(&self.states, Source::Anonymous) {
-            self.states[Source::Anonymous] = stale_or_failed(stale(Ask::Anonymous));
+            self.states[Source::Anonymous] = stale_or_undecided(stale(Ask::Anonymous));
         }
         let calltracking_waits_for_real =
             pending(&self.states, Source::Calltracking) && self.real_phone.is_none();
@@ -240,7 +240,7 @@ impl Progress {
                 self.real_phone = Some(phone);
             }
             if pending(&self.states, Source::RealPhone) {
-                self.states[Source::RealPhone] = stale_or_failed(real);
+                self.states[Source::RealPhone] = stale_or_undecided(real);
             }
             if calltracking_waits_for_real && real == Known::No {
                 // A seller with no phone has no call-tracking number either.
@@ -249,8 +249,8 @@ impl Progress {
         }
         if pending(&self.states, Source::Calltracking) {
             self.states[Source::Calltracking] = match self.real_phone {
-                Some(phone) => stale_or_failed(stale(Ask::Calltracking(phone))),
-                None => SourceState::Failed,
+                Some(phone) => stale_or_undecided(stale(Ask::Calltracking(phone))),
+                None => SourceState::Undecided(Failure::Deadline),
             };
         }
         self.real_pending = false;
@@ -260,23 +260,26 @@ impl Progress {
 /// What a cache knows without fetching, as a source state.
 fn known(cached: Known<Phone>) -> SourceState {
     match cached {
-        Known::Yes(phone) => SourceState::Found(phone),
+        Known::Yes(phone) => SourceState::Found(phone, Origin::Cache),
         Known::No => SourceState::NotFound,
         Known::NotKnown => SourceState::Pending,
     }
 }
 
-/// A stale cache answer as a source state; none usable means the source failed.
-fn stale_or_failed(stale: Known<Phone>) -> SourceState {
-    match known(stale) {
-        SourceState::Pending => SourceState::Failed,
-        state => state,
+/// A stale cache answer at the deadline as a source state, standing in for the
+/// deadline; none usable leaves the source undecided.
+fn stale_or_undecided(stale: Known<Phone>) -> SourceState {
+    match stale {
+        Known::Yes(phone) => SourceState::Found(phone, Origin::Stale(Failure::Deadline)),
+        Known::No => SourceState::NotFound,
+        Known::NotKnown => SourceState::Undecided(Failure::Deadline),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::{Reason, Skip};
     use Source::{Anonymous, Calltracking, RealPhone};
     use SourceState::{Failed, Found, NotApplicable, NotFound, Pending, Undecided, Unknown};
 
@@ -411,8 +414,45 @@ mod tests {
         }
     }
 
+    /// A number found in the cache, from the upstream, given by the caller, or
+    /// stale at the deadline.
+    fn cached(n: u64) -> SourceState {
+        Found(p(n), Origin::Cache)
+    }
+
+    fn fetched(n: u64) -> SourceState {
+        Found(p(n), Origin::Upstream)
+    }
+
+    fn given(n: u64) -> SourceState {
+        Found(p(n), Origin::Phone)
+    }
+
+    fn stale(n: u64) -> SourceState {
+        Found(p(n), Origin::Stale(Failure::Deadline))
+    }
+
+    const TIMEOUT: SourceState = Failed(Failure::Timeout);
+    const BOUND: SourceState = Undecided(Failure::Bound);
+    const LATE: SourceState = Undecided(Failure::Deadline);
+    const NA: Skip = Skip::NotApplicable;
+    const NO: Skip = Skip::NoNumber;
+
+    /// The answer of `source`'s number `n` from `origin`, the sources above it
+    /// passed over as `skips`, in order: the decision with its reason.
+    fn answer(source: Source, n: u64, origin: Origin, skips: &[(Source, Skip)]) -> Decision {
+        let reason = skips
+            .iter()
+            .fold(Reason::new(origin), |r, &(s, skip)| r.skipped(s, skip));
+        Decision::Answer(source, p(n), reason)
+    }
+
+    const CACHE: Origin = Origin::Cache;
+    const UPSTREAM: Origin = Origin::Upstream;
+    const STALE: Origin = Origin::Stale(Failure::Deadline);
+
     /// From a request, the seller's tracking and what the caches hold: the
-    /// states, what is asked at once, and the decision.
+    /// states, what is asked at once, and the decision with its reason.
     #[test]
     fn the_start_table() {
         let (on, off, unknown) = (ON, OFF, UNKNOWN_SET);
@@ -420,24 +460,27 @@ mod tests {
         let table = [
             // category   given    tracking  cached (anon, ct, real)      -> states (anon, ct, real)            asks (anon, ct of, real)  decision
             // everything cached: the hit path decides
-            start(PLAIN_CATEGORY, None, on,  (MISS, has(C), has(R)),   (NotApplicable, Found(p(C)), Found(p(R))), (false, None, false),     Decision::Answer(Calltracking, p(C))),
-            start(ANON_CATEGORY,  None, on,  (has(A), MISS, MISS),     (Found(p(A)), Pending, Pending),           (false, None, true),      Decision::Answer(Anonymous, p(A))),
-            start(PLAIN_CATEGORY, None, off, (MISS, has(C), has(R)),   (NotApplicable, NotApplicable, Found(p(R))), (false, None, false),   Decision::Answer(RealPhone, p(R))),
+            start(PLAIN_CATEGORY, None, on,  (MISS, has(C), has(R)),   (NotApplicable, cached(C), cached(R)),     (false, None, false),     answer(Calltracking, C, CACHE, &[(Anonymous, NA)])),
+            start(ANON_CATEGORY,  None, on,  (has(A), MISS, MISS),     (cached(A), Pending, Pending),             (false, None, true),      answer(Anonymous, A, CACHE, &[])),
+            start(PLAIN_CATEGORY, None, off, (MISS, has(C), has(R)),   (NotApplicable, NotApplicable, cached(R)), (false, None, false),     answer(RealPhone, R, CACHE, &[(Anonymous, NA), (Calltracking, NA)])),
+            start(ANON_CATEGORY,  None, off, (NONE, MISS, has(R)),     (NotFound, NotApplicable, cached(R)),      (false, None, false),     answer(RealPhone, R, CACHE, &[(Anonymous, NO), (Calltracking, NA)])),
             // the real-then-calltracking chain: nothing cached asks real first
             start(PLAIN_CATEGORY, None, on,  (MISS, MISS, MISS),       (NotApplicable, Pending, Pending),         (false, None, true),      Decision::Wait),
             // real cached, its call-tracking number not: call tracking at once
-            start(PLAIN_CATEGORY, None, on,  (MISS, MISS, has(R)),     (NotApplicable, Pending, Found(p(R))),     (false, Some(R), false),  Decision::Wait),
+            start(PLAIN_CATEGORY, None, on,  (MISS, MISS, has(R)),     (NotApplicable, Pending, cached(R)),       (false, Some(R), false),  Decision::Wait),
             // a given phone saves the real-phone call and feeds call tracking
-            start(PLAIN_CATEGORY, Some(R), on, (MISS, MISS, MISS),     (NotApplicable, Pending, Found(p(R))),     (false, Some(R), false),  Decision::Wait),
+            start(PLAIN_CATEGORY, Some(R), on, (MISS, MISS, MISS),     (NotApplicable, Pending, given(R)),        (false, Some(R), false),  Decision::Wait),
+            start(PLAIN_CATEGORY, Some(R), on, (MISS, NONE, MISS),     (NotApplicable, NotFound, given(R)),       (false, None, false),     answer(RealPhone, R, Origin::Phone, &[(Anonymous, NA), (Calltracking, NO)])),
+            start(PLAIN_CATEGORY, Some(R), off, (MISS, MISS, MISS),    (NotApplicable, NotApplicable, given(R)),  (false, None, false),     answer(RealPhone, R, Origin::Phone, &[(Anonymous, NA), (Calltracking, NA)])),
             // a seller with no phone has no call-tracking number either
             start(PLAIN_CATEGORY, None, on,  (MISS, MISS, NONE),       (NotApplicable, NotFound, NotFound),       (false, None, false),     Decision::NoPhone),
             // anonymous pending above everything
-            start(ANON_CATEGORY,  None, on,  (MISS, has(C), has(R)),   (Pending, Found(p(C)), Found(p(R))),       (true, None, false),      Decision::Wait),
+            start(ANON_CATEGORY,  None, on,  (MISS, has(C), has(R)),   (Pending, cached(C), cached(R)),           (true, None, false),      Decision::Wait),
             // the status set not loaded yet: call tracking unknown for everyone,
             // nothing below it is shown, cached or not
-            start(PLAIN_CATEGORY, None, unknown, (MISS, has(C), has(R)), (NotApplicable, Unknown, Found(p(R))),   (false, None, false),     Decision::Unavailable { fail_closed: None }),
+            start(PLAIN_CATEGORY, None, unknown, (MISS, has(C), has(R)), (NotApplicable, Unknown, cached(R)),     (false, None, false),     Decision::Unavailable { fail_closed: None }),
             start(PLAIN_CATEGORY, None, unknown, (MISS, MISS, MISS),   (NotApplicable, Unknown, Pending),         (false, None, true),      Decision::Unavailable { fail_closed: None }),
-            start(ANON_CATEGORY,  None, unknown, (has(A), MISS, MISS), (Found(p(A)), Unknown, Pending),           (false, None, true),      Decision::Answer(Anonymous, p(A))),
+            start(ANON_CATEGORY,  None, unknown, (has(A), MISS, MISS), (cached(A), Unknown, Pending),             (false, None, true),      answer(Anonymous, A, CACHE, &[])),
         ];
         let selection = selection();
         for (i, row) in table.iter().enumerate() {
@@ -478,7 +521,7 @@ mod tests {
         );
         assert_eq!(
             selection.decide(&progress),
-            Decision::Answer(RealPhone, p(R))
+            answer(RealPhone, R, CACHE, &[(Anonymous, NA)])
         );
     }
 
@@ -499,34 +542,41 @@ mod tests {
         );
         assert_eq!(
             selection.decide(&progress),
-            Decision::Answer(Anonymous, p(A))
+            answer(Anonymous, A, CACHE, &[])
         );
     }
 
     /// Answers as they arrive, for a tracked seller with nothing cached:
     /// undecided against failed, and the real-then-calltracking chain. Which
-    /// upstream error is which state is the error's class
-    /// (the resolver's `an_answer_is_a_state_by_its_class`).
+    /// upstream error is which state is the error's code
+    /// (the resolver's `an_answer_is_a_state_by_its_code`).
     #[test]
     fn the_answer_table() {
         let unavailable = Decision::Unavailable { fail_closed: None };
+        let timed_out = Skip::Failed(Failure::Timeout);
         #[rustfmt::skip]
         let table: &[(&[(Source, SourceState)], Decision)] = &[
             // the chain: real found asks call tracking, whose number wins
-            (&[(RealPhone, Found(p(R))), (Calltracking, Found(p(C)))], Decision::Answer(Calltracking, p(C))),
-            (&[(RealPhone, Found(p(R)))],                              Decision::Wait),
-            (&[(RealPhone, Found(p(R))), (Calltracking, NotFound)],    Decision::Answer(RealPhone, p(R))),
-            // call tracking failed by its own upstream's verdict: fall through
-            (&[(RealPhone, Found(p(R))), (Calltracking, Failed)],      Decision::Answer(RealPhone, p(R))),
+            (&[(RealPhone, fetched(R)), (Calltracking, fetched(C))],   answer(Calltracking, C, UPSTREAM, &[(Anonymous, NA)])),
+            (&[(RealPhone, fetched(R)), (Calltracking, cached(C))],    answer(Calltracking, C, CACHE, &[(Anonymous, NA)])),
+            (&[(RealPhone, fetched(R))],                              Decision::Wait),
+            (&[(RealPhone, fetched(R)), (Calltracking, NotFound)],     answer(RealPhone, R, UPSTREAM, &[(Anonymous, NA), (Calltracking, NO)])),
+            // call tracking failed by its own upstream's verdict: fall through,
+            // and the reason says which verdict
+            (&[(RealPhone, fetched(R)), (Calltracking, TIMEOUT)],      answer(RealPhone, R, UPSTREAM, &[(Anonymous, NA), (Calltracking, timed_out)])),
+            (&[(RealPhone, fetched(R)), (Calltracking, Failed(Failure::Rejected))], answer(RealPhone, R, UPSTREAM, &[(Anonymous, NA), (Calltracking, Skip::Failed(Failure::Rejected))])),
+            (&[(RealPhone, Found(p(R), Origin::Stale(Failure::Connect))), (Calltracking, TIMEOUT)], answer(RealPhone, R, Origin::Stale(Failure::Connect), &[(Anonymous, NA), (Calltracking, timed_out)])),
             // no word from the upstream (a bound reached, a load refusal, the
             // gateway's own trouble, a panicked or cancelled fetch): undecided,
             // never the real number
-            (&[(RealPhone, Found(p(R))), (Calltracking, Undecided)],   Decision::Undecided(Calltracking)),
+            (&[(RealPhone, fetched(R)), (Calltracking, BOUND)],        Decision::Undecided(Calltracking)),
+            (&[(RealPhone, fetched(R)), (Calltracking, Undecided(Failure::LostTime))], Decision::Undecided(Calltracking)),
+            (&[(RealPhone, fetched(R)), (Calltracking, Undecided(Failure::Load))], Decision::Undecided(Calltracking)),
             // the real number undecided: call tracking cannot be asked either
-            (&[(RealPhone, Undecided)],                                Decision::Undecided(Calltracking)),
+            (&[(RealPhone, BOUND)],                                    Decision::Undecided(Calltracking)),
             // the real number failed by its upstream: call tracking too, and so
             // does the request
-            (&[(RealPhone, Failed)],                                   unavailable),
+            (&[(RealPhone, TIMEOUT)],                                  unavailable),
             (&[(RealPhone, NotFound)],                                 Decision::NoPhone),
         ];
         let selection = selection();
@@ -549,10 +599,10 @@ mod tests {
         };
         #[rustfmt::skip]
         let anonymous: &[(SourceState, Decision)] = &[
-            (Undecided,   Decision::Undecided(Anonymous)),
-            (Failed,      closed),
-            (Found(p(A)), Decision::Answer(Anonymous, p(A))),
-            (NotFound,    Decision::Answer(RealPhone, p(R))),
+            (BOUND,        Decision::Undecided(Anonymous)),
+            (TIMEOUT,      closed),
+            (fetched(A),   answer(Anonymous, A, UPSTREAM, &[])),
+            (NotFound,     answer(RealPhone, R, CACHE, &[(Anonymous, NO), (Calltracking, NA)])),
         ];
         for (i, &(answer, want)) in anonymous.iter().enumerate() {
             let req = request(ANON_CATEGORY, None);
@@ -567,43 +617,47 @@ mod tests {
     }
 
     /// At the deadline: a pending source serves its usable stale value, else
-    /// has failed; call tracking maps the real number known by then (stale
-    /// included). An undecided source stays undecided, and an unknown status
-    /// set stays unknown: the deadline fails only what is still pending.
+    /// is undecided (the deadline is the gateway's own bound); call tracking
+    /// maps the real number known by then (stale included). An undecided
+    /// source stays undecided, and an unknown status set stays unknown: the
+    /// deadline settles only what is still pending.
     #[test]
     fn the_deadline_table() {
         let (on, off, unknown) = (ON, OFF, UNKNOWN_SET);
         let unavailable = Decision::Unavailable { fail_closed: None };
-        let closed = Decision::Unavailable {
-            fail_closed: Some(Anonymous),
-        };
         #[rustfmt::skip]
         let table = [
             // category   tracking cached at start    answered before        stale at the deadline     -> states                                  decision
-            deadline(ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (has(A), has(C), has(R)), (Found(p(A)), Found(p(C)), Found(p(R))), Decision::Answer(Anonymous, p(A))),
-            deadline(ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, MISS),       (Failed, Failed, Failed),                closed),
+            deadline(ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (has(A), has(C), has(R)), (stale(A), stale(C), stale(R)),         answer(Anonymous, A, STALE, &[])),
+            deadline(ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, MISS),       (LATE, LATE, LATE),                      Decision::Undecided(Anonymous)),
             // the real number known (cached): call tracking's stale value for it
-            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), has(R)),   (NotApplicable, Found(p(C)), Found(p(R))), Decision::Answer(Calltracking, p(C))),
-            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, MISS, has(R)),     (NotApplicable, Failed, Found(p(R))),    Decision::Answer(RealPhone, p(R))),
+            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), has(R)),   (NotApplicable, stale(C), cached(R)),    answer(Calltracking, C, STALE, &[(Anonymous, NA)])),
+            // call tracking still pending at the deadline, nothing stale: never
+            // the real number (the deadline is no verdict)
+            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, MISS, has(R)),     (NotApplicable, LATE, cached(R)),        Decision::Undecided(Calltracking)),
             // the real number known: its stale entry is not read again (were it,
             // a stale "no phone" would hide the known number's call tracking)
-            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), NONE),     (NotApplicable, Found(p(C)), Found(p(R))), Decision::Answer(Calltracking, p(C))),
+            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), NONE),     (NotApplicable, stale(C), cached(R)),    answer(Calltracking, C, STALE, &[(Anonymous, NA)])),
             // a stale "no phone": no call-tracking number either
             deadline(PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[],                       (MISS, has(C), NONE),     (NotApplicable, NotFound, NotFound),     Decision::NoPhone),
-            // a stale real number alone: call tracking failed, real served
-            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, has(R)),     (NotApplicable, Failed, Found(p(R))),    Decision::Answer(RealPhone, p(R))),
+            // a stale real number alone: call tracking undecided, nothing shown
+            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, has(R)),     (NotApplicable, LATE, stale(R)),         Decision::Undecided(Calltracking)),
+            // not tracked: the stale real number is served, standing in for the deadline
+            deadline(PLAIN_CATEGORY, off, (MISS, MISS, MISS),   &[],                       (MISS, MISS, has(R)),     (NotApplicable, NotApplicable, stale(R)), answer(RealPhone, R, STALE, &[(Anonymous, NA), (Calltracking, NA)])),
+            // call tracking failed by its verdict before the deadline: the cached real number
+            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[(Calltracking, TIMEOUT)], (MISS, MISS, has(R)),   (NotApplicable, TIMEOUT, cached(R)),     answer(RealPhone, R, CACHE, &[(Anonymous, NA), (Calltracking, Skip::Failed(Failure::Timeout))])),
             // the status set not loaded: call tracking stays unknown, and what is
             // below it is not shown, stale real number or not
-            deadline(PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, has(C), has(R)),   (NotApplicable, Unknown, Found(p(R))),   unavailable),
-            deadline(PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, MISS, MISS),       (NotApplicable, Unknown, Failed),        unavailable),
-            deadline(ANON_CATEGORY,  unknown, (MISS, MISS, MISS), &[],                     (has(A), MISS, has(R)),   (Found(p(A)), Unknown, Found(p(R))),     Decision::Answer(Anonymous, p(A))),
+            deadline(PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, has(C), has(R)),   (NotApplicable, Unknown, stale(R)),      unavailable),
+            deadline(PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, MISS, MISS),       (NotApplicable, Unknown, LATE),          unavailable),
+            deadline(ANON_CATEGORY,  unknown, (MISS, MISS, MISS), &[],                     (has(A), MISS, has(R)),   (stale(A), Unknown, stale(R)),           answer(Anonymous, A, STALE, &[])),
             // an undecided real number stays undecided, and so does call
             // tracking, which needed it: a stale value does not decide them
-            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[(RealPhone, Undecided)], (MISS, has(C), has(R)),   (NotApplicable, Undecided, Undecided),   Decision::Undecided(Calltracking)),
-            deadline(PLAIN_CATEGORY, off, (MISS, MISS, MISS),   &[(RealPhone, Undecided)], (MISS, MISS, has(R)),     (NotApplicable, NotApplicable, Undecided), Decision::Undecided(RealPhone)),
+            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[(RealPhone, BOUND)],     (MISS, has(C), has(R)),   (NotApplicable, BOUND, BOUND),           Decision::Undecided(Calltracking)),
+            deadline(PLAIN_CATEGORY, off, (MISS, MISS, MISS),   &[(RealPhone, BOUND)],     (MISS, MISS, has(R)),     (NotApplicable, NotApplicable, BOUND),   Decision::Undecided(RealPhone)),
             // an undecided anonymous source: 503, whatever the deadline settles below
-            deadline(ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[(Anonymous, Undecided)], (MISS, MISS, has(R)),     (Undecided, Failed, Found(p(R))),        Decision::Undecided(Anonymous)),
-            deadline(ANON_CATEGORY,  off, (MISS, MISS, has(R)), &[(Anonymous, Undecided)], (has(A), MISS, has(R)), (Undecided, NotApplicable, Found(p(R))), Decision::Undecided(Anonymous)),
+            deadline(ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[(Anonymous, BOUND)],     (MISS, MISS, has(R)),     (BOUND, LATE, stale(R)),                 Decision::Undecided(Anonymous)),
+            deadline(ANON_CATEGORY,  off, (MISS, MISS, has(R)), &[(Anonymous, BOUND)],     (has(A), MISS, has(R)),   (BOUND, NotApplicable, cached(R)),       Decision::Undecided(Anonymous)),
         ];
         let selection = selection();
         for (i, row) in table.iter().enumerate() {
@@ -628,9 +682,9 @@ mod tests {
         // An undecided call tracking stays undecided, a stale value or not.
         let req = request(PLAIN_CATEGORY, None);
         let mut progress = selection.start(&req, || ON, reader((MISS, MISS, has(R))));
-        progress.answered(Calltracking, Undecided);
+        progress.answered(Calltracking, BOUND);
         progress.at_deadline(reader((MISS, has(C), has(R))));
-        assert_eq!(progress.states[Calltracking], Undecided);
+        assert_eq!(progress.states[Calltracking], BOUND);
         assert_eq!(
             selection.decide(&progress),
             Decision::Undecided(Calltracking)

@@ -14,9 +14,13 @@
 //! (fall_through).
 //! With no source left: `Unavailable` if any applicable source failed (we cannot
 //! tell the seller has no number), else `NoPhone`.
+//!
+//! An answer carries its [`Reason`], made by the same walk: for each source
+//! passed over, why (did not apply, no number, failed on which verdict), and
+//! where the answering number came from. It is the decision's own account,
+//! so it cannot disagree with it.
 
-use crate::domain::Phone;
-use crate::domain::{OnError, Source, Sources};
+use crate::domain::{Failure, OnError, Origin, Phone, Reason, Skip, Source, Sources};
 
 /// What one source has told us so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,18 +29,21 @@ pub enum SourceState {
     /// Whether it applies is not known yet, and will not be during this request.
     Unknown,
     Pending,
-    Found(Phone),
+    /// A number, and where it came from.
+    Found(Phone, Origin),
     NotFound,
     /// Its own upstream's verdict failed it (an error answer, an answer that
-    /// does not validate, a refused or reset connection, no answer in time,
-    /// its breaker open on many sellers' failures): `on_error` applies.
-    Failed,
-    /// No verdict from its upstream ([`crate::upstream::Class::Undecided`]):
-    /// not asked or not reachable for a reason of the gateway's own (a bound on
-    /// calls in flight, its own sockets, a panicked fetch), or the upstream
-    /// refused load. Nothing tells during this request, and nothing below it
-    /// may be revealed.
-    Undecided,
+    /// does not validate, a refused or reset connection, no answer in the time
+    /// the upstream had, its breaker open on many sellers' failures), which
+    /// one: `on_error` applies.
+    Failed(Failure),
+    /// No verdict from its upstream ([`crate::upstream::Class::Undecided`]),
+    /// and why: not asked or not reachable for a reason of the gateway's own
+    /// (a bound on calls in flight, its own sockets, time it lost, load it
+    /// made, a panicked fetch, the request deadline), or the upstream refused
+    /// load. Nothing tells during this request, and nothing below it may be
+    /// revealed.
+    Undecided(Failure),
 }
 
 /// The state of every source for one request.
@@ -44,8 +51,8 @@ pub type States = Sources<SourceState>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
-    /// Show this number.
-    Answer(Source, Phone),
+    /// Show this number, for this reason.
+    Answer(Source, Phone, Reason),
     /// No source has a number for this seller: 404.
     NoPhone,
     /// Cannot decide safely: 503. `failed` is the fail-closed source, if one.
@@ -66,20 +73,40 @@ pub struct Rules {
 impl Rules {
     pub fn decide(&self, states: &States) -> Decision {
         let mut any_failed = false;
+        // The sources passed over, and why, in order (at most two: one
+        // source answers).
+        let mut passed: [Option<(Source, Skip)>; 2] = [None; 2];
+        fn pass(passed: &mut [Option<(Source, Skip)>; 2], source: Source, skip: Skip) {
+            if let Some(free) = passed.iter_mut().find(|p| p.is_none()) {
+                *free = Some((source, skip));
+            }
+        }
         for &source in &self.order {
             match states[source] {
-                SourceState::NotApplicable | SourceState::NotFound => {}
+                SourceState::NotApplicable => pass(&mut passed, source, Skip::NotApplicable),
+                SourceState::NotFound => pass(&mut passed, source, Skip::NoNumber),
                 SourceState::Pending => return Decision::Wait,
                 SourceState::Unknown => return Decision::Unavailable { fail_closed: None },
-                SourceState::Undecided => return Decision::Undecided(source),
-                SourceState::Found(phone) => return Decision::Answer(source, phone),
-                SourceState::Failed => match self.policy[source] {
+                SourceState::Undecided(_) => return Decision::Undecided(source),
+                SourceState::Found(phone, origin) => {
+                    let reason = passed
+                        .into_iter()
+                        .flatten()
+                        .fold(Reason::new(origin), |reason, (above, skip)| {
+                            reason.skipped(above, skip)
+                        });
+                    return Decision::Answer(source, phone, reason);
+                }
+                SourceState::Failed(failure) => match self.policy[source] {
                     OnError::FailClosed => {
                         return Decision::Unavailable {
                             fail_closed: Some(source),
                         };
                     }
-                    OnError::FallThrough => any_failed = true,
+                    OnError::FallThrough => {
+                        any_failed = true;
+                        pass(&mut passed, source, Skip::Failed(failure));
+                    }
                 },
             }
         }
@@ -101,6 +128,15 @@ mod tests {
         Phone::from_u64(n).unwrap()
     }
 
+    /// Found from the upstream.
+    fn up(n: u64) -> SourceState {
+        Found(p(n), Origin::Upstream)
+    }
+
+    const TIMEOUT: SourceState = Failed(Failure::Timeout);
+    const BREAKER: SourceState = Failed(Failure::CircuitOpen);
+    const BOUND: SourceState = Undecided(Failure::Bound);
+
     fn rules() -> Rules {
         Rules {
             order: vec![Anonymous, Calltracking, RealPhone],
@@ -116,49 +152,67 @@ mod tests {
     const C: u64 = 78_000_000_002;
     const R: u64 = 79_161_234_567;
 
+    /// An answer of `source`'s number `n` from the upstream, the sources
+    /// above it passed over as `skips` (in order).
+    fn answer(source: Source, n: u64, skips: &[(Source, Skip)]) -> Decision {
+        answer_from(source, n, Origin::Upstream, skips)
+    }
+
+    fn answer_from(source: Source, n: u64, origin: Origin, skips: &[(Source, Skip)]) -> Decision {
+        let reason = skips
+            .iter()
+            .fold(Reason::new(origin), |r, &(s, skip)| r.skipped(s, skip));
+        Decision::Answer(source, p(n), reason)
+    }
+
+    const NA: Skip = Skip::NotApplicable;
+    const NO: Skip = Skip::NoNumber;
+
     #[test]
     fn the_rule_table() {
         let unavailable = Decision::Unavailable { fail_closed: None };
         let closed = Decision::Unavailable {
             fail_closed: Some(Anonymous),
         };
+        let timed_out = Skip::Failed(Failure::Timeout);
         #[rustfmt::skip]
         let table = [
             // anonymous        calltracking      real           -> decision
-            ((Found(p(A)),     Found(p(C)),      Found(p(R))),     Decision::Answer(Anonymous, p(A))),
-            ((Found(p(A)),     Pending,          Pending),         Decision::Answer(Anonymous, p(A))),
-            ((Pending,         Found(p(C)),      Found(p(R))),     Decision::Wait),
-            ((NotFound,        Found(p(C)),      Found(p(R))),     Decision::Answer(Calltracking, p(C))),
-            ((NotApplicable,   Found(p(C)),      Found(p(R))),     Decision::Answer(Calltracking, p(C))),
-            ((NotApplicable,   Pending,          Found(p(R))),     Decision::Wait),
-            ((NotApplicable,   NotApplicable,    Found(p(R))),     Decision::Answer(RealPhone, p(R))),
+            ((up(A),           up(C),            up(R)),           answer(Anonymous, A, &[])),
+            ((up(A),           Pending,          Pending),         answer(Anonymous, A, &[])),
+            ((Pending,         up(C),            up(R)),           Decision::Wait),
+            ((NotFound,        up(C),            up(R)),           answer(Calltracking, C, &[(Anonymous, NO)])),
+            ((NotApplicable,   up(C),            up(R)),           answer(Calltracking, C, &[(Anonymous, NA)])),
+            ((NotApplicable,   Pending,          up(R)),           Decision::Wait),
+            ((NotApplicable,   NotApplicable,    up(R)),           answer(RealPhone, R, &[(Anonymous, NA), (Calltracking, NA)])),
             ((NotFound,        NotApplicable,    Pending),         Decision::Wait),
-            ((NotFound,        NotFound,         Found(p(R))),     Decision::Answer(RealPhone, p(R))),
+            ((NotFound,        NotFound,         up(R)),           answer(RealPhone, R, &[(Anonymous, NO), (Calltracking, NO)])),
             ((NotApplicable,   NotApplicable,    NotFound),        Decision::NoPhone),
             ((NotFound,        NotFound,         NotFound),        Decision::NoPhone),
             // anonymous fails closed: never reveals what is below it
-            ((Failed,          Found(p(C)),      Found(p(R))),     closed),
-            ((Failed,          Pending,          Pending),         closed),
-            // calltracking falls through to the real number
-            ((NotApplicable,   Failed,           Found(p(R))),     Decision::Answer(RealPhone, p(R))),
-            ((NotFound,        Failed,           NotFound),        unavailable),
-            ((NotApplicable,   Failed,           Failed),          unavailable),
-            ((NotApplicable,   NotApplicable,    Failed),          unavailable),
+            ((TIMEOUT,         up(C),            up(R)),           closed),
+            ((BREAKER,         Pending,          Pending),         closed),
+            // calltracking falls through to the real number, and says why
+            ((NotApplicable,   TIMEOUT,          up(R)),           answer(RealPhone, R, &[(Anonymous, NA), (Calltracking, timed_out)])),
+            ((NotApplicable,   BREAKER,          up(R)),           answer(RealPhone, R, &[(Anonymous, NA), (Calltracking, Skip::Failed(Failure::CircuitOpen))])),
+            ((NotFound,        TIMEOUT,          NotFound),        unavailable),
+            ((NotApplicable,   TIMEOUT,          TIMEOUT),         unavailable),
+            ((NotApplicable,   NotApplicable,    TIMEOUT),         unavailable),
             // call tracking unknown (status set loading): blocks what is below it
-            ((Found(p(A)),     Unknown,          Found(p(R))),     Decision::Answer(Anonymous, p(A))),
-            ((Pending,         Unknown,          Found(p(R))),     Decision::Wait),
-            ((NotFound,        Unknown,          Found(p(R))),     unavailable),
-            ((NotApplicable,   Unknown,          Found(p(R))),     unavailable),
+            ((up(A),           Unknown,          up(R)),           answer(Anonymous, A, &[])),
+            ((Pending,         Unknown,          up(R)),           Decision::Wait),
+            ((NotFound,        Unknown,          up(R)),           unavailable),
+            ((NotApplicable,   Unknown,          up(R)),           unavailable),
             ((NotApplicable,   Unknown,          Pending),         unavailable),
             // undecided (not asked: a bound reached) is not failed: whatever the
             // policy, nothing below it is revealed
-            ((NotApplicable,   Undecided,        Found(p(R))),     Decision::Undecided(Calltracking)),
-            ((NotFound,        Undecided,        Found(p(R))),     Decision::Undecided(Calltracking)),
-            ((Pending,         Undecided,        Found(p(R))),     Decision::Wait),
-            ((Found(p(A)),     Undecided,        Found(p(R))),     Decision::Answer(Anonymous, p(A))),
-            ((Undecided,       Found(p(C)),      Found(p(R))),     Decision::Undecided(Anonymous)),
-            ((NotFound,        NotApplicable,    Undecided),       Decision::Undecided(RealPhone)),
-            ((NotFound,        Failed,           Undecided),       Decision::Undecided(RealPhone)),
+            ((NotApplicable,   BOUND,            up(R)),           Decision::Undecided(Calltracking)),
+            ((NotFound,        Undecided(Failure::Deadline), up(R)), Decision::Undecided(Calltracking)),
+            ((Pending,         BOUND,            up(R)),           Decision::Wait),
+            ((up(A),           BOUND,            up(R)),           answer(Anonymous, A, &[])),
+            ((BOUND,           up(C),            up(R)),           Decision::Undecided(Anonymous)),
+            ((NotFound,        NotApplicable,    BOUND),           Decision::Undecided(RealPhone)),
+            ((NotFound,        TIMEOUT,          BOUND),           Decision::Undecided(RealPhone)),
         ];
         let rules = rules();
         for ((anonymous, calltracking, real), want) in table {
@@ -167,15 +221,56 @@ mod tests {
         }
     }
 
+    /// The answering number's origin is the reason's, whichever source answers.
+    #[test]
+    fn the_origin_is_the_answering_sources() {
+        let rules = rules();
+        for origin in [
+            Origin::Cache,
+            Origin::Upstream,
+            Origin::Phone,
+            Origin::Stale(Failure::LostTime),
+        ] {
+            let states = States::new(NotApplicable, TIMEOUT, Found(p(R), origin));
+            assert_eq!(
+                rules.decide(&states),
+                answer_from(
+                    RealPhone,
+                    R,
+                    origin,
+                    &[
+                        (Anonymous, NA),
+                        (Calltracking, Skip::Failed(Failure::Timeout))
+                    ]
+                )
+            );
+            let states = States::new(Found(p(A), origin), Pending, Pending);
+            assert_eq!(
+                rules.decide(&states),
+                answer_from(Anonymous, A, origin, &[])
+            );
+        }
+    }
+
     #[test]
     fn policies_and_order_are_configurable() {
         let mut rules = rules();
         rules.policy[Anonymous] = OnError::FallThrough;
-        let states = States::new(Failed, NotApplicable, Found(p(R)));
-        assert_eq!(rules.decide(&states), Decision::Answer(RealPhone, p(R)));
+        let states = States::new(Failed(Failure::ErrorStatus), NotApplicable, up(R));
+        assert_eq!(
+            rules.decide(&states),
+            answer(
+                RealPhone,
+                R,
+                &[
+                    (Anonymous, Skip::Failed(Failure::ErrorStatus)),
+                    (Calltracking, NA)
+                ]
+            )
+        );
 
         rules.policy[Calltracking] = OnError::FailClosed;
-        let states = States::new(NotFound, Failed, Found(p(R)));
+        let states = States::new(NotFound, TIMEOUT, up(R));
         assert_eq!(
             rules.decide(&states),
             Decision::Unavailable {
@@ -187,9 +282,12 @@ mod tests {
             order: vec![RealPhone, Anonymous],
             ..super::tests::rules()
         };
-        let states = States::new(Found(p(A)), Found(p(C)), Found(p(R)));
-        assert_eq!(rules.decide(&states), Decision::Answer(RealPhone, p(R)));
-        let states = States::new(Found(p(A)), Found(p(C)), NotFound);
-        assert_eq!(rules.decide(&states), Decision::Answer(Anonymous, p(A)));
+        let states = States::new(up(A), up(C), up(R));
+        assert_eq!(rules.decide(&states), answer(RealPhone, R, &[]));
+        let states = States::new(up(A), up(C), NotFound);
+        assert_eq!(
+            rules.decide(&states),
+            answer(Anonymous, A, &[(RealPhone, NO)])
+        );
     }
 }

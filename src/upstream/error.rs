@@ -1,24 +1,33 @@
 //! `UpstreamError`: every way an upstream call can fail, as one cheap, cloneable
-//! value (coalesced waiters all receive the same failure), and its class
-//! ([`Class`]): the upstream's *verdict* on the call, or *undecided*.
+//! value (coalesced waiters all receive the same failure), its [`Failure`]
+//! code (the reason's word for it) and its class ([`Class`]): the upstream's
+//! *verdict* on the call, or *undecided*.
 //!
-//! The line (docs/rules.md, "Verdict or undecided"): a source has *failed* only on
-//! its own upstream's word: an error answer that is not a load refusal, an answer
-//! that does not validate, a connection the upstream refused or reset, no answer
-//! in time once the upstream was asked, or its breaker open after failures for
-//! many sellers. Everything else is *undecided*: the gateway did not ask, or
-//! could not, for a reason of its own (a bound on calls in flight, its own file
-//! descriptors, ports, memory or host lookup, a fetch that panicked or was
+//! The line (docs/rules.md, "Verdict or undecided"): a source has *failed* only
+//! on its own upstream's word: an error answer that is not a load refusal (a
+//! 4xx other than 404 and 429 included: the upstream's word on that one
+//! request), an answer that does not validate, a connection the upstream
+//! refused or reset, no answer in the time the upstream had (not time the
+//! gateway lost, not under load the gateway put on it), or its breaker open
+//! after failures for many sellers and requests. Everything else is
+//! *undecided*: the gateway did not ask, or could not, for a reason of its own
+//! (a bound on calls in flight, its own file descriptors, ports, memory or
+//! host lookup, time it lost, load it made, a fetch that panicked or was
 //! cancelled, a request it could not build), or the upstream refused load (429,
-//! or 503 with `Retry-After`). [`UpstreamError::class`] is one `match` without a
-//! wildcard: a new variant does not compile until it is given a class. Each error
-//! is classified where it arises (the pool maps `errno`, the call tracks its
-//! phase for a timeout, the cache knows a panic from a cancellation), so the
-//! class is never guessed from a message.
+//! or 503 with `Retry-After`). [`UpstreamError::failure`] is one `match`
+//! without a wildcard, and the class follows from it: a new variant does not
+//! compile until it is given a code. Each error is classified where it arises
+//! (the pool maps `errno`, the call tracks its phase and its lost time for a
+//! timeout, the send rate for load, the cache knows a panic from a
+//! cancellation), so the class is never guessed from a message.
+//!
+//! Of the verdicts, only signs of the upstream's health reach a breaker
+//! ([`UpstreamError::health_failure`]): a 5xx that is not a load refusal, a
+//! refused or reset connection, a timeout the upstream owns.
 
 use std::fmt;
 
-use crate::domain::Source;
+use crate::domain::{Failure, Source};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UpstreamError {
@@ -26,6 +35,17 @@ pub enum UpstreamError {
     /// been asked (its address known, a connection being opened or used).
     #[error("timed out")]
     Timeout,
+    /// No answer in time, but the gateway lost time of its own during the call
+    /// (its process paused or throttled, its timers late) beyond
+    /// `upstreams.lost_time_tolerance_ms`, also after that time was given back
+    /// once (`lost`).
+    #[error("timed out in time the gateway lost")]
+    LostTime,
+    /// A health failure (no answer in time, a 5xx, a refused or reset
+    /// connection) of a call sent while the gateway was sending that upstream
+    /// calls faster than it has been (`load`): load of its own making.
+    #[error("failed under load the gateway put on the upstream")]
+    Load,
     /// The timeout ran out while the call was still in the gateway's own phase
     /// (the host lookup, on the blocking pool, or waiting for it): the upstream
     /// never had the chance to answer.
@@ -52,8 +72,9 @@ pub enum UpstreamError {
     #[error("bad answer: {0}")]
     Decode(&'static str),
     /// The circuit breaker is open: the upstream was not called. A breaker opens
-    /// only on verdicts about several distinct sellers (`breaker.min_sellers`),
-    /// so its being open is the upstream's verdict too.
+    /// only on health failures about several distinct sellers in several
+    /// requests (`breaker.min_sellers`, `breaker.min_requests`), so its being
+    /// open is the upstream's verdict too.
     #[error("circuit open")]
     CircuitOpen,
     /// The upstream's bound on calls in flight is reached: it was not called.
@@ -87,22 +108,33 @@ pub enum Class {
 }
 
 impl UpstreamError {
-    /// The class of this error: one exhaustive match, no wildcard.
-    pub fn class(&self) -> Class {
+    /// The reason's code for this error: one exhaustive match, no wildcard.
+    pub fn failure(&self) -> Failure {
         match self {
-            UpstreamError::Timeout
-            | UpstreamError::Connect(_)
-            | UpstreamError::Status(_)
-            | UpstreamError::Decode(_)
-            | UpstreamError::CircuitOpen => Class::Verdict,
+            UpstreamError::Timeout => Failure::Timeout,
+            UpstreamError::Connect(_) => Failure::Connect,
+            UpstreamError::Status(status) if is_rejection(*status) => Failure::Rejected,
+            UpstreamError::Status(_) => Failure::ErrorStatus,
+            UpstreamError::Decode(_) => Failure::Invalid,
+            UpstreamError::CircuitOpen => Failure::CircuitOpen,
+            UpstreamError::LoadRefused(_) => Failure::LoadRefused,
+            UpstreamError::Load => Failure::Load,
+            UpstreamError::Saturated | UpstreamError::SellerSaturated => Failure::Bound,
+            UpstreamError::LostTime => Failure::LostTime,
             UpstreamError::LocalTimeout
             | UpstreamError::Local(_)
-            | UpstreamError::LoadRefused(_)
-            | UpstreamError::Saturated
-            | UpstreamError::SellerSaturated
             | UpstreamError::Panicked
             | UpstreamError::Cancelled
-            | UpstreamError::Request => Class::Undecided,
+            | UpstreamError::Request => Failure::Gateway,
+        }
+    }
+
+    /// The class of this error, from its code.
+    pub fn class(&self) -> Class {
+        if self.failure().is_verdict() {
+            Class::Verdict
+        } else {
+            Class::Undecided
         }
     }
 
@@ -111,11 +143,25 @@ impl UpstreamError {
         self.class() == Class::Undecided
     }
 
+    /// A sign of the upstream's ill health, which a breaker counts: a 5xx that
+    /// is not a load refusal, a refused or reset connection, a timeout the
+    /// upstream owns. A verdict that is not one (a 4xx about one request, an
+    /// answer that does not validate, an open breaker) counts toward nothing.
+    pub fn health_failure(&self) -> bool {
+        match self {
+            UpstreamError::Timeout | UpstreamError::Connect(_) => true,
+            UpstreamError::Status(status) => (500..=599).contains(status),
+            _ => false,
+        }
+    }
+
     /// A short label for logs and metrics.
     pub fn kind(&self) -> &'static str {
         match self {
             UpstreamError::Timeout => "timeout",
             UpstreamError::LocalTimeout => "local_timeout",
+            UpstreamError::LostTime => "lost_time",
+            UpstreamError::Load => "load",
             UpstreamError::Connect(_) => "connect",
             UpstreamError::Local(_) => "local",
             UpstreamError::Status(_) => "status",
@@ -129,6 +175,12 @@ impl UpstreamError {
             UpstreamError::Request => "request",
         }
     }
+}
+
+/// A 4xx other than 404 (an answer) and 429 (a load refusal): the upstream's
+/// word on that one request, not on its health.
+fn is_rejection(status: u16) -> bool {
+    (400..=499).contains(&status) && status != 404 && status != 429
 }
 
 /// Which upstream a call went to; names appear in logs and metrics.
@@ -161,38 +213,43 @@ mod tests {
     use super::Class::{Undecided, Verdict};
     use super::*;
 
-    /// Every variant, its class and its label: the list docs/rules.md shows.
+    /// Every variant, its code, its class, its label, and whether a breaker
+    /// counts it: the list docs/rules.md shows.
     #[test]
-    fn every_error_kind_has_its_class() {
+    fn every_error_kind_has_its_code_and_class() {
+        use Failure as F;
+        #[rustfmt::skip]
         let table = [
-            (UpstreamError::Timeout, Verdict, "timeout"),
-            (UpstreamError::Connect("reset".into()), Verdict, "connect"),
-            (UpstreamError::Status(500), Verdict, "status"),
-            (UpstreamError::Status(503), Verdict, "status"),
-            (
-                UpstreamError::Decode("invalid JSON body"),
-                Verdict,
-                "decode",
-            ),
-            (UpstreamError::CircuitOpen, Verdict, "circuit_open"),
-            (UpstreamError::LocalTimeout, Undecided, "local_timeout"),
-            (UpstreamError::Local("EMFILE".into()), Undecided, "local"),
-            (UpstreamError::LoadRefused(429), Undecided, "load_refused"),
-            (UpstreamError::LoadRefused(503), Undecided, "load_refused"),
-            (UpstreamError::Saturated, Undecided, "saturated"),
-            (
-                UpstreamError::SellerSaturated,
-                Undecided,
-                "seller_saturated",
-            ),
-            (UpstreamError::Panicked, Undecided, "panicked"),
-            (UpstreamError::Cancelled, Undecided, "cancelled"),
-            (UpstreamError::Request, Undecided, "request"),
+            (UpstreamError::Timeout,                     F::Timeout,     Verdict,   "timeout",          true),
+            (UpstreamError::Connect("reset".into()),     F::Connect,     Verdict,   "connect",          true),
+            (UpstreamError::Status(500),                 F::ErrorStatus, Verdict,   "status",           true),
+            (UpstreamError::Status(503),                 F::ErrorStatus, Verdict,   "status",           true),
+            (UpstreamError::Status(599),                 F::ErrorStatus, Verdict,   "status",           true),
+            (UpstreamError::Status(302),                 F::ErrorStatus, Verdict,   "status",           false),
+            (UpstreamError::Status(600),                 F::ErrorStatus, Verdict,   "status",           false),
+            (UpstreamError::Status(400),                 F::Rejected,    Verdict,   "status",           false),
+            (UpstreamError::Status(422),                 F::Rejected,    Verdict,   "status",           false),
+            (UpstreamError::Status(499),                 F::Rejected,    Verdict,   "status",           false),
+            (UpstreamError::Decode("invalid JSON body"), F::Invalid,     Verdict,   "decode",           false),
+            (UpstreamError::CircuitOpen,                 F::CircuitOpen, Verdict,   "circuit_open",     false),
+            (UpstreamError::LostTime,                    F::LostTime,    Undecided, "lost_time",        false),
+            (UpstreamError::Load,                        F::Load,        Undecided, "load",             false),
+            (UpstreamError::LocalTimeout,                F::Gateway,     Undecided, "local_timeout",    false),
+            (UpstreamError::Local("EMFILE".into()),      F::Gateway,     Undecided, "local",            false),
+            (UpstreamError::LoadRefused(429),            F::LoadRefused, Undecided, "load_refused",     false),
+            (UpstreamError::LoadRefused(503),            F::LoadRefused, Undecided, "load_refused",     false),
+            (UpstreamError::Saturated,                   F::Bound,       Undecided, "saturated",        false),
+            (UpstreamError::SellerSaturated,             F::Bound,       Undecided, "seller_saturated", false),
+            (UpstreamError::Panicked,                    F::Gateway,     Undecided, "panicked",         false),
+            (UpstreamError::Cancelled,                   F::Gateway,     Undecided, "cancelled",        false),
+            (UpstreamError::Request,                     F::Gateway,     Undecided, "request",          false),
         ];
-        for (error, class, kind) in table {
+        for (error, failure, class, kind, health) in table {
+            assert_eq!(error.failure(), failure, "{error:?}");
             assert_eq!(error.class(), class, "{error:?}");
             assert_eq!(error.undecided(), class == Undecided, "{error:?}");
             assert_eq!(error.kind(), kind, "{error:?}");
+            assert_eq!(error.health_failure(), health, "{error:?}");
         }
     }
 }

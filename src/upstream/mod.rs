@@ -19,11 +19,17 @@
 //! source is undecided, not failed, and its `on_error` does not apply
 //! (docs/rules.md).
 //!
-//! Every error has a class ([`UpstreamError::class`]): the upstream's verdict,
-//! or undecided (the gateway's own trouble, or the upstream refusing load: 429,
-//! or 503 with `Retry-After`). Only verdicts reach the breaker, each with the
-//! seller it was about, so that one seller's failing calls cannot open it for
-//! every seller (`breaker`).
+//! Every error has a code and a class ([`UpstreamError::failure`],
+//! [`UpstreamError::class`]): the upstream's verdict, or undecided (the
+//! gateway's own trouble, or the upstream refusing load: 429, or 503 with
+//! `Retry-After`). A call's timeout counts only the time the upstream had
+//! (`lost`): time the gateway lost is given back once, and a call that loses
+//! more is undecided. A health failure of a call sent while the gateway was
+//! sending that upstream more than it has been is load of the gateway's own
+//! making (`load`): undecided too. Only signs of the upstream's health reach
+//! the breaker, each with the seller it was about and the request it came
+//! from, so that one seller's failing calls, or one caller's batch, cannot
+//! open it for everyone (`breaker`).
 //!
 //! The status feed is an endpoint of its own, on call tracking's base URL and
 //! timeout: its own connections, its own breaker and its own bound (it polls one
@@ -49,8 +55,11 @@ mod error;
 #[cfg(feature = "test-faults")]
 pub mod faults;
 mod limit;
+mod load;
+mod lost;
 mod pool;
 
+use std::future::Future;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty, Limited};
@@ -60,12 +69,14 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 pub use error::{Class, UpstreamError, UpstreamName};
+pub use lost::{LostTime, lateness};
 
 use crate::config::{BreakerConfig, UpstreamConfig, UpstreamsConfig};
 use crate::domain::{AdId, Phone, Source, StatusItem, UserId};
 use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers, upstream_span};
-use breaker::Breaker;
+use breaker::{Breaker, Caller};
 use limit::{Adapt, Bound, End, PerSeller};
+use load::SendRate;
 use pool::{Phase, Pool};
 
 /// Largest upstream body read; a phone answer is tens of bytes, a status page of
@@ -93,6 +104,9 @@ struct Endpoint {
     in_flight: Bound,
     /// Each seller's calls under way, and the most one seller may have.
     per_seller: PerSeller,
+    /// The calls sent, now and before any trouble: whether a call goes out
+    /// hot (`load`).
+    send_rate: SendRate,
     /// Its series, registered once: a labelled `counter!` per call builds and
     /// hashes its key and looks it up in the registry (the cold path's CPU).
     metrics: CallMetrics,
@@ -108,6 +122,8 @@ struct CallMetrics {
     saturated: metrics::Counter,
     seller_saturated: metrics::Counter,
     load_refused: metrics::Counter,
+    load: metrics::Counter,
+    lost_time: metrics::Counter,
     local: metrics::Counter,
     error: metrics::Counter,
     duration: metrics::Histogram,
@@ -124,6 +140,8 @@ impl CallMetrics {
             saturated: outcome("saturated"),
             seller_saturated: outcome("seller_saturated"),
             load_refused: outcome("load_refused"),
+            load: outcome("load"),
+            lost_time: outcome("lost_time"),
             local: outcome("local"),
             error: outcome("error"),
             duration: metrics::histogram!("phones_gateway_upstream_request_duration_seconds", "upstream" => upstream),
@@ -141,6 +159,8 @@ impl CallMetrics {
                 UpstreamError::Saturated => &self.saturated,
                 UpstreamError::SellerSaturated => &self.seller_saturated,
                 UpstreamError::LoadRefused(_) => &self.load_refused,
+                UpstreamError::Load => &self.load,
+                UpstreamError::LostTime => &self.lost_time,
                 // The gateway's own trouble before or while connecting.
                 UpstreamError::Local(_)
                 | UpstreamError::LocalTimeout
@@ -160,11 +180,10 @@ impl Endpoint {
     fn new(
         name: UpstreamName,
         config: &UpstreamConfig,
-        breaker: BreakerConfig,
+        breaker: Breaker,
         max_in_flight: usize,
         adapt: Option<Adapt>,
         max_in_flight_per_seller: usize,
-        min_sellers: u32,
     ) -> Self {
         // Checked at start to be an http:// URL naming a host
         // (`config::upstreams`); were it not, every call would fail to
@@ -183,13 +202,14 @@ impl Endpoint {
                 .to_owned(),
             pool: Pool::new(&authority, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE),
             timeout: config.timeout,
-            breaker: Breaker::new(name.as_str(), breaker, min_sellers),
+            breaker,
             in_flight: Bound::new(
                 max_in_flight,
                 adapt,
                 metrics::gauge!("phones_gateway_upstream_limit", "upstream" => name.as_str()),
             ),
             per_seller: PerSeller::new(max_in_flight_per_seller),
+            send_rate: SendRate::new(),
             metrics: CallMetrics::new(name.as_str()),
         }
     }
@@ -207,7 +227,7 @@ impl Endpoint {
     ) -> Result<Option<T>, UpstreamError> {
         let request = get_request(url, request_id, trace, &span)?;
         let mut conn = self.pool.take(phase).await?;
-        let response = self.pool.send(&mut conn, request).await?;
+        let response = self.pool.send(&mut conn, request, phase).await?;
         let status = response.status().as_u16();
         span.record("http.response.status_code", status);
         if status != 200 && status != 404 {
@@ -251,6 +271,9 @@ pub struct Upstreams {
     calltracking: Endpoint,
     /// Call tracking's base URL and timeout, everything else its own.
     status_feed: Endpoint,
+    /// Time the gateway lost, fed by the runtime's probe (`resolve::admission`),
+    /// read by every call whose timer fires.
+    lost: std::sync::Arc<LostTime>,
 }
 
 #[derive(Deserialize)]
@@ -276,7 +299,9 @@ impl Upstreams {
     /// and bound on calls in flight: its `max_in_flight`, or when that is 0,
     /// `server_max_in_flight` (`server.max_in_flight`, the one value of another
     /// section they need), and its bound per seller. The status feed's client
-    /// has a breaker of its own and a small fixed bound.
+    /// has a breaker of its own and a small fixed bound. The time the gateway
+    /// loses is kept here ([`Upstreams::lost_time`]), with
+    /// `upstreams.lost_time_tolerance_ms`.
     pub fn new(
         upstreams: &UpstreamsConfig,
         breaker: BreakerConfig,
@@ -296,11 +321,15 @@ impl Upstreams {
             Endpoint::new(
                 name,
                 upstream,
-                breaker,
+                Breaker::new(
+                    name.as_str(),
+                    breaker,
+                    breaker.min_sellers,
+                    breaker.min_requests,
+                ),
                 max_in_flight,
                 adapt,
                 per_seller,
-                breaker.min_sellers,
             )
         };
         let calltracking = &upstreams.calltracking.upstream;
@@ -313,13 +342,18 @@ impl Upstreams {
             status_feed: Endpoint::new(
                 UpstreamName::StatusFeed,
                 calltracking,
-                breaker,
+                Breaker::new(UpstreamName::StatusFeed.as_str(), breaker, 1, 1),
                 STATUS_FEED_MAX_IN_FLIGHT,
                 None,
                 STATUS_FEED_MAX_IN_FLIGHT,
-                1,
             ),
+            lost: std::sync::Arc::new(LostTime::new(upstreams.lost_time_tolerance)),
         }
+    }
+
+    /// The running total of time the gateway lost, for the probe that feeds it.
+    pub fn lost_time(&self) -> std::sync::Arc<LostTime> {
+        self.lost.clone()
     }
 
     /// The seller's real number; `None` when the seller has no phone (404).
@@ -330,12 +364,10 @@ impl Upstreams {
         &self,
         user: UserId,
         ad: AdId,
-        request_id: Option<&HeaderValue>,
-        trace: Option<&TraceContext>,
+        call: Call<'_>,
     ) -> Result<Option<Phone>, UpstreamError> {
         let url = format!("{}/v1/users/{user}/phone?ad_id={ad}", self.real_phone.path);
-        self.phone(&self.real_phone, user, url, request_id, trace)
-            .await
+        self.phone(&self.real_phone, user, url, call).await
     }
 
     /// The ad's anonymous number; `None` when none is connected (404).
@@ -346,15 +378,13 @@ impl Upstreams {
         &self,
         user: UserId,
         ad: AdId,
-        request_id: Option<&HeaderValue>,
-        trace: Option<&TraceContext>,
+        call: Call<'_>,
     ) -> Result<Option<Phone>, UpstreamError> {
         let url = format!(
             "{}/v1/anonymous-numbers?user_id={user}&ad_id={ad}",
             self.anonymous.path
         );
-        self.phone(&self.anonymous, user, url, request_id, trace)
-            .await
+        self.phone(&self.anonymous, user, url, call).await
     }
 
     /// A `{"phone": ...}` answer at `url` of `endpoint` about `seller`: the
@@ -364,12 +394,9 @@ impl Upstreams {
         endpoint: &Endpoint,
         seller: UserId,
         url: String,
-        request_id: Option<&HeaderValue>,
-        trace: Option<&TraceContext>,
+        call: Call<'_>,
     ) -> Result<Option<Phone>, UpstreamError> {
-        let body: Option<PhoneBody> = self
-            .get_json(endpoint, Some(seller), url, request_id, trace)
-            .await?;
+        let body: Option<PhoneBody> = self.get_json(endpoint, Some(seller), url, call).await?;
         body.map(|b| parse_phone(&b.phone)).transpose()
     }
 
@@ -381,8 +408,7 @@ impl Upstreams {
         &self,
         user: UserId,
         phone: Phone,
-        request_id: Option<&HeaderValue>,
-        trace: Option<&TraceContext>,
+        call: Call<'_>,
     ) -> Result<Option<Phone>, UpstreamError> {
         // `+` must be escaped in a query; the rest of a normalised phone is digits.
         let url = format!(
@@ -391,7 +417,7 @@ impl Upstreams {
             phone.to_u64()
         );
         let body: Option<VirtualPhoneBody> = self
-            .get_json(&self.calltracking, Some(user), url, request_id, trace)
+            .get_json(&self.calltracking, Some(user), url, call)
             .await?;
         body.map(|b| parse_phone(&b.virtual_phone)).transpose()
     }
@@ -423,7 +449,7 @@ impl Upstreams {
             url.push_str("&after=");
             url.extend(form_urlencoded::byte_serialize(cursor.as_bytes()));
         }
-        self.get_json(&self.status_feed, None, url, None, None)
+        self.get_json(&self.status_feed, None, url, Call::default())
             .await?
             .ok_or(UpstreamError::Status(404))
     }
@@ -436,8 +462,7 @@ impl Upstreams {
         endpoint: &Endpoint,
         seller: Option<UserId>,
         url: String,
-        request_id: Option<&HeaderValue>,
-        trace: Option<&TraceContext>,
+        call: Call<'_>,
     ) -> Result<Option<T>, UpstreamError> {
         // Wall time: the call's real duration, for its histogram.
         #[allow(clippy::disallowed_types)]
@@ -449,24 +474,33 @@ impl Upstreams {
             Some(None) => None,
             Some(Some(_)) | None => endpoint.in_flight.slot(),
         };
+        let caller = Caller {
+            seller: seller.map_or(0, UserId::get),
+            request: call.request,
+        };
         let result = if matches!(seller_slot, Some(None)) {
             Err(UpstreamError::SellerSaturated)
         } else if slot.is_none() {
             Err(UpstreamError::Saturated)
-        } else if endpoint.breaker.allow() {
+        } else if endpoint.breaker.allow(caller.seller) {
             #[cfg(feature = "test-faults")]
             faults::panic_for(seller);
             // Runs under the call's own span: exported, it is the parent of
             // what the upstream does, and `traceparent` names it (docs/tracing.md).
             let span = upstream_span(endpoint.name.as_str());
             let phase = Phase::default();
-            let call = endpoint.get(url, request_id, trace, span.clone(), &phase);
-            let result = match tokio::time::timeout(endpoint.timeout, call.instrument(span)).await {
-                Ok(result) => result,
-                Err(_) if phase.asked() => Err(UpstreamError::Timeout),
-                Err(_) => Err(UpstreamError::LocalTimeout),
+            let hot = endpoint.send_rate.sent(tokio::time::Instant::now());
+            let sent = endpoint.get(url, call.request_id, call.trace, span.clone(), &phase);
+            let result = self.timed(endpoint, sent.instrument(span), &phase).await;
+            let result = match result {
+                Err(error) if error.health_failure() => {
+                    endpoint.send_rate.trouble(tokio::time::Instant::now());
+                    // Load of the gateway's own making, not the upstream's word.
+                    Err(if hot { UpstreamError::Load } else { error })
+                }
+                other => other,
             };
-            endpoint.breaker.record(&result, seller);
+            endpoint.breaker.record(&result, caller);
             result
         } else {
             Err(UpstreamError::CircuitOpen)
@@ -483,11 +517,12 @@ impl Upstreams {
             slot.finish(match &result {
                 Ok(_) | Err(UpstreamError::Status(_) | UpstreamError::Decode(_)) => End::Answered,
                 Err(UpstreamError::Timeout) => End::TimedOut,
-                Err(UpstreamError::LoadRefused(_)) => End::LoadRefused,
+                Err(UpstreamError::LoadRefused(_) | UpstreamError::Load) => End::LoadRefused,
                 Err(
                     UpstreamError::Connect(_)
                     | UpstreamError::CircuitOpen
                     | UpstreamError::LocalTimeout
+                    | UpstreamError::LostTime
                     | UpstreamError::Local(_)
                     | UpstreamError::Saturated
                     | UpstreamError::SellerSaturated
@@ -504,6 +539,66 @@ impl Upstreams {
         }
         result
     }
+
+    /// `call` bounded by the endpoint's timeout, counting only the time the
+    /// upstream had (`lost`): when the timer fires, the time the gateway lost
+    /// meanwhile (the probe's running total or the timer's own lateness,
+    /// whichever is more, and the wait before the upstream was asked) is given
+    /// back once if it is beyond the tolerance; a call that loses time beyond
+    /// it again is undecided, one that did not had its whole timeout.
+    async fn timed<T>(
+        &self,
+        endpoint: &Endpoint,
+        call: impl Future<Output = Result<Option<T>, UpstreamError>>,
+        phase: &Phase,
+    ) -> Result<Option<T>, UpstreamError> {
+        let lost = &*self.lost;
+        let mut mark = lost.mark();
+        let mut due = tokio::time::Instant::now() + endpoint.timeout;
+        let mut extended = false;
+        let timer = tokio::time::sleep_until(due);
+        tokio::pin!(call, timer);
+        loop {
+            tokio::select! {
+                // The answer first: after a pause it may be ready together
+                // with the timer.
+                biased;
+                result = &mut call => return result,
+                () = &mut timer => {
+                    if !phase.asked() {
+                        return Err(UpstreamError::LocalTimeout);
+                    }
+                    let now = tokio::time::Instant::now();
+                    let mut lost_now = lost.since(mark).max(lost::lateness(due, now));
+                    if !extended {
+                        lost_now += phase.waited();
+                    }
+                    if !lost.beyond_tolerance(lost_now) {
+                        return Err(UpstreamError::Timeout);
+                    }
+                    if extended {
+                        return Err(UpstreamError::LostTime);
+                    }
+                    extended = true;
+                    mark = lost.mark();
+                    due = now + lost_now;
+                    timer.as_mut().reset(due);
+                }
+            }
+        }
+    }
+}
+
+/// What a call carries from the request it serves: the request's sequence
+/// number (the breaker tells requests apart by it; 0: none), its
+/// `x-request-id` and its trace context (forwarded upstream).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Call<'a> {
+    /// The gateway's own sequence number of the request (a batch is one
+    /// request), never a header a caller sets.
+    pub request: u64,
+    pub request_id: Option<&'a HeaderValue>,
+    pub trace: Option<&'a TraceContext>,
 }
 
 /// The GET of `url` with our agent, the request's id and the trace headers

@@ -19,6 +19,13 @@
 //! dropped when a call takes or returns one; an upstream that is not called at all
 //! closes its side after its own keep-alive, and the connection's task then ends.
 //!
+//! A request that was never written is sent again, once, on a new connection:
+//! an idle connection the upstream closed just before the call took it (its
+//! keep-alive ran out) hands the request back unsent (hyper's
+//! `try_send_request`, the message in `TrySendError`), and the calls are
+//! idempotent GETs. The upstream never saw it, so it is no verdict; only what
+//! the new connection answers is.
+//!
 //! Where a connection fails says whose word it is (docs/rules.md, "Verdict or
 //! undecided"). The host is looked up first, apart from the connect, and the
 //! call's [`Phase`] is set to `Asked` only once an address is known (or an idle
@@ -33,7 +40,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http_body_util::Empty;
@@ -48,23 +55,46 @@ use super::error::UpstreamError;
 
 type Sender = SendRequest<Empty<Bytes>>;
 
-/// How far one call got: whether the upstream had the chance to answer. An
-/// atomic, not a `Cell`, so the call's future stays `Send`; one call writes it
-/// and reads it, so `Relaxed` is enough.
-#[derive(Debug, Default)]
+/// How far one call got: whether the upstream had the chance to answer, and
+/// how long the call waited inside the gateway before that (its host lookup).
+/// Atomics, not `Cell`s, so the call's future stays `Send`; one call writes
+/// them and reads them, so `Relaxed` is enough.
+#[derive(Debug)]
 pub(super) struct Phase {
-    asked: AtomicBool,
+    started: Instant,
+    /// Microseconds from `started` to the upstream being asked, plus one (0:
+    /// not asked yet).
+    asked_after: AtomicU64,
+}
+
+impl Default for Phase {
+    fn default() -> Self {
+        Phase {
+            started: Instant::now(),
+            asked_after: AtomicU64::new(0),
+        }
+    }
 }
 
 impl Phase {
     fn set_asked(&self) {
-        self.asked.store(true, Ordering::Relaxed);
+        if self.asked_after.load(Ordering::Relaxed) == 0 {
+            let waited = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.asked_after
+                .store(waited.saturating_add(1), Ordering::Relaxed);
+        }
     }
 
     /// Whether the call got past the gateway's own phase (an address known, a
     /// connection being opened or used): a timeout is then the upstream's.
     pub(super) fn asked(&self) -> bool {
-        self.asked.load(Ordering::Relaxed)
+        self.asked_after.load(Ordering::Relaxed) != 0
+    }
+
+    /// How long the call waited inside the gateway before the upstream was
+    /// asked (zero when not asked yet).
+    pub(super) fn waited(&self) -> Duration {
+        Duration::from_micros(self.asked_after.load(Ordering::Relaxed).saturating_sub(1))
     }
 }
 
@@ -86,7 +116,12 @@ struct Idle {
 
 /// A connection taken from the pool for one call. Dropped, it closes; given back
 /// with [`Pool::put_back`] once its answer has been read in full, it is reused.
-pub(super) struct Conn(Sender);
+pub(super) struct Conn {
+    sender: Sender,
+    /// Taken idle from the pool (not opened for this call): the upstream may
+    /// have closed it meanwhile.
+    reused: bool,
+}
 
 impl Pool {
     /// A pool for the upstream at `authority` (`host` or `host:port`).
@@ -107,16 +142,33 @@ impl Pool {
         }
     }
 
-    /// Sends `request` (origin-form URI) on `conn`, with this upstream's `Host`.
+    /// Sends `request` (origin-form URI) on `conn`, with this upstream's `Host`;
+    /// a request a reused connection handed back unwritten goes once more, on
+    /// a new connection that then replaces `conn` (the module's doc says why).
     pub(super) async fn send(
         &self,
         conn: &mut Conn,
         mut request: hyper::Request<Empty<Bytes>>,
+        phase: &Phase,
     ) -> Result<hyper::Response<Incoming>, UpstreamError> {
         request
             .headers_mut()
             .insert(hyper::header::HOST, self.host.clone());
-        conn.0
+        let mut unsent = match conn.sender.try_send_request(request).await {
+            Ok(response) => return Ok(response),
+            Err(error) if !conn.reused => {
+                return Err(connection_error("the request failed", error.error()));
+            }
+            Err(error) => error,
+        };
+        let Some(request) = unsent.take_message() else {
+            return Err(connection_error("the request failed", unsent.error()));
+        };
+        tracing::debug!(
+            "an idle connection closed before the request was written; sending it on a new one"
+        );
+        *conn = self.connect(phase).await?;
+        conn.sender
             .send_request(request)
             .await
             .map_err(|e| connection_error("the request failed", &e))
@@ -137,14 +189,17 @@ impl Pool {
             // Not ready only when its task has not yet run since the last answer;
             // an error means it closed meanwhile.
             if sender.is_ready() || sender.ready().await.is_ok() {
-                return Ok(Conn(sender));
+                return Ok(Conn {
+                    sender,
+                    reused: true,
+                });
             }
         }
     }
 
     /// Gives back a connection whose answer was read in full.
     pub(super) fn put_back(&self, conn: Conn) {
-        if conn.0.is_closed() {
+        if conn.sender.is_closed() {
             return;
         }
         let now = Instant::now();
@@ -157,7 +212,7 @@ impl Pool {
         }
         if idle.len() < self.max_idle {
             idle.push_back(Idle {
-                sender: conn.0,
+                sender: conn.sender,
                 since: now,
             });
         }
@@ -207,7 +262,10 @@ impl Pool {
                 tracing::debug!(%error, "upstream connection ended");
             }
         });
-        Ok(Conn(sender))
+        Ok(Conn {
+            sender,
+            reused: false,
+        })
     }
 }
 
@@ -260,7 +318,7 @@ mod tests {
 
     use super::*;
     use crate::domain::{AdId, UserId};
-    use crate::upstream::Upstreams;
+    use crate::upstream::{Call, Upstreams};
 
     /// A keep-alive upstream, counting the connections it accepted. It answers
     /// 200 with a phone, except: a path with `/users/404/`, 404 with a body; with
@@ -313,9 +371,10 @@ mod tests {
 
     /// One call whose answer is read in full and whose connection goes back.
     async fn call(pool: &Pool, path: &str) {
-        let mut conn = pool.take(&Phase::default()).await.unwrap();
+        let phase = Phase::default();
+        let mut conn = pool.take(&phase).await.unwrap();
         let request = hyper::Request::get(path).body(Empty::new()).unwrap();
-        let response = pool.send(&mut conn, request).await.unwrap();
+        let response = pool.send(&mut conn, request, &phase).await.unwrap();
         response.into_body().collect().await.unwrap();
         pool.put_back(conn);
     }
@@ -330,7 +389,8 @@ mod tests {
         let upstreams = Upstreams::new(&config.upstreams, config.breaker, 16);
         let accepted = || accepted.load(Ordering::SeqCst);
         let ad = AdId::new(1).unwrap();
-        let real_phone = |user| upstreams.real_phone(UserId::new(user).unwrap(), ad, None, None);
+        let real_phone =
+            |user| upstreams.real_phone(UserId::new(user).unwrap(), ad, Call::default());
         for _ in 0..3 {
             assert!(real_phone(1).await.unwrap().is_some());
         }
@@ -442,7 +502,7 @@ mod tests {
             .unwrap();
             let upstreams = Upstreams::new(&config.upstreams, config.breaker, 16);
             let (user, ad) = (UserId::new(1).unwrap(), AdId::new(1).unwrap());
-            let got = upstreams.real_phone(user, ad, None, None).await;
+            let got = upstreams.real_phone(user, ad, Call::default()).await;
             release.send(()).unwrap();
             busy.await.unwrap();
             assert_eq!(got, Err(UpstreamError::LocalTimeout));
@@ -458,5 +518,43 @@ mod tests {
             call(&pool, "/close").await;
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 5);
+    }
+
+    /// A reused connection whose task has ended (the upstream closed it just
+    /// as the call took it) hands the request back unwritten: it is sent on a
+    /// new connection, and answered. A connection opened for the call is not
+    /// retried: what it says is the upstream's.
+    #[tokio::test]
+    async fn a_request_a_closed_connection_never_wrote_is_sent_on_a_new_one() {
+        let (authority, accepted) = upstream().await;
+        let pool = Pool::new(&authority, Duration::from_secs(20), 4);
+        // A connection whose task is gone: hyper refuses to write on it.
+        let closed = || async {
+            let stream = TcpStream::connect(pool.address.as_str()).await.unwrap();
+            let (sender, connection) = http1::handshake(TokioIo::new(stream)).await.unwrap();
+            drop(connection);
+            sender
+        };
+        let phase = Phase::default();
+        let mut conn = Conn {
+            sender: closed().await,
+            reused: true,
+        };
+        let request = hyper::Request::get("/ok").body(Empty::new()).unwrap();
+        let response = pool.send(&mut conn, request, &phase).await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(!conn.reused, "the new connection replaced the closed one");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+
+        let mut fresh = Conn {
+            sender: closed().await,
+            reused: false,
+        };
+        let request = hyper::Request::get("/ok").body(Empty::new()).unwrap();
+        let error = pool.send(&mut fresh, request, &phase).await.unwrap_err();
+        assert!(!error.undecided(), "{error:?}");
+        // The upstream's accept loop counts in its own time.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 3, "not retried");
     }
 }

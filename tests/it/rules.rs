@@ -507,11 +507,12 @@ async fn on_a_busy_worker_a_calltracking_answer_within_its_timeout_is_not_cut_by
 
 #[tokio::test]
 async fn an_open_circuit_fails_fast_and_a_probe_closes_it() {
-    // Three sellers' failures: the breaker opens only on failures about
-    // `min_sellers` distinct sellers.
-    let app =
-        TestApp::spawn_with("[breaker]\nconsecutive_failures = 3\nmin_sellers = 3\nopen_ms = 500")
-            .await;
+    // Three sellers' failures in three requests: the breaker opens only on
+    // failures about `min_sellers` distinct sellers in `min_requests` requests.
+    let app = TestApp::spawn_with(
+        "[breaker]\nconsecutive_failures = 3\nmin_sellers = 3\nmin_requests = 3\nopen_ms = 500",
+    )
+    .await;
     app.real.reply(Reply::Status(500));
     for user in 1..=3 {
         app.phone(user, 1, PLAIN_CATEGORY).await.assert_problem(503);

@@ -15,7 +15,7 @@ use super::limits::MAX_BATCH_ITEMS;
 use super::routes;
 use super::state::PublicState;
 use crate::domain::{AdId, Phone, Reveal, Source, UserId, Viewer};
-use crate::resolve::{Request, Resolver};
+use crate::resolve::{Batch, Request, Resolved, Resolver};
 use crate::telemetry::trace::RequestTrace;
 
 /// The number to show.
@@ -38,7 +38,8 @@ impl PublicState {
             .map_or(Ok(()), |b| budget::check(b, viewer, items))
     }
 
-    /// Records a number about to be shown (docs/api.md#the-reveal-log). With `on_overflow =
+    /// Records a number about to be shown (docs/api.md#the-reveal-log), with
+    /// its reason, and counts it by kind and reason. With `on_overflow =
     /// "refuse"` a full log answers 503 instead: no number it cannot record.
     ///
     /// Takes the viewer by value: the single lookup hands over the id it
@@ -49,9 +50,10 @@ impl PublicState {
         &self,
         request: &Request,
         viewer: Option<Viewer>,
-        kind: Source,
+        resolved: &Resolved,
     ) -> Result<(), ApiError> {
         let Some(reveals) = &self.reveals else {
+            self.resolver.count_answer(resolved);
             return Ok(());
         };
         let reveal = Reveal {
@@ -60,12 +62,14 @@ impl PublicState {
             user: request.user,
             ad: request.ad,
             category: request.category,
-            kind,
-            reason: None,
+            kind: resolved.kind,
+            reason: Some(resolved.reason),
         };
         reveals.record(reveal).map_err(|_| ApiError::Unavailable {
             detail: "the reveal log is full: numbers cannot be recorded",
-        })
+        })?;
+        self.resolver.count_answer(resolved);
+        Ok(())
     }
 }
 
@@ -154,11 +158,11 @@ async fn lookup(
         let viewer = viewer_of(headers)?;
         state.admit(viewer.as_ref(), 1)?;
         let trace = RequestTrace::of(headers);
-        let body = answer(&state.resolver, &request, &trace).await?;
+        let resolved = state.resolver.resolve(&request, Some(&trace)).await?;
         if reveal {
-            state.record(&request, viewer, body.kind)?;
+            state.record(&request, viewer, &resolved)?;
         }
-        Ok::<_, ApiError>(body)
+        Ok::<_, ApiError>(PublicPhone::of(&request, &resolved))
     };
     match answered.await {
         Ok(body) => {
@@ -193,18 +197,31 @@ impl PublicPhone {
     }
 }
 
-async fn answer(
-    resolver: &Resolver,
+impl PublicPhone {
+    fn of(request: &Request, resolved: &Resolved) -> Self {
+        PublicPhone {
+            phone: resolved.phone,
+            kind: resolved.kind,
+            user_id: request.user,
+            ad_id: request.ad,
+        }
+    }
+}
+
+/// One item of `batch`, recorded as a reveal when it is answered.
+async fn batch_item_answer(
+    state: &PublicState,
     request: &Request,
+    viewer: Option<&Viewer>,
     trace: &RequestTrace<'_>,
+    batch: &Batch,
 ) -> Result<PublicPhone, ApiError> {
-    let resolved = resolver.resolve(request, Some(trace)).await?;
-    Ok(PublicPhone {
-        phone: resolved.phone,
-        kind: resolved.kind,
-        user_id: request.user,
-        ad_id: request.ad,
-    })
+    let resolver: &Resolver = &state.resolver;
+    let resolved = resolver
+        .resolve_in(request, Some(trace), Some(batch))
+        .await?;
+    state.record(request, viewer.cloned(), &resolved)?;
+    Ok(PublicPhone::of(request, &resolved))
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -278,19 +295,16 @@ pub async fn batch(
         requests.iter().filter(|request| request.is_ok()).count(),
     )?;
     // One trace for the whole batch, also when the caller sent none: every
-    // item's calls share this one context, parsed (or started) once.
+    // item's calls share this one context, parsed (or started) once. One
+    // request to the upstreams: its items share its sequence number, its
+    // deadline and its places (`resolve::fan_out`).
     let trace = RequestTrace::of(&headers);
+    let batch = state.resolver.batch();
     let results = join_all(items.iter().zip(requests).map(|(item, request)| {
-        let (state, viewer, trace) = (&state, viewer.as_ref(), &trace);
+        let (state, viewer, trace, batch) = (&state, viewer.as_ref(), &trace, &batch);
         async move {
             let outcome = match request {
-                Ok(request) => answer(&state.resolver, &request, trace)
-                    .await
-                    .and_then(|body| {
-                        state
-                            .record(&request, viewer.cloned(), body.kind)
-                            .map(|()| body)
-                    }),
+                Ok(request) => batch_item_answer(state, &request, viewer, trace, batch).await,
                 Err(error) => Err(error),
             };
             outcome.map_or_else(

@@ -1,0 +1,75 @@
+//! One request's places on the upstreams: a request puts at most
+//! `upstreams.<name>.max_in_flight_per_request` calls in flight on an upstream
+//! at once, so that one batch cannot queue an upstream for everyone else
+//! (docs/rules.md, "Whose load"). A single lookup asks each upstream at most
+//! once and needs none; a batch shares one [`Batch`] among its items: its
+//! sequence number (the request's identity, which the breaker counts), its
+//! deadline, and a semaphore per upstream.
+//!
+//! An item takes its place before it joins or starts a fetch, so no other
+//! request ever coalesces onto a fetch still queued behind a batch; a fetch it
+//! starts holds the place until the fetch ends (in the cache's task, past the
+//! item), one it joins gives it back at once (it adds no call). An item not
+//! reached by the batch's deadline is undecided: a 503 item, or its usable
+//! stale value.
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::domain::{Source, Sources};
+
+/// What a batch's items share: one request.
+pub struct Batch {
+    /// The request's sequence number.
+    pub(super) request: u64,
+    /// The request's deadline, for every item.
+    pub(super) deadline: Instant,
+    /// Places per upstream.
+    places: Sources<Arc<Semaphore>>,
+}
+
+impl Batch {
+    pub(super) fn new(request: u64, deadline: Instant, fan_out: Sources<usize>) -> Self {
+        Batch {
+            request,
+            deadline,
+            places: fan_out.map(|n| Arc::new(Semaphore::new(n.max(1)))),
+        }
+    }
+
+    /// A place on `source`'s upstream, once one is free. `None` only if the
+    /// semaphore were closed, which nothing does: the item then goes on
+    /// without a place rather than never.
+    pub(super) async fn place(&self, source: Source) -> Option<OwnedSemaphorePermit> {
+        self.places[source].clone().acquire_owned().await.ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_batch_has_as_many_places_per_upstream_as_its_fan_out() {
+        let batch = Batch::new(7, Instant::now(), Sources::new(1, 2, 3));
+        let mut held = Vec::new();
+        for (source, places) in [
+            (Source::Anonymous, 1),
+            (Source::Calltracking, 2),
+            (Source::RealPhone, 3),
+        ] {
+            for _ in 0..places {
+                held.push(batch.place(source).await);
+            }
+            let next = tokio::time::timeout(Duration::from_millis(20), batch.place(source));
+            assert!(next.await.is_err(), "{source:?}: a place past the fan-out");
+        }
+        held.pop();
+        let freed = tokio::time::timeout(Duration::from_secs(1), batch.place(Source::RealPhone));
+        assert!(freed.await.is_ok(), "a place given back is taken");
+    }
+}
