@@ -5,8 +5,9 @@
 //! half-open: probes are let through, one per seller for as many distinct
 //! sellers as `breaker.min_sellers` at once; one answer closes it, and it opens
 //! again only when the probes of that many sellers, in `breaker.min_requests`
-//! requests, failed. Probes that never report (their task was dropped) are
-//! replaced after `open_ms`.
+//! requests, failed. A call that panics or whose task is dropped is recorded
+//! as such on its way out (it tells nothing, and frees its probe's place);
+//! probes that still never report are replaced after `open_ms`.
 //!
 //! What it counts: signs of the upstream's health only (docs/rules.md, "What a
 //! breaker counts"). A failure is a 5xx that is not a load refusal, a refused

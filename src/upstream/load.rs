@@ -17,14 +17,14 @@
 //!
 //! A call is sent *hot* when the rate now is above [`FACTOR`] times the
 //! baseline plus [`SLACK`] calls (so that a few calls a second are never
-//! load). A health failure (a timeout, a 5xx, a refused or reset connection)
+//! load), once the baseline has [`WARM_UP`] buckets of history. A health failure (a timeout, a 5xx, a refused or reset connection)
 //! of a call sent hot is [`UpstreamError::Load`](super::UpstreamError::Load):
 //! undecided, no breaker counts it, and the adaptive limit comes down as for a
 //! load refusal. An upstream that stops answering everyone at the usual send
-//! rate is not load: those failures stay its verdict. Until a baseline exists
-//! (the first bucket with calls, outside trouble) nothing is hot: with no
-//! history the gateway cannot say it sends more than the upstream has been
-//! answering.
+//! rate is not load: those failures stay its verdict. Until the baseline has
+//! its history (from the first bucket with calls, [`WARM_UP`] buckets outside
+//! trouble) nothing is hot: with no history the gateway cannot say it sends
+//! more than the upstream has been answering.
 //!
 //! Its cost is on the cold path only: one uncontended mutex and a few float
 //! operations per call sent.
@@ -41,8 +41,11 @@ const WEIGHT: f64 = 1.0 / 120.0;
 /// How many times the baseline the rate now must be to be hot.
 pub(super) const FACTOR: f64 = 2.0;
 /// Calls per bucket above the baseline's multiple before anything is hot
-/// (16 a second).
-pub(super) const SLACK: f64 = 4.0;
+/// (32 a second).
+pub(super) const SLACK: f64 = 8.0;
+/// Buckets of history (2 s) the baseline needs before anything is hot: one
+/// bucket of a fresh upstream is too few to say what is usual.
+pub(super) const WARM_UP: u32 = 8;
 /// How long after a health failure the baseline stands still.
 pub(super) const TROUBLE_HOLD: Duration = Duration::from_secs(10);
 
@@ -55,8 +58,11 @@ struct State {
     /// Calls sent in the current bucket and in the one before it.
     this: u32,
     last: u32,
-    /// Calls per bucket; `None` until the first bucket outside trouble closes.
+    /// Calls per bucket; `None` until the first bucket with calls outside
+    /// trouble closes.
     baseline: Option<f64>,
+    /// Buckets the baseline has taken in (at most [`WARM_UP`]).
+    history: u32,
     /// The baseline stands still until then.
     trouble_until: Option<Instant>,
 }
@@ -69,6 +75,7 @@ impl SendRate {
                 this: 0,
                 last: 0,
                 baseline: None,
+                history: 0,
                 trouble_until: None,
             }),
         }
@@ -90,9 +97,10 @@ impl SendRate {
             .as_secs_f64()
             / BUCKET.as_secs_f64();
         let recent = f64::from(state.this) + f64::from(state.last) * (1.0 - into.min(1.0));
-        state
-            .baseline
-            .is_some_and(|baseline| recent > FACTOR * baseline + SLACK)
+        state.history >= WARM_UP
+            && state
+                .baseline
+                .is_some_and(|baseline| recent > FACTOR * baseline + SLACK)
     }
 
     /// A health failure at `now`: the baseline stands still for a while.
@@ -132,6 +140,10 @@ impl State {
                     Some((baseline + WEIGHT * (closed - baseline)) * (1.0 - WEIGHT).powi(empty))
                 }
             };
+            if self.baseline.is_some() {
+                let taken = u32::try_from(buckets).unwrap_or(u32::MAX);
+                self.history = self.history.saturating_add(taken).min(WARM_UP);
+            }
         }
         self.last = if buckets == 1 { self.this } else { 0 };
         self.this = 0;
@@ -177,6 +189,19 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_burst_right_after_the_first_calls_is_not_hot() {
+        let rate = SendRate::new();
+        // One call, then a bucket of ten, then thirty at once: a baseline of a
+        // few buckets says nothing yet.
+        assert!(!send(&rate, 1, 1).await);
+        assert!(!send(&rate, 10, 1).await);
+        assert!(!(0..30).any(|_| rate.sent(Instant::now())));
+        // Two seconds of ten a bucket later, thirty at once is.
+        assert!(!send(&rate, 10, 8).await);
+        assert!((0..30).any(|_| rate.sent(Instant::now())));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_burst_above_twice_the_baseline_is_hot_and_the_usual_rate_is_not() {
         let rate = SendRate::new();
         // 10 calls a bucket (40 a second) for 30 s.
@@ -187,10 +212,10 @@ mod tests {
         assert!(!send(&rate, 20, 2).await);
         assert!(!send(&rate, 10, 8).await);
         // A burst at once, on top of the last bucket's usual 10: hot from the
-        // 15th, the 25th call of the last 250 ms (above 2 x 10 + 4).
+        // 19th, the 29th call of the last 250 ms (above 2 x 10 + 8).
         let burst: Vec<bool> = (0..30).map(|_| rate.sent(Instant::now())).collect();
-        assert!(!burst[..14].iter().any(|&hot| hot), "{burst:?}");
-        assert!(burst[14..].iter().all(|&hot| hot), "{burst:?}");
+        assert!(!burst[..18].iter().any(|&hot| hot), "{burst:?}");
+        assert!(burst[18..].iter().all(|&hot| hot), "{burst:?}");
     }
 
     #[tokio::test(start_paused = true)]

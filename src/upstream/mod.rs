@@ -483,6 +483,14 @@ impl Upstreams {
         } else if slot.is_none() {
             Err(UpstreamError::Saturated)
         } else if endpoint.breaker.allow(caller.seller) {
+            // However the call ends, the breaker hears of it: a call that
+            // panics or is dropped (its task cancelled) is recorded as such on
+            // the way out, so a half-open breaker's probe never stays taken.
+            let told = Told {
+                breaker: &endpoint.breaker,
+                caller,
+                told: false,
+            };
             #[cfg(feature = "test-faults")]
             faults::panic_for(seller);
             // Runs under the call's own span: exported, it is the parent of
@@ -500,7 +508,7 @@ impl Upstreams {
                 }
                 other => other,
             };
-            endpoint.breaker.record(&result, caller);
+            told.record(&result);
             result
         } else {
             Err(UpstreamError::CircuitOpen)
@@ -585,6 +593,33 @@ impl Upstreams {
                     timer.as_mut().reset(due);
                 }
             }
+        }
+    }
+}
+
+/// A call the breaker let through, until the breaker is told how it ended.
+struct Told<'a> {
+    breaker: &'a Breaker,
+    caller: Caller,
+    told: bool,
+}
+
+impl Told<'_> {
+    fn record<T>(mut self, result: &Result<T, UpstreamError>) {
+        self.breaker.record(result, self.caller);
+        self.told = true;
+    }
+}
+
+impl Drop for Told<'_> {
+    fn drop(&mut self) {
+        if !self.told {
+            let ended = if std::thread::panicking() {
+                UpstreamError::Panicked
+            } else {
+                UpstreamError::Cancelled
+            };
+            self.breaker.record(&Err::<(), _>(ended), self.caller);
         }
     }
 }

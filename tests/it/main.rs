@@ -15,6 +15,7 @@
 mod adaptive;
 mod admin_access;
 mod api_contract;
+mod attribution;
 mod budgets;
 mod caching;
 mod faults;

@@ -29,6 +29,8 @@ pub enum Reply {
     Body(&'static str),
     /// Accept the request and never answer (held for 60 s, far past any timeout).
     Hang,
+    /// This status with `Retry-After: 1` (a 503 with it is a load refusal).
+    RetryAfter(u16),
 }
 
 /// Which upstream a fake stands for: it decides the request shapes it accepts.
@@ -91,6 +93,12 @@ pub struct Fake {
     /// Per seller (`user_id`): number lookups in flight now, and the most
     /// at once so far.
     per_seller: Arc<Mutex<HashMap<u64, (usize, usize)>>>,
+    /// When set, the most lookups served at once: past it a lookup waits its
+    /// turn (first come, first served), as an upstream with a queue does.
+    queue: Arc<Mutex<Option<Arc<tokio::sync::Semaphore>>>>,
+    /// Replies for call-tracking lookups of phones whose digits start with a
+    /// prefix, over the seller's and the behaviour's reply.
+    for_phones: Arc<Mutex<Vec<(String, Reply)>>>,
 }
 
 /// A status-feed poll under way; counted out on drop (also when its caller
@@ -145,10 +153,33 @@ impl Fake {
             capacity: Arc::new(Mutex::new(None)),
             in_flight: Arc::new(AtomicUsize::new(0)),
             per_seller: Arc::new(Mutex::new(HashMap::new())),
+            queue: Arc::new(Mutex::new(None)),
+            for_phones: Arc::new(Mutex::new(Vec::new())),
         };
         let router = Router::new().fallback(answer).with_state(fake.clone());
         tokio::spawn(async move { axum::serve(listener, router).await });
         fake
+    }
+
+    /// Serve at most `max` lookups at once from now on; the others wait their
+    /// turn (an upstream that queues rather than refuses).
+    pub fn queue(&self, max: usize) {
+        *self.queue.lock().unwrap() = Some(Arc::new(tokio::sync::Semaphore::new(max)));
+    }
+
+    /// Answer call-tracking lookups of phones whose digits (after `+`) start
+    /// with `prefix` with `reply`, whoever the seller.
+    pub fn reply_for_phones(&self, prefix: &str, reply: Reply) {
+        self.for_phones
+            .lock()
+            .unwrap()
+            .push((prefix.to_owned(), reply));
+    }
+
+    /// Forget the replies per seller and per phone.
+    pub fn clear_special_replies(&self) {
+        self.for_seller.lock().unwrap().clear();
+        self.for_phones.lock().unwrap().clear();
     }
 
     /// Answer `reply` from now on, at once.
@@ -426,10 +457,29 @@ async fn answer(State(fake): State<Fake>, request: Request) -> Response {
         }
         None => None,
     };
+    let queue = fake.queue.lock().unwrap().clone();
+    let _served = match queue {
+        Some(queue) => queue.acquire_owned().await.ok(),
+        None => None,
+    };
     let Behaviour { mut reply, delay } = fake.behaviour.lock().unwrap().clone();
     let seller = seller_of(request.uri().path(), request.uri().query().unwrap_or(""));
     if let Some(special) = seller.and_then(|s| fake.for_seller.lock().unwrap().get(&s).cloned()) {
         reply = special;
+    }
+    let phone = pairs(request.uri().query().unwrap_or(""))
+        .into_iter()
+        .find(|(key, _)| *key == "phone")
+        .and_then(|(_, phone)| phone.strip_prefix("%2B"))
+        .map(str::to_owned);
+    if let Some(phone) = phone {
+        let for_phones = fake.for_phones.lock().unwrap();
+        if let Some((_, special)) = for_phones
+            .iter()
+            .find(|(prefix, _)| phone.starts_with(prefix.as_str()))
+        {
+            reply = special.clone();
+        }
     }
     tokio::time::sleep(delay).await;
     match reply {
@@ -445,6 +495,9 @@ async fn answer(State(fake): State<Fake>, request: Request) -> Response {
         Reply::Hang => {
             tokio::time::sleep(Duration::from_secs(60)).await;
             StatusCode::GATEWAY_TIMEOUT.into_response()
+        }
+        Reply::RetryAfter(code) => {
+            (StatusCode::from_u16(code).unwrap(), [("retry-after", "1")]).into_response()
         }
     }
 }

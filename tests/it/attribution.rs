@@ -1,0 +1,317 @@
+//! Whose trouble it was (docs/rules.md, "Whose time", "Whose load", "What a
+//! breaker counts"): a timeout, a breaker and the deadline are the upstream's
+//! verdict only when the time and the load were the upstream's. One caller's
+//! batch, a 4xx about one request, a pause of the gateway's own process and
+//! the deadline reached by the gateway's own delay never show a tracked seller
+//! their real number. Evidence is the test's own app's answers; the pauses
+//! stop a gateway running as its own process (SIGSTOP, SIGCONT).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::child::Process;
+use crate::support::paths::{BATCH, STATUSES};
+use crate::support::{Fake, Reply, TestApp, Upstream};
+use crate::{PLAIN_CATEGORY, REAL, VIRTUAL};
+
+/// Enables call tracking for every seller of `users` in one delivery.
+async fn track(app: &TestApp, users: impl IntoIterator<Item = u64>) {
+    let items: Vec<Value> = users
+        .into_iter()
+        .map(|user| json!({"user_id": user, "enabled": true, "version": 1}))
+        .collect();
+    let answer = app
+        .send_admin(reqwest::Method::POST, STATUSES, &json!({ "items": items }))
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+}
+
+/// A Russian mobile number of its own for `n`: `+7926` then seven digits.
+fn phone_of(n: u64) -> String {
+    format!("+7926{:07}", n % 10_000_000)
+}
+
+/// The lookup path for `user` with the real number `phone` given.
+fn given(user: u64, ad: u64, phone: &str) -> String {
+    format!(
+        "/v1/public-phone?user_id={user}&ad_id={ad}&category_id={PLAIN_CATEGORY}&phone=%2B{}",
+        &phone[1..]
+    )
+}
+
+/// The kind an answer shows, or its status.
+fn kind_of(answer: &crate::support::Answer) -> String {
+    answer.body["kind"]
+        .as_str()
+        .map_or_else(|| format!("{}", answer.status), str::to_owned)
+}
+
+/// One batch of 100 items over the tracked sellers `first..first + 100`, each
+/// with a phone of the caller's choosing; the kinds of its items.
+async fn batch_over(app: &TestApp, first: u64, round: u64) -> Vec<String> {
+    let items: Vec<Value> = (0..100)
+        .map(|i| {
+            json!({
+                "user_id": first + i,
+                "ad_id": round * 1000 + i + 1,
+                "category_id": PLAIN_CATEGORY,
+                "phone": phone_of(round * 1000 + i),
+            })
+        })
+        .collect();
+    let answer = app
+        .post_public(BATCH, json!({ "items": items }).to_string())
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    answer.body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| {
+            item["kind"]
+                .as_str()
+                .map_or_else(|| format!("{}", item["error"]["status"]), str::to_owned)
+        })
+        .collect()
+}
+
+/// Call tracking serves 8 calls at a time, 40 ms each, and queues the rest;
+/// one caller sends three batches of 100 items over 100 tracked sellers while
+/// five other tracked sellers are asked all along. Nobody is answered the real
+/// number: a batch takes a few places on the upstream at a time (its other
+/// items wait their turn), so it queues the upstream for no one.
+async fn batches_against_a_queueing_calltracking(overlay: &str) {
+    let app = TestApp::spawn_with(overlay).await;
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking
+        .reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(40));
+    app.calltracking.queue(8);
+    const BATCHED: u64 = 10_000;
+    let others: Vec<u64> = (20_001..=20_005).collect();
+    track(&app, (BATCHED..BATCHED + 100).chain(others.iter().copied())).await;
+    let asking = async {
+        let mut kinds = Vec::new();
+        // Each ask with a phone of its own: a cold call-tracking lookup.
+        for round in 0..12u64 {
+            for &user in &others {
+                let n = 500_000 + round * 10 + user % 10;
+                let answer = app.get_public(&given(user, n, &phone_of(n))).await;
+                kinds.push((user, kind_of(&answer)));
+            }
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+        kinds
+    };
+    let batching = async {
+        let mut kinds = Vec::new();
+        for round in 1..=3 {
+            kinds.extend(batch_over(&app, BATCHED, round).await);
+        }
+        kinds
+    };
+    let (others_kinds, batch_kinds) = tokio::join!(asking, batching);
+    let shown_real: Vec<_> = others_kinds.iter().filter(|(_, k)| k == "real").collect();
+    assert!(
+        shown_real.is_empty(),
+        "tracked sellers outside the batches were shown their real number: {shown_real:?} of {others_kinds:?}"
+    );
+    let real_items = batch_kinds.iter().filter(|k| *k == "real").count();
+    assert_eq!(
+        real_items, 0,
+        "batch items shown the real number: {batch_kinds:?}"
+    );
+    // After the batches, the others get their call-tracking numbers.
+    for &user in &others {
+        let answer = app.get_public(&given(user, 9_999_000 + user, REAL)).await;
+        answer.assert_number(VIRTUAL, "calltracking");
+    }
+}
+
+#[tokio::test]
+async fn one_callers_batches_over_tracked_sellers_show_nobody_a_real_number() {
+    batches_against_a_queueing_calltracking("").await;
+}
+
+/// The same with the breaker off: a seller's own call no longer queues behind
+/// a batch's hundred.
+#[tokio::test]
+async fn with_the_breaker_off_no_call_queues_behind_a_batch_into_a_timeout() {
+    batches_against_a_queueing_calltracking("[breaker]\nenabled = false").await;
+}
+
+/// Call tracking answers 422 to phones it does not accept (`+7999...`): the
+/// upstream's word on that request. Its source fails (so the caller's own
+/// phone is shown, `fall_through`), and no breaker counts it: six such
+/// lookups for six sellers open nothing, and once the breaker is half-open
+/// (opened on real failures), one seller's 422 does not open it again.
+#[tokio::test]
+async fn a_4xx_about_one_request_opens_no_breaker_nor_reopens_a_half_open_one() {
+    let app = TestApp::spawn_with("[breaker]\nopen_ms = 300").await;
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    app.calltracking
+        .reply_for_phones("7999", Reply::Status(422));
+    let rejected: Vec<u64> = (30_001..=30_006).collect();
+    let others: Vec<u64> = (30_101..=30_105).collect();
+    track(&app, rejected.iter().chain(&others).copied()).await;
+    for (i, &user) in rejected.iter().enumerate() {
+        let phone = format!("+7999{:07}", i);
+        let answer = app.get_public(&given(user, 1, &phone)).await;
+        answer.assert_number(&phone, "real");
+    }
+    for &user in &others {
+        let answer = app.get_public(&given(user, 1, REAL)).await;
+        answer.assert_number(VIRTUAL, "calltracking");
+    }
+
+    // Open it on the upstream's own failures: 500 for five sellers in five
+    // requests.
+    app.calltracking.reply(Reply::Status(500));
+    for (i, user) in (30_201..=30_205).enumerate() {
+        app.enable_calltracking(user, 1).await;
+        let answer = app
+            .get_public(&given(user, 1, &phone_of(100 + i as u64)))
+            .await;
+        assert_eq!(kind_of(&answer), "real", "{answer:?}");
+    }
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    // Open: a healthy upstream is not asked.
+    let before = app.calltracking.calls();
+    let answer = app.get_public(&given(others[0], 2, &phone_of(200))).await;
+    assert_eq!(
+        kind_of(&answer),
+        "real",
+        "the breaker did not open: {answer:?}"
+    );
+    assert_eq!(app.calltracking.calls(), before);
+    // Half-open: one seller's 422 is its probe; it opens nothing.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let answer = app.get_public(&given(rejected[0], 3, "+79990000099")).await;
+    answer.assert_number("+79990000099", "real");
+    for (i, &user) in others.iter().enumerate() {
+        let answer = app
+            .get_public(&given(user, 4, &phone_of(300 + i as u64)))
+            .await;
+        assert_eq!(
+            kind_of(&answer),
+            "calltracking",
+            "one seller's 422 re-opened the breaker: {answer:?}"
+        );
+    }
+}
+
+/// The three fakes and a gateway of its own process pointed at them, on a
+/// fresh SQLite file; `env` adds `PHONES_GATEWAY__*` settings.
+async fn gateway_process(env: &[(&str, &str)]) -> (Process, Fake, Fake, tempfile::TempDir) {
+    let real = Fake::start(Upstream::RealPhone).await;
+    let anonymous = Fake::start(Upstream::Anonymous).await;
+    let calltracking = Fake::start(Upstream::Calltracking).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let mut all = vec![
+        ("UPSTREAMS__REAL_PHONE__BASE_URL", real.url.as_str()),
+        ("UPSTREAMS__ANONYMOUS__BASE_URL", anonymous.url.as_str()),
+        (
+            "UPSTREAMS__CALLTRACKING__BASE_URL",
+            calltracking.url.as_str(),
+        ),
+        ("LOG__FILTER", "info"),
+    ];
+    all.extend_from_slice(env);
+    let process = Process::start_with(&url, &all).await;
+    (process, real, calltracking, dir)
+}
+
+/// Stops the process for `pause` (SIGSTOP, then SIGCONT): what a CPU quota's
+/// throttle or a VM pause does to it.
+async fn pause(process: &Process, pause: Duration) {
+    use rustix::process::{Pid, Signal, kill_process};
+    let pid = Pid::from_raw(i32::try_from(process.child.id()).unwrap()).unwrap();
+    kill_process(pid, Signal::STOP).unwrap();
+    tokio::time::sleep(pause).await;
+    kill_process(pid, Signal::CONT).unwrap();
+}
+
+/// Enables call tracking on the process for `users`.
+async fn track_on(process: &Process, users: impl IntoIterator<Item = u64>) {
+    let items: Vec<Value> = users
+        .into_iter()
+        .map(|user| json!({"user_id": user, "enabled": true, "version": 1}))
+        .collect();
+    let status = process
+        .send(reqwest::Method::POST, json!({ "items": items }))
+        .await;
+    assert_eq!(status, 200);
+}
+
+/// The gateway's process stops for 400 ms while twelve lookups for tracked
+/// sellers are in flight and call tracking, healthy, answers in 100 ms: the
+/// calls' timers run out during the pause and fire before the answers already
+/// in the sockets are read. That time was the gateway's: each call gets it
+/// back, reads its answer, and nobody is shown a real number; no breaker
+/// opens, so the next tracked seller gets call tracking too.
+#[tokio::test]
+async fn a_pause_of_the_gateway_is_not_the_upstreams_timeout() {
+    let (process, real, calltracking, _dir) = gateway_process(&[]).await;
+    real.reply(Reply::Phone(REAL));
+    calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(100));
+    let users: Vec<u64> = (40_001..=40_013).collect();
+    track_on(&process, users.iter().copied()).await;
+    let lookups = users[..12].iter().map(|&user| {
+        let process = &process;
+        async move {
+            let path = given(user, 1, &phone_of(user));
+            kind_of(&process.get_public_with(&path, &[]).await)
+        }
+    });
+    let pausing = async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        pause(&process, Duration::from_millis(400)).await;
+    };
+    let (kinds, ()) = tokio::join!(futures_util::future::join_all(lookups), pausing);
+    assert!(
+        kinds.iter().all(|k| k == "calltracking"),
+        "a pause of the gateway's own showed real numbers or refused: {kinds:?}"
+    );
+    let next = process
+        .get_public_with(&given(users[12], 1, &phone_of(users[12])), &[])
+        .await;
+    next.assert_number(VIRTUAL, "calltracking");
+}
+
+/// The real upstream answers in 250 ms and call tracking in 280 ms, both
+/// inside their 300 ms; the gateway's process stops for 200 ms as the real
+/// number arrives, so call tracking, asked late, is still pending at the
+/// request deadline (700 ms). The deadline is the gateway's own bound: call
+/// tracking is undecided there, a 503, never the real number.
+#[tokio::test]
+async fn the_deadline_reached_by_the_gateways_own_delay_shows_no_real_number() {
+    let (process, real, calltracking, _dir) = gateway_process(&[]).await;
+    real.reply_after(Reply::Phone(REAL), Duration::from_millis(250));
+    calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(280));
+    let users: Vec<u64> = (41_001..=41_010).collect();
+    track_on(&process, users.iter().copied()).await;
+    let lookups = users.iter().map(|&user| {
+        let process = &process;
+        async move {
+            let path =
+                format!("/v1/public-phone?user_id={user}&ad_id=1&category_id={PLAIN_CATEGORY}");
+            process.get_public_with(&path, &[]).await
+        }
+    });
+    let pausing = async {
+        tokio::time::sleep(Duration::from_millis(240)).await;
+        pause(&process, Duration::from_millis(200)).await;
+    };
+    let (answers, ()) = tokio::join!(futures_util::future::join_all(lookups), pausing);
+    let kinds: Vec<String> = answers.iter().map(kind_of).collect();
+    assert!(
+        !kinds.iter().any(|k| k == "real"),
+        "the deadline reached by the gateway's own delay showed real numbers: {kinds:?}"
+    );
+    for answer in answers.iter().filter(|a| a.status != 200) {
+        answer.assert_problem(503);
+        assert!(answer.retry_after.is_some(), "{answer:?}");
+    }
+}
