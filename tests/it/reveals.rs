@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::support::child::Process;
 use crate::support::paths::{METRICS, REVEALS, STATUSES, ad_reveals_path, phone_path};
-use crate::support::{Reply, TestApp, eventually, pg};
+use crate::support::{Fake, Reply, TestApp, Upstream, eventually, pg};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL};
 
 /// Flush often so tests see their reveals quickly.
@@ -389,13 +390,34 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
     .await;
 }
 
+/// The value of the unlabelled series `name` on a gateway process's own
+/// /metrics (0 when absent).
+async fn metric_of(process: &Process, name: &str) -> f64 {
+    let text = process.get_admin(METRICS).await.text;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .map_or(0.0, |value| value.trim().parse().unwrap())
+}
+
+/// While the database is down, two reveals fit in `max_buffered = 2`; past
+/// them, a gateway that drops shows the numbers and counts each reveal
+/// dropped (read on its own /metrics: a process of its own, so the count is
+/// this test's alone), and one that refuses answers 503. Once the database is
+/// back, the two buffered are written, and nothing more was dropped.
 #[tokio::test]
-async fn past_max_buffered_reveals_are_dropped_or_the_number_refused() {
+async fn past_max_buffered_reveals_are_dropped_and_counted_or_the_number_refused() {
+    const DROPPED: &str = "phones_gateway_reveals_dropped_total";
     let db = pg::or_skip!(pg::cluster());
     let cluster = db.cluster.as_ref().unwrap();
-    let drop = TestApp::spawn_on(
-        Some(&db.url),
-        "[reveals]\nflush_interval_ms = 50\nmax_buffered = 2",
+    let real = Fake::start(Upstream::RealPhone).await;
+    real.reply(Reply::Phone(REAL));
+    let drop = Process::start_with(
+        &db.url,
+        &[
+            ("UPSTREAMS__REAL_PHONE__BASE_URL", &real.url),
+            ("REVEALS__FLUSH_INTERVAL_MS", "50"),
+            ("REVEALS__MAX_BUFFERED", "2"),
+        ],
     )
     .await;
     let refuse = TestApp::spawn_on(
@@ -403,13 +425,12 @@ async fn past_max_buffered_reveals_are_dropped_or_the_number_refused() {
         "[reveals]\nflush_interval_ms = 50\nmax_buffered = 2\non_overflow = \"refuse\"",
     )
     .await;
+    refuse.real.reply(Reply::Phone(REAL));
+    assert_eq!(metric_of(&drop, DROPPED).await, 0.0);
     cluster.stop_server().unwrap();
-    for app in [&drop, &refuse] {
-        app.real.reply(Reply::Phone(REAL));
-    }
     // Two fit in each buffer.
     for ad in 1..=2 {
-        drop.get_public_as(None, &phone_path(10, ad, PLAIN_CATEGORY))
+        drop.get_public_with(&phone_path(10, ad, PLAIN_CATEGORY), &[])
             .await
             .assert_number(REAL, "real");
         refuse
@@ -417,33 +438,39 @@ async fn past_max_buffered_reveals_are_dropped_or_the_number_refused() {
             .await
             .assert_number(REAL, "real");
     }
-    // The third: shown and dropped, or refused.
-    drop.get_public_as(None, &phone_path(10, 3, PLAIN_CATEGORY))
-        .await
-        .assert_number(REAL, "real");
+    assert_eq!(metric_of(&drop, DROPPED).await, 0.0, "two fit");
+    // The third and the fourth: shown and dropped, or refused.
+    for ad in 3..=4 {
+        drop.get_public_with(&phone_path(10, ad, PLAIN_CATEGORY), &[])
+            .await
+            .assert_number(REAL, "real");
+    }
+    assert_eq!(metric_of(&drop, DROPPED).await, 2.0, "each dropped counted");
     let refused = refuse
         .get_public_as(None, &phone_path(11, 3, PLAIN_CATEGORY))
         .await;
     refused.assert_problem(503);
     assert_eq!(refused.retry_after.as_deref(), Some("1"));
-    assert!(
-        drop.get_admin(METRICS)
-            .await
-            .text
-            .contains("phones_gateway_reveals_dropped_total")
-    );
     cluster.start_server().unwrap();
-    for (app, user) in [(&drop, 10), (&refuse, 11)] {
-        eventually(
-            "the buffered two written",
-            Duration::from_secs(15),
-            || async {
-                let page = app.get_admin(&format!("{REVEALS}?user_id={user}")).await;
-                page.status == 200 && page.body["items"].as_array().unwrap().len() == 2
-            },
-        )
-        .await;
-    }
+    eventually(
+        "the buffered two written",
+        Duration::from_secs(15),
+        || async {
+            let page = drop.get_admin(&format!("{REVEALS}?user_id=10")).await;
+            page.status == 200 && page.body["items"].as_array().unwrap().len() == 2
+        },
+    )
+    .await;
+    eventually(
+        "the buffered two written",
+        Duration::from_secs(15),
+        || async {
+            let page = refuse.get_admin(&format!("{REVEALS}?user_id=11")).await;
+            page.status == 200 && page.body["items"].as_array().unwrap().len() == 2
+        },
+    )
+    .await;
+    assert_eq!(metric_of(&drop, DROPPED).await, 2.0, "nothing else dropped");
     // With room again, refuse shows numbers again.
     refuse
         .get_public_as(None, &phone_path(11, 4, PLAIN_CATEGORY))
@@ -653,7 +680,6 @@ fn nice_of_threads(pid: u32, names: &[&str]) -> Vec<(String, i32)> {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn the_flush_and_its_sqlite_writer_run_at_background_priority() {
-    use crate::support::child::Process;
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/gw.db", dir.path().display());
     let process = Process::start_with(&url, &[("REVEALS__FLUSH_INTERVAL_MS", "50")]).await;
