@@ -1,7 +1,7 @@
 //! The reveal log (docs/api.md#the-reveal-log): every number answered is recorded in batches, with
 //! per-ad counts written once per flush, through faults and shutdowns.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -704,5 +704,195 @@ async fn the_flush_and_its_sqlite_writer_run_at_background_priority() {
     assert!(
         !workers.is_empty() && workers.iter().all(|(_, nice)| *nice == 0),
         "{workers:?}"
+    );
+}
+
+/// A reveal the crash test asked for: its viewer's number, when it was sent,
+/// and when its 200 came back (none: no answer, the process was killed).
+struct Asked {
+    n: usize,
+    answered: Option<Instant>,
+}
+
+/// The longest flush the process has made so far, by its own histogram
+/// (`phones_gateway_reveals_flush_duration_seconds`): the upper bound of the
+/// smallest bucket that holds them all; with how many there were and their
+/// mean.
+async fn longest_flush(process: &Process) -> (Duration, u64, Duration) {
+    const NAME: &str = "phones_gateway_reveals_flush_duration_seconds";
+    let text = process.get_admin(METRICS).await.text;
+    let value = |line: &str| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap();
+    let count = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{NAME}_count")))
+        .map_or(0.0, value);
+    let sum = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{NAME}_sum")))
+        .map_or(0.0, value);
+    let longest = text
+        .lines()
+        .filter_map(|l| {
+            let le = l.strip_prefix(&format!("{NAME}_bucket{{le=\""))?;
+            let (bound, _) = le.split_once('"')?;
+            Some((bound.parse::<f64>().unwrap_or(f64::INFINITY), value(l)))
+        })
+        .find(|&(_, n)| n >= count)
+        .map_or(f64::INFINITY, |(bound, _)| bound);
+    let mean = if count > 0.0 { sum / count } else { 0.0 };
+    let longest = Duration::try_from_secs_f64(longest)
+        .unwrap_or_else(|_| panic!("a flush took longer than the last bucket: {text}"));
+    (longest, count as u64, Duration::from_secs_f64(mean))
+}
+
+/// SPEC section 11: a crash (SIGKILL) loses at most the reveals of the last
+/// `reveals.flush_interval_ms`, plus the flush under way at the kill. The
+/// gateway runs as its own process on an SQLite file; one seller's cached
+/// number is asked every 5 ms, each time by another viewer (`crash-N`), so
+/// every reveal is told apart; the process is killed in mid-stream and
+/// started again, and the log is read back. Every reveal answered more than
+/// `flush_interval_ms` plus two flushes before the kill (the flush before
+/// the last drain, and the one under way) is there. A flush's length is
+/// measured, not guessed: the longest on the process's own histogram, and
+/// nothing was dropped (its own count).
+#[tokio::test]
+async fn a_crash_loses_at_most_the_last_flush_interval_of_reveals() {
+    use std::sync::{Arc, Mutex};
+    const FLUSH_MS: u64 = 500;
+    const SELLER: u64 = 31;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/crash.db", dir.path().display());
+    let real = Fake::start(Upstream::RealPhone).await;
+    real.reply(Reply::Phone(REAL));
+    let flush_ms = FLUSH_MS.to_string();
+    let env = [
+        ("UPSTREAMS__REAL_PHONE__BASE_URL", real.url.as_str()),
+        ("REVEALS__FLUSH_INTERVAL_MS", flush_ms.as_str()),
+    ];
+    let mut process = Process::start_with(&url, &env).await;
+    let path = phone_path(SELLER, 1, PLAIN_CATEGORY);
+    // Cached from now on: every later answer is a reveal, and no upstream call.
+    process
+        .get_public_with(&path, &[("x-viewer-id", "crash-warm")])
+        .await
+        .assert_number(REAL, "real");
+
+    let asked: Arc<Mutex<Vec<Asked>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stream = tokio::spawn({
+        let (asked, stop) = (asked.clone(), stop.clone());
+        let (http, url) = (process.http.clone(), format!("{}{path}", process.public));
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(5));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            for n in 0.. {
+                tick.tick().await;
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let got = http
+                    .get(&url)
+                    .header("x-viewer-id", format!("crash-{n}"))
+                    .timeout(Duration::from_secs(2))
+                    .send()
+                    .await;
+                let answered = got.is_ok_and(|r| r.status() == 200).then(Instant::now);
+                asked.lock().unwrap().push(Asked { n, answered });
+            }
+        }
+    });
+    // A few flushes of the stream, for their length; then the kill, placed
+    // in the cycle: after a flush is seen done, half an interval past the
+    // next one's end (interval and two flushes later). Every reveal lost
+    // there is younger than the bound; a flush that came less often than
+    // every interval would lose older ones.
+    let started = Instant::now();
+    eventually(
+        "four flushes of the stream",
+        Duration::from_secs(30),
+        || async { longest_flush(&process).await.1 >= 4 },
+    )
+    .await;
+    let seen = longest_flush(&process).await.1;
+    eventually("the next flush", Duration::from_secs(30), || async {
+        longest_flush(&process).await.1 > seen
+    })
+    .await;
+    let flushed = Instant::now();
+    let (longest, flushes, mean) = longest_flush(&process).await;
+    assert_eq!(
+        metric_of(&process, "phones_gateway_reveals_dropped_total").await,
+        0.0,
+        "nothing dropped: what is missing is the crash's"
+    );
+    let interval = Duration::from_millis(FLUSH_MS);
+    tokio::time::sleep_until((flushed + interval * 3 / 2 + 2 * longest).into()).await;
+    let killed = Instant::now();
+    process.child.kill();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    stream.await.unwrap();
+    let asked = std::mem::take(&mut *asked.lock().unwrap());
+    eprintln!(
+        "{} reveals asked over {:?}; {flushes} flushes, the longest under {longest:?}, \
+         mean {mean:?}; killed {:?} after a flush was seen done",
+        asked.len(),
+        killed - started,
+        killed - flushed
+    );
+
+    let again = Process::start_with(&url, &env).await;
+    let mut written = std::collections::HashSet::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = again
+            .get_admin(&format!(
+                "{REVEALS}?user_id={SELLER}&limit=1000{}",
+                cursor
+                    .as_deref()
+                    .map_or(String::new(), |c| format!("&cursor={c}"))
+            ))
+            .await;
+        assert_eq!(page.status, 200, "{page:?}");
+        for item in page.body["items"].as_array().unwrap() {
+            let viewer = item["viewer"].as_str().unwrap().to_owned();
+            assert!(written.insert(viewer.clone()), "{viewer} written twice");
+        }
+        match page.body["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    // The interval, the flush whose drain came last (it must have finished
+    // for its reveals to be written) and the flush under way at the kill.
+    let window = interval + 2 * longest;
+    let answered: Vec<(usize, Instant)> = asked
+        .iter()
+        .filter_map(|a| Some((a.n, a.answered?)))
+        .collect();
+    let lost: Vec<(usize, Duration)> = answered
+        .iter()
+        .filter(|(n, _)| !written.contains(&format!("crash-{n}")))
+        .map(|&(n, at)| (n, killed.saturating_duration_since(at)))
+        .collect();
+    let oldest_lost = lost.iter().map(|&(_, before)| before).max();
+    let youngest_lost = lost.iter().map(|&(_, before)| before).min();
+    eprintln!(
+        "{} answered, {} written, {} lost; the oldest lost answered {oldest_lost:?} before the kill",
+        answered.len(),
+        written.len(),
+        lost.len()
+    );
+    assert!(answered.len() >= 100, "too few reveals: {}", answered.len());
+    assert!(
+        oldest_lost.is_none_or(|before| before <= window),
+        "a reveal answered {oldest_lost:?} before the kill was lost; the bound is \
+         flush_interval_ms ({FLUSH_MS} ms) plus two flushes of at most {longest:?} each \
+         (the longest of {flushes} on the process's own histogram, mean {mean:?}): {window:?}. \
+         {} lost, answered {oldest_lost:?} to {youngest_lost:?} before the kill",
+        lost.len()
+    );
+    assert!(
+        written.contains("crash-warm"),
+        "the first reveal, long before the kill"
     );
 }
