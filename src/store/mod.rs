@@ -45,6 +45,8 @@
 mod budgets;
 mod database;
 mod error;
+#[cfg(feature = "test-faults")]
+pub mod faults;
 mod hints;
 mod leadership;
 mod pool;

@@ -195,18 +195,28 @@ async fn a_rotated_token_file_takes_over_without_a_restart() {
     std::fs::rename(&staged, &file).unwrap();
     let written = Instant::now();
     loop {
-        // The old value first: once it fails, the swap has happened, so the
-        // new one must work; and once the new one works, the old must not.
-        if ok(OLD).await {
+        // The new value first: once it works, the swap has happened, so the
+        // old one must already fail (no moment when both work).
+        if ok(NEW).await {
             assert!(
-                written.elapsed() < Duration::from_secs(10),
-                "not rotated within 10 s"
+                !ok(OLD).await,
+                "the old value still works after the new one did, {:?} after the write",
+                written.elapsed()
             );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
+            break;
         }
-        assert!(ok(NEW).await, "neither the old nor the new value worked");
-        break;
+        // Not swapped when the new one was tried: the old one works, unless
+        // the swap came in between, and then the new one must (no moment
+        // when neither works).
+        if !ok(OLD).await {
+            assert!(ok(NEW).await, "neither the old nor the new value worked");
+            break;
+        }
+        assert!(
+            written.elapsed() < Duration::from_secs(10),
+            "not rotated within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(
         written.elapsed() < Duration::from_secs(10),

@@ -1,8 +1,9 @@
 //! Whole-app tests: the real router on real sockets, fake upstreams that are real
 //! HTTP servers. One module per page of docs/ (docs/README.md lists them), so a
 //! reader of a page finds its tests in one place: `rules`, `caching`,
-//! `status_sync` (and `status_bounds`, its bounds on the embedded database and
-//! the snapshot's body), `reveals` (docs/api.md#the-reveal-log), `api_contract`
+//! `admin_access` (and `admin_record`, what admin calls leave on a gateway's
+//! own log and metrics), `status_sync` (and `status_bounds`, its bounds on the
+//! embedded database and the snapshot's body), `reveals` (docs/api.md#the-reveal-log), `api_contract`
 //! (docs/api.md and docs/errors.md), `budgets`, `overload`, `tracing`, `operations`
 //! (configuration, runbook, privacy), `verdicts` (docs/rules.md, verdict or
 //! undecided), `adaptive` (docs/adaptive-limit.md). The harness is in `support/`.
@@ -14,6 +15,7 @@
 
 mod adaptive;
 mod admin_access;
+mod admin_record;
 mod api_contract;
 mod attribution;
 mod budgets;

@@ -1,13 +1,22 @@
 //! docs/status-sync.md, "Bounded calls" on the embedded database and the
-//! snapshot's own bounds: a webhook against an SQLite file another connection
-//! holds locked answers 503 within `database.lock_timeout_ms`, its turn among
-//! the local writers included, and applies nothing; one snapshot upload over
-//! `server.max_snapshot_uploads` is refused before its body is read; a body
-//! that trickles in within the pause bound but past
+//! snapshot's own bounds: a webhook and a snapshot against an SQLite file
+//! another connection holds locked answer 503 within
+//! `database.lock_timeout_ms`, the webhook's turn among the local writers
+//! included, and apply nothing (an invalidation, which SQLite records
+//! nowhere, is answered at once); on a disk that stalls (the `test-faults`
+//! injection, src/store/faults.rs), which SQLite's busy timeout does not
+//! bound, the webhook and the snapshot answer 503 within the gateway's own
+//! bound on each call, apply nothing, and writes are taken again at once;
+//! one snapshot upload over `server.max_snapshot_uploads` is refused before
+//! its body is read; a body that trickles in within the pause bound but past
 //! `server.snapshot_body_timeout_ms` is answered 408.
 
-use crate::support::paths::{STATUSES, status_path};
-use crate::support::{TestApp, bearer};
+use crate::support::paths::{INVALIDATE, READYZ, STATUSES, status_path};
+use crate::support::{Reply, TestApp, bearer};
+use crate::{PLAIN_CATEGORY, REAL};
+use phones_gateway::store::faults::STALLING_VERSIONS;
+use reqwest::Method;
+use serde_json::json;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -16,9 +25,14 @@ use tokio::net::TcpStream;
 /// longer than the lock bound: three webhooks sent at once each answer 503
 /// with `Retry-After` within about `lock_timeout_ms`, not one after the other
 /// (they queue for the local writers' turn, and that wait is inside the
-/// bound), and none applies.
+/// bound), and none applies; a snapshot too. SQLite's own busy timeout is
+/// `lock_timeout_ms` as well, so here it may be SQLite's wait that ends the
+/// call (the stalled-disk test below reaches the gateway's own bound). An
+/// invalidation records nothing on SQLite (one replica: docs/status-sync.md,
+/// the bounds table), so the lock does not hold it: answered 200 at once,
+/// and the seller's cached number is gone (the upstream is asked again).
 #[tokio::test]
-async fn webhooks_against_a_locked_sqlite_file_answer_503_within_the_lock_bound() {
+async fn writes_against_a_locked_sqlite_file_answer_503_within_the_lock_bound() {
     const LOCK_MS: u64 = 1000;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("gw.db");
@@ -29,6 +43,10 @@ async fn webhooks_against_a_locked_sqlite_file_answer_503_within_the_lock_bound(
     )
     .await;
     assert_eq!(app.set_status(1, true, 1).await, 200);
+    app.real.reply(Reply::Phone(REAL));
+    app.phone(7, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
 
     let mut locker = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
         .await
@@ -63,12 +81,53 @@ async fn webhooks_against_a_locked_sqlite_file_answer_503_within_the_lock_bound(
             "a webhook took {took:?} with lock_timeout_ms = {LOCK_MS}"
         );
     }
+    let sent = Instant::now();
+    let snapshot = tokio::time::timeout(
+        Duration::from_secs(20),
+        app.send_admin(
+            Method::PUT,
+            STATUSES,
+            &json!({ "version": 5, "enabled_user_ids": [13] }),
+        ),
+    )
+    .await
+    .expect("a snapshot hung on a locked file");
+    let took = sent.elapsed();
+    eprintln!(
+        "snapshot on a locked file: {} after {took:?}",
+        snapshot.status
+    );
+    snapshot.assert_problem(503);
+    assert!(snapshot.retry_after.is_some(), "{snapshot:?}");
+    assert!(
+        took < Duration::from_millis(LOCK_MS + 800),
+        "a snapshot took {took:?} with lock_timeout_ms = {LOCK_MS}"
+    );
+    let calls = app.real.calls();
+    let sent = Instant::now();
+    let invalidated = app
+        .send_admin(Method::POST, INVALIDATE, &json!({ "user_ids": [7] }))
+        .await;
+    let took = sent.elapsed();
+    eprintln!(
+        "invalidation on a locked file: {} after {took:?}",
+        invalidated.status
+    );
+    assert_eq!(invalidated.status, 200, "{invalidated:?}");
+    assert!(
+        took < Duration::from_millis(LOCK_MS),
+        "an invalidation waited {took:?} on a lock it does not need"
+    );
+    app.phone(7, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    assert_eq!(app.real.calls(), calls + 1, "the cached number was dropped");
     sqlx::Executor::execute(&mut locker, "ROLLBACK")
         .await
         .unwrap();
     drop(locker);
 
-    for (user, version) in [(1, 1), (11, 0), (12, 0)] {
+    for (user, version) in [(1, 1), (11, 0), (12, 0), (13, 0)] {
         let stored = app.get_admin(&status_path(user)).await;
         assert_eq!(
             stored.body["version"], version,
@@ -77,6 +136,115 @@ async fn webhooks_against_a_locked_sqlite_file_answer_503_within_the_lock_bound(
     }
     // The lock gone, the same change is taken.
     assert_eq!(app.set_status(1, false, 2).await, 200);
+}
+
+/// A disk that stops answering in the middle of a status write (the
+/// `test-faults` stall, src/store/faults.rs: the write never returns, holding
+/// SQLite's write lock; the busy timeout, which bounds lock waits, cannot end
+/// it). The gateway's own bound on each call does (docs/status-sync.md, the
+/// bounds table): a webhook answers 503 with `Retry-After` after
+/// `lock_timeout_ms`, a snapshot after its finish's bound, `lock_timeout_ms`
+/// + 4 x `statement_timeout_ms` + 1 s; each no sooner (it was the bound that
+/// ended it) and not much later. Nothing either had written in its
+/// transaction applies, and the gateway recovers by itself: the write lock and
+/// the writers' turn are free again, so the next webhook and snapshot are
+/// taken.
+#[tokio::test]
+async fn on_a_stalled_disk_writes_answer_503_within_the_gateways_own_bound_and_apply_nothing() {
+    const LOCK_MS: u64 = 500;
+    const STATEMENT_MS: u64 = 500;
+    let webhook_bound = Duration::from_millis(LOCK_MS);
+    let snapshot_bound = Duration::from_millis(LOCK_MS + 4 * STATEMENT_MS + 1000);
+    // What a loaded 2-core runner may add to an answer after the bound.
+    let slack = Duration::from_millis(800);
+    let stalling = *STALLING_VERSIONS.start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let app = TestApp::spawn_on(
+        Some(&url),
+        &format!(
+            "[database]\nlock_timeout_ms = {LOCK_MS}\nstatement_timeout_ms = {STATEMENT_MS}\n"
+        ),
+    )
+    .await;
+    assert_eq!(app.set_status(1, true, 1).await, 200);
+
+    // The delivery stalls after its rows are written (user 2 among them).
+    let sent = Instant::now();
+    let webhook = tokio::time::timeout(
+        Duration::from_secs(30),
+        app.send_admin(
+            Method::POST,
+            STATUSES,
+            &json!({ "items": [
+                { "user_id": 1, "enabled": false, "version": 2 },
+                { "user_id": 2, "enabled": true, "version": stalling },
+            ] }),
+        ),
+    )
+    .await
+    .expect("a webhook hung on a stalled disk");
+    let took = sent.elapsed();
+    eprintln!(
+        "webhook on a stalled disk: {} after {took:?}",
+        webhook.status
+    );
+    webhook.assert_problem(503);
+    assert!(webhook.retry_after.is_some(), "{webhook:?}");
+    assert!(
+        took >= webhook_bound && took < webhook_bound + slack,
+        "the webhook answered after {took:?}; its bound is {webhook_bound:?}"
+    );
+
+    // The snapshot stalls after its update (user 1 disabled, in its transaction).
+    let sent = Instant::now();
+    let snapshot = tokio::time::timeout(
+        Duration::from_secs(30),
+        app.send_admin(
+            Method::PUT,
+            STATUSES,
+            &json!({ "version": stalling, "enabled_user_ids": [3] }),
+        ),
+    )
+    .await
+    .expect("a snapshot hung on a stalled disk");
+    let took = sent.elapsed();
+    eprintln!(
+        "snapshot on a stalled disk: {} after {took:?}",
+        snapshot.status
+    );
+    snapshot.assert_problem(503);
+    assert!(snapshot.retry_after.is_some(), "{snapshot:?}");
+    assert!(
+        took >= snapshot_bound && took < snapshot_bound + slack,
+        "the snapshot answered after {took:?}; its bound is {snapshot_bound:?}"
+    );
+
+    for (user, enabled, version) in [(1, true, 1), (2, false, 0), (3, false, 0)] {
+        let stored = app.get_admin(&status_path(user)).await.body;
+        assert_eq!(
+            (stored["enabled"].as_bool(), stored["version"].as_u64()),
+            (Some(enabled), Some(version)),
+            "user {user}: nothing stalled applies"
+        );
+    }
+    // Recovered by itself: the write lock is free again (held, the next
+    // write would wait for it and answer 503 after the busy timeout).
+    assert_eq!(app.get_admin(READYZ).await.status, 200);
+    assert_eq!(app.set_status(2, true, 3).await, 200);
+    let answer = app
+        .send_admin(
+            Method::PUT,
+            STATUSES,
+            &json!({ "version": 4, "enabled_user_ids": [2, 3] }),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    for (user, enabled) in [(1, false), (2, true), (3, true)] {
+        let stored = app.get_admin(&status_path(user)).await.body;
+        assert_eq!(stored["enabled"], enabled, "user {user}: {stored}");
+        assert_eq!(stored["version"], 4, "user {user}: {stored}");
+    }
 }
 
 /// The head of a chunked snapshot PUT, with `first` as its first chunk.

@@ -80,6 +80,10 @@ pub(super) async fn apply_changes(
             query.build().execute(&mut *tx).await?;
         }
     }
+    #[cfg(feature = "test-faults")]
+    for item in items {
+        crate::store::faults::stall_at(item.version.get()).await;
+    }
     if let Some(cursor) = cursor {
         sqlx::query(
             "INSERT INTO status_feed_cursor (id, cursor) VALUES (1, ?) \
@@ -152,6 +156,8 @@ pub(super) async fn finish_snapshot(
     .bind(seq)
     .execute(&mut *tx)
     .await?;
+    #[cfg(feature = "test-faults")]
+    crate::store::faults::stall_at(unsigned(version)).await;
     sqlx::query(
         "INSERT INTO calltracking_status (user_id, enabled, version, change_seq, flip_seq) \
          SELECT DISTINCT user_id, 1, ?1, ?2, ?2 FROM snapshot_ids \
