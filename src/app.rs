@@ -235,6 +235,11 @@ impl App {
         &self.status
     }
 
+    /// The upstreams' clients (their adaptive limits, for tests).
+    pub fn upstreams(&self) -> &Arc<Upstreams> {
+        &self.upstreams
+    }
+
     /// The opened database (the demo migrates it before seeding).
     pub fn database(&self) -> &Database {
         &self.database

@@ -1,7 +1,9 @@
 //! The adaptive bound on calls in flight (docs/adaptive-limit.md), whole-app: a
 //! real-phone upstream that serves a fixed number of calls at once and answers
-//! 429 beyond; the limit (`phones_gateway_upstream_limit` on the app's own
-//! /metrics) comes down near that capacity and climbs back when it is raised.
+//! 429 beyond; the limit (the test's own app's, read from its upstream client:
+//! `phones_gateway_upstream_limit` on /metrics is the process's recorder,
+//! which every app of the test binary writes) comes down near that capacity
+//! and climbs back when it is raised.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -11,11 +13,10 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 
-use crate::support::paths::METRICS;
+use phones_gateway::domain::Source;
+
 use crate::support::*;
 use crate::{PLAIN_CATEGORY, REAL};
-
-const LIMIT: &str = "phones_gateway_upstream_limit{upstream=\"real_phone\"}";
 
 /// A real-phone upstream serving `servers` calls at once in 20 ms, 429 beyond.
 async fn capacity_fake(servers: Arc<AtomicUsize>) -> String {
@@ -42,13 +43,9 @@ async fn capacity_fake(servers: Arc<AtomicUsize>) -> String {
     url
 }
 
-async fn limit(app: &TestApp) -> f64 {
-    let metrics = app.get_admin(METRICS).await.text;
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(LIMIT)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(f64::NAN)
+/// The app's own real-phone limit now.
+fn limit(app: &TestApp) -> usize {
+    app.upstreams.limit(Source::RealPhone)
 }
 
 // Two workers: the load's clients, the app and the fakes share the runtime.
@@ -86,15 +83,17 @@ async fn the_limit_comes_down_to_a_fixed_capacity_and_climbs_back_when_it_is_rai
     eventually(
         "the limit came down near 8",
         Duration::from_secs(10),
-        || async { limit(&app).await <= 16.0 },
+        || {
+            let down = limit(&app) <= 16;
+            async move { down }
+        },
     )
     .await;
     servers.store(64, Ordering::Release);
-    eventually(
-        "the limit climbed back",
-        Duration::from_secs(15),
-        || async { limit(&app).await >= 32.0 },
-    )
+    eventually("the limit climbed back", Duration::from_secs(15), || {
+        let up = limit(&app) >= 32;
+        async move { up }
+    })
     .await;
     stop.store(true, Ordering::Relaxed);
     for client in clients {

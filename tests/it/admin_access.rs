@@ -10,7 +10,7 @@ use phones_gateway::config::Scope;
 use phones_gateway::http::api::routes::{self, Access};
 use reqwest::Method;
 
-use crate::support::paths::{METRICS, REVEALS, STATUSES, ad_reveals_path, status_path};
+use crate::support::paths::{METRICS, REVEALS, ad_reveals_path, status_path};
 use crate::support::{TestApp, captured_logs, eventually};
 
 pub const STATUSES_READ: &str = "tok-statuses-read-5e1f0c";
@@ -258,94 +258,6 @@ async fn reload_errors(app: &TestApp) -> u64 {
         })
         .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .unwrap_or(0)
-}
-
-/// Every admin call is logged with its token's name, route and status (never
-/// the value: the privacy scanner looks for every test token), and counted; a
-/// read of the reveal log names who read and whose history.
-#[tokio::test]
-async fn admin_calls_are_on_record_by_name() {
-    let app = TestApp::spawn_with(&one_token_per_scope()).await;
-    let read = send(
-        &app,
-        Method::GET,
-        &format!("{REVEALS}?user_id=4242"),
-        Some(REVEALS_READ),
-    )
-    .await;
-    assert_eq!(read.status, 200, "{read:?}");
-    let read = send(
-        &app,
-        Method::GET,
-        &format!("{REVEALS}?viewer=v-4243"),
-        Some(REVEALS_READ),
-    )
-    .await;
-    assert_eq!(read.status, 200, "{read:?}");
-    let ad = send(
-        &app,
-        Method::GET,
-        &ad_reveals_path(4244),
-        Some(REVEALS_READ),
-    )
-    .await;
-    assert_eq!(ad.status, 200, "{ad:?}");
-    send(&app, Method::GET, REVEALS, Some(DEBUG))
-        .await
-        .assert_problem(403);
-    send(&app, Method::GET, REVEALS, Some("nope"))
-        .await
-        .assert_problem(401);
-    let logs = captured_logs();
-    let line = |needles: &[&str]| logs.lines().any(|l| needles.iter().all(|n| l.contains(n)));
-    assert!(
-        line(&["reveal log read", "token=\"reveals-read\"", "user_id=4242"])
-            || line(&["reveal log read", "token=reveals-read", "user_id=4242"]),
-        "{logs}"
-    );
-    assert!(
-        line(&["reveal log read", "reveals-read", "viewer=", "v-4243"]),
-        "{logs}"
-    );
-    assert!(
-        line(&["reveal log read", "reveals-read", "ad_id=4244"]),
-        "{logs}"
-    );
-    assert!(
-        line(&[
-            "admin call",
-            "reveals-read",
-            "/admin/v1/reveals",
-            "status=200"
-        ]),
-        "{logs}"
-    );
-    assert!(
-        line(&["admin call", "debug", "/admin/v1/reveals", "status=403"]),
-        "{logs}"
-    );
-    assert!(
-        line(&["admin call", "none", "/admin/v1/reveals", "status=401"]),
-        "{logs}"
-    );
-    let metrics = app.get_admin_without_token(METRICS).await.text;
-    let counted = |token: &str, status: &str| {
-        metrics.lines().any(|l| {
-            l.starts_with("phones_gateway_admin_requests_total{")
-                && l.contains(&format!("token=\"{token}\""))
-                && l.contains("route=\"/admin/v1/reveals\"")
-                && l.contains(&format!("status=\"{status}\""))
-        })
-    };
-    assert!(counted("reveals-read", "200"), "{metrics}");
-    assert!(counted("debug", "403"), "{metrics}");
-    assert!(counted("none", "401"), "{metrics}");
-    // The webhook's call too, by the token with every scope.
-    assert_eq!(app.set_status(4245, true, 1).await, 200);
-    assert!(captured_logs().lines().any(|l| l.contains("admin call")
-        && l.contains("admin.token")
-        && l.contains(STATUSES)
-        && l.contains("status=200")));
 }
 
 fn check_config(toml: &str, dir: &std::path::Path) -> (Option<i32>, String) {

@@ -55,10 +55,13 @@ fn phones(seed: u64, n: usize) -> Vec<String> {
 }
 
 /// An upstream with room for 8 calls at once, answering 429 past that, flooded
-/// by one seller's batches of random phones: no answer, the flooding seller's
-/// or anyone else's, is ever the real number (a load refusal is no verdict),
-/// and every other tracked seller gets its call-tracking number within 2 s of
-/// the flood's end (the refusals opened no breaker).
+/// by one caller's batches over fifty tracked sellers (random phones, so
+/// nothing coalesces), six batches at once: six requests, many sellers, far
+/// past what the upstream takes. No answer, a flooded seller's or anyone
+/// else's, is ever the real number (a load refusal is no verdict), and every
+/// other tracked seller gets its call-tracking number within 2 s of the
+/// flood's end: the refusals, about many sellers in many requests, opened no
+/// breaker.
 #[tokio::test]
 async fn a_429_flood_reveals_no_real_number_and_opens_no_breaker() {
     // Timeouts long enough that a busy test machine never turns a slow
@@ -72,21 +75,22 @@ async fn a_429_flood_reveals_no_real_number_and_opens_no_breaker() {
     app.calltracking
         .reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(50));
     app.calltracking.capacity(8);
-    const FLOODER: u64 = 500;
-    let others: Vec<u64> = (501..=510).collect();
-    app.enable_calltracking(FLOODER, 1).await;
-    for &user in &others {
+    let flooded: Vec<u64> = (500..550).collect();
+    let others: Vec<u64> = (601..=610).collect();
+    for &user in flooded.iter().chain(&others) {
         app.enable_calltracking(user, 1).await;
     }
 
-    let flood = async {
-        let mut results = Vec::new();
-        for round in 0..3u64 {
-            let items: Vec<Value> = phones(round + 1, 100)
+    let batch = |round: u64| {
+        let app = &app;
+        let flooded = &flooded;
+        async move {
+            let items: Vec<Value> = phones(round + 1, flooded.len())
                 .into_iter()
+                .zip(flooded)
                 .enumerate()
-                .map(|(i, phone)| {
-                    json!({ "user_id": FLOODER, "ad_id": round * 1000 + i as u64 + 1,
+                .map(|(i, (phone, user))| {
+                    json!({ "user_id": user, "ad_id": round * 1000 + i as u64 + 1,
                             "category_id": PLAIN_CATEGORY, "phone": phone })
                 })
                 .collect();
@@ -100,9 +104,12 @@ async fn a_429_flood_reveals_no_real_number_and_opens_no_breaker() {
                 .unwrap();
             let answer = read(response).await;
             assert_eq!(answer.status, 200, "{answer:?}");
-            results.extend(answer.body["results"].as_array().unwrap().clone());
+            answer.body["results"].as_array().unwrap().clone()
         }
-        results
+    };
+    let flood = async {
+        let batches = futures_util::future::join_all((0..6).map(batch)).await;
+        batches.into_iter().flatten().collect::<Vec<_>>()
     };
     let asking = async {
         let mut answers = Vec::new();
@@ -116,19 +123,21 @@ async fn a_429_flood_reveals_no_real_number_and_opens_no_breaker() {
     let (results, answers) = tokio::join!(flood, asking);
 
     assert_eq!(results.len(), 300);
-    let mut refused = 0;
-    for item in &results {
+    let mut refused = std::collections::HashSet::new();
+    for (i, item) in results.iter().enumerate() {
         assert_ne!(item["kind"], "real", "a load refusal revealed: {item}");
         if item.get("error").is_some() {
             assert_undecided_item(item);
-            refused += 1;
+            refused.insert(flooded[i % flooded.len()]);
         } else {
             assert_eq!(item["kind"], "calltracking", "{item}");
         }
     }
     assert!(
-        refused > 0,
-        "the fake never refused load: the test tests nothing"
+        app.calltracking.refused() >= 20 && refused.len() >= 10,
+        "the fake refused {} calls, about {} sellers: too few for the breaker test to mean anything",
+        app.calltracking.refused(),
+        refused.len()
     );
     for answer in &answers {
         assert_ne!(answer.body["kind"], "real", "{answer:?}");
@@ -208,4 +217,34 @@ async fn a_panicking_fetch_is_undecided_and_opens_no_breaker() {
     app.get_public(&given(OTHER, 1))
         .await
         .assert_number(VIRTUAL, "calltracking");
+}
+
+/// A 503 with `Retry-After` is the upstream refusing load: undecided for every
+/// seller, a 503 with `Retry-After` to the buyer, never the real number, and no
+/// breaker opens however many sellers and requests it was about. A 503 without
+/// it is the upstream's verdict: that seller falls through.
+#[tokio::test]
+async fn a_503_with_retry_after_refuses_load_and_one_without_it_is_a_verdict() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking.reply(Reply::RetryAfter(503));
+    let users: Vec<u64> = (800..820).collect();
+    for &user in &users {
+        app.enable_calltracking(user, 1).await;
+    }
+    for &user in &users {
+        assert_undecided(&app.get_public(&given(user, 1)).await);
+    }
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    for &user in &users {
+        app.get_public(&given(user, 2))
+            .await
+            .assert_number(VIRTUAL, "calltracking");
+    }
+    const PLAIN_503: u64 = 821;
+    app.enable_calltracking(PLAIN_503, 1).await;
+    app.calltracking.reply_for(PLAIN_503, Reply::Status(503));
+    app.get_public(&given(PLAIN_503, 1))
+        .await
+        .assert_number(REAL, "real");
 }

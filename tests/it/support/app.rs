@@ -27,6 +27,9 @@ pub struct TestApp {
     pub http: reqwest::Client,
     /// The app's status service (leadership, direct checks).
     pub status: phones_gateway::status::StatusService,
+    /// The app's upstream clients (their adaptive limits: the app's own, where
+    /// /metrics is the process's, shared by every app of the test binary).
+    pub upstreams: std::sync::Arc<phones_gateway::upstream::Upstreams>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     running: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     _dir: tempfile::TempDir,
@@ -136,6 +139,7 @@ impl TestApp {
         let public = format!("http://{}", app.public_addr());
         let admin = format!("http://{}", app.admin_addr());
         let status = app.status().clone();
+        let upstreams = app.upstreams().clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let running = tokio::spawn(app.run(async move {
             let _ = stopped.await;
@@ -148,6 +152,7 @@ impl TestApp {
             calltracking,
             http: reqwest::Client::new(),
             status,
+            upstreams,
             stop: Some(stop),
             running: Some(running),
             _dir: dir,

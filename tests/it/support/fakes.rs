@@ -90,6 +90,8 @@ pub struct Fake {
     /// answered 429 at once, as an upstream refusing load does.
     capacity: Arc<Mutex<Option<usize>>>,
     in_flight: Arc<AtomicUsize>,
+    /// Lookups answered 429 past the capacity.
+    refused: Arc<AtomicUsize>,
     /// Per seller (`user_id`): number lookups in flight now, and the most
     /// at once so far.
     per_seller: Arc<Mutex<HashMap<u64, (usize, usize)>>>,
@@ -152,6 +154,7 @@ impl Fake {
             for_seller: Arc::new(Mutex::new(HashMap::new())),
             capacity: Arc::new(Mutex::new(None)),
             in_flight: Arc::new(AtomicUsize::new(0)),
+            refused: Arc::new(AtomicUsize::new(0)),
             per_seller: Arc::new(Mutex::new(HashMap::new())),
             queue: Arc::new(Mutex::new(None)),
             for_phones: Arc::new(Mutex::new(Vec::new())),
@@ -176,10 +179,9 @@ impl Fake {
             .push((prefix.to_owned(), reply));
     }
 
-    /// Forget the replies per seller and per phone.
-    pub fn clear_special_replies(&self) {
-        self.for_seller.lock().unwrap().clear();
-        self.for_phones.lock().unwrap().clear();
+    /// Lookups answered 429 because the capacity was reached.
+    pub fn refused(&self) -> usize {
+        self.refused.load(Ordering::SeqCst)
     }
 
     /// Answer `reply` from now on, at once.
@@ -451,6 +453,7 @@ async fn answer(State(fake): State<Fake>, request: Request) -> Response {
         Some(max) => {
             let place = Place(fake.in_flight.clone());
             if fake.in_flight.fetch_add(1, Ordering::SeqCst) >= max {
+                fake.refused.fetch_add(1, Ordering::SeqCst);
                 return StatusCode::TOO_MANY_REQUESTS.into_response();
             }
             Some(place)
