@@ -130,6 +130,17 @@ struct State {
     probes_failed: Failed,
 }
 
+/// What the breaker lets a call do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admit {
+    /// Closed: the call goes out.
+    Closed,
+    /// Half-open: the call goes out as a probe for its seller.
+    Probe,
+    /// Open, or half-open with its probes out: the call is not made.
+    No,
+}
+
 /// What a call about a seller, in a request, is in the breaker's eyes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Caller {
@@ -194,16 +205,23 @@ impl Breaker {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether a call about `seller` (0: none) may go out now.
-    pub(crate) fn allow(&self, seller: u64) -> bool {
+    /// Whether a call about `seller` (0: none) may go out now (tests).
+    #[cfg(test)]
+    fn allow(&self, seller: u64) -> bool {
+        self.admit(seller) != Admit::No
+    }
+
+    /// Whether a call about `seller` (0: none) may go out now, and as what:
+    /// closed, any call; half-open, a probe.
+    pub(crate) fn admit(&self, seller: u64) -> Admit {
         if !self.config.enabled {
-            return true;
+            return Admit::Closed;
         }
         let now = Instant::now();
         let mut state = self.lock();
         let probe = match state.mode {
-            Mode::Closed => return true,
-            Mode::Open { until } if now < until => return false,
+            Mode::Closed => return Admit::Closed,
+            Mode::Open { until } if now < until => return Admit::No,
             Mode::Open { .. } => true,
             // Probes that never reported are replaced after `open_ms`.
             Mode::HalfOpen { since } => now >= since + self.open_for(),
@@ -214,10 +232,10 @@ impl Breaker {
             state.probes_failed = Failed::NONE;
         }
         if state.probing.contains(seller) || state.probing.len >= self.min_sellers {
-            return false;
+            return Admit::No;
         }
         state.probing.add(seller);
-        true
+        Admit::Probe
     }
 
     /// Reports how an allowed call about `caller` ended: a health sign counts,

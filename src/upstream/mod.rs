@@ -74,7 +74,7 @@ pub use lost::{LostTime, lateness};
 use crate::config::{BreakerConfig, UpstreamConfig, UpstreamsConfig};
 use crate::domain::{AdId, Phone, Source, StatusItem, UserId};
 use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers, upstream_span};
-use breaker::{Breaker, Caller};
+use breaker::{Admit, Breaker, Caller};
 use limit::{Adapt, Bound, End, PerSeller};
 use load::SendRate;
 use pool::{Phase, Pool};
@@ -468,21 +468,27 @@ impl Upstreams {
         #[allow(clippy::disallowed_types)]
         let start = std::time::Instant::now();
         // The seller's place first: a seller over its bound then never holds,
-        // even for a moment, a place of the upstream's that others need.
+        // even for a moment, a place of the upstream's that others need. Then
+        // the breaker: an open one answers without a call, so it takes no
+        // place either (a hanging upstream's probes may hold them all), and a
+        // half-open one's would-be probe that finds no place is not called
+        // because the breaker is not closed.
         let seller_slot = seller.map(|user| endpoint.per_seller.slot(user));
-        let slot = match seller_slot {
-            Some(None) => None,
-            Some(Some(_)) | None => endpoint.in_flight.slot(),
-        };
         let caller = Caller {
             seller: seller.map_or(0, UserId::get),
             request: call.request,
         };
+        let mut slot = None;
+        let admit = if matches!(seller_slot, Some(None)) {
+            Admit::No
+        } else {
+            endpoint.breaker.admit(caller.seller)
+        };
         let result = if matches!(seller_slot, Some(None)) {
             Err(UpstreamError::SellerSaturated)
-        } else if slot.is_none() {
-            Err(UpstreamError::Saturated)
-        } else if endpoint.breaker.allow(caller.seller) {
+        } else if admit == Admit::No {
+            Err(UpstreamError::CircuitOpen)
+        } else {
             // However the call ends, the breaker hears of it: a call that
             // panics or is dropped (its task cancelled) is recorded as such on
             // the way out, so a half-open breaker's probe never stays taken.
@@ -491,27 +497,34 @@ impl Upstreams {
                 caller,
                 told: false,
             };
-            #[cfg(feature = "test-faults")]
-            faults::panic_for(seller);
-            // Runs under the call's own span: exported, it is the parent of
-            // what the upstream does, and `traceparent` names it (docs/tracing.md).
-            let span = upstream_span(endpoint.name.as_str());
-            let phase = Phase::default();
-            let hot = endpoint.send_rate.sent(tokio::time::Instant::now());
-            let sent = endpoint.get(url, call.request_id, call.trace, span.clone(), &phase);
-            let result = self.timed(endpoint, sent.instrument(span), &phase).await;
-            let result = match result {
-                Err(error) if error.health_failure() => {
-                    endpoint.send_rate.trouble(tokio::time::Instant::now());
-                    // Load of the gateway's own making, not the upstream's word.
-                    Err(if hot { UpstreamError::Load } else { error })
-                }
-                other => other,
-            };
-            told.record(&result);
-            result
-        } else {
-            Err(UpstreamError::CircuitOpen)
+            slot = endpoint.in_flight.slot();
+            if slot.is_none() {
+                told.record(&Err::<(), _>(UpstreamError::Saturated));
+                Err(match admit {
+                    Admit::Probe => UpstreamError::CircuitOpen,
+                    Admit::Closed | Admit::No => UpstreamError::Saturated,
+                })
+            } else {
+                #[cfg(feature = "test-faults")]
+                faults::panic_for(seller);
+                // Runs under the call's own span: exported, it is the parent of
+                // what the upstream does, and `traceparent` names it (docs/tracing.md).
+                let span = upstream_span(endpoint.name.as_str());
+                let phase = Phase::default();
+                let hot = endpoint.send_rate.sent(tokio::time::Instant::now());
+                let sent = endpoint.get(url, call.request_id, call.trace, span.clone(), &phase);
+                let result = self.timed(endpoint, sent.instrument(span), &phase).await;
+                let result = match result {
+                    Err(error) if error.health_failure() => {
+                        endpoint.send_rate.trouble(tokio::time::Instant::now());
+                        // Load of the gateway's own making, not the upstream's word.
+                        Err(if hot { UpstreamError::Load } else { error })
+                    }
+                    other => other,
+                };
+                told.record(&result);
+                result
+            }
         };
         endpoint.metrics.outcome(&result).increment(1);
         endpoint

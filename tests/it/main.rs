@@ -20,6 +20,7 @@ mod api_contract;
 mod attribution;
 mod budgets;
 mod caching;
+mod campaign;
 mod faults;
 mod operations;
 mod overload;

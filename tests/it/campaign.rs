@@ -1,0 +1,551 @@
+//! A campaign: for over a minute, what can go wrong at once, against a gateway
+//! running as its own process, while honest callers ask for tracked sellers
+//! all along. It counts honest tracked sellers shown their real number: none,
+//! outside three control phases in which the configured rule must still fall
+//! through to the real number (so a gateway that simply closed would fail it).
+//!
+//! The attacks, mixed over the attack window:
+//! - pauses of the gateway's process (SIGSTOP, SIGCONT), 50 to 500 ms;
+//! - one caller's batches of 100 items over 400 tracked sellers, random phones;
+//! - phones call tracking answers 422 (a fifth of the batches' items);
+//! - call tracking refusing load for some sellers (429, and 503 with
+//!   `Retry-After`);
+//! - call tracking that queues: 16 calls at a time, the rest wait.
+//!
+//! The control phases, honest traffic at its usual rate throughout:
+//! 1. call tracking answers 500 to everyone;
+//! 2. call tracking answers no one (it hangs);
+//! 3. three single sellers whose calls alone hang or answer 500.
+//!
+//! After each, the breaker's settling time (`open_ms`, and the calls still in
+//! flight) is left out of the counts. Honest callers ask a new seller each time
+//! (a cold call-tracking lookup), 40 a second, each ask its own task (an open
+//! loop: slow answers do not slow the callers).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::child::Process;
+use crate::support::paths::BATCH;
+use crate::support::paths::METRICS;
+use crate::support::{Fake, Reply, Upstream};
+use crate::{PLAIN_CATEGORY, REAL, VIRTUAL};
+
+/// Call tracking's timeout here: long enough that the fakes, in this busy test
+/// process, are never slow enough to time out when they answer at all (they
+/// answer in 30 ms, and a verdict on a fake starved by the test process's
+/// other tests would be one the gateway rightly gave).
+const CALLTRACKING_TIMEOUT: Duration = Duration::from_millis(1000);
+const OPEN: Duration = Duration::from_millis(1000);
+const HONEST_EVERY: Duration = Duration::from_millis(25);
+
+/// One honest ask: when it was sent and answered, about whom, what it showed.
+#[derive(Debug, Clone)]
+struct Asked {
+    sent: Instant,
+    done: Instant,
+    user: u64,
+    kind: String,
+}
+
+/// The phases, by when they began.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    WarmUp,
+    Attack,
+    EveryoneFails,
+    Settle,
+    NobodyAnswered,
+    SingleSellers,
+}
+
+struct Clock {
+    phases: Mutex<Vec<(Instant, Phase)>>,
+}
+
+impl Clock {
+    fn enter(&self, phase: Phase) {
+        self.phases.lock().unwrap().push((Instant::now(), phase));
+    }
+
+    /// The phase at `at`.
+    fn at(&self, at: Instant) -> Phase {
+        let phases = self.phases.lock().unwrap();
+        phases
+            .iter()
+            .rev()
+            .find(|(start, _)| *start <= at)
+            .map_or(Phase::WarmUp, |(_, phase)| *phase)
+    }
+}
+
+/// A small deterministic generator (LCG), for the pauses and phones.
+struct Draws(u64);
+
+impl Draws {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % below
+    }
+}
+
+fn kind_of(status: u16, body: &Value) -> String {
+    body["kind"]
+        .as_str()
+        .map_or_else(|| status.to_string(), str::to_owned)
+}
+
+/// Where the callers send: the process's public listener.
+#[derive(Clone)]
+struct Target {
+    public: String,
+    http: reqwest::Client,
+}
+
+impl Target {
+    /// The kind shown, the status of a problem, or `error` when the request
+    /// failed below HTTP (a keep-alive connection closed under it).
+    async fn ask(&self, path: &str) -> String {
+        let sent = self
+            .http
+            .get(format!("{}{path}", self.public))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await;
+        let Ok(response) = sent else {
+            return "error".to_owned();
+        };
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap_or_default();
+        kind_of(status, &serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+}
+
+/// Sends honest asks, each for a new tracked seller (from `first`), every
+/// `HONEST_EVERY` until `stop`.
+fn honest_callers(
+    process: &Target,
+    first: u64,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    into: Arc<Mutex<Vec<Asked>>>,
+) -> tokio::task::JoinHandle<()> {
+    let process = process.clone();
+    tokio::spawn(async move {
+        let mut user = first;
+        let mut tick = tokio::time::interval(HONEST_EVERY);
+        let mut asks = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            tick.tick().await;
+            user += 1;
+            let (process, into) = (process.clone(), into.clone());
+            asks.push(tokio::spawn(async move {
+                let sent = Instant::now();
+                let path =
+                    format!("/v1/public-phone?user_id={user}&ad_id=1&category_id={PLAIN_CATEGORY}");
+                let kind = process.ask(&path).await;
+                into.lock().unwrap().push(Asked {
+                    sent,
+                    done: Instant::now(),
+                    user,
+                    kind,
+                });
+            }));
+        }
+        for ask in asks {
+            let _ = ask.await;
+        }
+    })
+}
+
+/// Asks `user` every `every` until `stop`, into `into`.
+fn single_seller(
+    process: &Target,
+    user: u64,
+    every: Duration,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    into: Arc<Mutex<Vec<Asked>>>,
+) -> tokio::task::JoinHandle<()> {
+    let process = process.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        let mut asks = Vec::new();
+        let mut ad = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            tick.tick().await;
+            ad += 1;
+            let (process, into) = (process.clone(), into.clone());
+            asks.push(tokio::spawn(async move {
+                let sent = Instant::now();
+                let path = format!(
+                    "/v1/public-phone?user_id={user}&ad_id={ad}&category_id={PLAIN_CATEGORY}"
+                );
+                let kind = process.ask(&path).await;
+                into.lock().unwrap().push(Asked {
+                    sent,
+                    done: Instant::now(),
+                    user,
+                    kind,
+                });
+            }));
+        }
+        for ask in asks {
+            let _ = ask.await;
+        }
+    })
+}
+
+async fn enable(process: &Process, users: impl Iterator<Item = u64>) {
+    let items: Vec<Value> = users
+        .map(|user| json!({"user_id": user, "enabled": true, "version": 1}))
+        .collect();
+    for chunk in items.chunks(10_000) {
+        let status = process
+            .send(reqwest::Method::POST, json!({ "items": chunk }))
+            .await;
+        assert_eq!(status, 200);
+    }
+}
+
+/// Stops the process for `pause`.
+async fn pause(pid: u32, pause: Duration) {
+    use rustix::process::{Pid, Signal, kill_process};
+    let pid = Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+    kill_process(pid, Signal::STOP).unwrap();
+    tokio::time::sleep(pause).await;
+    kill_process(pid, Signal::CONT).unwrap();
+}
+
+/// A batch of 100 items over the attacker's sellers, random phones, a fifth of
+/// them ones call tracking answers 422; the kinds of the items whose phone it
+/// accepts.
+async fn attack_batch(process: &Target, draws: &mut Draws) -> Vec<String> {
+    let mut accepted = Vec::new();
+    let items: Vec<Value> = (0..100)
+        .map(|i| {
+            let user = ATTACKED + draws.next(400);
+            let rejected = draws.next(5) == 0;
+            let phone = if rejected {
+                format!("+7999{:07}", draws.next(10_000_000))
+            } else {
+                format!("+7926{:07}", draws.next(10_000_000))
+            };
+            accepted.push(!rejected);
+            json!({"user_id": user, "ad_id": 1 + i, "category_id": PLAIN_CATEGORY, "phone": phone})
+        })
+        .collect();
+    let response = process
+        .http
+        .post(format!("{}{BATCH}", process.public))
+        .header("content-type", "application/json")
+        .body(json!({ "items": items }).to_string())
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await;
+    let Ok(response) = response else {
+        return Vec::new();
+    };
+    let text = response.text().await.unwrap_or_default();
+    let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    body["results"]
+        .as_array()
+        .map(|results| {
+            results
+                .iter()
+                .zip(accepted)
+                .filter(|(_, accepted)| *accepted)
+                .map(|(item, _)| kind_of(0, item))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Call tracking's calls on the process so far, by outcome.
+async fn outcomes(process: &Process) -> std::collections::BTreeMap<String, u64> {
+    let metrics = process.get_admin(METRICS).await.text;
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("phones_gateway_upstream_requests_total")
+                && l.contains("upstream=\"calltracking\"")
+        })
+        .filter_map(|l| {
+            let outcome = l.split("outcome=\"").nth(1)?.split('"').next()?.to_owned();
+            let value = l.rsplit(' ').next()?.parse::<f64>().ok()? as u64;
+            Some((outcome, value))
+        })
+        .collect()
+}
+
+/// What changed between two snapshots of [`outcomes`], the nonzero ones.
+fn delta(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect()
+}
+
+const HONEST: u64 = 1_000_000;
+const ATTACKED: u64 = 500_000;
+const REFUSING: u64 = 500_300;
+const SINGLES: [u64; 3] = [600_001, 600_002, 600_003];
+
+/// Shares of `kind` among `asks`, and how many.
+fn share(asks: &[&Asked], kind: &str) -> (f64, usize) {
+    let n = asks.iter().filter(|a| a.kind == kind).count();
+    (n as f64 / asks.len().max(1) as f64, asks.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minute_of_faults_shows_no_honest_tracked_seller_a_real_number() {
+    let real = Fake::start(Upstream::RealPhone).await;
+    let anonymous = Fake::start(Upstream::Anonymous).await;
+    let calltracking = Fake::start(Upstream::Calltracking).await;
+    real.reply_after(Reply::Phone(REAL), Duration::from_millis(10));
+    calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(30));
+    calltracking.queue(16);
+    calltracking.reply_for_phones("7999", Reply::Status(422));
+    for user in REFUSING..REFUSING + 100 {
+        let refusal = if user % 2 == 0 {
+            Reply::Status(429)
+        } else {
+            Reply::RetryAfter(503)
+        };
+        calltracking.reply_for(user, refusal);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let timeout = CALLTRACKING_TIMEOUT.as_millis().to_string();
+    let open = OPEN.as_millis().to_string();
+    let process = Process::start_with(
+        &url,
+        &[
+            ("UPSTREAMS__REAL_PHONE__BASE_URL", real.url.as_str()),
+            ("UPSTREAMS__ANONYMOUS__BASE_URL", anonymous.url.as_str()),
+            (
+                "UPSTREAMS__CALLTRACKING__BASE_URL",
+                calltracking.url.as_str(),
+            ),
+            ("UPSTREAMS__CALLTRACKING__TIMEOUT_MS", timeout.as_str()),
+            ("BREAKER__OPEN_MS", open.as_str()),
+            ("LOG__FILTER", "info"),
+            ("REVEALS__ENABLED", "false"),
+        ],
+    )
+    .await;
+    let target = Target {
+        public: process.public.clone(),
+        http: reqwest::Client::new(),
+    };
+    enable(
+        &process,
+        (HONEST..HONEST + 5_000)
+            .chain(ATTACKED..ATTACKED + 400)
+            .chain(SINGLES),
+    )
+    .await;
+
+    let clock = Arc::new(Clock {
+        phases: Mutex::new(vec![(Instant::now(), Phase::WarmUp)]),
+    });
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let honest = honest_callers(&target, HONEST, stop.clone(), asked.clone());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    // The attack window: pauses, batches, 422s and load refusals at once.
+    clock.enter(Phase::Attack);
+    let attack_for = Duration::from_secs(40);
+    let pid = process.child.id();
+    let pausing = tokio::spawn(async move {
+        let mut draws = Draws(7);
+        let (start, mut paused) = (Instant::now(), Vec::new());
+        while start.elapsed() < attack_for {
+            tokio::time::sleep(Duration::from_millis(1500 + draws.next(1500))).await;
+            let length = Duration::from_millis(50 + draws.next(451));
+            pause(pid, length).await;
+            paused.push(length);
+        }
+        paused
+    });
+    let batching = {
+        let process = target.clone();
+        tokio::spawn(async move {
+            let mut draws = Draws(11);
+            let (start, mut kinds) = (Instant::now(), Vec::new());
+            while start.elapsed() < attack_for {
+                kinds.extend(attack_batch(&process, &mut draws).await);
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+            }
+            kinds
+        })
+    };
+    let paused = pausing.await.unwrap();
+    let batch_kinds = batching.await.unwrap();
+
+    let mut seen = vec![("attack", outcomes(&process).await)];
+    // Control 1: call tracking answers 500 to everyone.
+    clock.enter(Phase::EveryoneFails);
+    calltracking.reply(Reply::Status(500));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(30));
+    seen.push(("everyone fails", outcomes(&process).await));
+    clock.enter(Phase::Settle);
+    tokio::time::sleep(OPEN + Duration::from_millis(500)).await;
+    clock.enter(Phase::Attack);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    seen.push(("between", outcomes(&process).await));
+    // Control 2: call tracking answers nobody.
+    clock.enter(Phase::NobodyAnswered);
+    calltracking.reply(Reply::Hang);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(30));
+    seen.push(("nobody answered", outcomes(&process).await));
+    clock.enter(Phase::Settle);
+    tokio::time::sleep(OPEN + CALLTRACKING_TIMEOUT + Duration::from_millis(500)).await;
+    clock.enter(Phase::Attack);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    seen.push(("between", outcomes(&process).await));
+    // Control 3: three sellers whose calls alone fail (two hang, one 500),
+    // each asked twice a second; everyone else as usual.
+    clock.enter(Phase::SingleSellers);
+    calltracking.reply_for(SINGLES[0], Reply::Hang);
+    calltracking.reply_for(SINGLES[1], Reply::Hang);
+    calltracking.reply_for(SINGLES[2], Reply::Status(500));
+    let singles_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let singles_asked = Arc::new(Mutex::new(Vec::new()));
+    let singles: Vec<_> = SINGLES
+        .iter()
+        .map(|&user| {
+            single_seller(
+                &target,
+                user,
+                Duration::from_millis(500),
+                singles_stop.clone(),
+                singles_asked.clone(),
+            )
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    singles_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for single in singles {
+        single.await.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    honest.await.unwrap();
+    seen.push(("single sellers", outcomes(&process).await));
+    let mut before = std::collections::BTreeMap::new();
+    for (phase, now) in &seen {
+        eprintln!(
+            "campaign, call tracking's outcomes to the end of {phase}: {:?}",
+            delta(&before, now)
+        );
+        before = now.clone();
+    }
+
+    // The counts.
+    let asked = asked.lock().unwrap().clone();
+    let of = |phase: Phase| -> Vec<&Asked> {
+        asked
+            .iter()
+            .filter(|a| clock.at(a.sent) == phase && clock.at(a.done) == phase)
+            .collect()
+    };
+    let outside: Vec<&Asked> = asked
+        .iter()
+        .filter(|a| {
+            let (sent, done) = (clock.at(a.sent), clock.at(a.done));
+            [sent, done]
+                .iter()
+                .all(|p| matches!(p, Phase::WarmUp | Phase::Attack | Phase::SingleSellers))
+        })
+        .collect();
+    let shown_real: Vec<&&Asked> = outside.iter().filter(|a| a.kind == "real").collect();
+    let kinds = |asks: &[&Asked]| {
+        let mut counts = std::collections::BTreeMap::new();
+        for ask in asks {
+            *counts.entry(ask.kind.clone()).or_insert(0) += 1;
+        }
+        counts
+    };
+    let (everyone_fails, n1) = share(&of(Phase::EveryoneFails), "real");
+    let (nobody_answered, n2) = share(&of(Phase::NobodyAnswered), "real");
+    let singles_asked = singles_asked.lock().unwrap().clone();
+    let singles: Vec<&Asked> = singles_asked.iter().collect();
+    let (single_sellers, n3) = share(&singles, "real");
+    let batch_real = batch_kinds.iter().filter(|k| *k == "real").count();
+    eprintln!(
+        "campaign: {} honest asks outside the control phases {:?}; {} paused ({:?} in all); \
+         {} batch items with accepted phones {:?}; control phases, real shown: \
+         everyone fails {:.1}% of {n1}, nobody answered {:.1}% of {n2}, single sellers {:.1}% of {n3}",
+        outside.len(),
+        kinds(&outside),
+        paused.len(),
+        paused.iter().sum::<Duration>(),
+        batch_kinds.len(),
+        {
+            let mut counts = std::collections::BTreeMap::new();
+            for kind in &batch_kinds {
+                *counts.entry(kind.clone()).or_insert(0) += 1;
+            }
+            counts
+        },
+        everyone_fails * 100.0,
+        nobody_answered * 100.0,
+        single_sellers * 100.0,
+    );
+    let origin = clock.phases.lock().unwrap()[0].0;
+    let since = |at: Instant| at.duration_since(origin);
+    let phases: Vec<(Duration, Phase)> = clock
+        .phases
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(at, phase)| (since(*at), *phase))
+        .collect();
+    let shown: Vec<(u64, Duration, Duration)> = shown_real
+        .iter()
+        .map(|a| (a.user, since(a.sent), since(a.done)))
+        .collect();
+    assert!(
+        shown_real.is_empty(),
+        "honest tracked sellers shown their real number outside the control phases \
+         (seller, sent, answered, from the start): {shown:?}; the phases: {phases:?}"
+    );
+    assert_eq!(
+        batch_real, 0,
+        "batch items with accepted phones shown the real number"
+    );
+    assert!(
+        outside.len() > 1000,
+        "too few honest asks: {}",
+        outside.len()
+    );
+    assert!(paused.len() >= 10, "too few pauses: {paused:?}");
+    for (what, got, n) in [
+        ("call tracking failing everyone", everyone_fails, n1),
+        ("call tracking answering nobody", nobody_answered, n2),
+        ("single sellers' calls failing", single_sellers, n3),
+    ] {
+        assert!(n >= 10, "{what}: only {n} asks in the phase");
+        assert!(
+            got >= 0.9,
+            "{what}: {:.1}% of {n} fell through to the real number (the configured rule), 90% at least",
+            got * 100.0
+        );
+    }
+    assert!(
+        singles_asked.iter().all(|a| SINGLES.contains(&a.user)),
+        "the single sellers' asks are theirs"
+    );
+}
