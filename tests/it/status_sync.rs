@@ -2,7 +2,8 @@
 //! versions in order), the snapshot and its floor (users it never listed, an entry
 //! at exactly its version, streamed bodies, slow uploads that hold no
 //! connection), replicas on one PostgreSQL
-//! converging (notifications, the poll, catch-up after restarts), "Unknown until
+//! converging (notifications, the poll, catch-up after restarts) and what each
+//! costs the database (connections, the poll's reads), "Unknown until
 //! loaded" (/readyz), durability through a SIGKILL on SQLite and PostgreSQL,
 //! "Bounded calls" and "Database outage", the status feed and its leadership, and
 //! "Behind a transaction-mode pooler" with a real PgBouncer.
