@@ -10,7 +10,8 @@ use phones_gateway::budget::window::Moment;
 use serde_json::json;
 
 use crate::support::paths::{BATCH, phone_path};
-use crate::support::{Answer, Reply, TestApp, pg};
+use crate::support::proxy::Proxy;
+use crate::support::{Answer, Reply, TestApp, eventually, pg};
 use crate::{PLAIN_CATEGORY, REAL};
 
 async fn as_viewer(app: &TestApp, viewer: Option<&str>, user: u64) -> crate::support::Answer {
@@ -164,34 +165,105 @@ fn replica_overlay(budgets: &str) -> String {
     format!("[rate_limit]\n{budgets}\nexchange_interval_ms = 100")
 }
 
+/// The text of the exchange's read of recent refusals
+/// (`store::budgets`), by which a proxy in front of a replica's database sees
+/// each of its reads begin (its statements are unnamed: each execution sends
+/// the text once).
+const REFUSALS_READ_SQL: &str = "FROM viewer_refusals WHERE at >";
+
+/// SPEC section 9: once a viewer is past a budget anywhere, every replica
+/// refuses them within 1 s.
+const REFUSED_EVERYWHERE: Duration = Duration::from_secs(1);
+
+/// The viewer spends the budget over two replicas; the refusal is stored, and
+/// every replica has read it (two of its reads of the refusals began after
+/// the refusal was seen stored: the first has returned by the time the second
+/// begins, an exchange being one call after another), all within 1 s of the
+/// last spend's answer; then each refuses the viewer at once, the third too,
+/// which never saw them.
 #[tokio::test]
 async fn a_viewer_who_spent_the_budget_on_two_replicas_is_refused_everywhere_within_a_second() {
     let db = pg::or_skip!(pg::database().await);
+    let _timing = crate::support::one_timing_test_at_a_time().await;
     let overlay = replica_overlay("per_viewer_per_minute = 6");
-    let a = TestApp::spawn_on(Some(&db.url), &overlay).await;
-    let b = TestApp::spawn_on(Some(&db.url), &overlay).await;
-    let c = TestApp::spawn_on(Some(&db.url), &overlay).await;
-    for app in [&a, &b, &c] {
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        let (proxy, through) = Proxy::in_front_of(&db.url).await;
+        let app = TestApp::spawn_on(Some(&through), &overlay).await;
         app.real.reply(Reply::Phone(REAL));
+        let reads = proxy.watch(REFUSALS_READ_SQL);
+        replicas.push((app, proxy, reads));
     }
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
     with_minute_left(Duration::from_secs(20)).await;
     // Each replica alone would allow 6: three on each is the whole budget.
-    spend(&a, "scraper", 3, Duration::from_secs(3)).await;
-    spend(&b, "scraper", 3, Duration::from_secs(3)).await;
-    // A second later every replica refuses them at once: A, whose share was
-    // the 3 that remained when it last reported, B, and C, which never saw
-    // the viewer; with the wait the sliding minute gives.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    for app in [&a, &b, &c] {
+    spend(&replicas[0].0, "scraper", 3, Duration::from_secs(3)).await;
+    spend(&replicas[1].0, "scraper", 3, Duration::from_secs(3)).await;
+    let spent = Instant::now();
+    // B's report finds the budget spent and stores the refusal.
+    eventually("the refusal stored", Duration::from_secs(10), || async {
+        stored(&pool, "SELECT count(*) FROM viewer_refusals").await == 1
+    })
+    .await;
+    let refusal_seen = Instant::now();
+    assert_eq!(
+        stored(
+            &pool,
+            "SELECT COALESCE(sum(spent), 0)::int8 FROM viewer_budgets WHERE kind = 0"
+        )
+        .await,
+        6,
+        "the fleet's total when the refusal was written"
+    );
+    let mut known = Vec::new();
+    for (i, (_, _, reads)) in replicas.iter().enumerate() {
+        let second_read = || {
+            reads
+                .times()
+                .into_iter()
+                .filter(|&t| t > refusal_seen)
+                .nth(1)
+        };
+        eventually(
+            &format!("replica {i} to read the refusals twice"),
+            Duration::from_secs(10),
+            || async { second_read().is_some() },
+        )
+        .await;
+        known.push(second_read().unwrap() - spent);
+    }
+    eprintln!(
+        "refusal stored {:?} after the last spend; known on each replica by {known:?}",
+        refusal_seen - spent
+    );
+    for (i, took) in known.iter().enumerate() {
+        assert!(
+            *took < REFUSED_EVERYWHERE,
+            "replica {i} had read the refusal only {took:?} after the last spend \
+             (SPEC section 9: every replica refuses within {REFUSED_EVERYWHERE:?})"
+        );
+    }
+    // Each refuses them at once: A, whose share was the 3 that remained when
+    // it last reported, B, and C, which never saw the viewer; with the wait
+    // the sliding minute gives.
+    for (app, _, _) in &replicas {
         let refused = reveal(app, "scraper").await;
         refused.assert_problem(429);
         let retry: u64 = refused.retry_after.as_deref().unwrap().parse().unwrap();
         assert!((2..=120).contains(&retry), "{retry}");
     }
     // Another viewer is not affected, on any replica.
-    for app in [&a, &b, &c] {
+    for (app, _, _) in &replicas {
         reveal(app, "buyer").await.assert_number(REAL, "real");
     }
+}
+
+/// One number the database holds (a count or a sum), read by `sql`.
+async fn stored(pool: &sqlx::PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -234,11 +306,22 @@ async fn with_the_database_down_a_replica_holds_a_viewer_to_its_share_and_report
         app.real.reply(Reply::Phone(REAL));
     }
     // Two on A in two reports, known to the fleet: two reports that show A
-    // alone make its share all that remains.
-    for _ in 0..2 {
+    // alone make its share all that remains. Each spend is reported once the
+    // fleet's total holds it; the second report is applied on A once A has
+    // marked itself alive after it (`seen_at`, after each exchange).
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let day_total = "SELECT COALESCE(sum(spent), 0)::int8 FROM viewer_budgets WHERE kind = 1";
+    for total in 1..=2 {
         spend(&a, "scraper", 1, Duration::from_secs(3)).await;
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        eventually(
+            &format!("A's report of spend {total}"),
+            Duration::from_secs(10),
+            || async { stored(&pool, day_total).await == total },
+        )
+        .await;
     }
+    exchanged_since_now(&pool, "A's exchange after its second report").await;
+    pool.close().await;
 
     cluster.stop_server().unwrap();
     // Down: A answers at once from its ledger, up to its share, then refuses.
@@ -298,34 +381,39 @@ async fn with_the_database_down_a_replica_holds_a_viewer_to_its_share_and_report
     })
     .await;
     // B has read the refusal once it has run a full exchange after it was
-    // written: every replica's `seen_at` (A's and B's, stamped by each
-    // exchange) moves past a mark taken now, and then past a second mark.
-    for round in ["first", "second"] {
-        let mark: String = sqlx::query_scalar("SELECT clock_timestamp()::text")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        crate::support::eventually(
-            &format!("B's {round} exchange after the refusal"),
-            Duration::from_secs(10),
-            || {
-                let (pool, mark) = (pool.clone(), mark.clone());
-                async move {
-                    sqlx::query_scalar::<_, i64>(
-                        "SELECT count(*) FROM budget_replicas WHERE seen_at > $1::timestamptz",
-                    )
-                    .bind(mark)
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap()
-                        == 2
-                }
-            },
-        )
-        .await;
-    }
+    // written: every replica's `seen_at` moves past a mark taken now, and
+    // then past a second mark.
+    exchanged_since_now(&pool, "B's first exchange after the refusal").await;
+    exchanged_since_now(&pool, "B's second exchange after the refusal").await;
     let refused = reveal(&b, "scraper").await;
     refused.assert_problem(429);
+}
+
+/// Waits until both replicas on the database marked themselves alive after
+/// now (`budget_replicas.seen_at`, on the database's clock). A replica marks
+/// itself at most once a second, after an exchange that worked, in the same
+/// round: so what it had stored before now (a report, a refusal) it had
+/// applied before that mark; an exchange that begins after now (to read what
+/// is stored now) takes a second call.
+async fn exchanged_since_now(pool: &sqlx::PgPool, what: &str) {
+    let mark: String = sqlx::query_scalar("SELECT clock_timestamp()::text")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    eventually(what, Duration::from_secs(10), || {
+        let (pool, mark) = (pool.clone(), mark.clone());
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM budget_replicas WHERE seen_at > $1::timestamptz",
+            )
+            .bind(mark)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+                == 2
+        }
+    })
+    .await;
 }
 
 /// Retention: past windows and ended refusals go, current ones stay; on both

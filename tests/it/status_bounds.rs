@@ -384,3 +384,120 @@ async fn a_snapshot_body_trickling_past_its_total_time_is_answered_408() {
     let stored = app.get_admin(&status_path(7)).await;
     assert_eq!(stored.body["version"], 0, "nothing applied: {stored:?}");
 }
+
+/// Another connection holds the file's write lock (`BEGIN IMMEDIATE`, as
+/// the gateway's own writers take it): a snapshot answers 503 with
+/// `Retry-After` within its finish's documented bound on SQLite (`lock` + 4 x
+/// `statement` + 1 s; in fact after the wait for the write lock, `lock`),
+/// and applies nothing; an invalidation, which SQLite records nowhere (one
+/// replica: docs/status-sync.md, the bounds table), answers at once and
+/// drops the seller's cached numbers. Once the lock is gone the snapshot is
+/// taken.
+#[tokio::test]
+async fn a_snapshot_against_a_locked_sqlite_file_answers_503_within_its_bound_and_applies_nothing()
+{
+    const LOCK_MS: u64 = 300;
+    const STATEMENT_MS: u64 = 300;
+    const LOCK: Duration = Duration::from_millis(LOCK_MS);
+    // docs/status-sync.md, "Every call and its bound": a snapshot's finish on
+    // SQLite (the other calls of a snapshot do not meet the file's lock).
+    const FINISH_BOUND: Duration = Duration::from_millis(LOCK_MS + 4 * STATEMENT_MS + 1000);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("gw.db").display());
+    let app = TestApp::spawn_on(
+        Some(&url),
+        &format!(
+            "[database]\nlock_timeout_ms = {LOCK_MS}\nstatement_timeout_ms = {STATEMENT_MS}\n"
+        ),
+    )
+    .await;
+    let snapshot =
+        |version: u64, ids: &[u64]| json!({ "version": version, "enabled_user_ids": ids });
+    let put = app
+        .send_admin(Method::PUT, STATUSES, &snapshot(1, &[1]))
+        .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    // A seller's number, cached.
+    app.real.reply(Reply::Phone(REAL));
+    app.phone(5, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    app.phone(5, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    assert_eq!(app.real.calls(), 1, "cached");
+
+    let mut locker = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    sqlx::Executor::execute(&mut locker, "BEGIN IMMEDIATE")
+        .await
+        .unwrap();
+    let sent = Instant::now();
+    let refused = tokio::time::timeout(
+        Duration::from_secs(60),
+        app.send_admin(Method::PUT, STATUSES, &snapshot(2, &[2])),
+    )
+    .await
+    .expect("a snapshot hung on a locked file");
+    let took = sent.elapsed();
+    let sent = Instant::now();
+    let invalidated = tokio::time::timeout(
+        Duration::from_secs(60),
+        app.send_admin(Method::POST, INVALIDATE, &json!({ "user_ids": [5] })),
+    )
+    .await
+    .expect("an invalidation hung on a locked file");
+    let invalidation_took = sent.elapsed();
+    eprintln!(
+        "on a locked file: snapshot {} after {took:?}, invalidation {} after {invalidation_took:?}",
+        refused.status, invalidated.status
+    );
+    refused.assert_problem(503);
+    assert!(refused.retry_after.is_some(), "{refused:?}");
+    assert!(
+        took < FINISH_BOUND,
+        "the snapshot answered after {took:?} (its documented bound: {FINISH_BOUND:?})"
+    );
+    assert!(
+        took >= LOCK,
+        "the snapshot was refused after {took:?}, before it waited lock_timeout_ms ({LOCK:?})"
+    );
+    assert_eq!(invalidated.status, 200, "{invalidated:?}");
+    assert!(
+        invalidation_took < LOCK,
+        "the invalidation waited {invalidation_took:?} on the locked file"
+    );
+    // Nothing of the snapshot applied, in memory or in the file (read on the
+    // locker's own connection, inside its transaction).
+    for (user, enabled) in [(1, true), (2, false)] {
+        let stored = app.get_admin(&status_path(user)).await;
+        assert_eq!(
+            stored.body,
+            json!({ "user_id": user, "enabled": enabled, "version": 1 }),
+            "nothing applied: {stored:?}"
+        );
+    }
+    let floor: i64 =
+        sqlx::query_scalar("SELECT version FROM calltracking_status WHERE user_id = 0")
+            .fetch_one(&mut locker)
+            .await
+            .unwrap();
+    assert_eq!(floor, 1, "the stored floor moved");
+    // The invalidation dropped the seller's number: asked again.
+    app.phone(5, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    assert_eq!(app.real.calls(), 2, "the cached number was dropped");
+
+    sqlx::Executor::execute(&mut locker, "ROLLBACK")
+        .await
+        .unwrap();
+    drop(locker);
+    let put = app
+        .send_admin(Method::PUT, STATUSES, &snapshot(2, &[2]))
+        .await;
+    assert_eq!(put.status, 200, "taken once the lock is gone: {put:?}");
+    let stored = app.get_admin(&status_path(2)).await;
+    assert_eq!(stored.body["enabled"], true, "{stored:?}");
+}

@@ -35,6 +35,32 @@ pub use fakes::*;
 pub use privacy::*;
 pub use raw::*;
 
+/// Held by each test that asserts a time the SPEC bounds tightly (a catch-up
+/// within 1 s or within `database.sync_interval_ms`, a hand-over within two
+/// feed intervals, a refusal everywhere within 1 s): such tests run one at a
+/// time, so that on a busy two-core machine they do not take each other's
+/// CPU and their bounds stay the SPEC's, not widened for the load. Taken
+/// after the test's PostgreSQL cluster (`pg`), never before, so that a test
+/// holding it never waits for a cluster another test holds while waiting for
+/// it.
+pub async fn one_timing_test_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static TIMING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TIMING.lock().await
+}
+
+/// Polls `done` every millisecond until it holds, and returns how long that
+/// took; panics naming `what` after `limit`. For a time a test asserts a
+/// bound on: measured to the millisecond, the bound checked by the caller
+/// (with the time in its message), `limit` only ends a wait that went wrong.
+pub async fn took_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    start.elapsed()
+}
+
 /// Polls `done` every 10 ms until it holds; panics naming `what` after `limit`.
 /// Used instead of sleeping a guessed time: on two busy cores a guess is either
 /// too short (flaky) or too long (slow).
