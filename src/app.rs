@@ -300,7 +300,7 @@ impl App {
             self.admin,
             self.admin_front,
             server,
-            Inbound::new("admin", conns::ADMIN_MAX_CONNECTIONS),
+            Inbound::making_room("admin", conns::ADMIN_MAX_CONNECTIONS),
             stopped(stop_rx),
         );
         let deadline_rx = start_shutdown(

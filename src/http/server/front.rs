@@ -15,7 +15,9 @@
 //! Every request body is read through the listener's share of the body buffer
 //! (`bodies`): the front wraps a request that has a body (the snapshot PUT's
 //! excepted: it streams), and answers 503 for a request whose body went past
-//! it.
+//! it. A 401 closes its connection (`Connection: close`): a caller without a
+//! token gets one answer per connection, so it cannot keep one of the admin
+//! listener's places busy with request after request (`conns`).
 //!
 //! One hand-written service instead of `from_fn` layers on the router: the hit
 //! path pays one boxed future, not a boxed future and a cloned boxed service per
@@ -151,10 +153,7 @@ impl Inner {
             if route.needs_token() {
                 let method = request.method().clone();
                 let (name, response) = match tokens.check(request.headers()) {
-                    None => (
-                        access::NO_TOKEN.into(),
-                        ApiError::Unauthorized.into_response(),
-                    ),
+                    None => (access::NO_TOKEN.into(), unauthorized()),
                     Some(id) => {
                         let name = tokens.name(id).clone();
                         match route.scope() {
@@ -343,6 +342,20 @@ impl Front {
             Ok(answered(response, id, route, start))
         })
     }
+}
+
+/// The 401 of a request without a valid token, closing its connection: such a
+/// caller gets one answer per connection, so it cannot hold one of the admin
+/// listener's places with request after request, nor pipeline them (`conns`
+/// makes room at the cap by closing idle connections, and a connection
+/// answering request after request is seldom idle).
+fn unauthorized() -> Response {
+    let mut response = ApiError::Unauthorized.into_response();
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 /// The answer as sent: its request id set, its duration recorded by route and
