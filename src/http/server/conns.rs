@@ -521,7 +521,7 @@ mod tests {
         }
         // Its place, once it closes, goes to the new connection.
         drop(place);
-        made.await.unwrap();
+        drop(made.await.unwrap());
 
         // Every connection busy: nothing is closed until an answer is made.
         let busy_room = Room::new("test");
@@ -543,7 +543,7 @@ mod tests {
             .await
             .expect("closed once answered");
         permits.add_permits(1);
-        made.await.unwrap();
+        drop(made.await.unwrap());
     }
 
     #[test]
