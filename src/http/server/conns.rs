@@ -27,7 +27,9 @@
 //! graceful shutdown, which closes an idle connection at once) and serves the
 //! new one once that place is free. Idle means between requests: no request in
 //! service, and not a byte received since the last answer (or since it
-//! connected); a connection whose request head is on its way or whose request
+//! connected); and only a connection idle for [`IDLE_GRACE`] (250 ms) is
+//! closed, so a new connection is not closed for the next before it has had
+//! time to send its request; a connection whose request head is on its way or whose request
 //! is in service is never chosen, and no request is cut: one chosen while its
 //! answer is still being written, or just as its next request arrives,
 //! finishes that request and then closes (keep-alive off). When every
@@ -36,6 +38,13 @@
 //! close; a head that never completes is closed by the head deadline
 //! (`server.header_read_timeout_ms`), so the wait is bounded by the longest
 //! request in service or that deadline.
+//!
+//! What no accept policy mends: a client that keeps more connections open than
+//! the cap and the kernel's listen backlog (128) hold together, reopening each
+//! as soon as it is closed, keeps that backlog full, and a new connection (a
+//! probe's) is dropped at its SYN before the listener sees it. That is a flood
+//! for the network to stop; the admin port is not for the internet (the
+//! chart's NetworkPolicy).
 //!
 //! The public listener keeps waiting at its cap: it is bounded to keep
 //! descriptors, its probes are not on it, and at its size (thousands of
@@ -142,8 +151,8 @@ pub struct Activity {
     /// Bytes received since the last answer (or since it connected): a
     /// request on its way, so the connection is not idle.
     heard: AtomicBool,
-    /// The room's clock at the last answer (or when it connected): the least
-    /// is the connection idle longest.
+    /// When the last answer was made (or it connected), in milliseconds of
+    /// the room's clock: the least is the connection idle longest.
     idle_since: AtomicU64,
     /// Set once the room asked it to close (so it is not chosen twice).
     closing: AtomicBool,
@@ -184,10 +193,7 @@ impl Activity {
         self.events.fetch_add(1, Ordering::Relaxed);
         if let Some(room) = &self.room {
             self.heard.store(false, Ordering::Relaxed);
-            self.idle_since.store(
-                room.clock.fetch_add(1, Ordering::Relaxed),
-                Ordering::Relaxed,
-            );
+            self.idle_since.store(room.now(), Ordering::Relaxed);
             // A new connection waiting at the cap may close this one now.
             room.went_idle.notify_waiters();
         }
@@ -210,8 +216,8 @@ impl Activity {
 pub struct Room {
     /// Every open connection's activity (at most the cap, 64: scanned whole).
     open: Mutex<Vec<Arc<Activity>>>,
-    /// Ticks at each connect and answer: the order connections went idle in.
-    clock: AtomicU64,
+    /// What `idle_since` counts from (tokio's clock).
+    started: tokio::time::Instant,
     /// Woken when a request is answered (its connection may now be closed).
     went_idle: Notify,
     /// `phones_gateway_connections_evicted_total{listener}`.
@@ -222,7 +228,7 @@ impl Room {
     fn new(listener: &'static str) -> Arc<Self> {
         Arc::new(Room {
             open: Mutex::new(Vec::new()),
-            clock: AtomicU64::new(0),
+            started: tokio::time::Instant::now(),
             went_idle: Notify::new(),
             evicted: metrics::counter!(
                 "phones_gateway_connections_evicted_total",
@@ -239,9 +245,15 @@ impl Room {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Milliseconds since the room was made, on tokio's clock.
+    fn now(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
     /// A permit, once a place is free: at once if one is, else by asking the
-    /// connection idle longest to close (and waiting for it), else, every
-    /// connection busy, by waiting until a request is answered.
+    /// connection idle longest to close (and waiting for it) once it has been
+    /// idle for [`IDLE_GRACE`], else, every connection busy, by waiting until
+    /// a request is answered.
     async fn make_room(&self, permits: &Arc<Semaphore>) -> OwnedSemaphorePermit {
         loop {
             // Registered before the connections are looked at, so an answer
@@ -258,21 +270,41 @@ impl Room {
                 .filter(|activity| activity.is_idle())
                 .min_by_key(|activity| activity.idle_since.load(Ordering::Relaxed))
                 .cloned();
-            if let Some(victim) = victim {
-                victim.closing.store(true, Ordering::Relaxed);
-                victim.close.notify_one();
-                self.evicted.increment(1);
-                // Closed at once when idle; one whose next request arrived just
-                // now finishes it first.
-                return acquire(permits).await;
+            let Some(victim) = victim else {
+                tokio::select! {
+                    permit = acquire(permits) => return permit,
+                    () = &mut went_idle => continue,
+                }
+            };
+            let idle_for = self
+                .now()
+                .saturating_sub(victim.idle_since.load(Ordering::Relaxed));
+            let grace = u64::try_from(IDLE_GRACE.as_millis()).unwrap_or(u64::MAX);
+            if idle_for < grace {
+                tokio::select! {
+                    permit = acquire(permits) => return permit,
+                    () = &mut went_idle => {}
+                    () = tokio::time::sleep(Duration::from_millis(grace - idle_for)) => {}
+                }
+                continue;
             }
-            tokio::select! {
-                permit = acquire(permits) => return permit,
-                () = &mut went_idle => {}
-            }
+            victim.closing.store(true, Ordering::Relaxed);
+            victim.close.notify_one();
+            self.evicted.increment(1);
+            // Closed at once when idle; one whose next request arrived just
+            // now finishes it first.
+            return acquire(permits).await;
         }
     }
 }
+
+/// How long a connection must have been idle (since it connected, or since its
+/// last answer) before it may be closed to make room: a new connection, a
+/// probe's, gets that long to send its request head however fast others
+/// connect. It also paces a flood of new connections at the cap to at most
+/// the cap's 64 every 250 ms, which the listen backlog (128) waits through in
+/// half a second, well within a probe's timeout.
+pub const IDLE_GRACE: Duration = Duration::from_millis(250);
 
 /// A permit of `permits`, waiting for one.
 async fn acquire(permits: &Arc<Semaphore>) -> OwnedSemaphorePermit {
@@ -382,10 +414,7 @@ impl Inbound {
             ..Activity::default()
         });
         if let Some(room) = &self.room {
-            activity.idle_since.store(
-                room.clock.fetch_add(1, Ordering::Relaxed),
-                Ordering::Relaxed,
-            );
+            activity.idle_since.store(room.now(), Ordering::Relaxed);
             room.open().push(activity.clone());
         }
         Held {
@@ -480,10 +509,11 @@ mod tests {
         assert_eq!(max_connections(0, Some(0), 100).0, 1);
     }
 
-    /// At the cap the room closes the connection idle longest, never one
-    /// whose head is on its way or whose request is in service; with every
-    /// connection busy it waits for an answer.
-    #[tokio::test]
+    /// At the cap the room closes the connection idle longest once it has
+    /// been idle for the grace, never one whose head is on its way or whose
+    /// request is in service; with every connection busy it waits for an
+    /// answer.
+    #[tokio::test(start_paused = true)]
     async fn the_room_closes_the_connection_idle_longest_and_only_an_idle_one() {
         let room = Room::new("test");
         let connection = || {
@@ -491,15 +521,19 @@ mod tests {
                 room: Some(room.clone()),
                 ..Activity::default()
             });
-            activity.idle_since.store(
-                room.clock.fetch_add(1, Ordering::Relaxed),
-                Ordering::Relaxed,
-            );
+            activity.idle_since.store(room.now(), Ordering::Relaxed);
             room.open().push(activity.clone());
             activity
         };
-        let (serving, heard, older, newer) =
-            (connection(), connection(), connection(), connection());
+        let step = Duration::from_millis(10);
+        let serving = connection();
+        tokio::time::advance(step).await;
+        let heard = connection();
+        tokio::time::advance(step).await;
+        let older = connection();
+        tokio::time::advance(step).await;
+        let newer = connection();
+        tokio::time::advance(step).await;
         serving.began();
         heard.heard();
         // `older` answered a request after `newer` connected: `newer` is now
@@ -512,10 +546,12 @@ mod tests {
             let (room, permits) = (room.clone(), permits.clone());
             async move { room.make_room(&permits).await }
         });
-        tokio::time::timeout(Duration::from_secs(10), newer.asked_to_close())
-            .await
-            .expect("the connection idle longest is asked to close");
-        assert!(newer.closing.load(Ordering::Relaxed));
+        newer.asked_to_close().await;
+        let idle_for = room.now() - newer.idle_since.load(Ordering::Relaxed);
+        assert!(
+            idle_for >= IDLE_GRACE.as_millis() as u64,
+            "closed after {idle_for} ms idle"
+        );
         for other in [&serving, &heard, &older] {
             assert!(!other.closing.load(Ordering::Relaxed));
         }
@@ -536,12 +572,10 @@ mod tests {
             let (room, permits) = (busy_room.clone(), permits.clone());
             async move { room.make_room(&permits).await }
         });
-        tokio::task::yield_now().await;
+        tokio::time::sleep(IDLE_GRACE * 4).await;
         assert!(!only.closing.load(Ordering::Relaxed), "busy: not closed");
         only.answered();
-        tokio::time::timeout(Duration::from_secs(10), only.asked_to_close())
-            .await
-            .expect("closed once answered");
+        only.asked_to_close().await;
         permits.add_permits(1);
         drop(made.await.unwrap());
     }
