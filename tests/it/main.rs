@@ -46,6 +46,8 @@ pub const SECRETS: &[&str] = &[
     admin_access::NO_SCOPE,
     admin_access::OLD,
     admin_access::NEW,
+    admin_access::FILE_OLD,
+    admin_access::FILE_NEW,
 ];
 
 /// Numbers the fake upstreams hand out.
