@@ -24,6 +24,7 @@ mod campaign;
 mod faults;
 mod operations;
 mod overload;
+mod reasons;
 mod resources;
 mod reveals;
 mod rules;
