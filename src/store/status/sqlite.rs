@@ -174,9 +174,24 @@ pub(super) async fn changes_after(
     after: Watermark,
     limit: i64,
 ) -> Result<Vec<Row>, StoreError> {
+    // "After (seq, user)" as two index ranges: the rest of the watermark's
+    // change, then the changes after it. SQLite (3.46, the bundled one)
+    // seeks a row value `(change_seq, user_id) > (?, ?)` on `change_seq`
+    // alone and filters the users, so every page of one change's rows (a
+    // snapshot's: up to 10,000,000) walked the index from that change's
+    // first row again: in a change of 1,000,000 rows, the page 900,000 rows
+    // in took 0.43 s against 0.03 s for the first (debug build), and reading
+    // a large snapshot back (the load at start) grew with its square.
     let rows: Vec<RowTuple> = sqlx::query_as(
-        "SELECT user_id, enabled, version, change_seq, flip_seq, 0 FROM calltracking_status \
-         WHERE (change_seq, user_id) > (?, ?) ORDER BY change_seq, user_id LIMIT ?",
+        "SELECT user_id, enabled, version, change_seq, flip_seq, 0 FROM \
+         (SELECT * FROM (SELECT user_id, enabled, version, change_seq, flip_seq \
+                         FROM calltracking_status WHERE change_seq = ?1 AND user_id > ?2 \
+                         ORDER BY user_id LIMIT ?3) \
+          UNION ALL \
+          SELECT * FROM (SELECT user_id, enabled, version, change_seq, flip_seq \
+                         FROM calltracking_status WHERE change_seq > ?1 \
+                         ORDER BY change_seq, user_id LIMIT ?3)) \
+         ORDER BY change_seq, user_id LIMIT ?3",
     )
     .bind(after.0)
     .bind(after.1)
