@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use sqlx::pool::PoolConnection;
-use sqlx::{Connection as _, QueryBuilder, Row as _, Sqlite, SqlitePool};
+use sqlx::{QueryBuilder, Row as _, Sqlite, SqlitePool};
 
 use super::{Row, RowTuple, Watermark, plan, users_of};
 use crate::domain::Applied;
@@ -130,18 +130,32 @@ pub(super) async fn push_snapshot(
     Ok(())
 }
 
-/// Applies the uploaded ids at `version` in one write transaction.
+/// Indexes the uploaded ids, then takes the write lock (`BEGIN IMMEDIATE`,
+/// waiting up to the busy timeout) and the change the snapshot's rows will
+/// be stamped with. The index is built before the lock: it writes only the
+/// temporary database, and at 10,000,000 ids it takes seconds that every
+/// other writer would otherwise wait. The transaction is begun with a plain
+/// statement, not an sqlx `Transaction` (which would borrow the connection
+/// across two calls): a snapshot dropped before [`finish_snapshot`] closes
+/// its connection (see [`begin_snapshot`]), and SQLite rolls back an open
+/// transaction on close.
+pub(super) async fn prepare_snapshot(conn: &mut SnapshotConn) -> Result<i64, StoreError> {
+    sqlx::query("CREATE INDEX IF NOT EXISTS temp.snapshot_ids_user ON snapshot_ids (user_id)")
+        .execute(&mut **conn)
+        .await?;
+    sqlx::query(BEGIN_WRITE).execute(&mut **conn).await?;
+    next_seq(conn).await
+}
+
+/// Applies the uploaded ids at `version`, stamped `seq`, and commits the
+/// transaction [`prepare_snapshot`] began; whether it changed any row.
 pub(super) async fn finish_snapshot(
     mut conn: SnapshotConn,
     version: u64,
-) -> Result<(), StoreError> {
-    let mut tx = conn.begin_with(BEGIN_WRITE).await?;
-    sqlx::query("CREATE INDEX IF NOT EXISTS temp.snapshot_ids_user ON snapshot_ids (user_id)")
-        .execute(&mut *tx)
-        .await?;
-    let seq = next_seq(&mut tx).await?;
+    seq: i64,
+) -> Result<bool, StoreError> {
     let version = signed(version);
-    sqlx::query(
+    let updated = sqlx::query(
         "UPDATE calltracking_status \
          SET flip_seq = CASE WHEN enabled <> (user_id IN (SELECT user_id FROM snapshot_ids)) \
                         THEN ?2 ELSE flip_seq END, \
@@ -150,9 +164,10 @@ pub(super) async fn finish_snapshot(
     )
     .bind(version)
     .bind(seq)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    let inserted = sqlx::query(
         "INSERT INTO calltracking_status (user_id, enabled, version, change_seq, flip_seq) \
          SELECT DISTINCT user_id, 1, ?1, ?2, ?2 FROM snapshot_ids \
          WHERE (SELECT version FROM calltracking_status WHERE user_id = 0) <= ?1 \
@@ -160,13 +175,14 @@ pub(super) async fn finish_snapshot(
     )
     .bind(version)
     .bind(seq)
-    .execute(&mut *tx)
-    .await?;
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
     sqlx::query("DROP TABLE temp.snapshot_ids")
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await?;
-    tx.commit().await?;
-    Ok(())
+    sqlx::query("COMMIT").execute(&mut *conn).await?;
+    Ok(updated + inserted > 0)
 }
 
 pub(super) async fn changes_after(
