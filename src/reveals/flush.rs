@@ -8,9 +8,11 @@
 //! bytes a reveal) grows with the batch, and the batch with how far the writer
 //! has fallen behind. Unbounded, a writer that lagged for a while (a loaded
 //! machine, a slow disk) made one write of everything it owed, and the
-//! process's memory rose with the lag and stayed near its high-water mark;
-//! bounded, a lagging writer makes more writes of the same size, and what
-//! waits meanwhile waits in the channel (at most `reveals.max_buffered`).
+//! process's memory peaked with the lag, that working set on top of the
+//! waiting reveals themselves; bounded, a lagging writer makes more writes of
+//! the same size, and what waits meanwhile waits in the channel (at most
+//! `reveals.max_buffered`, about 75 bytes a reveal: docs/reveal-log.md,
+//! "Memory").
 //!
 //! On SQLite it runs on a thread of its own ([`run_apart`]) at background priority (see
 //! [`crate::runtime`]): a flush of a second's reveals at half the hit path's
