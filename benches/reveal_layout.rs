@@ -3,7 +3,8 @@
 //! request as `stream_hits.lua` sends them):
 //! - `shipped`: the store's own code (`RevealStore::write_reveals`, pages by
 //!   `read_reveals`): viewers' runs and sellers' postings, no index entry per
-//!   reveal (migrations/sqlite/0007, 0009);
+//!   reveal (migrations/sqlite/0007, 0009), their indexes keyed by a bucket of
+//!   2^18 ids first and pages walking the buckets newest first (0011);
 //! - `plain`: the layout before them, in SQL here (not a shipped path): the
 //!   same table with `reveals_user (user_id, at_us)` and `reveals_viewer
 //!   (viewer, at_us) WHERE viewer IS NOT NULL` (0006), the flush sorted by
@@ -13,10 +14,6 @@
 //!   (the reveals written before the flush, over 262,144), so that a flush's
 //!   index entries land in the newest bucket's part of each index instead of
 //!   over the whole of it; pages walk the buckets newest first;
-//! - `shipped-bkt`: the store's own code too, its postings' and runs'
-//!   indexes keyed first by a bucket of 262,144 ids (a virtual column of
-//!   `first_id`), to see whether the bucketed keys hold the shipped layout's
-//!   cost flat; writes only (the store's pages do not walk buckets);
 //! - `shipped-null`: the store's own code too, every reveal without a reason
 //!   (the column NULL, as the log before reasons were kept reads): beside
 //!   `shipped`, whose reveals carry the realistic mix of reasons of
@@ -74,7 +71,6 @@ const PAGE: u32 = 101;
 enum Layout {
     Shipped,
     ShippedNull,
-    ShippedBucketed,
     Plain,
     Bucketed,
     Blob,
@@ -85,7 +81,6 @@ impl Layout {
         match self {
             Layout::Shipped => "shipped",
             Layout::ShippedNull => "shipped-null",
-            Layout::ShippedBucketed => "shipped-bkt",
             Layout::Plain => "plain",
             Layout::Bucketed => "bucketed",
             Layout::Blob => "blob",
@@ -94,7 +89,7 @@ impl Layout {
     /// The writer thread's name prefix (at most 15 bytes with its number).
     fn writer(self) -> &'static str {
         match self {
-            Layout::Shipped | Layout::ShippedNull | Layout::ShippedBucketed => "reveal-writer",
+            Layout::Shipped | Layout::ShippedNull => "reveal-writer",
             Layout::Plain => "plain-writer",
             Layout::Bucketed => "bucket-writer",
             Layout::Blob => "blob-writer",
@@ -265,32 +260,7 @@ async fn open(layout: Layout, dir: &std::path::Path) -> Db {
     let store = database.reveals();
     let (mut writer, mut reader) = (None, None);
     let mut writer_tid = None;
-    if matches!(
-        layout,
-        Layout::Shipped | Layout::ShippedNull | Layout::ShippedBucketed
-    ) {
-        if layout == Layout::ShippedBucketed {
-            let conn = SqlitePoolOptions::new()
-                .max_connections(1)
-                .connect_with(SqliteConnectOptions::from_str(&url).unwrap())
-                .await
-                .unwrap();
-            for sql in [
-                "ALTER TABLE reveal_seller_postings ADD COLUMN bucket INTEGER \
-                 GENERATED ALWAYS AS (first_id >> 18) VIRTUAL",
-                "DROP INDEX reveal_seller_postings_user",
-                "CREATE INDEX reveal_seller_postings_user ON reveal_seller_postings \
-                 (bucket, user_id, max_at_us, last_id, min_at_us, first_id)",
-                "ALTER TABLE reveal_viewer_runs ADD COLUMN bucket INTEGER \
-                 GENERATED ALWAYS AS (first_id >> 18) VIRTUAL",
-                "DROP INDEX reveal_viewer_runs_viewer",
-                "CREATE INDEX reveal_viewer_runs_viewer ON reveal_viewer_runs \
-                 (bucket, viewer, max_at_us, last_id, min_at_us, first_id)",
-            ] {
-                query(sql).execute(&conn).await.unwrap();
-            }
-            conn.close().await;
-        }
+    if matches!(layout, Layout::Shipped | Layout::ShippedNull) {
         // One reveal opens the store's writer, so its thread is known.
         let before = store_writers();
         let first = reveal_of((2, 2, 1), 0, 0).unwrap();
@@ -591,12 +561,10 @@ fn quantiles(mut times: Vec<Duration>) -> (Duration, Duration) {
 
 async fn reads(dbs: &[Db], targets: &[(String, RevealsOf)], rounds: usize) {
     for (label, of) in targets {
-        for db in dbs.iter().filter(|db| {
-            !matches!(
-                db.layout,
-                Layout::Blob | Layout::ShippedBucketed | Layout::ShippedNull
-            )
-        }) {
+        for db in dbs
+            .iter()
+            .filter(|db| !matches!(db.layout, Layout::Blob | Layout::ShippedNull))
+        {
             // The first page, then the page after it (the cursor a client sends).
             let first = page(db, of, None).await;
             let cursor = first.get(PAGE as usize - 2).copied();
@@ -724,7 +692,6 @@ fn main() {
         for layout in [
             Layout::Shipped,
             Layout::ShippedNull,
-            Layout::ShippedBucketed,
             Layout::Plain,
             Layout::Bucketed,
             Layout::Blob,

@@ -9,7 +9,9 @@
 //! dialect is a file of its own ([`sqlite`], [`postgres`]). SQLite keeps no index
 //! entry per reveal: its indexes are the viewers' runs ([`viewer_runs`]) and
 //! the sellers' postings ([`seller_postings`]), written by its flush in
-//! multi-row inserts ([`inserts`]).
+//! multi-row inserts ([`inserts`]) and keyed by a bucket of ids first
+//! ([`buckets`]), so that the writer's cost a reveal stays what it is on a
+//! young file as the log ages.
 //!
 //! Each reveal carries its reason ([`Reason`]: why it was of its kind) as the
 //! integer [`Reason::encode`] gives, in a nullable integer column (`reason`,
@@ -21,6 +23,7 @@
 //! does not decode (never written so) reads as no reason, and the first one a
 //! process meets is logged ([`reason_of`]).
 
+mod buckets;
 mod inserts;
 mod postgres;
 mod seller_postings;

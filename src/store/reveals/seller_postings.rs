@@ -10,8 +10,10 @@
 //! ids and a run of ids cannot stand for them; their list can.
 //!
 //! A page is exact and newest first, as with runs: postings are walked by
-//! their newest reveal, descending, and the page is settled once it is full
-//! and its oldest reveal is newer than the next posting's newest. The entries
+//! their newest reveal, descending (bucket by bucket, newest first: their
+//! index is keyed by a bucket of ids first, see [`buckets`](super::buckets)),
+//! and the page is settled once it is full and its oldest reveal is newer
+//! than the next posting's newest. The entries
 //! say which reveals are on the page before any row is read, so a page reads
 //! the index entries of the postings it walks, the entries of those with more
 //! than one reveal, and the rows of at most `limit` entries a posting (more
@@ -31,6 +33,7 @@
 
 use sqlx::SqliteConnection;
 
+use super::buckets;
 use super::inserts::{sqlite_chunks, sqlite_insert};
 use super::{REVEAL_COLUMNS, RevealRow};
 use crate::domain::{Reveal, RevealQuery};
@@ -177,9 +180,13 @@ pub(super) async fn write(
     Ok(())
 }
 
-/// One page of `user_id`'s reveals, newest first (see the module doc). `conn`
+/// One page of `user_id`'s reveals, newest first (see the module doc): the
+/// buckets that hold a posting for it, newest first, each walked as
+/// [`walk_bucket`] does, until the page is settled ([`buckets`]). `conn`
 /// should hold a transaction, so that postings and rows are read from one
 /// commit.
+///
+/// [`buckets`]: super::buckets
 pub(super) async fn read_page(
     conn: &mut SqliteConnection,
     user_id: i64,
@@ -199,19 +206,41 @@ pub(super) async fn read_page(
         id >= low && at >= query.since_us && at < query.until_us && (at, id) < after
     };
     let mut page: Vec<RevealRow> = Vec::new();
+    let to_walk = buckets::to_walk(conn, buckets::Key::Seller(user_id), query, low).await?;
+    for bucket in to_walk {
+        if bucket.settles(page.last().map(|r| r.1), page.len() == limit) {
+            break;
+        }
+        let window = Window {
+            user_id,
+            bucket: bucket.bucket,
+            query,
+            after_at: after.0,
+            low,
+        };
+        walk_bucket(conn, &window, &keep, limit, &mut page).await?;
+    }
+    Ok(page)
+}
+
+/// Adds to `page` the rows of one bucket's postings that belong on it:
+/// postings walked by their newest reveal, descending, until the page is
+/// full and its oldest reveal is newer than the next posting's newest (so
+/// newer than every posting left in the bucket).
+async fn walk_bucket(
+    conn: &mut SqliteConnection,
+    window: &Window<'_>,
+    keep: &impl Fn(&(i64, i64)) -> bool,
+    limit: usize,
+    page: &mut Vec<RevealRow>,
+) -> Result<(), sqlx::Error> {
     // The postings still to walk are those before `from` (newest, last id).
     let mut from = (i64::MAX, i64::MAX);
     let mut take = FIRST_POSTINGS;
-    let window = Window {
-        user_id,
-        query,
-        after_at: after.0,
-        low,
-    };
-    'walk: loop {
-        let postings = postings_before(conn, &window, from, take + 1).await?;
+    loop {
+        let postings = postings_before(conn, window, from, take + 1).await?;
         for (i, posting) in postings.iter().enumerate().take(take) {
-            let rows = rows_listed(conn, user_id, posting, &keep, limit).await?;
+            let rows = rows_listed(conn, window.user_id, posting, keep, limit).await?;
             page.extend(rows);
             page.sort_unstable_by_key(|r: &RevealRow| std::cmp::Reverse((r.1, r.0)));
             // A reveal in two postings (never written so) shows once.
@@ -220,27 +249,27 @@ pub(super) async fn read_page(
             // Settled once full and newer than every posting left, which are
             // no newer than the next one.
             match postings.get(i + 1) {
-                None => break 'walk,
+                None => return Ok(()),
                 Some(next) if page.len() == limit && page[limit - 1].1 > next.max_at_us => {
-                    break 'walk;
+                    return Ok(());
                 }
                 Some(_) => {}
             }
         }
         // `take` postings walked and one more to come.
         let Some(seen) = postings.get(take - 1) else {
-            break;
+            return Ok(());
         };
         from = (seen.max_at_us, seen.last_id);
         take = (take * 2).min(MOST_POSTINGS);
     }
-    Ok(page)
 }
 
-/// What a page asks of the postings: whose, the window and cursor of its
-/// query, and the lowest id left in the log.
+/// What a page asks of the postings: whose, in which bucket, the window and
+/// cursor of its query, and the lowest id left in the log.
 struct Window<'a> {
     user_id: i64,
+    bucket: i64,
     query: &'a RevealQuery,
     /// The cursor's `at_us` (`i64::MAX` without one).
     after_at: i64,
@@ -256,9 +285,9 @@ struct Listed {
     id: i64,
 }
 
-/// Up to `n` postings before `from` (newest, last id), newest first, that can
-/// hold a row of the page: they reach into the window, hold something no
-/// newer than the cursor and are not gone. From the index alone; a posting's
+/// Up to `n` postings of the window's bucket before `from` (newest, last id),
+/// newest first, that can hold a row of the page: they reach into the window,
+/// hold something no newer than the cursor and are not gone. From the index alone; a posting's
 /// entries are read only when the walk reaches it.
 async fn postings_before(
     conn: &mut SqliteConnection,
@@ -268,7 +297,7 @@ async fn postings_before(
 ) -> Result<Vec<Listed>, sqlx::Error> {
     sqlx::query_as(
         "SELECT max_at_us, last_id, first_id, id FROM reveal_seller_postings \
-         WHERE user_id = $1 AND (max_at_us, last_id) < ($2, $3) \
+         WHERE bucket = $9 AND user_id = $1 AND (max_at_us, last_id) < ($2, $3) \
          AND max_at_us >= $4 AND min_at_us < $5 AND min_at_us <= $6 AND last_id >= $7 \
          ORDER BY max_at_us DESC, last_id DESC LIMIT $8",
     )
@@ -280,6 +309,7 @@ async fn postings_before(
     .bind(window.after_at)
     .bind(window.low)
     .bind(i64::try_from(n).unwrap_or(i64::MAX))
+    .bind(window.bucket)
     .fetch_all(&mut *conn)
     .await
 }
@@ -351,7 +381,7 @@ async fn rows_of(
 mod tests {
     use super::*;
     use crate::domain::{RevealsOf, UserId};
-    use crate::store::reveals::tests::{migrated_before, migration, reveal_at as reveal};
+    use crate::store::reveals::tests::{migrate_from, migrated_before, reveal_at as reveal};
 
     #[test]
     fn a_posting_lists_one_sellers_reveals_newest_first() {
@@ -412,9 +442,9 @@ mod tests {
         .execute(&pool)
         .await
         .unwrap();
-        sqlx::raw_sql(&migration(9)).execute(&pool).await.unwrap();
-        // The reasons' column, which the pages read (0010).
-        sqlx::raw_sql(&migration(10)).execute(&pool).await.unwrap();
+        // 0009, then those after it, which the pages read (0010's reasons,
+        // 0011's buckets).
+        migrate_from(&pool, 9).await;
         let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM reveal_seller_postings")
             .fetch_one(&pool)
             .await

@@ -2,23 +2,27 @@
 //! written on the log's own writer connection with ids it assigns, in viewer
 //! order, so that SQLite keeps no index entry per reveal: a viewer's reveals
 //! of a flush are one run of ids ([`viewer_runs`]) and a seller's are one
-//! posting ([`seller_postings`]). Pages are read through those; retention
-//! takes the lowest ids, and the runs and postings whose reveals are gone.
+//! posting ([`seller_postings`]), both keyed by a bucket of ids first
+//! ([`buckets`]). Pages are read through those, bucket by bucket, newest
+//! first; retention takes the lowest ids, and the runs, postings and buckets
+//! whose reveals are gone.
 //!
 //! [`viewer_runs`]: super::viewer_runs
 //! [`seller_postings`]: super::seller_postings
+//! [`buckets`]: super::buckets
 
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::inserts::{sqlite_chunks, sqlite_insert};
 use super::{RevealRow, reason_column};
-use super::{seller_postings, viewer_runs};
+use super::{buckets, seller_postings, viewer_runs};
 use crate::domain::{AdId, Reveal, RevealQuery, RevealsOf, Source, Viewer};
 use crate::store::error::StoreError;
 use crate::store::pool::{SQLITE_BEGIN_WRITE, signed};
 
-/// Writes a batch of reveals, its viewers' runs and sellers' postings, and
-/// adds its per-ad `counts`, in one transaction on `writer`.
+/// Writes a batch of reveals, its viewers' runs and sellers' postings, widens
+/// the span of its buckets, and adds its per-ad `counts`, in one transaction
+/// on `writer`.
 pub(super) async fn write(
     writer: &SqlitePool,
     reveals: &[Reveal],
@@ -27,12 +31,16 @@ pub(super) async fn write(
     // Sorted before the transaction: it takes the file's write lock, which
     // status writes wait for (docs/status-sync.md).
     let ordered = in_viewer_order(reveals);
+    let at = reveals.iter().map(|r| r.at_us);
+    let span = (at.clone().min().unwrap_or(0), at.max().unwrap_or(0));
     let mut tx = writer.begin_with(SQLITE_BEGIN_WRITE).await?;
     let first_id = next_id(&mut tx).await?;
     let by_viewer: Vec<(i64, &Reveal)> = (first_id..).zip(ordered).collect();
     insert_reveals(&mut tx, &by_viewer).await?;
     viewer_runs::write(&mut tx, &viewer_runs::runs_of(&by_viewer)).await?;
     seller_postings::write(&mut tx, &seller_postings::postings_of(&by_viewer)).await?;
+    let last_id = by_viewer.last().map_or(first_id, |&(id, _)| id);
+    buckets::widen(&mut tx, (first_id, last_id), span).await?;
     add_counts(&mut tx, counts).await?;
     tx.commit().await?;
     Ok(())
@@ -163,6 +171,7 @@ pub(super) async fn delete_older_than(
     .rows_affected();
     prune_dead(&mut tx, "reveal_viewer_runs", batch).await?;
     prune_dead(&mut tx, "reveal_seller_postings", batch).await?;
+    buckets::prune(&mut tx).await?;
     tx.commit().await?;
     Ok(deleted)
 }

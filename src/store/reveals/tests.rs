@@ -81,6 +81,17 @@ pub(super) fn migration(version: i64) -> String {
     found.expect("that migration").sql.to_string()
 }
 
+/// Migration `version` and every later one, on a file from
+/// [`migrated_before`]: the schema the store's code reads.
+pub(super) async fn migrate_from(pool: &sqlx::SqlitePool, version: i64) {
+    for migration in sqlx::migrate!("migrations/sqlite")
+        .iter()
+        .filter(|m| m.version >= version)
+    {
+        sqlx::raw_sql(&migration.sql).execute(pool).await.unwrap();
+    }
+}
+
 /// A reveal store on a migrated SQLite file in a fresh directory; the
 /// directory goes when the returned guard is dropped.
 pub(super) async fn scratch() -> (tempfile::TempDir, RevealStore) {
@@ -640,7 +651,8 @@ async fn the_reveals_before_reasons_read_back_without_one() {
     .execute(&pool)
     .await
     .unwrap();
-    sqlx::raw_sql(&migration(10)).execute(&pool).await.unwrap();
+    // 0010 and those after it, which the store's code reads (0011's buckets).
+    migrate_from(&pool, 10).await;
     let store = RevealStore::of(
         Backend::Sqlite(Sqlite {
             pool,
@@ -667,4 +679,159 @@ async fn the_reveals_before_reasons_read_back_without_one() {
     let reasons: Vec<(i64, Option<Reason>)> =
         page.iter().map(|r| (r.id, r.reveal.reason)).collect();
     assert_eq!(reasons, [(2, Some(cache)), (1, None)]);
+}
+
+/// Puts the next flush's first id at `id` (ids follow the largest in the
+/// log): a row of a seller and viewer no page here asks for, in 1970, so
+/// retention takes it with the rest.
+async fn next_id_at(store: &RevealStore, id: i64) {
+    sqlx::query(
+        "INSERT INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind) \
+         VALUES (?1, 1, NULL, 999, 1, 1, 'real')",
+    )
+    .bind(id - 1)
+    .execute(sqlite(store))
+    .await
+    .unwrap();
+}
+
+/// Pages walk the runs and postings bucket by bucket, newest first, and stay
+/// those of a scan of every row: forty flushes over five buckets of ids, one
+/// flush across each bucket's edge, each overlapping the flushes around it
+/// in time, and every other bucket older in time than the one before it
+/// (the clock stepped back across buckets), so a page full in one bucket
+/// is not settled before it has looked into the next. Then retention of the
+/// 150 lowest ids, as in the pages of one bucket.
+#[tokio::test]
+async fn pages_across_buckets_are_those_of_a_scan_of_every_row() {
+    let (_dir, store) = scratch().await;
+    let mut draws = Draws::new(23);
+    let viewers = [Some("a"), Some("b"), Some("c"), None];
+    for flush in 0..40i64 {
+        let bucket = flush / 8;
+        if flush % 8 == 0 && bucket > 0 {
+            // Six ids before the edge: this flush's twelve cross it.
+            next_id_at(&store, (bucket << super::buckets::SHIFT) - 6).await;
+        }
+        let back = if bucket % 2 == 1 { 400 } else { 0 };
+        let batch: Vec<Reveal> = (0..12)
+            .map(|_| {
+                let at = flush * 20 + i64::try_from(draws.below(20)).unwrap() * 10 - 100 - back;
+                let viewer = viewers[usize::try_from(draws.below(4)).unwrap()];
+                reveal_at(1_000_000 + at, 1 + draws.below(3), viewer)
+            })
+            .collect();
+        store.write_reveals(&batch).await.unwrap();
+    }
+    let pool = sqlite(&store);
+    let buckets = |table: &'static str| async move {
+        let sql = format!("SELECT DISTINCT bucket FROM {table} ORDER BY bucket");
+        sqlx::query_as::<_, (i64,)>(&sql)
+            .fetch_all(pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(b,)| b)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(buckets("reveal_seller_postings").await, [0, 1, 2, 3, 4]);
+    assert_eq!(buckets("reveal_buckets").await, [0, 1, 2, 3, 4]);
+    // The virtual column is the shift the flush widens buckets by.
+    let (mismatched,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM reveal_viewer_runs WHERE bucket != first_id >> ?1")
+            .bind(super::buckets::SHIFT)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(mismatched, 0);
+    assert_eq!(
+        store
+            .delete_reveals_older_than(std::time::Duration::ZERO, 150)
+            .await
+            .unwrap(),
+        150
+    );
+    for user in [1u64, 2, 3, 99] {
+        let of = RevealsOf::Seller(UserId::new(user).unwrap());
+        let all = walks_match_scan(&store, &of).await;
+        if user != 99 {
+            assert!(all > 50, "seller {user}: too few to page through");
+        }
+    }
+    for viewer in ["a", "b", "c", "nobody"] {
+        let of = RevealsOf::Viewer(Viewer::parse(viewer.as_bytes()).unwrap());
+        walks_match_scan(&store, &of).await;
+    }
+}
+
+/// Retention takes a bucket's span with the last run and posting of its
+/// bucket, and only then.
+#[tokio::test]
+async fn retention_deletes_the_buckets_of_deleted_runs_and_postings() {
+    let (_dir, store) = scratch().await;
+    for bucket in 0..3 {
+        if bucket > 0 {
+            next_id_at(&store, bucket << super::buckets::SHIFT).await;
+        }
+        let batch: Vec<Reveal> = ["a", "b"]
+            .iter()
+            .map(|v| reveal_at(1_000_000, 1, Some(v)))
+            .collect();
+        store.write_reveals(&batch).await.unwrap();
+    }
+    assert_eq!(rows(&store, "reveal_buckets").await, 3);
+    // Ids 1 and 2 (bucket 0's two) and the row before bucket 1: bucket 0
+    // is empty, bucket 1 is whole.
+    store
+        .delete_reveals_older_than(std::time::Duration::ZERO, 3)
+        .await
+        .unwrap();
+    let left: Vec<(i64,)> = sqlx::query_as("SELECT bucket FROM reveal_buckets ORDER BY bucket")
+        .fetch_all(sqlite(&store))
+        .await
+        .unwrap();
+    assert_eq!(left, [(1,), (2,)]);
+    delete_every_reveal(&store).await;
+    assert_eq!(rows(&store, "reveal_buckets").await, 0);
+}
+
+/// 0011 on a log written before it: its runs and postings get their
+/// buckets and each bucket its span, and pages read as they did.
+#[tokio::test]
+async fn the_runs_and_postings_before_buckets_get_theirs() {
+    let (_dir, pool) = migrated_before(11).await;
+    let edge = 1i64 << 18;
+    sqlx::raw_sql(&format!(
+        "INSERT INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind) VALUES \
+         (1, 100, 'a', 7, 1, 1, 'real'), (2, 90, 'a', 7, 1, 1, 'real'), \
+         ({edge}, 300, 'a', 7, 1, 1, 'real'); \
+         INSERT INTO reveal_viewer_runs (viewer, max_at_us, min_at_us, first_id, last_id) \
+         VALUES ('a', 100, 90, 1, 2), ('a', 300, 300, {edge}, {edge}); \
+         INSERT INTO reveal_seller_postings \
+         (user_id, max_at_us, min_at_us, first_id, last_id, entries) \
+         VALUES (7, 100, 100, 1, 1, NULL), (7, 90, 90, 2, 2, NULL), \
+         (7, 300, 300, {edge}, {edge}, NULL)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    migrate_from(&pool, 11).await;
+    let spans: Vec<(i64, i64, i64)> =
+        sqlx::query_as("SELECT bucket, min_at_us, max_at_us FROM reveal_buckets ORDER BY bucket")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(spans, [(0, 90, 100), (1, 300, 300)]);
+    let store = RevealStore::of(
+        Backend::Sqlite(Sqlite {
+            pool,
+            bounds: Bounds::default(),
+        }),
+        None,
+    );
+    let seller = RevealsOf::Seller(UserId::new(7).unwrap());
+    let viewer = RevealsOf::Viewer(Viewer::parse(b"a").unwrap());
+    for of in [seller, viewer] {
+        assert_eq!(walk(&store, &of, i64::MIN, i64::MAX, 2).await, [edge, 1, 2]);
+    }
 }

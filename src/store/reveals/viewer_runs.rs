@@ -8,14 +8,17 @@
 //! reveal log's SQLite layout").
 //!
 //! A page is still exact and newest first: runs are walked by their newest
-//! reveal, descending, and once the page is full and its oldest reveal is newer
-//! than the next run's newest, no run left can hold one that belongs on it.
+//! reveal, descending (bucket by bucket, newest first: their index is keyed
+//! by a bucket of ids first, see [`buckets`](super::buckets)), and once the
+//! page is full and its oldest reveal is newer than the next run's newest, no
+//! run left can hold one that belongs on it.
 //! The price is on reads: a page reads whole runs (a few rows more than it
 //! answers) and skips the index entries of runs newer than its cursor.
 //! PostgreSQL keeps its viewer index: COPY made it cheap enough there.
 
 use sqlx::SqliteConnection;
 
+use super::buckets;
 use super::inserts::{sqlite_chunks, sqlite_insert};
 use super::{REVEAL_COLUMNS, RevealRow};
 use crate::domain::{Reveal, RevealQuery, Viewer};
@@ -89,16 +92,46 @@ pub(super) async fn write(
     Ok(())
 }
 
-/// One page of `viewer`'s reveals, newest first (see the module doc). `conn`
+/// One page of `viewer`'s reveals, newest first (see the module doc): the
+/// buckets that hold a run of the viewer, newest first, each walked as
+/// [`walk_bucket`] does, until the page is settled ([`buckets`]). `conn`
 /// should hold a transaction, so that runs and rows are read from one commit.
+///
+/// [`buckets`]: super::buckets
 pub(super) async fn read_page(
     conn: &mut SqliteConnection,
     viewer: &str,
     query: &RevealQuery,
 ) -> Result<Vec<RevealRow>, sqlx::Error> {
-    let (after_at, after_id) = query.after.unwrap_or((i64::MAX, i64::MAX));
     let limit = usize::try_from(query.limit).unwrap_or(usize::MAX);
     let mut rows: Vec<RevealRow> = Vec::new();
+    if limit == 0 {
+        return Ok(rows);
+    }
+    // Runs are not checked against the lowest id left: their rows are read
+    // by id range, and those gone are simply not there.
+    let to_walk = buckets::to_walk(conn, buckets::Key::Viewer(viewer), query, i64::MIN).await?;
+    for bucket in to_walk {
+        if bucket.settles(rows.last().map(|r| r.1), rows.len() == limit) {
+            break;
+        }
+        walk_bucket(conn, (viewer, bucket.bucket), query, limit, &mut rows).await?;
+    }
+    Ok(rows)
+}
+
+/// Adds to `rows` those of one bucket's runs of `viewer` that belong on the
+/// page: runs walked by their newest reveal, descending, until the page is
+/// full and its oldest reveal is newer than the next run's newest (so newer
+/// than every run left in the bucket).
+async fn walk_bucket(
+    conn: &mut SqliteConnection,
+    (viewer, bucket): (&str, i64),
+    query: &RevealQuery,
+    limit: usize,
+    rows: &mut Vec<RevealRow>,
+) -> Result<(), sqlx::Error> {
+    let (after_at, after_id) = query.after.unwrap_or((i64::MAX, i64::MAX));
     let rows_of_run = format!(
         "SELECT {REVEAL_COLUMNS} FROM reveals \
          WHERE id >= $1 AND id <= $2 AND viewer = $3 \
@@ -107,15 +140,12 @@ pub(super) async fn read_page(
     // The runs still to walk are those before `from` (newest, last id).
     let mut from = (i64::MAX, i64::MAX);
     let mut take = FIRST_RUNS;
-    if limit == 0 {
-        return Ok(rows);
-    }
     loop {
         // A run can hold a row of the page only if it reaches into the window
         // and holds something no newer than the cursor.
         let runs: Vec<(i64, i64, i64)> = sqlx::query_as(
             "SELECT max_at_us, last_id, first_id FROM reveal_viewer_runs \
-             WHERE viewer = $1 AND (max_at_us, last_id) < ($2, $3) \
+             WHERE bucket = $8 AND viewer = $1 AND (max_at_us, last_id) < ($2, $3) \
              AND max_at_us >= $4 AND min_at_us < $5 AND min_at_us <= $6 \
              ORDER BY max_at_us DESC, last_id DESC LIMIT $7",
         )
@@ -126,6 +156,7 @@ pub(super) async fn read_page(
         .bind(query.until_us)
         .bind(after_at)
         .bind(i64::try_from(take + 1).unwrap_or(i64::MAX))
+        .bind(bucket)
         .fetch_all(&mut *conn)
         .await?;
         let (these, next) = runs.split_at(runs.len().min(take));
@@ -149,16 +180,15 @@ pub(super) async fn read_page(
         let (Some(&(next_newest, ..)), Some(&(seen_newest, seen_last_id, _))) =
             (next.first(), these.last())
         else {
-            break;
+            return Ok(());
         };
-        // Every run left is no newer than the next one.
+        // Every run left in the bucket is no newer than the next one.
         if rows.len() == limit && rows[limit - 1].1 > next_newest {
-            break;
+            return Ok(());
         }
         from = (seen_newest, seen_last_id);
         take = (take * 2).min(MOST_RUNS);
     }
-    Ok(rows)
 }
 
 #[cfg(test)]
