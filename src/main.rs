@@ -77,6 +77,8 @@ fn run_serve(config: Config) -> anyhow::Result<()> {
     // spans still buffered go out then.
     let _export = phones_gateway::telemetry::init_logs_and_traces(&config.log, &config.tracing)?;
     log_mistyped_environment();
+    // Before the runtime and its threads allocate: see runtime::no_huge_pages.
+    phones_gateway::runtime::no_huge_pages();
     phones_gateway::runtime::raise_open_files();
     let served = runtime(config.runtime.worker_threads)?.block_on(serve(config));
     // A start-up mistake (a port taken, a pooler without a session) is
@@ -144,6 +146,7 @@ fn run_demo(config: Config) -> anyhow::Result<()> {
     };
     let _export = phones_gateway::telemetry::init_logs_and_traces(&log, &config.tracing)?;
     log_mistyped_environment();
+    phones_gateway::runtime::no_huge_pages();
     phones_gateway::runtime::raise_open_files();
     runtime(config.runtime.worker_threads)?.block_on(demo(config))
 }

@@ -407,7 +407,9 @@ def memory_of(pid):
     (mimalloc reserves its arenas that large; glibc's arenas are 64 MiB at
     most), `heap` glibc's main heap (brk), `anon` every other anonymous
     mapping (glibc's thread arenas, where SQLite's connection threads
-    allocate, and thread stacks). A heuristic by size, not a ledger."""
+    allocate, and thread stacks). A heuristic by size, not a ledger. `thp`:
+    the part of it in transparent huge pages (AnonHugePages: the gateway
+    turns them off for itself, so 0 unless a build without that runs)."""
     out = {}
     for line in open(f"/proc/{pid}/status"):
         key, _, value = line.partition(":")
@@ -425,6 +427,8 @@ def memory_of(pid):
                     None if path else "mimalloc" if size >= 128 << 20 else "anon")
         elif fields[0] == "Rss:" and kind:
             parts[kind] += int(fields[1]) / 1024
+        elif fields[0] == "AnonHugePages:":
+            parts["thp"] = parts.get("thp", 0.0) + int(fields[1]) / 1024
     out.update(parts)
     return out
 
@@ -469,7 +473,8 @@ def reveals_soak(db, millions, chunk_seconds, hours):
                    if prev else 0.0)
         return (f"{row['reveals'] / 1e6:5.1f}M reveals, t {row['t']:5d} s: RSS {row['VmRSS']:6.1f} MiB "
                 f"(anon {row['RssAnon']:.1f}: mimalloc {row['mimalloc']:.1f}, glibc heap {row['heap']:.1f}, "
-                f"other anon {row['anon']:.1f}; file {row['RssFile']:.1f}; shmem {row['RssShmem']:.1f}); "
+                f"other anon {row['anon']:.1f}; file {row['RssFile']:.1f}; shmem {row['RssShmem']:.1f}; "
+                f"huge pages {row.get('thp', 0.0):.1f}); "
                 f"{per_req:.1f} us/request over the segment; log file {row['disk_bytes'] / max(row['reveals'], 1):.0f} "
                 f"B/reveal; {row.get('backlog', 0):.0f} reveals were waiting, {row['buffered']:.0f} at the sample, "
                 f"{row['dropped']:.0f} dropped; load {row['load']:.1f}")

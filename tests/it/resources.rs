@@ -5,7 +5,9 @@
 //! callers without a token cannot hold the admin listener's connections so
 //! that the probes go unanswered (docs/operations.md, "Connections");
 //! unfinished uploads cannot take the process's memory
-//! (`server.max_body_buffer_bytes`).
+//! (`server.max_body_buffer_bytes`); the process runs without transparent
+//! huge pages, which rounded its allocator's memory up to 2 MiB pages
+//! (`runtime::no_huge_pages`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -513,4 +515,21 @@ async fn unfinished_uploads_cannot_take_the_process_s_memory() {
         Some(0.0),
         "every request's bytes released"
     );
+}
+
+/// The serving process has transparent huge pages off (the kernel's
+/// `THP_enabled` of the process, Linux 5.0 on), whatever the host's setting:
+/// mimalloc asks for them on its arena, and they rounded the process's
+/// memory up in 2 MiB steps as it aged (docs/reveal-log.md, "Memory").
+#[tokio::test]
+async fn the_process_runs_without_transparent_huge_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let process = Process::start(&url).await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", process.child.id())).unwrap();
+    let thp = status
+        .lines()
+        .find_map(|line| line.strip_prefix("THP_enabled:"))
+        .map(str::trim);
+    assert_eq!(thp, Some("0"), "THP_enabled of the serving process");
 }
