@@ -295,23 +295,25 @@ async fn postings_before(
     from: (i64, i64),
     n: usize,
 ) -> Result<Vec<Listed>, sqlx::Error> {
-    sqlx::query_as(
+    let sql = format!(
         "SELECT max_at_us, last_id, first_id, id FROM reveal_seller_postings \
-         WHERE bucket = $9 AND user_id = $1 AND (max_at_us, last_id) < ($2, $3) \
+         WHERE {} = $9 AND user_id = $1 AND (max_at_us, last_id) < ($2, $3) \
          AND max_at_us >= $4 AND min_at_us < $5 AND min_at_us <= $6 AND last_id >= $7 \
          ORDER BY max_at_us DESC, last_id DESC LIMIT $8",
-    )
-    .bind(window.user_id)
-    .bind(from.0)
-    .bind(from.1)
-    .bind(window.query.since_us)
-    .bind(window.query.until_us)
-    .bind(window.after_at)
-    .bind(window.low)
-    .bind(i64::try_from(n).unwrap_or(i64::MAX))
-    .bind(window.bucket)
-    .fetch_all(&mut *conn)
-    .await
+        buckets::OF_FIRST_ID
+    );
+    sqlx::query_as(&sql)
+        .bind(window.user_id)
+        .bind(from.0)
+        .bind(from.1)
+        .bind(window.query.since_us)
+        .bind(window.query.until_us)
+        .bind(window.after_at)
+        .bind(window.low)
+        .bind(i64::try_from(n).unwrap_or(i64::MAX))
+        .bind(window.bucket)
+        .fetch_all(&mut *conn)
+        .await
 }
 
 /// Up to `limit` rows of one posting that `keep` lets on the page, newest

@@ -137,28 +137,30 @@ async fn walk_bucket(
          WHERE id >= $1 AND id <= $2 AND viewer = $3 \
          AND at_us >= $4 AND at_us < $5 AND (at_us, id) < ($6, $7)"
     );
+    // A run can hold a row of the page only if it reaches into the window
+    // and holds something no newer than the cursor.
+    let runs_before = format!(
+        "SELECT max_at_us, last_id, first_id FROM reveal_viewer_runs \
+         WHERE {} = $8 AND viewer = $1 AND (max_at_us, last_id) < ($2, $3) \
+         AND max_at_us >= $4 AND min_at_us < $5 AND min_at_us <= $6 \
+         ORDER BY max_at_us DESC, last_id DESC LIMIT $7",
+        buckets::OF_FIRST_ID
+    );
     // The runs still to walk are those before `from` (newest, last id).
     let mut from = (i64::MAX, i64::MAX);
     let mut take = FIRST_RUNS;
     loop {
-        // A run can hold a row of the page only if it reaches into the window
-        // and holds something no newer than the cursor.
-        let runs: Vec<(i64, i64, i64)> = sqlx::query_as(
-            "SELECT max_at_us, last_id, first_id FROM reveal_viewer_runs \
-             WHERE bucket = $8 AND viewer = $1 AND (max_at_us, last_id) < ($2, $3) \
-             AND max_at_us >= $4 AND min_at_us < $5 AND min_at_us <= $6 \
-             ORDER BY max_at_us DESC, last_id DESC LIMIT $7",
-        )
-        .bind(viewer)
-        .bind(from.0)
-        .bind(from.1)
-        .bind(query.since_us)
-        .bind(query.until_us)
-        .bind(after_at)
-        .bind(i64::try_from(take + 1).unwrap_or(i64::MAX))
-        .bind(bucket)
-        .fetch_all(&mut *conn)
-        .await?;
+        let runs: Vec<(i64, i64, i64)> = sqlx::query_as(&runs_before)
+            .bind(viewer)
+            .bind(from.0)
+            .bind(from.1)
+            .bind(query.since_us)
+            .bind(query.until_us)
+            .bind(after_at)
+            .bind(i64::try_from(take + 1).unwrap_or(i64::MAX))
+            .bind(bucket)
+            .fetch_all(&mut *conn)
+            .await?;
         let (these, next) = runs.split_at(runs.len().min(take));
         for &(_, last_id, first_id) in these {
             let found: Vec<RevealRow> = sqlx::query_as(&rows_of_run)
