@@ -152,7 +152,7 @@ impl StatusStore {
     }
 
     /// Starts a full snapshot: ids are pushed in chunks (duplicates allowed), then
-    /// [`SnapshotLoad::finish`] applies it in the same transaction. Dropping the
+    /// [`PreparedSnapshot::finish`] applies it in the same transaction. Dropping the
     /// load unfinished rolls it back.
     ///
     /// # Errors
