@@ -50,7 +50,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::domain::{AdId, Failure, Phone, UserId};
+use crate::domain::{AdId, Failure, Known, Phone, UserId};
 use crate::upstream::UpstreamError;
 
 pub mod caches;
@@ -58,23 +58,6 @@ pub mod caches;
 /// What an upstream said about a key: a number, or "none" (404); also what a
 /// caller of [`PhoneCache::get_or_fetch`] gets.
 pub type FetchResult = Result<Option<Phone>, UpstreamError>;
-
-/// What a cache knows of a key without asking its upstream: the one enum of
-/// it (an answer fetched is a [`FetchResult`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cached {
-    Phone(Phone),
-    /// The upstream said there is none (a cached 404).
-    NoPhone,
-    /// Nothing usable: only the upstream can tell.
-    Miss,
-}
-
-impl Cached {
-    fn of(phone: Option<Phone>) -> Self {
-        phone.map_or(Cached::NoPhone, Cached::Phone)
-    }
-}
 
 /// What a cache is asked: something of one seller (an ad, or a real number to
 /// map), together with the seller, whose generation guards the entry.
@@ -364,28 +347,28 @@ impl PhoneCache {
     }
 
     /// A fresh answer if there is one, without fetching: the allocation-free fast path.
-    pub fn get_fresh(&self, key: &CacheKey) -> Cached {
+    pub fn get_fresh(&self, key: &CacheKey) -> Known<Phone> {
         self.fresh_entry(key, self.inner.now())
-            .map_or(Cached::Miss, |entry| Cached::of(entry.phone))
+            .map_or(Known::NotKnown, |entry| Known::of(entry.phone))
     }
 
     /// A fresh answer at `now`, a reading of this cache's [`Clock`]; a hit
     /// within the refresh-ahead window of its expiry also starts `refresh` in
     /// the background (see the module doc). The request path's lookup.
-    pub fn get_fresh_refreshing<F, Fut>(&self, key: &CacheKey, now: u32, refresh: F) -> Cached
+    pub fn get_fresh_refreshing<F, Fut>(&self, key: &CacheKey, now: u32, refresh: F) -> Known<Phone>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = FetchResult> + Send + 'static,
     {
         let Some(entry) = self.fresh_entry(key, now) else {
-            return Cached::Miss;
+            return Known::NotKnown;
         };
         if now.saturating_add(self.inner.refresh_window(&entry)) >= entry.fresh_until {
             self.inner.lookups.refresh.increment(1);
             // Detached and registered: the shared result is not awaited here.
             drop(self.join_or_start(*key, entry.generation, refresh));
         }
-        Cached::of(entry.phone)
+        Known::of(entry.phone)
     }
 
     /// The entry of `key` if it is fresh at `now` for the seller's generation.
@@ -409,7 +392,7 @@ impl PhoneCache {
     /// An answer usable when the upstream has failed (stale-if-error): fresh, or
     /// expired less than `max_stale` ago (never an expired "no number" where
     /// `stale_negatives` is off). Counted as `stale_served` when there is one.
-    pub fn get_stale(&self, key: &CacheKey) -> Cached {
+    pub fn get_stale(&self, key: &CacheKey) -> Known<Phone> {
         let inner = &*self.inner;
         let usable = inner
             .entries
@@ -419,9 +402,9 @@ impl PhoneCache {
         match usable {
             Some(entry) => {
                 inner.lookups.stale_served.increment(1);
-                Cached::of(entry.phone)
+                Known::of(entry.phone)
             }
-            None => Cached::Miss,
+            None => Known::NotKnown,
         }
     }
 
@@ -668,9 +651,9 @@ mod tests {
     async fn negative_entries_use_the_negative_ttl() {
         let c = cache(true);
         c.get_or_fetch(key(1, 1), || async { Ok(None) }).await;
-        assert_eq!(c.get_fresh(&key(1, 1)), Cached::NoPhone);
+        assert_eq!(c.get_fresh(&key(1, 1)), Known::No);
         tokio::time::advance(Duration::from_secs(3)).await;
-        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Miss);
+        assert_eq!(c.get_fresh(&key(1, 1)), Known::NotKnown);
     }
 
     #[tokio::test(start_paused = true)]
@@ -750,11 +733,11 @@ mod tests {
         c.insert(key(1, 1), Some(p));
         c.insert(key(2, 2), None);
         tokio::time::advance(Duration::from_secs(30)).await;
-        assert_eq!(c.get_stale(&key(1, 1)), Cached::Phone(p));
+        assert_eq!(c.get_stale(&key(1, 1)), Known::Yes(p));
         // The anonymous rule: an expired "no number" is never served.
-        assert_eq!(c.get_stale(&key(2, 2)), Cached::Miss);
+        assert_eq!(c.get_stale(&key(2, 2)), Known::NotKnown);
         tokio::time::advance(Duration::from_secs(41)).await;
-        assert_eq!(c.get_stale(&key(1, 1)), Cached::Miss);
+        assert_eq!(c.get_stale(&key(1, 1)), Known::NotKnown);
     }
 
     #[tokio::test(start_paused = true)]
@@ -794,7 +777,7 @@ mod tests {
         let new = phone("+79160000000");
         c.insert(key(1, 1), Some(old));
         c.inner.generations.invalidate(user(1));
-        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Miss);
+        assert_eq!(c.get_fresh(&key(1, 1)), Known::NotKnown);
 
         // A fetch under way when the seller is invalidated...
         let slow = {
@@ -822,7 +805,7 @@ mod tests {
         );
         // ...and does not write its older answer back.
         assert_eq!(slow.await.unwrap().answer, Ok(Some(old)));
-        assert_eq!(c.get_fresh(&key(1, 2)), Cached::Phone(new));
+        assert_eq!(c.get_fresh(&key(1, 2)), Known::Yes(new));
     }
 
     /// A fetch for refresh tests: counts its calls, answers `answer` after 50 ms.
@@ -851,21 +834,21 @@ mod tests {
         tokio::time::advance(Duration::from_secs(7)).await;
         let now = c.inner.now();
         let got = c.get_fresh_refreshing(&key(1, 1), now, counted(&calls, Ok(Some(new))));
-        assert_eq!(got, Cached::Phone(old));
+        assert_eq!(got, Known::Yes(old));
         assert_eq!(calls.load(Ordering::SeqCst), 0);
         // Inside it: the old number at once, one refresh for any number of hits.
         tokio::time::advance(Duration::from_secs(2)).await;
         let now = c.inner.now();
         for _ in 0..3 {
             let got = c.get_fresh_refreshing(&key(1, 1), now, counted(&calls, Ok(Some(new))));
-            assert_eq!(got, Cached::Phone(old));
+            assert_eq!(got, Known::Yes(old));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         // The refreshed entry is fresh for a whole TTL from the refresh: past
         // the old expiry the key is still a hit, with the new number.
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Phone(new));
+        assert_eq!(c.get_fresh(&key(1, 1)), Known::Yes(new));
     }
 
     #[tokio::test(start_paused = true)]
@@ -879,15 +862,15 @@ mod tests {
         let failing = counted(&calls, Err(UpstreamError::Status(500)));
         assert_eq!(
             c.get_fresh_refreshing(&key(1, 1), now, failing),
-            Cached::Phone(old)
+            Known::Yes(old)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
-        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Phone(old));
+        assert_eq!(c.get_fresh(&key(1, 1)), Known::Yes(old));
         // It expires when it would have: then it is a miss (and stale-if-error).
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Miss);
-        assert_eq!(c.get_stale(&key(1, 1)), Cached::Phone(old));
+        assert_eq!(c.get_fresh(&key(1, 1)), Known::NotKnown);
+        assert_eq!(c.get_stale(&key(1, 1)), Known::Yes(old));
     }
 
     #[tokio::test(start_paused = true)]
@@ -902,7 +885,7 @@ mod tests {
         c.inner.generations.invalidate(user(1));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
-        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Miss);
+        assert_eq!(c.get_fresh(&key(1, 1)), Known::NotKnown);
     }
 
     #[tokio::test(start_paused = true)]

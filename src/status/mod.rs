@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use listed::Listed;
-pub use set::{StatusSet, Tracking};
+pub use set::StatusSet;
 
 use crate::domain::{Applied, StatusChange, UserId, wall_clock};
 use crate::store::{

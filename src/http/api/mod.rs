@@ -15,7 +15,7 @@
 //! docs/api.md lists no 5xx for bad input); on no route, a 404. A method that is not a
 //! token is a malformed request line: a 400. Each
 //! listener serves its router through a `server::front::Front`
-//! (`server::serve::serve`), which tracks and admits every request and answers
+//! (`server::serve::serve`), which tracks and checks every request and answers
 //! the public lookup itself.
 //!
 //! The route table ([`routes`]) names each route's handlers ([`public`],

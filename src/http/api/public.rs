@@ -32,7 +32,9 @@ pub struct PublicPhone {
 }
 
 impl PublicState {
-    fn admit(&self, viewer: Option<&Viewer>, items: usize) -> Result<(), ApiError> {
+    /// Spends `items` of the viewer's budgets (`budget::check`): a 429 past
+    /// one, checked before any cache or upstream work.
+    fn spend_budget(&self, viewer: Option<&Viewer>, items: usize) -> Result<(), ApiError> {
         self.budgets
             .as_ref()
             .map_or(Ok(()), |b| budget::check(b, viewer, items))
@@ -156,7 +158,7 @@ async fn lookup(
     let answered = async {
         let request = public_phone_query(query)?;
         let viewer = viewer_of(headers)?;
-        state.admit(viewer.as_ref(), 1)?;
+        state.spend_budget(viewer.as_ref(), 1)?;
         let trace = RequestTrace::of(headers);
         let resolved = state.resolver.resolve(&request, Some(&trace)).await?;
         if reveal {
@@ -290,7 +292,7 @@ pub async fn batch(
     // Items are parsed first: one refused for a bad parameter asks for no
     // number and costs nothing of the viewer's budget.
     let requests: Vec<_> = items.iter().map(batch_item).collect();
-    state.admit(
+    state.spend_budget(
         viewer.as_ref(),
         requests.iter().filter(|request| request.is_ok()).count(),
     )?;

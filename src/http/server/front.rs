@@ -1,11 +1,12 @@
 //! What a listener runs for every request, around the router: request tracking
-//! (an id, a span, a duration by route and status) and admission (on the admin
-//! listener the token, checked first for every path but health, readiness and
-//! metrics so that without it nothing, not even a 404 or 405, tells what exists,
-//! then the route's scope, so a token without it gets a 403 before any 404 or
-//! 405 of that route; every such call put on record by `access::record`; the
-//! header limit; and shedding on the public listener). The public lookup, the request a
-//! sale day is made of, is answered here without the router.
+//! (an id, a span, a duration by route and status); on the admin listener the
+//! token ([`Inner::authorize`]), checked first for every path but health,
+//! readiness and metrics so that without it nothing, not even a 404 or 405,
+//! tells what exists, then the route's scope, so a token without it gets a 403
+//! before any 404 or 405 of that route, every such call put on record by
+//! `access::record`; the header limit; and shedding on the public listener
+//! (`shed`). The public lookup, the request a sale day is made of, is answered
+//! here without the router.
 //!
 //! A request's path is matched against the route table once, here
 //! (`api::routes::RouteId`): its duration label and, on the admin listener,
@@ -64,10 +65,10 @@ pub struct Front {
 
 struct Inner {
     /// The listener's router (`api::public_router` or `api::admin_router`):
-    /// every request the front admits and does not answer itself.
+    /// every request the front lets through and does not answer itself.
     router: Router,
-    /// Admission before the router: the header limit on both listeners, and on
-    /// the public one the bound on requests in flight.
+    /// Before the router: the header limit on both listeners, and on the
+    /// public one the bound on requests in flight (shedding).
     shed: Shed,
     /// A path's row of the route table, found once per request: its duration
     /// label, and on the admin listener whether it needs the token.
@@ -144,9 +145,9 @@ impl Front {
 }
 
 impl Inner {
-    /// Admission, then the answer: the lookup directly, anything else by the router.
+    /// The token and its scope (the admin listener), then the answer.
     /// Takes the `Arc` so the future holds nothing twice (it is boxed per request).
-    async fn admit(self: Arc<Self>, mut request: Request, route: RouteId) -> Response {
+    async fn authorize(self: Arc<Self>, mut request: Request, route: RouteId) -> Response {
         // docs/api.md: the token before anything else, whatever the method and whether
         // or not the route exists; then the route's scope, before its 404 or 405.
         if let Some(tokens) = &self.tokens {
@@ -205,7 +206,7 @@ impl Inner {
         }
     }
 
-    /// Admission past the token, then the answer: the lookup directly,
+    /// The header limit and shedding, then the answer: the lookup directly,
     /// anything else by the router.
     async fn answer(&self, request: Request) -> Response {
         if let Err(refused) = self.shed.check_head(&request) {
@@ -286,7 +287,7 @@ impl Front {
         let (request, reservation) = self.inner.counted(request, route);
         let answer = telemetry::with_request_id(
             id.clone(),
-            Inner::admit(self.inner.clone(), request, route),
+            Inner::authorize(self.inner.clone(), request, route),
         )
         .instrument(span);
         Box::pin(async move {
@@ -329,7 +330,7 @@ impl Front {
         let (request, reservation) = self.inner.counted(request, route);
         let answer = telemetry::with_request_id(
             id.clone(),
-            Inner::admit(self.inner.clone(), request, route),
+            Inner::authorize(self.inner.clone(), request, route),
         )
         .instrument(span.clone());
         Box::pin(async move {
