@@ -106,7 +106,7 @@ impl Parts {
             config.server.max_in_flight,
         ));
         let caches = Caches::new(&config.cache);
-        let status = StatusService::with_caches(database.status(), Arc::new(caches.clone()));
+        let status = StatusService::with_caches(database.status(), caches.clone());
         let resolver = Arc::new(Resolver::new(
             config,
             upstreams.clone(),

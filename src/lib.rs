@@ -37,13 +37,14 @@
 //!   admission, which sheds uncached requests while ready work waits too long
 //!   for a worker.
 //! - [`cache`]: the number caches, one per upstream: TTLs, coalescing,
-//!   stale-if-error, refresh ahead, invalidation by seller in O(1); and the three
-//!   of a replica together.
+//!   stale-if-error, refresh ahead, invalidation by seller in O(1) (which
+//!   [`status`] calls); and the three of a replica together.
 //! - [`upstream`]: typed calls to the three upstreams (and the status feed) over
 //!   a keep-alive pool of our own per upstream, with a breaker and bounds on
 //!   calls in flight, per upstream and per seller.
 //! - [`status`]: the in-memory call-tracking status set, its write path, the
-//!   replica sync loop and the status-feed puller.
+//!   replica sync loop and the status-feed puller; and cache invalidation by
+//!   seller, which travels the same change log (it imports [`cache`]).
 //! - [`reveals`]: the reveal log: a lock-free buffer on the request path, the
 //!   batch flush with per-ad counts, retention.
 //! - [`budget`]: the viewers' budgets, the fleet's: a ledger per viewer that

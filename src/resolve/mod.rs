@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::cache::caches::Caches;
 use crate::cache::{CacheKey, FetchResult, Lookup, PhoneCache, Via};
 use crate::config::Config;
-use crate::domain::{Known, OnError, Origin, Phone, Reason, Source, Sources, UserId};
+use crate::domain::{Known, OnError, Origin, Phone, Reason, Source, Sources};
 use crate::status::StatusSet;
 use crate::telemetry::trace::{Incoming, RequestTrace};
 use crate::upstream::{Call, Class, Upstreams};
@@ -67,20 +67,6 @@ pub enum ResolveError {
     /// Needs an upstream call while the workers are saturated (`admission`).
     #[error("shed: the workers are saturated and the answer is not cached")]
     Overloaded,
-}
-
-impl crate::status::SellerCaches for Caches {
-    fn drop_seller(&self, user: UserId) {
-        self.invalidate(user);
-    }
-
-    fn drop_calltracking(&self, user: UserId) {
-        self.invalidate_calltracking(user);
-    }
-
-    fn longest_use(&self) -> std::time::Duration {
-        Caches::longest_use(self)
-    }
 }
 
 type LookupFuture<'a> = Pin<Box<dyn Future<Output = Lookup> + Send + 'a>>;
@@ -645,7 +631,7 @@ async fn poll_some(slot: &mut Option<LookupFuture<'_>>) -> Lookup {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::domain::{AdId, CategoryId, Failure};
+    use crate::domain::{AdId, CategoryId, Failure, UserId};
     use crate::upstream::UpstreamError;
     use std::time::Duration;
 
