@@ -31,20 +31,15 @@ use axum::body::Body;
 use axum::http::Request;
 use criterion::{Criterion, criterion_group, criterion_main};
 use hyper::service::Service as _;
+use phones_gateway::app::Parts;
 use phones_gateway::cache::CacheKey;
-use phones_gateway::cache::caches::Caches;
 use phones_gateway::config::Config;
 use phones_gateway::domain::Phone;
 use phones_gateway::domain::Source;
 use phones_gateway::domain::StatusItem;
 use phones_gateway::domain::{AdId, CategoryId, UserId};
-use phones_gateway::http::api::public_router;
-use phones_gateway::http::api::state::PublicState;
 use phones_gateway::http::server::front::Front;
-use phones_gateway::http::server::shed::Shed;
 use phones_gateway::resolve::{Request as Lookup, Resolver};
-use phones_gateway::status::StatusSet;
-use phones_gateway::upstream::Upstreams;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tower::ServiceExt;
 
@@ -126,14 +121,13 @@ fn tracing_setup() -> String {
 fn fixture() -> Fixture {
     // As the app: the Prometheus recorder first, so metrics cost what they do live.
     let _ = phones_gateway::telemetry::metrics_handle();
-    let config = Config::from_toml(&tracing_setup()).unwrap();
-    let upstreams = Arc::new(Upstreams::new(
-        &config.upstreams,
-        config.breaker,
-        config.server.max_in_flight,
-    ));
-    let caches = Caches::new(&config.cache);
-    let status = Arc::new(StatusSet::default());
+    // No reveal log (its buffer would grow without its flush); budgets no
+    // viewer of the bench reaches (no exchange runs here).
+    let overlay = "[reveals]\nenabled = false\n[rate_limit]\nper_viewer_per_minute = 65535\n\
+                   per_viewer_per_day = 65535\n";
+    let config = Config::from_toml(&format!("{overlay}{}", tracing_setup())).unwrap();
+    let parts = Parts::build(&config);
+    let (caches, status) = (&parts.caches, &parts.status);
     // Loaded: until it is, call tracking is unknown and nothing below it shows.
     status.mark_loaded();
     status.apply_changes(&[StatusItem {
@@ -154,30 +148,13 @@ fn fixture() -> Fixture {
         CacheKey::real_phone(user, real),
         Phone::parse("+74951234567").ok(),
     );
-    let resolver = Arc::new(Resolver::new(&config, upstreams, caches, status));
-    let front = |budgets| {
-        let state = PublicState {
-            resolver: resolver.clone(),
-            budgets,
-            reveals: None,
-            server: config.server,
-        };
-        Front::public(
-            public_router(state.clone()),
-            state,
-            Shed::new(4096, 16384),
-            &config.tracing,
-        )
-    };
-    let router = front(None);
-    // Budgets no viewer of the bench reaches (no exchange runs here).
-    let budgeted = front(phones_gateway::budget::Budgets::new(
-        &phones_gateway::config::BudgetsConfig {
-            per_viewer_per_minute: 65_535,
-            per_viewer_per_day: 65_535,
-            exchange_interval: Duration::from_millis(250),
-        },
-    ));
+    let resolver = parts.resolver.clone();
+    let budgeted = parts.public_front(&config, None);
+    let router = Parts {
+        budgets: None,
+        ..parts
+    }
+    .public_front(&config, None);
     let hello = axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));
     let request = Lookup {
         user,

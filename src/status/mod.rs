@@ -77,9 +77,10 @@ impl StatusService {
         StatusService::build(store, Arc::default(), None)
     }
 
-    /// A service that makes `caches` forget what the change log says to.
-    pub fn with_caches(store: StatusStore, caches: Caches) -> Self {
-        StatusService::build(store, Arc::default(), Some(caches))
+    /// A service that writes `set` (the one the resolver reads) and makes
+    /// `caches` forget what the change log says to.
+    pub fn with_caches(store: StatusStore, set: Arc<StatusSet>, caches: Caches) -> Self {
+        StatusService::build(store, set, Some(caches))
     }
 
     fn build(store: StatusStore, set: Arc<StatusSet>, caches: Option<Caches>) -> Self {

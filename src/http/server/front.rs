@@ -40,6 +40,7 @@ use tracing::Instrument;
 use super::bodies::Reservation;
 use super::shed::Shed;
 use crate::config::TracingConfig;
+use crate::http::api;
 use crate::http::api::access::{self, AdminTokens, Caller};
 use crate::http::api::durations;
 use crate::http::api::error::ApiError;
@@ -47,7 +48,7 @@ use crate::http::api::public;
 use crate::http::api::routes::{
     PUBLIC_PHONE as PUBLIC_PHONE_PATH, RouteId, STATUSES as SNAPSHOT_PATH,
 };
-use crate::http::api::state::PublicState;
+use crate::http::api::state::{AdminState, PublicState};
 use crate::telemetry;
 
 /// Wall time, not tokio's clock (clippy.toml): a request's duration is what its
@@ -88,16 +89,17 @@ struct Inner {
 }
 
 impl Front {
-    /// The public listener: shedding, and the lookup answered directly. With
+    /// The public listener: shedding, the lookup answered directly, the rest
+    /// by `api::public_router` over `state`. With
     /// `tracing.otlp_endpoint` set the span of each sampled request is
     /// exported, sampled at `tracing.sample_ratio` unless the caller's
     /// `traceparent` decides. Given here, not by a setter: the front is shared
     /// (cloned per connection) as soon as it is built.
-    pub fn public(router: Router, state: PublicState, shed: Shed, tracing: &TracingConfig) -> Self {
+    pub fn public(state: PublicState, shed: Shed, tracing: &TracingConfig) -> Self {
         // Read once here: the hit path asks one `Option`.
         let export_ratio = tracing.exports().then_some(tracing.sample_ratio);
         Front::new(
-            router,
+            api::public_router(state.clone()),
             shed,
             RouteId::public,
             Some(state),
@@ -107,11 +109,13 @@ impl Front {
         )
     }
 
-    /// The admin listener: the tokens on `/admin/` paths, the header limit and
-    /// the body buffer (`shed`, built with `Shed::unlimited`), never shed.
-    pub fn admin(router: Router, shed: Shed, tokens: Arc<AdminTokens>) -> Self {
+    /// The admin listener: the tokens of `state` on `/admin/` paths, the
+    /// header limit and the body buffer (`shed`, built with `Shed::unlimited`),
+    /// never shed; the routes by `api::admin_router` over `state`.
+    pub fn admin(state: AdminState, shed: Shed) -> Self {
+        let tokens = state.tokens.clone();
         Front::new(
-            router,
+            api::admin_router(state),
             shed,
             RouteId::admin,
             None,
