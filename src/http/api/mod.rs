@@ -46,8 +46,9 @@ use axum::extract::DefaultBodyLimit;
 
 use state::{AdminState, PublicState};
 
-/// The public routes ([`routes::PUBLIC`]). Request tracking and shedding wrap it in `server::front::Front`,
-/// which also answers `GET /v1/public-phone` without it.
+/// The public routes ([`routes::PUBLIC`]) but the lookup, which
+/// `server::front::Front` answers before this router (with request tracking
+/// and shedding around both).
 pub fn public_router(state: PublicState) -> Router {
     let max_body = state.server.max_body_bytes;
     router_of(routes::PUBLIC, state, max_body)
@@ -72,8 +73,9 @@ fn router_of<S: Clone + Send + Sync + 'static>(
 ) -> Router {
     table
         .iter()
-        .fold(Router::new(), |router, route| {
-            router.route(route.path, (route.handlers)())
+        .filter_map(|route| Some((route.path, route.handlers?)))
+        .fold(Router::new(), |router, (path, handlers)| {
+            router.route(path, handlers())
         })
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .fallback(error::route_not_found)

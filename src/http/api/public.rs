@@ -1,7 +1,7 @@
 //! The public API (docs/api.md): one number, or a batch of up to 100.
 
 use axum::body::Body;
-use axum::extract::{Request as HttpRequest, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
@@ -87,6 +87,12 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("X-Viewer-Id: {e}")))
 }
 
+/// `GET` and `HEAD /v1/public-phone`, answered by the public listener's
+/// front (`server::front`) before the router, which has no entry for it:
+/// the one way in. Any other method is a 405 naming these two, as the router
+/// answers a method a route lacks.
+///
+/// HEAD answers as GET does but shows no number, so it is not a reveal.
 #[utoipa::path(
     get,
     path = routes::PUBLIC_PHONE,
@@ -107,31 +113,21 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
         (status = 503, description = "Cannot decide safely, or shedding load", body = Problem),
     )
 )]
-pub async fn public_phone(State(state): State<PublicState>, request: HttpRequest) -> Response {
-    let (method, headers, query) = (request.method(), request.headers(), request.uri().query());
-    // The router sends this handler GET and HEAD only (the route's methods).
-    public_phone_by(&state, method, headers, query)
-        .await
-        .unwrap_or_else(|| ApiError::MethodNotAllowed.into_response())
-}
-
-/// `GET` and `HEAD /v1/public-phone`, the one door both ways in go through: the
-/// router's handler above and the hit path in `server::front`, which calls it
-/// without the router. `None` for any other method (the router's 405 then).
-///
-/// HEAD answers as GET does but shows no number, so it is not a reveal.
-pub async fn public_phone_by(
+pub async fn public_phone(
     state: &PublicState,
     method: &Method,
     headers: &HeaderMap,
     query: Option<&str>,
-) -> Option<Response> {
+) -> Response {
     if method == Method::GET {
-        Some(lookup(state, headers, query, true).await)
+        lookup(state, headers, query, true).await
     } else if method == Method::HEAD {
-        Some(headless(lookup(state, headers, query, false).await))
+        headless(lookup(state, headers, query, false).await)
     } else {
-        None
+        let mut response = ApiError::MethodNotAllowed.into_response();
+        let allow = HeaderValue::from_static("GET,HEAD");
+        response.headers_mut().insert(header::ALLOW, allow);
+        response
     }
 }
 
@@ -147,7 +143,7 @@ fn headless(mut response: Response) -> Response {
     response
 }
 
-/// The lookup behind [`public_phone_by`]. A 200 is recorded as a reveal when
+/// The lookup behind [`public_phone`]. A 200 is recorded as a reveal when
 /// `reveal` is set.
 async fn lookup(
     state: &PublicState,

@@ -74,7 +74,8 @@ struct Inner {
     /// A path's row of the route table, found once per request: its duration
     /// label, and on the admin listener whether it needs the token.
     route_of: fn(&str) -> RouteId,
-    /// Set on the public listener: `GET /v1/public-phone` is answered directly.
+    /// Set on the public listener: `/v1/public-phone` is answered directly,
+    /// every method (the router has no entry for it).
     lookup: Option<PublicState>,
     /// Set on the admin listener: the bearer tokens, one of which every
     /// `/admin/` path needs (with the route's scope).
@@ -96,54 +97,36 @@ impl Front {
     /// `traceparent` decides. Given here, not by a setter: the front is shared
     /// (cloned per connection) as soon as it is built.
     pub fn public(state: PublicState, shed: Shed, tracing: &TracingConfig) -> Self {
-        // Read once here: the hit path asks one `Option`.
-        let export_ratio = tracing.exports().then_some(tracing.sample_ratio);
-        Front::new(
-            api::public_router(state.clone()),
+        let inner = Inner {
+            router: api::public_router(state.clone()),
             shed,
-            RouteId::public,
-            Some(state),
-            None,
-            export_ratio,
-            None,
-        )
+            route_of: RouteId::public,
+            lookup: Some(state),
+            tokens: None,
+            // Read once here: the hit path asks one `Option`.
+            export_ratio: tracing.exports().then_some(tracing.sample_ratio),
+            snapshot: None,
+        };
+        Front {
+            inner: Arc::new(inner),
+        }
     }
 
     /// The admin listener: the tokens of `state` on `/admin/` paths, the
     /// header limit and the body buffer (`shed`, built with `Shed::unlimited`),
     /// never shed; the routes by `api::admin_router` over `state`.
     pub fn admin(state: AdminState, shed: Shed) -> Self {
-        let tokens = state.tokens.clone();
-        Front::new(
-            api::admin_router(state),
+        let inner = Inner {
+            tokens: Some(state.tokens.clone()),
+            router: api::admin_router(state),
             shed,
-            RouteId::admin,
-            None,
-            Some(tokens),
-            None,
-            Some(RouteId::admin(SNAPSHOT_PATH)),
-        )
-    }
-
-    fn new(
-        router: Router,
-        shed: Shed,
-        route_of: fn(&str) -> RouteId,
-        lookup: Option<PublicState>,
-        tokens: Option<Arc<AdminTokens>>,
-        export_ratio: Option<f64>,
-        snapshot: Option<RouteId>,
-    ) -> Self {
+            route_of: RouteId::admin,
+            lookup: None,
+            export_ratio: None,
+            snapshot: Some(RouteId::admin(SNAPSHOT_PATH)),
+        };
         Front {
-            inner: Arc::new(Inner {
-                router,
-                shed,
-                route_of,
-                lookup,
-                tokens,
-                export_ratio,
-                snapshot,
-            }),
+            inner: Arc::new(inner),
         }
     }
 }
@@ -222,16 +205,12 @@ impl Inner {
         };
         if let Some(state) = &self.lookup {
             if request.uri().path() == PUBLIC_PHONE_PATH {
-                // The handler's own function, GET and HEAD (HEAD here rather than
-                // through the router: axum would set a Content-Length from the GET
-                // body, whose length tells the kind); other methods go on to the
-                // router's 405.
+                // Every method here: the router has no entry for the lookup.
+                // (Were HEAD served by axum, it would set a Content-Length
+                // from the GET body, whose length tells the kind.)
                 let (method, headers, query) =
                     (request.method(), request.headers(), request.uri().query());
-                if let Some(response) = public::public_phone_by(state, method, headers, query).await
-                {
-                    return response;
-                }
+                return public::public_phone(state, method, headers, query).await;
             }
         }
         // Boxed: the router's future would otherwise make every request's boxed
