@@ -12,7 +12,7 @@
 //!   `traceparent` read from a request's headers by `telemetry::trace`, against
 //!   `opentelemetry_sdk`'s `TraceContextPropagator` extracting a `Context`;
 //! - `batch/own` against `batch/value`: a 100-item batch body parsed by the
-//!   batch visitors of `http::api::extract` (100 items kept, the rest counted),
+//!   batch visitors of `http::api::batch_items` (100 items kept, the rest counted),
 //!   against serde's own `Vec<serde_json::Value>` read whole and counted after.
 //!
 //! `cargo bench --bench parts` prints the figures; under `cargo test` each body
@@ -28,8 +28,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
+use phones_gateway::http::api::batch_items::BatchItems;
 use phones_gateway::http::api::durations;
-use phones_gateway::http::api::extract::BatchItems;
 use phones_gateway::http::api::routes::{PUBLIC_PHONE, RouteId};
 use phones_gateway::telemetry::trace::context::parse_traceparent;
 use serde::Deserialize;

@@ -1,8 +1,9 @@
 //! The number caches: one [`PhoneCache`] per upstream, here, and
 //! [`Caches`](caches::Caches), the three of a replica built from `[cache]`
 //! with their [`Generations`] tables for invalidation by seller, in
-//! [`caches`]: what one cache does is this file, how a replica sizes, names
-//! and invalidates its three is that one.
+//! [`caches`]: what one cache does is this file (its fetches shared in
+//! `flight`, its entries stamped from `generations`), how a replica sizes,
+//! names and invalidates its three is that one.
 //!
 //! What a cache does, beyond bounded storage:
 //! - **TTL per entry**, positive and negative (a 404 is cached as "no number").
@@ -18,19 +19,20 @@
 //!   more often than once per `refresh_ahead` therefore never misses. A failed
 //!   refresh is retried by the next hit in the window (the breaker keeps that
 //!   cheap while the upstream is down).
-//! - **Coalescing**: concurrent misses for one key share one fetch. The fetch runs in
-//!   its own task, so a caller that gives up (its request was cancelled or decided
-//!   early) neither cancels it nor makes the next caller start another; it ends by
-//!   itself within the upstream timeout. Polling the fetch on the caller's own
+//! - **Coalescing** (`flight`): concurrent misses for one key share one fetch.
+//!   The fetch runs in its own task, so a caller that gives up (its request was
+//!   cancelled or decided early) neither cancels it nor makes the next caller
+//!   start another; it ends by itself within the upstream timeout. Polling the fetch on the caller's own
 //!   task instead (handed to a task only when the caller left) was measured and
 //!   dropped: a miss cost more, as each of the fetch's wake-ups then polls the
 //!   whole request rather than the fetch alone (docs/performance.md,
 //!   "Coalescing on the caller's task").
-//! - **Invalidation by seller in O(1)**: every entry carries the generation of its
-//!   seller's slot at the moment its fetch started; bumping the slot makes every
-//!   entry of that seller invisible at once, and a fetch that started before the
-//!   bump writes an answer nobody will ever read. Slots are hashed (65,536 of them),
-//!   so an invalidation may also expire a few unrelated sellers: a harmless refetch.
+//! - **Invalidation by seller in O(1)** (`generations`): every entry carries the
+//!   generation of its seller's slot at the moment its fetch started; bumping
+//!   the slot makes every entry of that seller invisible at once, and a fetch
+//!   that started before the bump writes an answer nobody will ever read. Slots
+//!   are hashed (65,536 of them), so an invalidation may also expire a few
+//!   unrelated sellers: a harmless refetch.
 //!
 //! Storage is `quick_cache` (S3-FIFO, one flat table per shard) rather than moka:
 //! we keep expired entries on purpose (stale-if-error) and coalesce in detached
@@ -43,17 +45,20 @@
 
 use foldhash::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::domain::{AdId, Failure, Known, Phone, UserId};
 use crate::upstream::UpstreamError;
 
 pub mod caches;
+mod flight;
+mod generations;
+
+use flight::Flight;
+pub use generations::Generations;
 
 /// What an upstream said about a key: a number, or "none" (404); also what a
 /// caller of [`PhoneCache::get_or_fetch`] gets.
@@ -123,50 +128,6 @@ pub struct Ttls {
     pub stale_negatives: bool,
 }
 
-/// Per-seller generation counters, hashed into a fixed table (bounded memory,
-/// lock-free reads: one relaxed atomic load per lookup).
-pub struct Generations {
-    slots: Box<[AtomicU32]>,
-    /// 64 minus the table's bits: the hash's top bits index it.
-    shift: u32,
-}
-
-const GENERATION_SLOTS_BITS: u32 = 16;
-
-impl Default for Generations {
-    fn default() -> Self {
-        Generations::with_slots(GENERATION_SLOTS_BITS)
-    }
-}
-
-impl Generations {
-    /// A table of `2^bits` slots (at most `2^24`): more slots, fewer unrelated
-    /// sellers expired with each one invalidated, 4 bytes a slot.
-    pub fn with_slots(bits: u32) -> Self {
-        let bits = bits.clamp(1, 24);
-        Generations {
-            slots: (0..1usize << bits).map(|_| AtomicU32::new(0)).collect(),
-            shift: 64 - bits,
-        }
-    }
-
-    fn slot(&self, user: UserId) -> &AtomicU32 {
-        // Fibonacci hashing: the top bits of the product spread sequential ids.
-        let index = (user.get().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize;
-        &self.slots[index % self.slots.len()]
-    }
-
-    pub fn current(&self, user: UserId) -> u32 {
-        self.slot(user).load(Ordering::Acquire)
-    }
-
-    /// Makes every cached entry of `user` invisible and stops in-flight fetches
-    /// started before now from being read back.
-    pub fn invalidate(&self, user: UserId) {
-        self.slot(user).fetch_add(1, Ordering::AcqRel);
-    }
-}
-
 /// One cached answer: 16 bytes (checked below).
 #[derive(Clone, Copy)]
 struct Entry {
@@ -207,47 +168,6 @@ impl Clock {
 impl Default for Clock {
     fn default() -> Self {
         Clock::new()
-    }
-}
-
-/// One fetch under way: its result once it has ended, and the callers waiting
-/// for it. Two allocations per fetch (this and the task) where futures'
-/// `Shared` over the task's `JoinHandle` took four and a wake-up more: measured
-/// on the cold path (`harness.py --cold`).
-struct Flight {
-    result: OnceLock<FetchResult>,
-    ended: Notify,
-}
-
-impl Flight {
-    fn new() -> Arc<Self> {
-        Arc::new(Flight {
-            result: OnceLock::new(),
-            ended: Notify::new(),
-        })
-    }
-
-    /// The fetch's result, once it has ended, however it ended (see
-    /// [`Registered`]): every caller of the key gets the same.
-    async fn result(&self) -> FetchResult {
-        loop {
-            let ended = self.ended.notified();
-            let mut ended = std::pin::pin!(ended);
-            // Registered before the result is looked at, so an end between the
-            // two still wakes this caller.
-            ended.as_mut().enable();
-            if let Some(result) = self.result.get() {
-                return result.clone();
-            }
-            ended.await;
-        }
-    }
-
-    /// Ends the fetch with `result`, unless it has ended already.
-    fn end(&self, result: FetchResult) {
-        // The first result stands: the answer, before the guard's fallback.
-        let _ = self.result.set(result);
-        self.ended.notify_waiters();
     }
 }
 
@@ -461,69 +381,10 @@ impl PhoneCache {
         }
     }
 
-    fn join_or_start<F, Fut>(&self, key: CacheKey, generation: u32, fetch: F) -> (Arc<Flight>, Via)
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = FetchResult> + Send + 'static,
-    {
-        let mut inflight = self.inner.lock_inflight();
-        if let Some(flight) = inflight.get(&(key, generation)) {
-            return (flight.clone(), Via::Coalesced);
-        }
-        let upstream_call = fetch();
-        let flight = Flight::new();
-        let registered = Registered {
-            inner: Arc::clone(&self.inner),
-            key: (key, generation),
-            flight: flight.clone(),
-        };
-        // The task takes the inflight lock to remove itself, and we hold it until
-        // the entry is inserted below, so it can never remove before we insert.
-        // The fetch logs under the span of the request that started it.
-        // Detached: its callers wait on the flight, not on the task.
-        drop(tokio::spawn(tracing::Instrument::in_current_span(
-            async move {
-                let result = upstream_call.await;
-                if let Ok(phone) = &result {
-                    registered.inner.store(key, generation, *phone);
-                }
-                registered.flight.end(result);
-                drop(registered);
-            },
-        )));
-        inflight.insert((key, generation), flight.clone());
-        (flight, Via::Miss)
-    }
-
     /// Stores an answer as if just fetched (warming, benches, tests).
     pub fn insert(&self, key: CacheKey, phone: Option<Phone>) {
         let generation = self.inner.generations.current(key.user);
         self.inner.store(key, generation, phone);
-    }
-}
-
-/// A fetch's place in the in-flight registry, given up however the fetch ends:
-/// answered, or its task panicked or was dropped. Otherwise every later request
-/// for the key would join the dead fetch and fail until the key's seller was
-/// invalidated. A fetch that ends without an answer ends its callers'
-/// wait with [`UpstreamError::Panicked`] (dropped while unwinding) or
-/// [`UpstreamError::Cancelled`] (its task dropped): both undecided, since the
-/// upstream said nothing (docs/rules.md), and neither reaches a breaker.
-struct Registered {
-    inner: Arc<Inner>,
-    key: (CacheKey, u32),
-    flight: Arc<Flight>,
-}
-
-impl Drop for Registered {
-    fn drop(&mut self) {
-        self.inner.lock_inflight().remove(&self.key);
-        let error = if std::thread::panicking() {
-            UpstreamError::Panicked
-        } else {
-            UpstreamError::Cancelled
-        };
-        self.flight.end(Err(error));
     }
 }
 
@@ -565,12 +426,6 @@ impl Inner {
         let stale_tenths = u32::try_from(self.ttls.max_stale.as_millis() / 100).unwrap_or(u32::MAX);
         self.now() < entry.fresh_until.saturating_add(stale_tenths)
     }
-
-    fn lock_inflight(&self) -> std::sync::MutexGuard<'_, HashMap<(CacheKey, u32), Arc<Flight>>> {
-        // The map stays consistent even if a holder panicked: every operation on it
-        // is a single insert, get or remove.
-        self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 /// A duration in deciseconds, saturating.
@@ -583,7 +438,7 @@ mod tests {
     use super::*;
     use futures_util::FutureExt;
     use futures_util::future::BoxFuture;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn user(id: u64) -> UserId {
         UserId::new(id).unwrap()

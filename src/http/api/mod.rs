@@ -22,12 +22,14 @@
 //! [`admin`], [`reveals`], [`profile`], [`openapi`]); the handlers name their
 //! path's constant there, and the OpenAPI documents and the duration
 //! histogram ([`durations`]) are read from its rows. Beside them: the admin
-//! tokens and their record ([`access`]), the extractors ([`extract`]), the
+//! tokens and their record ([`access`]), the extractors ([`extract`]) and the
+//! batch body's items ([`batch_items`]), the
 //! problem documents ([`error`]), the listeners' states ([`state`]) and the
 //! request limits ([`limits`]).
 
 pub mod access;
 pub mod admin;
+pub mod batch_items;
 pub mod budget;
 pub mod durations;
 pub mod error;

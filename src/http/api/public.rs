@@ -8,9 +8,10 @@ use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::batch_items::{BatchItem, BatchItems, batch_item};
 use super::budget::{self, VIEWER_HEADER};
 use super::error::{ApiError, Problem};
-use super::extract::{BatchItem, BatchItems, Json, batch_item, public_phone_query};
+use super::extract::{Json, public_phone_query};
 use super::limits::MAX_BATCH_ITEMS;
 use super::routes;
 use super::state::PublicState;
