@@ -88,12 +88,12 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("X-Viewer-Id: {e}")))
 }
 
-/// `GET` and `HEAD /v1/public-phone`, answered by the public listener's
-/// front (`server::front`) before the router, which has no entry for it:
-/// the one way in. Any other method is a 405 naming these two, as the router
-/// answers a method a route lacks.
-///
-/// HEAD answers as GET does but shows no number, so it is not a reveal.
+// `GET` and `HEAD /v1/public-phone`, answered by the public listener's front
+// (`server::front`) before the router, which has no entry for it: the one way
+// in. Any other method is a 405 naming these two, as the router answers a
+// method a route lacks. HEAD answers as GET does but shows no number, so it
+// is not a reveal. (Not a doc comment: utoipa would make it the operation's
+// summary in the public document.)
 #[utoipa::path(
     get,
     path = routes::PUBLIC_PHONE,
