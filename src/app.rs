@@ -4,20 +4,17 @@
 //! Listeners are bound in `build` so a test can ask for port 0 and read the
 //! address before the app runs, exactly as `main` starts it.
 //!
-//! Each part is built from its own section in one way: its constructor (or its
-//! background task's `run`) takes that section's struct (`&XConfig`, or an
-//! owned copy for a task, which outlives `build`), plus handles to other parts;
-//! a part that holds its section whole (the budgets, the reveal buffer) hands
-//! it on to its own task.
-//! So a key that one part reads is added in its section's file and in that
-//! part, never here. Where a part needs a value of another section, that value
-//! is passed as an argument of its own, and the call says why. The resolver
-//! alone reads several sections (`[selection]`, the upstreams' policies and
-//! timeouts, `[server]`'s deadline and queue delay, `[tracing]`), so it takes
-//! the whole `Config` and picks its keys itself. The listeners' own keys
-//! (`[server]`) are read where they are used: `serve` (the head deadline and
-//! bounds), the routers' states (the request limits) and, here, the shedding,
-//! the connection cap and the shutdown timings.
+//! The parts that answer requests ([`Parts`]: the upstream clients, the
+//! caches, the status set, the resolver, the budgets and the reveal buffer)
+//! are built by [`Parts::build`], which the whole-app tests and the benches
+//! call too. Each part's constructor (or its background task's `run`) takes
+//! its own section (`&XConfig`, or an owned copy for a task, which outlives
+//! `build`), plus handles to other parts; a value of another section is
+//! passed as an argument of its own, and the call says why. The resolver
+//! alone reads several sections, so it takes the whole `Config`. Read here
+//! directly: the database's sync interval and the feed's lease (handed to the
+//! sync loop and to the lease), the connection cap, the body buffer, the
+//! shedding and the shutdown timings (`[server]`).
 
 use std::future::Future;
 use std::net::SocketAddr;
