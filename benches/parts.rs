@@ -11,6 +11,8 @@
 //! - `traceparent/own` against `traceparent/propagator`: a caller's
 //!   `traceparent` read from a request's headers by `telemetry::trace`, against
 //!   `opentelemetry_sdk`'s `TraceContextPropagator` extracting a `Context`;
+//!   and, printed first, the `tracestate` the propagator would forward for a
+//!   few a caller may send (docs/tracing.md: forwarded as received);
 //! - `batch/own` against `batch/value`: a 100-item batch body parsed by the
 //!   batch visitors of `http::api::batch_items` (100 items kept, the rest counted),
 //!   against serde's own `Vec<serde_json::Value>` read whole and counted after.
@@ -98,6 +100,18 @@ fn traceparent(c: &mut Criterion) {
         });
     });
     let propagator = opentelemetry_sdk::propagation::TraceContextPropagator::new();
+    for sent in [
+        "vendor=opaque",
+        "vendor=opaque,Bad Entry",
+        "a=1 , b=2",
+        "a=1,,b=2",
+    ] {
+        let mut with = headers.clone();
+        with.insert("tracestate", HeaderValue::from_static(sent));
+        let context = propagator.extract(&Headers(&with));
+        let kept = context.span().span_context().trace_state().header();
+        println!("tracestate/propagator {sent:?} -> {kept:?}");
+    }
     c.bench_function("traceparent/propagator", |b| {
         b.iter(|| {
             let context = propagator.extract(&Headers(black_box(&headers)));
