@@ -1,7 +1,5 @@
-//! Coalescing: concurrent misses for one key share one fetch ([`Flight`]),
-//! run in a task of its own and registered by key and generation until it
-//! ends ([`Registered`]), so a caller that gives up neither cancels it nor
-//! makes the next caller start another.
+//! Coalescing (the cache's module doc): one fetch per key and generation
+//! ([`Flight`]), registered until it ends however it ends ([`Registered`]).
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock, PoisonError};

@@ -476,30 +476,12 @@ mod tests {
         let got = c
             .get_or_fetch(key(1, 1), || async move { Ok(Some(p)) })
             .await;
-        assert_eq!(
-            got,
-            Lookup {
-                answer: Ok(Some(p)),
-                via: Via::Miss
-            }
-        );
+        assert_eq!((got.answer, got.via), (Ok(Some(p)), Via::Miss));
         let got = c.get_or_fetch(key(1, 1), || async { Ok(None) }).await;
-        assert_eq!(
-            got,
-            Lookup {
-                answer: Ok(Some(p)),
-                via: Via::Hit
-            }
-        );
+        assert_eq!((got.answer, got.via), (Ok(Some(p)), Via::Hit));
         tokio::time::advance(Duration::from_secs(11)).await;
         let got = c.get_or_fetch(key(1, 1), || async { Ok(None) }).await;
-        assert_eq!(
-            got,
-            Lookup {
-                answer: Ok(None),
-                via: Via::Miss
-            }
-        );
+        assert_eq!((got.answer, got.via), (Ok(None), Via::Miss));
     }
 
     #[tokio::test(start_paused = true)]
@@ -521,11 +503,8 @@ mod tests {
             .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Timeout) })
             .await;
         assert_eq!(
-            got,
-            Lookup {
-                answer: Ok(Some(p)),
-                via: Via::Stale(Failure::Timeout)
-            }
+            (got.answer, got.via),
+            (Ok(Some(p)), Via::Stale(Failure::Timeout))
         );
         tokio::time::advance(Duration::from_secs(41)).await;
         let got = c
@@ -550,11 +529,8 @@ mod tests {
             .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Status(500)) })
             .await;
         assert_eq!(
-            got,
-            Lookup {
-                answer: Ok(None),
-                via: Via::Stale(Failure::ErrorStatus)
-            }
+            (got.answer, got.via),
+            (Ok(None), Via::Stale(Failure::ErrorStatus))
         );
     }
 
@@ -572,13 +548,7 @@ mod tests {
         let got = c
             .get_or_fetch(key(1, 1), || async move { Ok(Some(p)) })
             .await;
-        assert_eq!(
-            got,
-            Lookup {
-                answer: Ok(Some(p)),
-                via: Via::Miss
-            }
-        );
+        assert_eq!((got.answer, got.via), (Ok(Some(p)), Via::Miss));
     }
 
     #[tokio::test(start_paused = true)]
@@ -615,13 +585,7 @@ mod tests {
         .await;
         assert!(first.is_err());
         let second = c.get_or_fetch(key(7, 7), fetch(calls.clone())).await;
-        assert_eq!(
-            second,
-            Lookup {
-                answer: Ok(Some(p)),
-                via: Via::Coalesced
-            }
-        );
+        assert_eq!((second.answer, second.via), (Ok(Some(p)), Via::Coalesced));
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
@@ -651,13 +615,7 @@ mod tests {
         let fresh = c
             .get_or_fetch(key(1, 2), || async move { Ok(Some(new)) })
             .await;
-        assert_eq!(
-            fresh,
-            Lookup {
-                answer: Ok(Some(new)),
-                via: Via::Miss
-            }
-        );
+        assert_eq!((fresh.answer, fresh.via), (Ok(Some(new)), Via::Miss));
         // ...and does not write its older answer back.
         assert_eq!(slow.await.unwrap().answer, Ok(Some(old)));
         assert_eq!(c.get_fresh(&key(1, 2)), Known::Yes(new));

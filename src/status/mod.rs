@@ -2,11 +2,11 @@
 //! and catch-up ([`StatusService`]), and the background loops that keep replicas
 //! converged ([`sync`]) and pull the status feed ([`feed`]).
 //!
-//! Cache invalidation by seller is here too, since it travels the same change
-//! log: [`StatusService::invalidate`] drops a seller's numbers from this
-//! replica's caches and records the invalidation, and every replica's
-//! catch-up drops them from its own; a status whose call tracking flipped
-//! drops the seller's call-tracking numbers the same way.
+//! Cache invalidation by seller: [`StatusService::invalidate`] drops a
+//! seller's numbers from this replica's caches and records the invalidation
+//! in the change log; each replica's catch-up drops them from its own caches
+//! as it reads the log, and a status whose call tracking flipped drops the
+//! seller's call-tracking numbers.
 
 pub mod feed;
 mod listed;
@@ -188,6 +188,7 @@ impl StatusService {
         page_bound: Option<Duration>,
     ) -> Result<usize, StatusStoreError> {
         let seen = watermark.0;
+        let caches = self.inner.caches.as_ref();
         let mut total = 0;
         loop {
             let page = self.inner.store.changes_after(*watermark, CHANGES_PAGE);
@@ -208,15 +209,16 @@ impl StatusService {
                             self.inner.set.put_floor(status.version);
                         }
                         Change::Status { status, flip_seq } => {
-                            if let (Ok(user), true) = (user, flip_seq > seen) {
-                                self.inner.drop_calltracking(user);
+                            let flipped = flip_seq > seen;
+                            if let (Some(caches), Ok(user), true) = (caches, user, flipped) {
+                                caches.invalidate_calltracking(user);
                             }
                             self.inner.set.put(row.user_id, status);
                             total += 1;
                         }
                         Change::Invalidated => {
-                            if let Ok(user) = user {
-                                self.inner.drop_seller(user);
+                            if let (Some(caches), Ok(user)) = (caches, user) {
+                                caches.invalidate(user);
                             }
                         }
                     }
@@ -243,12 +245,13 @@ impl StatusService {
     /// The store could not record it: this replica's entries are dropped all
     /// the same, the others' are not; the caller should retry.
     pub async fn invalidate(&self, users: &[UserId]) -> Result<(), StatusStoreError> {
-        for user in users {
-            self.inner.drop_seller(*user);
+        let caches = self.inner.caches.as_ref();
+        if let Some(caches) = caches {
+            users.iter().for_each(|user| caches.invalidate(*user));
         }
         // The longest an entry fetched now may still be served (TTL plus
         // `max_stale`): an invalidation older than that can drop nothing.
-        let longest_use = (self.inner.caches.as_ref()).map_or(Duration::ZERO, Caches::longest_use);
+        let longest_use = caches.map_or(Duration::ZERO, Caches::longest_use);
         let deadline = self.short_deadline();
         {
             let _writer = self.writer_until(deadline).await?;
@@ -394,12 +397,13 @@ impl StatusService {
                 return Ok(());
             }
         };
+        let caches = self.inner.caches.as_ref();
         let set = self
             .inner
             .set
             .apply_snapshot(&listed, version, |user| {
-                if let Ok(user) = UserId::new(user) {
-                    self.inner.drop_calltracking(user);
+                if let (Some(caches), Ok(user)) = (caches, UserId::new(user)) {
+                    caches.invalidate_calltracking(user);
                 }
             })
             .await;
@@ -440,22 +444,6 @@ impl StatusService {
                 ?bound,
                 "catch-up after a write did not finish in time; the sync loop will retry"
             ),
-        }
-    }
-}
-
-impl Inner {
-    /// Drops every cached number of `user` here (an invalidation).
-    fn drop_seller(&self, user: UserId) {
-        if let Some(caches) = &self.caches {
-            caches.invalidate(user);
-        }
-    }
-
-    /// Drops `user`'s cached call-tracking numbers here (call tracking flipped).
-    fn drop_calltracking(&self, user: UserId) {
-        if let Some(caches) = &self.caches {
-            caches.invalidate_calltracking(user);
         }
     }
 }

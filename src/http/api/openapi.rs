@@ -237,23 +237,13 @@ mod tests {
     /// either document resolves to one of its components.
     #[test]
     fn every_schema_an_operation_names_is_in_its_document() {
-        fn refs<'a>(value: &'a serde_json::Value, found: &mut Vec<&'a str>) {
-            match value {
-                serde_json::Value::Object(map) => {
-                    found.extend(map.get("$ref").and_then(|r| r.as_str()));
-                    map.values().for_each(|v| refs(v, found));
-                }
-                serde_json::Value::Array(items) => items.iter().for_each(|v| refs(v, found)),
-                _ => {}
-            }
-        }
         for api in [public_api(), admin_api()] {
             let json = serde_json::to_value(&api).unwrap();
-            let mut found = Vec::new();
-            refs(&json, &mut found);
-            assert!(found.len() > 5, "{found:?}");
-            for name in found {
-                let name = name.trim_start_matches("#/components/schemas/");
+            let text = json.to_string();
+            let named = text.split("\"#/components/schemas/").skip(1);
+            let names: Vec<_> = named.filter_map(|rest| rest.split('"').next()).collect();
+            assert!(names.len() > 5, "{names:?}");
+            for name in names {
                 assert!(json["components"]["schemas"][name].is_object(), "{name}");
             }
         }

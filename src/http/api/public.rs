@@ -194,9 +194,7 @@ impl PublicPhone {
         out.push(b'}');
         out
     }
-}
 
-impl PublicPhone {
     fn of(request: &Request, resolved: &Resolved) -> Self {
         PublicPhone {
             phone: resolved.phone,
