@@ -427,6 +427,60 @@ async fn a_replica_holds_its_pool_one_connection_for_notifications_and_one_while
     );
 }
 
+/// A pool kept busy past its acquire timeout (3 s): its only connection held
+/// by a webhook waiting for the writers' lock (an advisory lock, key
+/// "ctstatus", src/store/status/postgres.rs) another session holds for 3.6 s.
+/// The sync loop's catch-up, waiting for a connection meanwhile, fails with
+/// its cause said ("every pooled connection stayed busy") without opening one
+/// more: the replica never holds more connections than its pool (with
+/// `listen = false`, no listener either). Then the webhook goes on.
+#[tokio::test]
+async fn a_busy_pool_is_explained_without_one_more_connection() {
+    let db = pg::or_skip!(pg::database().await);
+    let (proxy, through) = crate::support::proxy::Proxy::in_front_of(&db.url).await;
+    let app = TestApp::spawn_on(
+        Some(&through),
+        "[database]\nmax_connections = 1\nlisten = false\nlock_timeout_ms = 5000\n",
+    )
+    .await;
+    assert_eq!(app.set_status(7, true, 1).await, 200);
+    // Start-up's connections (the migrations' own, closed) left out.
+    eventually(
+        "start-up's connections closed",
+        Duration::from_secs(10),
+        || {
+            let one = proxy.open() <= 1;
+            async move { one }
+        },
+    )
+    .await;
+    proxy.reset_most();
+    let mut locker = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(x'6374737461747573'::bigint)")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    let blocked = app.send_status(7, false, 2);
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(3600)).await;
+        sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    };
+    let (blocked, ()) = tokio::join!(blocked, release);
+    assert_eq!(blocked.status, 200, "{blocked:?}");
+    assert!(
+        captured_logs().contains("every pooled connection stayed busy"),
+        "the pool timeout was not explained"
+    );
+    assert_eq!(
+        proxy.most_open(),
+        1,
+        "a replica with a pool of one held more connections at once"
+    );
+}
+
 #[tokio::test]
 async fn webhook_applies_newer_versions_in_order_and_ignores_the_rest() {
     let app = TestApp::spawn().await;
