@@ -1,6 +1,12 @@
 //! The call-tracking status set: in-memory reads ([`StatusSet`]), the write path
 //! and catch-up ([`StatusService`]), and the background loops that keep replicas
 //! converged ([`sync`]) and pull the status feed ([`feed`]).
+//!
+//! Cache invalidation by seller: [`StatusService::invalidate`] drops a
+//! seller's numbers from this replica's caches and records the invalidation
+//! in the change log; each replica's catch-up drops them from its own caches
+//! as it reads the log, and a status whose call tracking flipped drops the
+//! seller's call-tracking numbers.
 
 pub mod feed;
 mod listed;
@@ -12,38 +18,14 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use listed::Listed;
-pub use set::{StatusSet, Tracking};
+pub use set::StatusSet;
 
+use crate::cache::caches::Caches;
 use crate::domain::{Applied, StatusChange, UserId, wall_clock};
 use crate::store::{
     CHANGES_PAGE, Change, FLOOR_USER, Fence, SnapshotLoad, StatusStore, StatusStoreError,
     StoreError, Watermark,
 };
-
-/// What the number caches must forget when the change log says so. The status
-/// service reads the change log; the caches are another module (`cache`, which
-/// `status` does not import), so `app` hands them in as this.
-pub trait SellerCaches: Send + Sync {
-    /// Every cached number of the seller (an invalidation).
-    fn drop_seller(&self, user: UserId);
-    /// The seller's cached call-tracking numbers: call tracking was turned on or
-    /// off, and a forwarding number released meanwhile may be another seller's now.
-    fn drop_calltracking(&self, user: UserId);
-    /// The longest an entry fetched now may still be served (TTL plus
-    /// `max_stale`): an invalidation older than that can drop nothing.
-    fn longest_use(&self) -> Duration;
-}
-
-/// No caches to tell (tools and benches that have none).
-struct NoCaches;
-
-impl SellerCaches for NoCaches {
-    fn drop_seller(&self, _: UserId) {}
-    fn drop_calltracking(&self, _: UserId) {}
-    fn longest_use(&self) -> Duration {
-        Duration::ZERO
-    }
-}
 
 /// Rows applied between two yields of a catch-up: a snapshot that changes
 /// 100,000 sellers does not hold a worker thread for the whole page.
@@ -70,7 +52,12 @@ struct Inner {
     set: Arc<StatusSet>,
     /// The status store and its change log: this service's alone.
     store: StatusStore,
-    caches: Arc<dyn SellerCaches>,
+    /// The replica's number caches, which forget what the change log says to
+    /// (an invalidation: every number of the seller; a flip of call tracking:
+    /// the seller's call-tracking numbers, since a forwarding number released
+    /// meanwhile may be another seller's now); `None` in tools and benches
+    /// that have none.
+    caches: Option<Caches>,
     /// One local writer at a time: SQLite has one writer anyway, and PostgreSQL
     /// writers queue on the advisory lock; queueing here spares a connection.
     writer: tokio::sync::Mutex<()>,
@@ -87,14 +74,19 @@ struct Inner {
 impl StatusService {
     /// A service with no caches to tell of invalidations and flips.
     pub fn new(store: StatusStore) -> Self {
-        StatusService::with_caches(store, Arc::new(NoCaches))
+        StatusService::build(store, Arc::default(), None)
     }
 
-    /// A service that makes `caches` forget what the change log says to.
-    pub fn with_caches(store: StatusStore, caches: Arc<dyn SellerCaches>) -> Self {
+    /// A service that writes `set` (the one the resolver reads) and makes
+    /// `caches` forget what the change log says to.
+    pub fn with_caches(store: StatusStore, set: Arc<StatusSet>, caches: Caches) -> Self {
+        StatusService::build(store, set, Some(caches))
+    }
+
+    fn build(store: StatusStore, set: Arc<StatusSet>, caches: Option<Caches>) -> Self {
         StatusService {
             inner: Arc::new(Inner {
-                set: Arc::new(StatusSet::default()),
+                set,
                 store,
                 caches,
                 writer: tokio::sync::Mutex::new(()),
@@ -196,7 +188,7 @@ impl StatusService {
         page_bound: Option<Duration>,
     ) -> Result<usize, StatusStoreError> {
         let seen = watermark.0;
-        let caches = &self.inner.caches;
+        let caches = self.inner.caches.as_ref();
         let mut total = 0;
         loop {
             let page = self.inner.store.changes_after(*watermark, CHANGES_PAGE);
@@ -217,15 +209,16 @@ impl StatusService {
                             self.inner.set.put_floor(status.version);
                         }
                         Change::Status { status, flip_seq } => {
-                            if let (Ok(user), true) = (user, flip_seq > seen) {
-                                caches.drop_calltracking(user);
+                            let flipped = flip_seq > seen;
+                            if let (Some(caches), Ok(user), true) = (caches, user, flipped) {
+                                caches.invalidate_calltracking(user);
                             }
                             self.inner.set.put(row.user_id, status);
                             total += 1;
                         }
                         Change::Invalidated => {
-                            if let Ok(user) = user {
-                                caches.drop_seller(user);
+                            if let (Some(caches), Ok(user)) = (caches, user) {
+                                caches.invalidate(user);
                             }
                         }
                     }
@@ -252,15 +245,19 @@ impl StatusService {
     /// The store could not record it: this replica's entries are dropped all
     /// the same, the others' are not; the caller should retry.
     pub async fn invalidate(&self, users: &[UserId]) -> Result<(), StatusStoreError> {
-        for user in users {
-            self.inner.caches.drop_seller(*user);
+        let caches = self.inner.caches.as_ref();
+        if let Some(caches) = caches {
+            users.iter().for_each(|user| caches.invalidate(*user));
         }
+        // The longest an entry fetched now may still be served (TTL plus
+        // `max_stale`): an invalidation older than that can drop nothing.
+        let longest_use = caches.map_or(Duration::ZERO, Caches::longest_use);
         let deadline = self.short_deadline();
         {
             let _writer = self.writer_until(deadline).await?;
             self.inner
                 .store
-                .record_invalidations(users, self.inner.caches.longest_use(), deadline)
+                .record_invalidations(users, longest_use, deadline)
                 .await?;
         }
         self.catch_up_after_write().await;
@@ -400,13 +397,13 @@ impl StatusService {
                 return Ok(());
             }
         };
-        let caches = &self.inner.caches;
+        let caches = self.inner.caches.as_ref();
         let set = self
             .inner
             .set
             .apply_snapshot(&listed, version, |user| {
-                if let Ok(user) = UserId::new(user) {
-                    caches.drop_calltracking(user);
+                if let (Some(caches), Ok(user)) = (caches, UserId::new(user)) {
+                    caches.invalidate_calltracking(user);
                 }
             })
             .await;
