@@ -190,7 +190,7 @@ impl StatusService {
         let seen = watermark.0;
         let caches = self.inner.caches.as_ref();
         let mut total = 0;
-        loop {
+        'pages: loop {
             let page = self.inner.store.changes_after(*watermark, CHANGES_PAGE);
             let rows = match page_bound {
                 None => page.await?,
@@ -203,6 +203,37 @@ impl StatusService {
             };
             for chunk in rows.chunks(ROWS_PER_YIELD) {
                 for row in chunk {
+                    if let Change::Status { status, .. } = row.change
+                        && row.user_id == FLOOR_USER
+                        && row.seq > watermark.0
+                    {
+                        // The first row of a snapshot's change (the floor is
+                        // user 0): applied from its listing if it left one.
+                        // One that cannot be read is read as rows.
+                        let bound = page_bound.unwrap_or(Duration::MAX);
+                        let listing = self.inner.store.snapshot_listing(row.seq);
+                        let listing = match tokio::time::timeout(bound, listing).await {
+                            Ok(Ok(listing)) => listing,
+                            Ok(Err(error)) => {
+                                tracing::warn!(%error, "a snapshot's listing cannot be read; reading its rows");
+                                None
+                            }
+                            Err(_) => {
+                                tracing::warn!(
+                                    ?bound,
+                                    "a snapshot's listing was not read in time; reading its rows"
+                                );
+                                None
+                            }
+                        };
+                        if let Some(set) = self.apply_listing(listing, status.version).await {
+                            total += set;
+                            *watermark = (row.seq, i64::MAX);
+                            metrics::gauge!("phones_gateway_status_last_change_seq")
+                                .set(row.seq as f64);
+                            continue 'pages;
+                        }
+                    }
                     let user = UserId::new(row.user_id);
                     match row.change {
                         Change::Status { status, .. } if row.user_id == FLOOR_USER => {
@@ -234,6 +265,39 @@ impl StatusService {
         metrics::gauge!("phones_gateway_status_last_change_seq").set(watermark.0 as f64);
         self.inner.last_sync_ms.store(unix_ms(), Ordering::Release);
         Ok(total)
+    }
+
+    /// Applies a snapshot another replica stored, at `version`, from the
+    /// `listing` it left, to memory caught up to the change before it (a
+    /// catch-up reaches the snapshot's rows in change order), by the store's
+    /// own rule, as the replica that took it applied it; how many users it
+    /// set. `None` when there is no listing, or one that does not decode or
+    /// is of another version: the caller reads the rows.
+    ///
+    /// A row the snapshot stamped and a later change moved on is set to the
+    /// snapshot's state here, a state it had, and then to its own by the
+    /// rows after the snapshot's, which the catch-up reads next.
+    async fn apply_listing(&self, listing: Option<(u64, Vec<u8>)>, version: u64) -> Option<usize> {
+        let (stored_version, bytes) = listing?;
+        if stored_version != version {
+            return None;
+        }
+        let decoded = tokio::task::spawn_blocking(move || Listed::decode(&bytes)).await;
+        let Ok(Some(listed)) = decoded else {
+            tracing::warn!("a snapshot's listing does not decode; reading its rows");
+            return None;
+        };
+        let caches = &self.inner.caches;
+        Some(
+            self.inner
+                .set
+                .apply_snapshot(&listed, version, |user| {
+                    if let Ok(user) = UserId::new(user) {
+                        caches.drop_calltracking(user);
+                    }
+                })
+                .await,
+        )
     }
 
     /// Drops every cached number of `users` here at once, then records the
@@ -365,8 +429,14 @@ impl StatusService {
     ) -> Result<(), StatusStoreError> {
         // Built on the blocking pool while the store indexes the ids (a
         // bitmap: milliseconds at 10,000,000 ids; a hash set, for sparse
-        // ids, a second or so).
-        let listing = tokio::task::spawn_blocking(move || Listed::new(enabled));
+        // ids, a second or so), with its encoding where the store keeps one
+        // for the other replicas.
+        let encode = self.inner.store.keeps_listings();
+        let listing = tokio::task::spawn_blocking(move || {
+            let listed = Listed::new(enabled);
+            let encoded = encode.then(|| listed.encode());
+            (listed, encoded)
+        });
         let _writer = self.writer().await?;
         let prepared = load.prepare(version).await?;
         let (deadline, bound) = (prepared.deadline(), prepared.bound());
@@ -378,14 +448,15 @@ impl StatusService {
         tokio::time::timeout_at(deadline, self.catch_up_locked(&mut watermark, None))
             .await
             .map_err(|_| timed_out("catching up before a snapshot"))??;
-        let listed = listing.await;
+        let listing = listing.await;
+        let encoded = listing.as_ref().ok().and_then(|(_, e)| e.as_deref());
         let seq = prepared.seq();
-        if !prepared.finish().await? {
+        if !prepared.finish(encoded).await? {
             // It changed no row: memory, caught up, holds the stored state.
             return Ok(());
         }
-        let listed = match listed {
-            Ok(listed) => listed,
+        let listed = match listing {
+            Ok((listed, _)) => listed,
             Err(error) => {
                 // Only a panic (a bug) or a runtime shutting down: memory reads
                 // the snapshot back through the change log, as another
