@@ -287,13 +287,13 @@ impl StatusService {
             tracing::warn!("a snapshot's listing does not decode; reading its rows");
             return None;
         };
-        let caches = &self.inner.caches;
+        let caches = self.inner.caches.as_ref();
         Some(
             self.inner
                 .set
                 .apply_snapshot(&listed, version, |user| {
-                    if let Ok(user) = UserId::new(user) {
-                        caches.drop_calltracking(user);
+                    if let (Some(caches), Ok(user)) = (caches, UserId::new(user)) {
+                        caches.invalidate_calltracking(user);
                     }
                 })
                 .await,
