@@ -11,7 +11,7 @@
 //! a fetch outlives the request that started it (the cache runs it in its own
 //! task, to its timeout), so clients that send and reset at once would otherwise
 //! drive the upstream's concurrency at the raw request rate, past anything
-//! `server.max_in_flight` admits. They are bounded per seller too
+//! `server.max_in_flight` lets in. They are bounded per seller too
 //! (`upstreams.<name>.max_in_flight_per_seller`, see `limit`), so that one
 //! caller flooding one seller cannot take every place. A call over either bound
 //! is not made: it fails at once as [`UpstreamError::Saturated`] or
@@ -511,9 +511,13 @@ impl Upstreams {
                 // what the upstream does, and `traceparent` names it (docs/tracing.md).
                 let span = upstream_span(endpoint.name.as_str());
                 let phase = Phase::default();
-                let hot = endpoint.send_rate.sent(tokio::time::Instant::now());
+                // One clock reading for the send rate and the call's timer.
+                let now = tokio::time::Instant::now();
+                let hot = endpoint.send_rate.sent(now);
                 let sent = endpoint.get(url, call.request_id, call.trace, span.clone(), &phase);
-                let result = self.timed(endpoint, sent.instrument(span), &phase).await;
+                let result = self
+                    .timed(endpoint, sent.instrument(span), &phase, now)
+                    .await;
                 let result = match result {
                     Err(error) if error.health_failure() => {
                         endpoint.send_rate.trouble(tokio::time::Instant::now());
@@ -569,16 +573,18 @@ impl Upstreams {
     /// call that lost more than half of it again (or more than the tolerance,
     /// if that is more: the gateway paused again) is undecided; one that lost
     /// less had its timeout of the gateway's attention, within what a busy
-    /// machine's scheduling takes, and its timeout is the upstream's.
+    /// machine's scheduling takes, and its timeout is the upstream's. `sent`
+    /// is when the call began.
     async fn timed<T>(
         &self,
         endpoint: &Endpoint,
         call: impl Future<Output = Result<Option<T>, UpstreamError>>,
         phase: &Phase,
+        sent: tokio::time::Instant,
     ) -> Result<Option<T>, UpstreamError> {
         let lost = &*self.lost;
         let mut mark = lost.mark();
-        let mut due = tokio::time::Instant::now() + endpoint.timeout;
+        let mut due = sent + endpoint.timeout;
         // The time given back, once given.
         let mut extension: Option<Duration> = None;
         let timer = tokio::time::sleep_until(due);
