@@ -33,7 +33,8 @@ alone.
 With GO_SEED_BIN set to a build of the Go design this project replaces
 (../shared/go-seed: `go build -o target/go-seed .` there), the hit and cold
 paths measure it too, in the same rounds, on ports of its own; nothing else
-needs it. CARGO_TARGET_DIR, when set, is where the release build is looked for.
+needs it. CARGO_TARGET_DIR, when set, is where the release build is looked for;
+HARNESS_PORT_OFFSET, when set, is added to every port (a run beside another's).
 
 Beside wrk and oha, two load tools of the project's own (examples/): bare_client,
 the cold path's limit (the gateway's upstream call with nothing around it), and
@@ -58,10 +59,14 @@ OPENLOAD = os.path.join(RELEASE, "examples", "openload")
 # the caller; nothing here needs it). When set, it is measured in the same
 # rounds as the gateway on the hit and cold paths, on ports of its own.
 GO_SEED = os.environ.get("GO_SEED_BIN")
-GO_PORT, GO_ADMIN = 19501, 19502
-SIM, GW, ADMIN, HELLO_PORT = 19300, 19301, 19302, 19400
+# HARNESS_PORT_OFFSET: added to every port below, so that a run can go on beside
+# another checkout's (both then share the cores: their CPU figures are not
+# comparable, a memory figure sampled once the log has caught up is).
+PORT_OFFSET = int(os.environ.get("HARNESS_PORT_OFFSET") or 0)
+GO_PORT, GO_ADMIN = 19501 + PORT_OFFSET, 19502 + PORT_OFFSET
+SIM, GW, ADMIN, HELLO_PORT = (p + PORT_OFFSET for p in (19300, 19301, 19302, 19400))
 # A second gateway, the reveal log off, beside the default one in the hit-path rounds.
-GW_OFF, ADMIN_OFF = 19311, 19312
+GW_OFF, ADMIN_OFF = 19311 + PORT_OFFSET, 19312 + PORT_OFFSET
 # Every hit-path request a reveal with a viewer id, as a backend in front sends them.
 VIEWER_SCRIPT = "viewer.lua"
 VIEWER_HEADER = "X-Viewer-Id: viewer-1"
