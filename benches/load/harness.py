@@ -28,7 +28,8 @@ alone.
     benches/load/harness.py --hit-path [--rounds 5]   (the hit-path section alone)
     benches/load/harness.py --cold | --refresh-ahead | --cold-replica   (one scenario, printed)
     benches/load/harness.py --reveals-cost [--postgres]   (the log's cost alone, printed)
-    benches/load/harness.py --reveals-soak 20   (the process's memory as the reveal log ages, printed)
+    benches/load/harness.py --reveals-soak 20   (the process's memory as the reveal log ages, printed;
+                                                 the gateway with the image's environment too)
 
 With GO_SEED_BIN set to a build of the Go design this project replaces
 (../shared/go-seed: `go build -o target/go-seed .` there), the hit and cold
@@ -439,6 +440,18 @@ def memory_of(pid):
     return out
 
 
+def image_env():
+    """The variables the image sets for the process (the Dockerfile's `ENV`
+    lines: mimalloc's purge delay), but for those the caller's environment
+    sets: the soak measures the gateway as the image runs it."""
+    env = {}
+    for line in open(os.path.join(ROOT, "Dockerfile")):
+        m = re.match(r"ENV\s+(\w+)=(\S+)\s*$", line)
+        if m and m.group(1) not in os.environ:
+            env[m.group(1)] = m.group(2)
+    return env
+
+
 def reveals_soak(db, millions, chunk_seconds, hours):
     """The gateway's memory as its reveal log ages: the default configuration
     (the reveal log on SQLite), the recorded stream looped (stream_hits.lua,
@@ -452,12 +465,13 @@ def reveals_soak(db, millions, chunk_seconds, hours):
     and how many reveals were waiting in memory before it caught up (wrk
     saturates the gateway's one core, where the log's writer, at background
     priority, gets a seventh of it, so reveals wait while a run lasts).
+    The gateway runs with the image's environment (`image_env`).
     Returns the rows and the run's lines."""
     stream, _ = recorded_stream()
     if not stream:
         raise SystemExit("--reveals-soak needs the recorded stream (benches/load/stream.py)")
     sim = simulator(latency_ms=5)
-    gw = gateway(os.path.join(db, "reveals-soak"))
+    gw = gateway(os.path.join(db, "reveals-soak"), extra_env=image_env())
     base = f"http://127.0.0.1:{GW}"
     wrk(base, 600, 64, "replay.lua", (stream, "1"))
     files = [os.path.join(db, "reveals-soak", f"gw.db{x}") for x in ("", "-wal")]
