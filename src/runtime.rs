@@ -30,12 +30,14 @@
 //! backs any 2 MiB of the arena that is touched with a whole huge page, and
 //! khugepaged later fills in the ranges that mimalloc had partly given back:
 //! the process's memory then rose in 2 MiB steps while its live data did not.
-//! Measured (a debug build under the recorded stream, the same binary with and
-//! without `MIMALLOC_ALLOW_THP=0`, BENCHMARKS.md, "The reveal log's memory as
-//! it ages"): the arena held 18 MiB at start, all of it huge pages, against
-//! 5.5 MiB without them, and 41.6 against 13.8 MiB after 80 s of requests.
-//! The hit path makes small allocations only, which gain nothing from huge
-//! pages.
+//! Measured when this was made (a debug build under the recorded stream, the
+//! same binary with and without `MIMALLOC_ALLOW_THP=0`): the arena held
+//! 18 MiB at start, all of it huge pages, against 5.5 MiB without them, and
+//! 41.6 against 13.8 MiB after 80 s of requests. With them off, the soak
+//! over 20 million reveals (BENCHMARKS.md, "The reveal log's memory as it
+//! ages", runs 4 to 6) keeps 2 to 4 MiB in huge pages, constant: what
+//! mimalloc touched before the process turned them off. The hit path makes
+//! small allocations only, which gain nothing from huge pages.
 
 use std::path::Path;
 
