@@ -295,6 +295,10 @@ async fn the_day_budget_holds_across_a_restart() {
     );
 }
 
+/// How long the outage test keeps the database down after its spends: past
+/// the pool's acquire timeout (3 s), so that reports fail meanwhile.
+const REPORTS_FAIL: Duration = Duration::from_secs(5);
+
 #[tokio::test]
 async fn with_the_database_down_a_replica_holds_a_viewer_to_its_share_and_reports_it_after() {
     let db = pg::or_skip!(pg::cluster());
@@ -347,6 +351,11 @@ async fn with_the_database_down_a_replica_holds_a_viewer_to_its_share_and_report
         spent, 10,
         "A's share was all that remained: it alone had spent"
     );
+    // Down until reports have failed: a report's connection is given up
+    // after the pool's acquire timeout (3 s, the database refusing each
+    // attempt), and A exchanges every 100 ms. What A spent stays pending
+    // until a report of it succeeds.
+    tokio::time::sleep(REPORTS_FAIL).await;
 
     cluster.start_server().unwrap();
     // Back: A reports what was spent meanwhile and, its total now the budget,

@@ -27,10 +27,11 @@ const CATCH_UP: Duration = Duration::from_secs(1);
 const REPLACED: Duration = Duration::from_secs(10);
 
 /// The feed settings of the silent-database test's replicas: the feed through
-/// `tap`, a lease of 1.5 s, `lock_timeout_ms` = [`LOCK`].
+/// `tap`, a lease of 1.5 s, `lock_timeout_ms` = [`LOCK`], and a poll every 2 s,
+/// longer than [`CATCH_UP`], so the poll alone does not meet it.
 fn silent_test_overlay(tap: &Proxy) -> String {
     format!(
-        "[database]\nlock_timeout_ms = {}\nsync_interval_ms = 100\n\
+        "[database]\nlock_timeout_ms = {}\nsync_interval_ms = 2000\n\
          [upstreams.calltracking]\nbase_url = \"http://{}\"\n\
          [upstreams.calltracking.status_feed]\nenabled = true\ninterval_ms = 100\n\
          limit = 7\nlease_ttl_ms = 1500\n",
