@@ -285,4 +285,123 @@ mod tests {
         assert!(tokens.check(&bearer("Bearer two")).is_some());
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// What `run` put on record under its own recorder and log subscriber
+    /// (this thread's only, nothing shared with other tests): the metrics
+    /// rendered, and the log lines.
+    fn on_record(run: impl FnOnce()) -> (String, String) {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        tracing::subscriber::with_default(subscriber, || {
+            metrics::with_local_recorder(&recorder, run);
+        });
+        let logs = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        (handle.render(), logs)
+    }
+
+    /// The set in `dir`: `other` without a file, `sync` read from `dir/sync`
+    /// (holding `one`).
+    fn with_a_file(dir: &std::path::Path) -> (AdminTokens, PathBuf) {
+        std::fs::create_dir_all(dir).unwrap();
+        let file = dir.join("sync");
+        std::fs::write(&file, "one\n").unwrap();
+        let mut entry = token("sync", "one", Scopes::of([Scope::StatusesWrite]));
+        entry.file = Some(file.clone());
+        let tokens = AdminTokens::new(vec![token("other", "other", Scopes::ALL), entry]);
+        (tokens, file)
+    }
+
+    /// A rotation is counted and logged once, not at every read of the same
+    /// value; a file that fails is counted at every read and logged once,
+    /// when it begins.
+    #[test]
+    fn a_reload_counts_each_rotation_once_and_logs_a_failing_file_once() {
+        let dir = std::env::temp_dir().join(format!("pg-access-once-{}", std::process::id()));
+        let (tokens, file) = with_a_file(&dir);
+        let (metrics, logs) = on_record(|| {
+            std::fs::write(&file, "two").unwrap();
+            tokens.reload();
+            tokens.reload();
+            std::fs::write(&file, "").unwrap();
+            tokens.reload();
+            tokens.reload();
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(tokens.check(&bearer("Bearer two")).is_some());
+        assert!(
+            metrics.contains("phones_gateway_admin_token_rotations_total{name=\"sync\"} 1\n"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("phones_gateway_admin_token_reload_errors_total{name=\"sync\"} 2\n"),
+            "{metrics}"
+        );
+        assert_eq!(logs.matches("admin token rotated").count(), 1, "{logs}");
+        assert_eq!(
+            logs.matches("admin token file unusable").count(),
+            1,
+            "{logs}"
+        );
+    }
+
+    #[test]
+    fn an_admin_call_is_put_on_record() {
+        let (metrics, logs) = on_record(|| record("sync", &Method::POST, "/admin/v1/x", 202));
+        assert!(
+            metrics.contains(
+                "phones_gateway_admin_requests_total{token=\"sync\",route=\"/admin/v1/x\",status=\"202\"} 1\n"
+            ),
+            "{metrics}"
+        );
+        assert!(logs.contains("admin call"), "{logs}");
+        assert!(
+            logs.contains("token=\"sync\"") || logs.contains("token=sync"),
+            "{logs}"
+        );
+    }
+
+    #[test]
+    fn a_set_without_tokens_is_empty() {
+        assert!(AdminTokens::new(vec![]).is_empty());
+        assert!(!AdminTokens::new(vec![token("a", "b", Scopes::ALL)]).is_empty());
+    }
+
+    /// The watcher reads the files again every `RELOAD_INTERVAL`: a new value
+    /// works within a few of them.
+    #[tokio::test]
+    async fn the_watcher_rotates_a_token_without_a_call() {
+        let dir = std::env::temp_dir().join(format!("pg-access-watch-{}", std::process::id()));
+        let (tokens, file) = with_a_file(&dir);
+        let tokens = Arc::new(tokens);
+        let watcher = tokio::spawn(tokens.clone().watch());
+        std::fs::write(&file, "two").unwrap();
+        let deadline = tokio::time::Instant::now() + RELOAD_INTERVAL * 5;
+        while tokens.check(&bearer("Bearer two")).is_none() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not rotated within five intervals"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        watcher.abort();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
