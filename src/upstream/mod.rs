@@ -853,6 +853,25 @@ mod tests {
         assert_eq!(requests.load(Ordering::SeqCst), 7);
     }
 
+    /// The timeout runs from the call's start: an answer within it is taken,
+    /// and an upstream that holds the call past it timed out, the upstream's
+    /// verdict. The tolerance for lost time is set wider than the timeout,
+    /// so that nothing is ever given back here (and a busy machine's late
+    /// timers change nothing).
+    #[tokio::test]
+    async fn the_timeout_runs_from_the_calls_start() {
+        let (address, _) = upstream().await;
+        let upstreams = upstreams(
+            &address,
+            "timeout_ms = 1000\n[upstreams]\nlost_time_tolerance_ms = 2000",
+        );
+        assert!(real_phone(&upstreams, 1, 1).await.unwrap().is_some());
+        assert_eq!(
+            real_phone(&upstreams, 9, 2).await,
+            Err(UpstreamError::Timeout)
+        );
+    }
+
     /// The upstream's health failures reach its breaker, with their sellers
     /// and requests: failures for two sellers in two requests open one that
     /// needs two of each, and the next call is not made.
