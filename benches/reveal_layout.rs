@@ -17,6 +17,11 @@
 //!   indexes keyed first by a bucket of 262,144 ids (a virtual column of
 //!   `first_id`), to see whether the bucketed keys hold the shipped layout's
 //!   cost flat; writes only (the store's pages do not walk buckets);
+//! - `shipped-null`: the store's own code too, every reveal without a reason
+//!   (the column NULL, as the log before reasons were kept reads): beside
+//!   `shipped`, whose reveals carry the realistic mix of reasons of
+//!   [`reason_of`], it is what storing the reason costs the writer and the
+//!   file, measured in the same turns;
 //! - `blob`: no row per reveal at all, a floor for what a log written by the
 //!   flush can cost: a flush is one row holding its reveals packed (varints,
 //!   viewers as a dictionary), with the same per-ad counts. Its pages are not
@@ -36,7 +41,8 @@
 //! `CARGO_PROFILE_BENCH_LTO=false CARGO_PROFILE_BENCH_CODEGEN_UNITS=16 cargo
 //! bench --bench reveal_layout` (REVEAL_LAYOUT_TOTAL, REVEAL_LAYOUT_FLUSH,
 //! REVEAL_LAYOUT_SEGMENT, REVEAL_LAYOUT_DIR and REVEAL_LAYOUT_STREAM change
-//! the sizes, the directory and the stream file); under `cargo test` it runs
+//! the sizes, the directory and the stream file; REVEAL_LAYOUT_ONLY, a comma
+//! list of layout names, runs those alone); under `cargo test` it runs
 //! small. The files go with the run (about 1.5 GB at 4M reveals a layout).
 
 #![allow(clippy::unwrap_used)]
@@ -47,6 +53,7 @@ use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use phones_gateway::domain::reason::{Failure, Origin, Reason, Skip};
 use phones_gateway::domain::{
     AdId, CategoryId, Reveal, RevealQuery, RevealsOf, Source, UserId, Viewer,
 };
@@ -66,6 +73,7 @@ const PAGE: u32 = 101;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Layout {
     Shipped,
+    ShippedNull,
     ShippedBucketed,
     Plain,
     Bucketed,
@@ -76,6 +84,7 @@ impl Layout {
     fn name(self) -> &'static str {
         match self {
             Layout::Shipped => "shipped",
+            Layout::ShippedNull => "shipped-null",
             Layout::ShippedBucketed => "shipped-bkt",
             Layout::Plain => "plain",
             Layout::Bucketed => "bucketed",
@@ -85,7 +94,7 @@ impl Layout {
     /// The writer thread's name prefix (at most 15 bytes with its number).
     fn writer(self) -> &'static str {
         match self {
-            Layout::Shipped | Layout::ShippedBucketed => "reveal-writer",
+            Layout::Shipped | Layout::ShippedNull | Layout::ShippedBucketed => "reveal-writer",
             Layout::Plain => "plain-writer",
             Layout::Bucketed => "bucket-writer",
             Layout::Blob => "blob-writer",
@@ -143,8 +152,42 @@ fn reveal_of(line: Line, n: u64, at_us: i64) -> Option<Reveal> {
         ad: AdId::new(ad).unwrap(),
         category: CategoryId::new(category).unwrap(),
         kind,
-        reason: None,
+        reason: Some(reason_of(line, n, kind)),
     })
+}
+
+/// The reason the rules give request `n` of the stream, at the default
+/// order (anonymous, call tracking, real), in the mix of the hit path: the
+/// number from the cache for all but one request in a hundred (from the
+/// upstream: a refresh, a miss) and one in a thousand (a stale value for a
+/// timeout); an anonymous number with nothing above it; a real number below
+/// anonymous (not applicable outside category 9, no number inside it) and
+/// call tracking (not applicable, but for the simulator's call-tracking
+/// sellers, multiples of 4 up to 40,000, where it timed out and fell
+/// through).
+fn reason_of(line: Line, n: u64, kind: Source) -> Reason {
+    let (user, _, category) = line;
+    let origin = match n % 1_000 {
+        0..=8 => Origin::Upstream,
+        9 => Origin::Stale(Failure::Timeout),
+        _ => Origin::Cache,
+    };
+    if kind == Source::Anonymous {
+        return Reason::new(origin);
+    }
+    let anonymous = if category == 9 {
+        Skip::NoNumber
+    } else {
+        Skip::NotApplicable
+    };
+    let calltracking = if user % 4 == 0 && user <= 40_000 {
+        Skip::Failed(Failure::Timeout)
+    } else {
+        Skip::NotApplicable
+    };
+    Reason::new(origin)
+        .skipped(Source::Anonymous, anonymous)
+        .skipped(Source::Calltracking, calltracking)
 }
 
 /// Id, name, nanoseconds on CPU and bytes written (`wchar`) of every thread
@@ -222,7 +265,10 @@ async fn open(layout: Layout, dir: &std::path::Path) -> Db {
     let store = database.reveals();
     let (mut writer, mut reader) = (None, None);
     let mut writer_tid = None;
-    if matches!(layout, Layout::Shipped | Layout::ShippedBucketed) {
+    if matches!(
+        layout,
+        Layout::Shipped | Layout::ShippedNull | Layout::ShippedBucketed
+    ) {
         if layout == Layout::ShippedBucketed {
             let conn = SqlitePoolOptions::new()
                 .max_connections(1)
@@ -545,10 +591,12 @@ fn quantiles(mut times: Vec<Duration>) -> (Duration, Duration) {
 
 async fn reads(dbs: &[Db], targets: &[(String, RevealsOf)], rounds: usize) {
     for (label, of) in targets {
-        for db in dbs
-            .iter()
-            .filter(|db| !matches!(db.layout, Layout::Blob | Layout::ShippedBucketed))
-        {
+        for db in dbs.iter().filter(|db| {
+            !matches!(
+                db.layout,
+                Layout::Blob | Layout::ShippedBucketed | Layout::ShippedNull
+            )
+        }) {
             // The first page, then the page after it (the cursor a client sends).
             let first = page(db, of, None).await;
             let cursor = first.get(PAGE as usize - 2).copied();
@@ -672,13 +720,21 @@ fn main() {
         .unwrap();
     runtime.block_on(async {
         let mut dbs = Vec::new();
+        let only = std::env::var("REVEAL_LAYOUT_ONLY").ok();
         for layout in [
             Layout::Shipped,
+            Layout::ShippedNull,
             Layout::ShippedBucketed,
             Layout::Plain,
             Layout::Bucketed,
             Layout::Blob,
         ] {
+            if only
+                .as_deref()
+                .is_some_and(|only| !only.split(',').any(|name| name == layout.name()))
+            {
+                continue;
+            }
             dbs.push(open(layout, base.path()).await);
         }
         let start_us = phones_gateway::reveals::now_us() - 30 * 86_400_000_000;
@@ -698,7 +754,15 @@ fn main() {
                         .filter_map(|i| {
                             let k = n + i;
                             let at = at0 + (i as i64 * 1_000_000) / flush as i64;
-                            reveal_of(stream[(k % stream.len() as u64) as usize], k, at)
+                            let reveal =
+                                reveal_of(stream[(k % stream.len() as u64) as usize], k, at)?;
+                            Some(match db.layout {
+                                Layout::ShippedNull => Reveal {
+                                    reason: None,
+                                    ..reveal
+                                },
+                                _ => reveal,
+                            })
                         })
                         .collect();
                     let len = (upto - n).min(flush as u64);

@@ -1,6 +1,8 @@
 //! The reveal log at scale, on a throwaway PostgreSQL cluster (and SQLite):
 //! - write throughput: batches as one flush writes them (log rows by COPY and
-//!   the per-ad counts, one transaction), a third of all reveals on one hot ad;
+//!   the per-ad counts, one transaction), a third of all reveals on one hot ad,
+//!   each with its reason (a mix: mostly from the cache, some below a source
+//!   that failed);
 //!   reveals per second, and how many times the hot ad's counter row was written;
 //! - the request path's cost: `Reveals::record` per call, and memory per
 //!   buffered reveal;
@@ -25,6 +27,7 @@ mod pg;
 use std::time::{Duration, Instant};
 
 use phones_gateway::config::Config;
+use phones_gateway::domain::reason::{Failure, Origin, Reason, Skip};
 use phones_gateway::domain::{
     AdId, CategoryId, Reveal, RevealQuery, RevealsOf, Source, UserId, Viewer,
 };
@@ -59,7 +62,34 @@ fn reveal(n: u64, at_us: i64) -> Reveal {
         ad: AdId::new(ad).unwrap(),
         category: CategoryId::new(1 + n % 40).unwrap(),
         kind: [Source::RealPhone, Source::Calltracking, Source::Anonymous][(n % 3) as usize],
-        reason: None,
+        reason: Some(reason(n)),
+    }
+}
+
+/// The reason of reveal `n` (its kind is `n % 3`'s): from the cache but for
+/// one in a hundred (the upstream's answer), the sources above its kind at
+/// the default order passed over as not applicable, but for one real answer
+/// in twenty, below a call-tracking source that timed out.
+fn reason(n: u64) -> Reason {
+    let origin = if n % 100 == 0 {
+        Origin::Upstream
+    } else {
+        Origin::Cache
+    };
+    let reason = Reason::new(origin);
+    match n % 3 {
+        0 => reason
+            .skipped(Source::Anonymous, Skip::NotApplicable)
+            .skipped(
+                Source::Calltracking,
+                if n % 20 == 0 {
+                    Skip::Failed(Failure::Timeout)
+                } else {
+                    Skip::NotApplicable
+                },
+            ),
+        1 => reason.skipped(Source::Anonymous, Skip::NotApplicable),
+        _ => reason,
     }
 }
 

@@ -38,6 +38,7 @@ use crate::http::api::access::AdminTokens;
 use crate::http::api::snapshot::Uploads;
 use crate::http::api::state::{AdminState, PublicState};
 use crate::http::api::{admin_router, public_router};
+use crate::http::server::bodies::BodyBuffer;
 use crate::http::server::conns::{self, Inbound};
 use crate::http::server::front::Front;
 use crate::http::server::serve::serve;
@@ -177,6 +178,8 @@ impl App {
             );
         }
         let (public, admin) = bind(&config).await?;
+        // Both listeners' request bodies in memory (`server.max_body_buffer_bytes`).
+        let bodies = BodyBuffer::new(config.server.max_body_buffer_bytes);
         let public_state = PublicState {
             resolver: parts.resolver,
             budgets: parts.budgets.clone(),
@@ -191,13 +194,16 @@ impl App {
                 public_state,
                 // The header limit, and shedding past `server.max_in_flight`
                 // (the admin listener has the header limit only).
-                Shed::new(config.server.max_in_flight, config.server.max_header_bytes),
+                // Its bodies counted against its share of the body buffer.
+                Shed::new(config.server.max_in_flight, config.server.max_header_bytes)
+                    .with_bodies(&bodies, bodies.public_share()),
                 // The share of new traces exported, when spans are.
                 &config.tracing,
             ),
             admin_front: Front::admin(
                 admin_router(admin_state.clone()),
-                config.server.max_header_bytes,
+                Shed::unlimited(config.server.max_header_bytes)
+                    .with_bodies(&bodies, bodies.admin_share()),
                 admin_state.tokens,
             ),
             tokens,
@@ -299,7 +305,7 @@ impl App {
             self.admin,
             self.admin_front,
             server,
-            Inbound::new("admin", conns::ADMIN_MAX_CONNECTIONS),
+            Inbound::making_room("admin", conns::ADMIN_MAX_CONNECTIONS),
             stopped(stop_rx),
         );
         let deadline_rx = start_shutdown(

@@ -1,11 +1,14 @@
-//! The documentation checked against the repository, with file reads only:
-//! every key of `config/default.toml` is documented in `docs/configuration.md`,
+//! The documentation checked against the repository, with file reads only
+//! (but for the reason codes, read from the crate itself): every key of
+//! `config/default.toml` is documented in `docs/configuration.md`, every code
+//! of a reason (`src/domain/reason.rs`) is listed in `docs/rules.md` and every
+//! word listed there is one,
 //! the docs point at nothing outside the repository, their relative links
 //! resolve, and the README, the pages under docs/, the module map and the
 //! comments under src/ name only files, modules and types that exist (the rules
 //! are above `PATH_ROOTS`; the checker is tested on small texts too).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -199,6 +202,151 @@ fn the_documented_keys_are_the_defaults() {
         wrong.is_empty(),
         "docs/configuration.md against config/default.toml:\n{}",
         wrong.join("\n")
+    );
+}
+
+/// The words of each table of `section` in `doc` (a `## ` heading's text),
+/// by the table's first header cell: the backticked word that opens each
+/// row's first cell. A table is a header row, a `|---|` row, then rows.
+fn listed_words(doc: &str, section: &str) -> BTreeMap<String, Vec<String>> {
+    let heading = format!("## {section}");
+    let body = doc
+        .split("\n## ")
+        .find_map(|part| part.strip_prefix(heading.trim_start_matches("## ")))
+        .unwrap_or_else(|| panic!("no section {heading:?}"));
+    let lines: Vec<&str> = body.lines().collect();
+    let mut tables: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for (i, line) in lines.iter().enumerate() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if !line.starts_with('|') || cells.len() < 3 {
+            current = None;
+            continue;
+        }
+        if lines
+            .get(i + 1)
+            .is_some_and(|next| next.starts_with("|---"))
+        {
+            current = Some(cells[1].to_owned());
+            tables.entry(cells[1].to_owned()).or_default();
+            continue;
+        }
+        let (Some(table), Some(word)) = (
+            &current,
+            cells[1].strip_prefix('`').and_then(|w| w.strip_suffix('`')),
+        ) else {
+            continue;
+        };
+        tables
+            .get_mut(table)
+            .expect("opened above")
+            .push(word.to_owned());
+    }
+    tables
+}
+
+/// The words of a reason, from the code: each failure ([`Failure::ALL`]),
+/// the skips that are not failures, each origin, and the metric's codes
+/// ([`Code::ALL`]). A new kind of skip or origin fails to compile here until
+/// it is listed.
+fn reason_words() -> BTreeMap<String, BTreeSet<String>> {
+    use phones_gateway::domain::reason::{Code, Failure, Origin, Skip};
+    let skip = |skip: Skip| match skip {
+        Skip::NotApplicable | Skip::NoNumber => Some(skip.as_str()),
+        Skip::Failed(_) => None,
+    };
+    let origin = |origin: Origin| match origin {
+        Origin::Cache | Origin::Upstream | Origin::Stale(_) | Origin::Phone => origin.as_str(),
+    };
+    let set = |words: Vec<&str>| {
+        words
+            .into_iter()
+            .map(str::to_owned)
+            .collect::<BTreeSet<_>>()
+    };
+    BTreeMap::from([
+        (
+            "failure".to_owned(),
+            set(Failure::ALL.map(Failure::as_str).to_vec()),
+        ),
+        (
+            "skip".to_owned(),
+            set([
+                Skip::NotApplicable,
+                Skip::NoNumber,
+                Skip::Failed(Failure::Timeout),
+            ]
+            .into_iter()
+            .filter_map(skip)
+            .collect()),
+        ),
+        (
+            "origin".to_owned(),
+            set([
+                Origin::Cache,
+                Origin::Upstream,
+                Origin::Stale(Failure::Timeout),
+                Origin::Phone,
+            ]
+            .map(origin)
+            .to_vec()),
+        ),
+        ("code".to_owned(), set(Code::ALL.to_vec())),
+    ])
+}
+
+/// docs/rules.md, "Why this number", lists every code a reason is written
+/// with (each failure, skip, origin and metric label), once, and nothing
+/// else: a code added in src/domain/reason.rs and not documented fails
+/// here, and so does a documented word that is no code.
+#[test]
+fn every_reason_code_is_documented_and_every_documented_one_is_a_code() {
+    let doc = read(&root().join("docs/rules.md"));
+    let listed = listed_words(&doc, "Why this number");
+    let expected = reason_words();
+    assert_eq!(
+        listed.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>(),
+        "docs/rules.md, \"Why this number\": one table for each list"
+    );
+    let mut wrong = Vec::new();
+    for (table, words) in &listed {
+        let code = &expected[table];
+        let documented: BTreeSet<String> = words.iter().cloned().collect();
+        if documented.len() != words.len() {
+            wrong.push(format!("{table}: a word listed twice in {words:?}"));
+        }
+        for missing in code.difference(&documented) {
+            wrong.push(format!("{table} `{missing}` is not documented"));
+        }
+        for extra in documented.difference(code) {
+            wrong.push(format!("{table} `{extra}` is documented but is no code"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "docs/rules.md, \"Why this number\", against src/domain/reason.rs:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_reason_list_reader_reads_each_table_by_its_header() {
+    let doc = "# T\n\n## Other\n\n| failure | x |\n|---|---|\n| `no` | x |\n\n\
+               ## Why this number\n\ntext `word`\n\n| failure | meaning |\n|---|---|\n\
+               | `timeout` | a `deadline` |\n| `connect` | b |\n\n| code | meaning |\n\
+               |---|---|\n| `cache` | c |\nprose\n| `stray` | d |\n\n## After\n\n| code | x |\n\
+               |---|---|\n| `late` | y |\n";
+    let listed = listed_words(doc, "Why this number");
+    assert_eq!(
+        listed,
+        BTreeMap::from([
+            ("code".to_owned(), vec!["cache".to_owned()]),
+            (
+                "failure".to_owned(),
+                vec!["timeout".to_owned(), "connect".to_owned()]
+            ),
+        ])
     );
 }
 

@@ -28,6 +28,7 @@ alone.
     benches/load/harness.py --hit-path [--rounds 5]   (the hit-path section alone)
     benches/load/harness.py --cold | --refresh-ahead | --cold-replica   (one scenario, printed)
     benches/load/harness.py --reveals-cost [--postgres]   (the log's cost alone, printed)
+    benches/load/harness.py --reveals-soak 20   (the process's memory as the reveal log ages, printed)
 
 With GO_SEED_BIN set to a build of the Go design this project replaces
 (../shared/go-seed: `go build -o target/go-seed .` there), the hit and cold
@@ -399,6 +400,109 @@ def recorded_stream():
 NOT_HITS = ("miss", "coalesced", "stale_served")
 
 
+def memory_of(pid):
+    """The process's resident memory in MiB: VmRSS and its parts (RssAnon,
+    RssFile, RssShmem from /proc/PID/status), and the anonymous part split by
+    mapping (/proc/PID/smaps): `mimalloc` is the mappings of 128 MiB or more
+    (mimalloc reserves its arenas that large; glibc's arenas are 64 MiB at
+    most), `heap` glibc's main heap (brk), `anon` every other anonymous
+    mapping (glibc's thread arenas, where SQLite's connection threads
+    allocate, and thread stacks). A heuristic by size, not a ledger."""
+    out = {}
+    for line in open(f"/proc/{pid}/status"):
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            out[key] = int(value.split()[0]) / 1024
+    parts = {"mimalloc": 0.0, "heap": 0.0, "anon": 0.0}
+    size, kind = 0, None
+    for line in open(f"/proc/{pid}/smaps"):
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5 and not fields[0].endswith(":"):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            size = end - start
+            path = fields[5] if len(fields) > 5 else ""
+            kind = ("heap" if path == "[heap]" else
+                    None if path else "mimalloc" if size >= 128 << 20 else "anon")
+        elif fields[0] == "Rss:" and kind:
+            parts[kind] += int(fields[1]) / 1024
+    out.update(parts)
+    return out
+
+
+def reveals_soak(db, millions, chunk_seconds, hours):
+    """The gateway's memory as its reveal log ages: the default configuration
+    (the reveal log on SQLite), the recorded stream looped (stream_hits.lua,
+    every request a reveal with a viewer id) after one warm pass (replay.lua,
+    its reveals without a viewer), wrk runs of `chunk_seconds` one after the
+    other (1.2 s apart, a flush interval: the log writes what the run left)
+    until `millions` million reveals are written (or `hours` passed). At each
+    million written, once the log has caught up (nothing left unwritten, or a
+    minute passed): RSS and its parts (`memory_of`), the server's CPU per
+    request over that million, the log's file (database and WAL) per reveal,
+    and how many reveals were waiting in memory before it caught up (wrk
+    saturates the gateway's one core, where the log's writer, at background
+    priority, gets a seventh of it, so reveals wait while a run lasts).
+    Returns the rows and the run's lines."""
+    stream, _ = recorded_stream()
+    if not stream:
+        raise SystemExit("--reveals-soak needs the recorded stream (benches/load/stream.py)")
+    sim = simulator(latency_ms=5)
+    gw = gateway(os.path.join(db, "reveals-soak"))
+    base = f"http://127.0.0.1:{GW}"
+    wrk(base, 600, 64, "replay.lua", (stream, "1"))
+    files = [os.path.join(db, "reveals-soak", f"gw.db{x}") for x in ("", "-wal")]
+    written = lambda: metric(ADMIN, "phones_gateway_reveals_written_total")
+    rows = []
+
+    def sample(requests, cpu):
+        n = written()
+        on_disk = sum(os.path.getsize(f) for f in files if os.path.exists(f))
+        row = {"reveals": n, "requests": requests, "cpu_s": cpu, "disk_bytes": on_disk,
+               "t": round(time.time() - start), "load": os.getloadavg()[0],
+               "buffered": metric(ADMIN, "phones_gateway_reveals_buffered"),
+               "dropped": metric(ADMIN, "phones_gateway_reveals_dropped_total"), **memory_of(gw.pid)}
+        rows.append(row)
+        return row
+
+    def line(row, prev):
+        per_req = ((row["cpu_s"] - prev["cpu_s"]) / max(row["requests"] - prev["requests"], 1) * 1e6
+                   if prev else 0.0)
+        return (f"{row['reveals'] / 1e6:5.1f}M reveals, t {row['t']:5d} s: RSS {row['VmRSS']:6.1f} MiB "
+                f"(anon {row['RssAnon']:.1f}: mimalloc {row['mimalloc']:.1f}, glibc heap {row['heap']:.1f}, "
+                f"other anon {row['anon']:.1f}; file {row['RssFile']:.1f}; shmem {row['RssShmem']:.1f}); "
+                f"{per_req:.1f} us/request over the segment; log file {row['disk_bytes'] / max(row['reveals'], 1):.0f} "
+                f"B/reveal; {row.get('backlog', 0):.0f} reveals were waiting, {row['buffered']:.0f} at the sample, "
+                f"{row['dropped']:.0f} dropped; load {row['load']:.1f}")
+
+    start = time.time()
+    requests, cpu0 = 0, cpu_seconds(gw.pid)
+    lines = [line(sample(0, 0.0), None)]
+    print(lines[-1], flush=True)
+    marks = [rows[0]]
+    next_mark = (int(rows[0]["reveals"] // 1e6) + 1) * 1e6
+    while written() < millions * 1e6 and time.time() - start < hours * 3600:
+        r = wrk(base, chunk_seconds, script=STREAM_SCRIPT, args=(stream,))
+        requests += r["requests"]
+        time.sleep(1.2)  # past the flush of what the run recorded
+        if written() >= next_mark:
+            # Sampled once the log has caught up: the reveals waiting for a
+            # writer behind the saturated core are the load's, not the log's
+            # age (how many waited is in the row).
+            backlog = metric(ADMIN, "phones_gateway_reveals_buffered")
+            caught_up = time.time() + 60
+            while metric(ADMIN, "phones_gateway_reveals_buffered") > 0 and time.time() < caught_up:
+                time.sleep(0.2)
+            time.sleep(1)
+            row = sample(requests, cpu_seconds(gw.pid) - cpu0)
+            row["backlog"] = backlog
+            lines.append(line(row, marks[-1]))
+            print(lines[-1], flush=True)
+            marks.append(row)
+            next_mark = (int(row["reveals"] // 1e6) + 1) * 1e6
+    gw.stop(); sim.stop()
+    return marks[1:], lines
+
+
 def cache_lookups(admin_port):
     """phones_gateway_cache_lookups_total by result, summed over the caches."""
     return {result: metric(admin_port, "phones_gateway_cache_lookups_total", f'result="{result}"')
@@ -743,6 +847,9 @@ def main():
                         help="only the cold replica's first seconds, printed and plotted")
     parser.add_argument("--soak-only", action="store_true",
                         help="only the soak, log on then off, at --rate for --soak seconds, printed")
+    parser.add_argument("--reveals-soak", type=float, metavar="MILLIONS",
+                        help="only the memory as the reveal log ages: the recorded stream looped until "
+                             "MILLIONS million reveals are written, RSS and its parts at each million, printed")
     parser.add_argument("--rate", type=int, default=64000,
                         help="the open-model rate of --refresh-ahead and --cold-replica alone "
                              "(a full run uses half the measured hit-path maximum)")
@@ -752,7 +859,8 @@ def main():
     args.hits_only = args.hits_only or args.hit_path
     if args.quick:
         args.seconds, args.soak = 3, 30
-    alone = args.reveals_cost or args.cold or args.refresh_ahead or args.cold_replica or args.soak_only
+    alone = (args.reveals_cost or args.cold or args.refresh_ahead or args.cold_replica or args.soak_only
+             or args.reveals_soak)
     for tool in ("wrk", "taskset") if alone else ("wrk", "oha", "taskset"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is missing (apt-get install -y wrk; cargo install oha --locked)")
@@ -782,6 +890,16 @@ def main():
             return
         if args.cold:
             print("\n".join(cold_path(db, s, args.rounds)[2]))
+            return
+        if args.reveals_soak:
+            marks, lines = reveals_soak(db, args.reveals_soak, s, 3)
+            after = [m["VmRSS"] for m in marks if m["reveals"] >= 5e6]
+            if len(after) > 1:
+                print(f"RSS from the fifth million on: {min(after):.1f} to {max(after):.1f} MiB, "
+                      f"max/min {max(after) / min(after):.3f}")
+            at = lambda m: next((r for r in marks if r["reveals"] >= m * 1e6), None)
+            print("RSS MiB at " + ", ".join(f"{m}M {at(m)['VmRSS']:.1f}" for m in (1, 5, 10, 15, 20)
+                                              if m <= args.reveals_soak and at(m)))
             return
         if args.refresh_ahead:
             print("\n".join(refresh_ahead(db, args.rate, max(s, 40))[1]))

@@ -137,6 +137,14 @@ const MAX_NAME_LEN: usize = 64;
 
 impl AdminConfig {
     pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
+        // Verbatim (`0123456789` stays ten characters, and nothing is
+        // trimmed), so a value a header cannot carry is refused rather than
+        // never matching.
+        if !self.token.is_empty() {
+            if let Some(problem) = token_problem(self.token.expose()) {
+                found.push(invalid("admin.token", format!("the token {problem}")));
+            }
+        }
         for (i, entry) in self.tokens.iter().enumerate() {
             let key = |field: &str| format!("admin.tokens[{i}].{field}");
             let name = &entry.name;
@@ -162,11 +170,13 @@ impl AdminConfig {
                     key("token"),
                     format!("{name:?}: set exactly one of token and token_file"),
                 )),
-                (Some(token), None) if token.is_empty() => {
-                    found.push(invalid(
-                        key("token"),
-                        format!("{name:?}: must not be empty"),
-                    ));
+                (Some(token), None) => {
+                    if let Some(problem) = token_problem(token.expose()) {
+                        found.push(invalid(
+                            key("token"),
+                            format!("{name:?}: the token {problem}"),
+                        ));
+                    }
                 }
                 _ => {}
             }
@@ -248,21 +258,61 @@ impl AdminConfig {
     }
 }
 
-/// A token file's value: its contents, less one trailing line ending (a header
-/// value cannot carry one, so a token that kept it could never match; `echo`
-/// and editors add it). Otherwise verbatim.
+/// Why `value` cannot be a bearer token, if it cannot; `None` for a value an
+/// `Authorization: Bearer <token>` header carries as it is.
+///
+/// A token is one or more visible ASCII characters, `!` to `~`: RFC 6750's
+/// `b64token` (letters, digits, `-._~+/`, trailing `=`) and the other visible
+/// characters, which header values carry as they are and the check compares
+/// byte for byte. Refused:
+/// - whitespace anywhere. At either end a header value loses it (field values
+///   are trimmed), so such a token could never match; inside, `Bearer a b` is
+///   not one credential in HTTP's grammar (RFC 9110 `token68` has no space:
+///   intermediaries and clients may read `b` as a parameter, or fold the
+///   spaces), so it could not be carried unambiguously;
+/// - control characters: a header value cannot hold a line ending, NUL or DEL;
+/// - anything outside ASCII (obsolete in header values; clients refuse to send
+///   it).
+///
+/// The reason never quotes the value.
+pub(super) fn token_problem(value: &str) -> Option<&'static str> {
+    if value.is_empty() {
+        return Some("is empty");
+    }
+    let bytes = value.as_bytes();
+    if bytes.iter().any(u8::is_ascii_whitespace) {
+        return Some(
+            "holds whitespace (a space, tab or line ending), which a bearer token in an \
+             Authorization header cannot carry",
+        );
+    }
+    if bytes.iter().any(u8::is_ascii_control) {
+        return Some("holds a control character, which an Authorization header cannot carry");
+    }
+    if !value.is_ascii() {
+        return Some("holds a character outside ASCII, which an Authorization header cannot carry");
+    }
+    None
+}
+
+/// A token file's value: its contents less the whitespace around them (a
+/// trailing line ending, blank lines: `echo`, editors and Secret tools add
+/// them, and a header cannot carry them), which must then be a token an
+/// Authorization header carries ([`token_problem`]).
 ///
 /// # Errors
-/// The file cannot be read, is not UTF-8, or holds nothing.
+/// The file cannot be read or is not UTF-8; it holds nothing but whitespace;
+/// or what it holds is not a token a header can carry. The reason names the
+/// file, never the value.
 pub fn read_token_file(path: &Path) -> Result<Secret, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let value = text
-        .strip_suffix("\r\n")
-        .or_else(|| text.strip_suffix('\n'))
-        .unwrap_or(&text);
+    let value = text.trim_ascii();
     if value.is_empty() {
         return Err(format!("{} is empty", path.display()));
+    }
+    if let Some(problem) = token_problem(value) {
+        return Err(format!("{}: the token {problem}", path.display()));
     }
     Ok(Secret::new(value))
 }
@@ -320,7 +370,19 @@ mod tests {
                 "[[admin.tokens]]\nname = \"a\"\ntoken = \"\"\nscopes = []",
                 "admin.tokens[0].token",
             ),
+            (
+                "[[admin.tokens]]\nname = \"a\"\ntoken = \"x y\"\nscopes = []",
+                "admin.tokens[0].token",
+            ),
+            ("[admin]\ntoken = \"0123456789\\n\"", "admin.token"),
+            ("[admin]\ntoken = \" 0123456789\"", "admin.token"),
         ]);
+        // Verbatim: not trimmed, not read as a number.
+        let config = Config::from_toml("[admin]\ntoken = \"0123456789\"").unwrap();
+        assert_eq!(
+            config.admin.read_tokens().unwrap()[0].value.expose(),
+            "0123456789"
+        );
         let ok = "[[admin.tokens]]\nname = \"calltracking-sync_2\"\ntoken = \"x\"\n\
                   scopes = [\"statuses:write\", \"debug\"]";
         let config = Config::from_toml(ok).unwrap();
@@ -373,6 +435,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("is empty"), "{e}");
+        for uncarried in ["s3cr3t value\n", "s3cr3t\tvalue", "s3cr3t\u{7f}", "s3cr3té"] {
+            std::fs::write(&file, uncarried).unwrap();
+            let e = Config::from_toml(&empty)
+                .unwrap()
+                .admin
+                .read_tokens()
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("admin.tokens[0].token_file"), "{e}");
+            assert!(e.contains("cannot carry"), "{e}");
+            assert!(!e.contains("s3cr3t"), "the value is never printed: {e}");
+        }
+        std::fs::write(&file, "\n\n  s3cr3t-value \r\n\n").unwrap();
+        let tokens = Config::from_toml(&empty)
+            .unwrap()
+            .admin
+            .read_tokens()
+            .unwrap();
+        assert_eq!(
+            tokens[0].value.expose(),
+            "s3cr3t-value",
+            "whitespace around it dropped"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

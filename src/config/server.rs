@@ -22,6 +22,13 @@ pub struct ServerConfig {
     pub public_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub max_body_bytes: usize,
+    /// Bytes that request bodies being read may hold in memory at once, every
+    /// request of both listeners together but the snapshot PUT (which streams
+    /// its body and has its own bound, `max_snapshot_uploads`): a body's bytes
+    /// are reserved as they arrive and released when its request ends; a body
+    /// that would go past it is answered 503 with `Retry-After`
+    /// (`http::server::bodies`).
+    pub max_body_buffer_bytes: usize,
     pub max_snapshot_bytes: usize,
     /// Snapshot PUTs in flight at once; one more is answered 503 with
     /// `Retry-After` before its body is read (each holds its parsed ids, up to
@@ -70,6 +77,12 @@ pub struct ServerConfig {
 impl ServerConfig {
     pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
         found.range("server.max_body_bytes", self.max_body_bytes, 1..=1 << 30);
+        found.range_noting(
+            "server.max_body_buffer_bytes",
+            self.max_body_buffer_bytes,
+            self.max_body_bytes..=1 << 40,
+            "at least server.max_body_bytes, so one body of that size fits",
+        );
         found.range_noting(
             "server.max_snapshot_bytes",
             self.max_snapshot_bytes,
@@ -130,6 +143,14 @@ mod tests {
             (
                 "[server]\nmax_body_bytes = 9223372036854775807",
                 "server.max_body_bytes",
+            ),
+            (
+                "[server]\nmax_body_buffer_bytes = 1048575",
+                "server.max_body_buffer_bytes",
+            ),
+            (
+                "[server]\nmax_body_buffer_bytes = 9223372036854775807",
+                "server.max_body_buffer_bytes",
             ),
             (
                 "[server]\nmax_snapshot_bytes = 9223372036854775807",

@@ -1,5 +1,18 @@
 //! The flush task: every `reveals.flush_interval_ms`, everything recorded since
-//! the last write goes to the database in one transaction with its per-ad counts.
+//! the last write goes to the database with its per-ad counts, in
+//! transactions of at most [`MAX_WRITE`] reveals (one, at the hit path's
+//! maximum on one core).
+//!
+//! Why at most [`MAX_WRITE`]: what a write holds in memory (the batch, its
+//! sort keys, its postings and runs, the statements' arguments: a few hundred
+//! bytes a reveal) grows with the batch, and the batch with how far the writer
+//! has fallen behind. Unbounded, a writer that lagged for a while (a loaded
+//! machine, a slow disk) made one write of everything it owed, and the
+//! process's memory peaked with the lag, that working set on top of the
+//! waiting reveals themselves; bounded, a lagging writer makes more writes of
+//! the same size, and what waits meanwhile waits in the channel (at most
+//! `reveals.max_buffered`, about 75 bytes a reveal: docs/reveal-log.md,
+//! "Memory").
 //!
 //! On SQLite it runs on a thread of its own ([`run_apart`]) at background priority (see
 //! [`crate::runtime`]): a flush of a second's reveals at half the hit path's
@@ -16,6 +29,13 @@ use crate::store::RevealStore;
 
 /// How long the last flush at shutdown keeps trying a failing database.
 const FINAL_FLUSH_FOR: Duration = Duration::from_secs(5);
+
+/// The most reveals one write (one transaction) takes: about a second of
+/// reveals at the hit path's maximum on one core, so that a writer keeping
+/// up writes each interval's reveals at once (one counter write per ad and
+/// kind a flush, as before), and one that fell behind writes them in
+/// transactions of this size, one after the other, until it has caught up.
+pub const MAX_WRITE: usize = 32_768;
 
 /// [`run`] every `reveals.flush_interval_ms` (of the section the buffer
 /// holds) on a thread of its own, at background priority, on a current-thread
@@ -80,31 +100,52 @@ pub async fn run(
             () = tokio::time::sleep(interval) => {}
             () = stop.cancelled() => break,
         }
-        drain(&mut receiver, &mut batch);
-        flush(&reveals, &store, &mut batch, &metrics).await;
+        // Everything recorded by now, [`MAX_WRITE`] at a time; after a
+        // failed write the batch waits for the next interval, and what came
+        // since waits in the channel.
+        loop {
+            let more = drain(&mut receiver, &mut batch);
+            if !flush(&reveals, &store, &mut batch, &metrics).await || !more {
+                break;
+            }
+        }
     }
     // The listeners have drained: what is in the channel now is all there is.
     let deadline = tokio::time::Instant::now() + FINAL_FLUSH_FOR;
-    drain(&mut receiver, &mut batch);
-    while !batch.is_empty() && tokio::time::Instant::now() < deadline {
+    loop {
+        drain(&mut receiver, &mut batch);
+        if batch.is_empty() || tokio::time::Instant::now() >= deadline {
+            break;
+        }
         if !flush(&reveals, &store, &mut batch, &metrics).await {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    if batch.is_empty() {
+    // Unwritten: the batch and whatever the deadline left in the channel.
+    let lost = reveals.buffered();
+    if lost == 0 {
         tracing::info!("reveals: flushed at shutdown");
     } else {
         tracing::error!(
-            lost = batch.len(),
+            lost,
             "reveals: the database failed at shutdown; reveals lost"
         );
     }
 }
 
-fn drain(receiver: &mut tokio::sync::mpsc::UnboundedReceiver<Reveal>, batch: &mut Vec<Reveal>) {
-    while let Ok(reveal) = receiver.try_recv() {
-        batch.push(reveal);
+/// Moves recorded reveals into `batch` until it holds [`MAX_WRITE`]; true
+/// when it stopped there, with more perhaps left in the channel.
+fn drain(
+    receiver: &mut tokio::sync::mpsc::UnboundedReceiver<Reveal>,
+    batch: &mut Vec<Reveal>,
+) -> bool {
+    while batch.len() < MAX_WRITE {
+        match receiver.try_recv() {
+            Ok(reveal) => batch.push(reveal),
+            Err(_) => return false,
+        }
     }
+    true
 }
 
 /// Writes `batch`; on success empties it and returns true. On failure the batch
@@ -152,5 +193,77 @@ impl FlushMetrics {
             duration: metrics::histogram!("phones_gateway_reveals_flush_duration_seconds"),
             rows: metrics::histogram!("phones_gateway_reveals_flush_rows"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::domain::{AdId, CategoryId, RevealQuery, RevealsOf, Source, UserId, Viewer};
+    use crate::store::Database;
+
+    /// A backlog of more than two writes' worth is written in writes of
+    /// [`MAX_WRITE`], one after the other within one interval, in the order
+    /// recorded: each write's ids come after the one before's. (One write
+    /// of everything would give the highest id to the highest seller.)
+    #[tokio::test]
+    async fn a_backlog_is_written_in_writes_of_at_most_max_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/log.db", dir.path().display());
+        let database = Database::connect(&url, 2).await.unwrap();
+        database.migrate().await.unwrap();
+        let config = Config::from_toml("[reveals]\nflush_interval_ms = 10").unwrap();
+        let reveals = Reveals::new(&config.reveals);
+        let n = 2 * MAX_WRITE + 5;
+        let top = u64::try_from(n).unwrap() + 1;
+        for i in 0..top - 1 {
+            // Sellers in falling order, all at one instant, one viewer.
+            let reveal = Reveal {
+                at_us: 1_000_000,
+                viewer: Some(Viewer::parse(b"v").unwrap()),
+                user: UserId::new(top - i).unwrap(),
+                ad: AdId::new(1).unwrap(),
+                category: CategoryId::new(1).unwrap(),
+                kind: Source::RealPhone,
+                reason: None,
+            };
+            reveals.record(reveal).unwrap();
+        }
+        let stop = CancellationToken::new();
+        let flushing = tokio::spawn(run(
+            reveals.clone(),
+            database.reveals(),
+            config.reveals.flush_interval,
+            stop.clone(),
+        ));
+        for _ in 0..600 {
+            if reveals.buffered() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stop.cancel();
+        flushing.await.unwrap();
+        assert_eq!(reveals.buffered(), 0);
+        let newest = database
+            .reveals()
+            .read_reveals(&RevealQuery::newest(
+                RevealsOf::Viewer(Viewer::parse(b"v").unwrap()),
+                1,
+            ))
+            .await
+            .unwrap();
+        // The last write's highest seller: the first of the last MAX_WRITE.
+        let first_of_last = top - u64::try_from(2 * MAX_WRITE).unwrap();
+        assert_eq!(newest[0].reveal.user.get(), first_of_last);
+        assert_eq!(newest[0].id, i64::try_from(n).unwrap());
+        let counts = database
+            .reveals()
+            .ad_reveal_counts(AdId::new(1).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(counts.total(), u64::try_from(n).unwrap());
+        database.close().await;
     }
 }

@@ -7,8 +7,11 @@
 //!   appended with atomics) and one atomic add. No lock a request can wait on.
 //! - [`flush::run`] drains the channel every `reveals.flush_interval_ms` and
 //!   writes the batch and its counts (one upsert per ad and kind) in one
-//!   transaction ([`crate::store::RevealStore::write_reveals`]). When the database
-//!   fails, the batch stays in memory and is retried with what came since.
+//!   transaction ([`crate::store::RevealStore::write_reveals`]), or, when more
+//!   than [`flush::MAX_WRITE`] waited (the writer fell behind), in
+//!   transactions of that many, one after the other: what one write holds in
+//!   memory is bounded, whatever the lag. When the database fails, the batch
+//!   stays in memory and is retried with what came since.
 //! - `reveals.max_buffered` bounds what waits in memory (channel and retried
 //!   batch together). Past it, `on_overflow = "drop"` drops the reveal and
 //!   counts it; `"refuse"` makes [`Reveals::record`] fail so the caller answers

@@ -3,6 +3,7 @@
 //! converged ([`sync`]) and pull the status feed ([`feed`]).
 
 pub mod feed;
+mod listed;
 mod set;
 pub mod sync;
 
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
+use listed::Listed;
 pub use set::{StatusSet, Tracking};
 
 use crate::domain::{Applied, StatusChange, UserId, wall_clock};
@@ -50,10 +52,15 @@ const ROWS_PER_YIELD: usize = 1024;
 /// Owns the status set's consistency with the store.
 ///
 /// Writes go to the store first (one transaction each) and are acknowledged after
-/// commit. Memory learns of every change, local or from another replica, one way:
+/// commit. Memory learns of every change from another replica one way:
 /// [`StatusService::catch_up`] reads the store's change log after the last row it
-/// applied, in change order, and overwrites those users in memory. A local write
-/// catches up before it answers, so the writer reads its own write.
+/// applied, in change order, and overwrites those users in memory. A local delta
+/// catches up before it answers, so the writer reads its own write. A local
+/// snapshot is applied to memory from the ids its request holds, by the
+/// store's own version rule, and the change-log position moves past its rows
+/// (see [`StatusService::finish_snapshot`]): read back through the change log,
+/// a 10,000,000-id snapshot took minutes to reach the memory of the replica
+/// that had answered it.
 #[derive(Clone)]
 pub struct StatusService {
     inner: Arc<Inner>,
@@ -68,7 +75,8 @@ struct Inner {
     /// writers queue on the advisory lock; queueing here spares a connection.
     writer: tokio::sync::Mutex<()>,
     /// The change-log position applied to memory; the mutex makes catch-ups
-    /// run one at a time so rows are applied in order.
+    /// (and a local snapshot's apply) run one at a time so rows are applied in
+    /// order.
     watermark: tokio::sync::Mutex<Watermark>,
     /// Unix time (ms) of the last successful catch-up, for the sync-lag gauge.
     last_sync_ms: AtomicI64,
@@ -175,6 +183,18 @@ impl StatusService {
         page_bound: Option<Duration>,
     ) -> Result<usize, StatusStoreError> {
         let mut watermark = self.inner.watermark.lock().await;
+        self.catch_up_locked(&mut watermark, page_bound).await
+    }
+
+    /// Applies the change log after `watermark`, in change order. The
+    /// watermark follows every row applied, before each yield: a catch-up
+    /// given up (its caller's bound ran out) resumes at the row after the
+    /// last it applied, not at the start of its page.
+    async fn catch_up_locked(
+        &self,
+        watermark: &mut Watermark,
+        page_bound: Option<Duration>,
+    ) -> Result<usize, StatusStoreError> {
         let seen = watermark.0;
         let caches = &self.inner.caches;
         let mut total = 0;
@@ -189,37 +209,36 @@ impl StatusService {
                     })
                 })??,
             };
-            for (i, row) in rows.iter().enumerate() {
-                let user = UserId::new(row.user_id);
-                match row.change {
-                    Change::Status { status, .. } if row.user_id == FLOOR_USER => {
-                        self.inner.set.put_floor(status.version);
-                    }
-                    Change::Status { status, flip_seq } => {
-                        if let (Ok(user), true) = (user, flip_seq > seen) {
-                            caches.drop_calltracking(user);
+            for chunk in rows.chunks(ROWS_PER_YIELD) {
+                for row in chunk {
+                    let user = UserId::new(row.user_id);
+                    match row.change {
+                        Change::Status { status, .. } if row.user_id == FLOOR_USER => {
+                            self.inner.set.put_floor(status.version);
                         }
-                        self.inner.set.put(row.user_id, status);
-                        total += 1;
-                    }
-                    Change::Invalidated => {
-                        if let Ok(user) = user {
-                            caches.drop_seller(user);
+                        Change::Status { status, flip_seq } => {
+                            if let (Ok(user), true) = (user, flip_seq > seen) {
+                                caches.drop_calltracking(user);
+                            }
+                            self.inner.set.put(row.user_id, status);
+                            total += 1;
+                        }
+                        Change::Invalidated => {
+                            if let Ok(user) = user {
+                                caches.drop_seller(user);
+                            }
                         }
                     }
+                    *watermark = (row.seq, i64::try_from(row.user_id).unwrap_or(i64::MAX));
                 }
-                if i % ROWS_PER_YIELD == ROWS_PER_YIELD - 1 {
-                    tokio::task::yield_now().await;
-                }
-            }
-            if let Some(last) = rows.last() {
-                *watermark = (last.seq, i64::try_from(last.user_id).unwrap_or(i64::MAX));
-                metrics::gauge!("phones_gateway_status_last_change_seq").set(last.seq as f64);
+                metrics::gauge!("phones_gateway_status_last_change_seq").set(watermark.0 as f64);
+                tokio::task::yield_now().await;
             }
             if (rows.len() as i64) < CHANGES_PAGE {
                 break;
             }
         }
+        metrics::gauge!("phones_gateway_status_last_change_seq").set(watermark.0 as f64);
         self.inner.last_sync_ms.store(unix_ms(), Ordering::Release);
         Ok(total)
     }
@@ -320,20 +339,81 @@ impl StatusService {
         self.inner.store.begin_snapshot().await
     }
 
-    /// Applies a loaded snapshot at `version`, then catches memory up.
+    /// Applies a loaded snapshot at `version` (the ids pushed into `load`;
+    /// `enabled`, the same ids as the request parsed them), and applies it to
+    /// this replica's memory before returning: when this returns `Ok`, every
+    /// lookup here sees the snapshot's state, at 10,000,000 ids too.
+    ///
+    /// Memory does not read the snapshot back through the change log (every
+    /// row it stamped: minutes at 10,000,000 ids, and a bounded catch-up that
+    /// gave up left the answer ahead of memory). Instead, in the writers'
+    /// turn, where no other change can be stored: memory catches up to the
+    /// change before the snapshot's, so it holds exactly the stored state the
+    /// snapshot applies to; the store applies it and commits; memory applies
+    /// it from `enabled` by the store's own version rule, telling the caches
+    /// of exactly the flips the store stamped; the watermark moves past the
+    /// snapshot's rows, so no catch-up reads them back. Changes stored after
+    /// it (a delta with a greater version) are caught up over it next, as
+    /// always. The watermark is held from the catch-up to the end, so no
+    /// catch-up runs in between; nothing can be stored meanwhile anyway.
     ///
     /// # Errors
-    /// The store refused it; nothing was applied.
+    /// The store refused it, or memory could not be caught up to it within
+    /// the finish's bound; nothing was applied.
     pub async fn finish_snapshot(
         &self,
         load: SnapshotLoad,
         version: u64,
+        enabled: Vec<Vec<u64>>,
     ) -> Result<(), StatusStoreError> {
-        {
-            let _writer = self.writer().await?;
-            load.finish(version).await?;
+        // Built on the blocking pool while the store indexes the ids (a
+        // bitmap: milliseconds at 10,000,000 ids; a hash set, for sparse
+        // ids, a second or so).
+        let listing = tokio::task::spawn_blocking(move || Listed::new(enabled));
+        let _writer = self.writer().await?;
+        let prepared = load.prepare(version).await?;
+        let (deadline, bound) = (prepared.deadline(), prepared.bound());
+        let timed_out =
+            |operation| StatusStoreError::from(StoreError::TimedOut { operation, bound });
+        let mut watermark = tokio::time::timeout_at(deadline, self.inner.watermark.lock())
+            .await
+            .map_err(|_| timed_out("waiting for the change log"))?;
+        tokio::time::timeout_at(deadline, self.catch_up_locked(&mut watermark, None))
+            .await
+            .map_err(|_| timed_out("catching up before a snapshot"))??;
+        let listed = listing.await;
+        let seq = prepared.seq();
+        if !prepared.finish().await? {
+            // It changed no row: memory, caught up, holds the stored state.
+            return Ok(());
         }
-        self.catch_up_after_write().await;
+        let listed = match listed {
+            Ok(listed) => listed,
+            Err(error) => {
+                // Only a panic (a bug) or a runtime shutting down: memory reads
+                // the snapshot back through the change log, as another
+                // replica does, before the answer.
+                tracing::error!(%error, "a snapshot's listing failed; reading it back");
+                if let Err(error) = self.catch_up_locked(&mut watermark, None).await {
+                    tracing::warn!(%error, "reading a snapshot back failed; the sync loop will retry");
+                }
+                return Ok(());
+            }
+        };
+        let caches = &self.inner.caches;
+        let set = self
+            .inner
+            .set
+            .apply_snapshot(&listed, version, |user| {
+                if let Ok(user) = UserId::new(user) {
+                    caches.drop_calltracking(user);
+                }
+            })
+            .await;
+        *watermark = (seq, i64::MAX);
+        metrics::gauge!("phones_gateway_status_last_change_seq").set(seq as f64);
+        self.inner.last_sync_ms.store(unix_ms(), Ordering::Release);
+        tracing::debug!(set, listed = listed.len(), "a snapshot applied to memory");
         Ok(())
     }
 
@@ -347,10 +427,11 @@ impl StatusService {
         enabled: &[u64],
     ) -> Result<(), StatusStoreError> {
         let mut load = self.begin_snapshot().await?;
-        for chunk in enabled.chunks(100_000) {
+        let chunks: Vec<Vec<u64>> = enabled.chunks(100_000).map(<[u64]>::to_vec).collect();
+        for chunk in &chunks {
             load.push(chunk).await?;
         }
-        self.finish_snapshot(load, version).await
+        self.finish_snapshot(load, version, chunks).await
     }
 
     /// The change is durable; if memory cannot follow right now (within a

@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use foldhash::fast::RandomState;
 
+use super::ROWS_PER_YIELD;
+use super::listed::Listed;
 use crate::domain::{Applied, Status, StatusChange, UserId, plan_changes};
 
 /// A status packed in one `u64`: the version shifted left, `enabled` in bit 0.
@@ -146,6 +148,92 @@ impl StatusSet {
     pub fn put(&self, user_id: u64, status: Status) {
         self.map.pin().insert(user_id, pack(status));
     }
+
+    /// The user's own entry, if the map holds one (not the floor's).
+    fn entry(&self, user_id: u64) -> Option<Status> {
+        self.map.pin().get(&user_id).map(|p| unpack(*p))
+    }
+
+    /// Applies a full snapshot at `version` enabling `listed`, by the rule the
+    /// store applied it with (`store::status`, the snapshot's finish): every
+    /// entry at or below `version` takes the snapshot's state at `version`,
+    /// one above keeps its own; a listed user without an entry is enabled
+    /// only if the floor is at or below `version`, and the floor moves up to
+    /// it. So a set that held the stored state just before the snapshot's
+    /// change holds the stored state just after it. `flipped` is told of each
+    /// user whose call tracking turns on or off, before the change is visible.
+    ///
+    /// Listed users first, then the others: a seller enabled before and
+    /// after is never seen disabled in between. Yields every
+    /// [`ROWS_PER_YIELD`] users, as a catch-up does; returns how many it set.
+    pub(super) async fn apply_snapshot(
+        &self,
+        listed: &Listed,
+        version: u64,
+        mut flipped: impl FnMut(u64),
+    ) -> usize {
+        let floor = self.floor();
+        let on = Status {
+            enabled: true,
+            version,
+        };
+        let mut set = 0;
+        for (i, user) in listed.iter().enumerate() {
+            let entry = self.entry(user);
+            if entry.map_or(floor, |s| s.version) <= version {
+                if !entry.is_some_and(|s| s.enabled) {
+                    flipped(user);
+                }
+                self.put(user, on);
+                set += 1;
+            }
+            if i % ROWS_PER_YIELD == ROWS_PER_YIELD - 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        if floor <= version {
+            self.put_floor(version);
+        }
+        let off = Status {
+            enabled: false,
+            version,
+        };
+        for (i, user) in self.unlisted(listed, version).await.into_iter().enumerate() {
+            if self.entry(user).is_some_and(|s| s.enabled) {
+                flipped(user);
+            }
+            self.put(user, off);
+            set += 1;
+            if i % ROWS_PER_YIELD == ROWS_PER_YIELD - 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        set
+    }
+
+    /// The users whose entry a snapshot at `version` disables (or moves up
+    /// to `version`) once its listed users are applied: an entry below
+    /// `version`, or one enabled at exactly `version` and not listed. Read
+    /// in one pass, yielding as [`StatusSet::apply_snapshot`] does; the
+    /// guard held meanwhile (one that may cross an `await`) keeps no retired
+    /// entry alive, since the caller is the set's only writer and does not
+    /// write during the pass.
+    async fn unlisted(&self, listed: &Listed, version: u64) -> Vec<u64> {
+        let map = self.map.pin_owned();
+        let mut users = Vec::new();
+        for (i, (user, packed)) in map.iter().enumerate() {
+            let status = unpack(*packed);
+            let stale = status.version < version
+                || (status.version == version && status.enabled && !listed.contains(*user));
+            if stale {
+                users.push(*user);
+            }
+            if i % (4 * ROWS_PER_YIELD) == 4 * ROWS_PER_YIELD - 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        users
+    }
 }
 
 #[cfg(test)]
@@ -233,6 +321,91 @@ mod tests {
         set.mark_loaded();
         assert_eq!(set.tracking(user(1)), Tracking::On);
         assert_eq!(set.tracking(user(2)), Tracking::Off);
+    }
+
+    /// The store's rule for a snapshot at `version` (the finish's UPDATE and
+    /// INSERT), on a map of (enabled, version) and a floor: the model the set's
+    /// own apply must agree with.
+    fn stored_after_snapshot(
+        before: &HashMap<u64, Status>,
+        floor: u64,
+        listed: &[u64],
+        version: u64,
+    ) -> (HashMap<u64, Status>, u64) {
+        let mut after = before.clone();
+        for (user, status) in after.iter_mut() {
+            if status.version <= version {
+                *status = Status {
+                    enabled: listed.contains(user),
+                    version,
+                };
+            }
+        }
+        if floor <= version {
+            for user in listed {
+                after.entry(*user).or_insert(Status {
+                    enabled: true,
+                    version,
+                });
+            }
+        }
+        (after, floor.max(version))
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_applies_to_memory_as_the_store_applies_it() {
+        // A small deterministic generator: many shapes, the same each run.
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for round in 0..300 {
+            let set = StatusSet::default();
+            let floor = next(6);
+            set.put_floor(floor);
+            let mut before = HashMap::new();
+            for user in 1..=40 {
+                if next(3) > 0 {
+                    let status = Status {
+                        enabled: next(2) == 1,
+                        version: floor + 1 + next(6),
+                    };
+                    set.put(user, status);
+                    before.insert(user, status);
+                }
+            }
+            let version = 1 + next(10);
+            // Duplicates and users with no entry among the listed.
+            let listed: Vec<u64> = (0..next(30)).map(|_| 1 + next(50)).collect();
+            let (want, want_floor) = stored_after_snapshot(&before, floor, &listed, version);
+            let mut flipped = Vec::new();
+            set.apply_snapshot(&Listed::new(vec![listed.clone()]), version, |user| {
+                flipped.push(user)
+            })
+            .await;
+            assert_eq!(set.floor(), want_floor, "round {round}");
+            assert_eq!(set.len(), want.len(), "round {round}");
+            for user in 1..=60 {
+                let want_status = want.get(&user).copied().unwrap_or(Status {
+                    enabled: false,
+                    version: want_floor,
+                });
+                assert_eq!(
+                    set.get(self::user(user)),
+                    want_status,
+                    "round {round}, user {user}"
+                );
+                let was = before.get(&user).is_some_and(|s| s.enabled);
+                assert_eq!(
+                    flipped.contains(&user),
+                    was != want_status.enabled,
+                    "round {round}, user {user}: told of a flip"
+                );
+            }
+        }
     }
 
     #[test]

@@ -61,5 +61,6 @@ pub use leadership::{Fence, Leader, Leadership};
 pub use pool::{ACQUIRE_TIMEOUT, Bounds};
 pub use reveals::{RevealStore, RevealStoreError};
 pub use status::{
-    CHANGES_PAGE, Change, FLOOR_USER, Row, SnapshotLoad, StatusStore, StatusStoreError, Watermark,
+    CHANGES_PAGE, Change, FLOOR_USER, PreparedSnapshot, Row, SnapshotLoad, StatusStore,
+    StatusStoreError, Watermark,
 };

@@ -281,15 +281,32 @@ impl Backend {
         }
     }
 
-    /// Why no pooled connection could be had: one connection attempt of its own,
-    /// whose error names the cause (refused, authentication, DNS), with where it
-    /// went (host:port and database, never the password).
+    /// Why no pooled connection could be had. With connections in the pool,
+    /// they were all busy: said without connecting, so a replica never holds
+    /// more connections than its pool (plus the notification listener and the
+    /// feed's lease) even while its pool is busy. With none, one connection
+    /// attempt of its own, whose error names the cause (refused,
+    /// authentication, DNS), with where it went (host:port and database, never
+    /// the password).
     async fn explain(&self) -> StoreError {
         let Backend::Postgres(pg) = self else {
             return StoreError::Database(sqlx::Error::PoolTimedOut);
         };
         let options = pg.pool.connect_options();
         let target = target(&options);
+        let busy = || {
+            format!(
+                "every pooled connection stayed busy for {ACQUIRE_TIMEOUT:?} \
+                 (database.max_connections is {})",
+                pg.pool.options().get_max_connections()
+            )
+        };
+        if pg.pool.size() > 0 {
+            return StoreError::Unreachable {
+                target,
+                cause: busy(),
+            };
+        }
         let attempt = tokio::time::timeout(
             ACQUIRE_TIMEOUT,
             <sqlx::PgConnection as sqlx::Connection>::connect_with(&options),
@@ -300,11 +317,7 @@ impl Backend {
             Ok(Err(error)) => error.to_string(),
             Ok(Ok(connection)) => {
                 let _ = sqlx::Connection::close(connection).await;
-                format!(
-                    "every pooled connection stayed busy for {ACQUIRE_TIMEOUT:?} \
-                     (database.max_connections is {})",
-                    pg.pool.options().get_max_connections()
-                )
+                busy()
             }
         };
         StoreError::Unreachable { target, cause }

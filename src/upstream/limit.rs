@@ -154,12 +154,10 @@ pub(super) enum End {
     /// An answer (any status but a load refusal, even one that does not
     /// parse): its latency is the call's.
     Answered,
-    /// No answer within the timeout: a latency of the timeout.
-    TimedOut,
     /// The upstream refused load (429, or 503 with `Retry-After`).
     LoadRefused,
-    /// Nothing to learn: a connection failure, or no call made (an open
-    /// breaker).
+    /// Nothing to learn: a timeout, a connection failure, or no call made (an
+    /// open breaker).
     Unknown,
 }
 
@@ -322,7 +320,7 @@ impl Slot<'_> {
         let now = Instant::now();
         let signal = match end {
             End::LoadRefused => Signal::Refused,
-            End::Answered | End::TimedOut => Signal::Latency(now.duration_since(self.started)),
+            End::Answered => Signal::Latency(now.duration_since(self.started)),
             End::Unknown => return,
         };
         self.bound.learn_at(signal, &self, now);
@@ -542,13 +540,13 @@ mod tests {
         drop(bound.slot().unwrap());
         bound.slot().unwrap().finish(End::Unknown);
         assert_eq!(bound.limit(), 27);
-        // A timeout is a 300 ms latency: timeouts in a row are a climb over
-        // 10 ms answers, once the short average passes the floor (100 ms).
+        // Answers of 300 ms in a row are a climb over 10 ms answers, once the
+        // short average passes the floor (100 ms).
         let held: Vec<_> = (0..20).map(|_| bound.slot().unwrap()).collect();
         for _ in 0..3 {
             let slot = bound.slot().unwrap();
             tokio::time::advance(Duration::from_millis(300)).await;
-            slot.finish(End::TimedOut);
+            slot.finish(End::Answered);
         }
         assert_eq!(bound.limit(), 18, "0.9 x the 21 in flight");
         drop(held);

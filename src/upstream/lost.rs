@@ -18,10 +18,13 @@
 //! To that the call adds the time it spent inside the gateway before the
 //! upstream was asked (its host lookup). Lost time above
 //! `upstreams.lost_time_tolerance_ms` is given back once (the timer is re-armed
-//! for it: the answer is often already in the socket); a call that loses time
-//! beyond the tolerance again in that extension is undecided
-//! ([`UpstreamError::LostTime`](super::UpstreamError::LostTime)), and one that
-//! did not, had its whole timeout of the gateway's attention: a timeout.
+//! for it: the answer is often already in the socket). A call that loses more
+//! than half of that extension again (and more than the tolerance: the gateway
+//! paused again) is undecided
+//! ([`UpstreamError::LostTime`](super::UpstreamError::LostTime)); one that did
+//! not had its timeout of the gateway's attention, within what a busy
+//! machine's scheduling takes (a machine that loses a fifth of its time loses
+//! a fifth of the extension too), and its timeout is the upstream's.
 //!
 //! Every late wake is observed in `phones_gateway_lost_time_seconds` (a
 //! histogram: its `_sum` rate is the share of time lost).

@@ -511,9 +511,13 @@ impl Upstreams {
                 // what the upstream does, and `traceparent` names it (docs/tracing.md).
                 let span = upstream_span(endpoint.name.as_str());
                 let phase = Phase::default();
-                let hot = endpoint.send_rate.sent(tokio::time::Instant::now());
+                // One clock reading for the send rate and the call's timer.
+                let now = tokio::time::Instant::now();
+                let hot = endpoint.send_rate.sent(now);
                 let sent = endpoint.get(url, call.request_id, call.trace, span.clone(), &phase);
-                let result = self.timed(endpoint, sent.instrument(span), &phase).await;
+                let result = self
+                    .timed(endpoint, sent.instrument(span), &phase, now)
+                    .await;
                 let result = match result {
                     Err(error) if error.health_failure() => {
                         endpoint.send_rate.trouble(tokio::time::Instant::now());
@@ -537,10 +541,10 @@ impl Upstreams {
             // here too.
             slot.finish(match &result {
                 Ok(_) | Err(UpstreamError::Status(_) | UpstreamError::Decode(_)) => End::Answered,
-                Err(UpstreamError::Timeout) => End::TimedOut,
                 Err(UpstreamError::LoadRefused(_) | UpstreamError::Load) => End::LoadRefused,
                 Err(
-                    UpstreamError::Connect(_)
+                    UpstreamError::Timeout
+                    | UpstreamError::Connect(_)
                     | UpstreamError::CircuitOpen
                     | UpstreamError::LocalTimeout
                     | UpstreamError::LostTime
@@ -565,18 +569,24 @@ impl Upstreams {
     /// upstream had (`lost`): when the timer fires, the time the gateway lost
     /// meanwhile (the probe's running total or the timer's own lateness,
     /// whichever is more, and the wait before the upstream was asked) is given
-    /// back once if it is beyond the tolerance; a call that loses time beyond
-    /// it again is undecided, one that did not had its whole timeout.
+    /// back once if it is beyond the tolerance. At the end of that extension a
+    /// call that lost more than half of it again (or more than the tolerance,
+    /// if that is more: the gateway paused again) is undecided; one that lost
+    /// less had its timeout of the gateway's attention, within what a busy
+    /// machine's scheduling takes, and its timeout is the upstream's. `sent`
+    /// is when the call began.
     async fn timed<T>(
         &self,
         endpoint: &Endpoint,
         call: impl Future<Output = Result<Option<T>, UpstreamError>>,
         phase: &Phase,
+        sent: tokio::time::Instant,
     ) -> Result<Option<T>, UpstreamError> {
         let lost = &*self.lost;
         let mut mark = lost.mark();
-        let mut due = tokio::time::Instant::now() + endpoint.timeout;
-        let mut extended = false;
+        let mut due = sent + endpoint.timeout;
+        // The time given back, once given.
+        let mut extension: Option<Duration> = None;
         let timer = tokio::time::sleep_until(due);
         tokio::pin!(call, timer);
         loop {
@@ -590,17 +600,19 @@ impl Upstreams {
                         return Err(UpstreamError::LocalTimeout);
                     }
                     let now = tokio::time::Instant::now();
-                    let mut lost_now = lost.since(mark).max(lost::lateness(due, now));
-                    if !extended {
-                        lost_now += phase.waited();
+                    let lost_now = lost.since(mark).max(lost::lateness(due, now));
+                    if let Some(given) = extension {
+                        return Err(if lost.beyond_tolerance(lost_now) && lost_now > given / 2 {
+                            UpstreamError::LostTime
+                        } else {
+                            UpstreamError::Timeout
+                        });
                     }
+                    let lost_now = lost_now + phase.waited();
                     if !lost.beyond_tolerance(lost_now) {
                         return Err(UpstreamError::Timeout);
                     }
-                    if extended {
-                        return Err(UpstreamError::LostTime);
-                    }
-                    extended = true;
+                    extension = Some(lost_now);
                     mark = lost.mark();
                     due = now + lost_now;
                     timer.as_mut().reset(due);

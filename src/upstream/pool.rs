@@ -58,31 +58,26 @@ type Sender = SendRequest<Empty<Bytes>>;
 /// How far one call got: whether the upstream had the chance to answer, and
 /// how long the call waited inside the gateway before that (its host lookup).
 /// Atomics, not `Cell`s, so the call's future stays `Send`; one call writes
-/// them and reads them, so `Relaxed` is enough.
-#[derive(Debug)]
+/// them and reads them, so `Relaxed` is enough. No clock is read for a call
+/// that takes an idle connection (the cold path's usual case): only a new
+/// connection's host lookup is timed.
+#[derive(Debug, Default)]
 pub(super) struct Phase {
-    started: Instant,
-    /// Microseconds from `started` to the upstream being asked, plus one (0:
-    /// not asked yet).
+    /// Microseconds the call waited before the upstream was asked, plus one
+    /// (0: not asked yet).
     asked_after: AtomicU64,
 }
 
-impl Default for Phase {
-    fn default() -> Self {
-        Phase {
-            started: Instant::now(),
-            asked_after: AtomicU64::new(0),
-        }
-    }
-}
-
 impl Phase {
-    fn set_asked(&self) {
-        if self.asked_after.load(Ordering::Relaxed) == 0 {
-            let waited = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
-            self.asked_after
-                .store(waited.saturating_add(1), Ordering::Relaxed);
-        }
+    /// The upstream is asked, `waited` after the call began.
+    fn set_asked(&self, waited: Duration) {
+        let waited = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        let _ = self.asked_after.compare_exchange(
+            0,
+            waited.saturating_add(1),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 
     /// Whether the call got past the gateway's own phase (an address known, a
@@ -185,7 +180,7 @@ impl Pool {
                 continue;
             }
             let mut sender = idle.sender;
-            phase.set_asked();
+            phase.set_asked(Duration::ZERO);
             // Not ready only when its task has not yet run since the last answer;
             // an error means it closed meanwhile.
             if sender.is_ready() || sender.ready().await.is_ok() {
@@ -227,12 +222,14 @@ impl Pool {
     }
 
     async fn connect(&self, phase: &Phase) -> Result<Conn, UpstreamError> {
-        // An IP literal is parsed at once; a name goes to the blocking pool.
+        // An IP literal is parsed at once; a name goes to the blocking pool,
+        // where it may wait: that wait is the gateway's own.
+        let began = Instant::now();
         let addresses: Vec<_> = tokio::net::lookup_host(&self.address)
             .await
             .map_err(|e| UpstreamError::Local(format!("host lookup failed: {e}")))?
             .collect();
-        phase.set_asked();
+        phase.set_asked(began.elapsed());
         let mut last = None;
         let mut stream = None;
         for address in addresses {

@@ -10,6 +10,7 @@ use phones_gateway::config::Scope;
 use phones_gateway::http::api::routes::{self, Access};
 use reqwest::Method;
 
+use crate::support::child::Process;
 use crate::support::paths::{METRICS, REVEALS, ad_reveals_path, status_path};
 use crate::support::{TestApp, captured_logs, eventually};
 
@@ -327,4 +328,155 @@ fn bad_tokens_are_refused_at_start_naming_the_key() {
         dir.path(),
     );
     assert_eq!(code, Some(0), "{stderr}");
+}
+
+/// The values of the token file the binary re-reads in
+/// `whitespace_around_a_token_file_s_value_is_not_part_of_it`.
+pub const FILE_OLD: &str = "tok-file-old-8d2e5a";
+pub const FILE_NEW: &str = "tok-file-new-3b7c91";
+
+/// `path` written as an editor or kubelet writes it: a new file moved over the
+/// old.
+fn replace_file(path: &std::path::Path, contents: &str) {
+    let staged = path.with_extension("staged");
+    std::fs::write(&staged, contents).unwrap();
+    std::fs::rename(&staged, path).unwrap();
+}
+
+/// `phones_gateway_admin_token_reload_errors_total{name}` in a /metrics text.
+fn reload_errors_in(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("phones_gateway_admin_token_reload_errors_total")
+                && l.contains(&format!("name=\"{name}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+/// docs/admin-access.md, "Rotation", on the binary as operators run it: a token
+/// file rewritten with blank lines and spaces around its value (as `echo`,
+/// editors and Secret tools leave it) rotates to the value without them, the
+/// old value stopping; a file rewritten with a value a header cannot carry
+/// (a space inside it), then emptied, keeps that last good value, and says so:
+/// a warning with the reason and the process's own reload-error counter.
+#[tokio::test]
+async fn whitespace_around_a_token_file_s_value_is_not_part_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, format!("{FILE_OLD}\n")).unwrap();
+    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let tokens = format!(
+        "[{{name=\"rotating\",token_file={:?},scopes=[\"statuses:read\"]}}]",
+        file.display().to_string()
+    );
+    let process = Process::start_with(&url, &[("ADMIN__TOKENS", &tokens)]).await;
+    let path = status_path(42);
+    let status = |token: &'static str| {
+        let (process, path) = (&process, &path);
+        async move {
+            process
+                .http
+                .get(format!("{}{path}", process.admin))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(status(FILE_OLD).await, 200);
+    assert_eq!(status(FILE_NEW).await, 401);
+
+    replace_file(&file, &format!("\n  {FILE_NEW} \r\n\n\n"));
+    let written = Instant::now();
+    // The old value first: once it fails, the swap has happened, so the new
+    // one must work.
+    while status(FILE_OLD).await == 200 {
+        assert!(
+            written.elapsed() < Duration::from_secs(10),
+            "not rotated within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        status(FILE_NEW).await,
+        200,
+        "neither the old nor the new value works: the whitespace around the \
+         file's value was taken as part of the token"
+    );
+    assert_eq!(status(FILE_OLD).await, 401);
+
+    // A space inside the value: no header carries it as one token.
+    replace_file(&file, &format!("{FILE_OLD} {FILE_NEW}\n"));
+    let logged = process
+        .child
+        .logged(
+            "admin token file unusable; keeping its last good value",
+            &["token", "reason"],
+            Duration::from_secs(10),
+        )
+        .await;
+    assert_eq!(logged[0], "rotating");
+    assert!(logged[1].contains("cannot carry"), "{logged:?}");
+    assert!(
+        !logged[1].contains(FILE_OLD) && !logged[1].contains(FILE_NEW),
+        "the reason never quotes the value: {logged:?}"
+    );
+    let errors = reload_errors_in(&process.get_admin(METRICS).await.text, "rotating");
+    assert!(errors >= 1, "{errors}");
+    assert_eq!(status(FILE_NEW).await, 200, "the last good value is kept");
+
+    // Emptied but for blank lines: still the last good value, still counted.
+    replace_file(&file, "\n \n");
+    eventually(
+        "the emptied file counted",
+        Duration::from_secs(10),
+        || async { reload_errors_in(&process.get_admin(METRICS).await.text, "rotating") > errors },
+    )
+    .await;
+    assert_eq!(status(FILE_NEW).await, 200, "the last good value is kept");
+    assert_eq!(status(FILE_OLD).await, 401);
+}
+
+/// `check-config` refuses a token file holding a value a header cannot carry
+/// (a space or a tab inside it, a control character, a character outside
+/// ASCII) or nothing but whitespace, naming the key and never the value; a
+/// file whose value has blank lines and spaces around it is fine. A token set
+/// in the configuration is taken verbatim, so one with a line ending is
+/// refused, naming `admin.token`.
+#[test]
+fn a_token_file_a_header_cannot_carry_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    let toml = format!(
+        "[[admin.tokens]]\nname = \"a\"\ntoken_file = {:?}\nscopes = []\n",
+        file.display().to_string()
+    );
+    for contents in [
+        format!("{FILE_OLD} {FILE_NEW}\n"),
+        format!("{FILE_OLD}\t{FILE_NEW}"),
+        format!("{FILE_OLD}\u{7}"),
+        format!("{FILE_OLD}é"),
+        "\n\n  \n".to_owned(),
+    ] {
+        std::fs::write(&file, &contents).unwrap();
+        let (code, stderr) = check_config(&toml, dir.path());
+        assert_eq!(code, Some(2), "{contents:?} accepted: {stderr}");
+        assert!(
+            stderr.contains("admin.tokens[0].token_file"),
+            "the key not named: {stderr}"
+        );
+        assert!(!stderr.contains(FILE_OLD), "{stderr}");
+    }
+    std::fs::write(&file, format!("\n\n {FILE_OLD}  \r\n\n")).unwrap();
+    let (code, stderr) = check_config(&toml, dir.path());
+    assert_eq!(code, Some(0), "{stderr}");
+
+    let (code, stderr) = check_config(&format!("[admin]\ntoken = \"{FILE_OLD}\\n\"\n"), dir.path());
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("admin.token"), "{stderr}");
+    assert!(!stderr.contains(FILE_OLD), "{stderr}");
 }

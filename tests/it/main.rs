@@ -24,6 +24,7 @@ mod campaign;
 mod faults;
 mod operations;
 mod overload;
+mod reasons;
 mod resources;
 mod reveals;
 mod rules;
@@ -46,6 +47,8 @@ pub const SECRETS: &[&str] = &[
     admin_access::NO_SCOPE,
     admin_access::OLD,
     admin_access::NEW,
+    admin_access::FILE_OLD,
+    admin_access::FILE_NEW,
 ];
 
 /// Numbers the fake upstreams hand out.

@@ -1,16 +1,23 @@
 //! The gateway's own resources never decide an answer (docs/rules.md: its own
 //! trouble leaves a source undecided): under a low open-files limit, idle
 //! clients cannot take the descriptors a lookup's upstream call needs
-//! (`server.max_connections`, docs/runbook.md, "Connections at their cap").
+//! (`server.max_connections`, docs/runbook.md, "Connections at their cap");
+//! callers without a token cannot hold the admin listener's connections so
+//! that the probes go unanswered (docs/operations.md, "Connections");
+//! unfinished uploads cannot take the process's memory
+//! (`server.max_body_buffer_bytes`).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::support::child::Process;
-use crate::support::{Fake, Reply, Upstream, eventually};
+use crate::support::paths::{BATCH, HEALTHZ, METRICS, READYZ, status_path};
+use crate::support::{Fake, Reply, TOKEN, Upstream, eventually};
 use crate::{PLAIN_CATEGORY, REAL, VIRTUAL};
 
 /// The binary's `RLIMIT_NOFILE`, soft and hard.
@@ -189,4 +196,321 @@ async fn idle_clients_cannot_take_the_descriptors_a_lookup_needs() {
         ask_anew,
     )
     .await;
+}
+
+/// One answer read from `reader`: its status, its head (lowercased) and its
+/// body; `None` when the connection closes or fails first.
+async fn answer_of<R: AsyncRead + Unpin>(reader: &mut R) -> Option<(u16, String, Vec<u8>)> {
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = reader.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        got.extend_from_slice(&chunk[..n]);
+        let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+        let length: usize = head
+            .split("\r\n")
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap_or(0));
+        if got.len() >= end + 4 + length {
+            let status = head.get(9..12)?.parse().ok()?;
+            return Some((status, head, got[end + 4..end + 4 + length].to_vec()));
+        }
+    }
+}
+
+/// A GET of `path` on a new connection to `addr`, with these extra header
+/// lines; `None` when its connection closes without an answer, or none comes
+/// within 10 s.
+async fn fresh_get(addr: &str, path: &str, extra: &str) -> Option<(u16, String, Vec<u8>)> {
+    let ask = async {
+        let mut stream = TcpStream::connect(addr).await.ok()?;
+        let head = format!("GET {path} HTTP/1.1\r\nhost: x\r\n{extra}\r\n");
+        stream.write_all(head.as_bytes()).await.ok()?;
+        answer_of(&mut stream).await
+    };
+    tokio::time::timeout(Duration::from_secs(10), ask)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// A caller without a token sending request after request on its connection
+/// (each a 401) for as long as it stays open, then connecting again; counts
+/// its answers in `answered`.
+async fn knock(addr: String, answered: Arc<AtomicUsize>) {
+    let head = format!("GET {} HTTP/1.1\r\nhost: x\r\n\r\n", status_path(1));
+    loop {
+        let Ok(mut stream) = TcpStream::connect(&addr).await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        while stream.write_all(head.as_bytes()).await.is_ok() {
+            match answer_of(&mut stream).await {
+                Some((401, _, _)) => answered.fetch_add(1, Ordering::Relaxed),
+                _ => break,
+            };
+        }
+    }
+}
+
+/// A caller without a token that connects and sends nothing; connects again
+/// when its connection is closed. Counts its connects in `connected`.
+async fn sit(addr: String, connected: Arc<AtomicUsize>) {
+    loop {
+        let Ok(mut stream) = TcpStream::connect(&addr).await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        connected.fetch_add(1, Ordering::Relaxed);
+        let mut byte = [0u8; 1];
+        let _ = stream.read(&mut byte).await;
+    }
+}
+
+/// Tasks aborted when dropped (also when the test fails).
+struct Aborting(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Aborting {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// The value of a metric line starting with `prefix` (name and labels).
+fn metric(metrics: &str, prefix: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// docs/api.md, "Operations": `/healthz`, `/readyz` and `/metrics` answer,
+/// and so does a caller with a token, while callers without one hold the admin
+/// listener: 64 sending request after request (each a 401) and 96 more that
+/// connect and send nothing, all connecting again whenever closed (two and a
+/// half times the cap of 64; fewer than the cap and the listen backlog, 128,
+/// together, past which the kernel drops new connections before the listener
+/// sees them: docs/operations.md), the head deadline set long enough that it
+/// closes none of them. A 401 closes its
+/// connection. A caller with the token whose request head is still on its way
+/// all that time is not closed to make room: its request is answered when its
+/// head is complete.
+#[tokio::test]
+async fn probes_answer_while_callers_without_a_token_hold_the_admin_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let process = Process::start_with(&url, &[("SERVER__HEADER_READ_TIMEOUT_MS", "600000")]).await;
+    let admin = process.admin.trim_start_matches("http://").to_owned();
+    let (answered, connected) = (Arc::default(), Arc::default());
+    let mut callers = Aborting(Vec::new());
+    for _ in 0..64 {
+        callers
+            .0
+            .push(tokio::spawn(knock(admin.clone(), Arc::clone(&answered))));
+    }
+    eventually(
+        "the knocking callers to be answered",
+        Duration::from_secs(20),
+        || {
+            let n = answered.load(Ordering::Relaxed);
+            async move { n >= 64 }
+        },
+    )
+    .await;
+    for _ in 0..96 {
+        callers
+            .0
+            .push(tokio::spawn(sit(admin.clone(), Arc::clone(&connected))));
+    }
+    eventually(
+        "the silent callers to connect",
+        Duration::from_secs(20),
+        || {
+            let n = connected.load(Ordering::Relaxed);
+            async move { n >= 96 }
+        },
+    )
+    .await;
+
+    let bearer = format!("authorization: Bearer {TOKEN}\r\n");
+    let mut slow = None;
+    for round in 0..3 {
+        if round == 1 {
+            // A caller with the token whose head stays on its way through the
+            // next rounds.
+            let mut stream = TcpStream::connect(&admin).await.unwrap();
+            let half = format!("GET {} HTTP/1.1\r\nhost: x\r\n", status_path(42));
+            stream.write_all(half.as_bytes()).await.unwrap();
+            slow = Some(stream);
+        }
+        for (path, extra) in [
+            (HEALTHZ, ""),
+            (READYZ, ""),
+            (METRICS, ""),
+            (status_path(42).as_str(), bearer.as_str()),
+        ] {
+            let got = fresh_get(&admin, path, extra).await;
+            assert_eq!(
+                got.as_ref().map(|(status, _, _)| *status),
+                Some(200),
+                "round {round}, GET {path}: no 200 within 10 s (None: no answer, or its \
+                 connection closed) while callers without a token hold the admin listener"
+            );
+        }
+    }
+    // A 401 closes its connection: one answer per connection without a token.
+    let (status, head, _) = fresh_get(&admin, &status_path(1), "").await.unwrap();
+    assert_eq!(status, 401);
+    assert!(head.contains("\r\nconnection: close"), "{head}");
+    let metrics = fresh_get(&admin, METRICS, "").await.unwrap().2;
+    let metrics = String::from_utf8_lossy(&metrics);
+    let evicted = metric(
+        &metrics,
+        "phones_gateway_connections_evicted_total{listener=\"admin\"} ",
+    );
+    assert!(evicted.is_some_and(|n| n > 0.0), "{evicted:?}");
+
+    // The head on its way all along: completed now, answered.
+    let mut slow = slow.unwrap();
+    slow.write_all(format!("{bearer}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), answer_of(&mut slow)).await;
+    assert_eq!(
+        answer.ok().flatten().map(|(status, _, _)| status),
+        Some(200),
+        "a connection with a request head on its way was closed to make room"
+    );
+}
+
+/// `/proc/<pid>/status`'s `field` (`VmRSS`, `VmHWM`), in bytes.
+fn memory_of(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+/// One batch upload that declares 1 MiB (`server.max_body_bytes`), sends
+/// `sent` bytes of it and never the rest; its answer, if one comes within 60 s.
+async fn unfinished_upload(addr: String, sent: usize) -> Option<(u16, String, Vec<u8>)> {
+    let stream = TcpStream::connect(&addr).await.ok()?;
+    let (mut read, mut write) = stream.into_split();
+    let answer = tokio::spawn(async move {
+        tokio::time::timeout(Duration::from_secs(60), answer_of(&mut read))
+            .await
+            .ok()
+            .flatten()
+    });
+    let head = format!(
+        "POST {BATCH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        1 << 20
+    );
+    let piece = vec![b' '; 64 * 1024];
+    if write.write_all(head.as_bytes()).await.is_ok() {
+        let mut left = sent;
+        while left > 0 {
+            let n = left.min(piece.len());
+            if write.write_all(&piece[..n]).await.is_err() {
+                break;
+            }
+            left -= n;
+        }
+    }
+    let answer = answer.await.ok().flatten();
+    // Open until the answer: closing would end the body early.
+    drop(write);
+    answer
+}
+
+/// `server.max_body_buffer_bytes`, at its default (64 MiB; the public
+/// listener's bodies may take three quarters of it): 200 batch uploads that
+/// send 960 KiB of a declared 1 MiB and stop (about 190 MiB in all). Past the
+/// bound they are answered 503 with `Retry-After` (a problem document) as
+/// their bytes arrive, the others 408 once `server.body_read_timeout_ms`
+/// passes; the process's peak memory grows by much less than the uploads
+/// sent; and, all answered, the buffer holds nothing (each request's bytes are
+/// released however it ended). Without the bound every upload is held until
+/// its 408, and the memory with it.
+#[tokio::test]
+async fn unfinished_uploads_cannot_take_the_process_s_memory() {
+    const UPLOADS: usize = 200;
+    const SENT: usize = 960 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let process = Process::start(&url).await;
+    let public = process.public.trim_start_matches("http://").to_owned();
+    let pid = process.child.id();
+    let before = memory_of(pid, "VmRSS");
+
+    let uploads: Vec<_> = (0..UPLOADS)
+        .map(|_| tokio::spawn(unfinished_upload(public.clone(), SENT)))
+        .collect();
+    let mut answers = Vec::new();
+    for upload in uploads {
+        answers.push(upload.await.unwrap());
+    }
+    let peak = memory_of(pid, "VmHWM").saturating_sub(before);
+    let mut tally = std::collections::BTreeMap::<Option<u16>, usize>::new();
+    for answer in &answers {
+        *tally.entry(answer.as_ref().map(|a| a.0)).or_default() += 1;
+    }
+    eprintln!(
+        "{UPLOADS} unfinished uploads of {SENT} bytes: answers {tally:?}, peak memory \
+         {} MiB over the {} MiB before",
+        peak >> 20,
+        before >> 20
+    );
+    let refused: Vec<_> = answers
+        .iter()
+        .flatten()
+        .filter(|(status, _, _)| *status == 503)
+        .collect();
+    assert!(
+        !refused.is_empty(),
+        "no unfinished upload was refused (answers by status: {tally:?})"
+    );
+    for (_, head, body) in &refused {
+        assert!(head.contains("\r\nretry-after:"), "{head}");
+        assert!(
+            head.contains("\r\ncontent-type: application/problem+json"),
+            "{head}"
+        );
+        let problem: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(problem["status"], 503, "{problem}");
+    }
+    assert_eq!(
+        tally.keys().copied().collect::<Vec<_>>(),
+        [Some(408), Some(503)],
+        "every upload answered, refused or timed out: {tally:?}"
+    );
+    // Well under the 190 MiB the uploads sent: the 48 MiB the public listener
+    // may hold, and room for the allocator and the connections.
+    assert!(peak < 112 << 20, "peak memory grew by {} MiB", peak >> 20);
+    let metrics = process.get_admin(METRICS).await.text;
+    assert_eq!(
+        metric(
+            &metrics,
+            "phones_gateway_shed_total{reason=\"body_buffer\"} "
+        ),
+        Some(refused.len() as f64),
+        "each refusal counted"
+    );
+    assert_eq!(
+        metric(&metrics, "phones_gateway_body_buffer_bytes "),
+        Some(0.0),
+        "every request's bytes released"
+    );
 }

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::support::child::Process;
-use crate::support::paths::{METRICS, REVEALS, STATUSES, ad_reveals_path, phone_path};
+use crate::support::paths::{
+    METRICS, OPENAPI_ADMIN, REVEALS, STATUSES, ad_reveals_path, phone_path,
+};
 use crate::support::{Fake, Reply, TestApp, Upstream, eventually, pg};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL};
 
@@ -108,8 +110,25 @@ async fn every_answered_number_is_recorded_and_nothing_else() {
     let first = &items[2];
     assert_eq!(
         first.as_object().unwrap().keys().collect::<Vec<_>>(),
-        ["ad_id", "at", "category_id", "kind", "user_id", "viewer"]
+        [
+            "ad_id",
+            "at",
+            "category_id",
+            "kind",
+            "reason",
+            "user_id",
+            "viewer"
+        ]
     );
+    // Each item's reason as the admin document describes it; the anonymous
+    // number was the first source's answer: nothing above it.
+    let schema = reason_schema(&app).await;
+    for item in &items {
+        assert_reason_shape(&schema, &item["reason"]);
+    }
+    if !batch_items[0]["reason"].is_null() {
+        assert_eq!(batch_items[0]["reason"]["sources"], json!({}));
+    }
     assert_eq!(first["viewer"], "v-1");
     assert_eq!(first["user_id"], 42);
     assert_eq!(first["ad_id"], 1);
@@ -128,6 +147,133 @@ async fn every_answered_number_is_recorded_and_nothing_else() {
         json!({ "ad_id": 2, "total": 1, "by_kind": { "anonymous": 1, "calltracking": 0, "real": 0 } })
     );
     assert_eq!(ad_counts(&app, 4).await["total"], 0, "HEAD is not counted");
+}
+
+/// The admin document's schema of a reveal's reason (`RevealReason`).
+async fn reason_schema(app: &TestApp) -> Value {
+    let doc = app.get_admin(OPENAPI_ADMIN).await;
+    assert_eq!(doc.status, 200, "{doc:?}");
+    let schema = doc.body["components"]["schemas"]["RevealReason"].clone();
+    assert!(schema.is_object(), "no RevealReason in the admin document");
+    schema
+}
+
+/// `reason` is null (a reveal recorded before reasons were kept, or not yet
+/// given one) or the object `schema` describes: its required fields, no
+/// other, each word one of its field's list, `stood_in_for` only with a
+/// stale origin.
+fn assert_reason_shape(schema: &Value, reason: &Value) {
+    if reason.is_null() {
+        return;
+    }
+    let words = |field: &Value| -> Vec<String> {
+        field["enum"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no enum in {field}"))
+            .iter()
+            .map(|w| w.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let fields = &schema["properties"];
+    let object = reason.as_object().unwrap_or_else(|| panic!("{reason}"));
+    for required in schema["required"].as_array().unwrap() {
+        assert!(
+            object.contains_key(required.as_str().unwrap()),
+            "{required} in {reason}"
+        );
+    }
+    for (key, value) in object {
+        assert!(fields.get(key).is_some(), "{key} in {reason}");
+        if let Some(word) = value.as_str() {
+            assert!(
+                words(&fields[key]).contains(&word.to_owned()),
+                "{key}: {reason}"
+            );
+        }
+    }
+    for (source, skip) in reason["sources"].as_object().unwrap() {
+        let allowed = words(&fields["sources"]["properties"][source]);
+        assert!(
+            allowed.contains(&skip.as_str().unwrap().to_owned()),
+            "{source}: {reason}"
+        );
+    }
+    assert_eq!(
+        object.contains_key("stood_in_for"),
+        reason["origin"] == "stale",
+        "{reason}"
+    );
+}
+
+/// A reveal's reason, as the flush writes it (`RevealStore::write_reveals`,
+/// beside the app), reads back on the admin pages as the JSON the docs
+/// give (docs/api.md), by seller and by viewer; a reveal without one (the
+/// log before reasons were kept) as null. Run on `url`'s database.
+async fn reasons_read_back_on_the_admin_pages(url: &str) {
+    use phones_gateway::domain::reason::{Failure, Origin, Reason, Skip};
+    use phones_gateway::domain::{AdId, CategoryId, Reveal, Source, UserId, Viewer};
+    let app = TestApp::spawn_on(Some(url), FAST).await;
+    let database = phones_gateway::store::Database::connect(url, 2)
+        .await
+        .unwrap();
+    let at_us = phones_gateway::reveals::now_us();
+    let reasons = [
+        Some(
+            Reason::new(Origin::Upstream)
+                .skipped(Source::Anonymous, Skip::NotApplicable)
+                .skipped(Source::Calltracking, Skip::Failed(Failure::Timeout)),
+        ),
+        Some(
+            Reason::new(Origin::Stale(Failure::Deadline))
+                .skipped(Source::Anonymous, Skip::NoNumber),
+        ),
+        Some(Reason::new(Origin::Cache)),
+        None,
+    ];
+    let reveals: Vec<Reveal> = (0..4u64)
+        .map(|n| Reveal {
+            at_us: at_us + i64::try_from(n).unwrap(),
+            viewer: Some(Viewer::parse(b"v-reasons").unwrap()),
+            user: UserId::new(4242).unwrap(),
+            ad: AdId::new(10 + n).unwrap(),
+            category: CategoryId::new(PLAIN_CATEGORY).unwrap(),
+            kind: Source::RealPhone,
+            reason: reasons[usize::try_from(n).unwrap()],
+        })
+        .collect();
+    database.reveals().write_reveals(&reveals).await.unwrap();
+    database.close().await;
+    let expected = [
+        json!(null),
+        json!({"code": "cache", "sources": {}, "origin": "cache"}),
+        json!({"code": "anonymous_no_number", "sources": {"anonymous": "no_number"},
+               "origin": "stale", "stood_in_for": "deadline"}),
+        json!({"code": "calltracking_timeout",
+               "sources": {"anonymous": "not_applicable", "calltracking": "timeout"},
+               "origin": "upstream"}),
+    ];
+    let schema = reason_schema(&app).await;
+    for query in ["user_id=4242&limit=3", "viewer=v-reasons&limit=3"] {
+        let items = reveals_of(&app, query).await;
+        let got: Vec<&Value> = items.iter().map(|i| &i["reason"]).collect();
+        assert_eq!(got, expected.iter().collect::<Vec<_>>(), "{query}");
+        for reason in got {
+            assert_reason_shape(&schema, reason);
+        }
+    }
+}
+
+#[tokio::test]
+async fn reasons_read_back_on_the_admin_pages_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/reasons.db", dir.path().display());
+    reasons_read_back_on_the_admin_pages(&url).await;
+}
+
+#[tokio::test]
+async fn reasons_read_back_on_the_admin_pages_on_postgres() {
+    let db = pg::or_skip!(pg::database().await);
+    reasons_read_back_on_the_admin_pages(&db.url).await;
 }
 
 #[tokio::test]

@@ -302,8 +302,26 @@ async fn a_third_concurrent_snapshot_upload_is_refused_before_its_body_is_read()
             .unwrap();
         uploads.push(stream);
     }
-    // Both are in their handler, waiting for more of their body.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Both are in their handler, waiting for more of their body: each holds
+    // one of the two places, so a probe is refused 503 (a probe that got a
+    // place would be refused 400 for its body, and apply nothing).
+    crate::support::eventually(
+        "both uploads to hold their place",
+        Duration::from_secs(10),
+        || async {
+            app.http
+                .put(format!("{}{STATUSES}", app.admin))
+                .header("authorization", bearer())
+                .header("content-type", "application/json")
+                .body("not a snapshot")
+                .send()
+                .await
+                .unwrap()
+                .status()
+                == 503
+        },
+    )
+    .await;
 
     let mut third = TcpStream::connect(&admin).await.unwrap();
     let head = format!(

@@ -125,10 +125,14 @@ impl AdminTokens {
         }
     }
 
-    /// Reads every token file once; swaps in the set with each changed value.
-    /// A file that cannot be read or is empty, or that now holds another
-    /// entry's token, keeps its last good value, said by a log line and
-    /// `phones_gateway_admin_token_reload_errors_total{name}`.
+    /// Reads every token file once; swaps in the set with each changed value
+    /// (a file's value is its contents less the whitespace around them,
+    /// `read_token_file`). A file that cannot be read, is empty, holds a value
+    /// an Authorization header cannot carry (whitespace inside it, a control
+    /// character, a character outside ASCII) or now holds another entry's
+    /// token keeps its last good value, said by a log line when that begins
+    /// (with the reason, never the value) and
+    /// `phones_gateway_admin_token_reload_errors_total{name}` at every poll.
     pub fn reload(&self) {
         let current = self.values.load_full();
         let mut next: Vec<Secret> = current.as_ref().clone();
@@ -270,7 +274,11 @@ mod tests {
         tokens.reload();
         assert!(tokens.check(&bearer("Bearer two")).is_some());
         assert!(tokens.check(&bearer("Bearer one")).is_none());
-        for bad in ["", "\n"] {
+        // Whitespace around the value is not part of it: not a change.
+        std::fs::write(&file, "\n  two\r\n\n\n").unwrap();
+        tokens.reload();
+        assert!(tokens.check(&bearer("Bearer two")).is_some());
+        for bad in ["", "\n", " \n\n", "tw o", "two\u{0}", "twö"] {
             std::fs::write(&file, bad).unwrap();
             tokens.reload();
             assert!(tokens.check(&bearer("Bearer two")).is_some());

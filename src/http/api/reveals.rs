@@ -2,6 +2,11 @@
 //! newest first in keyset pages, and an ad's counts over every replica. Both
 //! answer 404 when `reveals.enabled` is false. Each read is logged at INFO with
 //! the caller's token name and the subject asked about (docs/admin-access.md).
+//!
+//! Each item carries its reveal's reason (why it was of its kind: the JSON
+//! [`Reason`] serializes to, or null for a reveal recorded before reasons were
+//! kept); its OpenAPI schema, [`RevealReason`], lists the codes from the code
+//! itself ([`Failure::ALL`], [`Code::ALL`], the skip and origin words).
 
 use axum::Extension;
 use axum::extract::{RawQuery, State};
@@ -10,12 +15,15 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use utoipa::ToSchema;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::{RefOr, schema::AdditionalProperties};
 
 use super::access::{self, Caller};
 use super::error::{ApiError, Problem};
 use super::extract::{Path, field_error};
 use super::routes;
 use super::state::AdminState;
+use crate::domain::reason::{Code, Failure, Origin, Reason, Skip};
 use crate::domain::{AdId, RevealQuery, RevealsOf, Source, StoredReveal, UserId, Viewer};
 
 /// Reveals a page holds by default and at most.
@@ -35,7 +43,124 @@ pub struct RevealItem {
     #[schema(value_type = i64, minimum = 1)]
     category_id: u64,
     kind: Source,
+    /// Why this kind (docs/rules.md, "Why this number"); null for a reveal
+    /// recorded before reasons were kept.
+    #[schema(value_type = Option<RevealReason>)]
+    reason: Option<Reason>,
 }
+
+/// The OpenAPI schema of a reveal's reason: the JSON [`Reason`] serializes to
+/// (`{"code", "sources", "origin"[, "stood_in_for"]}`), with every word each
+/// field can hold, taken from the code.
+pub struct RevealReason;
+
+/// Every word a skip is written as: not applicable, no number, then each
+/// failure ([`Failure::ALL`]).
+pub fn skip_words() -> Vec<&'static str> {
+    // A new kind of skip fails to compile here until it is listed below.
+    let listed = |skip: Skip| match skip {
+        Skip::NotApplicable | Skip::NoNumber | Skip::Failed(_) => skip,
+    };
+    [Skip::NotApplicable, Skip::NoNumber]
+        .into_iter()
+        .chain(Failure::ALL.map(Skip::Failed))
+        .map(|skip| listed(skip).as_str())
+        .collect()
+}
+
+/// Every word an origin is written as.
+pub fn origin_words() -> Vec<&'static str> {
+    // A new origin fails to compile here until it is listed below.
+    let listed = |origin: Origin| match origin {
+        Origin::Cache | Origin::Upstream | Origin::Stale(_) | Origin::Phone => origin,
+    };
+    [
+        Origin::Cache,
+        Origin::Upstream,
+        Origin::Stale(Failure::Timeout),
+        Origin::Phone,
+    ]
+    .into_iter()
+    .map(|origin| listed(origin).as_str())
+    .collect()
+}
+
+/// A string schema of one of `words`.
+fn one_of(words: &[&'static str], description: &str) -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(words.iter().copied()))
+        .description(Some(description))
+}
+
+impl utoipa::PartialSchema for RevealReason {
+    fn schema() -> RefOr<Schema> {
+        let skips = skip_words();
+        let failures = Failure::ALL.map(Failure::as_str);
+        let mut sources = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .description(Some(
+                "The sources above the one that answered, in `selection.order`, each \
+                 with why it did not answer: `not_applicable` (it does not apply to this \
+                 request), `no_number` (its upstream has none), or the verdict it failed \
+                 on (and its `on_error` let the order go on). Empty when the first \
+                 source answered.",
+            ))
+            .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+        for source in Source::ALL {
+            sources = sources.property(
+                source.as_str(),
+                one_of(&skips, "Why this source did not answer"),
+            );
+        }
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .description(Some(
+                "Why the buyer was shown this kind of number (docs/rules.md, \
+                 \"Why this number\"). Codes only: no number is in it.",
+            ))
+            .property(
+                "code",
+                one_of(
+                    &Code::ALL,
+                    "The one code that decided the answer, as the metric \
+                     phones_gateway_answers_total labels it: `phone` for the caller's \
+                     own phone; else `<source>_<verdict>` of the nearest source above \
+                     that failed, else `<source>_no_number` of the nearest that had no \
+                     number; else the origin",
+                ),
+            )
+            .required("code")
+            .property("sources", sources)
+            .required("sources")
+            .property(
+                "origin",
+                one_of(
+                    &origin_words(),
+                    "Where the number came from: a fresh cache entry, the upstream, a \
+                     stale cache entry (stale-if-error), or the caller's `phone`",
+                ),
+            )
+            .required("origin")
+            .property(
+                "stood_in_for",
+                one_of(
+                    &failures,
+                    "Only with `origin` `stale`: the outcome of the upstream's call the \
+                     stale value stood in for",
+                ),
+            )
+            .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+            .examples([serde_json::json!({
+                "code": "calltracking_timeout",
+                "sources": {"anonymous": "not_applicable", "calltracking": "timeout"},
+                "origin": "upstream"
+            })])
+            .into()
+    }
+}
+
+impl ToSchema for RevealReason {}
 
 #[derive(Serialize, ToSchema)]
 pub struct RevealPage {
@@ -172,6 +297,7 @@ fn item(row: StoredReveal) -> RevealItem {
         ad_id: reveal.ad,
         category_id: reveal.category.get(),
         kind: reveal.kind,
+        reason: reveal.reason,
     }
 }
 
@@ -270,6 +396,77 @@ mod tests {
             1_795_428_000_000_000
         );
         assert!(parse_time("since", "yesterday").is_err());
+    }
+
+    /// Every JSON a reason serializes to is one the schema describes: its
+    /// fields, and each word one of the field's enumeration; and every word
+    /// the schema lists is one some reason is written with.
+    #[test]
+    fn the_reason_schema_lists_every_word_a_reason_is_written_with() {
+        use std::collections::BTreeSet;
+        use utoipa::PartialSchema;
+        let schema = serde_json::to_value(RevealReason::schema()).unwrap();
+        let words = |field: &serde_json::Value| -> BTreeSet<String> {
+            field["enum"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w.as_str().unwrap().to_owned())
+                .collect()
+        };
+        let props = &schema["properties"];
+        let sources = &props["sources"]["properties"];
+        let mut seen: [BTreeSet<String>; 4] = Default::default();
+        let skips: Vec<Skip> = [Skip::NotApplicable, Skip::NoNumber]
+            .into_iter()
+            .chain(Failure::ALL.map(Skip::Failed))
+            .collect();
+        let origins: Vec<Origin> = [Origin::Cache, Origin::Upstream, Origin::Phone]
+            .into_iter()
+            .chain(Failure::ALL.map(Origin::Stale))
+            .collect();
+        for &origin in &origins {
+            for &first in &skips {
+                for &second in &skips {
+                    let reason = Reason::new(origin)
+                        .skipped(Source::Anonymous, first)
+                        .skipped(Source::Calltracking, second);
+                    for reason in [Reason::new(origin), reason] {
+                        let json = serde_json::to_value(reason).unwrap();
+                        for (key, value) in json.as_object().unwrap() {
+                            assert!(props.get(key).is_some(), "{key} is not in the schema");
+                            if let Some(word) = value.as_str() {
+                                assert!(words(&props[key]).contains(word), "{key}: {word}");
+                            }
+                        }
+                        for (source, skip) in json["sources"].as_object().unwrap() {
+                            let skip = skip.as_str().unwrap();
+                            assert!(words(&sources[source]).contains(skip), "{source}: {skip}");
+                            seen[1].insert(skip.to_owned());
+                        }
+                        seen[0].insert(json["code"].as_str().unwrap().to_owned());
+                        seen[2].insert(json["origin"].as_str().unwrap().to_owned());
+                        if let Some(failure) = json.get("stood_in_for") {
+                            seen[3].insert(failure.as_str().unwrap().to_owned());
+                        }
+                    }
+                }
+            }
+        }
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_str().unwrap())
+            .collect();
+        assert_eq!(required, ["code", "sources", "origin"]);
+        // Every code listed is one a reason has (the code's own test holds
+        // the rest of Code::ALL with the two sources above here).
+        assert!(seen[0].is_subset(&words(&props["code"])));
+        assert_eq!(seen[1], words(&sources["real"]));
+        assert_eq!(seen[2], words(&props["origin"]));
+        assert_eq!(seen[3], words(&props["stood_in_for"]));
+        assert_eq!(words(&props["code"]).len(), Code::ALL.len());
     }
 
     #[test]

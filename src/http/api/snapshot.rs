@@ -177,11 +177,13 @@ pub async fn load(
     };
     let mut load = status.begin_snapshot().await?;
     let mut count = 0;
-    for ids in chunks {
+    for ids in &chunks {
         count += ids.len();
-        load.push(&ids).await?;
+        load.push(ids).await?;
     }
-    status.finish_snapshot(load, version).await?;
+    // The ids too: the replica applies them to its own memory before the
+    // answer (a 2xx means this replica's lookups see the snapshot).
+    status.finish_snapshot(load, version, chunks).await?;
     Ok((version, count))
 }
 

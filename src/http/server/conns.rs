@@ -8,23 +8,62 @@
 //! shown). So each listener holds at most so many connections at once
 //! ([`Inbound`]): the public one `server.max_connections` (by default derived
 //! from `RLIMIT_NOFILE`, [`max_connections`]), the admin one
-//! [`ADMIN_MAX_CONNECTIONS`]. At the cap the listener stops accepting: new
-//! connections wait in the kernel's listen backlog (no descriptor held) until
-//! one closes, rather than being accepted only to be closed, which would cost
-//! the very descriptor that is short. The head deadline (`serve`) closes idle
-//! connections, so a wait ends.
+//! [`ADMIN_MAX_CONNECTIONS`].
+//!
+//! At the public cap the listener stops accepting: new connections wait in the
+//! kernel's listen backlog (no descriptor held) until one closes, rather than
+//! being accepted only to be closed, which would cost the very descriptor that
+//! is short. The head deadline (`serve`) closes idle connections, so a wait
+//! ends.
+//!
+//! At the admin cap the connection idle longest is closed to make room
+//! ([`Room`]): the probes (`/healthz`, `/readyz`, `/metrics`) carry no token,
+//! so they must get in while callers without one hold the listener, whether
+//! those sit connected sending nothing or send request after request (each
+//! 401 closes its connection, `front`). A separate bound for callers without
+//! a token would hold the probes out with them. The listener accepts the new
+//! connection (one over the cap, for that moment: the reserve's spare room,
+//! [`BASE_DESCRIPTORS`], covers it), asks the idle connection to close (hyper's
+//! graceful shutdown, which closes an idle connection at once) and serves the
+//! new one once that place is free. Idle means between requests: no request in
+//! service, and not a byte received since the last answer (or since it
+//! connected); and only a connection idle for [`IDLE_GRACE`] (250 ms) is
+//! closed, so a new connection is not closed for the next before it has had
+//! time to send its request; a connection whose request head is on its way or whose request
+//! is in service is never chosen, and no request is cut: one chosen while its
+//! answer is still being written, or just as its next request arrives,
+//! finishes that request and then closes (keep-alive off). When every
+//! connection is busy, the new one waits (and the backlog behind it) until a
+//! request is answered, which makes its connection idle and so the one to
+//! close; a head that never completes is closed by the head deadline
+//! (`server.header_read_timeout_ms`), so the wait is bounded by the longest
+//! request in service or that deadline.
+//!
+//! What no accept policy mends: a client that keeps more connections open than
+//! the cap and the kernel's listen backlog (128) hold together, reopening each
+//! as soon as it is closed, keeps that backlog full, and a new connection (a
+//! probe's) is dropped at its SYN before the listener sees it. That is a flood
+//! for the network to stop; the admin port is not for the internet (the
+//! chart's NetworkPolicy).
+//!
+//! The public listener keeps waiting at its cap: it is bounded to keep
+//! descriptors, its probes are not on it, and at its size (thousands of
+//! connections, mostly the load balancers' keep-alive pools) closing idle ones
+//! to admit a flood of new ones would turn the flood into reconnects of every
+//! pool, where waiting lets the head deadline close the idle ones that
+//! nobody uses.
 //!
 //! `accept` failing for lack of descriptors or memory (EMFILE, ENFILE, ENOMEM,
 //! ENOBUFS) backs off, from 10 ms doubling to a second, instead of retrying at
 //! once (the pending connection stays pending, so an immediate retry fails
 //! again); every failure is counted by kind.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// The admin listener's cap: probes, scrapes and operators, never many (the
 /// listener is not on the internet); part of the public cap's reserve.
@@ -96,22 +135,213 @@ pub struct Inbound {
     /// Set while the listener waits at its cap, so that reaching it is logged
     /// once, not at every accept.
     at_cap: AtomicBool,
+    /// Set on a listener that makes room at its cap (the admin one): its open
+    /// connections, the one idle longest closed for a new one.
+    room: Option<Arc<Room>>,
+}
+
+/// What a connection's watchdog (`serve`) and its listener's [`Room`] see of
+/// it.
+#[derive(Default)]
+pub struct Activity {
+    /// Request heads received and answers made.
+    events: AtomicU64,
+    /// Requests in service (from their head to their answer).
+    busy: AtomicUsize,
+    /// Bytes received since the last answer (or since it connected): a
+    /// request on its way, so the connection is not idle.
+    heard: AtomicBool,
+    /// When the last answer was made (or it connected), in milliseconds of
+    /// the room's clock: the least is the connection idle longest.
+    idle_since: AtomicU64,
+    /// Set once the room asked it to close (so it is not chosen twice).
+    closing: AtomicBool,
+    /// The room's request to close.
+    close: Notify,
+    /// The listener's room, if it makes room at its cap.
+    room: Option<Arc<Room>>,
+}
+
+impl Activity {
+    /// Request heads received and answers made so far.
+    pub fn events(&self) -> u64 {
+        self.events.load(Ordering::Relaxed)
+    }
+
+    /// Requests in service now.
+    pub fn busy(&self) -> usize {
+        self.busy.load(Ordering::Relaxed)
+    }
+
+    /// Bytes arrived. Only a listener that makes room tells idle connections
+    /// apart; the public one pays a branch per read.
+    pub fn heard(&self) {
+        if self.room.is_some() && !self.heard.load(Ordering::Relaxed) {
+            self.heard.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// A request head arrived: the request is in service.
+    pub fn began(&self) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+        self.busy.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request was answered.
+    pub fn answered(&self) {
+        self.busy.fetch_sub(1, Ordering::Relaxed);
+        self.events.fetch_add(1, Ordering::Relaxed);
+        if let Some(room) = &self.room {
+            self.heard.store(false, Ordering::Relaxed);
+            self.idle_since.store(room.now(), Ordering::Relaxed);
+            // A new connection waiting at the cap may close this one now.
+            room.went_idle.notify_waiters();
+        }
+    }
+
+    /// Completes when the room asks this connection to close.
+    pub async fn asked_to_close(&self) {
+        self.close.notified().await;
+    }
+
+    fn is_idle(&self) -> bool {
+        self.busy.load(Ordering::Relaxed) == 0
+            && !self.heard.load(Ordering::Relaxed)
+            && !self.closing.load(Ordering::Relaxed)
+    }
+}
+
+/// The open connections of a listener that makes room at its cap, so that the
+/// one idle longest can be asked to close.
+pub struct Room {
+    /// Every open connection's activity (at most the cap, 64: scanned whole).
+    open: Mutex<Vec<Arc<Activity>>>,
+    /// What `idle_since` counts from (tokio's clock).
+    started: tokio::time::Instant,
+    /// Woken when a request is answered (its connection may now be closed).
+    went_idle: Notify,
+    /// `phones_gateway_connections_evicted_total{listener}`.
+    evicted: metrics::Counter,
+}
+
+impl Room {
+    fn new(listener: &'static str) -> Arc<Self> {
+        Arc::new(Room {
+            open: Mutex::new(Vec::new()),
+            started: tokio::time::Instant::now(),
+            went_idle: Notify::new(),
+            evicted: metrics::counter!(
+                "phones_gateway_connections_evicted_total",
+                "listener" => listener
+            ),
+        })
+    }
+
+    /// The open connections. A panic elsewhere while the lock was held left
+    /// the list as it was (a push or a remove), so a poisoned lock is used.
+    fn open(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Activity>>> {
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Milliseconds since the room was made, on tokio's clock.
+    fn now(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A permit, once a place is free: at once if one is, else by asking the
+    /// connection idle longest to close (and waiting for it) once it has been
+    /// idle for [`IDLE_GRACE`], else, every connection busy, by waiting until
+    /// a request is answered.
+    async fn make_room(&self, permits: &Arc<Semaphore>) -> OwnedSemaphorePermit {
+        loop {
+            // Registered before the connections are looked at, so an answer
+            // made in between is not missed.
+            let went_idle = self.went_idle.notified();
+            tokio::pin!(went_idle);
+            went_idle.as_mut().enable();
+            if let Ok(permit) = permits.clone().try_acquire_owned() {
+                return permit;
+            }
+            let victim = self
+                .open()
+                .iter()
+                .filter(|activity| activity.is_idle())
+                .min_by_key(|activity| activity.idle_since.load(Ordering::Relaxed))
+                .cloned();
+            let Some(victim) = victim else {
+                tokio::select! {
+                    permit = acquire(permits) => return permit,
+                    () = &mut went_idle => continue,
+                }
+            };
+            let idle_for = self
+                .now()
+                .saturating_sub(victim.idle_since.load(Ordering::Relaxed));
+            let grace = u64::try_from(IDLE_GRACE.as_millis()).unwrap_or(u64::MAX);
+            if idle_for < grace {
+                tokio::select! {
+                    permit = acquire(permits) => return permit,
+                    () = &mut went_idle => {}
+                    () = tokio::time::sleep(Duration::from_millis(grace - idle_for)) => {}
+                }
+                continue;
+            }
+            victim.closing.store(true, Ordering::Relaxed);
+            victim.close.notify_one();
+            self.evicted.increment(1);
+            // Closed at once when idle; one whose next request arrived just
+            // now finishes it first.
+            return acquire(permits).await;
+        }
+    }
+}
+
+/// How long a connection must have been idle (since it connected, or since its
+/// last answer) before it may be closed to make room: a new connection, a
+/// probe's, gets that long to send its request head however fast others
+/// connect. It also paces a flood of new connections at the cap to at most
+/// the cap's 64 every 250 ms, which the listen backlog (128) waits through in
+/// half a second, well within a probe's timeout.
+pub const IDLE_GRACE: Duration = Duration::from_millis(250);
+
+/// A permit of `permits`, waiting for one.
+async fn acquire(permits: &Arc<Semaphore>) -> OwnedSemaphorePermit {
+    match permits.clone().acquire_owned().await {
+        Ok(permit) => permit,
+        // The semaphore is never closed.
+        Err(_) => std::future::pending().await,
+    }
 }
 
 /// An accepted connection's place under the cap; dropped with the connection.
 pub struct Held {
     _permit: OwnedSemaphorePermit,
     open: metrics::Gauge,
+    activity: Arc<Activity>,
+}
+
+impl Held {
+    /// What the connection's watchdog and the listener's room see of it.
+    pub fn activity(&self) -> &Arc<Activity> {
+        &self.activity
+    }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
         self.open.decrement(1.0);
+        if let Some(room) = &self.activity.room {
+            room.open()
+                .retain(|activity| !Arc::ptr_eq(activity, &self.activity));
+        }
     }
 }
 
 impl Inbound {
-    /// A listener named `listener` holding at most `max` connections.
+    /// A listener named `listener` holding at most `max` connections; at the
+    /// cap, new connections wait in the backlog.
     pub fn new(listener: &'static str, max: usize) -> Self {
         let max = max.clamp(1, Semaphore::MAX_PERMITS);
         metrics::gauge!("phones_gateway_connections_max", "listener" => listener).set(max as f64);
@@ -123,45 +353,84 @@ impl Inbound {
             open,
             capped: metrics::counter!("phones_gateway_connections_capped_total", "listener" => listener),
             at_cap: AtomicBool::new(false),
+            room: None,
         }
     }
 
-    /// The next connection, once one is allowed (waiting while the listener is
-    /// at its cap) and `accept` gives one (backing off while it fails for lack
-    /// of descriptors or memory). Cancel-safe: dropped while it waits, it holds
-    /// nothing and the pending connection stays in the backlog.
+    /// As [`Inbound::new`], but at the cap the connection idle longest is
+    /// closed to make room for a new one (the admin listener).
+    pub fn making_room(listener: &'static str, max: usize) -> Self {
+        Inbound {
+            room: Some(Room::new(listener)),
+            ..Inbound::new(listener, max)
+        }
+    }
+
+    /// The next connection, once one is allowed and `accept` gives one
+    /// (backing off while it fails for lack of descriptors or memory). At the
+    /// cap, a listener without a room waits for a connection to close before
+    /// it accepts; one with a room accepts, then makes room ([`Room`]).
+    /// Cancel-safe: dropped while it waits, it holds no place (a connection
+    /// accepted meanwhile is closed).
     pub async fn accept(&self, listener: &TcpListener) -> (TcpStream, Held) {
-        let permit = match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => {
-                self.at_cap.store(false, Ordering::Relaxed);
-                permit
-            }
-            Err(_) => {
-                self.capped.increment(1);
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+            self.at_cap.store(false, Ordering::Relaxed);
+            let stream = self.accept_stream(listener).await;
+            return (stream, self.held(permit));
+        }
+        self.capped.increment(1);
+        match &self.room {
+            None => {
                 if !self.at_cap.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         listener = self.listener,
                         "connection cap reached: new connections wait in the listen backlog"
                     );
                 }
-                // The semaphore is never closed.
-                let Ok(permit) = self.permits.clone().acquire_owned().await else {
-                    return std::future::pending().await;
-                };
-                permit
+                let permit = acquire(&self.permits).await;
+                let stream = self.accept_stream(listener).await;
+                (stream, self.held(permit))
             }
-        };
+            Some(room) => {
+                if !self.at_cap.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        listener = self.listener,
+                        "connection cap reached: the connection idle longest is closed for each new one"
+                    );
+                }
+                // Only a connection that is there makes room.
+                let stream = self.accept_stream(listener).await;
+                let permit = room.make_room(&self.permits).await;
+                (stream, self.held(permit))
+            }
+        }
+    }
+
+    /// A connection's place, counted (and listed in the room, if any).
+    fn held(&self, permit: OwnedSemaphorePermit) -> Held {
+        self.open.increment(1.0);
+        let activity = Arc::new(Activity {
+            room: self.room.clone(),
+            ..Activity::default()
+        });
+        if let Some(room) = &self.room {
+            activity.idle_since.store(room.now(), Ordering::Relaxed);
+            room.open().push(activity.clone());
+        }
+        Held {
+            _permit: permit,
+            open: self.open.clone(),
+            activity,
+        }
+    }
+
+    /// The next connection `accept` gives, backing off while it fails for lack
+    /// of descriptors or memory.
+    async fn accept_stream(&self, listener: &TcpListener) -> TcpStream {
         let mut delay = FIRST_BACKOFF;
         loop {
             match listener.accept().await {
-                Ok((stream, _)) => {
-                    self.open.increment(1.0);
-                    let held = Held {
-                        _permit: permit,
-                        open: self.open.clone(),
-                    };
-                    return (stream, held);
-                }
+                Ok((stream, _)) => return stream,
                 Err(error) => {
                     let kind = kind_of(&error);
                     metrics::counter!(
@@ -238,6 +507,77 @@ mod tests {
         // Too low a limit for the reserve: half of it.
         assert_eq!(max_connections(0, Some(256), 100).0, 128);
         assert_eq!(max_connections(0, Some(0), 100).0, 1);
+    }
+
+    /// At the cap the room closes the connection idle longest once it has
+    /// been idle for the grace, never one whose head is on its way or whose
+    /// request is in service; with every connection busy it waits for an
+    /// answer.
+    #[tokio::test(start_paused = true)]
+    async fn the_room_closes_the_connection_idle_longest_and_only_an_idle_one() {
+        let room = Room::new("test");
+        let connection = || {
+            let activity = Arc::new(Activity {
+                room: Some(room.clone()),
+                ..Activity::default()
+            });
+            activity.idle_since.store(room.now(), Ordering::Relaxed);
+            room.open().push(activity.clone());
+            activity
+        };
+        let step = Duration::from_millis(10);
+        let serving = connection();
+        tokio::time::advance(step).await;
+        let heard = connection();
+        tokio::time::advance(step).await;
+        let older = connection();
+        tokio::time::advance(step).await;
+        let newer = connection();
+        tokio::time::advance(step).await;
+        serving.began();
+        heard.heard();
+        // `older` answered a request after `newer` connected: `newer` is now
+        // the one idle longest.
+        older.began();
+        older.answered();
+        let permits = Arc::new(Semaphore::new(1));
+        let place = permits.clone().try_acquire_owned().unwrap();
+        let made = tokio::spawn({
+            let (room, permits) = (room.clone(), permits.clone());
+            async move { room.make_room(&permits).await }
+        });
+        newer.asked_to_close().await;
+        let idle_for = room.now() - newer.idle_since.load(Ordering::Relaxed);
+        assert!(
+            idle_for >= IDLE_GRACE.as_millis() as u64,
+            "closed after {idle_for} ms idle"
+        );
+        for other in [&serving, &heard, &older] {
+            assert!(!other.closing.load(Ordering::Relaxed));
+        }
+        // Its place, once it closes, goes to the new connection.
+        drop(place);
+        drop(made.await.unwrap());
+
+        // Every connection busy: nothing is closed until an answer is made.
+        let busy_room = Room::new("test");
+        let only = Arc::new(Activity {
+            room: Some(busy_room.clone()),
+            ..Activity::default()
+        });
+        busy_room.open().push(only.clone());
+        only.began();
+        let permits = Arc::new(Semaphore::new(0));
+        let made = tokio::spawn({
+            let (room, permits) = (busy_room.clone(), permits.clone());
+            async move { room.make_room(&permits).await }
+        });
+        tokio::time::sleep(IDLE_GRACE * 4).await;
+        assert!(!only.closing.load(Ordering::Relaxed), "busy: not closed");
+        only.answered();
+        only.asked_to_close().await;
+        permits.add_permits(1);
+        drop(made.await.unwrap());
     }
 
     #[test]

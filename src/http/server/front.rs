@@ -12,6 +12,13 @@
 //! whether it needs the token come from that one match; the router matches it
 //! again to dispatch (the hit path keeps its one equality check instead).
 //!
+//! Every request body is read through the listener's share of the body buffer
+//! (`bodies`): the front wraps a request that has a body (the snapshot PUT's
+//! excepted: it streams), and answers 503 for a request whose body went past
+//! it. A 401 closes its connection (`Connection: close`): a caller without a
+//! token gets one answer per connection, so it cannot keep one of the admin
+//! listener's places busy with request after request (`conns`).
+//!
 //! One hand-written service instead of `from_fn` layers on the router: the hit
 //! path pays one boxed future, not a boxed future and a cloned boxed service per
 //! layer, and no extractor copies the headers or the query (what those layers
@@ -29,13 +36,16 @@ use axum::response::{IntoResponse, Response};
 use tower_service::Service;
 use tracing::Instrument;
 
+use super::bodies::Reservation;
 use super::shed::Shed;
 use crate::config::TracingConfig;
 use crate::http::api::access::{self, AdminTokens, Caller};
 use crate::http::api::durations;
 use crate::http::api::error::ApiError;
 use crate::http::api::public;
-use crate::http::api::routes::{PUBLIC_PHONE as PUBLIC_PHONE_PATH, RouteId};
+use crate::http::api::routes::{
+    PUBLIC_PHONE as PUBLIC_PHONE_PATH, RouteId, STATUSES as SNAPSHOT_PATH,
+};
 use crate::http::api::state::PublicState;
 use crate::telemetry;
 
@@ -71,6 +81,9 @@ struct Inner {
     /// request's span is exported. Otherwise (and for unsampled requests) the
     /// span is the log's alone and the trace headers wait for an upstream call.
     export_ratio: Option<f64>,
+    /// Set on the admin listener: the snapshot's row, whose `PUT` body streams
+    /// into its parser and is not counted against the body buffer (`bodies`).
+    snapshot: Option<RouteId>,
 }
 
 impl Front {
@@ -89,19 +102,21 @@ impl Front {
             Some(state),
             None,
             export_ratio,
+            None,
         )
     }
 
-    /// The admin listener: the tokens on `/admin/` paths, the header limit, never
-    /// shed.
-    pub fn admin(router: Router, max_header_bytes: usize, tokens: Arc<AdminTokens>) -> Self {
+    /// The admin listener: the tokens on `/admin/` paths, the header limit and
+    /// the body buffer (`shed`, built with `Shed::unlimited`), never shed.
+    pub fn admin(router: Router, shed: Shed, tokens: Arc<AdminTokens>) -> Self {
         Front::new(
             router,
-            Shed::unlimited(max_header_bytes),
+            shed,
             RouteId::admin,
             None,
             Some(tokens),
             None,
+            Some(RouteId::admin(SNAPSHOT_PATH)),
         )
     }
 
@@ -112,6 +127,7 @@ impl Front {
         lookup: Option<PublicState>,
         tokens: Option<Arc<AdminTokens>>,
         export_ratio: Option<f64>,
+        snapshot: Option<RouteId>,
     ) -> Self {
         Front {
             inner: Arc::new(Inner {
@@ -121,6 +137,7 @@ impl Front {
                 lookup,
                 tokens,
                 export_ratio,
+                snapshot,
             }),
         }
     }
@@ -136,10 +153,7 @@ impl Inner {
             if route.needs_token() {
                 let method = request.method().clone();
                 let (name, response) = match tokens.check(request.headers()) {
-                    None => (
-                        access::NO_TOKEN.into(),
-                        ApiError::Unauthorized.into_response(),
-                    ),
+                    None => (access::NO_TOKEN.into(), unauthorized()),
                     Some(id) => {
                         let name = tokens.name(id).clone();
                         match route.scope() {
@@ -160,6 +174,35 @@ impl Inner {
             }
         }
         self.answer(request).await
+    }
+
+    /// `request` with its body as the handlers read it: counted against the
+    /// listener's share of the body buffer when it has one (with the
+    /// reservation the answer is checked against), as it is otherwise.
+    fn counted<B>(
+        &self,
+        request: axum::http::Request<B>,
+        route: RouteId,
+    ) -> (Request, Option<Reservation>)
+    where
+        B: HttpBody<Data = Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
+        // No body (the lookup, every GET): nothing to count, nothing allocated.
+        // The snapshot PUT streams its body: it has its own bound.
+        let uncounted = request.body().is_end_stream()
+            || (request.method() == axum::http::Method::PUT && self.snapshot == Some(route));
+        let counted = match self.shed.bodies() {
+            Some((buffer, share)) if !uncounted => Some(Reservation::new(buffer, share)),
+            _ => None,
+        };
+        match counted {
+            None => (request.map(Body::new), None),
+            Some(reservation) => {
+                let request = request.map(|body| reservation.count(Body::new(body)));
+                (request, Some(reservation))
+            }
+        }
     }
 
     /// Admission past the token, then the answer: the lookup directly,
@@ -240,14 +283,18 @@ impl Front {
             request_id = id.to_str().unwrap_or_default(),
             route = route.label()
         );
+        let (request, reservation) = self.inner.counted(request, route);
         let answer = telemetry::with_request_id(
             id.clone(),
-            Inner::admit(self.inner.clone(), request.map(Body::new), route),
+            Inner::admit(self.inner.clone(), request, route),
         )
         .instrument(span);
         Box::pin(async move {
-            let response = answer.await;
+            let mut response = answer.await;
             drop(held);
+            if let Some(reservation) = reservation {
+                response = reservation.answer(response);
+            }
             Ok(answered(response, id, route, start))
         })
     }
@@ -279,18 +326,36 @@ impl Front {
             http.response.status_code = tracing::field::Empty,
         );
         telemetry::trace::continue_trace(&span, request.headers());
+        let (request, reservation) = self.inner.counted(request, route);
         let answer = telemetry::with_request_id(
             id.clone(),
-            Inner::admit(self.inner.clone(), request.map(Body::new), route),
+            Inner::admit(self.inner.clone(), request, route),
         )
         .instrument(span.clone());
         Box::pin(async move {
-            let response = answer.await;
+            let mut response = answer.await;
             drop(held);
+            if let Some(reservation) = reservation {
+                response = reservation.answer(response);
+            }
             span.record("http.response.status_code", response.status().as_u16());
             Ok(answered(response, id, route, start))
         })
     }
+}
+
+/// The 401 of a request without a valid token, closing its connection: such a
+/// caller gets one answer per connection, so it cannot hold one of the admin
+/// listener's places with request after request, nor pipeline them (`conns`
+/// makes room at the cap by closing idle connections, and a connection
+/// answering request after request is seldom idle).
+fn unauthorized() -> Response {
+    let mut response = ApiError::Unauthorized.into_response();
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 /// The answer as sent: its request id set, its duration recorded by route and

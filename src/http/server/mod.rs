@@ -9,7 +9,9 @@
 //! - [`conns`]: the cap on each listener's open connections, which keeps a
 //!   reserve of file descriptors for the process's own calls, and accepting
 //!   under it;
-//! - [`rewrite`]: hyper's own bare 400/414/431 answers as problem documents.
+//! - [`rewrite`]: hyper's own bare 400/414/431 answers as problem documents;
+//! - [`bodies`]: the bound on request bodies held in memory, both listeners
+//!   together (`server.max_body_buffer_bytes`).
 //!
 //! It imports the API (the route table, `ApiError`, the lookup), never the
 //! reverse.
@@ -18,6 +20,7 @@
 //! deadline and bounds, the routers' states their request limits
 //! (`http::api::limits`), `App::build` the shedding and the shutdown timings.
 
+pub mod bodies;
 pub mod conns;
 pub mod front;
 pub mod rewrite;

@@ -3,6 +3,8 @@
 //! and a hard bound on the head's size. HTTP/1.1 through hyper directly, each
 //! connection watched for graceful shutdown: on shutdown the listener closes, idle
 //! keep-alive connections are closed at once and busy ones after their response.
+//! A connection the admin listener's room asks to close (`conns`: the one idle
+//! longest, at the cap) closes the same graceful way.
 //!
 //! The head deadline is a watchdog per connection, not hyper's
 //! `header_read_timeout`: hyper arms a fresh timer for every request (an
@@ -20,25 +22,29 @@
 //! problem documents. The finer limit (`server.max_header_bytes`) is in `shed`.
 
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Bytes, HttpBody};
 use axum::response::Response;
 
 use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
-use super::conns::Inbound;
+use super::conns::{Activity, Inbound};
 use super::front::Front;
 use super::rewrite::ProblemIo;
 use crate::config::ServerConfig;
 
 /// Serves `front` until `shutdown` completes, then closes the listener and waits
 /// for open connections to finish (the caller bounds that wait). At most
-/// `inbound`'s cap of connections are open at once ([`Inbound::accept`]).
+/// `inbound`'s cap of connections are open at once ([`Inbound::accept`]; on
+/// the admin listener, the one idle longest is asked to close for a new one).
 ///
 /// # Errors
 /// None today: accept errors (too many open files, say) are counted, logged
@@ -57,48 +63,62 @@ pub async fn serve(
         (server.max_header_bytes, server.header_read_timeout);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.max_buf_size(max_head_bytes).keep_alive(true);
-    let graceful = GracefulShutdown::new();
+    // Graceful shutdown, as hyper-util's `GracefulShutdown` does it (a watch
+    // channel: a value sent asks every connection to close, and its closing
+    // says every connection did), here so that a connection can also be asked
+    // alone (by the room, `conns`).
+    let (stop, stopping) = watch::channel(());
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             (stream, held) = inbound.accept(&listener) => {
                 let _ = stream.set_nodelay(true);
-                let activity = Arc::new(Activity::default());
+                let activity = held.activity().clone();
                 let service = Watched {
                     front: front.clone(),
                     activity: activity.clone(),
                 };
-                let connection = graceful.watch(http.serve_connection(
-                    TokioIo::new(ProblemIo::new(stream, max_header_bytes)),
+                let connection = http.serve_connection(
+                    TokioIo::new(ProblemIo::new(
+                        Heard { inner: stream, activity: activity.clone() },
+                        max_header_bytes,
+                    )),
                     service,
-                ));
+                );
                 let period = header_read_timeout;
+                let mut stopping = stopping.clone();
                 tokio::spawn(async move {
                     // The connection's place under the cap, freed with it.
                     let _held = held;
+                    tokio::pin!(connection);
+                    let stalled = stalled(&activity, period);
+                    tokio::pin!(stalled);
                     tokio::select! {
                         // Errors here are the client's (reset, bad request).
-                        _ = connection => {}
+                        _ = connection.as_mut() => return,
                         // Dropping the connection closes it.
-                        () = stalled(&activity, period) => {}
+                        () = &mut stalled => return,
+                        _ = stopping.changed() => {}
+                        () = activity.asked_to_close() => {}
                     }
+                    // Closed at once when idle, after its answer when busy.
+                    connection.as_mut().graceful_shutdown();
+                    tokio::select! {
+                        _ = connection => {}
+                        () = stalled => {}
+                    }
+                    // `stopping` is held until here: the shutdown waits for it.
+                    drop(stopping);
                 });
             }
             () = &mut shutdown => break,
         }
     }
     drop(listener);
-    graceful.shutdown().await;
+    drop(stopping);
+    let _ = stop.send(());
+    stop.closed().await;
     Ok(())
-}
-
-/// What a connection's watchdog sees.
-#[derive(Default)]
-struct Activity {
-    /// Request heads received and answers made.
-    events: AtomicU64,
-    /// Requests in service (from their head to their answer).
-    busy: AtomicUsize,
 }
 
 /// Completes when a whole `period` passed with no request in service, no new
@@ -107,11 +127,64 @@ async fn stalled(activity: &Activity, period: Duration) {
     let mut last = 0;
     loop {
         tokio::time::sleep(period).await;
-        let events = activity.events.load(Ordering::Relaxed);
-        if events == last && activity.busy.load(Ordering::Relaxed) == 0 {
+        let events = activity.events();
+        if events == last && activity.busy() == 0 {
             return;
         }
         last = events;
+    }
+}
+
+/// A connection's socket, telling its activity when bytes arrive (a request
+/// on its way: the connection is not idle).
+struct Heard<T> {
+    inner: T,
+    activity: Arc<Activity>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Heard<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.activity.heard();
+        }
+        read
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Heard<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 
@@ -120,8 +193,7 @@ struct Busy(Arc<Activity>);
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.busy.fetch_sub(1, Ordering::Relaxed);
-        self.0.events.fetch_add(1, Ordering::Relaxed);
+        self.0.answered();
     }
 }
 
@@ -143,8 +215,7 @@ where
     type Future = <Front as hyper::service::Service<axum::http::Request<B>>>::Future;
 
     fn call(&self, request: axum::http::Request<B>) -> Self::Future {
-        self.activity.events.fetch_add(1, Ordering::Relaxed);
-        self.activity.busy.fetch_add(1, Ordering::Relaxed);
+        self.activity.began();
         self.front
             .call_holding(request, Busy(self.activity.clone()))
     }

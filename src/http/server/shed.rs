@@ -6,12 +6,16 @@
 //!   requests in flight (a semaphore's `try_acquire`, without the lock a
 //!   semaphore takes to release): no `Buffer` in front to shed spuriously, no
 //!   concurrency limit below it to queue. The admin listener is not shed, so
-//!   probes and metrics answer while the public one sheds.
+//!   probes and metrics answer while the public one sheds;
+//! - the listener's share of the request-body buffer (`bodies`), which the
+//!   front counts each body against as it arrives.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::extract::Request;
 
+use super::bodies::BodyBuffer;
 use crate::http::api::error::ApiError;
 
 pub struct Shed {
@@ -26,6 +30,10 @@ pub struct Shed {
     /// `server.max_header_bytes`: a request whose headers are larger gets a
     /// 431 naming it.
     max_header_bytes: usize,
+    /// The request-body buffer (`server.max_body_buffer_bytes`) and this
+    /// listener's share of it; `None`: bodies are not counted (a front built
+    /// without the app, in benches and tests).
+    bodies: Option<(Arc<BodyBuffer>, usize)>,
 }
 
 impl Shed {
@@ -35,6 +43,7 @@ impl Shed {
             max_in_flight,
             shed: metrics::counter!("phones_gateway_shed_total", "reason" => "in_flight"),
             max_header_bytes,
+            bodies: None,
         }
     }
 
@@ -45,7 +54,21 @@ impl Shed {
             max_in_flight: usize::MAX,
             shed: metrics::counter!("phones_gateway_shed_total", "reason" => "in_flight"),
             max_header_bytes,
+            bodies: None,
         }
+    }
+
+    /// Request bodies counted against `buffer`, up to `share` bytes of it.
+    #[must_use]
+    pub fn with_bodies(mut self, buffer: &Arc<BodyBuffer>, share: usize) -> Self {
+        self.bodies = Some((buffer.clone(), share));
+        self
+    }
+
+    /// The request-body buffer and this listener's share, if bodies are
+    /// counted.
+    pub fn bodies(&self) -> Option<(&Arc<BodyBuffer>, usize)> {
+        self.bodies.as_ref().map(|(buffer, share)| (buffer, *share))
     }
 
     /// A 431 when the request line and headers are over the limit.

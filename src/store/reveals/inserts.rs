@@ -2,21 +2,35 @@
 //! (the viewers' runs, the sellers' postings): a batch in chunks of a power
 //! of two rows, and the statement text for a chunk.
 
-/// The most rows one SQLite insert takes: six parameters a row, under SQLite's
-/// limit of 32,766 per statement. A batch goes in statements of a power of two
-/// rows (4,096, then the binary digits of the rest: see [`sqlite_chunks`]), so
-/// that a replica prepares at most thirteen statements and keeps them cached,
-/// rather than a new one for each flush's last chunk.
+/// The most rows one SQLite insert takes. A batch goes in statements of a
+/// power of two rows (the most, then the binary digits of the rest: see
+/// [`sqlite_chunks`]), so that a replica prepares at most thirteen statements
+/// a table and keeps them cached, rather than a new one for each flush's last
+/// chunk.
 const SQLITE_ROWS_PER_INSERT: usize = 4_096;
 
-/// `items` in chunks of [`SQLITE_ROWS_PER_INSERT`], then of decreasing powers
-/// of two: 10,000 rows are 4,096 + 4,096 + 1,024 + 512 + 256 + 16.
-pub(super) fn sqlite_chunks<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {
+/// SQLite's limit on the parameters of one statement (its default since
+/// 3.32): a chunk of rows of `columns` values stays under it, so a table of
+/// eight columns (the reveals with their reason) goes in chunks of 2,048.
+const SQLITE_MAX_PARAMETERS: usize = 32_766;
+
+/// The most rows of `columns` values a chunk holds: a power of two, at most
+/// [`SQLITE_ROWS_PER_INSERT`], whose parameters fit [`SQLITE_MAX_PARAMETERS`].
+fn most_rows(columns: usize) -> usize {
+    let fit = SQLITE_MAX_PARAMETERS / columns.max(1);
+    SQLITE_ROWS_PER_INSERT.min(1 << fit.ilog2())
+}
+
+/// `items` (rows of `columns` values) in chunks of [`most_rows`], then of
+/// decreasing powers of two: 10,000 rows of six values are 4,096 + 4,096 +
+/// 1,024 + 512 + 256 + 16.
+pub(super) fn sqlite_chunks<T>(mut items: &[T], columns: usize) -> impl Iterator<Item = &[T]> {
+    let most = most_rows(columns);
     std::iter::from_fn(move || {
         if items.is_empty() {
             return None;
         }
-        let n = SQLITE_ROWS_PER_INSERT.min(1 << items.len().ilog2());
+        let n = most.min(1 << items.len().ilog2());
         let (chunk, rest) = items.split_at(n);
         items = rest;
         Some(chunk)
@@ -57,14 +71,24 @@ mod tests {
     #[test]
     fn sqlite_chunks_are_powers_of_two_at_most_the_limit() {
         let rows: Vec<u32> = (0..10_000).collect();
-        let sizes: Vec<usize> = sqlite_chunks(&rows).map(<[u32]>::len).collect();
+        let sizes: Vec<usize> = sqlite_chunks(&rows, 6).map(<[u32]>::len).collect();
         assert_eq!(sizes, [4_096, 4_096, 1_024, 512, 256, 16]);
-        let again: Vec<u32> = sqlite_chunks(&rows).flatten().copied().collect();
+        let again: Vec<u32> = sqlite_chunks(&rows, 6).flatten().copied().collect();
         assert_eq!(again, rows, "every row once, in order");
-        assert_eq!(sqlite_chunks::<u32>(&[]).count(), 0);
+        assert_eq!(sqlite_chunks::<u32>(&[], 6).count(), 0);
         assert_eq!(
-            sqlite_chunks(&[1]).map(<[i32]>::len).collect::<Vec<_>>(),
+            sqlite_chunks(&[1], 6).map(<[i32]>::len).collect::<Vec<_>>(),
             [1]
         );
+        // Eight values a row: 4,096 rows would be 32,768 parameters.
+        let sizes: Vec<usize> = sqlite_chunks(&rows, 8).map(<[u32]>::len).collect();
+        assert_eq!(sizes[..4], [2_048; 4]);
+        for columns in 1..=16 {
+            assert!(most_rows(columns) * columns <= SQLITE_MAX_PARAMETERS);
+            assert!(
+                most_rows(columns) * 2 * columns > SQLITE_MAX_PARAMETERS
+                    || most_rows(columns) == SQLITE_ROWS_PER_INSERT
+            );
+        }
     }
 }

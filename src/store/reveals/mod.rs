@@ -10,6 +10,16 @@
 //! entry per reveal: its indexes are the viewers' runs ([`viewer_runs`]) and
 //! the sellers' postings ([`seller_postings`]), written by its flush in
 //! multi-row inserts ([`inserts`]).
+//!
+//! Each reveal carries its reason ([`Reason`]: why it was of its kind) as the
+//! integer [`Reason::encode`] gives, in a nullable integer column (`reason`,
+//! migrations/sqlite/0010 and migrations/postgres/0007): at most 22 bits,
+//! never text, NULL for a reveal recorded before reasons were kept. It holds
+//! codes only (which source did not answer, on which verdict, where the answer
+//! came from): no number and no phone digit is stored with it, as none is
+//! with the rest of the row. Read back by [`Reason::decode`]; an integer it
+//! does not decode (never written so) reads as no reason, and the first one a
+//! process meets is logged ([`reason_of`]).
 
 mod inserts;
 mod postgres;
@@ -19,8 +29,11 @@ mod sqlite;
 mod tests;
 mod viewer_runs;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::error::StoreError;
 use super::pool::{Backend, on_connection, signed, unsigned};
+use crate::domain::reason::Reason;
 use crate::domain::{
     AdId, CategoryId, Reveal, RevealCounts, RevealQuery, Source, StoredReveal, UserId, Viewer,
 };
@@ -43,12 +56,40 @@ fn counts_of(reveals: &[Reveal]) -> Vec<(AdId, Source, u64)> {
 }
 
 /// A row of `reveals` as both dialects read it: (id, at_us, viewer, user_id,
-/// ad_id, category_id, kind).
-type RevealRow = (i64, i64, Option<String>, i64, i64, i64, String);
+/// ad_id, category_id, kind, reason).
+type RevealRow = (i64, i64, Option<String>, i64, i64, i64, String, Option<i64>);
+
+/// The columns of a [`RevealRow`], as both dialects select them.
+const REVEAL_COLUMNS: &str = "id, at_us, viewer, user_id, ad_id, category_id, kind, reason";
+
+/// The integer a reveal's reason is stored as; NULL (`None`) without one.
+fn reason_column(reveal: &Reveal) -> Option<i64> {
+    reveal.reason.map(|reason| i64::from(reason.encode()))
+}
+
+/// Whether this process has logged a stored reason it could not decode.
+static UNDECODED_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// The reason a stored integer stands for. NULL is a reveal recorded before
+/// reasons were kept. An integer [`Reason::decode`] does not take (never
+/// written by [`Reason::encode`]: a row written by hand, or by a later version
+/// with codes this one does not know) reads as no reason too, and the first
+/// such a process meets is logged, so that a page never fails on one.
+fn reason_of(column: Option<i64>) -> Option<Reason> {
+    let bits = column?;
+    let reason = u32::try_from(bits).ok().and_then(Reason::decode);
+    if reason.is_none() && !UNDECODED_LOGGED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            bits,
+            "reveals: a stored reason does not decode; read as none (logged once)"
+        );
+    }
+    reason
+}
 
 /// The reveal a row stands for; `None` for a row no reveal could hold.
 fn stored(row: RevealRow) -> Option<StoredReveal> {
-    let (id, at_us, viewer, user, ad, category, kind) = row;
+    let (id, at_us, viewer, user, ad, category, kind, reason) = row;
     Some(StoredReveal {
         id,
         reveal: Reveal {
@@ -58,7 +99,7 @@ fn stored(row: RevealRow) -> Option<StoredReveal> {
             ad: AdId::new(unsigned(ad)).ok()?,
             category: CategoryId::new(unsigned(category)).ok()?,
             kind: Source::from_name(&kind)?,
-            reason: None,
+            reason: reason_of(reason),
         },
     })
 }

@@ -3,7 +3,7 @@
 //! at_us, id) and (viewer, at_us, id) (COPY made a viewer's index cheap
 //! enough here); retention deletes the oldest by time.
 
-use super::RevealRow;
+use super::{RevealRow, reason_column};
 use crate::domain::{AdId, Reveal, RevealQuery, RevealsOf, Source, Viewer};
 use crate::store::error::StoreError;
 use crate::store::pool::{Pg, signed};
@@ -17,7 +17,9 @@ pub(super) async fn write(
 ) -> Result<(), StoreError> {
     let mut tx = pg.begin().await?;
     let mut copy = tx
-        .copy_in_raw("COPY reveals (at_us, viewer, user_id, ad_id, category_id, kind) FROM STDIN")
+        .copy_in_raw(
+            "COPY reveals (at_us, viewer, user_id, ad_id, category_id, kind, reason) FROM STDIN",
+        )
         .await?;
     copy.send(copy_text(reveals).as_bytes()).await?;
     copy.finish().await?;
@@ -51,8 +53,10 @@ pub(super) async fn read(pg: &Pg, query: &RevealQuery) -> Result<Vec<RevealRow>,
         RevealsOf::Viewer(viewer) => ("viewer", ColumnValue::Text(viewer.as_str().to_owned())),
     };
     let (after_at, after_id) = query.after.unwrap_or((i64::MAX, i64::MAX));
+    // `reason` is an `integer` (int4: 22 bits fit), read as the int8 the row
+    // type holds.
     let sql = format!(
-        "SELECT id, at_us, viewer, user_id, ad_id, category_id, kind FROM reveals \
+        "SELECT id, at_us, viewer, user_id, ad_id, category_id, kind, reason::int8 FROM reveals \
          WHERE {column} = $1 AND at_us >= $2 AND at_us < $3 AND (at_us, id) < ($4, $5) \
          ORDER BY at_us DESC, id DESC LIMIT $6"
     );
@@ -99,8 +103,9 @@ pub(super) async fn delete_older_than(
     Ok(deleted)
 }
 
-/// Reveals in COPY's text format: tab-separated, `\N` for null. Viewer ids are
-/// visible ASCII, so a backslash is the one character that needs escaping.
+/// Reveals in COPY's text format: tab-separated, `\N` for null (a viewer, a
+/// reason). Viewer ids are visible ASCII, so a backslash is the one character
+/// that needs escaping.
 /// Numbers go through `itoa`, and a viewer id is copied as it is unless it
 /// holds a backslash: on PostgreSQL the flush runs on a request worker, where
 /// `write!` went through the formatting machinery twice a reveal and the
@@ -124,6 +129,11 @@ pub(super) fn copy_text(reveals: &[Reveal]) -> String {
         }
         text.push('\t');
         text.push_str(r.kind.as_str());
+        text.push('\t');
+        match reason_column(r) {
+            Some(bits) => text.push_str(number.format(bits)),
+            None => text.push_str("\\N"),
+        }
         text.push('\n');
     }
     text
@@ -132,19 +142,29 @@ pub(super) fn copy_text(reveals: &[Reveal]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::reason::{Origin, Reason};
     use crate::store::reveals::tests::reveal;
 
     #[test]
     fn copy_text_escapes_and_marks_nulls() {
+        let upstream = Reason::new(Origin::Upstream);
         let text = copy_text(&[
             reveal(1, Source::RealPhone, Some("a\\b")),
-            reveal(2, Source::Anonymous, None),
-            reveal(3, Source::Calltracking, Some("v-1")),
+            Reveal {
+                reason: Some(upstream),
+                ..reveal(2, Source::Anonymous, None)
+            },
+            Reveal {
+                reason: Some(Reason::new(Origin::Cache)),
+                ..reveal(3, Source::Calltracking, Some("v-1"))
+            },
         ]);
+        assert_eq!(upstream.encode(), 4096);
         assert_eq!(
             text,
-            "1700000000000000\ta\\\\b\t42\t1\t9\treal\n1700000000000000\t\\N\t42\t2\t9\tanonymous\n\
-             1700000000000000\tv-1\t42\t3\t9\tcalltracking\n"
+            "1700000000000000\ta\\\\b\t42\t1\t9\treal\t\\N\n\
+             1700000000000000\t\\N\t42\t2\t9\tanonymous\t4096\n\
+             1700000000000000\tv-1\t42\t3\t9\tcalltracking\t0\n"
         );
     }
 }

@@ -31,8 +31,8 @@
 
 use sqlx::SqliteConnection;
 
-use super::RevealRow;
 use super::inserts::{sqlite_chunks, sqlite_insert};
+use super::{REVEAL_COLUMNS, RevealRow};
 use crate::domain::{Reveal, RevealQuery};
 use crate::store::pool::signed;
 
@@ -154,7 +154,7 @@ pub(super) async fn write(
     conn: &mut SqliteConnection,
     postings: &[Posting],
 ) -> Result<(), sqlx::Error> {
-    for chunk in sqlite_chunks(postings) {
+    for chunk in sqlite_chunks(postings, 6) {
         let sql = sqlite_insert(
             "INSERT OR FAIL INTO reveal_seller_postings \
              (user_id, max_at_us, min_at_us, first_id, last_id, entries)",
@@ -328,10 +328,9 @@ async fn rows_of(
     listed: &[(i64, i64)],
 ) -> Result<Vec<RevealRow>, sqlx::Error> {
     let mut rows: Vec<RevealRow> = Vec::with_capacity(listed.len());
-    for chunk in sqlite_chunks(listed) {
+    for chunk in sqlite_chunks(listed, 1) {
         let sql = format!(
-            "SELECT id, at_us, viewer, user_id, ad_id, category_id, kind FROM reveals \
-             WHERE user_id = ? AND id IN ({})",
+            "SELECT {REVEAL_COLUMNS} FROM reveals WHERE user_id = ? AND id IN ({})",
             vec!["?"; chunk.len()].join(",")
         );
         let mut q = sqlx::query_as(&sql).persistent(false).bind(user_id);
@@ -414,6 +413,8 @@ mod tests {
         .await
         .unwrap();
         sqlx::raw_sql(&migration(9)).execute(&pool).await.unwrap();
+        // The reasons' column, which the pages read (0010).
+        sqlx::raw_sql(&migration(10)).execute(&pool).await.unwrap();
         let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM reveal_seller_postings")
             .fetch_one(&pool)
             .await

@@ -10,8 +10,8 @@
 
 use sqlx::{SqliteConnection, SqlitePool};
 
-use super::RevealRow;
 use super::inserts::{sqlite_chunks, sqlite_insert};
+use super::{RevealRow, reason_column};
 use super::{seller_postings, viewer_runs};
 use crate::domain::{AdId, Reveal, RevealQuery, RevealsOf, Source, Viewer};
 use crate::store::error::StoreError;
@@ -57,7 +57,8 @@ async fn next_id(tx: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
     Ok(first_id)
 }
 
-/// Inserts the rows of a flush under their ids. `OR FAIL`: a statement that
+/// Inserts the rows of a flush under their ids, each with its reason's
+/// integer (NULL without one). `OR FAIL`: a statement that
 /// fails keeps the rows it inserted before, so SQLite keeps no statement
 /// journal for it (a copy of every page it touches, written to a temporary
 /// file); the transaction is what is atomic here, and on any error it is
@@ -66,10 +67,11 @@ async fn insert_reveals(
     tx: &mut SqliteConnection,
     by_viewer: &[(i64, &Reveal)],
 ) -> Result<(), sqlx::Error> {
-    for chunk in sqlite_chunks(by_viewer) {
+    for chunk in sqlite_chunks(by_viewer, 8) {
         let sql = sqlite_insert(
-            "INSERT OR FAIL INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind)",
-            7,
+            "INSERT OR FAIL INTO reveals \
+             (id, at_us, viewer, user_id, ad_id, category_id, kind, reason)",
+            8,
             chunk.len(),
             "",
         );
@@ -82,7 +84,8 @@ async fn insert_reveals(
                 .bind(signed(r.user.get()))
                 .bind(signed(r.ad.get()))
                 .bind(signed(r.category.get()))
-                .bind(r.kind.as_str());
+                .bind(r.kind.as_str())
+                .bind(reason_column(r));
         }
         query.execute(&mut *tx).await?;
     }
@@ -94,7 +97,7 @@ async fn add_counts(
     tx: &mut SqliteConnection,
     counts: &[(AdId, Source, u64)],
 ) -> Result<(), sqlx::Error> {
-    for chunk in sqlite_chunks(counts) {
+    for chunk in sqlite_chunks(counts, 3) {
         let sql = sqlite_insert(
             "INSERT OR FAIL INTO ad_reveal_counts (ad_id, kind, n)",
             3,

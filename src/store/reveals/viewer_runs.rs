@@ -16,8 +16,8 @@
 
 use sqlx::SqliteConnection;
 
-use super::RevealRow;
 use super::inserts::{sqlite_chunks, sqlite_insert};
+use super::{REVEAL_COLUMNS, RevealRow};
 use crate::domain::{Reveal, RevealQuery, Viewer};
 
 /// Runs a page reads first; doubled each time the page is not yet settled, up
@@ -67,7 +67,7 @@ pub(super) async fn write(
     conn: &mut SqliteConnection,
     runs: &[Run<'_>],
 ) -> Result<(), sqlx::Error> {
-    for chunk in sqlite_chunks(runs) {
+    for chunk in sqlite_chunks(runs, 5) {
         let sql = sqlite_insert(
             "INSERT OR FAIL INTO reveal_viewer_runs \
              (viewer, max_at_us, min_at_us, first_id, last_id)",
@@ -99,6 +99,11 @@ pub(super) async fn read_page(
     let (after_at, after_id) = query.after.unwrap_or((i64::MAX, i64::MAX));
     let limit = usize::try_from(query.limit).unwrap_or(usize::MAX);
     let mut rows: Vec<RevealRow> = Vec::new();
+    let rows_of_run = format!(
+        "SELECT {REVEAL_COLUMNS} FROM reveals \
+         WHERE id >= $1 AND id <= $2 AND viewer = $3 \
+         AND at_us >= $4 AND at_us < $5 AND (at_us, id) < ($6, $7)"
+    );
     // The runs still to walk are those before `from` (newest, last id).
     let mut from = (i64::MAX, i64::MAX);
     let mut take = FIRST_RUNS;
@@ -125,20 +130,16 @@ pub(super) async fn read_page(
         .await?;
         let (these, next) = runs.split_at(runs.len().min(take));
         for &(_, last_id, first_id) in these {
-            let found: Vec<RevealRow> = sqlx::query_as(
-                "SELECT id, at_us, viewer, user_id, ad_id, category_id, kind FROM reveals \
-                 WHERE id >= $1 AND id <= $2 AND viewer = $3 \
-                 AND at_us >= $4 AND at_us < $5 AND (at_us, id) < ($6, $7)",
-            )
-            .bind(first_id)
-            .bind(last_id)
-            .bind(viewer)
-            .bind(query.since_us)
-            .bind(query.until_us)
-            .bind(after_at)
-            .bind(after_id)
-            .fetch_all(&mut *conn)
-            .await?;
+            let found: Vec<RevealRow> = sqlx::query_as(&rows_of_run)
+                .bind(first_id)
+                .bind(last_id)
+                .bind(viewer)
+                .bind(query.since_us)
+                .bind(query.until_us)
+                .bind(after_at)
+                .bind(after_id)
+                .fetch_all(&mut *conn)
+                .await?;
             rows.extend(found);
         }
         rows.sort_unstable_by_key(|r| std::cmp::Reverse((r.1, r.0)));

@@ -286,22 +286,101 @@ impl SnapshotLoad {
             .await?)
     }
 
-    /// Applies the snapshot at `version` and commits.
+    /// Takes the writers' turn to apply the snapshot at `version`, and the
+    /// change its rows will be stamped with. From then until the returned
+    /// [`PreparedSnapshot`] is finished or dropped, no other write to the
+    /// change log can commit (PostgreSQL: the writers' advisory lock; SQLite:
+    /// its write lock): every change before the snapshot's is stored, and
+    /// none after it. The caller may read the change log meanwhile, on
+    /// another connection. This, what the caller does before finishing, and
+    /// the finish share the finish's bound ([`PreparedSnapshot::deadline`]).
     ///
     /// # Errors
     /// The database failed; nothing was applied.
-    pub async fn finish(self, version: u64) -> Result<(), StatusStoreError> {
+    pub async fn prepare(self, version: u64) -> Result<PreparedSnapshot, StatusStoreError> {
         let SnapshotLoad {
-            tx,
+            mut tx,
             backend,
             started,
         } = self;
         let bound = backend.finish_bound();
+        let deadline = tokio::time::Instant::now() + bound;
+        let seq = backend
+            .until("prepare_snapshot", deadline, async {
+                match &mut tx {
+                    SnapshotTx::Sqlite(tx) => sqlite::prepare_snapshot(tx).await,
+                    SnapshotTx::Postgres(tx) => postgres::prepare_snapshot(tx).await,
+                }
+            })
+            .await?;
+        Ok(PreparedSnapshot {
+            tx,
+            backend,
+            started,
+            version,
+            seq,
+            deadline,
+            bound,
+        })
+    }
+}
+
+/// A snapshot holding the writers' turn, not yet applied (see
+/// [`SnapshotLoad::prepare`]); dropped unfinished, it rolls back and gives
+/// the turn up.
+pub struct PreparedSnapshot {
+    tx: SnapshotTx,
+    backend: Backend,
+    #[allow(
+        clippy::disallowed_types,
+        reason = "a duration metric: wall time, also under a paused test clock"
+    )]
+    started: std::time::Instant,
+    version: u64,
+    seq: i64,
+    deadline: tokio::time::Instant,
+    bound: Duration,
+}
+
+impl PreparedSnapshot {
+    /// The change the snapshot's rows are stamped with: every row it writes,
+    /// the floor's included, has this `change_seq`.
+    pub fn seq(&self) -> i64 {
+        self.seq
+    }
+
+    /// When the finish's bound runs out, counted from the prepare.
+    pub fn deadline(&self) -> tokio::time::Instant {
+        self.deadline
+    }
+
+    /// The finish's bound, whole.
+    pub fn bound(&self) -> Duration {
+        self.bound
+    }
+
+    /// Applies the snapshot and commits; whether it changed any row. One that
+    /// changed none (every entry and the floor above its version) stamped
+    /// nothing with [`PreparedSnapshot::seq`], and SQLite hands that value
+    /// to the next write.
+    ///
+    /// # Errors
+    /// The database failed; nothing was applied.
+    pub async fn finish(self) -> Result<bool, StatusStoreError> {
+        let PreparedSnapshot {
+            tx,
+            backend,
+            started,
+            version,
+            seq,
+            deadline,
+            ..
+        } = self;
         let result = backend
-            .bounded("finish_snapshot", bound, async {
+            .until("finish_snapshot", deadline, async {
                 match tx {
-                    SnapshotTx::Sqlite(tx) => sqlite::finish_snapshot(tx, version).await,
-                    SnapshotTx::Postgres(tx) => postgres::finish_snapshot(tx, version).await,
+                    SnapshotTx::Sqlite(tx) => sqlite::finish_snapshot(tx, version, seq).await,
+                    SnapshotTx::Postgres(tx) => postgres::finish_snapshot(tx, version, seq).await,
                 }
             })
             .await;

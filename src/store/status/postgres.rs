@@ -152,21 +152,32 @@ pub(super) async fn push_snapshot(
     Ok(())
 }
 
-pub(super) async fn finish_snapshot(
-    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
-    version: u64,
-) -> Result<(), StoreError> {
+/// Indexes the loaded ids, then takes the writers' turn and the change the
+/// snapshot's rows will be stamped with; the turn is held until the
+/// transaction ends.
+pub(super) async fn prepare_snapshot(
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+) -> Result<i64, StoreError> {
     sqlx::query("CREATE INDEX ON snapshot_ids (user_id)")
         .persistent(false)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     sqlx::query("ANALYZE snapshot_ids")
         .persistent(false)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
-    let seq = take_write_turn(&mut tx).await?;
+    take_write_turn(tx).await
+}
+
+/// Applies the loaded ids at `version`, stamped `seq`, and commits; whether
+/// it changed any row.
+pub(super) async fn finish_snapshot(
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    version: u64,
+    seq: i64,
+) -> Result<bool, StoreError> {
     let version = signed(version);
-    sqlx::query(
+    let updated = sqlx::query(
         "UPDATE calltracking_status s \
          SET (enabled, flip_seq) = ( \
                SELECT n.listed, CASE WHEN n.listed <> s.enabled THEN $2 ELSE s.flip_seq END \
@@ -179,8 +190,9 @@ pub(super) async fn finish_snapshot(
     .bind(version)
     .bind(seq)
     .execute(&mut *tx)
-    .await?;
-    sqlx::query(
+    .await?
+    .rows_affected();
+    let inserted = sqlx::query(
         "INSERT INTO calltracking_status (user_id, enabled, version, change_seq, flip_seq) \
          SELECT DISTINCT user_id, true, $1, $2, $2 FROM snapshot_ids \
          WHERE (SELECT version FROM calltracking_status WHERE user_id = 0) <= $1 \
@@ -190,8 +202,10 @@ pub(super) async fn finish_snapshot(
     .bind(version)
     .bind(seq)
     .execute(&mut *tx)
-    .await?;
-    notify_and_commit(tx, seq).await
+    .await?
+    .rows_affected();
+    notify_and_commit(tx, seq).await?;
+    Ok(updated + inserted > 0)
 }
 
 /// The change log after `after`: status rows and cache invalidations merged in

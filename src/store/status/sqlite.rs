@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use sqlx::pool::PoolConnection;
-use sqlx::{Connection as _, QueryBuilder, Row as _, Sqlite, SqlitePool};
+use sqlx::{QueryBuilder, Row as _, Sqlite, SqlitePool};
 
 use super::{Row, RowTuple, Watermark, plan, users_of};
 use crate::domain::Applied;
@@ -134,18 +134,32 @@ pub(super) async fn push_snapshot(
     Ok(())
 }
 
-/// Applies the uploaded ids at `version` in one write transaction.
+/// Indexes the uploaded ids, then takes the write lock (`BEGIN IMMEDIATE`,
+/// waiting up to the busy timeout) and the change the snapshot's rows will
+/// be stamped with. The index is built before the lock: it writes only the
+/// temporary database, and at 10,000,000 ids it takes seconds that every
+/// other writer would otherwise wait. The transaction is begun with a plain
+/// statement, not an sqlx `Transaction` (which would borrow the connection
+/// across two calls): a snapshot dropped before [`finish_snapshot`] closes
+/// its connection (see [`begin_snapshot`]), and SQLite rolls back an open
+/// transaction on close.
+pub(super) async fn prepare_snapshot(conn: &mut SnapshotConn) -> Result<i64, StoreError> {
+    sqlx::query("CREATE INDEX IF NOT EXISTS temp.snapshot_ids_user ON snapshot_ids (user_id)")
+        .execute(&mut **conn)
+        .await?;
+    sqlx::query(BEGIN_WRITE).execute(&mut **conn).await?;
+    next_seq(conn).await
+}
+
+/// Applies the uploaded ids at `version`, stamped `seq`, and commits the
+/// transaction [`prepare_snapshot`] began; whether it changed any row.
 pub(super) async fn finish_snapshot(
     mut conn: SnapshotConn,
     version: u64,
-) -> Result<(), StoreError> {
-    let mut tx = conn.begin_with(BEGIN_WRITE).await?;
-    sqlx::query("CREATE INDEX IF NOT EXISTS temp.snapshot_ids_user ON snapshot_ids (user_id)")
-        .execute(&mut *tx)
-        .await?;
-    let seq = next_seq(&mut tx).await?;
+    seq: i64,
+) -> Result<bool, StoreError> {
     let version = signed(version);
-    sqlx::query(
+    let updated = sqlx::query(
         "UPDATE calltracking_status \
          SET flip_seq = CASE WHEN enabled <> (user_id IN (SELECT user_id FROM snapshot_ids)) \
                         THEN ?2 ELSE flip_seq END, \
@@ -154,11 +168,12 @@ pub(super) async fn finish_snapshot(
     )
     .bind(version)
     .bind(seq)
-    .execute(&mut *tx)
-    .await?;
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
     #[cfg(feature = "test-faults")]
     crate::store::faults::stall_at(unsigned(version)).await;
-    sqlx::query(
+    let inserted = sqlx::query(
         "INSERT INTO calltracking_status (user_id, enabled, version, change_seq, flip_seq) \
          SELECT DISTINCT user_id, 1, ?1, ?2, ?2 FROM snapshot_ids \
          WHERE (SELECT version FROM calltracking_status WHERE user_id = 0) <= ?1 \
@@ -166,13 +181,14 @@ pub(super) async fn finish_snapshot(
     )
     .bind(version)
     .bind(seq)
-    .execute(&mut *tx)
-    .await?;
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
     sqlx::query("DROP TABLE temp.snapshot_ids")
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await?;
-    tx.commit().await?;
-    Ok(())
+    sqlx::query("COMMIT").execute(&mut *conn).await?;
+    Ok(updated + inserted > 0)
 }
 
 pub(super) async fn changes_after(
@@ -180,9 +196,24 @@ pub(super) async fn changes_after(
     after: Watermark,
     limit: i64,
 ) -> Result<Vec<Row>, StoreError> {
+    // "After (seq, user)" as two index ranges: the rest of the watermark's
+    // change, then the changes after it. SQLite (3.46, the bundled one)
+    // seeks a row value `(change_seq, user_id) > (?, ?)` on `change_seq`
+    // alone and filters the users, so every page of one change's rows (a
+    // snapshot's: up to 10,000,000) walked the index from that change's
+    // first row again: in a change of 1,000,000 rows, the page 900,000 rows
+    // in took 0.43 s against 0.03 s for the first (debug build), and reading
+    // a large snapshot back (the load at start) grew with its square.
     let rows: Vec<RowTuple> = sqlx::query_as(
-        "SELECT user_id, enabled, version, change_seq, flip_seq, 0 FROM calltracking_status \
-         WHERE (change_seq, user_id) > (?, ?) ORDER BY change_seq, user_id LIMIT ?",
+        "SELECT user_id, enabled, version, change_seq, flip_seq, 0 FROM \
+         (SELECT * FROM (SELECT user_id, enabled, version, change_seq, flip_seq \
+                         FROM calltracking_status WHERE change_seq = ?1 AND user_id > ?2 \
+                         ORDER BY user_id LIMIT ?3) \
+          UNION ALL \
+          SELECT * FROM (SELECT user_id, enabled, version, change_seq, flip_seq \
+                         FROM calltracking_status WHERE change_seq > ?1 \
+                         ORDER BY change_seq, user_id LIMIT ?3)) \
+         ORDER BY change_seq, user_id LIMIT ?3",
     )
     .bind(after.0)
     .bind(after.1)

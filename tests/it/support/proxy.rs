@@ -131,6 +131,12 @@ impl Proxy {
         self.connections.most.load(Ordering::SeqCst)
     }
 
+    /// Starts the high-water mark of [`Proxy::most_open`] again from the
+    /// connections open now (start-up's own connections left out).
+    pub fn reset_most(&self) {
+        self.connections.most.store(self.open(), Ordering::SeqCst);
+    }
+
     /// From now on, records each time a client sends `needle` (also split
     /// over two reads); the sightings so far, which go on growing.
     pub fn watch(&self, needle: &str) -> Arc<Sightings> {
