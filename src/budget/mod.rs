@@ -508,6 +508,90 @@ mod tests {
 
     const AT: Moment = Moment(1_800_000_000_000);
 
+    /// A new window carries what was spent and not reported, and the
+    /// proportion this replica spent of the window before (out of 255,
+    /// rounded up) once two reports showed it; nothing else.
+    #[test]
+    fn a_new_window_carries_the_pending_and_the_proportion_spent_here() {
+        let reported = |known, own, reports| Window {
+            id: 6,
+            known,
+            own,
+            pending: 5,
+            reports,
+            hint: 9,
+        };
+        let next = |window: Window| window.next(7);
+        assert_eq!(
+            next(reported(60, 30, 2)),
+            Window {
+                id: 7,
+                pending: 5,
+                hint: 128,
+                ..Window::default()
+            }
+        );
+        assert_eq!(next(reported(60, 1, 2)).hint, 5);
+        assert_eq!(next(reported(60, 60, 2)).hint, 255);
+        // One report may not have shown the others' spends yet; none, nothing.
+        assert_eq!(next(reported(60, 30, 1)).hint, 0);
+        assert_eq!(next(reported(0, 0, 2)).hint, 0);
+        assert_eq!(
+            next(reported(0, 0, 0)),
+            Window {
+                id: 7,
+                pending: 5,
+                ..Window::default()
+            }
+        );
+    }
+
+    /// Before any report in a window, a replica's share is the proportion it
+    /// spent of the window before, when known; else an even share. After one
+    /// report, no more than that; after two, what it spent of the total.
+    #[test]
+    fn a_lease_follows_the_reports_of_its_window() {
+        let window = |own, known, reports, hint| Window {
+            own,
+            known,
+            reports,
+            hint,
+            ..Window::default()
+        };
+        assert_eq!(window(0, 0, 0, 0).lease(60, 4), 15);
+        assert_eq!(window(0, 0, 0, 128).lease(60, 4), 31);
+        assert_eq!(window(0, 0, 0, 255).lease(60, 4), 60);
+        // One report: 30 of 40 says three quarters, but no more than even.
+        assert_eq!(window(30, 40, 1, 0).lease(20, 4), 5);
+        assert_eq!(window(10, 40, 1, 0).lease(20, 4), 5);
+        assert_eq!(window(1, 40, 1, 0).lease(20, 4), 1);
+        assert_eq!(window(30, 40, 1, 255).lease(20, 4), 15);
+        // Two: what it spent of the total.
+        assert_eq!(window(30, 40, 2, 0).lease(20, 4), 15);
+        assert_eq!(window(30, 40, 2, 255).lease(20, 4), 15);
+    }
+
+    /// The entry point, on the wall clock: a budget of one passes one request,
+    /// refuses the next, and one that can never pass says so.
+    #[test]
+    fn the_check_takes_from_the_viewers_budget() {
+        let budgets = Budgets::new(&sizes(1, 0)).unwrap();
+        budgets.check(&viewer("buyer-1"), 1).unwrap();
+        assert!(matches!(
+            budgets.check(&viewer("buyer-1"), 1),
+            Err(Refusal::Spent { .. })
+        ));
+        budgets.check(&viewer("buyer-2"), 1).unwrap();
+        assert_eq!(
+            budgets.check(&viewer("buyer-3"), 2),
+            Err(Refusal::Never {
+                items: 2,
+                budget: 1,
+                per: "minute"
+            })
+        );
+    }
+
     #[test]
     fn alone_a_replica_spends_the_whole_budget_then_refuses_until_it_fits() {
         let budgets = Budgets::new(&sizes(3, 0)).unwrap();
