@@ -720,6 +720,126 @@ mod tests {
         assert_eq!(budgets.len(), budgets.viewers.len());
     }
 
+    /// What the exchange's report does to viewer `key`'s ledger when this
+    /// replica is the only one: its pending spends become the fleet's known
+    /// total.
+    fn reported_alone(budgets: &Budgets, key: u64) {
+        let mut ledger = budgets.viewers.get_mut(&key).unwrap();
+        let ledger = &mut *ledger;
+        for window in [&mut ledger.minute, &mut ledger.day] {
+            window.own += window.pending;
+            window.known = window.own;
+            window.pending = 0;
+            window.reports = 2;
+        }
+    }
+
+    /// A ledger moves to the windows of now: the minute before weighs by
+    /// what is left of it (the minute before that, nothing), and a new UTC
+    /// day starts with the day's budget whole.
+    #[test]
+    fn a_ledger_moves_to_the_windows_of_now() {
+        let start = Moment(AT.0 - AT.into_minute());
+        let at = |ms: u64| Moment(start.0 + ms);
+        let budgets = Budgets::new(&sizes(3, 0)).unwrap();
+        budgets.check_at(1, 3, at(0)).unwrap();
+        reported_alone(&budgets, 1);
+        // The next minute's start: all 3 still weigh.
+        assert!(budgets.check_at(1, 1, at(60_000)).is_err());
+        // Halfway through it: 1.5 weigh, one more fits.
+        budgets.check_at(1, 1, at(90_000)).unwrap();
+        // Two minutes on, nothing of the first weighs.
+        let budgets = Budgets::new(&sizes(3, 0)).unwrap();
+        budgets.check_at(1, 3, at(0)).unwrap();
+        reported_alone(&budgets, 1);
+        budgets.check_at(1, 3, at(120_000)).unwrap();
+
+        let midnight = Moment(AT.0 + AT.rest_of_day());
+        let budgets = Budgets::new(&sizes(0, 2)).unwrap();
+        budgets.check_at(1, 2, Moment(midnight.0 - 1)).unwrap();
+        reported_alone(&budgets, 1);
+        assert!(budgets.check_at(1, 1, Moment(midnight.0 - 1)).is_err());
+        budgets.check_at(1, 2, midnight).unwrap();
+        assert!(budgets.check_at(1, 1, midnight).is_err());
+    }
+
+    /// A refusal the fleet wrote holds the viewer until its second, whatever
+    /// the budgets here say, and says how long; at that second it is over.
+    #[test]
+    fn a_refusal_from_the_fleet_holds_until_its_second() {
+        let budgets = Budgets::new(&sizes(10, 0)).unwrap();
+        budgets.check_at(1, 1, AT).unwrap();
+        budgets.viewers.get_mut(&1).unwrap().refused_until_s =
+            u32::try_from(AT.seconds() + 10).unwrap();
+        assert_eq!(
+            budgets.check_at(1, 1, AT),
+            Err(Refusal::Spent { retry_after_s: 10 })
+        );
+        assert_eq!(
+            budgets.check_at(1, 1, Moment(AT.0 + 9_000)),
+            Err(Refusal::Spent { retry_after_s: 1 })
+        );
+        budgets.check_at(1, 1, Moment(AT.0 + 10_000)).unwrap();
+    }
+
+    #[test]
+    fn the_count_of_viewers_follows_the_table() {
+        let budgets = Budgets::new(&sizes(10, 0)).unwrap();
+        assert!(budgets.is_empty());
+        assert_eq!(budgets.len(), 0);
+        budgets.check_at(1, 1, AT).unwrap();
+        assert!(!budgets.is_empty());
+        assert_eq!(budgets.len(), 1);
+    }
+
+    /// The eviction order over every rank: the oldest first, those idle past
+    /// the ages told apart (an hour and more) as the oldest of all; the
+    /// refused after every one that is not, the oldest of them first, and one
+    /// refused this very minute last (the highest rank); a refusal that ends
+    /// this second no longer counts. The cut may fall inside a rank after a
+    /// whole one: only as many of it go as are over.
+    #[test]
+    fn eviction_takes_the_oldest_then_the_refused_and_only_as_many_as_are_over() {
+        let budgets = Budgets::with_cap(&sizes(10, 100), 8).unwrap();
+        let ago = |minutes: u64| Moment(AT.0 - minutes * 60_000);
+        // (viewer, minutes since its last use, refused until)
+        let refused = AT.seconds() + 600;
+        let ledgers = [
+            (1, 0, refused),
+            (2, 5, refused),
+            (3, 70, AT.seconds()),
+            (4, 3, 0),
+            (5, 3, 0),
+            (6, 1, 0),
+            (7, 1, 0),
+            (8, 1, 0),
+        ];
+        for (viewer, minutes, until) in ledgers {
+            budgets.check_at(viewer, 1, ago(minutes)).unwrap();
+            budgets.viewers.get_mut(&viewer).unwrap().refused_until_s =
+                u32::try_from(until).unwrap();
+        }
+        let kept = budgets.keep(AT);
+        assert_eq!(
+            kept,
+            Kept {
+                forgotten: 0,
+                evicted: 2,
+                dropped: 2,
+                ledgers: 6
+            }
+        );
+        assert!(!budgets.viewers.contains_key(&3), "the oldest was kept");
+        let of_3_minutes = [4, 5].map(|v| budgets.viewers.contains_key(&v));
+        assert_eq!(of_3_minutes.iter().filter(|&&kept| kept).count(), 1);
+        for viewer in [1, 2, 6, 7, 8] {
+            assert!(
+                budgets.viewers.contains_key(&viewer),
+                "{viewer} was evicted"
+            );
+        }
+    }
+
     /// A flood of distinct viewers, never reported: the table stays at the cap
     /// between two keeper passes and at three quarters after each.
     #[test]
