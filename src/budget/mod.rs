@@ -782,6 +782,19 @@ mod tests {
         budgets.check_at(1, 1, Moment(AT.0 + 10_000)).unwrap();
     }
 
+    /// Refused by both budgets, the viewer is told the longer wait.
+    #[test]
+    fn refused_by_both_budgets_the_longer_wait_is_said() {
+        let budgets = Budgets::new(&sizes(3, 3)).unwrap();
+        budgets.check_at(1, 3, AT).unwrap();
+        assert_eq!(
+            budgets.check_at(1, 1, AT),
+            Err(Refusal::Spent {
+                retry_after_s: AT.rest_of_day().div_ceil(1000)
+            })
+        );
+    }
+
     #[test]
     fn the_count_of_viewers_follows_the_table() {
         let budgets = Budgets::new(&sizes(10, 0)).unwrap();
