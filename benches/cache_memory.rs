@@ -78,7 +78,7 @@ fn main() {
     let present: Vec<CacheKey> = (0..100_000u64)
         .map(|n| n.wrapping_mul(0x9E37_79B9) % entries + 1)
         .map(|i| key(i / 3 + 1, i))
-        .filter(|key| cache.get_fresh(key) != phones_gateway::cache::Cached::Miss)
+        .filter(|key| cache.get_fresh(key) != phones_gateway::domain::Known::NotKnown)
         .collect();
     assert!(!present.is_empty());
     let mut criterion = Criterion::default()

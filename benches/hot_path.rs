@@ -8,7 +8,11 @@
 //!   `X-Viewer-Id` (one of 1,000, in turn), with the viewer budgets off and on
 //!   (both budgets, never reached): what a viewer within budget pays for them;
 //! - `router/hello`: a bare axum hello-world router, the baseline;
-//! - `phone/parse`, `phone/format`: parsing and printing a number.
+//! - `phone/parse`, `phone/format`: parsing and printing a number;
+//! - `recorder/sample` (allocations only): a request's duration recorded in a
+//!   histogram of the `metrics` recorder instead of `http::api::durations`,
+//!   which queues the sample until an upkeep drains it (docs/design.md,
+//!   "Hand-made parts").
 //!
 //! Before timing, each case is run 10,000 times under the counting allocator and
 //! allocations and bytes per operation are printed.
@@ -31,20 +35,15 @@ use axum::body::Body;
 use axum::http::Request;
 use criterion::{Criterion, criterion_group, criterion_main};
 use hyper::service::Service as _;
+use phones_gateway::app::Parts;
 use phones_gateway::cache::CacheKey;
-use phones_gateway::cache::caches::Caches;
 use phones_gateway::config::Config;
 use phones_gateway::domain::Phone;
 use phones_gateway::domain::Source;
 use phones_gateway::domain::StatusItem;
 use phones_gateway::domain::{AdId, CategoryId, UserId};
-use phones_gateway::http::api::public_router;
-use phones_gateway::http::api::state::PublicState;
 use phones_gateway::http::server::front::Front;
-use phones_gateway::http::server::shed::Shed;
 use phones_gateway::resolve::{Request as Lookup, Resolver};
-use phones_gateway::status::StatusSet;
-use phones_gateway::upstream::Upstreams;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tower::ServiceExt;
 
@@ -126,14 +125,13 @@ fn tracing_setup() -> String {
 fn fixture() -> Fixture {
     // As the app: the Prometheus recorder first, so metrics cost what they do live.
     let _ = phones_gateway::telemetry::metrics_handle();
-    let config = Config::from_toml(&tracing_setup()).unwrap();
-    let upstreams = Arc::new(Upstreams::new(
-        &config.upstreams,
-        config.breaker,
-        config.server.max_in_flight,
-    ));
-    let caches = Caches::new(&config.cache);
-    let status = Arc::new(StatusSet::default());
+    // No reveal log (its buffer would grow without its flush); budgets no
+    // viewer of the bench reaches (no exchange runs here).
+    let overlay = "[reveals]\nenabled = false\n[rate_limit]\nper_viewer_per_minute = 65535\n\
+                   per_viewer_per_day = 65535\n";
+    let config = Config::from_toml(&format!("{overlay}{}", tracing_setup())).unwrap();
+    let parts = Parts::build(&config);
+    let (caches, status) = (&parts.caches, &parts.status);
     // Loaded: until it is, call tracking is unknown and nothing below it shows.
     status.mark_loaded();
     status.apply_changes(&[StatusItem {
@@ -154,30 +152,13 @@ fn fixture() -> Fixture {
         CacheKey::real_phone(user, real),
         Phone::parse("+74951234567").ok(),
     );
-    let resolver = Arc::new(Resolver::new(&config, upstreams, caches, status));
-    let front = |budgets| {
-        let state = PublicState {
-            resolver: resolver.clone(),
-            budgets,
-            reveals: None,
-            server: config.server,
-        };
-        Front::public(
-            public_router(state.clone()),
-            state,
-            Shed::new(4096, 16384),
-            &config.tracing,
-        )
-    };
-    let router = front(None);
-    // Budgets no viewer of the bench reaches (no exchange runs here).
-    let budgeted = front(phones_gateway::budget::Budgets::new(
-        &phones_gateway::config::BudgetsConfig {
-            per_viewer_per_minute: 65_535,
-            per_viewer_per_day: 65_535,
-            exchange_interval: Duration::from_millis(250),
-        },
-    ));
+    let resolver = parts.resolver.clone();
+    let budgeted = parts.public_front(&config, None);
+    let router = Parts {
+        budgets: None,
+        ..parts
+    }
+    .public_front(&config, None);
     let hello = axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));
     let request = Lookup {
         user,
@@ -241,6 +222,11 @@ fn benches(c: &mut Criterion) {
     per_op("router/hello", 10_000, || {
         let request = Request::get("/").body(Body::empty()).unwrap();
         black_box(runtime.block_on(f.hello.clone().oneshot(request)).unwrap());
+    });
+    // No upkeep runs here: what each sample holds until one would.
+    let recorded = metrics::histogram!("bench_request_duration_seconds", "route" => "/v1/public-phone", "status" => "200");
+    per_op("recorder/sample", 100_000, || {
+        recorded.record(black_box(0.00018));
     });
     per_op("phone/parse", 10_000, || {
         black_box(Phone::parse(black_box("+7 (916) 123-45-67")).unwrap());

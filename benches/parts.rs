@@ -11,8 +11,10 @@
 //! - `traceparent/own` against `traceparent/propagator`: a caller's
 //!   `traceparent` read from a request's headers by `telemetry::trace`, against
 //!   `opentelemetry_sdk`'s `TraceContextPropagator` extracting a `Context`;
+//!   and, printed first, the `tracestate` the propagator would forward for a
+//!   few a caller may send (docs/tracing.md: forwarded as received);
 //! - `batch/own` against `batch/value`: a 100-item batch body parsed by the
-//!   batch visitors of `http::api::extract` (100 items kept, the rest counted),
+//!   batch visitors of `http::api::batch_items` (100 items kept, the rest counted),
 //!   against serde's own `Vec<serde_json::Value>` read whole and counted after.
 //!
 //! `cargo bench --bench parts` prints the figures; under `cargo test` each body
@@ -28,8 +30,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
+use phones_gateway::http::api::batch_items::BatchItems;
 use phones_gateway::http::api::durations;
-use phones_gateway::http::api::extract::BatchItems;
 use phones_gateway::http::api::routes::{PUBLIC_PHONE, RouteId};
 use phones_gateway::telemetry::trace::context::parse_traceparent;
 use serde::Deserialize;
@@ -98,6 +100,18 @@ fn traceparent(c: &mut Criterion) {
         });
     });
     let propagator = opentelemetry_sdk::propagation::TraceContextPropagator::new();
+    for sent in [
+        "vendor=opaque",
+        "vendor=opaque,Bad Entry",
+        "a=1 , b=2",
+        "a=1,,b=2",
+    ] {
+        let mut with = headers.clone();
+        with.insert("tracestate", HeaderValue::from_static(sent));
+        let context = propagator.extract(&Headers(&with));
+        let kept = context.span().span_context().trace_state().header();
+        println!("tracestate/propagator {sent:?} -> {kept:?}");
+    }
     c.bench_function("traceparent/propagator", |b| {
         b.iter(|| {
             let context = propagator.extract(&Headers(black_box(&headers)));

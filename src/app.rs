@@ -4,20 +4,17 @@
 //! Listeners are bound in `build` so a test can ask for port 0 and read the
 //! address before the app runs, exactly as `main` starts it.
 //!
-//! Each part is built from its own section in one way: its constructor (or its
-//! background task's `run`) takes that section's struct (`&XConfig`, or an
-//! owned copy for a task, which outlives `build`), plus handles to other parts;
-//! a part that holds its section whole (the budgets, the reveal buffer) hands
-//! it on to its own task.
-//! So a key that one part reads is added in its section's file and in that
-//! part, never here. Where a part needs a value of another section, that value
-//! is passed as an argument of its own, and the call says why. The resolver
-//! alone reads several sections (`[selection]`, the upstreams' policies and
-//! timeouts, `[server]`'s deadline and queue delay, `[tracing]`), so it takes
-//! the whole `Config` and picks its keys itself. The listeners' own keys
-//! (`[server]`) are read where they are used: `serve` (the head deadline and
-//! bounds), the routers' states (the request limits) and, here, the shedding,
-//! the connection cap and the shutdown timings.
+//! The parts that answer requests ([`Parts`]: the upstream clients, the
+//! caches, the status set, the resolver, the budgets and the reveal buffer)
+//! are built by [`Parts::build`], which the whole-app tests and the benches
+//! call too. Each part's constructor (or its background task's `run`) takes
+//! its own section (`&XConfig`, or an owned copy for a task, which outlives
+//! `build`), plus handles to other parts; a value of another section is
+//! passed as an argument of its own, and the call says why. The resolver
+//! alone reads several sections, so it takes the whole `Config`. Read here
+//! directly: the database's sync interval and the feed's lease (handed to the
+//! sync loop and to the lease), the connection cap, the body buffer, the
+//! shedding and the shutdown timings (`[server]`).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -37,7 +34,6 @@ use crate::config::{Config, DatabaseConfig, ServerConfig};
 use crate::http::api::access::AdminTokens;
 use crate::http::api::snapshot::Uploads;
 use crate::http::api::state::{AdminState, PublicState};
-use crate::http::api::{admin_router, public_router};
 use crate::http::server::bodies::BodyBuffer;
 use crate::http::server::conns::{self, Inbound};
 use crate::http::server::front::Front;
@@ -45,7 +41,7 @@ use crate::http::server::serve::serve;
 use crate::http::server::shed::Shed;
 use crate::resolve::Resolver;
 use crate::reveals::Reveals;
-use crate::status::StatusService;
+use crate::status::{StatusService, StatusSet};
 use crate::store::{Database, Leadership, RevealStore};
 use crate::upstream::Upstreams;
 
@@ -85,18 +81,26 @@ pub struct App {
     tokens: Arc<AdminTokens>,
 }
 
-/// The parts that answer requests, each built from its own section.
-struct Parts {
-    upstreams: Arc<Upstreams>,
-    caches: Caches,
-    status: StatusService,
-    resolver: Arc<Resolver>,
-    budgets: Option<Arc<Budgets>>,
-    reveals: Option<Reveals>,
+/// The parts that answer requests, each built from its own section, by one
+/// function that the app, the whole-app tests (`tests/it/support/front.rs`)
+/// and the benches call, so a part added here is in what they run.
+pub struct Parts {
+    pub upstreams: Arc<Upstreams>,
+    pub caches: Caches,
+    /// The call-tracking status set the resolver reads; the app's status
+    /// service writes it.
+    pub status: Arc<StatusSet>,
+    pub resolver: Arc<Resolver>,
+    /// The viewer budgets; `None` when both are 0.
+    pub budgets: Option<Arc<Budgets>>,
+    /// The reveal log's buffer; `None` when `reveals.enabled` is false.
+    pub reveals: Option<Reveals>,
 }
 
 impl Parts {
-    fn build(config: &Config, database: &Database) -> Self {
+    /// The parts of `config`. No background task is started here: the app
+    /// starts them ([`App::run`]).
+    pub fn build(config: &Config) -> Self {
         let upstreams = Arc::new(Upstreams::new(
             &config.upstreams,
             // The breaker's settings apply to each upstream client.
@@ -106,14 +110,14 @@ impl Parts {
             config.server.max_in_flight,
         ));
         let caches = Caches::new(&config.cache);
-        let status = StatusService::with_caches(database.status(), Arc::new(caches.clone()));
-        let resolver = Arc::new(Resolver::new(
-            config,
-            upstreams.clone(),
-            caches.clone(),
-            status.set().clone(),
-        ));
+        let status = Arc::new(StatusSet::default());
         Parts {
+            resolver: Arc::new(Resolver::new(
+                config,
+                upstreams.clone(),
+                caches.clone(),
+                status.clone(),
+            )),
             budgets: Budgets::new(&config.rate_limit),
             reveals: config
                 .reveals
@@ -122,8 +126,26 @@ impl Parts {
             upstreams,
             caches,
             status,
-            resolver,
         }
+    }
+
+    /// The public listener's front over these parts: the header limit and
+    /// shedding past `server.max_in_flight`, the lookup, the router; its
+    /// request bodies counted against its share of `bodies` when given (the
+    /// app's body buffer).
+    pub fn public_front(&self, config: &Config, bodies: Option<&Arc<BodyBuffer>>) -> Front {
+        let mut shed = Shed::new(config.server.max_in_flight, config.server.max_header_bytes);
+        if let Some(bodies) = bodies {
+            shed = shed.with_bodies(bodies, bodies.public_share());
+        }
+        let state = PublicState {
+            resolver: self.resolver.clone(),
+            budgets: self.budgets.clone(),
+            reveals: self.reveals.clone(),
+            server: config.server,
+        };
+        // The share of new traces exported, when spans are.
+        Front::public(state, shed, &config.tracing)
     }
 }
 
@@ -154,14 +176,19 @@ impl App {
             admin = conns::ADMIN_MAX_CONNECTIONS,
             "inbound connection cap"
         );
-        let parts = Parts::build(&config, &database);
+        let parts = Parts::build(&config);
+        let status = StatusService::with_caches(
+            database.status(),
+            parts.status.clone(),
+            parts.caches.clone(),
+        );
         let admission = parts.resolver.admission();
         // Read now so that a token file that cannot be read stops the start,
         // naming its key.
         let tokens = Arc::new(AdminTokens::new(config.admin.read_tokens()?));
         let shutting_down = Arc::new(AtomicBool::new(false));
         let admin_state = AdminState {
-            status: parts.status.clone(),
+            status: status.clone(),
             caches: parts.caches.clone(),
             tokens: tokens.clone(),
             shutting_down: shutting_down.clone(),
@@ -180,36 +207,20 @@ impl App {
         let (public, admin) = bind(&config).await?;
         // Both listeners' request bodies in memory (`server.max_body_buffer_bytes`).
         let bodies = BodyBuffer::new(config.server.max_body_buffer_bytes);
-        let public_state = PublicState {
-            resolver: parts.resolver,
-            budgets: parts.budgets.clone(),
-            reveals: parts.reveals.clone(),
-            server: config.server,
-        };
         Ok(App {
             public,
             admin,
-            public_front: Front::public(
-                public_router(public_state.clone()),
-                public_state,
-                // The header limit, and shedding past `server.max_in_flight`
-                // (the admin listener has the header limit only).
-                // Its bodies counted against its share of the body buffer.
-                Shed::new(config.server.max_in_flight, config.server.max_header_bytes)
-                    .with_bodies(&bodies, bodies.public_share()),
-                // The share of new traces exported, when spans are.
-                &config.tracing,
-            ),
+            public_front: parts.public_front(&config, Some(&bodies)),
+            // The header limit only: the admin listener is never shed.
             admin_front: Front::admin(
-                admin_router(admin_state.clone()),
+                admin_state,
                 Shed::unlimited(config.server.max_header_bytes)
                     .with_bodies(&bodies, bodies.admin_share()),
-                admin_state.tokens,
             ),
             tokens,
             budgets: parts.budgets,
             reveals: parts.reveals,
-            status: parts.status,
+            status,
             // The lease is the feed's (`status_feed.lease_ttl_ms`); the
             // database keeps it.
             leadership: database.leadership(config.upstreams.calltracking.status_feed.lease_ttl),

@@ -6,14 +6,17 @@
 //! # The map, top down
 //!
 //! Imports go one way: `http -> resolve -> (cache, upstream, status) ->
-//! store -> domain`, and `http -> (budget, reveals) -> store`; [`app`] wires the
-//! parts; [`config`], [`telemetry`] and [`domain`] import nothing above them.
+//! store -> domain` (`status` also imports `cache`, to invalidate, and
+//! `upstream`, for the feed), and `http -> (budget, reveals) -> store`;
+//! [`app`] wires the parts; [`config`], [`telemetry`] and [`domain`] import
+//! nothing above them.
 //! Inside a folder, files may use one another both ways: a folder is one
-//! module to the rest of the crate. `tests/arrows.rs` fails on a cycle between
+//! module to the rest of the crate. `tests/imports.rs` fails on a cycle between
 //! top-level modules, on a file outside `store` that names sqlx, and on
 //! `http::api` importing `http::server`.
 //!
-//! - [`app`]: builds the parts from the configuration, runs both listeners and
+//! - [`app`]: builds the parts from the configuration ([`app::Parts`], which
+//!   the whole-app tests and the benches build too), runs both listeners and
 //!   owns every background task (one cancellation token and task tracker:
 //!   stopped on shutdown, and when the app is dropped). It opens one database
 //!   and hands each owner its store handle. Each part is built from its own
@@ -26,7 +29,7 @@
 //!     service (request tracking, the admin token, shedding, and the public
 //!     lookup answered without the router: the hit path).
 //!   - [`http::api`]: the route table (one row a route: path, access, scope,
-//!     handlers, OpenAPI entries), from which the routers, the OpenAPI
+//!     handlers (none for the lookup), OpenAPI entries), from which the routers, the OpenAPI
 //!     documents, the duration labels and the token check are derived; the
 //!     handlers, extractors, problem documents and the request-duration
 //!     histogram; `state` (each listener's state) and `limits` (the request
@@ -37,13 +40,14 @@
 //!   admission, which sheds uncached requests while ready work waits too long
 //!   for a worker.
 //! - [`cache`]: the number caches, one per upstream: TTLs, coalescing,
-//!   stale-if-error, refresh ahead, invalidation by seller in O(1); and the three
-//!   of a replica together.
+//!   stale-if-error, refresh ahead, invalidation by seller in O(1) (which
+//!   [`status`] calls); and the three of a replica together.
 //! - [`upstream`]: typed calls to the three upstreams (and the status feed) over
 //!   a keep-alive pool of our own per upstream, with a breaker and bounds on
 //!   calls in flight, per upstream and per seller.
 //! - [`status`]: the in-memory call-tracking status set, its write path, the
-//!   replica sync loop and the status-feed puller.
+//!   replica sync loop and the status-feed puller; and cache invalidation by
+//!   seller, which travels the same change log (it imports [`cache`]).
 //! - [`reveals`]: the reveal log: a lock-free buffer on the request path, the
 //!   batch flush with per-ad counts, retention.
 //! - [`budget`]: the viewers' budgets, the fleet's: a ledger per viewer that
@@ -52,16 +56,17 @@
 //!   who is refused elsewhere, and retention of expired rows.
 //! - [`store`]: everything that speaks SQL, the only module that imports sqlx.
 //!   SQLite or PostgreSQL opened once (bounds, migrations, the pooler check),
-//!   then one narrow handle per capability, each a folder of one shape (its
-//!   interface, then a file per dialect): the status set and its
+//!   then one narrow handle per capability, each a folder (its interface, then
+//!   the SQL of each dialect it has): the status set and its
 //!   change log (invalidations included) for [`status`], the reveal log (with
 //!   its SQLite indexes) for [`reveals`], the fleet's budget totals for
-//!   [`budget`], change hints and the feed's lease for the sync and feed loops.
+//!   [`budget`], change hints and the feed's lease (PostgreSQL only) for the
+//!   sync and feed loops.
 //!   Beside the handles, the shared pool and error, and the database, which
 //!   opens SQLite or PostgreSQL and builds the handles.
 //! - [`domain`]: phones, ids, the sources (and one value per source), the status
-//!   model and its version rule, reveal records: valid values only, parsed once
-//!   at the edge, no I/O.
+//!   model and its version rule, reveal records, and what is known without
+//!   asking (`Known`): valid values only, parsed once at the edge, no I/O.
 //! - [`config`]: the configuration tree, its defaults and layering; a file per
 //!   section, which holds the section's keys, defaults and validation.
 //! - [`telemetry`]: logs, the metrics recorder, request ids; [`telemetry::trace`]:

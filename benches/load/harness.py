@@ -73,7 +73,8 @@ STREAM_SCRIPT = "stream_hits.lua"
 # Sections of BENCHMARKS.md a full run keeps as they are (another tool or a
 # person writes them), and the hit-path section `--hit-path` rewrites alone.
 KEPT_SECTIONS = (("<!-- fleet:begin -->", "<!-- fleet:end -->"),
-                 ("<!-- hitpath-profile:begin -->", "<!-- hitpath-profile:end -->"))
+                 ("<!-- hitpath-profile:begin -->", "<!-- hitpath-profile:end -->"),
+                 ("<!-- snapshot-reach:begin -->", "<!-- snapshot-reach:end -->"))
 HIT_PATH_SECTION = ("<!-- hitpath:begin -->", "<!-- hitpath:end -->")
 TOKEN = "harness-token"
 TICK = os.sysconf("SC_CLK_TCK")

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use phones_gateway::http::api::extract::batch_item;
+use phones_gateway::http::api::batch_items::batch_item;
 use phones_gateway::http::api::public::BatchBody;
 
 fuzz_target!(|data: &[u8]| {

@@ -265,7 +265,7 @@ impl Budgets {
             return Err(self.refuse(By::Full, 1000));
         };
         ledger.roll(now);
-        match ledger.admit(now, items, &self.config, replicas) {
+        match ledger.spend(now, items, &self.config, replicas) {
             Ok(()) => Ok(()),
             Err((by, wait_ms)) => {
                 drop(ledger);
@@ -411,7 +411,7 @@ impl Ledger {
 
     /// Takes `n` if every budget and this replica's share allow it; else the
     /// rule that refused and the milliseconds until the request would fit.
-    fn admit(
+    fn spend(
         &mut self,
         now: Moment,
         n: u32,

@@ -1,6 +1,6 @@
 //! [`Caches`]: a replica's three number caches, one per source, and their
 //! generation tables, built from `[cache]`. What the resolver reads and what
-//! invalidation by seller (the admin route, status changes) bumps.
+//! invalidation by seller bumps (`status`: the admin route, status changes).
 
 use std::sync::Arc;
 

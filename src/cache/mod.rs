@@ -1,8 +1,9 @@
 //! The number caches: one [`PhoneCache`] per upstream, here, and
 //! [`Caches`](caches::Caches), the three of a replica built from `[cache]`
 //! with their [`Generations`] tables for invalidation by seller, in
-//! [`caches`]: what one cache does is this file, how a replica sizes, names
-//! and invalidates its three is that one.
+//! [`caches`]: what one cache does is this file (its fetches shared in
+//! `flight`, its entries stamped from `generations`), how a replica sizes,
+//! names and invalidates its three is that one.
 //!
 //! What a cache does, beyond bounded storage:
 //! - **TTL per entry**, positive and negative (a 404 is cached as "no number").
@@ -18,19 +19,20 @@
 //!   more often than once per `refresh_ahead` therefore never misses. A failed
 //!   refresh is retried by the next hit in the window (the breaker keeps that
 //!   cheap while the upstream is down).
-//! - **Coalescing**: concurrent misses for one key share one fetch. The fetch runs in
-//!   its own task, so a caller that gives up (its request was cancelled or decided
-//!   early) neither cancels it nor makes the next caller start another; it ends by
-//!   itself within the upstream timeout. Polling the fetch on the caller's own
+//! - **Coalescing** (`flight`): concurrent misses for one key share one fetch.
+//!   The fetch runs in its own task, so a caller that gives up (its request was
+//!   cancelled or decided early) neither cancels it nor makes the next caller
+//!   start another; it ends by itself within the upstream timeout. Polling the fetch on the caller's own
 //!   task instead (handed to a task only when the caller left) was measured and
 //!   dropped: a miss cost more, as each of the fetch's wake-ups then polls the
 //!   whole request rather than the fetch alone (docs/performance.md,
 //!   "Coalescing on the caller's task").
-//! - **Invalidation by seller in O(1)**: every entry carries the generation of its
-//!   seller's slot at the moment its fetch started; bumping the slot makes every
-//!   entry of that seller invisible at once, and a fetch that started before the
-//!   bump writes an answer nobody will ever read. Slots are hashed (65,536 of them),
-//!   so an invalidation may also expire a few unrelated sellers: a harmless refetch.
+//! - **Invalidation by seller in O(1)** (`generations`): every entry carries the
+//!   generation of its seller's slot at the moment its fetch started; bumping
+//!   the slot makes every entry of that seller invisible at once, and a fetch
+//!   that started before the bump writes an answer nobody will ever read. Slots
+//!   are hashed (65,536 of them), so an invalidation may also expire a few
+//!   unrelated sellers: a harmless refetch.
 //!
 //! Storage is `quick_cache` (S3-FIFO, one flat table per shard) rather than moka:
 //! we keep expired entries on purpose (stale-if-error) and coalesce in detached
@@ -43,38 +45,24 @@
 
 use foldhash::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::domain::{AdId, Failure, Phone, UserId};
+use crate::domain::{AdId, Failure, Known, Phone, UserId};
 use crate::upstream::UpstreamError;
 
 pub mod caches;
+mod flight;
+mod generations;
+
+use flight::Flight;
+pub use generations::Generations;
 
 /// What an upstream said about a key: a number, or "none" (404); also what a
 /// caller of [`PhoneCache::get_or_fetch`] gets.
 pub type FetchResult = Result<Option<Phone>, UpstreamError>;
-
-/// What a cache knows of a key without asking its upstream: the one enum of
-/// it (an answer fetched is a [`FetchResult`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cached {
-    Phone(Phone),
-    /// The upstream said there is none (a cached 404).
-    NoPhone,
-    /// Nothing usable: only the upstream can tell.
-    Miss,
-}
-
-impl Cached {
-    fn of(phone: Option<Phone>) -> Self {
-        phone.map_or(Cached::NoPhone, Cached::Phone)
-    }
-}
 
 /// What a cache is asked: something of one seller (an ad, or a real number to
 /// map), together with the seller, whose generation guards the entry.
@@ -140,50 +128,6 @@ pub struct Ttls {
     pub stale_negatives: bool,
 }
 
-/// Per-seller generation counters, hashed into a fixed table (bounded memory,
-/// lock-free reads: one relaxed atomic load per lookup).
-pub struct Generations {
-    slots: Box<[AtomicU32]>,
-    /// 64 minus the table's bits: the hash's top bits index it.
-    shift: u32,
-}
-
-const GENERATION_SLOTS_BITS: u32 = 16;
-
-impl Default for Generations {
-    fn default() -> Self {
-        Generations::with_slots(GENERATION_SLOTS_BITS)
-    }
-}
-
-impl Generations {
-    /// A table of `2^bits` slots (at most `2^24`): more slots, fewer unrelated
-    /// sellers expired with each one invalidated, 4 bytes a slot.
-    pub fn with_slots(bits: u32) -> Self {
-        let bits = bits.clamp(1, 24);
-        Generations {
-            slots: (0..1usize << bits).map(|_| AtomicU32::new(0)).collect(),
-            shift: 64 - bits,
-        }
-    }
-
-    fn slot(&self, user: UserId) -> &AtomicU32 {
-        // Fibonacci hashing: the top bits of the product spread sequential ids.
-        let index = (user.get().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize;
-        &self.slots[index % self.slots.len()]
-    }
-
-    pub fn current(&self, user: UserId) -> u32 {
-        self.slot(user).load(Ordering::Acquire)
-    }
-
-    /// Makes every cached entry of `user` invisible and stops in-flight fetches
-    /// started before now from being read back.
-    pub fn invalidate(&self, user: UserId) {
-        self.slot(user).fetch_add(1, Ordering::AcqRel);
-    }
-}
-
 /// One cached answer: 16 bytes (checked below).
 #[derive(Clone, Copy)]
 struct Entry {
@@ -224,47 +168,6 @@ impl Clock {
 impl Default for Clock {
     fn default() -> Self {
         Clock::new()
-    }
-}
-
-/// One fetch under way: its result once it has ended, and the callers waiting
-/// for it. Two allocations per fetch (this and the task) where futures'
-/// `Shared` over the task's `JoinHandle` took four and a wake-up more: measured
-/// on the cold path (`harness.py --cold`).
-struct Flight {
-    result: OnceLock<FetchResult>,
-    ended: Notify,
-}
-
-impl Flight {
-    fn new() -> Arc<Self> {
-        Arc::new(Flight {
-            result: OnceLock::new(),
-            ended: Notify::new(),
-        })
-    }
-
-    /// The fetch's result, once it has ended, however it ended (see
-    /// [`Registered`]): every caller of the key gets the same.
-    async fn result(&self) -> FetchResult {
-        loop {
-            let ended = self.ended.notified();
-            let mut ended = std::pin::pin!(ended);
-            // Registered before the result is looked at, so an end between the
-            // two still wakes this caller.
-            ended.as_mut().enable();
-            if let Some(result) = self.result.get() {
-                return result.clone();
-            }
-            ended.await;
-        }
-    }
-
-    /// Ends the fetch with `result`, unless it has ended already.
-    fn end(&self, result: FetchResult) {
-        // The first result stands: the answer, before the guard's fallback.
-        let _ = self.result.set(result);
-        self.ended.notify_waiters();
     }
 }
 
@@ -364,28 +267,28 @@ impl PhoneCache {
     }
 
     /// A fresh answer if there is one, without fetching: the allocation-free fast path.
-    pub fn get_fresh(&self, key: &CacheKey) -> Cached {
+    pub fn get_fresh(&self, key: &CacheKey) -> Known<Phone> {
         self.fresh_entry(key, self.inner.now())
-            .map_or(Cached::Miss, |entry| Cached::of(entry.phone))
+            .map_or(Known::NotKnown, |entry| Known::of(entry.phone))
     }
 
     /// A fresh answer at `now`, a reading of this cache's [`Clock`]; a hit
     /// within the refresh-ahead window of its expiry also starts `refresh` in
     /// the background (see the module doc). The request path's lookup.
-    pub fn get_fresh_refreshing<F, Fut>(&self, key: &CacheKey, now: u32, refresh: F) -> Cached
+    pub fn get_fresh_refreshing<F, Fut>(&self, key: &CacheKey, now: u32, refresh: F) -> Known<Phone>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = FetchResult> + Send + 'static,
     {
         let Some(entry) = self.fresh_entry(key, now) else {
-            return Cached::Miss;
+            return Known::NotKnown;
         };
         if now.saturating_add(self.inner.refresh_window(&entry)) >= entry.fresh_until {
             self.inner.lookups.refresh.increment(1);
             // Detached and registered: the shared result is not awaited here.
             drop(self.join_or_start(*key, entry.generation, refresh));
         }
-        Cached::of(entry.phone)
+        Known::of(entry.phone)
     }
 
     /// The entry of `key` if it is fresh at `now` for the seller's generation.
@@ -409,7 +312,7 @@ impl PhoneCache {
     /// An answer usable when the upstream has failed (stale-if-error): fresh, or
     /// expired less than `max_stale` ago (never an expired "no number" where
     /// `stale_negatives` is off). Counted as `stale_served` when there is one.
-    pub fn get_stale(&self, key: &CacheKey) -> Cached {
+    pub fn get_stale(&self, key: &CacheKey) -> Known<Phone> {
         let inner = &*self.inner;
         let usable = inner
             .entries
@@ -419,9 +322,9 @@ impl PhoneCache {
         match usable {
             Some(entry) => {
                 inner.lookups.stale_served.increment(1);
-                Cached::of(entry.phone)
+                Known::of(entry.phone)
             }
-            None => Cached::Miss,
+            None => Known::NotKnown,
         }
     }
 
@@ -478,69 +381,10 @@ impl PhoneCache {
         }
     }
 
-    fn join_or_start<F, Fut>(&self, key: CacheKey, generation: u32, fetch: F) -> (Arc<Flight>, Via)
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = FetchResult> + Send + 'static,
-    {
-        let mut inflight = self.inner.lock_inflight();
-        if let Some(flight) = inflight.get(&(key, generation)) {
-            return (flight.clone(), Via::Coalesced);
-        }
-        let upstream_call = fetch();
-        let flight = Flight::new();
-        let registered = Registered {
-            inner: Arc::clone(&self.inner),
-            key: (key, generation),
-            flight: flight.clone(),
-        };
-        // The task takes the inflight lock to remove itself, and we hold it until
-        // the entry is inserted below, so it can never remove before we insert.
-        // The fetch logs under the span of the request that started it.
-        // Detached: its callers wait on the flight, not on the task.
-        drop(tokio::spawn(tracing::Instrument::in_current_span(
-            async move {
-                let result = upstream_call.await;
-                if let Ok(phone) = &result {
-                    registered.inner.store(key, generation, *phone);
-                }
-                registered.flight.end(result);
-                drop(registered);
-            },
-        )));
-        inflight.insert((key, generation), flight.clone());
-        (flight, Via::Miss)
-    }
-
     /// Stores an answer as if just fetched (warming, benches, tests).
     pub fn insert(&self, key: CacheKey, phone: Option<Phone>) {
         let generation = self.inner.generations.current(key.user);
         self.inner.store(key, generation, phone);
-    }
-}
-
-/// A fetch's place in the in-flight registry, given up however the fetch ends:
-/// answered, or its task panicked or was dropped. Otherwise every later request
-/// for the key would join the dead fetch and fail until the key's seller was
-/// invalidated. A fetch that ends without an answer ends its callers'
-/// wait with [`UpstreamError::Panicked`] (dropped while unwinding) or
-/// [`UpstreamError::Cancelled`] (its task dropped): both undecided, since the
-/// upstream said nothing (docs/rules.md), and neither reaches a breaker.
-struct Registered {
-    inner: Arc<Inner>,
-    key: (CacheKey, u32),
-    flight: Arc<Flight>,
-}
-
-impl Drop for Registered {
-    fn drop(&mut self) {
-        self.inner.lock_inflight().remove(&self.key);
-        let error = if std::thread::panicking() {
-            UpstreamError::Panicked
-        } else {
-            UpstreamError::Cancelled
-        };
-        self.flight.end(Err(error));
     }
 }
 
@@ -582,12 +426,6 @@ impl Inner {
         let stale_tenths = u32::try_from(self.ttls.max_stale.as_millis() / 100).unwrap_or(u32::MAX);
         self.now() < entry.fresh_until.saturating_add(stale_tenths)
     }
-
-    fn lock_inflight(&self) -> std::sync::MutexGuard<'_, HashMap<(CacheKey, u32), Arc<Flight>>> {
-        // The map stays consistent even if a holder panicked: every operation on it
-        // is a single insert, get or remove.
-        self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 /// A duration in deciseconds, saturating.
@@ -600,7 +438,7 @@ mod tests {
     use super::*;
     use futures_util::FutureExt;
     use futures_util::future::BoxFuture;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn user(id: u64) -> UserId {
         UserId::new(id).unwrap()
@@ -638,39 +476,21 @@ mod tests {
         let got = c
             .get_or_fetch(key(1, 1), || async move { Ok(Some(p)) })
             .await;
-        assert_eq!(
-            got,
-            Lookup {
-                answer: Ok(Some(p)),
-                via: Via::Miss
-            }
-        );
+        assert_eq!((got.answer, got.via), (Ok(Some(p)), Via::Miss));
         let got = c.get_or_fetch(key(1, 1), || async { Ok(None) }).await;
-        assert_eq!(
-            got,
-            Lookup {
-                answer: Ok(Some(p)),
-                via: Via::Hit
-            }
-        );
+        assert_eq!((got.answer, got.via), (Ok(Some(p)), Via::Hit));
         tokio::time::advance(Duration::from_secs(11)).await;
         let got = c.get_or_fetch(key(1, 1), || async { Ok(None) }).await;
-        assert_eq!(
-            got,
-            Lookup {
-                answer: Ok(None),
-                via: Via::Miss
-            }
-        );
+        assert_eq!((got.answer, got.via), (Ok(None), Via::Miss));
     }
 
     #[tokio::test(start_paused = true)]
     async fn negative_entries_use_the_negative_ttl() {
         let c = cache(true);
         c.get_or_fetch(key(1, 1), || async { Ok(None) }).await;
-        assert_eq!(c.get_fresh(&key(1, 1)), Cached::NoPhone);
+        assert_eq!(c.get_fresh(&key(1, 1)), Known::No);
         tokio::time::advance(Duration::from_secs(3)).await;
-        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Miss);
+        assert_eq!(c.get_fresh(&key(1, 1)), Known::NotKnown);
     }
 
     #[tokio::test(start_paused = true)]
@@ -683,11 +503,8 @@ mod tests {
             .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Timeout) })
             .await;
         assert_eq!(
-            got,
-            Lookup {
-                answer: Ok(Some(p)),
-                via: Via::Stale(Failure::Timeout)
-            }
+            (got.answer, got.via),
+            (Ok(Some(p)), Via::Stale(Failure::Timeout))
         );
         tokio::time::advance(Duration::from_secs(41)).await;
         let got = c
@@ -712,11 +529,8 @@ mod tests {
             .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Status(500)) })
             .await;
         assert_eq!(
-            got,
-            Lookup {
-                answer: Ok(None),
-                via: Via::Stale(Failure::ErrorStatus)
-            }
+            (got.answer, got.via),
+            (Ok(None), Via::Stale(Failure::ErrorStatus))
         );
     }
 
@@ -734,13 +548,7 @@ mod tests {
         let got = c
             .get_or_fetch(key(1, 1), || async move { Ok(Some(p)) })
             .await;
-        assert_eq!(
-            got,
-            Lookup {
-                answer: Ok(Some(p)),
-                via: Via::Miss
-            }
-        );
+        assert_eq!((got.answer, got.via), (Ok(Some(p)), Via::Miss));
     }
 
     #[tokio::test(start_paused = true)]
@@ -750,11 +558,11 @@ mod tests {
         c.insert(key(1, 1), Some(p));
         c.insert(key(2, 2), None);
         tokio::time::advance(Duration::from_secs(30)).await;
-        assert_eq!(c.get_stale(&key(1, 1)), Cached::Phone(p));
+        assert_eq!(c.get_stale(&key(1, 1)), Known::Yes(p));
         // The anonymous rule: an expired "no number" is never served.
-        assert_eq!(c.get_stale(&key(2, 2)), Cached::Miss);
+        assert_eq!(c.get_stale(&key(2, 2)), Known::NotKnown);
         tokio::time::advance(Duration::from_secs(41)).await;
-        assert_eq!(c.get_stale(&key(1, 1)), Cached::Miss);
+        assert_eq!(c.get_stale(&key(1, 1)), Known::NotKnown);
     }
 
     #[tokio::test(start_paused = true)]
@@ -777,13 +585,7 @@ mod tests {
         .await;
         assert!(first.is_err());
         let second = c.get_or_fetch(key(7, 7), fetch(calls.clone())).await;
-        assert_eq!(
-            second,
-            Lookup {
-                answer: Ok(Some(p)),
-                via: Via::Coalesced
-            }
-        );
+        assert_eq!((second.answer, second.via), (Ok(Some(p)), Via::Coalesced));
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
@@ -794,7 +596,7 @@ mod tests {
         let new = phone("+79160000000");
         c.insert(key(1, 1), Some(old));
         c.inner.generations.invalidate(user(1));
-        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Miss);
+        assert_eq!(c.get_fresh(&key(1, 1)), Known::NotKnown);
 
         // A fetch under way when the seller is invalidated...
         let slow = {
@@ -813,16 +615,10 @@ mod tests {
         let fresh = c
             .get_or_fetch(key(1, 2), || async move { Ok(Some(new)) })
             .await;
-        assert_eq!(
-            fresh,
-            Lookup {
-                answer: Ok(Some(new)),
-                via: Via::Miss
-            }
-        );
+        assert_eq!((fresh.answer, fresh.via), (Ok(Some(new)), Via::Miss));
         // ...and does not write its older answer back.
         assert_eq!(slow.await.unwrap().answer, Ok(Some(old)));
-        assert_eq!(c.get_fresh(&key(1, 2)), Cached::Phone(new));
+        assert_eq!(c.get_fresh(&key(1, 2)), Known::Yes(new));
     }
 
     /// A fetch for refresh tests: counts its calls, answers `answer` after 50 ms.
@@ -851,21 +647,21 @@ mod tests {
         tokio::time::advance(Duration::from_secs(7)).await;
         let now = c.inner.now();
         let got = c.get_fresh_refreshing(&key(1, 1), now, counted(&calls, Ok(Some(new))));
-        assert_eq!(got, Cached::Phone(old));
+        assert_eq!(got, Known::Yes(old));
         assert_eq!(calls.load(Ordering::SeqCst), 0);
         // Inside it: the old number at once, one refresh for any number of hits.
         tokio::time::advance(Duration::from_secs(2)).await;
         let now = c.inner.now();
         for _ in 0..3 {
             let got = c.get_fresh_refreshing(&key(1, 1), now, counted(&calls, Ok(Some(new))));
-            assert_eq!(got, Cached::Phone(old));
+            assert_eq!(got, Known::Yes(old));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         // The refreshed entry is fresh for a whole TTL from the refresh: past
         // the old expiry the key is still a hit, with the new number.
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Phone(new));
+        assert_eq!(c.get_fresh(&key(1, 1)), Known::Yes(new));
     }
 
     #[tokio::test(start_paused = true)]
@@ -879,15 +675,15 @@ mod tests {
         let failing = counted(&calls, Err(UpstreamError::Status(500)));
         assert_eq!(
             c.get_fresh_refreshing(&key(1, 1), now, failing),
-            Cached::Phone(old)
+            Known::Yes(old)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
-        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Phone(old));
+        assert_eq!(c.get_fresh(&key(1, 1)), Known::Yes(old));
         // It expires when it would have: then it is a miss (and stale-if-error).
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Miss);
-        assert_eq!(c.get_stale(&key(1, 1)), Cached::Phone(old));
+        assert_eq!(c.get_fresh(&key(1, 1)), Known::NotKnown);
+        assert_eq!(c.get_stale(&key(1, 1)), Known::Yes(old));
     }
 
     #[tokio::test(start_paused = true)]
@@ -902,7 +698,7 @@ mod tests {
         c.inner.generations.invalidate(user(1));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
-        assert_eq!(c.get_fresh(&key(1, 1)), Cached::Miss);
+        assert_eq!(c.get_fresh(&key(1, 1)), Known::NotKnown);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,6 +1,5 @@
 //! What a configuration that cannot run is reported as: [`ConfigError`], made of
-//! [`Mistake`]s that each name their dotted key. A leaf: every section's
-//! validation builds its mistakes here, and loading collects them.
+//! [`Mistake`]s that each name their dotted key and where its value came from.
 
 use std::fmt;
 

@@ -4,12 +4,10 @@
 //! [`Config::from_figment`] is pure so tests feed it strings; only
 //! [`Config::load`] reads files and the environment.
 //!
-//! One file per section (or small group of sections): its struct, its
-//! defaults' reading and its validation together, so that a key is added in one
-//! place beside the part that reads it. This file holds the tree, loading, and
-//! the checks that span sections (the request deadline against the upstream
-//! timeouts). The files below it import each other one way, and nothing from
-//! here: `error` and `check` are the leaves every section's validation uses.
+//! Each section's struct, defaults and validation are in its own file; this
+//! one holds the tree, loading, and the checks that span sections (the
+//! request deadline against the upstream timeouts). `check` has the range
+//! helpers the sections' validations use, `error` what they report.
 //!
 //! A configuration that cannot run is refused with every mistake at once
 //! ([`ConfigError::Invalid`]), each naming its dotted key and where its value

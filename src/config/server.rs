@@ -1,5 +1,5 @@
-//! `[server]`: the listeners, their request and connection limits, admission
-//! and the shutdown sequence.
+//! `[server]`: the listeners, their request and connection limits, shedding,
+//! cold admission and the shutdown sequence.
 
 use std::net::SocketAddr;
 use std::time::Duration;

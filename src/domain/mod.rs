@@ -4,6 +4,8 @@
 //!
 //! - [`phone`]: `Phone`, an E.164 number held as eight bytes, masked for display.
 //! - [`ids`]: `UserId`, `AdId`, `CategoryId`.
+//! - [`known`]: `Known`, what is known without asking an upstream (a cache's
+//!   entry, a seller's call tracking, the selection plan's input).
 //! - [`source`]: `Source` (anonymous, calltracking, real), `OnError`, and
 //!   `Sources<T>`, one value per source indexed by `Source`.
 //! - [`reason`]: why an answer is of its kind (`Reason`, its codes and
@@ -14,6 +16,7 @@
 //! - [`wall_clock`]: the replica's wall clock, `since_epoch`, read in one place.
 
 pub mod ids;
+pub mod known;
 pub mod phone;
 pub mod reason;
 pub mod reveal;
@@ -22,6 +25,7 @@ pub mod status;
 pub mod wall_clock;
 
 pub use ids::{AdId, CategoryId, IdError, UserId};
+pub use known::Known;
 pub use phone::Phone;
 pub use reason::{Code, Failure, Origin, Reason, Skip};
 pub use reveal::{Reveal, RevealCounts, RevealQuery, RevealsOf, StoredReveal, Viewer};

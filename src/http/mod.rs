@@ -1,18 +1,17 @@
 //! The HTTP edge, in two modules, the server importing the API and never the
-//! reverse (`tests/arrows.rs` holds it):
+//! reverse (`tests/imports.rs` holds it):
 //! - [`server`]: the hand-built HTTP server: serving connections through hyper
 //!   with our own connection limits, the front service every request meets
-//!   (request tracking, admission, the hit path without the router), shedding,
-//!   and hyper's own rejections rewritten as problem documents. It knows the API
-//!   only through the route table, the problem type and the lookup it answers
-//!   directly.
+//!   (request tracking, the admin token, the header limit, shedding, the
+//!   lookup answered without the router), and hyper's own rejections rewritten
+//!   as problem documents. From the API it takes the routers and their
+//!   states, the route table, the problem type, the admin tokens and their
+//!   record, the request-duration histogram and the lookup it answers.
 //! - [`api`]: what the service answers: the route table, the public and admin
 //!   routers built from it, handlers, extractors, problem documents, the OpenAPI
-//!   documents and the request-duration histogram labelled by route.
-//!
-//! The server imports the API, not the other way, because the server's one reason
-//! to exist is to run the API fast; the API does not know how it is served, so
-//! its handlers are tested with `oneshot` on the routers alone.
+//!   documents and the request-duration histogram labelled by route. Its
+//!   contract is tested through the public front (`tests/it/api_contract.rs`,
+//!   with `oneshot` where no socket is needed) and over real sockets.
 
 pub mod api;
 pub mod server;

@@ -4,9 +4,9 @@
 //! What applies, what is asked before what, what each answer settles and what
 //! the deadline means are the pure [`plan`]; the walk over the states is the
 //! pure [`rules`]. This module keeps the I/O: the cache reads and fetches, the
-//! futures, the deadline timer and the counters; and it is the one place that
-//! puts a cache's entry, the status set's word and an upstream's answer into
-//! the plan's terms ([`known`], [`tracking`], [`state_of`]).
+//! futures, the deadline timer and the counters. The caches and the status set
+//! answer in the plan's own terms ([`Known`]); an upstream's answer becomes
+//! the state it settles here ([`state_of`]).
 //!
 //! Anonymous and real start at once; call tracking starts as soon as the real
 //! number is known (it maps real to virtual). After every answer the rules are
@@ -34,15 +34,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cache::caches::Caches;
-use crate::cache::{CacheKey, Cached, FetchResult, Lookup, PhoneCache, Via};
+use crate::cache::{CacheKey, FetchResult, Lookup, PhoneCache, Via};
 use crate::config::Config;
-use crate::domain::{OnError, Origin, Phone, Reason, Source, Sources, UserId};
-use crate::status::{StatusSet, Tracking};
+use crate::domain::{Known, OnError, Origin, Phone, Reason, Source, Sources};
+use crate::status::StatusSet;
 use crate::telemetry::trace::{Incoming, RequestTrace};
 use crate::upstream::{Call, Class, Upstreams};
 pub use fan_out::Batch;
 pub use plan::Request;
-use plan::{Ask, Known, Progress, Selection};
+use plan::{Ask, Progress, Selection};
 use rules::{Decision, SourceState, States};
 
 /// The number to show, and why it is of its kind.
@@ -67,20 +67,6 @@ pub enum ResolveError {
     /// Needs an upstream call while the workers are saturated (`admission`).
     #[error("shed: the workers are saturated and the answer is not cached")]
     Overloaded,
-}
-
-impl crate::status::SellerCaches for Caches {
-    fn drop_seller(&self, user: UserId) {
-        self.invalidate(user);
-    }
-
-    fn drop_calltracking(&self, user: UserId) {
-        self.invalidate_calltracking(user);
-    }
-
-    fn longest_use(&self) -> std::time::Duration {
-        Caches::longest_use(self)
-    }
 }
 
 type LookupFuture<'a> = Pin<Box<dyn Future<Output = Lookup> + Send + 'a>>;
@@ -376,14 +362,14 @@ impl Resolver {
             // request of its own to the breaker.
             let refresh = || self.fetch(req, ask, &trace, self.next_request(), None);
             let cached = cache.get_fresh_refreshing(&key, now, refresh);
-            if exported && cached != Cached::Miss {
+            if exported && cached != Known::NotKnown {
                 trace_cache(cache.name(), Via::Hit);
             }
-            known(cached)
+            cached
         };
-        let progress =
-            self.selection
-                .start(req, || tracking(self.status.tracking(req.user)), fresh);
+        let progress = self
+            .selection
+            .start(req, || self.status.tracking(req.user), fresh);
         match self.finish(&progress.states) {
             Some(done) => Ok(done),
             None => Err(Asking { trace, progress }),
@@ -466,7 +452,7 @@ impl Resolver {
     /// A usable stale answer to `ask` (stale-if-error), read at the deadline.
     fn stale(&self, req: &Request, ask: Ask) -> Known<Phone> {
         let (cache, key) = self.cache_of(req, ask);
-        known(cache.get_stale(&key))
+        cache.get_stale(&key)
     }
 
     /// The cache answering `ask`, and its key.
@@ -553,25 +539,6 @@ impl Resolver {
                 Ask::Calltracking(real) => upstreams.virtual_number(user, real, call).await,
             }
         })
-    }
-}
-
-/// A cache's entry in the plan's terms: a number, none, or a miss (not known).
-fn known(cached: Cached) -> Known<Phone> {
-    match cached {
-        Cached::Phone(phone) => Known::Yes(phone),
-        Cached::NoPhone => Known::No,
-        Cached::Miss => Known::NotKnown,
-    }
-}
-
-/// The seller's call tracking in the plan's terms; not known until the status
-/// set is loaded (docs/status-sync.md).
-fn tracking(tracking: Tracking) -> Known<()> {
-    match tracking {
-        Tracking::On => Known::Yes(()),
-        Tracking::Off => Known::No,
-        Tracking::Unknown => Known::NotKnown,
     }
 }
 
@@ -664,7 +631,7 @@ async fn poll_some(slot: &mut Option<LookupFuture<'_>>) -> Lookup {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::domain::{AdId, CategoryId, Failure};
+    use crate::domain::{AdId, CategoryId, Failure, UserId};
     use crate::upstream::UpstreamError;
     use std::time::Duration;
 
@@ -745,9 +712,8 @@ mod tests {
         assert_eq!(states[Source::Calltracking], late);
     }
 
-    /// What reaches the plan: every upstream error by its code and class, a
-    /// number with where it came from, and each translation of a cache's entry
-    /// and the status set's word.
+    /// What reaches the plan: every upstream error by its code and class, and
+    /// a number with where it came from.
     #[test]
     fn an_answer_is_a_state_by_its_code() {
         let found = phone("+79161234567");
@@ -792,11 +758,5 @@ mod tests {
             let label = format!("{error:?}");
             assert_eq!(state_of(&lookup(Err(error), Via::Miss)), want, "{label}");
         }
-        assert_eq!(known(Cached::Phone(found)), Known::Yes(found));
-        assert_eq!(known(Cached::NoPhone), Known::No);
-        assert_eq!(known(Cached::Miss), Known::NotKnown);
-        assert_eq!(tracking(Tracking::On), Known::Yes(()));
-        assert_eq!(tracking(Tracking::Off), Known::No);
-        assert_eq!(tracking(Tracking::Unknown), Known::NotKnown);
     }
 }

@@ -5,10 +5,10 @@
 //! the states; the resolver only runs the futures, the deadline timer and the
 //! counters.
 //!
-//! The plan speaks its own terms: what is known without asking is a
-//! [`Known`] (a number, none, or not known), an answer is the [`SourceState`]
-//! it settles. The resolver translates a cache's entry, the status set's word
-//! and an upstream's answer into them at one place (`resolve/mod.rs`).
+//! What is known without asking is a [`Known`] (a number, none, or not
+//! known), as the caches and the status set say it; an answer is the
+//! [`SourceState`] it settles, which the resolver makes of an upstream's
+//! answer (`resolve/mod.rs`, `state_of`).
 //!
 //! A request starts from what is known without asking ([`Selection::start`]):
 //! each cache is read through a function handed in (the resolver's reads a
@@ -30,7 +30,9 @@ use foldhash::HashSet;
 
 use super::rules::{Decision, Rules, SourceState, States};
 use crate::config::SelectionConfig;
-use crate::domain::{AdId, CategoryId, Failure, OnError, Origin, Phone, Source, Sources, UserId};
+use crate::domain::{
+    AdId, CategoryId, Failure, Known, OnError, Origin, Phone, Source, Sources, UserId,
+};
 
 /// What the buyer asked about: the resolver's input and the plan's.
 #[derive(Debug, Clone, Copy)]
@@ -40,18 +42,6 @@ pub struct Request {
     pub category: CategoryId,
     /// The seller's real number, when the caller already has it.
     pub phone: Option<Phone>,
-}
-
-/// The plan's one tri-state: what is known without asking. `Yes` holds what
-/// is known (a cached number; `()` for a seller's call tracking being on),
-/// `No` that it is known to be absent (a cached "no phone", call tracking
-/// off), `NotKnown` that it is not known here (a cache miss, to be asked; the
-/// status set not loaded yet, so the seller may have call tracking on).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Known<T> {
-    Yes(T),
-    No,
-    NotKnown,
 }
 
 /// What `[selection]` (and each source's `on_error`) says, ready to plan with.
@@ -137,21 +127,21 @@ impl Selection {
             None => Known::NotKnown,
         };
         let anonymous = if anonymous_applies {
-            known(fresh(Ask::Anonymous))
+            fresh_state(fresh(Ask::Anonymous))
         } else {
             SourceState::NotApplicable
         };
         let real = match (real_in_order, req.phone) {
             (false, _) => SourceState::NotApplicable,
             (true, Some(phone)) => SourceState::Found(phone, Origin::Phone),
-            (true, None) => known(real_known),
+            (true, None) => fresh_state(real_known),
         };
         let calltracking = match (tracking, real_known) {
             // Until the status set is loaded, the seller may have call
             // tracking on: nothing below it may be shown (docs/status-sync.md).
             (Known::NotKnown, _) => SourceState::Unknown,
             (Known::No, _) => SourceState::NotApplicable,
-            (Known::Yes(()), Known::Yes(real)) => known(fresh(Ask::Calltracking(real))),
+            (Known::Yes(()), Known::Yes(real)) => fresh_state(fresh(Ask::Calltracking(real))),
             (Known::Yes(()), Known::No) => SourceState::NotFound,
             (Known::Yes(()), Known::NotKnown) => SourceState::Pending,
         };
@@ -258,7 +248,7 @@ impl Progress {
 }
 
 /// What a cache knows without fetching, as a source state.
-fn known(cached: Known<Phone>) -> SourceState {
+fn fresh_state(cached: Known<Phone>) -> SourceState {
     match cached {
         Known::Yes(phone) => SourceState::Found(phone, Origin::Cache),
         Known::No => SourceState::NotFound,

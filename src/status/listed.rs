@@ -8,10 +8,19 @@
 //! times their number), which is what sellers' ids are: 10,000,000 ids spread
 //! over 70,000,000 take 8.75 MB and answer with one memory read. Sparser ids
 //! go to a hash set (about 16 bytes an id).
+//!
+//! On PostgreSQL the replica that stores a large snapshot leaves its listing
+//! in the database for the others ([`Listed::encode`], [`Listed::decode`]):
+//! a format byte, then the ascending ids as LEB128 gaps (the first from 0),
+//! about a byte an id for ids spread as sellers' are (10 MB for 10,000,000
+//! ids over 70,000,000), where reading the rows the snapshot stamped back
+//! took more than 10 s.
 
 use std::collections::HashSet;
 
 use foldhash::fast::RandomState;
+
+use crate::domain::UserId;
 
 /// Bits in a bitmap word.
 const WORD: u64 = 64;
@@ -111,6 +120,78 @@ impl Listed {
     }
 }
 
+/// The listing's encoding (see the module doc).
+const FORMAT: u8 = 1;
+
+impl Listed {
+    /// The listing as stored for the other replicas (see the module doc).
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut ids: Vec<u64> = self.iter().collect();
+        if matches!(self.ids, Ids::Hashed(_)) {
+            ids.sort_unstable();
+        }
+        let mut out = Vec::with_capacity(ids.len() + 16);
+        out.push(FORMAT);
+        let mut last = 0;
+        for id in ids {
+            let mut gap = id - last;
+            last = id;
+            loop {
+                // The low seven bits; the high bit says more follow.
+                let byte = (gap & 0x7f) as u8;
+                gap >>= 7;
+                if gap == 0 {
+                    out.push(byte);
+                    break;
+                }
+                out.push(byte | 0x80);
+            }
+        }
+        out
+    }
+
+    /// A listing [`Listed::encode`] made; `None` for anything else (another
+    /// format, a truncated or overlong gap, ids that do not ascend or are not
+    /// a user's): the caller reads the rows instead.
+    pub(super) fn decode(bytes: &[u8]) -> Option<Listed> {
+        let (&format, mut rest) = bytes.split_first()?;
+        if format != FORMAT {
+            return None;
+        }
+        let mut chunks = Vec::new();
+        let mut chunk = Vec::with_capacity(CHUNK);
+        let mut last = 0u64;
+        while !rest.is_empty() {
+            let mut gap = 0u64;
+            let mut shift = 0;
+            loop {
+                let (&byte, tail) = rest.split_first()?;
+                rest = tail;
+                if shift > 63 || (shift == 63 && byte & 0x7e != 0) {
+                    return None;
+                }
+                gap |= u64::from(byte & 0x7f) << shift;
+                shift += 7;
+                if byte & 0x80 == 0 {
+                    break;
+                }
+            }
+            last = last
+                .checked_add(gap)
+                .filter(|id| gap > 0 && *id <= UserId::MAX)?;
+            chunk.push(last);
+            if chunk.len() == CHUNK {
+                chunks.push(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK)));
+            }
+        }
+        chunks.push(chunk);
+        Some(Listed::new(chunks))
+    }
+}
+
+/// Ids per chunk while a listing is decoded.
+const CHUNK: usize = 100_000;
+
 /// The set bits of a word, lowest first.
 struct Bits(u64);
 
@@ -161,6 +242,50 @@ mod tests {
         assert_eq!(empty.len(), 0);
         assert_eq!(empty.iter().count(), 0);
         assert!(!empty.contains(0) && !empty.contains(1));
+    }
+
+    #[test]
+    fn a_listing_decodes_to_what_was_encoded() {
+        let top = UserId::MAX;
+        for ids in [
+            vec![],
+            vec![1],
+            vec![3, 10, 17, 24, 1_000_000, 1_000_001],
+            vec![5, top / 3, top - 1, top],
+            (0..300_000).map(|i| i * 7 + 3).collect(),
+        ] {
+            let listed = Listed::new(vec![ids.clone()]);
+            let bytes = listed.encode();
+            let back = Listed::decode(&bytes).unwrap();
+            let mut got: Vec<u64> = back.iter().collect();
+            got.sort_unstable();
+            assert_eq!(got, ids);
+        }
+        // About a byte an id for sellers' ids.
+        let spread = Listed::new(vec![(0..300_000).map(|i| i * 7 + 3).collect()]);
+        assert_eq!(spread.encode().len(), 1 + 300_000);
+    }
+
+    #[test]
+    fn a_bad_listing_is_refused() {
+        let good = Listed::new(vec![vec![5, 300]]).encode();
+        assert!(Listed::decode(&good).is_some());
+        let largest = [vec![FORMAT], vec![0xff; 8], vec![0x7f]].concat();
+        let got = Listed::decode(&largest).unwrap();
+        assert_eq!(got.iter().collect::<Vec<_>>(), [UserId::MAX]);
+        for bad in [
+            vec![],
+            vec![2, 5],
+            good[..good.len() - 1].to_vec(),
+            vec![FORMAT, 5, 0],
+            vec![FORMAT, 0],
+            // Past 64 bits; past the largest user id; too many bytes.
+            [vec![FORMAT], vec![0xff; 9], vec![0x7f]].concat(),
+            [vec![FORMAT], vec![0xff; 9], vec![0x01]].concat(),
+            [vec![FORMAT], vec![0x80; 10], vec![0x00]].concat(),
+        ] {
+            assert!(Listed::decode(&bad).is_none(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -1,6 +1,12 @@
 //! The call-tracking status set: in-memory reads ([`StatusSet`]), the write path
 //! and catch-up ([`StatusService`]), and the background loops that keep replicas
 //! converged ([`sync`]) and pull the status feed ([`feed`]).
+//!
+//! Cache invalidation by seller: [`StatusService::invalidate`] drops a
+//! seller's numbers from this replica's caches and records the invalidation
+//! in the change log; each replica's catch-up drops them from its own caches
+//! as it reads the log, and a status whose call tracking flipped drops the
+//! seller's call-tracking numbers.
 
 pub mod feed;
 mod listed;
@@ -12,38 +18,14 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use listed::Listed;
-pub use set::{StatusSet, Tracking};
+pub use set::StatusSet;
 
+use crate::cache::caches::Caches;
 use crate::domain::{Applied, StatusChange, UserId, wall_clock};
 use crate::store::{
     CHANGES_PAGE, Change, FLOOR_USER, Fence, SnapshotLoad, StatusStore, StatusStoreError,
     StoreError, Watermark,
 };
-
-/// What the number caches must forget when the change log says so. The status
-/// service reads the change log; the caches are another module (`cache`, which
-/// `status` does not import), so `app` hands them in as this.
-pub trait SellerCaches: Send + Sync {
-    /// Every cached number of the seller (an invalidation).
-    fn drop_seller(&self, user: UserId);
-    /// The seller's cached call-tracking numbers: call tracking was turned on or
-    /// off, and a forwarding number released meanwhile may be another seller's now.
-    fn drop_calltracking(&self, user: UserId);
-    /// The longest an entry fetched now may still be served (TTL plus
-    /// `max_stale`): an invalidation older than that can drop nothing.
-    fn longest_use(&self) -> Duration;
-}
-
-/// No caches to tell (tools and benches that have none).
-struct NoCaches;
-
-impl SellerCaches for NoCaches {
-    fn drop_seller(&self, _: UserId) {}
-    fn drop_calltracking(&self, _: UserId) {}
-    fn longest_use(&self) -> Duration {
-        Duration::ZERO
-    }
-}
 
 /// Rows applied between two yields of a catch-up: a snapshot that changes
 /// 100,000 sellers does not hold a worker thread for the whole page.
@@ -70,7 +52,12 @@ struct Inner {
     set: Arc<StatusSet>,
     /// The status store and its change log: this service's alone.
     store: StatusStore,
-    caches: Arc<dyn SellerCaches>,
+    /// The replica's number caches, which forget what the change log says to
+    /// (an invalidation: every number of the seller; a flip of call tracking:
+    /// the seller's call-tracking numbers, since a forwarding number released
+    /// meanwhile may be another seller's now); `None` in tools and benches
+    /// that have none.
+    caches: Option<Caches>,
     /// One local writer at a time: SQLite has one writer anyway, and PostgreSQL
     /// writers queue on the advisory lock; queueing here spares a connection.
     writer: tokio::sync::Mutex<()>,
@@ -87,14 +74,19 @@ struct Inner {
 impl StatusService {
     /// A service with no caches to tell of invalidations and flips.
     pub fn new(store: StatusStore) -> Self {
-        StatusService::with_caches(store, Arc::new(NoCaches))
+        StatusService::build(store, Arc::default(), None)
     }
 
-    /// A service that makes `caches` forget what the change log says to.
-    pub fn with_caches(store: StatusStore, caches: Arc<dyn SellerCaches>) -> Self {
+    /// A service that writes `set` (the one the resolver reads) and makes
+    /// `caches` forget what the change log says to.
+    pub fn with_caches(store: StatusStore, set: Arc<StatusSet>, caches: Caches) -> Self {
+        StatusService::build(store, set, Some(caches))
+    }
+
+    fn build(store: StatusStore, set: Arc<StatusSet>, caches: Option<Caches>) -> Self {
         StatusService {
             inner: Arc::new(Inner {
-                set: Arc::new(StatusSet::default()),
+                set,
                 store,
                 caches,
                 writer: tokio::sync::Mutex::new(()),
@@ -196,9 +188,9 @@ impl StatusService {
         page_bound: Option<Duration>,
     ) -> Result<usize, StatusStoreError> {
         let seen = watermark.0;
-        let caches = &self.inner.caches;
+        let caches = self.inner.caches.as_ref();
         let mut total = 0;
-        loop {
+        'pages: loop {
             let page = self.inner.store.changes_after(*watermark, CHANGES_PAGE);
             let rows = match page_bound {
                 None => page.await?,
@@ -211,21 +203,53 @@ impl StatusService {
             };
             for chunk in rows.chunks(ROWS_PER_YIELD) {
                 for row in chunk {
+                    if let Change::Status { status, .. } = row.change
+                        && row.user_id == FLOOR_USER
+                        && row.seq > watermark.0
+                    {
+                        // The first row of a snapshot's change (the floor is
+                        // user 0): applied from its listing if it left one.
+                        // One that cannot be read is read as rows.
+                        let bound = page_bound.unwrap_or(Duration::MAX);
+                        let listing = self.inner.store.snapshot_listing(row.seq);
+                        let listing = match tokio::time::timeout(bound, listing).await {
+                            Ok(Ok(listing)) => listing,
+                            Ok(Err(error)) => {
+                                tracing::warn!(%error, "a snapshot's listing cannot be read; reading its rows");
+                                None
+                            }
+                            Err(_) => {
+                                tracing::warn!(
+                                    ?bound,
+                                    "a snapshot's listing was not read in time; reading its rows"
+                                );
+                                None
+                            }
+                        };
+                        if let Some(set) = self.apply_listing(listing, status.version).await {
+                            total += set;
+                            *watermark = (row.seq, i64::MAX);
+                            metrics::gauge!("phones_gateway_status_last_change_seq")
+                                .set(row.seq as f64);
+                            continue 'pages;
+                        }
+                    }
                     let user = UserId::new(row.user_id);
                     match row.change {
                         Change::Status { status, .. } if row.user_id == FLOOR_USER => {
                             self.inner.set.put_floor(status.version);
                         }
                         Change::Status { status, flip_seq } => {
-                            if let (Ok(user), true) = (user, flip_seq > seen) {
-                                caches.drop_calltracking(user);
+                            let flipped = flip_seq > seen;
+                            if let (Some(caches), Ok(user), true) = (caches, user, flipped) {
+                                caches.invalidate_calltracking(user);
                             }
                             self.inner.set.put(row.user_id, status);
                             total += 1;
                         }
                         Change::Invalidated => {
-                            if let Ok(user) = user {
-                                caches.drop_seller(user);
+                            if let (Some(caches), Ok(user)) = (caches, user) {
+                                caches.invalidate(user);
                             }
                         }
                     }
@@ -243,6 +267,39 @@ impl StatusService {
         Ok(total)
     }
 
+    /// Applies a snapshot another replica stored, at `version`, from the
+    /// `listing` it left, to memory caught up to the change before it (a
+    /// catch-up reaches the snapshot's rows in change order), by the store's
+    /// own rule, as the replica that took it applied it; how many users it
+    /// set. `None` when there is no listing, or one that does not decode or
+    /// is of another version: the caller reads the rows.
+    ///
+    /// A row the snapshot stamped and a later change moved on is set to the
+    /// snapshot's state here, a state it had, and then to its own by the
+    /// rows after the snapshot's, which the catch-up reads next.
+    async fn apply_listing(&self, listing: Option<(u64, Vec<u8>)>, version: u64) -> Option<usize> {
+        let (stored_version, bytes) = listing?;
+        if stored_version != version {
+            return None;
+        }
+        let decoded = tokio::task::spawn_blocking(move || Listed::decode(&bytes)).await;
+        let Ok(Some(listed)) = decoded else {
+            tracing::warn!("a snapshot's listing does not decode; reading its rows");
+            return None;
+        };
+        let caches = self.inner.caches.as_ref();
+        Some(
+            self.inner
+                .set
+                .apply_snapshot(&listed, version, |user| {
+                    if let (Some(caches), Ok(user)) = (caches, UserId::new(user)) {
+                        caches.invalidate_calltracking(user);
+                    }
+                })
+                .await,
+        )
+    }
+
     /// Drops every cached number of `users` here at once, then records the
     /// invalidation so that every other replica drops them too (with SQLite,
     /// one replica, nothing to record). A fetch of them under way on any
@@ -252,15 +309,19 @@ impl StatusService {
     /// The store could not record it: this replica's entries are dropped all
     /// the same, the others' are not; the caller should retry.
     pub async fn invalidate(&self, users: &[UserId]) -> Result<(), StatusStoreError> {
-        for user in users {
-            self.inner.caches.drop_seller(*user);
+        let caches = self.inner.caches.as_ref();
+        if let Some(caches) = caches {
+            users.iter().for_each(|user| caches.invalidate(*user));
         }
+        // The longest an entry fetched now may still be served (TTL plus
+        // `max_stale`): an invalidation older than that can drop nothing.
+        let longest_use = caches.map_or(Duration::ZERO, Caches::longest_use);
         let deadline = self.short_deadline();
         {
             let _writer = self.writer_until(deadline).await?;
             self.inner
                 .store
-                .record_invalidations(users, self.inner.caches.longest_use(), deadline)
+                .record_invalidations(users, longest_use, deadline)
                 .await?;
         }
         self.catch_up_after_write().await;
@@ -368,8 +429,14 @@ impl StatusService {
     ) -> Result<(), StatusStoreError> {
         // Built on the blocking pool while the store indexes the ids (a
         // bitmap: milliseconds at 10,000,000 ids; a hash set, for sparse
-        // ids, a second or so).
-        let listing = tokio::task::spawn_blocking(move || Listed::new(enabled));
+        // ids, a second or so), with its encoding where the store keeps one
+        // for the other replicas.
+        let encode = self.inner.store.keeps_listings();
+        let listing = tokio::task::spawn_blocking(move || {
+            let listed = Listed::new(enabled);
+            let encoded = encode.then(|| listed.encode());
+            (listed, encoded)
+        });
         let _writer = self.writer().await?;
         let prepared = load.prepare(version).await?;
         let (deadline, bound) = (prepared.deadline(), prepared.bound());
@@ -381,14 +448,15 @@ impl StatusService {
         tokio::time::timeout_at(deadline, self.catch_up_locked(&mut watermark, None))
             .await
             .map_err(|_| timed_out("catching up before a snapshot"))??;
-        let listed = listing.await;
+        let listing = listing.await;
+        let encoded = listing.as_ref().ok().and_then(|(_, e)| e.as_deref());
         let seq = prepared.seq();
-        if !prepared.finish().await? {
+        if !prepared.finish(encoded).await? {
             // It changed no row: memory, caught up, holds the stored state.
             return Ok(());
         }
-        let listed = match listed {
-            Ok(listed) => listed,
+        let listed = match listing {
+            Ok((listed, _)) => listed,
             Err(error) => {
                 // Only a panic (a bug) or a runtime shutting down: memory reads
                 // the snapshot back through the change log, as another
@@ -400,13 +468,13 @@ impl StatusService {
                 return Ok(());
             }
         };
-        let caches = &self.inner.caches;
+        let caches = self.inner.caches.as_ref();
         let set = self
             .inner
             .set
             .apply_snapshot(&listed, version, |user| {
-                if let Ok(user) = UserId::new(user) {
-                    caches.drop_calltracking(user);
+                if let (Some(caches), Ok(user)) = (caches, UserId::new(user)) {
+                    caches.invalidate_calltracking(user);
                 }
             })
             .await;

@@ -10,7 +10,7 @@
 //! Two facts beside the map: the *floor*, the version of the last snapshot, which
 //! every user the map does not hold has (disabled: a snapshot speaks for every
 //! user, listed or not); and whether the set was *loaded* at all. Before it is,
-//! nothing is known of anyone ([`Tracking::Unknown`]).
+//! nothing is known of anyone (`Known::NotKnown`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,7 +19,7 @@ use foldhash::fast::RandomState;
 
 use super::ROWS_PER_YIELD;
 use super::listed::Listed;
-use crate::domain::{Applied, Status, StatusChange, UserId, plan_changes};
+use crate::domain::{Applied, Known, Status, StatusChange, UserId, plan_changes};
 
 /// A status packed in one `u64`: the version shifted left, `enabled` in bit 0.
 fn pack(status: Status) -> u64 {
@@ -41,15 +41,6 @@ pub struct StatusSet {
     loaded: AtomicBool,
 }
 
-/// What this replica knows of a seller's call tracking.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tracking {
-    On,
-    Off,
-    /// The set is not loaded yet: the seller may have call tracking on.
-    Unknown,
-}
-
 impl Default for StatusSet {
     fn default() -> Self {
         StatusSet {
@@ -63,16 +54,13 @@ impl Default for StatusSet {
 }
 
 impl StatusSet {
-    /// The hot-path question: is call tracking on for this seller, and is that known?
-    pub fn tracking(&self, user: UserId) -> Tracking {
+    /// The hot-path question: is call tracking on for this seller (`Yes`), off
+    /// (`No`), or not known (the set is not loaded yet: it may be on)?
+    pub fn tracking(&self, user: UserId) -> Known<()> {
         if !self.loaded.load(Ordering::Acquire) {
-            return Tracking::Unknown;
+            return Known::NotKnown;
         }
-        if self.is_enabled(user) {
-            Tracking::On
-        } else {
-            Tracking::Off
-        }
+        Known::of(self.is_enabled(user).then_some(()))
     }
 
     /// Whether the map has call tracking on for this seller (loaded or not).
@@ -316,11 +304,11 @@ mod tests {
     fn tracking_is_unknown_until_loaded() {
         let set = StatusSet::default();
         set.apply_changes(&[item(1, true, 1)]);
-        assert_eq!(set.tracking(user(1)), Tracking::Unknown);
-        assert_eq!(set.tracking(user(2)), Tracking::Unknown);
+        assert_eq!(set.tracking(user(1)), Known::NotKnown);
+        assert_eq!(set.tracking(user(2)), Known::NotKnown);
         set.mark_loaded();
-        assert_eq!(set.tracking(user(1)), Tracking::On);
-        assert_eq!(set.tracking(user(2)), Tracking::Off);
+        assert_eq!(set.tracking(user(1)), Known::Yes(()));
+        assert_eq!(set.tracking(user(2)), Known::No);
     }
 
     /// The store's rule for a snapshot at `version` (the finish's UPDATE and

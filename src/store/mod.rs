@@ -1,5 +1,5 @@
 //! Everything that speaks SQL (the one module that imports sqlx:
-//! `tests/arrows.rs` holds it): SQLite (one replica, the embedded default) or
+//! `tests/imports.rs` holds it): SQLite (one replica, the embedded default) or
 //! PostgreSQL (a cluster), opened once as a [`Database`] by `app`, which hands
 //! each part the narrow handle of the capability it uses:
 //!
@@ -18,29 +18,18 @@
 //! or an HTTP answer can say which store failed; the database-wide work
 //! returns the cause bare.
 //!
-//! **Split by capability, then by dialect.** Each capability is a module of
-//! one shape: its interface (the handle, its error, its operations, the rows
-//! both dialects read and write, and the queries whose text is the same in
-//! both) first, then a file per
-//! dialect with that dialect's SQL, side by side where a reader sees the two
-//! stay equal. By capability first because capabilities are what change: a
-//! new query is one capability's interface and dialects, and its error, its
-//! bounds and its operation label are decided in the same module. A backend is
-//! added rarely and is the wider change either way. Beside the capabilities,
-//! what they all share: the pool of either kind with its bounds and timed
-//! calls (`pool`), the one cause of every failure (`error`), and the
-//! [`Database`], which opens SQLite or PostgreSQL (with the reveal log's own
-//! SQLite writer) and builds the handles.
-//!
-//! - *A new capability*: a module with its handle, its error and its SQL in
-//!   each dialect, plus a migration per dialect in `migrations/`; a
-//!   constructor on [`Database`], one line of the table above; `app` hands the
-//!   handle to its owner.
-//! - *A new query in a capability*: that capability's interface and
-//!   dialects only.
-//! - *A new backend*: a variant of the pool's backend and its connection in
-//!   [`Database`], then a dialect in each capability (the compiler lists every
-//!   `match` that lacks it), and a `migrations/` directory.
+//! Each capability is a folder: its interface (the handle, its error, its
+//! operations, the rows both dialects read and write, and the queries whose
+//! text is the same in both) in `mod.rs`, then a file per dialect it has
+//! (SQLite, PostgreSQL): the change hints and feed leadership have a
+//! PostgreSQL side only (SQLite serves one replica), and the reveal log's
+//! SQLite side has files of its own for its indexes (the viewers' runs, the
+//! sellers' postings) and their inserts. Beside the capabilities: the pool of
+//! either kind with its bounds and timed calls (`pool`), the one cause of
+//! every failure (`error`), and the [`Database`], which opens SQLite or
+//! PostgreSQL (with the reveal log's own SQLite writer) and builds the
+//! handles. A new capability is such a folder, a migration per dialect in
+//! `migrations/`, a constructor on [`Database`] and a row of the table above.
 
 mod budgets;
 mod database;

@@ -47,7 +47,7 @@
 //! its only release) has AIMD and Gradient, but its release of a token is an
 //! `async fn` behind a `tokio::sync::Mutex` (a [`Slot`] here reports on drop,
 //! synchronously, wherever a call ends) and it brings `async-trait` and the
-//! unmaintained `conv`; this is a hundred lines with its tests.
+//! unmaintained `conv`; this is a small module of our own with its tests.
 //!
 //! Its cost is on the cold path only (a call about to go out): taking a place
 //! is one atomic add and one load, as for the fixed bound, and a call's end

@@ -9,8 +9,8 @@
 //! read. So a call's timer that fires asks how much time was lost meanwhile,
 //! from two sources, and takes the larger:
 //!
-//! - [`LostTime::total`], fed by a probe task (`resolve::admission`) that sleeps
-//!   5 ms at a time and adds how late it woke, less tokio's millisecond of
+//! - [`LostTime`]'s running total ([`LostTime::mark`]), fed by a probe task
+//!   (`resolve::admission`) that sleeps 5 ms at a time and adds how late it woke, less tokio's millisecond of
 //!   granularity: what every ready task waited before a worker got to it;
 //! - the call's own timer, how late it fired: after a pause, the call's timer
 //!   can run before the probe's does.

@@ -11,7 +11,7 @@
 //! a fetch outlives the request that started it (the cache runs it in its own
 //! task, to its timeout), so clients that send and reset at once would otherwise
 //! drive the upstream's concurrency at the raw request rate, past anything
-//! `server.max_in_flight` admits. They are bounded per seller too
+//! `server.max_in_flight` lets in. They are bounded per seller too
 //! (`upstreams.<name>.max_in_flight_per_seller`, see `limit`), so that one
 //! caller flooding one seller cannot take every place. A call over either bound
 //! is not made: it fails at once as [`UpstreamError::Saturated`] or

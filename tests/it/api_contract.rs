@@ -933,6 +933,26 @@ async fn batch_answers_each_item_in_order_with_mixed_results() {
 // Contract cases that need no socket: the public front driven with `oneshot`
 // (support::front), decided before any upstream is asked.
 
+/// One way in: the public router has no entry for the lookup, which the front
+/// answers (every method) before it, so nothing on the router alone (a test,
+/// a layer) reaches code that production skips.
+#[tokio::test]
+async fn the_public_router_alone_does_not_answer_the_lookup() {
+    use tower::ServiceExt;
+    let config = phones_gateway::config::Config::from_toml("").unwrap();
+    let parts = phones_gateway::app::Parts::build(&config);
+    let state = phones_gateway::http::api::state::PublicState {
+        resolver: parts.resolver,
+        budgets: None,
+        reveals: None,
+        server: config.server,
+    };
+    let router = phones_gateway::http::api::public_router(state);
+    let request = Request::get(PUBLIC_PHONE).body(Body::empty()).unwrap();
+    let response = router.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 404);
+}
+
 #[tokio::test]
 async fn on_the_front_an_unknown_route_is_a_404_problem() {
     let front = public_front();

@@ -1,17 +1,14 @@
 //! `phones_gateway_http_request_duration_seconds{route, status}`: every request
 //! on both listeners, in fixed buckets of atomics.
 //!
-//! Kept here rather than by the `metrics` recorder: a recorder histogram queues
-//! every sample until a scrape or an upkeep drains it (a lock-free push and an
-//! epoch pin per request, about a twentieth of a cached answer's CPU). Here a
-//! request costs a scan of a few slots and two relaxed adds, with no lock and no
-//! pin, and there is nothing to drain. Process-wide, like the recorder, and
-//! rendered after it on `/metrics`.
+//! Kept here rather than by the `metrics` recorder, whose histogram queues every
+//! sample until a scrape or an upkeep drains it (16.4 bytes a sample: memory
+//! that grows with the request rate, docs/design.md, "Hand-made parts"). Here
+//! a request costs a scan of a few slots and two relaxed adds, with no lock
+//! and no pin, and there is nothing to drain. Process-wide, like the recorder.
 //!
-//! In the API rather than the server, though the front records every sample:
-//! the series are the route table's rows ([`RouteId`]), and the `/metrics`
-//! handler renders them, which the API could not do if this lived in the server
-//! (`server -> api`, never the reverse).
+//! The series are the route table's rows ([`RouteId`]); the front records
+//! every sample, and the `/metrics` handler renders them after the recorder.
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;

@@ -1,7 +1,6 @@
-//! The request limits the routers, the extractors and the handlers all read,
-//! from `[server]` (which both routers' states hold): a leaf of the API, so
-//! that the extractors need not reach up to the handlers (or the routers) for
-//! a bound.
+//! The request limits: the items a batch may hold, and a route's body limit
+//! (its size and read timeouts, from `[server]`), which the extractors apply
+//! and a 413 names.
 
 use crate::config::ServerConfig;
 

@@ -15,19 +15,21 @@
 //! docs/api.md lists no 5xx for bad input); on no route, a 404. A method that is not a
 //! token is a malformed request line: a 400. Each
 //! listener serves its router through a `server::front::Front`
-//! (`server::serve::serve`), which tracks and admits every request and answers
+//! (`server::serve::serve`), which tracks and checks every request and answers
 //! the public lookup itself.
 //!
 //! The route table ([`routes`]) names each route's handlers ([`public`],
 //! [`admin`], [`reveals`], [`profile`], [`openapi`]); the handlers name their
 //! path's constant there, and the OpenAPI documents and the duration
 //! histogram ([`durations`]) are read from its rows. Beside them: the admin
-//! tokens and their record ([`access`]), the extractors ([`extract`]), the
+//! tokens and their record ([`access`]), the extractors ([`extract`]) and the
+//! batch body's items ([`batch_items`]), the
 //! problem documents ([`error`]), the listeners' states ([`state`]) and the
 //! request limits ([`limits`]).
 
 pub mod access;
 pub mod admin;
+pub mod batch_items;
 pub mod budget;
 pub mod durations;
 pub mod error;
@@ -46,8 +48,9 @@ use axum::extract::DefaultBodyLimit;
 
 use state::{AdminState, PublicState};
 
-/// The public routes ([`routes::PUBLIC`]). Request tracking and shedding wrap it in `server::front::Front`,
-/// which also answers `GET /v1/public-phone` without it.
+/// The public routes ([`routes::PUBLIC`]) but the lookup, which
+/// `server::front::Front` answers before this router (with request tracking
+/// and shedding around both).
 pub fn public_router(state: PublicState) -> Router {
     let max_body = state.server.max_body_bytes;
     router_of(routes::PUBLIC, state, max_body)
@@ -72,8 +75,9 @@ fn router_of<S: Clone + Send + Sync + 'static>(
 ) -> Router {
     table
         .iter()
-        .fold(Router::new(), |router, route| {
-            router.route(route.path, (route.handlers)())
+        .filter_map(|route| Some((route.path, route.handlers?)))
+        .fold(Router::new(), |router, (path, handlers)| {
+            router.route(path, handlers())
         })
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .fallback(error::route_not_found)

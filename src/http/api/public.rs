@@ -1,16 +1,17 @@
 //! The public API (docs/api.md): one number, or a batch of up to 100.
 
 use axum::body::Body;
-use axum::extract::{Request as HttpRequest, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::batch_items::{BatchItem, BatchItems, batch_item};
 use super::budget::{self, VIEWER_HEADER};
 use super::error::{ApiError, Problem};
-use super::extract::{BatchItem, BatchItems, Json, batch_item, public_phone_query};
+use super::extract::{Json, public_phone_query};
 use super::limits::MAX_BATCH_ITEMS;
 use super::routes;
 use super::state::PublicState;
@@ -32,7 +33,9 @@ pub struct PublicPhone {
 }
 
 impl PublicState {
-    fn admit(&self, viewer: Option<&Viewer>, items: usize) -> Result<(), ApiError> {
+    /// Spends `items` of the viewer's budgets (`budget::check`): a 429 past
+    /// one, checked before any cache or upstream work.
+    fn spend_budget(&self, viewer: Option<&Viewer>, items: usize) -> Result<(), ApiError> {
         self.budgets
             .as_ref()
             .map_or(Ok(()), |b| budget::check(b, viewer, items))
@@ -85,6 +88,12 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("X-Viewer-Id: {e}")))
 }
 
+// `GET` and `HEAD /v1/public-phone`, answered by the public listener's front
+// (`server::front`) before the router, which has no entry for it: the one way
+// in. Any other method is a 405 naming these two, as the router answers a
+// method a route lacks. HEAD answers as GET does but shows no number, so it
+// is not a reveal. (Not a doc comment: utoipa would make it the operation's
+// summary in the public document.)
 #[utoipa::path(
     get,
     path = routes::PUBLIC_PHONE,
@@ -105,31 +114,21 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
         (status = 503, description = "Cannot decide safely, or shedding load", body = Problem),
     )
 )]
-pub async fn public_phone(State(state): State<PublicState>, request: HttpRequest) -> Response {
-    let (method, headers, query) = (request.method(), request.headers(), request.uri().query());
-    // The router sends this handler GET and HEAD only (the route's methods).
-    public_phone_by(&state, method, headers, query)
-        .await
-        .unwrap_or_else(|| ApiError::MethodNotAllowed.into_response())
-}
-
-/// `GET` and `HEAD /v1/public-phone`, the one door both ways in go through: the
-/// router's handler above and the hit path in `server::front`, which calls it
-/// without the router. `None` for any other method (the router's 405 then).
-///
-/// HEAD answers as GET does but shows no number, so it is not a reveal.
-pub async fn public_phone_by(
+pub async fn public_phone(
     state: &PublicState,
     method: &Method,
     headers: &HeaderMap,
     query: Option<&str>,
-) -> Option<Response> {
+) -> Response {
     if method == Method::GET {
-        Some(lookup(state, headers, query, true).await)
+        lookup(state, headers, query, true).await
     } else if method == Method::HEAD {
-        Some(headless(lookup(state, headers, query, false).await))
+        headless(lookup(state, headers, query, false).await)
     } else {
-        None
+        let mut response = ApiError::MethodNotAllowed.into_response();
+        let allow = HeaderValue::from_static("GET,HEAD");
+        response.headers_mut().insert(header::ALLOW, allow);
+        response
     }
 }
 
@@ -145,7 +144,7 @@ fn headless(mut response: Response) -> Response {
     response
 }
 
-/// The lookup behind [`public_phone_by`]. A 200 is recorded as a reveal when
+/// The lookup behind [`public_phone`]. A 200 is recorded as a reveal when
 /// `reveal` is set.
 async fn lookup(
     state: &PublicState,
@@ -156,7 +155,7 @@ async fn lookup(
     let answered = async {
         let request = public_phone_query(query)?;
         let viewer = viewer_of(headers)?;
-        state.admit(viewer.as_ref(), 1)?;
+        state.spend_budget(viewer.as_ref(), 1)?;
         let trace = RequestTrace::of(headers);
         let resolved = state.resolver.resolve(&request, Some(&trace)).await?;
         if reveal {
@@ -195,9 +194,7 @@ impl PublicPhone {
         out.push(b'}');
         out
     }
-}
 
-impl PublicPhone {
     fn of(request: &Request, resolved: &Resolved) -> Self {
         PublicPhone {
             phone: resolved.phone,
@@ -290,7 +287,7 @@ pub async fn batch(
     // Items are parsed first: one refused for a bad parameter asks for no
     // number and costs nothing of the viewer's budget.
     let requests: Vec<_> = items.iter().map(batch_item).collect();
-    state.admit(
+    state.spend_budget(
         viewer.as_ref(),
         requests.iter().filter(|request| request.is_ok()).count(),
     )?;

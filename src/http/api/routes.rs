@@ -1,9 +1,11 @@
 //! The route table of both listeners, one row per route: its path (written
 //! here once, as a constant the handler's `#[utoipa::path]` names), who may
-//! call it (open, or a token with a scope), its handlers by method, and the
-//! handlers' OpenAPI entries. Everything else about routes is read from here:
+//! call it (open, or a token with a scope), its handlers by method (none for
+//! the lookup, which the public listener's front answers before the router),
+//! and the handlers' OpenAPI entries. Everything else about routes is read
+//! from here:
 //! - the routers ([`super::public_router`], [`super::admin_router`]) are folds
-//!   over [`PUBLIC`] and [`ADMIN`];
+//!   over the rows of [`PUBLIC`] and [`ADMIN`] that have handlers;
 //! - the OpenAPI documents (`openapi`) are the entries of the rows, with the
 //!   scope of each admin row declared on its operations;
 //! - the front finds a request's row once per request ([`RouteId`]) and takes
@@ -43,8 +45,8 @@ pub const OPENAPI_ADMIN: &str = "/openapi/admin.json";
 /// The public listener's routes, and its API's description (open: it describes
 /// what any caller of this listener may call).
 pub const PUBLIC: &[Route<PublicState>] = &[
-    Route::open(PUBLIC_PHONE, || get(public::public_phone))
-        .doc(&[doc::<public::__path_public_phone>]),
+    // Answered by the front (`server::front`), every method, before the router.
+    Route::front(PUBLIC_PHONE).doc(&[doc::<public::__path_public_phone>]),
     Route::open(BATCH, || post(public::batch)).doc(&[doc::<public::__path_batch>]),
     Route::open(OPENAPI_PUBLIC, || get(openapi::public_json)),
 ];
@@ -103,8 +105,10 @@ pub struct Route<S> {
     /// The axum path; a `{name}` segment matches one non-empty segment.
     pub path: &'static str,
     pub access: Access,
-    /// The handlers by method, as the router takes them.
-    pub handlers: fn() -> MethodRouter<S>,
+    /// The handlers by method, as the router takes them; `None` for the route
+    /// the public listener's front answers itself (the router has no entry
+    /// for it, so nothing can be added there that production would skip).
+    pub handlers: Option<fn() -> MethodRouter<S>>,
     /// The handlers' entries in their listener's OpenAPI document ([`doc`]);
     /// none for the documents themselves.
     pub docs: &'static [fn(&mut OpenApi)],
@@ -113,9 +117,17 @@ pub struct Route<S> {
 impl<S> Route<S> {
     const fn open(path: &'static str, handlers: fn() -> MethodRouter<S>) -> Self {
         Route {
+            handlers: Some(handlers),
+            ..Route::front(path)
+        }
+    }
+
+    /// An open route answered by the listener's front, not by the router.
+    const fn front(path: &'static str) -> Self {
+        Route {
             path,
             access: Access::Open,
-            handlers,
+            handlers: None,
             docs: &[],
         }
     }

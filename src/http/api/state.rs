@@ -1,6 +1,8 @@
-//! The two listeners' states, what their handlers reach: a leaf of the API
-//! that the route table, the handlers and the server's front read, built once
-//! by `App::build`. Each field says what it holds and who reads it.
+//! The two listeners' states: what the public handlers reach (the resolver,
+//! the viewer budgets, the reveal buffer) and what the admin handlers reach
+//! (the status service, the caches' gauges, the reveal log, readiness,
+//! metrics), built once by `App::build`. Each field says what it holds and
+//! who reads it.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;

@@ -49,7 +49,7 @@
 //! The public listener keeps waiting at its cap: it is bounded to keep
 //! descriptors, its probes are not on it, and at its size (thousands of
 //! connections, mostly the load balancers' keep-alive pools) closing idle ones
-//! to admit a flood of new ones would turn the flood into reconnects of every
+//! to take a flood of new ones would turn the flood into reconnects of every
 //! pool, where waiting lets the head deadline close the idle ones that
 //! nobody uses.
 //!

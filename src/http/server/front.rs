@@ -1,11 +1,12 @@
 //! What a listener runs for every request, around the router: request tracking
-//! (an id, a span, a duration by route and status) and admission (on the admin
-//! listener the token, checked first for every path but health, readiness and
-//! metrics so that without it nothing, not even a 404 or 405, tells what exists,
-//! then the route's scope, so a token without it gets a 403 before any 404 or
-//! 405 of that route; every such call put on record by `access::record`; the
-//! header limit; and shedding on the public listener). The public lookup, the request a
-//! sale day is made of, is answered here without the router.
+//! (an id, a span, a duration by route and status); on the admin listener the
+//! token ([`Inner::authorize`]), checked first for every path but health,
+//! readiness and metrics so that without it nothing, not even a 404 or 405,
+//! tells what exists, then the route's scope, so a token without it gets a 403
+//! before any 404 or 405 of that route, every such call put on record by
+//! `access::record`; the header limit; and shedding on the public listener
+//! (`shed`). The public lookup, the request a sale day is made of, is answered
+//! here without the router.
 //!
 //! A request's path is matched against the route table once, here
 //! (`api::routes::RouteId`): its duration label and, on the admin listener,
@@ -39,6 +40,7 @@ use tracing::Instrument;
 use super::bodies::Reservation;
 use super::shed::Shed;
 use crate::config::TracingConfig;
+use crate::http::api;
 use crate::http::api::access::{self, AdminTokens, Caller};
 use crate::http::api::durations;
 use crate::http::api::error::ApiError;
@@ -46,7 +48,7 @@ use crate::http::api::public;
 use crate::http::api::routes::{
     PUBLIC_PHONE as PUBLIC_PHONE_PATH, RouteId, STATUSES as SNAPSHOT_PATH,
 };
-use crate::http::api::state::PublicState;
+use crate::http::api::state::{AdminState, PublicState};
 use crate::telemetry;
 
 /// Wall time, not tokio's clock (clippy.toml): a request's duration is what its
@@ -64,15 +66,16 @@ pub struct Front {
 
 struct Inner {
     /// The listener's router (`api::public_router` or `api::admin_router`):
-    /// every request the front admits and does not answer itself.
+    /// every request the front lets through and does not answer itself.
     router: Router,
-    /// Admission before the router: the header limit on both listeners, and on
-    /// the public one the bound on requests in flight.
+    /// Before the router: the header limit on both listeners, and on the
+    /// public one the bound on requests in flight (shedding).
     shed: Shed,
     /// A path's row of the route table, found once per request: its duration
     /// label, and on the admin listener whether it needs the token.
     route_of: fn(&str) -> RouteId,
-    /// Set on the public listener: `GET /v1/public-phone` is answered directly.
+    /// Set on the public listener: `/v1/public-phone` is answered directly,
+    /// every method (the router has no entry for it).
     lookup: Option<PublicState>,
     /// Set on the admin listener: the bearer tokens, one of which every
     /// `/admin/` path needs (with the route's scope).
@@ -87,66 +90,51 @@ struct Inner {
 }
 
 impl Front {
-    /// The public listener: shedding, and the lookup answered directly. With
+    /// The public listener: shedding, the lookup answered directly, the rest
+    /// by `api::public_router` over `state`. With
     /// `tracing.otlp_endpoint` set the span of each sampled request is
     /// exported, sampled at `tracing.sample_ratio` unless the caller's
     /// `traceparent` decides. Given here, not by a setter: the front is shared
     /// (cloned per connection) as soon as it is built.
-    pub fn public(router: Router, state: PublicState, shed: Shed, tracing: &TracingConfig) -> Self {
-        // Read once here: the hit path asks one `Option`.
-        let export_ratio = tracing.exports().then_some(tracing.sample_ratio);
-        Front::new(
-            router,
+    pub fn public(state: PublicState, shed: Shed, tracing: &TracingConfig) -> Self {
+        let inner = Inner {
+            router: api::public_router(state.clone()),
             shed,
-            RouteId::public,
-            Some(state),
-            None,
-            export_ratio,
-            None,
-        )
-    }
-
-    /// The admin listener: the tokens on `/admin/` paths, the header limit and
-    /// the body buffer (`shed`, built with `Shed::unlimited`), never shed.
-    pub fn admin(router: Router, shed: Shed, tokens: Arc<AdminTokens>) -> Self {
-        Front::new(
-            router,
-            shed,
-            RouteId::admin,
-            None,
-            Some(tokens),
-            None,
-            Some(RouteId::admin(SNAPSHOT_PATH)),
-        )
-    }
-
-    fn new(
-        router: Router,
-        shed: Shed,
-        route_of: fn(&str) -> RouteId,
-        lookup: Option<PublicState>,
-        tokens: Option<Arc<AdminTokens>>,
-        export_ratio: Option<f64>,
-        snapshot: Option<RouteId>,
-    ) -> Self {
+            route_of: RouteId::public,
+            lookup: Some(state),
+            tokens: None,
+            // Read once here: the hit path asks one `Option`.
+            export_ratio: tracing.exports().then_some(tracing.sample_ratio),
+            snapshot: None,
+        };
         Front {
-            inner: Arc::new(Inner {
-                router,
-                shed,
-                route_of,
-                lookup,
-                tokens,
-                export_ratio,
-                snapshot,
-            }),
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The admin listener: the tokens of `state` on `/admin/` paths, the
+    /// header limit and the body buffer (`shed`, built with `Shed::unlimited`),
+    /// never shed; the routes by `api::admin_router` over `state`.
+    pub fn admin(state: AdminState, shed: Shed) -> Self {
+        let inner = Inner {
+            tokens: Some(state.tokens.clone()),
+            router: api::admin_router(state),
+            shed,
+            route_of: RouteId::admin,
+            lookup: None,
+            export_ratio: None,
+            snapshot: Some(RouteId::admin(SNAPSHOT_PATH)),
+        };
+        Front {
+            inner: Arc::new(inner),
         }
     }
 }
 
 impl Inner {
-    /// Admission, then the answer: the lookup directly, anything else by the router.
+    /// The token and its scope (the admin listener), then the answer.
     /// Takes the `Arc` so the future holds nothing twice (it is boxed per request).
-    async fn admit(self: Arc<Self>, mut request: Request, route: RouteId) -> Response {
+    async fn authorize(self: Arc<Self>, mut request: Request, route: RouteId) -> Response {
         // docs/api.md: the token before anything else, whatever the method and whether
         // or not the route exists; then the route's scope, before its 404 or 405.
         if let Some(tokens) = &self.tokens {
@@ -205,7 +193,7 @@ impl Inner {
         }
     }
 
-    /// Admission past the token, then the answer: the lookup directly,
+    /// The header limit and shedding, then the answer: the lookup directly,
     /// anything else by the router.
     async fn answer(&self, request: Request) -> Response {
         if let Err(refused) = self.shed.check_head(&request) {
@@ -217,16 +205,12 @@ impl Inner {
         };
         if let Some(state) = &self.lookup {
             if request.uri().path() == PUBLIC_PHONE_PATH {
-                // The handler's own function, GET and HEAD (HEAD here rather than
-                // through the router: axum would set a Content-Length from the GET
-                // body, whose length tells the kind); other methods go on to the
-                // router's 405.
+                // Every method here: the router has no entry for the lookup.
+                // (Were HEAD served by axum, it would set a Content-Length
+                // from the GET body, whose length tells the kind.)
                 let (method, headers, query) =
                     (request.method(), request.headers(), request.uri().query());
-                if let Some(response) = public::public_phone_by(state, method, headers, query).await
-                {
-                    return response;
-                }
+                return public::public_phone(state, method, headers, query).await;
             }
         }
         // Boxed: the router's future would otherwise make every request's boxed
@@ -286,7 +270,7 @@ impl Front {
         let (request, reservation) = self.inner.counted(request, route);
         let answer = telemetry::with_request_id(
             id.clone(),
-            Inner::admit(self.inner.clone(), request, route),
+            Inner::authorize(self.inner.clone(), request, route),
         )
         .instrument(span);
         Box::pin(async move {
@@ -329,7 +313,7 @@ impl Front {
         let (request, reservation) = self.inner.counted(request, route);
         let answer = telemetry::with_request_id(
             id.clone(),
-            Inner::admit(self.inner.clone(), request, route),
+            Inner::authorize(self.inner.clone(), request, route),
         )
         .instrument(span.clone());
         Box::pin(async move {

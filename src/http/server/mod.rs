@@ -1,10 +1,10 @@
-//! The hand-built HTTP server both listeners run (about a thousand lines that
-//! `axum::serve` would be, were it not for the limits and costs below):
+//! The hand-built HTTP server both listeners run, for the limits and costs
+//! `axum::serve` does not cover (docs/design.md, "The hit path"):
 //! - [`serve`]: connections through hyper directly, with a head deadline and a
 //!   head size bound `axum::serve` does not expose, and graceful shutdown;
 //! - [`front`]: the service every request meets: request tracking (id, span,
-//!   duration by route), admission (the admin token, the header limit,
-//!   shedding), and the public lookup answered without the router;
+//!   duration by route), the admin token and its scope, the header limit,
+//!   shedding, and the public lookup answered without the router;
 //! - [`shed`]: the header limit and load shedding;
 //! - [`conns`]: the cap on each listener's open connections, which keeps a
 //!   reserve of file descriptors for the process's own calls, and accepting
@@ -13,12 +13,15 @@
 //! - [`bodies`]: the bound on request bodies held in memory, both listeners
 //!   together (`server.max_body_buffer_bytes`).
 //!
-//! It imports the API (the route table, `ApiError`, the lookup), never the
-//! reverse.
+//! It imports the API (the routers and their states, the route table,
+//! `ApiError`, the admin tokens and their record, the duration histogram, the
+//! lookup), never the reverse.
 //!
-//! Each part takes `[server]` (`ServerConfig`) itself: `serve` its head
-//! deadline and bounds, the routers' states their request limits
-//! (`http::api::limits`), `App::build` the shedding and the shutdown timings.
+//! `[server]` (`ServerConfig`) is read where each value is used: `serve` its
+//! head deadline and bounds, the routers' states their request limits
+//! (`http::api::limits`), `app::Parts::public_front` the shedding,
+//! `App::build` the connection cap and the body buffer, and `App::run`
+//! (`start_shutdown`) the shutdown timings.
 
 pub mod bodies;
 pub mod conns;

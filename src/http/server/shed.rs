@@ -1,5 +1,5 @@
-//! Admission, the first thing a request meets inside request tracking
-//! ([`super::front`]):
+//! The header limit and shedding, the first checks a request meets inside
+//! request tracking ([`super::front`]):
 //! - request line and headers over `server.max_header_bytes` get a 431 problem;
 //! - load shedding: at most `server.max_in_flight` public requests at once; one
 //!   more is answered 503 with `Retry-After` at once, never queued. A counter of
@@ -19,7 +19,7 @@ use super::bodies::BodyBuffer;
 use crate::http::api::error::ApiError;
 
 pub struct Shed {
-    /// Requests admitted and not yet answered (a [`Permit`] each).
+    /// Requests let in and not yet answered (a [`Permit`] each).
     in_flight: AtomicUsize,
     /// `server.max_in_flight`: past it a request is shed with a 503;
     /// `usize::MAX`: never shed (the admin listener).

@@ -37,6 +37,11 @@ use crate::domain::{Applied, Status, StatusChange, UserId};
 /// Rows read per catch-up query.
 pub const CHANGES_PAGE: i64 = 50_000;
 
+/// A snapshot that stamps at least this many rows (a catch-up page) leaves its
+/// listing for the other replicas (PostgreSQL; see
+/// [`StatusStore::snapshot_listing`]); a smaller one is read as rows.
+const LISTING_ROWS: u64 = 50_000;
+
 /// The row that holds the snapshot floor (migration 0002): user ids start at 1,
 /// so user 0 is free. Its version is the last snapshot's; every user without a
 /// row of their own has that version, disabled. A snapshot moves it like any
@@ -152,7 +157,7 @@ impl StatusStore {
     }
 
     /// Starts a full snapshot: ids are pushed in chunks (duplicates allowed), then
-    /// [`SnapshotLoad::finish`] applies it in the same transaction. Dropping the
+    /// [`PreparedSnapshot::finish`] applies it in the same transaction. Dropping the
     /// load unfinished rolls it back.
     ///
     /// # Errors
@@ -224,6 +229,33 @@ impl StatusStore {
                     deadline,
                     postgres::record_invalidations(pg, users, keep),
                 )
+                .await?),
+        }
+    }
+
+    /// Whether a snapshot leaves its listing for other replicas
+    /// ([`PreparedSnapshot::finish`]): on PostgreSQL. SQLite serves one
+    /// replica.
+    pub fn keeps_listings(&self) -> bool {
+        matches!(self.backend, Backend::Postgres(_))
+    }
+
+    /// The listing a snapshot stamped `seq` left (migration 0008): its
+    /// version and its ids as [`PreparedSnapshot::finish`] was given them;
+    /// `None` when it left none (a small snapshot, SQLite, or a later
+    /// large snapshot replaced it). Within a read's bound.
+    ///
+    /// # Errors
+    /// The database is unreachable.
+    pub async fn snapshot_listing(
+        &self,
+        seq: i64,
+    ) -> Result<Option<(u64, Vec<u8>)>, StatusStoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(None),
+            Backend::Postgres(pg) => Ok(self
+                .backend
+                .read("snapshot_listing", postgres::snapshot_listing(pg, seq))
                 .await?),
         }
     }
@@ -362,11 +394,13 @@ impl PreparedSnapshot {
     /// Applies the snapshot and commits; whether it changed any row. One that
     /// changed none (every entry and the floor above its version) stamped
     /// nothing with [`PreparedSnapshot::seq`], and SQLite hands that value
-    /// to the next write.
+    /// to the next write. `listing`, the snapshot's ids encoded, is stored
+    /// with it when it stamped at least [`LISTING_ROWS`] rows, where
+    /// [`StatusStore::keeps_listings`], in place of any older one.
     ///
     /// # Errors
     /// The database failed; nothing was applied.
-    pub async fn finish(self) -> Result<bool, StatusStoreError> {
+    pub async fn finish(self, listing: Option<&[u8]>) -> Result<bool, StatusStoreError> {
         let PreparedSnapshot {
             tx,
             backend,
@@ -380,7 +414,9 @@ impl PreparedSnapshot {
             .until("finish_snapshot", deadline, async {
                 match tx {
                     SnapshotTx::Sqlite(tx) => sqlite::finish_snapshot(tx, version, seq).await,
-                    SnapshotTx::Postgres(tx) => postgres::finish_snapshot(tx, version, seq).await,
+                    SnapshotTx::Postgres(tx) => {
+                        postgres::finish_snapshot(tx, version, seq, listing).await
+                    }
                 }
             })
             .await;

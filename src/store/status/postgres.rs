@@ -169,12 +169,14 @@ pub(super) async fn prepare_snapshot(
     take_write_turn(tx).await
 }
 
-/// Applies the loaded ids at `version`, stamped `seq`, and commits; whether
-/// it changed any row.
+/// Applies the loaded ids at `version`, stamped `seq`, with its `listing`
+/// when it stamped enough rows for one (see `PreparedSnapshot::finish`), and
+/// commits; whether it changed any row.
 pub(super) async fn finish_snapshot(
     mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
     version: u64,
     seq: i64,
+    listing: Option<&[u8]>,
 ) -> Result<bool, StoreError> {
     let version = signed(version);
     let updated = sqlx::query(
@@ -204,8 +206,42 @@ pub(super) async fn finish_snapshot(
     .execute(&mut *tx)
     .await?
     .rows_affected();
+    if let Some(listing) = listing.filter(|_| updated + inserted >= super::LISTING_ROWS) {
+        sqlx::query("DELETE FROM calltracking_snapshot_listings")
+            .persistent(false)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO calltracking_snapshot_listings (change_seq, version, ids) \
+             VALUES ($1, $2, $3)",
+        )
+        .persistent(false)
+        .bind(seq)
+        .bind(version)
+        .bind(listing)
+        .execute(&mut *tx)
+        .await?;
+    }
     notify_and_commit(tx, seq).await?;
     Ok(updated + inserted > 0)
+}
+
+/// The listing the snapshot stamped `seq` left, if any: (version, ids).
+pub(super) async fn snapshot_listing(
+    pg: &Pg,
+    seq: i64,
+) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+    // In a transaction, alone as it is: pooler-safe (see `store::pool::Pg`).
+    let mut tx = pg.begin().await?;
+    let row: Option<(i64, Vec<u8>)> = sqlx::query_as(
+        "SELECT version, ids FROM calltracking_snapshot_listings WHERE change_seq = $1",
+    )
+    .persistent(false)
+    .bind(seq)
+    .fetch_optional(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(row.map(|(version, ids)| (unsigned(version), ids)))
 }
 
 /// The change log after `after`: status rows and cache invalidations merged in
