@@ -341,6 +341,74 @@ mod tests {
         );
     }
 
+    /// The warning lines `run` logged, under a subscriber of this thread's.
+    /// While one dispatcher is alive, a callsite first reached on another
+    /// thread takes that thread's interest (none) for good, and this
+    /// subscriber would miss it; one more kept alive makes every callsite's
+    /// interest that of all of them.
+    fn warnings(run: impl FnOnce()) -> String {
+        static ANOTHER: std::sync::LazyLock<tracing::Dispatch> = std::sync::LazyLock::new(|| {
+            tracing::Dispatch::new(tracing::subscriber::NoSubscriber::new())
+        });
+        #[derive(Clone, Default)]
+        struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        std::sync::LazyLock::force(&ANOTHER);
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, run);
+        String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// A file that fails is logged once, when it begins, not at every read;
+    /// once readable again, its next failure is logged again.
+    #[test]
+    fn a_failing_file_is_logged_when_it_begins() {
+        let dir = std::env::temp_dir().join(format!("pg-access-log-{}", std::process::id()));
+        let (tokens, file) = with_a_file(&dir);
+        let unusable = "admin token file unusable";
+        let logs = warnings(|| {
+            std::fs::write(&file, "").unwrap();
+            tokens.reload();
+        });
+        assert_eq!(
+            logs.matches(unusable).count(),
+            1,
+            "the first failure: {logs}"
+        );
+        let logs = warnings(|| {
+            tokens.reload();
+            tokens.reload();
+        });
+        assert_eq!(
+            logs.matches(unusable).count(),
+            0,
+            "the same failure again: {logs}"
+        );
+        std::fs::write(&file, "two").unwrap();
+        tokens.reload();
+        let logs = warnings(|| {
+            std::fs::write(&file, "tw o").unwrap();
+            tokens.reload();
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(logs.matches(unusable).count(), 1, "failing again: {logs}");
+        assert!(tokens.check(&bearer("Bearer two")).is_some());
+    }
+
     #[test]
     fn an_admin_call_is_put_on_record() {
         let metrics = on_record(|| record("sync", &Method::POST, "/admin/v1/x", 202));
