@@ -434,6 +434,7 @@ impl Budgets {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::budget::MAX_LEDGERS;
     use crate::budget::Refusal;
     use crate::budget::tests::sizes;
 
@@ -504,6 +505,17 @@ mod tests {
         assert_eq!(budgets.take_spends(AT, usize::MAX), pending);
     }
 
+    /// Only the budgets that are on are counted and reported: with the day's
+    /// off, a spend is the minute's alone (and the other way round above).
+    #[test]
+    fn a_budget_that_is_off_is_not_reported() {
+        let budgets = Budgets::new(&sizes(10, 0)).unwrap();
+        budgets.check_at(1, 3, AT).unwrap();
+        let spends = budgets.take_spends(AT, usize::MAX);
+        assert_eq!(spends.len(), 1, "{spends:?}");
+        assert_eq!((spends[0].kind, spends[0].n), (0, 3));
+    }
+
     /// `take_spends` stops near its bound, a viewer's two windows together.
     #[test]
     fn spends_are_taken_up_to_a_bound() {
@@ -514,6 +526,238 @@ mod tests {
         assert_eq!(budgets.take_spends(AT, usize::MAX).len(), 20);
         assert_eq!(budgets.take_spends(AT, 5).len(), 6);
         assert_eq!(budgets.take_spends(AT, 1).len(), 2);
+    }
+
+    /// A replica counts as primed only once the refusals in force are
+    /// loaded: a viewer another replica refused is refused here from its
+    /// first request after that.
+    #[tokio::test]
+    async fn primed_once_the_refusals_in_force_are_loaded() {
+        let (_dir, database) = crate::store::Database::scratch().await;
+        let store = database.budgets();
+        let viewer = 7;
+        let until_s = Moment::now().seconds() + 600;
+        store.refuse(&[(viewer, until_s)]).await.unwrap();
+        let budgets = Budgets::new(&sizes(10, 10)).unwrap();
+        assert!(!budgets.is_primed(), "primed before the task ran");
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(budgets.clone(), store, stop.clone()));
+        let start = tokio::time::Instant::now();
+        while !budgets.is_primed() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "not primed within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            matches!(
+                budgets.check_at(viewer, 1, Moment::now()),
+                Err(Refusal::Spent { .. })
+            ),
+            "the refusal in force was not loaded"
+        );
+        assert!(budgets.check_at(8, 1, Moment::now()).is_ok());
+        stop.cancel();
+        task.await.unwrap();
+    }
+
+    /// The task on a scratch SQLite store, with `interval` between exchanges:
+    /// its budgets (a minute's only, at most `cap` ledgers), the store, the token that stops it and
+    /// the task, once primed.
+    async fn running(
+        interval: Duration,
+        cap: usize,
+    ) -> (
+        tempfile::TempDir,
+        Arc<Budgets>,
+        BudgetStore,
+        CancellationToken,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (dir, database) = crate::store::Database::scratch().await;
+        let store = database.budgets();
+        let mut config = sizes(10, 0);
+        config.exchange_interval = interval;
+        let budgets = Budgets::with_cap(&config, cap).unwrap();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(budgets.clone(), store.clone(), stop.clone()));
+        let start = tokio::time::Instant::now();
+        while !budgets.is_primed() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "not primed within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        (dir, budgets, store, stop, task)
+    }
+
+    /// Running, the task reports what was spent every interval.
+    #[tokio::test]
+    async fn the_task_reports_what_was_spent_every_interval() {
+        let (_dir, budgets, store, stop, task) =
+            running(Duration::from_millis(50), MAX_LEDGERS).await;
+        budgets.check_at(1, 3, Moment::now()).unwrap();
+        let start = tokio::time::Instant::now();
+        while store.rows().await.unwrap() != (1, 0, 0) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "not reported within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(budgets.take_spends(Moment::now(), usize::MAX).is_empty());
+        stop.cancel();
+        task.await.unwrap();
+    }
+
+    /// Stopped, the task reports what was spent since its last exchange (here
+    /// before its first: the interval is longer than the test).
+    #[tokio::test]
+    async fn the_task_reports_what_is_left_when_stopped() {
+        let (_dir, budgets, store, stop, task) =
+            running(Duration::from_secs(3600), MAX_LEDGERS).await;
+        budgets.check_at(1, 3, Moment::now()).unwrap();
+        stop.cancel();
+        task.await.unwrap();
+        assert_eq!(store.rows().await.unwrap(), (1, 0, 0));
+        assert!(budgets.take_spends(Moment::now(), usize::MAX).is_empty());
+    }
+
+    /// A new viewer that finds the table full is refused and wakes the
+    /// keeper, which evicts down to three quarters of the cap at once (not
+    /// at its next round, [`FORGET_EVERY`] away).
+    #[tokio::test]
+    async fn a_full_table_wakes_the_keeper() {
+        let (_dir, budgets, _store, stop, task) = running(Duration::from_secs(3600), 8).await;
+        for viewer in 1..=8 {
+            budgets.check_at(viewer, 1, Moment::now()).unwrap();
+        }
+        assert!(
+            budgets.check_at(9, 1, Moment::now()).is_err(),
+            "a ninth ledger"
+        );
+        let start = tokio::time::Instant::now();
+        while budgets.len() > 6 {
+            assert!(start.elapsed() < FORGET_EVERY / 2, "not evicted at once");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.cancel();
+        task.await.unwrap();
+    }
+
+    /// `phones_gateway_budget_database_up` follows each exchange's outcome:
+    /// 1 once the database answered, 0 from the exchange it did not.
+    #[test]
+    fn the_database_gauge_follows_each_exchange() {
+        let render = |outcomes: &[bool]| {
+            let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            metrics::with_local_recorder(&recorder, || {
+                let gauges = Gauges::new();
+                let mut state = State::default();
+                for &ok in outcomes {
+                    state.after(ok, &gauges);
+                }
+            });
+            handle.render()
+        };
+        let up = "phones_gateway_budget_database_up ";
+        assert!(
+            render(&[true]).contains(&format!("{up}1\n")),
+            "{}",
+            render(&[true])
+        );
+        let down = render(&[true, false]);
+        assert!(down.contains(&format!("{up}0\n")), "{down}");
+        let again = render(&[true, false, true]);
+        assert!(again.contains(&format!("{up}1\n")), "{again}");
+    }
+
+    /// A report whose total crosses the day's budget refuses the viewer until
+    /// midnight and returns that refusal to be written; a later report of the
+    /// same refusal returns nothing new to write.
+    #[test]
+    fn a_report_crossing_the_day_refuses_until_midnight_once() {
+        let budgets = Budgets::new(&sizes(0, 10)).unwrap();
+        budgets.check_at(1, 2, AT).unwrap();
+        let spends = budgets.take_spends(AT, usize::MAX);
+        assert_eq!(spends.len(), 1);
+        let totals = [Total {
+            viewer: 1,
+            kind: 1,
+            window: AT.day(),
+            spent: 10,
+            before: 0,
+        }];
+        let midnight_s = (AT.0 + AT.rest_of_day()) / 1000;
+        let gauges = Gauges::new();
+        assert_eq!(
+            budgets.reported(&spends, &totals, AT, &gauges),
+            vec![(1, midnight_s)]
+        );
+        assert_eq!(
+            budgets.check_at(1, 1, AT),
+            Err(Refusal::Spent {
+                retry_after_s: AT.rest_of_day().div_ceil(1000)
+            })
+        );
+        assert_eq!(budgets.reported(&spends, &totals, AT, &gauges), vec![]);
+    }
+
+    /// A minute's total reported after the ledger moved to the next minute
+    /// counts there as the minute before: the fleet spent the budget, so the
+    /// viewer is refused at the start of the next minute.
+    #[test]
+    fn a_late_minute_total_weighs_as_the_minute_before() {
+        let budgets = Budgets::new(&sizes(10, 0)).unwrap();
+        budgets.check_at(1, 2, AT).unwrap();
+        let spends = budgets.take_spends(AT, usize::MAX);
+        let next = Moment((AT.minute() as u64 + 1) * 60_000);
+        budgets.check_at(1, 1, next).unwrap();
+        let totals = [Total {
+            viewer: 1,
+            kind: 0,
+            window: AT.minute(),
+            spent: 10,
+            before: 0,
+        }];
+        assert_eq!(
+            budgets.reported(&spends, &totals, next, &Gauges::new()),
+            vec![]
+        );
+        assert!(
+            budgets.check_at(1, 1, next).is_err(),
+            "the fleet's 10 of the minute before not weighed"
+        );
+    }
+
+    /// The count of live replicas sets the shares: four, a quarter each;
+    /// none counted (a database that has not seen this one yet), this one.
+    #[test]
+    fn the_count_of_replicas_sets_the_shares() {
+        for (replicas, share) in [(4, 25), (0, 100)] {
+            let budgets = Budgets::new(&sizes(0, 100)).unwrap();
+            budgets.set_replicas(replicas, &Gauges::new());
+            assert_eq!(admitted(&budgets, 1, AT), share, "{replicas} replicas");
+        }
+    }
+
+    /// A ledger is forgotten only once idle for over a minute: in the minute
+    /// after its last use it still holds what that minute weighs.
+    #[test]
+    fn a_ledger_is_forgotten_only_after_a_minute_idle() {
+        let budgets = Budgets::new(&sizes(60, 0)).unwrap();
+        budgets.check_at(1, 3, AT).unwrap();
+        report(&budgets, 3, AT);
+        assert!(budgets.take_spends(AT, usize::MAX).is_empty());
+        for now in [AT, Moment(AT.0 + 60_000)] {
+            assert_eq!(budgets.keep(now).forgotten, 0, "forgotten at {now:?}");
+            assert_eq!(budgets.len(), 1);
+        }
+        assert_eq!(budgets.keep(Moment(AT.0 + 120_000)).forgotten, 1);
+        assert!(budgets.is_empty());
     }
 
     /// A backlog larger than an exchange reports (as after an outage) goes in

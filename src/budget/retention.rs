@@ -209,6 +209,32 @@ mod tests {
         assert_eq!(store.rows().await.unwrap(), (3 * 5_000, 6_000, 1));
     }
 
+    /// A pass at its own bounds deletes what expired and keeps the rest.
+    #[tokio::test]
+    async fn a_pass_deletes_what_expired() {
+        let (_dir, database) = crate::store::Database::scratch().await;
+        let store = database.budgets();
+        let now = Moment(1_800_000_000_000 + 3_600_000);
+        for window in [now.minute() - 10, now.minute()] {
+            let spend = Spend {
+                viewer: 1,
+                kind: 0,
+                window,
+                n: 1,
+            };
+            store.report(&[spend]).await.unwrap();
+        }
+        assert_eq!(
+            pass(&store, now).await.unwrap(),
+            Pass {
+                rows: 1,
+                batches: 1,
+                done: true
+            }
+        );
+        assert_eq!(store.rows().await.unwrap(), (1, 0, 0));
+    }
+
     /// A pass out of time stops after the batch in hand, with the rest left
     /// for the next pass: one batch, not done.
     #[tokio::test]

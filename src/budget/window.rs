@@ -129,6 +129,14 @@ mod tests {
         assert_eq!(minute_wait(0, 0, 10, 10, 0), Some(0));
     }
 
+    /// A replica that spent none of what the fleet knows is spent takes an
+    /// even share, not none.
+    #[test]
+    fn a_replica_that_spent_none_of_the_total_takes_an_even_share() {
+        assert_eq!(share(10, 0, 6, 2), 5);
+        assert_eq!(share(10, 0, 6, 3), 4);
+    }
+
     #[test]
     fn shares_follow_what_each_replica_spent_and_round_up() {
         // Alone: all of it.

@@ -387,6 +387,20 @@ mod tests {
         assert!(b.allow(0) && b.allow(0), "closed again");
     }
 
+    /// Open for `open_ms` exactly: not a moment less, and a probe goes out
+    /// at its end.
+    #[tokio::test(start_paused = true)]
+    async fn it_stays_open_for_open_ms_exactly() {
+        let b = breaker();
+        for _ in 0..3 {
+            fail(&b, 0, 0);
+        }
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert!(!b.allow(0), "a probe before open_ms");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(b.allow(0), "no probe at open_ms");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_failed_probe_opens_again_and_a_lost_probe_is_replaced() {
         let b = breaker();
@@ -415,6 +429,13 @@ mod tests {
             b.record(if i % 2 == 0 { &ANSWERED } else { &FAILED }, by(0, 0));
         }
         assert!(!b.allow(0), "5 of 10 failed");
+        // Below the ratio: 4 of 10, never 3 in a row.
+        let b = breaker();
+        for i in 0..10 {
+            assert!(b.allow(0), "opened at {i} calls, 4 of 10 failing");
+            b.record(if i % 3 == 0 { &FAILED } else { &ANSWERED }, by(0, 0));
+        }
+        assert!(b.allow(0), "4 of 10 failed");
     }
 
     #[tokio::test(start_paused = true)]
@@ -544,6 +565,8 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1001)).await;
         assert!(b.allow(10) && b.allow(11) && b.allow(12));
         b.record(&Err::<(), _>(UpstreamError::Status(422)), by(10, 1));
+        // Its place is freed, and only its: the others' probes are still out.
+        assert!(!b.allow(12) && !b.allow(11), "a second probe for a seller");
         assert!(b.allow(13), "the 4xx probe's place is free");
         assert!(!b.allow(14));
         // One batch fails three sellers' probes: one request, not open.

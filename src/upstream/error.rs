@@ -230,6 +230,10 @@ mod tests {
             (UpstreamError::Status(400),                 F::Rejected,    Verdict,   "status",           false),
             (UpstreamError::Status(422),                 F::Rejected,    Verdict,   "status",           false),
             (UpstreamError::Status(499),                 F::Rejected,    Verdict,   "status",           false),
+            // A 404 where none is allowed (the status feed's page) is no
+            // rejection, nor is a 429 (never made: it is a load refusal).
+            (UpstreamError::Status(404),                 F::ErrorStatus, Verdict,   "status",           false),
+            (UpstreamError::Status(429),                 F::ErrorStatus, Verdict,   "status",           false),
             (UpstreamError::Decode("invalid JSON body"), F::Invalid,     Verdict,   "decode",           false),
             (UpstreamError::CircuitOpen,                 F::CircuitOpen, Verdict,   "circuit_open",     false),
             (UpstreamError::LostTime,                    F::LostTime,    Undecided, "lost_time",        false),
@@ -250,6 +254,21 @@ mod tests {
             assert_eq!(error.undecided(), class == Undecided, "{error:?}");
             assert_eq!(error.kind(), kind, "{error:?}");
             assert_eq!(error.health_failure(), health, "{error:?}");
+        }
+    }
+
+    /// The names logs and metric labels carry.
+    #[test]
+    fn every_upstream_has_its_name() {
+        let table = [
+            (UpstreamName::Source(Source::RealPhone), "real_phone"),
+            (UpstreamName::Source(Source::Anonymous), "anonymous"),
+            (UpstreamName::Source(Source::Calltracking), "calltracking"),
+            (UpstreamName::StatusFeed, "status_feed"),
+        ];
+        for (name, text) in table {
+            assert_eq!(name.as_str(), text);
+            assert_eq!(name.to_string(), text);
         }
     }
 }

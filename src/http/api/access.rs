@@ -293,4 +293,157 @@ mod tests {
         assert!(tokens.check(&bearer("Bearer two")).is_some());
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// The metrics `run` recorded, rendered: under a recorder of its own,
+    /// this thread's only (nothing shared with other tests).
+    fn on_record(run: impl FnOnce()) -> String {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, run);
+        handle.render()
+    }
+
+    /// The set in `dir`: `other` without a file, `sync` read from `dir/sync`
+    /// (holding `one`).
+    fn with_a_file(dir: &std::path::Path) -> (AdminTokens, PathBuf) {
+        std::fs::create_dir_all(dir).unwrap();
+        let file = dir.join("sync");
+        std::fs::write(&file, "one\n").unwrap();
+        let mut entry = token("sync", "one", Scopes::of([Scope::StatusesWrite]));
+        entry.file = Some(file.clone());
+        let tokens = AdminTokens::new(vec![token("other", "other", Scopes::ALL), entry]);
+        (tokens, file)
+    }
+
+    /// A rotation is counted once, not at every read of the same value; a
+    /// file that fails is counted at every read.
+    #[test]
+    fn a_reload_counts_each_rotation_once_and_each_failed_read() {
+        let dir = std::env::temp_dir().join(format!("pg-access-once-{}", std::process::id()));
+        let (tokens, file) = with_a_file(&dir);
+        let metrics = on_record(|| {
+            std::fs::write(&file, "two").unwrap();
+            tokens.reload();
+            tokens.reload();
+            std::fs::write(&file, "").unwrap();
+            tokens.reload();
+            tokens.reload();
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(tokens.check(&bearer("Bearer two")).is_some());
+        assert!(
+            metrics.contains("phones_gateway_admin_token_rotations_total{name=\"sync\"} 1\n"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("phones_gateway_admin_token_reload_errors_total{name=\"sync\"} 2\n"),
+            "{metrics}"
+        );
+    }
+
+    /// The warning lines `run` logged, under a subscriber of this thread's.
+    /// While one dispatcher is alive, a callsite first reached on another
+    /// thread takes that thread's interest (none) for good, and this
+    /// subscriber would miss it; one more kept alive makes every callsite's
+    /// interest that of all of them.
+    fn warnings(run: impl FnOnce()) -> String {
+        static ANOTHER: std::sync::LazyLock<tracing::Dispatch> = std::sync::LazyLock::new(|| {
+            tracing::Dispatch::new(tracing::subscriber::NoSubscriber::new())
+        });
+        #[derive(Clone, Default)]
+        struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        std::sync::LazyLock::force(&ANOTHER);
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, run);
+        String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// A file that fails is logged once, when it begins, not at every read;
+    /// once readable again, its next failure is logged again.
+    #[test]
+    fn a_failing_file_is_logged_when_it_begins() {
+        let dir = std::env::temp_dir().join(format!("pg-access-log-{}", std::process::id()));
+        let (tokens, file) = with_a_file(&dir);
+        let unusable = "admin token file unusable";
+        let logs = warnings(|| {
+            std::fs::write(&file, "").unwrap();
+            tokens.reload();
+        });
+        assert_eq!(
+            logs.matches(unusable).count(),
+            1,
+            "the first failure: {logs}"
+        );
+        let logs = warnings(|| {
+            tokens.reload();
+            tokens.reload();
+        });
+        assert_eq!(
+            logs.matches(unusable).count(),
+            0,
+            "the same failure again: {logs}"
+        );
+        std::fs::write(&file, "two").unwrap();
+        tokens.reload();
+        let logs = warnings(|| {
+            std::fs::write(&file, "tw o").unwrap();
+            tokens.reload();
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(logs.matches(unusable).count(), 1, "failing again: {logs}");
+        assert!(tokens.check(&bearer("Bearer two")).is_some());
+    }
+
+    #[test]
+    fn an_admin_call_is_put_on_record() {
+        let metrics = on_record(|| record("sync", &Method::POST, "/admin/v1/x", 202));
+        assert!(
+            metrics.contains(
+                "phones_gateway_admin_requests_total{token=\"sync\",route=\"/admin/v1/x\",status=\"202\"} 1\n"
+            ),
+            "{metrics}"
+        );
+    }
+
+    #[test]
+    fn a_set_without_tokens_is_empty() {
+        assert!(AdminTokens::new(vec![]).is_empty());
+        assert!(!AdminTokens::new(vec![token("a", "b", Scopes::ALL)]).is_empty());
+    }
+
+    /// The watcher reads the files again every `RELOAD_INTERVAL`: a new value
+    /// works within a few of them.
+    #[tokio::test]
+    async fn the_watcher_rotates_a_token_without_a_call() {
+        let dir = std::env::temp_dir().join(format!("pg-access-watch-{}", std::process::id()));
+        let (tokens, file) = with_a_file(&dir);
+        let tokens = Arc::new(tokens);
+        let watcher = tokio::spawn(tokens.clone().watch());
+        std::fs::write(&file, "two").unwrap();
+        let deadline = tokio::time::Instant::now() + RELOAD_INTERVAL * 5;
+        while tokens.check(&bearer("Bearer two")).is_none() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not rotated within five intervals"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        watcher.abort();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
