@@ -132,7 +132,7 @@ struct State {
 
 /// What the breaker lets a call do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Admit {
+pub(crate) enum Allow {
     /// Closed: the call goes out.
     Closed,
     /// Half-open: the call goes out as a probe for its seller.
@@ -207,21 +207,21 @@ impl Breaker {
 
     /// Whether a call about `seller` (0: none) may go out now (tests).
     #[cfg(test)]
-    fn allow(&self, seller: u64) -> bool {
-        self.admit(seller) != Admit::No
+    fn allows(&self, seller: u64) -> bool {
+        self.allow(seller) != Allow::No
     }
 
     /// Whether a call about `seller` (0: none) may go out now, and as what:
     /// closed, any call; half-open, a probe.
-    pub(crate) fn admit(&self, seller: u64) -> Admit {
+    pub(crate) fn allow(&self, seller: u64) -> Allow {
         if !self.config.enabled {
-            return Admit::Closed;
+            return Allow::Closed;
         }
         let now = Instant::now();
         let mut state = self.lock();
         let probe = match state.mode {
-            Mode::Closed => return Admit::Closed,
-            Mode::Open { until } if now < until => return Admit::No,
+            Mode::Closed => return Allow::Closed,
+            Mode::Open { until } if now < until => return Allow::No,
             Mode::Open { .. } => true,
             // Probes that never reported are replaced after `open_ms`.
             Mode::HalfOpen { since } => now >= since + self.open_for(),
@@ -232,10 +232,10 @@ impl Breaker {
             state.probes_failed = Failed::NONE;
         }
         if state.probing.contains(seller) || state.probing.len >= self.min_sellers {
-            return Admit::No;
+            return Allow::No;
         }
         state.probing.add(seller);
-        Admit::Probe
+        Allow::Probe
     }
 
     /// Reports how an allowed call about `caller` ended: a health sign counts,
@@ -370,21 +370,21 @@ mod tests {
     async fn a_run_of_failures_opens_then_a_probe_closes() {
         let b = breaker();
         for _ in 0..2 {
-            assert!(b.allow(0));
+            assert!(b.allows(0));
             fail(&b, 0, 0);
         }
-        assert!(b.allow(0));
+        assert!(b.allows(0));
         b.record(&ANSWERED, by(0, 0)); // the run is broken
         for _ in 0..3 {
-            assert!(b.allow(0));
+            assert!(b.allows(0));
             fail(&b, 0, 0);
         }
-        assert!(!b.allow(0), "open after 3 in a row");
+        assert!(!b.allows(0), "open after 3 in a row");
         tokio::time::advance(Duration::from_millis(1001)).await;
-        assert!(b.allow(0), "one probe");
-        assert!(!b.allow(0), "only one probe at a time");
+        assert!(b.allows(0), "one probe");
+        assert!(!b.allows(0), "only one probe at a time");
         b.record(&ANSWERED, by(0, 0));
-        assert!(b.allow(0) && b.allow(0), "closed again");
+        assert!(b.allows(0) && b.allows(0), "closed again");
     }
 
     /// Open for `open_ms` exactly: not a moment less, and a probe goes out
@@ -396,9 +396,9 @@ mod tests {
             fail(&b, 0, 0);
         }
         tokio::time::advance(Duration::from_millis(999)).await;
-        assert!(!b.allow(0), "a probe before open_ms");
+        assert!(!b.allows(0), "a probe before open_ms");
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(b.allow(0), "no probe at open_ms");
+        assert!(b.allows(0), "no probe at open_ms");
     }
 
     #[tokio::test(start_paused = true)]
@@ -408,50 +408,50 @@ mod tests {
             fail(&b, 0, 0);
         }
         tokio::time::advance(Duration::from_millis(1001)).await;
-        assert!(b.allow(0));
+        assert!(b.allows(0));
         fail(&b, 0, 0);
-        assert!(!b.allow(0));
+        assert!(!b.allows(0));
         tokio::time::advance(Duration::from_millis(1001)).await;
-        assert!(b.allow(0), "probe");
+        assert!(b.allows(0), "probe");
         // The probe never reports; after open_ms another is let through.
-        assert!(!b.allow(0));
+        assert!(!b.allows(0));
         tokio::time::advance(Duration::from_millis(999)).await;
-        assert!(!b.allow(0));
+        assert!(!b.allows(0));
         tokio::time::advance(Duration::from_millis(2)).await;
-        assert!(b.allow(0));
+        assert!(b.allows(0));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_high_failure_ratio_opens() {
         let b = breaker();
         for i in 0..10 {
-            assert!(b.allow(0));
+            assert!(b.allows(0));
             b.record(if i % 2 == 0 { &ANSWERED } else { &FAILED }, by(0, 0));
         }
-        assert!(!b.allow(0), "5 of 10 failed");
+        assert!(!b.allows(0), "5 of 10 failed");
         // Below the ratio: 4 of 10, never 3 in a row.
         let b = breaker();
         for i in 0..10 {
-            assert!(b.allow(0), "opened at {i} calls, 4 of 10 failing");
+            assert!(b.allows(0), "opened at {i} calls, 4 of 10 failing");
             b.record(if i % 3 == 0 { &FAILED } else { &ANSWERED }, by(0, 0));
         }
-        assert!(b.allow(0), "4 of 10 failed");
+        assert!(b.allows(0), "4 of 10 failed");
     }
 
     #[tokio::test(start_paused = true)]
     async fn one_sellers_failures_do_not_open_it() {
         let b = spread();
         for request in 1..=50 {
-            assert!(b.allow(7), "opened by one seller");
+            assert!(b.allows(7), "opened by one seller");
             fail(&b, 7, request);
         }
         // A second seller's failures: two sellers, still below three.
         for request in 51..=55 {
             fail(&b, 8, request);
         }
-        assert!(b.allow(1), "opened by two sellers");
+        assert!(b.allows(1), "opened by two sellers");
         fail(&b, 9, 56);
-        assert!(!b.allow(1), "three sellers failing in a run opens it");
+        assert!(!b.allows(1), "three sellers failing in a run opens it");
     }
 
     #[tokio::test(start_paused = true)]
@@ -462,9 +462,9 @@ mod tests {
             fail(&b, seller, 1);
         }
         fail(&b, 51, 2);
-        assert!(b.allow(1), "opened by two requests");
+        assert!(b.allows(1), "opened by two requests");
         fail(&b, 52, 3);
-        assert!(!b.allow(1), "three requests over three sellers open it");
+        assert!(!b.allows(1), "three requests over three sellers open it");
     }
 
     #[tokio::test(start_paused = true)]
@@ -476,7 +476,7 @@ mod tests {
         // A new window: the first two sellers are forgotten.
         fail(&b, 3, 3);
         fail(&b, 3, 4);
-        assert!(b.allow(1));
+        assert!(b.allows(1));
     }
 
     /// Only health signs count: a 4xx about one request, an answer that does
@@ -508,7 +508,7 @@ mod tests {
             b.record(&Err::<(), _>(error.clone()), by(id, id));
         }
         assert!(
-            b.allow(1),
+            b.allows(1),
             "a 4xx, a bad answer or an undecided outcome opened it"
         );
         // Nor do they count as calls: three health failures in a row still
@@ -524,7 +524,7 @@ mod tests {
             let id = id as u64 + 1;
             b.record(&Err::<(), _>(error), by(id, id));
         }
-        assert!(!b.allow(1));
+        assert!(!b.allows(1));
     }
 
     fn opened() -> Breaker {
@@ -532,7 +532,7 @@ mod tests {
         for id in 1..=3 {
             fail(&b, id, id);
         }
-        assert!(!b.allow(1));
+        assert!(!b.allows(1));
         b
     }
 
@@ -543,40 +543,43 @@ mod tests {
     async fn half_open_probes_several_sellers_and_one_seller_cannot_reopen_it() {
         let b = opened();
         tokio::time::advance(Duration::from_millis(1001)).await;
-        assert!(b.allow(10), "a probe for seller 10");
-        assert!(!b.allow(10), "one probe per seller");
-        assert!(b.allow(11) && b.allow(12), "three sellers' probes");
-        assert!(!b.allow(13), "no more than min_sellers at once");
+        assert!(b.allows(10), "a probe for seller 10");
+        assert!(!b.allows(10), "one probe per seller");
+        assert!(b.allows(11) && b.allows(12), "three sellers' probes");
+        assert!(!b.allows(13), "no more than min_sellers at once");
         // Seller 10's probe fails again and again: never re-opened by it.
         for request in 100..110 {
             fail(&b, 10, request);
-            assert!(b.allow(10), "seller 10 may probe again");
+            assert!(b.allows(10), "seller 10 may probe again");
         }
-        assert!(!b.allow(13));
+        assert!(!b.allows(13));
         // Two more sellers fail, in other requests: three sellers, open.
         fail(&b, 11, 200);
         fail(&b, 12, 201);
-        assert!(!b.allow(13) && !b.allow(10), "open again");
+        assert!(!b.allows(13) && !b.allows(10), "open again");
     }
 
     #[tokio::test(start_paused = true)]
     async fn half_open_one_answer_closes_and_a_probe_that_told_nothing_frees_its_place() {
         let b = opened();
         tokio::time::advance(Duration::from_millis(1001)).await;
-        assert!(b.allow(10) && b.allow(11) && b.allow(12));
+        assert!(b.allows(10) && b.allows(11) && b.allows(12));
         b.record(&Err::<(), _>(UpstreamError::Status(422)), by(10, 1));
         // Its place is freed, and only its: the others' probes are still out.
-        assert!(!b.allow(12) && !b.allow(11), "a second probe for a seller");
-        assert!(b.allow(13), "the 4xx probe's place is free");
-        assert!(!b.allow(14));
+        assert!(
+            !b.allows(12) && !b.allows(11),
+            "a second probe for a seller"
+        );
+        assert!(b.allows(13), "the 4xx probe's place is free");
+        assert!(!b.allows(14));
         // One batch fails three sellers' probes: one request, not open.
         for seller in [11, 12, 13] {
             fail(&b, seller, 7);
         }
-        assert!(b.allow(20), "one request's probes re-opened it");
+        assert!(b.allows(20), "one request's probes re-opened it");
         b.record(&ANSWERED, by(20, 8));
         assert!(
-            b.allow(30) && b.allow(31) && b.allow(32) && b.allow(33),
+            b.allows(30) && b.allows(31) && b.allows(32) && b.allows(33),
             "closed"
         );
     }

@@ -74,7 +74,7 @@ pub use lost::{LostTime, lateness};
 use crate::config::{BreakerConfig, UpstreamConfig, UpstreamsConfig};
 use crate::domain::{AdId, Phone, Source, StatusItem, UserId};
 use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers, upstream_span};
-use breaker::{Admit, Breaker, Caller};
+use breaker::{Allow, Breaker, Caller};
 use limit::{Adapt, Bound, End, PerSeller};
 use load::SendRate;
 use pool::{Phase, Pool};
@@ -479,14 +479,14 @@ impl Upstreams {
             request: call.request,
         };
         let mut slot = None;
-        let admit = if matches!(seller_slot, Some(None)) {
-            Admit::No
+        let allowed = if matches!(seller_slot, Some(None)) {
+            Allow::No
         } else {
-            endpoint.breaker.admit(caller.seller)
+            endpoint.breaker.allow(caller.seller)
         };
         let result = if matches!(seller_slot, Some(None)) {
             Err(UpstreamError::SellerSaturated)
-        } else if admit == Admit::No {
+        } else if allowed == Allow::No {
             Err(UpstreamError::CircuitOpen)
         } else {
             // However the call ends, the breaker hears of it: a call that
@@ -500,9 +500,9 @@ impl Upstreams {
             slot = endpoint.in_flight.slot();
             if slot.is_none() {
                 told.record(&Err::<(), _>(UpstreamError::Saturated));
-                Err(match admit {
-                    Admit::Probe => UpstreamError::CircuitOpen,
-                    Admit::Closed | Admit::No => UpstreamError::Saturated,
+                Err(match allowed {
+                    Allow::Probe => UpstreamError::CircuitOpen,
+                    Allow::Closed | Allow::No => UpstreamError::Saturated,
                 })
             } else {
                 #[cfg(feature = "test-faults")]
