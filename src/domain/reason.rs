@@ -18,7 +18,6 @@
 //! answer, the label of `phones_gateway_answers_total{kind, reason}`: 25
 //! values at most.
 
-use std::fmt;
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
@@ -119,12 +118,6 @@ impl Failure {
     fn from_bits(bits: u32) -> Option<Failure> {
         let index = usize::try_from(bits).ok()?.checked_sub(1)?;
         Failure::ALL.get(index).copied()
-    }
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -308,11 +301,6 @@ impl Reason {
         self.origin
     }
 
-    /// Why `source` did not answer, if it is above the answer.
-    pub fn skip_of(&self, source: Source) -> Option<Skip> {
-        self.skipped[source]
-    }
-
     /// The sources above the answer with why each did not answer, in
     /// `selection.order`.
     pub fn skips(&self) -> impl Iterator<Item = (Source, Skip)> + '_ {
@@ -430,6 +418,18 @@ impl Serialize for Reason {
 mod tests {
     use super::*;
     use Source::{Anonymous, Calltracking, RealPhone};
+
+    /// At most two sources are above any answer: a third is not taken (its
+    /// place in the order would not fit), and the two kept stay as they were.
+    #[test]
+    fn a_third_source_above_is_not_taken() {
+        let two = Reason::new(Origin::Cache)
+            .skipped(Anonymous, Skip::NoNumber)
+            .skipped(Calltracking, Skip::Failed(Failure::Timeout));
+        let three = two.skipped(RealPhone, Skip::NotApplicable);
+        assert_eq!(three, two);
+        assert_eq!(three.skips().count(), 2);
+    }
 
     fn every_reason() -> Vec<Reason> {
         let skips: Vec<Skip> = [Skip::NotApplicable, Skip::NoNumber]
