@@ -18,7 +18,6 @@
 //! answer, the label of `phones_gateway_answers_total{kind, reason}`: 25
 //! values at most.
 
-
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use super::source::{Source, Sources};
