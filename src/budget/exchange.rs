@@ -542,14 +542,7 @@ mod tests {
         assert!(!budgets.is_primed(), "primed before the task ran");
         let stop = CancellationToken::new();
         let task = tokio::spawn(run(budgets.clone(), store, stop.clone()));
-        let start = tokio::time::Instant::now();
-        while !budgets.is_primed() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "not primed within 10 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until_primed(&budgets).await;
         assert!(
             matches!(
                 budgets.check_at(viewer, 1, Moment::now()),
@@ -560,6 +553,18 @@ mod tests {
         assert!(budgets.check_at(8, 1, Moment::now()).is_ok());
         stop.cancel();
         task.await.unwrap();
+    }
+
+    /// Waits (at most 10 s) until the task has loaded the refusals in force.
+    async fn until_primed(budgets: &Budgets) {
+        let start = tokio::time::Instant::now();
+        while !budgets.is_primed() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "not primed within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// The task on a scratch SQLite store, with `interval` between exchanges:
@@ -582,14 +587,7 @@ mod tests {
         let budgets = Budgets::with_cap(&config, cap).unwrap();
         let stop = CancellationToken::new();
         let task = tokio::spawn(run(budgets.clone(), store.clone(), stop.clone()));
-        let start = tokio::time::Instant::now();
-        while !budgets.is_primed() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "not primed within 10 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until_primed(&budgets).await;
         (dir, budgets, store, stop, task)
     }
 

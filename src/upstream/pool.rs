@@ -304,13 +304,37 @@ fn connection_error(what: &str, error: &hyper::Error) -> UpstreamError {
     UpstreamError::Connect(text)
 }
 
+/// The next request head read from `socket` (bytes past it stay in
+/// `buffer`), for the test upstreams here and in `upstream`'s tests; `None`
+/// once the peer hangs up.
+#[cfg(test)]
+pub(super) async fn read_head(
+    socket: &mut tokio::net::TcpStream,
+    buffer: &mut Vec<u8>,
+) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut chunk = [0u8; 1024];
+    let end = loop {
+        if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        match socket.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buffer[..end]).into_owned();
+    buffer.drain(..end);
+    Some(head)
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use http_body_util::BodyExt;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
 
     use super::*;
@@ -331,19 +355,7 @@ mod tests {
                 count.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
                     let mut buffer = Vec::new();
-                    let mut chunk = [0u8; 1024];
-                    loop {
-                        let end = loop {
-                            if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-                                break at + 4;
-                            }
-                            match socket.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-                            }
-                        };
-                        let line = String::from_utf8_lossy(&buffer[..end]).into_owned();
-                        buffer.drain(..end);
+                    while let Some(line) = read_head(&mut socket, &mut buffer).await {
                         let (status, body) = if line.contains("/users/404/") {
                             ("404 Not Found", "{}")
                         } else if line.contains("/users/500/") {
