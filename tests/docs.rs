@@ -1336,3 +1336,45 @@ fn the_name_checker_catches_stale_names_and_leaves_the_rest() {
     );
     assert_eq!(backticked("`a` and `b::C`, ``"), ["a", "b::C", ""]);
 }
+
+/// docs/rules.md, "Verdict or undecided": its table of how a call ends is the
+/// code's one table (`upstream::ending`), row by row: kind, code, class,
+/// breaker, what the bound learns, outcome.
+#[test]
+fn the_table_of_how_a_call_ends_is_the_codes() {
+    let doc = read(&root().join("docs/rules.md"));
+    let start = doc
+        .find("| kind | what happened | code | class | breaker | bound learns | outcome |")
+        .expect("docs/rules.md: the table of how a call ends");
+    let rows: Vec<[String; 6]> = doc[start..]
+        .lines()
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .map(|line| {
+            let cells: Vec<String> = line
+                .trim_matches('|')
+                .split(" | ")
+                .map(|cell| cell.trim().trim_matches('`').to_owned())
+                .collect();
+            [2, 3, 4, 5, 6].iter().fold(
+                [
+                    cells[0].clone(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                ],
+                |mut row, &i| {
+                    row[i - 1] = cells.get(i).cloned().unwrap_or_default();
+                    row
+                },
+            )
+        })
+        .collect();
+    let code: Vec<[String; 6]> = phones_gateway::upstream::table()
+        .iter()
+        .map(|line| line.map(str::to_owned))
+        .collect();
+    assert_eq!(rows, code, "docs/rules.md against upstream::ending's table");
+}

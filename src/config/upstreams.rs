@@ -1,5 +1,6 @@
 //! `[upstreams]`: the time lost by the gateway a call tolerates
-//! (`lost_time_tolerance_ms`), and `[upstreams.<name>]`: each upstream's
+//! (`lost_time_tolerance_ms`), how long idle connections are kept
+//! (`pool_idle_timeout_ms`), and `[upstreams.<name>]`: each upstream's
 //! address, timeout, `on_error` and bounds on calls in flight (the upstream's,
 //! a seller's, a request's); call tracking's also holds its status feed.
 
@@ -21,6 +22,11 @@ pub struct UpstreamsConfig {
     /// (`upstream::lost`).
     #[serde(rename = "lost_time_tolerance_ms", deserialize_with = "units::millis")]
     pub lost_time_tolerance: Duration,
+    /// How long a pooled connection to an upstream is kept idle before it is
+    /// closed: below what common servers keep (gunicorn 2 s, Node 5 s), so
+    /// the gateway seldom writes on a connection the server just closed.
+    #[serde(rename = "pool_idle_timeout_ms", deserialize_with = "units::millis")]
+    pub pool_idle_timeout: Duration,
     pub real_phone: UpstreamConfig,
     pub anonymous: UpstreamConfig,
     pub calltracking: CalltrackingUpstreamConfig,
@@ -209,6 +215,11 @@ impl UpstreamsConfig {
             "upstreams.lost_time_tolerance_ms",
             self.lost_time_tolerance.as_millis(),
             1..=10_000,
+        );
+        found.range(
+            "upstreams.pool_idle_timeout_ms",
+            self.pool_idle_timeout.as_millis(),
+            1..=600_000,
         );
         self.real_phone.validate("upstreams.real_phone", found);
         self.anonymous.validate("upstreams.anonymous", found);

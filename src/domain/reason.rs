@@ -24,45 +24,56 @@ use super::source::{Source, Sources};
 
 /// How a source's call ended without an answer: its upstream's verdict (the
 /// first six), or undecided (the rest: no word from the upstream).
+///
+/// Each has an explicit number, stored in the reveal log inside a reason
+/// ([`Reason::encode`]): a number once given is never changed nor reused
+/// (the test `stored_numbers_are_frozen` holds them), and a new failure takes
+/// the next one. The verdicts keep 1 to 6: a code per source is taken for each
+/// ([`Code::ALL`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum Failure {
     /// No answer in the time the upstream had.
-    Timeout,
+    Timeout = 1,
     /// A 5xx (or another status the contract does not allow) that is not a
     /// load refusal.
-    ErrorStatus,
+    ErrorStatus = 2,
     /// A 4xx other than 404 and 429: the upstream's word on this request
     /// (that seller, that phone), not on its health.
-    Rejected,
+    Rejected = 3,
     /// The upstream refused or reset the connection.
-    Connect,
+    Connect = 4,
     /// An answer that does not validate (a body that does not parse, a phone
     /// that does not normalise).
-    Invalid,
+    Invalid = 5,
     /// Its breaker was open, after that upstream's failures for many sellers
     /// and many requests.
-    CircuitOpen,
+    CircuitOpen = 6,
     /// The upstream refused load: 429, or 503 with `Retry-After`.
-    LoadRefused,
-    /// No answer while the gateway was sending that upstream more than it has
-    /// been answering: load the gateway put on it.
-    Load,
+    LoadRefused = 7,
+    /// A health failure while the gateway was backing off from load it may
+    /// have put on that upstream, before it could judge whose it was.
+    Load = 8,
     /// Not asked: a bound of the gateway's on calls in flight was reached
-    /// (the upstream's, the seller's).
-    Bound,
+    /// (the upstream's, the seller's, or the rate it backs off to).
+    Bound = 9,
     /// No answer in time, the gateway having lost time of its own (its process
-    /// paused or throttled, its timers late).
-    LostTime,
+    /// paused or throttled, its timers late) that it could not give back
+    /// within the call's bound.
+    LostTime = 10,
     /// Still pending at the request deadline, the gateway's own bound.
-    Deadline,
+    Deadline = 11,
     /// The gateway's own trouble: its file descriptors, ports, memory or host
     /// lookup, a fetch that panicked or was cancelled.
-    Gateway,
+    Gateway = 12,
+    /// Not asked: the breaker was half-open and its probes had ended
+    /// undecided, so nothing had yet said whether the upstream was back.
+    HalfOpen = 13,
 }
 
 impl Failure {
-    /// Every failure, in code order.
-    pub const ALL: [Failure; 12] = [
+    /// Every failure, in number order.
+    pub const ALL: [Failure; 13] = [
         Failure::Timeout,
         Failure::ErrorStatus,
         Failure::Rejected,
@@ -75,6 +86,7 @@ impl Failure {
         Failure::LostTime,
         Failure::Deadline,
         Failure::Gateway,
+        Failure::HalfOpen,
     ];
 
     /// The code's word, as docs/rules.md, the reveal pages and logs write it.
@@ -92,31 +104,38 @@ impl Failure {
             Failure::LostTime => "lost_time",
             Failure::Deadline => "deadline",
             Failure::Gateway => "gateway",
+            Failure::HalfOpen => "half_open",
         }
     }
 
     /// Whether this is the upstream's verdict (the source has failed, its
-    /// `on_error` applies) rather than undecided.
+    /// `on_error` applies) rather than undecided. Exhaustive: a new failure
+    /// is not undecided by default.
     pub fn is_verdict(self) -> bool {
-        matches!(
-            self,
+        match self {
             Failure::Timeout
-                | Failure::ErrorStatus
-                | Failure::Rejected
-                | Failure::Connect
-                | Failure::Invalid
-                | Failure::CircuitOpen
-        )
+            | Failure::ErrorStatus
+            | Failure::Rejected
+            | Failure::Connect
+            | Failure::Invalid
+            | Failure::CircuitOpen => true,
+            Failure::LoadRefused
+            | Failure::Load
+            | Failure::Bound
+            | Failure::LostTime
+            | Failure::Deadline
+            | Failure::Gateway
+            | Failure::HalfOpen => false,
+        }
     }
 
-    /// 1 to 12: the position in [`Failure::ALL`], plus one.
+    /// Its stored number (1 to 13).
     fn bits(self) -> u32 {
-        self as u32 + 1
+        u32::from(self as u8)
     }
 
     fn from_bits(bits: u32) -> Option<Failure> {
-        let index = usize::try_from(bits).ok()?.checked_sub(1)?;
-        Failure::ALL.get(index).copied()
+        Failure::ALL.into_iter().find(|f| f.bits() == bits)
     }
 }
 
@@ -142,7 +161,7 @@ impl Skip {
         }
     }
 
-    /// 1 not applicable, 2 no number, 3 to 14 a failure.
+    /// 1 not applicable, 2 no number, 3 to 15 a failure.
     fn bits(self) -> u32 {
         match self {
             Skip::NotApplicable => 1,
@@ -418,6 +437,47 @@ mod tests {
     use super::*;
     use Source::{Anonymous, Calltracking, RealPhone};
 
+    /// The numbers the reveal log stores: a failure's, and a whole reason's
+    /// for a few shapes. A change here renumbers reveals already stored.
+    #[test]
+    fn stored_numbers_are_frozen() {
+        let numbers: Vec<(&str, u32)> = Failure::ALL
+            .iter()
+            .map(|f| (f.as_str(), f.bits()))
+            .collect();
+        assert_eq!(
+            numbers,
+            [
+                ("timeout", 1),
+                ("error_status", 2),
+                ("rejected", 3),
+                ("connect", 4),
+                ("invalid", 5),
+                ("circuit_open", 6),
+                ("load_refused", 7),
+                ("load", 8),
+                ("bound", 9),
+                ("lost_time", 10),
+                ("deadline", 11),
+                ("gateway", 12),
+                ("half_open", 13),
+            ]
+        );
+        let stale = Reason::new(Origin::Stale(Failure::LostTime))
+            .skipped(Calltracking, Skip::Failed(Failure::Connect));
+        assert_eq!(
+            stale.encode(),
+            (6 << 4) | (2 << 12) | (10 << 14) | (2 << 18)
+        );
+        let real = Reason::new(Origin::Upstream)
+            .skipped(Anonymous, Skip::NotApplicable)
+            .skipped(Calltracking, Skip::Failed(Failure::Timeout));
+        assert_eq!(
+            real.encode(),
+            1 | (3 << 4) | (1 << 12) | ((1 | (2 << 2)) << 18)
+        );
+    }
+
     /// At most two sources are above any answer: a third is not taken (its
     /// place in the order would not fit), and the two kept stay as they were.
     #[test]
@@ -473,7 +533,7 @@ mod tests {
             assert_eq!(Reason::decode(bits), Some(reason), "{bits:#x}");
         }
         // Bits it never gives: an unknown failure, a source listed twice.
-        assert_eq!(Reason::decode(2 << 12 | 13 << 14), None);
+        assert_eq!(Reason::decode(2 << 12 | 14 << 14), None);
         assert_eq!(Reason::decode(1 | 0b0101 << 18), None);
     }
 

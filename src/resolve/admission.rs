@@ -43,7 +43,7 @@ use crate::upstream::{LostTime, lateness};
 /// How often the admitted share is adjusted.
 pub const INTERVAL: Duration = Duration::from_millis(100);
 /// How long the probe sleeps between wake-ups.
-pub const PROBE: Duration = Duration::from_millis(5);
+pub const PROBE: Duration = crate::upstream::PROBE_PERIOD;
 /// All misses admitted, in fixed point.
 const ALL: u32 = 1 << 16;
 /// The least share of misses admitted (1/64), so cold keys keep filling.
@@ -129,8 +129,9 @@ impl Admission {
                 () = tokio::time::sleep_until(due) => {}
             }
             // tokio's timer fires on the millisecond after `due` at best.
-            let late = lateness(due, tokio::time::Instant::now());
-            self.lost.add(late);
+            let now = tokio::time::Instant::now();
+            let late = lateness(due, now);
+            self.lost.woke(now, late);
             worst = worst.max(late);
             // A late probe acts at once: the interval has long passed.
             if steer && since.elapsed() >= INTERVAL {
@@ -148,7 +149,7 @@ mod tests {
     const LIMIT: Duration = Duration::from_millis(50);
 
     fn lost() -> Arc<LostTime> {
-        Arc::new(LostTime::new(Duration::from_millis(30)))
+        Arc::new(LostTime::new(Duration::from_millis(30), PROBE))
     }
 
     fn admitted_of(admission: &Admission, n: usize) -> usize {

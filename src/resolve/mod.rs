@@ -403,11 +403,23 @@ impl Resolver {
         let mut anonymous = start(Source::Anonymous);
         let mut real = start(Source::RealPhone);
         let mut calltracking = start(Source::Calltracking);
+        // Time the gateway loses meanwhile is given back to the request, up
+        // to once its deadline in all (docs/rules.md, "Whose time").
+        let lost = self.upstreams.lost();
+        let (mut mark, mut given) = (lost.mark(), std::time::Duration::ZERO);
         let deadline = tokio::time::sleep_until(deadline);
         tokio::pin!(deadline);
         loop {
             let next = tokio::select! {
                 () = &mut deadline => {
+                    let lost_now = lost.since(mark);
+                    if lost_now > lost.tolerance() && given < self.deadline {
+                        let back = lost_now.min(self.deadline - given);
+                        given += back;
+                        mark = lost.mark();
+                        deadline.as_mut().reset(tokio::time::Instant::now() + back);
+                        continue;
+                    }
                     tracing::debug!(user_id = %req.user, ad_id = %req.ad, "request deadline reached");
                     progress.at_deadline(|ask| self.stale(req, ask));
                     // Every state is settled now, so the rules decide below.

@@ -5,14 +5,17 @@
 //! half-open: probes are let through, one per seller for as many distinct
 //! sellers as `breaker.min_sellers` at once; one answer closes it, and it opens
 //! again only when the probes of that many sellers, in `breaker.min_requests`
-//! requests, failed. A call that panics or whose task is dropped is recorded
+//! requests, failed. Other calls meanwhile are `CircuitOpen`, until a probe
+//! ends undecided (refused for load, say): from then until a probe decides,
+//! they are `HalfOpen`, undecided too, since nothing has said whether the
+//! upstream is back. A call that panics or whose task is dropped is recorded
 //! as such on its way out (it tells nothing, and frees its probe's place);
 //! probes that still never report are replaced after `open_ms`.
 //!
 //! What it counts: signs of the upstream's health only (docs/rules.md, "What a
 //! breaker counts"). A failure is a 5xx that is not a load refusal, a refused
 //! or reset connection, or a timeout the upstream owns (not the gateway's
-//! lost time, not load the gateway put on it: `lost`, `load`); a success is
+//! lost time, not load the gateway put on it: `timer`, `backoff`); a success is
 //! any answer the contract allows (200, 404). Nothing else is recorded at all,
 //! neither as a failure nor as a call: a 4xx other than 404 and 429 is the
 //! upstream's word on one request (that seller, that phone), an answer that
@@ -44,7 +47,7 @@
 //! on 4xx; Google's SRE book has clients throttle themselves by the share of
 //! requests the backend *accepted*, so that the client's own excess is not
 //! read as the backend's failure. Here the gateway's own excess is told apart
-//! before the breaker sees it (`load`, `lost`), and the spread over sellers
+//! before the breaker sees it (`backoff`, `timer`), and the spread over sellers
 //! and requests stands in for "the backend fails for everyone".
 //!
 //! State changes are logged and exported as
@@ -55,6 +58,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::ending::{Ending, Health};
 use super::error::UpstreamError;
 use crate::config::BreakerConfig;
 
@@ -128,6 +132,8 @@ struct State {
     probing: Ids,
     /// Half-open: whom the failed probes were about.
     probes_failed: Failed,
+    /// Half-open: a probe ended undecided, and none has decided since.
+    probe_undecided: bool,
 }
 
 /// What the breaker lets a call do.
@@ -137,8 +143,13 @@ pub(crate) enum Allow {
     Closed,
     /// Half-open: the call goes out as a probe for its seller.
     Probe,
-    /// Open, or half-open with its probes out: the call is not made.
+    /// Open, or half-open with its probes out: the call is not made, and
+    /// the breaker's being open is the upstream's verdict.
     No,
+    /// Half-open with its probes out, one of them having ended undecided:
+    /// the call is not made, and nothing has said yet whether the upstream
+    /// is back, so it is undecided too.
+    Wait,
 }
 
 /// What a call about a seller, in a request, is in the breaker's eyes.
@@ -191,6 +202,7 @@ impl Breaker {
                 failed: Failed::NONE,
                 probing: Ids::EMPTY,
                 probes_failed: Failed::NONE,
+                probe_undecided: false,
             }),
             open_gauge: metrics::gauge!("phones_gateway_circuit_open", "upstream" => name),
         }
@@ -232,7 +244,11 @@ impl Breaker {
             state.probes_failed = Failed::NONE;
         }
         if state.probing.contains(seller) || state.probing.len >= self.min_sellers {
-            return Allow::No;
+            return if state.probe_undecided {
+                Allow::Wait
+            } else {
+                Allow::No
+            };
         }
         state.probing.add(seller);
         Allow::Probe
@@ -245,11 +261,17 @@ impl Breaker {
         if !self.config.enabled {
             return;
         }
-        let healthy = match result {
-            Ok(_) => Some(true),
-            Err(error) if error.health_failure() => Some(false),
-            Err(_) => None,
+        let row = match result {
+            Ok(_) => Ending::Answered,
+            Err(error) => Ending::Failed(error),
+        }
+        .row();
+        let healthy = match row.health {
+            Health::Up => Some(true),
+            Health::Down => Some(false),
+            Health::Silent => None,
         };
+        let undecided = row.failure.is_some_and(|failure| !failure.is_verdict());
         let now = Instant::now();
         let mut state = self.lock();
         match state.mode {
@@ -265,7 +287,7 @@ impl Breaker {
                             self.open(&mut state, now);
                         }
                     }
-                    None => {}
+                    None => state.probe_undecided |= undecided,
                 }
             }
             Mode::Closed => {
@@ -308,6 +330,7 @@ impl Breaker {
     }
 
     fn open(&self, state: &mut State, now: Instant) {
+        state.probe_undecided = false;
         state.mode = Mode::Open {
             until: now + self.open_for(),
         };
@@ -322,6 +345,7 @@ impl Breaker {
         state.window_failures = 0;
         state.failed = Failed::NONE;
         state.probing = Ids::EMPTY;
+        state.probe_undecided = false;
         self.open_gauge.set(0.0);
         tracing::info!(upstream = self.name, "circuit closed");
     }

@@ -1,32 +1,15 @@
 //! `UpstreamError`: every way an upstream call can fail, as one cheap, cloneable
-//! value (coalesced waiters all receive the same failure), its [`Failure`]
-//! code (the reason's word for it) and its class ([`Class`]): the upstream's
-//! *verdict* on the call, or *undecided*.
-//!
-//! The line (docs/rules.md, "Verdict or undecided"): a source has *failed* only
-//! on its own upstream's word: an error answer that is not a load refusal (a
-//! 4xx other than 404 and 429 included: the upstream's word on that one
-//! request), an answer that does not validate, a connection the upstream
-//! refused or reset, no answer in the time the upstream had (not time the
-//! gateway lost, not under load the gateway put on it), or its breaker open
-//! after failures for many sellers and requests. Everything else is
-//! *undecided*: the gateway did not ask, or could not, for a reason of its own
-//! (a bound on calls in flight, its own file descriptors, ports, memory or
-//! host lookup, time it lost, load it made, a fetch that panicked or was
-//! cancelled, a request it could not build), or the upstream refused load (429,
-//! or 503 with `Retry-After`). [`UpstreamError::failure`] is one `match`
-//! without a wildcard, and the class follows from it: a new variant does not
-//! compile until it is given a code. Each error is classified where it arises
-//! (the pool maps `errno`, the call tracks its phase and its lost time for a
-//! timeout, the send rate for load, the cache knows a panic from a
-//! cancellation), so the class is never guessed from a message.
-//!
-//! Of the verdicts, only signs of the upstream's health reach a breaker
-//! ([`UpstreamError::health_failure`]): a 5xx that is not a load refusal, a
-//! refused or reset connection, a timeout the upstream owns.
+//! value (coalesced waiters all receive the same failure). What follows from
+//! each (its code, verdict or undecided, what a breaker and the adaptive bound
+//! make of it) is the one table in `ending`; the line between the upstream's
+//! word and the gateway's own trouble is docs/rules.md, "Verdict or
+//! undecided". Each error is made where it arises (the pool maps `errno`, the
+//! timer judges lost time, the back-off judges load, the cache knows a panic
+//! from a cancellation), so the class is never guessed from a message.
 
 use std::fmt;
 
+use super::ending::Ending;
 use crate::domain::{Failure, Source};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,10 +25,14 @@ pub enum UpstreamError {
     #[error("timed out in time the gateway lost")]
     LostTime,
     /// A health failure (no answer in time, a 5xx, a refused or reset
-    /// connection) of a call sent while the gateway was sending that upstream
-    /// calls faster than it has been (`load`): load of its own making.
+    /// connection) while the gateway was backing off from load it may have
+    /// put on the upstream, before it could judge whose it was (`backoff`).
     #[error("failed under load the gateway put on the upstream")]
     Load,
+    /// Not sent: the gateway is backing off this upstream, and the rate it
+    /// backs off to is reached (`backoff`).
+    #[error("backing off")]
+    BackingOff,
     /// The timeout ran out while the call was still in the gateway's own phase
     /// (the host lookup, on the blocking pool, or waiting for it): the upstream
     /// never had the chance to answer.
@@ -77,6 +64,11 @@ pub enum UpstreamError {
     /// open is the upstream's verdict too.
     #[error("circuit open")]
     CircuitOpen,
+    /// The breaker is half-open and its probes ended undecided: nothing has
+    /// said yet whether the upstream is back, so the call is not made and
+    /// says nothing either.
+    #[error("circuit half-open, its probes undecided")]
+    HalfOpen,
     /// The upstream's bound on calls in flight is reached: it was not called.
     #[error("too many calls in flight")]
     Saturated,
@@ -108,25 +100,12 @@ pub enum Class {
 }
 
 impl UpstreamError {
-    /// The reason's code for this error: one exhaustive match, no wildcard.
+    /// The reason's code for this error ([`Ending::row`]).
     pub fn failure(&self) -> Failure {
-        match self {
-            UpstreamError::Timeout => Failure::Timeout,
-            UpstreamError::Connect(_) => Failure::Connect,
-            UpstreamError::Status(status) if is_rejection(*status) => Failure::Rejected,
-            UpstreamError::Status(_) => Failure::ErrorStatus,
-            UpstreamError::Decode(_) => Failure::Invalid,
-            UpstreamError::CircuitOpen => Failure::CircuitOpen,
-            UpstreamError::LoadRefused(_) => Failure::LoadRefused,
-            UpstreamError::Load => Failure::Load,
-            UpstreamError::Saturated | UpstreamError::SellerSaturated => Failure::Bound,
-            UpstreamError::LostTime => Failure::LostTime,
-            UpstreamError::LocalTimeout
-            | UpstreamError::Local(_)
-            | UpstreamError::Panicked
-            | UpstreamError::Cancelled
-            | UpstreamError::Request => Failure::Gateway,
-        }
+        Ending::Failed(self)
+            .row()
+            .failure
+            .unwrap_or(Failure::Gateway)
     }
 
     /// The class of this error, from its code.
@@ -143,31 +122,21 @@ impl UpstreamError {
         self.class() == Class::Undecided
     }
 
-    /// A sign of the upstream's ill health, which a breaker counts: a 5xx that
-    /// is not a load refusal, a refused or reset connection, a timeout the
-    /// upstream owns. A verdict that is not one (a 4xx about one request, an
-    /// answer that does not validate, an open breaker) counts toward nothing.
-    pub fn health_failure(&self) -> bool {
-        match self {
-            UpstreamError::Timeout | UpstreamError::Connect(_) => true,
-            UpstreamError::Status(status) => (500..=599).contains(status),
-            _ => false,
-        }
-    }
-
-    /// A short label for logs and metrics.
+    /// The variant's name, for logs and the docs' table.
     pub fn kind(&self) -> &'static str {
         match self {
             UpstreamError::Timeout => "timeout",
             UpstreamError::LocalTimeout => "local_timeout",
             UpstreamError::LostTime => "lost_time",
             UpstreamError::Load => "load",
+            UpstreamError::BackingOff => "backing_off",
             UpstreamError::Connect(_) => "connect",
             UpstreamError::Local(_) => "local",
             UpstreamError::Status(_) => "status",
             UpstreamError::LoadRefused(_) => "load_refused",
             UpstreamError::Decode(_) => "decode",
             UpstreamError::CircuitOpen => "circuit_open",
+            UpstreamError::HalfOpen => "half_open",
             UpstreamError::Saturated => "saturated",
             UpstreamError::SellerSaturated => "seller_saturated",
             UpstreamError::Panicked => "panicked",
@@ -175,12 +144,6 @@ impl UpstreamError {
             UpstreamError::Request => "request",
         }
     }
-}
-
-/// A 4xx other than 404 (an answer) and 429 (a load refusal): the upstream's
-/// word on that one request, not on its health.
-fn is_rejection(status: u16) -> bool {
-    (400..=499).contains(&status) && status != 404 && status != 429
 }
 
 /// Which upstream a call went to; names appear in logs and metrics.
@@ -247,13 +210,16 @@ mod tests {
             (UpstreamError::Panicked,                    F::Gateway,     Undecided, "panicked",         false),
             (UpstreamError::Cancelled,                   F::Gateway,     Undecided, "cancelled",        false),
             (UpstreamError::Request,                     F::Gateway,     Undecided, "request",          false),
+            (UpstreamError::HalfOpen,                    F::HalfOpen,    Undecided, "half_open",        false),
+            (UpstreamError::BackingOff,                  F::Bound,       Undecided, "backing_off",      false),
         ];
         for (error, failure, class, kind, health) in table {
             assert_eq!(error.failure(), failure, "{error:?}");
             assert_eq!(error.class(), class, "{error:?}");
             assert_eq!(error.undecided(), class == Undecided, "{error:?}");
             assert_eq!(error.kind(), kind, "{error:?}");
-            assert_eq!(error.health_failure(), health, "{error:?}");
+            let down = Ending::Failed(&error).row().health == super::super::ending::Health::Down;
+            assert_eq!(down, health, "{error:?}");
         }
     }
 

@@ -19,8 +19,8 @@
 //!   what the upstream takes, so the first cut lands near its capacity).
 //! - So does a latency climb: each answer's latency feeds two moving averages
 //!   (about its last 8 calls, and about its last 256), and the short one above
-//!   `latency_tolerance` x the long one cuts as a refusal does. A timeout is an
-//!   answer whose latency is the timeout. When latency falls back, the long
+//!   `latency_tolerance` x the long one cuts as a refusal does. A timeout
+//!   teaches nothing (its latency is unknown). When latency falls back, the long
 //!   average follows it down faster (Gradient2's decay), so a past slow spell
 //!   does not hide the next one.
 //! - At most one cut per round trip: a signal from a call that started before
@@ -149,12 +149,13 @@ pub(super) struct Bound {
 }
 
 /// What a call's end teaches the adaptive limit.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum End {
     /// An answer (any status but a load refusal, even one that does not
     /// parse): its latency is the call's.
     Answered,
-    /// The upstream refused load (429, or 503 with `Retry-After`).
+    /// The upstream refused load (429, or 503 with `Retry-After`), or the
+    /// back-off judged a failure load: a cut.
     LoadRefused,
     /// Nothing to learn: a timeout, a connection failure, or no call made (an
     /// open breaker).

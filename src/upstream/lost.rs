@@ -1,30 +1,12 @@
 //! Time the gateway lost: how late its timers and tasks ran, as a running
-//! total that an upstream call reads when it starts and when its timer fires.
+//! total that a call's timer reads (`timer`; the rule is docs/rules.md, "Whose
+//! time").
 //!
-//! "No answer within the timeout" is the upstream's verdict only for the time
-//! the upstream had (docs/rules.md, "Whose time"). A process that is paused
-//! (SIGSTOP, a VM pause) or throttled (a container's CPU quota used up) stops
-//! reading its sockets while its clock runs on: an answer can sit in the
-//! socket while the call's timer runs out, and the timer then fires before the
-//! read. So a call's timer that fires asks how much time was lost meanwhile,
-//! from two sources, and takes the larger:
-//!
-//! - [`LostTime`]'s running total ([`LostTime::mark`]), fed by a probe task
-//!   (`resolve::admission`) that sleeps 5 ms at a time and adds how late it woke, less tokio's millisecond of
-//!   granularity: what every ready task waited before a worker got to it;
-//! - the call's own timer, how late it fired: after a pause, the call's timer
-//!   can run before the probe's does.
-//!
-//! To that the call adds the time it spent inside the gateway before the
-//! upstream was asked (its host lookup). Lost time above
-//! `upstreams.lost_time_tolerance_ms` is given back once (the timer is re-armed
-//! for it: the answer is often already in the socket). A call that loses more
-//! than half of that extension again (and more than the tolerance: the gateway
-//! paused again) is undecided
-//! ([`UpstreamError::LostTime`](super::UpstreamError::LostTime)); one that did
-//! not had its timeout of the gateway's attention, within what a busy
-//! machine's scheduling takes (a machine that loses a fifth of its time loses
-//! a fifth of the extension too), and its timeout is the upstream's.
+//! A probe (`resolve::admission`, for now beside cold admission) sleeps a few milliseconds at a time and adds how
+//! late it woke, less tokio's millisecond of granularity. A stall is seen
+//! before the probe runs again too: the total read at any moment includes the
+//! gap since the probe last woke beyond its period ([`LostTime::mark`]), so
+//! whatever runs first after a pause (a call's timer, most often) sees it.
 //!
 //! Every late wake is observed in `phones_gateway_lost_time_seconds` (a
 //! histogram: its `_sum` rate is the share of time lost).
@@ -32,37 +14,64 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
+/// How long the probe sleeps between wakes: a stall longer than this (and
+/// the timer's millisecond) is seen as lost time.
+pub const PROBE_PERIOD: Duration = Duration::from_millis(5);
+
 /// The process's lost time so far, and the tolerance a call allows.
 pub struct LostTime {
     /// Microseconds lost since start, as the probe measured them.
     total_us: AtomicU64,
+    /// When the probe last woke, microseconds after `epoch`, plus one (0:
+    /// never).
+    woke_us: AtomicU64,
+    epoch: Instant,
+    /// How long the probe sleeps between wakes.
+    period: Duration,
     /// `upstreams.lost_time_tolerance_ms`.
     tolerance: Duration,
     histogram: metrics::Histogram,
 }
 
 impl LostTime {
-    pub fn new(tolerance: Duration) -> Self {
+    /// `tolerance`: what a call's timer allows before giving time back;
+    /// `period`: the probe's sleep.
+    pub fn new(tolerance: Duration, period: Duration) -> Self {
         LostTime {
             total_us: AtomicU64::new(0),
+            woke_us: AtomicU64::new(0),
+            epoch: Instant::now(),
+            period,
             tolerance,
             histogram: metrics::histogram!("phones_gateway_lost_time_seconds"),
         }
     }
 
-    /// Adds `late`, how late a probe woke beyond the timer's granularity.
-    pub fn add(&self, late: Duration) {
-        if late.is_zero() {
-            return;
+    /// The probe woke at `now`, `late` beyond its due time and the timer's
+    /// granularity ([`lateness`]).
+    pub fn woke(&self, now: Instant, late: Duration) {
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        if !late.is_zero() {
+            self.total_us.fetch_add(micros(late), Ordering::Relaxed);
+            self.histogram.record(late.as_secs_f64());
         }
-        let micros = u64::try_from(late.as_micros()).unwrap_or(u64::MAX);
-        self.total_us.fetch_add(micros, Ordering::Relaxed);
-        self.histogram.record(late.as_secs_f64());
+        let at = micros(now.saturating_duration_since(self.epoch)).saturating_add(1);
+        self.woke_us.store(at, Ordering::Relaxed);
     }
 
-    /// The running total, to compare two readings with [`LostTime::since`].
+    /// The running total now, the probe's pending gap included.
     pub fn mark(&self) -> Mark {
-        Mark(self.total_us.load(Ordering::Relaxed))
+        let total = self.total_us.load(Ordering::Relaxed);
+        let woke = self.woke_us.load(Ordering::Relaxed);
+        if woke == 0 {
+            return Mark(total);
+        }
+        let since_woke = Instant::now()
+            .saturating_duration_since(self.epoch + Duration::from_micros(woke - 1))
+            .saturating_sub(self.period + Duration::from_millis(1));
+        Mark(total.saturating_add(u64::try_from(since_woke.as_micros()).unwrap_or(u64::MAX)))
     }
 
     /// Time lost since `mark` was read.
@@ -70,10 +79,10 @@ impl LostTime {
         Duration::from_micros(self.mark().0.saturating_sub(mark.0))
     }
 
-    /// Whether a call that lost `lost` lost more than it may without being
-    /// given it back.
-    pub fn beyond_tolerance(&self, lost: Duration) -> bool {
-        lost > self.tolerance
+    /// What a call's timer allows: a call that had its timeout less this of
+    /// the gateway's running time had all of it.
+    pub fn tolerance(&self) -> Duration {
+        self.tolerance
     }
 }
 
@@ -83,7 +92,7 @@ pub struct Mark(u64);
 
 /// How late a timer due at `due` fired at `now`, less the millisecond tokio's
 /// timer takes at best.
-pub fn lateness(due: tokio::time::Instant, now: tokio::time::Instant) -> Duration {
+pub fn lateness(due: Instant, now: Instant) -> Duration {
     now.saturating_duration_since(due)
         .saturating_sub(Duration::from_millis(1))
 }
@@ -92,23 +101,40 @@ pub fn lateness(due: tokio::time::Instant, now: tokio::time::Instant) -> Duratio
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_total_counts_late_wakes_and_a_mark_reads_what_came_after() {
-        let lost = LostTime::new(Duration::from_millis(30));
-        lost.add(Duration::from_millis(5));
+    const PERIOD: Duration = Duration::from_millis(5);
+
+    #[tokio::test(start_paused = true)]
+    async fn the_total_counts_late_wakes_and_a_mark_reads_what_came_after() {
+        let lost = LostTime::new(Duration::from_millis(30), PERIOD);
+        lost.woke(Instant::now(), Duration::from_millis(5));
         let mark = lost.mark();
         assert_eq!(lost.since(mark), Duration::ZERO);
-        lost.add(Duration::ZERO);
-        lost.add(Duration::from_millis(400));
-        lost.add(Duration::from_micros(250));
+        lost.woke(Instant::now(), Duration::ZERO);
+        lost.woke(Instant::now(), Duration::from_millis(400));
+        lost.woke(Instant::now(), Duration::from_micros(250));
         assert_eq!(lost.since(mark), Duration::from_micros(400_250));
-        assert!(!lost.beyond_tolerance(Duration::from_millis(30)));
-        assert!(lost.beyond_tolerance(Duration::from_micros(30_001)));
+    }
+
+    /// A stall is seen before the probe wakes again: the gap since its last
+    /// wake, beyond its period and the timer's millisecond, counts at once,
+    /// and the probe's own report of it later adds nothing twice.
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_is_seen_before_the_probe_runs_again() {
+        let lost = LostTime::new(Duration::from_millis(30), PERIOD);
+        lost.woke(Instant::now(), Duration::ZERO);
+        let mark = lost.mark();
+        tokio::time::advance(Duration::from_millis(4)).await;
+        assert_eq!(lost.since(mark), Duration::ZERO, "within the period");
+        tokio::time::advance(Duration::from_millis(202)).await;
+        assert_eq!(lost.since(mark), Duration::from_millis(200));
+        // The probe, due 5 ms after its last wake, wakes now: 200 ms late.
+        lost.woke(Instant::now(), Duration::from_millis(200));
+        assert_eq!(lost.since(mark), Duration::from_millis(200));
     }
 
     #[tokio::test(start_paused = true)]
     async fn lateness_leaves_out_the_timers_millisecond() {
-        let due = tokio::time::Instant::now();
+        let due = Instant::now();
         assert_eq!(lateness(due, due), Duration::ZERO);
         assert_eq!(
             lateness(due, due + Duration::from_millis(1)),

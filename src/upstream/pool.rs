@@ -19,12 +19,14 @@
 //! dropped when a call takes or returns one; an upstream that is not called at all
 //! closes its side after its own keep-alive, and the connection's task then ends.
 //!
-//! A request that was never written is sent again, once, on a new connection:
-//! an idle connection the upstream closed just before the call took it (its
-//! keep-alive ran out) hands the request back unsent (hyper's
-//! `try_send_request`, the message in `TrySendError`), and the calls are
-//! idempotent GETs. The upstream never saw it, so it is no verdict; only what
-//! the new connection answers is.
+//! A request on a reused connection that fails before any byte of an answer
+//! (hyper hands it back unwritten, or the connection was reset or closed
+//! before the answer began) is sent again, once, on a new connection: the
+//! upstream closed an idle connection under it (its keep-alive ran out), and
+//! the calls are idempotent GETs. That is no verdict; only what the new
+//! connection answers is. Idle connections are kept
+//! `upstreams.pool_idle_timeout_ms`, below common servers' keep-alive, so
+//! this is seldom needed.
 //!
 //! Where a connection fails says whose word it is (docs/rules.md, "Verdict or
 //! undecided"). The host is looked up first, apart from the connect, and the
@@ -70,7 +72,7 @@ pub(super) struct Phase {
 
 impl Phase {
     /// The upstream is asked, `waited` after the call began.
-    fn set_asked(&self, waited: Duration) {
+    pub(super) fn set_asked(&self, waited: Duration) {
         let waited = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
         let _ = self.asked_after.compare_exchange(
             0,
@@ -149,19 +151,23 @@ impl Pool {
         request
             .headers_mut()
             .insert(hyper::header::HOST, self.host.clone());
-        let mut unsent = match conn.sender.try_send_request(request).await {
+        let again = conn.reused.then(|| copy(&request));
+        let mut error = match conn.sender.try_send_request(request).await {
             Ok(response) => return Ok(response),
-            Err(error) if !conn.reused => {
-                return Err(connection_error("the request failed", error.error()));
-            }
             Err(error) => error,
         };
-        let Some(request) = unsent.take_message() else {
-            return Err(connection_error("the request failed", unsent.error()));
+        // A reused connection that failed before any byte of an answer (not
+        // an answer that did not parse): the upstream closed it under the
+        // request. Sent once more, on a new connection.
+        let (Some(mut request), false) = (again, error.error().is_parse()) else {
+            return Err(connection_error("the request failed", error.error()));
         };
         tracing::debug!(
-            "an idle connection closed before the request was written; sending it on a new one"
+            "a reused connection failed before any answer; sending the request on a new one"
         );
+        if let Some(unsent) = error.take_message() {
+            request = unsent;
+        }
         *conn = self.connect(phase).await?;
         conn.sender
             .send_request(request)
@@ -264,6 +270,15 @@ impl Pool {
             reused: false,
         })
     }
+}
+
+/// A copy of a GET (its body is empty), to send again.
+fn copy(request: &hyper::Request<Empty<Bytes>>) -> hyper::Request<Empty<Bytes>> {
+    let mut copy = hyper::Request::new(Empty::new());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.headers_mut() = request.headers().clone();
+    copy
 }
 
 /// Whether a socket error is the gateway's own trouble rather than the

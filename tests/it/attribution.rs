@@ -315,3 +315,84 @@ async fn the_deadline_reached_by_the_gateways_own_delay_shows_no_real_number() {
         assert!(answer.retry_after.is_some(), "{answer:?}");
     }
 }
+
+/// The gateway's process is stopped 40 ms of every 100 ms (what a
+/// container's CPU quota does to a busy pod) while call tracking, healthy,
+/// answers in 100 ms: 120 lookups of tracked sellers, none shown the real
+/// number. Each call's lost time is given back as often as it is lost.
+#[tokio::test]
+async fn a_throttled_replica_shows_no_tracked_seller_a_real_number() {
+    let (process, real, calltracking, _dir) = gateway_process(&[]).await;
+    real.reply(Reply::Phone(REAL));
+    calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(100));
+    let users: Vec<u64> = (42_001..=42_120).collect();
+    track_on(&process, users.iter().copied()).await;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let lookups = async {
+        let mut kinds = Vec::new();
+        for chunk in users.chunks(12) {
+            let asks = chunk.iter().map(|&user| {
+                let process = &process;
+                async move {
+                    let path = given(user, 1, &phone_of(user));
+                    kind_of(&process.get_public_with(&path, &[]).await)
+                }
+            });
+            kinds.extend(futures_util::future::join_all(asks).await);
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        kinds
+    };
+    let throttling = async {
+        let mut paused = 0;
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            pause(&process, Duration::from_millis(40)).await;
+            paused += 1;
+        }
+        paused
+    };
+    let (kinds, paused) = tokio::join!(lookups, throttling);
+    assert!(
+        paused >= 5,
+        "the throttle never overlapped the lookups: {paused}"
+    );
+    let real: Vec<_> = kinds.iter().filter(|k| *k == "real").collect();
+    assert!(
+        real.is_empty(),
+        "{} of {} shown real: {kinds:?}",
+        real.len(),
+        kinds.len()
+    );
+    let answered = kinds.iter().filter(|k| *k == "calltracking").count();
+    assert!(answered * 10 >= kinds.len() * 9, "{kinds:?}");
+}
+
+/// Call tracking's answer (250 ms, inside its 300 ms) arrives during a
+/// 200 ms stop of the gateway that ends about 20 ms after the calls' timers
+/// were due: the stall is seen by the timers before the lost-time probe runs
+/// again, the time is given back, and the answers are read.
+#[tokio::test]
+async fn a_stall_ending_just_after_the_timer_was_due_is_given_back() {
+    let (process, real, calltracking, _dir) = gateway_process(&[]).await;
+    real.reply(Reply::Phone(REAL));
+    calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(250));
+    let users: Vec<u64> = (43_001..=43_010).collect();
+    track_on(&process, users.iter().copied()).await;
+    let lookups = users.iter().map(|&user| {
+        let process = &process;
+        async move {
+            let path = given(user, 1, &phone_of(user));
+            kind_of(&process.get_public_with(&path, &[]).await)
+        }
+    });
+    let pausing = async {
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        pause(&process, Duration::from_millis(200)).await;
+    };
+    let (kinds, ()) = tokio::join!(futures_util::future::join_all(lookups), pausing);
+    assert!(
+        !kinds.iter().any(|k| k == "real"),
+        "a stall over the timers' due time showed real numbers: {kinds:?}"
+    );
+}

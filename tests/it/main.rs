@@ -23,6 +23,7 @@ mod admin_access;
 mod admin_record;
 mod api_contract;
 mod attribution;
+mod backoff;
 mod budgets;
 mod caching;
 mod campaign;

@@ -618,7 +618,7 @@ async fn a_reason_that_does_not_decode_reads_as_none() {
     store.write_reveals(&batch).await.unwrap();
     // An unknown failure a stale value stood in for; a negative number; one
     // past 32 bits.
-    for (id, bits) in [(1, 2_i64 << 12 | 13 << 14), (2, -1), (3, 1 << 40)] {
+    for (id, bits) in [(1, 2_i64 << 12 | 14 << 14), (2, -1), (3, 1 << 40)] {
         sqlx::query("UPDATE reveals SET reason = ?1 WHERE id = ?2")
             .bind(bits)
             .bind(id)

@@ -1,0 +1,234 @@
+//! The back-off's branches on a paused clock: calls are sent and end at
+//! chosen instants, as an upstream carrying a given rate would answer them.
+
+use super::*;
+
+const TIMEOUT: Duration = Duration::from_millis(300);
+
+/// `per_bucket` calls a bucket for `buckets` buckets, each answered well.
+async fn carry(backoff: &Backoff, per_bucket: u32, buckets: u32) {
+    for _ in 0..buckets {
+        for _ in 0..per_bucket {
+            let now = Instant::now();
+            backoff.send(now).expect("sent");
+            backoff.answered(now);
+        }
+        tokio::time::advance(BUCKET).await;
+    }
+}
+
+/// Sends `n` calls at once and fails each; their judgements.
+fn burst_failing(backoff: &Backoff, n: u32) -> Vec<Option<Judgement>> {
+    let now = Instant::now();
+    (0..n)
+        .map(|_| backoff.send(now).map(|sent| backoff.failed(sent, now)))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_the_upstream_carried_is_learned_from_answers_outside_trouble() {
+    let backoff = Backoff::new(TIMEOUT);
+    assert_eq!(backoff.carried(), None);
+    carry(&backoff, 10, 1).await;
+    tokio::time::advance(Duration::from_millis(1)).await;
+    backoff.answered(Instant::now());
+    assert_eq!(backoff.carried(), Some(40.0), "the first bucket sets it");
+    carry(&backoff, 0, 120).await;
+    backoff.send(Instant::now());
+    let faded = backoff.carried().unwrap();
+    assert!(faded < 40.0 * 0.5 && faded > 40.0 * 0.2, "{faded}");
+}
+
+/// A failure at the usual rate (one seller's, or sporadic) is a verdict at
+/// once, and backs nothing off.
+#[tokio::test(start_paused = true)]
+async fn a_failure_at_the_usual_rate_is_a_verdict_at_once() {
+    let backoff = Backoff::new(TIMEOUT);
+    carry(&backoff, 10, WARM_UP + 4).await;
+    let now = Instant::now();
+    let sent = backoff.send(now).unwrap();
+    assert_eq!(backoff.failed(sent, now), Judgement::Verdict);
+    assert_eq!(backoff.hold(), None);
+}
+
+/// Before what was carried is known, nothing is unusual.
+#[tokio::test(start_paused = true)]
+async fn with_no_history_every_failure_is_a_verdict() {
+    let backoff = Backoff::new(TIMEOUT);
+    carry(&backoff, 10, WARM_UP - 1).await;
+    let judged = burst_failing(&backoff, 50);
+    assert!(
+        judged.iter().all(|j| *j == Some(Judgement::Verdict)),
+        "{judged:?}"
+    );
+    assert_eq!(backoff.hold(), None);
+}
+
+/// Failures of calls sent above the usual rate are load, and once they are
+/// many the gateway backs off to a fraction of what was carried: calls over
+/// the hold are not sent.
+#[tokio::test(start_paused = true)]
+async fn failures_above_the_usual_rate_are_load_and_back_off() {
+    let backoff = Backoff::new(TIMEOUT);
+    carry(&backoff, 10, WARM_UP + 4).await;
+    // Usual: up to 10 x 1.25 + 8 = 20.5 a bucket, the last bucket's 10
+    // included.
+    let judged = burst_failing(&backoff, 30);
+    assert!(
+        judged[..10].iter().all(|j| *j == Some(Judgement::Verdict)),
+        "{judged:?}"
+    );
+    // The first failure above it is load, and with the verdicts it is more
+    // than a tenth of the calls ended lately: the gateway backs off, and the
+    // rest of the burst is not sent.
+    assert_eq!(judged[10], Some(Judgement::Load), "{judged:?}");
+    assert!(judged[11..].iter().all(Option::is_none), "{judged:?}");
+    let hold = backoff.hold().expect("backing off");
+    assert!((hold - BETA * 40.0).abs() < 0.01, "{hold}");
+    // The hold's tokens were spent: nothing more goes out now.
+    assert!(backoff.send(Instant::now()).is_none());
+}
+
+/// Failures that stop at the lower rate were load: they stay undecided, and
+/// the hold climbs back until the back-off ends.
+#[tokio::test(start_paused = true)]
+async fn failures_that_stop_at_the_lower_rate_were_load() {
+    let backoff = Backoff::new(TIMEOUT);
+    carry(&backoff, 10, WARM_UP + 4).await;
+    burst_failing(&backoff, 30);
+    assert!(backoff.hold().is_some());
+    // Calm buckets: answered at the hold's rate.
+    let mut buckets = 0;
+    while backoff.hold().is_some() {
+        tokio::time::advance(BUCKET).await;
+        let now = Instant::now();
+        for _ in 0..100 {
+            if backoff.send(now).is_none() {
+                break;
+            }
+            backoff.answered(now);
+        }
+        buckets += 1;
+        assert!(buckets < 100, "never ended");
+    }
+    // From half of 10 a bucket to 20.5, at 1 a bucket (5% of 10, at least 1).
+    assert!((14..=18).contains(&buckets), "{buckets}");
+}
+
+/// Failures that go on once the gateway sends only the fraction, past the
+/// settling time, are the upstream's verdict; before it, load.
+#[tokio::test(start_paused = true)]
+async fn failures_that_go_on_once_backed_off_are_verdicts() {
+    let backoff = Backoff::new(TIMEOUT);
+    carry(&backoff, 10, WARM_UP + 4).await;
+    burst_failing(&backoff, 30);
+    let began = Instant::now();
+    let mut first_verdict = None;
+    for _ in 0..16 {
+        tokio::time::advance(BUCKET).await;
+        let now = Instant::now();
+        for _ in 0..100 {
+            let Some(sent) = backoff.send(now) else { break };
+            if backoff.failed(sent, now) == Judgement::Verdict && first_verdict.is_none() {
+                first_verdict = Some(now - began);
+            }
+        }
+    }
+    let at = first_verdict.expect("judged");
+    assert!(at >= settle(TIMEOUT), "{at:?}");
+    assert!(at <= settle(TIMEOUT) + BUCKET, "{at:?}");
+    // Still held to the fraction: failures do not let it climb.
+    assert!((backoff.hold().unwrap() - BETA * 40.0).abs() < 0.01);
+}
+
+/// A failure of a call sent while the hold climbed is load again, and cuts
+/// the hold back to the fraction with a new settling time.
+#[tokio::test(start_paused = true)]
+async fn a_failure_while_climbing_cuts_back_and_settles_again() {
+    let backoff = Backoff::new(TIMEOUT);
+    carry(&backoff, 10, WARM_UP + 4).await;
+    burst_failing(&backoff, 30);
+    for _ in 0..3 {
+        tokio::time::advance(BUCKET).await;
+        let now = Instant::now();
+        for _ in 0..100 {
+            if backoff.send(now).is_none() {
+                break;
+            }
+            backoff.answered(now);
+        }
+    }
+    assert!(backoff.hold().unwrap() > BETA * 40.0);
+    tokio::time::advance(settle(TIMEOUT)).await;
+    let now = Instant::now();
+    let sent = backoff.send(now).unwrap();
+    assert_eq!(
+        backoff.failed(sent, now),
+        Judgement::Load,
+        "sent while climbing"
+    );
+    assert!(
+        (backoff.hold().unwrap() - BETA * 40.0).abs() < 0.01,
+        "cut back"
+    );
+    // Sent at the fraction but before the new settling time: load.
+    tokio::time::advance(BUCKET).await;
+    let now = Instant::now();
+    let sent = backoff.send(now).unwrap();
+    assert_eq!(backoff.failed(sent, now), Judgement::Load);
+}
+
+/// A caller's own calls cannot make a failure a verdict sooner: however many
+/// it sends, nothing past the hold goes out, and before the settling time
+/// every failure is load.
+#[tokio::test(start_paused = true)]
+async fn a_callers_calls_cannot_hasten_a_verdict() {
+    let backoff = Backoff::new(TIMEOUT);
+    carry(&backoff, 10, WARM_UP + 4).await;
+    burst_failing(&backoff, 30);
+    let began = Instant::now();
+    while Instant::now() < began + settle(TIMEOUT) - Duration::from_millis(10) {
+        tokio::time::advance(Duration::from_millis(10)).await;
+        for judged in burst_failing(&backoff, 100).into_iter().flatten() {
+            assert_eq!(judged, Judgement::Load);
+        }
+    }
+}
+
+/// Sporadic failures (under the trigger's share) above the usual rate are
+/// load, but back nothing off.
+#[tokio::test(start_paused = true)]
+async fn sporadic_failures_above_the_usual_rate_back_nothing_off() {
+    let backoff = Backoff::new(TIMEOUT);
+    carry(&backoff, 10, WARM_UP + 4).await;
+    carry(&backoff, 30, 2).await;
+    let now = Instant::now();
+    for _ in 0..29 {
+        let _ = backoff.send(now).unwrap();
+        backoff.answered(now);
+    }
+    let sent = backoff.send(now).unwrap();
+    assert_eq!(backoff.failed(sent, now), Judgement::Load);
+    assert_eq!(backoff.hold(), None);
+}
+
+/// After two quiet minutes nothing of before counts.
+#[tokio::test(start_paused = true)]
+async fn a_long_quiet_spell_forgets_the_back_off() {
+    let backoff = Backoff::new(TIMEOUT);
+    carry(&backoff, 10, WARM_UP + 4).await;
+    burst_failing(&backoff, 30);
+    assert!(backoff.hold().is_some());
+    tokio::time::advance(BUCKET * 481).await;
+    assert!(backoff.send(Instant::now()).is_some());
+    assert_eq!(backoff.hold(), None);
+}
+
+#[test]
+fn settling_is_twice_the_timeout_and_at_least_a_second() {
+    assert_eq!(settle(Duration::from_millis(300)), Duration::from_secs(1));
+    assert_eq!(
+        settle(Duration::from_millis(800)),
+        Duration::from_millis(1600)
+    );
+}

@@ -1,0 +1,234 @@
+//! How a call ends, and everything that follows from it, in one table
+//! ([`Ending::row`]): the reason's code, verdict or undecided, what a breaker
+//! counts, whether the back-off judges it first, what the adaptive bound
+//! learns, and the label of `phones_gateway_upstream_requests_total{outcome}`.
+//! Every gate of a call reads its row here; a new way to end is one arm of
+//! one `match` (no wildcard), and `docs/rules.md`'s table ("Verdict or
+//! undecided") is held to [`table`] row by row by the docs test.
+
+use super::error::UpstreamError;
+use super::limit::End;
+use crate::domain::Failure;
+
+/// How one call ended.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Ending<'a> {
+    /// 200 with a body of the right shape.
+    Answered,
+    /// 404: no number.
+    NotFound,
+    Failed(&'a UpstreamError),
+}
+
+/// What a breaker makes of an ending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Health {
+    /// An answer the contract allows: the upstream is up.
+    Up,
+    /// A sign of ill health (a 5xx, a refused or reset connection, a timeout
+    /// in the upstream's own time): judged by the back-off first
+    /// (`backoff`), then counted as the upstream's verdict or as load.
+    Down,
+    /// Says nothing of the upstream's health: counted as nothing.
+    Silent,
+}
+
+/// Everything that follows from an ending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Row {
+    /// The reason's code; `None` for an answer.
+    pub(super) failure: Option<Failure>,
+    pub(super) health: Health,
+    /// What the adaptive bound learns.
+    pub(super) limit: End,
+    /// The `outcome` label.
+    pub(super) outcome: Outcome,
+}
+
+/// The `outcome` label of `phones_gateway_upstream_requests_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    Ok,
+    NotFound,
+    Timeout,
+    CircuitOpen,
+    HalfOpen,
+    Saturated,
+    SellerSaturated,
+    LoadRefused,
+    Load,
+    LostTime,
+    Local,
+    Error,
+}
+
+impl Outcome {
+    /// Every outcome, in label order: the counters are registered at start.
+    pub(super) const ALL: [Outcome; 12] = [
+        Outcome::Ok,
+        Outcome::NotFound,
+        Outcome::Timeout,
+        Outcome::CircuitOpen,
+        Outcome::HalfOpen,
+        Outcome::Saturated,
+        Outcome::SellerSaturated,
+        Outcome::LoadRefused,
+        Outcome::Load,
+        Outcome::LostTime,
+        Outcome::Local,
+        Outcome::Error,
+    ];
+
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::NotFound => "not_found",
+            Outcome::Timeout => "timeout",
+            Outcome::CircuitOpen => "circuit_open",
+            Outcome::HalfOpen => "half_open",
+            Outcome::Saturated => "saturated",
+            Outcome::SellerSaturated => "seller_saturated",
+            Outcome::LoadRefused => "load_refused",
+            Outcome::Load => "load",
+            Outcome::LostTime => "lost_time",
+            Outcome::Local => "local",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+impl<'a> Ending<'a> {
+    pub(super) fn of<T>(result: &'a Result<Option<T>, UpstreamError>) -> Self {
+        match result {
+            Ok(Some(_)) => Ending::Answered,
+            Ok(None) => Ending::NotFound,
+            Err(error) => Ending::Failed(error),
+        }
+    }
+
+    /// The table.
+    pub(super) fn row(self) -> Row {
+        use Health::{Down, Silent, Up};
+        use Outcome as O;
+        let row = |failure, health, limit, outcome| Row {
+            failure,
+            health,
+            limit,
+            outcome,
+        };
+        let error = match self {
+            Ending::Answered => return row(None, Up, End::Answered, O::Ok),
+            Ending::NotFound => return row(None, Up, End::Answered, O::NotFound),
+            Ending::Failed(error) => error,
+        };
+        let failed = |failure, health, limit, outcome| row(Some(failure), health, limit, outcome);
+        match error {
+            UpstreamError::Timeout => failed(Failure::Timeout, Down, End::Unknown, O::Timeout),
+            UpstreamError::Connect(_) => failed(Failure::Connect, Down, End::Unknown, O::Error),
+            UpstreamError::Status(status) if (500..=599).contains(status) => {
+                failed(Failure::ErrorStatus, Down, End::Answered, O::Error)
+            }
+            UpstreamError::Status(status) if is_rejection(*status) => {
+                failed(Failure::Rejected, Silent, End::Answered, O::Error)
+            }
+            UpstreamError::Status(_) => {
+                failed(Failure::ErrorStatus, Silent, End::Answered, O::Error)
+            }
+            UpstreamError::Decode(_) => failed(Failure::Invalid, Silent, End::Answered, O::Error),
+            UpstreamError::CircuitOpen => {
+                failed(Failure::CircuitOpen, Silent, End::Unknown, O::CircuitOpen)
+            }
+            UpstreamError::HalfOpen => failed(Failure::HalfOpen, Silent, End::Unknown, O::HalfOpen),
+            UpstreamError::LoadRefused(_) => failed(
+                Failure::LoadRefused,
+                Silent,
+                End::LoadRefused,
+                O::LoadRefused,
+            ),
+            UpstreamError::Load => failed(Failure::Load, Silent, End::LoadRefused, O::Load),
+            UpstreamError::Saturated | UpstreamError::BackingOff => {
+                failed(Failure::Bound, Silent, End::Unknown, O::Saturated)
+            }
+            UpstreamError::SellerSaturated => {
+                failed(Failure::Bound, Silent, End::Unknown, O::SellerSaturated)
+            }
+            UpstreamError::LostTime => failed(Failure::LostTime, Silent, End::Unknown, O::LostTime),
+            UpstreamError::LocalTimeout | UpstreamError::Local(_) | UpstreamError::Request => {
+                failed(Failure::Gateway, Silent, End::Unknown, O::Local)
+            }
+            UpstreamError::Panicked | UpstreamError::Cancelled => {
+                failed(Failure::Gateway, Silent, End::Unknown, O::Error)
+            }
+        }
+    }
+}
+
+/// A 4xx other than 404 (an answer) and 429 (a load refusal): the upstream's
+/// word on that one request, not on its health.
+fn is_rejection(status: u16) -> bool {
+    (400..=499).contains(&status) && status != 404 && status != 429
+}
+
+/// One line of the table as `docs/rules.md` writes it: the error's kind, its
+/// code, class, whether a breaker counts it, what the bound learns, the
+/// outcome label.
+pub type Line = [&'static str; 6];
+
+/// The table's lines for an ending of each kind (a 5xx and a 4xx standing for
+/// their statuses), as the docs test reads them.
+pub fn table() -> Vec<Line> {
+    let errors = [
+        UpstreamError::Timeout,
+        UpstreamError::Connect(String::new()),
+        UpstreamError::Status(500),
+        UpstreamError::Status(422),
+        UpstreamError::Status(302),
+        UpstreamError::Decode(""),
+        UpstreamError::CircuitOpen,
+        UpstreamError::HalfOpen,
+        UpstreamError::LoadRefused(429),
+        UpstreamError::Load,
+        UpstreamError::LostTime,
+        UpstreamError::Local(String::new()),
+        UpstreamError::LocalTimeout,
+        UpstreamError::Request,
+        UpstreamError::Saturated,
+        UpstreamError::BackingOff,
+        UpstreamError::SellerSaturated,
+        UpstreamError::Panicked,
+        UpstreamError::Cancelled,
+    ];
+    errors
+        .iter()
+        .map(|error| {
+            let row = Ending::Failed(error).row();
+            let failure = row.failure.unwrap_or(Failure::Gateway);
+            let kind = match error {
+                UpstreamError::Status(500) => "status 5xx",
+                UpstreamError::Status(422) => "status 4xx",
+                UpstreamError::Status(_) => "status other",
+                other => other.kind(),
+            };
+            [
+                kind,
+                failure.as_str(),
+                if failure.is_verdict() {
+                    "verdict"
+                } else {
+                    "undecided"
+                },
+                match row.health {
+                    Health::Down => "counts, once judged",
+                    Health::Up => "counts",
+                    Health::Silent => "not counted",
+                },
+                match row.limit {
+                    End::Answered => "an answer",
+                    End::LoadRefused => "a cut",
+                    End::Unknown => "nothing",
+                },
+                row.outcome.as_str(),
+            ]
+        })
+        .collect()
+}

@@ -1,0 +1,230 @@
+//! The timer of a call, judged on the time the upstream had (docs/rules.md,
+//! "Whose time"). When it fires, the connection gets its turn first: what
+//! the upstream already sent is read. Then the time the gateway lost since
+//! the call began (`lost`: its probe's total with the pending gap, or the
+//! timer's own lateness, whichever is more, plus the call's wait inside the
+//! gateway before the upstream was asked) is given back in full, as often as
+//! it is lost, up to [`GIVEN_BACK`] times the timeout in all. A call that
+//! had its whole timeout of the gateway's running time (less the tolerance,
+//! `upstreams.lost_time_tolerance_ms`) timed out: the upstream's verdict,
+//! however throttled the replica. One whose bound came first is
+//! [`UpstreamError::LostTime`]: undecided.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::error::UpstreamError;
+use super::lost::{LostTime, lateness};
+use super::pool::Phase;
+
+/// The most time given back to a call, in timeouts: a call runs at most
+/// (1 + this) x its timeout of wall time. At 3, a replica losing up to three
+/// quarters of its time still judges its calls.
+pub(super) const GIVEN_BACK: u32 = 3;
+
+/// Yields this often when the timer fires before judging it, so the
+/// connection's task reads what is in its socket and hands the answer over.
+const TURNS: usize = 3;
+
+/// `call`, sent at `sent`, bounded by `timeout` of the upstream's time.
+pub(super) async fn timed<T>(
+    lost: &LostTime,
+    timeout: Duration,
+    call: impl Future<Output = Result<T, UpstreamError>>,
+    phase: &Phase,
+    sent: Instant,
+) -> Result<T, UpstreamError> {
+    let mark = lost.mark();
+    let bound = sent + timeout * (1 + GIVEN_BACK);
+    let mut due = sent + timeout;
+    tokio::pin!(call);
+    loop {
+        tokio::select! {
+            // The answer first: after a pause it may be ready together with
+            // the timer.
+            biased;
+            result = &mut call => return result,
+            () = tokio::time::sleep_until(due) => {}
+        }
+        // The connection's turn, before the timer is judged.
+        for _ in 0..TURNS {
+            tokio::select! {
+                biased;
+                result = &mut call => return result,
+                () = tokio::task::yield_now() => {}
+            }
+        }
+        if !phase.asked() {
+            return Err(UpstreamError::LocalTimeout);
+        }
+        let now = Instant::now();
+        let lost_now = lost.since(mark).max(lateness(due, now)) + phase.waited();
+        let had = now.saturating_duration_since(sent).saturating_sub(lost_now);
+        if had + lost.tolerance() >= timeout {
+            return Err(UpstreamError::Timeout);
+        }
+        due = now + (timeout - had);
+        if due > bound {
+            return Err(UpstreamError::LostTime);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_millis(300);
+    const TOLERANCE: Duration = Duration::from_millis(30);
+
+    fn lost() -> LostTime {
+        LostTime::new(TOLERANCE, super::super::lost::PROBE_PERIOD)
+    }
+
+    fn asked() -> Phase {
+        let phase = Phase::default();
+        phase.set_asked(Duration::ZERO);
+        phase
+    }
+
+    /// The probe, as the runtime runs it, on a process stopped for `stop`
+    /// once every `every` wakes.
+    async fn probe(lost: std::sync::Arc<LostTime>, every: u32, stop: Duration) {
+        let period = super::super::lost::PROBE_PERIOD;
+        for wake in 1.. {
+            let due = Instant::now() + period;
+            let until = if wake % every == 0 { due + stop } else { due };
+            tokio::time::sleep_until(until).await;
+            let now = Instant::now();
+            lost.woke(now, lateness(due, now));
+        }
+    }
+
+    /// A call that never answers, with the gateway losing `stall` of time
+    /// at `at` after the call began (the probe not running meanwhile).
+    async fn never_answered(
+        lost: &LostTime,
+        phase: &Phase,
+    ) -> (Result<(), UpstreamError>, Duration) {
+        let began = Instant::now();
+        let result = timed(lost, TIMEOUT, std::future::pending(), phase, began).await;
+        (result, began.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_in_time_is_taken() {
+        let lost = lost();
+        let call = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok(7)
+        };
+        assert_eq!(
+            timed(&lost, TIMEOUT, call, &asked(), Instant::now()).await,
+            Ok(7)
+        );
+    }
+
+    /// With no time lost, the timeout is the upstream's at its due time.
+    #[tokio::test(start_paused = true)]
+    async fn with_no_time_lost_the_timeout_is_the_upstreams() {
+        let lost = lost();
+        let (result, took) = never_answered(&lost, &asked()).await;
+        assert_eq!(result, Err(UpstreamError::Timeout));
+        assert_eq!(took, TIMEOUT);
+    }
+
+    /// Not asked yet at the timeout: the gateway's own phase.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_not_yet_asked_times_out_locally() {
+        let lost = lost();
+        let (result, _) = never_answered(&lost, &Phase::default()).await;
+        assert_eq!(result, Err(UpstreamError::LocalTimeout));
+    }
+
+    /// An answer that arrived during a stall covering the due time is read
+    /// before the timer is judged: the connection gets its turn.
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_ready_with_the_timer_is_taken() {
+        let lost = lost();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let began = Instant::now();
+        // The answer is handed over by another task once it runs, as the
+        // connection's task does.
+        tokio::spawn(async move {
+            tokio::time::sleep_until(began + TIMEOUT).await;
+            let _ = tx.send(());
+        });
+        let call = async { rx.await.map(|()| 1).map_err(|_| UpstreamError::Cancelled) };
+        assert_eq!(timed(&lost, TIMEOUT, call, &asked(), began).await, Ok(1));
+    }
+
+    /// A stall that ends just after the due time, seen before the probe has
+    /// run again: the time is given back, and the call waits for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_over_the_due_time_is_given_back_before_the_probe_runs() {
+        let lost = lost();
+        lost.woke(Instant::now(), Duration::ZERO);
+        let began = Instant::now();
+        let phase = asked();
+        let answered_at = began + Duration::from_millis(420);
+        let call = async move {
+            tokio::time::sleep_until(answered_at).await;
+            Ok(())
+        };
+        // The probe last woke at the start: the 320 ms since count as lost
+        // (beyond its period) when the timer fires at 300 ms.
+        let judged = timed(&lost, TIMEOUT, call, &phase, began).await;
+        assert_eq!(judged, Ok(()), "the time lost was not given back");
+    }
+
+    /// Time lost again and again is given back each time, and a call that
+    /// then had its whole timeout of running time timed out: the upstream's
+    /// verdict, however throttled.
+    #[tokio::test(start_paused = true)]
+    async fn a_throttled_call_that_had_its_whole_timeout_is_judged() {
+        let lost = std::sync::Arc::new(lost());
+        let feeder = lost.clone();
+        // The process stopped 40 ms of every 100 ms.
+        let probe = tokio::spawn(probe(feeder, 20, Duration::from_millis(40)));
+        let (result, took) = never_answered(&lost, &asked()).await;
+        probe.abort();
+        assert_eq!(result, Err(UpstreamError::Timeout));
+        // A quarter of the time lost, given back: about 380 ms of wall time.
+        assert!(took > TIMEOUT + Duration::from_millis(60), "{took:?}");
+        assert!(took < TIMEOUT * (1 + GIVEN_BACK), "{took:?}");
+    }
+
+    /// A call losing more than it can be given back within its bound is
+    /// undecided.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_keeps_losing_beyond_its_bound_is_lost_time() {
+        let lost = std::sync::Arc::new(lost());
+        let feeder = lost.clone();
+        // Stopped 45 ms of every 50 ms.
+        let probe = tokio::spawn(probe(feeder, 1, Duration::from_millis(45)));
+        let (result, took) = never_answered(&lost, &asked()).await;
+        probe.abort();
+        assert_eq!(result, Err(UpstreamError::LostTime));
+        assert!(
+            took <= TIMEOUT * (1 + GIVEN_BACK) + Duration::from_millis(10),
+            "{took:?}"
+        );
+    }
+
+    /// The wait before the upstream was asked (a host lookup) is the
+    /// gateway's own, given back too.
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_before_asking_is_given_back() {
+        let lost = lost();
+        let phase = Phase::default();
+        phase.set_asked(Duration::from_millis(100));
+        let began = Instant::now();
+        let call = async move {
+            tokio::time::sleep_until(began + Duration::from_millis(350)).await;
+            Ok(())
+        };
+        assert_eq!(timed(&lost, TIMEOUT, call, &phase, began).await, Ok(()));
+    }
+}
