@@ -43,8 +43,9 @@
 //!   stale-if-error, refresh ahead, invalidation by seller in O(1) (which
 //!   [`status`] calls); and the three of a replica together.
 //! - [`upstream`]: typed calls to the three upstreams (and the status feed) over
-//!   a keep-alive pool of our own per upstream, with a breaker and bounds on
-//!   calls in flight, per upstream and per seller.
+//!   a keep-alive pool of our own per upstream; each call meets its gates in
+//!   order (the seller's place, the breaker, the adaptive bound, the back-off,
+//!   the timer), and one table says what follows from how it ended.
 //! - [`status`]: the in-memory call-tracking status set, its write path, the
 //!   replica sync loop and the status-feed puller; and cache invalidation by
 //!   seller, which travels the same change log (it imports [`cache`]).

@@ -98,6 +98,8 @@ pub struct Fake {
     /// When set, the most lookups served at once: past it a lookup waits its
     /// turn (first come, first served), as an upstream with a queue does.
     queue: Arc<Mutex<Option<Arc<tokio::sync::Semaphore>>>>,
+    /// Lookups that found the queue full and waited their turn.
+    queued: Arc<AtomicUsize>,
     /// Replies for call-tracking lookups of phones whose digits start with a
     /// prefix, over the seller's and the behaviour's reply.
     for_phones: Arc<Mutex<Vec<(String, Reply)>>>,
@@ -157,6 +159,7 @@ impl Fake {
             refused: Arc::new(AtomicUsize::new(0)),
             per_seller: Arc::new(Mutex::new(HashMap::new())),
             queue: Arc::new(Mutex::new(None)),
+            queued: Arc::new(AtomicUsize::new(0)),
             for_phones: Arc::new(Mutex::new(Vec::new())),
         };
         let router = Router::new().fallback(answer).with_state(fake.clone());
@@ -177,6 +180,11 @@ impl Fake {
             .lock()
             .unwrap()
             .push((prefix.to_owned(), reply));
+    }
+
+    /// Lookups that waited in the queue (`queue`) for their turn.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
     }
 
     /// Lookups answered 429 because the capacity was reached.
@@ -462,7 +470,13 @@ async fn answer(State(fake): State<Fake>, request: Request) -> Response {
     };
     let queue = fake.queue.lock().unwrap().clone();
     let _served = match queue {
-        Some(queue) => queue.acquire_owned().await.ok(),
+        Some(queue) => match queue.clone().try_acquire_owned() {
+            Ok(place) => Some(place),
+            Err(_) => {
+                fake.queued.fetch_add(1, Ordering::SeqCst);
+                queue.acquire_owned().await.ok()
+            }
+        },
         None => None,
     };
     let Behaviour { mut reply, delay } = fake.behaviour.lock().unwrap().clone();
