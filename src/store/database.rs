@@ -144,7 +144,7 @@ impl Database {
     /// pending, one at a time and each to its end (a migration's time grows
     /// with the data it rewrites), saying in [`Database::migrations`] and
     /// the log which one runs and for how long; what does not grow with the
-    /// data is bounded (see [`super::migrations`]).
+    /// data is bounded (see `store::migrations`).
     ///
     /// # Errors
     /// The database is unreachable or stopped answering, or a migration
