@@ -192,6 +192,7 @@ impl App {
             caches: parts.caches.clone(),
             tokens: tokens.clone(),
             shutting_down: shutting_down.clone(),
+            migrations: database.migrations().clone(),
             metrics,
             reveals: parts.reveals.clone(),
             reveal_store: reveal_store.clone(),
@@ -579,6 +580,9 @@ async fn load(
         }
         let result = async {
             if migrate_on_start {
+                // To the end, however long (each step that does not grow
+                // with the data is bounded): `/readyz` says which migration
+                // runs meanwhile.
                 database.migrate().await?;
             }
             status.load().await
@@ -599,9 +603,9 @@ async fn load(
             }
         }
         tokio::time::sleep(delay).await;
-        // At most 2 s: with the migrations' and the pooler check's bounds, a
-        // start against a silent database is ready within 10 s of it
-        // answering (`MIGRATION_BOUND`).
+        // At most 2 s: with the bounds of the migrations' set-up and of the
+        // pooler check, a start against a silent database is ready within
+        // 10 s of it answering (`MIGRATION_BOUND`), a long migration apart.
         delay = (delay * 2).min(START_RETRY_MAX);
     }
 }

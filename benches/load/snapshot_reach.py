@@ -19,7 +19,11 @@ and pg_ctl, as `postgres` when run as root).
 
     benches/load/snapshot_reach.py [--bin target/release/phones-gateway]
         [--ids 1000000 10000000] [--only sqlite|postgres] [--limit 400]
-        [--set database.statement_timeout_ms=600000 ...]
+        [--reach 10] [--set database.statement_timeout_ms=600000 ...]
+
+Exits 1 unless every snapshot was answered 200, seen whole on the answering
+replica at the 2xx and on every replica within --reach seconds of it (SPEC
+sections 3 and 7), with the default configuration unless --set says else.
 
 Build the binary first (`cargo build --release`); to compare two builds, run
 the script once with each `--bin`, one after the other.
@@ -217,7 +221,26 @@ def report(kind, size, label, run):
         print(f"    answer: {run['answer']}", flush=True)
 
 
-def measure(kind, binary, size, limit, base, extra_env):
+FAILED = []
+
+
+def check(kind, size, label, run, reach):
+    """SPEC sections 3 and 7: answered 2xx, seen whole on the answering
+    replica at the 2xx, and on every replica within `reach` seconds of it."""
+    what = f"{kind} {size:,} ids {label}"
+    if run["status"] != 200:
+        FAILED.append(f"{what}: answered {run['status']}")
+        return
+    if not run["at_answer"]:
+        FAILED.append(f"{what}: not seen on the answering replica at the 2xx")
+    for name, (on, off) in zip("AB", run["seen"]):
+        for s in (on, off):
+            if s is None or s - run["answered"] > reach:
+                FAILED.append(f"{what}: replica {name} not within {reach} s of the 2xx")
+                break
+
+
+def measure(kind, binary, size, limit, reach, base, extra_env):
     pg = Postgres(base) if kind == "postgres" else None
     url = pg.url if pg else f"sqlite://{base}/gw.db?mode=rwc"
     gateways = []
@@ -236,9 +259,11 @@ def measure(kind, binary, size, limit, base, extra_env):
                 time.sleep(0.05)
         first = one_snapshot(a, others, 1, 0, size, 1, limit)
         report(kind, size, "into an empty set", first)
+        check(kind, size, "into an empty set", first, reach)
         if first["status"] == 200:
-            report(kind, size, "over a full set",
-                   one_snapshot(a, others, 2, size // 2, size, next(sellers(0, 1)), limit))
+            second = one_snapshot(a, others, 2, size // 2, size, next(sellers(0, 1)), limit)
+            report(kind, size, "over a full set", second)
+            check(kind, size, "over a full set", second, reach)
         for g, name in zip(gateways, "AB"):
             for line in g.warnings():
                 print(f"    {name} logged: {line[:300]}", flush=True)
@@ -261,6 +286,10 @@ def main():
     parser.add_argument("--only", choices=["sqlite", "postgres"])
     parser.add_argument("--limit", type=float, default=400,
                         help="seconds to wait for an answer and for each replica")
+    parser.add_argument("--reach", type=float, default=10,
+                        help="seconds after the 2xx within which every replica must see it "
+                             "(SPEC section 7); the script exits 1 past it, or on an answer "
+                             "other than 200")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a configuration override for every gateway, e.g. "
                              "database.statement_timeout_ms=600000")
@@ -281,8 +310,11 @@ def main():
             with tempfile.TemporaryDirectory(prefix="snapshot-reach-") as base:
                 if ROOT_USER:
                     os.chmod(base, 0o755)
-                measure(kind, args.bin, size, args.limit, base, extra_env)
+                measure(kind, args.bin, size, args.limit, args.reach, base, extra_env)
             print(f"    load average after: {load_line()}", flush=True)
+    for failure in FAILED:
+        print(f"FAILED: {failure}", flush=True)
+    return 1 if FAILED else 0
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ use super::budgets::BudgetStore;
 use super::error::StoreError;
 use super::hints::ChangeHints;
 use super::leadership::Leadership;
+use super::migrations::{self, Migrations};
 use super::pool::{ACQUIRE_TIMEOUT, Backend, Bounds, Pg, Sqlite, target};
 use super::reveals::RevealStore;
 use super::status::StatusStore;
@@ -29,6 +30,8 @@ pub struct Database {
     /// SQLite only: the reveal log's writer, a connection of its own (see
     /// [`connect_sqlite_log_writer`]).
     log_writer: Option<sqlx::SqlitePool>,
+    /// The migration that runs now (see [`Database::migrate`]).
+    migrations: Migrations,
 }
 
 impl Database {
@@ -97,6 +100,7 @@ impl Database {
         Ok(Database {
             backend,
             log_writer,
+            migrations: Migrations::default(),
         })
     }
 
@@ -136,84 +140,49 @@ impl Database {
         }
     }
 
-    /// Applies the embedded migrations of this database kind, the whole run
-    /// given up on the client after [`MIGRATION_BOUND`] (a database that went
-    /// silent on an open connection), so that the start retries it rather
-    /// than waiting for ever.
+    /// Applies the embedded migrations of this database kind that are
+    /// pending, one at a time and each to its end (a migration's time grows
+    /// with the data it rewrites), saying in [`Database::migrations`] and
+    /// the log which one runs and for how long; what does not grow with the
+    /// data is bounded (see `store::migrations`).
     ///
     /// # Errors
-    /// The database is unreachable, did not answer in time, or a migration
+    /// The database is unreachable or stopped answering, or a migration
     /// failed.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.migrate_within(Some(MIGRATION_BOUND)).await
+        match &self.backend {
+            Backend::Sqlite(sqlite) => {
+                let migrator = sqlx::migrate!("migrations/sqlite");
+                migrations::run_sqlite(&sqlite.pool, &migrator, &self.migrations).await?;
+            }
+            Backend::Postgres(pg) => {
+                let migrator = sqlx::migrate!("migrations/postgres");
+                migrations::run_postgres(pg, &migrator, &self.migrations).await?;
+            }
+        }
+        Ok(())
     }
 
-    /// As [`Database::migrate`], within `bound` on the client (`None`: only
-    /// the connection and the server's lock bound; for `phones-gateway
-    /// migrate`, run by hand or as a Job, where a migration that rightly
-    /// takes longer, an index built on a large table, must not be cut off).
+    /// As [`Database::migrate`], the whole run given up on the client after
+    /// `bound` when one is given (`None`: as [`Database::migrate`]).
     ///
     /// # Errors
-    /// As [`Database::migrate`].
+    /// As [`Database::migrate`], or the bound ran out.
     pub async fn migrate_within(&self, bound: Option<Duration>) -> Result<(), StoreError> {
-        let run = self.migrate_unbounded();
         let Some(bound) = bound else {
-            return run.await;
+            return self.migrate().await;
         };
-        let started = tokio::time::Instant::now();
-        let result = tokio::time::timeout(bound, run)
+        tokio::time::timeout(bound, self.migrate())
             .await
             .unwrap_or(Err(StoreError::TimedOut {
                 operation: "the migrations",
                 bound,
-            }));
-        metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => "migrate")
-            .record(started.elapsed().as_secs_f64());
-        result
+            }))
     }
 
-    async fn migrate_unbounded(&self) -> Result<(), StoreError> {
-        match &self.backend {
-            Backend::Sqlite(sqlite) => {
-                sqlx::migrate!("migrations/sqlite")
-                    .run(&sqlite.pool)
-                    .await?
-            }
-            // On a connection of its own to PostgreSQL itself: the migrator's
-            // session lock means nothing through a transaction-mode pooler.
-            // A connection, not a pool: its error names the cause (a pool's
-            // says only that it timed out).
-            Backend::Postgres(pg) => {
-                let connect = <sqlx::PgConnection as sqlx::Connection>::connect_with(&pg.direct);
-                let mut direct = match tokio::time::timeout(ACQUIRE_TIMEOUT, connect).await {
-                    Ok(connected) => connected.map_err(|error| StoreError::Unreachable {
-                        target: target(&pg.direct),
-                        cause: error.to_string(),
-                    })?,
-                    Err(_) => {
-                        return Err(StoreError::Unreachable {
-                            target: target(&pg.direct),
-                            cause: format!("no answer within {ACQUIRE_TIMEOUT:?}"),
-                        });
-                    }
-                };
-                // Lock waits bounded like every other call's: a migration
-                // stuck behind another session's lock fails, and the load
-                // retries it. No statement timeout on the server: the client
-                // bounds the whole run ([`MIGRATION_BOUND`]) at start, and
-                // `phones-gateway migrate` lets a long one finish.
-                let bound = format!("SET lock_timeout = {}", pg.bounds.lock.as_millis());
-                sqlx::Executor::execute(&mut direct, bound.as_str()).await?;
-                // `run_direct`, sqlx's own way around `run`'s "Acquire is not
-                // general enough" in a spawned task; it takes the same lock.
-                let result = sqlx::migrate!("migrations/postgres")
-                    .run_direct(&mut direct)
-                    .await;
-                let _ = sqlx::Connection::close(direct).await;
-                result?;
-            }
-        }
-        Ok(())
+    /// The migration that runs now, if one does (for `/readyz`).
+    pub fn migrations(&self) -> &Migrations {
+        &self.migrations
     }
 
     /// Whether the connection this database uses for sessions (`direct_url`,
@@ -401,16 +370,6 @@ pub fn keeps_sessions(
 /// start's retry pause and the other start-up calls, a start that met a
 /// silent database is ready within 10 s of it answering (SPEC section 7).
 pub const PROBE_BOUND: Duration = Duration::from_secs(6);
-
-/// The client's bound on the migrations run at start, whole: the connection
-/// ([`ACQUIRE_TIMEOUT`] of it), the migrator's lock and checks, and what is
-/// pending. The largest today is milliseconds (all of them on an empty
-/// database: see docs/status-sync.md, "Every call and its bound"), so 5 s
-/// leaves room for a loaded database, and with the start's retry pause (at
-/// most 2 s) a replica that met a silent database is ready within 10 s of it
-/// answering. A migration that may rightly take longer goes through
-/// `phones-gateway migrate`, which does not cut it off.
-pub const MIGRATION_BOUND: Duration = Duration::from_secs(5);
 
 async fn probe_sessions(options: &PgConnectOptions) -> Result<bool, StoreError> {
     use sqlx::Connection as _;

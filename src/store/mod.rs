@@ -38,15 +38,17 @@ mod error;
 pub mod faults;
 mod hints;
 mod leadership;
+mod migrations;
 mod pool;
 mod reveals;
 mod status;
 
 pub use budgets::{BudgetStore, BudgetStoreError, Pruned, Spend, Total};
-pub use database::{Database, MIGRATION_BOUND, PROBE_BOUND, keeps_sessions};
+pub use database::{Database, PROBE_BOUND, keeps_sessions};
 pub use error::StoreError;
 pub use hints::ChangeHints;
 pub use leadership::{Fence, Leader, Leadership};
+pub use migrations::{MIGRATION_BOUND, Migrations, migration_lock_key};
 pub use pool::{ACQUIRE_TIMEOUT, Bounds};
 pub use reveals::{RevealStore, RevealStoreError};
 pub use status::{

@@ -76,8 +76,8 @@ impl Bounds {
     /// large statements in one write transaction: the wait for the write lock
     /// (`lock`, the busy timeout), then the index, the update, the insert and
     /// the commit, each within a statement's bound, and a second. PostgreSQL
-    /// bounds each of those statements on the server, and its finish by
-    /// [`Bounds::call`]; SQLite has no statement timeout, and a 10,000,000-id
+    /// bounds each of its statements on the server, and each batch of its
+    /// finish by [`Bounds::call`]; SQLite has no statement timeout, and a 10,000,000-id
     /// snapshot over a full set spends tens of seconds of CPU in each of the
     /// update and the insert (docs/status-sync.md, "Every call and its bound").
     pub fn sqlite_finish(&self) -> Duration {
@@ -224,7 +224,8 @@ impl Backend {
         self.bounded(operation, self.call_bound(), f).await
     }
 
-    /// The client's bound on a snapshot's finish: [`Bounds::call`] on
+    /// The client's bound on a snapshot's finish (on PostgreSQL, on what
+    /// comes before it: its batches are bounded each): [`Bounds::call`] on
     /// PostgreSQL, [`Bounds::sqlite_finish`] on SQLite.
     pub(super) fn finish_bound(&self) -> Duration {
         match self {
@@ -279,6 +280,26 @@ impl Backend {
             }
             other => other,
         }
+    }
+
+    /// Runs a call whose every statement is bounded by itself (a PostgreSQL
+    /// snapshot's finish, in batches whose number grows with the snapshot:
+    /// see `status::postgres::SNAPSHOT_BATCH`), timed for the operation
+    /// histogram; no bound of the whole.
+    #[allow(
+        clippy::disallowed_types,
+        reason = "a duration metric: wall time, also under a paused test clock"
+    )]
+    pub(super) async fn stepped<T>(
+        &self,
+        operation: &'static str,
+        f: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let start = std::time::Instant::now();
+        let out = f.await;
+        metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => operation)
+            .record(start.elapsed().as_secs_f64());
+        out
     }
 
     /// Why no pooled connection could be had. With connections in the pool,

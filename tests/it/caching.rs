@@ -2,7 +2,7 @@
 //! upstream call for concurrent cold requests), stale-if-error, eviction at
 //! capacity, and invalidation: of every cache of a seller, of fetches in flight,
 //! and across the fleet (one replica's invalidation reaches the others, by
-//! notification or by the poll; a flip of call tracking drops forwarding numbers
+//! notification or by the poll, also when its notification was lost; a flip of call tracking drops forwarding numbers
 //! everywhere; with the database down it answers 503 and drops locally).
 
 use std::time::{Duration, Instant};
@@ -383,6 +383,90 @@ async fn without_listen_an_invalidation_reaches_the_other_replica_by_the_poll() 
     // The poll's interval, plus a round of slack for two busy cores.
     let took = invalidation_on_a_reaches_b(overlay, Duration::from_millis(900)).await;
     eprintln!("invalidation seen on the other replica after {took:?} (poll)");
+}
+
+/// Replicas A and B on PostgreSQL, B listening, with seller 5's old number
+/// cached on B; its upstream has the new one.
+async fn b_caching_an_old_number(url: &str, overlay: &str) -> (TestApp, TestApp) {
+    let a = TestApp::spawn_on(Some(url), overlay).await;
+    let b = TestApp::spawn_on(Some(url), overlay).await;
+    b.real.reply(Reply::Phone(REAL));
+    b.phone(5, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    b.real.reply(Reply::Phone(NEW_REAL));
+    b.phone(5, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    (a, b)
+}
+
+/// docs/caching.md, "Invalidation": a notification is a hint, the change log
+/// is the record. An invalidation whose NOTIFY never reaches B (recorded in
+/// the change log as the store records one, in the writers' turn with the
+/// next change sequence value, but with no notification, as if it were lost
+/// in transit; B's listener stays up and hears nothing) still drops B's
+/// numbers of the seller: B's periodic catch-up (`database.sync_interval_ms`)
+/// reads it.
+#[tokio::test]
+async fn an_invalidation_whose_notification_is_lost_reaches_the_other_replica_by_its_sync() {
+    let db = pg::or_skip!(pg::database().await);
+    let overlay = "[database]\nsync_interval_ms = 300\n";
+    let (_a, b) = b_caching_an_old_number(&db.url, overlay).await;
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    let listening: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(listening, 2, "both replicas listen");
+    let sent = Instant::now();
+    sqlx::raw_sql(
+        "BEGIN; \
+         SELECT pg_advisory_xact_lock(x'6374737461747573'::bigint); \
+         INSERT INTO cache_invalidations (change_seq, user_id) \
+         VALUES (nextval('calltracking_change_seq'), 5); \
+         COMMIT;",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    // The poll's interval, plus a round of slack for two busy cores.
+    answers(&b, 5, NEW_REAL, Duration::from_millis(900)).await;
+    eprintln!(
+        "an invalidation without its notification seen on the other replica after {:?}",
+        sent.elapsed()
+    );
+}
+
+/// The same with B's listener connection killed just before the invalidation
+/// on A (`pg_terminate_backend`): the notification is sent while B is not
+/// listening and is lost; B drops the seller's numbers all the same, within
+/// its sync interval and a reconnection.
+#[tokio::test]
+async fn an_invalidation_sent_while_the_listener_is_down_reaches_the_other_replica() {
+    let db = pg::or_skip!(pg::database().await);
+    let overlay = "[database]\nsync_interval_ms = 300\n";
+    let (a, b) = b_caching_an_old_number(&db.url, overlay).await;
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%'",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(killed, [true, true], "both replicas' listeners killed");
+    let sent = Instant::now();
+    a.invalidate(&[5]).await;
+    answers(&b, 5, NEW_REAL, Duration::from_millis(900)).await;
+    eprintln!(
+        "an invalidation sent while the listeners were down seen on the other replica after {:?}",
+        sent.elapsed()
+    );
 }
 
 #[tokio::test]

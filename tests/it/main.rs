@@ -11,7 +11,8 @@
 //! `api_contract` (docs/api.md and docs/errors.md), `budgets`, `overload`,
 //! `tracing`, `operations` (configuration, runbook, privacy), `adaptive`
 //! (docs/adaptive-limit.md), `campaign` (what can go wrong at once, for over a
-//! minute). The harness is in `support/`.
+//! minute), `upgrade` (docs/operations.md, "Migrations at start"). The
+//! harness is in `support/`.
 
 #![allow(clippy::unwrap_used)]
 // A test binary exports nothing (`pub` only shares helpers between its
@@ -38,6 +39,7 @@ mod status_bounds;
 mod status_sync;
 mod support;
 mod tracing;
+mod upgrade;
 mod verdicts;
 
 /// Every admin token value the tests configure: the privacy scanner fails a

@@ -243,7 +243,8 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Ready once the status set is loaded (and, with viewer budgets on, the
+/// Ready once the status set is loaded (after the start's migrations, which
+/// the 503's detail names while one runs; and, with viewer budgets on, the
 /// refusals in force), and no longer once shutdown has begun.
 #[utoipa::path(get, path = routes::READYZ, tag = "operations",
     responses(
@@ -258,10 +259,18 @@ pub async fn readyz(State(state): State<AdminState>) -> Response {
         .into_response();
     }
     if !state.status.is_loaded() {
-        return ApiError::Unavailable {
+        let unavailable = ApiError::Unavailable {
             detail: "the call-tracking status set is not loaded yet",
-        }
-        .into_response();
+        };
+        // A migration under way says which, and for how long.
+        let Some(migrating) = state.migrations.describe() else {
+            return unavailable.into_response();
+        };
+        let mut problem = unavailable.problem();
+        problem.detail = format!("migrating the database: {migrating}");
+        let mut response = unavailable.into_response();
+        *response.body_mut() = serde_json::to_vec(&problem).unwrap_or_default().into();
+        return response;
     }
     if state.budgets.as_ref().is_some_and(|b| !b.is_primed()) {
         return ApiError::Unavailable {

@@ -67,6 +67,8 @@ pub struct AdminState {
     /// Set when shutdown begins: `/readyz` then answers 503, so the load
     /// balancer stops sending traffic before the listeners close.
     pub shutting_down: Arc<AtomicBool>,
+    /// The migration the start runs, if one does: `/readyz` names it.
+    pub migrations: crate::store::Migrations,
     /// The Prometheus recorder's renderer: `/metrics` renders it, then appends
     /// the request-duration histogram (`durations`), kept apart from the
     /// recorder.

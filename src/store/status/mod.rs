@@ -325,7 +325,9 @@ impl SnapshotLoad {
     /// its write lock): every change before the snapshot's is stored, and
     /// none after it. The caller may read the change log meanwhile, on
     /// another connection. This, what the caller does before finishing, and
-    /// the finish share the finish's bound ([`PreparedSnapshot::deadline`]).
+    /// the finish share the finish's bound ([`PreparedSnapshot::deadline`]);
+    /// on PostgreSQL the finish's batches are bounded each, not by it (see
+    /// [`PreparedSnapshot::finish`]).
     ///
     /// # Errors
     /// The database failed; nothing was applied.
@@ -381,7 +383,8 @@ impl PreparedSnapshot {
         self.seq
     }
 
-    /// When the finish's bound runs out, counted from the prepare.
+    /// When the finish's bound runs out, counted from the prepare (on
+    /// PostgreSQL, the bound of what comes before the finish).
     pub fn deadline(&self) -> tokio::time::Instant {
         self.deadline
     }
@@ -410,16 +413,21 @@ impl PreparedSnapshot {
             deadline,
             ..
         } = self;
-        let result = backend
-            .until("finish_snapshot", deadline, async {
-                match tx {
-                    SnapshotTx::Sqlite(tx) => sqlite::finish_snapshot(tx, version, seq).await,
-                    SnapshotTx::Postgres(tx) => {
-                        postgres::finish_snapshot(tx, version, seq, listing).await
-                    }
-                }
-            })
-            .await;
+        let result = match tx {
+            SnapshotTx::Sqlite(tx) => {
+                let finish = sqlite::finish_snapshot(tx, version, seq);
+                backend.until("finish_snapshot", deadline, finish).await
+            }
+            // Its statements in batches, each bounded as one call (a
+            // connection is held already: the statement's bound and a
+            // second or so), the whole not: the number of batches grows
+            // with the snapshot and with the set.
+            SnapshotTx::Postgres(tx) => {
+                let statement = backend.call_bound();
+                let finish = postgres::finish_snapshot(tx, version, seq, listing, statement);
+                backend.stepped("finish_snapshot", finish).await
+            }
+        };
         metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => "apply_snapshot")
             .record(started.elapsed().as_secs_f64());
         Ok(result?)

@@ -169,43 +169,95 @@ pub(super) async fn prepare_snapshot(
     take_write_turn(tx).await
 }
 
+/// Rows a statement of a snapshot's finish writes at most: the update of the
+/// stored rows and the insert of the new ones each go in batches of this many
+/// (keyset on `user_id`), so that no statement's time grows with the snapshot
+/// and each stays well within `database.statement_timeout_ms` (the default
+/// 60 s): one INSERT of every id of a 10,000,000-id snapshot took 72 to 86 s;
+/// a batch takes a second or two (BENCHMARKS.md, "The largest snapshot on
+/// PostgreSQL").
+pub(super) const SNAPSHOT_BATCH: i64 = 250_000;
+
 /// Applies the loaded ids at `version`, stamped `seq`, with its `listing`
 /// when it stamped enough rows for one (see `PreparedSnapshot::finish`), and
-/// commits; whether it changed any row.
+/// commits; whether it changed any row. One transaction, as before; its
+/// statements in batches of [`SNAPSHOT_BATCH`] rows, each bounded by
+/// `statement` on the client (and the statement timeout on the server).
 pub(super) async fn finish_snapshot(
     mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
     version: u64,
     seq: i64,
     listing: Option<&[u8]>,
+    statement: std::time::Duration,
 ) -> Result<bool, StoreError> {
     let version = signed(version);
-    let updated = sqlx::query(
-        "UPDATE calltracking_status s \
-         SET (enabled, flip_seq) = ( \
-               SELECT n.listed, CASE WHEN n.listed <> s.enabled THEN $2 ELSE s.flip_seq END \
-               FROM (SELECT EXISTS (SELECT 1 FROM snapshot_ids t WHERE t.user_id = s.user_id)) \
-                    AS n(listed)), \
-             version = $1, change_seq = $2 \
-         WHERE s.version <= $1",
-    )
-    .persistent(false)
-    .bind(version)
-    .bind(seq)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    let inserted = sqlx::query(
-        "INSERT INTO calltracking_status (user_id, enabled, version, change_seq, flip_seq) \
-         SELECT DISTINCT user_id, true, $1, $2, $2 FROM snapshot_ids \
-         WHERE (SELECT version FROM calltracking_status WHERE user_id = 0) <= $1 \
-         ON CONFLICT (user_id) DO NOTHING",
-    )
-    .persistent(false)
-    .bind(version)
-    .bind(seq)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
+    // Every stored row at or below the snapshot's version (the floor, user
+    // 0, among them) takes the snapshot's state: listed, enabled; else
+    // disabled.
+    let mut updated = 0;
+    let mut after = i64::MIN;
+    loop {
+        let step = sqlx::query_as::<_, (Option<i64>, i64)>(
+            "WITH batch AS (SELECT user_id FROM calltracking_status WHERE user_id > $3 \
+                            ORDER BY user_id LIMIT $4), \
+             changed AS ( \
+               UPDATE calltracking_status s \
+               SET (enabled, flip_seq) = ( \
+                     SELECT n.listed, CASE WHEN n.listed <> s.enabled THEN $2 ELSE s.flip_seq END \
+                     FROM (SELECT EXISTS (SELECT 1 FROM snapshot_ids t WHERE t.user_id = s.user_id)) \
+                          AS n(listed)), \
+                   version = $1, change_seq = $2 \
+               FROM batch b WHERE s.user_id = b.user_id AND s.version <= $1 \
+               RETURNING 1) \
+             SELECT (SELECT max(user_id) FROM batch), (SELECT count(*) FROM changed)",
+        )
+        .persistent(false)
+        .bind(version)
+        .bind(seq)
+        .bind(after)
+        .bind(SNAPSHOT_BATCH)
+        .fetch_one(&mut *tx);
+        let (last, count) = bounded("a snapshot's update", statement, step).await?;
+        updated += unsigned(count);
+        match last {
+            Some(last) => after = last,
+            None => break,
+        }
+    }
+    // The listed ids without a row, enabled, unless the floor stayed above
+    // the snapshot (then it applies to none).
+    let floor: i64 =
+        sqlx::query_scalar("SELECT version FROM calltracking_status WHERE user_id = 0")
+            .persistent(false)
+            .fetch_one(&mut *tx)
+            .await?;
+    let mut inserted = 0;
+    let mut after = i64::MIN;
+    let mut more = floor <= version;
+    while more {
+        let step = sqlx::query_as::<_, (Option<i64>, i64)>(
+            "WITH batch AS (SELECT DISTINCT user_id FROM snapshot_ids WHERE user_id > $3 \
+                            ORDER BY user_id LIMIT $4), \
+             added AS ( \
+               INSERT INTO calltracking_status (user_id, enabled, version, change_seq, flip_seq) \
+               SELECT user_id, true, $1, $2, $2 FROM batch \
+               ON CONFLICT (user_id) DO NOTHING \
+               RETURNING 1) \
+             SELECT (SELECT max(user_id) FROM batch), (SELECT count(*) FROM added)",
+        )
+        .persistent(false)
+        .bind(version)
+        .bind(seq)
+        .bind(after)
+        .bind(SNAPSHOT_BATCH)
+        .fetch_one(&mut *tx);
+        let (last, count) = bounded("a snapshot's insert", statement, step).await?;
+        inserted += unsigned(count);
+        match last {
+            Some(last) => after = last,
+            None => more = false,
+        }
+    }
     if let Some(listing) = listing.filter(|_| updated + inserted >= super::LISTING_ROWS) {
         sqlx::query("DELETE FROM calltracking_snapshot_listings")
             .persistent(false)
@@ -224,6 +276,18 @@ pub(super) async fn finish_snapshot(
     }
     notify_and_commit(tx, seq).await?;
     Ok(updated + inserted > 0)
+}
+
+/// `step` within `bound` on the client.
+async fn bounded<T>(
+    operation: &'static str,
+    bound: std::time::Duration,
+    step: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(bound, step)
+        .await
+        .map_err(|_| StoreError::TimedOut { operation, bound })?
+        .map_err(StoreError::from)
 }
 
 /// The listing the snapshot stamped `seq` left, if any: (version, ids).

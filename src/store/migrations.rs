@@ -1,0 +1,442 @@
+//! The migrations a replica runs at start (`database.migrate_on_start`): run
+//! to the end, however long each takes, one at a time so that `/readyz` and
+//! the log can say which one runs and for how long ([`Migrations`]).
+//!
+//! A migration's time grows with the rows it rewrites (an index rebuilt over
+//! the reveal log: seconds a million reveals, docs/operations.md,
+//! "Upgrading"), so no bound of the client cuts it off; what is bounded is
+//! what does not grow with the data: the connection and its set-up
+//! ([`MIGRATION_BOUND`]), and, on PostgreSQL, a probe of the migrating
+//! session every [`PROBE_EVERY`] from a connection of its own (a database
+//! that stopped answering, or a session lost to it, ends the run, and the
+//! start tries again).
+//!
+//! One replica runs a migration, whichever starts first. On PostgreSQL
+//! sqlx's migrator takes a session advisory lock (`pg_advisory_lock`, its
+//! key from the database's name) before it reads what is applied and holds
+//! it until it is done; a second replica waits on the lock (`/readyz` says
+//! so), then finds the migration applied. On SQLite each migration runs in one
+//! transaction with the row that records it, and SQLite lets one writer at a
+//! time: a second process waits for the file's lock, and had it read the
+//! list before the first committed, its transaction fails on that row's
+//! primary key (or the migration's first statement), so nothing is applied
+//! twice.
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::migrate::{Migration, Migrator};
+use tokio::time::Instant;
+
+use super::error::StoreError;
+use super::pool::{ACQUIRE_TIMEOUT, Pg, target};
+
+/// The bound on each part of the start's migrations that does not grow with
+/// the data: the connection and its set-up (PostgreSQL), each probe of the
+/// migrating session. With the start's retry pause (at most 2 s) a replica
+/// that met a silent database is ready within 10 s of it answering (SPEC
+/// section 7), unless a migration that rightly takes longer is pending.
+pub const MIGRATION_BOUND: Duration = Duration::from_secs(5);
+
+/// How often a running migration is looked at (PostgreSQL: probed; both: its
+/// progress published for `/readyz`).
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+
+/// How often the log says that a migration still runs.
+const LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Consecutive probes that found the migrating session idle, its client
+/// waiting, after which the session is taken as lost (a silent network
+/// keeps the server's side open and idle).
+const IDLE_PROBES: u32 = 3;
+
+/// Where the start's migrations are, shared by the start (which writes it)
+/// and `/readyz` (which reads it). Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Migrations(Arc<Mutex<Option<Running>>>);
+
+#[derive(Debug, Clone)]
+struct Running {
+    /// What runs: "applying migration 0011 (reveal buckets), 1 of 2
+    /// pending", or a wait for the migrations' lock.
+    what: String,
+    since: Instant,
+    /// What the database says of it (PostgreSQL: an index build's phase and
+    /// rows, or a lock wait).
+    progress: Option<String>,
+}
+
+impl Migrations {
+    /// What runs now, for `/readyz` and the log: `None` when no migration
+    /// runs or waits.
+    pub fn describe(&self) -> Option<String> {
+        let running = self.lock().clone()?;
+        let mut text = format!(
+            "{}, for {} s",
+            running.what,
+            running.since.elapsed().as_secs()
+        );
+        if let Some(progress) = running.progress {
+            text.push_str("; ");
+            text.push_str(&progress);
+        }
+        Some(text)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Running>> {
+        // A panic while holding it leaves a value that is still whole.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn start(&self, what: String) -> Instant {
+        let since = Instant::now();
+        *self.lock() = Some(Running {
+            what,
+            since,
+            progress: None,
+        });
+        since
+    }
+
+    fn progress(&self, progress: Option<String>) {
+        if let Some(running) = self.lock().as_mut() {
+            running.progress = progress;
+        }
+    }
+
+    fn done(&self) {
+        *self.lock() = None;
+    }
+
+    /// Awaits `run`, described as `what` meanwhile; `look` is called every
+    /// [`PROBE_EVERY`] and gives what the database says of it, or an error
+    /// that ends it; the log says it still runs every [`LOG_EVERY`].
+    async fn watch<T, L, F>(
+        &self,
+        what: String,
+        run: impl Future<Output = Result<T, StoreError>>,
+        look: &mut L,
+    ) -> Result<(T, Duration), StoreError>
+    where
+        L: FnMut() -> F,
+        F: Future<Output = Result<Option<String>, StoreError>>,
+    {
+        let since = self.start(what);
+        tokio::pin!(run);
+        let mut ticks = tokio::time::interval_at(since + PROBE_EVERY, PROBE_EVERY);
+        let mut logged = since;
+        let result = loop {
+            tokio::select! {
+                result = &mut run => break result,
+                _ = ticks.tick() => {
+                    match look().await {
+                        Ok(said) => self.progress(said),
+                        Err(error) => break Err(error),
+                    }
+                    if logged.elapsed() >= LOG_EVERY {
+                        logged = Instant::now();
+                        if let Some(text) = self.describe() {
+                            tracing::info!(elapsed_s = since.elapsed().as_secs(), "{text}");
+                        }
+                    }
+                }
+            }
+        };
+        self.done();
+        result.map(|value| (value, since.elapsed()))
+    }
+}
+
+/// The migrations of `migrator` not in `applied`, as indexes into it, in order.
+fn pending(migrator: &Migrator, applied: &[i64]) -> Vec<usize> {
+    migrator
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| !m.migration_type.is_down_migration() && !applied.contains(&m.version))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// `migrator`'s migrations up to and including the one at `index`: run, it
+/// applies that one if it is still pending (and any before it). What another
+/// replica applied after it meanwhile is not its concern (the full run at the
+/// end checks every applied migration is known).
+fn up_to(migrator: &Migrator, index: usize) -> Migrator {
+    let migrations: Vec<Migration> = migrator.migrations[..=index].to_vec();
+    Migrator {
+        migrations: Cow::Owned(migrations),
+        ignore_missing: true,
+        ..Migrator::DEFAULT
+    }
+}
+
+/// Runs `migrator` on `conn` one pending migration at a time (those not in
+/// `applied`), each reported in `progress` and the log and watched by `look`
+/// (see [`Migrations::watch`]). Returns how many were pending.
+async fn run_each<C, L, F>(
+    migrator: &Migrator,
+    conn: &mut C,
+    applied: &[i64],
+    progress: &Migrations,
+    look: &mut L,
+) -> Result<usize, StoreError>
+where
+    C: sqlx::migrate::Migrate + Send,
+    L: FnMut() -> F,
+    F: Future<Output = Result<Option<String>, StoreError>>,
+{
+    let pending = pending(migrator, applied);
+    let of = pending.len();
+    for (n, &index) in pending.iter().enumerate() {
+        let migration = &migrator.migrations[index];
+        let (version, description) = (migration.version, migration.description.to_string());
+        tracing::info!(version, %description, nth = n + 1, of, "migration starts");
+        let what = format!(
+            "applying migration {version:04} ({description}), {} of {of} pending",
+            n + 1
+        );
+        let step = up_to(migrator, index);
+        let run = async { step.run_direct(&mut *conn).await.map_err(StoreError::from) };
+        let started = Instant::now();
+        let result = progress.watch(what, run, look).await;
+        let took = started.elapsed();
+        metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => "migrate")
+            .record(took.as_secs_f64());
+        match result {
+            Ok(_) => tracing::info!(
+                version,
+                %description,
+                took_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+                "migration applied"
+            ),
+            Err(error) => {
+                tracing::warn!(version, %description, ?took, %error, "migration did not finish");
+                return Err(error);
+            }
+        }
+    }
+    // The whole list once more: nothing pending, every applied one known and
+    // unchanged (a database of a newer release is refused here).
+    migrator.run_direct(conn).await?;
+    Ok(of)
+}
+
+/// The start's migrations on SQLite, on a connection of the pool.
+pub(super) async fn run_sqlite(
+    pool: &sqlx::SqlitePool,
+    migrator: &Migrator,
+    progress: &Migrations,
+) -> Result<usize, StoreError> {
+    let mut conn = pool.acquire().await?;
+    // None before the migrator's table exists.
+    let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap_or_default();
+    let mut look = || async { Ok(None) };
+    run_each(migrator, &mut *conn, &applied, progress, &mut look).await
+}
+
+/// The start's migrations on PostgreSQL, on a connection of their own to
+/// PostgreSQL itself (the migrator's session lock means nothing through a
+/// transaction-mode pooler): its set-up within [`MIGRATION_BOUND`], then the
+/// migrator's lock, taken here for the whole run and waited for as long as
+/// another replica migrates, then each pending migration; every wait watched
+/// by a probe from another connection ([`probe`]).
+pub(super) async fn run_postgres(
+    pg: &Pg,
+    migrator: &Migrator,
+    progress: &Migrations,
+) -> Result<usize, StoreError> {
+    let set_up = async {
+        let mut direct = connect(pg).await?;
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut direct)
+            .await?;
+        let database: String = sqlx::query_scalar("SELECT current_database()")
+            .fetch_one(&mut direct)
+            .await?;
+        Ok::<_, StoreError>((direct, pid, database))
+    };
+    let (mut direct, pid, database) = tokio::time::timeout(MIGRATION_BOUND, set_up)
+        .await
+        .unwrap_or(Err(StoreError::TimedOut {
+            operation: "the migrations' connection",
+            bound: MIGRATION_BOUND,
+        }))?;
+    let idle = AtomicU32::new(0);
+    let mut look = || {
+        let probe = probe(pg, pid);
+        let idle = &idle;
+        async move {
+            let seen = probe.await?;
+            let count = if seen.idle {
+                idle.fetch_add(1, Ordering::Relaxed) + 1
+            } else {
+                idle.store(0, Ordering::Relaxed);
+                0
+            };
+            if count >= IDLE_PROBES {
+                return Err(StoreError::Unreachable {
+                    target: target(&pg.direct),
+                    cause: format!(
+                        "the migrating session was idle at {IDLE_PROBES} probes in a row \
+                         while its client waited: its connection is lost"
+                    ),
+                });
+            }
+            Ok(seen.said)
+        }
+    };
+    let run = async {
+        // The migrator's own lock (sqlx takes it again in each step: a
+        // session's advisory locks count), waited for without a bound: a
+        // replica that started with another waits for the other's
+        // migrations, however long.
+        let key = migration_lock_key(&database);
+        let take = async {
+            sqlx::Executor::execute(&mut direct, "SET lock_timeout = 0").await?;
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(key)
+                .execute(&mut direct)
+                .await?;
+            Ok(())
+        };
+        let what = "waiting for the migrations' lock (another replica or \
+                    `phones-gateway migrate` holds it)"
+            .to_string();
+        progress.watch(what, take, &mut look).await?;
+        // Lock waits bounded like every other call's: a migration stuck
+        // behind another session's lock (a long transaction) fails, and the
+        // start retries it. No statement timeout: a migration's time grows
+        // with the data.
+        let bound = format!("SET lock_timeout = {}", pg.bounds.lock.as_millis());
+        sqlx::Executor::execute(&mut direct, bound.as_str()).await?;
+        // None before the migrator's table exists.
+        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations")
+            .fetch_all(&mut direct)
+            .await
+            .unwrap_or_default();
+        run_each(migrator, &mut direct, &applied, progress, &mut look).await
+    };
+    let result = run.await;
+    // Closing the session releases the lock.
+    let _ = sqlx::Connection::close(direct).await;
+    result
+}
+
+/// The key of the advisory lock sqlx's migrator takes on PostgreSQL (its
+/// `generate_lock_id`): 0x3d32ad9e times the CRC-32 (ISO-HDLC) of the
+/// database's name. Whoever holds it is migrating that database.
+pub fn migration_lock_key(database: &str) -> i64 {
+    let mut crc = !0u32;
+    for byte in database.bytes() {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    0x3d32_ad9e * i64::from(!crc)
+}
+
+async fn connect(pg: &Pg) -> Result<sqlx::PgConnection, StoreError> {
+    let connect = <sqlx::PgConnection as sqlx::Connection>::connect_with(&pg.direct);
+    match tokio::time::timeout(ACQUIRE_TIMEOUT, connect).await {
+        Ok(connected) => connected.map_err(|error| StoreError::Unreachable {
+            target: target(&pg.direct),
+            cause: error.to_string(),
+        }),
+        Err(_) => Err(StoreError::Unreachable {
+            target: target(&pg.direct),
+            cause: format!("no answer within {ACQUIRE_TIMEOUT:?}"),
+        }),
+    }
+}
+
+/// A probe's row: the session's state and wait, and an index build's phase
+/// and rows done and in all.
+type ProbeRow = (
+    String,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+);
+
+/// What a probe saw of the migrating session.
+struct Seen {
+    idle: bool,
+    said: Option<String>,
+}
+
+/// The migrating session `pid`, seen from a connection of its own within
+/// [`MIGRATION_BOUND`]: gone (an error), idle, waiting for a lock (the
+/// migrator's: another replica migrates), or building an index (how far).
+async fn probe(pg: &Pg, pid: i32) -> Result<Seen, StoreError> {
+    let look = async {
+        let mut conn = connect(pg).await?;
+        let row: Option<ProbeRow> = sqlx::query_as(
+            "SELECT coalesce(a.state, ''), a.wait_event_type, p.phase, \
+                 p.tuples_done, p.tuples_total \
+                 FROM pg_stat_activity a \
+                 LEFT JOIN pg_stat_progress_create_index p ON p.pid = a.pid \
+                 WHERE a.pid = $1",
+        )
+        .bind(pid)
+        .fetch_optional(&mut conn)
+        .await?;
+        let _ = sqlx::Connection::close(conn).await;
+        Ok::<_, StoreError>(row)
+    };
+    let row = tokio::time::timeout(MIGRATION_BOUND, look)
+        .await
+        .unwrap_or(Err(StoreError::TimedOut {
+            operation: "the probe of a running migration",
+            bound: MIGRATION_BOUND,
+        }))?;
+    let Some((state, wait, phase, done, total)) = row else {
+        return Err(StoreError::Unreachable {
+            target: target(&pg.direct),
+            cause: "the migrating session is gone".into(),
+        });
+    };
+    let said = match (wait.as_deref(), phase) {
+        (Some("Lock"), _) => {
+            Some("waiting for a lock (another replica migrating, or a long transaction)".into())
+        }
+        (_, Some(phase)) => Some(match (done, total) {
+            (Some(done), Some(total)) if total > 0 => {
+                format!("index build: {phase}, {done} of {total} rows")
+            }
+            _ => format!("index build: {phase}"),
+        }),
+        _ => None,
+    };
+    Ok(Seen {
+        idle: state.starts_with("idle"),
+        said,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::migration_lock_key;
+
+    /// CRC-32 (ISO-HDLC)'s check value: the CRC of "123456789" is
+    /// 0xCBF43926, so the key is sqlx's for that name.
+    #[test]
+    fn the_lock_key_is_sqlxs() {
+        assert_eq!(
+            migration_lock_key("123456789"),
+            0x3d32_ad9e * 0xCBF4_3926_i64
+        );
+    }
+}

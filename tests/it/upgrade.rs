@@ -1,0 +1,453 @@
+//! Upgrades (docs/operations.md, "Upgrading"): a replica started on a
+//! database of an earlier schema holding reveals runs the pending migrations
+//! to the end, however long they take, says in `/readyz` which one runs, is
+//! ready once they are done, and every reveal and its reason read back; a
+//! replica that starts while another holds the migrations' lock waits for it
+//! and applies nothing meanwhile.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use phones_gateway::domain::Source;
+use phones_gateway::domain::reason::{Failure, Origin, Reason, Skip};
+use serde_json::Value;
+use sqlx::migrate::Migrator;
+
+use crate::support::app::TestApp;
+use crate::support::paths::{READYZ, REVEALS};
+use crate::support::pg;
+
+/// Reveals in the upgraded database: `UPGRADE_REVEALS`, else 100,000, which
+/// keeps the test command short in a debug build while the index rebuild of
+/// SQLite's 0011 still lasts long enough (about 4 s) to be seen on
+/// `/readyz`. `benches/load/upgrade.sh` runs these tests at 1,000,000 and
+/// 20,000,000, and the timing of each migration (ignored here).
+fn reveals_n() -> i64 {
+    std::env::var("UPGRADE_REVEALS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100_000)
+}
+
+/// Sellers whose reveals are read back on the admin pages of a database of
+/// `n` reveals, of `of` (the pages of a debug build read about a thousand
+/// reveals a second from SQLite's postings, so those of 10,000 reveals;
+/// every row is checked in SQL besides).
+fn paged(n: i64, of: i64) -> i64 {
+    (of * 10_000 / n).clamp(1, of)
+}
+/// Sellers they are spread over (a page of 1000 holds one seller's whole
+/// share at 100,000).
+const SELLERS: i64 = 100;
+const VIEWERS: i64 = 50;
+
+/// The reasons stored, by `ad_id % 5` (4: none, a reveal from before
+/// reasons were kept).
+fn reasons() -> [Option<Reason>; 5] {
+    [
+        Some(
+            Reason::new(Origin::Upstream)
+                .skipped(Source::Anonymous, Skip::NotApplicable)
+                .skipped(Source::Calltracking, Skip::Failed(Failure::Timeout)),
+        ),
+        Some(
+            Reason::new(Origin::Stale(Failure::Deadline))
+                .skipped(Source::Anonymous, Skip::NoNumber),
+        ),
+        Some(Reason::new(Origin::Cache)),
+        Some(Reason::new(Origin::Upstream).skipped(Source::Anonymous, Skip::NotApplicable)),
+        None,
+    ]
+}
+
+fn code(reason: Option<Reason>) -> Option<i64> {
+    reason.map(|r| i64::from(r.encode()))
+}
+
+/// The embedded migrations of `dir` up to and including `last`.
+fn migrator_until(migrator: &Migrator, last: i64) -> Migrator {
+    Migrator {
+        migrations: Cow::Owned(
+            migrator
+                .iter()
+                .filter(|m| m.version <= last)
+                .cloned()
+                .collect(),
+        ),
+        ..Migrator::DEFAULT
+    }
+}
+
+/// An SQLite file at migration 0010 (the release before the reveal log's
+/// buckets) holding `n` reveals, as that release kept them: a posting per
+/// seller and a run per viewer for each reveal (what 0007 and 0009 backfill).
+async fn sqlite_at_0010(url: &str, n: i64, at_us: i64) {
+    use sqlx::ConnectOptions as _;
+    let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
+    let mut conn = options
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .connect()
+        .await
+        .unwrap();
+    migrator_until(&sqlx::migrate!("migrations/sqlite"), 10)
+        .run(&mut conn)
+        .await
+        .unwrap();
+    let [r0, r1, r2, r3, _] = reasons().map(code);
+    sqlx::query(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1) \
+         INSERT INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind, reason) \
+         SELECT i, ?2 + i, CASE WHEN i % 3 = 0 THEN NULL ELSE 'v-' || (i % ?3) END, \
+                1 + i % ?4, i, 5, 'real', \
+                CASE i % 5 WHEN 0 THEN ?5 WHEN 1 THEN ?6 WHEN 2 THEN ?7 WHEN 3 THEN ?8 END \
+         FROM n",
+    )
+    .bind(n)
+    .bind(at_us)
+    .bind(VIEWERS)
+    .bind(SELLERS)
+    .bind(r0)
+    .bind(r1)
+    .bind(r2)
+    .bind(r3)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO reveal_seller_postings (user_id, max_at_us, min_at_us, first_id, last_id, entries) \
+         SELECT user_id, at_us, at_us, id, id, NULL FROM reveals ORDER BY id",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO reveal_viewer_runs (viewer, max_at_us, min_at_us, first_id, last_id) \
+         SELECT viewer, at_us, at_us, id, id FROM reveals WHERE viewer IS NOT NULL ORDER BY id",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    sqlx::Connection::close(conn).await.unwrap();
+}
+
+/// A PostgreSQL database at migration `last` holding `n` reveals.
+async fn postgres_at(url: &str, last: i64, n: i64, at_us: i64) {
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(url)
+        .await
+        .unwrap();
+    migrator_until(&sqlx::migrate!("migrations/postgres"), last)
+        .run(&mut conn)
+        .await
+        .unwrap();
+    let [r0, r1, r2, r3, _] = reasons().map(code);
+    sqlx::query(
+        "INSERT INTO reveals (at_us, viewer, user_id, ad_id, category_id, kind, reason) \
+         SELECT $2 + i, CASE WHEN i % 3 = 0 THEN NULL ELSE 'v-' || (i % $3) END, \
+                1 + i % $4, i, 5, 'real', \
+                (CASE i % 5 WHEN 0 THEN $5 WHEN 1 THEN $6 WHEN 2 THEN $7 WHEN 3 THEN $8 END)::integer \
+         FROM generate_series(1, $1::bigint) AS i",
+    )
+    .bind(n)
+    .bind(at_us)
+    .bind(VIEWERS)
+    .bind(SELLERS)
+    .bind(r0)
+    .bind(r1)
+    .bind(r2)
+    .bind(r3)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    sqlx::Connection::close(conn).await.unwrap();
+}
+
+/// Polls `/readyz` until 200 (at most `limit`); returns how long it took and
+/// every distinct 503 detail seen meanwhile.
+async fn until_ready(app: &TestApp, limit: Duration) -> (Duration, Vec<String>) {
+    let started = Instant::now();
+    let mut seen: Vec<String> = Vec::new();
+    loop {
+        let answer = app.get_admin(READYZ).await;
+        if answer.status == 200 {
+            return (started.elapsed(), seen);
+        }
+        assert_eq!(answer.status, 503, "{answer:?}");
+        let detail = answer.body["detail"].as_str().unwrap_or_default();
+        // The figures vary (seconds so far, rows): the latest of each shape.
+        let shape = |d: &str| -> String { d.chars().filter(|c| !c.is_ascii_digit()).collect() };
+        match seen.iter_mut().find(|s| shape(s) == shape(detail)) {
+            Some(same) => detail.clone_into(same),
+            None => seen.push(detail.to_owned()),
+        }
+        assert!(
+            started.elapsed() < limit,
+            "not ready within {limit:?}; /readyz said {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every page of `query`, in order.
+async fn pages(app: &TestApp, query: &str) -> Vec<Value> {
+    let mut items = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page_query = match &cursor {
+            Some(c) => format!("{query}&cursor={c}"),
+            None => query.to_owned(),
+        };
+        let page = app.get_admin(&format!("{REVEALS}?{page_query}")).await;
+        assert_eq!(page.status, 200, "{page:?}");
+        items.extend(page.body["items"].as_array().unwrap().iter().cloned());
+        match page.body["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return items,
+        }
+    }
+}
+
+/// Every reveal of `n`, with its seller, viewer and reason as stored (ad `i`
+/// is reveal `i`): on the admin pages of the first `paged` sellers (all of
+/// them: every reveal) and of one viewer.
+async fn reveals_read_back(app: &TestApp, n: i64, paged: i64) {
+    let reasons = reasons().map(|r| serde_json::to_value(r).unwrap());
+    let check = |item: &Value| {
+        let ad = item["ad_id"].as_i64().unwrap();
+        assert_eq!(item["user_id"].as_i64(), Some(1 + ad % SELLERS), "{item}");
+        let viewer = (ad % 3 != 0).then(|| format!("v-{}", ad % VIEWERS));
+        assert_eq!(item["viewer"].as_str(), viewer.as_deref(), "{item}");
+        assert_eq!(item["reason"], reasons[(ad % 5) as usize], "{item}");
+        ad
+    };
+    let mut ads = HashSet::new();
+    for seller in 1..=paged {
+        let items = pages(app, &format!("user_id={seller}&limit=1000")).await;
+        let expected = (1..=n).filter(|i| 1 + i % SELLERS == seller).count();
+        assert_eq!(items.len(), expected, "seller {seller}'s reveals");
+        for item in items {
+            assert!(ads.insert(check(&item)), "read twice: {item}");
+        }
+    }
+    if paged == SELLERS {
+        assert_eq!(ads.len() as i64, n, "every reveal, once");
+    }
+    let viewer = pages(app, "viewer=v-7&limit=1000").await;
+    let expected = (1..=n).filter(|i| i % 3 != 0 && i % VIEWERS == 7).count();
+    assert_eq!(viewer.len(), expected, "v-7's reveals");
+    for item in &viewer {
+        check(item);
+    }
+}
+
+fn versions_applied(names: &[i64]) -> String {
+    names
+        .iter()
+        .map(|v| format!("{v:04}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// SQLite at the previous release's schema (0010) holding reveals: the start
+/// runs 0011 (which rebuilds the runs' and postings' indexes over every
+/// reveal) to the end, `/readyz` names it meanwhile, and every reveal and its
+/// reason read back.
+#[tokio::test]
+async fn an_upgrade_over_reveals_becomes_ready_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/upgrade.db", dir.path().display());
+    let at_us = phones_gateway::reveals::now_us() - 3_600_000_000;
+    let filled = Instant::now();
+    let n = reveals_n();
+    sqlite_at_0010(&url, n, at_us).await;
+    eprintln!("{n} reveals at 0010 in {:?}", filled.elapsed());
+    let app = TestApp::start_on(Some(&url), "").await;
+    let (took, said) = until_ready(&app, Duration::from_secs(300)).await;
+    eprintln!("ready {took:?} after the start; /readyz said {said:?}");
+    assert!(
+        said.iter()
+            .any(|d| d.contains("applying migration 0011 (reveal buckets), 1 of 1 pending")),
+        "/readyz named the migration under way: {said:?}"
+    );
+    let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY 1")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(versions_applied(&applied[9..]), "0010,0011");
+    // Every row as it was stored, and some sellers' on the admin pages.
+    let [r0, r1, r2, r3, _] = reasons().map(code);
+    let wrong: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM reveals WHERE \
+         at_us IS NOT ?2 + ad_id OR user_id IS NOT 1 + ad_id % ?4 \
+         OR viewer IS NOT (CASE WHEN ad_id % 3 = 0 THEN NULL ELSE 'v-' || (ad_id % ?3) END) \
+         OR reason IS NOT (CASE ad_id % 5 WHEN 0 THEN ?5 WHEN 1 THEN ?6 WHEN 2 THEN ?7 WHEN 3 THEN ?8 END)",
+    )
+    .bind(n)
+    .bind(at_us)
+    .bind(VIEWERS)
+    .bind(SELLERS)
+    .bind(r0)
+    .bind(r1)
+    .bind(r2)
+    .bind(r3)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let (rows, ads): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT ad_id) FROM reveals")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!((rows, ads, wrong), (n, n, 0));
+    let read = Instant::now();
+    reveals_read_back(&app, n, paged(n, SELLERS)).await;
+    eprintln!("read back on the admin pages in {:?}", read.elapsed());
+}
+
+/// PostgreSQL at 0007 (the reasons kept, the snapshot listings not yet: the
+/// previous release's schema is the current one, so one migration short of
+/// it) holding reveals: ready once migrated, every reveal and its reason
+/// read back.
+#[tokio::test]
+async fn an_upgrade_over_reveals_becomes_ready_on_postgres() {
+    let db = pg::or_skip!(pg::database().await);
+    let at_us = phones_gateway::reveals::now_us() - 3_600_000_000;
+    let filled = Instant::now();
+    let n = reveals_n();
+    postgres_at(&db.url, 7, n, at_us).await;
+    eprintln!("{n} reveals at 0007 in {:?}", filled.elapsed());
+    let app = TestApp::start_on(Some(&db.url), "").await;
+    let (took, said) = until_ready(&app, Duration::from_secs(300)).await;
+    eprintln!("ready {took:?} after the start; /readyz said {said:?}");
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY 1")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(versions_applied(&applied[6..]), "0007,0008");
+    // PostgreSQL's pages are quick: every seller at the test's count.
+    reveals_read_back(&app, n, paged(n, SELLERS * 10)).await;
+}
+
+/// Two replicas starting together run each migration once: while another
+/// session holds the migrator's advisory lock (sqlx's key,
+/// `migration_lock_key`), a starting replica waits for it, says so on
+/// `/readyz`, and applies nothing; once it is released the replica migrates
+/// and is ready. The wait is longer than `MIGRATION_BOUND`: it is not cut off.
+#[tokio::test]
+async fn a_replica_waits_for_the_migrations_lock_another_holds() {
+    let db = pg::or_skip!(pg::database().await);
+    postgres_at(&db.url, 7, 10, 0).await;
+    let mut holder = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    let name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(phones_gateway::store::migration_lock_key(&name))
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let app = TestApp::start_on(Some(&db.url), "").await;
+    let held_for = phones_gateway::store::MIGRATION_BOUND + Duration::from_secs(3);
+    let until = Instant::now() + held_for;
+    let mut waiting = false;
+    while Instant::now() < until {
+        let answer = app.get_admin(READYZ).await;
+        assert_eq!(
+            answer.status, 503,
+            "ready while the lock is held: {answer:?}"
+        );
+        let detail = answer.body["detail"].as_str().unwrap_or_default();
+        waiting |= detail.contains("waiting for the migrations' lock");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(waiting, "/readyz said it waits for the lock");
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+    assert_eq!(applied, 7, "nothing applied while the lock was held");
+    sqlx::Connection::close(holder).await.unwrap();
+    let (took, _) = until_ready(&app, Duration::from_secs(10)).await;
+    eprintln!("ready {took:?} after the lock was released");
+}
+
+/// Each migration that reads or rewrites the reveal log, timed over
+/// `UPGRADE_REVEALS` reveals (a reveal a cold ad, as the cold path writes
+/// them): filled at the schema before the first (SQLite 0005, PostgreSQL
+/// 0006), then each applied alone. `benches/load/upgrade.sh` runs it.
+#[tokio::test]
+#[ignore = "a bench: benches/load/upgrade.sh"]
+async fn each_migration_over_reveals_timed() {
+    let n = reveals_n();
+    let million = n as f64 / 1e6;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/timed.db", dir.path().display());
+    {
+        use sqlx::ConnectOptions as _;
+        let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
+        let mut conn = options
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+            .connect()
+            .await
+            .unwrap();
+        let all = sqlx::migrate!("migrations/sqlite");
+        migrator_until(&all, 5).run(&mut conn).await.unwrap();
+        let series = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)";
+        for sql in fill_sql(series) {
+            sqlx::query(&sql).bind(n).execute(&mut conn).await.unwrap();
+        }
+        for version in 6..=all.iter().map(|m| m.version).max().unwrap() {
+            let started = Instant::now();
+            migrator_until(&all, version).run(&mut conn).await.unwrap();
+            let took = started.elapsed().as_secs_f64();
+            eprintln!(
+                "sqlite {version:04}: {took:.1} s over {n} reveals, {:.1} s a million",
+                took / million
+            );
+        }
+    }
+    let db = pg::or_skip!(pg::database().await);
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    let all = sqlx::migrate!("migrations/postgres");
+    migrator_until(&all, 6).run(&mut conn).await.unwrap();
+    for sql in fill_sql("WITH n(i) AS (SELECT generate_series(1, $1::bigint))") {
+        sqlx::query(&sql).bind(n).execute(&mut conn).await.unwrap();
+    }
+    for version in 7..=all.iter().map(|m| m.version).max().unwrap() {
+        let started = Instant::now();
+        migrator_until(&all, version).run(&mut conn).await.unwrap();
+        let took = started.elapsed().as_secs_f64();
+        eprintln!(
+            "postgres {version:04}: {took:.1} s over {n} reveals, {:.1} s a million",
+            took / million
+        );
+    }
+}
+
+/// The reveals (ad `i` reveal `i`) and their per-ad counts, at the first
+/// release's columns, over the ids `n(i)` that `series` names.
+fn fill_sql(series: &str) -> [String; 2] {
+    [
+        format!(
+            "{series} INSERT INTO reveals (at_us, viewer, user_id, ad_id, category_id, kind) \
+             SELECT 1700000000000000 + i, CASE WHEN i % 3 = 0 THEN NULL ELSE 'v-' || (i % 50) END, \
+                    1 + i % 100, i, 5, 'real' FROM n"
+        ),
+        format!(
+            "{series} INSERT INTO ad_reveal_counts (ad_id, kind, n) SELECT i, 'real', 1 FROM n"
+        ),
+    ]
+}
