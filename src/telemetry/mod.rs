@@ -116,15 +116,22 @@ fn env_filter(filter: &str) -> anyhow::Result<EnvFilter> {
 
 /// A request's id: the caller's `x-request-id` if it is short, visible ASCII
 /// (kept as is: no copy), else sixteen hex digits we make.
-pub fn request_id_of(headers: &HeaderMap) -> HeaderValue {
+///
+/// # Errors
+/// An id we make when the caller sent `x-request-id` more than once: the
+/// request is refused (400) under that id, as any header read singly is.
+pub fn request_id_of(headers: &HeaderMap) -> Result<HeaderValue, HeaderValue> {
     static SEQUENCE: AtomicU64 = AtomicU64::new(0);
     static SEED: OnceLock<foldhash::fast::RandomState> = OnceLock::new();
-    let given = headers.get(REQUEST_ID_HEADER).filter(|v| {
+    let mut values = headers.get_all(REQUEST_ID_HEADER).iter();
+    let (given, repeated) = (values.next(), values.next().is_some());
+    let given = given.filter(|v| {
         let v = v.as_bytes();
         !v.is_empty() && v.len() <= 128 && v.iter().all(u8::is_ascii_graphic)
     });
-    if let Some(id) = given {
-        return id.clone();
+    match given {
+        Some(id) if !repeated => return Ok(id.clone()),
+        _ => {}
     }
     let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
     let id = SEED.get_or_init(Default::default).hash_one(n);
@@ -133,7 +140,8 @@ pub fn request_id_of(headers: &HeaderMap) -> HeaderValue {
         *byte = b"0123456789abcdef"[((id >> (60 - 4 * i)) & 0xf) as usize];
     }
     // Hex digits are always a valid header value; the fallback is never taken.
-    HeaderValue::from_bytes(&hex).unwrap_or(HeaderValue::from_static("0"))
+    let made = HeaderValue::from_bytes(&hex).unwrap_or(HeaderValue::from_static("0"));
+    if repeated { Err(made) } else { Ok(made) }
 }
 
 /// Upper bounds of every `_seconds` histogram, in nanoseconds: the recorder's
