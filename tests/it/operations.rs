@@ -684,6 +684,45 @@ fn a_start_with_a_bad_configuration_names_every_mistake_in_one_run() {
     names_every_mistake_at_once("serve");
 }
 
+/// A bad element of a list is one mistake among the others, each named with
+/// where it came from: `check-config` on a file with a bad source in
+/// `selection.order` and a capacity of 0, and a variable with a bad category,
+/// names all three in one run, the list's elements by their index.
+#[test]
+fn check_config_names_a_bad_list_element_among_the_other_mistakes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gw.toml");
+    std::fs::write(
+        &file,
+        "[selection]\norder = [\"anonymous\", \"bogus\"]\n[cache.anonymous]\ncapacity = 0\n",
+    )
+    .unwrap();
+    let mut command = binary();
+    command.args(["check-config", "--config"]).arg(&file).env(
+        "PHONES_GATEWAY__SELECTION__ANONYMOUS_CATEGORIES",
+        "[9, \"x\"]",
+    );
+    let (output, stdout, stderr) = run(command, "phones-gateway check-config");
+    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(stderr.contains("3 mistakes"), "{stderr}");
+    let absolute = file.display().to_string();
+    for (key, source) in [
+        ("selection.order[1]", format!("(in {absolute})")),
+        ("cache.anonymous.capacity", format!("(in {absolute})")),
+        (
+            "selection.anonymous_categories[1]",
+            "(from environment variable PHONES_GATEWAY__SELECTION__ANONYMOUS_CATEGORIES)"
+                .to_owned(),
+        ),
+    ] {
+        let line = stderr
+            .lines()
+            .find(|line| line.trim_start().starts_with(&format!("{key}: ")))
+            .unwrap_or_else(|| panic!("{key} not named: {stderr}"));
+        assert!(line.ends_with(&source), "{key} without {source}: {stderr}");
+    }
+}
+
 /// A start that cannot go on (here: its port is taken) ends with one line and
 /// exit status 1, also with `RUST_BACKTRACE=1` (no anyhow report of main).
 #[test]
