@@ -588,6 +588,69 @@ async fn a_database_that_refuses_is_named_with_its_address_and_cause() {
     );
 }
 
+/// The series docs/operations.md lists as absent until first used: the
+/// backticked `phones_gateway_*` names of that section (a trailing `*` a
+/// prefix), without labels.
+fn listed_as_absent() -> Vec<String> {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"),
+    )
+    .unwrap();
+    let start = doc
+        .find("### Series that are absent until first used")
+        .unwrap();
+    let section = &doc[start..];
+    // The list, after the families said to be there from the start.
+    let section = &section[section.find("These are not").unwrap()..];
+    let section = &section[..section.find("What that means for alerts").unwrap()];
+    section
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| word.starts_with("phones_gateway_"))
+        .map(|word| word.split('{').next().unwrap_or(word).to_owned())
+        .collect()
+}
+
+/// Every series an alert of the chart reads (with the labels it matches
+/// exactly) is on a fresh replica's /metrics before any request, or
+/// docs/operations.md lists it as absent until first used: an alert over a
+/// series that is not there yet sees nothing, not 0.
+#[tokio::test]
+async fn every_series_an_alert_reads_is_there_from_the_start_or_listed_as_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let process = Process::start(&format!("sqlite://{}/gw.db", dir.path().display())).await;
+    let metrics = process.get_admin(METRICS).await.text;
+    let listed = listed_as_absent();
+    let is_listed = |name: &str| {
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(name);
+        listed.iter().any(|l| match l.strip_suffix('*') {
+            Some(prefix) => family.starts_with(prefix),
+            None => l == family,
+        })
+    };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut missing = Vec::new();
+    for alert in crate::support::alerts::chart_alerts(root) {
+        for (name, labels) in crate::support::alerts::series_read(&alert.expr) {
+            let there = metrics.lines().any(|line| {
+                (line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} ")))
+                    && labels.iter().all(|label| line.contains(label.as_str()))
+            });
+            if !there && !is_listed(&name) {
+                missing.push(format!("{}: {name}{labels:?}", alert.name));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "absent on a fresh replica and not listed as such: {missing:#?}"
+    );
+}
+
 fn binary() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_phones-gateway"));
     // The settings of whoever runs the tests are not the test's.
@@ -630,6 +693,104 @@ fn text_logs_to_a_pipe_carry_no_colour_codes() {
             "escape codes on {stream}: {text:?}"
         );
     }
+}
+
+/// `migrate --status` lists every migration of the store's kind as pending or
+/// applied and applies nothing; `migrate` lists those it applied, and run
+/// again says nothing was pending.
+fn migrate_says_what_it_applied_and_what_is_pending(url: &str, kind: &str) {
+    let files: Vec<String> = {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(kind);
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        // `0011_reveal_buckets.sql` as listed: `0011 reveal buckets`.
+        names
+            .iter()
+            .map(|name| {
+                name.trim_end_matches(".sql")
+                    .replacen('_', " ", 1)
+                    .replace('_', " ")
+            })
+            .collect()
+    };
+    let total = files.len();
+    assert!(total >= 8, "{files:?}");
+    let migrate = |args: &[&str]| {
+        let mut command = binary();
+        command
+            .arg("migrate")
+            .args(args)
+            .env("PHONES_GATEWAY__DATABASE__URL", url)
+            .env("PHONES_GATEWAY__LOG__FORMAT", "text");
+        let (output, stdout, stderr) = run(command, "phones-gateway migrate");
+        assert!(output.status.success(), "{stdout}\n{stderr}");
+        stdout
+    };
+    let listed = |stdout: &str, state: &str| -> Vec<String> {
+        stdout
+            .lines()
+            .filter_map(|line| line.strip_prefix(&format!("{state}  ")))
+            .map(str::to_owned)
+            .collect()
+    };
+    for _ in 0..2 {
+        let stdout = migrate(&["--status"]);
+        assert_eq!(listed(&stdout, "pending"), files, "{stdout}");
+        assert!(listed(&stdout, "applied").is_empty(), "{stdout}");
+        assert!(
+            stdout.contains(&format!("{kind}: 0 applied, {total} pending")),
+            "{stdout}"
+        );
+    }
+    let stdout = migrate(&[]);
+    assert_eq!(listed(&stdout, "applied"), files, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "{kind}: {total} applied now, {total} applied, 0 pending"
+        )),
+        "{stdout}"
+    );
+    let stdout = migrate(&[]);
+    assert!(listed(&stdout, "applied").is_empty(), "{stdout}");
+    assert!(
+        stdout.contains("no migration pending: nothing applied"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "{kind}: 0 applied now, {total} applied, 0 pending"
+        )),
+        "{stdout}"
+    );
+    let stdout = migrate(&["--status"]);
+    assert_eq!(listed(&stdout, "applied"), files, "{stdout}");
+    assert!(
+        stdout.contains(&format!("{kind}: {total} applied, 0 pending")),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn migrate_says_what_it_applied_and_what_is_pending_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/gateway.db", dir.path().display());
+    migrate_says_what_it_applied_and_what_is_pending(&url, "sqlite");
+}
+
+#[tokio::test]
+async fn migrate_says_what_it_applied_and_what_is_pending_on_postgres() {
+    let db = pg::or_skip!(pg::database().await);
+    let url = db.url.clone();
+    tokio::task::spawn_blocking(move || {
+        migrate_says_what_it_applied_and_what_is_pending(&url, "postgres");
+    })
+    .await
+    .unwrap();
 }
 
 /// A file with three mistakes: an unknown key, a value of the wrong type, a
