@@ -17,9 +17,17 @@ use phones_gateway::sim::{self, SimConfig};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `--version`: the crate's version and the commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("PHONES_GATEWAY_COMMIT"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
-    version,
+    version = VERSION,
     about = "Decides which phone number a buyer sees for a classified ad."
 )]
 struct Cli {
@@ -272,6 +280,11 @@ fn log_mistyped_environment() {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
+    tracing::info!(
+        version = phones_gateway::telemetry::VERSION,
+        commit = phones_gateway::telemetry::COMMIT,
+        "phones-gateway starting"
+    );
     let app = App::build(config).await?;
     tracing::info!(public = %app.public_addr(), admin = %app.admin_addr(), "listening");
     app.run(shutdown_signal()).await

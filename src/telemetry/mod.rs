@@ -165,8 +165,16 @@ pub const DURATION_BOUNDS_NS: [u64; 15] = [
     2_500_000_000,
 ];
 
+/// The crate's version (`Cargo.toml`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The commit it was built from (`build.rs`: `git rev-parse --short HEAD`, or
+/// "unknown" where the build had no repository).
+pub const COMMIT: &str = env!("PHONES_GATEWAY_COMMIT");
+
 /// The process-wide Prometheus recorder (the `metrics` facade is global; several
-/// apps in one test process share it).
+/// apps in one test process share it), with
+/// `phones_gateway_build_info{version, commit}` set to 1 once installed.
 pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
@@ -182,6 +190,8 @@ pub fn metrics_handle() -> PrometheusHandle {
             // Fails only if another recorder was installed first; then ours renders
             // nothing, which is all we could do anyway.
             let _ = metrics::set_global_recorder(recorder);
+            metrics::gauge!("phones_gateway_build_info", "version" => VERSION, "commit" => COMMIT)
+                .set(1.0);
             handle
         })
         .clone()

@@ -588,6 +588,74 @@ async fn a_database_that_refuses_is_named_with_its_address_and_cause() {
     );
 }
 
+/// The commit the binary was built from, as build.rs reads it.
+fn built_commit() -> String {
+    let output = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    match output {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        _ => "unknown".to_owned(),
+    }
+}
+
+/// The version and the commit: `--version` shows both, `serve` logs them at
+/// start, and `phones_gateway_build_info{version, commit}` is 1.
+#[tokio::test]
+async fn the_version_and_commit_are_in_the_version_the_start_log_and_a_metric() {
+    let commit = built_commit();
+    let version = env!("CARGO_PKG_VERSION");
+    let mut command = binary();
+    command.arg("--version");
+    let (output, stdout, stderr) = run(command, "phones-gateway --version");
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        format!("phones-gateway {version} ({commit})")
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = binary();
+    command
+        .arg("serve")
+        .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
+        .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
+        .env(
+            "PHONES_GATEWAY__DATABASE__URL",
+            format!("sqlite://{}/gw.db", dir.path().display()),
+        )
+        .env("PHONES_GATEWAY__LOG__FORMAT", "json");
+    let child = Spawned::spawn(command, "phones-gateway serve");
+    let limit = Duration::from_secs(30);
+    let logged = child
+        .logged("phones-gateway starting", &["version", "commit"], limit)
+        .await;
+    assert_eq!(logged, [version.to_owned(), commit.clone()]);
+    let admin = child.logged("listening", &["admin"], limit).await;
+    let metrics = reqwest::get(format!("http://{}{METRICS}", admin[0]))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let series =
+        format!("phones_gateway_build_info{{version=\"{version}\",commit=\"{commit}\"}} 1");
+    let reversed =
+        format!("phones_gateway_build_info{{commit=\"{commit}\",version=\"{version}\"}} 1");
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line == series || line == reversed),
+        "no {series}: {}",
+        metrics
+            .lines()
+            .filter(|line| line.contains("build_info"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
 /// The series docs/operations.md lists as absent until first used: the
 /// backticked `phones_gateway_*` names of that section (a trailing `*` a
 /// prefix), without labels.
