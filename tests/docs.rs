@@ -1424,3 +1424,37 @@ fn the_changelog_names_every_migration_and_the_upgrade_is_documented() {
         assert!(upgrading.contains(step), "Upgrading does not say {step}");
     }
 }
+
+/// `config/simulator.toml`, the example config for `serve` against
+/// `phones-gateway simulate`, loads, and points every upstream at the address
+/// the simulator listens on by default (the `simulate` command's own default,
+/// read through its flags).
+#[test]
+fn the_simulator_example_points_every_upstream_at_the_simulator() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Simulate {
+        #[command(flatten)]
+        sim: phones_gateway::sim::SimConfig,
+    }
+    let listens = Simulate::parse_from(["simulate"]).sim.addr;
+    let url = format!("http://{listens}");
+    let path = root().join("config/simulator.toml");
+    let config = phones_gateway::config::Config::load(Some(&path))
+        .unwrap_or_else(|e| panic!("config/simulator.toml: {e}"));
+    let upstreams = &config.upstreams;
+    for (name, base_url) in [
+        ("real_phone", &upstreams.real_phone.base_url),
+        ("anonymous", &upstreams.anonymous.base_url),
+        ("calltracking", &upstreams.calltracking.upstream.base_url),
+    ] {
+        assert_eq!(*base_url, url, "upstreams.{name}.base_url");
+    }
+    for doc in ["README.md", "docs/configuration.md"] {
+        let text = read(&root().join(doc));
+        assert!(
+            text.contains("config/simulator.toml") && text.contains(&listens.to_string()),
+            "{doc} does not name config/simulator.toml and {listens}"
+        );
+    }
+}
