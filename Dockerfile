@@ -37,6 +37,11 @@ WORKDIR /src
 # and recompiles this crate only. A cache mount is not part of the image, so the
 # binary is copied out of it in the same step.
 COPY . .
+# The commit `--version`, the start log and phones_gateway_build_info show
+# (build.rs): the context has no .git, so pass it, e.g.
+# `--build-arg PHONES_GATEWAY_COMMIT=$(git rev-parse --short HEAD)`; "unknown"
+# without it.
+ARG PHONES_GATEWAY_COMMIT=""
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \

@@ -17,9 +17,17 @@ use phones_gateway::sim::{self, SimConfig};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `--version`: the crate's version and the commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("PHONES_GATEWAY_COMMIT"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
-    version,
+    version = VERSION,
     about = "Decides which phone number a buyer sees for a classified ad."
 )]
 struct Cli {
@@ -40,10 +48,13 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Apply the database migrations and exit.
+    /// Apply the database migrations that are pending, list them, and exit.
     Migrate {
         #[arg(long)]
         config: Option<PathBuf>,
+        /// List the migrations applied and pending, and apply nothing.
+        #[arg(long)]
+        status: bool,
     },
     /// Run the upstream simulator (all three upstreams and the status feed).
     Simulate(SimConfig),
@@ -59,7 +70,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command.unwrap_or(Command::Demo { config: None }) {
         Command::Serve { config } => run_serve(load(config)),
         Command::CheckConfig { config } => check_config(config),
-        Command::Migrate { config } => run_migrate(load(config)),
+        Command::Migrate { config, status } => run_migrate(load(config), status),
         Command::Simulate(sim_config) => {
             phones_gateway::telemetry::init_logs(&LogConfig {
                 filter: "info".to_owned(),
@@ -118,8 +129,10 @@ fn check_config(file: Option<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `migrate`: applies the migrations and exits.
-fn run_migrate(config: Config) -> anyhow::Result<()> {
+/// `migrate`: applies the pending migrations, saying which (or, with
+/// `--status`, lists every migration as applied or pending and applies
+/// nothing), and exits.
+fn run_migrate(config: Config, status_only: bool) -> anyhow::Result<()> {
     phones_gateway::telemetry::init_logs(&config.log)?;
     log_mistyped_environment();
     // One connection is all a migration run takes.
@@ -129,12 +142,74 @@ fn run_migrate(config: Config) -> anyhow::Result<()> {
     };
     runtime(1)?.block_on(async {
         let database = phones_gateway::store::Database::open(&database).await?;
+        let store = database.kind();
+        let before = database.migration_status().await?;
+        if status_only {
+            for migration in &before {
+                let state = if migration.applied {
+                    "applied"
+                } else {
+                    "pending"
+                };
+                println!("{state}  {}", migration_name(migration));
+            }
+            let pending = before.iter().filter(|m| !m.applied).count();
+            println!(
+                "{store}: {} applied, {pending} pending",
+                before.len() - pending
+            );
+            return anyhow::Ok(());
+        }
+        let started = tokio::time::Instant::now();
         // No client bound on the whole run: a migration that rightly
         // takes long (an index on a large table) runs here, not at start.
         database.migrate_within(None).await?;
-        tracing::info!(store = database.kind(), "migrations applied");
+        let seconds = started.elapsed().as_secs_f64();
+        let after = database.migration_status().await?;
+        let was_applied = |version| before.iter().any(|m| m.version == version && m.applied);
+        let mut applied_now = 0;
+        for migration in after
+            .iter()
+            .filter(|m| m.applied && !was_applied(m.version))
+        {
+            println!("applied  {}", migration_name(migration));
+            applied_now += 1;
+        }
+        let pending: Vec<String> = after
+            .iter()
+            .filter(|m| !m.applied)
+            .map(migration_name)
+            .collect();
+        for name in &pending {
+            println!("pending  {name}");
+        }
+        println!(
+            "{store}: {applied_now} applied now, {} applied, {} pending",
+            after.len() - pending.len(),
+            pending.len()
+        );
+        if applied_now == 0 {
+            tracing::info!(
+                store,
+                pending = pending.len(),
+                "no migration pending: nothing applied"
+            );
+        } else {
+            tracing::info!(
+                store,
+                applied = applied_now,
+                pending = pending.len(),
+                seconds,
+                "migrations applied"
+            );
+        }
         anyhow::Ok(())
     })
+}
+
+/// A migration as its file is named: `0011 reveal buckets`.
+fn migration_name(migration: &phones_gateway::store::MigrationState) -> String {
+    format!("{:04} {}", migration.version, migration.description)
 }
 
 /// `demo` (and no command): the service and the simulator together.
@@ -205,6 +280,11 @@ fn log_mistyped_environment() {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
+    tracing::info!(
+        version = phones_gateway::telemetry::VERSION,
+        commit = phones_gateway::telemetry::COMMIT,
+        "phones-gateway starting"
+    );
     let app = App::build(config).await?;
     tracing::info!(public = %app.public_addr(), admin = %app.admin_addr(), "listening");
     app.run(shutdown_signal()).await

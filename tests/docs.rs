@@ -12,6 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
+#[path = "it/support/alerts.rs"]
+mod alerts;
+
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -1377,4 +1380,122 @@ fn the_table_of_how_a_call_ends_is_the_codes() {
         .map(|line| line.map(str::to_owned))
         .collect();
     assert_eq!(rows, code, "docs/rules.md against upstream::ending's table");
+
+/// docs/runbook.md gives each alert of the chart its expression, how long it
+/// must hold and the values it reads, as the chart renders them with the
+/// default values (`tests/it/support/alerts.rs`): a threshold or expression
+/// changed in the chart and not in the runbook fails here.
+#[test]
+fn the_runbook_shows_each_alerts_expression_and_threshold() {
+    let runbook = read(&root().join("docs/runbook.md"));
+    for alert in alerts::chart_alerts(root()) {
+        let heading = format!("\n## {}\n", alert.name);
+        let start = runbook
+            .find(&heading)
+            .unwrap_or_else(|| panic!("no section {} in docs/runbook.md", alert.name));
+        let section = &runbook[start + heading.len()..];
+        let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+        let flat = section.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            flat.contains(&alert.expr),
+            "{}: the runbook does not show the expression {}",
+            alert.name,
+            alert.expr
+        );
+        assert!(
+            flat.contains(&format!("holds for {}", alert.hold)),
+            "{}: the runbook does not say it holds for {}",
+            alert.name,
+            alert.hold
+        );
+        for key in &alert.keys {
+            assert!(
+                flat.contains(key.as_str()),
+                "{}: {key} not named",
+                alert.name
+            );
+        }
+    }
+}
+
+/// Every migration of either dialect is named in CHANGELOG.md (as `NNNN
+/// description`, the way `phones-gateway migrate --status` lists it), so a
+/// new one is entered with whether it is costly; and docs/operations.md has
+/// the upgrade procedure, which starts from `migrate --status`.
+#[test]
+fn the_changelog_names_every_migration_and_the_upgrade_is_documented() {
+    let changelog = read(&root().join("CHANGELOG.md"));
+    let flat = changelog.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut missing = Vec::new();
+    for dialect in ["sqlite", "postgres"] {
+        for entry in fs::read_dir(root().join("migrations").join(dialect)).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            let Some(stem) = name.strip_suffix(".sql") else {
+                continue;
+            };
+            let (number, words) = stem.split_once('_').unwrap_or((stem, ""));
+            let listed = format!("{number} {}", words.replace('_', " "));
+            let number: u32 = number.parse().unwrap();
+            // Named alone, or within a range of the release that brought it.
+            let in_a_range = flat.match_indices(" to ").any(|(at, _)| {
+                let before = flat[..at].rsplit(' ').next().unwrap_or("");
+                let after = flat[at + 4..].split(' ').next().unwrap_or("");
+                let (Ok(low), Ok(high)) = (before.parse::<u32>(), after.parse::<u32>()) else {
+                    return false;
+                };
+                (low..=high).contains(&number)
+            });
+            if !flat.contains(&listed) && !in_a_range {
+                missing.push(format!("{dialect}/{name}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "CHANGELOG.md does not name {missing:?}");
+    let operations = read(&root().join("docs/operations.md"));
+    let upgrading = operations
+        .split("\n## Upgrading\n")
+        .nth(1)
+        .expect("docs/operations.md has an \"Upgrading\" section");
+    let upgrading = &upgrading[..upgrading.find("\n## ").unwrap_or(upgrading.len())];
+    for step in [
+        "CHANGELOG.md",
+        "migrate --status",
+        "phones-gateway migrate --config",
+    ] {
+        assert!(upgrading.contains(step), "Upgrading does not say {step}");
+    }
+}
+
+/// `config/simulator.toml`, the example config for `serve` against
+/// `phones-gateway simulate`, loads, and points every upstream at the address
+/// the simulator listens on by default (the `simulate` command's own default,
+/// read through its flags).
+#[test]
+fn the_simulator_example_points_every_upstream_at_the_simulator() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Simulate {
+        #[command(flatten)]
+        sim: phones_gateway::sim::SimConfig,
+    }
+    let listens = Simulate::parse_from(["simulate"]).sim.addr;
+    let url = format!("http://{listens}");
+    let path = root().join("config/simulator.toml");
+    let config = phones_gateway::config::Config::load(Some(&path))
+        .unwrap_or_else(|e| panic!("config/simulator.toml: {e}"));
+    let upstreams = &config.upstreams;
+    for (name, base_url) in [
+        ("real_phone", &upstreams.real_phone.base_url),
+        ("anonymous", &upstreams.anonymous.base_url),
+        ("calltracking", &upstreams.calltracking.upstream.base_url),
+    ] {
+        assert_eq!(*base_url, url, "upstreams.{name}.base_url");
+    }
+    for doc in ["README.md", "docs/configuration.md"] {
+        let text = read(&root().join(doc));
+        assert!(
+            text.contains("config/simulator.toml") && text.contains(&listens.to_string()),
+            "{doc} does not name config/simulator.toml and {listens}"
+        );
+    }
 }

@@ -101,7 +101,11 @@ const MAX_EXTRACTION_ROUNDS: usize = 64;
 /// Where the value at `key` came from, for a mistake's message: a file's
 /// absolute path, or the environment variable's name. `None` for the built-in
 /// defaults (and values tests build from strings).
+///
+/// An element of a list (`selection.order[1]`, `admin.tokens[0].scopes`) is
+/// found by the list's key: the file or variable that gave the list.
 fn source_of(figment: &Figment, key: &str) -> Option<String> {
+    let key = key.split('[').next().unwrap_or(key);
     described(figment.find_metadata(key)?, key)
 }
 
@@ -123,14 +127,10 @@ fn described(metadata: &figment::Metadata, key: &str) -> Option<String> {
     None
 }
 
-/// [`key_of`] as its segments.
+/// The path of an extraction error, without figment's profile: its
+/// segments, and for an unknown or missing field the field itself. A list's
+/// element is a segment of digits, its index.
 fn key_path(error: &figment::Error) -> Vec<String> {
-    key_of(error).split('.').map(str::to_owned).collect()
-}
-
-/// The dotted key of an extraction error, without figment's profile: the
-/// path, and for an unknown or missing field the field itself.
-fn key_of(error: &figment::Error) -> String {
     use figment::error::Kind;
     let mut path = error.path.clone();
     let field = match &error.kind {
@@ -143,18 +143,44 @@ fn key_of(error: &figment::Error) -> String {
             path.push(field.to_owned());
         }
     }
-    path.join(".")
+    path
+}
+
+/// Whether a path segment is a list's index.
+fn is_index(segment: &str) -> bool {
+    !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The key of an extraction error as documented: dotted, a list's element
+/// by its index (`selection.order[1]`).
+fn key_of(error: &figment::Error) -> String {
+    let mut key = String::new();
+    for segment in key_path(error) {
+        if is_index(&segment) {
+            key.push_str(&format!("[{segment}]"));
+        } else {
+            if !key.is_empty() {
+                key.push('.');
+            }
+            key.push_str(&segment);
+        }
+    }
+    key
 }
 
 /// Puts the default value at `path` in `dict` (or removes the key when the
-/// defaults have none: an unknown key, or an optional one). Returns whether
-/// anything changed.
+/// defaults have none: an unknown key, or an optional one). A mistake in a
+/// list's element repairs the whole list. Returns whether anything changed.
 fn repair(
     dict: &mut figment::value::Dict,
     path: &[String],
     defaults: &figment::value::Dict,
 ) -> bool {
     use figment::value::Value;
+    let path = match path.iter().position(|segment| is_index(segment)) {
+        Some(list) => &path[..list],
+        None => path,
+    };
     let Some((last, parents)) = path.split_last() else {
         return false;
     };
@@ -446,6 +472,12 @@ pub(crate) mod tests {
         assert!(e.contains("public_adr"), "{e}");
         let e = error_of("[selection]\nanonymous_categories = [0]");
         assert!(e.contains("selection.anonymous_categories"), "{e}");
+        // A bad element of a list, by its index, among the other mistakes.
+        let e = error_of(
+            "[selection]\norder = [\"anonymous\", \"bogus\"]\n[cache.anonymous]\ncapacity = 0",
+        );
+        assert!(e.contains("selection.order[1]: unknown variant"), "{e}");
+        assert!(e.contains("cache.anonymous.capacity"), "{e}");
     }
 
     /// Every leaf key of the defaults, dotted, with its default value.

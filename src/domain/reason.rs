@@ -15,7 +15,7 @@
 //! holds that list against [`Failure::ALL`] and [`Code::ALL`]). A reason is
 //! `Copy` and packs into 22 bits ([`Reason::encode`]): the reveal log stores
 //! that integer, never text. [`Reason::code`] is the one code that decided the
-//! answer, the label of `phones_gateway_answers_total{kind, reason}`: 25
+//! answer, the label of `phones_gateway_answers_total{kind, reason}`: 26
 //! values at most.
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
@@ -214,8 +214,9 @@ const SKIP_CODES: usize = 7;
 
 impl Code {
     /// Every code: the four origins, then per source (anonymous, call
-    /// tracking, real) `<source>_no_number` and `<source>_<verdict>`.
-    pub const ALL: [&'static str; 4 + 3 * SKIP_CODES] = [
+    /// tracking, real) `<source>_no_number` and `<source>_<verdict>`, then
+    /// `phone_calltracking_failed` (added last: the others keep their places).
+    pub const ALL: [&'static str; 4 + 3 * SKIP_CODES + 1] = [
         "cache",
         "upstream",
         "stale",
@@ -241,7 +242,12 @@ impl Code {
         "real_connect",
         "real_invalid",
         "real_circuit_open",
+        "phone_calltracking_failed",
     ];
+
+    /// The caller's `phone` shown to a tracked seller's buyer because call
+    /// tracking failed on its upstream's verdict: the last of [`Code::ALL`].
+    const PHONE_CALLTRACKING_FAILED: Code = Code(25);
 
     fn origin(origin: Origin) -> Code {
         Code(match origin {
@@ -329,13 +335,19 @@ impl Reason {
     }
 
     /// The one code that decided the answer (the metric's label): an answer
-    /// from the caller's own `phone` is `phone` (it reveals nothing the caller
-    /// did not send); else the verdict of the nearest source above that
-    /// failed, else the nearest that had no number; else where the answer
-    /// came from.
+    /// from the caller's own `phone` is `phone_calltracking_failed` when call
+    /// tracking failed above it (a tracked seller shown a real number, the
+    /// caller's or not), else `phone`; else the verdict of the nearest source
+    /// above that failed, else the nearest that had no number; else where the
+    /// answer came from.
     pub fn code(&self) -> Code {
         if self.origin == Origin::Phone {
-            return Code::origin(Origin::Phone);
+            return match self.skipped[Source::Calltracking] {
+                Some(Skip::Failed(failure)) if failure.is_verdict() => {
+                    Code::PHONE_CALLTRACKING_FAILED
+                }
+                _ => Code::origin(Origin::Phone),
+            };
         }
         let nearest = |want: fn(Skip) -> bool| {
             self.skips()
@@ -573,6 +585,16 @@ mod tests {
             ),
             (
                 Reason::new(Origin::Phone).skipped(Calltracking, timeout),
+                "phone_calltracking_failed",
+            ),
+            (
+                Reason::new(Origin::Phone)
+                    .skipped(Anonymous, Skip::Failed(Failure::Connect))
+                    .skipped(Calltracking, Skip::NoNumber),
+                "phone",
+            ),
+            (
+                Reason::new(Origin::Phone).skipped(Calltracking, Skip::NotApplicable),
                 "phone",
             ),
             (

@@ -132,7 +132,7 @@ struct Counters {
     unavailable: metrics::Counter,
     undecided: metrics::Counter,
     /// `phones_gateway_answers_total{kind, reason}`, by kind and by the
-    /// reason's code ([`Code::ALL`](crate::domain::Code::ALL)): 75 series at
+    /// reason's code ([`Code::ALL`](crate::domain::Code::ALL)): 78 series at
     /// most, counted for answers shown (not HEAD).
     answers: Sources<Box<[metrics::Counter]>>,
 }

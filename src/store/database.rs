@@ -198,6 +198,57 @@ impl Database {
         }
     }
 
+    /// The embedded migrations of this database kind, in order, each with
+    /// whether this database has applied it (`phones-gateway migrate
+    /// --status`). Reads only: a database no migration has touched has no
+    /// `_sqlx_migrations` table, and nothing applied.
+    ///
+    /// # Errors
+    /// The database is unreachable or the read failed.
+    pub async fn migration_status(&self) -> Result<Vec<MigrationState>, StoreError> {
+        let (migrator, applied): (sqlx::migrate::Migrator, Vec<i64>) = match &self.backend {
+            Backend::Sqlite(sqlite) => {
+                let exists: Option<String> = sqlx::query_scalar(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+                )
+                .fetch_optional(&sqlite.pool)
+                .await?;
+                let applied = match exists {
+                    Some(_) => {
+                        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                            .fetch_all(&sqlite.pool)
+                            .await?
+                    }
+                    None => Vec::new(),
+                };
+                (sqlx::migrate!("migrations/sqlite"), applied)
+            }
+            Backend::Postgres(Pg { pool, .. }) => {
+                let exists: bool =
+                    sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+                        .fetch_one(pool)
+                        .await?;
+                let applied = if exists {
+                    sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                        .fetch_all(pool)
+                        .await?
+                } else {
+                    Vec::new()
+                };
+                (sqlx::migrate!("migrations/postgres"), applied)
+            }
+        };
+        Ok(migrator
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration())
+            .map(|m| MigrationState {
+                version: m.version,
+                description: m.description.to_string(),
+                applied: applied.contains(&m.version),
+            })
+            .collect())
+    }
+
     /// Closes the pool every handle shares (and SQLite's reveal log writer).
     pub async fn close(&self) {
         if let Some(writer) = &self.log_writer {
@@ -208,6 +259,17 @@ impl Database {
             Backend::Postgres(Pg { pool, .. }) => pool.close().await,
         }
     }
+}
+
+/// One embedded migration, and whether the database has applied it
+/// ([`Database::migration_status`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationState {
+    /// Its number, as its file is named (`0011_reveal_buckets.sql`: 11).
+    pub version: i64,
+    /// Its file name's words (`reveal buckets`).
+    pub description: String,
+    pub applied: bool,
 }
 
 /// SQLite, the embedded default, for one replica. WAL journal,

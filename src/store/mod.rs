@@ -55,3 +55,5 @@ pub use status::{
     CHANGES_PAGE, Change, FLOOR_USER, PreparedSnapshot, Row, SnapshotLoad, StatusStore,
     StatusStoreError, Watermark,
 };
+
+pub use database::MigrationState;

@@ -116,15 +116,22 @@ fn env_filter(filter: &str) -> anyhow::Result<EnvFilter> {
 
 /// A request's id: the caller's `x-request-id` if it is short, visible ASCII
 /// (kept as is: no copy), else sixteen hex digits we make.
-pub fn request_id_of(headers: &HeaderMap) -> HeaderValue {
+///
+/// # Errors
+/// An id we make when the caller sent `x-request-id` more than once: the
+/// request is refused (400) under that id, as any header read singly is.
+pub fn request_id_of(headers: &HeaderMap) -> Result<HeaderValue, HeaderValue> {
     static SEQUENCE: AtomicU64 = AtomicU64::new(0);
     static SEED: OnceLock<foldhash::fast::RandomState> = OnceLock::new();
-    let given = headers.get(REQUEST_ID_HEADER).filter(|v| {
+    let mut values = headers.get_all(REQUEST_ID_HEADER).iter();
+    let (given, repeated) = (values.next(), values.next().is_some());
+    let given = given.filter(|v| {
         let v = v.as_bytes();
         !v.is_empty() && v.len() <= 128 && v.iter().all(u8::is_ascii_graphic)
     });
-    if let Some(id) = given {
-        return id.clone();
+    match given {
+        Some(id) if !repeated => return Ok(id.clone()),
+        _ => {}
     }
     let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
     let id = SEED.get_or_init(Default::default).hash_one(n);
@@ -133,7 +140,8 @@ pub fn request_id_of(headers: &HeaderMap) -> HeaderValue {
         *byte = b"0123456789abcdef"[((id >> (60 - 4 * i)) & 0xf) as usize];
     }
     // Hex digits are always a valid header value; the fallback is never taken.
-    HeaderValue::from_bytes(&hex).unwrap_or(HeaderValue::from_static("0"))
+    let made = HeaderValue::from_bytes(&hex).unwrap_or(HeaderValue::from_static("0"));
+    if repeated { Err(made) } else { Ok(made) }
 }
 
 /// Upper bounds of every `_seconds` histogram, in nanoseconds: the recorder's
@@ -157,8 +165,16 @@ pub const DURATION_BOUNDS_NS: [u64; 15] = [
     2_500_000_000,
 ];
 
+/// The crate's version (`Cargo.toml`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The commit it was built from (`build.rs`: `git rev-parse --short HEAD`, or
+/// "unknown" where the build had no repository).
+pub const COMMIT: &str = env!("PHONES_GATEWAY_COMMIT");
+
 /// The process-wide Prometheus recorder (the `metrics` facade is global; several
-/// apps in one test process share it).
+/// apps in one test process share it), with
+/// `phones_gateway_build_info{version, commit}` set to 1 once installed.
 pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
@@ -174,6 +190,8 @@ pub fn metrics_handle() -> PrometheusHandle {
             // Fails only if another recorder was installed first; then ours renders
             // nothing, which is all we could do anyway.
             let _ = metrics::set_global_recorder(recorder);
+            metrics::gauge!("phones_gateway_build_info", "version" => VERSION, "commit" => COMMIT)
+                .set(1.0);
             handle
         })
         .clone()

@@ -544,6 +544,64 @@ async fn every_bad_query_parameter_is_a_400_naming_it() {
     assert_eq!(got.body["user_id"], max);
 }
 
+/// A header the gateway reads one value of, given twice, is a 400 naming it,
+/// as a repeated query parameter is: nothing asked, nothing recorded. Two
+/// `traceparent` headers are an invalid one (a new trace), never an error.
+#[tokio::test]
+async fn every_header_read_singly_is_a_400_naming_it_when_repeated() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    let lookup = phone_path(1, 1, PLAIN_CATEGORY);
+    let twice = |name: &'static str, a: &'static str, b: &'static str| [(name, a), (name, b)];
+    for (headers, named) in [
+        (twice("x-viewer-id", "buyer-1", "buyer-2"), "X-Viewer-Id"),
+        (twice("x-viewer-id", "buyer-1", "buyer-1"), "X-Viewer-Id"),
+        (twice("x-request-id", "req-1", "req-2"), "x-request-id"),
+    ] {
+        let got = app.get_public_with(&lookup, &headers).await;
+        got.assert_problem(400);
+        let detail = got.body["detail"].as_str().unwrap_or_default();
+        assert!(detail.starts_with(named), "{headers:?}: {detail}");
+        assert!(detail.contains("more than once"), "{headers:?}: {detail}");
+        let batch =
+            json!({ "items": [{ "user_id": 1, "ad_id": 1, "category_id": PLAIN_CATEGORY }] });
+        let got = app
+            .post_public_with(BATCH, &headers, batch.to_string())
+            .await;
+        got.assert_problem(400);
+        let detail = got.body["detail"].as_str().unwrap_or_default();
+        assert!(detail.starts_with(named), "batch {headers:?}: {detail}");
+    }
+    app.assert_calls(0, 0, 0);
+    // The admin token, twice (both right): refused before it is compared.
+    let bearer = crate::support::bearer();
+    let tokens = [
+        ("authorization", bearer.as_str()),
+        ("authorization", bearer.as_str()),
+    ];
+    let got = app
+        .admin_request(Method::GET, &status_path(42), &tokens, "")
+        .await;
+    got.assert_problem(400);
+    let detail = got.body["detail"].as_str().unwrap_or_default();
+    assert!(detail.starts_with("Authorization"), "{detail}");
+    // Once each, all answered.
+    let once = [("x-viewer-id", "buyer-1"), ("x-request-id", "req-1")];
+    app.get_public_with(&lookup, &once)
+        .await
+        .assert_number(REAL, "real");
+    let got = app
+        .admin_request(Method::GET, &status_path(42), &tokens[..1], "")
+        .await;
+    assert_ne!(got.status, 400, "{got:?}");
+    // Two trace parents: a new trace, the request answered.
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let got = app
+        .get_public_with(&lookup, &twice("traceparent", parent, parent))
+        .await;
+    got.assert_number(REAL, "real");
+}
+
 #[tokio::test]
 async fn bad_batch_bodies_are_400_and_oversized_ones_413() {
     let app = TestApp::spawn_with("[server]\nmax_body_bytes = 20000").await;

@@ -588,6 +588,137 @@ async fn a_database_that_refuses_is_named_with_its_address_and_cause() {
     );
 }
 
+/// The commit the binary was built from, as build.rs reads it.
+fn built_commit() -> String {
+    let output = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    match output {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        _ => "unknown".to_owned(),
+    }
+}
+
+/// The version and the commit: `--version` shows both, `serve` logs them at
+/// start, and `phones_gateway_build_info{version, commit}` is 1.
+#[tokio::test]
+async fn the_version_and_commit_are_in_the_version_the_start_log_and_a_metric() {
+    let commit = built_commit();
+    let version = env!("CARGO_PKG_VERSION");
+    let mut command = binary();
+    command.arg("--version");
+    let (output, stdout, stderr) = run(command, "phones-gateway --version");
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        format!("phones-gateway {version} ({commit})")
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = binary();
+    command
+        .arg("serve")
+        .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
+        .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
+        .env(
+            "PHONES_GATEWAY__DATABASE__URL",
+            format!("sqlite://{}/gw.db", dir.path().display()),
+        )
+        .env("PHONES_GATEWAY__LOG__FORMAT", "json");
+    let child = Spawned::spawn(command, "phones-gateway serve");
+    let limit = Duration::from_secs(30);
+    let logged = child
+        .logged("phones-gateway starting", &["version", "commit"], limit)
+        .await;
+    assert_eq!(logged, [version.to_owned(), commit.clone()]);
+    let admin = child.logged("listening", &["admin"], limit).await;
+    let metrics = reqwest::get(format!("http://{}{METRICS}", admin[0]))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let series =
+        format!("phones_gateway_build_info{{version=\"{version}\",commit=\"{commit}\"}} 1");
+    let reversed =
+        format!("phones_gateway_build_info{{commit=\"{commit}\",version=\"{version}\"}} 1");
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line == series || line == reversed),
+        "no {series}: {}",
+        metrics
+            .lines()
+            .filter(|line| line.contains("build_info"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// The series docs/operations.md lists as absent until first used: the
+/// backticked `phones_gateway_*` names of that section (a trailing `*` a
+/// prefix), without labels.
+fn listed_as_absent() -> Vec<String> {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"),
+    )
+    .unwrap();
+    let start = doc
+        .find("### Series that are absent until first used")
+        .unwrap();
+    let section = &doc[start..];
+    // The list, after the families said to be there from the start.
+    let section = &section[section.find("These are not").unwrap()..];
+    let section = &section[..section.find("What that means for alerts").unwrap()];
+    section
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| word.starts_with("phones_gateway_"))
+        .map(|word| word.split('{').next().unwrap_or(word).to_owned())
+        .collect()
+}
+
+/// Every series an alert of the chart reads (with the labels it matches
+/// exactly) is on a fresh replica's /metrics before any request, or
+/// docs/operations.md lists it as absent until first used: an alert over a
+/// series that is not there yet sees nothing, not 0.
+#[tokio::test]
+async fn every_series_an_alert_reads_is_there_from_the_start_or_listed_as_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let process = Process::start(&format!("sqlite://{}/gw.db", dir.path().display())).await;
+    let metrics = process.get_admin(METRICS).await.text;
+    let listed = listed_as_absent();
+    let is_listed = |name: &str| {
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(name);
+        listed.iter().any(|l| match l.strip_suffix('*') {
+            Some(prefix) => family.starts_with(prefix),
+            None => l == family,
+        })
+    };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut missing = Vec::new();
+    for alert in crate::support::alerts::chart_alerts(root) {
+        for (name, labels) in crate::support::alerts::series_read(&alert.expr) {
+            let there = metrics.lines().any(|line| {
+                (line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} ")))
+                    && labels.iter().all(|label| line.contains(label.as_str()))
+            });
+            if !there && !is_listed(&name) {
+                missing.push(format!("{}: {name}{labels:?}", alert.name));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "absent on a fresh replica and not listed as such: {missing:#?}"
+    );
+}
+
 fn binary() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_phones-gateway"));
     // The settings of whoever runs the tests are not the test's.
@@ -630,6 +761,104 @@ fn text_logs_to_a_pipe_carry_no_colour_codes() {
             "escape codes on {stream}: {text:?}"
         );
     }
+}
+
+/// `migrate --status` lists every migration of the store's kind as pending or
+/// applied and applies nothing; `migrate` lists those it applied, and run
+/// again says nothing was pending.
+fn migrate_says_what_it_applied_and_what_is_pending(url: &str, kind: &str) {
+    let files: Vec<String> = {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(kind);
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        // `0011_reveal_buckets.sql` as listed: `0011 reveal buckets`.
+        names
+            .iter()
+            .map(|name| {
+                name.trim_end_matches(".sql")
+                    .replacen('_', " ", 1)
+                    .replace('_', " ")
+            })
+            .collect()
+    };
+    let total = files.len();
+    assert!(total >= 8, "{files:?}");
+    let migrate = |args: &[&str]| {
+        let mut command = binary();
+        command
+            .arg("migrate")
+            .args(args)
+            .env("PHONES_GATEWAY__DATABASE__URL", url)
+            .env("PHONES_GATEWAY__LOG__FORMAT", "text");
+        let (output, stdout, stderr) = run(command, "phones-gateway migrate");
+        assert!(output.status.success(), "{stdout}\n{stderr}");
+        stdout
+    };
+    let listed = |stdout: &str, state: &str| -> Vec<String> {
+        stdout
+            .lines()
+            .filter_map(|line| line.strip_prefix(&format!("{state}  ")))
+            .map(str::to_owned)
+            .collect()
+    };
+    for _ in 0..2 {
+        let stdout = migrate(&["--status"]);
+        assert_eq!(listed(&stdout, "pending"), files, "{stdout}");
+        assert!(listed(&stdout, "applied").is_empty(), "{stdout}");
+        assert!(
+            stdout.contains(&format!("{kind}: 0 applied, {total} pending")),
+            "{stdout}"
+        );
+    }
+    let stdout = migrate(&[]);
+    assert_eq!(listed(&stdout, "applied"), files, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "{kind}: {total} applied now, {total} applied, 0 pending"
+        )),
+        "{stdout}"
+    );
+    let stdout = migrate(&[]);
+    assert!(listed(&stdout, "applied").is_empty(), "{stdout}");
+    assert!(
+        stdout.contains("no migration pending: nothing applied"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "{kind}: 0 applied now, {total} applied, 0 pending"
+        )),
+        "{stdout}"
+    );
+    let stdout = migrate(&["--status"]);
+    assert_eq!(listed(&stdout, "applied"), files, "{stdout}");
+    assert!(
+        stdout.contains(&format!("{kind}: {total} applied, 0 pending")),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn migrate_says_what_it_applied_and_what_is_pending_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/gateway.db", dir.path().display());
+    migrate_says_what_it_applied_and_what_is_pending(&url, "sqlite");
+}
+
+#[tokio::test]
+async fn migrate_says_what_it_applied_and_what_is_pending_on_postgres() {
+    let db = pg::or_skip!(pg::database().await);
+    let url = db.url.clone();
+    tokio::task::spawn_blocking(move || {
+        migrate_says_what_it_applied_and_what_is_pending(&url, "postgres");
+    })
+    .await
+    .unwrap();
 }
 
 /// A file with three mistakes: an unknown key, a value of the wrong type, a
@@ -682,6 +911,45 @@ fn check_config_names_every_mistake_in_one_run() {
 #[test]
 fn a_start_with_a_bad_configuration_names_every_mistake_in_one_run() {
     names_every_mistake_at_once("serve");
+}
+
+/// A bad element of a list is one mistake among the others, each named with
+/// where it came from: `check-config` on a file with a bad source in
+/// `selection.order` and a capacity of 0, and a variable with a bad category,
+/// names all three in one run, the list's elements by their index.
+#[test]
+fn check_config_names_a_bad_list_element_among_the_other_mistakes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gw.toml");
+    std::fs::write(
+        &file,
+        "[selection]\norder = [\"anonymous\", \"bogus\"]\n[cache.anonymous]\ncapacity = 0\n",
+    )
+    .unwrap();
+    let mut command = binary();
+    command.args(["check-config", "--config"]).arg(&file).env(
+        "PHONES_GATEWAY__SELECTION__ANONYMOUS_CATEGORIES",
+        "[9, \"x\"]",
+    );
+    let (output, stdout, stderr) = run(command, "phones-gateway check-config");
+    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(stderr.contains("3 mistakes"), "{stderr}");
+    let absolute = file.display().to_string();
+    for (key, source) in [
+        ("selection.order[1]", format!("(in {absolute})")),
+        ("cache.anonymous.capacity", format!("(in {absolute})")),
+        (
+            "selection.anonymous_categories[1]",
+            "(from environment variable PHONES_GATEWAY__SELECTION__ANONYMOUS_CATEGORIES)"
+                .to_owned(),
+        ),
+    ] {
+        let line = stderr
+            .lines()
+            .find(|line| line.trim_start().starts_with(&format!("{key}: ")))
+            .unwrap_or_else(|| panic!("{key} not named: {stderr}"));
+        assert!(line.ends_with(&source), "{key} without {source}: {stderr}");
+    }
 }
 
 /// A start that cannot go on (here: its port is taken) ends with one line and

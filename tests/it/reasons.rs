@@ -280,6 +280,22 @@ async fn every_answer_carries_the_reason_the_rules_gave() {
     )
     .await;
 
+    // A tracked seller, the breaker still open, and the caller sending the
+    // seller's own number: a real number shown because call tracking failed,
+    // with a code that says so (and the alert's series counts it).
+    gw.track(&[21]).await;
+    family(
+        &gw,
+        21,
+        &format!("{}&phone=%2B{}", plain(21, 1), &REAL[1..]),
+        REAL,
+        "real",
+        json!({"code": "phone_calltracking_failed", "origin": "phone",
+               "sources": {"anonymous": "not_applicable", "calltracking": "circuit_open"}}),
+    )
+    .await;
+    assert_eq!(gw.answers("real", "phone").await, 1.0, "seller 20's alone");
+
     // A batch item carries the same reason as the single route: seller 12
     // alone, then seller 13 in a batch, the breaker still open.
     let single = plain(12, 1);

@@ -1,7 +1,8 @@
 //! Extractors whose rejections are `ApiError`s: a JSON body that answers 415
 //! without a JSON content type, 413 over the route's limit and 400 with serde's
-//! explanation otherwise; path parameters (400 naming the parameter); and query
-//! parameters parsed into the domain types.
+//! explanation otherwise; path parameters (400 naming the parameter); query
+//! parameters parsed into the domain types; and the one value of a header read
+//! singly (a repeated one is a 400 naming it, as a repeated query parameter is).
 
 use std::borrow::Cow;
 
@@ -9,8 +10,9 @@ use axum::body::Bytes;
 use axum::extract::path::ErrorKind;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
+use axum::http::header::AsHeaderName;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 
 use serde::de::DeserializeOwned;
 
@@ -84,6 +86,30 @@ pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     } else {
         Err(ApiError::UnsupportedMediaType)
     }
+}
+
+/// The value of a header the gateway reads one value of (`X-Viewer-Id`,
+/// `Authorization`, `x-request-id`), if given. One map lookup, as `get` is:
+/// the lookup's hit path reads `X-Viewer-Id` through this.
+///
+/// # Errors
+/// A 400 naming the header (`shown`, as the docs write it) when it is given
+/// more than once: which one would the caller mean?
+pub fn single_header<'h>(
+    headers: &'h HeaderMap,
+    name: impl AsHeaderName,
+    shown: &str,
+) -> Result<Option<&'h HeaderValue>, ApiError> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (first, None) => Ok(first),
+        (_, Some(_)) => Err(repeated_header(shown)),
+    }
+}
+
+/// The 400 of a header given more than once.
+pub fn repeated_header(shown: &str) -> ApiError {
+    field_error(shown, "given more than once")
 }
 
 /// Path parameters. Axum's own rejection is a `text/plain` 400; this one is a

@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use super::batch_items::{BatchItem, BatchItems, batch_item};
 use super::budget::{self, VIEWER_HEADER};
 use super::error::{ApiError, Problem};
-use super::extract::{Json, public_phone_query};
+use super::extract::{Json, public_phone_query, single_header};
 use super::limits::MAX_BATCH_ITEMS;
 use super::routes;
 use super::state::PublicState;
@@ -79,10 +79,9 @@ impl PublicState {
 /// The request's `X-Viewer-Id`, if any.
 ///
 /// # Errors
-/// A 400 unless it is 1 to 128 visible ASCII characters.
+/// A 400 unless it is one header of 1 to 128 visible ASCII characters.
 fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
-    headers
-        .get(VIEWER_HEADER)
+    single_header(headers, VIEWER_HEADER, "X-Viewer-Id")?
         .map(|v| Viewer::parse(v.as_bytes()))
         .transpose()
         .map_err(|e| ApiError::bad_request(format!("X-Viewer-Id: {e}")))

@@ -124,8 +124,9 @@ impl utoipa::PartialSchema for RevealReason {
                 one_of(
                     &Code::ALL,
                     "The one code that decided the answer, as the metric \
-                     phones_gateway_answers_total labels it: `phone` for the caller's \
-                     own phone; else `<source>_<verdict>` of the nearest source above \
+                     phones_gateway_answers_total labels it: for the caller's own phone \
+                     `phone_calltracking_failed` when call tracking failed above it, else \
+                     `phone`; else `<source>_<verdict>` of the nearest source above \
                      that failed, else `<source>_no_number` of the nearest that had no \
                      number; else the origin",
                 ),

@@ -347,6 +347,12 @@ impl Inbound {
         metrics::gauge!("phones_gateway_connections_max", "listener" => listener).set(max as f64);
         let open = metrics::gauge!("phones_gateway_connections", "listener" => listener);
         open.set(0.0);
+        // Each kind's series from the start, at 0: an alert reads them, and a
+        // series first seen at 1 shows in no rate.
+        for kind in ACCEPT_ERROR_KINDS {
+            metrics::counter!("phones_gateway_accept_errors_total", "listener" => listener, "kind" => kind)
+                .increment(0);
+        }
         Inbound {
             listener,
             permits: Arc::new(Semaphore::new(max)),
@@ -463,6 +469,9 @@ impl Inbound {
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 /// The longest wait between two `accept`s that fail.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Every value [`kind_of`] gives.
+const ACCEPT_ERROR_KINDS: [&str; 4] = ["file_descriptors", "memory", "aborted", "other"];
 
 /// The `kind` label of an accept error: `file_descriptors` (EMFILE, ENFILE),
 /// `memory` (ENOMEM, ENOBUFS), `aborted` (the client left before it was
@@ -589,5 +598,8 @@ mod tests {
         assert_eq!(of(rustix::io::Errno::CONNABORTED), "aborted");
         assert_eq!(of(rustix::io::Errno::INVAL), "other");
         assert_eq!(kind_of(&std::io::Error::other("x")), "other");
+        for kind in ["file_descriptors", "memory", "aborted", "other"] {
+            assert!(ACCEPT_ERROR_KINDS.contains(&kind), "{kind}");
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! What a listener runs for every request, around the router: request tracking
-//! (an id, a span, a duration by route and status); on the admin listener the
+//! (an id, a span, a duration by route and status; an `x-request-id` given
+//! twice is a 400, as every header read singly is); on the admin listener the
 //! token ([`Inner::authorize`]), checked first for every path but health,
 //! readiness and metrics so that without it nothing, not even a 404 or 405,
 //! tells what exists, then the route's scope, so a token without it gets a 403
@@ -33,6 +34,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::Request;
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use tower_service::Service;
 use tracing::Instrument;
@@ -44,6 +46,7 @@ use crate::http::api;
 use crate::http::api::access::{self, AdminTokens, Caller};
 use crate::http::api::durations;
 use crate::http::api::error::ApiError;
+use crate::http::api::extract::single_header;
 use crate::http::api::public;
 use crate::http::api::routes::{
     PUBLIC_PHONE as PUBLIC_PHONE_PATH, RouteId, STATUSES as SNAPSHOT_PATH,
@@ -140,9 +143,14 @@ impl Inner {
         if let Some(tokens) = &self.tokens {
             if route.needs_token() {
                 let method = request.method().clone();
-                let (name, response) = match tokens.check(request.headers()) {
-                    None => (access::NO_TOKEN.into(), unauthorized()),
-                    Some(id) => {
+                // One `Authorization` header: of two, which would the caller mean?
+                let given =
+                    single_header(request.headers(), header::AUTHORIZATION, "Authorization")
+                        .map(|_| tokens.check(request.headers()));
+                let (name, response) = match given {
+                    Err(repeated) => (access::NO_TOKEN.into(), repeated.into_response()),
+                    Ok(None) => (access::NO_TOKEN.into(), unauthorized()),
+                    Ok(Some(id)) => {
                         let name = tokens.name(id).clone();
                         match route.scope() {
                             Some(scope) if !tokens.allows(id, scope) => {
@@ -255,8 +263,20 @@ impl Front {
         H: Send + 'static,
     {
         let start = Instant::now();
-        let id = telemetry::request_id_of(request.headers());
         let route = (self.inner.route_of)(request.uri().path());
+        let id = match telemetry::request_id_of(request.headers()) {
+            Ok(id) => id,
+            Err(made) => {
+                // Given twice: refused, as any header read singly is, before
+                // anything else (a token too) is looked at.
+                let refused = api::extract::repeated_header(telemetry::REQUEST_ID_HEADER);
+                let response = answered(refused.into_response(), made, route, start);
+                return Box::pin(async move {
+                    drop(held);
+                    Ok(response)
+                });
+            }
+        };
         if let Some(ratio) = self.inner.export_ratio {
             if telemetry::trace::sampled(request.headers(), ratio) {
                 return self.call_exported(request, held, start, id, route);

@@ -41,6 +41,17 @@ pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 /// The W3C header carrying vendors' trace state, forwarded as is.
 pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
+/// The caller's `traceparent`, when there is exactly one: two are invalid
+/// (W3C Trace Context: which parent would the request have?), so the request
+/// starts a new trace, as with any invalid one, and is answered as usual.
+pub fn traceparent_of(headers: &HeaderMap) -> Option<&HeaderValue> {
+    let mut values = headers.get_all(TRACEPARENT).iter();
+    match (values.next(), values.next()) {
+        (one, None) => one,
+        (_, Some(_)) => None,
+    }
+}
+
 /// A valid `traceparent`: the caller's trace, its span, its sampled flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Parent {
@@ -170,7 +181,7 @@ impl<'h> RequestTrace<'h> {
     /// trace, started on first use).
     pub fn of(headers: &'h HeaderMap) -> Self {
         RequestTrace {
-            traceparent: headers.get(TRACEPARENT),
+            traceparent: traceparent_of(headers),
             tracestate: headers.get(TRACESTATE),
             context: OnceLock::new(),
         }
@@ -267,10 +278,7 @@ pub fn call_headers(
 /// Makes `span` (a sampled request's, export on) continue the caller's trace
 /// when its `traceparent` is valid; otherwise the span starts a trace of its own.
 pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
-    let Some(parent) = headers
-        .get(TRACEPARENT)
-        .and_then(|v| parse_traceparent(v.as_bytes()))
-    else {
+    let Some(parent) = traceparent_of(headers).and_then(|v| parse_traceparent(v.as_bytes())) else {
         return;
     };
     // An invalid tracestate is dropped; the traceparent still counts.

@@ -20,7 +20,7 @@ use rand_xoshiro::SplitMix64;
 use rand_xoshiro::rand_core::{RngCore as _, SeedableRng as _};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::context::{EXPORTED_FIELD, TRACEPARENT, current_is_exported, parse_traceparent};
+use super::context::{EXPORTED_FIELD, current_is_exported, parse_traceparent, traceparent_of};
 use crate::config::TracingConfig;
 
 /// The service name spans are exported under.
@@ -29,10 +29,7 @@ const SERVICE_NAME: &str = "phones-gateway";
 /// Whether a request with these headers is recorded, export on: a valid
 /// `traceparent` decides by its sampled flag; otherwise a draw at `ratio`.
 pub fn sampled(headers: &HeaderMap, ratio: f64) -> bool {
-    if let Some(parent) = headers
-        .get(TRACEPARENT)
-        .and_then(|v| parse_traceparent(v.as_bytes()))
-    {
+    if let Some(parent) = traceparent_of(headers).and_then(|v| parse_traceparent(v.as_bytes())) {
         return parent.sampled;
     }
     if ratio >= 1.0 {
@@ -273,6 +270,7 @@ impl<E: SpanExporter> SpanExporter for LoggedFailures<E> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::context::TRACEPARENT;
     use super::*;
     use axum::http::HeaderValue;
 
@@ -316,6 +314,10 @@ mod tests {
             sampled(&headers, 1.0) && !sampled(&headers, 0.0),
             "invalid: the ratio"
         );
+        // Two, each valid and sampled: invalid, so the ratio decides.
+        headers.insert(TRACEPARENT, HeaderValue::from_static(VALID));
+        headers.append(TRACEPARENT, HeaderValue::from_static(VALID));
+        assert!(!sampled(&headers, 0.0), "two are invalid");
     }
 
     #[derive(Debug)]

@@ -15,10 +15,12 @@
 //! `pgbouncer` (a transaction-mode pooler in front of one), `child` (the binary
 //! as a child process), `front` (the public front without sockets, for
 //! `oneshot`), `proxy` (a TCP proxy that can fall silent), `raw` (HTTP/1.1 on a
-//! bare socket: an upstream and a client), `paths` (the routes, typed once).
+//! bare socket: an upstream and a client), `paths` (the routes, typed once),
+//! `alerts` (the chart's alerts as they render, which tests/docs.rs reads too).
 
 use std::time::{Duration, Instant};
 
+pub mod alerts;
 pub mod app;
 pub mod child;
 pub mod fakes;
