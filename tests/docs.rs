@@ -1380,6 +1380,7 @@ fn the_table_of_how_a_call_ends_is_the_codes() {
         .map(|line| line.map(str::to_owned))
         .collect();
     assert_eq!(rows, code, "docs/rules.md against upstream::ending's table");
+}
 
 /// docs/runbook.md gives each alert of the chart its expression, how long it
 /// must hold and the values it reads, as the chart renders them with the

@@ -54,6 +54,7 @@ pub(super) enum Outcome {
     CircuitOpen,
     HalfOpen,
     Saturated,
+    BackingOff,
     SellerSaturated,
     LoadRefused,
     Load,
@@ -64,13 +65,14 @@ pub(super) enum Outcome {
 
 impl Outcome {
     /// Every outcome, in label order: the counters are registered at start.
-    pub(super) const ALL: [Outcome; 12] = [
+    pub(super) const ALL: [Outcome; 13] = [
         Outcome::Ok,
         Outcome::NotFound,
         Outcome::Timeout,
         Outcome::CircuitOpen,
         Outcome::HalfOpen,
         Outcome::Saturated,
+        Outcome::BackingOff,
         Outcome::SellerSaturated,
         Outcome::LoadRefused,
         Outcome::Load,
@@ -87,6 +89,7 @@ impl Outcome {
             Outcome::CircuitOpen => "circuit_open",
             Outcome::HalfOpen => "half_open",
             Outcome::Saturated => "saturated",
+            Outcome::BackingOff => "backing_off",
             Outcome::SellerSaturated => "seller_saturated",
             Outcome::LoadRefused => "load_refused",
             Outcome::Load => "load",
@@ -146,8 +149,9 @@ impl<'a> Ending<'a> {
                 O::LoadRefused,
             ),
             UpstreamError::Load => failed(Failure::Load, Silent, End::LoadRefused, O::Load),
-            UpstreamError::Saturated | UpstreamError::BackingOff => {
-                failed(Failure::Bound, Silent, End::Unknown, O::Saturated)
+            UpstreamError::Saturated => failed(Failure::Bound, Silent, End::Unknown, O::Saturated),
+            UpstreamError::BackingOff => {
+                failed(Failure::Bound, Silent, End::Unknown, O::BackingOff)
             }
             UpstreamError::SellerSaturated => {
                 failed(Failure::Bound, Silent, End::Unknown, O::SellerSaturated)

@@ -8,7 +8,8 @@
 //! had its whole timeout of the gateway's running time (less the tolerance,
 //! `upstreams.lost_time_tolerance_ms`) timed out: the upstream's verdict,
 //! however throttled the replica. One whose bound came first is
-//! [`UpstreamError::LostTime`]: undecided.
+//! [`UpstreamError::LostTime`]: undecided; so is a connection closed or
+//! reset under a call while the gateway lost time beyond the tolerance.
 
 use std::future::Future;
 use std::time::Duration;
@@ -45,14 +46,14 @@ pub(super) async fn timed<T>(
             // The answer first: after a pause it may be ready together with
             // the timer.
             biased;
-            result = &mut call => return result,
+            result = &mut call => return closed_in_lost_time(lost, mark, result),
             () = tokio::time::sleep_until(due) => {}
         }
         // The connection's turn, before the timer is judged.
         for _ in 0..TURNS {
             tokio::select! {
                 biased;
-                result = &mut call => return result,
+                result = &mut call => return closed_in_lost_time(lost, mark, result),
                 () = tokio::task::yield_now() => {}
             }
         }
@@ -69,6 +70,23 @@ pub(super) async fn timed<T>(
         if due > bound {
             return Err(UpstreamError::LostTime);
         }
+    }
+}
+
+/// A connection the upstream closed or reset while the gateway lost time
+/// beyond the tolerance is the gateway's own trouble: an upstream closes a
+/// connection left idle past its keep-alive, and the gateway's pause is what
+/// left it idle.
+fn closed_in_lost_time<T>(
+    lost: &LostTime,
+    mark: super::lost::Mark,
+    result: Result<T, UpstreamError>,
+) -> Result<T, UpstreamError> {
+    match result {
+        Err(UpstreamError::Connect(_)) if lost.since(mark) > lost.tolerance() => {
+            Err(UpstreamError::LostTime)
+        }
+        other => other,
     }
 }
 
@@ -210,6 +228,28 @@ mod tests {
         assert!(
             took <= TIMEOUT * (1 + GIVEN_BACK) + Duration::from_millis(10),
             "{took:?}"
+        );
+    }
+
+    /// A connection closed under a call while the gateway lost time is the
+    /// gateway's trouble; without lost time it stays the upstream's word.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_closed_while_time_was_lost_is_lost_time() {
+        let lost = lost();
+        lost.woke(Instant::now(), Duration::ZERO);
+        let closed = || async { Err::<(), _>(UpstreamError::Connect("reset".into())) };
+        let began = Instant::now();
+        assert_eq!(
+            timed(&lost, TIMEOUT, closed(), &asked(), began).await,
+            Err(UpstreamError::Connect("reset".into()))
+        );
+        let call = async {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            Err::<(), _>(UpstreamError::Connect("reset".into()))
+        };
+        assert_eq!(
+            timed(&lost, TIMEOUT, call, &asked(), Instant::now()).await,
+            Err(UpstreamError::LostTime)
         );
     }
 
