@@ -205,8 +205,12 @@ impl App {
             );
         }
         let (public, admin) = bind(&config).await?;
-        // Both listeners' request bodies in memory (`server.max_body_buffer_bytes`).
-        let bodies = BodyBuffer::new(config.server.max_body_buffer_bytes);
+        // Both listeners' request bodies in memory (`server.max_body_buffer_bytes`),
+        // each client's on the public one at most its share.
+        let bodies = BodyBuffer::new(
+            config.server.max_body_buffer_bytes,
+            config.server.max_body_buffer_per_client_bytes,
+        );
         Ok(App {
             public,
             admin,

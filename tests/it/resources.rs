@@ -445,14 +445,20 @@ async fn unfinished_upload(addr: String, sent: usize) -> Option<(u16, String, Ve
 /// passes; the process's peak memory grows by much less than the uploads
 /// sent; and, all answered, the buffer holds nothing (each request's bytes are
 /// released however it ended). Without the bound every upload is held until
-/// its 408, and the memory with it.
+/// its 408, and the memory with it. Each client's share is the whole buffer
+/// here, so that the bound of all clients together is what refuses (the share
+/// has a test of its own, below).
 #[tokio::test]
 async fn unfinished_uploads_cannot_take_the_process_s_memory() {
     const UPLOADS: usize = 200;
     const SENT: usize = 960 * 1024;
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/gw.db", dir.path().display());
-    let process = Process::start(&url).await;
+    let process = Process::start_with(
+        &url,
+        &[("SERVER__MAX_BODY_BUFFER_PER_CLIENT_BYTES", "67108864")],
+    )
+    .await;
     let public = process.public.trim_start_matches("http://").to_owned();
     let pid = process.child.id();
     let before = memory_of(pid, "VmRSS");
@@ -515,6 +521,170 @@ async fn unfinished_uploads_cannot_take_the_process_s_memory() {
         Some(0.0),
         "every request's bytes released"
     );
+}
+
+/// A connection to `addr` from `from` (any port): `127.0.0.2` is another
+/// client of a listener on `127.0.0.1` (the loopback range is the host's).
+async fn connect_from(from: [u8; 4], addr: &str) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind((std::net::Ipv4Addr::from(from), 0).into())?;
+    socket.connect(addr.parse().expect("an address")).await
+}
+
+/// `phones_gateway_body_buffer_bytes` now.
+async fn body_buffer_bytes(process: &Process) -> f64 {
+    let metrics = process.get_admin(METRICS).await.text;
+    metric(&metrics, "phones_gateway_body_buffer_bytes ").unwrap_or(f64::NAN)
+}
+
+/// One client, 127.0.0.2, holds all of the body buffer it can: uploads to the
+/// batch route that declare 1 MiB, each sending a piece and then nothing,
+/// pieces of 960 KiB while they are taken, then of half the size after each
+/// refusal, down to 1 KiB (a refused body gives its bytes back, so the buffer
+/// is filled to the byte). Then 17 batches of 100 items from another client,
+/// 127.0.0.1, are all answered 200, while the first one's uploads stay open:
+/// it holds at most `server.max_body_buffer_per_client_bytes` (8 MiB by
+/// default), refused past it with a 503 problem and `Retry-After`. Without a
+/// share per client it held the public listener's whole 48 MiB, and every
+/// batch got 503 until `server.body_read_timeout_ms` ended its uploads.
+#[tokio::test]
+async fn one_client_holding_all_it_can_of_the_body_buffer_leaves_room_for_others() {
+    let real = Fake::start(Upstream::RealPhone).await;
+    real.reply(Reply::Phone(REAL));
+    let anonymous = Fake::start(Upstream::Anonymous).await;
+    let calltracking = Fake::start(Upstream::Calltracking).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let process = Process::start_with(
+        &url,
+        &[
+            ("UPSTREAMS__REAL_PHONE__BASE_URL", &real.url),
+            ("UPSTREAMS__ANONYMOUS__BASE_URL", &anonymous.url),
+            ("UPSTREAMS__CALLTRACKING__BASE_URL", &calltracking.url),
+            // The held uploads stay open for the whole test, however slow
+            // the runner.
+            ("SERVER__BODY_READ_TIMEOUT_MS", "120000"),
+        ],
+    )
+    .await;
+    let public = process.public.trim_start_matches("http://").to_owned();
+
+    // The greedy client's uploads, open until the end.
+    let mut held = Vec::new();
+    let mut refusals = Vec::new();
+    let mut piece = 960 * 1024;
+    let mut expected = body_buffer_bytes(&process).await;
+    let zeros = vec![b' '; 960 * 1024];
+    while piece >= 1024 {
+        let stream = connect_from([127, 0, 0, 2], &public).await.unwrap();
+        let (mut read, mut write) = stream.into_split();
+        let answer = tokio::spawn(async move { answer_of(&mut read).await });
+        let head = format!(
+            "POST {BATCH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n",
+            1 << 20
+        );
+        let _ = write.write_all(head.as_bytes()).await;
+        let _ = write.write_all(&zeros[..piece]).await;
+        // Taken (the buffer holds it) or refused (answered): one of the two.
+        let taken = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if answer.is_finished() {
+                    return false;
+                }
+                if body_buffer_bytes(&process).await >= expected + piece as f64 {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .expect("a piece taken or refused within 10 s");
+        if taken {
+            expected += piece as f64;
+            held.push((write, answer));
+        } else {
+            refusals.push(answer.await.unwrap());
+            piece /= 2;
+            // Its bytes given back.
+            eventually(
+                "a refused upload's bytes to be released",
+                Duration::from_secs(10),
+                || {
+                    let process = &process;
+                    async move { body_buffer_bytes(process).await <= expected }
+                },
+            )
+            .await;
+        }
+    }
+    let holding = body_buffer_bytes(&process).await;
+    eprintln!(
+        "one client holds {} KiB in {} uploads, {} refused",
+        holding as u64 >> 10,
+        held.len(),
+        refusals.len()
+    );
+
+    let items: Vec<Value> = (1..=100)
+        .map(|ad| json!({"user_id": 7, "ad_id": ad, "category_id": PLAIN_CATEGORY, "phone": REAL}))
+        .collect();
+    let body = json!({ "items": items }).to_string();
+    let batches: Vec<_> = (0..17)
+        .map(|_| {
+            let (public, body) = (public.clone(), body.clone());
+            tokio::spawn(async move {
+                let mut stream = connect_from([127, 0, 0, 1], &public).await.ok()?;
+                let request = format!(
+                    "POST {BATCH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                stream.write_all(request.as_bytes()).await.ok()?;
+                tokio::time::timeout(Duration::from_secs(10), answer_of(&mut stream))
+                    .await
+                    .ok()
+                    .flatten()
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for batch in batches {
+        statuses.push(batch.await.unwrap().map(|(status, _, _)| status));
+    }
+    assert_eq!(
+        statuses,
+        vec![Some(200); 17],
+        "another client's batches while one holds {} KiB of bodies",
+        holding as u64 >> 10
+    );
+
+    assert!(
+        holding <= f64::from(8 << 20),
+        "one client holds {holding} bytes, past its share"
+    );
+    assert!(!refusals.is_empty());
+    for refusal in &refusals {
+        let (status, head, body) = refusal.as_ref().expect("a refusal is answered");
+        assert_eq!(*status, 503, "{head}");
+        assert!(head.contains("\r\nretry-after:"), "{head}");
+        assert!(
+            head.contains("\r\ncontent-type: application/problem+json"),
+            "{head}"
+        );
+        let problem: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(problem["status"], 503, "{problem}");
+    }
+    let metrics = process.get_admin(METRICS).await.text;
+    assert!(
+        metric(
+            &metrics,
+            "phones_gateway_shed_total{reason=\"body_share\"} "
+        )
+        .is_some_and(|n| n >= 1.0),
+        "refusals past a client's share counted"
+    );
+    drop(held);
 }
 
 /// The serving process has transparent huge pages off (the kernel's

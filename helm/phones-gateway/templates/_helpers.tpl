@@ -130,6 +130,18 @@ The rendered config.toml: .Values.config with whole numbers as integers.
 {{- $_ := set $db "migrate_on_start" false }}
 {{- $_ := set $config "database" $db }}
 {{- end }}
+{{- $l := .Values.locality }}
+{{- if or $l.haproxy.enabled $l.envoy.enabled $l.istio.enabled }}
+{{- /* These balancers forward bodies as they arrive, so every client is the
+balancer's address: each client's share of the body buffer is then the whole
+public share (docs/operations.md, "Request bodies in memory"), unless set. */}}
+{{- $server := get $config "server" | default dict }}
+{{- if not (hasKey $server "max_body_buffer_per_client_bytes") }}
+{{- $buffer := int64 (get $server "max_body_buffer_bytes" | default 67108864) }}
+{{- $_ := set $server "max_body_buffer_per_client_bytes" (sub $buffer (div $buffer 4)) }}
+{{- $_ := set $config "server" $server }}
+{{- end }}
+{{- end }}
 {{- if .Values.adminTokens }}
 {{- /* Each named token as a file from its Secret (see phones-gateway.tokenDir). */}}
 {{- $admin := get $config "admin" | default dict }}

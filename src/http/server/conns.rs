@@ -58,6 +58,7 @@
 //! once (the pending connection stays pending, so an immediate retry fails
 //! again); every failure is counted by kind.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -366,17 +367,17 @@ impl Inbound {
         }
     }
 
-    /// The next connection, once one is allowed and `accept` gives one
+    /// The next connection and its peer, once one is allowed and `accept` gives one
     /// (backing off while it fails for lack of descriptors or memory). At the
     /// cap, a listener without a room waits for a connection to close before
     /// it accepts; one with a room accepts, then makes room ([`Room`]).
     /// Cancel-safe: dropped while it waits, it holds no place (a connection
     /// accepted meanwhile is closed).
-    pub async fn accept(&self, listener: &TcpListener) -> (TcpStream, Held) {
+    pub async fn accept(&self, listener: &TcpListener) -> (TcpStream, SocketAddr, Held) {
         if let Ok(permit) = self.permits.clone().try_acquire_owned() {
             self.at_cap.store(false, Ordering::Relaxed);
-            let stream = self.accept_stream(listener).await;
-            return (stream, self.held(permit));
+            let (stream, peer) = self.accept_stream(listener).await;
+            return (stream, peer, self.held(permit));
         }
         self.capped.increment(1);
         match &self.room {
@@ -388,8 +389,8 @@ impl Inbound {
                     );
                 }
                 let permit = acquire(&self.permits).await;
-                let stream = self.accept_stream(listener).await;
-                (stream, self.held(permit))
+                let (stream, peer) = self.accept_stream(listener).await;
+                (stream, peer, self.held(permit))
             }
             Some(room) => {
                 if !self.at_cap.swap(true, Ordering::Relaxed) {
@@ -399,9 +400,9 @@ impl Inbound {
                     );
                 }
                 // Only a connection that is there makes room.
-                let stream = self.accept_stream(listener).await;
+                let (stream, peer) = self.accept_stream(listener).await;
                 let permit = room.make_room(&self.permits).await;
-                (stream, self.held(permit))
+                (stream, peer, self.held(permit))
             }
         }
     }
@@ -424,13 +425,13 @@ impl Inbound {
         }
     }
 
-    /// The next connection `accept` gives, backing off while it fails for lack
-    /// of descriptors or memory.
-    async fn accept_stream(&self, listener: &TcpListener) -> TcpStream {
+    /// The next connection `accept` gives and its peer, backing off while it
+    /// fails for lack of descriptors or memory.
+    async fn accept_stream(&self, listener: &TcpListener) -> (TcpStream, SocketAddr) {
         let mut delay = FIRST_BACKOFF;
         loop {
             match listener.accept().await {
-                Ok((stream, _)) => return stream,
+                Ok(accepted) => return accepted,
                 Err(error) => {
                     let kind = kind_of(&error);
                     metrics::counter!(

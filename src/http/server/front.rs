@@ -27,6 +27,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -37,7 +38,7 @@ use axum::response::{IntoResponse, Response};
 use tower_service::Service;
 use tracing::Instrument;
 
-use super::bodies::Reservation;
+use super::bodies::{Reservation, client_of};
 use super::shed::Shed;
 use crate::config::TracingConfig;
 use crate::http::api;
@@ -165,12 +166,15 @@ impl Inner {
     }
 
     /// `request` with its body as the handlers read it: counted against the
-    /// listener's share of the body buffer when it has one (with the
-    /// reservation the answer is checked against), as it is otherwise.
+    /// listener's share of the body buffer when it has one, and on the public
+    /// listener against the share of `client` (the connection's peer, when
+    /// known), with the reservation the answer is checked against; as it is
+    /// otherwise.
     fn counted<B>(
         &self,
         request: axum::http::Request<B>,
         route: RouteId,
+        client: Option<IpAddr>,
     ) -> (Request, Option<Reservation>)
     where
         B: HttpBody<Data = Bytes> + Send + 'static,
@@ -181,7 +185,12 @@ impl Inner {
         let uncounted = request.body().is_end_stream()
             || (request.method() == axum::http::Method::PUT && self.snapshot == Some(route));
         let counted = match self.shed.bodies() {
-            Some((buffer, share)) if !uncounted => Some(Reservation::new(buffer, share)),
+            // Each client's share on the public listener only: the admin
+            // listener reads a body after its token.
+            Some((buffer, share)) if !uncounted => {
+                let client = client.filter(|_| self.lookup.is_some()).map(client_of);
+                Some(Reservation::new(buffer, share, client))
+            }
             _ => None,
         };
         match counted {
@@ -232,13 +241,15 @@ where
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
     fn call(&self, request: axum::http::Request<B>) -> Self::Future {
-        self.call_holding(request, ())
+        self.call_holding(request, (), None)
     }
 }
 
 impl Front {
-    /// Answers `request`, keeping `held` until the answer is made (the
-    /// connection's watchdog counts the request in service meanwhile).
+    /// Answers `request` from `peer` (the connection's, when known: its body
+    /// counts against that client's share, `bodies`), keeping `held` until the
+    /// answer is made (the connection's watchdog counts the request in
+    /// service meanwhile).
     ///
     /// Request tracking: an id (the caller's or a new one; its span carries it
     /// onto every log line, it is forwarded upstream and answered back), the
@@ -248,6 +259,7 @@ impl Front {
         &self,
         request: axum::http::Request<B>,
         held: H,
+        peer: Option<IpAddr>,
     ) -> Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>
     where
         B: HttpBody<Data = Bytes> + Send + 'static,
@@ -259,7 +271,7 @@ impl Front {
         let route = (self.inner.route_of)(request.uri().path());
         if let Some(ratio) = self.inner.export_ratio {
             if telemetry::trace::sampled(request.headers(), ratio) {
-                return self.call_exported(request, held, start, id, route);
+                return self.call_exported(request, held, peer, start, id, route);
             }
         }
         let span = tracing::info_span!(
@@ -267,7 +279,7 @@ impl Front {
             request_id = id.to_str().unwrap_or_default(),
             route = route.label()
         );
-        let (request, reservation) = self.inner.counted(request, route);
+        let (request, reservation) = self.inner.counted(request, route, peer);
         let answer = telemetry::with_request_id(
             id.clone(),
             Inner::authorize(self.inner.clone(), request, route),
@@ -292,6 +304,7 @@ impl Front {
         &self,
         request: axum::http::Request<B>,
         held: H,
+        peer: Option<IpAddr>,
         start: Instant,
         id: axum::http::HeaderValue,
         route: RouteId,
@@ -310,7 +323,7 @@ impl Front {
             http.response.status_code = tracing::field::Empty,
         );
         telemetry::trace::continue_trace(&span, request.headers());
-        let (request, reservation) = self.inner.counted(request, route);
+        let (request, reservation) = self.inner.counted(request, route, peer);
         let answer = telemetry::with_request_id(
             id.clone(),
             Inner::authorize(self.inner.clone(), request, route),

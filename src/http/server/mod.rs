@@ -11,7 +11,8 @@
 //!   under it;
 //! - [`rewrite`]: hyper's own bare 400/414/431 answers as problem documents;
 //! - [`bodies`]: the bound on request bodies held in memory, both listeners
-//!   together (`server.max_body_buffer_bytes`).
+//!   together (`server.max_body_buffer_bytes`), and each public client's
+//!   share of it (`server.max_body_buffer_per_client_bytes`).
 //!
 //! It imports the API (the routers and their states, the route table,
 //! `ApiError`, the admin tokens and their record, the duration histogram, the
