@@ -21,6 +21,12 @@ pub const MAX_CONNECTIONS: usize = 1_000_000;
 pub struct ServerConfig {
     pub public_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// A listener of its own for `/healthz`, `/readyz` and `/metrics` alone
+    /// (with its own small connection cap), so that callers crowding the admin
+    /// listener do not delay the probes; `None`: the probes are on the admin
+    /// listener only (they stay there either way).
+    #[serde(default)]
+    pub probe_addr: Option<SocketAddr>,
     pub max_body_bytes: usize,
     /// Bytes that request bodies being read may hold in memory at once, every
     /// request of both listeners together but the snapshot PUT (which streams

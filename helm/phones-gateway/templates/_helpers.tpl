@@ -90,6 +90,18 @@ Usage: include "phones-gateway.addrPort" (list "server.public_addr" $addr)
 {{- include "phones-gateway.addrPort" (list "server.admin_addr" (dig "server" "admin_addr" "0.0.0.0:8081" .Values.config)) }}
 {{- end }}
 
+{{/* The container's probe port, from config.server.probe_addr; empty when it is unset or "". */}}
+{{- define "phones-gateway.probePort" -}}
+{{- with (dig "server" "probe_addr" "" .Values.config) }}
+{{- include "phones-gateway.addrPort" (list "server.probe_addr" .) }}
+{{- end }}
+{{- end }}
+
+{{/* The named port the kubelet's probes use: "probe" when config.server.probe_addr is set, else "admin". */}}
+{{- define "phones-gateway.probePortName" -}}
+{{- if include "phones-gateway.probePort" . }}probe{{ else }}admin{{ end }}
+{{- end }}
+
 {{/*
 Whole-number floats to int64, recursively, in place (maps and lists). Helm
 reads every YAML number as float64, and toToml would then write 300 as 300.0,
@@ -129,6 +141,10 @@ The rendered config.toml: .Values.config with whole numbers as integers.
 {{- $db := get $config "database" | default dict }}
 {{- $_ := set $db "migrate_on_start" false }}
 {{- $_ := set $config "database" $db }}
+{{- end }}
+{{- $serverKeys := get $config "server" | default dict }}
+{{- if and (hasKey $serverKeys "probe_addr") (not (get $serverKeys "probe_addr")) }}
+{{- $_ := unset $serverKeys "probe_addr" }}
 {{- end }}
 {{- $l := .Values.locality }}
 {{- if or $l.haproxy.enabled $l.envoy.enabled $l.istio.enabled }}

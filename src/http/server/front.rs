@@ -6,7 +6,8 @@
 //! before any 404 or 405 of that route, every such call put on record by
 //! `access::record`; the header limit; and shedding on the public listener
 //! (`shed`). The public lookup, the request a sale day is made of, is answered
-//! here without the router.
+//! here without the router. The probe listener (`server.probe_addr`) is the
+//! admin listener's open rows alone ([`Front::probes`]).
 //!
 //! A request's path is matched against the route table once, here
 //! (`api::routes::RouteId`): its duration label and, on the admin listener,
@@ -88,6 +89,10 @@ struct Inner {
     /// Set on the admin listener: the snapshot's row, whose `PUT` body streams
     /// into its parser and is not counted against the body buffer (`bodies`).
     snapshot: Option<RouteId>,
+    /// Set on the probe listener (`server.probe_addr`): only the admin
+    /// listener's open rows (`/healthz`, `/readyz`, `/metrics`) are served,
+    /// every other path is a 404.
+    probes_only: bool,
 }
 
 impl Front {
@@ -107,6 +112,7 @@ impl Front {
             // Read once here: the hit path asks one `Option`.
             export_ratio: tracing.exports().then_some(tracing.sample_ratio),
             snapshot: None,
+            probes_only: false,
         };
         Front {
             inner: Arc::new(inner),
@@ -125,6 +131,26 @@ impl Front {
             lookup: None,
             export_ratio: None,
             snapshot: Some(RouteId::admin(SNAPSHOT_PATH)),
+            probes_only: false,
+        };
+        Front {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The probe listener (`server.probe_addr`): the admin listener's open
+    /// rows over `state` (health, readiness, metrics), every other path a
+    /// 404 whatever its token; the header limit (`shed`), no body read.
+    pub fn probes(state: AdminState, shed: Shed) -> Self {
+        let inner = Inner {
+            tokens: None,
+            router: api::admin_router(state),
+            shed,
+            route_of: RouteId::admin,
+            lookup: None,
+            export_ratio: None,
+            snapshot: None,
+            probes_only: true,
         };
         Front {
             inner: Arc::new(inner),
@@ -161,6 +187,8 @@ impl Inner {
                 access::record(&name, &method, route.label(), response.status().as_u16());
                 return response;
             }
+        } else if self.probes_only && route.needs_token() {
+            return ApiError::RouteNotFound.into_response();
         }
         self.answer(request).await
     }

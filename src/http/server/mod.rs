@@ -1,4 +1,5 @@
-//! The hand-built HTTP server both listeners run, for the limits and costs
+//! The hand-built HTTP server the listeners run (public, admin, and the
+//! probes' own when `server.probe_addr` is set), for the limits and costs
 //! `axum::serve` does not cover (docs/design.md, "The hit path"):
 //! - [`serve`]: connections through hyper directly, with a head deadline and a
 //!   head size bound `axum::serve` does not expose, and graceful shutdown;
