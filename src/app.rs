@@ -48,6 +48,8 @@ use crate::upstream::Upstreams;
 pub struct App {
     public: TcpListener,
     admin: TcpListener,
+    /// The probe listener and its front, when `server.probe_addr` is set.
+    probe: Option<(TcpListener, Front)>,
     public_front: Front,
     admin_front: Front,
     status: StatusService,
@@ -205,12 +207,26 @@ impl App {
                 "admin.token is empty and no [[admin.tokens]] is set: every /admin/ route answers 401"
             );
         }
-        let (public, admin) = bind(&config).await?;
-        // Both listeners' request bodies in memory (`server.max_body_buffer_bytes`).
-        let bodies = BodyBuffer::new(config.server.max_body_buffer_bytes);
+        let (public, admin, probe) = bind(&config).await?;
+        // The probes on a listener of their own, when asked: the admin
+        // listener's open rows over the same state, never its body buffer.
+        let probe = probe.map(|listener| {
+            let front = Front::probes(
+                admin_state.clone(),
+                Shed::unlimited(config.server.max_header_bytes),
+            );
+            (listener, front)
+        });
+        // Both listeners' request bodies in memory (`server.max_body_buffer_bytes`),
+        // each client's on the public one at most its share.
+        let bodies = BodyBuffer::new(
+            config.server.max_body_buffer_bytes,
+            config.server.max_body_buffer_per_client_bytes,
+        );
         Ok(App {
             public,
             admin,
+            probe,
             public_front: parts.public_front(&config, Some(&bodies)),
             // The header limit only: the admin listener is never shed.
             admin_front: Front::admin(
@@ -246,6 +262,13 @@ impl App {
         self.admin
             .local_addr()
             .unwrap_or_else(|_| ([0, 0, 0, 0], 0).into())
+    }
+
+    /// The probe listener's address, when `server.probe_addr` is set.
+    pub fn probe_addr(&self) -> Option<SocketAddr> {
+        self.probe
+            .as_ref()
+            .and_then(|(listener, _)| listener.local_addr().ok())
     }
 
     /// The status write path (the demo seeds it).
@@ -318,8 +341,24 @@ impl App {
             self.admin_front,
             server,
             Inbound::making_room("admin", conns::ADMIN_MAX_CONNECTIONS),
-            stopped(stop_rx),
+            stopped(stop_rx.clone()),
         );
+        // Stops with the others; `/readyz` there turns 503 first as well.
+        let probe = async {
+            match self.probe {
+                Some((listener, front)) => {
+                    serve(
+                        listener,
+                        front,
+                        server,
+                        Inbound::making_room("probe", conns::PROBE_MAX_CONNECTIONS),
+                        stopped(stop_rx),
+                    )
+                    .await
+                }
+                None => Ok(()),
+            }
+        };
         let deadline_rx = start_shutdown(
             &background,
             shutdown,
@@ -330,12 +369,12 @@ impl App {
             &server,
             stop_tx,
         );
-        let served = async { tokio::join!(public, admin) };
-        let (public, admin) = tokio::select! {
+        let served = async { tokio::join!(public, admin, probe) };
+        let (public, admin, probe) = tokio::select! {
             results = served => results,
             _ = deadline_rx => {
                 tracing::warn!("drain deadline passed; dropping the remaining connections");
-                (Ok(()), Ok(()))
+                (Ok(()), Ok(()), Ok(()))
             }
             Some(mistake) = fatal_rx.recv() => {
                 background.stop().await;
@@ -347,6 +386,7 @@ impl App {
         self.database.close().await;
         public.context("public listener")?;
         admin.context("admin listener")?;
+        probe.context("probe listener")?;
         Ok(())
     }
 
@@ -438,16 +478,23 @@ impl App {
     }
 }
 
-/// Binds `server.public_addr` and `server.admin_addr`.
-async fn bind(config: &Config) -> anyhow::Result<(TcpListener, TcpListener)> {
+/// Binds `server.public_addr`, `server.admin_addr` and, when set,
+/// `server.probe_addr` (the latter two with a longer listen backlog,
+/// [`conns::LISTEN_BACKLOG`]).
+async fn bind(config: &Config) -> anyhow::Result<(TcpListener, TcpListener, Option<TcpListener>)> {
     let server = &config.server;
     let public = TcpListener::bind(server.public_addr)
         .await
         .with_context(|| format!("binding server.public_addr {}", server.public_addr))?;
-    let admin = TcpListener::bind(server.admin_addr)
-        .await
+    let admin = conns::bind(server.admin_addr)
         .with_context(|| format!("binding server.admin_addr {}", server.admin_addr))?;
-    Ok((public, admin))
+    let probe = match server.probe_addr {
+        Some(addr) => {
+            Some(conns::bind(addr).with_context(|| format!("binding server.probe_addr {addr}"))?)
+        }
+        None => None,
+    };
+    Ok((public, admin, probe))
 }
 
 /// What the shutdown's first step flips.

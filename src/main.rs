@@ -286,7 +286,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         "phones-gateway starting"
     );
     let app = App::build(config).await?;
-    tracing::info!(public = %app.public_addr(), admin = %app.admin_addr(), "listening");
+    let probe = app
+        .probe_addr()
+        .map_or_else(|| "off".to_owned(), |addr| addr.to_string());
+    tracing::info!(public = %app.public_addr(), admin = %app.admin_addr(), probe, "listening");
     app.run(shutdown_signal()).await
 }
 

@@ -21,6 +21,12 @@ pub const MAX_CONNECTIONS: usize = 1_000_000;
 pub struct ServerConfig {
     pub public_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// A listener of its own for `/healthz`, `/readyz` and `/metrics` alone
+    /// (with its own small connection cap), so that callers crowding the admin
+    /// listener do not delay the probes; `None`: the probes are on the admin
+    /// listener only (they stay there either way).
+    #[serde(default)]
+    pub probe_addr: Option<SocketAddr>,
     pub max_body_bytes: usize,
     /// Bytes that request bodies being read may hold in memory at once, every
     /// request of both listeners together but the snapshot PUT (which streams
@@ -29,6 +35,11 @@ pub struct ServerConfig {
     /// that would go past it is answered 503 with `Retry-After`
     /// (`http::server::bodies`).
     pub max_body_buffer_bytes: usize,
+    /// Bytes of public request bodies still arriving that one client (a
+    /// source address; IPv6 by its /64) may hold at once, within the public
+    /// listener's share of `max_body_buffer_bytes`; a chunk past it is
+    /// answered 503 with `Retry-After` (`http::server::bodies`).
+    pub max_body_buffer_per_client_bytes: usize,
     pub max_snapshot_bytes: usize,
     /// Snapshot PUTs in flight at once; one more is answered 503 with
     /// `Retry-After` before its body is read (each holds its parsed ids, up to
@@ -82,6 +93,13 @@ impl ServerConfig {
             self.max_body_buffer_bytes,
             self.max_body_bytes..=1 << 40,
             "at least server.max_body_bytes, so one body of that size fits",
+        );
+        found.range_noting(
+            "server.max_body_buffer_per_client_bytes",
+            self.max_body_buffer_per_client_bytes,
+            self.max_body_bytes..=self.max_body_buffer_bytes,
+            "at least server.max_body_bytes, so one body of that size fits, \
+             at most server.max_body_buffer_bytes",
         );
         found.range_noting(
             "server.max_snapshot_bytes",
@@ -151,6 +169,14 @@ mod tests {
             (
                 "[server]\nmax_body_buffer_bytes = 9223372036854775807",
                 "server.max_body_buffer_bytes",
+            ),
+            (
+                "[server]\nmax_body_buffer_per_client_bytes = 1048575",
+                "server.max_body_buffer_per_client_bytes",
+            ),
+            (
+                "[server]\nmax_body_buffer_per_client_bytes = 67108865",
+                "server.max_body_buffer_per_client_bytes",
             ),
             (
                 "[server]\nmax_snapshot_bytes = 9223372036854775807",

@@ -90,6 +90,18 @@ Usage: include "phones-gateway.addrPort" (list "server.public_addr" $addr)
 {{- include "phones-gateway.addrPort" (list "server.admin_addr" (dig "server" "admin_addr" "0.0.0.0:8081" .Values.config)) }}
 {{- end }}
 
+{{/* The container's probe port, from config.server.probe_addr; empty when it is unset or "". */}}
+{{- define "phones-gateway.probePort" -}}
+{{- with (dig "server" "probe_addr" "" .Values.config) }}
+{{- include "phones-gateway.addrPort" (list "server.probe_addr" .) }}
+{{- end }}
+{{- end }}
+
+{{/* The named port the kubelet's probes use: "probe" when config.server.probe_addr is set, else "admin". */}}
+{{- define "phones-gateway.probePortName" -}}
+{{- if include "phones-gateway.probePort" . }}probe{{ else }}admin{{ end }}
+{{- end }}
+
 {{/*
 Whole-number floats to int64, recursively, in place (maps and lists). Helm
 reads every YAML number as float64, and toToml would then write 300 as 300.0,
@@ -129,6 +141,22 @@ The rendered config.toml: .Values.config with whole numbers as integers.
 {{- $db := get $config "database" | default dict }}
 {{- $_ := set $db "migrate_on_start" false }}
 {{- $_ := set $config "database" $db }}
+{{- end }}
+{{- $serverKeys := get $config "server" | default dict }}
+{{- if and (hasKey $serverKeys "probe_addr") (not (get $serverKeys "probe_addr")) }}
+{{- $_ := unset $serverKeys "probe_addr" }}
+{{- end }}
+{{- $l := .Values.locality }}
+{{- if or $l.haproxy.enabled $l.envoy.enabled $l.istio.enabled }}
+{{- /* These balancers forward bodies as they arrive, so every client is the
+balancer's address: each client's share of the body buffer is then the whole
+public share (docs/operations.md, "Request bodies in memory"), unless set. */}}
+{{- $server := get $config "server" | default dict }}
+{{- if not (hasKey $server "max_body_buffer_per_client_bytes") }}
+{{- $buffer := int64 (get $server "max_body_buffer_bytes" | default 67108864) }}
+{{- $_ := set $server "max_body_buffer_per_client_bytes" (sub $buffer (div $buffer 4)) }}
+{{- $_ := set $config "server" $server }}
+{{- end }}
 {{- end }}
 {{- if .Values.adminTokens }}
 {{- /* Each named token as a file from its Secret (see phones-gateway.tokenDir). */}}

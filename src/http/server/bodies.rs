@@ -22,6 +22,22 @@
 //! webhook (a caller with a token: the admin listener reads a body only after
 //! the token is checked).
 //!
+//! Within the public listener's share, each client holds at most
+//! `server.max_body_buffer_per_client_bytes` of bodies still arriving
+//! ([`Clients`]; 8 MiB by default, one sixth of the public share). Without
+//! it one client could take the whole share: a refused body gives its bytes
+//! back, so slow uploads of halving size fill it to the byte, and everyone
+//! else's batches are refused until `server.body_read_timeout_ms` ends them. A
+//! client is its source address (an IPv6 one by its /64, which one host is
+//! commonly given whole). A body's bytes count against its client only until
+//! the body has arrived: what an honest client's requests hold while they are
+//! answered is not what this bounds, and a complete body is parsed at once.
+//! A chunk past the client's share fails the body as the buffer's bound does:
+//! 503 with `Retry-After`, `Connection: close`, counted in
+//! `phones_gateway_shed_total{reason="body_share"}`. A proxy that forwards
+//! bodies as they arrive is one client for all those behind it (docs/operations.md,
+//! "Request bodies in memory", says what to set then).
+//!
 //! Not counted: the snapshot PUT. It streams its body into its parser (a few
 //! 64 KiB buffers at a time, never the whole), so its bytes are not held as
 //! they arrive; what it does hold, the parsed ids (8 bytes each, 80 MB at
@@ -32,9 +48,11 @@
 //! without a body (the lookup, every GET): they pay one check and no
 //! allocation.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
 use axum::body::{Body, Bytes, HttpBody};
@@ -56,11 +74,15 @@ pub struct BodyBuffer {
     /// Set when a body is refused, cleared once the buffer is back under half
     /// its bound: the refusals of one episode are logged once.
     full: AtomicBool,
+    /// What each client's bodies still arriving hold (the public listener's).
+    clients: Clients,
 }
 
 impl BodyBuffer {
-    /// A buffer of at most `max` bytes (`server.max_body_buffer_bytes`).
-    pub fn new(max: usize) -> Arc<Self> {
+    /// A buffer of at most `max` bytes (`server.max_body_buffer_bytes`), each
+    /// client's bodies still arriving at most `per_client` of it
+    /// (`server.max_body_buffer_per_client_bytes`).
+    pub fn new(max: usize, per_client: usize) -> Arc<Self> {
         let gauge = metrics::gauge!("phones_gateway_body_buffer_bytes");
         gauge.set(0.0);
         Arc::new(BodyBuffer {
@@ -69,7 +91,17 @@ impl BodyBuffer {
             gauge,
             shed: metrics::counter!("phones_gateway_shed_total", "reason" => "body_buffer"),
             full: AtomicBool::new(false),
+            clients: Clients {
+                max: per_client,
+                held: Mutex::new(HashMap::new()),
+                shed: metrics::counter!("phones_gateway_shed_total", "reason" => "body_share"),
+            },
         })
+    }
+
+    /// Clients holding bytes of bodies still arriving now.
+    pub fn clients_holding(&self) -> usize {
+        self.clients.held().len()
     }
 
     /// The public listener's share: three quarters of the bound (the last
@@ -130,6 +162,95 @@ impl BodyBuffer {
     }
 }
 
+/// A client's source address as [`Clients`] tells clients apart: an IPv4
+/// address (an IPv4-mapped IPv6 one as IPv4), an IPv6 address by its /64.
+pub fn client_of(peer: IpAddr) -> IpAddr {
+    match peer {
+        IpAddr::V4(_) => peer,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
+    }
+}
+
+/// The bytes of bodies still arriving, by client, each at most `max`
+/// (`server.max_body_buffer_per_client_bytes`).
+///
+/// A client's entry is made by its first request with a body and removed when
+/// its last such request ends: the map holds the clients uploading now, never
+/// more than the connections open. The lock is taken twice a request (not a
+/// chunk); a chunk pays one atomic update of its client's count.
+struct Clients {
+    max: usize,
+    held: Mutex<HashMap<IpAddr, Arc<AtomicUsize>>>,
+    /// `phones_gateway_shed_total{reason="body_share"}`.
+    shed: metrics::Counter,
+}
+
+impl Clients {
+    /// The map. A panic elsewhere while the lock was held left it as it was
+    /// (an insert or a remove), so a poisoned lock is used.
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Arc<AtomicUsize>>> {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `client`'s count, made if it has none.
+    fn of(&self, client: IpAddr) -> Arc<AtomicUsize> {
+        self.held().entry(client).or_default().clone()
+    }
+
+    /// Gives `count` back (a request of `client` ended), removing the
+    /// client's entry when no other request holds it. Counts are cloned only
+    /// under the lock, so the last holder sees itself alone there.
+    fn leave(&self, client: IpAddr, count: Arc<AtomicUsize>) {
+        let mut held = self.held();
+        drop(count);
+        if held
+            .get(&client)
+            .is_some_and(|count| Arc::strong_count(count) == 1)
+        {
+            held.remove(&client);
+        }
+    }
+}
+
+/// A request's part of its client's count: the bytes of its body reserved
+/// while the body arrives, given back once it has (or the request ends).
+struct Share {
+    client: IpAddr,
+    count: Arc<AtomicUsize>,
+    /// This request's bytes in `count`.
+    bytes: AtomicUsize,
+}
+
+impl Share {
+    /// Adds `bytes` unless that takes the client past `max`.
+    fn reserve(&self, bytes: usize, max: usize) -> bool {
+        let taken = self
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(bytes).filter(|&after| after <= max)
+            })
+            .is_ok();
+        if taken {
+            self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+        taken
+    }
+
+    /// Gives this request's bytes back to its client (the body arrived, or
+    /// failed).
+    fn release(&self) {
+        let bytes = self.bytes.swap(0, Ordering::AcqRel);
+        if bytes > 0 {
+            self.count.fetch_sub(bytes, Ordering::AcqRel);
+        }
+    }
+}
+
 /// One request's bytes in a [`BodyBuffer`], given back when the last clone is
 /// dropped (the body's and the front's).
 #[derive(Clone)]
@@ -143,23 +264,40 @@ struct Reserved {
     bytes: AtomicUsize,
     /// Set when a chunk was refused: the front answers 503.
     refused: AtomicBool,
+    /// Set when the refusal was the client's share's.
+    over_share: AtomicBool,
+    /// The client's count, on the public listener (a connection with a known
+    /// peer).
+    share: Option<Share>,
 }
 
 impl Drop for Reserved {
     fn drop(&mut self) {
         self.buffer.release(*self.bytes.get_mut());
+        if let Some(share) = self.share.take() {
+            share.release();
+            self.buffer.clients.leave(share.client, share.count);
+        }
     }
 }
 
 impl Reservation {
     /// A request's reservation in `buffer`, within `limit` (the listener's
-    /// share).
-    pub fn new(buffer: &Arc<BodyBuffer>, limit: usize) -> Self {
+    /// share) and, when `client` is given (the public listener), within that
+    /// client's share while its body arrives (`client_of` the peer).
+    pub fn new(buffer: &Arc<BodyBuffer>, limit: usize, client: Option<IpAddr>) -> Self {
+        let share = client.map(|client| Share {
+            client,
+            count: buffer.clients.of(client),
+            bytes: AtomicUsize::new(0),
+        });
         Reservation(Arc::new(Reserved {
             buffer: buffer.clone(),
             limit,
             bytes: AtomicUsize::new(0),
             refused: AtomicBool::new(false),
+            over_share: AtomicBool::new(false),
+            share,
         }))
     }
 
@@ -172,11 +310,27 @@ impl Reservation {
         })
     }
 
+    /// Reserves a chunk's `bytes`: in the client's share first, then in the
+    /// buffer (a chunk refused by the buffer gives its share back).
     fn reserve(&self, bytes: usize) -> bool {
         let reserved = &self.0;
+        let clients = &reserved.buffer.clients;
+        if let Some(share) = &reserved.share {
+            if !share.reserve(bytes, clients.max) {
+                reserved.over_share.store(true, Ordering::Relaxed);
+                if !reserved.refused.swap(true, Ordering::Relaxed) {
+                    clients.shed.increment(1);
+                }
+                return false;
+            }
+        }
         if reserved.buffer.reserve(bytes, reserved.limit) {
             reserved.bytes.fetch_add(bytes, Ordering::Relaxed);
             return true;
+        }
+        if let Some(share) = &reserved.share {
+            share.count.fetch_sub(bytes, Ordering::AcqRel);
+            share.bytes.fetch_sub(bytes, Ordering::Relaxed);
         }
         if !reserved.refused.swap(true, Ordering::Relaxed) {
             reserved.buffer.refused(reserved.limit);
@@ -184,16 +338,27 @@ impl Reservation {
         false
     }
 
+    /// The body has arrived (or failed): its bytes no longer count against
+    /// its client (they stay in the buffer until the request ends).
+    fn arrived(&self) {
+        if let Some(share) = &self.0.share {
+            share.release();
+        }
+    }
+
     /// The request's answer: `response`, unless a chunk of its body was
-    /// refused, then a 503 (`Retry-After`, `Connection: close`).
+    /// refused (by the buffer or by its client's share), then a 503
+    /// (`Retry-After`, `Connection: close`).
     pub fn answer(self, response: Response) -> Response {
         if !self.0.refused.load(Ordering::Relaxed) {
             return response;
         }
-        let mut refused = ApiError::Unavailable {
-            detail: "too many request bodies in memory at once; retry later",
-        }
-        .into_response();
+        let detail = if self.0.over_share.load(Ordering::Relaxed) {
+            "this client's request bodies still arriving are at its share of memory; retry later"
+        } else {
+            "too many request bodies in memory at once; retry later"
+        };
+        let mut refused = ApiError::Unavailable { detail }.into_response();
         refused.headers_mut().insert(
             axum::http::header::CONNECTION,
             axum::http::HeaderValue::from_static("close"),
@@ -236,13 +401,20 @@ impl HttpBody for Counted {
             return Poll::Ready(None);
         }
         let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
-        if let Some(Ok(frame)) = &frame {
-            if let Some(data) = frame.data_ref() {
-                if !this.reservation.reserve(data.len()) {
-                    this.failed = true;
-                    return Poll::Ready(Some(Err(axum::Error::new(BodyBufferFull))));
+        match &frame {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    if !this.reservation.reserve(data.len()) {
+                        this.failed = true;
+                        this.reservation.arrived();
+                        return Poll::Ready(Some(Err(axum::Error::new(BodyBufferFull))));
+                    }
+                }
+                if this.inner.is_end_stream() {
+                    this.reservation.arrived();
                 }
             }
+            Some(Err(_)) | None => this.reservation.arrived(),
         }
         Poll::Ready(frame)
     }
@@ -272,16 +444,16 @@ mod tests {
 
     #[tokio::test]
     async fn bytes_are_reserved_as_they_arrive_and_released_with_the_request() {
-        let buffer = BodyBuffer::new(100);
+        let buffer = BodyBuffer::new(100, 100);
         assert_eq!((buffer.public_share(), buffer.admin_share()), (75, 100));
-        let first = Reservation::new(&buffer, 100);
+        let first = Reservation::new(&buffer, 100, None);
         let mut body = first.count(body_of(&[30, 30]));
         body.frame().await.unwrap().unwrap();
         assert_eq!(buffer.held(), 30, "as it arrives");
         body.frame().await.unwrap().unwrap();
         assert_eq!(buffer.held(), 60);
         // Another request: its first chunk fits, its second would not.
-        let second = Reservation::new(&buffer, 100);
+        let second = Reservation::new(&buffer, 100, None);
         let mut other = second.count(body_of(&[40, 1]));
         other.frame().await.unwrap().unwrap();
         assert_eq!(buffer.held(), 100, "up to the bound");
@@ -306,17 +478,71 @@ mod tests {
 
     #[tokio::test]
     async fn the_public_share_leaves_room_for_the_admin_listener() {
-        let buffer = BodyBuffer::new(100);
-        let public = Reservation::new(&buffer, buffer.public_share());
+        let buffer = BodyBuffer::new(100, 100);
+        let public = Reservation::new(&buffer, buffer.public_share(), None);
         let mut body = public.count(body_of(&[75, 1]));
         body.frame().await.unwrap().unwrap();
         assert!(
             body.frame().await.unwrap().is_err(),
             "the public share is full"
         );
-        let admin = Reservation::new(&buffer, buffer.admin_share());
+        let admin = Reservation::new(&buffer, buffer.admin_share(), None);
         let mut webhook = admin.count(body_of(&[25]));
         webhook.frame().await.unwrap().unwrap();
         assert_eq!(buffer.held(), 100);
+    }
+
+    /// A client's bodies still arriving hold at most its share; another
+    /// client's body is taken meanwhile; a body that has arrived counts no
+    /// more against its client; an ended request leaves no entry behind.
+    #[tokio::test]
+    async fn each_client_holds_at_most_its_share_of_bodies_still_arriving() {
+        let buffer = BodyBuffer::new(100, 60);
+        let greedy = Some(client_of([127, 0, 0, 2].into()));
+        let first = Reservation::new(&buffer, 75, greedy);
+        let mut held = first.count(body_of(&[20, 1]));
+        held.frame().await.unwrap().unwrap();
+        let second = Reservation::new(&buffer, 75, greedy);
+        let mut refused = second.count(body_of(&[41]));
+        assert!(refused.frame().await.unwrap().is_err(), "past its share");
+        drop(refused);
+        let answer = second.answer(Response::new(Body::empty()));
+        assert_eq!(answer.status(), 503);
+        assert!(answer.headers().contains_key("retry-after"));
+        assert_eq!(buffer.held(), 20, "the refused chunk took nothing");
+        // Another client is not held back by the first one's share.
+        let other = Reservation::new(&buffer, 75, Some(client_of([127, 0, 0, 1].into())));
+        let mut honest = other.count(body_of(&[50]));
+        honest.frame().await.unwrap().unwrap();
+        assert!(honest.frame().await.is_none(), "arrived whole");
+        assert_eq!(buffer.held(), 70);
+        assert_eq!(buffer.clients_holding(), 2);
+        // Arrived: the first client's body no longer counts against it.
+        held.frame().await.unwrap().unwrap();
+        assert!(held.frame().await.is_none());
+        let third = Reservation::new(&buffer, 75, greedy);
+        let mut next = third.count(body_of(&[4]));
+        next.frame().await.unwrap().unwrap();
+        assert_eq!(
+            buffer.held(),
+            75,
+            "the buffer holds arrived bodies until their answers"
+        );
+        drop((held, next, honest));
+        for reservation in [first, third, other] {
+            assert_eq!(
+                reservation.answer(Response::new(Body::empty())).status(),
+                200
+            );
+        }
+        assert_eq!((buffer.held(), buffer.clients_holding()), (0, 0));
+    }
+
+    #[test]
+    fn an_ipv6_client_is_its_64_and_a_mapped_ipv4_one_its_address() {
+        let v6 = |s: &str| client_of(s.parse().unwrap());
+        assert_eq!(v6("2001:db8:1:2:aaaa::1"), v6("2001:db8:1:2:bbbb::9"));
+        assert_ne!(v6("2001:db8:1:2::1"), v6("2001:db8:1:3::1"));
+        assert_eq!(v6("::ffff:10.0.0.7"), client_of([10, 0, 0, 7].into()));
     }
 }

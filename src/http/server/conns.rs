@@ -39,12 +39,18 @@
 //! (`server.header_read_timeout_ms`), so the wait is bounded by the longest
 //! request in service or that deadline.
 //!
-//! What no accept policy mends: a client that keeps more connections open than
-//! the cap and the kernel's listen backlog (128) hold together, reopening each
-//! as soon as it is closed, keeps that backlog full, and a new connection (a
-//! probe's) is dropped at its SYN before the listener sees it. That is a flood
-//! for the network to stop; the admin port is not for the internet (the
-//! chart's NetworkPolicy).
+//! What no accept policy mends: clients that keep more connections open than
+//! the cap and the kernel's listen backlog hold together, reopening each as
+//! soon as it is closed, keep that backlog full, and a new connection is
+//! dropped at its SYN before the listener sees it (its client retries a second
+//! later, then three). The admin listener's backlog is [`LISTEN_BACKLOG`]
+//! (1024, not the default 128), so hundreds of such callers (the cluster's own:
+//! a sync job retrying in a loop) wait in the kernel instead; and the probes
+//! can have a listener of their own (`server.probe_addr`, its cap
+//! [`PROBE_MAX_CONNECTIONS`], making room as the admin one does), which callers
+//! of the admin API never reach, as Envoy and Linkerd keep their admin port
+//! apart from traffic. Past that it is a flood for the network to stop; the
+//! admin port is not for the internet (the chart's NetworkPolicy).
 //!
 //! The public listener keeps waiting at its cap: it is bounded to keep
 //! descriptors, its probes are not on it, and at its size (thousands of
@@ -58,6 +64,7 @@
 //! once (the pending connection stays pending, so an immediate retry fails
 //! again); every failure is counted by kind.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -68,6 +75,40 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 /// The admin listener's cap: probes, scrapes and operators, never many (the
 /// listener is not on the internet); part of the public cap's reserve.
 pub const ADMIN_MAX_CONNECTIONS: usize = 64;
+
+/// The probe listener's cap (`server.probe_addr`): the kubelet's probes and a
+/// scrape, a few at once; part of the public cap's reserve whether or not the
+/// listener is on. At the cap it makes room as the admin listener does.
+pub const PROBE_MAX_CONNECTIONS: usize = 16;
+
+/// The listen backlog of the admin and probe listeners: connections the
+/// kernel completes and holds until the listener takes them. Past the backlog
+/// a new connection's SYN is dropped and its client retries it a second later,
+/// then three, then seven (a probe's timeout, a caller's connect timeout), so a
+/// crowd of reconnecting callers larger than the cap and the backlog together
+/// (128, tokio's and std's default) delayed every other connection by whole
+/// seconds. 1024 (capped by the kernel's `net.core.somaxconn`, 4096 since
+/// Linux 5.4) holds hundreds of them in the kernel, where they cost no
+/// descriptor, and each is taken in its turn. The public listener keeps the
+/// default: at its cap its backlog is the wait of load balancers' new
+/// connections, which retry elsewhere.
+pub const LISTEN_BACKLOG: u32 = 1024;
+
+/// A listener on `addr` with a backlog of [`LISTEN_BACKLOG`].
+///
+/// # Errors
+/// The socket cannot be made, bound or put to listen.
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As tokio's `TcpListener::bind`: a restart may bind at once.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 /// Descriptors the process holds besides connections and the calls counted in
 /// `Config::outbound_descriptors`: stdin, stdout and stderr, the runtime's
@@ -81,7 +122,7 @@ const MIN_DERIVED: usize = 64;
 
 /// `server.max_connections` as it applies: `configured` unless 0; else the
 /// open-files limit (`limit`, `None`: unlimited) less the reserve
-/// `outbound + ADMIN_MAX_CONNECTIONS + BASE_DESCRIPTORS` (`outbound`:
+/// `outbound + ADMIN_MAX_CONNECTIONS + PROBE_MAX_CONNECTIONS + BASE_DESCRIPTORS` (`outbound`:
 /// `Config::outbound_descriptors`). A limit that leaves less than 64 past the
 /// reserve gives half the limit (and a warning: the process's own calls may
 /// then find no descriptor). Returns the cap and where it came from (logged).
@@ -99,6 +140,7 @@ pub fn max_connections(
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let reserve = outbound
         .saturating_add(ADMIN_MAX_CONNECTIONS)
+        .saturating_add(PROBE_MAX_CONNECTIONS)
         .saturating_add(BASE_DESCRIPTORS);
     match limit
         .checked_sub(reserve)
@@ -301,9 +343,8 @@ impl Room {
 /// How long a connection must have been idle (since it connected, or since its
 /// last answer) before it may be closed to make room: a new connection, a
 /// probe's, gets that long to send its request head however fast others
-/// connect. It also paces a flood of new connections at the cap to at most
-/// the cap's 64 every 250 ms, which the listen backlog (128) waits through in
-/// half a second, well within a probe's timeout.
+/// connect. It also paces a flood of silent new connections at the cap to at
+/// most the cap's 64 every 250 ms.
 pub const IDLE_GRACE: Duration = Duration::from_millis(250);
 
 /// A permit of `permits`, waiting for one.
@@ -372,17 +413,17 @@ impl Inbound {
         }
     }
 
-    /// The next connection, once one is allowed and `accept` gives one
+    /// The next connection and its peer, once one is allowed and `accept` gives one
     /// (backing off while it fails for lack of descriptors or memory). At the
     /// cap, a listener without a room waits for a connection to close before
     /// it accepts; one with a room accepts, then makes room ([`Room`]).
     /// Cancel-safe: dropped while it waits, it holds no place (a connection
     /// accepted meanwhile is closed).
-    pub async fn accept(&self, listener: &TcpListener) -> (TcpStream, Held) {
+    pub async fn accept(&self, listener: &TcpListener) -> (TcpStream, SocketAddr, Held) {
         if let Ok(permit) = self.permits.clone().try_acquire_owned() {
             self.at_cap.store(false, Ordering::Relaxed);
-            let stream = self.accept_stream(listener).await;
-            return (stream, self.held(permit));
+            let (stream, peer) = self.accept_stream(listener).await;
+            return (stream, peer, self.held(permit));
         }
         self.capped.increment(1);
         match &self.room {
@@ -394,8 +435,8 @@ impl Inbound {
                     );
                 }
                 let permit = acquire(&self.permits).await;
-                let stream = self.accept_stream(listener).await;
-                (stream, self.held(permit))
+                let (stream, peer) = self.accept_stream(listener).await;
+                (stream, peer, self.held(permit))
             }
             Some(room) => {
                 if !self.at_cap.swap(true, Ordering::Relaxed) {
@@ -405,9 +446,9 @@ impl Inbound {
                     );
                 }
                 // Only a connection that is there makes room.
-                let stream = self.accept_stream(listener).await;
+                let (stream, peer) = self.accept_stream(listener).await;
                 let permit = room.make_room(&self.permits).await;
-                (stream, self.held(permit))
+                (stream, peer, self.held(permit))
             }
         }
     }
@@ -430,13 +471,13 @@ impl Inbound {
         }
     }
 
-    /// The next connection `accept` gives, backing off while it fails for lack
-    /// of descriptors or memory.
-    async fn accept_stream(&self, listener: &TcpListener) -> TcpStream {
+    /// The next connection `accept` gives and its peer, backing off while it
+    /// fails for lack of descriptors or memory.
+    async fn accept_stream(&self, listener: &TcpListener) -> (TcpStream, SocketAddr) {
         let mut delay = FIRST_BACKOFF;
         loop {
             match listener.accept().await {
-                Ok((stream, _)) => return stream,
+                Ok(accepted) => return accepted,
                 Err(error) => {
                     let kind = kind_of(&error);
                     metrics::counter!(
@@ -498,7 +539,7 @@ mod tests {
 
     #[test]
     fn the_derived_cap_is_the_limit_less_the_reserve() {
-        let reserve = 100 + ADMIN_MAX_CONNECTIONS + BASE_DESCRIPTORS;
+        let reserve = 100 + ADMIN_MAX_CONNECTIONS + PROBE_MAX_CONNECTIONS + BASE_DESCRIPTORS;
         assert_eq!(
             max_connections(500, Some(10), 100).0,
             500,

@@ -7,7 +7,8 @@
 //! before any 404 or 405 of that route, every such call put on record by
 //! `access::record`; the header limit; and shedding on the public listener
 //! (`shed`). The public lookup, the request a sale day is made of, is answered
-//! here without the router.
+//! here without the router. The probe listener (`server.probe_addr`) is the
+//! admin listener's open rows alone ([`Front::probes`]).
 //!
 //! A request's path is matched against the route table once, here
 //! (`api::routes::RouteId`): its duration label and, on the admin listener,
@@ -28,6 +29,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -39,7 +41,7 @@ use axum::response::{IntoResponse, Response};
 use tower_service::Service;
 use tracing::Instrument;
 
-use super::bodies::Reservation;
+use super::bodies::{Reservation, client_of};
 use super::shed::Shed;
 use crate::config::TracingConfig;
 use crate::http::api;
@@ -90,6 +92,10 @@ struct Inner {
     /// Set on the admin listener: the snapshot's row, whose `PUT` body streams
     /// into its parser and is not counted against the body buffer (`bodies`).
     snapshot: Option<RouteId>,
+    /// Set on the probe listener (`server.probe_addr`): only the admin
+    /// listener's open rows (`/healthz`, `/readyz`, `/metrics`) are served,
+    /// every other path is a 404.
+    probes_only: bool,
 }
 
 impl Front {
@@ -109,6 +115,7 @@ impl Front {
             // Read once here: the hit path asks one `Option`.
             export_ratio: tracing.exports().then_some(tracing.sample_ratio),
             snapshot: None,
+            probes_only: false,
         };
         Front {
             inner: Arc::new(inner),
@@ -127,6 +134,26 @@ impl Front {
             lookup: None,
             export_ratio: None,
             snapshot: Some(RouteId::admin(SNAPSHOT_PATH)),
+            probes_only: false,
+        };
+        Front {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The probe listener (`server.probe_addr`): the admin listener's open
+    /// rows over `state` (health, readiness, metrics), every other path a
+    /// 404 whatever its token; the header limit (`shed`), no body read.
+    pub fn probes(state: AdminState, shed: Shed) -> Self {
+        let inner = Inner {
+            tokens: None,
+            router: api::admin_router(state),
+            shed,
+            route_of: RouteId::admin,
+            lookup: None,
+            export_ratio: None,
+            snapshot: None,
+            probes_only: true,
         };
         Front {
             inner: Arc::new(inner),
@@ -168,17 +195,22 @@ impl Inner {
                 access::record(&name, &method, route.label(), response.status().as_u16());
                 return response;
             }
+        } else if self.probes_only && route.needs_token() {
+            return ApiError::RouteNotFound.into_response();
         }
         self.answer(request).await
     }
 
     /// `request` with its body as the handlers read it: counted against the
-    /// listener's share of the body buffer when it has one (with the
-    /// reservation the answer is checked against), as it is otherwise.
+    /// listener's share of the body buffer when it has one, and on the public
+    /// listener against the share of `client` (the connection's peer, when
+    /// known), with the reservation the answer is checked against; as it is
+    /// otherwise.
     fn counted<B>(
         &self,
         request: axum::http::Request<B>,
         route: RouteId,
+        client: Option<IpAddr>,
     ) -> (Request, Option<Reservation>)
     where
         B: HttpBody<Data = Bytes> + Send + 'static,
@@ -189,7 +221,12 @@ impl Inner {
         let uncounted = request.body().is_end_stream()
             || (request.method() == axum::http::Method::PUT && self.snapshot == Some(route));
         let counted = match self.shed.bodies() {
-            Some((buffer, share)) if !uncounted => Some(Reservation::new(buffer, share)),
+            // Each client's share on the public listener only: the admin
+            // listener reads a body after its token.
+            Some((buffer, share)) if !uncounted => {
+                let client = client.filter(|_| self.lookup.is_some()).map(client_of);
+                Some(Reservation::new(buffer, share, client))
+            }
             _ => None,
         };
         match counted {
@@ -240,13 +277,15 @@ where
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
     fn call(&self, request: axum::http::Request<B>) -> Self::Future {
-        self.call_holding(request, ())
+        self.call_holding(request, (), None)
     }
 }
 
 impl Front {
-    /// Answers `request`, keeping `held` until the answer is made (the
-    /// connection's watchdog counts the request in service meanwhile).
+    /// Answers `request` from `peer` (the connection's, when known: its body
+    /// counts against that client's share, `bodies`), keeping `held` until the
+    /// answer is made (the connection's watchdog counts the request in
+    /// service meanwhile).
     ///
     /// Request tracking: an id (the caller's or a new one; its span carries it
     /// onto every log line, it is forwarded upstream and answered back), the
@@ -256,6 +295,7 @@ impl Front {
         &self,
         request: axum::http::Request<B>,
         held: H,
+        peer: Option<IpAddr>,
     ) -> Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>
     where
         B: HttpBody<Data = Bytes> + Send + 'static,
@@ -279,7 +319,7 @@ impl Front {
         };
         if let Some(ratio) = self.inner.export_ratio {
             if telemetry::trace::sampled(request.headers(), ratio) {
-                return self.call_exported(request, held, start, id, route);
+                return self.call_exported(request, held, peer, start, id, route);
             }
         }
         let span = tracing::info_span!(
@@ -287,7 +327,7 @@ impl Front {
             request_id = id.to_str().unwrap_or_default(),
             route = route.label()
         );
-        let (request, reservation) = self.inner.counted(request, route);
+        let (request, reservation) = self.inner.counted(request, route, peer);
         let answer = telemetry::with_request_id(
             id.clone(),
             Inner::authorize(self.inner.clone(), request, route),
@@ -312,6 +352,7 @@ impl Front {
         &self,
         request: axum::http::Request<B>,
         held: H,
+        peer: Option<IpAddr>,
         start: Instant,
         id: axum::http::HeaderValue,
         route: RouteId,
@@ -330,7 +371,7 @@ impl Front {
             http.response.status_code = tracing::field::Empty,
         );
         telemetry::trace::continue_trace(&span, request.headers());
-        let (request, reservation) = self.inner.counted(request, route);
+        let (request, reservation) = self.inner.counted(request, route, peer);
         let answer = telemetry::with_request_id(
             id.clone(),
             Inner::authorize(self.inner.clone(), request, route),

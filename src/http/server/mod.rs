@@ -1,4 +1,5 @@
-//! The hand-built HTTP server both listeners run, for the limits and costs
+//! The hand-built HTTP server the listeners run (public, admin, and the
+//! probes' own when `server.probe_addr` is set), for the limits and costs
 //! `axum::serve` does not cover (docs/design.md, "The hit path"):
 //! - [`serve`]: connections through hyper directly, with a head deadline and a
 //!   head size bound `axum::serve` does not expose, and graceful shutdown;
@@ -11,7 +12,8 @@
 //!   under it;
 //! - [`rewrite`]: hyper's own bare 400/414/431 answers as problem documents;
 //! - [`bodies`]: the bound on request bodies held in memory, both listeners
-//!   together (`server.max_body_buffer_bytes`).
+//!   together (`server.max_body_buffer_bytes`), and each public client's
+//!   share of it (`server.max_body_buffer_per_client_bytes`).
 //!
 //! It imports the API (the routers and their states, the route table,
 //! `ApiError`, the admin tokens and their record, the duration histogram, the

@@ -23,6 +23,7 @@
 
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -71,12 +72,13 @@ pub async fn serve(
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            (stream, held) = inbound.accept(&listener) => {
+            (stream, peer, held) = inbound.accept(&listener) => {
                 let _ = stream.set_nodelay(true);
                 let activity = held.activity().clone();
                 let service = Watched {
                     front: front.clone(),
                     activity: activity.clone(),
+                    peer: Some(peer.ip()),
                 };
                 let connection = http.serve_connection(
                     TokioIo::new(ProblemIo::new(
@@ -203,6 +205,9 @@ struct Watched {
     front: Front,
     /// What the connection's watchdog reads to close an idle connection.
     activity: Arc<Activity>,
+    /// The connection's peer: its request bodies count against that
+    /// client's share (`bodies`).
+    peer: Option<IpAddr>,
 }
 
 impl<B> hyper::service::Service<axum::http::Request<B>> for Watched
@@ -217,6 +222,6 @@ where
     fn call(&self, request: axum::http::Request<B>) -> Self::Future {
         self.activity.began();
         self.front
-            .call_holding(request, Busy(self.activity.clone()))
+            .call_holding(request, Busy(self.activity.clone()), self.peer)
     }
 }

@@ -164,6 +164,8 @@ pub struct Process {
     pub child: Spawned,
     pub public: String,
     pub admin: String,
+    /// The probe listener's URL, when `SERVER__PROBE_ADDR` is set.
+    pub probe: Option<String>,
     pub http: reqwest::Client,
 }
 
@@ -214,12 +216,15 @@ impl Process {
         }
         let child = Spawned::spawn(command, "phones-gateway serve");
         let limit = Duration::from_secs(30);
-        let addrs = child.logged("listening", &["public", "admin"], limit).await;
-        let (public, admin) = (&addrs[0], &addrs[1]);
+        let addrs = child
+            .logged("listening", &["public", "admin", "probe"], limit)
+            .await;
+        let (public, admin, probe) = (&addrs[0], &addrs[1], &addrs[2]);
         let process = Process {
             child,
             public: format!("http://{public}"),
             admin: format!("http://{admin}"),
+            probe: (probe != "off").then(|| format!("http://{probe}")),
             http: reqwest::Client::new(),
         };
         let ready = format!("{}{READYZ}", process.admin);
