@@ -2,9 +2,10 @@
 //! `selection.order` and answers' `kind` (and as their upstreams and caches are
 //! named: `real_phone` for the real one), what a failed one does, and
 //! [`Sources`], one value per source: the table that states, policies, caches
-//! and per-source metrics are kept in, so that a source is never written out
-//! field by field (a fourth source is a variant here and a column in each
-//! table, found by the compiler).
+//! and per-source metrics are kept in (a fourth source is a variant here and a
+//! column in each table, found by the compiler). The configuration's
+//! `[upstreams]` and `[cache]` sections, like the file they are read from, and
+//! the upstream clients name each source as a field of its own.
 
 use std::ops::{Index, IndexMut};
 

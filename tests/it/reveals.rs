@@ -892,7 +892,7 @@ async fn longest_flush(process: &Process) -> (Duration, u64, Duration) {
     (longest, count as u64, Duration::from_secs_f64(mean))
 }
 
-/// SPEC section 11: a crash (SIGKILL) loses at most the reveals of the last
+/// docs/reveal-log.md: a crash (SIGKILL) loses at most the reveals of the last
 /// `reveals.flush_interval_ms`, plus the flush under way at the kill. The
 /// gateway runs as its own process on an SQLite file; one seller's cached
 /// number is asked every 5 ms, each time by another viewer (`crash-N`), so
