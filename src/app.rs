@@ -32,6 +32,8 @@ use crate::budget::{self, Budgets};
 use crate::cache::caches::Caches;
 use crate::config::{Config, DatabaseConfig, ServerConfig};
 use crate::http::api::access::AdminTokens;
+use crate::http::api::durations::Durations;
+use crate::http::api::routes;
 use crate::http::api::snapshot::Uploads;
 use crate::http::api::state::{AdminState, PublicState};
 use crate::http::server::bodies::BodyBuffer;
@@ -59,7 +61,6 @@ pub struct App {
     reveal_store: RevealStore,
     /// Feed leadership, for the feed loop.
     leadership: Leadership,
-    caches: Caches,
     upstreams: Arc<Upstreams>,
     /// `server.max_connections` as it applies: the public listener's open
     /// connections at most (derived from the open-files limit when 0,
@@ -95,6 +96,8 @@ pub struct Parts {
     pub budgets: Option<Arc<Budgets>>,
     /// The reveal log's buffer; `None` when `reveals.enabled` is false.
     pub reveals: Option<Reveals>,
+    /// The request-duration histogram both listeners' fronts record into.
+    pub durations: Arc<Durations>,
 }
 
 impl Parts {
@@ -126,6 +129,7 @@ impl Parts {
             upstreams,
             caches,
             status,
+            durations: Arc::new(Durations::new(&routes::LABELS)),
         }
     }
 
@@ -145,7 +149,7 @@ impl Parts {
             server: config.server,
         };
         // The share of new traces exported, when spans are.
-        Front::public(state, shed, &config.tracing)
+        Front::public(state, shed, &config.tracing, self.durations.clone())
     }
 }
 
@@ -190,6 +194,7 @@ impl App {
         let admin_state = AdminState {
             status: status.clone(),
             caches: parts.caches.clone(),
+            durations: parts.durations.clone(),
             tokens: tokens.clone(),
             shutting_down: shutting_down.clone(),
             metrics,
@@ -226,7 +231,6 @@ impl App {
             leadership: database.leadership(config.upstreams.calltracking.status_feed.lease_ttl),
             database,
             reveal_store,
-            caches: parts.caches,
             upstreams: parts.upstreams,
             max_connections,
             config,
@@ -260,15 +264,6 @@ impl App {
     /// The opened database (the demo migrates it before seeding).
     pub fn database(&self) -> &Database {
         &self.database
-    }
-
-    pub fn caches(&self) -> &Caches {
-        &self.caches
-    }
-
-    /// The reveal log's buffer, when `reveals.enabled`.
-    pub fn reveals(&self) -> Option<&Reveals> {
-        self.reveals.as_ref()
     }
 
     /// Migrates and loads the status set in the background, then runs the sync
@@ -559,7 +554,7 @@ async fn load(
         None => "database.url",
     });
     let migrate_on_start = config.migrate_on_start;
-    let mut delay = Duration::from_millis(100);
+    let mut delay = START_RETRY_FIRST;
     let mut checked = session.is_none();
     loop {
         if !checked {
@@ -606,6 +601,10 @@ async fn load(
     }
 }
 
+/// The first pause between two tries of the start's database work, doubled
+/// after each failure: short, since the usual failure at start is a database
+/// (or its DNS name) not up yet by a fraction of a second.
+const START_RETRY_FIRST: Duration = Duration::from_millis(100);
 /// The longest pause between two tries of the start's database work.
 const START_RETRY_MAX: Duration = Duration::from_secs(2);
 

@@ -73,8 +73,25 @@ fn the_api_does_not_import_the_server() {
     );
 }
 
+/// The route table names its handlers, so nothing it reaches names the table:
+/// the handlers take their paths from the leaf `paths`, the OpenAPI documents
+/// and the request-duration histogram are handed the table's rows, and no
+/// circle runs through the files of `http::api`.
+#[test]
+fn the_files_of_the_api_form_no_cycle() {
+    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
+    let api = folder_graph(src, &src.join("http").join("api"));
+    assert!(api["routes"].contains("admin"), "{api:?}");
+    if let Some(cycle) = find_cycle(&api) {
+        panic!(
+            "import cycle between the files of http::api: {}",
+            cycle.join(" -> ")
+        );
+    }
+}
+
 /// Every path of the route table is written once in `src/` (in
-/// `http/api/routes.rs`), and no other literal that looks like one of our
+/// `http/api/paths.rs`), and no other literal that looks like one of our
 /// routes (`"/v1/...`, `"/admin...`) is written twice: a second copy is a second
 /// place to change.
 #[test]

@@ -266,10 +266,6 @@ impl Resolver {
         finished(decision)
     }
 
-    pub fn caches(&self) -> &Caches {
-        &self.caches
-    }
-
     /// The number to show for `req`. Its upstream calls continue the request's
     /// `trace` (docs/tracing.md; `None`: a new trace), parsed only when a call
     /// is made: a hit carries a reference.

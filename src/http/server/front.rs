@@ -42,12 +42,11 @@ use super::shed::Shed;
 use crate::config::TracingConfig;
 use crate::http::api;
 use crate::http::api::access::{self, AdminTokens, Caller};
-use crate::http::api::durations;
+use crate::http::api::durations::Durations;
 use crate::http::api::error::ApiError;
+use crate::http::api::paths::{PUBLIC_PHONE as PUBLIC_PHONE_PATH, STATUSES as SNAPSHOT_PATH};
 use crate::http::api::public;
-use crate::http::api::routes::{
-    PUBLIC_PHONE as PUBLIC_PHONE_PATH, RouteId, STATUSES as SNAPSHOT_PATH,
-};
+use crate::http::api::routes::RouteId;
 use crate::http::api::state::{AdminState, PublicState};
 use crate::telemetry;
 
@@ -87,6 +86,8 @@ struct Inner {
     /// Set on the admin listener: the snapshot's row, whose `PUT` body streams
     /// into its parser and is not counted against the body buffer (`bodies`).
     snapshot: Option<RouteId>,
+    /// The app's request-duration histogram, which both fronts record into.
+    durations: Arc<Durations>,
 }
 
 impl Front {
@@ -96,7 +97,12 @@ impl Front {
     /// exported, sampled at `tracing.sample_ratio` unless the caller's
     /// `traceparent` decides. Given here, not by a setter: the front is shared
     /// (cloned per connection) as soon as it is built.
-    pub fn public(state: PublicState, shed: Shed, tracing: &TracingConfig) -> Self {
+    pub fn public(
+        state: PublicState,
+        shed: Shed,
+        tracing: &TracingConfig,
+        durations: Arc<Durations>,
+    ) -> Self {
         let inner = Inner {
             router: api::public_router(state.clone()),
             shed,
@@ -106,6 +112,7 @@ impl Front {
             // Read once here: the hit path asks one `Option`.
             export_ratio: tracing.exports().then_some(tracing.sample_ratio),
             snapshot: None,
+            durations,
         };
         Front {
             inner: Arc::new(inner),
@@ -118,6 +125,7 @@ impl Front {
     pub fn admin(state: AdminState, shed: Shed) -> Self {
         let inner = Inner {
             tokens: Some(state.tokens.clone()),
+            durations: state.durations.clone(),
             router: api::admin_router(state),
             shed,
             route_of: RouteId::admin,
@@ -273,13 +281,14 @@ impl Front {
             Inner::authorize(self.inner.clone(), request, route),
         )
         .instrument(span);
+        let durations = self.inner.durations.clone();
         Box::pin(async move {
             let mut response = answer.await;
             drop(held);
             if let Some(reservation) = reservation {
                 response = reservation.answer(response);
             }
-            Ok(answered(response, id, route, start))
+            Ok(answered(response, id, route, start, &durations))
         })
     }
 
@@ -316,6 +325,7 @@ impl Front {
             Inner::authorize(self.inner.clone(), request, route),
         )
         .instrument(span.clone());
+        let durations = self.inner.durations.clone();
         Box::pin(async move {
             let mut response = answer.await;
             drop(held);
@@ -323,7 +333,7 @@ impl Front {
                 response = reservation.answer(response);
             }
             span.record("http.response.status_code", response.status().as_u16());
-            Ok(answered(response, id, route, start))
+            Ok(answered(response, id, route, start, &durations))
         })
     }
 }
@@ -349,10 +359,11 @@ fn answered(
     id: axum::http::HeaderValue,
     route: RouteId,
     start: Instant,
+    durations: &Durations,
 ) -> Response {
     response
         .headers_mut()
         .insert(telemetry::REQUEST_ID_HEADER, id);
-    durations::record(route, response.status().as_u16(), start.elapsed());
+    durations.record(route.index(), response.status().as_u16(), start.elapsed());
     response
 }
