@@ -504,8 +504,8 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
             .await
             .assert_number(REAL, "real");
     }
-    // The age of the oldest unwritten reveal grows while writes fail (polled:
-    // the recorder is shared by every app in this binary, set at each scrape).
+    // The age of the oldest unwritten reveal grows while writes fail, on this
+    // app's own `/metrics` (polled: it grows with time).
     let oldest = || async {
         let text = app.get_admin(METRICS).await.text;
         text.lines()

@@ -433,17 +433,26 @@ async fn a_replica_holds_its_pool_one_connection_for_notifications_and_one_while
 /// The sync loop's catch-up, waiting for a connection meanwhile, fails with
 /// its cause said ("every pooled connection stayed busy") without opening one
 /// more: the replica never holds more connections than its pool (with
-/// `listen = false`, no listener either). Then the webhook goes on.
+/// `listen = false`, no listener either). Then the webhook goes on. The
+/// gateway is a process of its own, so the explanation read is its own log's.
 #[tokio::test]
 async fn a_busy_pool_is_explained_without_one_more_connection() {
     let db = pg::or_skip!(pg::database().await);
     let (proxy, through) = crate::support::proxy::Proxy::in_front_of(&db.url).await;
-    let app = TestApp::spawn_on(
-        Some(&through),
-        "[database]\nmax_connections = 1\nlisten = false\nlock_timeout_ms = 5000\n",
+    let process = Process::start_with(
+        &through,
+        &[
+            ("DATABASE__MAX_CONNECTIONS", "1"),
+            ("DATABASE__LISTEN", "false"),
+            ("DATABASE__LOCK_TIMEOUT_MS", "5000"),
+        ],
     )
     .await;
-    assert_eq!(app.set_status(7, true, 1).await, 200);
+    let status = |enabled: bool, version: u64| {
+        let items = json!({ "items": [{ "user_id": 7, "enabled": enabled, "version": version }] });
+        process.send(Method::POST, items)
+    };
+    assert_eq!(status(true, 1).await, 200);
     // Start-up's connections (the migrations' own, closed) left out.
     eventually(
         "start-up's connections closed",
@@ -463,16 +472,20 @@ async fn a_busy_pool_is_explained_without_one_more_connection() {
         .execute(&mut locker)
         .await
         .unwrap();
-    let blocked = app.send_status(7, false, 2);
+    let blocked = status(false, 2);
     let release = async {
         tokio::time::sleep(Duration::from_millis(3600)).await;
         sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
     };
     let (blocked, ()) = tokio::join!(blocked, release);
-    assert_eq!(blocked.status, 200, "{blocked:?}");
+    assert_eq!(blocked, 200);
+    let lines = process.child.lines_so_far();
     assert!(
-        captured_logs().contains("every pooled connection stayed busy"),
-        "the pool timeout was not explained"
+        lines
+            .iter()
+            .any(|line| line.contains("every pooled connection stayed busy")),
+        "the pool timeout was not explained in {} lines",
+        lines.len()
     );
     assert_eq!(
         proxy.most_open(),

@@ -275,13 +275,14 @@ pub async fn readyz(State(state): State<AdminState>) -> Response {
 #[utoipa::path(get, path = paths::METRICS, tag = "operations",
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AdminState>) -> Response {
-    // Gauges are computed at scrape time, each by its owner.
-    state.status.publish_gauges();
-    state.caches.publish_gauges();
-    if let Some(reveals) = &state.reveals {
-        reveals.publish_gauges();
-    }
+    // The recorder is the process's; what follows is this app's own: gauges
+    // its owners compute now, and the request durations.
     let mut text = state.metrics.render();
+    state.status.render_gauges(&mut text);
+    state.caches.render_gauges(&mut text);
+    if let Some(reveals) = &state.reveals {
+        reveals.render_gauges(&mut text);
+    }
     state.durations.render(&mut text);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
