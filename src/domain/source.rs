@@ -63,9 +63,11 @@ impl Source {
         Source::ALL.into_iter().find(|s| s.as_str() == text)
     }
 
-    /// The column of this source in a [`Sources`]. The declaration order, so
-    /// the compiler knows it is below 3 and indexing needs no bounds check.
-    const fn column(self) -> usize {
+    /// The column of this source in a [`Sources`] and its position in
+    /// [`Source::ALL`]: the declaration order, so the compiler knows it is below
+    /// 3 and indexing needs no bounds check. The one place it is computed (the
+    /// reveal's reason stores it too).
+    pub const fn column(self) -> usize {
         self as usize
     }
 }
@@ -141,5 +143,8 @@ mod tests {
         let mut lengths = table.map(str::len);
         lengths[Source::RealPhone] = 0;
         assert_eq!(lengths.values().copied().collect::<Vec<_>>(), [9, 12, 0]);
+        for (position, source) in Source::ALL.into_iter().enumerate() {
+            assert_eq!(source.column(), position);
+        }
     }
 }
