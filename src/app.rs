@@ -106,7 +106,6 @@ impl Parts {
     pub fn build(config: &Config) -> Self {
         let upstreams = Arc::new(Upstreams::new(
             &config.upstreams,
-            // The breaker's settings apply to each upstream client.
             config.breaker,
             // A bound of `0` on an upstream's calls in flight means the public
             // bound: each public request makes at most one call to each.
@@ -148,7 +147,6 @@ impl Parts {
             reveals: self.reveals.clone(),
             server: config.server,
         };
-        // The share of new traces exported, when spans are.
         Front::public(state, shed, &config.tracing, self.durations.clone())
     }
 }

@@ -348,7 +348,6 @@ impl Resolver {
         // The request's trace, parsed only if an upstream call is made (a
         // refresh ahead here, or the asking after): one trace per request.
         let trace = Incoming::new(request_trace, self.export_spans);
-        // Cache events only for an exported request span (never without export).
         let exported = trace.exported();
         // One clock reading for every cache this request looks at.
         let now = self.caches.clock.now();
