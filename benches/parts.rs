@@ -31,18 +31,20 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
 use phones_gateway::http::api::batch_items::BatchItems;
-use phones_gateway::http::api::durations;
-use phones_gateway::http::api::routes::{PUBLIC_PHONE, RouteId};
+use phones_gateway::http::api::durations::Durations;
+use phones_gateway::http::api::paths::PUBLIC_PHONE;
+use phones_gateway::http::api::routes::{LABELS, RouteId};
 use phones_gateway::telemetry::trace::context::parse_traceparent;
 use serde::Deserialize;
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 fn durations(c: &mut Criterion) {
-    let route = RouteId::public(PUBLIC_PHONE);
+    let route = RouteId::public(PUBLIC_PHONE).index();
     let elapsed = Duration::from_micros(180);
+    let own = Durations::new(&LABELS);
     c.bench_function("durations/own", |b| {
-        b.iter(|| durations::record(black_box(route), black_box(200), black_box(elapsed)));
+        b.iter(|| own.record(black_box(route), black_box(200), black_box(elapsed)));
     });
     let recorder = PrometheusBuilder::new()
         .set_buckets(&phones_gateway::telemetry::DURATION_BOUNDS_NS.map(|ns| ns as f64 / 1e9))

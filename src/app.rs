@@ -32,6 +32,8 @@ use crate::budget::{self, Budgets};
 use crate::cache::caches::Caches;
 use crate::config::{Config, DatabaseConfig, ServerConfig};
 use crate::http::api::access::AdminTokens;
+use crate::http::api::durations::Durations;
+use crate::http::api::routes;
 use crate::http::api::snapshot::Uploads;
 use crate::http::api::state::{AdminState, PublicState};
 use crate::http::server::bodies::BodyBuffer;
@@ -61,7 +63,6 @@ pub struct App {
     reveal_store: RevealStore,
     /// Feed leadership, for the feed loop.
     leadership: Leadership,
-    caches: Caches,
     upstreams: Arc<Upstreams>,
     /// `server.max_connections` as it applies: the public listener's open
     /// connections at most (derived from the open-files limit when 0,
@@ -97,6 +98,8 @@ pub struct Parts {
     pub budgets: Option<Arc<Budgets>>,
     /// The reveal log's buffer; `None` when `reveals.enabled` is false.
     pub reveals: Option<Reveals>,
+    /// The request-duration histogram both listeners' fronts record into.
+    pub durations: Arc<Durations>,
 }
 
 impl Parts {
@@ -105,7 +108,6 @@ impl Parts {
     pub fn build(config: &Config) -> Self {
         let upstreams = Arc::new(Upstreams::new(
             &config.upstreams,
-            // The breaker's settings apply to each upstream client.
             config.breaker,
             // A bound of `0` on an upstream's calls in flight means the public
             // bound: each public request makes at most one call to each.
@@ -128,6 +130,7 @@ impl Parts {
             upstreams,
             caches,
             status,
+            durations: Arc::new(Durations::new(&routes::LABELS)),
         }
     }
 
@@ -146,8 +149,7 @@ impl Parts {
             reveals: self.reveals.clone(),
             server: config.server,
         };
-        // The share of new traces exported, when spans are.
-        Front::public(state, shed, &config.tracing)
+        Front::public(state, shed, &config.tracing, self.durations.clone())
     }
 }
 
@@ -192,6 +194,7 @@ impl App {
         let admin_state = AdminState {
             status: status.clone(),
             caches: parts.caches.clone(),
+            durations: parts.durations.clone(),
             tokens: tokens.clone(),
             shutting_down: shutting_down.clone(),
             migrations: database.migrations().clone(),
@@ -243,7 +246,6 @@ impl App {
             leadership: database.leadership(config.upstreams.calltracking.status_feed.lease_ttl),
             database,
             reveal_store,
-            caches: parts.caches,
             upstreams: parts.upstreams,
             max_connections,
             config,
@@ -284,15 +286,6 @@ impl App {
     /// The opened database (the demo migrates it before seeding).
     pub fn database(&self) -> &Database {
         &self.database
-    }
-
-    pub fn caches(&self) -> &Caches {
-        &self.caches
-    }
-
-    /// The reveal log's buffer, when `reveals.enabled`.
-    pub fn reveals(&self) -> Option<&Reveals> {
-        self.reveals.as_ref()
     }
 
     /// Migrates and loads the status set in the background, then runs the sync
@@ -607,7 +600,7 @@ async fn load(
         None => "database.url",
     });
     let migrate_on_start = config.migrate_on_start;
-    let mut delay = Duration::from_millis(100);
+    let mut delay = START_RETRY_FIRST;
     let mut checked = session.is_none();
     loop {
         if !checked {
@@ -657,6 +650,10 @@ async fn load(
     }
 }
 
+/// The first pause between two tries of the start's database work, doubled
+/// after each failure: short, since the usual failure at start is a database
+/// (or its DNS name) not up yet by a fraction of a second.
+const START_RETRY_FIRST: Duration = Duration::from_millis(100);
 /// The longest pause between two tries of the start's database work.
 const START_RETRY_MAX: Duration = Duration::from_secs(2);
 

@@ -16,6 +16,8 @@
 //! Inside `http`, the server imports the API and never the reverse
 //! (`http::server -> http::api`). And the route table is the one place a route's
 //! path is written: no route path literal appears twice in `src/`.
+//!
+//! And no file of `src/` is over [`MAX_LINES`] lines, its unit tests included.
 
 #![allow(clippy::unwrap_used)]
 
@@ -71,8 +73,25 @@ fn the_api_does_not_import_the_server() {
     );
 }
 
+/// The route table names its handlers, so nothing it reaches names the table:
+/// the handlers take their paths from the leaf `paths`, the OpenAPI documents
+/// and the request-duration histogram are handed the table's rows, and no
+/// circle runs through the files of `http::api`.
+#[test]
+fn the_files_of_the_api_form_no_cycle() {
+    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
+    let api = folder_graph(src, &src.join("http").join("api"));
+    assert!(api["routes"].contains("admin"), "{api:?}");
+    if let Some(cycle) = find_cycle(&api) {
+        panic!(
+            "import cycle between the files of http::api: {}",
+            cycle.join(" -> ")
+        );
+    }
+}
+
 /// Every path of the route table is written once in `src/` (in
-/// `http/api/routes.rs`), and no other literal that looks like one of our
+/// `http/api/paths.rs`), and no other literal that looks like one of our
 /// routes (`"/v1/...`, `"/admin...`) is written twice: a second copy is a second
 /// place to change.
 #[test]
@@ -105,6 +124,32 @@ fn no_route_path_is_written_twice() {
     assert!(
         twice.is_empty(),
         "route paths written more than once: {twice:?}"
+    );
+}
+
+/// The most lines a file of `src/` may have, its unit tests included: past
+/// it, a file holds more than one reader can keep in mind; split it by
+/// concern (or move its tests to a sibling file).
+const MAX_LINES: usize = 800;
+
+#[test]
+fn no_file_of_src_is_over_the_size_rule() {
+    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
+    let files = rust_files(src);
+    assert!(files.len() > 50, "read the files: {files:?}");
+    let over: Vec<String> = files
+        .iter()
+        .map(|path| {
+            let lines = std::fs::read_to_string(path).unwrap().lines().count();
+            (path.strip_prefix(src).unwrap().display().to_string(), lines)
+        })
+        .filter(|(_, lines)| *lines > MAX_LINES)
+        .map(|(file, lines)| format!("src/{file}: {lines} lines"))
+        .collect();
+    assert!(
+        over.is_empty(),
+        "files over {MAX_LINES} lines: {}",
+        over.join(", ")
     );
 }
 

@@ -32,6 +32,11 @@ use crate::store::{BudgetStore, Spend, Total};
 const ALIVE_S: u32 = 5;
 /// How often (in exchanges, at most) the live replicas are counted.
 const COUNT_REPLICAS_EVERY: Duration = Duration::from_secs(1);
+/// The shortest pause between two tries to load the refusals in force at
+/// start: the exchange interval (which may be 10 ms), but no more than twice a
+/// second, so that replicas starting against a database that does not answer
+/// do not ask it in a tight loop.
+const PRIME_RETRY_MIN: Duration = Duration::from_millis(500);
 /// Spends (or refusals) one statement reports at most: a few tens of
 /// milliseconds of the database's time, far inside any statement bound.
 pub const REPORT_CHUNK: usize = 5_000;
@@ -118,7 +123,7 @@ impl Exchanging<'_> {
                 }
             }
             tokio::select! {
-                () = tokio::time::sleep(self.interval.max(Duration::from_millis(500))) => {}
+                () = tokio::time::sleep(self.interval.max(PRIME_RETRY_MIN)) => {}
                 () = self.stop.cancelled() => return false,
             }
         }

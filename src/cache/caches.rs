@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::{Clock, Generations, PhoneCache, Ttls};
 use crate::config::CachesConfig;
 use crate::domain::{Source, Sources, UserId};
+use crate::telemetry::write_gauge;
 
 /// The three caches and their generation tables.
 #[derive(Clone)]
@@ -80,12 +81,15 @@ impl Caches {
         }
     }
 
-    /// Sets the caches' gauges (called at scrape time).
-    pub fn publish_gauges(&self) {
-        for cache in self.phones.values() {
-            metrics::gauge!("phones_gateway_cache_entries", "cache" => cache.name())
-                .set(cache.len() as f64);
-        }
+    /// Appends the caches' entry counts to their app's `/metrics` text.
+    pub fn render_gauges(&self, out: &mut String) {
+        let entries: Vec<([(&str, &str); 1], f64)> = self
+            .phones
+            .values()
+            .map(|cache| ([("cache", cache.name())], cache.len() as f64))
+            .collect();
+        let series = entries.iter().map(|(labels, n)| (&labels[..], *n));
+        write_gauge(out, "phones_gateway_cache_entries", series);
     }
 
     /// Drops every cached number of `user` on this replica alone; the admin

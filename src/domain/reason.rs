@@ -268,8 +268,7 @@ impl Code {
             Skip::Failed(failure) if failure.is_verdict() => failure.bits(),
             Skip::Failed(_) => return None,
         };
-        let column = Source::ALL.iter().position(|s| *s == source)?;
-        u8::try_from(4 + column * SKIP_CODES + offset as usize)
+        u8::try_from(4 + source.column() * SKIP_CODES + offset as usize)
             .ok()
             .map(Code)
     }
@@ -405,13 +404,9 @@ impl Reason {
     }
 }
 
-/// `source`'s position in [`Source::ALL`].
+/// `source`'s column ([`Source::column`], below 3), as a reason's bits hold it.
 fn column(source: Source) -> u8 {
-    match source {
-        Source::Anonymous => 0,
-        Source::Calltracking => 1,
-        Source::RealPhone => 2,
-    }
+    source.column() as u8
 }
 
 /// The JSON the admin reveal pages show:

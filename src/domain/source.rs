@@ -2,9 +2,10 @@
 //! `selection.order` and answers' `kind` (and as their upstreams and caches are
 //! named: `real_phone` for the real one), what a failed one does, and
 //! [`Sources`], one value per source: the table that states, policies, caches
-//! and per-source metrics are kept in, so that a source is never written out
-//! field by field (a fourth source is a variant here and a column in each
-//! table, found by the compiler).
+//! and per-source metrics are kept in (a fourth source is a variant here and a
+//! column in each table, found by the compiler). The configuration's
+//! `[upstreams]` and `[cache]` sections, like the file they are read from, and
+//! the upstream clients name each source as a field of its own.
 
 use std::ops::{Index, IndexMut};
 
@@ -62,9 +63,11 @@ impl Source {
         Source::ALL.into_iter().find(|s| s.as_str() == text)
     }
 
-    /// The column of this source in a [`Sources`]. The declaration order, so
-    /// the compiler knows it is below 3 and indexing needs no bounds check.
-    const fn column(self) -> usize {
+    /// The column of this source in a [`Sources`] and its position in
+    /// [`Source::ALL`]: the declaration order, so the compiler knows it is below
+    /// 3 and indexing needs no bounds check. The one place it is computed (the
+    /// reveal's reason stores it too).
+    pub const fn column(self) -> usize {
         self as usize
     }
 }
@@ -140,5 +143,8 @@ mod tests {
         let mut lengths = table.map(str::len);
         lengths[Source::RealPhone] = 0;
         assert_eq!(lengths.values().copied().collect::<Vec<_>>(), [9, 12, 0]);
+        for (position, source) in Source::ALL.into_iter().enumerate() {
+            assert_eq!(source.column(), position);
+        }
     }
 }

@@ -80,8 +80,9 @@ struct Asking<'h> {
 }
 
 /// Answers one request at a time, for every listener and task of a replica:
-/// built once by `App::build` and shared, so everything a request needs is
-/// here, read-only or behind its own synchronisation.
+/// built by [`Parts::build`](crate::app::Parts::build) (for the app, the
+/// whole-app tests and the benches) and shared, so everything a request needs
+/// is here, read-only or behind its own synchronisation.
 pub struct Resolver {
     /// The order, each source's policy and the anonymous categories: the input
     /// of the pure [`plan`], read on every request, never changed after start.
@@ -91,8 +92,8 @@ pub struct Resolver {
     upstreams: Arc<Upstreams>,
     /// The replica's three caches: every answer goes through them, so a hit
     /// makes no upstream call and concurrent misses share one. The status
-    /// service and the admin invalidation hold them too, to drop a seller's
-    /// numbers.
+    /// service holds them too: it drops a seller's numbers (an admin
+    /// invalidation goes through it, to tell the fleet).
     caches: Caches,
     /// Whether a seller has call tracking on: read on every request (not
     /// cached), so a change applies to the next request. Shared with the
@@ -265,10 +266,6 @@ impl Resolver {
         finished(decision)
     }
 
-    pub fn caches(&self) -> &Caches {
-        &self.caches
-    }
-
     /// The number to show for `req`. Its upstream calls continue the request's
     /// `trace` (docs/tracing.md; `None`: a new trace), parsed only when a call
     /// is made: a hit carries a reference.
@@ -351,7 +348,6 @@ impl Resolver {
         // The request's trace, parsed only if an upstream call is made (a
         // refresh ahead here, or the asking after): one trace per request.
         let trace = Incoming::new(request_trace, self.export_spans);
-        // Cache events only for an exported request span (never without export).
         let exported = trace.exported();
         // One clock reading for every cache this request looks at.
         let now = self.caches.clock.now();

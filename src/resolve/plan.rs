@@ -18,9 +18,10 @@
 //! cannot settle are pending; [`Progress::asks`] says which to ask at once
 //! (anonymous and real together; call tracking as soon as the real number is
 //! known, since it maps it), and [`Progress::answered`] takes each answer's
-//! state and says what to ask next. At the deadline ([`Progress::at_deadline`]) a pending source has
-//! failed (no answer in time), so its usable stale value is served as for any
-//! failure.
+//! state and says what to ask next. At the deadline ([`Progress::at_deadline`])
+//! a pending source is undecided (the deadline is the gateway's own bound): its
+//! usable stale value is served, else it blocks what is below it
+//! (docs/rules.md, "Concurrency and the deadline").
 //!
 //! A new selection condition is a change to `[selection]` (`SelectionConfig`),
 //! to [`Selection`] (built from it by [`Selection::new`]) and

@@ -29,6 +29,10 @@ use crate::store::RevealStore;
 
 /// How long the last flush at shutdown keeps trying a failing database.
 const FINAL_FLUSH_FOR: Duration = Duration::from_secs(5);
+/// The pause after a failed write within [`FINAL_FLUSH_FOR`]: at most 25 tries,
+/// each a chance for a database that blinked to take the last reveals, without
+/// asking a dead one in a tight loop while the process waits to exit.
+const FINAL_FLUSH_PAUSE: Duration = Duration::from_millis(200);
 
 /// The most reveals one write (one transaction) takes: about a second of
 /// reveals at the hit path's maximum on one core, so that a writer keeping
@@ -118,7 +122,7 @@ pub async fn run(
             break;
         }
         if !flush(&reveals, &store, &mut batch, &metrics).await {
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(FINAL_FLUSH_PAUSE).await;
         }
     }
     // Unwritten: the batch and whatever the deadline left in the channel.

@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 
 use crate::config::{OnOverflow, RevealsConfig};
 use crate::domain::{Reveal, wall_clock};
+use crate::telemetry::write_gauge;
 
 /// The recording side of the reveal log; cheap to clone.
 #[derive(Clone)]
@@ -59,8 +60,6 @@ struct Metrics {
     recorded: metrics::Counter,
     dropped: metrics::Counter,
     refused: metrics::Counter,
-    buffered: metrics::Gauge,
-    oldest_unwritten: metrics::Gauge,
 }
 
 /// The buffer is full and `on_overflow = "refuse"`: do not show the number.
@@ -82,10 +81,6 @@ impl Reveals {
                     recorded: metrics::counter!("phones_gateway_reveals_recorded_total"),
                     dropped: metrics::counter!("phones_gateway_reveals_dropped_total"),
                     refused: metrics::counter!("phones_gateway_reveals_refused_total"),
-                    buffered: metrics::gauge!("phones_gateway_reveals_buffered"),
-                    oldest_unwritten: metrics::gauge!(
-                        "phones_gateway_reveals_oldest_unwritten_seconds"
-                    ),
                 },
             }),
         }
@@ -139,13 +134,15 @@ impl Reveals {
         }
     }
 
-    /// Sets the gauges (called at scrape time).
-    pub fn publish_gauges(&self) {
-        let metrics = &self.inner.metrics;
-        metrics.buffered.set(self.buffered() as f64);
-        metrics
-            .oldest_unwritten
-            .set(self.oldest_unwritten().as_secs_f64());
+    /// Appends the buffer's gauges to its app's `/metrics` text, as they are now.
+    pub fn render_gauges(&self, out: &mut String) {
+        let oldest = self.oldest_unwritten().as_secs_f64();
+        for (name, value) in [
+            ("phones_gateway_reveals_buffered", self.buffered() as f64),
+            ("phones_gateway_reveals_oldest_unwritten_seconds", oldest),
+        ] {
+            write_gauge(out, name, [(&[][..], value)]);
+        }
     }
 
     /// The receiving end, once: the flush task owns it.

@@ -26,6 +26,7 @@ use crate::store::{
     CHANGES_PAGE, Change, FLOOR_USER, Fence, SnapshotLoad, StatusStore, StatusStoreError,
     StoreError, Watermark,
 };
+use crate::telemetry::write_gauge;
 
 /// Rows applied between two yields of a catch-up: a snapshot that changes
 /// 100,000 sellers does not hold a worker thread for the whole page.
@@ -124,13 +125,20 @@ impl StatusService {
         metrics::gauge!("phones_gateway_status_feed_leader").set(f64::from(u8::from(leader)));
     }
 
-    /// Sets the status set's gauges (called at scrape time).
-    pub fn publish_gauges(&self) {
+    /// Appends the status set's gauges to its app's `/metrics` text, as they are now.
+    pub fn render_gauges(&self, out: &mut String) {
         let set = self.set();
-        metrics::gauge!("phones_gateway_status_set_users").set(set.len() as f64);
-        metrics::gauge!("phones_gateway_status_set_enabled").set(set.enabled_count() as f64);
-        metrics::gauge!("phones_gateway_status_sync_lag_seconds")
-            .set(self.sync_lag_ms() as f64 / 1000.0);
+        let lag = self.sync_lag_ms() as f64 / 1000.0;
+        for (name, value) in [
+            ("phones_gateway_status_set_users", set.len() as f64),
+            (
+                "phones_gateway_status_set_enabled",
+                set.enabled_count() as f64,
+            ),
+            ("phones_gateway_status_sync_lag_seconds", lag),
+        ] {
+            write_gauge(out, name, [(&[][..], value)]);
+        }
     }
 
     /// Milliseconds since the last successful catch-up (or, before the first,

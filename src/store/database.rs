@@ -430,7 +430,8 @@ pub fn keeps_sessions(
 /// three statements, one of which may rightly wait [`ACQUIRE_TIMEOUT`] (and
 /// then ends the check). Milliseconds when the database answers; with the
 /// start's retry pause and the other start-up calls, a start that met a
-/// silent database is ready within 10 s of it answering (SPEC section 7).
+/// silent database is ready within 10 s of it answering (docs/status-sync.md,
+/// "Every call and its bound").
 pub const PROBE_BOUND: Duration = Duration::from_secs(6);
 
 async fn probe_sessions(options: &PgConnectOptions) -> Result<bool, StoreError> {

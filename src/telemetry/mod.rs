@@ -197,6 +197,28 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// Appends a gauge family in the Prometheus text format: one series per
+/// `(labels, value)`. For the gauges an owner computes at scrape time from its
+/// own state: written into its app's `/metrics` text, not set on the
+/// process-wide recorder, so that each app's scrape shows its own values, also
+/// beside other apps in one process.
+pub fn write_gauge<'a>(
+    out: &mut String,
+    name: &str,
+    series: impl IntoIterator<Item = (&'a [(&'a str, &'a str)], f64)>,
+) {
+    use std::fmt::Write as _;
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    for (labels, value) in series {
+        out.push_str(name);
+        if !labels.is_empty() {
+            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            let _ = write!(out, "{{{}}}", labels.join(","));
+        }
+        let _ = writeln!(out, " {value}");
+    }
+}
+
 /// Drains recorded histogram samples into their buckets every 5 s. The Prometheus
 /// recorder keeps raw samples until a scrape or an upkeep; without this, a
 /// replica nobody scrapes grows by every request's sample (the soak found it:

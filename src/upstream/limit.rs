@@ -6,7 +6,7 @@
 //! # The adaptive bound
 //!
 //! An upstream that answers 429, or 503 with `Retry-After`, refuses load; that
-//! answer is no verdict on the seller (the source is undecided, SPEC section 4)
+//! answer is no verdict on the seller (the source is undecided, docs/rules.md)
 //! and the gateway should have sent less. So the bound on calls in flight is a
 //! limit that moves between `min_in_flight` and `max_in_flight`, and the
 //! gateway's own refusal ([`UpstreamError::Saturated`](super::UpstreamError),

@@ -171,7 +171,7 @@ fn replica_overlay(budgets: &str) -> String {
 /// the text once).
 const REFUSALS_READ_SQL: &str = "FROM viewer_refusals WHERE at >";
 
-/// SPEC section 9: once a viewer is past a budget anywhere, every replica
+/// docs/budgets.md: once a viewer is past a budget anywhere, every replica
 /// refuses them within 1 s.
 const REFUSED_EVERYWHERE: Duration = Duration::from_secs(1);
 
@@ -240,7 +240,7 @@ async fn a_viewer_who_spent_the_budget_on_two_replicas_is_refused_everywhere_wit
         assert!(
             *took < REFUSED_EVERYWHERE,
             "replica {i} had read the refusal only {took:?} after the last spend \
-             (SPEC section 9: every replica refuses within {REFUSED_EVERYWHERE:?})"
+             (docs/budgets.md: every replica refuses within {REFUSED_EVERYWHERE:?})"
         );
     }
     // Each refuses them at once: A, whose share was the 3 that remained when

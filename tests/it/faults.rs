@@ -1,5 +1,5 @@
-//! Faults the database and the replicas meet in a fleet (SPEC sections 7 and
-//! 9, docs/status-sync.md, "Leadership" and "Bounded calls"): a database that
+//! Faults the database and the replicas meet in a fleet (docs/status-sync.md,
+//! "Leadership" and "Bounded calls"; docs/budgets.md, "Faults"): a database that
 //! accepts connections and then says nothing (a proxy that stops forwarding,
 //! support/proxy.rs), and a replica frozen with SIGSTOP while it leads the
 //! status feed (the binary as a child process, support/child.rs).
@@ -19,10 +19,10 @@ use crate::support::{Fake, Reply, TestApp, Upstream, eventually, pg};
 /// for a loaded machine (the bound before was the statement's, a minute).
 const LOCK: Duration = Duration::from_millis(1000);
 const SLACK: Duration = Duration::from_millis(1500);
-/// SPEC section 7: the sync loop catches up within 1 s of the database
+/// docs/status-sync.md: the sync loop catches up within 1 s of the database
 /// answering again.
 const CATCH_UP: Duration = Duration::from_secs(1);
-/// SPEC section 7: a feed leader cut off from the database while its
+/// docs/status-sync.md: a feed leader cut off from the database while its
 /// connection stays open is replaced within 10 s.
 const REPLACED: Duration = Duration::from_secs(10);
 
@@ -115,7 +115,7 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
     assert!(
         replaced < REPLACED,
         "the other replica led {replaced:?} after the leader's database fell silent \
-         (SPEC section 7: within {REPLACED:?})"
+         (docs/status-sync.md: within {REPLACED:?})"
     );
     assert!(!a.status.is_feed_leader(), "two leaders");
     eprintln!("feed taken over {replaced:?} after the silence");
@@ -130,7 +130,7 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
         .await;
     assert!(
         synced < CATCH_UP,
-        "caught up {synced:?} after the database answered again (SPEC section 7: within {CATCH_UP:?})"
+        "caught up {synced:?} after the database answered again (docs/status-sync.md: within {CATCH_UP:?})"
     );
     // Woken, the old leader follows: for three leases it leads nothing and
     // asks its feed nothing, while the other keeps leading.
@@ -174,7 +174,7 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
     );
 }
 
-/// Public lookups never wait on the database (SPEC section 7): with the
+/// Public lookups never wait on the database (docs/status-sync.md): with the
 /// database silent, lookups answered from the cache and lookups that ask an
 /// upstream (a seller never asked before, each time) are answered, with the
 /// viewer's budget and the reveal log on and their duties failing beside
@@ -296,8 +296,8 @@ const DUTY_READ: Duration = Duration::from_secs(3 + 1 + 2);
 const GIVEN_UP_LATE: Duration = Duration::from_millis(500);
 
 /// The reveal log's flush, the budgets' exchange and the budgets' retention
-/// on a database that falls silent while the connections stay open (SPEC
-/// section 7): each gives up its call within the call's bound, counted from
+/// on a database that falls silent while the connections stay open (docs/status-sync.md,
+/// "Bounded calls"): each gives up its call within the call's bound, counted from
 /// when the call could have begun at the earliest, and says it will retry,
 /// while lookups go on; once the database answers, each resumes by itself:
 /// the reveals and the spends made meanwhile are stored, the exchange says
@@ -965,7 +965,7 @@ async fn lease_database(url: &str) -> phones_gateway::store::Database {
 /// (rather than being handed it) would be seconds late.
 const HANDOVER_INTERVAL_MS: u64 = 300;
 const HANDOVER_TTL_MS: u64 = 6000;
-/// SPEC section 7: the feed is polled again within two intervals of the
+/// docs/status-sync.md: the feed is polled again within two intervals of the
 /// next replica being ready (a clean stop hands it on at once).
 const HANDOVER_BOUND: Duration = Duration::from_millis(2 * HANDOVER_INTERVAL_MS);
 
@@ -1039,7 +1039,7 @@ async fn a_leader_restarted_cleanly_polls_again_within_two_intervals_of_ready() 
     assert!(
         took < HANDOVER_BOUND,
         "polled {took:?} after the restarted replica was ready \
-         (SPEC section 7: within two intervals, {HANDOVER_BOUND:?})"
+         (docs/status-sync.md: within two intervals, {HANDOVER_BOUND:?})"
     );
     assert_eq!(leads(&new).await, Some(true));
     assert_eq!(lease_holder(&db.url).await, Some(new.child.id()));
@@ -1114,7 +1114,7 @@ async fn a_rolling_replacement_hands_the_feed_on_within_two_intervals() {
         assert!(
             *took < HANDOVER_BOUND,
             "leader {} stopped: the feed polled again {took:?} after its SIGTERM \
-             (SPEC section 7: within two intervals, {HANDOVER_BOUND:?})",
+             (docs/status-sync.md: within two intervals, {HANDOVER_BOUND:?})",
             i + 1
         );
     }

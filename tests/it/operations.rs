@@ -12,7 +12,6 @@
 //! the entire suite is covered.
 
 use std::process::{Command, Output};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
@@ -20,10 +19,7 @@ use serde_json::json;
 
 use crate::support::child::{Process, Spawned};
 use crate::support::paths::{HEALTHZ, METRICS, PROFILE, PUBLIC_PHONE, READYZ, phone_path};
-use crate::support::{
-    Fake, JSON_LINES, Reply, TEXT_LINES, TestApp, Upstream, assert_no_leaks, captured_logs,
-    eventually, pg, read, scan,
-};
+use crate::support::{Fake, Reply, TestApp, Upstream, assert_no_leaks, eventually, pg, read, scan};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
 
 #[tokio::test]
@@ -298,6 +294,42 @@ async fn metrics_time_status_writes_and_gauge_the_status_set() {
     assert!(sum(after, "phones_gateway_status_set_users", &[]) >= 2.0);
     assert!(sum(after, "phones_gateway_status_last_change_seq", &[]) >= 1.0);
     assert!(after.contains("phones_gateway_status_sync_lag_seconds"));
+}
+
+/// Two apps in one process: each one's `/metrics` shows its own request
+/// durations, status set, cache entries and reveal buffer (none, with the
+/// reveal log off), not the other's (the recorder's families are the
+/// process's; these are rendered by each app).
+#[tokio::test]
+async fn each_app_in_a_process_shows_its_own_metrics() {
+    let busy = TestApp::spawn().await;
+    let idle = TestApp::spawn_with("[reveals]\nenabled = false\n").await;
+    busy.real.reply(Reply::Phone(REAL));
+    busy.phone(1, 1, PLAIN_CATEGORY)
+        .await
+        .assert_number(REAL, "real");
+    assert_eq!(busy.set_status(7, true, 1).await, 200);
+    let lookups = format!(
+        "phones_gateway_http_request_duration_seconds_count{{route=\"{PUBLIC_PHONE}\",status=\"200\"}}"
+    );
+    let entries = "phones_gateway_cache_entries{cache=\"real_phone\"}";
+    let users = "phones_gateway_status_set_users";
+    let value = |text: &str, series: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .map(str::to_owned)
+    };
+    let busy = busy.get_admin(METRICS).await.text;
+    let idle = idle.get_admin(METRICS).await.text;
+    assert_eq!(value(&busy, &lookups).as_deref(), Some("1"), "{busy}");
+    assert_eq!(value(&idle, &lookups), None, "{idle}");
+    assert_eq!(value(&busy, entries).as_deref(), Some("1"), "{busy}");
+    assert_eq!(value(&idle, entries).as_deref(), Some("0"), "{idle}");
+    assert_eq!(value(&busy, users).as_deref(), Some("1"), "{busy}");
+    assert_eq!(value(&idle, users).as_deref(), Some("0"), "{idle}");
+    let buffered = "phones_gateway_reveals_buffered";
+    assert!(value(&busy, buffered).is_some(), "{busy}");
+    assert_eq!(value(&idle, buffered), None, "{idle}");
 }
 
 #[tokio::test]
@@ -1034,42 +1066,67 @@ async fn a_start_warns_of_a_mistyped_environment_prefix() {
     assert_eq!(named, ["PHONES_GATEWAY_ADMIN__TOKEN"]);
 }
 
+/// A gateway of its own process in each log format, so that what is read is
+/// its own log: its lines speak of numbers, masked, and (every line scanned
+/// as it is written, `support::privacy`) hold no full one.
 #[tokio::test]
 async fn no_full_phone_number_in_the_logs() {
-    let app = TestApp::spawn().await;
-    app.real.reply(Reply::Phone(REAL));
-    app.anonymous.reply(Reply::Phone(ANON));
-    app.calltracking.reply(Reply::Phone(VIRTUAL));
-    app.enable_calltracking(61, 1).await;
-    app.enable_calltracking(64, 1).await;
-    app.phone(60, 1, ANON_CATEGORY)
-        .await
-        .assert_number(ANON, "anonymous");
-    app.phone(61, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(VIRTUAL, "calltracking");
-    app.phone(62, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
-    app.get_public("/v1/public-phone?user_id=63&ad_id=1&category_id=1&phone=%2B7916123456x")
-        .await
-        .assert_problem(400);
-    app.get_public("/v1/public-phone?user_id=63&ad_id=1&category_id=1&phone=79161234567")
-        .await
-        .assert_problem(400);
-    app.calltracking.reply(Reply::Status(500));
-    app.phone(64, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
-
-    // The logs were captured, in both formats, and they speak of numbers, masked.
-    let logs = captured_logs();
-    assert!(
-        logs.contains("+*********67"),
-        "no masked number logged:\n{logs}"
-    );
-    assert!(TEXT_LINES.load(Ordering::Relaxed) > 0);
-    assert!(JSON_LINES.load(Ordering::Relaxed) > 0);
+    for format in ["json", "text"] {
+        let real = Fake::start(Upstream::RealPhone).await;
+        let anonymous = Fake::start(Upstream::Anonymous).await;
+        let calltracking = Fake::start(Upstream::Calltracking).await;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/gw.db", dir.path().display());
+        let process = Process::start_with(
+            &url,
+            &[
+                ("LOG__FORMAT", format),
+                ("UPSTREAMS__REAL_PHONE__BASE_URL", &real.url),
+                ("UPSTREAMS__ANONYMOUS__BASE_URL", &anonymous.url),
+                ("UPSTREAMS__CALLTRACKING__BASE_URL", &calltracking.url),
+            ],
+        )
+        .await;
+        real.reply(Reply::Phone(REAL));
+        anonymous.reply(Reply::Phone(ANON));
+        calltracking.reply(Reply::Phone(VIRTUAL));
+        let tracked = json!({ "items": [
+            { "user_id": 61, "enabled": true, "version": 1 },
+            { "user_id": 64, "enabled": true, "version": 1 },
+        ]});
+        assert_eq!(process.send(Method::POST, tracked).await, 200);
+        let get = |path: String| {
+            let process = &process;
+            async move { process.get_public_with(&path, &[]).await }
+        };
+        get(phone_path(60, 1, ANON_CATEGORY))
+            .await
+            .assert_number(ANON, "anonymous");
+        get(phone_path(61, 1, PLAIN_CATEGORY))
+            .await
+            .assert_number(VIRTUAL, "calltracking");
+        get(phone_path(62, 1, PLAIN_CATEGORY))
+            .await
+            .assert_number(REAL, "real");
+        for phone in ["%2B7916123456x", "79161234567"] {
+            get(format!(
+                "{}&phone={phone}",
+                phone_path(63, 1, PLAIN_CATEGORY)
+            ))
+            .await
+            .assert_problem(400);
+        }
+        calltracking.reply(Reply::Status(500));
+        get(phone_path(64, 1, PLAIN_CATEGORY))
+            .await
+            .assert_number(REAL, "real");
+        let lines = process.child.lines_so_far();
+        assert!(
+            lines.iter().any(|line| line.contains("+*********67")),
+            "no masked number in the {format} log's {} lines",
+            lines.len()
+        );
+    }
     assert_no_leaks();
 }
 

@@ -504,8 +504,8 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
             .await
             .assert_number(REAL, "real");
     }
-    // The age of the oldest unwritten reveal grows while writes fail (polled:
-    // the recorder is shared by every app in this binary, set at each scrape).
+    // The age of the oldest unwritten reveal grows while writes fail, on this
+    // app's own `/metrics` (polled: it grows with time).
     let oldest = || async {
         let text = app.get_admin(METRICS).await.text;
         text.lines()
@@ -892,7 +892,7 @@ async fn longest_flush(process: &Process) -> (Duration, u64, Duration) {
     (longest, count as u64, Duration::from_secs_f64(mean))
 }
 
-/// SPEC section 11: a crash (SIGKILL) loses at most the reveals of the last
+/// docs/reveal-log.md: a crash (SIGKILL) loses at most the reveals of the last
 /// `reveals.flush_interval_ms`, plus the flush under way at the kill. The
 /// gateway runs as its own process on an SQLite file; one seller's cached
 /// number is asked every 5 ms, each time by another viewer (`crash-N`), so

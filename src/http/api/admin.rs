@@ -16,9 +16,9 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem};
 use super::extract::{Json, Path, field_error, require_json};
-use super::routes;
+use super::paths;
+use super::snapshot;
 use super::state::AdminState;
-use super::{durations, snapshot};
 use crate::domain::Applied;
 use crate::domain::StatusItem;
 use crate::domain::UserId;
@@ -84,7 +84,7 @@ pub struct Invalidated {
 
 #[utoipa::path(
     post,
-    path = routes::STATUSES,
+    path = paths::STATUSES,
     tag = "admin",
     security(("bearer" = [])),
     request_body = WebhookBody,
@@ -128,7 +128,7 @@ pub async fn post_statuses(
 /// The snapshot PUT; the body is streamed (see `http::api::snapshot`).
 #[utoipa::path(
     put,
-    path = routes::STATUSES,
+    path = paths::STATUSES,
     tag = "admin",
     security(("bearer" = [])),
     request_body = SnapshotBody,
@@ -161,7 +161,7 @@ pub async fn put_statuses(
 
 #[utoipa::path(
     get,
-    path = routes::STATUS_OF_USER,
+    path = paths::STATUS_OF_USER,
     tag = "admin",
     security(("bearer" = [])),
     params(("user_id" = i64, Path, minimum = 1)),
@@ -193,7 +193,7 @@ pub struct InvalidateBody {
 
 #[utoipa::path(
     post,
-    path = routes::INVALIDATE,
+    path = paths::INVALIDATE,
     tag = "admin",
     security(("bearer" = [])),
     request_body = InvalidateBody,
@@ -237,7 +237,7 @@ pub async fn invalidate(
     .into_response())
 }
 
-#[utoipa::path(get, path = routes::HEALTHZ, tag = "operations",
+#[utoipa::path(get, path = paths::HEALTHZ, tag = "operations",
     responses((status = 200, description = "The process runs", body = String, content_type = "text/plain")))]
 pub async fn healthz() -> &'static str {
     "ok"
@@ -246,7 +246,7 @@ pub async fn healthz() -> &'static str {
 /// Ready once the status set is loaded (after the start's migrations, which
 /// the 503's detail names while one runs; and, with viewer budgets on, the
 /// refusals in force), and no longer once shutdown has begun.
-#[utoipa::path(get, path = routes::READYZ, tag = "operations",
+#[utoipa::path(get, path = paths::READYZ, tag = "operations",
     responses(
         (status = 200, description = "Ready", body = String, content_type = "text/plain"),
         (status = 503, description = "Not loaded yet, or shutting down", body = Problem),
@@ -281,16 +281,17 @@ pub async fn readyz(State(state): State<AdminState>) -> Response {
     (StatusCode::OK, "ready").into_response()
 }
 
-#[utoipa::path(get, path = routes::METRICS, tag = "operations",
+#[utoipa::path(get, path = paths::METRICS, tag = "operations",
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AdminState>) -> Response {
-    // Gauges are computed at scrape time, each by its owner.
-    state.status.publish_gauges();
-    state.caches.publish_gauges();
-    if let Some(reveals) = &state.reveals {
-        reveals.publish_gauges();
-    }
+    // The recorder is the process's; what follows is this app's own: gauges
+    // its owners compute now, and the request durations.
     let mut text = state.metrics.render();
-    durations::render(&mut text);
+    state.status.render_gauges(&mut text);
+    state.caches.render_gauges(&mut text);
+    if let Some(reveals) = &state.reveals {
+        reveals.render_gauges(&mut text);
+    }
+    state.durations.render(&mut text);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -1,21 +1,23 @@
 //! `phones_gateway_http_request_duration_seconds{route, status}`: every request
-//! on both listeners, in fixed buckets of atomics.
+//! on both listeners of one app, in fixed buckets of atomics.
 //!
 //! Kept here rather than by the `metrics` recorder, whose histogram queues every
 //! sample until a scrape or an upkeep drains it (16.4 bytes a sample: memory
 //! that grows with the request rate, docs/design.md, "Hand-made parts"). Here
 //! a request costs a scan of a few slots and two relaxed adds, with no lock
-//! and no pin, and there is nothing to drain. Process-wide, like the recorder.
+//! and no pin, and there is nothing to drain.
 //!
-//! The series are the route table's rows ([`RouteId`]); the front records
-//! every sample, and the `/metrics` handler renders them after the recorder.
+//! One [`Durations`] per app, shared by its two fronts (which record every
+//! sample) and its `/metrics` handler (which renders them after the
+//! recorder's), so an app's `/metrics` counts its own requests alone, also
+//! beside other apps in one process (the whole-app tests). Its series are the
+//! route table's rows, by index: the labels are handed in when it is built,
+//! so this file needs nothing of the table.
 
 use std::fmt::Write as _;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::routes::{LABELS, RouteId};
 // The bucket bounds every `_seconds` histogram shares.
 use crate::telemetry::DURATION_BOUNDS_NS as BOUNDS_NS;
 
@@ -59,107 +61,130 @@ struct Slot {
     series: Series,
 }
 
-static TABLE: [[Slot; SLOTS]; LABELS.len()] = [const {
-    [const {
-        Slot {
-            status: AtomicU16::new(0),
-            series: Series::new(),
-        }
-    }; SLOTS]
-}; LABELS.len()];
-
-fn overflow() -> &'static papaya::HashMap<(&'static str, u16), Series> {
-    static OVERFLOW: OnceLock<papaya::HashMap<(&'static str, u16), Series>> = OnceLock::new();
-    OVERFLOW.get_or_init(papaya::HashMap::new)
+/// The request-duration histogram of one app: a row of status slots per route.
+pub struct Durations {
+    /// The route labels, by the route's index (`routes::LABELS`).
+    labels: &'static [&'static str],
+    /// A row of slots per label.
+    table: Box<[[Slot; SLOTS]]>,
+    /// The (route, status) series past a row's slots.
+    overflow: papaya::HashMap<(&'static str, u16), Series>,
 }
 
-/// Records one answered request.
-pub fn record(route: RouteId, status: u16, elapsed: Duration) {
-    let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-    for slot in &TABLE[route.index()] {
-        let holder = match slot.status.load(Ordering::Acquire) {
-            0 => match slot
-                .status
-                .compare_exchange(0, status, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => status,
-                Err(other) => other,
-            },
-            other => other,
-        };
-        if holder == status {
-            slot.series.record(ns);
-            return;
-        }
-    }
-    overflow()
-        .pin()
-        .get_or_insert_with((route.label(), status), Series::default)
-        .record(ns);
-}
-
-/// Appends the family in the Prometheus text format.
-pub fn render(out: &mut String) {
-    let overflow = overflow().pin();
-    let mut series: Vec<(&str, u16, &Series)> = TABLE
-        .iter()
-        .zip(LABELS)
-        .flat_map(|(slots, route)| {
-            slots.iter().filter_map(move |slot| {
-                let status = slot.status.load(Ordering::Acquire);
-                (status != 0).then_some((route, status, &slot.series))
+impl Durations {
+    /// An empty histogram with a row per label (`routes::LABELS`).
+    pub fn new(labels: &'static [&'static str]) -> Self {
+        let table = labels
+            .iter()
+            .map(|_| {
+                std::array::from_fn(|_| Slot {
+                    status: AtomicU16::new(0),
+                    series: Series::new(),
+                })
             })
-        })
-        .chain(
-            overflow
-                .iter()
-                .map(|(&(route, status), s)| (route, status, s)),
-        )
-        .collect();
-    if series.is_empty() {
-        return;
+            .collect();
+        Durations {
+            labels,
+            table,
+            overflow: papaya::HashMap::new(),
+        }
     }
-    series.sort_unstable_by_key(|&(route, status, _)| (route, status));
-    let _ = writeln!(out, "# TYPE {NAME} histogram");
-    for (route, status, series) in series {
-        let labels = format!("route=\"{route}\",status=\"{status}\"");
-        let mut cumulative = 0;
-        for (i, count) in series.buckets.iter().enumerate() {
-            cumulative += count.load(Ordering::Relaxed);
-            match BOUNDS_NS.get(i) {
-                Some(&bound) => {
-                    let le = bound as f64 / 1e9;
-                    let _ = writeln!(out, "{NAME}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-                }
-                None => {
-                    let _ = writeln!(out, "{NAME}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
-                }
+
+    /// Records one answered request of the route at `route` (its index in the
+    /// labels).
+    pub fn record(&self, route: usize, status: u16, elapsed: Duration) {
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        for slot in &self.table[route] {
+            let holder = match slot.status.load(Ordering::Acquire) {
+                0 => match slot.status.compare_exchange(
+                    0,
+                    status,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => status,
+                    Err(other) => other,
+                },
+                other => other,
+            };
+            if holder == status {
+                slot.series.record(ns);
+                return;
             }
         }
-        let sum = series.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{NAME}_sum{{{labels}}} {sum}");
-        let _ = writeln!(out, "{NAME}_count{{{labels}}} {cumulative}");
+        self.overflow
+            .pin()
+            .get_or_insert_with((self.labels[route], status), Series::default)
+            .record(ns);
+    }
+
+    /// Appends the family in the Prometheus text format.
+    pub fn render(&self, out: &mut String) {
+        let overflow = self.overflow.pin();
+        let mut series: Vec<(&str, u16, &Series)> = self
+            .table
+            .iter()
+            .zip(self.labels)
+            .flat_map(|(slots, route)| {
+                slots.iter().filter_map(move |slot| {
+                    let status = slot.status.load(Ordering::Acquire);
+                    (status != 0).then_some((*route, status, &slot.series))
+                })
+            })
+            .chain(
+                overflow
+                    .iter()
+                    .map(|(&(route, status), s)| (route, status, s)),
+            )
+            .collect();
+        if series.is_empty() {
+            return;
+        }
+        series.sort_unstable_by_key(|&(route, status, _)| (route, status));
+        let _ = writeln!(out, "# TYPE {NAME} histogram");
+        for (route, status, series) in series {
+            let labels = format!("route=\"{route}\",status=\"{status}\"");
+            let mut cumulative = 0;
+            for (i, count) in series.buckets.iter().enumerate() {
+                cumulative += count.load(Ordering::Relaxed);
+                match BOUNDS_NS.get(i) {
+                    Some(&bound) => {
+                        let le = bound as f64 / 1e9;
+                        let _ = writeln!(out, "{NAME}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+                    }
+                    None => {
+                        let _ = writeln!(out, "{NAME}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+                    }
+                }
+            }
+            let sum = series.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+            let _ = writeln!(out, "{NAME}_sum{{{labels}}} {sum}");
+            let _ = writeln!(out, "{NAME}_count{{{labels}}} {cumulative}");
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::api::routes;
+    use crate::http::api::paths;
+    use crate::http::api::routes::{LABELS, RouteId};
 
-    fn rendered() -> String {
+    fn rendered(durations: &Durations) -> String {
         let mut out = String::new();
-        render(&mut out);
+        durations.render(&mut out);
         out
     }
 
     #[test]
     fn buckets_are_cumulative_and_bounds_inclusive() {
-        let route = RouteId::admin(routes::OPENAPI_ADMIN);
-        record(route, 299, Duration::from_micros(100)); // le 0.0001, inclusive
-        record(route, 299, Duration::from_micros(101)); // le 0.00025
-        record(route, 299, Duration::from_secs(3)); // +Inf only
-        let out = rendered();
+        let durations = Durations::new(&LABELS);
+        let route = RouteId::admin(paths::OPENAPI_ADMIN);
+        let record = |elapsed| durations.record(route.index(), 299, elapsed);
+        record(Duration::from_micros(100)); // le 0.0001, inclusive
+        record(Duration::from_micros(101)); // le 0.00025
+        record(Duration::from_secs(3)); // +Inf only
+        let out = rendered(&durations);
         let series = format!("route=\"{}\",status=\"299\"", route.label());
         for line in [
             format!("{NAME}_bucket{{{series},le=\"0.0001\"}} 1\n"),
@@ -175,19 +200,30 @@ mod tests {
 
     #[test]
     fn statuses_beyond_the_slots_are_kept_too() {
+        let durations = Durations::new(&LABELS);
+        let healthz = RouteId::admin(paths::HEALTHZ).index();
         let statuses = 600..600 + SLOTS as u16 + 2;
         for status in statuses.clone() {
-            record(
-                RouteId::admin(routes::HEALTHZ),
-                status,
-                Duration::from_millis(1),
-            );
+            durations.record(healthz, status, Duration::from_millis(1));
         }
-        let out = rendered();
+        let out = rendered(&durations);
         for status in statuses {
-            let healthz = routes::HEALTHZ;
+            let healthz = paths::HEALTHZ;
             let line = format!("{NAME}_count{{route=\"{healthz}\",status=\"{status}\"}} 1\n");
             assert!(out.contains(&line), "{line}{out}");
         }
+    }
+
+    /// Two apps in one process count their own requests alone.
+    #[test]
+    fn each_histogram_holds_its_own_requests() {
+        let (one, other) = (Durations::new(&LABELS), Durations::new(&LABELS));
+        one.record(
+            RouteId::admin(paths::METRICS).index(),
+            200,
+            Duration::from_millis(1),
+        );
+        assert!(rendered(&one).contains(NAME));
+        assert_eq!(rendered(&other), "");
     }
 }

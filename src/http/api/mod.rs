@@ -36,6 +36,7 @@ pub mod error;
 pub mod extract;
 pub mod limits;
 pub mod openapi;
+pub mod paths;
 pub mod profile;
 pub mod public;
 pub mod reveals;

@@ -5,11 +5,10 @@
 //! `/openapi/public.json` and `/openapi/admin.json`. CI runs schemathesis against
 //! them on a live service (`scripts/schemathesis`).
 
-use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::routes;
+use crate::config::Scope;
 
 #[derive(OpenApi)]
 #[openapi(info(
@@ -25,30 +24,38 @@ struct PublicApi;
 ))]
 struct AdminApi;
 
-/// The public listener's document: the operations of [`routes::PUBLIC`].
-pub fn public_api() -> utoipa::openapi::OpenApi {
+/// A row of the route table as its listener's document reads it; the table
+/// hands its rows in (`routes::Route::entry`), so this file needs nothing of it.
+pub struct Entry {
+    pub path: &'static str,
+    /// The scope the caller's token must carry; `None` for an open route.
+    pub scope: Option<Scope>,
+    /// The handlers' entries (`routes::Route::docs`).
+    pub docs: &'static [fn(&mut utoipa::openapi::OpenApi)],
+}
+
+/// The public listener's document: the operations of its rows.
+pub fn public_api(rows: impl IntoIterator<Item = Entry>) -> utoipa::openapi::OpenApi {
     let mut api = PublicApi::openapi();
-    document(&mut api, routes::PUBLIC);
-    ProblemContentType.modify(&mut api);
-    api
-}
-
-/// The admin listener's document: the operations of [`routes::ADMIN`], the
-/// bearer scheme and each operation's scope.
-pub fn admin_api() -> utoipa::openapi::OpenApi {
-    let mut api = AdminApi::openapi();
-    document(&mut api, routes::ADMIN);
-    Bearer.modify(&mut api);
-    RequiredScopes.modify(&mut api);
-    ProblemContentType.modify(&mut api);
-    api
-}
-
-/// Adds the operations of every row of `table`.
-fn document<S>(api: &mut utoipa::openapi::OpenApi, table: &[routes::Route<S>]) {
-    for doc in table.iter().flat_map(|route| route.docs) {
-        doc(api);
+    for row in rows {
+        row.docs.iter().for_each(|doc| doc(&mut api));
     }
+    ProblemContentType.modify(&mut api);
+    api
+}
+
+/// The admin listener's document: the operations of its rows, the bearer
+/// scheme and each operation's scope.
+pub fn admin_api(rows: impl IntoIterator<Item = Entry>) -> utoipa::openapi::OpenApi {
+    let mut api = AdminApi::openapi();
+    let rows: Vec<Entry> = rows.into_iter().collect();
+    for row in &rows {
+        row.docs.iter().for_each(|doc| doc(&mut api));
+    }
+    Bearer.modify(&mut api);
+    RequiredScopes(&rows).modify(&mut api);
+    ProblemContentType.modify(&mut api);
+    api
 }
 
 /// Every 4xx and 5xx response is a problem document: the annotations say
@@ -101,19 +108,19 @@ const BEARER_DESCRIPTION: &str = "An admin token (admin.token, or a named \
 /// The operation extension naming the scope a route needs.
 pub const SCOPE_EXTENSION: &str = "x-required-scope";
 
-/// Each admin operation's scope, from the route table (`routes::ADMIN`): the
-/// bearer requirement, the `x-required-scope` extension, a line of its
-/// description and its 403 answer. Before [`ProblemContentType`]: the 403 is
-/// added as the other errors are written.
-struct RequiredScopes;
+/// Each admin operation's scope, from its row: the bearer requirement, the
+/// `x-required-scope` extension, a line of its description and its 403
+/// answer. Before [`ProblemContentType`]: the 403 is added as the other
+/// errors are written.
+struct RequiredScopes<'r>(&'r [Entry]);
 
-impl Modify for RequiredScopes {
+impl Modify for RequiredScopes<'_> {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::extensions::ExtensionsBuilder;
         use utoipa::openapi::security::SecurityRequirement;
         use utoipa::openapi::{Content, Ref, ResponseBuilder};
-        for row in routes::ADMIN {
-            let routes::Access::Token(scope) = row.access else {
+        for row in self.0 {
+            let Some(scope) = row.scope else {
                 continue;
             };
             let Some(item) = openapi.paths.paths.get_mut(row.path) else {
@@ -151,14 +158,6 @@ impl Modify for RequiredScopes {
     }
 }
 
-pub async fn public_json() -> Json<utoipa::openapi::OpenApi> {
-    Json(public_api())
-}
-
-pub async fn admin_json() -> Json<utoipa::openapi::OpenApi> {
-    Json(admin_api())
-}
-
 /// Every operation of a path, whatever its method.
 fn operations(
     item: &mut utoipa::openapi::path::PathItem,
@@ -180,6 +179,15 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+    use crate::http::api::routes::{self, Route};
+
+    fn public_api() -> utoipa::openapi::OpenApi {
+        super::public_api(routes::PUBLIC.iter().map(Route::entry))
+    }
+
+    fn admin_api() -> utoipa::openapi::OpenApi {
+        super::admin_api(routes::ADMIN.iter().map(Route::entry))
+    }
 
     fn paths(api: &utoipa::openapi::OpenApi) -> BTreeSet<&str> {
         api.paths.paths.keys().map(String::as_str).collect()

@@ -24,7 +24,7 @@ static RUNNING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[utoipa::path(
     get,
-    path = super::routes::PROFILE,
+    path = super::paths::PROFILE,
     tag = "admin",
     security(("bearer" = [])),
     params(

@@ -13,7 +13,7 @@ use super::budget::{self, VIEWER_HEADER};
 use super::error::{ApiError, Problem};
 use super::extract::{Json, public_phone_query, single_header};
 use super::limits::MAX_BATCH_ITEMS;
-use super::routes;
+use super::paths;
 use super::state::PublicState;
 use crate::domain::{AdId, Phone, Reveal, Source, UserId, Viewer};
 use crate::resolve::{Batch, Request, Resolved, Resolver};
@@ -95,7 +95,7 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
 // summary in the public document.)
 #[utoipa::path(
     get,
-    path = routes::PUBLIC_PHONE,
+    path = paths::PUBLIC_PHONE,
     tag = "public",
     params(
         ("user_id" = i64, Query, minimum = 1, description = "The seller"),
@@ -258,7 +258,7 @@ pub enum BatchResult {
 
 #[utoipa::path(
     post,
-    path = routes::BATCH,
+    path = paths::BATCH,
     tag = "public",
     request_body = BatchBody,
     params(("X-Viewer-Id" = Option<String>, Header, description = "The buyer (1 to 128 visible ASCII characters); each item counts once against the limit and is one reveal")),

@@ -21,7 +21,7 @@ use utoipa::openapi::{RefOr, schema::AdditionalProperties};
 use super::access::{self, Caller};
 use super::error::{ApiError, Problem};
 use super::extract::{Path, field_error};
-use super::routes;
+use super::paths;
 use super::state::AdminState;
 use crate::domain::reason::{Code, Failure, Origin, Reason, Skip};
 use crate::domain::{AdId, RevealQuery, RevealsOf, Source, StoredReveal, UserId, Viewer};
@@ -187,7 +187,7 @@ pub struct AdReveals {
 
 #[utoipa::path(
     get,
-    path = routes::REVEALS,
+    path = paths::REVEALS,
     tag = "admin",
     security(("bearer" = [])),
     params(
@@ -247,7 +247,7 @@ pub async fn list(
 
 #[utoipa::path(
     get,
-    path = routes::REVEALS_OF_AD,
+    path = paths::REVEALS_OF_AD,
     tag = "admin",
     security(("bearer" = [])),
     params(("ad_id" = i64, Path, minimum = 1)),

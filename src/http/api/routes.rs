@@ -1,5 +1,5 @@
-//! The route table of both listeners, one row per route: its path (written
-//! here once, as a constant the handler's `#[utoipa::path]` names), who may
+//! The route table of both listeners, one row per route: its path (a constant
+//! of [`paths`](super::paths), which the handler's `#[utoipa::path]` names), who may
 //! call it (open, or a token with a scope), its handlers by method (none for
 //! the lookup, which the public listener's front answers before the router),
 //! and the handlers' OpenAPI entries. Everything else about routes is read
@@ -23,24 +23,10 @@
 use axum::routing::{MethodRouter, get, post, put};
 use utoipa::openapi::OpenApi;
 
+use super::paths::*;
 use super::state::{AdminState, PublicState};
 use super::{admin, openapi, profile, public, reveals};
 use crate::config::Scope;
-
-pub const PUBLIC_PHONE: &str = "/v1/public-phone";
-pub const BATCH: &str = "/v1/public-phones/batch";
-
-pub const STATUSES: &str = "/admin/v1/calltracking/statuses";
-pub const STATUS_OF_USER: &str = "/admin/v1/calltracking/statuses/{user_id}";
-pub const INVALIDATE: &str = "/admin/v1/cache/invalidate";
-pub const PROFILE: &str = "/admin/v1/debug/pprof/profile";
-pub const REVEALS: &str = "/admin/v1/reveals";
-pub const REVEALS_OF_AD: &str = "/admin/v1/ads/{ad_id}/reveals";
-pub const HEALTHZ: &str = "/healthz";
-pub const READYZ: &str = "/readyz";
-pub const METRICS: &str = "/metrics";
-pub const OPENAPI_PUBLIC: &str = "/openapi/public.json";
-pub const OPENAPI_ADMIN: &str = "/openapi/admin.json";
 
 /// The public listener's routes, and its API's description (open: it describes
 /// what any caller of this listener may call).
@@ -48,7 +34,7 @@ pub const PUBLIC: &[Route<PublicState>] = &[
     // Answered by the front (`server::front`), every method, before the router.
     Route::front(PUBLIC_PHONE).doc(&[doc::<public::__path_public_phone>]),
     Route::open(BATCH, || post(public::batch)).doc(&[doc::<public::__path_batch>]),
-    Route::open(OPENAPI_PUBLIC, || get(openapi::public_json)),
+    Route::open(OPENAPI_PUBLIC, || get(public_json)),
 ];
 
 /// The admin listener's routes. Only the operations (health, readiness,
@@ -87,7 +73,7 @@ pub const ADMIN: &[Route<AdminState>] = &[
     Route::open(HEALTHZ, || get(admin::healthz)).doc(&[doc::<admin::__path_healthz>]),
     Route::open(READYZ, || get(admin::readyz)).doc(&[doc::<admin::__path_readyz>]),
     Route::open(METRICS, || get(admin::metrics)).doc(&[doc::<admin::__path_metrics>]),
-    Route::token(OPENAPI_ADMIN, Scope::Debug, || get(openapi::admin_json)),
+    Route::token(OPENAPI_ADMIN, Scope::Debug, || get(admin_json)),
 ];
 
 /// Who may call a route.
@@ -146,6 +132,18 @@ impl<S> Route<S> {
     /// Described in its listener's OpenAPI document.
     pub fn documented(&self) -> bool {
         !self.docs.is_empty()
+    }
+
+    /// The row as its listener's OpenAPI document reads it.
+    pub fn entry(&self) -> openapi::Entry {
+        openapi::Entry {
+            path: self.path,
+            scope: match self.access {
+                Access::Token(scope) => Some(scope),
+                Access::Open => None,
+            },
+            docs: self.docs,
+        }
     }
 
     /// Whether `path` is this route's: equal, a `{name}` segment matching one
@@ -241,6 +239,21 @@ impl RouteId {
     fn admin_row(self) -> Option<&'static Route<AdminState>> {
         self.0.checked_sub(PUBLIC.len()).and_then(|i| ADMIN.get(i))
     }
+}
+
+/// The public listener's OpenAPI document, made of this table's rows. Not an
+/// `async fn`: its future's hidden type would name the table it is a row of.
+fn public_json() -> std::future::Ready<axum::Json<OpenApi>> {
+    std::future::ready(axum::Json(openapi::public_api(
+        PUBLIC.iter().map(Route::entry),
+    )))
+}
+
+/// The admin listener's OpenAPI document, made of this table's rows.
+fn admin_json() -> std::future::Ready<axum::Json<OpenApi>> {
+    std::future::ready(axum::Json(openapi::admin_api(
+        ADMIN.iter().map(Route::entry),
+    )))
 }
 
 /// A handler's OpenAPI entry, from what `#[utoipa::path]` generated for it

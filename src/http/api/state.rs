@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::access::AdminTokens;
+use super::durations::Durations;
 use super::snapshot::Uploads;
 use crate::budget::Budgets;
 use crate::cache::caches::Caches;
@@ -58,6 +59,9 @@ pub struct AdminState {
     /// This replica's number caches, for their gauges on `/metrics` (an
     /// invalidation reaches them through `status`, which tells the fleet).
     pub caches: Caches,
+    /// The app's request-duration histogram, which its fronts record into and
+    /// `/metrics` renders.
+    pub durations: Arc<Durations>,
     /// The admin tokens (`admin.token`, `[[admin.tokens]]`). No handler reads
     /// them: the admin listener's front checks them before routing (and hands
     /// the handlers the caller's name), `App::build` hands them over from here

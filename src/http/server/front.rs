@@ -46,13 +46,12 @@ use super::shed::Shed;
 use crate::config::TracingConfig;
 use crate::http::api;
 use crate::http::api::access::{self, AdminTokens, Caller};
-use crate::http::api::durations;
+use crate::http::api::durations::Durations;
 use crate::http::api::error::ApiError;
 use crate::http::api::extract::single_header;
+use crate::http::api::paths::{PUBLIC_PHONE as PUBLIC_PHONE_PATH, STATUSES as SNAPSHOT_PATH};
 use crate::http::api::public;
-use crate::http::api::routes::{
-    PUBLIC_PHONE as PUBLIC_PHONE_PATH, RouteId, STATUSES as SNAPSHOT_PATH,
-};
+use crate::http::api::routes::RouteId;
 use crate::http::api::state::{AdminState, PublicState};
 use crate::telemetry;
 
@@ -96,6 +95,8 @@ struct Inner {
     /// listener's open rows (`/healthz`, `/readyz`, `/metrics`) are served,
     /// every other path is a 404.
     probes_only: bool,
+    /// The app's request-duration histogram, which both fronts record into.
+    durations: Arc<Durations>,
 }
 
 impl Front {
@@ -105,7 +106,12 @@ impl Front {
     /// exported, sampled at `tracing.sample_ratio` unless the caller's
     /// `traceparent` decides. Given here, not by a setter: the front is shared
     /// (cloned per connection) as soon as it is built.
-    pub fn public(state: PublicState, shed: Shed, tracing: &TracingConfig) -> Self {
+    pub fn public(
+        state: PublicState,
+        shed: Shed,
+        tracing: &TracingConfig,
+        durations: Arc<Durations>,
+    ) -> Self {
         let inner = Inner {
             router: api::public_router(state.clone()),
             shed,
@@ -116,6 +122,7 @@ impl Front {
             export_ratio: tracing.exports().then_some(tracing.sample_ratio),
             snapshot: None,
             probes_only: false,
+            durations,
         };
         Front {
             inner: Arc::new(inner),
@@ -128,6 +135,7 @@ impl Front {
     pub fn admin(state: AdminState, shed: Shed) -> Self {
         let inner = Inner {
             tokens: Some(state.tokens.clone()),
+            durations: state.durations.clone(),
             router: api::admin_router(state),
             shed,
             route_of: RouteId::admin,
@@ -147,6 +155,7 @@ impl Front {
     pub fn probes(state: AdminState, shed: Shed) -> Self {
         let inner = Inner {
             tokens: None,
+            durations: state.durations.clone(),
             router: api::admin_router(state),
             shed,
             route_of: RouteId::admin,
@@ -310,7 +319,13 @@ impl Front {
                 // Given twice: refused, as any header read singly is, before
                 // anything else (a token too) is looked at.
                 let refused = api::extract::repeated_header(telemetry::REQUEST_ID_HEADER);
-                let response = answered(refused.into_response(), made, route, start);
+                let response = answered(
+                    refused.into_response(),
+                    made,
+                    route,
+                    start,
+                    &self.inner.durations,
+                );
                 return Box::pin(async move {
                     drop(held);
                     Ok(response)
@@ -333,13 +348,14 @@ impl Front {
             Inner::authorize(self.inner.clone(), request, route),
         )
         .instrument(span);
+        let durations = self.inner.durations.clone();
         Box::pin(async move {
             let mut response = answer.await;
             drop(held);
             if let Some(reservation) = reservation {
                 response = reservation.answer(response);
             }
-            Ok(answered(response, id, route, start))
+            Ok(answered(response, id, route, start, &durations))
         })
     }
 
@@ -377,6 +393,7 @@ impl Front {
             Inner::authorize(self.inner.clone(), request, route),
         )
         .instrument(span.clone());
+        let durations = self.inner.durations.clone();
         Box::pin(async move {
             let mut response = answer.await;
             drop(held);
@@ -384,7 +401,7 @@ impl Front {
                 response = reservation.answer(response);
             }
             span.record("http.response.status_code", response.status().as_u16());
-            Ok(answered(response, id, route, start))
+            Ok(answered(response, id, route, start, &durations))
         })
     }
 }
@@ -410,10 +427,11 @@ fn answered(
     id: axum::http::HeaderValue,
     route: RouteId,
     start: Instant,
+    durations: &Durations,
 ) -> Response {
     response
         .headers_mut()
         .insert(telemetry::REQUEST_ID_HEADER, id);
-    durations::record(route, response.status().as_u16(), start.elapsed());
+    durations.record(route.index(), response.status().as_u16(), start.elapsed());
     response
 }

@@ -42,6 +42,12 @@ use super::front::Front;
 use super::rewrite::ProblemIo;
 use crate::config::ServerConfig;
 
+/// The least of hyper's own bound on a request head: twice its first read
+/// buffer (8 KiB, below which hyper's `max_buf_size` panics), so that a head
+/// a few times the smallest `server.max_header_bytes` (4 KiB) is still read
+/// whole and answered 431 by the front.
+const MIN_HEAD_BUFFER: usize = 16 * 1024;
+
 /// Serves `front` until `shutdown` completes, then closes the listener and waits
 /// for open connections to finish (the caller bounds that wait). At most
 /// `inbound`'s cap of connections are open at once ([`Inbound::accept`]; on
@@ -59,7 +65,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     // Hyper's hard bound on a request head, above the problem-document limit
     // of the routers (`server.max_header_bytes`, a 431 from the front).
-    let max_head_bytes = (server.max_header_bytes * 2).max(16 * 1024);
+    let max_head_bytes = (server.max_header_bytes * 2).max(MIN_HEAD_BUFFER);
     let (max_header_bytes, header_read_timeout) =
         (server.max_header_bytes, server.header_read_timeout);
     let mut http = hyper::server::conn::http1::Builder::new();

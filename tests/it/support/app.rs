@@ -28,7 +28,8 @@ pub struct TestApp {
     /// The app's status service (leadership, direct checks).
     pub status: phones_gateway::status::StatusService,
     /// The app's upstream clients (their adaptive limits: the app's own, where
-    /// /metrics is the process's, shared by every app of the test binary).
+    /// the recorder's part of /metrics is the process's, shared by every app of
+    /// the test binary).
     pub upstreams: std::sync::Arc<phones_gateway::upstream::Upstreams>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     running: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
