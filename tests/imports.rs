@@ -131,6 +131,8 @@ fn no_route_path_is_written_twice() {
 /// it, a file holds more than one reader can keep in mind; split it by
 /// concern (or move its tests to a sibling file).
 const MAX_LINES: usize = 800;
+/// The most lines of a file of `src/upstream/`.
+const MAX_UPSTREAM_LINES: usize = 500;
 
 #[test]
 fn no_file_of_src_is_over_the_size_rule() {
@@ -149,6 +151,31 @@ fn no_file_of_src_is_over_the_size_rule() {
     assert!(
         over.is_empty(),
         "files over {MAX_LINES} lines: {}",
+        over.join(", ")
+    );
+}
+
+/// The upstream call is a stack of small gates, a file each: no file of
+/// `src/upstream/` is over [`MAX_UPSTREAM_LINES`].
+#[test]
+fn no_file_of_the_upstream_call_is_over_its_size_rule() {
+    let upstream = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src/upstream"));
+    let files = rust_files(upstream);
+    assert!(files.len() > 10, "read the files: {files:?}");
+    let over: Vec<String> = files
+        .iter()
+        .map(|path| {
+            (
+                path.display().to_string(),
+                std::fs::read_to_string(path).unwrap().lines().count(),
+            )
+        })
+        .filter(|(_, lines)| *lines > MAX_UPSTREAM_LINES)
+        .map(|(file, lines)| format!("{file}: {lines} lines"))
+        .collect();
+    assert!(
+        over.is_empty(),
+        "files over {MAX_UPSTREAM_LINES} lines: {}",
         over.join(", ")
     );
 }

@@ -34,7 +34,7 @@
 //! 6. the same during a surge: another 100 fresh lookups a second.
 //!
 //! Phases 4 to 6 last 15 s and must fall through at least 90% after their
-//! first 10 s (SPEC: a real outage applies `on_error` within 10 s). After each
+//! first 10 s (docs/rules.md, "Whose load": a real outage applies `on_error` within 10 s). After each
 //! control the breaker's settling time is left out of the counts. Honest
 //! callers ask a new seller each time (a cold call-tracking lookup), 40 a
 //! second, each ask its own task (an open loop: slow answers do not slow the
@@ -356,7 +356,7 @@ const HONEST: u64 = 1_000_000;
 const ATTACKED: u64 = 500_000;
 const REFUSING: u64 = 500_300;
 /// Sellers call tracking refuses load for: a twentieth of the batches'
-/// sellers. Every refusal cuts the adaptive bound for everyone (SPEC 4); with
+/// sellers. Every refusal cuts the adaptive bound for everyone (docs/adaptive-limit.md); with
 /// a quarter of the batches' items refused, the bound stayed near its floor
 /// and a sixth of the honest asks were refused by the gateway (503, nothing
 /// revealed).
