@@ -18,7 +18,7 @@
 # beyond HTTP.
 #   benches/load/callgrind_hit.sh BIN [HELLO_BIN]
 # HELLO_BIN (default $CARGO_TARGET_DIR/release/examples/hello, or target/...):
-# examples/hello.rs built in release. K (500), N1 (500), N2 (2500), C (8),
+# examples/hello.rs built in release; `none`: the gateway alone. K (500), N1 (500), N2 (2500), C (8),
 # T (10) and OUT (where the callgrind files are kept, for callgrind_annotate)
 # from the environment; extra settings of the gateway (the reveal log off:
 # PHONES_GATEWAY__REVEALS__ENABLED=false) pass through the environment as well.
@@ -129,5 +129,9 @@ PY
 }
 
 read -r gw gw_idle < <(figure gw)
+if [ "$hello" = none ]; then
+    echo "bin=$bin K=$K N1=$N1 N2=$N2 C=$C T=$T per_answer=$gw idle_ir_per_s=$gw_idle out=$OUT"
+    exit
+fi
 read -r hw hw_idle < <(figure hello)
 echo "bin=$bin K=$K N1=$N1 N2=$N2 C=$C T=$T per_answer=$gw hello_per_answer=$hw beyond_hello=$((gw - hw)) idle_ir_per_s=$gw_idle hello_idle_ir_per_s=$hw_idle out=$OUT"
