@@ -12,7 +12,11 @@
 # upstream timeouts are raised to 10 s: under callgrind a call runs some 50 times
 # slower, and at the default 300 ms some calls time out and the adaptive limit
 # comes down toward its minimum (4), so cheap 503s would count as misses (the
-# script prints any answer but a 200).
+# script prints any answer but a 200). Each run's wall time is printed too: the
+# idle background (timers that run whatever the load, some million instructions
+# a second; benches/load/callgrind_hit.sh measures it) runs for the difference
+# of the two runs' wall time, and with IDLE_IR_PER_S set it is taken out
+# (per_miss_idle_out).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=$1
@@ -21,14 +25,16 @@ remainder=${3:-1}
 N1=${N1:-300}
 N2=${N2:-1200}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 sim_bin=${SIM_BIN:-$bin}
 P=${PORT_BASE:-19600}
 "$sim_bin" simulate --addr 127.0.0.1:$((P)) --latency-ms 0 >/dev/null 2>&1 &
 sim=$!
 trap 'kill $sim 2>/dev/null || true' EXIT
-run() { # N label -> prints the total Ir of the run
-    local n=$1 label=$2 db
+run() { # N label -> prints the total Ir of the run and its wall time (s)
+    local n=$1 label=$2 db start
     db=$(mktemp -d)
+    start=$(date +%s.%N)
     PHONES_GATEWAY__SERVER__PUBLIC_ADDR=127.0.0.1:$((P + 1)) \
     PHONES_GATEWAY__SERVER__ADMIN_ADDR=127.0.0.1:$((P + 2)) \
     PHONES_GATEWAY__ADMIN__TOKEN=callgrind-$RANDOM$RANDOM \
@@ -64,8 +70,9 @@ if bad: print(f"warning: {len(bad)} non-200 answers, e.g. {bad[:3]}", file=sys.s
 PY
     kill -TERM $gw; wait $gw || true
     rm -rf "$db"
-    grep -E '^(summary|totals):' "$OUT/$label.out" | head -1 | awk '{print $2}'
+    echo "$(grep -E '^(summary|totals):' "$OUT/$label.out" | head -1 | awk '{print $2}') $(echo "$(date +%s.%N) - $start" | bc)"
 }
-a=$(run "$N1" "n1-c$category")
-b=$(run "$N2" "n2-c$category")
-echo "bin=$bin category=$category N1=$N1 total=$a N2=$N2 total=$b per_miss=$(( (b - a) / (N2 - N1) )) out=$OUT"
+read -r a wa < <(run "$N1" "n1-c$category")
+read -r b wb < <(run "$N2" "n2-c$category")
+idle=$(echo "scale=0; (${IDLE_IR_PER_S:-0} * ($wb - $wa)) / 1" | bc)
+echo "bin=$bin category=$category N1=$N1 total=$a wall=${wa}s N2=$N2 total=$b wall=${wb}s per_miss=$(( (b - a) / (N2 - N1) ))${IDLE_IR_PER_S:+ per_miss_idle_out=$(( (b - a - idle) / (N2 - N1) ))} out=$OUT"

@@ -80,7 +80,8 @@ STREAM_SCRIPT = "stream_hits.lua"
 # person writes them), and the hit-path section `--hit-path` rewrites alone.
 KEPT_SECTIONS = (("<!-- fleet:begin -->", "<!-- fleet:end -->"),
                  ("<!-- hitpath-profile:begin -->", "<!-- hitpath-profile:end -->"),
-                 ("<!-- snapshot-reach:begin -->", "<!-- snapshot-reach:end -->"))
+                 ("<!-- snapshot-reach:begin -->", "<!-- snapshot-reach:end -->"),
+                 ("<!-- callgrind-gate:begin -->", "<!-- callgrind-gate:end -->"))
 HIT_PATH_SECTION = ("<!-- hitpath:begin -->", "<!-- hitpath:end -->")
 TOKEN = "harness-token"
 TICK = os.sysconf("SC_CLK_TCK")
