@@ -312,14 +312,20 @@ impl Upstreams {
             caller,
             told: false,
         };
-        // A would-be probe that finds no place decides nothing: undecided,
-        // as the other calls of a half-open breaker whose probe ended so.
+        // A would-be probe that finds no place is not sent: it gives its
+        // probe's place back and tells the breaker nothing; the breaker's
+        // word stands (undecided once a probe ended so, else still open).
         let Some(slot) = endpoint.in_flight.slot() else {
+            if allowed == Allow::Probe {
+                told.release();
+                return Err(if endpoint.breaker.probes_undecided() {
+                    UpstreamError::HalfOpen
+                } else {
+                    UpstreamError::CircuitOpen
+                });
+            }
             told.record(&Err::<(), _>(UpstreamError::Saturated));
-            return Err(match allowed {
-                Allow::Probe => UpstreamError::HalfOpen,
-                _ => UpstreamError::Saturated,
-            });
+            return Err(UpstreamError::Saturated);
         };
         let now = tokio::time::Instant::now();
         let result = match endpoint.backoff.send(now) {
@@ -393,6 +399,13 @@ struct Told<'a> {
 impl Told<'_> {
     fn record<T>(mut self, result: &Result<T, UpstreamError>) {
         self.breaker.record(result, self.caller);
+        self.told = true;
+    }
+
+    /// A call not sent after all: its probe's place (if it had one) is given
+    /// back, and the breaker learns nothing.
+    fn release(mut self) {
+        self.breaker.release(self.caller.seller);
         self.told = true;
     }
 }

@@ -298,6 +298,22 @@ impl Breaker {
         }
     }
 
+    /// Gives back the probe's place of a call about `seller` that was not
+    /// sent after all; nothing is recorded.
+    pub(crate) fn release(&self, seller: u64) {
+        let mut state = self.lock();
+        if matches!(state.mode, Mode::HalfOpen { .. }) {
+            state.probing.remove(seller);
+        }
+    }
+
+    /// Half-open, with a probe that ended undecided and none that decided
+    /// since.
+    pub(crate) fn probes_undecided(&self) -> bool {
+        let state = self.lock();
+        matches!(state.mode, Mode::HalfOpen { .. }) && state.probe_undecided
+    }
+
     /// Whether failures span enough sellers and requests to speak for everyone.
     fn spread(&self, failed: &Failed) -> bool {
         failed.sellers.len >= self.min_sellers && failed.requests.len >= self.min_requests
