@@ -162,9 +162,15 @@ impl Endpoint {
         span: tracing::Span,
         phase: &Phase,
     ) -> Result<Option<T>, UpstreamError> {
-        let request = get_request(url, request_id, trace, &span)?;
+        // The base URL was checked at start and the rest is ids and digits,
+        // so this cannot fail; if it did, the call fails without a panic.
+        let uri = hyper::Uri::try_from(url).map_err(|_| UpstreamError::Request)?;
+        let request = get_request(uri.clone(), request_id, trace, &span)?;
         let mut conn = self.pool.take(phase).await?;
-        let response = self.pool.send(&mut conn, request, phase).await?;
+        // Built again only to send it once more (a `Uri` clone is cheap; the
+        // headers are made anew only then).
+        let again = || get_request(uri, request_id, trace, &span);
+        let response = self.pool.send(&mut conn, request, phase, again).await?;
         let status = response.status().as_u16();
         span.record("http.response.status_code", status);
         if status != 200 && status != 404 {
@@ -203,14 +209,11 @@ const REQUEST_ID: HeaderName = HeaderName::from_static(crate::telemetry::REQUEST
 /// The GET of `url` with our agent, the request's id and the trace headers
 /// naming `span` as the parent.
 pub(super) fn get_request(
-    url: String,
+    uri: hyper::Uri,
     request_id: Option<&HeaderValue>,
     trace: Option<&TraceContext>,
     span: &tracing::Span,
 ) -> Result<hyper::Request<Empty<hyper::body::Bytes>>, UpstreamError> {
-    // The base URL was checked at start and the rest is ids and digits, so
-    // this cannot fail; if it did, the call fails without a panic.
-    let uri = hyper::Uri::try_from(url).map_err(|_| UpstreamError::Request)?;
     let mut request = hyper::Request::get(uri)
         .header(USER_AGENT, AGENT)
         .body(Empty::new())

@@ -147,27 +147,32 @@ impl Pool {
         conn: &mut Conn,
         mut request: hyper::Request<Empty<Bytes>>,
         phase: &Phase,
+        again: impl FnOnce() -> Result<hyper::Request<Empty<Bytes>>, UpstreamError>,
     ) -> Result<hyper::Response<Incoming>, UpstreamError> {
         request
             .headers_mut()
             .insert(hyper::header::HOST, self.host.clone());
-        let again = conn.reused.then(|| copy(&request));
         let mut error = match conn.sender.try_send_request(request).await {
             Ok(response) => return Ok(response),
             Err(error) => error,
         };
         // A reused connection that failed before any byte of an answer (not
         // an answer that did not parse): the upstream closed it under the
-        // request. Sent once more, on a new connection.
-        let (Some(mut request), false) = (again, error.error().is_parse()) else {
+        // request. Sent once more, on a new connection: hyper hands back a
+        // request it never wrote, else it is built again.
+        if !conn.reused || error.error().is_parse() {
             return Err(connection_error("the request failed", error.error()));
-        };
+        }
         tracing::debug!(
             "a reused connection failed before any answer; sending the request on a new one"
         );
-        if let Some(unsent) = error.take_message() {
-            request = unsent;
-        }
+        let mut request = match error.take_message() {
+            Some(unsent) => unsent,
+            None => again()?,
+        };
+        request
+            .headers_mut()
+            .insert(hyper::header::HOST, self.host.clone());
         *conn = self.connect(phase).await?;
         conn.sender
             .send_request(request)
@@ -270,15 +275,6 @@ impl Pool {
             reused: false,
         })
     }
-}
-
-/// A copy of a GET (its body is empty), to send again.
-fn copy(request: &hyper::Request<Empty<Bytes>>) -> hyper::Request<Empty<Bytes>> {
-    let mut copy = hyper::Request::new(Empty::new());
-    *copy.method_mut() = request.method().clone();
-    *copy.uri_mut() = request.uri().clone();
-    *copy.headers_mut() = request.headers().clone();
-    copy
 }
 
 /// Whether a socket error is the gateway's own trouble rather than the

@@ -51,7 +51,10 @@ async fn call(pool: &Pool, path: &str) {
     let phase = Phase::default();
     let mut conn = pool.take(&phase).await.unwrap();
     let request = hyper::Request::get(path).body(Empty::new()).unwrap();
-    let response = pool.send(&mut conn, request, &phase).await.unwrap();
+    let response = pool
+        .send(&mut conn, request, &phase, || Err(UpstreamError::Request))
+        .await
+        .unwrap();
     response.into_body().collect().await.unwrap();
     pool.put_back(conn);
 }
@@ -217,7 +220,10 @@ async fn a_request_a_closed_connection_never_wrote_is_sent_on_a_new_one() {
         reused: true,
     };
     let request = hyper::Request::get("/ok").body(Empty::new()).unwrap();
-    let response = pool.send(&mut conn, request, &phase).await.unwrap();
+    let response = pool
+        .send(&mut conn, request, &phase, || Err(UpstreamError::Request))
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
     assert!(!conn.reused, "the new connection replaced the closed one");
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
@@ -227,7 +233,10 @@ async fn a_request_a_closed_connection_never_wrote_is_sent_on_a_new_one() {
         reused: false,
     };
     let request = hyper::Request::get("/ok").body(Empty::new()).unwrap();
-    let error = pool.send(&mut fresh, request, &phase).await.unwrap_err();
+    let error = pool
+        .send(&mut fresh, request, &phase, || Err(UpstreamError::Request))
+        .await
+        .unwrap_err();
     assert!(!error.undecided(), "{error:?}");
     // The upstream's accept loop counts in its own time.
     tokio::time::sleep(Duration::from_millis(100)).await;
