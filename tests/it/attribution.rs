@@ -325,7 +325,7 @@ async fn a_throttled_replica_shows_no_tracked_seller_a_real_number() {
     let (process, real, calltracking, _dir) = gateway_process(&[]).await;
     real.reply(Reply::Phone(REAL));
     calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(100));
-    let users: Vec<u64> = (42_001..=42_120).collect();
+    let users: Vec<u64> = (42_001..=42_000 + 120 * crate::support::scale()).collect();
     track_on(&process, users.iter().copied()).await;
     let done = std::sync::atomic::AtomicBool::new(false);
     let lookups = async {
@@ -357,6 +357,7 @@ async fn a_throttled_replica_shows_no_tracked_seller_a_real_number() {
         paused >= 5,
         "the throttle never overlapped the lookups: {paused}"
     );
+    crate::support::tally("throttled replica", &kinds);
     let real: Vec<_> = kinds.iter().filter(|k| *k == "real").collect();
     assert!(
         real.is_empty(),
@@ -377,20 +378,27 @@ async fn a_stall_ending_just_after_the_timer_was_due_is_given_back() {
     let (process, real, calltracking, _dir) = gateway_process(&[]).await;
     real.reply(Reply::Phone(REAL));
     calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(250));
-    let users: Vec<u64> = (43_001..=43_010).collect();
+    // Rounds of 10 lookups (up to 50 in longer runs), each with its stall.
+    let (rounds, per_round) = (crate::support::scale(), 10 * crate::support::scale().min(5));
+    let users: Vec<u64> = (43_001..=43_000 + rounds * per_round).collect();
     track_on(&process, users.iter().copied()).await;
-    let lookups = users.iter().map(|&user| {
-        let process = &process;
-        async move {
-            let path = given(user, 1, &phone_of(user));
-            kind_of(&process.get_public_with(&path, &[]).await)
-        }
-    });
-    let pausing = async {
-        tokio::time::sleep(Duration::from_millis(120)).await;
-        pause(&process, Duration::from_millis(200)).await;
-    };
-    let (kinds, ()) = tokio::join!(futures_util::future::join_all(lookups), pausing);
+    let mut kinds = Vec::new();
+    for round in users.chunks(per_round as usize) {
+        let lookups = round.iter().map(|&user| {
+            let process = &process;
+            async move {
+                let path = given(user, 1, &phone_of(user));
+                kind_of(&process.get_public_with(&path, &[]).await)
+            }
+        });
+        let pausing = async {
+            tokio::time::sleep(Duration::from_millis(120)).await;
+            pause(&process, Duration::from_millis(200)).await;
+        };
+        let (done, ()) = tokio::join!(futures_util::future::join_all(lookups), pausing);
+        kinds.extend(done);
+    }
+    crate::support::tally("stall past the due time", &kinds);
     assert!(
         !kinds.iter().any(|k| k == "real"),
         "a stall over the timers' due time showed real numbers: {kinds:?}"

@@ -189,7 +189,7 @@ async fn an_upstream_closing_idle_connections_shows_no_tracked_seller_a_real_num
         app.real.reply(Reply::Phone(REAL));
         track(&app, 1..=20).await;
         let mut kinds = Vec::new();
-        for wave in 0..14u64 {
+        for wave in 0..14 * crate::support::scale() {
             let asks = (1..=20u64).map(|user| {
                 let path = lookup(user, wave * 100 + user);
                 let app = &app;
@@ -199,6 +199,7 @@ async fn an_upstream_closing_idle_connections_shows_no_tracked_seller_a_real_num
             // Around the upstream's idle time: 290 to 320 ms.
             tokio::time::sleep(Duration::from_millis(290 + (wave % 4) * 10)).await;
         }
+        crate::support::tally(&format!("idle close, breaker {breaker}"), &kinds);
         let real = kinds.iter().filter(|k| *k == "real").count();
         assert_eq!(
             real,
@@ -211,7 +212,7 @@ async fn an_upstream_closing_idle_connections_shows_no_tracked_seller_a_real_num
             answered * 10 >= kinds.len() * 9,
             "breaker {breaker}: {kinds:?}"
         );
-        assert!(calls.load(Ordering::SeqCst) >= 280);
+        assert!(calls.load(Ordering::SeqCst) >= 280 * crate::support::scale() as usize);
     }
 }
 
@@ -272,7 +273,7 @@ async fn a_caller_that_raised_the_baseline_then_bursts_shows_nobody_a_real_numbe
     let before = calls.load(Ordering::SeqCst);
     let honest_asks = async {
         let mut kinds = Vec::new();
-        for round in 0..20u64 {
+        for round in 0..20 * crate::support::scale() {
             for &user in &honest {
                 kinds.push(kind_of(
                     &app.get_public(&lookup(user, 3_000_000 + round * 10 + user % 10))
@@ -283,9 +284,14 @@ async fn a_caller_that_raised_the_baseline_then_bursts_shows_nobody_a_real_numbe
         }
         kinds
     };
-    let (burst, honest_kinds) = tokio::join!(send_at(110, 4, 2_000_000), honest_asks);
+    let (burst, honest_kinds) = tokio::join!(
+        send_at(110, 4 * crate::support::scale(), 2_000_000),
+        honest_asks
+    );
     let real_burst = burst.iter().filter(|k| *k == "real").count();
     let real_honest = honest_kinds.iter().filter(|k| *k == "real").count();
+    crate::support::tally("raised then burst, the burst", &burst);
+    crate::support::tally("raised then burst, honest", &honest_kinds);
     assert_eq!(
         (real_burst, real_honest),
         (0, 0),
@@ -343,13 +349,21 @@ async fn an_outage_during_a_surge_falls_through_after_ten_seconds() {
     ask_for(60, Duration::from_secs(1)).await;
     ask_for(100, Duration::from_secs(2)).await;
     app.calltracking.reply(Reply::Status(500));
-    let outage = ask_for(100, Duration::from_secs(14)).await;
+    let outage = ask_for(
+        100,
+        Duration::from_secs(10 + 4 * crate::support::scale()),
+    )
+    .await;
     let late: Vec<&String> = outage
         .iter()
         .filter(|(at, _)| *at >= Duration::from_secs(10))
         .map(|(_, kind)| kind)
         .collect();
     let fell_through = late.iter().filter(|k| **k == "real").count();
+    crate::support::tally(
+        "outage in a surge, after 10 s",
+        &late.iter().map(|k| (*k).clone()).collect::<Vec<_>>(),
+    );
     assert!(late.len() >= 200, "{}", late.len());
     assert!(
         fell_through * 10 >= late.len() * 9,
@@ -380,11 +394,15 @@ async fn a_half_open_breaker_whose_probes_are_refused_for_load_shows_no_real_num
         let answer = app.get_public(&lookup(user, 500 + user)).await;
         assert_ne!(kind_of(&answer), "real", "{answer:?}");
     }
-    let asks = (6..=40u64).map(|user| {
-        let app = &app;
-        async move { kind_of(&app.get_public(&lookup(user, 1_000 + user)).await) }
-    });
-    let kinds = futures_util::future::join_all(asks).await;
+    let mut kinds = Vec::new();
+    for round in 0..crate::support::scale() {
+        let asks = (6..=40u64).map(|user| {
+            let app = &app;
+            async move { kind_of(&app.get_public(&lookup(user, 1_000 + round * 100 + user)).await) }
+        });
+        kinds.extend(futures_util::future::join_all(asks).await);
+    }
+    crate::support::tally("half-open, probes refused for load", &kinds);
     let real = kinds.iter().filter(|k| *k == "real").count();
     assert_eq!(real, 0, "shown real while half-open: {kinds:?}");
 }

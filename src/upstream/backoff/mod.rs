@@ -6,12 +6,15 @@
 //! Each upstream keeps, per [`BUCKET`], the calls sent, answered well and
 //! failed, and what the upstream *carried*: a moving average of calls
 //! answered well (about the last 30 s), which stands still while the gateway
-//! backs off. Then:
+//! backs off; and the same over about ten minutes, *settled*, which one
+//! caller's minute of warm-up hardly moves. Then:
 //!
 //! - A failure of a call sent at the usual rate (the calls sent over the last
-//!   bucket no more than [`MARGIN`] above what the upstream carried, plus
+//!   bucket no more than [`MARGIN`] above the lesser of the two, plus
 //!   [`SLACK`]) is the upstream's verdict at once: it was answering others at
-//!   that rate. One seller's failures, or sporadic 5xx, are judged so.
+//!   that rate for long. One seller's failures, or sporadic 5xx, are judged
+//!   so. A caller that first raises what was carried, then bursts past what
+//!   the upstream takes, is still above the usual rate.
 //! - A failure of a call sent above it is [`Load`](super::UpstreamError::Load):
 //!   undecided. When such failures are more than [`TRIGGER`] of the calls
 //!   that ended lately, the gateway backs off: sends to that upstream are held
@@ -24,7 +27,8 @@
 //!   is the end of the excuse: an outage is judged within `settle` (1 s with
 //!   the default 300 ms timeout) of the back-off, whatever the demand.
 //! - While the share of failures stays under [`TRIGGER`], the hold climbs by
-//!   [`CLIMB`] of what was carried each bucket (additive increase); a failure
+//!   [`CLIMB`] of what was carried each bucket in which calls ended (additive
+//!   increase; silence, such as an open breaker's, is no news); a failure
 //!   of a call sent while it climbed is load again and cuts it back to the
 //!   fraction, with a new settling time. Above the usual rate the back-off
 //!   ends.
@@ -48,6 +52,8 @@ use tokio::time::Instant;
 pub(super) const BUCKET: Duration = Duration::from_millis(250);
 /// The weight of a bucket in what the upstream carried: about the last 30 s.
 const WEIGHT: f64 = 1.0 / 120.0;
+/// The weight of a bucket in what it carried settled: about ten minutes.
+const SETTLED_WEIGHT: f64 = 1.0 / 2400.0;
 /// How far above what the upstream carried a send rate is still usual.
 pub(super) const MARGIN: f64 = 0.25;
 /// Calls per bucket above that before anything is unusual (32 a second), so
@@ -112,6 +118,11 @@ struct State {
     recent: [Counts; RECENT],
     /// Calls answered well per bucket; `None` until the first bucket closes.
     carried: Option<f64>,
+    /// The slow average of the same, from 0, and the buckets it has seen (its
+    /// start is corrected for, so that a new replica learns as fast as its
+    /// history allows).
+    settled: f64,
+    settled_buckets: u32,
     history: u32,
     episode: Option<Episode>,
 }
@@ -149,6 +160,8 @@ impl Backoff {
                 now: Counts::default(),
                 recent: [Counts::default(); RECENT],
                 carried: None,
+                settled: 0.0,
+                settled_buckets: 0,
                 history: 0,
                 episode: None,
             }),
@@ -253,9 +266,17 @@ impl State {
     /// The most calls per bucket that are usual.
     fn usual(&self) -> f64 {
         match self.carried {
-            Some(carried) if self.history >= WARM_UP => carried * (1.0 + MARGIN) + SLACK,
+            Some(carried) if self.history >= WARM_UP => {
+                carried.min(self.settled()) * (1.0 + MARGIN) + SLACK
+            }
             _ => f64::INFINITY,
         }
+    }
+
+    /// The slow average, corrected for its start at 0.
+    fn settled(&self) -> f64 {
+        let seen = 1.0 - (1.0 - SETTLED_WEIGHT).powi(self.settled_buckets.min(1 << 20) as i32);
+        if seen > 0.0 { self.settled / seen } else { 0.0 }
     }
 
     /// Calls sent over the last bucket's length: this bucket's and the share
@@ -286,6 +307,7 @@ impl State {
             self.now = Counts::default();
             self.recent = [Counts::default(); RECENT];
             self.carried = self.carried.map(|c| c * 0.02);
+            self.settled *= 0.02;
             self.episode = None;
             return;
         }
@@ -296,8 +318,10 @@ impl State {
             self.bucket_start += BUCKET;
             match &mut self.episode {
                 Some(episode) => {
+                    // A bucket in which nothing ended (the breaker open, no
+                    // demand) says nothing of the upstream: no climb.
                     let ended = closed.good + closed.failed;
-                    let calm = f64::from(closed.failed) <= TRIGGER * f64::from(ended);
+                    let calm = ended > 0 && f64::from(closed.failed) <= TRIGGER * f64::from(ended);
                     if calm {
                         episode.hold += (CLIMB * episode.before).max(FLOOR);
                         let usual = episode.before * (1.0 + MARGIN) + SLACK;
@@ -314,6 +338,8 @@ impl State {
                         None => good,
                         Some(carried) => carried + WEIGHT * (good - carried),
                     });
+                    self.settled += SETTLED_WEIGHT * (good - self.settled);
+                    self.settled_buckets = self.settled_buckets.saturating_add(1);
                     self.history = self.history.saturating_add(1).min(WARM_UP);
                 }
             }

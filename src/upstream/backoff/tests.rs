@@ -178,6 +178,44 @@ async fn a_failure_while_climbing_cuts_back_and_settles_again() {
     assert_eq!(backoff.failed(sent, now), Judgement::Load);
 }
 
+/// Buckets in which no call ended (an open breaker sends nothing) do not let
+/// the hold climb: the first call after them, past the settling time, is sent
+/// at the fraction and its failure is a verdict.
+#[tokio::test(start_paused = true)]
+async fn silence_does_not_climb_the_hold() {
+    let backoff = Backoff::new(TIMEOUT);
+    carry(&backoff, 10, WARM_UP + 4).await;
+    burst_failing(&backoff, 30);
+    tokio::time::advance(settle(TIMEOUT) + BUCKET * 8).await;
+    let now = Instant::now();
+    let sent = backoff.send(now).unwrap();
+    assert!((backoff.hold().unwrap() - BETA * 40.0).abs() < 0.01);
+    assert_eq!(backoff.failed(sent, now), Judgement::Verdict);
+}
+
+/// A caller that raises what the upstream carried for half a minute, then
+/// bursts, is still above the usual rate: its failures are load, and the
+/// gateway backs off. What was carried settled for minutes bounds the usual.
+#[tokio::test(start_paused = true)]
+async fn a_callers_warm_up_does_not_raise_the_usual_rate() {
+    let backoff = Backoff::new(TIMEOUT);
+    carry(&backoff, 10, 480).await;
+    carry(&backoff, 30, 120).await;
+    tokio::time::advance(BUCKET / 2).await;
+    let now = Instant::now();
+    for _ in 0..15 {
+        backoff.send(now).unwrap();
+        backoff.answered(now);
+    }
+    // 31 sent over the last bucket's length (half of the last bucket's 30,
+    // 15, this one): usual by the 30 s average alone (about 22.6 a bucket),
+    // not by the settled one (about 14.4).
+    let carried = backoff.carried().unwrap() * BUCKET.as_secs_f64();
+    assert!(31.0 < carried * (1.0 + MARGIN) + SLACK, "{carried}");
+    let sent = backoff.send(now).unwrap();
+    assert_eq!(backoff.failed(sent, now), Judgement::Load);
+}
+
 /// A caller's own calls cannot make a failure a verdict sooner: however many
 /// it sends, nothing past the hold goes out, and before the settling time
 /// every failure is load.

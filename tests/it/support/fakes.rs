@@ -100,6 +100,12 @@ pub struct Fake {
     queue: Arc<Mutex<Option<Arc<tokio::sync::Semaphore>>>>,
     /// Lookups that found the queue full and waited their turn.
     queued: Arc<AtomicUsize>,
+    /// When set, the most lookups answered well in any second: past it a
+    /// lookup is answered a plain 500, as an overloaded upstream does. With
+    /// the times of those answered.
+    per_second: Arc<Mutex<Option<(usize, std::collections::VecDeque<tokio::time::Instant>)>>>,
+    /// Lookups answered 500 past `per_second`.
+    over_rate: Arc<AtomicUsize>,
     /// Replies for call-tracking lookups of phones whose digits start with a
     /// prefix, over the seller's and the behaviour's reply.
     for_phones: Arc<Mutex<Vec<(String, Reply)>>>,
@@ -160,6 +166,8 @@ impl Fake {
             per_seller: Arc::new(Mutex::new(HashMap::new())),
             queue: Arc::new(Mutex::new(None)),
             queued: Arc::new(AtomicUsize::new(0)),
+            per_second: Arc::new(Mutex::new(None)),
+            over_rate: Arc::new(AtomicUsize::new(0)),
             for_phones: Arc::new(Mutex::new(Vec::new())),
         };
         let router = Router::new().fallback(answer).with_state(fake.clone());
@@ -185,6 +193,17 @@ impl Fake {
     /// Lookups that waited in the queue (`queue`) for their turn.
     pub fn queued(&self) -> usize {
         self.queued.load(Ordering::SeqCst)
+    }
+
+    /// Answer at most `max` lookups in any second (`None`: no bound), a plain
+    /// 500 to those past it.
+    pub fn per_second(&self, max: Option<usize>) {
+        *self.per_second.lock().unwrap() = max.map(|max| (max, Default::default()));
+    }
+
+    /// Lookups answered 500 past `per_second`.
+    pub fn over_rate(&self) -> usize {
+        self.over_rate.load(Ordering::SeqCst)
     }
 
     /// Lookups answered 429 because the capacity was reached.
@@ -468,6 +487,20 @@ async fn answer(State(fake): State<Fake>, request: Request) -> Response {
         }
         None => None,
     };
+    if let Some((max, answered)) = fake.per_second.lock().unwrap().as_mut() {
+        let now = tokio::time::Instant::now();
+        while answered
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= Duration::from_secs(1))
+        {
+            answered.pop_front();
+        }
+        if answered.len() >= *max {
+            fake.over_rate.fetch_add(1, Ordering::SeqCst);
+            return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+        }
+        answered.push_back(now);
+    }
     let queue = fake.queue.lock().unwrap().clone();
     let _served = match queue {
         Some(queue) => match queue.clone().try_acquire_owned() {

@@ -37,6 +37,27 @@ pub use fakes::*;
 pub use privacy::*;
 pub use raw::*;
 
+/// Prints what a finding's test showed, by kind (or status), for the record
+/// of a longer run.
+pub fn tally(test: &str, kinds: &[String]) {
+    let mut counts = std::collections::BTreeMap::new();
+    for kind in kinds {
+        *counts.entry(kind.as_str()).or_insert(0usize) += 1;
+    }
+    eprintln!("{test}: {} lookups, by kind {counts:?}", kinds.len());
+}
+
+/// How many times over the findings' tests run their lookups:
+/// `FINDINGS_SCALE` (1 by default). `scripts/findings` runs them at a scale
+/// that makes each at least 10,000 lookups.
+pub fn scale() -> u64 {
+    std::env::var("FINDINGS_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n >= 1)
+        .unwrap_or(1)
+}
+
 /// Held by each test that asserts a time the SPEC bounds tightly (a catch-up
 /// within 1 s or within `database.sync_interval_ms`, a hand-over within two
 /// feed intervals, a refusal everywhere within 1 s): such tests run one at a
