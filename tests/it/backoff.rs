@@ -349,11 +349,7 @@ async fn an_outage_during_a_surge_falls_through_after_ten_seconds() {
     ask_for(60, Duration::from_secs(1)).await;
     ask_for(100, Duration::from_secs(2)).await;
     app.calltracking.reply(Reply::Status(500));
-    let outage = ask_for(
-        100,
-        Duration::from_secs(10 + 4 * crate::support::scale()),
-    )
-    .await;
+    let outage = ask_for(100, Duration::from_secs(10 + 4 * crate::support::scale())).await;
     let late: Vec<&String> = outage
         .iter()
         .filter(|(at, _)| *at >= Duration::from_secs(10))
@@ -398,7 +394,12 @@ async fn a_half_open_breaker_whose_probes_are_refused_for_load_shows_no_real_num
     for round in 0..crate::support::scale() {
         let asks = (6..=40u64).map(|user| {
             let app = &app;
-            async move { kind_of(&app.get_public(&lookup(user, 1_000 + round * 100 + user)).await) }
+            async move {
+                kind_of(
+                    &app.get_public(&lookup(user, 1_000 + round * 100 + user))
+                        .await,
+                )
+            }
         });
         kinds.extend(futures_util::future::join_all(asks).await);
     }
