@@ -63,6 +63,10 @@ struct Behaviour {
 /// The `traceparent` (empty when missing) and `tracestate` of a call.
 pub type Traced = (String, Option<String>);
 
+/// A lookup rate's cap and the times of the lookups answered within the
+/// last second.
+type RateCap = (usize, std::collections::VecDeque<tokio::time::Instant>);
+
 /// A fake upstream: a real HTTP server on 127.0.0.1:0.
 #[derive(Clone)]
 pub struct Fake {
@@ -103,7 +107,7 @@ pub struct Fake {
     /// When set, the most lookups answered well in any second: past it a
     /// lookup is answered a plain 500, as an overloaded upstream does. With
     /// the times of those answered.
-    per_second: Arc<Mutex<Option<(usize, std::collections::VecDeque<tokio::time::Instant>)>>>,
+    per_second: Arc<Mutex<Option<RateCap>>>,
     /// Lookups answered 500 past `per_second`.
     over_rate: Arc<AtomicUsize>,
     /// Replies for call-tracking lookups of phones whose digits start with a
