@@ -1,8 +1,9 @@
 //! The two listeners' states: what the public handlers reach (the resolver,
 //! the viewer budgets, the reveal buffer) and what the admin handlers reach
 //! (the status service, the caches' gauges, the reveal log, readiness,
-//! metrics), built once by `App::build`. Each field says what it holds and
-//! who reads it.
+//! metrics): the public one built by `Parts::public_front` (for the app, the
+//! whole-app tests and the benches), the admin one by `App::build`. Each field
+//! says what it holds and who reads it.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
