@@ -80,6 +80,8 @@ pub struct App {
     shutting_down: Arc<AtomicBool>,
     /// Cold admission, watched by a background task.
     admission: Arc<crate::resolve::admission::Admission>,
+    /// The time the process lost, fed by the runtime's probe.
+    lost: Arc<crate::runtime::lost::LostTime>,
     /// The admin tokens, whose files a background task re-reads (rotation).
     tokens: Arc<AdminTokens>,
 }
@@ -187,6 +189,7 @@ impl App {
             parts.caches.clone(),
         );
         let admission = parts.resolver.admission();
+        let lost = parts.upstreams.lost_time();
         // Read now so that a token file that cannot be read stops the start,
         // naming its key.
         let tokens = Arc::new(AdminTokens::new(config.admin.read_tokens()?));
@@ -251,6 +254,7 @@ impl App {
             config,
             shutting_down,
             admission,
+            lost,
         })
     }
 
@@ -314,6 +318,7 @@ impl App {
         self.start_status(&background, &loaded, &stopping, fatal_tx);
         self.start_budgets(&background, &loaded);
         background.spawn(crate::telemetry::metrics_upkeep());
+        background.spawn_until_stopped(|stop| crate::runtime::lost::probe(self.lost.clone(), stop));
         background.spawn_until_stopped(|stop| self.admission.clone().watch(stop));
         background.spawn(self.tokens.clone().watch());
         self.start_reveals(&background, &loaded);

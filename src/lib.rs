@@ -76,8 +76,9 @@
 //! - [`telemetry`]: logs, the metrics recorder, request ids; [`telemetry::trace`]:
 //!   W3C trace context in and out (with the mark of an exported span), and the
 //!   OTLP span export, which reads the context.
-//! - [`runtime`]: tokio worker threads sized to the container's CPU quota, and
-//!   the background threads' priority.
+//! - [`runtime`]: how late the runtime runs (the lost-time probe, which
+//!   upstream calls' timers and cold admission read), tokio worker threads
+//!   sized to the container's CPU quota, and the background threads' priority.
 //! - [`sim`]: the upstream simulator for the demo, the tests and load runs.
 //!
 //! The binary (`src/main.rs`) is the command line: `demo`, `serve`,

@@ -19,7 +19,7 @@ use crate::domain::{OnError, Source, Sources};
 pub struct UpstreamsConfig {
     /// Time the gateway itself lost during a call (its timers late, its
     /// process paused) that the call tolerates before that time is given back
-    /// (`upstream::lost`).
+    /// (`runtime::lost`).
     #[serde(rename = "lost_time_tolerance_ms", deserialize_with = "units::millis")]
     pub lost_time_tolerance: Duration,
     /// How long a pooled connection to an upstream is kept idle before it is

@@ -13,7 +13,8 @@
 //! - [`reveal`]: the reveal log's records (`Reveal`, `Viewer`) and queries.
 //! - [`status`]: the call-tracking status model (`Status`, `StatusChange`,
 //!   `Version`, `Applied`) and the version rule, `plan_changes`.
-//! - [`wall_clock`]: the replica's wall clock, `since_epoch`, read in one place.
+//! - [`wall_clock`]: the replica's wall clock, `since_epoch`, read in one place,
+//!   and `Stopwatch`, elapsed wall time.
 
 pub mod ids;
 pub mod known;

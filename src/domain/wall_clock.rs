@@ -1,7 +1,8 @@
 //! The replica's wall clock, read in one place: the budgets' windows, the
 //! reveal log's times and the status sync's lag all count from the Unix epoch
 //! by this clock. Replicas agree on such times as far as their clocks do; what
-//! needs only elapsed time within one process uses `Instant` instead.
+//! needs only elapsed time within one process uses tokio's `Instant`, or
+//! [`Stopwatch`] where wall time is meant.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -11,4 +12,31 @@ pub fn since_epoch() -> Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
+}
+
+/// `std`'s monotonic clock, named once: clippy.toml bans it elsewhere, since
+/// the service's clock is tokio's (time-dependent logic runs under a paused
+/// clock in tests).
+#[allow(
+    clippy::disallowed_types,
+    reason = "the one wall-time stopwatch: what really passed, also under a paused test clock"
+)]
+type Monotonic = std::time::Instant;
+
+/// Elapsed wall time, where what really passed is meant whatever tokio's clock
+/// says: a duration metric (what a client or a statement waited, also under a
+/// paused test clock), a log throttle on a thread outside the runtime. One
+/// clock read to start (tokio's `now()` first looks for a paused clock when
+/// `test-util` is on, as it is in benches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopwatch(Monotonic);
+
+impl Stopwatch {
+    pub fn start() -> Self {
+        Stopwatch(Monotonic::now())
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.0.elapsed()
+    }
 }

@@ -15,12 +15,9 @@
 //! (how other systems decide, and what was tried: docs/design.md, "Cold
 //! admission").
 //!
-//! A probe task sleeps [`PROBE`] at a time and records how late it wakes; every
-//! [`INTERVAL`] the worst lateness is compared with `server.max_queue_delay_ms`.
-//! Every lateness is also added to the replica's running total of lost time
-//! ([`LostTime`]), which upstream calls read when their timers fire (a call's
-//! timeout counts only the time the upstream had): so the probe runs also with
-//! cold admission off (`server.max_queue_delay_ms = 0`).
+//! Every [`INTERVAL`] the worst lateness the runtime's probe saw
+//! (`runtime::lost`, which runs whatever admission does) is compared with
+//! `server.max_queue_delay_ms`; with the key at zero admission takes no turn.
 //! The action sheds only the expensive class, misses: a hit costs little more
 //! than a shed, so hits keep being answered, and the misses let in fill the
 //! caches as fast as the CPU allows, so the share of hits, and then throughput,
@@ -38,12 +35,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::upstream::{LostTime, lateness};
+use crate::runtime::lost::{LostTime, lateness};
 
 /// How often the admitted share is adjusted.
 pub const INTERVAL: Duration = Duration::from_millis(100);
-/// How long the probe sleeps between wake-ups.
-pub const PROBE: Duration = crate::upstream::PROBE_PERIOD;
 /// All misses admitted, in fixed point.
 const ALL: u32 = 1 << 16;
 /// The least share of misses admitted (1/64), so cold keys keep filling.
@@ -59,13 +54,13 @@ pub struct Admission {
     shed: metrics::Counter,
     delay_gauge: metrics::Gauge,
     share_gauge: metrics::Gauge,
-    /// The running total of time lost, which the probe feeds.
+    /// The runtime's lost time, whose worst lateness steers admission.
     lost: Arc<LostTime>,
 }
 
 impl Admission {
     /// Cold admission at `max_delay` (`server.max_queue_delay_ms`; zero: never
-    /// shed), its probe feeding `lost`.
+    /// shed), steered by the worst lateness of `lost`.
     pub fn new(max_delay: Duration, lost: Arc<LostTime>) -> Self {
         Admission {
             share: AtomicU32::new(ALL),
@@ -115,29 +110,22 @@ impl Admission {
         self.share_gauge.set(f64::from(next) / f64::from(ALL));
     }
 
-    /// Probes the runtime until `stop`: feeds the lost time always, and steers
-    /// admission unless `max_delay` is zero.
+    /// Steers admission every [`INTERVAL`] until `stop`; returns at once when
+    /// `max_delay` is zero (never shed).
     pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
-        let steer = !self.max_delay.is_zero();
-        // The service's clock (tokio's), as the probe's: under a paused test
-        // clock the interval passes with the probe's sleeps.
-        let (mut worst, mut since) = (Duration::ZERO, tokio::time::Instant::now());
+        if self.max_delay.is_zero() {
+            return;
+        }
         loop {
-            let due = tokio::time::Instant::now() + PROBE;
+            let due = tokio::time::Instant::now() + INTERVAL;
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep_until(due) => {}
             }
-            // tokio's timer fires on the millisecond after `due` at best.
-            let now = tokio::time::Instant::now();
-            let late = lateness(due, now);
-            self.lost.woke(now, late);
-            worst = worst.max(late);
-            // A late probe acts at once: the interval has long passed.
-            if steer && since.elapsed() >= INTERVAL {
-                self.adjust(worst);
-                (worst, since) = (Duration::ZERO, tokio::time::Instant::now());
-            }
+            // Its own lateness too: after a stall this may run before the
+            // probe has reported it.
+            let late = lateness(due, tokio::time::Instant::now());
+            self.adjust(self.lost.take_worst().max(late));
         }
     }
 }
@@ -149,7 +137,10 @@ mod tests {
     const LIMIT: Duration = Duration::from_millis(50);
 
     fn lost() -> Arc<LostTime> {
-        Arc::new(LostTime::new(Duration::from_millis(30), PROBE))
+        Arc::new(LostTime::new(
+            Duration::from_millis(30),
+            crate::runtime::lost::PROBE_PERIOD,
+        ))
     }
 
     fn admitted_of(admission: &Admission, n: usize) -> usize {
@@ -209,25 +200,27 @@ mod tests {
         assert_eq!(admitted_of(&admission, 1000), 1000);
     }
 
-    /// At zero nothing is shed, however late the probe wakes, but the lost
-    /// time is still fed: upstream calls need it.
+    /// At zero nothing is shed, however late the runtime ran, and no turn is
+    /// taken.
     #[tokio::test(start_paused = true)]
-    async fn at_zero_nothing_is_shed_and_lost_time_is_still_fed() {
-        let stop = CancellationToken::new();
+    async fn at_zero_nothing_is_shed() {
         let lost = lost();
         let off = Arc::new(Admission::new(Duration::ZERO, lost.clone()));
-        let mark = lost.mark();
-        let watching = tokio::spawn(off.clone().watch(stop.clone()));
-        tokio::task::yield_now().await;
-        // The runtime frozen for 400 ms (the clock jumps, no task runs).
-        std::thread::sleep(Duration::from_millis(1));
-        tokio::time::advance(Duration::from_millis(400)).await;
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        let fed = lost.since(mark);
-        assert!(fed >= Duration::from_millis(390), "lost time fed: {fed:?}");
+        lost.woke(tokio::time::Instant::now(), Duration::from_millis(400));
+        off.clone().watch(CancellationToken::new()).await;
         assert_eq!(admitted_of(&off, 1000), 1000, "nothing shed at zero");
+    }
+
+    /// The worst lateness the probe saw in an interval steers the next turn.
+    #[tokio::test(start_paused = true)]
+    async fn the_probes_worst_lateness_steers_it() {
+        let stop = CancellationToken::new();
+        let lost = lost();
+        let on = Arc::new(Admission::new(LIMIT, lost.clone()));
+        let watching = tokio::spawn(on.clone().watch(stop.clone()));
+        lost.woke(tokio::time::Instant::now(), Duration::from_millis(500));
+        tokio::time::sleep(INTERVAL + Duration::from_millis(2)).await;
+        assert_eq!(admitted_of(&on, 1000), 100, "cut by limit/lateness");
         stop.cancel();
         watching.await.unwrap();
     }

@@ -3,7 +3,7 @@
 //! at once, so that one batch cannot queue an upstream for everyone else
 //! (docs/rules.md, "Whose load"). A single lookup asks each upstream at most
 //! once and needs none; a batch shares one [`Batch`] among its items: its
-//! sequence number (the request's identity, which the breaker counts), its
+//! ticket (the request's identity, which the breaker counts), its
 //! deadline, and a semaphore per upstream.
 //!
 //! An item takes its place before it joins or starts a fetch, so no other
@@ -19,11 +19,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::domain::{Source, Sources};
+use crate::upstream::Ticket;
 
 /// What a batch's items share: one request.
 pub struct Batch {
-    /// The request's sequence number.
-    pub(super) request: u64,
+    /// The request's ticket.
+    pub(super) ticket: Ticket,
     /// The request's deadline, for every item.
     pub(super) deadline: Instant,
     /// Places per upstream.
@@ -31,9 +32,9 @@ pub struct Batch {
 }
 
 impl Batch {
-    pub(super) fn new(request: u64, deadline: Instant, fan_out: Sources<usize>) -> Self {
+    pub(super) fn new(ticket: Ticket, deadline: Instant, fan_out: Sources<usize>) -> Self {
         Batch {
-            request,
+            ticket,
             deadline,
             places: fan_out.map(|n| Arc::new(Semaphore::new(n.max(1)))),
         }
@@ -55,7 +56,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_has_as_many_places_per_upstream_as_its_fan_out() {
-        let batch = Batch::new(7, Instant::now(), Sources::new(1, 2, 3));
+        let batch = Batch::new(Ticket(7), Instant::now(), Sources::new(1, 2, 3));
         let mut held = Vec::new();
         for (source, places) in [
             (Source::Anonymous, 1),

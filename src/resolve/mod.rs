@@ -18,7 +18,7 @@
 //! When everything needed is fresh in the caches the decision is made without
 //! starting any future (the hit path).
 //!
-//! Each request that asks an upstream gets a sequence number of the gateway's
+//! Each request that asks an upstream gets a ticket, a sequence number of the gateway's
 //! own (a batch one for all its items, `fan_out::Batch`), which its calls carry
 //! so that a breaker can tell many requests from one. The request deadline is
 //! the gateway's own bound: what is still pending there is undecided.
@@ -39,7 +39,7 @@ use crate::config::Config;
 use crate::domain::{Known, OnError, Origin, Phone, Reason, Source, Sources};
 use crate::status::StatusSet;
 use crate::telemetry::trace::{Incoming, RequestTrace};
-use crate::upstream::{Call, Class, Upstreams};
+use crate::upstream::{Call, Class, Ticket, Upstreams};
 pub use fan_out::Batch;
 pub use plan::Request;
 use plan::{Ask, Progress, Selection};
@@ -107,8 +107,8 @@ pub struct Resolver {
     deadline: std::time::Duration,
     /// Each upstream's `max_in_flight_per_request`: a batch's places.
     fan_out: Sources<usize>,
-    /// The next request's sequence number (`Call::request`).
-    next_request: AtomicU64,
+    /// The next request's ticket (`Call::ticket`).
+    next_ticket: AtomicU64,
     /// Whether a request that needs an upstream call is let in now (cold
     /// admission): read only on a miss, so the hit path never pays for it.
     /// Shared with the probe task that steers it.
@@ -186,7 +186,7 @@ impl Resolver {
             fan_out: Sources::from_fn(|source| {
                 config.upstreams.of(source).max_in_flight_per_request
             }),
-            next_request: AtomicU64::new(1),
+            next_ticket: AtomicU64::new(1),
             admission: Arc::new(admission::Admission::new(
                 config.server.max_queue_delay,
                 upstreams.lost_time(),
@@ -196,16 +196,16 @@ impl Resolver {
         }
     }
 
-    /// A new request's sequence number.
-    fn next_request(&self) -> u64 {
-        self.next_request.fetch_add(1, Ordering::Relaxed)
+    /// A new request's ticket.
+    fn next_ticket(&self) -> Ticket {
+        Ticket(self.next_ticket.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// What the items of one batch share: one request (its sequence number,
+    /// What the items of one batch share: one request (its ticket,
     /// its deadline from now, its places on the upstreams).
     pub fn batch(&self) -> Batch {
         Batch::new(
-            self.next_request(),
+            self.next_ticket(),
             tokio::time::Instant::now() + self.deadline,
             self.fan_out,
         )
@@ -282,7 +282,7 @@ impl Resolver {
     }
 
     /// [`Resolver::resolve`] for an item of `batch` (`None`: a request of its
-    /// own): the item's calls carry the batch's sequence number, wait for its
+    /// own): the item's calls carry the batch's ticket, wait for its
     /// places on the upstreams, and end at its deadline.
     ///
     /// # Errors
@@ -356,7 +356,7 @@ impl Resolver {
             let (cache, key) = self.cache_of(req, ask);
             // A refresh ahead reads the trace headers; a hit does not. It is a
             // request of its own to the breaker.
-            let refresh = || self.fetch(req, ask, &trace, self.next_request(), None);
+            let refresh = || self.fetch(req, ask, &trace, self.next_ticket(), None);
             let cached = cache.get_fresh_refreshing(&key, now, refresh);
             if exported && cached != Known::NotKnown {
                 trace_cache(cache.name(), Via::Hit);
@@ -384,10 +384,10 @@ impl Resolver {
             mut progress,
         } = asking;
         let trace = &trace;
-        let (request, deadline) = match batch {
-            Some(batch) => (batch.request, batch.deadline),
+        let (ticket, deadline) = match batch {
+            Some(batch) => (batch.ticket, batch.deadline),
             None => (
-                self.next_request(),
+                self.next_ticket(),
                 tokio::time::Instant::now() + self.deadline,
             ),
         };
@@ -395,7 +395,7 @@ impl Resolver {
         // fetched in `real`'s.
         let asks = progress.asks();
         let start =
-            |slot: Source| asks[slot].map(|ask| self.lookup(req, ask, trace, request, batch));
+            |slot: Source| asks[slot].map(|ask| self.lookup(req, ask, trace, ticket, batch));
         let mut anonymous = start(Source::Anonymous);
         let mut real = start(Source::RealPhone);
         let mut calltracking = start(Source::Calltracking);
@@ -444,7 +444,7 @@ impl Resolver {
             // What an answer leads to (call tracking, once the real number is
             // known) takes the slot of its source.
             if let Some(ask) = next {
-                let lookup = Some(self.lookup(req, ask, trace, request, batch));
+                let lookup = Some(self.lookup(req, ask, trace, ticket, batch));
                 match ask.source() {
                     Source::Anonymous => anonymous = lookup,
                     Source::Calltracking => calltracking = lookup,
@@ -477,20 +477,20 @@ impl Resolver {
     }
 
     /// `ask` through its cache: the cached answer, or the upstream's (coalesced),
-    /// for request `request`; an item of `batch` takes its place on the
+    /// for the request of `ticket`; an item of `batch` takes its place on the
     /// upstream first (`fan_out`).
     fn lookup<'a>(
         &'a self,
         req: &'a Request,
         ask: Ask,
         trace: &'a Incoming<'_>,
-        request: u64,
+        ticket: Ticket,
         batch: Option<&'a Batch>,
     ) -> LookupFuture<'a> {
         let (cache, key) = self.cache_of(req, ask);
         let exported = trace.exported();
         let Some(batch) = batch else {
-            let fetch = self.fetch(req, ask, trace, request, None);
+            let fetch = self.fetch(req, ask, trace, ticket, None);
             let lookup = cache.get_or_fetch(key, move || fetch);
             if !exported {
                 return Box::pin(lookup);
@@ -501,7 +501,7 @@ impl Resolver {
                 lookup
             });
         };
-        let fetch = move |place| self.fetch(req, ask, trace, request, place);
+        let fetch = move |place| self.fetch(req, ask, trace, ticket, place);
         Box::pin(async move {
             let place = batch.place(ask.source()).await;
             let fetch = fetch(place);
@@ -516,7 +516,7 @@ impl Resolver {
     /// The upstream call answering `ask`, owning what it needs (it runs in the
     /// cache's own task, past the request that started it, holding `place`,
     /// its request's place on the upstream, until it ends). It carries the
-    /// request's sequence number, id and trace; a fetch that other requests
+    /// request's ticket, id and trace; a fetch that other requests
     /// join (coalesced) carries those of the request that started it
     /// (docs/tracing.md).
     fn fetch(
@@ -524,7 +524,7 @@ impl Resolver {
         req: &Request,
         ask: Ask,
         trace: &Incoming<'_>,
-        request: u64,
+        ticket: Ticket,
         place: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> impl Future<Output = FetchResult> + Send + use<> {
         let (user, ad) = (req.user, req.ad);
@@ -537,7 +537,7 @@ impl Resolver {
         Box::pin(async move {
             let _place = place;
             let call = Call {
-                request,
+                ticket,
                 request_id: request_id.as_ref(),
                 trace: trace.as_ref(),
             };

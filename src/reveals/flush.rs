@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Reveals;
 use crate::domain::Reveal;
+use crate::domain::wall_clock::Stopwatch;
 use crate::store::RevealStore;
 
 /// How long the last flush at shutdown keeps trying a failing database.
@@ -166,8 +167,7 @@ async fn flush(
     // Its oldest reveal (min: a wall clock may step back between two).
     reveals.writing(batch.iter().map(|r| r.at_us).min().unwrap_or_default());
     // Wall time: the write's real duration, for its histogram.
-    #[allow(clippy::disallowed_types)]
-    let start = std::time::Instant::now();
+    let start = Stopwatch::start();
     match store.write_reveals(batch).await {
         Ok(()) => {
             metrics.duration.record(start.elapsed().as_secs_f64());

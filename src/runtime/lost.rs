@@ -1,12 +1,18 @@
-//! Time the gateway lost: how late its timers and tasks ran, as a running
-//! total that a call's timer reads (`timer`; the rule is docs/rules.md, "Whose
-//! time").
+//! Time the process lost: how late its timers and tasks ran (a CPU quota's
+//! throttle, a paused process, a stalled worker), as a running total. An
+//! upstream call's timer reads it (`upstream::timer`; the rule is
+//! docs/rules.md, "Whose time"), and cold admission reads the worst lateness
+//! of each of its intervals (`resolve::admission`).
 //!
-//! A probe (`resolve::admission`, for now beside cold admission) sleeps a few milliseconds at a time and adds how
-//! late it woke, less tokio's millisecond of granularity. A stall is seen
-//! before the probe runs again too: the total read at any moment includes the
-//! gap since the probe last woke beyond its period ([`LostTime::mark`]), so
-//! whatever runs first after a pause (a call's timer, most often) sees it.
+//! [`probe`], a task of the app's for the process's whole life, sleeps
+//! [`PROBE_PERIOD`] at a time and adds how late it woke, less tokio's
+//! millisecond of granularity. A stall is seen before the probe runs again
+//! too: the total read at any moment includes the gap since the probe last
+//! woke beyond its period ([`LostTime::mark`]), so whatever runs first after a
+//! pause (a call's timer, most often) sees it.
+//!
+//! Its cost: 200 wake-ups a second, each a timer entry and a few atomic
+//! stores; measured idle (docs/performance.md, "The idle background").
 //!
 //! Every late wake is observed in `phones_gateway_lost_time_seconds` (a
 //! histogram: its `_sum` rate is the share of time lost).
@@ -15,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// How long the probe sleeps between wakes: a stall longer than this (and
 /// the timer's millisecond) is seen as lost time.
@@ -24,6 +31,8 @@ pub const PROBE_PERIOD: Duration = Duration::from_millis(5);
 pub struct LostTime {
     /// Microseconds lost since start, as the probe measured them.
     total_us: AtomicU64,
+    /// The worst lateness since [`LostTime::take_worst`], in microseconds.
+    worst_us: AtomicU64,
     /// When the probe last woke, microseconds after `epoch`, plus one (0:
     /// never).
     woke_us: AtomicU64,
@@ -41,6 +50,7 @@ impl LostTime {
     pub fn new(tolerance: Duration, period: Duration) -> Self {
         LostTime {
             total_us: AtomicU64::new(0),
+            worst_us: AtomicU64::new(0),
             woke_us: AtomicU64::new(0),
             epoch: Instant::now(),
             period,
@@ -55,6 +65,7 @@ impl LostTime {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         if !late.is_zero() {
             self.total_us.fetch_add(micros(late), Ordering::Relaxed);
+            self.worst_us.fetch_max(micros(late), Ordering::Relaxed);
             self.histogram.record(late.as_secs_f64());
         }
         let at = micros(now.saturating_duration_since(self.epoch)).saturating_add(1);
@@ -74,6 +85,12 @@ impl LostTime {
         Mark(total.saturating_add(u64::try_from(since_woke.as_micros()).unwrap_or(u64::MAX)))
     }
 
+    /// The worst lateness the probe saw since the last call, which starts
+    /// the next period.
+    pub fn take_worst(&self) -> Duration {
+        Duration::from_micros(self.worst_us.swap(0, Ordering::Relaxed))
+    }
+
     /// Time lost since `mark` was read.
     pub fn since(&self, mark: Mark) -> Duration {
         Duration::from_micros(self.mark().0.saturating_sub(mark.0))
@@ -89,6 +106,19 @@ impl LostTime {
 /// A reading of the running total of lost time.
 #[derive(Debug, Clone, Copy)]
 pub struct Mark(u64);
+
+/// Feeds `lost` until `stop`: sleeps its period, adds how late it woke.
+pub async fn probe(lost: std::sync::Arc<LostTime>, stop: CancellationToken) {
+    loop {
+        let due = Instant::now() + lost.period;
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(due) => {}
+        }
+        let now = Instant::now();
+        lost.woke(now, lateness(due, now));
+    }
+}
 
 /// How late a timer due at `due` fired at `now`, less the millisecond tokio's
 /// timer takes at best.
@@ -145,5 +175,26 @@ mod tests {
             Duration::from_millis(150)
         );
         assert_eq!(lateness(due + Duration::from_secs(1), due), Duration::ZERO);
+    }
+
+    /// The probe adds a frozen runtime's time (the clock jumps, no task
+    /// runs), and the worst of it is read once.
+    #[tokio::test(start_paused = true)]
+    async fn the_probe_feeds_a_stall_and_its_worst() {
+        let stop = CancellationToken::new();
+        let lost = std::sync::Arc::new(LostTime::new(Duration::from_millis(30), PERIOD));
+        let mark = lost.mark();
+        let probing = tokio::spawn(probe(lost.clone(), stop.clone()));
+        tokio::task::yield_now().await;
+        tokio::time::advance(Duration::from_millis(400)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let fed = lost.since(mark);
+        assert!(fed >= Duration::from_millis(390), "lost time fed: {fed:?}");
+        assert!(lost.take_worst() >= Duration::from_millis(390));
+        assert_eq!(lost.take_worst(), Duration::ZERO, "read once");
+        stop.cancel();
+        probing.await.unwrap();
     }
 }

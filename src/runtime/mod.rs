@@ -1,4 +1,7 @@
-//! Runtime sizing: how many tokio worker threads. In a container the CPU quota
+//! The runtime's parts: how late it runs ([`lost`], the lost-time probe every
+//! upstream call's timer and cold admission read), and its sizing.
+//!
+//! Sizing: how many tokio worker threads. In a container the CPU quota
 //! (cgroup), not the host's core count, is what the process may use; running more
 //! workers than the quota allows gets the process throttled (the original
 //! service lost a night to that). `runtime.worker_threads` overrides.
@@ -40,6 +43,8 @@
 //! small allocations only, which gain nothing from huge pages.
 
 use std::path::Path;
+
+pub mod lost;
 
 /// The worker count and where it came from (logged at start).
 pub fn worker_threads(configured: usize) -> (usize, &'static str) {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use sqlx::postgres::PgConnectOptions;
 
 use super::error::StoreError;
+use crate::domain::wall_clock::Stopwatch;
 
 /// How long a connection attempt may take before the operation fails (and the
 /// webhook answers 503) rather than hanging on a dead database.
@@ -253,17 +254,13 @@ impl Backend {
     /// sqlx rolls back its open transaction (on SQLite, on the connection's
     /// own thread once the statement it is in returns), so nothing applies
     /// unless its commit had been answered.
-    #[allow(
-        clippy::disallowed_types,
-        reason = "a duration metric: wall time, also under a paused test clock"
-    )]
     pub(super) async fn bounded<T>(
         &self,
         operation: &'static str,
         bound: Duration,
         f: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let start = std::time::Instant::now();
+        let start = Stopwatch::start();
         let out = tokio::time::timeout(bound, f)
             .await
             .unwrap_or(Err(StoreError::TimedOut { operation, bound }));
@@ -286,16 +283,12 @@ impl Backend {
     /// snapshot's finish, in batches whose number grows with the snapshot:
     /// see `status::postgres::SNAPSHOT_BATCH`), timed for the operation
     /// histogram; no bound of the whole.
-    #[allow(
-        clippy::disallowed_types,
-        reason = "a duration metric: wall time, also under a paused test clock"
-    )]
     pub(super) async fn stepped<T>(
         &self,
         operation: &'static str,
         f: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let start = std::time::Instant::now();
+        let start = Stopwatch::start();
         let out = f.await;
         metrics::histogram!("phones_gateway_db_operation_duration_seconds", "operation" => operation)
             .record(start.elapsed().as_secs_f64());

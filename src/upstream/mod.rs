@@ -1,9 +1,9 @@
 //! The three upstreams, as typed calls over a keep-alive pool per upstream.
 //!
 //! A call meets its gates in this order, each a type of its own: the seller's
-//! place and the adaptive bound (`limit`), the breaker (`breaker`), the
+//! place (`limit`), the breaker (`breaker`), the adaptive bound (`limit`), the
 //! back-off's hold and judgement (`backoff`), the timer (`timer`, fed by
-//! `lost`); the endpoint (`endpoint`) sends the GET on a pooled connection
+//! `runtime::lost`); the endpoint (`endpoint`) sends the GET on a pooled connection
 //! (`pool`) and validates the answer. How a call ends, and what each gate
 //! makes of it, is one table (`ending`); the rules it keeps are
 //! docs/rules.md, "Verdict or undecided". Nothing here caches or decides
@@ -32,7 +32,6 @@ mod error;
 #[cfg(feature = "test-faults")]
 pub mod faults;
 mod limit;
-mod lost;
 mod pool;
 mod timer;
 
@@ -43,10 +42,10 @@ use tracing::Instrument;
 
 pub use ending::{Line, table};
 pub use error::{Class, UpstreamError, UpstreamName};
-pub use lost::{LostTime, PROBE_PERIOD, lateness};
 
 use crate::config::{BreakerConfig, UpstreamsConfig};
 use crate::domain::{AdId, Phone, Source, StatusItem, UserId};
+use crate::runtime::lost::{LostTime, PROBE_PERIOD};
 use crate::telemetry::trace::{TraceContext, upstream_span};
 use backoff::Judgement;
 use breaker::{Allow, Breaker, Caller};
@@ -67,7 +66,7 @@ pub struct Upstreams {
     calltracking: Endpoint,
     /// Call tracking's base URL and timeout, everything else its own.
     status_feed: Endpoint,
-    /// Time the gateway lost, fed by the runtime's probe (`resolve::admission`),
+    /// Time the gateway lost, fed by the runtime's probe (`runtime::lost`),
     /// read by every call whose timer fires.
     lost: std::sync::Arc<LostTime>,
 }
@@ -294,7 +293,7 @@ impl Upstreams {
         };
         let caller = Caller {
             seller: seller.map_or(0, UserId::get),
-            request: call.request,
+            ticket: call.ticket,
         };
         // Then the breaker: an open one answers without a call and takes no
         // place (a hanging upstream's probes may hold them all).
@@ -423,14 +422,21 @@ impl Drop for Told<'_> {
     }
 }
 
-/// What a call carries from the request it serves: the request's sequence
-/// number (the breaker tells requests apart by it; 0: none), its
+/// The gateway's own sequence number of a request (a batch is one request),
+/// by which the breaker tells requests apart; never a header a caller sets.
+/// [`Ticket::NONE`] for a call that serves no request (the status feed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ticket(pub u64);
+
+impl Ticket {
+    pub const NONE: Ticket = Ticket(0);
+}
+
+/// What a call carries from the request it serves: its [`Ticket`], its
 /// `x-request-id` and its trace context (forwarded upstream).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Call<'a> {
-    /// The gateway's own sequence number of the request (a batch is one
-    /// request), never a header a caller sets.
-    pub request: u64,
+    pub ticket: Ticket,
     pub request_id: Option<&'a HeaderValue>,
     pub trace: Option<&'a TraceContext>,
 }

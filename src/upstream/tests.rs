@@ -78,7 +78,7 @@ async fn real_phone(
     request: u64,
 ) -> Result<Option<Phone>, UpstreamError> {
     let call = Call {
-        request,
+        ticket: Ticket(request),
         ..Call::default()
     };
     let (user, ad) = (UserId::new(user).unwrap(), AdId::new(1).unwrap());

@@ -17,8 +17,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::error::UpstreamError;
-use super::lost::{LostTime, lateness};
 use super::pool::Phase;
+use crate::runtime::lost::{LostTime, Mark, lateness};
 
 /// The most time given back to a call, in timeouts: a call runs at most
 /// (1 + this) x its timeout of wall time. At 3, a replica losing up to three
@@ -79,7 +79,7 @@ pub(super) async fn timed<T>(
 /// left it idle.
 fn closed_in_lost_time<T>(
     lost: &LostTime,
-    mark: super::lost::Mark,
+    mark: Mark,
     result: Result<T, UpstreamError>,
 ) -> Result<T, UpstreamError> {
     match result {
@@ -98,7 +98,7 @@ mod tests {
     const TOLERANCE: Duration = Duration::from_millis(30);
 
     fn lost() -> LostTime {
-        LostTime::new(TOLERANCE, super::super::lost::PROBE_PERIOD)
+        LostTime::new(TOLERANCE, crate::runtime::lost::PROBE_PERIOD)
     }
 
     fn asked() -> Phase {
@@ -110,7 +110,7 @@ mod tests {
     /// The probe, as the runtime runs it, on a process stopped for `stop`
     /// once every `every` wakes.
     async fn probe(lost: std::sync::Arc<LostTime>, every: u32, stop: Duration) {
-        let period = super::super::lost::PROBE_PERIOD;
+        let period = crate::runtime::lost::PROBE_PERIOD;
         for wake in 1.. {
             let due = Instant::now() + period;
             let until = if wake % every == 0 { due + stop } else { due };

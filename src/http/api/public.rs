@@ -292,7 +292,7 @@ pub async fn batch(
     )?;
     // One trace for the whole batch, also when the caller sent none: every
     // item's calls share this one context, parsed (or started) once. One
-    // request to the upstreams: its items share its sequence number, its
+    // request to the upstreams: its items share its ticket, its
     // deadline and its places (`resolve::fan_out`).
     let trace = RequestTrace::of(&headers);
     let batch = state.resolver.batch();

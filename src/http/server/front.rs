@@ -44,6 +44,7 @@ use tracing::Instrument;
 use super::bodies::{Reservation, client_of};
 use super::shed::Shed;
 use crate::config::TracingConfig;
+use crate::domain::wall_clock::Stopwatch;
 use crate::http::api;
 use crate::http::api::access::{self, AdminTokens, Caller};
 use crate::http::api::durations::Durations;
@@ -54,13 +55,6 @@ use crate::http::api::public;
 use crate::http::api::routes::RouteId;
 use crate::http::api::state::{AdminState, PublicState};
 use crate::telemetry;
-
-/// Wall time, not tokio's clock (clippy.toml): a request's duration is what its
-/// client waited, also under a paused test clock, and `std`'s `now()` is one
-/// clock read on the hit path (tokio's first looks for a paused runtime clock
-/// when `test-util` is on, as it is in benches).
-#[allow(clippy::disallowed_types)]
-type Instant = std::time::Instant;
 
 /// A listener's service: cheap to clone (one `Arc`).
 #[derive(Clone)]
@@ -311,7 +305,7 @@ impl Front {
         B::Error: Into<axum::BoxError>,
         H: Send + 'static,
     {
-        let start = Instant::now();
+        let start = Stopwatch::start();
         let route = (self.inner.route_of)(request.uri().path());
         let id = match telemetry::request_id_of(request.headers()) {
             Ok(id) => id,
@@ -369,7 +363,7 @@ impl Front {
         request: axum::http::Request<B>,
         held: H,
         peer: Option<IpAddr>,
-        start: Instant,
+        start: Stopwatch,
         id: axum::http::HeaderValue,
         route: RouteId,
     ) -> Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>
@@ -426,7 +420,7 @@ fn answered(
     mut response: Response,
     id: axum::http::HeaderValue,
     route: RouteId,
-    start: Instant,
+    start: Stopwatch,
     durations: &Durations,
 ) -> Response {
     response

@@ -32,6 +32,7 @@ use std::time::Duration;
 use super::error::StoreError;
 use super::leadership::Fence;
 use super::pool::{Backend, on_connection, unsigned};
+use crate::domain::wall_clock::Stopwatch;
 use crate::domain::{Applied, Status, StatusChange, UserId};
 
 /// Rows read per catch-up query.
@@ -162,10 +163,6 @@ impl StatusStore {
     ///
     /// # Errors
     /// The database is unreachable.
-    #[allow(
-        clippy::disallowed_types,
-        reason = "a duration metric: wall time, also under a paused test clock"
-    )]
     pub async fn begin_snapshot(&self) -> Result<SnapshotLoad, StatusStoreError> {
         let tx = self
             .backend
@@ -181,7 +178,7 @@ impl StatusStore {
             })
             .await?;
         Ok(SnapshotLoad {
-            started: std::time::Instant::now(),
+            started: Stopwatch::start(),
             backend: self.backend.clone(),
             tx,
         })
@@ -287,11 +284,7 @@ pub struct SnapshotLoad {
     /// The database it came from, for the bound of each call.
     backend: Backend,
     /// For the `apply_snapshot` duration metric.
-    #[allow(
-        clippy::disallowed_types,
-        reason = "a duration metric: wall time, also under a paused test clock"
-    )]
-    started: std::time::Instant,
+    started: Stopwatch,
 }
 
 enum SnapshotTx {
@@ -365,11 +358,7 @@ impl SnapshotLoad {
 pub struct PreparedSnapshot {
     tx: SnapshotTx,
     backend: Backend,
-    #[allow(
-        clippy::disallowed_types,
-        reason = "a duration metric: wall time, also under a paused test clock"
-    )]
-    started: std::time::Instant,
+    started: Stopwatch,
     version: u64,
     seq: i64,
     deadline: tokio::time::Instant,

@@ -22,6 +22,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::context::{EXPORTED_FIELD, current_is_exported, parse_traceparent, traceparent_of};
 use crate::config::TracingConfig;
+use crate::domain::wall_clock::Stopwatch;
 
 /// The service name spans are exported under.
 const SERVICE_NAME: &str = "phones-gateway";
@@ -213,11 +214,8 @@ const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 struct LoggedFailures<E> {
     inner: E,
-    #[allow(
-        clippy::disallowed_types,
-        reason = "a log throttle, called on the SDK's export thread outside the runtime: wall time"
-    )]
-    last_logged: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Wall time: called on the SDK's export thread, outside the runtime.
+    last_logged: std::sync::Mutex<Option<Stopwatch>>,
 }
 
 impl<E> LoggedFailures<E> {
@@ -228,10 +226,6 @@ impl<E> LoggedFailures<E> {
         }
     }
 
-    #[allow(
-        clippy::disallowed_types,
-        reason = "a log throttle, called on the SDK's export thread outside the runtime: wall time"
-    )]
     fn failed(&self, spans: usize, error: &dyn std::fmt::Display) {
         metrics::counter!("phones_gateway_trace_export_failures_total").increment(1);
         let mut last = self
@@ -239,7 +233,7 @@ impl<E> LoggedFailures<E> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if last.is_none_or(|at| at.elapsed() >= FAILURE_LOG_INTERVAL) {
-            *last = Some(std::time::Instant::now());
+            *last = Some(Stopwatch::start());
             tracing::warn!(spans, %error, "exporting spans failed (logged at most once a minute)");
         }
     }

@@ -28,7 +28,7 @@
 //! requests: besides the run or the ratio, the failures of the window must be
 //! about at least `breaker.min_sellers` distinct sellers and come from at
 //! least `breaker.min_requests` distinct requests (the request's identity is
-//! a sequence number of the gateway's own, never a header a caller sets; a
+//! a ticket ([`Ticket`]), a sequence number of the gateway's own, never a header a caller sets; a
 //! batch is one request). Otherwise one caller could make calls fail (an
 //! upstream that answers 500 for a seller it dislikes, or one batch over many
 //! sellers) and open the breaker, turning every other seller's call tracking
@@ -58,6 +58,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::Ticket;
 use super::ending::{Ending, Health};
 use super::error::UpstreamError;
 use crate::config::BreakerConfig;
@@ -157,8 +158,8 @@ pub(crate) enum Allow {
 pub(crate) struct Caller {
     /// The seller (0: none, the status feed; seller ids are positive).
     pub(crate) seller: u64,
-    /// The request's sequence number (0: none).
-    pub(crate) request: u64,
+    /// The request's ticket ([`Ticket::NONE`]: none).
+    pub(crate) ticket: Ticket,
 }
 
 pub(crate) struct Breaker {
@@ -282,7 +283,7 @@ impl Breaker {
                     Some(true) => self.close(&mut state),
                     Some(false) => {
                         state.probes_failed.sellers.add(caller.seller);
-                        state.probes_failed.requests.add(caller.request);
+                        state.probes_failed.requests.add(caller.ticket.0);
                         if self.spread(&state.probes_failed) {
                             self.open(&mut state, now);
                         }
@@ -335,7 +336,7 @@ impl Breaker {
         state.consecutive_failures += 1;
         state.window_failures += 1;
         state.failed.sellers.add(caller.seller);
-        state.failed.requests.add(caller.request);
+        state.failed.requests.add(caller.ticket.0);
         let tripped = state.consecutive_failures >= self.config.consecutive_failures
             || (state.window_calls >= self.config.min_calls
                 && f64::from(state.window_failures)

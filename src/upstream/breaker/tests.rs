@@ -25,7 +25,10 @@ fn spread() -> Breaker {
 
 /// A call about `seller` in request `request`.
 fn by(seller: u64, request: u64) -> Caller {
-    Caller { seller, request }
+    Caller {
+        seller,
+        ticket: Ticket(request),
+    }
 }
 
 const FAILED: Result<(), UpstreamError> = Err(UpstreamError::Status(500));
