@@ -151,7 +151,7 @@ impl TestApp {
             real,
             anonymous,
             calltracking,
-            http: reqwest::Client::new(),
+            http: crate::support::client(),
             status,
             upstreams,
             stop: Some(stop),

@@ -225,7 +225,7 @@ impl Process {
             public: format!("http://{public}"),
             admin: format!("http://{admin}"),
             probe: (probe != "off").then(|| format!("http://{probe}")),
-            http: reqwest::Client::new(),
+            http: crate::support::client(),
         };
         let ready = format!("{}{READYZ}", process.admin);
         eventually("the process to become ready", limit, || async {

@@ -98,3 +98,14 @@ pub async fn eventually<F: std::future::Future<Output = bool>>(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// The tests' HTTP client: it drops a pooled connection idle for 2 s, under
+/// the gateway's head deadline (`server.header_read_timeout_ms`, 5 s), as a
+/// well-behaved client does; a request written on a connection the gateway
+/// is closing at that moment would fail the test for the client's race.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_idle_timeout(std::time::Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
