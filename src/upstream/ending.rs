@@ -236,3 +236,85 @@ pub fn table() -> Vec<Line> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `outcome` labels, which dashboards and alerts read: frozen.
+    #[test]
+    fn outcome_labels_are_frozen() {
+        let labels: Vec<&str> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "ok",
+                "not_found",
+                "timeout",
+                "circuit_open",
+                "half_open",
+                "saturated",
+                "backing_off",
+                "seller_saturated",
+                "load_refused",
+                "load",
+                "lost_time",
+                "local",
+                "error",
+            ]
+        );
+    }
+
+    /// An answer and a 404 are the upstream up; the table has a line for
+    /// each way to fail, a few of them as docs/rules.md has them (the docs
+    /// test holds every line).
+    #[test]
+    fn answers_and_the_tables_lines() {
+        let answered = Row {
+            failure: None,
+            health: Health::Up,
+            limit: End::Answered,
+            outcome: Outcome::Ok,
+        };
+        assert_eq!(Ending::of(&Ok::<_, UpstreamError>(Some(1))).row(), answered);
+        let none = Ending::of(&Ok::<Option<u8>, UpstreamError>(None)).row();
+        assert_eq!(
+            none,
+            Row {
+                outcome: Outcome::NotFound,
+                ..answered
+            }
+        );
+        let table = table();
+        assert_eq!(table.len(), 19);
+        for line in [
+            [
+                "timeout",
+                "timeout",
+                "verdict",
+                "counts, once judged",
+                "nothing",
+                "timeout",
+            ],
+            [
+                "status 4xx",
+                "rejected",
+                "verdict",
+                "not counted",
+                "an answer",
+                "error",
+            ],
+            [
+                "half_open",
+                "half_open",
+                "undecided",
+                "not counted",
+                "nothing",
+                "half_open",
+            ],
+            ["load", "load", "undecided", "not counted", "a cut", "load"],
+        ] {
+            assert!(table.contains(&line), "{line:?} in {table:?}");
+        }
+    }
+}
