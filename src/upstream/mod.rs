@@ -47,7 +47,7 @@ use crate::config::{BreakerConfig, UpstreamsConfig};
 use crate::domain::{AdId, Phone, Source, StatusItem, UserId};
 use crate::runtime::lost::{LostTime, PROBE_PERIOD};
 use crate::telemetry::trace::{TraceContext, upstream_span};
-use backoff::Judgement;
+use backoff::{Judgement, Unsent};
 use breaker::{Allow, Breaker, Caller};
 use ending::{Ending, Health};
 use endpoint::{Endpoint, parse_phone};
@@ -328,8 +328,11 @@ impl Upstreams {
         };
         let now = tokio::time::Instant::now();
         let result = match endpoint.backoff.send(now) {
-            None => Err(UpstreamError::BackingOff),
-            Some(sent) => {
+            Err(Unsent::Held) => Err(UpstreamError::BackingOff),
+            // Not asked, the upstream judged failing for everyone: its
+            // verdict, as an open breaker's.
+            Err(Unsent::Failing) => Err(UpstreamError::CircuitOpen),
+            Ok(sent) => {
                 #[cfg(feature = "test-faults")]
                 faults::panic_for(seller);
                 // Runs under the call's own span: exported, it is the parent of

@@ -308,6 +308,58 @@ async fn a_caller_that_raised_the_baseline_then_bursts_shows_nobody_a_real_numbe
     );
 }
 
+/// Fresh lookups of sellers 1 to 500 at `rate` a second for `duration`, sent
+/// without waiting for the answers (`n` numbers them across calls): each
+/// answer's kind with when it was asked.
+async fn asks_at(
+    app: &TestApp,
+    n: &AtomicUsize,
+    rate: u64,
+    duration: Duration,
+) -> Vec<(Duration, String)> {
+    let mut kinds = Vec::new();
+    let began = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(1000 / rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut pending = futures_util::stream::FuturesUnordered::new();
+    while began.elapsed() < duration {
+        tick.tick().await;
+        let i = n.fetch_add(1, Ordering::SeqCst) as u64;
+        let path = lookup(1 + i % 500, 5_000_000 + i);
+        let at = began.elapsed();
+        pending.push(async move { (at, ask(app, &path).await) });
+        // Keep the answers flowing without waiting for each.
+        while let Some(Some(done)) =
+            futures_util::FutureExt::now_or_never(futures_util::StreamExt::next(&mut pending))
+        {
+            kinds.push(done);
+        }
+    }
+    while let Some(done) = futures_util::StreamExt::next(&mut pending).await {
+        kinds.push(done);
+    }
+    kinds
+}
+
+/// The kinds of the answers asked at least 10 s into an outage; asserts at
+/// least 90% fell through to the real number (`on_error`), of 200 or more.
+async fn fell_through_after_ten_seconds(app: &TestApp, what: &str, outage: &[(Duration, String)]) {
+    let late: Vec<String> = outage
+        .iter()
+        .filter(|(at, _)| *at >= Duration::from_secs(10))
+        .map(|(_, kind)| kind.clone())
+        .collect();
+    let fell_through = late.iter().filter(|k| *k == "real").count();
+    crate::support::tally(what, &late);
+    assert!(late.len() >= 200, "{}", late.len());
+    assert!(
+        fell_through * 10 >= late.len() * 9,
+        "{what}: {fell_through} of {} fell through after 10 s: {late:?} {:?}",
+        late.len(),
+        outcomes(app).await
+    );
+}
+
 /// Demand rises fivefold (fresh lookups of many sellers), and then call
 /// tracking answers 500 to everyone. After the first 10 s of the outage at
 /// least 90% of the answers fall through to the real number, as `on_error`
@@ -319,57 +371,70 @@ async fn an_outage_during_a_surge_falls_through_after_ten_seconds() {
     app.calltracking.reply(Reply::Phone(VIRTUAL));
     track(&app, 1..=500).await;
     let n = AtomicUsize::new(0);
-    let ask_for = |rate: u64, duration: Duration| {
-        let app = &app;
-        let n = &n;
-        async move {
-            let mut kinds = Vec::new();
-            let began = tokio::time::Instant::now();
-            let mut tick = tokio::time::interval(Duration::from_millis(1000 / rate));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            let mut pending = futures_util::stream::FuturesUnordered::new();
-            while began.elapsed() < duration {
-                tick.tick().await;
-                let i = n.fetch_add(1, Ordering::SeqCst) as u64;
-                let path = lookup(1 + i % 500, 5_000_000 + i);
-                let at = began.elapsed();
-                pending.push(async move { (at, ask(app, &path).await) });
-                // Keep the answers flowing without waiting for each.
-                while let Some(Some(done)) = futures_util::FutureExt::now_or_never(
-                    futures_util::StreamExt::next(&mut pending),
-                ) {
-                    kinds.push(done);
-                }
-            }
-            while let Some(done) = futures_util::StreamExt::next(&mut pending).await {
-                kinds.push(done);
-            }
-            kinds
-        }
-    };
+    let ask_for = |rate, duration| asks_at(&app, &n, rate, duration);
     // 20 a second for 3 s, rising to 100 a second; then the outage.
     ask_for(20, Duration::from_secs(3)).await;
     ask_for(60, Duration::from_secs(1)).await;
     ask_for(100, Duration::from_secs(2)).await;
     app.calltracking.reply(Reply::Status(500));
     let outage = ask_for(100, Duration::from_secs(10 + 4 * crate::support::scale())).await;
-    let late: Vec<&String> = outage
-        .iter()
-        .filter(|(at, _)| *at >= Duration::from_secs(10))
-        .map(|(_, kind)| kind)
-        .collect();
-    let fell_through = late.iter().filter(|k| **k == "real").count();
-    crate::support::tally(
-        "outage in a surge, after 10 s",
-        &late.iter().map(|k| (*k).clone()).collect::<Vec<_>>(),
-    );
-    assert!(late.len() >= 200, "{}", late.len());
-    assert!(
-        fell_through * 10 >= late.len() * 9,
-        "{fell_through} of {} fell through after 10 s: {late:?} {:?}",
-        late.len(),
-        outcomes(&app).await
-    );
+    fell_through_after_ten_seconds(&app, "outage in a surge, after 10 s", &outage).await;
+}
+
+/// Demand ramps from 4 to 60 fresh lookups a second while one caller asks
+/// every 4 s for a seller whose calls always fail; then call tracking
+/// answers 500 to everyone. The one seller's failures are judged at once and
+/// hold nothing back: after the first 10 s of the outage at least 90% fall
+/// through to the real number.
+#[tokio::test]
+async fn an_outage_beside_one_failing_seller_falls_through_after_ten_seconds() {
+    let app = TestApp::spawn().await;
+    app.real.reply(Reply::Phone(REAL));
+    app.calltracking.reply(Reply::Phone(VIRTUAL));
+    const FAILING: u64 = 900;
+    track(&app, (1..=500).chain([FAILING])).await;
+    app.calltracking.reply_for(FAILING, Reply::Status(500));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let one = {
+        let (app, stop) = (&app, stop.clone());
+        async move {
+            let mut asked = 0u64;
+            while !stop.is_cancelled() {
+                ask(app, &lookup(FAILING, 9_000_000 + asked)).await;
+                asked += 1;
+                tokio::select! {
+                    () = stop.cancelled() => {}
+                    () = tokio::time::sleep(Duration::from_secs(4)) => {}
+                }
+            }
+            asked
+        }
+    };
+    let n = AtomicUsize::new(0);
+    let traffic = async {
+        for rate in [4, 10, 20, 40, 60] {
+            asks_at(&app, &n, rate, Duration::from_secs(2)).await;
+        }
+        app.calltracking.reply(Reply::Status(500));
+        app.calltracking.reply_for(FAILING, Reply::Status(500));
+        let outage = asks_at(
+            &app,
+            &n,
+            60,
+            Duration::from_secs(10 + 4 * crate::support::scale()),
+        )
+        .await;
+        stop.cancel();
+        outage
+    };
+    let (asked, outage) = tokio::join!(one, traffic);
+    assert!(asked >= 5, "the failing seller asked {asked} times");
+    fell_through_after_ten_seconds(
+        &app,
+        "outage beside one failing seller, after 10 s",
+        &outage,
+    )
+    .await;
 }
 
 /// The breaker opened on an outage; call tracking comes back refusing load

@@ -25,7 +25,10 @@
 //!   [`settle`] after the cut, so the upstream has drained what it was sent
 //!   before) is the upstream's verdict: it fails at a rate it carried. That
 //!   is the end of the excuse: an outage is judged within `settle` (1 s with
-//!   the default 300 ms timeout) of the back-off, whatever the demand.
+//!   the default 300 ms timeout) of the back-off, whatever the demand. While
+//!   such verdicts go on, a call over the hold is [`Unsent::Failing`] (the
+//!   call takes `circuit_open`, a verdict) rather than held: `on_error`
+//!   applies to every call of an outage, not only to those sent.
 //! - While the share of failures stays under [`TRIGGER`], the hold climbs by
 //!   [`CLIMB`] of what was carried each bucket in which calls ended (additive
 //!   increase; silence, such as an open breaker's, is no news); a failure
@@ -92,6 +95,17 @@ pub(super) struct Sent {
     backed_off: bool,
 }
 
+/// Why a call was not sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unsent {
+    /// Over the hold while the gateway backs off: undecided.
+    Held,
+    /// Over the hold while failures go on at the fraction: the upstream's
+    /// verdict on the calls sent stands for this one too (it is failing for
+    /// everyone, and asking it more would add nothing).
+    Failing,
+}
+
 /// Whose a health failure is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Judgement {
@@ -136,6 +150,9 @@ struct Episode {
     refilled: Instant,
     /// Calls sent from then on at the fraction are judged.
     judged_from: Instant,
+    /// A call sent at the fraction failed as the upstream's verdict, and no
+    /// calm bucket has come since.
+    failing: bool,
 }
 
 impl Episode {
@@ -173,9 +190,9 @@ impl Backoff {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A call about to be sent at `now`: `None` when the hold is reached (it
-    /// is not sent), else how it was sent.
-    pub(super) fn send(&self, now: Instant) -> Option<Sent> {
+    /// A call about to be sent at `now`: why not when the hold is reached
+    /// (it is not sent), else how it was sent.
+    pub(super) fn send(&self, now: Instant) -> Result<Sent, Unsent> {
         let mut state = self.lock();
         state.roll(now);
         let usual = state.usual();
@@ -188,7 +205,11 @@ impl Backoff {
                     (episode.tokens + since.as_secs_f64() * per_bucket).min(episode.hold.max(1.0));
                 episode.refilled = now;
                 if episode.tokens < 1.0 {
-                    return None;
+                    return Err(if episode.failing {
+                        Unsent::Failing
+                    } else {
+                        Unsent::Held
+                    });
                 }
                 episode.tokens -= 1.0;
                 episode.hold <= episode.fraction() + f64::EPSILON && now >= episode.judged_from
@@ -196,7 +217,7 @@ impl Backoff {
             None => false,
         };
         state.now.sent = state.now.sent.saturating_add(1);
-        Some(Sent {
+        Ok(Sent {
             hot: recent > usual,
             backed_off,
         })
@@ -220,7 +241,10 @@ impl Backoff {
             && f64::from(lately.failed) > TRIGGER * f64::from(lately.good + lately.failed);
         let carried = state.carried.unwrap_or(0.0);
         match &mut state.episode {
-            Some(_) if sent.backed_off => Judgement::Verdict,
+            Some(episode) if sent.backed_off => {
+                episode.failing = true;
+                Judgement::Verdict
+            }
             Some(episode) => {
                 if episode.hold > episode.fraction() + f64::EPSILON {
                     episode.cut(now, settle);
@@ -236,6 +260,7 @@ impl Backoff {
                         tokens: 0.0,
                         refilled: now,
                         judged_from: now,
+                        failing: false,
                     };
                     episode.cut(now, settle);
                     state.episode = Some(episode);
@@ -323,6 +348,7 @@ impl State {
                     let ended = closed.good + closed.failed;
                     let calm = ended > 0 && f64::from(closed.failed) <= TRIGGER * f64::from(ended);
                     if calm {
+                        episode.failing = false;
                         episode.hold += (CLIMB * episode.before).max(FLOOR);
                         let usual = episode.before * (1.0 + MARGIN) + SLACK;
                         if episode.hold >= usual {

@@ -21,7 +21,7 @@ async fn carry(backoff: &Backoff, per_bucket: u32, buckets: u32) {
 fn burst_failing(backoff: &Backoff, n: u32) -> Vec<Option<Judgement>> {
     let now = Instant::now();
     (0..n)
-        .map(|_| backoff.send(now).map(|sent| backoff.failed(sent, now)))
+        .map(|_| backoff.send(now).ok().map(|sent| backoff.failed(sent, now)))
         .collect()
 }
 
@@ -86,7 +86,7 @@ async fn failures_above_the_usual_rate_are_load_and_back_off() {
     let hold = backoff.hold().expect("backing off");
     assert!((hold - BETA * 40.0).abs() < 0.01, "{hold}");
     // The hold's tokens were spent: nothing more goes out now.
-    assert!(backoff.send(Instant::now()).is_none());
+    assert!(backoff.send(Instant::now()).is_err());
 }
 
 /// Failures that stop at the lower rate were load: they stay undecided, and
@@ -103,7 +103,7 @@ async fn failures_that_stop_at_the_lower_rate_were_load() {
         tokio::time::advance(BUCKET).await;
         let now = Instant::now();
         for _ in 0..100 {
-            if backoff.send(now).is_none() {
+            if backoff.send(now).is_err() {
                 break;
             }
             backoff.answered(now);
@@ -128,7 +128,7 @@ async fn failures_that_go_on_once_backed_off_are_verdicts() {
         tokio::time::advance(BUCKET).await;
         let now = Instant::now();
         for _ in 0..100 {
-            let Some(sent) = backoff.send(now) else { break };
+            let Ok(sent) = backoff.send(now) else { break };
             if backoff.failed(sent, now) == Judgement::Verdict && first_verdict.is_none() {
                 first_verdict = Some(now - began);
             }
@@ -139,6 +139,39 @@ async fn failures_that_go_on_once_backed_off_are_verdicts() {
     assert!(at <= settle(TIMEOUT) + BUCKET, "{at:?}");
     // Still held to the fraction: failures do not let it climb.
     assert!((backoff.hold().unwrap() - BETA * 40.0).abs() < 0.01);
+}
+
+/// Once a call sent at the fraction failed as the upstream's verdict, a call
+/// over the hold is not sent and takes the verdict too (`Failing`); before
+/// that, and again after a calm bucket, it is held (undecided).
+#[tokio::test(start_paused = true)]
+async fn calls_over_the_hold_take_the_verdict_while_it_goes_on() {
+    let backoff = Backoff::new(TIMEOUT);
+    carry(&backoff, 10, WARM_UP + 4).await;
+    burst_failing(&backoff, 30);
+    let over_the_hold = |backoff: &Backoff, now| loop {
+        if let Err(unsent) = backoff.send(now) {
+            break unsent;
+        }
+    };
+    assert_eq!(
+        over_the_hold(&backoff, Instant::now()),
+        Unsent::Held,
+        "cutting"
+    );
+    tokio::time::advance(settle(TIMEOUT) + BUCKET).await;
+    let now = Instant::now();
+    let sent = backoff.send(now).expect("a token refilled");
+    assert_eq!(backoff.failed(sent, now), Judgement::Verdict);
+    assert_eq!(over_the_hold(&backoff, now), Unsent::Failing);
+    // A bucket in which the calls sent were answered well: calm again.
+    tokio::time::advance(BUCKET).await;
+    let now = Instant::now();
+    let sent = backoff.send(now).expect("a token refilled");
+    let _ = sent;
+    backoff.answered(now);
+    tokio::time::advance(BUCKET).await;
+    assert_eq!(over_the_hold(&backoff, Instant::now()), Unsent::Held);
 }
 
 /// A failure of a call sent while the hold climbed is load again, and cuts
@@ -152,7 +185,7 @@ async fn a_failure_while_climbing_cuts_back_and_settles_again() {
         tokio::time::advance(BUCKET).await;
         let now = Instant::now();
         for _ in 0..100 {
-            if backoff.send(now).is_none() {
+            if backoff.send(now).is_err() {
                 break;
             }
             backoff.answered(now);
@@ -258,7 +291,7 @@ async fn a_long_quiet_spell_forgets_the_back_off() {
     burst_failing(&backoff, 30);
     assert!(backoff.hold().is_some());
     tokio::time::advance(BUCKET * 481).await;
-    assert!(backoff.send(Instant::now()).is_some());
+    assert!(backoff.send(Instant::now()).is_ok());
     assert_eq!(backoff.hold(), None);
 }
 
