@@ -34,7 +34,7 @@ async fn what_the_upstream_carried_is_learned_from_answers_outside_trouble() {
     backoff.answered(Instant::now());
     assert_eq!(backoff.carried(), Some(40.0), "the first bucket sets it");
     carry(&backoff, 0, 120).await;
-    backoff.send(Instant::now());
+    backoff.send(Instant::now()).expect("sent");
     let faded = backoff.carried().unwrap();
     assert!(faded < 40.0 * 0.5 && faded > 40.0 * 0.2, "{faded}");
 }
@@ -167,8 +167,7 @@ async fn calls_over_the_hold_take_the_verdict_while_it_goes_on() {
     // A bucket in which the calls sent were answered well: calm again.
     tokio::time::advance(BUCKET).await;
     let now = Instant::now();
-    let sent = backoff.send(now).expect("a token refilled");
-    let _ = sent;
+    backoff.send(now).expect("a token refilled");
     backoff.answered(now);
     tokio::time::advance(BUCKET).await;
     assert_eq!(over_the_hold(&backoff, Instant::now()), Unsent::Held);
