@@ -197,4 +197,20 @@ mod tests {
         stop.cancel();
         probing.await.unwrap();
     }
+
+    /// A probe that wakes on time adds nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_calm_probe_adds_nothing() {
+        let stop = CancellationToken::new();
+        let lost = std::sync::Arc::new(LostTime::new(Duration::from_millis(30), PERIOD));
+        let mark = lost.mark();
+        let probing = tokio::spawn(probe(lost.clone(), stop.clone()));
+        for _ in 0..20 {
+            tokio::time::sleep(PERIOD).await;
+        }
+        assert_eq!(lost.since(mark), Duration::ZERO);
+        assert_eq!(lost.take_worst(), Duration::ZERO);
+        stop.cancel();
+        probing.await.unwrap();
+    }
 }
