@@ -131,6 +131,7 @@ impl Endpoint {
             .and_then(hyper::Uri::authority)
             .cloned()
             .unwrap_or(hyper::http::uri::Authority::from_static("base-url.invalid"));
+        let spread = breaker.spread();
         Endpoint {
             name,
             path: base
@@ -146,7 +147,7 @@ impl Endpoint {
                 metrics::gauge!("phones_gateway_upstream_limit", "upstream" => name.as_str()),
             ),
             per_seller: PerSeller::new(max_in_flight_per_seller),
-            backoff: Backoff::new(config.timeout),
+            backoff: Backoff::new(config.timeout, spread),
             metrics: CallMetrics::new(name.as_str()),
         }
     }

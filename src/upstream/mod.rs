@@ -348,7 +348,7 @@ impl Upstreams {
                     now,
                 )
                 .await;
-                endpoint.judge(result, sent)
+                endpoint.judge(result, sent, caller)
             }
         };
         let row = Ending::of(&result).row();
@@ -359,13 +359,14 @@ impl Upstreams {
 }
 
 impl Endpoint {
-    /// The back-off's word on how a call sent as `sent` ended: a health
+    /// The back-off's word on how a call by `caller` sent as `sent` ended: a health
     /// failure is the upstream's verdict or load (`backoff`); an answer
     /// counts as carried.
     fn judge<T>(
         &self,
         result: Result<T, UpstreamError>,
         sent: backoff::Sent,
+        caller: Caller,
     ) -> Result<T, UpstreamError> {
         let now = tokio::time::Instant::now();
         let row = match &result {
@@ -373,7 +374,7 @@ impl Endpoint {
             Err(error) => Ending::Failed(error).row(),
         };
         match row.health {
-            Health::Down => match self.backoff.failed(sent, now) {
+            Health::Down => match self.backoff.failed(sent, now, caller) {
                 Judgement::Verdict => result,
                 Judgement::Load => Err(UpstreamError::Load),
             },

@@ -26,9 +26,10 @@
 //!   before) is the upstream's verdict: it fails at a rate it carried. That
 //!   is the end of the excuse: an outage is judged within `settle` (1 s with
 //!   the default 300 ms timeout) of the back-off, whatever the demand. While
-//!   such verdicts go on, a call over the hold is [`Unsent::Failing`] (the
-//!   call takes `circuit_open`, a verdict) rather than held: `on_error`
-//!   applies to every call of an outage, not only to those sent.
+//!   such verdicts go on, about as many sellers in as many requests as open
+//!   a breaker, a call over the hold is [`Unsent::Failing`] (the call takes
+//!   `circuit_open`, a verdict) rather than held: `on_error` applies to every
+//!   call of an outage, not only to those sent.
 //! - While the share of failures stays under [`TRIGGER`], the hold climbs by
 //!   [`CLIMB`] of what was carried each bucket in which calls ended (additive
 //!   increase; silence, such as an open breaker's, is no news); a failure
@@ -50,6 +51,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use super::breaker::{Caller, Failed, Spread};
 
 /// The window of the rates.
 pub(super) const BUCKET: Duration = Duration::from_millis(250);
@@ -100,9 +103,11 @@ pub(super) struct Sent {
 pub(super) enum Unsent {
     /// Over the hold while the gateway backs off: undecided.
     Held,
-    /// Over the hold while failures go on at the fraction: the upstream's
-    /// verdict on the calls sent stands for this one too (it is failing for
-    /// everyone, and asking it more would add nothing).
+    /// Over the hold while failures go on at the fraction, spread over as
+    /// many sellers and requests as open a breaker: the upstream's verdict
+    /// on the calls sent stands for this one too (it is failing for
+    /// everyone, and asking it more would add nothing). One seller's
+    /// failures, one caller's, are not enough.
     Failing,
 }
 
@@ -115,6 +120,9 @@ pub(super) enum Judgement {
 
 pub(super) struct Backoff {
     settle: Duration,
+    /// The spread of verdicts that makes calls over the hold [`Unsent::Failing`]:
+    /// the breaker's.
+    spread: Spread,
     state: Mutex<State>,
 }
 
@@ -150,9 +158,9 @@ struct Episode {
     refilled: Instant,
     /// Calls sent from then on at the fraction are judged.
     judged_from: Instant,
-    /// A call sent at the fraction failed as the upstream's verdict, and no
-    /// calm bucket has come since.
-    failing: bool,
+    /// Whom the verdicts on calls sent at the fraction were about, since the
+    /// last calm bucket.
+    verdicts: Failed,
 }
 
 impl Episode {
@@ -168,10 +176,12 @@ impl Episode {
 }
 
 impl Backoff {
-    /// The back-off of an upstream whose calls time out after `timeout`.
-    pub(super) fn new(timeout: Duration) -> Self {
+    /// The back-off of an upstream whose calls time out after `timeout`,
+    /// whose breaker opens on failures of `spread`.
+    pub(super) fn new(timeout: Duration, spread: Spread) -> Self {
         Backoff {
             settle: settle(timeout),
+            spread,
             state: Mutex::new(State {
                 bucket_start: Instant::now(),
                 now: Counts::default(),
@@ -197,6 +207,7 @@ impl Backoff {
         state.roll(now);
         let usual = state.usual();
         let recent = state.sent_rate(now) + 1.0;
+        let spread = self.spread;
         let backed_off = match &mut state.episode {
             Some(episode) => {
                 let per_bucket = episode.hold / BUCKET.as_secs_f64();
@@ -205,7 +216,7 @@ impl Backoff {
                     (episode.tokens + since.as_secs_f64() * per_bucket).min(episode.hold.max(1.0));
                 episode.refilled = now;
                 if episode.tokens < 1.0 {
-                    return Err(if episode.failing {
+                    return Err(if episode.verdicts.spans(spread) {
                         Unsent::Failing
                     } else {
                         Unsent::Held
@@ -230,8 +241,9 @@ impl Backoff {
         state.now.good = state.now.good.saturating_add(1);
     }
 
-    /// A health failure of a call sent as `sent`, at `now`: whose it is.
-    pub(super) fn failed(&self, sent: Sent, now: Instant) -> Judgement {
+    /// A health failure of a call by `caller` sent as `sent`, at `now`: whose
+    /// it is.
+    pub(super) fn failed(&self, sent: Sent, now: Instant, caller: Caller) -> Judgement {
         let settle = self.settle;
         let mut state = self.lock();
         state.roll(now);
@@ -242,7 +254,7 @@ impl Backoff {
         let carried = state.carried.unwrap_or(0.0);
         match &mut state.episode {
             Some(episode) if sent.backed_off => {
-                episode.failing = true;
+                episode.verdicts.add(caller);
                 Judgement::Verdict
             }
             Some(episode) => {
@@ -260,7 +272,7 @@ impl Backoff {
                         tokens: 0.0,
                         refilled: now,
                         judged_from: now,
-                        failing: false,
+                        verdicts: Failed::NONE,
                     };
                     episode.cut(now, settle);
                     state.episode = Some(episode);
@@ -348,7 +360,7 @@ impl State {
                     let ended = closed.good + closed.failed;
                     let calm = ended > 0 && f64::from(closed.failed) <= TRIGGER * f64::from(ended);
                     if calm {
-                        episode.failing = false;
+                        episode.verdicts = Failed::NONE;
                         episode.hold += (CLIMB * episode.before).max(FLOOR);
                         let usual = episode.before * (1.0 + MARGIN) + SLACK;
                         if episode.hold >= usual {

@@ -4,6 +4,12 @@
 use super::*;
 
 const TIMEOUT: Duration = Duration::from_millis(300);
+/// A spread of one: any verdict at the fraction is the upstream failing.
+const ANYONE: Spread = (1, 1);
+const CALLER: Caller = Caller {
+    seller: 7,
+    ticket: crate::upstream::Ticket(1),
+};
 
 /// `per_bucket` calls a bucket for `buckets` buckets, each answered well.
 async fn carry(backoff: &Backoff, per_bucket: u32, buckets: u32) {
@@ -21,13 +27,18 @@ async fn carry(backoff: &Backoff, per_bucket: u32, buckets: u32) {
 fn burst_failing(backoff: &Backoff, n: u32) -> Vec<Option<Judgement>> {
     let now = Instant::now();
     (0..n)
-        .map(|_| backoff.send(now).ok().map(|sent| backoff.failed(sent, now)))
+        .map(|_| {
+            backoff
+                .send(now)
+                .ok()
+                .map(|sent| backoff.failed(sent, now, CALLER))
+        })
         .collect()
 }
 
 #[tokio::test(start_paused = true)]
 async fn what_the_upstream_carried_is_learned_from_answers_outside_trouble() {
-    let backoff = Backoff::new(TIMEOUT);
+    let backoff = Backoff::new(TIMEOUT, ANYONE);
     assert_eq!(backoff.carried(), None);
     carry(&backoff, 10, 1).await;
     tokio::time::advance(Duration::from_millis(1)).await;
@@ -43,18 +54,18 @@ async fn what_the_upstream_carried_is_learned_from_answers_outside_trouble() {
 /// once, and backs nothing off.
 #[tokio::test(start_paused = true)]
 async fn a_failure_at_the_usual_rate_is_a_verdict_at_once() {
-    let backoff = Backoff::new(TIMEOUT);
+    let backoff = Backoff::new(TIMEOUT, ANYONE);
     carry(&backoff, 10, WARM_UP + 4).await;
     let now = Instant::now();
     let sent = backoff.send(now).unwrap();
-    assert_eq!(backoff.failed(sent, now), Judgement::Verdict);
+    assert_eq!(backoff.failed(sent, now, CALLER), Judgement::Verdict);
     assert_eq!(backoff.hold(), None);
 }
 
 /// Before what was carried is known, nothing is unusual.
 #[tokio::test(start_paused = true)]
 async fn with_no_history_every_failure_is_a_verdict() {
-    let backoff = Backoff::new(TIMEOUT);
+    let backoff = Backoff::new(TIMEOUT, ANYONE);
     carry(&backoff, 10, WARM_UP - 1).await;
     let judged = burst_failing(&backoff, 50);
     assert!(
@@ -69,7 +80,7 @@ async fn with_no_history_every_failure_is_a_verdict() {
 /// the hold are not sent.
 #[tokio::test(start_paused = true)]
 async fn failures_above_the_usual_rate_are_load_and_back_off() {
-    let backoff = Backoff::new(TIMEOUT);
+    let backoff = Backoff::new(TIMEOUT, ANYONE);
     carry(&backoff, 10, WARM_UP + 4).await;
     // Usual: up to 10 x 1.25 + 8 = 20.5 a bucket, the last bucket's 10
     // included.
@@ -93,7 +104,7 @@ async fn failures_above_the_usual_rate_are_load_and_back_off() {
 /// the hold climbs back until the back-off ends.
 #[tokio::test(start_paused = true)]
 async fn failures_that_stop_at_the_lower_rate_were_load() {
-    let backoff = Backoff::new(TIMEOUT);
+    let backoff = Backoff::new(TIMEOUT, ANYONE);
     carry(&backoff, 10, WARM_UP + 4).await;
     burst_failing(&backoff, 30);
     assert!(backoff.hold().is_some());
@@ -119,7 +130,7 @@ async fn failures_that_stop_at_the_lower_rate_were_load() {
 /// settling time, are the upstream's verdict; before it, load.
 #[tokio::test(start_paused = true)]
 async fn failures_that_go_on_once_backed_off_are_verdicts() {
-    let backoff = Backoff::new(TIMEOUT);
+    let backoff = Backoff::new(TIMEOUT, ANYONE);
     carry(&backoff, 10, WARM_UP + 4).await;
     burst_failing(&backoff, 30);
     let began = Instant::now();
@@ -129,7 +140,7 @@ async fn failures_that_go_on_once_backed_off_are_verdicts() {
         let now = Instant::now();
         for _ in 0..100 {
             let Ok(sent) = backoff.send(now) else { break };
-            if backoff.failed(sent, now) == Judgement::Verdict && first_verdict.is_none() {
+            if backoff.failed(sent, now, CALLER) == Judgement::Verdict && first_verdict.is_none() {
                 first_verdict = Some(now - began);
             }
         }
@@ -146,7 +157,7 @@ async fn failures_that_go_on_once_backed_off_are_verdicts() {
 /// that, and again after a calm bucket, it is held (undecided).
 #[tokio::test(start_paused = true)]
 async fn calls_over_the_hold_take_the_verdict_while_it_goes_on() {
-    let backoff = Backoff::new(TIMEOUT);
+    let backoff = Backoff::new(TIMEOUT, ANYONE);
     carry(&backoff, 10, WARM_UP + 4).await;
     burst_failing(&backoff, 30);
     let over_the_hold = |backoff: &Backoff, now| loop {
@@ -162,7 +173,7 @@ async fn calls_over_the_hold_take_the_verdict_while_it_goes_on() {
     tokio::time::advance(settle(TIMEOUT) + BUCKET).await;
     let now = Instant::now();
     let sent = backoff.send(now).expect("a token refilled");
-    assert_eq!(backoff.failed(sent, now), Judgement::Verdict);
+    assert_eq!(backoff.failed(sent, now, CALLER), Judgement::Verdict);
     assert_eq!(over_the_hold(&backoff, now), Unsent::Failing);
     // A bucket in which the calls sent were answered well: calm again.
     tokio::time::advance(BUCKET).await;
@@ -173,11 +184,49 @@ async fn calls_over_the_hold_take_the_verdict_while_it_goes_on() {
     assert_eq!(over_the_hold(&backoff, Instant::now()), Unsent::Held);
 }
 
+/// One seller's verdicts at the fraction (a seller the upstream refuses,
+/// asked again and again) do not make calls over the hold take a verdict:
+/// that needs as many sellers in as many requests as open a breaker.
+#[tokio::test(start_paused = true)]
+async fn one_sellers_verdicts_leave_the_others_held() {
+    let backoff = Backoff::new(TIMEOUT, (3, 3));
+    carry(&backoff, 10, WARM_UP + 4).await;
+    burst_failing(&backoff, 30);
+    tokio::time::advance(settle(TIMEOUT) + BUCKET).await;
+    let over_the_hold = |now| loop {
+        if let Err(unsent) = backoff.send(now) {
+            break unsent;
+        }
+    };
+    let fail = |seller, ticket| {
+        let now = Instant::now();
+        let sent = backoff.send(now).expect("a token refilled");
+        let caller = Caller {
+            seller,
+            ticket: crate::upstream::Ticket(ticket),
+        };
+        assert_eq!(backoff.failed(sent, now, caller), Judgement::Verdict);
+    };
+    for ticket in 1..=5 {
+        fail(42, ticket);
+    }
+    assert_eq!(over_the_hold(Instant::now()), Unsent::Held, "one seller");
+    tokio::time::advance(BUCKET).await;
+    for seller in [43, 44] {
+        fail(seller, 10 + seller);
+    }
+    assert_eq!(
+        over_the_hold(Instant::now()),
+        Unsent::Failing,
+        "three sellers"
+    );
+}
+
 /// A failure of a call sent while the hold climbed is load again, and cuts
 /// the hold back to the fraction with a new settling time.
 #[tokio::test(start_paused = true)]
 async fn a_failure_while_climbing_cuts_back_and_settles_again() {
-    let backoff = Backoff::new(TIMEOUT);
+    let backoff = Backoff::new(TIMEOUT, ANYONE);
     carry(&backoff, 10, WARM_UP + 4).await;
     burst_failing(&backoff, 30);
     for _ in 0..3 {
@@ -195,7 +244,7 @@ async fn a_failure_while_climbing_cuts_back_and_settles_again() {
     let now = Instant::now();
     let sent = backoff.send(now).unwrap();
     assert_eq!(
-        backoff.failed(sent, now),
+        backoff.failed(sent, now, CALLER),
         Judgement::Load,
         "sent while climbing"
     );
@@ -207,7 +256,7 @@ async fn a_failure_while_climbing_cuts_back_and_settles_again() {
     tokio::time::advance(BUCKET).await;
     let now = Instant::now();
     let sent = backoff.send(now).unwrap();
-    assert_eq!(backoff.failed(sent, now), Judgement::Load);
+    assert_eq!(backoff.failed(sent, now, CALLER), Judgement::Load);
 }
 
 /// Buckets in which no call ended (an open breaker sends nothing) do not let
@@ -215,14 +264,14 @@ async fn a_failure_while_climbing_cuts_back_and_settles_again() {
 /// at the fraction and its failure is a verdict.
 #[tokio::test(start_paused = true)]
 async fn silence_does_not_climb_the_hold() {
-    let backoff = Backoff::new(TIMEOUT);
+    let backoff = Backoff::new(TIMEOUT, ANYONE);
     carry(&backoff, 10, WARM_UP + 4).await;
     burst_failing(&backoff, 30);
     tokio::time::advance(settle(TIMEOUT) + BUCKET * 8).await;
     let now = Instant::now();
     let sent = backoff.send(now).unwrap();
     assert!((backoff.hold().unwrap() - BETA * 40.0).abs() < 0.01);
-    assert_eq!(backoff.failed(sent, now), Judgement::Verdict);
+    assert_eq!(backoff.failed(sent, now, CALLER), Judgement::Verdict);
 }
 
 /// A caller that raises what the upstream carried for half a minute, then
@@ -230,7 +279,7 @@ async fn silence_does_not_climb_the_hold() {
 /// gateway backs off. What was carried settled for minutes bounds the usual.
 #[tokio::test(start_paused = true)]
 async fn a_callers_warm_up_does_not_raise_the_usual_rate() {
-    let backoff = Backoff::new(TIMEOUT);
+    let backoff = Backoff::new(TIMEOUT, ANYONE);
     carry(&backoff, 10, 480).await;
     carry(&backoff, 30, 120).await;
     tokio::time::advance(BUCKET / 2).await;
@@ -245,7 +294,7 @@ async fn a_callers_warm_up_does_not_raise_the_usual_rate() {
     let carried = backoff.carried().unwrap() * BUCKET.as_secs_f64();
     assert!(31.0 < carried * (1.0 + MARGIN) + SLACK, "{carried}");
     let sent = backoff.send(now).unwrap();
-    assert_eq!(backoff.failed(sent, now), Judgement::Load);
+    assert_eq!(backoff.failed(sent, now, CALLER), Judgement::Load);
 }
 
 /// A caller's own calls cannot make a failure a verdict sooner: however many
@@ -253,7 +302,7 @@ async fn a_callers_warm_up_does_not_raise_the_usual_rate() {
 /// every failure is load.
 #[tokio::test(start_paused = true)]
 async fn a_callers_calls_cannot_hasten_a_verdict() {
-    let backoff = Backoff::new(TIMEOUT);
+    let backoff = Backoff::new(TIMEOUT, ANYONE);
     carry(&backoff, 10, WARM_UP + 4).await;
     burst_failing(&backoff, 30);
     let began = Instant::now();
@@ -269,7 +318,7 @@ async fn a_callers_calls_cannot_hasten_a_verdict() {
 /// load, but back nothing off.
 #[tokio::test(start_paused = true)]
 async fn sporadic_failures_above_the_usual_rate_back_nothing_off() {
-    let backoff = Backoff::new(TIMEOUT);
+    let backoff = Backoff::new(TIMEOUT, ANYONE);
     carry(&backoff, 10, WARM_UP + 4).await;
     carry(&backoff, 30, 2).await;
     let now = Instant::now();
@@ -278,14 +327,14 @@ async fn sporadic_failures_above_the_usual_rate_back_nothing_off() {
         backoff.answered(now);
     }
     let sent = backoff.send(now).unwrap();
-    assert_eq!(backoff.failed(sent, now), Judgement::Load);
+    assert_eq!(backoff.failed(sent, now, CALLER), Judgement::Load);
     assert_eq!(backoff.hold(), None);
 }
 
 /// After two quiet minutes nothing of before counts.
 #[tokio::test(start_paused = true)]
 async fn a_long_quiet_spell_forgets_the_back_off() {
-    let backoff = Backoff::new(TIMEOUT);
+    let backoff = Backoff::new(TIMEOUT, ANYONE);
     carry(&backoff, 10, WARM_UP + 4).await;
     burst_failing(&backoff, 30);
     assert!(backoff.hold().is_some());

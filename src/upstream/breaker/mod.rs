@@ -106,19 +106,36 @@ enum Mode {
     HalfOpen { since: Instant },
 }
 
-/// The failures of a window, or of a half-open spell's probes.
+/// Whom failures were about, and in which requests: a window's, a half-open
+/// spell's probes', or the back-off's verdicts (`backoff`), each spread over
+/// many sellers and requests before it says "failing for everyone".
 #[derive(Debug, Clone, Copy)]
-struct Failed {
+pub(super) struct Failed {
     sellers: Ids,
     requests: Ids,
 }
 
 impl Failed {
-    const NONE: Failed = Failed {
+    pub(super) const NONE: Failed = Failed {
         sellers: Ids::EMPTY,
         requests: Ids::EMPTY,
     };
+
+    pub(super) fn add(&mut self, caller: Caller) {
+        self.sellers.add(caller.seller);
+        self.requests.add(caller.ticket.0);
+    }
+
+    /// Whether they span `spread`: (distinct sellers, distinct requests).
+    pub(super) fn spans(&self, spread: Spread) -> bool {
+        self.sellers.len >= spread.0 && self.requests.len >= spread.1
+    }
 }
+
+/// How many distinct sellers and requests failures must span to be the
+/// upstream's trouble for everyone (`breaker.min_sellers`,
+/// `breaker.min_requests`, clamped).
+pub(super) type Spread = (usize, usize);
 
 #[derive(Debug)]
 struct State {
@@ -282,9 +299,8 @@ impl Breaker {
                 match healthy {
                     Some(true) => self.close(&mut state),
                     Some(false) => {
-                        state.probes_failed.sellers.add(caller.seller);
-                        state.probes_failed.requests.add(caller.ticket.0);
-                        if self.spread(&state.probes_failed) {
+                        state.probes_failed.add(caller);
+                        if state.probes_failed.spans(self.spread()) {
                             self.open(&mut state, now);
                         }
                     }
@@ -316,8 +332,9 @@ impl Breaker {
     }
 
     /// Whether failures span enough sellers and requests to speak for everyone.
-    fn spread(&self, failed: &Failed) -> bool {
-        failed.sellers.len >= self.min_sellers && failed.requests.len >= self.min_requests
+    /// The spread failures must have to open it; the back-off asks the same.
+    pub(super) fn spread(&self) -> Spread {
+        (self.min_sellers, self.min_requests)
     }
 
     /// Counts one health sign in the closed state.
@@ -335,13 +352,12 @@ impl Breaker {
         }
         state.consecutive_failures += 1;
         state.window_failures += 1;
-        state.failed.sellers.add(caller.seller);
-        state.failed.requests.add(caller.ticket.0);
+        state.failed.add(caller);
         let tripped = state.consecutive_failures >= self.config.consecutive_failures
             || (state.window_calls >= self.config.min_calls
                 && f64::from(state.window_failures)
                     >= self.config.failure_ratio * f64::from(state.window_calls));
-        if tripped && self.spread(&state.failed) {
+        if tripped && state.failed.spans(self.spread()) {
             self.open(state, now);
         }
     }
