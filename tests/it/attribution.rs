@@ -11,21 +11,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::support::child::Process;
-use crate::support::paths::{BATCH, STATUSES};
+use crate::support::paths::BATCH;
 use crate::support::{Fake, Reply, TestApp, Upstream};
 use crate::{PLAIN_CATEGORY, REAL, VIRTUAL};
-
-/// Enables call tracking for every seller of `users` in one delivery.
-async fn track(app: &TestApp, users: impl IntoIterator<Item = u64>) {
-    let items: Vec<Value> = users
-        .into_iter()
-        .map(|user| json!({"user_id": user, "enabled": true, "version": 1}))
-        .collect();
-    let answer = app
-        .send_admin(reqwest::Method::POST, STATUSES, &json!({ "items": items }))
-        .await;
-    assert_eq!(answer.status, 200, "{answer:?}");
-}
 
 /// A Russian mobile number of its own for `n`: `+7926` then seven digits.
 fn phone_of(n: u64) -> String {
@@ -89,7 +77,8 @@ async fn batches_against_a_queueing_calltracking(overlay: &str) {
     app.calltracking.queue(8);
     const BATCHED: u64 = 10_000;
     let others: Vec<u64> = (20_001..=20_005).collect();
-    track(&app, (BATCHED..BATCHED + 100).chain(others.iter().copied())).await;
+    app.track((BATCHED..BATCHED + 100).chain(others.iter().copied()))
+        .await;
     let asking = async {
         let mut kinds = Vec::new();
         // Each ask with a phone of its own: a cold call-tracking lookup.
@@ -154,7 +143,7 @@ async fn a_4xx_about_one_request_opens_no_breaker_nor_reopens_a_half_open_one() 
         .reply_for_phones("7999", Reply::Status(422));
     let rejected: Vec<u64> = (30_001..=30_006).collect();
     let others: Vec<u64> = (30_101..=30_105).collect();
-    track(&app, rejected.iter().chain(&others).copied()).await;
+    app.track(rejected.iter().chain(&others).copied()).await;
     for (i, &user) in rejected.iter().enumerate() {
         let phone = format!("+7999{:07}", i);
         let answer = app.get_public(&given(user, 1, &phone)).await;
@@ -233,21 +222,6 @@ async fn pause(process: &Process, pause: Duration) {
     kill_process(pid, Signal::CONT).unwrap();
 }
 
-/// Enables call tracking on the process for `users`, 1,000 a request (a
-/// status write takes at most 10,000).
-async fn track_on(process: &Process, users: impl IntoIterator<Item = u64>) {
-    let items: Vec<Value> = users
-        .into_iter()
-        .map(|user| json!({"user_id": user, "enabled": true, "version": 1}))
-        .collect();
-    for items in items.chunks(1000) {
-        let status = process
-            .send(reqwest::Method::POST, json!({ "items": items }))
-            .await;
-        assert_eq!(status, 200);
-    }
-}
-
 /// The gateway's process stops for 400 ms while twelve lookups for tracked
 /// sellers are in flight and call tracking, healthy, answers in 100 ms: the
 /// calls' timers run out during the pause and fire before the answers already
@@ -260,7 +234,7 @@ async fn a_pause_of_the_gateway_is_not_the_upstreams_timeout() {
     real.reply(Reply::Phone(REAL));
     calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(100));
     let users: Vec<u64> = (40_001..=40_013).collect();
-    track_on(&process, users.iter().copied()).await;
+    process.track(users.iter().copied()).await;
     let lookups = users[..12].iter().map(|&user| {
         let process = &process;
         async move {
@@ -294,7 +268,7 @@ async fn the_deadline_reached_by_the_gateways_own_delay_shows_no_real_number() {
     real.reply_after(Reply::Phone(REAL), Duration::from_millis(250));
     calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(280));
     let users: Vec<u64> = (41_001..=41_010).collect();
-    track_on(&process, users.iter().copied()).await;
+    process.track(users.iter().copied()).await;
     let lookups = users.iter().map(|&user| {
         let process = &process;
         async move {
@@ -329,7 +303,7 @@ async fn a_throttled_replica_shows_no_tracked_seller_a_real_number() {
     real.reply(Reply::Phone(REAL));
     calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(100));
     let users: Vec<u64> = (42_001..=42_000 + 120 * crate::support::scale()).collect();
-    track_on(&process, users.iter().copied()).await;
+    process.track(users.iter().copied()).await;
     let done = std::sync::atomic::AtomicBool::new(false);
     let lookups = async {
         let mut kinds = Vec::new();
@@ -384,7 +358,7 @@ async fn a_stall_ending_just_after_the_timer_was_due_is_given_back() {
     // Rounds of 10 lookups (up to 50 in longer runs), each with its stall.
     let (rounds, per_round) = (crate::support::scale(), 10 * crate::support::scale().min(5));
     let users: Vec<u64> = (43_001..=43_000 + rounds * per_round).collect();
-    track_on(&process, users.iter().copied()).await;
+    process.track(users.iter().copied()).await;
     let mut kinds = Vec::new();
     for round in users.chunks(per_round as usize) {
         let lookups = round.iter().map(|&user| {

@@ -10,28 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::support::paths::{METRICS, STATUSES};
+use crate::support::paths::METRICS;
 use crate::support::{Reply, TestApp};
 use crate::{PLAIN_CATEGORY, REAL, VIRTUAL};
-
-/// Enables call tracking for every seller of `users` in one delivery.
-async fn track(app: &TestApp, users: impl IntoIterator<Item = u64>) {
-    let items: Vec<Value> = users
-        .into_iter()
-        .map(|user| json!({"user_id": user, "enabled": true, "version": 1}))
-        .collect();
-    // 1,000 a request: a status write takes at most 10,000.
-    for items in items.chunks(1000) {
-        let answer = app
-            .send_admin(reqwest::Method::POST, STATUSES, &json!({ "items": items }))
-            .await;
-        assert_eq!(answer.status, 200, "{answer:?}");
-    }
-}
 
 /// Call tracking's call outcomes on `app` so far.
 async fn outcomes(app: &TestApp) -> Vec<String> {
@@ -190,7 +175,7 @@ async fn an_upstream_closing_idle_connections_shows_no_tracked_seller_a_real_num
         ))
         .await;
         app.real.reply(Reply::Phone(REAL));
-        track(&app, 1..=20).await;
+        app.track(1..=20).await;
         let mut kinds = Vec::new();
         for wave in 0..14 * crate::support::scale() {
             let asks = (1..=20u64).map(|user| {
@@ -230,7 +215,7 @@ async fn a_caller_that_raised_the_baseline_then_bursts_shows_nobody_a_real_numbe
     let app = TestApp::spawn_with(&format!("[upstreams.calltracking]\nbase_url = \"{url}\"")).await;
     app.real.reply(Reply::Phone(REAL));
     let honest: Vec<u64> = (50_001..=50_006).collect();
-    track(&app, (1..=200).chain(honest.iter().copied())).await;
+    app.track((1..=200).chain(honest.iter().copied())).await;
     let send_at = |rate: u64, seconds: u64, first: u64| {
         let app = &app;
         async move {
@@ -369,7 +354,7 @@ async fn an_outage_during_a_surge_falls_through_after_ten_seconds() {
     let app = TestApp::spawn().await;
     app.real.reply(Reply::Phone(REAL));
     app.calltracking.reply(Reply::Phone(VIRTUAL));
-    track(&app, 1..=500).await;
+    app.track(1..=500).await;
     let n = AtomicUsize::new(0);
     let ask_for = |rate, duration| asks_at(&app, &n, rate, duration);
     // 20 a second for 3 s, rising to 100 a second; then the outage.
@@ -392,7 +377,7 @@ async fn an_outage_beside_one_failing_seller_falls_through_after_ten_seconds() {
     app.real.reply(Reply::Phone(REAL));
     app.calltracking.reply(Reply::Phone(VIRTUAL));
     const FAILING: u64 = 900;
-    track(&app, (1..=500).chain([FAILING])).await;
+    app.track((1..=500).chain([FAILING])).await;
     app.calltracking.reply_for(FAILING, Reply::Status(500));
     let stop = tokio_util::sync::CancellationToken::new();
     let one = {
@@ -446,7 +431,7 @@ async fn a_half_open_breaker_whose_probes_are_refused_for_load_shows_no_real_num
     let app = TestApp::spawn_with("[breaker]\nopen_ms = 300").await;
     app.real.reply(Reply::Phone(REAL));
     app.calltracking.reply(Reply::Status(500));
-    track(&app, 1..=40).await;
+    app.track(1..=40).await;
     for user in 1..=8 {
         let answer = app.get_public(&lookup(user, 100 + user)).await;
         assert_eq!(kind_of(&answer), "real", "{answer:?}");

@@ -329,6 +329,14 @@ impl TestApp {
         assert_eq!(answer.status, 200, "{answer:?}");
     }
 
+    /// Turns call tracking on for every seller of `users`; panics unless 200.
+    pub async fn track(&self, users: impl IntoIterator<Item = u64>) {
+        for body in super::tracking(users) {
+            let answer = self.send_admin(Method::POST, STATUSES, &body).await;
+            assert_eq!(answer.status, 200, "{answer:?}");
+        }
+    }
+
     pub async fn invalidate(&self, users: &[u64]) {
         let body = serde_json::json!({ "user_ids": users });
         let answer = self.send_admin(Method::POST, INVALIDATE, &body).await;

@@ -99,6 +99,19 @@ pub async fn eventually<F: std::future::Future<Output = bool>>(
     }
 }
 
+/// Status items turning call tracking on (version 1) for `users`, in
+/// deliveries of 1,000 (a status write takes at most 10,000).
+pub fn tracking(users: impl IntoIterator<Item = u64>) -> Vec<serde_json::Value> {
+    let items: Vec<serde_json::Value> = users
+        .into_iter()
+        .map(|user| serde_json::json!({"user_id": user, "enabled": true, "version": 1}))
+        .collect();
+    items
+        .chunks(1000)
+        .map(|items| serde_json::json!({ "items": items }))
+        .collect()
+}
+
 /// The tests' HTTP client: it drops a pooled connection idle for 2 s, under
 /// the gateway's head deadline (`server.header_read_timeout_ms`, 5 s), as a
 /// well-behaved client does; a request written on a connection the gateway
