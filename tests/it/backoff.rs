@@ -366,11 +366,11 @@ async fn an_outage_during_a_surge_falls_through_after_ten_seconds() {
     fell_through_after_ten_seconds(&app, "outage in a surge, after 10 s", &outage).await;
 }
 
-/// Demand ramps from 4 to 60 fresh lookups a second while one caller asks
-/// every 4 s for a seller whose calls always fail; then call tracking
-/// answers 500 to everyone. The one seller's failures are judged at once and
-/// hold nothing back: after the first 10 s of the outage at least 90% fall
-/// through to the real number.
+/// Demand runs at 4 fresh lookups a second long enough to be usual, then
+/// ramps to 60 a second while one caller asks every 4 s for a seller whose
+/// calls always fail; then call tracking answers 500 to everyone. The one
+/// seller's failures are judged at once and hold nothing back: after the
+/// first 10 s of the outage at least 90% fall through to the real number.
 #[tokio::test]
 async fn an_outage_beside_one_failing_seller_falls_through_after_ten_seconds() {
     let app = TestApp::spawn().await;
@@ -383,6 +383,8 @@ async fn an_outage_beside_one_failing_seller_falls_through_after_ten_seconds() {
     let one = {
         let (app, stop) = (&app, stop.clone());
         async move {
+            // The usual rate is learnt before the first failure.
+            tokio::time::sleep(Duration::from_secs(3)).await;
             let mut asked = 0u64;
             while !stop.is_cancelled() {
                 ask(app, &lookup(FAILING, 9_000_000 + asked)).await;
@@ -397,7 +399,8 @@ async fn an_outage_beside_one_failing_seller_falls_through_after_ten_seconds() {
     };
     let n = AtomicUsize::new(0);
     let traffic = async {
-        for rate in [4, 10, 20, 40, 60] {
+        asks_at(&app, &n, 4, Duration::from_secs(4)).await;
+        for rate in [10, 20, 40, 60] {
             asks_at(&app, &n, rate, Duration::from_secs(2)).await;
         }
         app.calltracking.reply(Reply::Status(500));
