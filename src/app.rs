@@ -309,19 +309,22 @@ impl App {
         // status set loaded: the other database work waits for it, so a first
         // start on an empty database does not meet tables that are not there yet.
         let loaded = CancellationToken::new();
+        // Cancelled once the reveal log's own migrations, which run beside
+        // the answers, are done too: its writer and retention wait for it.
+        let reveal_log = CancellationToken::new();
         // A mistake no retry mends (a pooler without a session): stops the app.
         let (fatal_tx, mut fatal_rx) = mpsc::channel::<String>(1);
         // Cancelled when the shutdown begins (or with every task): the duties
         // that hand something on to another replica (the feed's lease) stop
         // then, before the drain, not when the listeners have drained.
         let stopping = background.token.child_token();
-        self.start_status(&background, &loaded, &stopping, fatal_tx);
+        self.start_status(&background, [&loaded, &reveal_log], &stopping, fatal_tx);
         self.start_budgets(&background, &loaded);
         background.spawn(crate::telemetry::metrics_upkeep());
         background.spawn_until_stopped(|stop| crate::runtime::lost::probe(self.lost.clone(), stop));
         background.spawn_until_stopped(|stop| self.admission.clone().watch(stop));
         background.spawn(self.tokens.clone().watch());
-        self.start_reveals(&background, &loaded);
+        self.start_reveals(&background, &reveal_log);
         let (stop_tx, stop_rx) = watch::channel(false);
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
@@ -394,7 +397,7 @@ impl App {
     fn start_status(
         &self,
         background: &Background,
-        loaded: &CancellationToken,
+        [loaded, reveal_log]: [&CancellationToken; 2],
         stopping: &CancellationToken,
         fatal: mpsc::Sender<String>,
     ) {
@@ -403,7 +406,7 @@ impl App {
             self.status.clone(),
             self.database.clone(),
             database.clone(),
-            loaded.clone(),
+            [loaded.clone(), reveal_log.clone()],
             fatal,
         ));
         background.spawn(after(
@@ -454,12 +457,12 @@ impl App {
     }
 
     /// The reveal log's flush and retention, when `reveals.enabled`.
-    fn start_reveals(&self, background: &Background, loaded: &CancellationToken) {
+    fn start_reveals(&self, background: &Background, reveal_log: &CancellationToken) {
         let Some(reveals) = self.reveals.clone() else {
             return;
         };
         let store = self.reveal_store.clone();
-        let ready = loaded.clone();
+        let ready = reveal_log.clone();
         // Not cut off at the stop: it writes what is buffered first (also
         // when the stop comes before the load, then at once).
         background.spawn_until_stopped(|stop| async move {
@@ -470,7 +473,7 @@ impl App {
             crate::reveals::flush::run_apart(reveals, store, stop).await;
         });
         background.spawn(after(
-            loaded,
+            reveal_log,
             crate::reveals::retention::run(self.config.reveals.clone(), self.reveal_store.clone()),
         ));
     }
@@ -588,15 +591,17 @@ fn after(
 
 /// Checks the database can give what this replica needs (a session, when
 /// [`DatabaseConfig::needs_session`]), migrates (`database.migrate_on_start`)
-/// and loads the status set, retrying until the database answers; then opens
-/// `loaded`. A transaction-mode pooler where a session is needed
+/// as far as answering needs and loads the status set, retrying until the
+/// database answers; then opens `loaded`. Then the reveal log's own
+/// migrations, beside the answers, retried the same way; then opens
+/// `reveal_log`. A transaction-mode pooler where a session is needed
 /// (`database.direct_url`, or `url` without it) is reported on `fatal` instead:
 /// retrying cannot mend it, and a LISTEN through it would break other clients.
 async fn load(
     status: StatusService,
     database: Database,
     config: DatabaseConfig,
-    loaded: CancellationToken,
+    [loaded, reveal_log]: [CancellationToken; 2],
     fatal: mpsc::Sender<String>,
 ) {
     // The key whose connection must keep a session.
@@ -607,6 +612,8 @@ async fn load(
     let migrate_on_start = config.migrate_on_start;
     let mut delay = START_RETRY_FIRST;
     let mut checked = session.is_none();
+    // The reveal log's migrations left for after the load.
+    let mut left = 0;
     loop {
         if !checked {
             match database.lacks_session().await {
@@ -628,7 +635,7 @@ async fn load(
                 // To the end, however long (each step that does not grow
                 // with the data is bounded): `/readyz` says which migration
                 // runs meanwhile.
-                database.migrate().await?;
+                left = database.migrate_for_answers().await?;
             }
             status.load().await
         };
@@ -640,7 +647,7 @@ async fn load(
                     "call-tracking status set loaded"
                 );
                 loaded.cancel();
-                return;
+                break;
             }
             Ok(_) => {}
             Err(error) => {
@@ -653,6 +660,18 @@ async fn load(
         // 10 s of it answering (`MIGRATION_BOUND`), a long migration apart.
         delay = (delay * 2).min(START_RETRY_MAX);
     }
+    let mut delay = START_RETRY_FIRST;
+    if left > 0 {
+        while let Err(error) = database.migrate().await {
+            tracing::warn!(
+                %error,
+                "the reveal log's migrations did not finish; reveals wait in memory; retrying"
+            );
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(START_RETRY_MAX);
+        }
+    }
+    reveal_log.cancel();
 }
 
 /// The first pause between two tries of the start's database work, doubled

@@ -15,7 +15,7 @@ use super::budgets::BudgetStore;
 use super::error::StoreError;
 use super::hints::ChangeHints;
 use super::leadership::Leadership;
-use super::migrations::{self, Migrations};
+use super::migrations::{self, Migrations, Until};
 use super::pool::{ACQUIRE_TIMEOUT, Backend, Bounds, Pg, Sqlite, target};
 use super::reveals::RevealStore;
 use super::status::StatusStore;
@@ -150,17 +150,32 @@ impl Database {
     /// The database is unreachable or stopped answering, or a migration
     /// failed.
     pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.migrate_until(Until::All).await.map(|_| ())
+    }
+
+    /// As [`Database::migrate`], the pending migrations that answering needs
+    /// alone: those after the last of them touch the reveal log's tables
+    /// only, and a replica runs them beside its answers (see
+    /// `store::migrations`). Returns how many of those are left for
+    /// [`Database::migrate`].
+    ///
+    /// # Errors
+    /// As [`Database::migrate`].
+    pub async fn migrate_for_answers(&self) -> Result<usize, StoreError> {
+        self.migrate_until(Until::Answers).await
+    }
+
+    async fn migrate_until(&self, until: Until) -> Result<usize, StoreError> {
         match &self.backend {
             Backend::Sqlite(sqlite) => {
                 let migrator = sqlx::migrate!("migrations/sqlite");
-                migrations::run_sqlite(&sqlite.pool, &migrator, &self.migrations).await?;
+                migrations::run_sqlite(&sqlite.pool, (&migrator, until), &self.migrations).await
             }
             Backend::Postgres(pg) => {
                 let migrator = sqlx::migrate!("migrations/postgres");
-                migrations::run_postgres(pg, &migrator, &self.migrations).await?;
+                migrations::run_postgres(pg, (&migrator, until), &self.migrations).await
             }
         }
-        Ok(())
     }
 
     /// As [`Database::migrate`], the whole run given up on the client after

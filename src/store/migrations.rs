@@ -11,6 +11,16 @@
 //! that stopped answering, or a session lost to it, ends the run, and the
 //! start tries again).
 //!
+//! A replica is ready once the migrations that answering needs are applied
+//! ([`Until::Answers`]): every pending one up to the last that touches more
+//! than the reveal log (all of them on a first start). Those after it touch the reveal log alone (its
+//! tables, listed by version in [`BESIDE_ANSWERS_SQLITE`] and
+//! [`BESIDE_ANSWERS_POSTGRES`]; a test holds each listed file to the reveal
+//! log's tables) and run beside the answers ([`Until::All`]): an index
+//! rebuilt over twenty million reveals takes minutes, and answering does not
+//! read the log. Meanwhile reveals wait in memory as in an outage of the log
+//! (docs/reveal-log.md).
+//!
 //! One replica runs a migration, whichever starts first. On PostgreSQL
 //! sqlx's migrator takes a session advisory lock (`pg_advisory_lock`, its
 //! key from the database's name) before it reads what is applied and holds
@@ -51,6 +61,23 @@ const LOG_EVERY: Duration = Duration::from_secs(5);
 /// waiting, after which the session is taken as lost (a silent network
 /// keeps the server's side open and idle).
 const IDLE_PROBES: u32 = 3;
+
+/// How far a run of the migrations goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Until {
+    /// The pending migrations up to the last that is not the reveal log's
+    /// alone: what a replica needs before it answers.
+    Answers,
+    /// Every pending migration.
+    All,
+}
+
+/// SQLite's migrations that touch the reveal log's tables alone (`reveals`,
+/// `reveal_*`, `ad_reveal_counts`): pending after every other, they run
+/// beside the answers. A migration left out runs before a replica is ready.
+pub(super) const BESIDE_ANSWERS_SQLITE: &[i64] = &[3, 6, 7, 8, 9, 10, 11];
+/// PostgreSQL's, as [`BESIDE_ANSWERS_SQLITE`].
+pub(super) const BESIDE_ANSWERS_POSTGRES: &[i64] = &[3, 7];
 
 /// Where the start's migrations are, shared by the start (which writes it)
 /// and `/readyz` (which reads it). Cheap to clone.
@@ -151,14 +178,36 @@ impl Migrations {
     }
 }
 
-/// The migrations of `migrator` not in `applied`, as indexes into it, in order.
-fn pending(migrator: &Migrator, applied: &[i64]) -> Vec<usize> {
-    migrator
+/// The migrations of `migrator` not in `applied` that a run `until` applies,
+/// as indexes into it, in order: for [`Until::Answers`], those up to the last
+/// that is not in `beside`, or all of them on a database with none applied
+/// (a first start has no log to rebuild, and is ready with its log writable).
+fn pending(migrator: &Migrator, applied: &[i64], until: Until, beside: &[i64]) -> Vec<usize> {
+    let mut pending: Vec<usize> = migrator
         .iter()
         .enumerate()
         .filter(|(_, m)| !m.migration_type.is_down_migration() && !applied.contains(&m.version))
         .map(|(i, _)| i)
-        .collect()
+        .collect();
+    if until == Until::Answers && !applied.is_empty() {
+        let needed = pending
+            .iter()
+            .rposition(|&i| !beside.contains(&migrator.migrations[i].version));
+        pending.truncate(needed.map_or(0, |last| last + 1));
+    }
+    pending
+}
+
+/// An error for the first of `applied` that `migrator` does not know (a
+/// database a newer release migrated); the full run checks this too.
+fn known(migrator: &Migrator, applied: &[i64]) -> Result<(), StoreError> {
+    match applied
+        .iter()
+        .find(|&&version| !migrator.iter().any(|m| m.version == version))
+    {
+        Some(&version) => Err(sqlx::migrate::MigrateError::VersionMissing(version).into()),
+        None => Ok(()),
+    }
 }
 
 /// `migrator`'s migrations up to and including the one at `index`: run, it
@@ -175,10 +224,11 @@ fn up_to(migrator: &Migrator, index: usize) -> Migrator {
 }
 
 /// Runs `migrator` on `conn` one pending migration at a time (those not in
-/// `applied`), each reported in `progress` and the log and watched by `look`
-/// (see [`Migrations::watch`]). Returns how many were pending.
+/// `applied`, as far as `until`), each reported in `progress` and the log and
+/// watched by `look` (see [`Migrations::watch`]). Returns how many are left
+/// pending (the reveal log's, after a run of [`Until::Answers`]).
 async fn run_each<C, L, F>(
-    migrator: &Migrator,
+    (migrator, until, beside): (&Migrator, Until, &[i64]),
     conn: &mut C,
     applied: &[i64],
     progress: &Migrations,
@@ -189,7 +239,9 @@ where
     L: FnMut() -> F,
     F: Future<Output = Result<Option<String>, StoreError>>,
 {
-    let pending = pending(migrator, applied);
+    known(migrator, applied)?;
+    let pending = pending(migrator, applied, until, beside);
+    let left = self::pending(migrator, applied, Until::All, beside).len() - pending.len();
     let of = pending.len();
     for (n, &index) in pending.iter().enumerate() {
         let migration = &migrator.migrations[index];
@@ -221,14 +273,16 @@ where
     }
     // The whole list once more: nothing pending, every applied one known and
     // unchanged (a database of a newer release is refused here).
-    migrator.run_direct(conn).await?;
-    Ok(of)
+    if until == Until::All {
+        migrator.run_direct(conn).await?;
+    }
+    Ok(left)
 }
 
 /// The start's migrations on SQLite, on a connection of the pool.
 pub(super) async fn run_sqlite(
     pool: &sqlx::SqlitePool,
-    migrator: &Migrator,
+    (migrator, until): (&Migrator, Until),
     progress: &Migrations,
 ) -> Result<usize, StoreError> {
     let mut conn = pool.acquire().await?;
@@ -238,7 +292,8 @@ pub(super) async fn run_sqlite(
         .await
         .unwrap_or_default();
     let mut look = || async { Ok(None) };
-    run_each(migrator, &mut *conn, &applied, progress, &mut look).await
+    let plan = (migrator, until, BESIDE_ANSWERS_SQLITE);
+    run_each(plan, &mut *conn, &applied, progress, &mut look).await
 }
 
 /// The start's migrations on PostgreSQL, on a connection of their own to
@@ -249,7 +304,7 @@ pub(super) async fn run_sqlite(
 /// by a probe from another connection ([`probe`]).
 pub(super) async fn run_postgres(
     pg: &Pg,
-    migrator: &Migrator,
+    (migrator, until): (&Migrator, Until),
     progress: &Migrations,
 ) -> Result<usize, StoreError> {
     let set_up = async {
@@ -268,6 +323,18 @@ pub(super) async fn run_postgres(
             operation: "the migrations' connection",
             bound: MIGRATION_BOUND,
         }))?;
+    let plan = (migrator, until, BESIDE_ANSWERS_POSTGRES);
+    if until == Until::Answers {
+        // Nothing that answering needs is pending: no wait for the lock,
+        // which a replica migrating the reveal log holds for minutes.
+        let applied = applied_postgres(&mut direct).await;
+        if pending(migrator, &applied, until, plan.2).is_empty() {
+            let result = known(migrator, &applied);
+            let _ = sqlx::Connection::close(direct).await;
+            let left = pending(migrator, &applied, Until::All, plan.2).len();
+            return result.map(|()| left);
+        }
+    }
     let idle = AtomicU32::new(0);
     let mut look = || {
         let probe = probe(pg, pid);
@@ -316,17 +383,21 @@ pub(super) async fn run_postgres(
         // with the data.
         let bound = format!("SET lock_timeout = {}", pg.bounds.lock.as_millis());
         sqlx::Executor::execute(&mut direct, bound.as_str()).await?;
-        // None before the migrator's table exists.
-        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations")
-            .fetch_all(&mut direct)
-            .await
-            .unwrap_or_default();
-        run_each(migrator, &mut direct, &applied, progress, &mut look).await
+        let applied = applied_postgres(&mut direct).await;
+        run_each(plan, &mut direct, &applied, progress, &mut look).await
     };
     let result = run.await;
     // Closing the session releases the lock.
     let _ = sqlx::Connection::close(direct).await;
     result
+}
+
+/// The versions applied; none before the migrator's table exists.
+async fn applied_postgres(conn: &mut sqlx::PgConnection) -> Vec<i64> {
+    sqlx::query_scalar("SELECT version FROM _sqlx_migrations")
+        .fetch_all(conn)
+        .await
+        .unwrap_or_default()
 }
 
 /// The key of the advisory lock sqlx's migrator takes on PostgreSQL (its
@@ -428,7 +499,128 @@ async fn probe(pg: &Pg, pid: i32) -> Result<Seen, StoreError> {
 
 #[cfg(test)]
 mod tests {
-    use super::migration_lock_key;
+    use super::{
+        BESIDE_ANSWERS_POSTGRES, BESIDE_ANSWERS_SQLITE, Migrator, Until, migration_lock_key,
+        pending,
+    };
+
+    /// The versions of `migrator`'s migrations at `indexes`.
+    fn versions(migrator: &Migrator, indexes: &[usize]) -> Vec<i64> {
+        indexes
+            .iter()
+            .map(|&i| migrator.migrations[i].version)
+            .collect()
+    }
+
+    #[test]
+    fn answers_wait_for_every_migration_up_to_the_last_that_is_not_the_reveal_logs() {
+        let sqlite = sqlx::migrate!("migrations/sqlite");
+        let beside = BESIDE_ANSWERS_SQLITE;
+        let to = |last: i64| (1..=last).collect::<Vec<i64>>();
+        let answers =
+            |applied: &[i64]| versions(&sqlite, &pending(&sqlite, applied, Until::Answers, beside));
+        let all =
+            |applied: &[i64]| versions(&sqlite, &pending(&sqlite, applied, Until::All, beside));
+        assert_eq!(answers(&[]), (1..=11).collect::<Vec<i64>>());
+        assert_eq!(answers(&to(2)), [3, 4, 5]);
+        assert_eq!(answers(&to(5)), Vec::<i64>::new());
+        assert_eq!(answers(&to(10)), Vec::<i64>::new());
+        assert_eq!(all(&to(5)), [6, 7, 8, 9, 10, 11]);
+        assert_eq!(all(&to(10)), [11]);
+        let postgres = sqlx::migrate!("migrations/postgres");
+        let beside = BESIDE_ANSWERS_POSTGRES;
+        let answers = |applied: &[i64]| {
+            versions(
+                &postgres,
+                &pending(&postgres, applied, Until::Answers, beside),
+            )
+        };
+        // The reveal log's 0007 comes before 0008, which answering needs.
+        assert_eq!(answers(&to(6)), [7, 8]);
+        assert_eq!(answers(&to(8)), Vec::<i64>::new());
+    }
+
+    /// The SQL of a migration in lower case, without its `--` comments.
+    fn code_of(sql: &str) -> String {
+        sql.lines()
+            .map(|line| line.split("--").next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+            .to_lowercase()
+    }
+
+    /// The tables `sql` creates.
+    fn created(sql: &str) -> Vec<String> {
+        sql.split("create table")
+            .skip(1)
+            .filter_map(|rest| {
+                let rest = rest.trim_start();
+                let rest = rest.strip_prefix("if not exists").unwrap_or(rest);
+                let name: String = rest
+                    .trim_start()
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                (!name.is_empty()).then_some(name)
+            })
+            .collect()
+    }
+
+    /// Whether `word` stands in `sql` as a whole identifier.
+    fn names(sql: &str, word: &str) -> bool {
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        sql.match_indices(word).any(|(at, _)| {
+            let before = sql[..at].chars().next_back().is_none_or(|c| !ident(c));
+            let after = sql[at + word.len()..]
+                .chars()
+                .next()
+                .is_none_or(|c| !ident(c));
+            before && after
+        })
+    }
+
+    /// A migration run beside the answers creates only the reveal log's
+    /// tables and names no table another migration creates: whatever it
+    /// locks or rewrites, answering does not read.
+    #[test]
+    fn the_migrations_beside_answers_touch_the_reveal_log_alone() {
+        let reveal_log = |table: &str| {
+            table == "reveals"
+                || table.starts_with("reveal_")
+                || table.starts_with("ad_reveal_counts")
+        };
+        for (migrator, beside) in [
+            (sqlx::migrate!("migrations/sqlite"), BESIDE_ANSWERS_SQLITE),
+            (
+                sqlx::migrate!("migrations/postgres"),
+                BESIDE_ANSWERS_POSTGRES,
+            ),
+        ] {
+            let listed = |version: i64| beside.contains(&version);
+            let others: Vec<String> = migrator
+                .iter()
+                .filter(|m| !listed(m.version))
+                .flat_map(|m| created(&code_of(&m.sql)))
+                .collect();
+            assert!(
+                others.iter().any(|t| t == "calltracking_status"),
+                "{others:?}"
+            );
+            for &version in beside {
+                let migration = migrator.iter().find(|m| m.version == version);
+                let sql = code_of(&migration.expect("a listed migration exists").sql);
+                for table in created(&sql) {
+                    assert!(reveal_log(&table), "{version:04} creates {table}");
+                }
+                for table in &others {
+                    assert!(
+                        reveal_log(table) || !names(&sql, table),
+                        "{version:04} names {table}, outside the reveal log"
+                    );
+                }
+            }
+        }
+    }
 
     /// CRC-32 (ISO-HDLC)'s check value: the CRC of "123456789" is
     /// 0xCBF43926, so the key is sqlx's for that name.

@@ -243,12 +243,14 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Ready once the status set is loaded (after the start's migrations, which
-/// the 503's detail names while one runs; and, with viewer budgets on, the
-/// refusals in force), and no longer once shutdown has begun.
+/// Ready once the status set is loaded (after the start's migrations that
+/// answering needs, which the 503's detail names while one runs; and, with
+/// viewer budgets on, the refusals in force), and no longer once shutdown has
+/// begun. The reveal log's own migrations run beside the answers: the 200's
+/// body names them while they run.
 #[utoipa::path(get, path = paths::READYZ, tag = "operations",
     responses(
-        (status = 200, description = "Ready", body = String, content_type = "text/plain"),
+        (status = 200, description = "Ready (`ready`, and what the reveal log's migrations do while they run beside the answers)", body = String, content_type = "text/plain"),
         (status = 503, description = "Not loaded yet, or shutting down", body = Problem),
     ))]
 pub async fn readyz(State(state): State<AdminState>) -> Response {
@@ -278,7 +280,17 @@ pub async fn readyz(State(state): State<AdminState>) -> Response {
         }
         .into_response();
     }
-    (StatusCode::OK, "ready").into_response()
+    match state.migrations.describe() {
+        Some(migrating) => (
+            StatusCode::OK,
+            format!(
+                "ready; the reveal log's migrations run beside the answers \
+                 (reveals wait in memory): {migrating}"
+            ),
+        )
+            .into_response(),
+        None => (StatusCode::OK, "ready").into_response(),
+    }
 }
 
 #[utoipa::path(get, path = paths::METRICS, tag = "operations",

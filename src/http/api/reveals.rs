@@ -203,7 +203,7 @@ pub struct AdReveals {
         (status = 400, description = "A bad parameter", body = Problem),
         (status = 401, description = "No or a wrong token", body = Problem),
         (status = 404, description = "The reveal log is off", body = Problem),
-        (status = 503, description = "The database is unavailable", body = Problem),
+        (status = 503, description = "The database is unavailable, or the reveal log is being migrated", body = Problem),
     )
 )]
 pub async fn list(
@@ -211,9 +211,7 @@ pub async fn list(
     caller: Option<Extension<Caller>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    if state.reveals.is_none() {
-        return Err(ApiError::RouteNotFound);
-    }
+    readable(&state)?;
     let query = parse_query(query.as_deref().unwrap_or_default())?;
     // Who read whose history is itself on record (docs/admin-access.md).
     let token = name_of(caller.as_ref());
@@ -256,7 +254,7 @@ pub async fn list(
         (status = 400, description = "A bad ad id", body = Problem),
         (status = 401, description = "No or a wrong token", body = Problem),
         (status = 404, description = "The reveal log is off", body = Problem),
-        (status = 503, description = "The database is unavailable", body = Problem),
+        (status = 503, description = "The database is unavailable, or the reveal log is being migrated", body = Problem),
     )
 )]
 pub async fn ad_counts(
@@ -264,9 +262,7 @@ pub async fn ad_counts(
     caller: Option<Extension<Caller>>,
     Path(ad_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    if state.reveals.is_none() {
-        return Err(ApiError::RouteNotFound);
-    }
+    readable(&state)?;
     let ad = AdId::parse(&ad_id).map_err(|e| field_error("ad_id", e))?;
     let token = name_of(caller.as_ref());
     tracing::info!(token, ad_id = %ad, "reveal log read");
@@ -281,6 +277,20 @@ pub async fn ad_counts(
         },
     })
     .into_response())
+}
+
+/// The reveal log can be read: on (else 404), and no migration of it runs
+/// (else 503: its tables are being rewritten; `/readyz` names the migration).
+fn readable(state: &AdminState) -> Result<(), ApiError> {
+    if state.reveals.is_none() {
+        return Err(ApiError::RouteNotFound);
+    }
+    if state.migrations.describe().is_some() {
+        return Err(ApiError::Unavailable {
+            detail: "the reveal log is being migrated: retry once /readyz names no migration",
+        });
+    }
+    Ok(())
 }
 
 /// The caller's token name, as the admin front handed it over; `"none"` for
