@@ -632,6 +632,64 @@ fn built_commit() -> String {
     }
 }
 
+/// Call tracking refuses every connection while seven tracked sellers are
+/// looked up: at the default log level the failures are on the log at WARN,
+/// named by upstream and outcome with their count (one line per 10 s at
+/// most), so the runbook's first look (WARN and ERROR) finds them.
+#[tokio::test]
+async fn an_upstreams_failures_are_logged_at_warn_at_the_default_level() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let real = Fake::start(Upstream::RealPhone).await;
+    real.reply(Reply::Phone(REAL));
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let calltracking = format!("http://{closed}");
+    let process = Process::start_with(
+        &url,
+        &[
+            ("UPSTREAMS__REAL_PHONE__BASE_URL", real.url.as_str()),
+            ("UPSTREAMS__CALLTRACKING__BASE_URL", calltracking.as_str()),
+            ("LOG__FILTER", "info"),
+        ],
+    )
+    .await;
+    process.track(1..=7).await;
+    for user in 1..=7 {
+        let got = process
+            .get_public_with(&phone_path(user, 1, PLAIN_CATEGORY), &[])
+            .await;
+        assert_eq!(got.status, 200, "{got:?}");
+    }
+    let mut warned = Vec::new();
+    let started = Instant::now();
+    while warned.is_empty() && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        warned = process
+            .child
+            .lines_so_far()
+            .into_iter()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(&line).ok())
+            .filter(|json| {
+                json["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("upstream calls failed"))
+            })
+            .collect();
+    }
+    let [line] = &warned[..] else {
+        panic!("one WARN line within 10 s: {warned:?}");
+    };
+    assert_eq!(line["level"], "WARN", "{line}");
+    assert_eq!(line["fields"]["upstream"], "calltracking", "{line}");
+    assert_eq!(line["fields"]["outcome"], "error", "{line}");
+    let error = line["fields"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("could not connect"), "{line}");
+    assert!(line["fields"]["count"].as_u64() >= Some(1), "{line}");
+}
+
 /// The version and the commit: `--version` shows both, `serve` logs them at
 /// start, and `phones_gateway_build_info{version, commit}` is 1.
 #[tokio::test]
