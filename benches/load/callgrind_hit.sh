@@ -128,10 +128,23 @@ print(f"{((b - a) - rate * (wb - wa)) / (int(sys.argv[6]) - int(sys.argv[5])):.0
 PY
 }
 
+# SQLite's statement preparation (inclusive, the outermost call: it does
+# not nest) in a run's file. sqlx caches each statement text, so a replica
+# prepares each of the writer's chunk sizes once (store/reveals/inserts.rs);
+# which sizes a short run meets follows the flush's timing, so the N2 run
+# may prepare sizes the N1 run did not. Printed apart (prepares_per_answer)
+# and taken out (steady_per_answer): a long-running replica has them all.
+prepared() {
+    callgrind_annotate --inclusive=yes --auto=no --tree=none "$1" 2>/dev/null |
+        awk '/sqlite3LockAndPrepare/ {gsub(",", "", $1); if ($1 + 0 > m) m = $1 + 0} END {print m + 0}'
+}
+
 read -r gw gw_idle < <(figure gw)
+prepares=$(( ($(prepared "$OUT/gw-n2.out") - $(prepared "$OUT/gw-n1.out")) / (N2 - N1) ))
+steady="per_answer=$gw prepares_per_answer=$prepares steady_per_answer=$((gw - prepares))"
 if [ "$hello" = none ]; then
-    echo "bin=$bin K=$K N1=$N1 N2=$N2 C=$C T=$T per_answer=$gw idle_ir_per_s=$gw_idle out=$OUT"
+    echo "bin=$bin K=$K N1=$N1 N2=$N2 C=$C T=$T $steady idle_ir_per_s=$gw_idle out=$OUT"
     exit
 fi
 read -r hw hw_idle < <(figure hello)
-echo "bin=$bin K=$K N1=$N1 N2=$N2 C=$C T=$T per_answer=$gw hello_per_answer=$hw beyond_hello=$((gw - hw)) idle_ir_per_s=$gw_idle hello_idle_ir_per_s=$hw_idle out=$OUT"
+echo "bin=$bin K=$K N1=$N1 N2=$N2 C=$C T=$T $steady hello_per_answer=$hw beyond_hello=$((gw - hw)) idle_ir_per_s=$gw_idle hello_idle_ir_per_s=$hw_idle out=$OUT"
