@@ -22,6 +22,10 @@
 # T (10) and OUT (where the callgrind files are kept, for callgrind_annotate)
 # from the environment; extra settings of the gateway (the reveal log off:
 # PHONES_GATEWAY__REVEALS__ENABLED=false) pass through the environment as well.
+# For a before/after gate set PHONES_GATEWAY__REVEALS__FLUSH_INTERVAL_MS=60000:
+# each run's reveals are then one write at shutdown, so the writer's batches,
+# and its cost an answer with them, do not follow the run's timing (with the
+# shipped 500 ms the rounds of one build spread by a quarter; BENCHMARKS.md).
 # Binds 127.0.0.1 on PORT_BASE (default 19700) to PORT_BASE + 3 only and stops
 # by itself. Prints any answer but a 200 and, for each gateway run, its upstream
 # calls (phones_gateway_upstream_requests_total on /metrics, read in every run
