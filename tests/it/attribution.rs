@@ -3,8 +3,10 @@
 //! verdict only when the time and the load were the upstream's. One caller's
 //! batch, a 4xx about one request, a pause of the gateway's own process and
 //! the deadline reached by the gateway's own delay never show a tracked seller
-//! their real number. Evidence is the test's own app's answers; the pauses
-//! stop a gateway running as its own process (SIGSTOP, SIGCONT).
+//! their real number; an upstream that answers no one still gets the
+//! configured rule on a throttled replica. Evidence is the test's own app's
+//! answers; the pauses stop a gateway running as its own process (SIGSTOP,
+//! SIGCONT).
 
 use std::time::Duration;
 
@@ -344,6 +346,71 @@ async fn a_throttled_replica_shows_no_tracked_seller_a_real_number() {
     );
     let answered = kinds.iter().filter(|k| *k == "calltracking").count();
     assert!(answered * 10 >= kinds.len() * 9, "{kinds:?}");
+}
+
+/// Call tracking answers no one (it takes each request and never answers)
+/// while the gateway's process is stopped 40 ms of every 100 ms, 50 fresh
+/// lookups a second for tracked sellers, each with its phone. The time the
+/// gateway lost is given back, but each call had its timeout of the gateway's
+/// running time: after the first 10 s of the outage at least 90% of the
+/// lookups fall through to the real number (`on_error`), throttled or not.
+#[tokio::test]
+async fn a_throttled_replica_applies_the_rule_when_call_tracking_answers_no_one() {
+    use futures_util::StreamExt as _;
+    let (process, real, calltracking, _dir) = gateway_process(&[]).await;
+    real.reply(Reply::Phone(REAL));
+    let users: Vec<u64> = (44_001..=44_500).collect();
+    process.track(users.iter().copied()).await;
+    calltracking.reply(Reply::Hang);
+    let outage = Duration::from_secs(10 + 5 * crate::support::scale());
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let lookups = async {
+        let began = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut pending = futures_util::stream::FuturesUnordered::new();
+        let mut kinds = Vec::new();
+        let mut n = 0u64;
+        while began.elapsed() < outage {
+            tick.tick().await;
+            n += 1;
+            let path = given(users[(n % 500) as usize], n, &phone_of(n));
+            let (at, process) = (began.elapsed(), &process);
+            pending.push(async move { (at, kind_of(&process.get_public_with(&path, &[]).await)) });
+            while let Some(Some(answered)) = futures_util::FutureExt::now_or_never(pending.next()) {
+                kinds.push(answered);
+            }
+        }
+        while let Some(answered) = pending.next().await {
+            kinds.push(answered);
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        kinds
+    };
+    let throttling = async {
+        let mut paused = 0;
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            pause(&process, Duration::from_millis(40)).await;
+            paused += 1;
+        }
+        paused
+    };
+    let (kinds, paused) = tokio::join!(lookups, throttling);
+    assert!(paused >= 50, "the throttle ran {paused} times");
+    let late: Vec<String> = kinds
+        .iter()
+        .filter(|(at, _)| *at >= Duration::from_secs(10))
+        .map(|(_, kind)| kind.clone())
+        .collect();
+    crate::support::tally("throttled outage, after 10 s", &late);
+    let fell_through = late.iter().filter(|k| *k == "real").count();
+    assert!(late.len() >= 200, "{}", late.len());
+    assert!(
+        fell_through * 10 >= late.len() * 9,
+        "{fell_through} of {} fell through after 10 s: {late:?}",
+        late.len()
+    );
 }
 
 /// Call tracking's answer (250 ms, inside its 300 ms) arrives during a
