@@ -198,6 +198,19 @@ fn pending(migrator: &Migrator, applied: &[i64], until: Until, beside: &[i64]) -
     pending
 }
 
+/// The pending migrations a run `until` applies (see [`pending`]), and how
+/// many it leaves pending (the reveal log's, after [`Until::Answers`]).
+fn split(
+    migrator: &Migrator,
+    applied: &[i64],
+    until: Until,
+    beside: &[i64],
+) -> (Vec<usize>, usize) {
+    let to_run = pending(migrator, applied, until, beside);
+    let left = pending(migrator, applied, Until::All, beside).len() - to_run.len();
+    (to_run, left)
+}
+
 /// An error for the first of `applied` that `migrator` does not know (a
 /// database a newer release migrated); the full run checks this too.
 fn known(migrator: &Migrator, applied: &[i64]) -> Result<(), StoreError> {
@@ -240,10 +253,9 @@ where
     F: Future<Output = Result<Option<String>, StoreError>>,
 {
     known(migrator, applied)?;
-    let pending = pending(migrator, applied, until, beside);
-    let left = self::pending(migrator, applied, Until::All, beside).len() - pending.len();
-    let of = pending.len();
-    for (n, &index) in pending.iter().enumerate() {
+    let (to_run, left) = split(migrator, applied, until, beside);
+    let of = to_run.len();
+    for (n, &index) in to_run.iter().enumerate() {
         let migration = &migrator.migrations[index];
         let (version, description) = (migration.version, migration.description.to_string());
         tracing::info!(version, %description, nth = n + 1, of, "migration starts");
@@ -328,10 +340,10 @@ pub(super) async fn run_postgres(
         // Nothing that answering needs is pending: no wait for the lock,
         // which a replica migrating the reveal log holds for minutes.
         let applied = applied_postgres(&mut direct).await;
-        if pending(migrator, &applied, until, plan.2).is_empty() {
+        let (to_run, left) = split(migrator, &applied, until, plan.2);
+        if to_run.is_empty() {
             let result = known(migrator, &applied);
             let _ = sqlx::Connection::close(direct).await;
-            let left = pending(migrator, &applied, Until::All, plan.2).len();
             return result.map(|()| left);
         }
     }
