@@ -224,6 +224,18 @@ async fn pause(process: &Process, pause: Duration) {
     kill_process(pid, Signal::CONT).unwrap();
 }
 
+/// Stops the process 40 ms of every 100 ms (what a container's CPU quota
+/// does to a busy pod) until `done`; how many times it stopped it.
+async fn throttle_until(process: &Process, done: &std::sync::atomic::AtomicBool) -> u32 {
+    let mut paused = 0;
+    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        pause(process, Duration::from_millis(40)).await;
+        paused += 1;
+    }
+    paused
+}
+
 /// The gateway's process stops for 400 ms while twelve lookups for tracked
 /// sellers are in flight and call tracking, healthy, answers in 100 ms: the
 /// calls' timers run out during the pause and fire before the answers already
@@ -322,15 +334,7 @@ async fn a_throttled_replica_shows_no_tracked_seller_a_real_number() {
         done.store(true, std::sync::atomic::Ordering::SeqCst);
         kinds
     };
-    let throttling = async {
-        let mut paused = 0;
-        while !done.load(std::sync::atomic::Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(60)).await;
-            pause(&process, Duration::from_millis(40)).await;
-            paused += 1;
-        }
-        paused
-    };
+    let throttling = throttle_until(&process, &done);
     let (kinds, paused) = tokio::join!(lookups, throttling);
     assert!(
         paused >= 5,
@@ -387,15 +391,7 @@ async fn a_throttled_replica_applies_the_rule_when_call_tracking_answers_no_one(
         done.store(true, std::sync::atomic::Ordering::SeqCst);
         kinds
     };
-    let throttling = async {
-        let mut paused = 0;
-        while !done.load(std::sync::atomic::Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(60)).await;
-            pause(&process, Duration::from_millis(40)).await;
-            paused += 1;
-        }
-        paused
-    };
+    let throttling = throttle_until(&process, &done);
     let (kinds, paused) = tokio::join!(lookups, throttling);
     assert!(paused >= 50, "the throttle ran {paused} times");
     let late: Vec<String> = kinds
