@@ -224,13 +224,18 @@ async fn pause(process: &Process, pause: Duration) {
     kill_process(pid, Signal::CONT).unwrap();
 }
 
-/// Stops the process 40 ms of every 100 ms (what a container's CPU quota
-/// does to a busy pod) until `done`; how many times it stopped it.
-async fn throttle_until(process: &Process, done: &std::sync::atomic::AtomicBool) -> u32 {
+/// Lets the process run for `run`, then stops it for `stop`, over and over
+/// (what a container's CPU quota does to a busy pod) until `done`; how many
+/// times it stopped it.
+async fn throttle_until(
+    process: &Process,
+    (run, stop): (Duration, Duration),
+    done: &std::sync::atomic::AtomicBool,
+) -> u32 {
     let mut paused = 0;
     while !done.load(std::sync::atomic::Ordering::SeqCst) {
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        pause(process, Duration::from_millis(40)).await;
+        tokio::time::sleep(run).await;
+        pause(process, stop).await;
         paused += 1;
     }
     paused
@@ -334,7 +339,11 @@ async fn a_throttled_replica_shows_no_tracked_seller_a_real_number() {
         done.store(true, std::sync::atomic::Ordering::SeqCst);
         kinds
     };
-    let throttling = throttle_until(&process, &done);
+    let throttling = throttle_until(
+        &process,
+        (Duration::from_millis(60), Duration::from_millis(40)),
+        &done,
+    );
     let (kinds, paused) = tokio::join!(lookups, throttling);
     assert!(
         paused >= 5,
@@ -353,11 +362,12 @@ async fn a_throttled_replica_shows_no_tracked_seller_a_real_number() {
 }
 
 /// Call tracking answers no one (it takes each request and never answers)
-/// while the gateway's process is stopped 40 ms of every 100 ms, 50 fresh
-/// lookups a second for tracked sellers, each with its phone. The time the
-/// gateway lost is given back, but each call had its timeout of the gateway's
-/// running time: after the first 10 s of the outage at least 90% of the
-/// lookups fall through to the real number (`on_error`), throttled or not.
+/// while the gateway's process is stopped 75 ms of every 100 ms (a busy pod
+/// held to a quarter of a core, the most a call's timer still judges), 50
+/// fresh lookups a second for tracked sellers, each with its phone. The time
+/// the gateway lost is given back, but each call had its timeout of the
+/// gateway's running time: after the first 10 s of the outage at least 90% of
+/// the lookups fall through to the real number (`on_error`), throttled or not.
 #[tokio::test]
 async fn a_throttled_replica_applies_the_rule_when_call_tracking_answers_no_one() {
     use futures_util::StreamExt as _;
@@ -391,7 +401,11 @@ async fn a_throttled_replica_applies_the_rule_when_call_tracking_answers_no_one(
         done.store(true, std::sync::atomic::Ordering::SeqCst);
         kinds
     };
-    let throttling = throttle_until(&process, &done);
+    let throttling = throttle_until(
+        &process,
+        (Duration::from_millis(25), Duration::from_millis(75)),
+        &done,
+    );
     let (kinds, paused) = tokio::join!(lookups, throttling);
     assert!(paused >= 50, "the throttle ran {paused} times");
     let late: Vec<String> = kinds
