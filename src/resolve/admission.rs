@@ -15,9 +15,18 @@
 //! (how other systems decide, and what was tried: docs/design.md, "Cold
 //! admission").
 //!
-//! Every [`INTERVAL`] the worst lateness the runtime's probe saw
-//! (`runtime::lost`, which runs whatever admission does) is compared with
-//! `server.max_queue_delay_ms`; with the key at zero admission takes no turn.
+//! Every [`INTERVAL`] the least lateness of the interval (of the wakes of
+//! the runtime's probe, `runtime::lost`, which runs whatever admission does;
+//! the turn's own if the probe did not wake) is taken, and the lesser of it and the interval before's is
+//! compared with `server.max_queue_delay_ms`: a wait that stood for two
+//! intervals. That is CoDel's rule (the least sojourn time over an interval
+//! tells a standing queue from a burst that drains): a runtime short of CPU
+//! wakes every timer late, while one stall (a pause of the process, a
+//! throttle's stop, a task that blocked a worker once) makes one late wake
+//! followed by on-time ones. The stall's time is the gateway's, given back to
+//! the calls it delayed (`upstream::timer`); the requests that arrived during
+//! it are answered as the workers get to them, not shed. With the key at zero
+//! admission takes no turn.
 //! The action sheds only the expensive class, misses: a hit costs little more
 //! than a shed, so hits keep being answered, and the misses let in fill the
 //! caches as fast as the CPU allows, so the share of hits, and then throughput,
@@ -54,13 +63,13 @@ pub struct Admission {
     shed: metrics::Counter,
     delay_gauge: metrics::Gauge,
     share_gauge: metrics::Gauge,
-    /// The runtime's lost time, whose worst lateness steers admission.
+    /// The runtime's lost time, whose least lateness steers admission.
     lost: Arc<LostTime>,
 }
 
 impl Admission {
     /// Cold admission at `max_delay` (`server.max_queue_delay_ms`; zero: never
-    /// shed), steered by the worst lateness of `lost`.
+    /// shed), steered by the least lateness of `lost`.
     pub fn new(max_delay: Duration, lost: Arc<LostTime>) -> Self {
         Admission {
             share: AtomicU32::new(ALL),
@@ -92,8 +101,8 @@ impl Admission {
         admitted
     }
 
-    /// One control step, given the worst lateness of the probe over the last
-    /// interval.
+    /// One control step, given the wait that stood over the last two
+    /// intervals.
     fn adjust(&self, delay: Duration) {
         let share = self.share.load(Ordering::Relaxed);
         let next = if delay > self.max_delay {
@@ -116,16 +125,21 @@ impl Admission {
         if self.max_delay.is_zero() {
             return;
         }
+        let mut before = Duration::ZERO;
         loop {
             let due = tokio::time::Instant::now() + INTERVAL;
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep_until(due) => {}
             }
-            // Its own lateness too: after a stall this may run before the
-            // probe has reported it.
-            let late = lateness(due, tokio::time::Instant::now());
-            self.adjust(self.lost.take_worst().max(late));
+            // Its own wake stands in for the probe's when the probe did not
+            // wake in the interval (after a stall this may run first).
+            let least = self
+                .lost
+                .take_least()
+                .unwrap_or_else(|| lateness(due, tokio::time::Instant::now()));
+            self.adjust(least.min(before));
+            before = least;
         }
     }
 }
@@ -211,17 +225,67 @@ mod tests {
         assert_eq!(admitted_of(&off, 1000), 1000, "nothing shed at zero");
     }
 
-    /// The worst lateness the probe saw in an interval steers the next turn.
+    /// A runtime that wakes every timer late (each step of its clock 60 ms
+    /// with no task run between, the probe's wakes and the turns' alike) has
+    /// a wait that stands: after two intervals the share is cut, by
+    /// limit/lateness, and on.
     #[tokio::test(start_paused = true)]
-    async fn the_probes_worst_lateness_steers_it() {
+    async fn a_lateness_that_stands_cuts_the_share() {
         let stop = CancellationToken::new();
         let lost = lost();
+        let probing = tokio::spawn(crate::runtime::lost::probe(lost.clone(), stop.clone()));
         let on = Arc::new(Admission::new(LIMIT, lost.clone()));
         let watching = tokio::spawn(on.clone().watch(stop.clone()));
-        lost.woke(tokio::time::Instant::now(), Duration::from_millis(500));
-        tokio::time::sleep(INTERVAL + Duration::from_millis(2)).await;
-        assert_eq!(admitted_of(&on, 1000), 100, "cut by limit/lateness");
+        tokio::task::yield_now().await;
+        let mut shares = Vec::new();
+        for _ in 0..10 {
+            tokio::time::advance(Duration::from_millis(60)).await;
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+            shares.push(on.share.load(Ordering::Relaxed));
+        }
+        assert_eq!(shares[0], ALL, "one late interval is no queue");
+        assert!(
+            shares[9] <= ALL * 3 / 4 * 3 / 4,
+            "cut and cut again: {shares:?}"
+        );
         stop.cancel();
         watching.await.unwrap();
+        probing.await.unwrap();
+    }
+
+    /// One stall (the process paused 900 ms: every timer fires at once, late)
+    /// followed by on-time wakes sheds nothing, at any point of a turn and
+    /// whichever of the probe and the turn runs first after it; without the
+    /// probe the turn's own wakes are the interval's.
+    #[tokio::test(start_paused = true)]
+    async fn one_stall_sheds_nothing() {
+        for probed in [true, false] {
+            let stop = CancellationToken::new();
+            let lost = lost();
+            let probing = probed
+                .then(|| tokio::spawn(crate::runtime::lost::probe(lost.clone(), stop.clone())));
+            let on = Arc::new(Admission::new(LIMIT, lost.clone()));
+            let watching = tokio::spawn(on.clone().watch(stop.clone()));
+            for stall_at in [0, 3, 50, 97] {
+                tokio::time::sleep(INTERVAL * 3 + Duration::from_millis(stall_at)).await;
+                // The clock jumps while no task runs, as under SIGSTOP.
+                tokio::time::advance(Duration::from_millis(900)).await;
+                for _ in 0..(INTERVAL * 3).as_millis() {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    assert_eq!(
+                        on.share.load(Ordering::Relaxed),
+                        ALL,
+                        "a stall {stall_at} ms into a turn cut the share (probe: {probed})"
+                    );
+                }
+            }
+            stop.cancel();
+            watching.await.unwrap();
+            if let Some(probing) = probing {
+                probing.await.unwrap();
+            }
+        }
     }
 }

@@ -1,8 +1,8 @@
 //! Time the process lost: how late its timers and tasks ran (a CPU quota's
 //! throttle, a paused process, a stalled worker), as a running total. An
 //! upstream call's timer reads it (`upstream::timer`; the rule is
-//! docs/rules.md, "Whose time"), and cold admission reads the worst lateness
-//! of each of its intervals (`resolve::admission`).
+//! docs/rules.md, "Whose time"), and cold admission reads the least lateness
+//! of each of its intervals (`resolve::admission`): a wait that stood.
 //!
 //! [`probe`], a task of the app's for the process's whole life, sleeps
 //! [`PROBE_PERIOD`] at a time and adds how late it woke, less tokio's
@@ -31,8 +31,9 @@ pub const PROBE_PERIOD: Duration = Duration::from_millis(5);
 pub struct LostTime {
     /// Microseconds lost since start, as the probe measured them.
     total_us: AtomicU64,
-    /// The worst lateness since [`LostTime::take_worst`], in microseconds.
-    worst_us: AtomicU64,
+    /// The least lateness since [`LostTime::take_least`], in microseconds
+    /// (`u64::MAX`: no wake since).
+    least_us: AtomicU64,
     /// When the probe last woke, microseconds after `epoch`, plus one (0:
     /// never).
     woke_us: AtomicU64,
@@ -50,7 +51,7 @@ impl LostTime {
     pub fn new(tolerance: Duration, period: Duration) -> Self {
         LostTime {
             total_us: AtomicU64::new(0),
-            worst_us: AtomicU64::new(0),
+            least_us: AtomicU64::new(u64::MAX),
             woke_us: AtomicU64::new(0),
             epoch: Instant::now(),
             period,
@@ -63,9 +64,9 @@ impl LostTime {
     /// granularity ([`lateness`]).
     pub fn woke(&self, now: Instant, late: Duration) {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.least_us.fetch_min(micros(late), Ordering::Relaxed);
         if !late.is_zero() {
             self.total_us.fetch_add(micros(late), Ordering::Relaxed);
-            self.worst_us.fetch_max(micros(late), Ordering::Relaxed);
             self.histogram.record(late.as_secs_f64());
         }
         let at = micros(now.saturating_duration_since(self.epoch)).saturating_add(1);
@@ -85,10 +86,13 @@ impl LostTime {
         Mark(total.saturating_add(u64::try_from(since_woke.as_micros()).unwrap_or(u64::MAX)))
     }
 
-    /// The worst lateness the probe saw since the last call, which starts
-    /// the next period.
-    pub fn take_worst(&self) -> Duration {
-        Duration::from_micros(self.worst_us.swap(0, Ordering::Relaxed))
+    /// The least lateness of the probe's wakes since the last call, which
+    /// starts the next period; `None` if it did not wake meanwhile.
+    pub fn take_least(&self) -> Option<Duration> {
+        match self.least_us.swap(u64::MAX, Ordering::Relaxed) {
+            u64::MAX => None,
+            least => Some(Duration::from_micros(least)),
+        }
     }
 
     /// Time lost since `mark` was read.
@@ -178,9 +182,10 @@ mod tests {
     }
 
     /// The probe adds a frozen runtime's time (the clock jumps, no task
-    /// runs), and the worst of it is read once.
+    /// runs); the least lateness is the stall's while it is the only wake,
+    /// an on-time wake's after it, and is read once.
     #[tokio::test(start_paused = true)]
-    async fn the_probe_feeds_a_stall_and_its_worst() {
+    async fn the_probe_feeds_a_stall_and_its_least() {
         let stop = CancellationToken::new();
         let lost = std::sync::Arc::new(LostTime::new(Duration::from_millis(30), PERIOD));
         let mark = lost.mark();
@@ -192,8 +197,11 @@ mod tests {
         }
         let fed = lost.since(mark);
         assert!(fed >= Duration::from_millis(390), "lost time fed: {fed:?}");
-        assert!(lost.take_worst() >= Duration::from_millis(390));
-        assert_eq!(lost.take_worst(), Duration::ZERO, "read once");
+        assert!(lost.take_least().unwrap() >= Duration::from_millis(390));
+        assert_eq!(lost.take_least(), None, "read once");
+        tokio::time::sleep(PERIOD * 3).await;
+        lost.woke(Instant::now(), Duration::from_millis(400));
+        assert_eq!(lost.take_least(), Some(Duration::ZERO), "the on-time wakes");
         stop.cancel();
         probing.await.unwrap();
     }
@@ -209,7 +217,7 @@ mod tests {
             tokio::time::sleep(PERIOD).await;
         }
         assert_eq!(lost.since(mark), Duration::ZERO);
-        assert_eq!(lost.take_worst(), Duration::ZERO);
+        assert_eq!(lost.take_least(), Some(Duration::ZERO));
         stop.cancel();
         probing.await.unwrap();
     }

@@ -276,6 +276,53 @@ async fn a_pause_of_the_gateway_is_not_the_upstreams_timeout() {
     next.assert_number(VIRTUAL, "calltracking");
 }
 
+/// Cold admission sheds uncached lookups while ready work waits too long for
+/// the workers (docs/caching.md, "A cold replica"). A pause of the gateway's
+/// process is not that: every timer fires late once, then on time, and the
+/// lookups that arrived meanwhile are answered as the workers get to them.
+/// Lookups of new keys at 40 a second for 4 s, the process stopped for
+/// 900 ms twice: none is shed, each is answered with a number.
+#[tokio::test]
+async fn a_pause_of_the_gateway_sheds_no_uncached_lookup() {
+    use futures_util::StreamExt as _;
+    // Admission on, as shipped.
+    let (process, real, _calltracking, _dir) =
+        gateway_process(&[("SERVER__MAX_QUEUE_DELAY_MS", "50")]).await;
+    real.reply(Reply::Phone(REAL));
+    let began = tokio::time::Instant::now();
+    let asking = async {
+        let mut tick = tokio::time::interval(Duration::from_millis(25));
+        let mut pending = futures_util::stream::FuturesUnordered::new();
+        let mut n = 0u64;
+        while began.elapsed() < Duration::from_secs(4) {
+            tick.tick().await;
+            n += 1;
+            let path = format!(
+                "/v1/public-phone?user_id={}&ad_id={n}&category_id={PLAIN_CATEGORY}",
+                45_000 + n
+            );
+            let process = &process;
+            pending.push(async move { process.get_public_with(&path, &[]).await.status });
+        }
+        pending.collect::<Vec<u16>>().await
+    };
+    let pausing = async {
+        for at in [1000, 2500] {
+            tokio::time::sleep_until(began + Duration::from_millis(at)).await;
+            pause(&process, Duration::from_millis(900)).await;
+        }
+    };
+    let (statuses, ()) = tokio::join!(asking, pausing);
+    let shed = statuses.iter().filter(|s| **s != 200).count();
+    assert!(statuses.len() >= 150, "{}", statuses.len());
+    assert_eq!(
+        shed,
+        0,
+        "{shed} of {} lookups not answered with a number after pauses of the gateway: {statuses:?}",
+        statuses.len()
+    );
+}
+
 /// The real upstream answers in 250 ms and call tracking in 280 ms, both
 /// inside their 300 ms; the gateway's process stops for 200 ms as the real
 /// number arrives, so call tracking, asked late, is still pending at the
