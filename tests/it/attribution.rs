@@ -292,7 +292,7 @@ async fn a_pause_of_the_gateway_sheds_no_uncached_lookup() {
     let began = tokio::time::Instant::now();
     let asking = async {
         let mut tick = tokio::time::interval(Duration::from_millis(25));
-        let mut pending = futures_util::stream::FuturesUnordered::new();
+        let pending = futures_util::stream::FuturesUnordered::new();
         let mut n = 0u64;
         while began.elapsed() < Duration::from_secs(4) {
             tick.tick().await;
