@@ -4,7 +4,7 @@
 //! number: none, outside the control phases in which the configured rule must
 //! still fall through to the real number (so a gateway that simply closed
 //! would fail it); and at least 85% of the honest asks outside the controls are
-//! answered with a number (91.6% measured on two shared cores; the bar here
+//! answered with a number (90.3% to 91.6% measured on two shared cores; the bar here
 //! leaves room for a slower machine, whose attacks hold the upstream's places
 //! longer). Every premise is asserted to have happened (the
 //! pauses overlapped calls in flight, calls queued, load refusals came back,
