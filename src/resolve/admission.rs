@@ -17,9 +17,9 @@
 //!
 //! Every [`INTERVAL`] the least lateness of the interval (of the wakes of
 //! the runtime's probe, `runtime::lost`, which runs whatever admission does;
-//! the turn's own if the probe did not wake) is taken, and the lesser of it and the interval before's is
-//! compared with `server.max_queue_delay_ms`: a wait that stood for two
-//! intervals. That is CoDel's rule (the least sojourn time over an interval
+//! the turn's own if the probe did not wake) is taken, and the lesser of it
+//! and the interval before's is compared with `server.max_queue_delay_ms`: a
+//! wait that stood for two intervals. That is CoDel's rule (the least sojourn time over an interval
 //! tells a standing queue from a burst that drains): a runtime short of CPU
 //! wakes every timer late, while one stall (a pause of the process, a
 //! throttle's stop, a task that blocked a worker once) makes one late wake

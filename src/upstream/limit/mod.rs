@@ -23,9 +23,9 @@
 //!   latency leaves out the time the gateway lost during the call
 //!   (`runtime::lost`): a pause or a throttle of the process is not the
 //!   upstream slowing down, and the burst of requests that queued during it
-//!   finds its places. A timeout teaches nothing (its latency is unknown). When latency falls back, the long
-//!   average follows it down faster (Gradient2's decay), so a past slow spell
-//!   does not hide the next one.
+//!   finds its places. A timeout teaches nothing (its latency is unknown).
+//!   When latency falls back, the long average follows it down faster
+//!   (Gradient2's decay), so a past slow spell does not hide the next one.
 //! - At most one cut per round trip: a signal from a call that started before
 //!   the last cut says nothing about the limit set since (TCP's once per
 //!   window), so a burst of refusals of calls sent together cuts once.
