@@ -75,17 +75,12 @@ impl LostTime {
 
     /// The running total now, the probe's pending gap included.
     pub fn mark(&self) -> Mark {
-        self.mark_at(Instant::now())
-    }
-
-    /// The running total at `now` (a clock the caller read already).
-    pub fn mark_at(&self, now: Instant) -> Mark {
         let total = self.total_us.load(Ordering::Relaxed);
         let woke = self.woke_us.load(Ordering::Relaxed);
         if woke == 0 {
             return Mark(total);
         }
-        let since_woke = now
+        let since_woke = Instant::now()
             .saturating_duration_since(self.epoch + Duration::from_micros(woke - 1))
             .saturating_sub(self.period + Duration::from_millis(1));
         Mark(total.saturating_add(u64::try_from(since_woke.as_micros()).unwrap_or(u64::MAX)))
@@ -102,12 +97,7 @@ impl LostTime {
 
     /// Time lost since `mark` was read.
     pub fn since(&self, mark: Mark) -> Duration {
-        self.since_at(mark, Instant::now())
-    }
-
-    /// Time lost from `mark` to `now` (a clock the caller read already).
-    pub fn since_at(&self, mark: Mark, now: Instant) -> Duration {
-        Duration::from_micros(self.mark_at(now).0.saturating_sub(mark.0))
+        Duration::from_micros(self.mark().0.saturating_sub(mark.0))
     }
 
     /// What a call's timer allows: a call that had its timeout less this of

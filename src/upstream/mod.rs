@@ -327,9 +327,6 @@ impl Upstreams {
             return Err(UpstreamError::Saturated);
         };
         let now = tokio::time::Instant::now();
-        // The time the gateway loses from here is not the upstream's: the
-        // timer gives it back, the adaptive bound's latency leaves it out.
-        let mark = self.lost.mark_at(now);
         let result = match endpoint.backoff.send(now) {
             Err(Unsent::Held) => Err(UpstreamError::BackingOff),
             // Not asked, the upstream judged failing for everyone: its
@@ -344,7 +341,7 @@ impl Upstreams {
                 let phase = Phase::default();
                 let get = endpoint.get(url, call.request_id, call.trace, span.clone(), &phase);
                 let result = timer::timed(
-                    (&self.lost, mark),
+                    &self.lost,
                     endpoint.timeout,
                     get.instrument(span),
                     &phase,
@@ -355,7 +352,7 @@ impl Upstreams {
             }
         };
         let row = Ending::of(&result).row();
-        slot.finish(row.limit, (&self.lost, mark));
+        slot.finish(row.limit);
         told.record(&result);
         result
     }

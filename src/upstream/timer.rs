@@ -29,15 +29,15 @@ pub(super) const GIVEN_BACK: u32 = 3;
 /// connection's task reads what is in its socket and hands the answer over.
 const TURNS: usize = 3;
 
-/// `call`, sent at `sent`, bounded by `timeout` of the upstream's time; the
-/// time lost is counted from `mark`.
+/// `call`, sent at `sent`, bounded by `timeout` of the upstream's time.
 pub(super) async fn timed<T>(
-    (lost, mark): (&LostTime, Mark),
+    lost: &LostTime,
     timeout: Duration,
     call: impl Future<Output = Result<T, UpstreamError>>,
     phase: &Phase,
     sent: Instant,
 ) -> Result<T, UpstreamError> {
+    let mark = lost.mark();
     let bound = sent + timeout * (1 + GIVEN_BACK);
     let mut due = sent + timeout;
     tokio::pin!(call);
@@ -127,14 +127,7 @@ mod tests {
         phase: &Phase,
     ) -> (Result<(), UpstreamError>, Duration) {
         let began = Instant::now();
-        let result = timed(
-            (lost, lost.mark()),
-            TIMEOUT,
-            std::future::pending(),
-            phase,
-            began,
-        )
-        .await;
+        let result = timed(lost, TIMEOUT, std::future::pending(), phase, began).await;
         (result, began.elapsed())
     }
 
@@ -146,14 +139,7 @@ mod tests {
             Ok(7)
         };
         assert_eq!(
-            timed(
-                (&lost, lost.mark()),
-                TIMEOUT,
-                call,
-                &asked(),
-                Instant::now()
-            )
-            .await,
+            timed(&lost, TIMEOUT, call, &asked(), Instant::now()).await,
             Ok(7)
         );
     }
@@ -189,10 +175,7 @@ mod tests {
             let _ = tx.send(());
         });
         let call = async { rx.await.map(|()| 1).map_err(|_| UpstreamError::Cancelled) };
-        assert_eq!(
-            timed((&lost, lost.mark()), TIMEOUT, call, &asked(), began).await,
-            Ok(1)
-        );
+        assert_eq!(timed(&lost, TIMEOUT, call, &asked(), began).await, Ok(1));
     }
 
     /// A stall that ends just after the due time, seen before the probe has
@@ -210,7 +193,7 @@ mod tests {
         };
         // The probe last woke at the start: the 320 ms since count as lost
         // (beyond its period) when the timer fires at 300 ms.
-        let judged = timed((&lost, lost.mark()), TIMEOUT, call, &phase, began).await;
+        let judged = timed(&lost, TIMEOUT, call, &phase, began).await;
         assert_eq!(judged, Ok(()), "the time lost was not given back");
     }
 
@@ -257,7 +240,7 @@ mod tests {
         let closed = || async { Err::<(), _>(UpstreamError::Connect("reset".into())) };
         let began = Instant::now();
         assert_eq!(
-            timed((&lost, lost.mark()), TIMEOUT, closed(), &asked(), began).await,
+            timed(&lost, TIMEOUT, closed(), &asked(), began).await,
             Err(UpstreamError::Connect("reset".into()))
         );
         let call = async {
@@ -265,14 +248,7 @@ mod tests {
             Err::<(), _>(UpstreamError::Connect("reset".into()))
         };
         assert_eq!(
-            timed(
-                (&lost, lost.mark()),
-                TIMEOUT,
-                call,
-                &asked(),
-                Instant::now()
-            )
-            .await,
+            timed(&lost, TIMEOUT, call, &asked(), Instant::now()).await,
             Err(UpstreamError::LostTime)
         );
     }
@@ -289,9 +265,6 @@ mod tests {
             tokio::time::sleep_until(began + Duration::from_millis(350)).await;
             Ok(())
         };
-        assert_eq!(
-            timed((&lost, lost.mark()), TIMEOUT, call, &phase, began).await,
-            Ok(())
-        );
+        assert_eq!(timed(&lost, TIMEOUT, call, &phase, began).await, Ok(()));
     }
 }

@@ -279,11 +279,9 @@ async fn a_pause_of_the_gateway_is_not_the_upstreams_timeout() {
 /// A pause of the gateway's process is not load: every timer fires late
 /// once, then on time. So cold admission (on as shipped; and off) sheds
 /// nothing for it (docs/caching.md, "A cold replica"), and the lookups that
-/// arrived meanwhile are answered as the workers get to them. (That the
-/// adaptive bound learns no climb from it is held by `upstream::limit`'s
-/// tests and the campaign.) Lookups of new keys at 40 a second for 4 s, the
-/// real upstream answering in 100 ms, the process stopped for 900 ms twice:
-/// each is answered with a number.
+/// arrived meanwhile are answered as the workers get to them. Lookups of new
+/// keys at 40 a second for 4 s, the real upstream answering in 100 ms, the
+/// process stopped for 900 ms twice: each is answered with a number.
 #[tokio::test]
 async fn a_pause_of_the_gateway_refuses_no_uncached_lookup() {
     for admission in ["50", "0"] {

@@ -19,13 +19,10 @@
 //!   what the upstream takes, so the first cut lands near its capacity).
 //! - So does a latency climb: each answer's latency feeds two moving averages
 //!   (about its last 8 calls, and about its last 256), and the short one above
-//!   `latency_tolerance` x the long one cuts as a refusal does. An answer's
-//!   latency leaves out the time the gateway lost during the call
-//!   (`runtime::lost`): a pause or a throttle of the process is not the
-//!   upstream slowing down, and the burst of requests that queued during it
-//!   finds its places. A timeout teaches nothing (its latency is unknown).
-//!   When latency falls back, the long average follows it down faster
-//!   (Gradient2's decay), so a past slow spell does not hide the next one.
+//!   `latency_tolerance` x the long one cuts as a refusal does. A timeout
+//!   teaches nothing (its latency is unknown). When latency falls back, the long
+//!   average follows it down faster (Gradient2's decay), so a past slow spell
+//!   does not hide the next one.
 //! - At most one cut per round trip: a signal from a call that started before
 //!   the last cut says nothing about the limit set since (TCP's once per
 //!   window), so a burst of refusals of calls sent together cuts once.
@@ -104,7 +101,6 @@ use dashmap::mapref::entry::Entry;
 use tokio::time::Instant;
 
 use crate::domain::UserId;
-use crate::runtime::lost::{LostTime, Mark};
 
 /// The multiplicative cut, of the calls in flight at a load refusal.
 const CUT: f64 = 0.9;
@@ -314,18 +310,8 @@ pub(super) struct Slot<'a> {
 }
 
 impl Slot<'_> {
-    /// The call ended as `end`, no time lost (tests); frees the place.
-    #[cfg(test)]
-    pub(super) fn finish_calm(self, end: End) {
-        let lost = LostTime::new(Duration::ZERO, Duration::from_millis(5));
-        let mark = lost.mark();
-        self.finish(end, (&lost, mark));
-    }
-
-    /// The call ended as `end`; frees the place. Its latency leaves out the
-    /// time the gateway lost since `mark` (a pause or a throttle of the
-    /// process is not the upstream slowing down).
-    pub(super) fn finish(self, end: End, (lost, mark): (&LostTime, Mark)) {
+    /// The call ended as `end`; frees the place.
+    pub(super) fn finish(self, end: End) {
         // A fixed bound learns nothing: no clock read. An adaptive one reads
         // the clock once, for the latency and for its own timing (a read is
         // about a hundred instructions of a call end's 420, callgrind).
@@ -335,10 +321,7 @@ impl Slot<'_> {
         let now = Instant::now();
         let signal = match end {
             End::LoadRefused => Signal::Refused,
-            End::Answered => Signal::Latency(
-                now.duration_since(self.started)
-                    .saturating_sub(lost.since_at(mark, now)),
-            ),
+            End::Answered => Signal::Latency(now.duration_since(self.started)),
             End::Unknown => return,
         };
         self.bound.learn_at(signal, &self, now);
