@@ -302,47 +302,20 @@ async fn asks_at(
     rate: u64,
     duration: Duration,
 ) -> Vec<(Duration, String)> {
-    let mut kinds = Vec::new();
-    let began = tokio::time::Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_millis(1000 / rate));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut pending = futures_util::stream::FuturesUnordered::new();
-    while began.elapsed() < duration {
-        tick.tick().await;
+    let every = Duration::from_millis(1000 / rate);
+    crate::support::open_loop(every, duration, |_| {
         let i = n.fetch_add(1, Ordering::SeqCst) as u64;
         let path = lookup(1 + i % 500, 5_000_000 + i);
-        let at = began.elapsed();
-        pending.push(async move { (at, ask(app, &path).await) });
-        // Keep the answers flowing without waiting for each.
-        while let Some(Some(done)) =
-            futures_util::FutureExt::now_or_never(futures_util::StreamExt::next(&mut pending))
-        {
-            kinds.push(done);
-        }
-    }
-    while let Some(done) = futures_util::StreamExt::next(&mut pending).await {
-        kinds.push(done);
-    }
-    kinds
+        async move { ask(app, &path).await }
+    })
+    .await
 }
 
-/// The kinds of the answers asked at least 10 s into an outage; asserts at
-/// least 90% fell through to the real number (`on_error`), of 200 or more.
+/// [`crate::support::assert_fell_through_after_ten_seconds`], with call
+/// tracking's outcomes so far when it fails.
 async fn fell_through_after_ten_seconds(app: &TestApp, what: &str, outage: &[(Duration, String)]) {
-    let late: Vec<String> = outage
-        .iter()
-        .filter(|(at, _)| *at >= Duration::from_secs(10))
-        .map(|(_, kind)| kind.clone())
-        .collect();
-    let fell_through = late.iter().filter(|k| *k == "real").count();
-    crate::support::tally(what, &late);
-    assert!(late.len() >= 200, "{}", late.len());
-    assert!(
-        fell_through * 10 >= late.len() * 9,
-        "{what}: {fell_through} of {} fell through after 10 s: {late:?} {:?}",
-        late.len(),
-        outcomes(app).await
-    );
+    let outcomes = outcomes(app).await;
+    crate::support::assert_fell_through_after_ten_seconds(what, outage, &outcomes);
 }
 
 /// Demand rises fivefold (fresh lookups of many sellers), and then call

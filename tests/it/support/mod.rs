@@ -47,6 +47,58 @@ pub fn tally(test: &str, kinds: &[String]) {
     eprintln!("{test}: {} lookups, by kind {counts:?}", kinds.len());
 }
 
+/// Asks `ask(n)` for n = 0, 1, ... every `every` for `length`, without
+/// waiting for the answers (an open loop: slow answers do not slow the
+/// asking; a tick missed is skipped); each answer with when it was asked.
+pub async fn open_loop<T, F: std::future::Future<Output = T>>(
+    every: Duration,
+    length: Duration,
+    mut ask: impl FnMut(u64) -> F,
+) -> Vec<(Duration, T)> {
+    use futures_util::{FutureExt as _, StreamExt as _};
+    let began = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut pending = futures_util::stream::FuturesUnordered::new();
+    let mut answers = Vec::new();
+    let mut n = 0;
+    while began.elapsed() < length {
+        tick.tick().await;
+        let (at, asked) = (began.elapsed(), ask(n));
+        n += 1;
+        pending.push(asked.map(move |answer| (at, answer)));
+        // Keep the answers flowing without waiting for each.
+        while let Some(Some(answered)) = pending.next().now_or_never() {
+            answers.push(answered);
+        }
+    }
+    answers.extend(pending.collect::<Vec<_>>().await);
+    answers
+}
+
+/// The kinds of the answers asked at least 10 s into an outage; asserts at
+/// least 90% fell through to the real number (`on_error`), of 200 or more.
+/// `context` is printed when it fails.
+pub fn assert_fell_through_after_ten_seconds(
+    what: &str,
+    outage: &[(Duration, String)],
+    context: &dyn std::fmt::Debug,
+) {
+    let late: Vec<String> = outage
+        .iter()
+        .filter(|(at, _)| *at >= Duration::from_secs(10))
+        .map(|(_, kind)| kind.clone())
+        .collect();
+    let fell_through = late.iter().filter(|k| *k == "real").count();
+    tally(what, &late);
+    assert!(late.len() >= 200, "{}", late.len());
+    assert!(
+        fell_through * 10 >= late.len() * 9,
+        "{what}: {fell_through} of {} fell through after 10 s: {late:?} {context:?}",
+        late.len(),
+    );
+}
+
 /// How many times over the findings' tests run their lookups:
 /// `FINDINGS_SCALE` (1 by default). `scripts/findings` runs them at a scale
 /// that makes each at least 10,000 lookups.
