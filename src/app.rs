@@ -344,21 +344,24 @@ impl App {
             Inbound::making_room("admin", conns::ADMIN_MAX_CONNECTIONS),
             stopped(stop_rx.clone()),
         );
-        // Stops with the others; `/readyz` there turns 503 first as well.
+        // Stops with the others; `/readyz` there turns 503 first as well. On a
+        // thread of its own (`runtime::apart`).
         let probe = async {
-            match self.probe {
-                Some((listener, front)) => {
-                    serve(
-                        listener,
-                        front,
-                        server,
-                        Inbound::making_room("probe", conns::PROBE_MAX_CONNECTIONS),
-                        stopped(stop_rx),
-                    )
-                    .await
-                }
-                None => Ok(()),
-            }
+            let Some((listener, front)) = self.probe else {
+                return Ok(());
+            };
+            let listener = listener.into_std()?;
+            crate::runtime::apart::run_apart("probe-listener", move || async move {
+                serve(
+                    TcpListener::from_std(listener)?,
+                    front,
+                    server,
+                    Inbound::making_room("probe", conns::PROBE_MAX_CONNECTIONS),
+                    stopped(stop_rx),
+                )
+                .await
+            })
+            .await?
         };
         let deadline_rx = start_shutdown(
             &background,

@@ -44,6 +44,7 @@
 
 use std::path::Path;
 
+pub mod apart;
 pub mod lost;
 
 /// The worker count and where it came from (logged at start).
