@@ -1,13 +1,11 @@
 //! Who may call the admin API (docs/admin-access.md): the token set the admin
-//! listener's front checks before routing ([`AdminTokens::check`]), the caller
-//! it hands the handlers ([`Caller`]), what every admin call leaves on record
-//! ([`record`]), and the poller that re-reads token files so a token is
-//! replaced without a restart ([`AdminTokens::watch`]).
+//! listener's front checks ([`AdminTokens::check`]), the [`Caller`] it hands
+//! the handlers, the [`record`] of every admin call, and the poller that
+//! re-reads token files ([`AdminTokens::watch`]).
 //!
-//! The names, scopes and files are fixed at start; only the values change
-//! (rotation), so they sit in one [`ArcSwap`] that the check loads once per
-//! request (a few nanoseconds, no lock) and the poller swaps whole: a new value
-//! works, and the old one stops, at the same store.
+//! Only the values change at run time (rotation), so they sit in one
+//! [`ArcSwap`], loaded once per request (no lock) and swapped whole: a new
+//! value works, and the old one stops, at the same store.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,18 +18,15 @@ use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 use crate::config::{AdminToken, Scope, Scopes, Secret, read_token_file};
 
-/// How often token files are read again: a rotated value works within this
-/// (the contract says within 10 s).
+/// How often token files are read again (the contract says within 10 s).
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The `token` label and log field of a call without a known token.
 pub const NO_TOKEN: &str = "none";
 
-/// The admin listener's tokens.
 pub struct AdminTokens {
-    /// One per token, fixed at start.
     entries: Box<[Entry]>,
-    /// The current values, by entry (swapped whole by [`AdminTokens::reload`]).
+    /// Swapped whole by [`AdminTokens::reload`].
     values: ArcSwap<Vec<Secret>>,
 }
 
@@ -39,23 +34,19 @@ struct Entry {
     name: Arc<str>,
     scopes: Scopes,
     file: Option<PathBuf>,
-    /// Whether the last read of `file` failed (so a failure is logged once
-    /// when it begins and once when it ends, not every poll).
+    /// So a failure is logged when it begins and when it ends, not every poll.
     failing: AtomicBool,
 }
 
-/// The caller of an admin route, as the front found it: handlers that put
-/// who asked on record (the reveal log's) take it from the request's
-/// extensions.
+/// The caller of an admin route, in the request's extensions, for handlers
+/// that put who asked on record.
 #[derive(Debug, Clone)]
 pub struct Caller {
-    /// The token's name (`admin.token` for the token with every scope); never
-    /// its value.
+    /// The token's name, never its value.
     pub name: Arc<str>,
 }
 
 impl AdminTokens {
-    /// The tokens read at start (`AdminConfig::read_tokens`).
     pub fn new(tokens: Vec<AdminToken>) -> Self {
         let values = tokens.iter().map(|t| t.value.clone()).collect();
         let entries = tokens
@@ -78,11 +69,9 @@ impl AdminTokens {
         self.entries.is_empty()
     }
 
-    /// The entry whose token `headers` carry as `Authorization: Bearer`, if
-    /// any. Every entry is compared, each in constant time in its contents,
-    /// and the match is selected without a branch, so the time taken says
-    /// neither which entry matched nor how much of a token was right (only the
-    /// lengths may show, which say little about random tokens).
+    /// Every entry is compared in constant time and the match selected without
+    /// a branch: the time says neither which matched nor how much was right
+    /// (only the lengths may show).
     pub fn check(&self, headers: &HeaderMap) -> Option<TokenId> {
         let given = headers
             .get(header::AUTHORIZATION)?
@@ -98,18 +87,15 @@ impl AdminTokens {
         (found != u32::MAX).then_some(TokenId(found as usize))
     }
 
-    /// The token's name.
     pub fn name(&self, id: TokenId) -> &Arc<str> {
         &self.entries[id.0].name
     }
 
-    /// Whether the token carries `scope`.
     pub fn allows(&self, id: TokenId, scope: Scope) -> bool {
         self.entries[id.0].scopes.contains(scope)
     }
 
-    /// Re-reads the token files every [`RELOAD_INTERVAL`], forever (the app's
-    /// background tasks stop it).
+    /// Re-reads the token files every [`RELOAD_INTERVAL`], forever.
     pub async fn watch(self: Arc<Self>) {
         if self.entries.iter().all(|e| e.file.is_none()) {
             return;
@@ -125,14 +111,9 @@ impl AdminTokens {
         }
     }
 
-    /// Reads every token file once; swaps in the set with each changed value
-    /// (a file's value is its contents less the whitespace around them,
-    /// `read_token_file`). A file that cannot be read, is empty, holds a value
-    /// an Authorization header cannot carry (whitespace inside it, a control
-    /// character, a character outside ASCII) or now holds another entry's
-    /// token keeps its last good value, said by a log line when that begins
-    /// (with the reason, never the value) and
-    /// `phones_gateway_admin_token_reload_errors_total{name}` at every poll.
+    /// Reads every token file once and swaps in the changed values. An unusable
+    /// file (docs/admin-access.md, "Rotation") keeps its last good value,
+    /// logged when that begins (never the value) and counted at every poll.
     pub fn reload(&self) {
         let current = self.values.load_full();
         let mut next: Vec<Secret> = current.as_ref().clone();
@@ -197,13 +178,11 @@ impl AdminTokens {
     }
 }
 
-/// An entry of [`AdminTokens`], found by [`AdminTokens::check`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenId(usize);
 
-/// Puts an admin call on record: a log line with the token's name (never its
-/// value; [`NO_TOKEN`] without a known one), the route and the status, and
-/// `phones_gateway_admin_requests_total{token,route,status}`.
+/// Puts an admin call on record (a log line and a counter) under the token's
+/// name, never its value.
 pub fn record(token: &str, method: &Method, route: &'static str, status: u16) {
     tracing::info!(token, %method, route, status, "admin call");
     metrics::counter!(
@@ -294,8 +273,7 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// The metrics `run` recorded, rendered: under a recorder of its own,
-    /// this thread's only (nothing shared with other tests).
+    /// The metrics `run` recorded, under a recorder of this thread's alone.
     fn on_record(run: impl FnOnce()) -> String {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
@@ -303,8 +281,6 @@ mod tests {
         handle.render()
     }
 
-    /// The set in `dir`: `other` without a file, `sync` read from `dir/sync`
-    /// (holding `one`).
     fn with_a_file(dir: &std::path::Path) -> (AdminTokens, PathBuf) {
         std::fs::create_dir_all(dir).unwrap();
         let file = dir.join("sync");
@@ -315,8 +291,7 @@ mod tests {
         (tokens, file)
     }
 
-    /// A rotation is counted once, not at every read of the same value; a
-    /// file that fails is counted at every read.
+    /// A rotation is counted once; a file that fails at every read.
     #[test]
     fn a_reload_counts_each_rotation_once_and_each_failed_read() {
         let dir = std::env::temp_dir().join(format!("pg-access-once-{}", std::process::id()));
@@ -343,9 +318,8 @@ mod tests {
 
     /// The warning lines `run` logged, under a subscriber of this thread's.
     /// While one dispatcher is alive, a callsite first reached on another
-    /// thread takes that thread's interest (none) for good, and this
-    /// subscriber would miss it; one more kept alive makes every callsite's
-    /// interest that of all of them.
+    /// thread takes that thread's interest (none) for good; one more kept
+    /// alive makes every callsite's interest that of all of them.
     fn warnings(run: impl FnOnce()) -> String {
         static ANOTHER: std::sync::LazyLock<tracing::Dispatch> = std::sync::LazyLock::new(|| {
             tracing::Dispatch::new(tracing::subscriber::NoSubscriber::new())
@@ -373,8 +347,7 @@ mod tests {
         String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
     }
 
-    /// A file that fails is logged once, when it begins, not at every read;
-    /// once readable again, its next failure is logged again.
+    /// A failure is logged once, when it begins; after recovery, again.
     #[test]
     fn a_failing_file_is_logged_when_it_begins() {
         let dir = std::env::temp_dir().join(format!("pg-access-log-{}", std::process::id()));
@@ -426,8 +399,6 @@ mod tests {
         assert!(!AdminTokens::new(vec![token("a", "b", Scopes::ALL)]).is_empty());
     }
 
-    /// The watcher reads the files again every `RELOAD_INTERVAL`: a new value
-    /// works within a few of them.
     #[tokio::test]
     async fn the_watcher_rotates_a_token_without_a_call() {
         let dir = std::env::temp_dir().join(format!("pg-access-watch-{}", std::process::id()));

@@ -1,10 +1,6 @@
-//! The admin API (docs/api.md): status sync, status lookup, cache invalidation, behind
-//! a bearer token with the route's scope; and the operations routes (health,
-//! readiness, metrics), open. The token is checked by the listener's front
-//! (`server::front`, with `access::AdminTokens`) for every other path
-//! (`routes::RouteId::needs_token`), the API descriptions and unknown paths
-//! included, before routing, so a caller without it learns nothing (not which
-//! routes or methods exist).
+//! The admin API (docs/api.md): status sync, status lookup, cache invalidation,
+//! each behind a bearer token with the route's scope, which the front checks
+//! before routing (docs/admin-access.md); and the open operations routes.
 
 use std::sync::atomic::Ordering;
 

@@ -1,9 +1,6 @@
 //! The batch body's items, read by visitors of our own rather than as a
-//! `serde_json::Value` each: [`BatchItems`] keeps the first
-//! [`MAX_BATCH_ITEMS`] items and counts the rest without allocating, each kept
-//! item reduced to what decides its answer ([`BatchItem`]), and
-//! [`batch_item`] makes a request of one, answering as the single lookup's
-//! query does (the same 400 naming the bad field).
+//! `serde_json::Value` each; [`batch_item`] makes a request of one, answering
+//! as the single lookup's query does (the same 400 naming the bad field).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -17,19 +14,13 @@ use super::limits::MAX_BATCH_ITEMS;
 use crate::domain::{AdId, CategoryId, Phone, UserId};
 use crate::resolve::Request as ResolveRequest;
 
-/// The `items` of a batch body, read without building a `serde_json::Value` per
-/// item: at most [`MAX_BATCH_ITEMS`] items are kept, each reduced to what
-/// [`batch_item`] reads ([`BatchItem`]); elements past that are only counted,
-/// skipped without allocating (`IgnoredAny`), so the 400 can say how many there
-/// were, as it did when every item was a `Value`. A 1 MiB body of
-/// `[0,0,0,...]` was half a million `Value`s, about 16 MB, before the count
-/// was checked; now it is the 100 kept and a counter (a unit test below
-/// measures it).
+/// The `items` of a batch body: the first [`MAX_BATCH_ITEMS`] kept, the rest
+/// only counted (`IgnoredAny`, no allocation), so the 400 can say how many
+/// there were without a `serde_json::Value` per item.
 #[derive(Debug, Default)]
 pub struct BatchItems {
-    /// The first [`MAX_BATCH_ITEMS`] items, in order.
     pub kept: Vec<BatchItem>,
-    /// How many items the body held, the skipped ones included.
+    /// The skipped items included.
     pub count: usize,
 }
 
@@ -38,8 +29,7 @@ impl<'de> Deserialize<'de> for BatchItems {
         struct Items;
         impl<'de> Visitor<'de> for Items {
             type Value = BatchItems;
-            // serde's own wording for a `Vec`, so a body whose `items` is not an
-            // array reads as it did.
+            // serde's own wording for a `Vec`.
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a sequence")
             }
@@ -62,10 +52,9 @@ impl<'de> Deserialize<'de> for BatchItems {
     }
 }
 
-/// One batch item as the body gave it, as far as [`batch_item`] reads it: whether
-/// it was an object, and its four known fields, each reduced to what decides its
-/// answer. Unknown keys and nested values are skipped while parsing. Duplicate
-/// keys: the last wins, as in a `serde_json::Map`.
+/// One batch item as far as [`batch_item`] reads it. Unknown keys and nested
+/// values are skipped while parsing; of duplicate keys the last wins, as in a
+/// `serde_json::Map`.
 #[derive(Debug, Default)]
 pub struct BatchItem {
     object: bool,
@@ -76,8 +65,7 @@ pub struct BatchItem {
 }
 
 impl BatchItem {
-    /// The item's `ad_id` when it is a JSON integer that fits an i64 (what a
-    /// failed item's result names).
+    /// When a JSON integer that fits an i64 (what a failed item's result names).
     pub fn ad_id(&self) -> Option<i64> {
         match self.ad_id {
             Integer::Unsigned(n) => i64::try_from(n).ok(),
@@ -87,8 +75,7 @@ impl BatchItem {
     }
 }
 
-/// A field meant to be an integer: `serde_json::Value`'s `as_u64`, `as_i64` and
-/// null, without the value.
+/// A field meant to be an integer, as `serde_json::Value` tells it apart.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 enum Integer {
     /// Missing or null.
@@ -100,7 +87,6 @@ enum Integer {
     Other,
 }
 
-/// A field meant to be a string.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 enum Text {
     /// Missing or null.
@@ -111,7 +97,6 @@ enum Text {
     Other,
 }
 
-/// What a value was, told apart as far as [`Integer`] and [`Text`] need.
 enum Scalar<'a> {
     Null,
     Unsigned(u64),
@@ -121,7 +106,7 @@ enum Scalar<'a> {
 }
 
 /// Reads any JSON value into a [`Scalar`], skipping the inside of arrays and
-/// objects. `keep_text`: whether a string is kept (only `phone`'s is needed).
+/// objects. `keep_text`: only `phone`'s string is needed.
 struct ScalarVisitor {
     keep_text: bool,
 }
@@ -201,7 +186,6 @@ impl<'de> Deserialize<'de> for Text {
     }
 }
 
-/// The keys of an item that [`batch_item`] reads; any other is skipped.
 enum ItemField {
     UserId,
     AdId,
@@ -286,8 +270,7 @@ impl<'de> Deserialize<'de> for BatchItem {
     }
 }
 
-/// Parses one batch item (a JSON object with the query's fields, numbers as JSON
-/// integers) into a request.
+/// Parses one batch item (the query's fields, numbers as JSON integers).
 ///
 /// # Errors
 /// As `extract::public_phone_query`.
@@ -368,8 +351,8 @@ mod tests {
         }
     }
 
-    /// Every item answers as it did from a `Value`: the same request or the same
-    /// problem, and the same `ad_id` named beside a problem.
+    /// Every item answers as from a `Value`: the same request or problem, and
+    /// the same `ad_id` beside a problem.
     #[test]
     fn reduced_items_answer_as_values_did() {
         let values = [
@@ -430,7 +413,6 @@ mod tests {
                 .collect();
             items.push(format!("{{{}}}", fields.join(",")));
         }
-        // And the usual shape, each field from the list.
         for value in values {
             for key in &keys[..4] {
                 let mut item = serde_json::json!({ "user_id": 1, "ad_id": 2, "category_id": 3 });
@@ -467,7 +449,6 @@ mod tests {
         let zeros = format!("{{\"items\":[{}0]}}", "0,".repeat(100));
         let body: Body = serde_json::from_str(&zeros).unwrap();
         assert_eq!((body.items.kept.len(), body.items.count), (100, 101));
-        // Not an array: serde's words for a Vec, as before.
         let e = serde_json::from_str::<Body>(r#"{"items":"x"}"#)
             .err()
             .unwrap()
@@ -486,9 +467,8 @@ mod tests {
     #[global_allocator]
     static GLOBAL: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
 
-    /// A 1 MiB body of `[0,0,0,...]` (half a million items) parses into the 100
-    /// kept and a count: well under a megabyte allocated, where a `Value` per
-    /// item took about 16 MB (and more in the `Vec`'s growth).
+    /// A 1 MiB body of `[0,0,0,...]` parses into the 100 kept and a count:
+    /// well under a megabyte allocated.
     #[test]
     fn a_megabyte_of_zeros_allocates_almost_nothing() {
         let mut body = String::from("{\"items\":[0");
@@ -498,8 +478,7 @@ mod tests {
         body.push_str("]}");
         let zeros = body.matches('0').count();
         // Up to 200 runs, stopping at the first under the bound: a run that
-        // other tests' allocations pushed over it says nothing, and under a
-        // busy test binary five runs were not always enough to find a quiet one.
+        // other tests' allocations pushed over it says nothing.
         let bound = 256 * 1024;
         let least = (0..200)
             .map(|_| {

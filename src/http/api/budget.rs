@@ -1,8 +1,6 @@
-//! The viewer budgets as the public API speaks them (docs/api.md, docs/budgets.md):
-//! checked before any cache or upstream work, a batch costing one per item
-//! that asks for a number; a refusal is a 429 with `Retry-After`, or a 400 for
-//! a batch larger than a budget, which no wait would let through. The budgets
-//! themselves, the fleet's, are in [`crate::budget`].
+//! The viewer budgets as the public API speaks them (docs/budgets.md): a 429
+//! with `Retry-After`, or a 400 for a batch larger than a budget, which no
+//! wait would let through. The budgets themselves are in [`crate::budget`].
 
 use super::error::ApiError;
 use crate::budget::{Budgets, Refusal};
@@ -12,7 +10,7 @@ use crate::domain::Viewer;
 pub const VIEWER_HEADER: &str = "x-viewer-id";
 
 /// Takes `items` reveals from the viewer's budgets; a request without a viewer
-/// is not limited, nor one that asks for nothing. The viewer is the one the route validated.
+/// is not limited, nor one that asks for nothing.
 ///
 /// # Errors
 /// `TooManyRequests` with the seconds until the request fits, or `BadRequest`

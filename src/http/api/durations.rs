@@ -1,18 +1,11 @@
 //! `phones_gateway_http_request_duration_seconds{route, status}`: every request
 //! on both listeners of one app, in fixed buckets of atomics.
 //!
-//! Kept here rather than by the `metrics` recorder, whose histogram queues every
-//! sample until a scrape or an upkeep drains it (16.4 bytes a sample: memory
-//! that grows with the request rate, docs/design.md, "Hand-made parts"). Here
-//! a request costs a scan of a few slots and two relaxed adds, with no lock
-//! and no pin, and there is nothing to drain.
-//!
-//! One [`Durations`] per app, shared by its two fronts (which record every
-//! sample) and its `/metrics` handler (which renders them after the
-//! recorder's), so an app's `/metrics` counts its own requests alone, also
-//! beside other apps in one process (the whole-app tests). Its series are the
-//! route table's rows, by index: the labels are handed in when it is built,
-//! so this file needs nothing of the table.
+//! Not the `metrics` recorder's histogram, which queues every sample until a
+//! scrape drains it (docs/design.md, "Hand-made parts"): here a request costs
+//! a scan of a few slots and two relaxed adds, nothing to drain. One
+//! [`Durations`] per app, shared by its fronts and its `/metrics`, so an app
+//! counts its own requests alone (also beside other apps in one process).
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
@@ -23,12 +16,10 @@ use crate::telemetry::DURATION_BOUNDS_NS as BOUNDS_NS;
 
 const NAME: &str = "phones_gateway_http_request_duration_seconds";
 
-/// Distinct statuses a route keeps in its own slots; more (none today) go to a
-/// map.
+/// Distinct statuses a route keeps in its own slots; more go to a map.
 const SLOTS: usize = 16;
 
-/// One (route, status) series: a count per bucket (the last is `+Inf`), and the
-/// sum.
+/// One (route, status) series: a count per bucket (the last is `+Inf`), the sum.
 struct Series {
     buckets: [AtomicU64; BOUNDS_NS.len() + 1],
     sum_ns: AtomicU64,
@@ -55,24 +46,21 @@ impl Default for Series {
     }
 }
 
-/// A status slot: status 0 until a status claims it.
+/// Status 0 until a status claims it.
 struct Slot {
     status: AtomicU16,
     series: Series,
 }
 
-/// The request-duration histogram of one app: a row of status slots per route.
 pub struct Durations {
-    /// The route labels, by the route's index (`routes::LABELS`).
+    /// By the route's index (`routes::LABELS`).
     labels: &'static [&'static str],
-    /// A row of slots per label.
     table: Box<[[Slot; SLOTS]]>,
     /// The (route, status) series past a row's slots.
     overflow: papaya::HashMap<(&'static str, u16), Series>,
 }
 
 impl Durations {
-    /// An empty histogram with a row per label (`routes::LABELS`).
     pub fn new(labels: &'static [&'static str]) -> Self {
         let table = labels
             .iter()
@@ -90,8 +78,7 @@ impl Durations {
         }
     }
 
-    /// Records one answered request of the route at `route` (its index in the
-    /// labels).
+    /// `route` is the route's index in the labels.
     pub fn record(&self, route: usize, status: u16, elapsed: Duration) {
         let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         for slot in &self.table[route] {

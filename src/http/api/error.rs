@@ -131,7 +131,6 @@ impl From<ResolveError> for ApiError {
     }
 }
 
-/// The status store could not take a write: 503, the cause to the log.
 impl From<crate::store::StatusStoreError> for ApiError {
     fn from(error: crate::store::StatusStoreError) -> Self {
         tracing::error!(%error, "status store unavailable");
@@ -141,8 +140,7 @@ impl From<crate::store::StatusStoreError> for ApiError {
     }
 }
 
-/// The reveal store could not be read: 503, the cause to the log naming the
-/// reveal store; the body as the reveal routes have always answered.
+/// The reveal store could not be read: 503, the cause to the log.
 impl From<crate::store::RevealStoreError> for ApiError {
     fn from(error: crate::store::RevealStoreError) -> Self {
         tracing::error!(%error, "reveal store unavailable");
@@ -152,8 +150,7 @@ impl From<crate::store::RevealStoreError> for ApiError {
     }
 }
 
-/// The `detail` of a 503 for a database that failed (generic: the cause is
-/// in the log).
+/// Generic: the cause is in the log.
 const STORE_UNAVAILABLE: &str = "the status store is unavailable";
 
 impl IntoResponse for ApiError {

@@ -1,8 +1,6 @@
-//! Extractors whose rejections are `ApiError`s: a JSON body that answers 415
-//! without a JSON content type, 413 over the route's limit and 400 with serde's
-//! explanation otherwise; path parameters (400 naming the parameter); query
-//! parameters parsed into the domain types; and the one value of a header read
-//! singly (a repeated one is a 400 naming it, as a repeated query parameter is).
+//! Extractors whose rejections are `ApiError`s: a JSON body (415, 413, 400 with
+//! serde's explanation), path parameters, the lookup's query, and the one
+//! value of a header read singly (a repeated one is a 400 naming it).
 
 use std::borrow::Cow;
 
@@ -23,8 +21,7 @@ use crate::domain::Phone;
 use crate::domain::{AdId, CategoryId, UserId};
 use crate::resolve::Request as ResolveRequest;
 
-/// A JSON body, bounded by the state's `[server]` limits ([`limits::json_body`]; the router's
-/// `DefaultBodyLimit` carries the same number to the body reader).
+/// A JSON body, bounded by the state's `[server]` limits ([`limits::json_body`]).
 pub struct Json<T>(pub T);
 
 impl<S, T> FromRequest<S> for Json<T>
@@ -55,9 +52,7 @@ where
     }
 }
 
-/// A 415 unless the request says its body is JSON: one `Content-Type` whose
-/// type is `application` and subtype `json` or `*+json` (case-insensitive,
-/// parameters such as `charset` allowed). Checked before the body is read.
+/// A 415 unless the body is declared JSON; checked before the body is read.
 ///
 /// # Errors
 /// `UnsupportedMediaType`.
@@ -88,9 +83,8 @@ pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// The value of a header the gateway reads one value of (`X-Viewer-Id`,
-/// `Authorization`, `x-request-id`), if given. One map lookup, as `get` is:
-/// the lookup's hit path reads `X-Viewer-Id` through this.
+/// The value of a header the gateway reads one value of, if given. One map
+/// lookup, as `get` is (the hit path reads `X-Viewer-Id` through this).
 ///
 /// # Errors
 /// A 400 naming the header (`shown`, as the docs write it) when it is given
@@ -107,14 +101,12 @@ pub fn single_header<'h>(
     }
 }
 
-/// The 400 of a header given more than once.
 pub fn repeated_header(shown: &str) -> ApiError {
     field_error(shown, "given more than once")
 }
 
-/// Path parameters. Axum's own rejection is a `text/plain` 400; this one is a
-/// problem document naming the parameter (an undecodable `%FF`, a value of the
-/// wrong type).
+/// Path parameters, rejected as a problem document naming the parameter
+/// (axum's own rejection is a `text/plain` 400).
 pub struct Path<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
@@ -144,11 +136,10 @@ fn path_error(rejection: &PathRejection) -> ApiError {
     }
 }
 
-/// Parses the query of `GET /v1/public-phone`. Unknown parameters are ignored; a
-/// known one given twice is refused (which one would the caller mean?). The
-/// query is form-decoded (`+` is a space), with one leniency: a `phone` whose raw
-/// value starts with a literal `+` keeps it as a plus, since `phone=+7916...` sent
-/// unescaped is the common client mistake and no valid number starts with a space.
+/// Parses the query of `GET /v1/public-phone`. Unknown parameters are ignored;
+/// a known one given twice is refused. Form-decoded, with one leniency: a
+/// `phone` whose raw value starts with a literal `+` keeps it as a plus (the
+/// common client mistake; no valid number starts with a space).
 ///
 /// # Errors
 /// The first missing, repeated or invalid parameter, named.
@@ -182,7 +173,6 @@ pub fn public_phone_query(query: Option<&str>) -> Result<ResolveRequest, ApiErro
     })
 }
 
-/// The known parameters of the lookup, as given.
 #[derive(Debug, Default, PartialEq)]
 struct QueryFields<'a> {
     user: Option<Cow<'a, str>>,
@@ -193,10 +183,9 @@ struct QueryFields<'a> {
 
 impl<'a> QueryFields<'a> {
     fn of(query: &'a str) -> Result<Self, ApiError> {
-        // Without `%` or `+` form decoding changes nothing: one pass over the
-        // bytes, splitting in place (the hit path; decoding, and even `split`,
-        // were the largest part of a hit's own CPU). `&` and `=` are ASCII, so
-        // every slice below is on a character boundary.
+        // Without `%` or `+` form decoding changes nothing: split in place
+        // (the hit path). `&` and `=` are ASCII, so every slice below is on a
+        // character boundary.
         let mut fields = QueryFields::default();
         let (mut start, mut equals) = (0, None);
         for (i, byte) in query.bytes().chain([b'&']).enumerate() {
@@ -227,7 +216,6 @@ impl<'a> QueryFields<'a> {
         Ok(fields)
     }
 
-    /// Keeps a known parameter; unknown ones are ignored, a repeated one refused.
     fn set(&mut self, key: &str, value: Cow<'a, str>) -> Result<(), ApiError> {
         let slot = match key {
             "user_id" => &mut self.user,
@@ -249,7 +237,6 @@ fn required<T>(name: &str, value: Option<T>) -> Result<T, ApiError> {
     value.ok_or_else(|| ApiError::bad_request(format!("{name}: required")))
 }
 
-/// A 400 naming the field.
 pub fn field_error(field: &str, error: impl std::fmt::Display) -> ApiError {
     ApiError::bad_request(format!("{field}: {error}"))
 }
@@ -296,7 +283,6 @@ mod tests {
             let decoded = QueryFields::decoded(query).map_err(|e| format!("{e:?}"));
             assert_eq!(fast, decoded, "{query}");
         }
-        // And on random strings of the characters that matter.
         let pieces = ["user_id", "ad_id", "phone", "=", "&", "1", "x", "é"];
         let mut seed = 12345u64;
         for _ in 0..20_000 {

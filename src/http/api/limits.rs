@@ -1,28 +1,22 @@
-//! The request limits: the items a batch may hold, and a route's body limit
-//! (its size and read timeouts, from `[server]`), which the extractors apply
-//! and a 413 names.
+//! The request limits: a batch's items, and a route's body limit from `[server]`.
 
 use crate::config::ServerConfig;
 
-/// Items a batch may hold (the public batch route, and the extractor that
-/// stops keeping items past it).
+/// Items a batch may hold.
 pub const MAX_BATCH_ITEMS: usize = 100;
 
-/// The body limits of a route, recorded as a request extension so the extractors
-/// can apply them and a 413 can say the size.
+/// The body limits of a route, which the extractors apply and a 413 names.
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimit {
-    /// The most bytes the body may hold: over it, a 413 naming this limit.
+    /// Over it, a 413 naming this limit.
     pub max_bytes: usize,
-    /// The longest wait for the body's next bytes (a slow client gets 408).
+    /// The longest wait for the body's next bytes (else 408).
     pub read_timeout: std::time::Duration,
-    /// The whole body must arrive within this time (a 408 otherwise). For a
-    /// JSON route, `read_timeout` itself: its body is read whole.
+    /// The whole body's (else 408); for a JSON route, `read_timeout` itself.
     pub total_timeout: std::time::Duration,
 }
 
-/// The body limit of every JSON route but the snapshot: `server.max_body_bytes`
-/// within `server.body_read_timeout_ms`.
+/// Every JSON route but the snapshot.
 pub fn json_body(server: &ServerConfig) -> BodyLimit {
     BodyLimit {
         max_bytes: server.max_body_bytes,
@@ -31,9 +25,8 @@ pub fn json_body(server: &ServerConfig) -> BodyLimit {
     }
 }
 
-/// The streamed snapshot PUT's: `server.max_snapshot_bytes`, chunks at most
-/// `server.body_read_timeout_ms` apart, the whole within
-/// `server.snapshot_body_timeout_ms`.
+/// The streamed snapshot PUT's: `read_timeout` between chunks, the whole
+/// within `server.snapshot_body_timeout_ms`.
 pub fn snapshot_body(server: &ServerConfig) -> BodyLimit {
     BodyLimit {
         max_bytes: server.max_snapshot_bytes,

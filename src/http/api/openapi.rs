@@ -1,9 +1,6 @@
-//! The OpenAPI documents of both listeners: the info here; the operations, and
-//! the schemas their requests and responses name, from the route table's rows
-//! (each row's handlers' annotations, utoipa); and for the admin listener each
-//! row's scope. Served as
-//! `/openapi/public.json` and `/openapi/admin.json`. CI runs schemathesis against
-//! them on a live service (`scripts/schemathesis`).
+//! The OpenAPI documents of both listeners (`/openapi/public.json`,
+//! `/openapi/admin.json`): the info here; operations and schemas from the
+//! route table's rows; for the admin listener each row's scope.
 
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -24,17 +21,15 @@ struct PublicApi;
 ))]
 struct AdminApi;
 
-/// A row of the route table as its listener's document reads it; the table
-/// hands its rows in (`routes::Route::entry`), so this file needs nothing of it.
+/// A row of the route table as its listener's document reads it (handed in by
+/// `routes::Route::entry`, so this file needs nothing of the table).
 pub struct Entry {
     pub path: &'static str,
-    /// The scope the caller's token must carry; `None` for an open route.
+    /// `None` for an open route.
     pub scope: Option<Scope>,
-    /// The handlers' entries (`routes::Route::docs`).
     pub docs: &'static [fn(&mut utoipa::openapi::OpenApi)],
 }
 
-/// The public listener's document: the operations of its rows.
 pub fn public_api(rows: impl IntoIterator<Item = Entry>) -> utoipa::openapi::OpenApi {
     let mut api = PublicApi::openapi();
     for row in rows {
@@ -44,8 +39,7 @@ pub fn public_api(rows: impl IntoIterator<Item = Entry>) -> utoipa::openapi::Ope
     api
 }
 
-/// The admin listener's document: the operations of its rows, the bearer
-/// scheme and each operation's scope.
+/// The admin listener's document, with the bearer scheme and each scope.
 pub fn admin_api(rows: impl IntoIterator<Item = Entry>) -> utoipa::openapi::OpenApi {
     let mut api = AdminApi::openapi();
     let rows: Vec<Entry> = rows.into_iter().collect();
@@ -58,9 +52,8 @@ pub fn admin_api(rows: impl IntoIterator<Item = Entry>) -> utoipa::openapi::Open
     api
 }
 
-/// Every 4xx and 5xx response is a problem document: the annotations say
-/// `body = Problem`, and this serves it as `application/problem+json`, in one
-/// place instead of on each of them.
+/// Every 4xx and 5xx response is a problem document: served as
+/// `application/problem+json` here, in one place.
 struct ProblemContentType;
 
 impl Modify for ProblemContentType {
@@ -108,10 +101,8 @@ const BEARER_DESCRIPTION: &str = "An admin token (admin.token, or a named \
 /// The operation extension naming the scope a route needs.
 pub const SCOPE_EXTENSION: &str = "x-required-scope";
 
-/// Each admin operation's scope, from its row: the bearer requirement, the
-/// `x-required-scope` extension, a line of its description and its 403
-/// answer. Before [`ProblemContentType`]: the 403 is added as the other
-/// errors are written.
+/// Each admin operation's scope, from its row. Before [`ProblemContentType`]:
+/// the 403 is then written as the other errors are.
 struct RequiredScopes<'r>(&'r [Entry]);
 
 impl Modify for RequiredScopes<'_> {
@@ -158,7 +149,6 @@ impl Modify for RequiredScopes<'_> {
     }
 }
 
-/// Every operation of a path, whatever its method.
 fn operations(
     item: &mut utoipa::openapi::path::PathItem,
 ) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
@@ -201,8 +191,7 @@ mod tests {
             .collect()
     }
 
-    /// The documents hold the rows' entries at the paths the handlers'
-    /// annotations name: each documented row's path, and nothing else.
+    /// Each documented row's path is in the documents, and nothing else.
     #[test]
     fn the_documents_describe_the_routes_the_routers_serve() {
         let public = public_api();
@@ -241,8 +230,7 @@ mod tests {
         assert_eq!(scoped, 7);
     }
 
-    /// The rows bring the schemas their operations name: every `$ref` of
-    /// either document resolves to one of its components.
+    /// Every `$ref` of either document resolves to one of its components.
     #[test]
     fn every_schema_an_operation_names_is_in_its_document() {
         for api in [public_api(), admin_api()] {

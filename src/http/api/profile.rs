@@ -1,9 +1,7 @@
-//! CPU profiling on demand, behind the admin token (the original service kept
-//! pprof on a debug port): `GET /admin/v1/debug/pprof/profile?seconds=N` samples
-//! every thread at 99 Hz for N seconds (1 to 60) with `pprof` and answers an SVG
-//! flamegraph, or with `format=top` the functions with the most samples of their
-//! own, as text. One profile at a time (409 while one runs). The process keeps
-//! serving while it is sampled; the sampling costs about 1% of a core.
+//! CPU profiling on demand, behind the admin token (docs/api.md): samples every
+//! thread at 99 Hz for N seconds with `pprof` and answers an SVG flamegraph, or
+//! the top functions as text. One profile at a time (409 while one runs); the
+//! process keeps serving while it is sampled.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -17,7 +15,6 @@ use super::error::ApiError;
 
 const SAMPLE_HZ: i32 = 99;
 const MAX_SECONDS: u64 = 60;
-/// Lines of the `top` format.
 const TOP_LINES: usize = 30;
 
 static RUNNING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

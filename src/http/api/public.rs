@@ -33,22 +33,17 @@ pub struct PublicPhone {
 }
 
 impl PublicState {
-    /// Spends `items` of the viewer's budgets (`budget::check`): a 429 past
-    /// one, checked before any cache or upstream work.
+    /// A 429 past a budget, checked before any cache or upstream work.
     fn spend_budget(&self, viewer: Option<&Viewer>, items: usize) -> Result<(), ApiError> {
         self.budgets
             .as_ref()
             .map_or(Ok(()), |b| budget::check(b, viewer, items))
     }
 
-    /// Records a number about to be shown (docs/api.md#the-reveal-log), with
-    /// its reason, and counts it by kind and reason. With `on_overflow =
-    /// "refuse"` a full log answers 503 instead: no number it cannot record.
-    ///
-    /// Takes the viewer by value: the single lookup hands over the id it
-    /// parsed (its last use), so a reveal costs no copy of it (an allocation on
-    /// the request worker, freed on the log's writer thread); a batch clones
-    /// one per item.
+    /// Records a number about to be shown (docs/api.md, "The reveal log") and
+    /// counts it; with `on_overflow = "refuse"` a full log is a 503 instead.
+    /// Takes the viewer by value: the single lookup hands over its last use,
+    /// so a reveal costs no copy on the request worker.
     fn record(
         &self,
         request: &Request,
@@ -87,11 +82,9 @@ fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("X-Viewer-Id: {e}")))
 }
 
-// `GET` and `HEAD /v1/public-phone`, answered by the public listener's front
-// (`server::front`) before the router, which has no entry for it: the one way
-// in. Any other method is a 405 naming these two, as the router answers a
-// method a route lacks. HEAD answers as GET does but shows no number, so it
-// is not a reveal. (Not a doc comment: utoipa would make it the operation's
+// `GET` and `HEAD /v1/public-phone`, answered by the front before the router.
+// Any other method is a 405 naming these two. HEAD shows no number, so it is
+// not a reveal. (Not a doc comment: utoipa would make it the operation's
 // summary in the public document.)
 #[utoipa::path(
     get,
@@ -131,20 +124,15 @@ pub async fn public_phone(
     }
 }
 
-/// The answer to `HEAD /v1/public-phone`: the lookup's status and headers
-/// without its body, and without the `Content-Length` that body would have
-/// had. docs/api.md: a HEAD tells nothing a GET's body would, and the body's
-/// length differs by kind (`"real"` is shorter than `"calltracking"`). HTTP
-/// lets a HEAD answer leave the length out (RFC 9110, section 9.3.2); hyper
-/// writes none for an empty body answering HEAD.
+/// The lookup's status and headers without its body or `Content-Length`: the
+/// body's length differs by kind (docs/design.md, "The hit path").
 fn headless(mut response: Response) -> Response {
     response.headers_mut().remove(header::CONTENT_LENGTH);
     *response.body_mut() = Body::empty();
     response
 }
 
-/// The lookup behind [`public_phone`]. A 200 is recorded as a reveal when
-/// `reveal` is set.
+/// A 200 is recorded as a reveal when `reveal` is set.
 async fn lookup(
     state: &PublicState,
     headers: &HeaderMap,
@@ -177,8 +165,7 @@ async fn lookup(
 
 impl PublicPhone {
     /// The body serde would write (a test holds them equal), written directly:
-    /// every field is digits or a fixed word, so nothing needs escaping, and the
-    /// hit path skips the serializer (a twentieth of a hit's CPU).
+    /// every field is digits or a fixed word, so nothing needs escaping.
     fn to_json(&self) -> Vec<u8> {
         let mut digits = itoa::Buffer::new();
         let mut out = Vec::with_capacity(96);
@@ -204,7 +191,6 @@ impl PublicPhone {
     }
 }
 
-/// One item of `batch`, recorded as a reveal when it is answered.
 async fn batch_item_answer(
     state: &PublicState,
     request: &Request,
@@ -290,10 +276,8 @@ pub async fn batch(
         viewer.as_ref(),
         requests.iter().filter(|request| request.is_ok()).count(),
     )?;
-    // One trace for the whole batch, also when the caller sent none: every
-    // item's calls share this one context, parsed (or started) once. One
-    // request to the upstreams: its items share its ticket, its
-    // deadline and its places (`resolve::fan_out`).
+    // One trace and one batch for all items: they share its ticket, deadline
+    // and places (`resolve::fan_out`).
     let trace = RequestTrace::of(&headers);
     let batch = state.resolver.batch();
     let results = join_all(items.iter().zip(requests).map(|(item, request)| {

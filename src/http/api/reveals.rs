@@ -1,12 +1,8 @@
-//! The reveal log's admin routes (docs/api.md#the-reveal-log): a seller's or a viewer's reveals,
-//! newest first in keyset pages, and an ad's counts over every replica. Both
-//! answer 404 when `reveals.enabled` is false. Each read is logged at INFO with
-//! the caller's token name and the subject asked about (docs/admin-access.md).
-//!
-//! Each item carries its reveal's reason (why it was of its kind: the JSON
-//! [`Reason`] serializes to, or null for a reveal recorded before reasons were
-//! kept); its OpenAPI schema, [`RevealReason`], lists the codes from the code
-//! itself ([`Failure::ALL`], [`Code::ALL`], the skip and origin words).
+//! The reveal log's admin routes (docs/api.md, "The reveal log"): a seller's or
+//! a viewer's reveals, newest first in keyset pages, and an ad's counts over
+//! every replica; 404 when `reveals.enabled` is false. Each read is logged
+//! with the caller's token name (docs/admin-access.md). An item's reason has
+//! the schema [`RevealReason`], whose words come from the code itself.
 
 use axum::Extension;
 use axum::extract::{RawQuery, State};
@@ -49,13 +45,11 @@ pub struct RevealItem {
     reason: Option<Reason>,
 }
 
-/// The OpenAPI schema of a reveal's reason: the JSON [`Reason`] serializes to
-/// (`{"code", "sources", "origin"[, "stood_in_for"]}`), with every word each
-/// field can hold, taken from the code.
+/// The OpenAPI schema of a reveal's reason, with every word each field can
+/// hold, taken from the code.
 pub struct RevealReason;
 
-/// Every word a skip is written as: not applicable, no number, then each
-/// failure ([`Failure::ALL`]).
+/// Every word a skip is written as.
 pub fn skip_words() -> Vec<&'static str> {
     // A new kind of skip fails to compile here until it is listed below.
     let listed = |skip: Skip| match skip {
@@ -68,7 +62,6 @@ pub fn skip_words() -> Vec<&'static str> {
         .collect()
 }
 
-/// Every word an origin is written as.
 pub fn origin_words() -> Vec<&'static str> {
     // A new origin fails to compile here until it is listed below.
     let listed = |origin: Origin| match origin {
@@ -85,7 +78,6 @@ pub fn origin_words() -> Vec<&'static str> {
     .collect()
 }
 
-/// A string schema of one of `words`.
 fn one_of(words: &[&'static str], description: &str) -> ObjectBuilder {
     ObjectBuilder::new()
         .schema_type(Type::String)
@@ -279,8 +271,8 @@ pub async fn ad_counts(
     .into_response())
 }
 
-/// The reveal log can be read: on (else 404), and no migration of it runs
-/// (else 503: its tables are being rewritten; `/readyz` names the migration).
+/// On (else 404), and no migration of the log runs (else 503; `/readyz` names
+/// the migration).
 fn readable(state: &AdminState) -> Result<(), ApiError> {
     if state.reveals.is_none() {
         return Err(ApiError::RouteNotFound);
@@ -293,8 +285,7 @@ fn readable(state: &AdminState) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The caller's token name, as the admin front handed it over; `"none"` for
-/// a router run without the front.
+/// `"none"` for a router run without the front.
 fn name_of(caller: Option<&Extension<Caller>>) -> &str {
     caller.map_or(access::NO_TOKEN, |Extension(caller)| &caller.name)
 }
@@ -409,9 +400,8 @@ mod tests {
         assert!(parse_time("since", "yesterday").is_err());
     }
 
-    /// Every JSON a reason serializes to is one the schema describes: its
-    /// fields, and each word one of the field's enumeration; and every word
-    /// the schema lists is one some reason is written with.
+    /// Every JSON a reason serializes to is one the schema describes, and
+    /// every word the schema lists is one some reason is written with.
     #[test]
     fn the_reason_schema_lists_every_word_a_reason_is_written_with() {
         use std::collections::BTreeSet;

@@ -1,24 +1,13 @@
 //! The route table of both listeners, one row per route: its path (a constant
-//! of [`paths`](super::paths), which the handler's `#[utoipa::path]` names), who may
-//! call it (open, or a token with a scope), its handlers by method (none for
-//! the lookup, which the public listener's front answers before the router),
-//! and the handlers' OpenAPI entries. Everything else about routes is read
-//! from here:
-//! - the routers ([`super::public_router`], [`super::admin_router`]) are folds
-//!   over the rows of [`PUBLIC`] and [`ADMIN`] that have handlers;
-//! - the OpenAPI documents (`openapi`) are the entries of the rows, with the
-//!   scope of each admin row declared on its operations;
-//! - the front finds a request's row once per request ([`RouteId`]) and takes
-//!   from it the duration label ([`RouteId::label`]) and whether the token is
-//!   needed ([`RouteId::needs_token`]: on the admin listener everything but the
-//!   rows marked open, the operations, unmatched paths included);
-//! - the duration histogram (`durations`) keeps a series per row ([`LABELS`]).
+//! of [`paths`](super::paths)), who may call it (open, or a token with a
+//! scope), its handlers by method (none for the lookup, which the front
+//! answers) and its OpenAPI entries. The routers, the OpenAPI documents, the
+//! front's per-request row ([`RouteId`]) and the duration series ([`LABELS`])
+//! are all read from here: a new route is its path's constant, its row here
+//! and its handler.
 //!
-//! A new route is its path's constant, its row here and its handler.
-//!
-//! Two tables, not one with a listener column: each listener's router has its
-//! own state type (`PublicState`, `AdminState`), so a row's handlers are typed
-//! by the table they are in, and a handler cannot land on the wrong listener.
+//! Two tables, not one with a listener column: each router has its own state
+//! type, so a handler cannot land on the wrong listener.
 
 use axum::routing::{MethodRouter, get, post, put};
 use utoipa::openapi::OpenApi;
@@ -28,8 +17,7 @@ use super::state::{AdminState, PublicState};
 use super::{admin, openapi, profile, public, reveals};
 use crate::config::Scope;
 
-/// The public listener's routes, and its API's description (open: it describes
-/// what any caller of this listener may call).
+/// The public listener's routes; its API's description is open.
 pub const PUBLIC: &[Route<PublicState>] = &[
     // Answered by the front (`server::front`), every method, before the router.
     Route::front(PUBLIC_PHONE).doc(&[doc::<public::__path_public_phone>]),
@@ -37,15 +25,9 @@ pub const PUBLIC: &[Route<PublicState>] = &[
     Route::open(OPENAPI_PUBLIC, || get(public_json)),
 ];
 
-/// The admin listener's routes. Only the operations (health, readiness,
-/// metrics) are open; the admin API's description wants the token like every
-/// admin route, so a caller without it learns nothing of what the listener
-/// offers. The public API's is on the public listener.
-///
-/// Every other row names the scope its caller's token must carry
-/// (docs/admin-access.md): a row cannot want a token without naming one
-/// ([`Access::Token`] holds it), and the OpenAPI document declares it per
-/// operation from here (`openapi::RequiredScopes`).
+/// The admin listener's routes. Only the operations are open; the admin API's
+/// description wants a token, so a caller without one learns nothing. Each
+/// other row names its scope (docs/admin-access.md, "Scopes").
 pub const ADMIN: &[Route<AdminState>] = &[
     Route::token(STATUSES, Scope::StatusesWrite, || {
         put(admin::put_statuses).post(admin::post_statuses)
@@ -80,23 +62,19 @@ pub const ADMIN: &[Route<AdminState>] = &[
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
     Open,
-    /// An admin bearer token carrying this scope, checked by the front before
-    /// routing.
+    /// An admin bearer token carrying this scope, checked by the front.
     Token(Scope),
 }
 
-/// One row of a table: a route, as the router, the front, the duration
-/// histogram and the OpenAPI documents see it.
+/// One row of a table.
 pub struct Route<S> {
     /// The axum path; a `{name}` segment matches one non-empty segment.
     pub path: &'static str,
     pub access: Access,
-    /// The handlers by method, as the router takes them; `None` for the route
-    /// the public listener's front answers itself (the router has no entry
-    /// for it, so nothing can be added there that production would skip).
+    /// `None` for the route the front answers itself (the router has no entry
+    /// for it, so nothing there could be skipped in production).
     pub handlers: Option<fn() -> MethodRouter<S>>,
-    /// The handlers' entries in their listener's OpenAPI document ([`doc`]);
-    /// none for the documents themselves.
+    /// The handlers' OpenAPI entries ([`doc`]); none for the documents.
     pub docs: &'static [fn(&mut OpenApi)],
 }
 
@@ -129,12 +107,10 @@ impl<S> Route<S> {
         Route { docs, ..self }
     }
 
-    /// Described in its listener's OpenAPI document.
     pub fn documented(&self) -> bool {
         !self.docs.is_empty()
     }
 
-    /// The row as its listener's OpenAPI document reads it.
     pub fn entry(&self) -> openapi::Entry {
         openapi::Entry {
             path: self.path,
@@ -146,8 +122,7 @@ impl<S> Route<S> {
         }
     }
 
-    /// Whether `path` is this route's: equal, a `{name}` segment matching one
-    /// non-empty segment. Splitting borrows; nothing is allocated.
+    /// A `{name}` segment matches one non-empty segment. Nothing is allocated.
     fn matches(&self, path: &str) -> bool {
         let (mut want, mut got) = (self.path.split('/'), path.split('/'));
         loop {
@@ -164,8 +139,7 @@ impl<S> Route<S> {
 /// Routes of both listeners, and "unmatched".
 const COUNT: usize = PUBLIC.len() + ADMIN.len() + 1;
 
-/// Every route label, by [`RouteId`]: the public listener's paths, then the
-/// admin listener's, then everything else.
+/// Every route label, by [`RouteId`]: public paths, admin paths, "unmatched".
 pub const LABELS: [&str; COUNT] = {
     let mut all = ["unmatched"; COUNT];
     let mut i = 0;
@@ -189,8 +163,7 @@ pub struct RouteId(usize);
 impl RouteId {
     pub const UNMATCHED: RouteId = RouteId(COUNT - 1);
 
-    /// The row of a path on the public listener. Its paths have no parameter (a
-    /// test holds it), so this is the equality the hit path always paid.
+    /// Its paths have no parameter (a test holds it): an equality per row.
     pub fn public(path: &str) -> RouteId {
         PUBLIC
             .iter()
@@ -198,7 +171,6 @@ impl RouteId {
             .map_or(RouteId::UNMATCHED, RouteId)
     }
 
-    /// The row of a path on the admin listener.
     pub fn admin(path: &str) -> RouteId {
         ADMIN
             .iter()
@@ -211,14 +183,12 @@ impl RouteId {
         LABELS[self.0]
     }
 
-    /// The row's index into [`LABELS`].
     pub fn index(self) -> usize {
         self.0
     }
 
-    /// Whether a request on the admin listener for this row needs the token
-    /// (docs/api.md): every row but those marked [`Access::Open`], and every
-    /// unmatched path, so that without the token no 404 or 405 tells what exists.
+    /// On the admin listener: every row but the open ones, and every unmatched
+    /// path, so that without the token no 404 or 405 tells what exists.
     pub fn needs_token(self) -> bool {
         match self.admin_row() {
             Some(route) => route.access != Access::Open,
@@ -226,9 +196,8 @@ impl RouteId {
         }
     }
 
-    /// The scope a request on the admin listener for this row needs its token
-    /// to carry; `None` for the open rows and for unmatched paths (any valid
-    /// token, then a 404 or 405).
+    /// `None` for the open rows and for unmatched paths (any valid token, then
+    /// a 404 or 405).
     pub fn scope(self) -> Option<Scope> {
         match self.admin_row()?.access {
             Access::Token(scope) => Some(scope),
@@ -241,28 +210,24 @@ impl RouteId {
     }
 }
 
-/// The public listener's OpenAPI document, made of this table's rows. Not an
-/// `async fn`: its future's hidden type would name the table it is a row of.
+/// Not an `async fn`: its future's hidden type would name the table it is a
+/// row of.
 fn public_json() -> std::future::Ready<axum::Json<OpenApi>> {
     std::future::ready(axum::Json(openapi::public_api(
         PUBLIC.iter().map(Route::entry),
     )))
 }
 
-/// The admin listener's OpenAPI document, made of this table's rows.
 fn admin_json() -> std::future::Ready<axum::Json<OpenApi>> {
     std::future::ready(axum::Json(openapi::admin_api(
         ADMIN.iter().map(Route::entry),
     )))
 }
 
-/// A handler's OpenAPI entry, from what `#[utoipa::path]` generated for it
-/// (the operation at its path, with its tags, and the schemas its request and
-/// responses name), as `#[derive(OpenApi)]` adds the handlers of its
-/// `paths(...)`: a new route's body types reach the document with its row.
-/// `Tags` and `SchemaReferences` are utoipa's hidden traits, the ones its
-/// derive calls; `Cargo.lock` pins utoipa, and the documents' tests fail if an
-/// update moved them.
+/// A handler's OpenAPI entry from what `#[utoipa::path]` generated, as
+/// `#[derive(OpenApi)]` adds its `paths(...)`. `Tags` and `SchemaReferences`
+/// are utoipa's hidden traits; `Cargo.lock` pins utoipa, and the documents'
+/// tests fail if an update moved them.
 fn doc<P>(api: &mut OpenApi)
 where
     P: utoipa::Path + for<'t> utoipa::__dev::Tags<'t> + utoipa::__dev::SchemaReferences,
@@ -316,8 +281,7 @@ mod tests {
         }
     }
 
-    /// docs/api.md: on the admin listener the token guards everything but
-    /// health, readiness and metrics.
+    /// docs/api.md: the token guards everything but health, readiness, metrics.
     #[test]
     fn the_token_guards_everything_but_the_operations() {
         let open: Vec<_> = ADMIN
@@ -335,8 +299,7 @@ mod tests {
         assert!(!needs(HEALTHZ) && !needs(READYZ) && !needs(METRICS));
     }
 
-    /// docs/admin-access.md: the scope of each admin route, and every scope
-    /// used by some route.
+    /// docs/admin-access.md: each admin route's scope, and every scope used.
     #[test]
     fn each_admin_route_needs_its_scope() {
         let scope = |path: &str| RouteId::admin(path).scope();

@@ -1,27 +1,13 @@
 //! The snapshot PUT: up to 10,000,000 ids, parsed as the body streams in, and
 //! written to the database only once the whole body is read.
 //!
-//! The body flows through a bounded channel into a parser thread of its own
-//! that parses it with serde_json (any key order, unknown keys skipped) and hands ids on in
-//! chunks through a second bounded channel; the request task keeps the chunks
-//! and, once the body is complete and valid, takes a database connection (the
-//! store's snapshot transaction, COPY on PostgreSQL) and writes them. So an
-//! upload that trickles in holds no pooled connection, no transaction and no
-//! lock while it waits for its body: the webhook, the sync loop, the reveal
-//! flush and the budgets share the pool (`database.max_connections`) and never
-//! wait on a slow client. The raw body is never held whole (a few 64 KiB
-//! buffers at a time); the parsed ids are, 8 bytes each (80 MB at the
-//! 10,000,000-id maximum), per upload in flight. Any bad id, a bad version or
-//! a body over `server.max_snapshot_bytes` is refused before the database is
-//! touched: nothing applies.
-//!
-//! Bounded three ways besides its size: at most `server.max_snapshot_uploads`
-//! at once ([`Uploads`]; one more is a 503 before its body is read), each pause
-//! between chunks within `server.body_read_timeout_ms`, and the whole body
-//! within `server.snapshot_body_timeout_ms` (a 408 either way). The parser runs
-//! on a thread of its own, not on tokio's blocking pool: it blocks for as long
-//! as the body trickles in (minutes), and that pool is where upstream host
-//! lookups run. [`Uploads`] bounds those threads too.
+//! The body flows through bounded channels into a parser thread and back as
+//! chunks of ids; only once it is complete and valid is a database connection
+//! taken, so a trickling upload holds no pooled connection, transaction or
+//! lock, and a bad value refuses it all. The parsed ids are held (80 MB at the
+//! maximum), so uploads in flight are bounded ([`Uploads`]). The parser's
+//! thread is its own, not tokio's blocking pool: it blocks as long as the body
+//! trickles in (minutes), and that pool is where upstream host lookups run.
 
 use std::fmt;
 use std::io::{self, Read};
@@ -38,24 +24,20 @@ use crate::domain::MAX_VERSION;
 use crate::domain::UserId;
 use crate::status::StatusService;
 
-/// Ids per chunk handed to the store.
 const ID_CHUNK: usize = 100_000;
-/// Ids one snapshot may hold.
 pub const MAX_SNAPSHOT_IDS: usize = 10_000_000;
 const TOO_LARGE: &str = "snapshot body over the limit";
 const TIMED_OUT: &str = "snapshot body not received in time";
 
 /// The snapshot uploads in flight (`server.max_snapshot_uploads`): each holds
-/// its parsed ids in memory (up to 80 MB) and a parser thread until it is
-/// applied, so one more than the bound is refused before its body is read
-/// instead of queued. Cheap to clone (one semaphore, shared).
+/// its parsed ids and a parser thread until applied, so one more is refused
+/// before its body is read, not queued.
 #[derive(Debug, Clone)]
 pub struct Uploads {
     permits: Arc<Semaphore>,
 }
 
 impl Uploads {
-    /// At most `max` uploads at once.
     pub fn new(max: usize) -> Self {
         Uploads {
             permits: Arc::new(Semaphore::new(max)),
@@ -81,7 +63,6 @@ impl Uploads {
     }
 }
 
-/// How the body forwarding ended.
 #[derive(Clone, Copy)]
 enum Forwarded {
     Done,
@@ -102,8 +83,6 @@ pub async fn load(
     let limit = limits.max_bytes;
     let (bytes_tx, bytes_rx) = mpsc::channel::<io::Result<Bytes>>(4);
     let (ids_tx, mut ids_rx) = mpsc::channel::<Vec<u64>>(2);
-    // A large snapshot may take a while to upload: the read timeout bounds the
-    // silence between chunks, the total timeout the whole body.
     let idle = limits.read_timeout;
     let deadline = tokio::time::Instant::now() + limits.total_timeout;
     let forward = tokio::spawn(async move {
@@ -134,9 +113,8 @@ pub async fn load(
         }
         Forwarded::Done
     });
-    // A thread of its own, not the blocking pool (see the module doc). Its
-    // result comes back through `parsed`; a parser that panicked drops the
-    // sender, which reads as an unreadable body below.
+    // Not the blocking pool (see the module doc). A parser that panicked drops
+    // `parsed_tx`, which reads as an unreadable body below.
     let (parsed_tx, parsed_rx) = oneshot::channel();
     let parser = std::thread::Builder::new()
         .name("snapshot-parser".into())
@@ -187,9 +165,8 @@ pub async fn load(
     Ok((version, count))
 }
 
-/// Parses a snapshot body from `reader`, handing ids to `deliver` in chunks of
-/// up to 100,000 (it answers false to abandon the parse); returns the version.
-/// Blocking; the request path runs it on a blocking thread, fuzzing directly.
+/// Parses a snapshot body from `reader`, handing ids to `deliver` in chunks (it
+/// answers false to abandon the parse); returns the version. Blocking.
 ///
 /// # Errors
 /// A body that is not JSON of the snapshot's shape, or holds a bad value.
@@ -209,7 +186,6 @@ pub fn parse(
     Ok(version)
 }
 
-/// Blocking `Read` over the body chunks.
 struct ChannelReader {
     rx: mpsc::Receiver<io::Result<Bytes>>,
     current: Bytes,
@@ -229,7 +205,6 @@ impl Read for ChannelReader {
     }
 }
 
-/// Collects ids into chunks and hands them to the request task.
 struct Sink<'a> {
     deliver: Box<dyn FnMut(Vec<u64>) -> bool + 'a>,
     chunk: Vec<u64>,

@@ -1,52 +1,14 @@
 //! The bound on request bodies held in memory (`server.max_body_buffer_bytes`).
 //!
-//! A JSON route reads its body whole before it parses it (`api::extract`), so a
-//! body is memory from its first byte to its request's end, and a client that
-//! starts uploads and never finishes them holds that memory for
-//! `server.body_read_timeout_ms` each: without a bound, `server.max_in_flight`
-//! bodies of `server.max_body_bytes` (4 GiB with the defaults) from one client.
-//! So every request body is read through [`Counted`], which reserves each
-//! chunk's bytes from the process's [`BodyBuffer`] as it arrives, before anyone
-//! can hold it; the request's [`Reservation`] gives them all back when the
-//! request ends, however it ends (answered, refused, timed out, its connection
-//! gone): it is dropped with the last of the body and the front's answer, so
-//! nothing needs to remember to release it. A chunk that would take the buffer
-//! past its bound is not handed on: the body fails there, and the front answers
-//! the request 503 with `Retry-After` (whatever its handler made of the cut
-//! body) and `Connection: close` (the rest of the body is not read), counted in
-//! `phones_gateway_shed_total{reason="body_buffer"}`.
-//!
-//! The bound is for both listeners together, with one share kept: the public
-//! listener's bodies may take three quarters of it, the admin listener's all of
-//! it, so uploads to the public listener (anyone) cannot refuse the status
-//! webhook (a caller with a token: the admin listener reads a body only after
-//! the token is checked).
-//!
-//! Within the public listener's share, each client holds at most
-//! `server.max_body_buffer_per_client_bytes` of bodies still arriving
-//! ([`Clients`]; 8 MiB by default, one sixth of the public share). Without
-//! it one client could take the whole share: a refused body gives its bytes
-//! back, so slow uploads of halving size fill it to the byte, and everyone
-//! else's batches are refused until `server.body_read_timeout_ms` ends them. A
-//! client is its source address (an IPv6 one by its /64, which one host is
-//! commonly given whole). A body's bytes count against its client only until
-//! the body has arrived: what an honest client's requests hold while they are
-//! answered is not what this bounds, and a complete body is parsed at once.
-//! A chunk past the client's share fails the body as the buffer's bound does:
-//! 503 with `Retry-After`, `Connection: close`, counted in
-//! `phones_gateway_shed_total{reason="body_share"}`. A proxy that forwards
-//! bodies as they arrive is one client for all those behind it (docs/operations.md,
-//! "Request bodies in memory", says what to set then).
-//!
-//! Not counted: the snapshot PUT. It streams its body into its parser (a few
-//! 64 KiB buffers at a time, never the whole), so its bytes are not held as
-//! they arrive; what it does hold, the parsed ids (8 bytes each, 80 MB at
-//! 10,000,000), has its own bound, `server.max_snapshot_uploads` uploads at
-//! once, each taken before its body is read (`api::snapshot::Uploads`).
-//! Counted against this bound, one maximal snapshot (about 110 MB of JSON)
-//! would need a bound that no longer protects anything. Nor are requests
-//! without a body (the lookup, every GET): they pay one check and no
-//! allocation.
+//! A JSON route reads its body whole before parsing it, so a body is memory from
+//! its first byte. Every request body is read through [`Counted`], which
+//! reserves each chunk from the process's [`BodyBuffer`] as it arrives; the
+//! request's [`Reservation`] gives them back when the request ends, however it
+//! ends (it is dropped with the body and the front's answer). A chunk past the
+//! bound fails the body and the front answers 503. The public listener gets
+//! three quarters of the bound, each of its clients a share ([`Clients`]); the
+//! snapshot PUT is not counted (it streams). See docs/operations.md, "Request
+//! bodies in memory".
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -61,27 +23,21 @@ use hyper::body::{Frame, SizeHint};
 
 use crate::http::api::error::ApiError;
 
-/// The bytes all request bodies hold, against `server.max_body_buffer_bytes`.
 pub struct BodyBuffer {
-    /// `server.max_body_buffer_bytes`: the admin listener's bound.
+    /// The admin listener's bound.
     max: usize,
-    /// Bytes reserved now, by every [`Reservation`].
     held: AtomicUsize,
-    /// `phones_gateway_body_buffer_bytes`: `held`, for the operators.
     gauge: metrics::Gauge,
-    /// `phones_gateway_shed_total{reason="body_buffer"}`.
     shed: metrics::Counter,
-    /// Set when a body is refused, cleared once the buffer is back under half
-    /// its bound: the refusals of one episode are logged once.
+    /// Set when a body is refused, cleared once back under half the bound: an
+    /// episode's refusals are logged once.
     full: AtomicBool,
-    /// What each client's bodies still arriving hold (the public listener's).
+    /// The public listener's clients' bodies still arriving.
     clients: Clients,
 }
 
 impl BodyBuffer {
-    /// A buffer of at most `max` bytes (`server.max_body_buffer_bytes`), each
-    /// client's bodies still arriving at most `per_client` of it
-    /// (`server.max_body_buffer_per_client_bytes`).
+    /// At most `max` bytes; each client's bodies still arriving, `per_client`.
     pub fn new(max: usize, per_client: usize) -> Arc<Self> {
         let gauge = metrics::gauge!("phones_gateway_body_buffer_bytes");
         gauge.set(0.0);
@@ -99,28 +55,23 @@ impl BodyBuffer {
         })
     }
 
-    /// Clients holding bytes of bodies still arriving now.
     pub fn clients_holding(&self) -> usize {
         self.clients.held().len()
     }
 
-    /// The public listener's share: three quarters of the bound (the last
-    /// quarter is kept for the admin listener's bodies).
+    /// Three quarters of the bound: the last quarter is the admin listener's.
     pub fn public_share(&self) -> usize {
         self.max - self.max / 4
     }
 
-    /// The admin listener's share: all of it.
     pub fn admin_share(&self) -> usize {
         self.max
     }
 
-    /// Bytes reserved now.
     pub fn held(&self) -> usize {
         self.held.load(Ordering::Relaxed)
     }
 
-    /// Reserves `bytes` unless that takes the buffer past `limit`.
     fn reserve(&self, bytes: usize, limit: usize) -> bool {
         let taken = self
             .held
@@ -174,37 +125,31 @@ pub fn client_of(peer: IpAddr) -> IpAddr {
     }
 }
 
-/// The bytes of bodies still arriving, by client, each at most `max`
-/// (`server.max_body_buffer_per_client_bytes`).
-///
-/// A client's entry is made by its first request with a body and removed when
-/// its last such request ends: the map holds the clients uploading now, never
-/// more than the connections open. The lock is taken twice a request (not a
-/// chunk); a chunk pays one atomic update of its client's count.
+/// The bytes of bodies still arriving, by client, each at most `max`. An entry
+/// lives while its client has a request with a body (never more than the open
+/// connections); the lock is taken twice a request, not a chunk.
 struct Clients {
     max: usize,
     held: Mutex<HashMap<IpAddr, Arc<AtomicUsize>>>,
-    /// `phones_gateway_shed_total{reason="body_share"}`.
     shed: metrics::Counter,
 }
 
 impl Clients {
-    /// The map. A panic elsewhere while the lock was held left it as it was
-    /// (an insert or a remove), so a poisoned lock is used.
+    /// A panic while the lock was held left the map as it was (an insert or a
+    /// remove), so a poisoned lock is used.
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Arc<AtomicUsize>>> {
         self.held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// `client`'s count, made if it has none.
     fn of(&self, client: IpAddr) -> Arc<AtomicUsize> {
         self.held().entry(client).or_default().clone()
     }
 
-    /// Gives `count` back (a request of `client` ended), removing the
-    /// client's entry when no other request holds it. Counts are cloned only
-    /// under the lock, so the last holder sees itself alone there.
+    /// Gives `count` back, removing the client's entry when no other request
+    /// holds it. Counts are cloned only under the lock, so the last holder
+    /// sees itself alone there.
     fn leave(&self, client: IpAddr, count: Arc<AtomicUsize>) {
         let mut held = self.held();
         drop(count);
@@ -217,8 +162,7 @@ impl Clients {
     }
 }
 
-/// A request's part of its client's count: the bytes of its body reserved
-/// while the body arrives, given back once it has (or the request ends).
+/// A request's part of its client's count, while its body arrives.
 struct Share {
     client: IpAddr,
     count: Arc<AtomicUsize>,
@@ -227,7 +171,6 @@ struct Share {
 }
 
 impl Share {
-    /// Adds `bytes` unless that takes the client past `max`.
     fn reserve(&self, bytes: usize, max: usize) -> bool {
         let taken = self
             .count
@@ -241,8 +184,6 @@ impl Share {
         taken
     }
 
-    /// Gives this request's bytes back to its client (the body arrived, or
-    /// failed).
     fn release(&self) {
         let bytes = self.bytes.swap(0, Ordering::AcqRel);
         if bytes > 0 {
@@ -260,14 +201,12 @@ struct Reserved {
     buffer: Arc<BodyBuffer>,
     /// The listener's share of the buffer.
     limit: usize,
-    /// This request's bytes reserved so far.
     bytes: AtomicUsize,
     /// Set when a chunk was refused: the front answers 503.
     refused: AtomicBool,
     /// Set when the refusal was the client's share's.
     over_share: AtomicBool,
-    /// The client's count, on the public listener (a connection with a known
-    /// peer).
+    /// On the public listener only.
     share: Option<Share>,
 }
 
@@ -282,9 +221,8 @@ impl Drop for Reserved {
 }
 
 impl Reservation {
-    /// A request's reservation in `buffer`, within `limit` (the listener's
-    /// share) and, when `client` is given (the public listener), within that
-    /// client's share while its body arrives (`client_of` the peer).
+    /// A reservation within `limit` (the listener's share) and, when `client`
+    /// is given (the public listener), within that client's share.
     pub fn new(buffer: &Arc<BodyBuffer>, limit: usize, client: Option<IpAddr>) -> Self {
         let share = client.map(|client| Share {
             client,
@@ -301,7 +239,6 @@ impl Reservation {
         }))
     }
 
-    /// `body`, its bytes counted here as they arrive.
     pub fn count(&self, body: Body) -> Body {
         Body::new(Counted {
             inner: body,
@@ -310,8 +247,8 @@ impl Reservation {
         })
     }
 
-    /// Reserves a chunk's `bytes`: in the client's share first, then in the
-    /// buffer (a chunk refused by the buffer gives its share back).
+    /// In the client's share first, then in the buffer (a chunk the buffer
+    /// refuses gives its share back).
     fn reserve(&self, bytes: usize) -> bool {
         let reserved = &self.0;
         let clients = &reserved.buffer.clients;
@@ -346,9 +283,7 @@ impl Reservation {
         }
     }
 
-    /// The request's answer: `response`, unless a chunk of its body was
-    /// refused (by the buffer or by its client's share), then a 503
-    /// (`Retry-After`, `Connection: close`).
+    /// `response`, unless a chunk of its body was refused: then a 503.
     pub fn answer(self, response: Response) -> Response {
         if !self.0.refused.load(Ordering::Relaxed) {
             return response;
@@ -367,8 +302,7 @@ impl Reservation {
     }
 }
 
-/// The chunk that would have taken the buffer past its bound, as the body's
-/// error (the front answers 503 whatever the handler made of it).
+/// The body's error for a refused chunk.
 #[derive(Debug)]
 pub struct BodyBufferFull;
 
@@ -380,11 +314,9 @@ impl std::fmt::Display for BodyBufferFull {
 
 impl std::error::Error for BodyBufferFull {}
 
-/// A request body whose bytes are reserved as they arrive.
 struct Counted {
     inner: Body,
     reservation: Reservation,
-    /// A chunk was refused: the body ends there.
     failed: bool,
 }
 
@@ -452,7 +384,6 @@ mod tests {
         assert_eq!(buffer.held(), 30, "as it arrives");
         body.frame().await.unwrap().unwrap();
         assert_eq!(buffer.held(), 60);
-        // Another request: its first chunk fits, its second would not.
         let second = Reservation::new(&buffer, 100, None);
         let mut other = second.count(body_of(&[40, 1]));
         other.frame().await.unwrap().unwrap();
@@ -467,8 +398,6 @@ mod tests {
         assert!(answer.headers().contains_key("retry-after"));
         assert_eq!(answer.headers()["connection"], "close");
         assert_eq!(buffer.held(), 60, "released with the request");
-        // The first request's bytes stay until its body and its answer are
-        // both gone.
         drop(body);
         assert_eq!(buffer.held(), 60);
         let answer = first.answer(Response::new(Body::empty()));
@@ -492,9 +421,8 @@ mod tests {
         assert_eq!(buffer.held(), 100);
     }
 
-    /// A client's bodies still arriving hold at most its share; another
-    /// client's body is taken meanwhile; a body that has arrived counts no
-    /// more against its client; an ended request leaves no entry behind.
+    /// A client's bodies still arriving hold at most its share; others' are taken
+    /// meanwhile; an arrived body no longer counts; no entry is left behind.
     #[tokio::test]
     async fn each_client_holds_at_most_its_share_of_bodies_still_arriving() {
         let buffer = BodyBuffer::new(100, 60);
@@ -510,14 +438,12 @@ mod tests {
         assert_eq!(answer.status(), 503);
         assert!(answer.headers().contains_key("retry-after"));
         assert_eq!(buffer.held(), 20, "the refused chunk took nothing");
-        // Another client is not held back by the first one's share.
         let other = Reservation::new(&buffer, 75, Some(client_of([127, 0, 0, 1].into())));
         let mut honest = other.count(body_of(&[50]));
         honest.frame().await.unwrap().unwrap();
         assert!(honest.frame().await.is_none(), "arrived whole");
         assert_eq!(buffer.held(), 70);
         assert_eq!(buffer.clients_holding(), 2);
-        // Arrived: the first client's body no longer counts against it.
         held.frame().await.unwrap().unwrap();
         assert!(held.frame().await.is_none());
         let third = Reservation::new(&buffer, 75, greedy);

@@ -1,68 +1,16 @@
 //! The inbound connection cap, and accepting under it.
 //!
-//! Every inbound connection is a file descriptor, and so is every upstream call
-//! and database connection. Without a cap, idle clients could take the last
-//! descriptor, and a lookup on a connection already open would find none for
-//! its upstream call: the gateway's own trouble, which must never decide an
-//! answer (docs/rules.md: such a source is undecided, nothing below it is
-//! shown). So each listener holds at most so many connections at once
-//! ([`Inbound`]): the public one `server.max_connections` (by default derived
-//! from `RLIMIT_NOFILE`, [`max_connections`]), the admin one
-//! [`ADMIN_MAX_CONNECTIONS`].
+//! Every connection is a file descriptor, as is every upstream call; without a
+//! cap, idle clients could take the one a lookup needs for its upstream call.
+//! So each listener holds at most so many connections ([`Inbound`]): the public
+//! one `server.max_connections` (default derived from `RLIMIT_NOFILE`,
+//! [`max_connections`]), the admin one [`ADMIN_MAX_CONNECTIONS`]. At the public
+//! cap new connections wait in the kernel's backlog; at the admin cap the one
+//! idle longest is closed to make room ([`Room`]), so the probes, which carry
+//! no token, still get in. See docs/operations.md, "Connections at the cap".
 //!
-//! At the public cap the listener stops accepting: new connections wait in the
-//! kernel's listen backlog (no descriptor held) until one closes, rather than
-//! being accepted only to be closed, which would cost the very descriptor that
-//! is short. The head deadline (`serve`) closes idle connections, so a wait
-//! ends.
-//!
-//! At the admin cap the connection idle longest is closed to make room
-//! ([`Room`]): the probes (`/healthz`, `/readyz`, `/metrics`) carry no token,
-//! so they must get in while callers without one hold the listener, whether
-//! those sit connected sending nothing or send request after request (each
-//! 401 closes its connection, `front`). A separate bound for callers without
-//! a token would hold the probes out with them. The listener accepts the new
-//! connection (one over the cap, for that moment: the reserve's spare room,
-//! [`BASE_DESCRIPTORS`], covers it), asks the idle connection to close (hyper's
-//! graceful shutdown, which closes an idle connection at once) and serves the
-//! new one once that place is free. Idle means between requests: no request in
-//! service, and not a byte received since the last answer (or since it
-//! connected); and only a connection idle for [`IDLE_GRACE`] (250 ms) is
-//! closed, so a new connection is not closed for the next before it has had
-//! time to send its request; a connection whose request head is on its way or whose request
-//! is in service is never chosen, and no request is cut: one chosen while its
-//! answer is still being written, or just as its next request arrives,
-//! finishes that request and then closes (keep-alive off). When every
-//! connection is busy, the new one waits (and the backlog behind it) until a
-//! request is answered, which makes its connection idle and so the one to
-//! close; a head that never completes is closed by the head deadline
-//! (`server.header_read_timeout_ms`), so the wait is bounded by the longest
-//! request in service or that deadline.
-//!
-//! What no accept policy mends: clients that keep more connections open than
-//! the cap and the kernel's listen backlog hold together, reopening each as
-//! soon as it is closed, keep that backlog full, and a new connection is
-//! dropped at its SYN before the listener sees it (its client retries a second
-//! later, then three). The admin listener's backlog is [`LISTEN_BACKLOG`]
-//! (1024, not the default 128), so hundreds of such callers (the cluster's own:
-//! a sync job retrying in a loop) wait in the kernel instead; and the probes
-//! can have a listener of their own (`server.probe_addr`, its cap
-//! [`PROBE_MAX_CONNECTIONS`], making room as the admin one does), which callers
-//! of the admin API never reach, as Envoy and Linkerd keep their admin port
-//! apart from traffic. Past that it is a flood for the network to stop; the
-//! admin port is not for the internet (the chart's NetworkPolicy).
-//!
-//! The public listener keeps waiting at its cap: it is bounded to keep
-//! descriptors, its probes are not on it, and at its size (thousands of
-//! connections, mostly the load balancers' keep-alive pools) closing idle ones
-//! to take a flood of new ones would turn the flood into reconnects of every
-//! pool, where waiting lets the head deadline close the idle ones that
-//! nobody uses.
-//!
-//! `accept` failing for lack of descriptors or memory (EMFILE, ENFILE, ENOMEM,
-//! ENOBUFS) backs off, from 10 ms doubling to a second, instead of retrying at
-//! once (the pending connection stays pending, so an immediate retry fails
-//! again); every failure is counted by kind.
+//! `accept` failing for lack of descriptors or memory backs off (10 ms doubling
+//! to 1 s: an immediate retry fails again), each failure counted by kind.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -72,26 +20,16 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-/// The admin listener's cap: probes, scrapes and operators, never many (the
-/// listener is not on the internet); part of the public cap's reserve.
+/// The admin listener's cap; part of the public cap's reserve.
 pub const ADMIN_MAX_CONNECTIONS: usize = 64;
 
-/// The probe listener's cap (`server.probe_addr`): the kubelet's probes and a
-/// scrape, a few at once; part of the public cap's reserve whether or not the
-/// listener is on. At the cap it makes room as the admin listener does.
+/// The probe listener's cap (`server.probe_addr`); part of the public cap's
+/// reserve whether or not the listener is on.
 pub const PROBE_MAX_CONNECTIONS: usize = 16;
 
-/// The listen backlog of the admin and probe listeners: connections the
-/// kernel completes and holds until the listener takes them. Past the backlog
-/// a new connection's SYN is dropped and its client retries it a second later,
-/// then three, then seven (a probe's timeout, a caller's connect timeout), so a
-/// crowd of reconnecting callers larger than the cap and the backlog together
-/// (128, tokio's and std's default) delayed every other connection by whole
-/// seconds. 1024 (capped by the kernel's `net.core.somaxconn`, 4096 since
-/// Linux 5.4) holds hundreds of them in the kernel, where they cost no
-/// descriptor, and each is taken in its turn. The public listener keeps the
-/// default: at its cap its backlog is the wait of load balancers' new
-/// connections, which retry elsewhere.
+/// The listen backlog of the admin and probe listeners (the default is 128):
+/// reconnecting callers wait in the kernel, holding no descriptor, instead of
+/// having their SYN dropped. Capped by `net.core.somaxconn`.
 pub const LISTEN_BACKLOG: u32 = 1024;
 
 /// A listener on `addr` with a backlog of [`LISTEN_BACKLOG`].
@@ -111,21 +49,17 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// Descriptors the process holds besides connections and the calls counted in
-/// `Config::outbound_descriptors`: stdin, stdout and stderr, the runtime's
-/// epoll and wakers, the signal pipe, the two listeners, the trace exporter's
-/// connections, files read now and then (cgroup, /proc), with room to spare.
+/// `Config::outbound_descriptors` (stdio, epoll, listeners, exporter, ...),
+/// with room to spare, also for the one connection a [`Room`] holds over its cap.
 pub const BASE_DESCRIPTORS: usize = 66;
 
-/// The derived cap is never below this while the limit allows it; when the
-/// reserve leaves less, the cap is half the limit, and a warning says so.
+/// The least derived cap; a limit leaving less past the reserve gives half of it.
 const MIN_DERIVED: usize = 64;
 
 /// `server.max_connections` as it applies: `configured` unless 0; else the
-/// open-files limit (`limit`, `None`: unlimited) less the reserve
-/// `outbound + ADMIN_MAX_CONNECTIONS + PROBE_MAX_CONNECTIONS + BASE_DESCRIPTORS` (`outbound`:
-/// `Config::outbound_descriptors`). A limit that leaves less than 64 past the
-/// reserve gives half the limit (and a warning: the process's own calls may
-/// then find no descriptor). Returns the cap and where it came from (logged).
+/// open-files limit (`None`: unlimited) less the reserve (`outbound`, the
+/// listeners' caps, [`BASE_DESCRIPTORS`]); half the limit, with a warning,
+/// when that leaves less than 64. Returns the cap and where it came from.
 pub fn max_connections(
     configured: usize,
     limit: Option<u64>,
@@ -165,71 +99,54 @@ pub fn max_connections(
 
 /// One listener's connections: at most its cap open at once, gauged.
 pub struct Inbound {
-    /// `public` or `admin`, the metrics' `listener` label.
     listener: &'static str,
-    /// A permit per open connection.
     permits: Arc<Semaphore>,
-    /// `phones_gateway_connections{listener}`.
     open: metrics::Gauge,
-    /// `phones_gateway_connections_capped_total{listener}`: accepts that waited
-    /// for a connection to close.
     capped: metrics::Counter,
-    /// Set while the listener waits at its cap, so that reaching it is logged
-    /// once, not at every accept.
+    /// Set while waiting at the cap, so that reaching it is logged once.
     at_cap: AtomicBool,
-    /// Set on a listener that makes room at its cap (the admin one): its open
-    /// connections, the one idle longest closed for a new one.
+    /// Set on a listener that makes room at its cap (the admin one).
     room: Option<Arc<Room>>,
 }
 
-/// What a connection's watchdog (`serve`) and its listener's [`Room`] see of
-/// it.
+/// What a connection's watchdog (`serve`) and its listener's [`Room`] see.
 #[derive(Default)]
 pub struct Activity {
-    /// Request heads received and answers made.
     events: AtomicU64,
     /// Requests in service (from their head to their answer).
     busy: AtomicUsize,
-    /// Bytes received since the last answer (or since it connected): a
-    /// request on its way, so the connection is not idle.
+    /// Bytes received since the last answer: a request on its way, not idle.
     heard: AtomicBool,
-    /// When the last answer was made (or it connected), in milliseconds of
-    /// the room's clock: the least is the connection idle longest.
+    /// Milliseconds of the room's clock since the last answer (or connect).
     idle_since: AtomicU64,
     /// Set once the room asked it to close (so it is not chosen twice).
     closing: AtomicBool,
-    /// The room's request to close.
     close: Notify,
-    /// The listener's room, if it makes room at its cap.
     room: Option<Arc<Room>>,
 }
 
 impl Activity {
-    /// Request heads received and answers made so far.
     pub fn events(&self) -> u64 {
         self.events.load(Ordering::Relaxed)
     }
 
-    /// Requests in service now.
     pub fn busy(&self) -> usize {
         self.busy.load(Ordering::Relaxed)
     }
 
-    /// Bytes arrived. Only a listener that makes room tells idle connections
-    /// apart; the public one pays a branch per read.
+    /// Only a listener that makes room tells idle connections apart; the
+    /// public one pays a branch per read.
     pub fn heard(&self) {
         if self.room.is_some() && !self.heard.load(Ordering::Relaxed) {
             self.heard.store(true, Ordering::Relaxed);
         }
     }
 
-    /// A request head arrived: the request is in service.
     pub fn began(&self) {
         self.events.fetch_add(1, Ordering::Relaxed);
         self.busy.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A request was answered.
     pub fn answered(&self) {
         self.busy.fetch_sub(1, Ordering::Relaxed);
         self.events.fetch_add(1, Ordering::Relaxed);
@@ -241,7 +158,6 @@ impl Activity {
         }
     }
 
-    /// Completes when the room asks this connection to close.
     pub async fn asked_to_close(&self) {
         self.close.notified().await;
     }
@@ -253,16 +169,14 @@ impl Activity {
     }
 }
 
-/// The open connections of a listener that makes room at its cap, so that the
-/// one idle longest can be asked to close.
+/// The open connections of a listener that makes room at its cap.
 pub struct Room {
-    /// Every open connection's activity (at most the cap, 64: scanned whole).
+    /// At most the cap, 64: scanned whole.
     open: Mutex<Vec<Arc<Activity>>>,
     /// What `idle_since` counts from (tokio's clock).
     started: tokio::time::Instant,
     /// Woken when a request is answered (its connection may now be closed).
     went_idle: Notify,
-    /// `phones_gateway_connections_evicted_total{listener}`.
     evicted: metrics::Counter,
 }
 
@@ -279,23 +193,20 @@ impl Room {
         })
     }
 
-    /// The open connections. A panic elsewhere while the lock was held left
-    /// the list as it was (a push or a remove), so a poisoned lock is used.
+    /// A panic while the lock was held left the list as it was (a push or a
+    /// remove), so a poisoned lock is used.
     fn open(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Activity>>> {
         self.open
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Milliseconds since the room was made, on tokio's clock.
     fn now(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// A permit, once a place is free: at once if one is, else by asking the
-    /// connection idle longest to close (and waiting for it) once it has been
-    /// idle for [`IDLE_GRACE`], else, every connection busy, by waiting until
-    /// a request is answered.
+    /// A permit: at once if one is free, else by closing the connection idle
+    /// longest once idle for [`IDLE_GRACE`], else by waiting for an answer.
     async fn make_room(&self, permits: &Arc<Semaphore>) -> OwnedSemaphorePermit {
         loop {
             // Registered before the connections are looked at, so an answer
@@ -340,14 +251,10 @@ impl Room {
     }
 }
 
-/// How long a connection must have been idle (since it connected, or since its
-/// last answer) before it may be closed to make room: a new connection, a
-/// probe's, gets that long to send its request head however fast others
-/// connect. It also paces a flood of silent new connections at the cap to at
-/// most the cap's 64 every 250 ms.
+/// How long a connection must have been idle before it may be closed to make
+/// room: a new connection (a probe's) gets that long to send its head.
 pub const IDLE_GRACE: Duration = Duration::from_millis(250);
 
-/// A permit of `permits`, waiting for one.
 async fn acquire(permits: &Arc<Semaphore>) -> OwnedSemaphorePermit {
     match permits.clone().acquire_owned().await {
         Ok(permit) => permit,
@@ -364,7 +271,6 @@ pub struct Held {
 }
 
 impl Held {
-    /// What the connection's watchdog and the listener's room see of it.
     pub fn activity(&self) -> &Arc<Activity> {
         &self.activity
     }
@@ -381,8 +287,6 @@ impl Drop for Held {
 }
 
 impl Inbound {
-    /// A listener named `listener` holding at most `max` connections; at the
-    /// cap, new connections wait in the backlog.
     pub fn new(listener: &'static str, max: usize) -> Self {
         let max = max.clamp(1, Semaphore::MAX_PERMITS);
         metrics::gauge!("phones_gateway_connections_max", "listener" => listener).set(max as f64);
@@ -404,8 +308,7 @@ impl Inbound {
         }
     }
 
-    /// As [`Inbound::new`], but at the cap the connection idle longest is
-    /// closed to make room for a new one (the admin listener).
+    /// As [`Inbound::new`], but at the cap the idle longest is closed for room.
     pub fn making_room(listener: &'static str, max: usize) -> Self {
         Inbound {
             room: Some(Room::new(listener)),
@@ -413,12 +316,8 @@ impl Inbound {
         }
     }
 
-    /// The next connection and its peer, once one is allowed and `accept` gives one
-    /// (backing off while it fails for lack of descriptors or memory). At the
-    /// cap, a listener without a room waits for a connection to close before
-    /// it accepts; one with a room accepts, then makes room ([`Room`]).
-    /// Cancel-safe: dropped while it waits, it holds no place (a connection
-    /// accepted meanwhile is closed).
+    /// The next connection and its peer, once the cap allows one ([`Room`]).
+    /// Cancel-safe: dropped while it waits, it holds no place.
     pub async fn accept(&self, listener: &TcpListener) -> (TcpStream, SocketAddr, Held) {
         if let Ok(permit) = self.permits.clone().try_acquire_owned() {
             self.at_cap.store(false, Ordering::Relaxed);
@@ -453,7 +352,6 @@ impl Inbound {
         }
     }
 
-    /// A connection's place, counted (and listed in the room, if any).
     fn held(&self, permit: OwnedSemaphorePermit) -> Held {
         self.open.increment(1.0);
         let activity = Arc::new(Activity {
@@ -471,8 +369,6 @@ impl Inbound {
         }
     }
 
-    /// The next connection `accept` gives and its peer, backing off while it
-    /// fails for lack of descriptors or memory.
     async fn accept_stream(&self, listener: &TcpListener) -> (TcpStream, SocketAddr) {
         let mut delay = FIRST_BACKOFF;
         loop {
@@ -506,17 +402,12 @@ impl Inbound {
     }
 }
 
-/// The first wait after a failed `accept`, doubled at each failure in a row.
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
-/// The longest wait between two `accept`s that fail.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-/// Every value [`kind_of`] gives.
 const ACCEPT_ERROR_KINDS: [&str; 4] = ["file_descriptors", "memory", "aborted", "other"];
 
-/// The `kind` label of an accept error: `file_descriptors` (EMFILE, ENFILE),
-/// `memory` (ENOMEM, ENOBUFS), `aborted` (the client left before it was
-/// accepted), `other`.
+/// The `kind` label of an accept error; `aborted`: the client left first.
 fn kind_of(error: &std::io::Error) -> &'static str {
     use rustix::io::Errno;
     let Some(errno) = Errno::from_io_error(error) else {
@@ -554,15 +445,12 @@ mod tests {
             max_connections(0, None, 100).0,
             crate::config::MAX_CONNECTIONS
         );
-        // Too low a limit for the reserve: half of it.
         assert_eq!(max_connections(0, Some(256), 100).0, 128);
         assert_eq!(max_connections(0, Some(0), 100).0, 1);
     }
 
-    /// At the cap the room closes the connection idle longest once it has
-    /// been idle for the grace, never one whose head is on its way or whose
-    /// request is in service; with every connection busy it waits for an
-    /// answer.
+    /// The room closes the connection idle longest once idle for the grace, never
+    /// one whose head is on its way or in service; all busy, it waits for an answer.
     #[tokio::test(start_paused = true)]
     async fn the_room_closes_the_connection_idle_longest_and_only_an_idle_one() {
         let room = Room::new("test");
@@ -605,11 +493,9 @@ mod tests {
         for other in [&serving, &heard, &older] {
             assert!(!other.closing.load(Ordering::Relaxed));
         }
-        // Its place, once it closes, goes to the new connection.
         drop(place);
         drop(made.await.unwrap());
 
-        // Every connection busy: nothing is closed until an answer is made.
         let busy_room = Room::new("test");
         let only = Arc::new(Activity {
             room: Some(busy_room.clone()),

@@ -1,31 +1,13 @@
 //! What a listener runs for every request, around the router: request tracking
-//! (an id, a span, a duration by route and status; an `x-request-id` given
-//! twice is a 400, as every header read singly is); on the admin listener the
-//! token ([`Inner::authorize`]), checked first for every path but health,
-//! readiness and metrics so that without it nothing, not even a 404 or 405,
-//! tells what exists, then the route's scope, so a token without it gets a 403
-//! before any 404 or 405 of that route, every such call put on record by
-//! `access::record`; the header limit; and shedding on the public listener
-//! (`shed`). The public lookup, the request a sale day is made of, is answered
-//! here without the router. The probe listener (`server.probe_addr`) is the
-//! admin listener's open rows alone ([`Front::probes`]).
-//!
-//! A request's path is matched against the route table once, here
-//! (`api::routes::RouteId`): its duration label and, on the admin listener,
-//! whether it needs the token come from that one match; the router matches it
-//! again to dispatch (the hit path keeps its one equality check instead).
-//!
-//! Every request body is read through the listener's share of the body buffer
-//! (`bodies`): the front wraps a request that has a body (the snapshot PUT's
-//! excepted: it streams), and answers 503 for a request whose body went past
-//! it. A 401 closes its connection (`Connection: close`): a caller without a
-//! token gets one answer per connection, so it cannot keep one of the admin
-//! listener's places busy with request after request (`conns`).
-//!
-//! One hand-written service instead of `from_fn` layers on the router: the hit
-//! path pays one boxed future, not a boxed future and a cloned boxed service per
-//! layer, and no extractor copies the headers or the query (what those layers
-//! cost: docs/performance.md, "The hit path").
+//! (an id, a span, a duration by route and status), on the admin listener the
+//! token and its scope ([`Inner::authorize`], each call put on record by
+//! `access::record`), the header limit, the body buffer (`bodies`) and
+//! shedding on the public listener (`shed`). The public lookup is answered
+//! here without the router. The probe listener is the admin listener's open
+//! rows alone ([`Front::probes`]). The order of answers: docs/admin-access.md,
+//! "Scopes". A path is matched against the route table once, here
+//! (`RouteId`). One hand-written service instead of `from_fn` layers: see
+//! docs/design.md, "The hit path".
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -63,43 +45,28 @@ pub struct Front {
 }
 
 struct Inner {
-    /// The listener's router (`api::public_router` or `api::admin_router`):
-    /// every request the front lets through and does not answer itself.
     router: Router,
-    /// Before the router: the header limit on both listeners, and on the
-    /// public one the bound on requests in flight (shedding).
+    /// The header limit on both listeners, and on the public one shedding.
     shed: Shed,
-    /// A path's row of the route table, found once per request: its duration
-    /// label, and on the admin listener whether it needs the token.
+    /// A path's row of the route table, found once per request.
     route_of: fn(&str) -> RouteId,
-    /// Set on the public listener: `/v1/public-phone` is answered directly,
-    /// every method (the router has no entry for it).
+    /// Set on the public listener: `/v1/public-phone` is answered directly.
     lookup: Option<PublicState>,
-    /// Set on the admin listener: the bearer tokens, one of which every
-    /// `/admin/` path needs (with the route's scope).
+    /// Set on the admin listener.
     tokens: Option<Arc<AdminTokens>>,
-    /// `tracing.sample_ratio` when `tracing.otlp_endpoint` is set: a sampled
-    /// request's span is exported. Otherwise (and for unsampled requests) the
-    /// span is the log's alone and the trace headers wait for an upstream call.
+    /// `tracing.sample_ratio` when spans are exported (`tracing.otlp_endpoint`).
     export_ratio: Option<f64>,
     /// Set on the admin listener: the snapshot's row, whose `PUT` body streams
-    /// into its parser and is not counted against the body buffer (`bodies`).
+    /// and is not counted against the body buffer.
     snapshot: Option<RouteId>,
-    /// Set on the probe listener (`server.probe_addr`): only the admin
-    /// listener's open rows (`/healthz`, `/readyz`, `/metrics`) are served,
-    /// every other path is a 404.
+    /// Set on the probe listener: only the open rows are served.
     probes_only: bool,
-    /// The app's request-duration histogram, which both fronts record into.
     durations: Arc<Durations>,
 }
 
 impl Front {
-    /// The public listener: shedding, the lookup answered directly, the rest
-    /// by `api::public_router` over `state`. With
-    /// `tracing.otlp_endpoint` set the span of each sampled request is
-    /// exported, sampled at `tracing.sample_ratio` unless the caller's
-    /// `traceparent` decides. Given here, not by a setter: the front is shared
-    /// (cloned per connection) as soon as it is built.
+    /// The public listener. The tracing settings are given here, not by a
+    /// setter: the front is shared (cloned per connection) once built.
     pub fn public(
         state: PublicState,
         shed: Shed,
@@ -123,9 +90,7 @@ impl Front {
         }
     }
 
-    /// The admin listener: the tokens of `state` on `/admin/` paths, the
-    /// header limit and the body buffer (`shed`, built with `Shed::unlimited`),
-    /// never shed; the routes by `api::admin_router` over `state`.
+    /// The admin listener: never shed (`shed` built with `Shed::unlimited`).
     pub fn admin(state: AdminState, shed: Shed) -> Self {
         let inner = Inner {
             tokens: Some(state.tokens.clone()),
@@ -143,9 +108,7 @@ impl Front {
         }
     }
 
-    /// The probe listener (`server.probe_addr`): the admin listener's open
-    /// rows over `state` (health, readiness, metrics), every other path a
-    /// 404 whatever its token; the header limit (`shed`), no body read.
+    /// The probe listener: every path but the open rows a 404; no body read.
     pub fn probes(state: AdminState, shed: Shed) -> Self {
         let inner = Inner {
             tokens: None,
@@ -165,11 +128,8 @@ impl Front {
 }
 
 impl Inner {
-    /// The token and its scope (the admin listener), then the answer.
     /// Takes the `Arc` so the future holds nothing twice (it is boxed per request).
     async fn authorize(self: Arc<Self>, mut request: Request, route: RouteId) -> Response {
-        // docs/api.md: the token before anything else, whatever the method and whether
-        // or not the route exists; then the route's scope, before its 404 or 405.
         if let Some(tokens) = &self.tokens {
             if route.needs_token() {
                 let method = request.method().clone();
@@ -204,11 +164,8 @@ impl Inner {
         self.answer(request).await
     }
 
-    /// `request` with its body as the handlers read it: counted against the
-    /// listener's share of the body buffer when it has one, and on the public
-    /// listener against the share of `client` (the connection's peer, when
-    /// known), with the reservation the answer is checked against; as it is
-    /// otherwise.
+    /// `request` with its body counted against the listener's and `client`'s
+    /// shares, and the reservation its answer is checked against.
     fn counted<B>(
         &self,
         request: axum::http::Request<B>,
@@ -219,8 +176,8 @@ impl Inner {
         B: HttpBody<Data = Bytes> + Send + 'static,
         B::Error: Into<axum::BoxError>,
     {
-        // No body (the lookup, every GET): nothing to count, nothing allocated.
-        // The snapshot PUT streams its body: it has its own bound.
+        // No body: nothing to count, nothing allocated. The snapshot PUT
+        // streams its body: it has its own bound.
         let uncounted = request.body().is_end_stream()
             || (request.method() == axum::http::Method::PUT && self.snapshot == Some(route));
         let counted = match self.shed.bodies() {
@@ -241,8 +198,6 @@ impl Inner {
         }
     }
 
-    /// The header limit and shedding, then the answer: the lookup directly,
-    /// anything else by the router.
     async fn answer(&self, request: Request) -> Response {
         if let Err(refused) = self.shed.check_head(&request) {
             return refused.into_response();
@@ -253,9 +208,8 @@ impl Inner {
         };
         if let Some(state) = &self.lookup {
             if request.uri().path() == PUBLIC_PHONE_PATH {
-                // Every method here: the router has no entry for the lookup.
-                // (Were HEAD served by axum, it would set a Content-Length
-                // from the GET body, whose length tells the kind.)
+                // Every method here. (Were HEAD served by axum, it would set a
+                // Content-Length from the GET body, whose length tells the kind.)
                 let (method, headers, query) =
                     (request.method(), request.headers(), request.uri().query());
                 return public::public_phone(state, method, headers, query).await;
@@ -285,15 +239,9 @@ where
 }
 
 impl Front {
-    /// Answers `request` from `peer` (the connection's, when known: its body
-    /// counts against that client's share, `bodies`), keeping `held` until the
-    /// answer is made (the connection's watchdog counts the request in
-    /// service meanwhile).
-    ///
-    /// Request tracking: an id (the caller's or a new one; its span carries it
-    /// onto every log line, it is forwarded upstream and answered back), the
-    /// trace context upstream calls continue (docs/tracing.md), and the
-    /// duration by route and status.
+    /// Answers `request` from `peer` (its body counts against that client's
+    /// share), keeping `held` until the answer is made (the watchdog counts
+    /// the request in service meanwhile). Trace context: docs/tracing.md.
     pub fn call_holding<B, H>(
         &self,
         request: axum::http::Request<B>,
@@ -310,8 +258,7 @@ impl Front {
         let id = match telemetry::request_id_of(request.headers()) {
             Ok(id) => id,
             Err(made) => {
-                // Given twice: refused, as any header read singly is, before
-                // anything else (a token too) is looked at.
+                // Given twice: refused before anything else (a token too).
                 let refused = api::extract::repeated_header(telemetry::REQUEST_ID_HEADER);
                 let response = answered(
                     refused.into_response(),
@@ -353,9 +300,8 @@ impl Front {
         })
     }
 
-    /// [`Front::call_holding`] for a sampled request: its span is exported,
-    /// continues the caller's trace and records the status. A future of its own, so that
-    /// without export the hit path's future stays as small as it was.
+    /// [`Front::call_holding`] for a sampled request, its span exported. A
+    /// future of its own, so without export the hit path's future stays small.
     #[cold]
     #[inline(never)]
     fn call_exported<B, H>(
@@ -400,11 +346,8 @@ impl Front {
     }
 }
 
-/// The 401 of a request without a valid token, closing its connection: such a
-/// caller gets one answer per connection, so it cannot hold one of the admin
-/// listener's places with request after request, nor pipeline them (`conns`
-/// makes room at the cap by closing idle connections, and a connection
-/// answering request after request is seldom idle).
+/// The 401, closing its connection: a caller without a valid token gets one
+/// answer per connection, so it cannot hold an admin listener place (`conns`).
 fn unauthorized() -> Response {
     let mut response = ApiError::Unauthorized.into_response();
     response.headers_mut().insert(
@@ -414,8 +357,7 @@ fn unauthorized() -> Response {
     response
 }
 
-/// The answer as sent: its request id set, its duration recorded by route and
-/// status.
+/// The answer as sent: its request id set, its duration recorded.
 fn answered(
     mut response: Response,
     id: axum::http::HeaderValue,

@@ -1,31 +1,16 @@
 //! Hyper's automatic answers, rewritten as problem documents (docs/api.md: every
 //! rejection is one, also those made before a route is chosen).
 //!
-//! When hyper cannot parse a request head it answers by itself and closes the
-//! connection, without calling our service: `proto/h1/role.rs`
-//! `Server::on_error` picks 400 (a malformed method, request target, version or
-//! header line), 431 (a head over `max_buf_size`) or 414 (a target over 65,534
-//! bytes), and the connection writes that status with no headers of ours and no
-//! body. What goes on the wire, captured from hyper 1.12:
+//! When hyper cannot parse a request head it answers by itself (400, 414 or
+//! 431, no body, no headers of ours) and closes the connection, without calling
+//! our service; it offers no hook for it. So [`ProblemIo`] wraps a connection's
+//! socket and recognises that head as it is written (a 400, 414 or 431 status
+//! line, `content-length: 0`, no `content-type`: every answer of ours carries
+//! one), reports hyper's bytes as written and sends in their place the same
+//! status line with a problem document. A normal write pays one comparison.
 //!
-//! ```text
-//! HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\ndate: ...\r\n\r\n
-//! ```
-//!
-//! Hyper offers no hook for it (neither does hyper-util), and raising hyper's
-//! bounds to see such requests in the service would mean buffering heads of any
-//! size. So [`ProblemIo`] wraps a connection's socket and recognises that head as
-//! it is written: a write whose first bytes are a status line of 400, 414 or
-//! 431 and whose head has `content-length: 0` and no `content-type` (every answer
-//! of ours carries one). It reports hyper's bytes as written and sends in their
-//! place the same status line with a problem document, hyper's other header
-//! lines (`connection: close`, `date`) kept. Normal writes pay one comparison of
-//! the status line's first digit (a 2xx never gets further) and nothing else:
-//! no allocation, no copy.
-//!
-//! Limit: the head is recognised at the start of a write. Hyper writes an
-//! automatic answer into an empty buffer unless a pipelined previous answer is
-//! still unsent; that rare case keeps hyper's bare head.
+//! Limit: the head is recognised at the start of a write; an automatic answer
+//! behind an unsent pipelined answer keeps hyper's bare head.
 
 use std::io;
 use std::pin::Pin;
@@ -56,7 +41,6 @@ impl<T> ProblemIo<T> {
 }
 
 impl<T: AsyncWrite + Unpin> ProblemIo<T> {
-    /// Sends what is pending of a rewritten answer.
     fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.pending.is_empty() {
             let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.pending))?;

@@ -1,25 +1,14 @@
-//! Serving a listener's [`Front`], with the connection-level limits `axum::serve`
-//! does not expose: a deadline for a client to send its request head (slowloris),
-//! and a hard bound on the head's size. HTTP/1.1 through hyper directly, each
-//! connection watched for graceful shutdown: on shutdown the listener closes, idle
-//! keep-alive connections are closed at once and busy ones after their response.
-//! A connection the admin listener's room asks to close (`conns`: the one idle
-//! longest, at the cap) closes the same graceful way.
+//! Serving a listener's [`Front`] through hyper directly, with what
+//! `axum::serve` does not expose: a deadline for the request head (slowloris),
+//! a hard bound on the head's size, and graceful shutdown (idle connections
+//! closed at once, busy ones after their answer; also for one connection the
+//! admin listener's room asks to close, `conns`).
 //!
-//! The head deadline is a watchdog per connection, not hyper's
-//! `header_read_timeout`: hyper arms a fresh timer for every request (an
-//! allocation, a clock read and two timer-wheel updates, a cost the hit path
-//! notices: docs/performance.md, "The hit path"); the watchdog wakes once per
-//! period per connection. A
-//! connection with no request in service that received no new request head and
-//! sent no answer during a whole period is closed: a client that sent nothing,
-//! or only part of a head, is closed `server.header_read_timeout_ms` after it
-//! connected, or between one and two periods after its last answer. That also closes idle
-//! keep-alive connections and clients that stopped reading their answer.
-//!
-//! Hyper answers a head over the hard bound with a bare 431 (and a head it cannot
-//! parse with a bare 400); [`ProblemIo`] under each connection rewrites those as
-//! problem documents. The finer limit (`server.max_header_bytes`) is in `shed`.
+//! The head deadline is a watchdog per connection, not hyper's timer per
+//! request (docs/performance.md, "The hit path"): a connection with no request
+//! in service and no new head or answer for a whole period is closed (see
+//! docs/design.md, "Limits"). [`ProblemIo`] rewrites hyper's bare 400/431 as
+//! problem documents; the finer limit (`server.max_header_bytes`) is in `shed`.
 
 use std::future::Future;
 use std::io;
@@ -44,18 +33,14 @@ use crate::config::ServerConfig;
 
 /// The least of hyper's own bound on a request head: twice its first read
 /// buffer (8 KiB, below which hyper's `max_buf_size` panics), so that a head
-/// a few times the smallest `server.max_header_bytes` (4 KiB) is still read
-/// whole and answered 431 by the front.
+/// a few times the smallest `server.max_header_bytes` is still answered 431.
 const MIN_HEAD_BUFFER: usize = 16 * 1024;
 
 /// Serves `front` until `shutdown` completes, then closes the listener and waits
-/// for open connections to finish (the caller bounds that wait). At most
-/// `inbound`'s cap of connections are open at once ([`Inbound::accept`]; on
-/// the admin listener, the one idle longest is asked to close for a new one).
+/// for open connections to finish (the caller bounds that wait).
 ///
 /// # Errors
-/// None today: accept errors (too many open files, say) are counted, logged
-/// and retried after a back-off.
+/// None today: accept errors are counted, logged and retried after a back-off.
 pub async fn serve(
     listener: TcpListener,
     front: Front,
@@ -63,17 +48,14 @@ pub async fn serve(
     inbound: Inbound,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    // Hyper's hard bound on a request head, above the problem-document limit
-    // of the routers (`server.max_header_bytes`, a 431 from the front).
+    // Hyper's hard bound on a request head, above the front's 431 limit.
     let max_head_bytes = (server.max_header_bytes * 2).max(MIN_HEAD_BUFFER);
     let (max_header_bytes, header_read_timeout) =
         (server.max_header_bytes, server.header_read_timeout);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.max_buf_size(max_head_bytes).keep_alive(true);
-    // Graceful shutdown, as hyper-util's `GracefulShutdown` does it (a watch
-    // channel: a value sent asks every connection to close, and its closing
-    // says every connection did), here so that a connection can also be asked
-    // alone (by the room, `conns`).
+    // Graceful shutdown as hyper-util's `GracefulShutdown` does it (a watch
+    // channel), here so that the room (`conns`) can also ask one connection.
     let (stop, stopping) = watch::channel(());
     tokio::pin!(shutdown);
     loop {
@@ -96,7 +78,6 @@ pub async fn serve(
                 let period = header_read_timeout;
                 let mut stopping = stopping.clone();
                 tokio::spawn(async move {
-                    // The connection's place under the cap, freed with it.
                     let _held = held;
                     tokio::pin!(connection);
                     let stalled = stalled(&activity, period);
@@ -143,8 +124,7 @@ async fn stalled(activity: &Activity, period: Duration) {
     }
 }
 
-/// A connection's socket, telling its activity when bytes arrive (a request
-/// on its way: the connection is not idle).
+/// A connection's socket, telling its activity when bytes arrive.
 struct Heard<T> {
     inner: T,
     activity: Arc<Activity>,
@@ -207,12 +187,9 @@ impl Drop for Busy {
 
 /// A connection's service: the listener's front, reporting to the watchdog.
 struct Watched {
-    /// The listener's front, which answers every request of the connection.
     front: Front,
-    /// What the connection's watchdog reads to close an idle connection.
     activity: Arc<Activity>,
-    /// The connection's peer: its request bodies count against that
-    /// client's share (`bodies`).
+    /// Its request bodies count against that client's share (`bodies`).
     peer: Option<IpAddr>,
 }
 

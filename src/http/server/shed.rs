@@ -1,14 +1,9 @@
 //! The header limit and shedding, the first checks a request meets inside
-//! request tracking ([`super::front`]):
-//! - request line and headers over `server.max_header_bytes` get a 431 problem;
-//! - load shedding: at most `server.max_in_flight` public requests at once; one
-//!   more is answered 503 with `Retry-After` at once, never queued. A counter of
-//!   requests in flight (a semaphore's `try_acquire`, without the lock a
-//!   semaphore takes to release): no `Buffer` in front to shed spuriously, no
-//!   concurrency limit below it to queue. The admin listener is not shed, so
-//!   probes and metrics answer while the public one sheds;
-//! - the listener's share of the request-body buffer (`bodies`), which the
-//!   front counts each body against as it arrives.
+//! request tracking ([`super::front`]): a 431 over `server.max_header_bytes`;
+//! at most `server.max_in_flight` public requests at once, one more answered
+//! 503 at once, never queued (a counter, no `Buffer` or concurrency limit);
+//! the admin listener is not shed. Also holds the listener's share of the
+//! request-body buffer (`bodies`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,18 +16,13 @@ use crate::http::api::error::ApiError;
 pub struct Shed {
     /// Requests let in and not yet answered (a [`Permit`] each).
     in_flight: AtomicUsize,
-    /// `server.max_in_flight`: past it a request is shed with a 503;
     /// `usize::MAX`: never shed (the admin listener).
     max_in_flight: usize,
-    /// `phones_gateway_shed_total{reason="in_flight"}`, counted per shed
-    /// request (held here so the shed path does not look the counter up).
+    /// Held here so the shed path does not look the counter up.
     shed: metrics::Counter,
-    /// `server.max_header_bytes`: a request whose headers are larger gets a
-    /// 431 naming it.
     max_header_bytes: usize,
-    /// The request-body buffer (`server.max_body_buffer_bytes`) and this
-    /// listener's share of it; `None`: bodies are not counted (a front built
-    /// without the app, in benches and tests).
+    /// This listener's share of the body buffer; `None`: bodies are not
+    /// counted (a front built without the app, in benches and tests).
     bodies: Option<(Arc<BodyBuffer>, usize)>,
 }
 
@@ -65,8 +55,6 @@ impl Shed {
         self
     }
 
-    /// The request-body buffer and this listener's share, if bodies are
-    /// counted.
     pub fn bodies(&self) -> Option<(&Arc<BodyBuffer>, usize)> {
         self.bodies.as_ref().map(|(buffer, share)| (buffer, *share))
     }
