@@ -1,36 +1,6 @@
-//! The migrations a replica runs at start (`database.migrate_on_start`): run
-//! to the end, however long each takes, one at a time so that `/readyz` and
-//! the log can say which one runs and for how long ([`Migrations`]).
-//!
-//! A migration's time grows with the rows it rewrites (an index rebuilt over
-//! the reveal log: seconds a million reveals, docs/operations.md,
-//! "Upgrading"), so no bound of the client cuts it off; what is bounded is
-//! what does not grow with the data: the connection and its set-up
-//! ([`MIGRATION_BOUND`]), and, on PostgreSQL, a probe of the migrating
-//! session every [`PROBE_EVERY`] from a connection of its own (a database
-//! that stopped answering, or a session lost to it, ends the run, and the
-//! start tries again).
-//!
-//! A replica is ready once the migrations that answering needs are applied
-//! ([`Until::Answers`]): every pending one up to the last that touches more
-//! than the reveal log (all of them on a first start). Those after it touch the reveal log alone (its
-//! tables, listed by version in [`BESIDE_ANSWERS_SQLITE`] and
-//! [`BESIDE_ANSWERS_POSTGRES`]; a test holds each listed file to the reveal
-//! log's tables) and run beside the answers ([`Until::All`]): an index
-//! rebuilt over twenty million reveals takes minutes, and answering does not
-//! read the log. Meanwhile reveals wait in memory as in an outage of the log
-//! (docs/reveal-log.md).
-//!
-//! One replica runs a migration, whichever starts first. On PostgreSQL
-//! sqlx's migrator takes a session advisory lock (`pg_advisory_lock`, its
-//! key from the database's name) before it reads what is applied and holds
-//! it until it is done; a second replica waits on the lock (`/readyz` says
-//! so), then finds the migration applied. On SQLite each migration runs in one
-//! transaction with the row that records it, and SQLite lets one writer at a
-//! time: a second process waits for the file's lock, and had it read the
-//! list before the first committed, its transaction fails on that row's
-//! primary key (or the migration's first statement), so nothing is applied
-//! twice.
+//! The migrations a replica runs at start, one at a time and each to its end,
+//! so that `/readyz` and the log can say which one runs ([`Migrations`]). See
+//! docs/operations.md, "Migrations at start".
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -44,60 +14,44 @@ use super::error::StoreError;
 use super::pool::{ACQUIRE_TIMEOUT, Pg, target};
 
 /// The bound on each part of the start's migrations that does not grow with
-/// the data: the connection and its set-up (PostgreSQL), each probe of the
-/// migrating session. With the start's retry pause (at most 2 s) a replica
-/// that met a silent database is ready within 10 s of it answering (SPEC
-/// section 7), unless a migration that rightly takes longer is pending.
+/// the data: the connection and its set-up, each probe.
 pub const MIGRATION_BOUND: Duration = Duration::from_secs(5);
 
-/// How often a running migration is looked at (PostgreSQL: probed; both: its
-/// progress published for `/readyz`).
+/// How often a running migration is probed and its progress published.
 const PROBE_EVERY: Duration = Duration::from_secs(2);
 
-/// How often the log says that a migration still runs.
 const LOG_EVERY: Duration = Duration::from_secs(5);
 
-/// Consecutive probes that found the migrating session idle, its client
-/// waiting, after which the session is taken as lost (a silent network
-/// keeps the server's side open and idle).
+/// Probes in a row that found the migrating session idle, its client waiting,
+/// after which it is taken as lost (a silent network leaves it open and idle).
 const IDLE_PROBES: u32 = 3;
 
-/// How far a run of the migrations goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Until {
-    /// The pending migrations up to the last that is not the reveal log's
-    /// alone: what a replica needs before it answers.
+    /// Up to the last pending migration that is not the reveal log's alone.
     Answers,
-    /// Every pending migration.
     All,
 }
 
-/// SQLite's migrations that touch the reveal log's tables alone (`reveals`,
-/// `reveal_*`, `ad_reveal_counts`): pending after every other, they run
-/// beside the answers. A migration left out runs before a replica is ready.
+/// SQLite's migrations that touch the reveal log's tables alone: run beside
+/// the answers. A migration left out runs before a replica is ready.
 pub(super) const BESIDE_ANSWERS_SQLITE: &[i64] = &[3, 6, 7, 8, 9, 10, 11];
 /// PostgreSQL's, as [`BESIDE_ANSWERS_SQLITE`].
 pub(super) const BESIDE_ANSWERS_POSTGRES: &[i64] = &[3, 7];
 
-/// Where the start's migrations are, shared by the start (which writes it)
-/// and `/readyz` (which reads it). Cheap to clone.
+/// Which migration runs now: written by the start, read by `/readyz`.
 #[derive(Debug, Clone, Default)]
 pub struct Migrations(Arc<Mutex<Option<Running>>>);
 
 #[derive(Debug, Clone)]
 struct Running {
-    /// What runs: "applying migration 0011 (reveal buckets), 1 of 2
-    /// pending", or a wait for the migrations' lock.
+    /// "applying migration 0011 (reveal buckets), 1 of 2 pending", or a lock wait.
     what: String,
     since: Instant,
-    /// What the database says of it (PostgreSQL: an index build's phase and
-    /// rows, or a lock wait).
     progress: Option<String>,
 }
 
 impl Migrations {
-    /// What runs now, for `/readyz` and the log: `None` when no migration
-    /// runs or waits.
     pub fn describe(&self) -> Option<String> {
         let running = self.lock().clone()?;
         let mut text = format!(
@@ -139,9 +93,8 @@ impl Migrations {
         *self.lock() = None;
     }
 
-    /// Awaits `run`, described as `what` meanwhile; `look` is called every
-    /// [`PROBE_EVERY`] and gives what the database says of it, or an error
-    /// that ends it; the log says it still runs every [`LOG_EVERY`].
+    /// Awaits `run`, described as `what`; `look` is called every [`PROBE_EVERY`]
+    /// and says how it goes, or ends it with an error.
     async fn watch<T, L, F>(
         &self,
         what: String,
@@ -178,10 +131,9 @@ impl Migrations {
     }
 }
 
-/// The migrations of `migrator` not in `applied` that a run `until` applies,
-/// as indexes into it, in order: for [`Until::Answers`], those up to the last
-/// that is not in `beside`, or all of them on a database with none applied
-/// (a first start has no log to rebuild, and is ready with its log writable).
+/// The pending migrations a run `until` applies, as indexes into `migrator`:
+/// for [`Until::Answers`], those up to the last not in `beside`, or all of
+/// them on a first start (it has no log to rebuild).
 fn pending(migrator: &Migrator, applied: &[i64], until: Until, beside: &[i64]) -> Vec<usize> {
     let mut pending: Vec<usize> = migrator
         .iter()
@@ -198,8 +150,6 @@ fn pending(migrator: &Migrator, applied: &[i64], until: Until, beside: &[i64]) -
     pending
 }
 
-/// The pending migrations a run `until` applies (see [`pending`]), and how
-/// many it leaves pending (the reveal log's, after [`Until::Answers`]).
 fn split(
     migrator: &Migrator,
     applied: &[i64],
@@ -211,8 +161,7 @@ fn split(
     (to_run, left)
 }
 
-/// An error for the first of `applied` that `migrator` does not know (a
-/// database a newer release migrated); the full run checks this too.
+/// An error for the first of `applied` that `migrator` does not know.
 fn known(migrator: &Migrator, applied: &[i64]) -> Result<(), StoreError> {
     match applied
         .iter()
@@ -223,10 +172,8 @@ fn known(migrator: &Migrator, applied: &[i64]) -> Result<(), StoreError> {
     }
 }
 
-/// `migrator`'s migrations up to and including the one at `index`: run, it
-/// applies that one if it is still pending (and any before it). What another
-/// replica applied after it meanwhile is not its concern (the full run at the
-/// end checks every applied migration is known).
+/// `migrator`'s migrations up to the one at `index`; another replica's later
+/// ones are not its concern (the full run at the end checks them).
 fn up_to(migrator: &Migrator, index: usize) -> Migrator {
     let migrations: Vec<Migration> = migrator.migrations[..=index].to_vec();
     Migrator {
@@ -236,10 +183,7 @@ fn up_to(migrator: &Migrator, index: usize) -> Migrator {
     }
 }
 
-/// Runs `migrator` on `conn` one pending migration at a time (those not in
-/// `applied`, as far as `until`), each reported in `progress` and the log and
-/// watched by `look` (see [`Migrations::watch`]). Returns how many are left
-/// pending (the reveal log's, after a run of [`Until::Answers`]).
+/// Runs `migrator` one pending migration at a time; returns how many are left.
 async fn run_each<C, L, F>(
     (migrator, until, beside): (&Migrator, Until, &[i64]),
     conn: &mut C,
@@ -291,7 +235,6 @@ where
     Ok(left)
 }
 
-/// The start's migrations on SQLite, on a connection of the pool.
 pub(super) async fn run_sqlite(
     pool: &sqlx::SqlitePool,
     (migrator, until): (&Migrator, Until),
@@ -308,12 +251,8 @@ pub(super) async fn run_sqlite(
     run_each(plan, &mut *conn, &applied, progress, &mut look).await
 }
 
-/// The start's migrations on PostgreSQL, on a connection of their own to
-/// PostgreSQL itself (the migrator's session lock means nothing through a
-/// transaction-mode pooler): its set-up within [`MIGRATION_BOUND`], then the
-/// migrator's lock, taken here for the whole run and waited for as long as
-/// another replica migrates, then each pending migration; every wait watched
-/// by a probe from another connection ([`probe`]).
+/// The start's migrations on PostgreSQL, on a session of their own to
+/// PostgreSQL itself (the migrator's lock means nothing through a pooler).
 pub(super) async fn run_postgres(
     pg: &Pg,
     (migrator, until): (&Migrator, Until),
@@ -372,10 +311,8 @@ pub(super) async fn run_postgres(
         }
     };
     let run = async {
-        // The migrator's own lock (sqlx takes it again in each step: a
-        // session's advisory locks count), waited for without a bound: a
-        // replica that started with another waits for the other's
-        // migrations, however long.
+        // The migrator's own lock (sqlx takes it again in each step: a session's
+        // advisory locks count), waited for without a bound.
         let key = migration_lock_key(&database);
         let take = async {
             sqlx::Executor::execute(&mut direct, "SET lock_timeout = 0").await?;
@@ -389,10 +326,8 @@ pub(super) async fn run_postgres(
                     `phones-gateway migrate` holds it)"
             .to_string();
         progress.watch(what, take, &mut look).await?;
-        // Lock waits bounded like every other call's: a migration stuck
-        // behind another session's lock (a long transaction) fails, and the
-        // start retries it. No statement timeout: a migration's time grows
-        // with the data.
+        // Lock waits bounded like every other call's; no statement timeout: a
+        // migration's time grows with the data.
         let bound = format!("SET lock_timeout = {}", pg.bounds.lock.as_millis());
         sqlx::Executor::execute(&mut direct, bound.as_str()).await?;
         let applied = applied_postgres(&mut direct).await;
@@ -444,8 +379,7 @@ async fn connect(pg: &Pg) -> Result<sqlx::PgConnection, StoreError> {
     }
 }
 
-/// A probe's row: the session's state and wait, and an index build's phase
-/// and rows done and in all.
+/// A probe's row: state, wait, index build phase, rows done, rows in all.
 type ProbeRow = (
     String,
     Option<String>,
@@ -454,15 +388,13 @@ type ProbeRow = (
     Option<i64>,
 );
 
-/// What a probe saw of the migrating session.
 struct Seen {
     idle: bool,
     said: Option<String>,
 }
 
-/// The migrating session `pid`, seen from a connection of its own within
-/// [`MIGRATION_BOUND`]: gone (an error), idle, waiting for a lock (the
-/// migrator's: another replica migrates), or building an index (how far).
+/// The migrating session `pid`, seen from another connection: gone (an
+/// error), idle, waiting for a lock, or building an index.
 async fn probe(pg: &Pg, pid: i32) -> Result<Seen, StoreError> {
     let look = async {
         let mut conn = connect(pg).await?;
@@ -516,7 +448,6 @@ mod tests {
         pending,
     };
 
-    /// The versions of `migrator`'s migrations at `indexes`.
     fn versions(migrator: &Migrator, indexes: &[usize]) -> Vec<i64> {
         indexes
             .iter()
@@ -561,7 +492,6 @@ mod tests {
             .to_lowercase()
     }
 
-    /// The tables `sql` creates.
     fn created(sql: &str) -> Vec<String> {
         sql.split("create table")
             .skip(1)
@@ -578,7 +508,6 @@ mod tests {
             .collect()
     }
 
-    /// Whether `word` stands in `sql` as a whole identifier.
     fn names(sql: &str, word: &str) -> bool {
         let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
         sql.match_indices(word).any(|(at, _)| {
@@ -591,9 +520,8 @@ mod tests {
         })
     }
 
-    /// A migration run beside the answers creates only the reveal log's
-    /// tables and names no table another migration creates: whatever it
-    /// locks or rewrites, answering does not read.
+    /// A migration run beside the answers creates only the reveal log's tables
+    /// and names no other: whatever it locks or rewrites, answering does not read.
     #[test]
     fn the_migrations_beside_answers_touch_the_reveal_log_alone() {
         let reveal_log = |table: &str| {
@@ -634,8 +562,7 @@ mod tests {
         }
     }
 
-    /// CRC-32 (ISO-HDLC)'s check value: the CRC of "123456789" is
-    /// 0xCBF43926, so the key is sqlx's for that name.
+    /// CRC-32 (ISO-HDLC)'s check value: the CRC of "123456789" is 0xCBF43926.
     #[test]
     fn the_lock_key_is_sqlxs() {
         assert_eq!(

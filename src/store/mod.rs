@@ -12,24 +12,9 @@
 //! | [`ChangeHints`] | "the change log may have grown" | the sync loop |
 //! | [`Database`] | opening, migrations, the pooler check, closing; makes the handles | `app` |
 //!
-//! No caller matches on the database kind: each handle hides it. Each store
-//! has its own error ([`StatusStoreError`], [`RevealStoreError`],
-//! [`BudgetStoreError`]) around the one cause ([`StoreError`]), so a log line
-//! or an HTTP answer can say which store failed; the database-wide work
-//! returns the cause bare.
-//!
-//! Each capability is a folder: its interface (the handle, its error, its
-//! operations, the rows both dialects read and write, and the queries whose
-//! text is the same in both) in `mod.rs`, then a file per dialect it has
-//! (SQLite, PostgreSQL): the change hints and feed leadership have a
-//! PostgreSQL side only (SQLite serves one replica), and the reveal log's
-//! SQLite side has files of its own for its indexes (the viewers' runs, the
-//! sellers' postings) and their inserts. Beside the capabilities: the pool of
-//! either kind with its bounds and timed calls (`pool`), the one cause of
-//! every failure (`error`), and the [`Database`], which opens SQLite or
-//! PostgreSQL (with the reveal log's own SQLite writer) and builds the
-//! handles. A new capability is such a folder, a migration per dialect in
-//! `migrations/`, a constructor on [`Database`] and a row of the table above.
+//! No caller matches on the database kind. A new capability is a folder (its
+//! interface in `mod.rs`, a file per dialect), a migration per dialect in
+//! `migrations/`, a constructor on [`Database`] and a row above.
 
 mod budgets;
 mod database;

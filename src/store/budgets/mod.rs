@@ -1,14 +1,5 @@
 //! The budget store: what each viewer spent per budget window, summed over the
 //! fleet, and the viewers refused until a time (docs/budgets.md).
-//! Held by the budgets' exchange task, which calls it once per
-//! `rate_limit.exchange_interval_ms`: one upsert for every viewer the replica
-//! served in the interval (in chunks the caller sizes, each its own
-//! transaction), never a write per request; and by its retention, one small
-//! batch a transaction (`budget::retention`).
-//!
-//! The interface is here, with the rows both dialects read and write (a
-//! spend, a total, a retention batch and their columns); each dialect's SQL
-//! is in its own file ([`sqlite`], [`postgres`]).
 
 mod postgres;
 mod sqlite;
@@ -16,7 +7,6 @@ mod sqlite;
 use super::error::StoreError;
 use super::pool::{Backend, on_connection};
 
-/// What one replica spent on one viewer in one window since its last report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Spend {
     /// The viewer's fleet key (a hash of the id, the same on every replica).
@@ -28,7 +18,7 @@ pub struct Spend {
 }
 
 /// The fleet's total of one viewer's window after a report, and of the window
-/// before it (PostgreSQL; SQLite, one replica, reports what it knows: 0).
+/// before it (SQLite: 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Total {
     pub viewer: u64,
@@ -38,7 +28,6 @@ pub struct Total {
     pub before: u64,
 }
 
-/// What one batch of retention deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Pruned {
     pub rows: u64,
@@ -46,13 +35,10 @@ pub struct Pruned {
     pub more: bool,
 }
 
-/// The budget store failed: the cause ([`StoreError`]), named as this store's.
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
 pub struct BudgetStoreError(#[from] StoreError);
 
-/// The budget store's handle (see the module doc); made by
-/// `Database::budgets`.
 #[derive(Debug, Clone)]
 pub struct BudgetStore {
     backend: Backend,
@@ -64,13 +50,8 @@ impl BudgetStore {
     }
 
     /// Adds `spends` to the fleet's totals, in one transaction, and returns the
-    /// totals after it. Rows are written in key order, so two replicas'
-    /// reports cannot deadlock. One statement on PostgreSQL: the caller keeps
-    /// a report to a few thousand spends (`budget::exchange`), far inside
-    /// `database.statement_timeout_ms`.
-    ///
-    /// # Errors
-    /// The database refused or is unreachable; nothing was added.
+    /// totals after it. Rows are written in key order, so two replicas' reports
+    /// cannot deadlock.
     pub async fn report(&self, spends: &[Spend]) -> Result<Vec<Total>, BudgetStoreError> {
         if spends.is_empty() {
             return Ok(Vec::new());
@@ -90,9 +71,6 @@ impl BudgetStore {
     }
 
     /// Refuses each viewer until the given second (kept if already later).
-    ///
-    /// # Errors
-    /// The database refused or is unreachable.
     pub async fn refuse(&self, refusals: &[(u64, u64)]) -> Result<(), BudgetStoreError> {
         if refusals.is_empty() {
             return Ok(());
@@ -111,12 +89,8 @@ impl BudgetStore {
             .await?)
     }
 
-    /// Refusals to apply: with `all`, every one still in force at `now_s` (at
-    /// start); otherwise those written in the last few seconds (each
-    /// exchange; PostgreSQL only: on SQLite this replica wrote them itself).
-    ///
-    /// # Errors
-    /// The database is unreachable.
+    /// Refusals to apply: with `all`, every one in force (at start); else those
+    /// written in the last few seconds (none on SQLite: this replica wrote them).
     pub async fn refusals(
         &self,
         all: bool,
@@ -141,11 +115,8 @@ impl BudgetStore {
             .collect())
     }
 
-    /// Marks this replica as alive and returns how many replicas exchanged in
-    /// the last `within_s` seconds, itself included (1 on SQLite).
-    ///
-    /// # Errors
-    /// The database is unreachable.
+    /// Marks this replica alive; how many replicas exchanged in the last
+    /// `within_s` seconds, itself included (1 on SQLite).
     pub async fn replicas(&self, replica: u64, within_s: u32) -> Result<u32, BudgetStoreError> {
         let Backend::Postgres(pg) = &self.backend else {
             return Ok(1);
@@ -157,15 +128,8 @@ impl BudgetStore {
         Ok(u32::try_from(others).unwrap_or(u32::MAX).saturating_add(1))
     }
 
-    /// One batch of retention, in one short transaction: at most `batch`
-    /// minute rows of windows before `minute`, as many day rows of days before
-    /// `day`, as many refusals that ended before `now_s` (and, on PostgreSQL,
-    /// the replicas not seen for an hour). The caller repeats it while
-    /// [`Pruned::more`] says a statement found a full batch.
-    ///
-    /// # Errors
-    /// The database refused or is unreachable; what earlier batches deleted
-    /// stays deleted.
+    /// One batch of retention, in one short transaction; the caller repeats it
+    /// while [`Pruned::more`].
     pub async fn prune(
         &self,
         minute: u32,
@@ -203,11 +167,7 @@ impl BudgetStore {
         })
     }
 
-    /// Rows in `viewer_budgets` (minute rows, day rows) and in
-    /// `viewer_refusals`: for tests and the retention bench.
-    ///
-    /// # Errors
-    /// The database is unreachable.
+    /// Rows in `viewer_budgets` (minute, day) and `viewer_refusals`, for tests.
     pub async fn rows(&self) -> Result<(u64, u64, u64), BudgetStoreError> {
         let query = "SELECT \
              (SELECT count(*) FROM viewer_budgets WHERE kind = 0), \
@@ -226,20 +186,16 @@ impl BudgetStore {
     }
 }
 
-/// One statement of a batch of retention: at most a batch of the rows it
-/// names. One kind of window at a time: a plain range of the (kind,
-/// window_id) index, which a LIMIT stops early (an OR of both kinds is a
-/// bitmap of every expired row on PostgreSQL, built again for each batch).
+/// One statement of a batch of retention. One kind of window at a time: a
+/// range of the (kind, window_id) index a LIMIT stops early (an OR of both
+/// kinds is a bitmap of every expired row on PostgreSQL, built each batch).
 #[derive(Debug, Clone, Copy)]
 enum Expired {
-    /// The windows of `kind` before `before`.
     Windows { kind: i16, before: i64 },
-    /// The refusals that ended before `before_s`.
     Refusals { before_s: i64 },
 }
 
-/// A total as both dialects return it: (viewer, kind, window_id, spent,
-/// spent in the window before).
+/// (viewer, kind, window_id, spent, spent in the window before).
 type TotalRow = (i64, i16, i64, i64, i64);
 
 // Viewers are stored as the signed bit pattern of their 64-bit key.

@@ -1,29 +1,22 @@
-//! The budget store on PostgreSQL: each report one statement over arrays
-//! (`UNNEST`), the fleet's totals and the window before read back in it; the
-//! replicas alive; retention by `ctid`.
+//! The budget store on PostgreSQL: each report one statement over arrays.
 
 use super::{Expired, Spend, TotalRow, key, seconds};
 use crate::store::error::StoreError;
 use crate::store::pool::Pg;
 
-/// How far back each exchange reads refusals others wrote. Longer than an
-/// exchange interval and its bounded call, so a refusal committed a little
-/// after it was stamped is still read; read again at most a few times.
+/// How far back each exchange reads refusals others wrote: longer than an
+/// interval and its call, so a refusal committed late is still read.
 const RECENT_REFUSALS_S: f64 = 10.0;
 
-/// Adds `spends` (in key order) and returns the totals after it.
 pub(super) async fn report(pg: &Pg, spends: &[Spend]) -> Result<Vec<TotalRow>, StoreError> {
     let viewers: Vec<i64> = spends.iter().map(|s| key(s.viewer)).collect();
     let kinds: Vec<i16> = spends.iter().map(|s| i16::from(s.kind)).collect();
     let windows: Vec<i64> = spends.iter().map(|s| i64::from(s.window)).collect();
     let ns: Vec<i64> = spends.iter().map(|s| i64::from(s.n)).collect();
     let mut tx = pg.begin().await?;
-    // The window before is looked up by the primary key's (viewer, kind)
-    // prefix: `window_id + 0` keeps the planner off the (kind, window_id)
-    // index, which it takes whenever a new window is past its statistics
-    // (window ids only grow) and which scans the whole window for each row: a
-    // report of a few thousand spends over a busy window then outlasts any
-    // statement bound (docs/budgets.md).
+    // The window before by the primary key's (viewer, kind) prefix: `+ 0` keeps
+    // the planner off the (kind, window_id) index, which it takes for a window
+    // past its statistics and which scans the whole window for each row.
     let rows: Vec<TotalRow> = sqlx::query_as(
         "WITH up AS ( \
            INSERT INTO viewer_budgets (viewer, kind, window_id, spent) \
@@ -48,7 +41,6 @@ pub(super) async fn report(pg: &Pg, spends: &[Spend]) -> Result<Vec<TotalRow>, S
     Ok(rows)
 }
 
-/// Refuses each viewer (in key order, once each) until its second.
 pub(super) async fn refuse(pg: &Pg, refusals: &[(u64, u64)]) -> Result<(), StoreError> {
     let viewers: Vec<i64> = refusals.iter().map(|r| key(r.0)).collect();
     let untils: Vec<i64> = refusals.iter().map(|r| seconds(r.1)).collect();
@@ -69,8 +61,7 @@ pub(super) async fn refuse(pg: &Pg, refusals: &[(u64, u64)]) -> Result<(), Store
     Ok(())
 }
 
-/// Refusals in force at `now_s`: every one (`all`), or those written in the
-/// last [`RECENT_REFUSALS_S`].
+/// Refusals in force at `now_s`: every one, or (not `all`) the recent ones.
 pub(super) async fn refusals(
     pg: &Pg,
     all: bool,
@@ -94,7 +85,6 @@ pub(super) async fn refusals(
     Ok(rows)
 }
 
-/// Marks `replica` alive; the other replicas seen in the last `within_s`.
 pub(super) async fn replicas(pg: &Pg, replica: u64, within_s: u32) -> Result<i64, StoreError> {
     let mut tx = pg.begin().await?;
     sqlx::query(
@@ -118,9 +108,7 @@ pub(super) async fn replicas(pg: &Pg, replica: u64, within_s: u32) -> Result<i64
     Ok(others)
 }
 
-/// One batch of retention in one transaction: each of `expired`, at most
-/// `batch` rows (how many each deleted, in order), then the replicas not seen
-/// for an hour (how many).
+/// One batch of retention; then the replicas not seen for an hour.
 pub(super) async fn prune(
     pg: &Pg,
     expired: &[Expired],

@@ -1,7 +1,4 @@
-//! The budget store on SQLite, one replica: multi-row upserts in chunks
-//! under SQLite's parameter limit, each write under the file's write lock.
-//! No window before and no other replica to report: SQLite answers with what
-//! this replica knows.
+//! The budget store on SQLite, one replica: no window before, no other replica.
 
 use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
@@ -12,7 +9,6 @@ use crate::store::pool::SQLITE_BEGIN_WRITE;
 /// Four parameters a row, under SQLite's limit of 32,766 per statement.
 const ROWS_PER_INSERT: usize = 8_000;
 
-/// Adds `spends` (in key order) and returns the totals after it.
 pub(super) async fn report(
     pool: &SqlitePool,
     spends: &[Spend],
@@ -41,7 +37,6 @@ pub(super) async fn report(
     Ok(totals)
 }
 
-/// Refuses each viewer (in key order, once each) until its second.
 pub(super) async fn refuse(pool: &SqlitePool, refusals: &[(u64, u64)]) -> Result<(), StoreError> {
     let mut tx = pool.begin_with(SQLITE_BEGIN_WRITE).await?;
     for chunk in refusals.chunks(ROWS_PER_INSERT) {
@@ -60,7 +55,6 @@ pub(super) async fn refuse(pool: &SqlitePool, refusals: &[(u64, u64)]) -> Result
     Ok(())
 }
 
-/// Every refusal in force at `now_s`.
 pub(super) async fn refusals(pool: &SqlitePool, now_s: u64) -> Result<Vec<(i64, i64)>, StoreError> {
     Ok(
         sqlx::query_as("SELECT viewer, until_s FROM viewer_refusals WHERE until_s > $1")
@@ -70,8 +64,6 @@ pub(super) async fn refusals(pool: &SqlitePool, now_s: u64) -> Result<Vec<(i64, 
     )
 }
 
-/// One batch of retention in one transaction: each of `expired`, at most
-/// `batch` rows (how many each deleted, in order).
 pub(super) async fn prune(
     pool: &SqlitePool,
     expired: &[Expired],

@@ -1,12 +1,6 @@
 //! Change hints: the change log may have grown, so the sync loop catches up
-//! now rather than at its next poll; it never touches a database driver
-//! itself.
-//!
-//! PostgreSQL: hints are `LISTEN calltracking_status` notifications ([`CHANNEL`],
-//! which the status store notifies on with every write), plus one after every
-//! (re)connection of the listener, since notifications sent while it was away
-//! are lost. SQLite serves one replica: it has no hints (the local writer
-//! catches up itself), so this store has a PostgreSQL side only.
+//! now rather than at its next poll. PostgreSQL only (`LISTEN`); a hint too
+//! after every (re)connection, since notifications meanwhile are lost.
 
 mod postgres;
 
@@ -14,12 +8,9 @@ use std::time::Duration;
 
 use super::pool::Backend;
 
-/// The notification channel of status changes: the status store notifies on
-/// it with every write (PostgreSQL), and the change hints listen on it.
+/// The channel the status store notifies on with every write (PostgreSQL).
 pub(super) const CHANNEL: &str = "calltracking_status";
 
-/// A source of change hints; see the module doc. Made by
-/// `Database::change_hints`.
 pub struct ChangeHints {
     postgres: Option<postgres::Listening>,
 }
@@ -36,8 +27,8 @@ impl ChangeHints {
         }
     }
 
-    /// Completes at the next hint; with SQLite, or with listening off, never. Cancel-safe: a caller may
-    /// race it against a poll timer and call it again.
+    /// Completes at the next hint; with SQLite, or with listening off, never.
+    /// Cancel-safe: a caller may race it against a poll timer.
     pub async fn next(&mut self) {
         match &mut self.postgres {
             Some(listening) => listening.next().await,

@@ -1,5 +1,5 @@
 //! Change hints on PostgreSQL: a listener on a connection of its own to
-//! PostgreSQL itself, reconnected after a failure, each (re)connection a hint.
+//! PostgreSQL itself, each (re)connection a hint.
 
 use std::time::Duration;
 
@@ -14,22 +14,16 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 pub(super) struct Listening {
     /// Where it listens, for the log (host:port, never a password).
     target: String,
-    /// When a failure was last logged: one line per [`WARN_EVERY`] at most.
     warned: Option<tokio::time::Instant>,
-    /// One connection to PostgreSQL itself (`database.direct_url` when set):
-    /// LISTEN through a transaction-mode pooler would leave notifications on
-    /// server connections that other clients are handed next.
+    /// One connection to PostgreSQL itself: LISTEN through a transaction-mode
+    /// pooler would leave notifications to other clients.
     pool: PgPool,
     listener: Option<PgListener>,
-    /// Pause between attempts to (re)connect the listener.
     retry: Duration,
-    /// The channel it listens on.
     channel: &'static str,
 }
 
 impl Listening {
-    /// Listens on `channel` through PostgreSQL itself (`direct`), lazily:
-    /// the first [`Listening::next`] connects.
     pub(super) fn new(pg: &Pg, channel: &'static str, retry: Duration) -> Self {
         Listening {
             target: target(&pg.direct),
@@ -44,7 +38,6 @@ impl Listening {
         }
     }
 
-    /// Completes at the next hint (see `ChangeHints::next`).
     pub(super) async fn next(&mut self) {
         loop {
             let Some(listener) = &mut self.listener else {
@@ -69,8 +62,8 @@ impl Listening {
             };
             match listener.try_recv().await {
                 Ok(Some(_)) => return,
-                // The connection dropped and the next try_recv reconnects: the
-                // notifications in between are lost, so this is a hint too.
+                // The connection dropped; the next try_recv reconnects, and the
+                // notifications in between are lost: a hint too.
                 Ok(None) => {
                     tracing::info!("status sync: listener reconnecting");
                     return;
@@ -83,9 +76,8 @@ impl Listening {
         }
     }
 
-    /// Connects and listens, within [`ACQUIRE_TIMEOUT`] and as long again:
-    /// a database that accepts the connection and then says nothing is
-    /// retried like one that refuses it.
+    /// Connects and listens within twice [`ACQUIRE_TIMEOUT`]: a database that
+    /// accepts and then says nothing is retried.
     async fn connect(&self) -> Result<PgListener, StoreError> {
         let bound = ACQUIRE_TIMEOUT * 2;
         let connect = async {

@@ -1,6 +1,4 @@
-//! Feed leadership on PostgreSQL: the lease row's SQL (see the parent's
-//! module doc). Every call is a small one, in a transaction bounded by
-//! `Pg::begin_short`.
+//! Feed leadership on PostgreSQL: the lease row's SQL.
 
 use std::time::Duration;
 
@@ -10,8 +8,7 @@ use crate::store::pool::Pg;
 /// The feed's row in the `leases` table (migration 0006 creates it, expired).
 const FEED_LEASE: &str = "status_feed";
 
-/// Takes the lease for `holder` if it is free (expired, or already
-/// `holder`'s): the new epoch, or `None` when another replica holds it.
+/// Takes the lease if it is expired or already `holder`'s: the new epoch.
 pub(super) async fn take(pg: &Pg, holder: &str, ttl: Duration) -> Result<Option<i64>, StoreError> {
     let mut tx = pg.begin_short().await?;
     let epoch = sqlx::query_scalar(
@@ -31,7 +28,6 @@ pub(super) async fn take(pg: &Pg, holder: &str, ttl: Duration) -> Result<Option<
     Ok(epoch)
 }
 
-/// Renews the lease in a transaction of its own (see [`check`]).
 pub(super) async fn renew(
     pg: &Pg,
     holder: &str,
@@ -44,11 +40,8 @@ pub(super) async fn renew(
     Ok(())
 }
 
-/// Checks, in `tx`, that the lease is still `holder`'s at `epoch` and not
-/// expired, and renews it for `ttl`: the row stays locked until `tx` ends.
-///
-/// # Errors
-/// [`StoreError::LeaseLost`] when it is not; the database's own errors.
+/// Checks in `tx` that the lease is `holder`'s at `epoch` and not expired,
+/// and renews it for `ttl`; the row stays locked until `tx` ends.
 pub(super) async fn check(
     tx: &mut sqlx::PgConnection,
     holder: &str,
@@ -75,11 +68,7 @@ pub(super) async fn check(
     }
 }
 
-/// Gives the lease back if it is still `holder`'s at `epoch` and not expired:
-/// it expires now, so the next replica to ask takes it at once (the holder
-/// and epoch stay, for whoever looks at the row: the next take moves the
-/// epoch on). True when it was given back; false when it was no longer this
-/// term's (a release under a stale epoch changes nothing).
+/// Gives the lease back if still `holder`'s at `epoch`: it expires now.
 pub(super) async fn release(pg: &Pg, holder: &str, epoch: i64) -> Result<bool, StoreError> {
     let mut tx = pg.begin_short().await?;
     let released = sqlx::query(

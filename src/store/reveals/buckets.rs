@@ -1,56 +1,25 @@
 //! SQLite's runs and postings in buckets of reveal ids (migrations/sqlite/0011):
-//! their indexes are keyed by the bucket ([`OF_FIRST_ID`], `first_id >> 18`)
-//! before the viewer or the seller, and a page walks the buckets newest
-//! first.
-//!
-//! Why: keyed by viewer or seller first, each flush's runs and postings
-//! landed on the leaves of every viewer's and seller's range, one page of the
-//! index dirtied per distinct seller over indexes that outgrow the writer's
-//! cache, so the writer's cost a reveal grew with the log's age (tripled, and
-//! its bytes five-fold, over four million reveals). Keyed by bucket first, a
-//! flush's entries land in the newest bucket's part of each index, whose
-//! pages stay in the cache: the writer's cost is that of a young file at any
-//! age. The figures, with their commands: BENCHMARKS.md, "The reveal log's
-//! SQLite layout as the file ages" (`shipped-bkt`: these indexes under the
-//! store's write code; its pages were not measured there).
-//!
-//! The price is on reads: a seller's or viewer's entries are a range per
-//! bucket. A page first asks, in one statement, which buckets hold an entry
-//! of its seller or viewer that can hold a row of the page, and the newest
-//! such entry in each (a look into the index a bucket of the log: 16 at four
-//! million reveals); then it walks those buckets newest first, each as the
-//! whole index was walked before. It is settled once it is full and newer
-//! than the newest entry of every bucket left, so it stays exact and newest
-//! first whichever way the clock went across buckets.
-//!
-//! `reveal_buckets` keeps each bucket's span in time (no older and no newer
-//! than any reveal of its runs and postings: each flush widens the span of
-//! the buckets its ids fall in), so the buckets that cannot hold a row of a
-//! page's window or of the rows after its cursor are not looked into.
-//! Retention deletes a bucket's row with the last run and posting of it.
+//! keyed by the bucket before the viewer or the seller, so that a flush's
+//! entries land in the newest part of each index as the log ages
+//! (docs/reveal-log.md, "How it is written"). A page walks the buckets that
+//! hold an entry for it newest first until settled ([`ToWalk::settles`]).
 
 use sqlx::SqliteConnection;
 
 use crate::domain::RevealQuery;
 
-/// A bucket is `2^SHIFT` ids (262,144 reveals): about four seconds of the hit
-/// path's maximum on one core, a flush of 30,000 reveals being at most in
-/// two. The same shift as [`OF_FIRST_ID`].
+/// A bucket is `2^SHIFT` ids (262,144 reveals), as in [`OF_FIRST_ID`].
 pub(super) const SHIFT: u32 = 18;
 
 /// A run's or posting's bucket in SQL, as migrations/sqlite/0011 indexes it:
-/// a query must name it so for SQLite to use the index (an index on an
-/// expression), and then the index covers the walk.
+/// a query must name it so for SQLite to use that index (on an expression).
 pub(super) const OF_FIRST_ID: &str = "(first_id >> 18)";
 
-/// The bucket of a reveal id.
 pub(super) const fn of(id: i64) -> i64 {
     id >> SHIFT
 }
 
-/// Widens the span of the buckets of ids `first_id..=last_id` (a flush's) to
-/// take in `min_at_us..=max_at_us` (its reveals' times), in the flush's
-/// transaction.
+/// Widens the span in time of a flush's buckets, in its transaction.
 pub(super) async fn widen(
     conn: &mut SqliteConnection,
     (first_id, last_id): (i64, i64),
@@ -72,15 +41,12 @@ pub(super) async fn widen(
     Ok(())
 }
 
-/// Deletes the rows of buckets below every run and posting left, in
-/// retention's transaction after its prunes. Both minimums are a look into
-/// the indexes, whose first key is the bucket.
+/// Deletes the buckets below every run and posting left (in retention).
 pub(super) async fn prune(conn: &mut SqliteConnection) -> Result<u64, sqlx::Error> {
     let sql = prune_sql();
     Ok(sqlx::query(&sql).execute(&mut *conn).await?.rows_affected())
 }
 
-/// [`prune`]'s statement.
 fn prune_sql() -> String {
     format!(
         "DELETE FROM reveal_buckets WHERE bucket < min(\
@@ -89,8 +55,8 @@ fn prune_sql() -> String {
     )
 }
 
-/// A bucket a page walks: its number, and the newest `max_at_us` of an entry
-/// for the page in it or in any bucket after it in the walk (older ids).
+/// A bucket a page walks, and the newest `max_at_us` of an entry for the page
+/// in it or any bucket after it (older ids).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct ToWalk {
     pub bucket: i64,
@@ -105,18 +71,13 @@ impl ToWalk {
     }
 }
 
-/// Whose entries a page walks: a seller's postings or a viewer's runs.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Key<'a> {
     Seller(i64),
     Viewer(&'a str),
 }
 
-/// The buckets that hold an entry of `key` (a posting of the seller, a run of
-/// the viewer) able to hold a row of the page:
-/// reaching into the window, holding something no newer than the cursor, not
-/// gone (`last_id >= low`). Newest bucket first, each with the newest
-/// `max_at_us` of such an entry in it and after it (see [`ToWalk`]).
+/// The buckets holding an entry of `key` for the page, newest first.
 pub(super) async fn to_walk(
     conn: &mut SqliteConnection,
     key: Key<'_>,
@@ -143,16 +104,11 @@ pub(super) async fn to_walk(
     Ok(newest_left(&found))
 }
 
-/// [`to_walk`]'s statement: each bucket whose span can hold a row of the
-/// page, newest first, with the newest entry of `key` in it (none: the bucket
-/// holds no entry for the page, and is dropped by the caller rather than by
-/// an outer query, which would make SQLite look into the index twice).
-///
-/// The bucket is compared as `b.bucket + 0`: an index on an expression has
-/// no affinity, and a comparison with a column of INTEGER affinity (as
-/// `b.bucket` is) takes that affinity, which the index does not have, so
-/// SQLite would scan the whole table for every bucket. `+ 0` leaves the
-/// comparison with none.
+/// [`to_walk`]'s statement; a bucket with no entry for the page is dropped by
+/// the caller (an outer query would look into the index twice). The bucket is
+/// compared as `b.bucket + 0`: an index on an expression has no affinity, and
+/// a comparison with an INTEGER column takes that column's, so SQLite would
+/// scan the whole table for every bucket.
 fn to_walk_sql(key: Key<'_>) -> String {
     let (table, column) = match key {
         Key::Seller(_) => ("reveal_seller_postings", "user_id"),
@@ -168,8 +124,6 @@ fn to_walk_sql(key: Key<'_>) -> String {
     )
 }
 
-/// `(bucket, newest)` newest bucket first, each with the newest of it and
-/// every bucket after it.
 fn newest_left(found: &[(i64, i64)]) -> Vec<ToWalk> {
     let mut walk: Vec<ToWalk> = Vec::with_capacity(found.len());
     let mut newest = i64::MIN;
@@ -188,8 +142,8 @@ fn newest_left(found: &[(i64, i64)]) -> Vec<ToWalk> {
 mod tests {
     use super::*;
 
-    /// The bound a bucket carries is the newest of it and every older one, so
-    /// a clock that stepped back across buckets keeps the walk going.
+    /// A bucket carries the newest of it and every older one, so a clock that
+    /// stepped back across buckets keeps the walk going.
     #[test]
     fn a_bucket_carries_the_newest_entry_left() {
         let walk = newest_left(&[(9, 50), (8, 70), (7, 10)]);
@@ -205,7 +159,6 @@ mod tests {
         assert!(newest_left(&[]).is_empty());
     }
 
-    /// The steps of `sql`'s plan on a migrated file, `$1..=$5` bound.
     async fn plan(pool: &sqlx::SqlitePool, sql: &str) -> Vec<String> {
         let explain = format!("EXPLAIN QUERY PLAN {sql}");
         let mut query = sqlx::query_as::<_, (i64, i64, i64, String)>(&explain);
@@ -216,10 +169,8 @@ mod tests {
         steps.into_iter().map(|(.., detail)| detail).collect()
     }
 
-    /// A page's look into each bucket and retention's minimums read the
-    /// bucketed indexes and nothing else of the runs and postings: no scan
-    /// of either table (the trap of an expression index's affinity, see
-    /// [`to_walk_sql`]).
+    /// A page's look into each bucket and retention's minimums read only the
+    /// bucketed indexes: no scan (the affinity trap, see [`to_walk_sql`]).
     #[tokio::test]
     async fn the_bucket_statements_read_only_the_bucketed_indexes() {
         let (_dir, store) = super::super::tests::scratch().await;

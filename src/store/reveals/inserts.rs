@@ -1,29 +1,18 @@
-//! SQLite's multi-row inserts, shared by the log's writer and its indexes
-//! (the viewers' runs, the sellers' postings): a batch in chunks of a power
-//! of two rows, and the statement text for a chunk.
+//! SQLite's multi-row inserts, shared by the log's writer and its indexes.
 
-/// The most rows one SQLite insert takes. A batch goes in statements of a
-/// power of two rows (the most, then the binary digits of the rest: see
-/// [`sqlite_chunks`]), so that a replica prepares at most thirteen statements
-/// a table and keeps them cached, rather than a new one for each flush's last
-/// chunk.
+/// The most rows one SQLite insert takes. Chunks are powers of two, so a
+/// replica prepares at most thirteen statements a table and keeps them cached.
 const SQLITE_ROWS_PER_INSERT: usize = 4_096;
 
-/// SQLite's limit on the parameters of one statement (its default since
-/// 3.32): a chunk of rows of `columns` values stays under it, so a table of
-/// eight columns (the reveals with their reason) goes in chunks of 2,048.
+/// SQLite's limit on the parameters of one statement (its default since 3.32).
 const SQLITE_MAX_PARAMETERS: usize = 32_766;
 
-/// The most rows of `columns` values a chunk holds: a power of two, at most
-/// [`SQLITE_ROWS_PER_INSERT`], whose parameters fit [`SQLITE_MAX_PARAMETERS`].
 fn most_rows(columns: usize) -> usize {
     let fit = SQLITE_MAX_PARAMETERS / columns.max(1);
     SQLITE_ROWS_PER_INSERT.min(1 << fit.ilog2())
 }
 
-/// `items` (rows of `columns` values) in chunks of [`most_rows`], then of
-/// decreasing powers of two: 10,000 rows of six values are 4,096 + 4,096 +
-/// 1,024 + 512 + 256 + 16.
+/// `items` in chunks of [`most_rows`], then of decreasing powers of two.
 pub(super) fn sqlite_chunks<T>(mut items: &[T], columns: usize) -> impl Iterator<Item = &[T]> {
     let most = most_rows(columns);
     std::iter::from_fn(move || {
@@ -37,10 +26,8 @@ pub(super) fn sqlite_chunks<T>(mut items: &[T], columns: usize) -> impl Iterator
     })
 }
 
-/// `head VALUES (?,..),.. tail`: an insert of `rows` rows of `columns` values,
-/// written with `push_str` alone. sqlx's `QueryBuilder` writes each separator
-/// through `write!`, seven a reveal, which with the sort was most of the flush
-/// thread's profile at the hit path's maximum.
+/// `head VALUES (?,..),.. tail`, written with `push_str` alone: sqlx's
+/// `QueryBuilder` formats each separator, which was costly at a flush's size.
 pub(super) fn sqlite_insert(head: &str, columns: usize, rows: usize, tail: &str) -> String {
     let row = format!("({})", vec!["?"; columns].join(","));
     let mut sql = String::with_capacity(head.len() + 8 + rows * (row.len() + 1) + tail.len());

@@ -1,27 +1,6 @@
-//! The reveal store: the reveal log in the database. Batches written with
-//! their per-ad counts in one transaction (PostgreSQL: `COPY`; SQLite:
-//! multi-row inserts), keyset pages read newest first, the counts of an ad,
-//! and retention in small batches. Held by the flush and retention tasks and
-//! by the reveal routes.
-//!
-//! The interface is here, with what both dialects share: a batch's per-ad
-//! counts and the row a reveal is read back from ([`RevealRow`]). Each
-//! dialect is a file of its own ([`sqlite`], [`postgres`]). SQLite keeps no index
-//! entry per reveal: its indexes are the viewers' runs ([`viewer_runs`]) and
-//! the sellers' postings ([`seller_postings`]), written by its flush in
-//! multi-row inserts ([`inserts`]) and keyed by a bucket of ids first
-//! ([`buckets`]), so that the writer's cost a reveal stays what it is on a
-//! young file as the log ages.
-//!
-//! Each reveal carries its reason ([`Reason`]: why it was of its kind) as the
-//! integer [`Reason::encode`] gives, in a nullable integer column (`reason`,
-//! migrations/sqlite/0010 and migrations/postgres/0007): at most 22 bits,
-//! never text, NULL for a reveal recorded before reasons were kept. It holds
-//! codes only (which source did not answer, on which verdict, where the answer
-//! came from): no number and no phone digit is stored with it, as none is
-//! with the rest of the row. Read back by [`Reason::decode`]; an integer it
-//! does not decode (never written so) reads as no reason, and the first one a
-//! process meets is logged ([`reason_of`]).
+//! The reveal store: the reveal log in the database (docs/reveal-log.md). A
+//! reveal's reason is stored as the integer [`Reason::encode`] gives: codes
+//! only, never a number or a phone digit.
 
 mod buckets;
 mod inserts;
@@ -41,10 +20,8 @@ use crate::domain::{
     AdId, CategoryId, Reveal, RevealCounts, RevealQuery, Source, StoredReveal, UserId, Viewer,
 };
 
-/// Per-ad counts of one batch: one row per (ad, kind) that occurs in it.
 fn counts_of(reveals: &[Reveal]) -> Vec<(AdId, Source, u64)> {
-    // foldhash: a flush of cold traffic hashes one new ad per reveal, and
-    // SipHash cost about 200 instructions a reveal here (callgrind).
+    // foldhash: a flush of cold traffic hashes one new ad per reveal.
     let mut counts: foldhash::HashMap<(AdId, Source), u64> =
         foldhash::HashMap::with_capacity_and_hasher(reveals.len().min(1 << 16), Default::default());
     for reveal in reveals {
@@ -58,26 +35,19 @@ fn counts_of(reveals: &[Reveal]) -> Vec<(AdId, Source, u64)> {
     counts
 }
 
-/// A row of `reveals` as both dialects read it: (id, at_us, viewer, user_id,
-/// ad_id, category_id, kind, reason).
+/// (id, at_us, viewer, user_id, ad_id, category_id, kind, reason).
 type RevealRow = (i64, i64, Option<String>, i64, i64, i64, String, Option<i64>);
 
-/// The columns of a [`RevealRow`], as both dialects select them.
 const REVEAL_COLUMNS: &str = "id, at_us, viewer, user_id, ad_id, category_id, kind, reason";
 
-/// The integer a reveal's reason is stored as; NULL (`None`) without one.
 fn reason_column(reveal: &Reveal) -> Option<i64> {
     reveal.reason.map(|reason| i64::from(reason.encode()))
 }
 
-/// Whether this process has logged a stored reason it could not decode.
 static UNDECODED_LOGGED: AtomicBool = AtomicBool::new(false);
 
-/// The reason a stored integer stands for. NULL is a reveal recorded before
-/// reasons were kept. An integer [`Reason::decode`] does not take (never
-/// written by [`Reason::encode`]: a row written by hand, or by a later version
-/// with codes this one does not know) reads as no reason too, and the first
-/// such a process meets is logged, so that a page never fails on one.
+/// The reason a stored integer stands for: one that does not decode (never
+/// written so) reads as none, the first logged, so a page never fails on one.
 fn reason_of(column: Option<i64>) -> Option<Reason> {
     let bits = column?;
     let reason = u32::try_from(bits).ok().and_then(Reason::decode);
@@ -90,7 +60,6 @@ fn reason_of(column: Option<i64>) -> Option<Reason> {
     reason
 }
 
-/// The reveal a row stands for; `None` for a row no reveal could hold.
 fn stored(row: RevealRow) -> Option<StoredReveal> {
     let (id, at_us, viewer, user, ad, category, kind, reason) = row;
     Some(StoredReveal {
@@ -107,8 +76,6 @@ fn stored(row: RevealRow) -> Option<StoredReveal> {
     })
 }
 
-/// The reveal store failed: the cause ([`StoreError`]), under a name of its own
-/// so that a log or an answer says which store it was.
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
 pub struct RevealStoreError(#[from] StoreError);
@@ -119,13 +86,10 @@ impl RevealStoreError {
     }
 }
 
-/// The reveal store's handle (see the module doc); made by
-/// `Database::reveals`.
 #[derive(Debug, Clone)]
 pub struct RevealStore {
     backend: Backend,
-    /// SQLite only: the connection the log is written on (flush and retention;
-    /// see `database::connect_sqlite_log_writer`). Reads use the shared pool.
+    /// SQLite only: the connection the log is written on (flush, retention).
     sqlite_writer: Option<sqlx::SqlitePool>,
 }
 
@@ -137,21 +101,16 @@ impl RevealStore {
         }
     }
 
-    /// Whether the log is written in this process (SQLite, on connection
-    /// threads of its own) rather than by a database server over sockets.
+    /// Whether the log is written in this process (SQLite).
     pub fn is_embedded(&self) -> bool {
         matches!(self.backend, Backend::Sqlite(_))
     }
 
-    /// The SQLite pool the log is written on: its own writer when it has one.
     fn sqlite_writer<'a>(&'a self, shared: &'a sqlx::SqlitePool) -> &'a sqlx::SqlitePool {
         self.sqlite_writer.as_ref().unwrap_or(shared)
     }
 
-    /// Writes a batch of reveals and adds its per-ad counts, in one transaction.
-    ///
-    /// # Errors
-    /// The database refused or is unreachable; nothing was written.
+    /// Writes a batch and adds its per-ad counts, in one transaction.
     pub async fn write_reveals(&self, reveals: &[Reveal]) -> Result<(), RevealStoreError> {
         if reveals.is_empty() {
             return Ok(());
@@ -170,10 +129,6 @@ impl RevealStore {
             .await?)
     }
 
-    /// One page of the log, newest first (at most `query.limit` rows).
-    ///
-    /// # Errors
-    /// The database is unreachable.
     pub async fn read_reveals(
         &self,
         query: &RevealQuery,
@@ -190,10 +145,7 @@ impl RevealStore {
         Ok(rows.into_iter().filter_map(stored).collect())
     }
 
-    /// The counts of one ad, summed over every replica's flushes so far.
-    ///
-    /// # Errors
-    /// The database is unreachable.
+    /// The counts of one ad, summed over every replica's flushes.
     pub async fn ad_reveal_counts(&self, ad: AdId) -> Result<RevealCounts, RevealStoreError> {
         let sql = "SELECT kind, n FROM ad_reveal_counts WHERE ad_id = $1";
         let rows: Vec<(String, i64)> = self
@@ -218,17 +170,9 @@ impl RevealStore {
     }
 
     /// Deletes up to `batch` of the oldest reveals older than `keep` by the
-    /// database's clock; returns how many. Small batches keep each transaction
-    /// (and its locks) short. On SQLite "the oldest" are the `batch` lowest
-    /// ids, of them those older than `keep` (no index on time there): a short
-    /// count does not mean nothing older is left, only none means that.
-    ///
-    /// The cutoff is the database's `now` less `keep`, computed in the statement:
-    /// never this replica's clock, since one replica whose clock ran far ahead
-    /// would delete every replica's recent reveals.
-    ///
-    /// # Errors
-    /// The database is unreachable.
+    /// database's clock, never this replica's (one running ahead would delete
+    /// every replica's recent ones); returns how many. On SQLite, of the `batch`
+    /// lowest ids those older: only none means nothing older is left.
     pub async fn delete_reveals_older_than(
         &self,
         keep: std::time::Duration,

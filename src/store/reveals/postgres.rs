@@ -1,15 +1,11 @@
-//! The reveal log on PostgreSQL, for a fleet: a flush is one `COPY` and one
-//! upsert of its counts; pages are read through the indexes on (user_id,
-//! at_us, id) and (viewer, at_us, id) (COPY made a viewer's index cheap
-//! enough here); retention deletes the oldest by time.
+//! The reveal log on PostgreSQL: a flush is one `COPY` and one upsert of its
+//! counts.
 
 use super::{RevealRow, reason_column};
 use crate::domain::{AdId, Reveal, RevealQuery, RevealsOf, Source, Viewer};
 use crate::store::error::StoreError;
 use crate::store::pool::{Pg, signed};
 
-/// Writes a batch of reveals and adds its per-ad `counts`, in one
-/// transaction.
 pub(super) async fn write(
     pg: &Pg,
     reveals: &[Reveal],
@@ -46,15 +42,13 @@ enum ColumnValue {
     Text(String),
 }
 
-/// One page of the log, newest first.
 pub(super) async fn read(pg: &Pg, query: &RevealQuery) -> Result<Vec<RevealRow>, StoreError> {
     let (column, key) = match &query.of {
         RevealsOf::Seller(user) => ("user_id", ColumnValue::Int(signed(user.get()))),
         RevealsOf::Viewer(viewer) => ("viewer", ColumnValue::Text(viewer.as_str().to_owned())),
     };
     let (after_at, after_id) = query.after.unwrap_or((i64::MAX, i64::MAX));
-    // `reason` is an `integer` (int4: 22 bits fit), read as the int8 the row
-    // type holds.
+    // `reason` is an `integer` (int4), read as the row type's int8.
     let sql = format!(
         "SELECT id, at_us, viewer, user_id, ad_id, category_id, kind, reason::int8 FROM reveals \
          WHERE {column} = $1 AND at_us >= $2 AND at_us < $3 AND (at_us, id) < ($4, $5) \
@@ -78,8 +72,6 @@ pub(super) async fn read(pg: &Pg, query: &RevealQuery) -> Result<Vec<RevealRow>,
     Ok(rows)
 }
 
-/// Deletes up to `batch` of the oldest reveals older than `keep_us` by the
-/// database's clock; returns how many.
 pub(super) async fn delete_older_than(
     pg: &Pg,
     keep_us: i64,
@@ -103,13 +95,8 @@ pub(super) async fn delete_older_than(
     Ok(deleted)
 }
 
-/// Reveals in COPY's text format: tab-separated, `\N` for null (a viewer, a
-/// reason). Viewer ids are visible ASCII, so a backslash is the one character
-/// that needs escaping.
-/// Numbers go through `itoa`, and a viewer id is copied as it is unless it
-/// holds a backslash: on PostgreSQL the flush runs on a request worker, where
-/// `write!` went through the formatting machinery twice a reveal and the
-/// escaping allocated a copy of every id.
+/// Reveals in COPY's text format: tab-separated, `\N` for null; a backslash
+/// is the one character of a viewer id (visible ASCII) to escape.
 pub(super) fn copy_text(reveals: &[Reveal]) -> String {
     let mut text = String::with_capacity(reveals.len() * 64);
     let mut number = itoa::Buffer::new();

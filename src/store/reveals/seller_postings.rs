@@ -1,35 +1,12 @@
 //! SQLite's way to a seller's reveals: one posting a seller a flush, not an
-//! index entry per reveal (migrations/sqlite/0009). A posting is one row of
-//! `reveal_seller_postings`: the seller, the newest and oldest `at_us` and the
-//! id range of their reveals in that flush, and the reveals themselves as
-//! `(at_us, id)` entries, newest first, packed in a blob.
+//! index entry per reveal (migrations/sqlite/0009). A seller's reveals of a
+//! flush are not consecutive ids (viewer order): a posting lists them.
 //!
-//! Why: the seller index's entry per reveal was half of what the log's writer
-//! spent at the hit path's maximum. A flush's reveals are in
-//! viewer order ([`super::viewer_runs`]), so a seller's are not consecutive
-//! ids and a run of ids cannot stand for them; their list can.
-//!
-//! A page is exact and newest first, as with runs: postings are walked by
-//! their newest reveal, descending (bucket by bucket, newest first: their
-//! index is keyed by a bucket of ids first, see [`buckets`](super::buckets)),
-//! and the page is settled once it is full and its oldest reveal is newer
-//! than the next posting's newest. The entries
-//! say which reveals are on the page before any row is read, so a page reads
-//! the index entries of the postings it walks, the entries of those with more
-//! than one reveal, and the rows of at most `limit` entries a posting (more
-//! only where a row listed is gone: see [`read_page`]).
-//!
-//! The price: a seller seen once a flush is a posting row and its index entry
-//! where it was one index entry, a little more for a cold miss; where many
-//! sellers are seen more than once a flush, as in the soak, the writer does
-//! less than half the work a reveal. The figures, with their commands:
-//! docs/performance.md, "The reveal log's SQLite layout".
-//!
-//! Blob: for each entry, newest first, the step down in `at_us` from the one
-//! before (from `max_at_us` for the first) and the id less `first_id`, both
-//! LEB128. NULL is a posting of one reveal, `(max_at_us, first_id)`: what a
-//! flush writes for a seller seen once, and what 0009 wrote for each reveal
-//! before it.
+//! A posting is one row of `reveal_seller_postings`: the seller, the newest
+//! and oldest `at_us`, the id range, and its entries in a blob: for each,
+//! newest first, the step down in `at_us` from the one before (from
+//! `max_at_us` for the first) and the id less `first_id`, both LEB128. NULL is
+//! a posting of one reveal, `(max_at_us, first_id)`.
 
 use sqlx::SqliteConnection;
 
@@ -39,14 +16,11 @@ use super::{REVEAL_COLUMNS, RevealRow};
 use crate::domain::{Reveal, RevealQuery};
 use crate::store::pool::signed;
 
-/// Postings a page looks up first in the index; doubled each time the page is
-/// not yet settled, up to [`MOST_POSTINGS`]: a seller seen once a flush needs
-/// about one posting a row, one seen thousands of times a flush fills a page
-/// from one. Entries are read only for the postings the walk reaches.
+/// Postings a page looks up first; doubled each time the page is not yet
+/// settled, up to [`MOST_POSTINGS`].
 const FIRST_POSTINGS: usize = 16;
 const MOST_POSTINGS: usize = 1_024;
 
-/// One seller's reveals of one flush.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Posting {
     pub user_id: i64,
@@ -58,14 +32,9 @@ pub(super) struct Posting {
     pub entries: Option<Vec<u8>>,
 }
 
-/// The postings of a flush: `rows` are its reveals with the ids they are
-/// written under. In order of their last id, as retention deletes them
-/// (`prune_dead` in the parent module).
+/// The postings of a flush, in order of their last id (as retention prunes).
 pub(super) fn postings_of(rows: &[(i64, &Reveal)]) -> Vec<Posting> {
-    // One sort, then each seller's slice: no map and no list per seller (a
-    // flush of the soak's shape has about 9,000 sellers). The rows come in
-    // viewer order, then seller and time, so for few viewers this is nearly
-    // sorted already.
+    // One sort, then each seller's slice: no map and no list per seller.
     let mut keyed: Vec<(i64, i64, i64)> = rows
         .iter()
         .map(|&(id, r)| (signed(r.user.get()), r.at_us, id))
@@ -76,8 +45,8 @@ pub(super) fn postings_of(rows: &[(i64, &Reveal)]) -> Vec<Posting> {
     postings
 }
 
-/// One seller's posting: `entries` are `(user_id, at_us, id)`, one seller's,
-/// oldest first (not empty).
+/// One seller's posting: `entries` are `(user_id, at_us, id)`, oldest first,
+/// not empty.
 fn posting(entries: &[(i64, i64, i64)]) -> Posting {
     let (user_id, min_at_us, _) = entries.first().copied().unwrap_or_default();
     let max_at_us = entries.last().map_or(0, |e| e.1);
@@ -128,8 +97,8 @@ fn take_varint(bytes: &mut &[u8]) -> Option<u64> {
     None
 }
 
-/// The entries of a posting, newest first. A blob that does not decode (never
-/// written so) ends the list where it stops making sense, rather than panic.
+/// The entries of a posting, newest first; a blob that does not decode ends
+/// the list rather than panic.
 fn entries(
     max_at_us: i64,
     first_id: i64,
@@ -152,7 +121,6 @@ fn entries(
     })
 }
 
-/// Writes `postings` (in the flush's transaction).
 pub(super) async fn write(
     conn: &mut SqliteConnection,
     postings: &[Posting],
@@ -180,13 +148,8 @@ pub(super) async fn write(
     Ok(())
 }
 
-/// One page of `user_id`'s reveals, newest first (see the module doc): the
-/// buckets that hold a posting for it, newest first, each walked as
-/// [`walk_bucket`] does, until the page is settled ([`buckets`]). `conn`
-/// should hold a transaction, so that postings and rows are read from one
-/// commit.
-///
-/// [`buckets`]: super::buckets
+/// One page of `user_id`'s reveals, newest first, bucket by bucket until
+/// settled. `conn` should hold a transaction: postings and rows of one commit.
 pub(super) async fn read_page(
     conn: &mut SqliteConnection,
     user_id: i64,
@@ -197,8 +160,7 @@ pub(super) async fn read_page(
         return Ok(Vec::new());
     }
     let after = query.after.unwrap_or((i64::MAX, i64::MAX));
-    // Retention deletes the lowest ids first: below the lowest left, a
-    // posting's entries are all gone.
+    // Retention deletes the lowest ids first: below the lowest left, nothing.
     let (low,): (i64,) = sqlx::query_as("SELECT coalesce(min(id), 0) FROM reveals")
         .fetch_one(&mut *conn)
         .await?;
@@ -223,10 +185,8 @@ pub(super) async fn read_page(
     Ok(page)
 }
 
-/// Adds to `page` the rows of one bucket's postings that belong on it:
-/// postings walked by their newest reveal, descending, until the page is
-/// full and its oldest reveal is newer than the next posting's newest (so
-/// newer than every posting left in the bucket).
+/// Adds to `page` the rows of one bucket's postings that belong on it,
+/// postings walked by their newest reveal, descending, until settled.
 async fn walk_bucket(
     conn: &mut SqliteConnection,
     window: &Window<'_>,
@@ -246,8 +206,7 @@ async fn walk_bucket(
             // A reveal in two postings (never written so) shows once.
             page.dedup_by_key(|r| r.0);
             page.truncate(limit);
-            // Settled once full and newer than every posting left, which are
-            // no newer than the next one.
+            // Settled once full and newer than the next posting, so than all left.
             match postings.get(i + 1) {
                 None => return Ok(()),
                 Some(next) if page.len() == limit && page[limit - 1].1 > next.max_at_us => {
@@ -265,8 +224,7 @@ async fn walk_bucket(
     }
 }
 
-/// What a page asks of the postings: whose, in which bucket, the window and
-/// cursor of its query, and the lowest id left in the log.
+/// What a page asks of the postings of one bucket.
 struct Window<'a> {
     user_id: i64,
     bucket: i64,
@@ -276,7 +234,6 @@ struct Window<'a> {
     low: i64,
 }
 
-/// A posting as the index lists it, before its entries are read.
 #[derive(sqlx::FromRow)]
 struct Listed {
     max_at_us: i64,
@@ -285,10 +242,8 @@ struct Listed {
     id: i64,
 }
 
-/// Up to `n` postings of the window's bucket before `from` (newest, last id),
-/// newest first, that can hold a row of the page: they reach into the window,
-/// hold something no newer than the cursor and are not gone. From the index alone; a posting's
-/// entries are read only when the walk reaches it.
+/// Up to `n` postings before `from` (newest, last id) that can hold a row of
+/// the page, newest first; from the index alone.
 async fn postings_before(
     conn: &mut SqliteConnection,
     window: &Window<'_>,
@@ -317,10 +272,8 @@ async fn postings_before(
 }
 
 /// Up to `limit` rows of one posting that `keep` lets on the page, newest
-/// first: the rest of the posting is older than all of those. Entries whose
-/// row is gone (retention takes a row past its cutoff behind a younger one,
-/// when a clock stepped back) are passed over, and the next ones read
-/// instead: each entry is looked at once.
+/// first. Entries whose row is gone (taken behind a younger one after a clock
+/// stepped back) are passed over, each entry looked at once.
 async fn rows_listed(
     conn: &mut SqliteConnection,
     user_id: i64,
@@ -352,8 +305,7 @@ async fn rows_listed(
     Ok(found)
 }
 
-/// The rows of `listed` (`(at_us, id)` of one posting of `user_id`) that are
-/// there as listed: a row gone, or another under a reused id, is left out.
+/// The rows of `listed` that are there as listed (not gone, no reused id).
 async fn rows_of(
     conn: &mut SqliteConnection,
     user_id: i64,
@@ -431,8 +383,7 @@ mod tests {
         assert!(cut.len() < 4);
     }
 
-    /// 0009 on a log written before it: a posting per reveal, the seller
-    /// index gone, and a seller's pages as they were.
+    /// 0009 on a log written before it: a posting per reveal, pages as before.
     #[tokio::test]
     async fn the_reveals_before_postings_get_one_each() {
         let (_dir, pool) = migrated_before(9).await;
@@ -444,8 +395,6 @@ mod tests {
         .execute(&pool)
         .await
         .unwrap();
-        // 0009, then those after it, which the pages read (0010's reasons,
-        // 0011's buckets).
         migrate_from(&pool, 9).await;
         let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM reveal_seller_postings")
             .fetch_one(&pool)

@@ -1,15 +1,5 @@
-//! The reveal log on SQLite: the embedded default, one replica. A flush is
-//! written on the log's own writer connection with ids it assigns, in viewer
-//! order, so that SQLite keeps no index entry per reveal: a viewer's reveals
-//! of a flush are one run of ids ([`viewer_runs`]) and a seller's are one
-//! posting ([`seller_postings`]), both keyed by a bucket of ids first
-//! ([`buckets`]). Pages are read through those, bucket by bucket, newest
-//! first; retention takes the lowest ids, and the runs, postings and buckets
-//! whose reveals are gone.
-//!
-//! [`viewer_runs`]: super::viewer_runs
-//! [`seller_postings`]: super::seller_postings
-//! [`buckets`]: super::buckets
+//! The reveal log on SQLite: a flush is written on the log's own writer with
+//! ids it assigns, in viewer order, and indexed by runs and postings.
 
 use sqlx::{SqliteConnection, SqlitePool};
 
@@ -20,16 +10,13 @@ use crate::domain::{AdId, Reveal, RevealQuery, RevealsOf, Source, Viewer};
 use crate::store::error::StoreError;
 use crate::store::pool::{SQLITE_BEGIN_WRITE, signed};
 
-/// Writes a batch of reveals, its viewers' runs and sellers' postings, widens
-/// the span of its buckets, and adds its per-ad `counts`, in one transaction
-/// on `writer`.
 pub(super) async fn write(
     writer: &SqlitePool,
     reveals: &[Reveal],
     counts: &[(AdId, Source, u64)],
 ) -> Result<(), StoreError> {
     // Sorted before the transaction: it takes the file's write lock, which
-    // status writes wait for (docs/status-sync.md).
+    // status writes wait for.
     let ordered = in_viewer_order(reveals);
     let at = reveals.iter().map(|r| r.at_us);
     let span = (at.clone().min().unwrap_or(0), at.max().unwrap_or(0));
@@ -46,12 +33,9 @@ pub(super) async fn write(
     Ok(())
 }
 
-/// The id a flush's first reveal gets. Ids are given here rather than by
-/// SQLite, so the flush knows its viewers' runs and sellers' postings: the
-/// next after the largest a reveal, a run or a posting holds, so that an id
-/// is never reused while a run or posting not yet pruned still names it (when
-/// retention emptied the log, say). Runs and postings go in id order: the
-/// last is the largest.
+/// The id a flush's first reveal gets: the next after the largest a reveal,
+/// a run or a posting holds, so that no id is reused while a run or posting
+/// not yet pruned names it. Runs and postings go in id order.
 async fn next_id(tx: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
     let (first_id,): (i64,) = sqlx::query_as(
         "SELECT max(\
@@ -65,12 +49,8 @@ async fn next_id(tx: &mut SqliteConnection) -> Result<i64, sqlx::Error> {
     Ok(first_id)
 }
 
-/// Inserts the rows of a flush under their ids, each with its reason's
-/// integer (NULL without one). `OR FAIL`: a statement that
-/// fails keeps the rows it inserted before, so SQLite keeps no statement
-/// journal for it (a copy of every page it touches, written to a temporary
-/// file); the transaction is what is atomic here, and on any error it is
-/// rolled back whole.
+/// Inserts the rows of a flush under their ids. `OR FAIL`, so SQLite keeps no
+/// statement journal: the transaction is what is atomic, rolled back whole.
 async fn insert_reveals(
     tx: &mut SqliteConnection,
     by_viewer: &[(i64, &Reveal)],
@@ -100,7 +80,6 @@ async fn insert_reveals(
     Ok(())
 }
 
-/// Adds a flush's per-ad counts to the totals.
 async fn add_counts(
     tx: &mut SqliteConnection,
     counts: &[(AdId, Source, u64)],
@@ -124,8 +103,6 @@ async fn add_counts(
     Ok(())
 }
 
-/// One page of the log, newest first, through the viewers' runs or the
-/// sellers' postings.
 pub(super) async fn read(
     pool: &SqlitePool,
     query: &RevealQuery,
@@ -146,13 +123,9 @@ pub(super) async fn read(
 
 /// Deletes up to `batch` of the lowest ids, of them those older than
 /// `keep_us` by SQLite's clock, on `writer`; returns how many. Ids grow with
-/// time (written in flush order), so no index on at_us is kept
-/// (migrations/sqlite/0006); the viewers' runs and the sellers' postings go
-/// with their reveals (0007, 0009). A row whose at_us is past the cutoff but
-/// behind a younger one (a wall clock stepped back) goes once that one does:
-/// late by the step, never early. Julian days to microseconds since the
-/// epoch (2440587.5 is 1970-01-01): `julianday` reads the clock in every
-/// SQLite.
+/// time, so no index on at_us is kept. A row behind a younger one (a clock
+/// stepped back) goes once that one does: late, never early. Julian days to
+/// microseconds since the epoch (2440587.5 is 1970-01-01).
 pub(super) async fn delete_older_than(
     writer: &SqlitePool,
     keep_us: i64,
@@ -176,11 +149,8 @@ pub(super) async fn delete_older_than(
     Ok(deleted)
 }
 
-/// Deletes up to `batch` of the oldest rows of `table` (SQLite's viewer runs
-/// or seller postings) whose reveals are all gone, in retention's transaction
-/// after its delete. Both go in order of their last id, as their reveals do,
-/// so the dead ones are the oldest; a reveals batch leaves at most as many
-/// dead ones as it deleted rows, so one batch each keeps up.
+/// Deletes up to `batch` of the oldest rows of `table` whose reveals are all
+/// gone; in order of their last id, so one batch keeps up with retention.
 async fn prune_dead(
     conn: &mut sqlx::SqliteConnection,
     table: &'static str,
@@ -197,16 +167,10 @@ async fn prune_dead(
         .rows_affected())
 }
 
-/// The batch ordered by viewer (those without one first), then by seller and
-/// time: each viewer's reveals of a flush are then one run of ids (see
-/// [`viewer_runs`](super::viewer_runs)). Ids still grow from one flush to the
-/// next, so the log's order in time holds for retention within one flush
-/// interval.
+/// The batch by viewer (those without one first), then seller and time, so
+/// each viewer's reveals of a flush are one run of ids.
 pub(super) fn in_viewer_order(reveals: &[Reveal]) -> Vec<&Reveal> {
-    // Each viewer's rank among the batch's viewers (0: none), so that the sort
-    // of the batch compares integers: comparing the viewer ids themselves, a
-    // reveal against a reveal, was most of the flush thread's profile. Only
-    // the few distinct ids are sorted as strings.
+    // Each viewer's rank (0: none), so that the sort compares integers, not ids.
     let mut ranks: foldhash::HashMap<&str, usize> = foldhash::HashMap::default();
     for reveal in reveals {
         if let Some(viewer) = &reveal.viewer {
@@ -228,10 +192,8 @@ pub(super) fn in_viewer_order(reveals: &[Reveal]) -> Vec<&Reveal> {
             (viewer, r.user.get(), r.at_us, r)
         })
         .collect();
-    // Within a viewer, by seller and time: the sort that builds the sellers'
-    // postings (seller_postings.rs) then meets its input nearly in order when
-    // a flush has few viewers. Nothing reads ids as arrival order: pages order
-    // by `at_us`, a run by its range, a posting by its entries.
+    // Within a viewer, by seller and time: the postings' sort then meets its
+    // input nearly in order. Nothing reads ids as arrival order.
     keyed.sort_unstable_by_key(|&(viewer, user, at_us, _)| (viewer, user, at_us));
     keyed.into_iter().map(|(.., r)| r).collect()
 }
@@ -242,8 +204,7 @@ mod tests {
     use crate::domain::UserId;
     use crate::store::reveals::tests::reveal;
 
-    /// Viewers in order (so a flush is one run per viewer), those without
-    /// one first, and within a viewer by seller and time.
+    /// Viewers in order, those without one first, then by seller and time.
     #[test]
     fn a_flush_is_grouped_by_viewer_then_seller_and_time() {
         let at = |r: &Reveal, n: i64, user: u64| Reveal {

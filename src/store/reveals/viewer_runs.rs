@@ -1,20 +1,6 @@
 //! SQLite's way to a viewer's reveals: runs, not an index entry per reveal
-//! (migrations/sqlite/0007). A flush writes its reveals in viewer order with
-//! ids it assigns, so one viewer's reveals of one flush are consecutive ids: a
-//! run, one row of `reveal_viewer_runs` with its id range and its newest and
-//! oldest `at_us`. A viewer seen many times a flush costs one index entry a
-//! flush instead of one a reveal; the index entry per reveal was most of what
-//! the log cost the hit path, in b-tree inserts (docs/performance.md, "The
-//! reveal log's SQLite layout").
-//!
-//! A page is still exact and newest first: runs are walked by their newest
-//! reveal, descending (bucket by bucket, newest first: their index is keyed
-//! by a bucket of ids first, see [`buckets`](super::buckets)), and once the
-//! page is full and its oldest reveal is newer than the next run's newest, no
-//! run left can hold one that belongs on it.
-//! The price is on reads: a page reads whole runs (a few rows more than it
-//! answers) and skips the index entries of runs newer than its cursor.
-//! PostgreSQL keeps its viewer index: COPY made it cheap enough there.
+//! (migrations/sqlite/0007). A flush's reveals are in viewer order, so one
+//! viewer's reveals of a flush are consecutive ids: a run.
 
 use sqlx::SqliteConnection;
 
@@ -24,8 +10,7 @@ use super::{REVEAL_COLUMNS, RevealRow};
 use crate::domain::{Reveal, RevealQuery, Viewer};
 
 /// Runs a page reads first; doubled each time the page is not yet settled, up
-/// to [`MOST_RUNS`]: a viewer seen once a flush needs about one run a row, one
-/// seen hundreds of times a flush fills a page from one or two.
+/// to [`MOST_RUNS`].
 const FIRST_RUNS: usize = 16;
 const MOST_RUNS: usize = 1_024;
 
@@ -39,8 +24,8 @@ pub(super) struct Run<'a> {
     pub last_id: i64,
 }
 
-/// The runs of a flush: `rows` are its reveals with the ids they are written
-/// under, in viewer order. Reveals without a viewer are in none.
+/// The runs of a flush, `rows` in viewer order; a reveal without a viewer is
+/// in none.
 pub(super) fn runs_of<'a>(rows: &[(i64, &'a Reveal)]) -> Vec<Run<'a>> {
     let mut runs: Vec<Run<'a>> = Vec::new();
     for &(id, reveal) in rows {
@@ -65,7 +50,6 @@ pub(super) fn runs_of<'a>(rows: &[(i64, &'a Reveal)]) -> Vec<Run<'a>> {
     runs
 }
 
-/// Writes `runs` (in the flush's transaction).
 pub(super) async fn write(
     conn: &mut SqliteConnection,
     runs: &[Run<'_>],
@@ -92,12 +76,8 @@ pub(super) async fn write(
     Ok(())
 }
 
-/// One page of `viewer`'s reveals, newest first (see the module doc): the
-/// buckets that hold a run of the viewer, newest first, each walked as
-/// [`walk_bucket`] does, until the page is settled ([`buckets`]). `conn`
-/// should hold a transaction, so that runs and rows are read from one commit.
-///
-/// [`buckets`]: super::buckets
+/// One page of `viewer`'s reveals, newest first, bucket by bucket until
+/// settled. `conn` should hold a transaction: runs and rows of one commit.
 pub(super) async fn read_page(
     conn: &mut SqliteConnection,
     viewer: &str,
@@ -108,8 +88,7 @@ pub(super) async fn read_page(
     if limit == 0 {
         return Ok(rows);
     }
-    // Runs are not checked against the lowest id left: their rows are read
-    // by id range, and those gone are simply not there.
+    // Not checked against the lowest id left: rows are read by id range.
     let to_walk = buckets::to_walk(conn, buckets::Key::Viewer(viewer), query, i64::MIN).await?;
     for bucket in to_walk {
         if bucket.settles(rows.last().map(|r| r.1), rows.len() == limit) {
@@ -120,10 +99,8 @@ pub(super) async fn read_page(
     Ok(rows)
 }
 
-/// Adds to `rows` those of one bucket's runs of `viewer` that belong on the
-/// page: runs walked by their newest reveal, descending, until the page is
-/// full and its oldest reveal is newer than the next run's newest (so newer
-/// than every run left in the bucket).
+/// Adds to `rows` those of one bucket's runs that belong on the page, runs
+/// walked by their newest reveal, descending, until settled.
 async fn walk_bucket(
     conn: &mut SqliteConnection,
     (viewer, bucket): (&str, i64),
@@ -137,8 +114,8 @@ async fn walk_bucket(
          WHERE id >= $1 AND id <= $2 AND viewer = $3 \
          AND at_us >= $4 AND at_us < $5 AND (at_us, id) < ($6, $7)"
     );
-    // A run can hold a row of the page only if it reaches into the window
-    // and holds something no newer than the cursor.
+    // A run can hold a row of the page only if it reaches into the window and
+    // holds something no newer than the cursor.
     let runs_before = format!(
         "SELECT max_at_us, last_id, first_id FROM reveal_viewer_runs \
          WHERE {} = $8 AND viewer = $1 AND (max_at_us, last_id) < ($2, $3) \

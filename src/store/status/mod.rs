@@ -1,27 +1,6 @@
 //! The status store: the call-tracking status set's rows, and the change log
-//! they share with cache invalidations. Held by the status service alone.
-//!
-//! Every write is one transaction that stamps the rows it changes with the next
-//! *change sequence* value. Writers are serialised (PostgreSQL: a transaction-level
-//! advisory lock taken before the sequence value; SQLite: its single writer), so
-//! sequence values become visible in order and a reader that asks for "changes
-//! after (seq, user)" can never skip a row. That question,
-//! [`StatusStore::changes_after`], is the only way memory learns about changes:
-//! at start-up, after a local write, on a change hint, and on a short poll.
-//!
-//! Invalidations are part of this store rather than a store of their own: they
-//! take the same sequence, the same writers' lock and the same notification,
-//! and the one reader reads both in one order; that order is what makes a
-//! flip and an invalidation of the same seller apply in the order they were
-//! written. SQLite serves one replica and records none.
-//!
-//! The interface is here, with what both dialects read and write: a row of
-//! the change log ([`Row`]), a position in it ([`Watermark`]), the snapshot
-//! floor's row ([`FLOOR_USER`]) and a delivery's plan against the stored
-//! versions. The two dialects are a file each ([`sqlite`], [`postgres`]):
-//! their write paths differ in shape (multi-row inserts under SQLite's one
-//! writer; arrays, `COPY` and an advisory lock on PostgreSQL), not only in
-//! placeholders.
+//! they share with cache invalidations, in one order. Held by the status
+//! service alone. See docs/status-sync.md, "Replication between replicas".
 
 mod postgres;
 mod sqlite;
@@ -38,20 +17,15 @@ use crate::domain::{Applied, Status, StatusChange, UserId};
 /// Rows read per catch-up query.
 pub const CHANGES_PAGE: i64 = 50_000;
 
-/// A snapshot that stamps at least this many rows (a catch-up page) leaves its
-/// listing for the other replicas (PostgreSQL; see
-/// [`StatusStore::snapshot_listing`]); a smaller one is read as rows.
+/// A snapshot that stamps at least this many rows leaves its listing for the
+/// other replicas (PostgreSQL); a smaller one is read as rows.
 const LISTING_ROWS: u64 = 50_000;
 
-/// The row that holds the snapshot floor (migration 0002): user ids start at 1,
-/// so user 0 is free. Its version is the last snapshot's; every user without a
-/// row of their own has that version, disabled. A snapshot moves it like any
-/// other row at or below its version; deltas read it as the version of users
-/// without a row; catch-up hands it over with the other rows, in change order.
+/// The row of the snapshot floor (migration 0002; user ids start at 1): see
+/// docs/status-sync.md, "The snapshot and its floor".
 pub const FLOOR_USER: u64 = 0;
 
-/// A row of the change log, in change order: a status as stored, or a cache
-/// invalidation (PostgreSQL only; with SQLite invalidations stay local).
+/// A row of the change log: a status as stored, or a cache invalidation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Row {
     pub user_id: u64,
@@ -66,12 +40,10 @@ pub enum Change {
         /// The change that last turned call tracking on or off (0: never).
         flip_seq: i64,
     },
-    /// Every cached number of the seller is to be dropped.
     Invalidated,
 }
 
-/// A row as both databases return it: (user_id, enabled, version, change_seq,
-/// flip_seq, is an invalidation).
+/// (user_id, enabled, version, change_seq, flip_seq, is an invalidation).
 type RowTuple = (i64, bool, i64, i64, i64, bool);
 
 impl From<RowTuple> for Row {
@@ -97,8 +69,6 @@ impl From<RowTuple> for Row {
 /// A position in the change log: (change_seq, user_id) of the last row seen.
 pub type Watermark = (i64, i64);
 
-/// The status store failed: the cause ([`StoreError`]), under a name of its own
-/// so that a log or an answer says which store it was.
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
 pub struct StatusStoreError(#[from] StoreError);
@@ -109,8 +79,6 @@ impl StatusStoreError {
     }
 }
 
-/// The status store's handle (see the module doc); made by
-/// `Database::status`.
 #[derive(Debug, Clone)]
 pub struct StatusStore {
     backend: Backend,
@@ -121,24 +89,16 @@ impl StatusStore {
         StatusStore { backend }
     }
 
-    /// The client's bound on one call (see [`crate::store::Bounds::call`]).
     pub fn call_bound(&self) -> Duration {
         self.backend.call_bound()
     }
 
-    /// The bound of a small call, whole (see [`crate::store::Bounds::short`]): a
-    /// delta, an invalidation, the writers' turn for them.
     pub fn short_bound(&self) -> Duration {
         self.backend.short_bound()
     }
 
-    /// Applies a delta delivery in one transaction (with the feed cursor that
-    /// brought it and the lease it was read under, if any); returns what
-    /// applied and what was ignored. Given up at `deadline` (both dialects).
-    ///
-    /// # Errors
-    /// The database refused or is unreachable, or the feed's lease is lost
-    /// ([`StoreError::LeaseLost`]); nothing was applied.
+    /// Applies a delta delivery in one transaction (with the feed cursor and its
+    /// lease, if any) within `deadline`; on an error nothing was applied.
     pub async fn apply_changes(
         &self,
         items: &[StatusChange],
@@ -158,11 +118,7 @@ impl StatusStore {
     }
 
     /// Starts a full snapshot: ids are pushed in chunks (duplicates allowed), then
-    /// [`PreparedSnapshot::finish`] applies it in the same transaction. Dropping the
-    /// load unfinished rolls it back.
-    ///
-    /// # Errors
-    /// The database is unreachable.
+    /// [`PreparedSnapshot::finish`] applies it. Dropped unfinished, it rolls back.
     pub async fn begin_snapshot(&self) -> Result<SnapshotLoad, StatusStoreError> {
         let tx = self
             .backend
@@ -184,10 +140,6 @@ impl StatusStore {
         })
     }
 
-    /// Up to `limit` rows changed after `after`, in change order.
-    ///
-    /// # Errors
-    /// The database is unreachable.
     pub async fn changes_after(
         &self,
         after: Watermark,
@@ -204,13 +156,9 @@ impl StatusStore {
             .await?)
     }
 
-    /// Records, in the change log, that every cached number of `users` is to be
-    /// dropped on every replica, and prunes the records older than `keep` (the
-    /// longest time a cached entry can still be served: an older record cannot
-    /// drop anything). With SQLite there is no other replica: nothing to record.
-    ///
-    /// # Errors
-    /// The database refused or is unreachable; nothing was recorded.
+    /// Records that every cached number of `users` is to be dropped on every
+    /// replica, and prunes the records older than `keep` (the longest a cached
+    /// entry can be served). SQLite has no other replica: nothing to record.
     pub async fn record_invalidations(
         &self,
         users: &[UserId],
@@ -230,20 +178,11 @@ impl StatusStore {
         }
     }
 
-    /// Whether a snapshot leaves its listing for other replicas
-    /// ([`PreparedSnapshot::finish`]): on PostgreSQL. SQLite serves one
-    /// replica.
     pub fn keeps_listings(&self) -> bool {
         matches!(self.backend, Backend::Postgres(_))
     }
 
-    /// The listing a snapshot stamped `seq` left (migration 0008): its
-    /// version and its ids as [`PreparedSnapshot::finish`] was given them;
-    /// `None` when it left none (a small snapshot, SQLite, or a later
-    /// large snapshot replaced it). Within a read's bound.
-    ///
-    /// # Errors
-    /// The database is unreachable.
+    /// The listing the snapshot stamped `seq` left, if any (migration 0008).
     pub async fn snapshot_listing(
         &self,
         seq: i64,
@@ -257,10 +196,6 @@ impl StatusStore {
         }
     }
 
-    /// The status feed's stored cursor.
-    ///
-    /// # Errors
-    /// The database is unreachable.
     pub async fn feed_cursor(&self) -> Result<Option<String>, StatusStoreError> {
         let query = "SELECT cursor FROM status_feed_cursor WHERE id = 1";
         let deadline = tokio::time::Instant::now() + self.short_bound();
@@ -281,9 +216,7 @@ impl StatusStore {
 /// A snapshot being loaded: one open transaction holding a temporary table of ids.
 pub struct SnapshotLoad {
     tx: SnapshotTx,
-    /// The database it came from, for the bound of each call.
     backend: Backend,
-    /// For the `apply_snapshot` duration metric.
     started: Stopwatch,
 }
 
@@ -294,10 +227,7 @@ enum SnapshotTx {
 }
 
 impl SnapshotLoad {
-    /// Adds enabled ids (validated by the caller).
-    ///
-    /// # Errors
-    /// The database failed; drop the load.
+    /// Adds enabled ids (validated by the caller); on an error, drop the load.
     pub async fn push(&mut self, ids: &[u64]) -> Result<(), StatusStoreError> {
         let tx = &mut self.tx;
         Ok(self
@@ -311,19 +241,10 @@ impl SnapshotLoad {
             .await?)
     }
 
-    /// Takes the writers' turn to apply the snapshot at `version`, and the
-    /// change its rows will be stamped with. From then until the returned
-    /// [`PreparedSnapshot`] is finished or dropped, no other write to the
-    /// change log can commit (PostgreSQL: the writers' advisory lock; SQLite:
-    /// its write lock): every change before the snapshot's is stored, and
-    /// none after it. The caller may read the change log meanwhile, on
-    /// another connection. This, what the caller does before finishing, and
-    /// the finish share the finish's bound ([`PreparedSnapshot::deadline`]);
-    /// on PostgreSQL the finish's batches are bounded each, not by it (see
-    /// [`PreparedSnapshot::finish`]).
-    ///
-    /// # Errors
-    /// The database failed; nothing was applied.
+    /// Takes the writers' turn for the snapshot at `version`, and the change its
+    /// rows will be stamped with: until the [`PreparedSnapshot`] is finished or
+    /// dropped no other change-log write commits (the caller may read the log on
+    /// another connection). Shares the finish's bound.
     pub async fn prepare(self, version: u64) -> Result<PreparedSnapshot, StatusStoreError> {
         let SnapshotLoad {
             mut tx,
@@ -352,9 +273,8 @@ impl SnapshotLoad {
     }
 }
 
-/// A snapshot holding the writers' turn, not yet applied (see
-/// [`SnapshotLoad::prepare`]); dropped unfinished, it rolls back and gives
-/// the turn up.
+/// A snapshot holding the writers' turn; dropped unfinished, it rolls back
+/// and gives the turn up.
 pub struct PreparedSnapshot {
     tx: SnapshotTx,
     backend: Backend,
@@ -366,32 +286,24 @@ pub struct PreparedSnapshot {
 }
 
 impl PreparedSnapshot {
-    /// The change the snapshot's rows are stamped with: every row it writes,
-    /// the floor's included, has this `change_seq`.
+    /// The `change_seq` of every row the snapshot writes, the floor's included.
     pub fn seq(&self) -> i64 {
         self.seq
     }
 
-    /// When the finish's bound runs out, counted from the prepare (on
-    /// PostgreSQL, the bound of what comes before the finish).
+    /// When the finish's bound runs out, counted from the prepare.
     pub fn deadline(&self) -> tokio::time::Instant {
         self.deadline
     }
 
-    /// The finish's bound, whole.
     pub fn bound(&self) -> Duration {
         self.bound
     }
 
-    /// Applies the snapshot and commits; whether it changed any row. One that
-    /// changed none (every entry and the floor above its version) stamped
-    /// nothing with [`PreparedSnapshot::seq`], and SQLite hands that value
-    /// to the next write. `listing`, the snapshot's ids encoded, is stored
-    /// with it when it stamped at least [`LISTING_ROWS`] rows, where
-    /// [`StatusStore::keeps_listings`], in place of any older one.
-    ///
-    /// # Errors
-    /// The database failed; nothing was applied.
+    /// Applies the snapshot and commits; whether it changed any row (if none,
+    /// it stamped nothing with [`PreparedSnapshot::seq`], and SQLite hands that
+    /// value to the next write). `listing` is stored with it when it stamped at
+    /// least [`LISTING_ROWS`] rows, where [`StatusStore::keeps_listings`].
     pub async fn finish(self, listing: Option<&[u8]>) -> Result<bool, StatusStoreError> {
         let PreparedSnapshot {
             tx,
@@ -407,10 +319,7 @@ impl PreparedSnapshot {
                 let finish = sqlite::finish_snapshot(tx, version, seq);
                 backend.until("finish_snapshot", deadline, finish).await
             }
-            // Its statements in batches, each bounded as one call (a
-            // connection is held already: the statement's bound and a
-            // second or so), the whole not: the number of batches grows
-            // with the snapshot and with the set.
+            // Batches bounded each (the number grows with the snapshot), not the whole.
             SnapshotTx::Postgres(tx) => {
                 let statement = backend.call_bound();
                 let finish = postgres::finish_snapshot(tx, version, seq, listing, statement);
@@ -423,8 +332,7 @@ impl PreparedSnapshot {
     }
 }
 
-/// Distinct users of a delivery, and the floor row: the stored versions a
-/// delivery is planned against.
+/// The distinct users of a delivery, and the floor row.
 fn users_of(items: &[StatusChange]) -> Vec<u64> {
     let mut users: Vec<u64> = items.iter().map(|i| i.user.get()).collect();
     users.push(FLOOR_USER);
@@ -433,8 +341,6 @@ fn users_of(items: &[StatusChange]) -> Vec<u64> {
     users
 }
 
-/// Plans a delivery against the stored versions read with [`users_of`] (the
-/// floor row among them).
 fn plan(items: &[StatusChange], mut stored: HashMap<u64, u64>) -> (Applied, Vec<StatusChange>) {
     let floor = stored.remove(&FLOOR_USER).unwrap_or(0);
     crate::domain::plan_changes(items, &stored, floor)

@@ -1,9 +1,5 @@
-//! The status store on PostgreSQL: for a cluster of replicas, directly or through a
-//! transaction-mode pooler (every statement unnamed and in a transaction: see
-//! `store::pool::Pg`). Writers take a
-//! transaction-level advisory lock before the change sequence value, so values
-//! commit in order; each write notifies `calltracking_status` on commit (a hint to
-//! the other replicas to catch up; the poll covers a lost one).
+//! The status store on PostgreSQL, for a cluster of replicas. Each write
+//! notifies `calltracking_status` on commit, a hint to the others to catch up.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -21,8 +17,7 @@ use crate::store::pool::{Pg, signed, unsigned};
 /// Advisory lock key serialising writers ("ctstatus" in ASCII).
 const WRITE_LOCK: i64 = 0x6374_7374_6174_7573;
 
-/// A small write's transaction (a delta, an invalidation: see
-/// `Pg::begin_short`), its turn among the writers and its sequence value.
+/// A small write's transaction, its turn among the writers and its sequence.
 async fn begin_write(
     pg: &Pg,
 ) -> Result<(sqlx::Transaction<'static, sqlx::Postgres>, i64), StoreError> {
@@ -67,9 +62,8 @@ pub(super) async fn apply_changes(
     feed: Option<(&str, Option<&Fence>)>,
 ) -> Result<Applied, StoreError> {
     let (mut tx, seq) = begin_write(pg).await?;
-    // A feed page is taken only under the lease it was read under, checked
-    // (and the lease row held) in this transaction: a leader that lost the
-    // lease cannot move the cursor after its successor did.
+    // A feed page is taken only under the lease it was read under (checked, and
+    // the row held, in this transaction): see docs/status-sync.md, "Leadership".
     if let Some((_, Some(fence))) = feed {
         fence.check(&mut tx).await?;
     }
@@ -121,8 +115,7 @@ pub(super) async fn apply_changes(
 }
 
 /// Starts a snapshot: a transaction with an empty temporary table of ids. The
-/// writers' advisory lock is taken only in [`finish_snapshot`], so a long upload
-/// does not hold up other replicas' writes.
+/// writers' lock is taken only later, so a long upload holds up no writes.
 pub(super) async fn begin_snapshot(
     pg: &Pg,
 ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
@@ -134,7 +127,6 @@ pub(super) async fn begin_snapshot(
     Ok(tx)
 }
 
-/// One COPY per pushed chunk.
 pub(super) async fn push_snapshot(
     tx: &mut sqlx::PgConnection,
     ids: &[u64],
@@ -152,9 +144,8 @@ pub(super) async fn push_snapshot(
     Ok(())
 }
 
-/// Indexes the loaded ids, then takes the writers' turn and the change the
-/// snapshot's rows will be stamped with; the turn is held until the
-/// transaction ends.
+/// Indexes the loaded ids, then takes the writers' turn (held until the
+/// transaction ends) and the change the snapshot's rows will be stamped with.
 pub(super) async fn prepare_snapshot(
     tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
 ) -> Result<i64, StoreError> {
@@ -169,20 +160,12 @@ pub(super) async fn prepare_snapshot(
     take_write_turn(tx).await
 }
 
-/// Rows a statement of a snapshot's finish writes at most: the update of the
-/// stored rows and the insert of the new ones each go in batches of this many
-/// (keyset on `user_id`), so that no statement's time grows with the snapshot
-/// and each stays well within `database.statement_timeout_ms` (the default
-/// 60 s): one INSERT of every id of a 10,000,000-id snapshot took 72 to 86 s;
-/// a batch takes a second or two (BENCHMARKS.md, "The largest snapshot on
-/// PostgreSQL").
+/// Rows a statement of a snapshot's finish writes at most, so that no
+/// statement's time grows with the snapshot.
 pub(super) const SNAPSHOT_BATCH: i64 = 250_000;
 
-/// Applies the loaded ids at `version`, stamped `seq`, with its `listing`
-/// when it stamped enough rows for one (see `PreparedSnapshot::finish`), and
-/// commits; whether it changed any row. One transaction, as before; its
-/// statements in batches of [`SNAPSHOT_BATCH`] rows, each bounded by
-/// `statement` on the client (and the statement timeout on the server).
+/// Applies the loaded ids at `version`, stamped `seq`, with its `listing`, and
+/// commits; whether it changed any row. Each batch bounded by `statement`.
 pub(super) async fn finish_snapshot(
     mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
     version: u64,
@@ -191,9 +174,8 @@ pub(super) async fn finish_snapshot(
     statement: std::time::Duration,
 ) -> Result<bool, StoreError> {
     let version = signed(version);
-    // Every stored row at or below the snapshot's version (the floor, user
-    // 0, among them) takes the snapshot's state: listed, enabled; else
-    // disabled.
+    // Every stored row at or below the version (the floor's too) takes the
+    // snapshot's state: listed, enabled; else disabled.
     let mut updated = 0;
     let mut after = i64::MIN;
     loop {
@@ -224,8 +206,7 @@ pub(super) async fn finish_snapshot(
             None => break,
         }
     }
-    // The listed ids without a row, enabled, unless the floor stayed above
-    // the snapshot (then it applies to none).
+    // The listed ids without a row, unless the floor is above the snapshot.
     let floor: i64 =
         sqlx::query_scalar("SELECT version FROM calltracking_status WHERE user_id = 0")
             .persistent(false)
@@ -278,7 +259,6 @@ pub(super) async fn finish_snapshot(
     Ok(updated + inserted > 0)
 }
 
-/// `step` within `bound` on the client.
 async fn bounded<T>(
     operation: &'static str,
     bound: std::time::Duration,
@@ -290,7 +270,6 @@ async fn bounded<T>(
         .map_err(StoreError::from)
 }
 
-/// The listing the snapshot stamped `seq` left, if any: (version, ids).
 pub(super) async fn snapshot_listing(
     pg: &Pg,
     seq: i64,
@@ -308,8 +287,6 @@ pub(super) async fn snapshot_listing(
     Ok(row.map(|(version, ids)| (unsigned(version), ids)))
 }
 
-/// The change log after `after`: status rows and cache invalidations merged in
-/// change order (each index gives its table's rows in that order).
 pub(super) async fn changes_after(
     pg: &Pg,
     after: Watermark,
@@ -337,8 +314,7 @@ pub(super) async fn changes_after(
     Ok(rows.into_iter().map(Row::from).collect())
 }
 
-/// Records invalidations in the change log (one sequence value, the writers'
-/// lock, a notification, as a status change) and prunes old records.
+/// Records invalidations in the change log, as a status change, and prunes.
 pub(super) async fn record_invalidations(
     pg: &Pg,
     users: &[UserId],

@@ -1,16 +1,6 @@
-//! The status store on SQLite: the embedded default, for one replica. WAL journal,
-//! `synchronous = FULL` (set where the pool is opened: `store::database`), one
-//! writer at a time by SQLite's own lock.
-//!
-//! Every write transaction starts with [`BEGIN_WRITE`] (`BEGIN IMMEDIATE`),
-//! status changes, snapshots, the reveal flush and retention alike, so the
-//! gateway's own writers queue for the lock instead of refusing each other. A
-//! deferred `BEGIN` that reads first takes a read snapshot; when another pooled
-//! connection commits before it upgrades to a write, SQLite answers
-//! `SQLITE_BUSY_SNAPSHOT` at once, without the busy timeout, since waiting cannot
-//! help a stale snapshot: with the reveal log flushing every 10 ms, most 5,000-item
-//! deliveries were refused 503 that way (tests/it/reveals.rs). `BEGIN IMMEDIATE`
-//! takes the write lock before the first read, waiting up to the busy timeout.
+//! The status store on SQLite, for one replica. Every write transaction
+//! starts with [`BEGIN_WRITE`], so the gateway's writers queue for the write
+//! lock instead of refusing each other (docs/status-sync.md, "The set").
 
 use std::collections::HashMap;
 
@@ -58,7 +48,6 @@ pub(super) async fn apply_changes(
     let (counts, rows) = plan(items, stored);
     if !rows.is_empty() {
         let seq = next_seq(&mut tx).await?;
-        // Five parameters per row.
         for chunk in rows.chunks(MAX_PARAMS / 5) {
             let mut query = QueryBuilder::<Sqlite>::new(
                 "INSERT INTO calltracking_status (user_id, enabled, version, change_seq, flip_seq) ",
@@ -97,17 +86,12 @@ pub(super) async fn apply_changes(
     Ok(counts)
 }
 
-/// A snapshot being uploaded: a pooled connection of its own, whose temporary
-/// table holds the ids.
+/// A snapshot being uploaded: a connection whose temporary table holds the ids.
 pub(super) type SnapshotConn = PoolConnection<Sqlite>;
 
-/// Starts a snapshot: a connection with an empty temporary table of ids. The
-/// upload writes only the temporary database, outside any transaction, so it
-/// neither holds the main database's write lock (a 10,000,000-id upload would
-/// stall every other writer past the busy timeout) nor takes a read snapshot of
-/// it that a commit elsewhere would make stale before [`finish_snapshot`]
-/// writes. The connection is closed, not pooled again, when it is dropped:
-/// the temporary table, also of an abandoned upload, goes with it.
+/// Starts a snapshot: a connection with an empty temporary table of ids,
+/// outside any transaction (docs/status-sync.md, "The set"). Closed, not
+/// pooled again, when dropped: the table goes with it.
 pub(super) async fn begin_snapshot(pool: &SqlitePool) -> Result<SnapshotConn, StoreError> {
     let mut conn = pool.acquire().await?;
     conn.close_on_drop();
@@ -134,15 +118,11 @@ pub(super) async fn push_snapshot(
     Ok(())
 }
 
-/// Indexes the uploaded ids, then takes the write lock (`BEGIN IMMEDIATE`,
-/// waiting up to the busy timeout) and the change the snapshot's rows will
-/// be stamped with. The index is built before the lock: it writes only the
-/// temporary database, and at 10,000,000 ids it takes seconds that every
-/// other writer would otherwise wait. The transaction is begun with a plain
-/// statement, not an sqlx `Transaction` (which would borrow the connection
-/// across two calls): a snapshot dropped before [`finish_snapshot`] closes
-/// its connection (see [`begin_snapshot`]), and SQLite rolls back an open
-/// transaction on close.
+/// Indexes the uploaded ids (before the lock: it writes only the temporary
+/// database), then takes the write lock and the change the snapshot's rows
+/// will be stamped with. Begun by a plain statement, not an sqlx
+/// `Transaction`: a snapshot dropped unfinished closes its connection, and
+/// SQLite rolls back an open transaction on close.
 pub(super) async fn prepare_snapshot(conn: &mut SnapshotConn) -> Result<i64, StoreError> {
     sqlx::query("CREATE INDEX IF NOT EXISTS temp.snapshot_ids_user ON snapshot_ids (user_id)")
         .execute(&mut **conn)
@@ -151,8 +131,6 @@ pub(super) async fn prepare_snapshot(conn: &mut SnapshotConn) -> Result<i64, Sto
     next_seq(conn).await
 }
 
-/// Applies the uploaded ids at `version`, stamped `seq`, and commits the
-/// transaction [`prepare_snapshot`] began; whether it changed any row.
 pub(super) async fn finish_snapshot(
     mut conn: SnapshotConn,
     version: u64,
@@ -196,14 +174,8 @@ pub(super) async fn changes_after(
     after: Watermark,
     limit: i64,
 ) -> Result<Vec<Row>, StoreError> {
-    // "After (seq, user)" as two index ranges: the rest of the watermark's
-    // change, then the changes after it. SQLite (3.46, the bundled one)
-    // seeks a row value `(change_seq, user_id) > (?, ?)` on `change_seq`
-    // alone and filters the users, so every page of one change's rows (a
-    // snapshot's: up to 10,000,000) walked the index from that change's
-    // first row again: in a change of 1,000,000 rows, the page 900,000 rows
-    // in took 0.43 s against 0.03 s for the first (debug build), and reading
-    // a large snapshot back (the load at start) grew with its square.
+    // "After (seq, user)" as two index ranges: SQLite seeks a row value on
+    // `change_seq` alone, and would walk a large change from its first row.
     let rows: Vec<RowTuple> = sqlx::query_as(
         "SELECT user_id, enabled, version, change_seq, flip_seq, 0 FROM \
          (SELECT * FROM (SELECT user_id, enabled, version, change_seq, flip_seq \

@@ -1,10 +1,5 @@
 //! The reveal store's tests through its interface, on a scratch SQLite
-//! database: flushes written and read back page by page (through the
-//! viewers' runs and the sellers' postings) against a plain scan of every
-//! row, retention of the runs and postings with their reveals; the reasons
-//! stored with the reveals in [`reasons`]. First, what the tests of every
-//! file of the store share: reveals made from a few fields, seeded random
-//! draws, a SQLite file migrated up to a version, and a scratch store.
+//! database, and the helpers the tests of every file of the store share.
 
 mod reasons;
 
@@ -40,8 +35,6 @@ pub(super) fn reveal_at(at_us: i64, user: u64, viewer: Option<&str>) -> Reveal {
     }
 }
 
-/// Small numbers from a seed (a linear congruential generator): the same
-/// draws on every run.
 pub(super) struct Draws(u64);
 
 impl Draws {
@@ -49,7 +42,6 @@ impl Draws {
         Draws(seed)
     }
 
-    /// A number below `n`.
     pub(super) fn below(&mut self, n: u64) -> u64 {
         self.0 = self
             .0
@@ -59,8 +51,7 @@ impl Draws {
     }
 }
 
-/// A SQLite file with the migrations before `version` applied, as a replica
-/// of that time left it, for a test of migration `version` itself.
+/// A SQLite file with the migrations before `version` applied.
 pub(super) async fn migrated_before(version: i64) -> (tempfile::TempDir, sqlx::SqlitePool) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/old.db?mode=rwc", dir.path().display());
@@ -74,15 +65,13 @@ pub(super) async fn migrated_before(version: i64) -> (tempfile::TempDir, sqlx::S
     (dir, pool)
 }
 
-/// Migration `version`'s SQL, to run on a file from [`migrated_before`].
 pub(super) fn migration(version: i64) -> String {
     let migrations = sqlx::migrate!("migrations/sqlite");
     let found = migrations.iter().find(|m| m.version == version);
     found.expect("that migration").sql.to_string()
 }
 
-/// Migration `version` and every later one, on a file from
-/// [`migrated_before`]: the schema the store's code reads.
+/// Migration `version` and every later one.
 pub(super) async fn migrate_from(pool: &sqlx::SqlitePool, version: i64) {
     for migration in sqlx::migrate!("migrations/sqlite")
         .iter()
@@ -92,8 +81,7 @@ pub(super) async fn migrate_from(pool: &sqlx::SqlitePool, version: i64) {
     }
 }
 
-/// A reveal store on a migrated SQLite file in a fresh directory; the
-/// directory goes when the returned guard is dropped.
+/// A reveal store on a migrated SQLite file in a fresh directory.
 pub(super) async fn scratch() -> (tempfile::TempDir, RevealStore) {
     let (dir, pool) = migrated_before(i64::MAX).await;
     let sqlite = Sqlite {
@@ -110,14 +98,12 @@ pub(super) fn sqlite(store: &RevealStore) -> &sqlx::SqlitePool {
     }
 }
 
-/// How many rows `table` holds.
 pub(super) async fn rows(store: &RevealStore, table: &str) -> i64 {
     let sql = format!("SELECT count(*) FROM {table}");
     let (n,): (i64,) = sqlx::query_as(&sql).fetch_one(sqlite(store)).await.unwrap();
     n
 }
 
-/// Retention with no age limit, in batches of 4, until the log is empty.
 pub(super) async fn delete_every_reveal(store: &RevealStore) {
     while store
         .delete_reveals_older_than(std::time::Duration::ZERO, 4)
@@ -127,7 +113,7 @@ pub(super) async fn delete_every_reveal(store: &RevealStore) {
     {}
 }
 
-/// Ids of `of`'s reveals in the window, newest first, by a scan of every row.
+/// `of`'s reveals in the window, newest first, by a scan of every row.
 pub(super) async fn scan(store: &RevealStore, of: &RevealsOf, since: i64, until: i64) -> Vec<i64> {
     let column = match of {
         RevealsOf::Seller(_) => "user_id",
@@ -153,12 +139,9 @@ pub(super) async fn scan(store: &RevealStore, of: &RevealsOf, since: i64, until:
         .collect()
 }
 
-/// Forty flushes of twelve reveals, each at a drawn time with a drawn viewer
-/// (a, b, c or none), made by `make` (which may draw more): more runs and
-/// postings than a page's first look, each overlapping the ten flushes
-/// around it in time, so the clock steps back across flushes and instants
-/// repeat. Then retention of the 150 lowest ids, so some runs and postings
-/// are gone and some cut.
+/// Forty flushes of twelve reveals at drawn times and viewers, overlapping in
+/// time; then retention of the 150 lowest ids, so some runs and postings are
+/// gone and some cut.
 pub(super) async fn write_overlapping_flushes(
     store: &RevealStore,
     seed: u64,
@@ -185,10 +168,8 @@ pub(super) async fn write_overlapping_flushes(
     );
 }
 
-/// Walks `of`'s reveals page by page, in every window of the flushes above
-/// (all, a part, a sliver) and page sizes from 1 to 1,000, and checks each
-/// walk against the [`scan`] of every row; returns how many reveals the scan
-/// found in all.
+/// Checks page walks of `of` in three windows and five page sizes against
+/// [`scan`]; returns how many reveals it found.
 pub(super) async fn walks_match_scan(store: &RevealStore, of: &RevealsOf) -> usize {
     let windows = [
         (i64::MIN, i64::MAX),
@@ -209,8 +190,7 @@ pub(super) async fn walks_match_scan(store: &RevealStore, of: &RevealsOf) -> usi
     all
 }
 
-/// Ids of `of`'s reveals in the window, page after page. A page short of
-/// `limit` must be the last: the API ends the walk there.
+/// `of`'s reveals in the window, page after page; a short page is the last.
 pub(super) async fn walk(
     store: &RevealStore,
     of: &RevealsOf,
@@ -243,8 +223,6 @@ pub(super) async fn walk(
     }
 }
 
-/// Every reveal of `of`, read page by page (`limit` a page) as the admin
-/// route's cursor walks them: newest first.
 async fn every_page(store: &RevealStore, of: RevealsOf, limit: u32) -> Vec<StoredReveal> {
     let mut all: Vec<StoredReveal> = Vec::new();
     loop {
@@ -262,13 +240,11 @@ async fn every_page(store: &RevealStore, of: RevealsOf, limit: u32) -> Vec<Store
     }
 }
 
-/// One flush is written in viewer order (for the viewer index), not in
-/// the order of time: pages still come newest first, by seller and by
-/// viewer, and a cursor walks them without a gap or a repeat.
+/// A flush written in viewer order, not in time order, still pages newest
+/// first, by seller and by viewer, without a gap or a repeat.
 #[tokio::test]
 async fn a_flush_in_viewer_order_still_pages_newest_first() {
     let (_dir, store) = scratch().await;
-    // Twelve reveals a microsecond apart, viewers c, b, a, none, c, b, ...
     let viewers = [Some("c"), Some("b"), Some("a"), None];
     let batch: Vec<Reveal> = (0..12u64)
         .map(|n| Reveal {
@@ -287,8 +263,7 @@ async fn a_flush_in_viewer_order_still_pages_newest_first() {
     assert_eq!(by_viewer, [109, 105, 101]);
 }
 
-/// A flush of several statements (10,000 reveals: six chunks) writes every
-/// row and counts each exactly, in one transaction.
+/// A flush of 10,000 reveals (six statements) writes and counts every row.
 #[tokio::test]
 async fn a_flush_of_many_chunks_writes_and_counts_every_reveal() {
     let (_dir, store) = scratch().await;
@@ -315,10 +290,8 @@ async fn a_flush_of_many_chunks_writes_and_counts_every_reveal() {
     assert_eq!(rows, 10_000);
 }
 
-/// A page walk through runs against the plain query over every row: the
-/// same reveals in the same order, for every viewer, window and page size.
-/// The clock steps back across flushes and instants repeat, so runs
-/// overlap in time and ties fall to the id.
+/// Pages through runs are a scan of every row, for every viewer, window and
+/// page size, runs overlapping in time.
 #[tokio::test]
 async fn pages_through_runs_are_those_of_a_scan_of_every_row() {
     let (_dir, store) = scratch().await;
@@ -352,11 +325,8 @@ async fn retention_deletes_the_runs_of_deleted_reveals() {
     assert_eq!(rows(&store, "reveal_viewer_runs").await, 0);
 }
 
-/// A page walk through postings against the plain query over every row:
-/// the same reveals in the same order, for every seller, window and page
-/// size. Flushes are in viewer order, so a seller's reveals are scattered
-/// over the flush's ids; the clock steps back across flushes and instants
-/// repeat, so postings overlap in time and ties fall to the id.
+/// Pages through postings are a scan of every row, for every seller, window
+/// and page size, postings overlapping in time.
 #[tokio::test]
 async fn pages_through_postings_are_those_of_a_scan_of_every_row() {
     let (_dir, store) = scratch().await;
@@ -364,8 +334,7 @@ async fn pages_through_postings_are_those_of_a_scan_of_every_row() {
         reveal_at(at_us, 1 + draws.below(3), viewer)
     })
     .await;
-    // Rows gone above the lowest id left, as retention takes a row past
-    // its cutoff behind a younger one when a clock stepped back.
+    // Rows gone above the lowest id left, as after a clock stepped back.
     sqlx::query("DELETE FROM reveals WHERE id % 7 = 0 AND id > 300")
         .execute(sqlite(&store))
         .await
@@ -419,10 +388,8 @@ async fn retention_deletes_the_postings_of_deleted_reveals() {
     assert_eq!(rows(&store, "reveal_seller_postings").await, 0);
 }
 
-/// A log emptied by retention faster than its postings were pruned: new
-/// reveals get ids above those the old postings name, and a posting that
-/// names a row it does not hold (written so by hand here) shows nothing
-/// of it.
+/// After a log emptied faster than its postings were pruned, a posting naming
+/// a row it does not hold (written by hand here) shows nothing of it.
 #[tokio::test]
 async fn a_posting_never_shows_a_row_it_does_not_hold() {
     let (_dir, store) = scratch().await;
@@ -455,9 +422,8 @@ async fn a_posting_never_shows_a_row_it_does_not_hold() {
             .collect::<Vec<_>>()
     };
     assert_eq!(ids(page(i64::MIN, 10).await.unwrap()), [(51, 5), (50, 4)]);
-    // Stale postings: one naming row 4 (at 50) as at 70, inside a window
-    // from 51 that row 4 is not in, and one naming a row that is not
-    // there. Neither shows, and a page is still full.
+    // Stale postings: one naming row 4 (at 50) as at 70, one naming a row that
+    // is not there. Neither shows, and a page is still full.
     sqlx::query(
         "INSERT INTO reveal_seller_postings \
          (user_id, max_at_us, min_at_us, first_id, last_id, entries) \
@@ -487,9 +453,7 @@ fn counts_are_one_row_per_ad_and_kind() {
     assert!(counts.contains(&(AdId::new(2).unwrap(), Source::Anonymous, 1)));
 }
 
-/// Migration 0008 rebuilds the per-ad counts `WITHOUT ROWID`: counts a
-/// replica wrote before it are all there after it, and the table has no
-/// rowid any more.
+/// Migration 0008 rebuilds the per-ad counts `WITHOUT ROWID`, every count kept.
 #[tokio::test]
 async fn the_counts_survive_their_rebuild_without_rowid() {
     let (_dir, pool) = migrated_before(8).await;
@@ -518,9 +482,7 @@ async fn the_counts_survive_their_rebuild_without_rowid() {
     assert!(rowid.is_err(), "the table still has a rowid");
 }
 
-/// Puts the next flush's first id at `id` (ids follow the largest in the
-/// log): a row of a seller and viewer no page here asks for, in 1970, so
-/// retention takes it with the rest.
+/// Puts the next flush's first id at `id`: a row in 1970 no page here asks for.
 async fn next_id_at(store: &RevealStore, id: i64) {
     sqlx::query(
         "INSERT INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind) \
@@ -532,13 +494,9 @@ async fn next_id_at(store: &RevealStore, id: i64) {
     .unwrap();
 }
 
-/// Pages walk the runs and postings bucket by bucket, newest first, and stay
-/// those of a scan of every row: forty flushes over five buckets of ids, one
-/// flush across each bucket's edge, each overlapping the flushes around it
-/// in time, and every other bucket older in time than the one before it
-/// (the clock stepped back across buckets), so a page full in one bucket
-/// is not settled before it has looked into the next. Then retention of the
-/// 150 lowest ids, as in the pages of one bucket.
+/// Pages across five buckets are a scan of every row: every other bucket is
+/// older in time than the one before it, so a page full in one bucket is not
+/// settled before it has looked into the next.
 #[tokio::test]
 async fn pages_across_buckets_are_those_of_a_scan_of_every_row() {
     let (_dir, store) = scratch().await;
@@ -576,7 +534,6 @@ async fn pages_across_buckets_are_those_of_a_scan_of_every_row() {
     };
     assert_eq!(buckets("reveal_seller_postings").await, [0, 1, 2, 3, 4]);
     assert_eq!(buckets("reveal_viewer_runs").await, [0, 1, 2, 3, 4]);
-    // The spans the flushes widened: one a bucket.
     assert_eq!(rows(&store, "reveal_buckets").await, 5);
     assert_eq!(
         store
@@ -598,8 +555,7 @@ async fn pages_across_buckets_are_those_of_a_scan_of_every_row() {
     }
 }
 
-/// Retention takes a bucket's span with the last run and posting of its
-/// bucket, and only then.
+/// Retention takes a bucket's span with its last run and posting, not before.
 #[tokio::test]
 async fn retention_deletes_the_buckets_of_deleted_runs_and_postings() {
     let (_dir, store) = scratch().await;
@@ -629,8 +585,7 @@ async fn retention_deletes_the_buckets_of_deleted_runs_and_postings() {
     assert_eq!(rows(&store, "reveal_buckets").await, 0);
 }
 
-/// 0011 on a log written before it: its runs and postings get their
-/// buckets and each bucket its span, and pages read as they did.
+/// 0011 on a log written before it: buckets and spans filled, pages as before.
 #[tokio::test]
 async fn the_runs_and_postings_before_buckets_get_theirs() {
     let (_dir, pool) = migrated_before(11).await;

@@ -1,6 +1,4 @@
-//! The reasons stored with the reveals: each read back as it was written,
-//! one that does not decode read as none, and the reveals written before
-//! reasons were kept.
+//! The reasons stored with the reveals, read back as they were written.
 
 use super::{every_page, migrate_from, migrated_before, reveal, reveal_at, scratch, sqlite};
 use crate::domain::reason::{Failure, Origin, Reason, Skip};
@@ -8,10 +6,7 @@ use crate::domain::{Reveal, RevealQuery, RevealsOf, Source, UserId, Viewer};
 use crate::store::pool::{Backend, Bounds, Sqlite};
 use crate::store::reveals::RevealStore;
 
-/// Reasons of every shape the rules give: none above the answer, one or
-/// two sources above it (each way a source can be passed over), a stale
-/// value with what it stood in for, the caller's own phone; and none (a
-/// reveal recorded before reasons were kept).
+/// Reasons of every shape the rules give, and none.
 fn some_reasons() -> Vec<Option<Reason>> {
     use Source::{Anonymous, Calltracking, RealPhone};
     vec![
@@ -32,9 +27,7 @@ fn some_reasons() -> Vec<Option<Reason>> {
     ]
 }
 
-/// Each reveal's reason is stored with it and read back as it was, by
-/// seller and by viewer (through the postings and the runs); a reveal
-/// without one reads back without one.
+/// Each reason is read back as written, by seller and by viewer.
 #[tokio::test]
 async fn a_reason_is_read_back_as_it_was_written() {
     let (_dir, store) = scratch().await;
@@ -76,7 +69,6 @@ async fn a_reason_is_read_back_as_it_was_written() {
             "{row:?}"
         );
     }
-    // Every shape, the absent one included, went through the file.
     let seen: Vec<Option<Reason>> = by_seller.iter().map(|r| r.reveal.reason).collect();
     for reason in &reasons {
         assert!(seen.contains(reason), "{reason:?} not read back");
@@ -92,9 +84,8 @@ async fn a_reason_is_read_back_as_it_was_written() {
     assert_eq!(kinds, ["integer", "null"]);
 }
 
-/// A stored integer that is no reason (never written so: by hand, or by a
-/// later version with codes this one does not know) reads as none: the
-/// page is answered, nothing panics.
+/// A stored integer that is no reason (by hand, or a later version's) reads
+/// as none: the page is answered, nothing panics.
 #[tokio::test]
 async fn a_reason_that_does_not_decode_reads_as_none() {
     let (_dir, store) = scratch().await;
@@ -106,8 +97,7 @@ async fn a_reason_that_does_not_decode_reads_as_none() {
         })
         .collect();
     store.write_reveals(&batch).await.unwrap();
-    // An unknown failure a stale value stood in for; a negative number; one
-    // past 32 bits.
+    // An unknown failure; a negative number; one past 32 bits.
     for (id, bits) in [(1, 2_i64 << 12 | 14 << 14), (2, -1), (3, 1 << 40)] {
         sqlx::query("UPDATE reveals SET reason = ?1 WHERE id = ?2")
             .bind(bits)
@@ -123,9 +113,7 @@ async fn a_reason_that_does_not_decode_reads_as_none() {
     assert_eq!(reasons, [(1, None), (2, None), (3, None), (4, Some(good))]);
 }
 
-/// Migration 0010 adds the column to a log written before it: those
-/// reveals read back with no reason, and the next flush stores its reasons
-/// beside them.
+/// Migration 0010 on an older log: its reveals read back with no reason.
 #[tokio::test]
 async fn the_reveals_before_reasons_read_back_without_one() {
     let (_dir, pool) = migrated_before(10).await;
@@ -141,7 +129,7 @@ async fn the_reveals_before_reasons_read_back_without_one() {
     .execute(&pool)
     .await
     .unwrap();
-    // 0010 and those after it, which the store's code reads (0011's buckets).
+    // 0010 and those after it (0011's buckets).
     migrate_from(&pool, 10).await;
     let store = RevealStore::of(
         Backend::Sqlite(Sqlite {
