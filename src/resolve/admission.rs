@@ -2,41 +2,12 @@
 //! share of the requests that need an upstream call is let in; the rest are shed
 //! at once (503 with `Retry-After`, `phones_gateway_shed_total{reason="cold"}`).
 //!
-//! Why this signal and this action. A fresh replica put under a sale day's load
-//! misses on nearly every key, and a miss costs several times a hit's CPU (it
-//! makes one to three upstream calls). Past what the cores can do, requests wait
-//! in socket buffers and in the run queue, unseen by `server.max_in_flight`
-//! (which bounds requests in flight, not how long they waited), and every answer
-//! comes late. The signal is how late a timer fires (event-loop lag): that is
-//! what a ready request waits before a worker gets to it, the waiting to bound.
-//! A latency-adaptive limit needs a stable no-load latency, which a cold path
-//! with upstream calls of varying speed lacks, and the workers' busy share
-//! cannot tell a busy replica that answers in milliseconds from a drowning one
-//! (how other systems decide, and what was tried: docs/design.md, "Cold
-//! admission").
-//!
-//! Every [`INTERVAL`] the least lateness of the interval (of the wakes of
-//! the runtime's probe, `runtime::lost`, which runs whatever admission does;
-//! the turn's own if the probe did not wake) is taken, and the lesser of it
-//! and the interval before's is compared with `server.max_queue_delay_ms`: a
-//! wait that stood for two intervals. That is CoDel's rule (the least sojourn time over an interval
-//! tells a standing queue from a burst that drains): a runtime short of CPU
-//! wakes every timer late, while one stall (a pause of the process, a
-//! throttle's stop, a task that blocked a worker once) makes one late wake
-//! followed by on-time ones. The stall's time is the gateway's, given back to
-//! the calls it delayed (`upstream::timer`); the requests that arrived during
-//! it are answered as the workers get to them, not shed. With the key at zero
-//! admission takes no turn.
-//! The action sheds only the expensive class, misses: a hit costs little more
-//! than a shed, so hits keep being answered, and the misses let in fill the
-//! caches as fast as the CPU allows, so the share of hits, and then throughput,
-//! recover by themselves. The share of misses admitted follows AIMD, as TCP
-//! does: over the limit it is multiplied by limit/lateness (at most a quarter
-//! off, at least nine tenths off, so a swamped replica cuts hard at once); under
-//! half the limit it climbs by a tenth of the whole per interval (from the floor
-//! to all in about a second). It never drops below `FLOOR`, so a replica
-//! always makes progress on its cold keys. Admission is a deterministic stride
-//! (every n-th miss), one atomic add per miss and nothing on the hit path.
+//! The rule (a wait that stood for two intervals, as CoDel reads a standing
+//! queue; the share steered by AIMD down to a floor) is docs/caching.md, "A
+//! cold replica"; why this signal and not another, docs/design.md, "Cold
+//! admission". The lateness is the least of each [`INTERVAL`]'s wakes of the
+//! runtime's probe (`runtime::lost`). Admission is a deterministic stride
+//! (every n-th miss): one atomic add per miss and nothing on the hit path.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -46,7 +17,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::runtime::lost::{LostTime, lateness};
 
-/// How often the admitted share is adjusted.
 pub const INTERVAL: Duration = Duration::from_millis(100);
 /// All misses admitted, in fixed point.
 const ALL: u32 = 1 << 16;
@@ -63,13 +33,11 @@ pub struct Admission {
     shed: metrics::Counter,
     delay_gauge: metrics::Gauge,
     share_gauge: metrics::Gauge,
-    /// The runtime's lost time, whose least lateness steers admission.
     lost: Arc<LostTime>,
 }
 
 impl Admission {
-    /// Cold admission at `max_delay` (`server.max_queue_delay_ms`; zero: never
-    /// shed), steered by the least lateness of `lost`.
+    /// Cold admission at `max_delay`, steered by the least lateness of `lost`.
     pub fn new(max_delay: Duration, lost: Arc<LostTime>) -> Self {
         Admission {
             share: AtomicU32::new(ALL),
@@ -82,16 +50,14 @@ impl Admission {
         }
     }
 
-    /// Whether a request that needs an upstream call is let in now; counts it
-    /// when it is shed.
+    /// Whether a request that needs an upstream call is let in now.
     pub fn admit(&self) -> bool {
         let share = u64::from(self.share.load(Ordering::Relaxed));
         if share >= u64::from(ALL) {
             return true;
         }
         // The n-th miss is admitted when the running total of shares reaches a
-        // new whole (rounded up, so the first is): exactly `share` of them,
-        // evenly spread.
+        // new whole (rounded up, so the first is): evenly spread.
         let n = self.misses.fetch_add(1, Ordering::Relaxed);
         let whole = |k: u64| (k * share + u64::from(ALL) - 1) >> 16;
         let admitted = whole(n + 1) != whole(n);
@@ -101,8 +67,7 @@ impl Admission {
         admitted
     }
 
-    /// One control step, given the wait that stood over the last two
-    /// intervals.
+    /// One control step, given the wait that stood over the last two intervals.
     fn adjust(&self, delay: Duration) {
         let share = self.share.load(Ordering::Relaxed);
         let next = if delay > self.max_delay {
@@ -119,8 +84,7 @@ impl Admission {
         self.share_gauge.set(f64::from(next) / f64::from(ALL));
     }
 
-    /// Steers admission every [`INTERVAL`] until `stop`; returns at once when
-    /// `max_delay` is zero (never shed).
+    /// Steers admission every [`INTERVAL`] until `stop`.
     pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
         if self.max_delay.is_zero() {
             return;
@@ -132,8 +96,7 @@ impl Admission {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep_until(due) => {}
             }
-            // Its own wake stands in for the probe's when the probe did not
-            // wake in the interval (after a stall this may run first).
+            // Its own wake stands in for the probe's when the probe did not wake.
             let least = self
                 .lost
                 .take_least()
@@ -214,8 +177,7 @@ mod tests {
         assert_eq!(admitted_of(&admission, 1000), 1000);
     }
 
-    /// At zero nothing is shed, however late the runtime ran, and no turn is
-    /// taken.
+    /// At zero nothing is shed, however late the runtime ran.
     #[tokio::test(start_paused = true)]
     async fn at_zero_nothing_is_shed() {
         let lost = lost();
@@ -226,9 +188,7 @@ mod tests {
     }
 
     /// A runtime that wakes every timer late (each step of its clock 60 ms
-    /// with no task run between, the probe's wakes and the turns' alike) has
-    /// a wait that stands: after two intervals the share is cut, by
-    /// limit/lateness, and on.
+    /// with no task run between) has a wait that stands: the share is cut.
     #[tokio::test(start_paused = true)]
     async fn a_lateness_that_stands_cuts_the_share() {
         let stop = CancellationToken::new();
@@ -255,10 +215,8 @@ mod tests {
         probing.await.unwrap();
     }
 
-    /// One stall (the process paused 900 ms: every timer fires at once, late)
-    /// followed by on-time wakes sheds nothing, at any point of a turn and
-    /// whichever of the probe and the turn runs first after it; without the
-    /// probe the turn's own wakes are the interval's.
+    /// One stall (the process paused 900 ms) followed by on-time wakes sheds
+    /// nothing, at any point of a turn, with the probe running or not.
     #[tokio::test(start_paused = true)]
     async fn one_stall_sheds_nothing() {
         for probed in [true, false] {

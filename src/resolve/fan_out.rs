@@ -1,17 +1,8 @@
-//! One request's places on the upstreams: a request puts at most
-//! `upstreams.<name>.max_in_flight_per_request` calls in flight on an upstream
-//! at once, so that one batch cannot queue an upstream for everyone else
-//! (docs/rules.md, "Whose load"). A single lookup asks each upstream at most
-//! once and needs none; a batch shares one [`Batch`] among its items: its
-//! ticket (the request's identity, which the breaker counts), its
-//! deadline, and a semaphore per upstream.
-//!
-//! An item takes its place before it joins or starts a fetch, so no other
-//! request ever coalesces onto a fetch still queued behind a batch; a fetch it
-//! starts holds the place until the fetch ends (in the cache's task, past the
-//! item), one it joins gives it back at once (it adds no call). An item not
-//! reached by the batch's deadline is undecided: a 503 item, or its usable
-//! stale value.
+//! One request's places on the upstreams
+//! (`upstreams.<name>.max_in_flight_per_request`; the rule is docs/rules.md,
+//! "Whose load"). A batch shares one [`Batch`] among its items: its ticket,
+//! its deadline, and a semaphore per upstream. A fetch an item starts holds
+//! the place until the fetch ends; one it joins gives it back at once.
 
 use std::sync::Arc;
 
@@ -23,11 +14,8 @@ use crate::upstream::Ticket;
 
 /// What a batch's items share: one request.
 pub struct Batch {
-    /// The request's ticket.
     pub(super) ticket: Ticket,
-    /// The request's deadline, for every item.
     pub(super) deadline: Instant,
-    /// Places per upstream.
     places: Sources<Arc<Semaphore>>,
 }
 

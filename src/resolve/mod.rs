@@ -1,27 +1,11 @@
 //! Resolving one request: asking the sources (through the caches)
 //! concurrently, and deciding with [`rules::Rules::decide`] as answers arrive.
 //!
-//! What applies, what is asked before what, what each answer settles and what
-//! the deadline means are the pure [`plan`]; the walk over the states is the
-//! pure [`rules`]. This module keeps the I/O: the cache reads and fetches, the
-//! futures, the deadline timer and the counters. The caches and the status set
-//! answer in the plan's own terms ([`Known`]); an upstream's answer becomes
-//! the state it settles here ([`state_of`]).
-//!
-//! Anonymous and real start at once; call tracking starts as soon as the real
-//! number is known (it maps real to virtual). After every answer the rules are
-//! consulted and the request returns as soon as it is decided: a found anonymous
-//! number does not wait for the real one, and a lower source is never revealed
-//! while a higher one is still pending. Fetches a returning request leaves behind
-//! keep running in the cache's own tasks and fill the cache.
-//!
-//! When everything needed is fresh in the caches the decision is made without
-//! starting any future (the hit path).
-//!
-//! Each request that asks an upstream gets a ticket, a sequence number of the gateway's
-//! own (a batch one for all its items, `fan_out::Batch`), which its calls carry
-//! so that a breaker can tell many requests from one. The request deadline is
-//! the gateway's own bound: what is still pending there is undecided.
+//! What applies and what each answer settles is the pure [`plan`]; the walk
+//! over the states is the pure [`rules`]. This module keeps the I/O: the cache
+//! reads and fetches, the futures, the deadline timer and the counters. The
+//! order of asking and the deadline: docs/rules.md, "Concurrency and the
+//! deadline". A hit in every cache decides without starting any future.
 
 pub mod admission;
 pub mod fan_out;
@@ -59,9 +43,7 @@ pub enum ResolveError {
     NoPhone,
     #[error("cannot decide safely")]
     Unavailable { fail_closed: Option<Source> },
-    /// A source the rules needed had no verdict from its upstream (not asked,
-    /// for a reason of the gateway's own, or a load refusal: docs/rules.md),
-    /// and had no usable stale value.
+    /// A source the rules needed was undecided and had no usable stale value.
     #[error("cannot decide now: {} is undecided", .0.as_str())]
     Undecided(Source),
     /// Needs an upstream call while the workers are saturated (`admission`).
@@ -71,70 +53,43 @@ pub enum ResolveError {
 
 type LookupFuture<'a> = Pin<Box<dyn Future<Output = Lookup> + Send + 'a>>;
 
-/// A request the caches could not decide: where it stands, and the trace its
-/// upstream calls continue (the one a refresh ahead of this request continued,
-/// if any).
+/// A request the caches could not decide, and the trace its calls continue.
 struct Asking<'h> {
     trace: Incoming<'h>,
     progress: Progress,
 }
 
-/// Answers one request at a time, for every listener and task of a replica:
-/// built by [`Parts::build`](crate::app::Parts::build) (for the app, the
-/// whole-app tests and the benches) and shared, so everything a request needs
-/// is here, read-only or behind its own synchronisation.
+/// Answers every request of a replica: built by
+/// [`Parts::build`](crate::app::Parts::build) and shared.
 pub struct Resolver {
-    /// The order, each source's policy and the anonymous categories: the input
-    /// of the pure [`plan`], read on every request, never changed after start.
     selection: Selection,
-    /// The three upstreams' clients, shared with the fetch tasks the caches
-    /// spawn (an `Arc`, since a fetch outlives the request that started it).
+    /// Shared with the fetch tasks the caches spawn, which outlive a request.
     upstreams: Arc<Upstreams>,
-    /// The replica's three caches: every answer goes through them, so a hit
-    /// makes no upstream call and concurrent misses share one. The status
-    /// service holds them too: it drops a seller's numbers (an admin
-    /// invalidation goes through it, to tell the fleet).
     caches: Caches,
-    /// Whether a seller has call tracking on: read on every request (not
-    /// cached), so a change applies to the next request. Shared with the
-    /// status service, which writes it.
+    /// Read on every request (not cached), so a change applies to the next.
     status: Arc<StatusSet>,
-    /// The decision metrics' handles, registered once here so that the hit
-    /// path increments atomics instead of looking a labelled series up.
     counters: Counters,
-    /// `server.request_deadline_ms`: no request waits on sources longer; at
-    /// the deadline a pending source is undecided (docs/rules.md).
+    /// `server.request_deadline_ms`.
     deadline: std::time::Duration,
     /// Each upstream's `max_in_flight_per_request`: a batch's places.
     fan_out: Sources<usize>,
-    /// The next request's ticket (`Call::ticket`).
     next_ticket: AtomicU64,
-    /// Whether a request that needs an upstream call is let in now (cold
-    /// admission): read only on a miss, so the hit path never pays for it.
-    /// Shared with the probe task that steers it.
+    /// Cold admission: read only on a miss, so the hit path never pays for it.
     admission: Arc<admission::Admission>,
     /// `tracing.otlp_endpoint` is set: cache outcomes and the decision become
-    /// events of the request's span (docs/tracing.md). Off, the hit path does
-    /// no trace work at all.
+    /// events of the request's span. Off, the hit path does no trace work.
     export_spans: bool,
 }
 
 /// Decision metrics, registered once (the hit path increments atomics only).
 struct Counters {
-    /// `phones_gateway_selections_total{kind}`.
     selections: Sources<metrics::Counter>,
-    /// `phones_gateway_fail_closed_total{source}`.
     fail_closed: Sources<metrics::Counter>,
-    /// `phones_gateway_fall_through_total{source}`.
     fall_through: Sources<metrics::Counter>,
-    /// `phones_gateway_resolve_failures_total{reason}`: no_phone, unavailable,
-    /// undecided.
     no_phone: metrics::Counter,
     unavailable: metrics::Counter,
     undecided: metrics::Counter,
-    /// `phones_gateway_answers_total{kind, reason}`, by kind and by the
-    /// reason's code ([`Code::ALL`](crate::domain::Code::ALL)): 78 series at
-    /// most, counted for answers shown (not HEAD).
+    /// By kind, then by the reason's code ([`Code::ALL`](crate::domain::Code::ALL)).
     answers: Sources<Box<[metrics::Counter]>>,
 }
 
@@ -164,13 +119,6 @@ impl Counters {
 }
 
 impl Resolver {
-    /// A resolver of `config`. It reads four sections, so it takes the whole
-    /// configuration, and a key it reads is added in its section's file and
-    /// here: `[selection]` (the plan), each upstream's `on_error`, the request
-    /// deadline ([`Config::request_deadline`], from `[server]` and the
-    /// upstreams' timeouts), `server.max_queue_delay_ms` (cold admission) and
-    /// whether `[tracing]` exports spans (cache outcomes and the decision
-    /// become events of the request's span, docs/tracing.md).
     pub fn new(
         config: &Config,
         upstreams: Arc<Upstreams>,
@@ -196,13 +144,11 @@ impl Resolver {
         }
     }
 
-    /// A new request's ticket.
     fn next_ticket(&self) -> Ticket {
         Ticket(self.next_ticket.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// What the items of one batch share: one request (its ticket,
-    /// its deadline from now, its places on the upstreams).
+    /// What the items of one batch share: one request.
     pub fn batch(&self) -> Batch {
         Batch::new(
             self.next_ticket(),
@@ -211,8 +157,7 @@ impl Resolver {
         )
     }
 
-    /// Counts an answer shown (a reveal: not HEAD) by its kind and the code of
-    /// its reason.
+    /// Counts an answer shown (not HEAD) by its kind and its reason's code.
     pub fn count_answer(&self, resolved: &Resolved) {
         if let Some(counter) =
             self.counters.answers[resolved.kind].get(resolved.reason.code().index())
@@ -221,7 +166,6 @@ impl Resolver {
         }
     }
 
-    /// The cold admission this resolver asks; its watcher runs in the background.
     pub fn admission(&self) -> Arc<admission::Admission> {
         self.admission.clone()
     }
@@ -267,12 +211,7 @@ impl Resolver {
     }
 
     /// The number to show for `req`. Its upstream calls continue the request's
-    /// `trace` (docs/tracing.md; `None`: a new trace), parsed only when a call
-    /// is made: a hit carries a reference.
-    ///
-    /// # Errors
-    /// `NoPhone` when no source has a number; `Unavailable` when a source failed and
-    /// the rules forbid answering without it.
+    /// `trace` (`None`: a new trace), parsed only when a call is made.
     pub async fn resolve(
         &self,
         req: &Request,
@@ -282,11 +221,7 @@ impl Resolver {
     }
 
     /// [`Resolver::resolve`] for an item of `batch` (`None`: a request of its
-    /// own): the item's calls carry the batch's ticket, wait for its
-    /// places on the upstreams, and end at its deadline.
-    ///
-    /// # Errors
-    /// As [`Resolver::resolve`].
+    /// own).
     pub async fn resolve_in(
         &self,
         req: &Request,
@@ -323,39 +258,33 @@ impl Resolver {
         trace: Option<&RequestTrace<'_>>,
         batch: Option<&Batch>,
     ) -> Result<Resolved, ResolveError> {
-        // The plan is moved into the boxed asking future within this statement,
-        // so the request's future holds a pointer across the await, not a plan
-        // (a match with the await in an arm keeps the plan's room in it).
+        // Moved into the boxed future within this statement, so the request's
+        // future holds a pointer across the await, not a plan.
         let asking = match self.plan(req, trace) {
             Ok(done) => return done,
             // Only what needs an upstream call can be shed for CPU: a hit costs
             // about what a shed does.
             Err(_) if !self.admission.admit() => return Err(ResolveError::Overloaded),
-            // Boxed: the hit path then neither builds nor moves the asking future
-            // (a quarter of the whole request future's size).
+            // Boxed: the hit path then neither builds nor moves it.
             Err(asking) => Box::pin(self.ask(req, asking, batch)),
         };
         asking.await
     }
 
-    /// What the caches (or the caller) already know: the decision when that
-    /// suffices (the hit path), else what is left to ask.
+    /// The decision when the caches suffice (the hit path), else what to ask.
     fn plan<'h>(
         &self,
         req: &Request,
         request_trace: Option<&'h RequestTrace<'h>>,
     ) -> Result<Result<Resolved, ResolveError>, Asking<'h>> {
-        // The request's trace, parsed only if an upstream call is made (a
-        // refresh ahead here, or the asking after): one trace per request.
+        // Parsed only if an upstream call is made: one trace per request.
         let trace = Incoming::new(request_trace, self.export_spans);
         let exported = trace.exported();
-        // One clock reading for every cache this request looks at.
         let now = self.caches.clock.now();
         // A hit near expiry also starts a background refresh of its key.
         let fresh = |ask: Ask| {
             let (cache, key) = self.cache_of(req, ask);
-            // A refresh ahead reads the trace headers; a hit does not. It is a
-            // request of its own to the breaker.
+            // A refresh ahead is a request of its own to the breaker.
             let refresh = || self.fetch(req, ask, &trace, self.next_ticket(), None);
             let cached = cache.get_fresh_refreshing(&key, now, refresh);
             if exported && cached != Known::NotKnown {
@@ -372,7 +301,6 @@ impl Resolver {
         }
     }
 
-    /// Asks what is still pending, concurrently, deciding as answers arrive.
     async fn ask(
         &self,
         req: &Request,
@@ -391,16 +319,13 @@ impl Resolver {
                 tokio::time::Instant::now() + self.deadline,
             ),
         };
-        // One slot per source; the real number for call tracking alone is
-        // fetched in `real`'s.
         let asks = progress.asks();
         let start =
             |slot: Source| asks[slot].map(|ask| self.lookup(req, ask, trace, ticket, batch));
         let mut anonymous = start(Source::Anonymous);
         let mut real = start(Source::RealPhone);
         let mut calltracking = start(Source::Calltracking);
-        // Time the gateway loses meanwhile is given back to the request, up
-        // to once its deadline in all (docs/rules.md, "Whose time").
+        // Time the gateway loses is given back (docs/rules.md, "Whose time").
         let lost = self.upstreams.lost();
         let (mut mark, mut given) = (lost.mark(), std::time::Duration::ZERO);
         let deadline = tokio::time::sleep_until(deadline);
@@ -418,7 +343,6 @@ impl Resolver {
                     }
                     tracing::debug!(user_id = %req.user, ad_id = %req.ad, "request deadline reached");
                     progress.at_deadline(|ask| self.stale(req, ask));
-                    // Every state is settled now, so the rules decide below.
                     (anonymous, real, calltracking) = (None, None, None);
                     None
                 }
@@ -435,14 +359,13 @@ impl Resolver {
                     progress.answered(Source::Calltracking, state_of(&lookup))
                 }
                 else => {
-                    // Unreachable by construction: a pending state always has its
-                    // future. Fail closed rather than loop.
+                    // Unreachable: a pending state always has its future.
+                    // Fail closed rather than loop.
                     tracing::error!(states = ?progress.states, "resolve: pending source without a call");
                     return Err(ResolveError::Unavailable { fail_closed: None });
                 }
             };
-            // What an answer leads to (call tracking, once the real number is
-            // known) takes the slot of its source.
+            // What an answer leads to takes the slot of its source.
             if let Some(ask) = next {
                 let lookup = Some(self.lookup(req, ask, trace, ticket, batch));
                 match ask.source() {
@@ -457,13 +380,12 @@ impl Resolver {
         }
     }
 
-    /// A usable stale answer to `ask` (stale-if-error), read at the deadline.
+    /// A usable stale answer to `ask`, read at the deadline.
     fn stale(&self, req: &Request, ask: Ask) -> Known<Phone> {
         let (cache, key) = self.cache_of(req, ask);
         cache.get_stale(&key)
     }
 
-    /// The cache answering `ask`, and its key.
     fn cache_of(&self, req: &Request, ask: Ask) -> (&PhoneCache, CacheKey) {
         let phones = &self.caches.phones;
         match ask {
@@ -476,9 +398,8 @@ impl Resolver {
         }
     }
 
-    /// `ask` through its cache: the cached answer, or the upstream's (coalesced),
-    /// for the request of `ticket`; an item of `batch` takes its place on the
-    /// upstream first (`fan_out`).
+    /// `ask` through its cache: the cached answer, or the upstream's
+    /// (coalesced); an item of `batch` takes its place first (`fan_out`).
     fn lookup<'a>(
         &'a self,
         req: &'a Request,
@@ -513,12 +434,9 @@ impl Resolver {
         })
     }
 
-    /// The upstream call answering `ask`, owning what it needs (it runs in the
-    /// cache's own task, past the request that started it, holding `place`,
-    /// its request's place on the upstream, until it ends). It carries the
-    /// request's ticket, id and trace; a fetch that other requests
-    /// join (coalesced) carries those of the request that started it
-    /// (docs/tracing.md).
+    /// The upstream call answering `ask`, run in the cache's own task and
+    /// holding `place` until it ends; a coalesced fetch carries the ticket,
+    /// id and trace of the request that started it.
     fn fetch(
         &self,
         req: &Request,
@@ -531,9 +449,8 @@ impl Resolver {
         let upstreams = self.upstreams.clone();
         let request_id = crate::telemetry::current_request_id();
         let trace = Some(trace.context().clone());
-        // Boxed once here: the call's future (hyper's, the timeout's timer, the
-        // body) is large, and unboxed it was copied whole into the lookup, the
-        // task and the task's every stage change (perf on the cold path: memcpy).
+        // Boxed once here: the call's future is large, and unboxed it was
+        // copied whole into the lookup, the task and its every stage change.
         Box::pin(async move {
             let _place = place;
             let call = Call {
@@ -550,12 +467,8 @@ impl Resolver {
     }
 }
 
-/// An answer as the state it settles, by the error's class
-/// ([`UpstreamError::class`](crate::upstream::UpstreamError::class)): only its
-/// upstream's verdict fails the source; anything else (the gateway's own
-/// refusal or trouble, a panicked or cancelled fetch, a load refusal) leaves
-/// it undecided. Either way with its code, and a number with where it came
-/// from (the cache, the upstream, or a stale value and what it stood in for).
+/// An answer as the state it settles, by the error's class: only its
+/// upstream's verdict fails the source; anything else leaves it undecided.
 fn state_of(lookup: &Lookup) -> SourceState {
     match &lookup.answer {
         Ok(Some(phone)) => SourceState::Found(
@@ -574,7 +487,6 @@ fn state_of(lookup: &Lookup) -> SourceState {
     }
 }
 
-/// A cache's answer, as an event of the exported request span.
 #[cold]
 #[inline(never)]
 fn trace_cache(cache: &'static str, via: Via) {
@@ -587,8 +499,7 @@ fn trace_cache(cache: &'static str, via: Via) {
     crate::telemetry::trace::event("cache", &[("cache", cache), ("outcome", outcome)]);
 }
 
-/// The decision, as an event of the exported request span: its kind or why
-/// there is none, never the number.
+/// The decision, as an event of the exported request span; never the number.
 #[cold]
 #[inline(never)]
 fn trace_decision(result: &Result<Resolved, ResolveError>) {
@@ -682,8 +593,7 @@ mod tests {
         caches.phones[Source::Anonymous].insert(ad, Some(anonymous));
         // Past every TTL, within max_stale.
         tokio::time::advance(Duration::from_secs(1000)).await;
-        // A tracked seller whose sources are all pending (the real number
-        // `real` when given) reaches the deadline: the resolver's stale reads.
+        // A tracked seller whose sources are all pending reaches the deadline.
         let at_deadline = |req: &Request, real: Option<Phone>| {
             let mut progress = resolver.selection.start(
                 req,
@@ -720,8 +630,7 @@ mod tests {
         assert_eq!(states[Source::Calltracking], late);
     }
 
-    /// What reaches the plan: every upstream error by its code and class, and
-    /// a number with where it came from.
+    /// Every upstream error by its code and class, and a number by its origin.
     #[test]
     fn an_answer_is_a_state_by_its_code() {
         let found = phone("+79161234567");

@@ -1,31 +1,13 @@
 //! The selection plan of one request, as pure functions: which sources apply,
 //! what the caches (or the caller) already settle, what must be asked and in
 //! which order, what each answer settles, and what the deadline turns a pending
-//! source into. [`rules::Rules::decide`](super::rules::Rules::decide) then walks
-//! the states; the resolver only runs the futures, the deadline timer and the
-//! counters.
+//! source into (docs/rules.md, "Concurrency and the deadline").
+//! [`rules::Rules::decide`](super::rules::Rules::decide) then walks the states.
 //!
-//! What is known without asking is a [`Known`] (a number, none, or not
-//! known), as the caches and the status set say it; an answer is the
-//! [`SourceState`] it settles, which the resolver makes of an upstream's
-//! answer (`resolve/mod.rs`, `state_of`).
-//!
-//! A request starts from what is known without asking ([`Selection::start`]):
-//! each cache is read through a function handed in (the resolver's reads a
-//! cache; a test's reads a table), in the order the hit path reads them: the
-//! real number first (given by the caller, or cached), then the anonymous
-//! number, then the call-tracking number of the real one. Sources the caches
-//! cannot settle are pending; [`Progress::asks`] says which to ask at once
-//! (anonymous and real together; call tracking as soon as the real number is
-//! known, since it maps it), and [`Progress::answered`] takes each answer's
-//! state and says what to ask next. At the deadline ([`Progress::at_deadline`])
-//! a pending source is undecided (the deadline is the gateway's own bound): its
-//! usable stale value is served, else it blocks what is below it
-//! (docs/rules.md, "Concurrency and the deadline").
-//!
-//! A new selection condition is a change to `[selection]` (`SelectionConfig`),
-//! to [`Selection`] (built from it by [`Selection::new`]) and
-//! [`Selection::start`], and to the table tests below.
+//! Each cache is read through a function handed in (the resolver's reads a
+//! cache; a test's reads a table), in the order the hit path reads them. A new
+//! selection condition is a change to `[selection]` (`SelectionConfig`), to
+//! [`Selection`] and [`Selection::start`], and to the table tests below.
 
 use foldhash::HashSet;
 
@@ -35,7 +17,7 @@ use crate::domain::{
     AdId, CategoryId, Failure, Known, OnError, Origin, Phone, Source, Sources, UserId,
 };
 
-/// What the buyer asked about: the resolver's input and the plan's.
+/// What the buyer asked about.
 #[derive(Debug, Clone, Copy)]
 pub struct Request {
     pub user: UserId,
@@ -48,24 +30,20 @@ pub struct Request {
 /// What `[selection]` (and each source's `on_error`) says, ready to plan with.
 #[derive(Debug, Clone)]
 pub struct Selection {
-    /// The order and each source's policy.
     pub rules: Rules,
-    /// `selection.anonymous_categories`.
     pub anonymous_categories: HashSet<u64>,
 }
 
-/// What one cache and its upstream are asked for a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ask {
     Anonymous,
     RealPhone,
-    /// The call-tracking number of this real number.
     Calltracking(Phone),
 }
 
 impl Ask {
-    /// The source this asks about; the real number is fetched for call
-    /// tracking too, and is asked as `RealPhone` then.
+    /// The source this asks about (the real number for call tracking is
+    /// asked as `RealPhone`).
     pub fn source(self) -> Source {
         match self {
             Ask::Anonymous => Source::Anonymous,
@@ -79,19 +57,16 @@ impl Ask {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
     pub states: States,
-    /// The real number once known (given, cached or answered): call tracking
-    /// maps it, also to a stale value at the deadline.
+    /// The real number once known (given, cached or answered).
     real_phone: Option<Phone>,
-    /// The real number is being fetched (for `real`, for call tracking or both).
+    /// Being fetched (for `real`, for call tracking or both).
     real_pending: bool,
     calltracking_applies: bool,
     real_in_order: bool,
 }
 
 impl Selection {
-    /// The plan of `[selection]` with each source's `on_error` (`policy`, from
-    /// `[upstreams.*]`): built here, so a new selection condition is a key of
-    /// `SelectionConfig`, a field and its use below, and the table tests.
+    /// The plan of `[selection]` with each source's `on_error` (`policy`).
     pub fn new(selection: &SelectionConfig, policy: Sources<OnError>) -> Self {
         Selection {
             rules: Rules {
@@ -102,9 +77,8 @@ impl Selection {
         }
     }
 
-    /// What is known without asking: `tracking` (whether the seller has call
-    /// tracking on) is asked only when call tracking is in the order, `fresh`
-    /// once per cache that matters, real first.
+    /// What is known without asking: `tracking` is asked only when call
+    /// tracking is in the order, `fresh` once per cache that matters, real first.
     pub fn start(
         &self,
         req: &Request,
@@ -138,8 +112,8 @@ impl Selection {
             (true, None) => fresh_state(real_known),
         };
         let calltracking = match (tracking, real_known) {
-            // Until the status set is loaded, the seller may have call
-            // tracking on: nothing below it may be shown (docs/status-sync.md).
+            // Until the status set is loaded, nothing below call tracking may
+            // be shown (docs/status-sync.md).
             (Known::NotKnown, _) => SourceState::Unknown,
             (Known::No, _) => SourceState::NotApplicable,
             (Known::Yes(()), Known::Yes(real)) => fresh_state(fresh(Ask::Calltracking(real))),
@@ -158,15 +132,13 @@ impl Selection {
         }
     }
 
-    /// The rules' decision on `progress` so far.
     pub fn decide(&self, progress: &Progress) -> Decision {
         self.rules.decide(&progress.states)
     }
 }
 
 impl Progress {
-    /// What to ask at once, by the source whose slot it takes (the real number
-    /// for call tracking alone is asked in `real`'s).
+    /// What to ask at once, by the source whose slot it takes.
     pub fn asks(&self) -> Sources<Option<Ask>> {
         let pending = |source| self.states[source] == SourceState::Pending;
         Sources::new(
@@ -179,10 +151,8 @@ impl Progress {
         )
     }
 
-    /// The answer to what was asked in `slot`'s slot, as the state it settles
-    /// (found, not found, failed by its upstream's verdict, or undecided): the
-    /// states it settles, and what to ask next (call tracking, once the real
-    /// number is known).
+    /// The answer to what was asked in `slot`'s slot: the states it settles,
+    /// and what to ask next (call tracking, once the real number is known).
     pub fn answered(&mut self, slot: Source, state: SourceState) -> Option<Ask> {
         match slot {
             Source::Anonymous | Source::Calltracking => {
@@ -202,8 +172,8 @@ impl Progress {
                 }
                 match state {
                     SourceState::Found(phone, _) => Some(Ask::Calltracking(phone)),
-                    // No real number, no call-tracking number: call tracking
-                    // shares the real number's fate (undecided included).
+                    // Call tracking shares the real number's fate (undecided
+                    // included).
                     other => {
                         self.states[Source::Calltracking] = other;
                         None
@@ -213,11 +183,8 @@ impl Progress {
         }
     }
 
-    /// At the request deadline whatever is still pending is undecided (the
-    /// deadline is the gateway's own bound), and a source with a usable stale
-    /// value serves it (stale-if-error, docs/rules.md and docs/caching.md), as
-    /// when its upstream call fails: `stale` reads a cache's usable stale
-    /// value. Every state is settled after it.
+    /// At the request deadline whatever is still pending is undecided, or
+    /// serves the usable stale value `stale` reads. Every state is settled after.
     pub fn at_deadline(&mut self, mut stale: impl FnMut(Ask) -> Known<Phone>) {
         let pending = |states: &States, source| states[source] == SourceState::Pending;
         if pending(&self.states, Source::Anonymous) {
@@ -248,7 +215,6 @@ impl Progress {
     }
 }
 
-/// What a cache knows without fetching, as a source state.
 fn fresh_state(cached: Known<Phone>) -> SourceState {
     match cached {
         Known::Yes(phone) => SourceState::Found(phone, Origin::Cache),
@@ -257,8 +223,8 @@ fn fresh_state(cached: Known<Phone>) -> SourceState {
     }
 }
 
-/// A stale cache answer at the deadline as a source state, standing in for the
-/// deadline; none usable leaves the source undecided.
+/// A stale cache answer at the deadline as a source state; none usable leaves
+/// the source undecided.
 fn stale_or_undecided(stale: Known<Phone>) -> SourceState {
     match stale {
         Known::Yes(phone) => SourceState::Found(phone, Origin::Stale(Failure::Deadline)),
@@ -327,8 +293,7 @@ mod tests {
         Known::Yes(p(n))
     }
 
-    /// The seller's call tracking: on, off, or not known (the status set not
-    /// loaded yet).
+    /// The seller's call tracking: on, off, or not known (the set not loaded).
     const ON: Known<()> = Known::Yes(());
     const OFF: Known<()> = Known::No;
     const UNKNOWN_SET: Known<()> = Known::NotKnown;
@@ -336,10 +301,8 @@ mod tests {
     /// Each source's state: anonymous, call tracking, real.
     type Three = (SourceState, SourceState, SourceState);
 
-    /// A row of the start table: the request (its category, a phone given by
-    /// the caller), the seller's call tracking and what the caches hold; then
-    /// the states, what is asked at once (anonymous, call tracking of which
-    /// number, real) and the decision.
+    /// A row of the start table: the request, the seller's call tracking and
+    /// the caches; then the states, what is asked at once and the decision.
     #[derive(Clone, Copy)]
     struct Start {
         category: u64,
@@ -371,9 +334,8 @@ mod tests {
         }
     }
 
-    /// A row of the deadline table: the category, the seller's call tracking,
-    /// what the caches hold at the start, the answers before the deadline and
-    /// the usable stale values at it; then the states and the decision.
+    /// A row of the deadline table: the inputs, the answers before the deadline
+    /// and the stale values at it; then the states and the decision.
     #[derive(Clone, Copy)]
     struct AtDeadline {
         category: u64,
@@ -405,8 +367,6 @@ mod tests {
         }
     }
 
-    /// A number found in the cache, from the upstream, given by the caller, or
-    /// stale at the deadline.
     fn cached(n: u64) -> SourceState {
         Found(p(n), Origin::Cache)
     }
@@ -429,8 +389,8 @@ mod tests {
     const NA: Skip = Skip::NotApplicable;
     const NO: Skip = Skip::NoNumber;
 
-    /// The answer of `source`'s number `n` from `origin`, the sources above it
-    /// passed over as `skips`, in order: the decision with its reason.
+    /// The answer of `source`'s number `n` from `origin`, the sources above
+    /// passed over as `skips`: the decision with its reason.
     fn answer(source: Source, n: u64, origin: Origin, skips: &[(Source, Skip)]) -> Decision {
         let reason = skips
             .iter()
@@ -442,8 +402,6 @@ mod tests {
     const UPSTREAM: Origin = Origin::Upstream;
     const STALE: Origin = Origin::Stale(Failure::Deadline);
 
-    /// From a request, the seller's tracking and what the caches hold: the
-    /// states, what is asked at once, and the decision with its reason.
     #[test]
     fn the_start_table() {
         let (on, off, unknown) = (ON, OFF, UNKNOWN_SET);
@@ -467,8 +425,7 @@ mod tests {
             start(PLAIN_CATEGORY, None, on,  (MISS, MISS, NONE),       (NotApplicable, NotFound, NotFound),       (false, None, false),     Decision::NoPhone),
             // anonymous pending above everything
             start(ANON_CATEGORY,  None, on,  (MISS, has(C), has(R)),   (Pending, cached(C), cached(R)),           (true, None, false),      Decision::Wait),
-            // the status set not loaded yet: call tracking unknown for everyone,
-            // nothing below it is shown, cached or not
+            // the status set not loaded: call tracking unknown, nothing below shown
             start(PLAIN_CATEGORY, None, unknown, (MISS, has(C), has(R)), (NotApplicable, Unknown, cached(R)),     (false, None, false),     Decision::Unavailable { fail_closed: None }),
             start(PLAIN_CATEGORY, None, unknown, (MISS, MISS, MISS),   (NotApplicable, Unknown, Pending),         (false, None, true),      Decision::Unavailable { fail_closed: None }),
             start(ANON_CATEGORY,  None, unknown, (has(A), MISS, MISS), (cached(A), Unknown, Pending),             (false, None, true),      answer(Anonymous, A, CACHE, &[])),
@@ -517,7 +474,7 @@ mod tests {
     }
 
     /// Only real in the order and call tracking off: the real number is not
-    /// read for call tracking either (a cache read the hit path does not need).
+    /// read for call tracking either.
     #[test]
     fn a_number_no_source_needs_is_not_read() {
         let mut selection = selection();
@@ -538,9 +495,7 @@ mod tests {
     }
 
     /// Answers as they arrive, for a tracked seller with nothing cached:
-    /// undecided against failed, and the real-then-calltracking chain. Which
-    /// upstream error is which state is the error's code
-    /// (the resolver's `an_answer_is_a_state_by_its_code`).
+    /// undecided against failed, and the real-then-calltracking chain.
     #[test]
     fn the_answer_table() {
         let unavailable = Decision::Unavailable { fail_closed: None };
@@ -552,21 +507,17 @@ mod tests {
             (&[(RealPhone, fetched(R)), (Calltracking, cached(C))],    answer(Calltracking, C, CACHE, &[(Anonymous, NA)])),
             (&[(RealPhone, fetched(R))],                              Decision::Wait),
             (&[(RealPhone, fetched(R)), (Calltracking, NotFound)],     answer(RealPhone, R, UPSTREAM, &[(Anonymous, NA), (Calltracking, NO)])),
-            // call tracking failed by its own upstream's verdict: fall through,
-            // and the reason says which verdict
+            // call tracking failed by its verdict: fall through, the reason says which
             (&[(RealPhone, fetched(R)), (Calltracking, TIMEOUT)],      answer(RealPhone, R, UPSTREAM, &[(Anonymous, NA), (Calltracking, timed_out)])),
             (&[(RealPhone, fetched(R)), (Calltracking, Failed(Failure::Rejected))], answer(RealPhone, R, UPSTREAM, &[(Anonymous, NA), (Calltracking, Skip::Failed(Failure::Rejected))])),
             (&[(RealPhone, Found(p(R), Origin::Stale(Failure::Connect))), (Calltracking, TIMEOUT)], answer(RealPhone, R, Origin::Stale(Failure::Connect), &[(Anonymous, NA), (Calltracking, timed_out)])),
-            // no word from the upstream (a bound reached, a load refusal, the
-            // gateway's own trouble, a panicked or cancelled fetch): undecided,
-            // never the real number
+            // no word from the upstream: undecided, never the real number
             (&[(RealPhone, fetched(R)), (Calltracking, BOUND)],        Decision::Undecided(Calltracking)),
             (&[(RealPhone, fetched(R)), (Calltracking, Undecided(Failure::LostTime))], Decision::Undecided(Calltracking)),
             (&[(RealPhone, fetched(R)), (Calltracking, Undecided(Failure::Load))], Decision::Undecided(Calltracking)),
             // the real number undecided: call tracking cannot be asked either
             (&[(RealPhone, BOUND)],                                    Decision::Undecided(Calltracking)),
-            // the real number failed by its upstream: call tracking too, and so
-            // does the request
+            // the real number failed by its upstream: call tracking too
             (&[(RealPhone, TIMEOUT)],                                  unavailable),
             (&[(RealPhone, NotFound)],                                 Decision::NoPhone),
         ];
@@ -608,10 +559,7 @@ mod tests {
     }
 
     /// At the deadline: a pending source serves its usable stale value, else
-    /// is undecided (the deadline is the gateway's own bound); call tracking
-    /// maps the real number known by then (stale included). An undecided
-    /// source stays undecided, and an unknown status set stays unknown: the
-    /// deadline settles only what is still pending.
+    /// is undecided; it settles only what is still pending.
     #[test]
     fn the_deadline_table() {
         let (on, off, unknown) = (ON, OFF, UNKNOWN_SET);
@@ -623,8 +571,7 @@ mod tests {
             deadline(ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, MISS),       (LATE, LATE, LATE),                      Decision::Undecided(Anonymous)),
             // the real number known (cached): call tracking's stale value for it
             deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), has(R)),   (NotApplicable, stale(C), cached(R)),    answer(Calltracking, C, STALE, &[(Anonymous, NA)])),
-            // call tracking still pending at the deadline, nothing stale: never
-            // the real number (the deadline is no verdict)
+            // call tracking pending at the deadline, nothing stale: never the real number
             deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, MISS, has(R)),     (NotApplicable, LATE, cached(R)),        Decision::Undecided(Calltracking)),
             // the real number known: its stale entry is not read again (were it,
             // a stale "no phone" would hide the known number's call tracking)
@@ -637,13 +584,11 @@ mod tests {
             deadline(PLAIN_CATEGORY, off, (MISS, MISS, MISS),   &[],                       (MISS, MISS, has(R)),     (NotApplicable, NotApplicable, stale(R)), answer(RealPhone, R, STALE, &[(Anonymous, NA), (Calltracking, NA)])),
             // call tracking failed by its verdict before the deadline: the cached real number
             deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[(Calltracking, TIMEOUT)], (MISS, MISS, has(R)),   (NotApplicable, TIMEOUT, cached(R)),     answer(RealPhone, R, CACHE, &[(Anonymous, NA), (Calltracking, Skip::Failed(Failure::Timeout))])),
-            // the status set not loaded: call tracking stays unknown, and what is
-            // below it is not shown, stale real number or not
+            // the status set not loaded: call tracking unknown, nothing below shown
             deadline(PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, has(C), has(R)),   (NotApplicable, Unknown, stale(R)),      unavailable),
             deadline(PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, MISS, MISS),       (NotApplicable, Unknown, LATE),          unavailable),
             deadline(ANON_CATEGORY,  unknown, (MISS, MISS, MISS), &[],                     (has(A), MISS, has(R)),   (stale(A), Unknown, stale(R)),           answer(Anonymous, A, STALE, &[])),
-            // an undecided real number stays undecided, and so does call
-            // tracking, which needed it: a stale value does not decide them
+            // an undecided real number: call tracking, which needed it, stays undecided
             deadline(PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[(RealPhone, BOUND)],     (MISS, has(C), has(R)),   (NotApplicable, BOUND, BOUND),           Decision::Undecided(Calltracking)),
             deadline(PLAIN_CATEGORY, off, (MISS, MISS, MISS),   &[(RealPhone, BOUND)],     (MISS, MISS, has(R)),     (NotApplicable, NotApplicable, BOUND),   Decision::Undecided(RealPhone)),
             // an undecided anonymous source: 503, whatever the deadline settles below

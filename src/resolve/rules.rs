@@ -1,24 +1,7 @@
-//! The selection rules of docs/rules.md as a pure function: given what each source has
-//! answered so far, is the request decided, and how?
-//!
-//! Sources are walked in the configured order. A source that does not apply, or
-//! answered "no number", is skipped. One still pending stops the walk (`Wait`):
-//! nothing below it may be revealed before it has answered. A source whose
-//! applicability is not known yet (call tracking while the status set loads) is
-//! pending for good: nothing will tell during this request, so the walk ends there
-//! with `Unavailable`, whatever its policy. So is an undecided one (no verdict
-//! from its upstream: not asked for a reason of the gateway's own, or a load
-//! refusal): the walk ends there with `Undecided`, whatever its policy, since
-//! its upstream has not failed. A failed
-//! source either ends the walk with `Unavailable` (fail_closed) or is skipped
-//! (fall_through).
-//! With no source left: `Unavailable` if any applicable source failed (we cannot
-//! tell the seller has no number), else `NoPhone`.
-//!
-//! An answer carries its [`Reason`], made by the same walk: for each source
-//! passed over, why (did not apply, no number, failed on which verdict), and
-//! where the answering number came from. It is the decision's own account,
-//! so it cannot disagree with it.
+//! The selection rules of docs/rules.md ("The walk") as a pure function:
+//! given what each source has answered so far, is the request decided, and
+//! how? An answer carries its [`Reason`], made by the same walk, so it cannot
+//! disagree with the decision.
 
 use crate::domain::{Failure, OnError, Origin, Phone, Reason, Skip, Source, Sources};
 
@@ -32,17 +15,10 @@ pub enum SourceState {
     /// A number, and where it came from.
     Found(Phone, Origin),
     NotFound,
-    /// Its own upstream's verdict failed it (an error answer, an answer that
-    /// does not validate, a refused or reset connection, no answer in the time
-    /// the upstream had, its breaker open on many sellers' failures), which
-    /// one: `on_error` applies.
+    /// Its own upstream's verdict failed it, and which: `on_error` applies.
     Failed(Failure),
     /// No verdict from its upstream ([`crate::upstream::Class::Undecided`]),
-    /// and why: not asked or not reachable for a reason of the gateway's own
-    /// (a bound on calls in flight, its own sockets, time it lost, load it
-    /// made, a panicked fetch, the request deadline), or the upstream refused
-    /// load. Nothing tells during this request, and nothing below it may be
-    /// revealed.
+    /// and why: nothing below it may be revealed.
     Undecided(Failure),
 }
 
@@ -55,15 +31,14 @@ pub enum Decision {
     Answer(Source, Phone, Reason),
     /// No source has a number for this seller: 404.
     NoPhone,
-    /// Cannot decide safely: 503. `failed` is the fail-closed source, if one.
+    /// Cannot decide safely: 503, with the fail-closed source if one.
     Unavailable { fail_closed: Option<Source> },
-    /// Cannot decide now: 503 with `Retry-After`. This source has no verdict.
+    /// Cannot decide now: 503 with `Retry-After`.
     Undecided(Source),
     /// A source that matters has not answered yet.
     Wait,
 }
 
-/// The order and the failure policy of each source.
 #[derive(Debug, Clone)]
 pub struct Rules {
     pub order: Vec<Source>,
@@ -73,8 +48,7 @@ pub struct Rules {
 impl Rules {
     pub fn decide(&self, states: &States) -> Decision {
         let mut any_failed = false;
-        // The sources passed over, and why, in order (at most two: one
-        // source answers).
+        // Passed over, and why, in order (at most two: one source answers).
         let mut passed: [Option<(Source, Skip)>; 2] = [None; 2];
         fn pass(passed: &mut [Option<(Source, Skip)>; 2], source: Source, skip: Skip) {
             if let Some(free) = passed.iter_mut().find(|p| p.is_none()) {
@@ -152,8 +126,8 @@ mod tests {
     const C: u64 = 78_000_000_002;
     const R: u64 = 79_161_234_567;
 
-    /// An answer of `source`'s number `n` from the upstream, the sources
-    /// above it passed over as `skips` (in order).
+    /// An answer of `source`'s number `n` from the upstream, the sources above
+    /// passed over as `skips`.
     fn answer(source: Source, n: u64, skips: &[(Source, Skip)]) -> Decision {
         answer_from(source, n, Origin::Upstream, skips)
     }
@@ -204,8 +178,7 @@ mod tests {
             ((NotFound,        Unknown,          up(R)),           unavailable),
             ((NotApplicable,   Unknown,          up(R)),           unavailable),
             ((NotApplicable,   Unknown,          Pending),         unavailable),
-            // undecided (not asked: a bound reached) is not failed: whatever the
-            // policy, nothing below it is revealed
+            // undecided (a bound reached) is not failed: nothing below it is revealed
             ((NotApplicable,   BOUND,            up(R)),           Decision::Undecided(Calltracking)),
             ((NotFound,        Undecided(Failure::Deadline), up(R)), Decision::Undecided(Calltracking)),
             ((Pending,         BOUND,            up(R)),           Decision::Wait),

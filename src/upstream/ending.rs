@@ -1,16 +1,12 @@
 //! How a call ends, and everything that follows from it, in one table
-//! ([`Ending::row`]): the reason's code, verdict or undecided, what a breaker
-//! counts, whether the back-off judges it first, what the adaptive bound
-//! learns, and the label of `phones_gateway_upstream_requests_total{outcome}`.
-//! Every gate of a call reads its row here; a new way to end is one arm of
-//! one `match` (no wildcard), and `docs/rules.md`'s table ("Verdict or
-//! undecided") is held to [`table`] row by row by the docs test.
+//! ([`Ending::row`]). A new way to end is one arm of one `match` (no
+//! wildcard); docs/rules.md's table ("Verdict or undecided") is held to
+//! [`table`] row by row by the docs test.
 
 use super::error::UpstreamError;
 use super::limit::End;
 use crate::domain::Failure;
 
-/// How one call ended.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Ending<'a> {
     /// 200 with a body of the right shape.
@@ -20,28 +16,20 @@ pub(super) enum Ending<'a> {
     Failed(&'a UpstreamError),
 }
 
-/// What a breaker makes of an ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Health {
-    /// An answer the contract allows: the upstream is up.
     Up,
-    /// A sign of ill health (a 5xx, a refused or reset connection, a timeout
-    /// in the upstream's own time): judged by the back-off first
-    /// (`backoff`), then counted as the upstream's verdict or as load.
+    /// A sign of ill health: judged by the back-off first (`backoff`).
     Down,
-    /// Says nothing of the upstream's health: counted as nothing.
     Silent,
 }
 
-/// Everything that follows from an ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Row {
     /// The reason's code; `None` for an answer.
     pub(super) failure: Option<Failure>,
     pub(super) health: Health,
-    /// What the adaptive bound learns.
     pub(super) limit: End,
-    /// The `outcome` label.
     pub(super) outcome: Outcome,
 }
 
@@ -109,7 +97,6 @@ impl<'a> Ending<'a> {
         }
     }
 
-    /// The table.
     pub(super) fn row(self) -> Row {
         use Health::{Down, Silent, Up};
         use Outcome as O;
@@ -167,15 +154,12 @@ impl<'a> Ending<'a> {
     }
 }
 
-/// A 4xx other than 404 (an answer) and 429 (a load refusal): the upstream's
-/// word on that one request, not on its health.
+/// A 4xx other than 404 (an answer) and 429 (a load refusal).
 fn is_rejection(status: u16) -> bool {
     (400..=499).contains(&status) && status != 404 && status != 429
 }
 
-/// One line of the table as `docs/rules.md` writes it: the error's kind, its
-/// code, class, whether a breaker counts it, what the bound learns, the
-/// outcome label.
+/// One line of the table as `docs/rules.md` writes it.
 pub type Line = [&'static str; 6];
 
 /// The table's lines for an ending of each kind (a 5xx and a 4xx standing for
@@ -265,9 +249,7 @@ mod tests {
         );
     }
 
-    /// An answer and a 404 are the upstream up; the table has a line for
-    /// each way to fail, a few of them as docs/rules.md has them (the docs
-    /// test holds every line).
+/// An answer and a 404 are the upstream up; a few of the table's lines.
     #[test]
     fn answers_and_the_tables_lines() {
         let answered = Row {

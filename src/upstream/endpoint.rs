@@ -1,7 +1,5 @@
 //! One upstream's endpoint: its address, its connections and the gates a
-//! call meets (seller place, breaker, adaptive bound, back-off, timer), and
-//! the GET itself with its answer validated: the status the contract allows,
-//! a JSON body of the right shape, a phone that normalises.
+//! call meets, and the GET itself with its answer validated.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -22,14 +20,11 @@ use crate::config::UpstreamConfig;
 use crate::domain::Phone;
 use crate::telemetry::trace::{TRACEPARENT, TRACESTATE, TraceContext, call_headers};
 
-/// Largest upstream body read; a phone answer is tens of bytes, a status page of
-/// 10,000 items under a megabyte.
+/// Largest upstream body read; a status page of 10,000 items is under a MiB.
 const MAX_BODY_BYTES: usize = 4 << 20;
-/// Idle connections kept per upstream: enough for thousands of requests a
-/// second at tens of milliseconds each.
+/// Idle connections kept per upstream.
 const POOL_MAX_IDLE: usize = 512;
 
-/// One upstream's address and limits.
 pub(super) struct Endpoint {
     pub(super) name: UpstreamName,
     /// The base URL's path without its trailing `/`; calls go to paths under it.
@@ -37,23 +32,15 @@ pub(super) struct Endpoint {
     pub(super) pool: Pool,
     pub(super) timeout: Duration,
     pub(super) breaker: Breaker,
-    /// Calls under way, and the most allowed at once.
     pub(super) in_flight: Bound,
-    /// Each seller's calls under way, and the most one seller may have.
     pub(super) per_seller: PerSeller,
-    /// What the upstream carried, and whether the gateway backs off
-    /// (`backoff`).
     pub(super) backoff: Backoff,
-    /// Its series, registered once: a labelled `counter!` per call builds and
-    /// hashes its key and looks it up in the registry (the cold path's CPU).
     pub(super) metrics: CallMetrics,
 }
 
-/// `phones_gateway_upstream_requests_total{upstream, outcome}` per outcome and
-/// `phones_gateway_upstream_request_duration_seconds{upstream}` of one
-/// upstream, registered once (a labelled `counter!` per call builds and
-/// hashes its key: the cold path's CPU); and the WARN log of its failures,
-/// at most one line per [`WARN_EVERY`] with the count since the last.
+/// The call counters and duration histogram of one upstream, registered once
+/// (a labelled `counter!` per call builds and hashes its key: the cold path's
+/// CPU), and the WARN log of its failures, at most one line per [`WARN_EVERY`].
 pub(super) struct CallMetrics {
     upstream: &'static str,
     /// In [`Outcome::ALL`]'s order.
@@ -66,7 +53,6 @@ pub(super) struct CallMetrics {
     epoch: Instant,
 }
 
-/// At most one WARN line per upstream this often.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
 impl CallMetrics {
@@ -83,8 +69,7 @@ impl CallMetrics {
         }
     }
 
-    /// Counts and times a call that ended as `row` after `took`; a failure
-    /// is logged, at WARN at most once per [`WARN_EVERY`] with the count.
+    /// Counts and times a call that ended as `row` after `took`.
     pub(super) fn ended(&self, row: Row, error: Option<&UpstreamError>, took: Duration) {
         let at = Outcome::ALL
             .iter()
@@ -122,9 +107,8 @@ impl Endpoint {
         max_in_flight_per_seller: usize,
         idle_timeout: Duration,
     ) -> Self {
-        // Checked at start to be an http:// URL naming a host
-        // (`config::upstreams`); were it not, every call would fail to
-        // connect to a name that never resolves (RFC 6761 `.invalid`).
+        // Checked at start (`config::upstreams`); were it not, every call would
+        // fail to connect to a name that never resolves (RFC 6761 `.invalid`).
         let base = hyper::Uri::try_from(config.base_url.as_str()).ok();
         let authority = base
             .as_ref()
@@ -152,9 +136,8 @@ impl Endpoint {
         }
     }
 
-    /// The call itself, once its places are taken: sends the GET on a pooled
-    /// connection and reads the answer (200 -> parsed body, 404 -> `None`);
-    /// `phase` tells when the upstream is asked.
+    /// The call itself, once its places are taken; `phase` tells when the
+    /// upstream is asked.
     pub(super) async fn get<T: DeserializeOwned>(
         &self,
         url: String,
@@ -168,8 +151,6 @@ impl Endpoint {
         let uri = hyper::Uri::try_from(url).map_err(|_| UpstreamError::Request)?;
         let request = get_request(uri.clone(), request_id, trace, &span)?;
         let mut conn = self.pool.take(phase).await?;
-        // Built again only to send it once more (a `Uri` clone is cheap; the
-        // headers are made anew only then).
         let again = || get_request(uri, request_id, trace, &span);
         let response = self.pool.send(&mut conn, request, phase, again).await?;
         let status = response.status().as_u16();
@@ -207,8 +188,7 @@ const AGENT: HeaderValue =
     HeaderValue::from_static(concat!("phones-gateway/", env!("CARGO_PKG_VERSION")));
 const REQUEST_ID: HeaderName = HeaderName::from_static(crate::telemetry::REQUEST_ID_HEADER);
 
-/// The GET of `url` with our agent, the request's id and the trace headers
-/// naming `span` as the parent.
+/// The GET of `url` with our agent, the request's id and the trace headers.
 pub(super) fn get_request(
     uri: hyper::Uri,
     request_id: Option<&HeaderValue>,
@@ -231,9 +211,8 @@ pub(super) fn get_request(
     Ok(request)
 }
 
-/// A status the contract does not allow: the upstream refusing load (429, or
-/// 503 with `Retry-After`, RFC 9110 section 15.6.4) says nothing of the seller,
-/// any other is the upstream's verdict.
+/// A status the contract does not allow: a load refusal (429, or 503 with
+/// `Retry-After`, RFC 9110 section 15.6.4), or the upstream's verdict.
 pub(super) fn status_error<B>(response: &hyper::Response<B>) -> UpstreamError {
     let status = response.status().as_u16();
     let retry_after = response.headers().contains_key(hyper::header::RETRY_AFTER);

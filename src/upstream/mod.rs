@@ -1,28 +1,13 @@
 //! The three upstreams, as typed calls over a keep-alive pool per upstream.
 //!
-//! A call meets its gates in this order, each a type of its own: the seller's
-//! place (`limit`), the breaker (`breaker`), the adaptive bound (`limit`), the
-//! back-off's hold and judgement (`backoff`), the timer (`timer`, fed by
-//! `runtime::lost`); the endpoint (`endpoint`) sends the GET on a pooled connection
-//! (`pool`) and validates the answer. How a call ends, and what each gate
-//! makes of it, is one table (`ending`); the rules it keeps are
-//! docs/rules.md, "Verdict or undecided". Nothing here caches or decides
-//! which number is shown; see `resolve`.
-//!
-//! The status feed is an endpoint of its own, on call tracking's base URL and
-//! timeout: its own connections, breaker and bound (it polls one page at a
-//! time), and its own `upstream="status_feed"` series, so a failing feed opens
-//! no breaker that lookups go through and its polls take no place they need.
-//!
-//! The client is hyper's connection API with a pool per upstream, used
-//! directly rather than through reqwest or hyper-util's pooled client:
-//! measured on the cold path (`benches/load/harness.py --cold`), reqwest
-//! spent more CPU per call than the whole rest of the call (parsing each URL
-//! with the `url` crate, its redirect and timeout layers, boxing); hyper-util's
-//! pool is costed in `pool`'s doc. The URI is formatted and parsed once by
-//! `http::Uri`, in origin form onto the base URL's path (checked at start to
-//! be plain ASCII `http://`); no redirect is followed (a 3xx is an unexpected
-//! status, as the contract allows none).
+//! A call meets its gates in this order: the seller's place (`limit`), the
+//! breaker (`breaker`), the adaptive bound (`limit`), the back-off
+//! (`backoff`), the timer (`timer`); the endpoint (`endpoint`) sends the GET
+//! on a pooled connection (`pool`). How a call ends is one table (`ending`).
+//! Nothing here caches or decides which number is shown; see `resolve`. The
+//! status feed is an endpoint of its own, so a failing feed opens no breaker
+//! that lookups go through. Why hyper's connection API and no client crate:
+//! docs/design.md, "Upstreams".
 
 mod backoff;
 mod breaker;
@@ -54,20 +39,17 @@ use endpoint::{Endpoint, parse_phone};
 use limit::{Adapt, End};
 use pool::Phase;
 
-/// The status feed's calls in flight: its poller asks for one page at a time; a
-/// second place covers a leader hand-over on this replica overlapping one poll.
+/// The status feed's poller asks for one page at a time; a second place
+/// covers a leader hand-over overlapping one poll.
 const STATUS_FEED_MAX_IN_FLIGHT: usize = 2;
 
-/// The typed clients of the three upstreams and the status feed; share it
-/// behind an `Arc`.
+/// The typed clients of the three upstreams and the status feed.
 pub struct Upstreams {
     real_phone: Endpoint,
     anonymous: Endpoint,
     calltracking: Endpoint,
-    /// Call tracking's base URL and timeout, everything else its own.
     status_feed: Endpoint,
-    /// Time the gateway lost, fed by the runtime's probe (`runtime::lost`),
-    /// read by every call whose timer fires.
+    /// Fed by the runtime's probe; read by every call whose timer fires.
     lost: std::sync::Arc<LostTime>,
 }
 
@@ -84,19 +66,13 @@ struct VirtualPhoneBody {
 /// A page of the status feed; no items means caught up.
 #[derive(Debug, Clone, Deserialize)]
 pub struct StatusPage {
-    /// As delivered: each is checked with [`StatusItem::parse`].
     pub items: Vec<StatusItem>,
     pub next_cursor: Option<String>,
 }
 
 impl Upstreams {
-    /// The clients of `[upstreams]`, each with its own breaker (`[breaker]`)
-    /// and bound on calls in flight: its `max_in_flight`, or when that is 0,
-    /// `server_max_in_flight` (`server.max_in_flight`, the one value of another
-    /// section they need), and its bound per seller. The status feed's client
-    /// has a breaker of its own and a small fixed bound. The time the gateway
-    /// loses is kept here ([`Upstreams::lost_time`]), with
-    /// `upstreams.lost_time_tolerance_ms`.
+    /// The clients of `[upstreams]`, each with its own breaker and bounds;
+    /// `server_max_in_flight` stands in for a `max_in_flight` of 0.
     pub fn new(
         upstreams: &UpstreamsConfig,
         breaker: BreakerConfig,
@@ -133,8 +109,7 @@ impl Upstreams {
             real_phone: endpoint(Source::RealPhone),
             anonymous: endpoint(Source::Anonymous),
             calltracking: endpoint(Source::Calltracking),
-            // No seller: the per-seller bound is never asked, and its breaker
-            // opens on its own failures alone (`breaker`'s doc says why).
+            // No seller: its breaker opens on its own failures alone.
             status_feed: Endpoint::new(
                 UpstreamName::StatusFeed,
                 calltracking,
@@ -148,20 +123,16 @@ impl Upstreams {
         }
     }
 
-    /// The running total of time the gateway lost, to read.
     pub fn lost(&self) -> &LostTime {
         &self.lost
     }
 
-    /// The running total of time the gateway lost, for the probe that feeds it.
+    /// For the probe that feeds it.
     pub fn lost_time(&self) -> std::sync::Arc<LostTime> {
         self.lost.clone()
     }
 
     /// The seller's real number; `None` when the seller has no phone (404).
-    ///
-    /// # Errors
-    /// Any answer but 200 with a valid phone or 404.
     pub async fn real_phone(
         &self,
         user: UserId,
@@ -173,9 +144,6 @@ impl Upstreams {
     }
 
     /// The ad's anonymous number; `None` when none is connected (404).
-    ///
-    /// # Errors
-    /// Any answer but 200 with a valid phone or 404.
     pub async fn anonymous(
         &self,
         user: UserId,
@@ -189,8 +157,6 @@ impl Upstreams {
         self.phone(&self.anonymous, user, url, call).await
     }
 
-    /// A `{"phone": ...}` answer at `url` of `endpoint` about `seller`: the
-    /// real and the anonymous number differ only in where they are asked.
     async fn phone(
         &self,
         endpoint: &Endpoint,
@@ -203,9 +169,6 @@ impl Upstreams {
     }
 
     /// The call-tracking number for the seller's real number; `None` on 404.
-    ///
-    /// # Errors
-    /// Any answer but 200 with a valid phone or 404.
     pub async fn virtual_number(
         &self,
         user: UserId,
@@ -224,8 +187,7 @@ impl Upstreams {
         body.map(|b| parse_phone(&b.virtual_phone)).transpose()
     }
 
-    /// The most calls allowed in flight now to `source`'s upstream: its
-    /// adaptive limit, or its fixed bound.
+    /// Its adaptive limit, or its fixed bound.
     pub fn limit(&self, source: Source) -> usize {
         match source {
             Source::RealPhone => &self.real_phone,
@@ -236,11 +198,8 @@ impl Upstreams {
         .limit()
     }
 
-    /// One page of the status feed after `cursor` (from the start when `None`),
-    /// through the feed's own endpoint.
-    ///
-    /// # Errors
-    /// Any answer but 200 with a page; a 404 is a failure here too.
+    /// One page of the status feed after `cursor` (from the start when
+    /// `None`); a 404 is a failure here.
     pub async fn status_page(
         &self,
         cursor: Option<&str>,
@@ -256,12 +215,8 @@ impl Upstreams {
             .ok_or(UpstreamError::Status(404))
     }
 
-    /// GET `url` about `seller`'s numbers (none: the status feed) through
-    /// the endpoint's gates, in the order a call meets them: the seller's
-    /// place, the breaker, the adaptive bound, the back-off's hold, the
-    /// timer; then the back-off judges a health failure. 200 -> parsed body,
-    /// 404 -> `None`, anything else -> error; every gate learns from the
-    /// call's row in the one table (`ending`).
+    /// GET `url` about `seller`'s numbers through the gates; 200 -> parsed
+    /// body, 404 -> `None`, anything else -> error.
     async fn get_json<T: DeserializeOwned>(
         &self,
         endpoint: &Endpoint,
@@ -295,25 +250,23 @@ impl Upstreams {
             seller: seller.map_or(0, UserId::get),
             ticket: call.ticket,
         };
-        // Then the breaker: an open one answers without a call and takes no
-        // place (a hanging upstream's probes may hold them all).
+        // An open breaker answers without a call and takes no place (a hanging
+        // upstream's probes may hold them all).
         let allowed = endpoint.breaker.allow(caller.seller);
         match allowed {
             Allow::No => return Err(UpstreamError::CircuitOpen),
             Allow::Wait => return Err(UpstreamError::HalfOpen),
             Allow::Closed | Allow::Probe => {}
         }
-        // However the call ends, the breaker hears of it: a call that
-        // panics or is dropped is recorded as such on the way out, so a
+        // A call that panics or is dropped is recorded on the way out, so a
         // half-open breaker's probe never stays taken.
         let told = Told {
             breaker: &endpoint.breaker,
             caller,
             told: false,
         };
-        // A would-be probe that finds no place is not sent: it gives its
-        // probe's place back and tells the breaker nothing; the breaker's
-        // word stands (undecided once a probe ended so, else still open).
+        // A would-be probe that finds no place is not sent; the breaker's
+        // word stands.
         let Some(slot) = endpoint.in_flight.slot() else {
             if allowed == Allow::Probe {
                 told.release();
@@ -329,14 +282,11 @@ impl Upstreams {
         let now = tokio::time::Instant::now();
         let result = match endpoint.backoff.send(now) {
             Err(Unsent::Held) => Err(UpstreamError::BackingOff),
-            // Not asked, the upstream judged failing for everyone: its
-            // verdict, as an open breaker's.
+            // Judged failing for everyone: its verdict, as an open breaker's.
             Err(Unsent::Failing) => Err(UpstreamError::CircuitOpen),
             Ok(sent) => {
                 #[cfg(feature = "test-faults")]
                 faults::panic_for(seller);
-                // Runs under the call's own span: exported, it is the parent of
-                // what the upstream does, and `traceparent` names it (docs/tracing.md).
                 let span = upstream_span(endpoint.name.as_str());
                 let phase = Phase::default();
                 let get = endpoint.get(url, call.request_id, call.trace, span.clone(), &phase);
@@ -359,9 +309,6 @@ impl Upstreams {
 }
 
 impl Endpoint {
-    /// The back-off's word on how a call by `caller` sent as `sent` ended: a health
-    /// failure is the upstream's verdict or load (`backoff`); an answer
-    /// counts as carried.
     fn judge<T>(
         &self,
         result: Result<T, UpstreamError>,
@@ -392,7 +339,6 @@ impl Endpoint {
     }
 }
 
-/// A call the breaker let through, until the breaker is told how it ended.
 struct Told<'a> {
     breaker: &'a Breaker,
     caller: Caller,
@@ -405,8 +351,7 @@ impl Told<'_> {
         self.told = true;
     }
 
-    /// A call not sent after all: its probe's place (if it had one) is given
-    /// back, and the breaker learns nothing.
+    /// A call not sent after all: the breaker learns nothing.
     fn release(mut self) {
         self.breaker.release(self.caller.seller);
         self.told = true;
@@ -428,7 +373,6 @@ impl Drop for Told<'_> {
 
 /// The gateway's own sequence number of a request (a batch is one request),
 /// by which the breaker tells requests apart; never a header a caller sets.
-/// [`Ticket::NONE`] for a call that serves no request (the status feed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Ticket(pub u64);
 
@@ -436,8 +380,7 @@ impl Ticket {
     pub const NONE: Ticket = Ticket(0);
 }
 
-/// What a call carries from the request it serves: its [`Ticket`], its
-/// `x-request-id` and its trace context (forwarded upstream).
+/// What a call carries from the request it serves (forwarded upstream).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Call<'a> {
     pub ticket: Ticket,

@@ -11,11 +11,9 @@ use super::endpoint::status_error;
 use super::*;
 use crate::config::Config;
 
-/// A keep-alive upstream for the real number, counting the requests it
-/// read. What it answers depends on the seller (`/v1/users/<id>/`):
-/// 500, 422, 429 and 503 answer that status (503 with `Retry-After`,
-/// 5030 without), 7 a phone that does not normalise, 9 never answers;
-/// any other, 200 with a phone.
+/// A keep-alive upstream for the real number, counting the requests it read;
+/// it answers by seller: 500, 422, 429 and 503 (with `Retry-After`; 5030
+/// without) that status, 7 a phone that does not normalise, 9 never; else 200.
 async fn upstream() -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
@@ -61,8 +59,7 @@ async fn upstream() -> (String, Arc<AtomicUsize>) {
     (address, requests)
 }
 
-/// The clients, the real number's upstream at `address`, with `overlay`
-/// added to the config.
+/// The clients, the real number's upstream at `address`, plus `overlay`.
 fn upstreams(address: &str, overlay: &str) -> Upstreams {
     let config = Config::from_toml(&format!(
         "[upstreams.real_phone]\nbase_url = \"http://{address}\"\n{overlay}"
@@ -71,7 +68,6 @@ fn upstreams(address: &str, overlay: &str) -> Upstreams {
     Upstreams::new(&config.upstreams, config.breaker, 1024)
 }
 
-/// The real number of seller `user`, in request `request`.
 async fn real_phone(
     upstreams: &Upstreams,
     user: u64,
@@ -93,8 +89,7 @@ fn answer(status: u16, retry_after: bool) -> hyper::Response<()> {
     response.body(()).unwrap()
 }
 
-/// A status the contract does not allow: 429, and 503 with `Retry-After`,
-/// refuse load; any other (503 without it, 500 with it) is a status.
+/// 429, and 503 with `Retry-After`, refuse load; any other is a status.
 #[test]
 fn load_refusals_are_429_and_503_with_retry_after() {
     let table = [
@@ -136,11 +131,8 @@ async fn a_call_classifies_what_the_upstream_answered() {
     assert_eq!(requests.load(Ordering::SeqCst), 7);
 }
 
-/// The timeout runs from the call's start: an answer within it is taken,
-/// and an upstream that holds the call past it timed out, the upstream's
-/// verdict. The tolerance for lost time is set wider than the timeout,
-/// so that nothing is ever given back here (and a busy machine's late
-/// timers change nothing).
+/// The timeout runs from the call's start. The lost-time tolerance is wider
+/// than the timeout, so nothing is given back (late timers change nothing).
 #[tokio::test]
 async fn the_timeout_runs_from_the_calls_start() {
     let (address, _) = upstream().await;
@@ -155,9 +147,8 @@ async fn the_timeout_runs_from_the_calls_start() {
     );
 }
 
-/// The upstream's health failures reach its breaker, with their sellers
-/// and requests: failures for two sellers in two requests open one that
-/// needs two of each, and the next call is not made.
+/// Health failures for two sellers in two requests open a breaker that needs
+/// two of each, and the next call is not made.
 #[tokio::test]
 async fn health_failures_reach_the_breaker() {
     let (address, requests) = upstream().await;
@@ -180,9 +171,8 @@ async fn health_failures_reach_the_breaker() {
     assert_eq!(requests.load(Ordering::SeqCst), 2, "called while open");
 }
 
-/// A half-open breaker's probe whose call is dropped (its task
-/// cancelled) frees its place at once: the next call goes out as a probe
-/// and closes the breaker, long before a lost probe is replaced.
+/// A half-open breaker's probe whose call is dropped frees its place at once:
+/// the next call goes out as a probe, long before a lost probe is replaced.
 #[tokio::test]
 async fn a_dropped_probe_frees_its_place() {
     let (address, requests) = upstream().await;
@@ -225,9 +215,8 @@ async fn a_dropped_probe_frees_its_place() {
     );
 }
 
-/// A health failure at the usual rate is the upstream's verdict; a burst
-/// of them well above what the upstream carried is load, undecided, and
-/// the gateway backs off (`backoff`).
+/// A health failure at the usual rate is the upstream's verdict; a burst of
+/// them well above what it carried is load, and the gateway backs off.
 #[tokio::test]
 async fn failures_above_what_was_carried_are_load() {
     let (address, _) = upstream().await;
@@ -259,16 +248,15 @@ async fn failures_above_what_was_carried_are_load() {
     );
 }
 
-/// A reused connection the upstream closed under the request (before any
-/// byte of an answer) is sent again on a new one: no verdict.
+/// A reused connection closed under the request before any answer is sent
+/// again on a new one: no verdict.
 #[tokio::test]
 async fn a_request_on_a_connection_closed_under_it_is_sent_again() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let requests = Arc::new(AtomicUsize::new(0));
     let count = requests.clone();
-    // Answers the first request of each connection, then reads the next
-    // request and closes without a word.
+    // Answers the first request of each connection, then closes on the next.
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
             let count = count.clone();

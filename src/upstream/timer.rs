@@ -1,15 +1,5 @@
-//! The timer of a call, judged on the time the upstream had (docs/rules.md,
-//! "Whose time"). When it fires, the connection gets its turn first: what
-//! the upstream already sent is read. Then the time the gateway lost since
-//! the call began (`lost`: its probe's total with the pending gap, or the
-//! timer's own lateness, whichever is more, plus the call's wait inside the
-//! gateway before the upstream was asked) is given back in full, as often as
-//! it is lost, up to [`GIVEN_BACK`] times the timeout in all. A call that
-//! had its whole timeout of the gateway's running time (less the tolerance,
-//! `upstreams.lost_time_tolerance_ms`) timed out: the upstream's verdict,
-//! however throttled the replica. One whose bound came first is
-//! [`UpstreamError::LostTime`]: undecided; so is a connection closed or
-//! reset under a call while the gateway lost time beyond the tolerance.
+//! The timer of a call, judged on the time the upstream had, with the time
+//! the gateway lost given back: the rule is docs/rules.md, "Whose time".
 
 use std::future::Future;
 use std::time::Duration;
@@ -21,8 +11,7 @@ use super::pool::Phase;
 use crate::runtime::lost::{LostTime, Mark, lateness};
 
 /// The most time given back to a call, in timeouts: a call runs at most
-/// (1 + this) x its timeout of wall time. At 3, a replica losing up to three
-/// quarters of its time still judges its calls.
+/// (1 + this) x its timeout of wall time.
 pub(super) const GIVEN_BACK: u32 = 3;
 
 /// Yields this often when the timer fires before judging it, so the
@@ -73,10 +62,8 @@ pub(super) async fn timed<T>(
     }
 }
 
-/// A connection the upstream closed or reset while the gateway lost time
-/// beyond the tolerance is the gateway's own trouble: an upstream closes a
-/// connection left idle past its keep-alive, and the gateway's pause is what
-/// left it idle.
+/// A connection closed or reset while the gateway lost time beyond the
+/// tolerance is undecided (docs/rules.md, "Whose time").
 fn closed_in_lost_time<T>(
     lost: &LostTime,
     mark: Mark,
@@ -120,8 +107,7 @@ mod tests {
         }
     }
 
-    /// A call that never answers, with the gateway losing `stall` of time
-    /// at `at` after the call began (the probe not running meanwhile).
+/// A call that never answers, and how long it took to end.
     async fn never_answered(
         lost: &LostTime,
         phase: &Phase,
@@ -161,15 +147,12 @@ mod tests {
         assert_eq!(result, Err(UpstreamError::LocalTimeout));
     }
 
-    /// An answer that arrived during a stall covering the due time is read
-    /// before the timer is judged: the connection gets its turn.
+    /// An answer that arrived during a stall over the due time is read first.
     #[tokio::test(start_paused = true)]
     async fn an_answer_ready_with_the_timer_is_taken() {
         let lost = lost();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let began = Instant::now();
-        // The answer is handed over by another task once it runs, as the
-        // connection's task does.
         tokio::spawn(async move {
             tokio::time::sleep_until(began + TIMEOUT).await;
             let _ = tx.send(());
@@ -178,8 +161,7 @@ mod tests {
         assert_eq!(timed(&lost, TIMEOUT, call, &asked(), began).await, Ok(1));
     }
 
-    /// A stall that ends just after the due time, seen before the probe has
-    /// run again: the time is given back, and the call waits for it.
+    /// A stall over the due time, seen before the probe runs again, is given back.
     #[tokio::test(start_paused = true)]
     async fn a_stall_over_the_due_time_is_given_back_before_the_probe_runs() {
         let lost = lost();
@@ -191,15 +173,13 @@ mod tests {
             tokio::time::sleep_until(answered_at).await;
             Ok(())
         };
-        // The probe last woke at the start: the 320 ms since count as lost
-        // (beyond its period) when the timer fires at 300 ms.
+        // The probe last woke at the start: 320 ms count as lost at 300 ms.
         let judged = timed(&lost, TIMEOUT, call, &phase, began).await;
         assert_eq!(judged, Ok(()), "the time lost was not given back");
     }
 
-    /// Time lost again and again is given back each time, and a call that
-    /// then had its whole timeout of running time timed out: the upstream's
-    /// verdict, however throttled.
+    /// Time lost again and again is given back each time; a call that then
+    /// had its whole timeout of running time timed out, however throttled.
     #[tokio::test(start_paused = true)]
     async fn a_throttled_call_that_had_its_whole_timeout_is_judged() {
         let lost = std::sync::Arc::new(lost());
@@ -209,13 +189,11 @@ mod tests {
         let (result, took) = never_answered(&lost, &asked()).await;
         probe.abort();
         assert_eq!(result, Err(UpstreamError::Timeout));
-        // A quarter of the time lost, given back: about 380 ms of wall time.
         assert!(took > TIMEOUT + Duration::from_millis(60), "{took:?}");
         assert!(took < TIMEOUT * (1 + GIVEN_BACK), "{took:?}");
     }
 
-    /// A call losing more than it can be given back within its bound is
-    /// undecided.
+    /// A call losing more than can be given back within its bound is undecided.
     #[tokio::test(start_paused = true)]
     async fn a_call_that_keeps_losing_beyond_its_bound_is_lost_time() {
         let lost = std::sync::Arc::new(lost());
@@ -231,8 +209,8 @@ mod tests {
         );
     }
 
-    /// A connection closed under a call while the gateway lost time is the
-    /// gateway's trouble; without lost time it stays the upstream's word.
+    /// A connection closed while the gateway lost time is the gateway's
+    /// trouble; without lost time it stays the upstream's word.
     #[tokio::test(start_paused = true)]
     async fn a_connection_closed_while_time_was_lost_is_lost_time() {
         let lost = lost();
@@ -253,8 +231,7 @@ mod tests {
         );
     }
 
-    /// The wait before the upstream was asked (a host lookup) is the
-    /// gateway's own, given back too.
+    /// The wait before the upstream was asked (a host lookup) is given back too.
     #[tokio::test(start_paused = true)]
     async fn the_wait_before_asking_is_given_back() {
         let lost = lost();

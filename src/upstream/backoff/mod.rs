@@ -1,48 +1,7 @@
-//! Back off first, judge after: whether a health failure (a timeout, a 5xx,
-//! a refused or reset connection) is the upstream's verdict or load the
-//! gateway may have put on it, decided only once the gateway has cut what it
-//! sends. The rule is docs/rules.md, "Whose load"; this is its gate.
-//!
-//! Each upstream keeps, per [`BUCKET`], the calls sent, answered well and
-//! failed, and what the upstream *carried*: a moving average of calls
-//! answered well (about the last 30 s), which stands still while the gateway
-//! backs off; and the same over about ten minutes, *settled*, which one
-//! caller's minute of warm-up hardly moves. Then:
-//!
-//! - A failure of a call sent at the usual rate (the calls sent over the last
-//!   bucket no more than [`MARGIN`] above the lesser of the two, plus
-//!   [`SLACK`]) is the upstream's verdict at once: it was answering others at
-//!   that rate for long. One seller's failures, or sporadic 5xx, are judged
-//!   so. A caller that first raises what was carried, then bursts past what
-//!   the upstream takes, is still above the usual rate.
-//! - A failure of a call sent above it is [`Load`](super::UpstreamError::Load):
-//!   undecided. When such failures are more than [`TRIGGER`] of the calls
-//!   that ended lately, the gateway backs off: sends to that upstream are held
-//!   to [`BETA`] of what it carried before (a token bucket; a call over it is
-//!   [`BackingOff`](super::UpstreamError::BackingOff), undecided, and each
-//!   `Load` also cuts the adaptive bound, `limit`).
-//! - A failure of a call sent once backed off (held to the fraction, and
-//!   [`settle`] after the cut, so the upstream has drained what it was sent
-//!   before) is the upstream's verdict: it fails at a rate it carried. That
-//!   is the end of the excuse: an outage is judged within `settle` (1 s with
-//!   the default 300 ms timeout) of the back-off, whatever the demand. While
-//!   such verdicts go on, about as many sellers in as many requests as open
-//!   a breaker, a call over the hold is [`Unsent::Failing`] (the call takes
-//!   `circuit_open`, a verdict) rather than held: `on_error` applies to every
-//!   call of an outage, not only to those sent.
-//! - While the share of failures stays under [`TRIGGER`], the hold climbs by
-//!   [`CLIMB`] of what was carried each bucket in which calls ended (additive
-//!   increase; silence, such as an open breaker's, is no news); a failure
-//!   of a call sent while it climbed is load again and cuts it back to the
-//!   fraction, with a new settling time. Above the usual rate the back-off
-//!   ends.
-//!
-//! A caller's calls can lower the hold (they add to what is sent); they can
-//! never make a failure a verdict sooner: a verdict needs the gateway to have
-//! been sending no more than the fraction of what the upstream carried
-//! before. The same shape as Google SRE's client-side throttling (the client
-//! rejects locally what the backend would not accept, judged on what it
-//! accepted) and Netflix's concurrency limits (AIMD on a load signal).
+//! Back off first, judge after: whether a health failure is the upstream's
+//! verdict or load the gateway may have put on it, decided only once the
+//! gateway has cut what it sends. The rule, with each threshold below, is
+//! docs/rules.md, "Whose load"; this is its gate.
 //!
 //! Its cost is on the cold path only: one uncontended mutex and a few float
 //! operations per call sent and per call ended.
@@ -62,12 +21,10 @@ const WEIGHT: f64 = 1.0 / 120.0;
 const SETTLED_WEIGHT: f64 = 1.0 / 2400.0;
 /// How far above what the upstream carried a send rate is still usual.
 pub(super) const MARGIN: f64 = 0.25;
-/// Calls per bucket above that before anything is unusual (32 a second), so
-/// that a few calls a second are never load.
+/// Calls per bucket above that before anything is unusual (32 a second).
 pub(super) const SLACK: f64 = 8.0;
 /// Buckets of history (2 s) before what was carried is known: until then
-/// nothing is unusual, since the gateway cannot say it sends more than the
-/// upstream has been carrying.
+/// nothing is unusual.
 pub(super) const WARM_UP: u32 = 8;
 /// The share of failed calls among calls ended lately above which the gateway
 /// backs off, and under which its hold climbs.
@@ -98,20 +55,15 @@ pub(super) struct Sent {
     backed_off: bool,
 }
 
-/// Why a call was not sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Unsent {
     /// Over the hold while the gateway backs off: undecided.
     Held,
-    /// Over the hold while failures go on at the fraction, spread over as
-    /// many sellers and requests as open a breaker: the upstream's verdict
-    /// on the calls sent stands for this one too (it is failing for
-    /// everyone, and asking it more would add nothing). One seller's
-    /// failures, one caller's, are not enough.
+    /// Over the hold while failures at the fraction span as many sellers and
+    /// requests as open a breaker: the verdict on the calls sent stands.
     Failing,
 }
 
-/// Whose a health failure is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Judgement {
     Verdict,
@@ -120,8 +72,7 @@ pub(super) enum Judgement {
 
 pub(super) struct Backoff {
     settle: Duration,
-    /// The spread of verdicts that makes calls over the hold [`Unsent::Failing`]:
-    /// the breaker's.
+    /// The spread of verdicts that makes calls over the hold [`Unsent::Failing`].
     spread: Spread,
     state: Mutex<State>,
 }
@@ -141,8 +92,7 @@ struct State {
     /// Calls answered well per bucket; `None` until the first bucket closes.
     carried: Option<f64>,
     /// The slow average of the same, from 0, and the buckets it has seen (its
-    /// start is corrected for, so that a new replica learns as fast as its
-    /// history allows).
+    /// start is corrected for).
     settled: f64,
     settled_buckets: u32,
     history: u32,
@@ -158,8 +108,7 @@ struct Episode {
     refilled: Instant,
     /// Calls sent from then on at the fraction are judged.
     judged_from: Instant,
-    /// Whom the verdicts on calls sent at the fraction were about, since the
-    /// last calm bucket.
+    /// Whom the verdicts at the fraction were about, since the last calm bucket.
     verdicts: Failed,
 }
 
@@ -176,8 +125,6 @@ impl Episode {
 }
 
 impl Backoff {
-    /// The back-off of an upstream whose calls time out after `timeout`,
-    /// whose breaker opens on failures of `spread`.
     pub(super) fn new(timeout: Duration, spread: Spread) -> Self {
         Backoff {
             settle: settle(timeout),
@@ -200,8 +147,7 @@ impl Backoff {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A call about to be sent at `now`: why not when the hold is reached
-    /// (it is not sent), else how it was sent.
+    /// A call about to be sent at `now`: why not, or how it was sent.
     pub(super) fn send(&self, now: Instant) -> Result<Sent, Unsent> {
         let mut state = self.lock();
         state.roll(now);
@@ -234,15 +180,12 @@ impl Backoff {
         })
     }
 
-    /// A call answered well (its health up).
     pub(super) fn answered(&self, now: Instant) {
         let mut state = self.lock();
         state.roll(now);
         state.now.good = state.now.good.saturating_add(1);
     }
 
-    /// A health failure of a call by `caller` sent as `sent`, at `now`: whose
-    /// it is.
     pub(super) fn failed(&self, sent: Sent, now: Instant, caller: Caller) -> Judgement {
         let settle = self.settle;
         let mut state = self.lock();
@@ -326,7 +269,6 @@ impl State {
         f64::from(self.now.sent) + f64::from(self.recent[0].sent) * (1.0 - into.min(1.0))
     }
 
-    /// The counts of this bucket and the recent ones together.
     fn lately(&self) -> Counts {
         self.recent.iter().fold(self.now, |sum, c| Counts {
             sent: sum.sent.saturating_add(c.sent),
@@ -372,7 +314,6 @@ impl State {
                 None => {
                     let good = f64::from(closed.good);
                     self.carried = Some(match self.carried {
-                        // The first bucket sets it; each after moves it.
                         None => good,
                         Some(carried) => carried + WEIGHT * (good - carried),
                     });

@@ -75,28 +75,24 @@ async fn with_no_history_every_failure_is_a_verdict() {
     assert_eq!(backoff.hold(), None);
 }
 
-/// Failures of calls sent above the usual rate are load, and once they are
-/// many the gateway backs off to a fraction of what was carried: calls over
-/// the hold are not sent.
+/// Failures above the usual rate are load, and once many the gateway backs
+/// off to a fraction of what was carried: calls over the hold are not sent.
 #[tokio::test(start_paused = true)]
 async fn failures_above_the_usual_rate_are_load_and_back_off() {
     let backoff = Backoff::new(TIMEOUT, ANYONE);
     carry(&backoff, 10, WARM_UP + 4).await;
-    // Usual: up to 10 x 1.25 + 8 = 20.5 a bucket, the last bucket's 10
-    // included.
+    // Usual: up to 10 x 1.25 + 8 = 20.5 a bucket, the last bucket's 10 included.
     let judged = burst_failing(&backoff, 30);
     assert!(
         judged[..10].iter().all(|j| *j == Some(Judgement::Verdict)),
         "{judged:?}"
     );
-    // The first failure above it is load, and with the verdicts it is more
-    // than a tenth of the calls ended lately: the gateway backs off, and the
-    // rest of the burst is not sent.
+    // The first failure above it is load and, with the verdicts, over a
+    // tenth of the calls ended lately: the rest of the burst is not sent.
     assert_eq!(judged[10], Some(Judgement::Load), "{judged:?}");
     assert!(judged[11..].iter().all(Option::is_none), "{judged:?}");
     let hold = backoff.hold().expect("backing off");
     assert!((hold - BETA * 40.0).abs() < 0.01, "{hold}");
-    // The hold's tokens were spent: nothing more goes out now.
     assert!(backoff.send(Instant::now()).is_err());
 }
 
@@ -152,9 +148,9 @@ async fn failures_that_go_on_once_backed_off_are_verdicts() {
     assert!((backoff.hold().unwrap() - BETA * 40.0).abs() < 0.01);
 }
 
-/// Once a call sent at the fraction failed as the upstream's verdict, a call
-/// over the hold is not sent and takes the verdict too (`Failing`); before
-/// that, and again after a calm bucket, it is held (undecided).
+/// Once a call sent at the fraction failed as a verdict, a call over the hold
+/// takes the verdict too (`Failing`); before that, and after a calm bucket, it
+/// is held.
 #[tokio::test(start_paused = true)]
 async fn calls_over_the_hold_take_the_verdict_while_it_goes_on() {
     let backoff = Backoff::new(TIMEOUT, ANYONE);
@@ -184,9 +180,8 @@ async fn calls_over_the_hold_take_the_verdict_while_it_goes_on() {
     assert_eq!(over_the_hold(&backoff, Instant::now()), Unsent::Held);
 }
 
-/// One seller's verdicts at the fraction (a seller the upstream refuses,
-/// asked again and again) do not make calls over the hold take a verdict:
-/// that needs as many sellers in as many requests as open a breaker.
+/// One seller's verdicts at the fraction do not make calls over the hold take
+/// a verdict: that needs the spread that opens a breaker.
 #[tokio::test(start_paused = true)]
 async fn one_sellers_verdicts_leave_the_others_held() {
     let backoff = Backoff::new(TIMEOUT, (3, 3));
@@ -259,9 +254,8 @@ async fn a_failure_while_climbing_cuts_back_and_settles_again() {
     assert_eq!(backoff.failed(sent, now, CALLER), Judgement::Load);
 }
 
-/// Buckets in which no call ended (an open breaker sends nothing) do not let
-/// the hold climb: the first call after them, past the settling time, is sent
-/// at the fraction and its failure is a verdict.
+/// Buckets in which no call ended do not let the hold climb: the first call
+/// after them, past the settling time, is sent at the fraction: a verdict.
 #[tokio::test(start_paused = true)]
 async fn silence_does_not_climb_the_hold() {
     let backoff = Backoff::new(TIMEOUT, ANYONE);
@@ -275,8 +269,7 @@ async fn silence_does_not_climb_the_hold() {
 }
 
 /// A caller that raises what the upstream carried for half a minute, then
-/// bursts, is still above the usual rate: its failures are load, and the
-/// gateway backs off. What was carried settled for minutes bounds the usual.
+/// bursts, is still above the usual rate: what settled over minutes bounds it.
 #[tokio::test(start_paused = true)]
 async fn a_callers_warm_up_does_not_raise_the_usual_rate() {
     let backoff = Backoff::new(TIMEOUT, ANYONE);
@@ -297,9 +290,8 @@ async fn a_callers_warm_up_does_not_raise_the_usual_rate() {
     assert_eq!(backoff.failed(sent, now, CALLER), Judgement::Load);
 }
 
-/// A caller's own calls cannot make a failure a verdict sooner: however many
-/// it sends, nothing past the hold goes out, and before the settling time
-/// every failure is load.
+/// A caller's own calls cannot make a failure a verdict sooner: nothing past
+/// the hold goes out, and before the settling time every failure is load.
 #[tokio::test(start_paused = true)]
 async fn a_callers_calls_cannot_hasten_a_verdict() {
     let backoff = Backoff::new(TIMEOUT, ANYONE);

@@ -1,56 +1,14 @@
 //! A circuit breaker per upstream: after a run of failures, or a high failure
-//! ratio within a window, the upstream is not called for `open_ms`; calls fail at
-//! once with `UpstreamError::CircuitOpen`, which the rules treat as the
-//! upstream's verdict (fail_closed / fall_through, stale-if-error). Then it is
-//! half-open: probes are let through, one per seller for as many distinct
-//! sellers as `breaker.min_sellers` at once; one answer closes it, and it opens
-//! again only when the probes of that many sellers, in `breaker.min_requests`
-//! requests, failed. Other calls meanwhile are `CircuitOpen`, until a probe
-//! ends undecided (refused for load, say): from then until a probe decides,
-//! they are `HalfOpen`, undecided too, since nothing has said whether the
-//! upstream is back. A call that panics or whose task is dropped is recorded
-//! as such on its way out (it tells nothing, and frees its probe's place);
-//! probes that still never report are replaced after `open_ms`.
+//! ratio within a window, the upstream is not called for `open_ms`; then it is
+//! half-open, one probe per seller for up to `breaker.min_sellers` sellers.
+//! What it counts, and the spread over sellers and requests it needs to open:
+//! docs/rules.md, "What a breaker counts". A call that panics or is dropped
+//! is recorded on its way out, so it frees its probe's place.
 //!
-//! What it counts: signs of the upstream's health only (docs/rules.md, "What a
-//! breaker counts"). A failure is a 5xx that is not a load refusal, a refused
-//! or reset connection, or a timeout the upstream owns (not the gateway's
-//! lost time, not load the gateway put on it: `timer`, `backoff`); a success is
-//! any answer the contract allows (200, 404). Nothing else is recorded at all,
-//! neither as a failure nor as a call: a 4xx other than 404 and 429 is the
-//! upstream's word on one request (that seller, that phone), an answer that
-//! does not validate is about that answer, and an undecided outcome (a load
-//! refusal, the gateway's own trouble, a bound on calls in flight) says
-//! nothing of the upstream's health; counting any of them as a success would
-//! dilute a failure ratio with calls that tell nothing either.
-//!
-//! Opening it for everyone takes failures across many sellers and many
-//! requests: besides the run or the ratio, the failures of the window must be
-//! about at least `breaker.min_sellers` distinct sellers and come from at
-//! least `breaker.min_requests` distinct requests (the request's identity is
-//! a ticket ([`Ticket`]), a sequence number of the gateway's own, never a header a caller sets; a
-//! batch is one request). Otherwise one caller could make calls fail (an
-//! upstream that answers 500 for a seller it dislikes, or one batch over many
-//! sellers) and open the breaker, turning every other seller's call tracking
-//! into `CircuitOpen`, a verdict, so that they fall through to their real
-//! numbers. So does its half-open state, for the same reason: one seller's
-//! trouble cannot re-open it for everyone. The distinct sellers and requests
-//! are kept in small fixed-size sets per window (no allocation, at most
-//! [`MAX_MIN_SELLERS`] ids each, compared linearly: touched on failures only,
-//! under the lock the state already takes). The status feed has no seller and
-//! no request: its breaker is made with minimums of one (its poller is its
-//! only caller, and no lookup goes through its breaker), so it opens on the
-//! run or the ratio alone and probes once at a time.
-//!
-//! The rule beside others': Envoy's outlier detection ejects a host on
-//! consecutive 5xx or gateway errors (connect failures, timeouts) only, never
-//! on 4xx; Google's SRE book has clients throttle themselves by the share of
-//! requests the backend *accepted*, so that the client's own excess is not
-//! read as the backend's failure. Here the gateway's own excess is told apart
-//! before the breaker sees it (`backoff`, `timer`), and the spread over sellers
-//! and requests stands in for "the backend fails for everyone".
-//!
-//! State changes are logged and exported as
+//! The distinct sellers and requests are kept in small fixed-size sets per
+//! window (no allocation, at most [`MAX_MIN_SELLERS`] ids, compared
+//! linearly: touched on failures only, under the lock the state already
+//! takes). State changes are logged and exported as
 //! `phones_gateway_circuit_open{upstream}` (1 while open or half-open).
 
 use std::sync::{Mutex, PoisonError};
@@ -64,10 +22,9 @@ use super::error::UpstreamError;
 use crate::config::BreakerConfig;
 
 /// The largest `breaker.min_sellers` and `breaker.min_requests` (validated at
-/// start): the size of the sets of distinct ids a window keeps.
+/// start).
 pub(crate) const MAX_MIN_SELLERS: usize = 32;
 
-/// Distinct ids (sellers, or requests), up to `MAX_MIN_SELLERS`.
 #[derive(Debug, Clone, Copy)]
 struct Ids {
     ids: [u64; MAX_MIN_SELLERS],
@@ -106,9 +63,7 @@ enum Mode {
     HalfOpen { since: Instant },
 }
 
-/// Whom failures were about, and in which requests: a window's, a half-open
-/// spell's probes', or the back-off's verdicts (`backoff`), each spread over
-/// many sellers and requests before it says "failing for everyone".
+/// Whom failures were about, and in which requests.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Failed {
     sellers: Ids,
@@ -132,9 +87,7 @@ impl Failed {
     }
 }
 
-/// How many distinct sellers and requests failures must span to be the
-/// upstream's trouble for everyone (`breaker.min_sellers`,
-/// `breaker.min_requests`, clamped).
+/// Distinct sellers and requests failures must span (clamped).
 pub(super) type Spread = (usize, usize);
 
 #[derive(Debug)]
@@ -144,7 +97,6 @@ struct State {
     window_start: Instant,
     window_calls: u32,
     window_failures: u32,
-    /// Whom the window's failures were about, and in which requests.
     failed: Failed,
     /// Half-open: the sellers with a probe out.
     probing: Ids,
@@ -154,47 +106,36 @@ struct State {
     probe_undecided: bool,
 }
 
-/// What the breaker lets a call do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Allow {
-    /// Closed: the call goes out.
     Closed,
-    /// Half-open: the call goes out as a probe for its seller.
     Probe,
-    /// Open, or half-open with its probes out: the call is not made, and
-    /// the breaker's being open is the upstream's verdict.
+    /// Not made: the breaker's being open is the upstream's verdict.
     No,
-    /// Half-open with its probes out, one of them having ended undecided:
-    /// the call is not made, and nothing has said yet whether the upstream
-    /// is back, so it is undecided too.
+    /// Not made: a probe ended undecided, so this is undecided too.
     Wait,
 }
 
-/// What a call about a seller, in a request, is in the breaker's eyes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Caller {
     /// The seller (0: none, the status feed; seller ids are positive).
     pub(crate) seller: u64,
-    /// The request's ticket ([`Ticket::NONE`]: none).
+    /// [`Ticket::NONE`]: none.
     pub(crate) ticket: Ticket,
 }
 
 pub(crate) struct Breaker {
     name: &'static str,
     config: BreakerConfig,
-    /// Distinct sellers a window's failures must span to open it, and how
-    /// many probes a half-open spell lets out at once.
+    /// Also how many probes a half-open spell lets out at once.
     min_sellers: usize,
-    /// Distinct requests a window's failures must come from to open it.
     min_requests: usize,
     state: Mutex<State>,
     open_gauge: metrics::Gauge,
 }
 
 impl Breaker {
-    /// A breaker for upstream `name` that opens only when a window's failures
-    /// were about `min_sellers` distinct sellers in `min_requests` distinct
-    /// requests (each clamped to 1..=`MAX_MIN_SELLERS`).
+    /// `min_sellers` and `min_requests` are clamped to 1..=`MAX_MIN_SELLERS`.
     pub(crate) fn new(
         name: &'static str,
         config: BreakerConfig,
@@ -241,8 +182,7 @@ impl Breaker {
         self.allow(seller) != Allow::No
     }
 
-    /// Whether a call about `seller` (0: none) may go out now, and as what:
-    /// closed, any call; half-open, a probe.
+    /// Whether a call about `seller` (0: none) may go out now, and as what.
     pub(crate) fn allow(&self, seller: u64) -> Allow {
         if !self.config.enabled {
             return Allow::Closed;
@@ -272,9 +212,8 @@ impl Breaker {
         Allow::Probe
     }
 
-    /// Reports how an allowed call about `caller` ended: a health sign counts,
-    /// anything else is not recorded (the module's doc says why), but frees
-    /// its seller's probe.
+    /// Reports how an allowed call ended: only a health sign counts, but any
+    /// end frees its seller's probe.
     pub(crate) fn record<T>(&self, result: &Result<T, UpstreamError>, caller: Caller) {
         if !self.config.enabled {
             return;
@@ -315,8 +254,7 @@ impl Breaker {
         }
     }
 
-    /// Gives back the probe's place of a call about `seller` that was not
-    /// sent after all; nothing is recorded.
+    /// Gives back the probe's place of a call not sent after all.
     pub(crate) fn release(&self, seller: u64) {
         let mut state = self.lock();
         if matches!(state.mode, Mode::HalfOpen { .. }) {
@@ -324,20 +262,17 @@ impl Breaker {
         }
     }
 
-    /// Half-open, with a probe that ended undecided and none that decided
-    /// since.
+    /// Half-open, with a probe that ended undecided and none decided since.
     pub(crate) fn probes_undecided(&self) -> bool {
         let state = self.lock();
         matches!(state.mode, Mode::HalfOpen { .. }) && state.probe_undecided
     }
 
-    /// Whether failures span enough sellers and requests to speak for everyone.
     /// The spread failures must have to open it; the back-off asks the same.
     pub(super) fn spread(&self) -> Spread {
         (self.min_sellers, self.min_requests)
     }
 
-    /// Counts one health sign in the closed state.
     fn count(&self, state: &mut State, healthy: bool, caller: Caller, now: Instant) {
         if now >= state.window_start + self.config.window {
             state.window_start = now;

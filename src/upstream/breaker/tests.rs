@@ -59,8 +59,7 @@ async fn a_run_of_failures_opens_then_a_probe_closes() {
     assert!(b.allows(0) && b.allows(0), "closed again");
 }
 
-/// Open for `open_ms` exactly: not a moment less, and a probe goes out
-/// at its end.
+/// Open for `open_ms` exactly, and a probe goes out at its end.
 #[tokio::test(start_paused = true)]
 async fn it_stays_open_for_open_ms_exactly() {
     let b = breaker();
@@ -151,9 +150,8 @@ async fn the_sellers_are_counted_per_window() {
     assert!(b.allows(1));
 }
 
-/// Only health signs count: a 4xx about one request, an answer that does
-/// not validate and every undecided outcome are not recorded at all,
-/// neither as failures nor as calls.
+/// Only health signs count: a 4xx, an answer that does not validate and every
+/// undecided outcome are recorded neither as failures nor as calls.
 #[tokio::test(start_paused = true)]
 async fn only_health_signs_are_recorded() {
     let b = spread();
@@ -183,8 +181,7 @@ async fn only_health_signs_are_recorded() {
         b.allows(1),
         "a 4xx, a bad answer or an undecided outcome opened it"
     );
-    // Nor do they count as calls: three health failures in a row still
-    // open it, each kind of them.
+    // Nor as calls: three health failures in a row still open it.
     for (id, error) in [
         UpstreamError::Timeout,
         UpstreamError::Connect("reset".into()),
@@ -208,9 +205,8 @@ fn opened() -> Breaker {
     b
 }
 
-/// Half-open, it probes one call per seller for as many sellers as
-/// `min_sellers`, and opens again only when that many sellers' probes in
-/// that many requests failed: one seller's trouble does not.
+/// Half-open, it probes one call per seller for `min_sellers` sellers, and
+/// opens again only on that many sellers' failed probes in as many requests.
 #[tokio::test(start_paused = true)]
 async fn half_open_probes_several_sellers_and_one_seller_cannot_reopen_it() {
     let b = opened();

@@ -3,94 +3,11 @@
 //! `upstreams.<name>.adaptive_limit = false`) and each seller's
 //! (`upstreams.<name>.max_in_flight_per_seller`).
 //!
-//! # The adaptive bound
-//!
-//! An upstream that answers 429, or 503 with `Retry-After`, refuses load; that
-//! answer is no verdict on the seller (the source is undecided, docs/rules.md)
-//! and the gateway should have sent less. So the bound on calls in flight is a
-//! limit that moves between `min_in_flight` and `max_in_flight`, and the
-//! gateway's own refusal ([`UpstreamError::Saturated`](super::UpstreamError),
-//! which reveals nothing either) comes before the upstream's:
-//!
-//! - It starts at `max_in_flight`: an upstream that never refuses load and
-//!   never slows down sees exactly the fixed bound of old.
-//! - A load refusal cuts it to 0.9 x the calls in flight at that moment (not
-//!   0.9 x the limit: a limit of 4096 with 40 calls in flight says nothing of
-//!   what the upstream takes, so the first cut lands near its capacity).
-//! - So does a latency climb: each answer's latency feeds two moving averages
-//!   (about its last 8 calls, and about its last 256), and the short one above
-//!   `latency_tolerance` x the long one cuts as a refusal does. A timeout
-//!   teaches nothing (its latency is unknown). When latency falls back, the long
-//!   average follows it down faster (Gradient2's decay), so a past slow spell
-//!   does not hide the next one.
-//! - At most one cut per round trip: a signal from a call that started before
-//!   the last cut says nothing about the limit set since (TCP's once per
-//!   window), so a burst of refusals of calls sent together cuts once.
-//! - Every other answer grows it, when the calls in flight were at least half
-//!   the limit as it started (an idle upstream's limit does not creep up to
-//!   mean nothing): by 1/limit, about one place per round trip (additive
-//!   increase), and by one place per answer (doubling per round trip) once a
-//!   second has passed without a cut, so a capacity that went up is found in
-//!   a few round trips rather than one place at a time.
-//! - A call that ends any other way (a connection or a protocol failure, a
-//!   non-refusing error status, its task cancelled) teaches nothing: the
-//!   breaker deals with failures, and a cancelled call's latency is unknown.
-//!
-//! That is AIMD (Netflix concurrency-limits' `AIMDLimit`, TCP's window) on
-//! load refusals with a Gradient2-like short/long latency ratio as the second
-//! signal, made a cut rather than a gradual gradient so one rule serves both.
-//! Netflix's `Gradient2Limit` and Envoy's adaptive concurrency filter (which
-//! measures a minimum RTT in periodic windows at a pinned low limit) both need
-//! latency to be the signal; an upstream here says "too much" with a status,
-//! so refusals lead, and Envoy's pinned measurement windows would refuse
-//! calls on a schedule for nothing. The crate `congestion-limiter` (0.1.0,
-//! its only release) has AIMD and Gradient, but its release of a token is an
-//! `async fn` behind a `tokio::sync::Mutex` (a [`Slot`] here reports on drop,
-//! synchronously, wherever a call ends) and it brings `async-trait` and the
-//! unmaintained `conv`; this is a small module of our own with its tests.
-//!
-//! Its cost is on the cold path only (a call about to go out): taking a place
-//! is one atomic add and one load, as for the fixed bound, and a call's end
-//! takes one uncontended `std::sync::Mutex` for a few float operations. The hit
-//! path never makes a call and never touches it. The limit now is the gauge
-//! `phones_gateway_upstream_limit{upstream}`.
-//!
-//! # The bound per seller
-//!
-//! Why a bound per seller: the upstream's own bound is shared by every seller,
-//! and one caller can fill it alone. A batch of items for one seller, each with
-//! another `phone`, makes one call-tracking call per item (each phone is a key of
-//! its own, nothing coalesces), and a slow upstream keeps them all in flight; every
-//! other seller's call is then refused. A refusal no longer reveals a lower source
-//! (the source is undecided, docs/rules.md), but it still refuses other sellers
-//! because of one caller. With a bound per seller, one seller holds at most its
-//! share of the upstream's places and the rest stay for the others. It applies to
-//! the three upstreams alike: the same flood with random ad ids instead of phones
-//! fills the real-phone and anonymous bounds the same way.
-//!
-//! Its default (0) is sized to need, per upstream (`config::seller_need`): 16
-//! calls at once to the real phone and the anonymous upstreams, 8 to call
-//! tracking, at most an eighth of the upstream's bound (at least one call), so
-//! that eight sellers at once are still needed to fill a small bound. A seller's
-//! calls in flight are its distinct cold keys (calls for one key coalesce, a key
-//! answered stays cached): measured on the recorded stream
-//! (`benches/load/seller_need.py`, docs/adaptive-limit.md), no seller, the
-//! sale's included, ever needed more than 3 of the real phone, 2 of the
-//! anonymous and 1 of call tracking at once, at 100,000 requests/s and 300 ms a
-//! call. The defaults leave five times that and more (a seller's page of ads
-//! fetched together) and never bind on that stream, while a flood of 100 random
-//! phones or ads for one seller is held to 8 or 16 calls. The former default,
-//! an eighth of the bound alone, left one seller 512 calls at once under the
-//! default bound (4096).
-//!
-//! The seller's count is exact (a sharded map of sellers with calls in flight,
-//! dashmap over foldhash), not a hashed table of counters, where a seller hashed
-//! beside a flooding one would share its bound. It is taken on the cold path only
-//! (a call about to be made), once per call and once more when the call ends, and
-//! a seller's entry is removed when its last call ends, so the map holds only
-//! sellers with calls in flight. Both places are guards released on drop, so a
-//! call that ends any way (answered, timed out, its task cancelled or panicking)
-//! gives them back.
+//! The adaptive algorithm, its cost and why no crate, and the per-seller
+//! defaults: docs/adaptive-limit.md. The seller's count is exact (a sharded
+//! map of sellers with calls in flight), not a hashed table of counters, where
+//! a seller hashed beside a flooding one would share its bound. Both places
+//! are guards released on drop, so a call that ends any way gives them back.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -102,7 +19,6 @@ use tokio::time::Instant;
 
 use crate::domain::UserId;
 
-/// The multiplicative cut, of the calls in flight at a load refusal.
 const CUT: f64 = 0.9;
 /// Weight of a new latency in the short average (about its last 8 calls).
 const SHORT: f64 = 1.0 / 8.0;
@@ -111,35 +27,23 @@ const LONG: f64 = 1.0 / 256.0;
 /// With no cut for this long, the limit grows one place per answer.
 const PROBE_AFTER: Duration = Duration::from_secs(1);
 
-/// How the adaptive bound is tuned (`upstreams.<name>`'s keys).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Adapt {
-    /// The floor (`min_in_flight`).
     pub(super) min: usize,
-    /// The short latency average over the long one that counts as a climb
-    /// (`latency_tolerance`).
+    /// `latency_tolerance`.
     pub(super) tolerance: f64,
-    /// The least short average that counts as a climb at all: a third of the
-    /// call's timeout ([`Adapt::climb_floor`]).
+    /// The least short average that counts as a climb at all.
     pub(super) climb_floor: Duration,
 }
 
 impl Adapt {
     /// A third of the call's `timeout`: below it a latency "climb" may be the
-    /// gateway's own queueing, not the upstream slowing down. Measured with
-    /// the simulator at 0 ms (`benches/load/harness.py --cold`, a saturating
-    /// closed loop of new sellers, other builds on the two cores): calls that
-    /// take 0.1 ms idle took from a few to tens of milliseconds while the
-    /// gateway's own cores were busy. Without a floor the real-phone limit
-    /// fell to 7 and four requests in five were refused as undecided; with a
-    /// tenth of the timeout (30 ms), one in eight still was.
+    /// gateway's own queueing, not the upstream slowing down.
     pub(super) fn climb_floor(timeout: Duration) -> Duration {
         timeout / 3
     }
 }
 
-/// Calls in flight to one upstream, and the most allowed at once: fixed, or
-/// adaptive between a floor and `max`.
 pub(super) struct Bound {
     in_flight: AtomicUsize,
     /// The most allowed now (the adaptive limit rounded down).
@@ -148,21 +52,16 @@ pub(super) struct Bound {
     gauge: metrics::Gauge,
 }
 
-/// What a call's end teaches the adaptive limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum End {
-    /// An answer (any status but a load refusal, even one that does not
-    /// parse): its latency is the call's.
+    /// An answer (any status but a load refusal): its latency is the call's.
     Answered,
-    /// The upstream refused load (429, or 503 with `Retry-After`), or the
-    /// back-off judged a failure load: a cut.
+    /// A load refusal, or a failure the back-off judged load: a cut.
     LoadRefused,
-    /// Nothing to learn: a timeout, a connection failure, or no call made (an
-    /// open breaker).
+    /// Nothing to learn.
     Unknown,
 }
 
-/// The adaptive limit's state.
 struct Limit {
     min: f64,
     max: f64,
@@ -176,7 +75,6 @@ struct Limit {
     last_cut: Instant,
 }
 
-/// What one call's end was, as the limit reads it.
 #[derive(Debug, Clone, Copy)]
 enum Signal {
     Refused,
@@ -185,8 +83,7 @@ enum Signal {
 
 impl Limit {
     /// Learns from a call that started at `started` with `before` calls in
-    /// flight (itself included), ending at `now` with `in_flight` in flight
-    /// (itself included); returns the new limit.
+    /// flight and ends at `now` with `in_flight` (each itself included).
     fn learn(
         &mut self,
         signal: Signal,
@@ -232,8 +129,6 @@ impl Limit {
 }
 
 impl Bound {
-    /// A bound of `max` calls, adaptive between `adapt.min` and `max` when
-    /// `adapt` is given; `gauge` shows the limit now.
     pub(super) fn new(max: usize, adapt: Option<Adapt>, gauge: metrics::Gauge) -> Self {
         let max = max.max(1);
         gauge.set(max as f64);
@@ -257,7 +152,6 @@ impl Bound {
         }
     }
 
-    /// A place among the calls in flight, or `None` when all are taken.
     pub(super) fn slot(&self) -> Option<Slot<'_>> {
         // Taken before it is checked, so two calls racing for the last place
         // cannot both have it; the loser gives it back.
@@ -273,18 +167,15 @@ impl Bound {
         })
     }
 
-    /// The most calls allowed in flight now.
     pub(super) fn limit(&self) -> usize {
         self.limit.load(Ordering::Acquire)
     }
 
-    /// [`Bound::learn_at`] now.
     #[cfg(test)]
     fn learn(&self, signal: Signal, slot: &Slot<'_>) {
         self.learn_at(signal, slot, Instant::now());
     }
 
-    /// What the adaptive limit learns from one call's end, at `now`.
     fn learn_at(&self, signal: Signal, slot: &Slot<'_>, now: Instant) {
         let Some(adaptive) = &self.adaptive else {
             return;
@@ -292,16 +183,15 @@ impl Bound {
         let in_flight = self.in_flight.load(Ordering::Acquire);
         let mut limit = adaptive.lock().unwrap_or_else(PoisonError::into_inner);
         let new = limit.learn(signal, slot.started, slot.before, in_flight, now);
-        // At least 1 (the floor is), so the upstream is never shut out. The
-        // gauge is set only when the limit moves.
+        // At least 1 (the floor is), so the upstream is never shut out.
         if self.limit.swap(new as usize, Ordering::AcqRel) != new as usize {
             self.gauge.set(new.floor());
         }
     }
 }
 
-/// A call in flight; dropping it (answered, timed out or cancelled) frees its
-/// place. [`Slot::finish`] first tells the adaptive limit how the call ended.
+/// A call in flight; dropping it frees its place. [`Slot::finish`] first
+/// tells the adaptive limit how the call ended.
 pub(super) struct Slot<'a> {
     bound: &'a Bound,
     started: Instant,
@@ -310,11 +200,8 @@ pub(super) struct Slot<'a> {
 }
 
 impl Slot<'_> {
-    /// The call ended as `end`; frees the place.
     pub(super) fn finish(self, end: End) {
-        // A fixed bound learns nothing: no clock read. An adaptive one reads
-        // the clock once, for the latency and for its own timing (a read is
-        // about a hundred instructions of a call end's 420, callgrind).
+        // A fixed bound learns nothing: no clock read.
         if self.bound.adaptive.is_none() {
             return;
         }
@@ -334,9 +221,7 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// Calls in flight to one upstream per seller, and the most one seller may have.
 pub(super) struct PerSeller {
-    /// Sellers with calls in flight and how many; a seller without is absent.
     in_flight: DashMap<UserId, u32, foldhash::fast::RandomState>,
     max: u32,
 }
@@ -349,7 +234,6 @@ impl PerSeller {
         }
     }
 
-    /// A place among `user`'s calls in flight, or `None` when all are taken.
     pub(super) fn slot(&self, user: UserId) -> Option<SellerSlot<'_>> {
         let mut count = self.in_flight.entry(user).or_insert(0);
         // `max` is at least 1, so a count just inserted at 0 is always taken
@@ -361,15 +245,13 @@ impl PerSeller {
         Some(SellerSlot { bound: self, user })
     }
 
-    /// Sellers with calls in flight (tests).
     #[cfg(test)]
     fn sellers(&self) -> usize {
         self.in_flight.len()
     }
 }
 
-/// One of a seller's calls in flight; dropping it frees its place, and the
-/// seller's entry with its last one.
+/// One of a seller's calls in flight; dropping it frees its place.
 pub(super) struct SellerSlot<'a> {
     bound: &'a PerSeller,
     user: UserId,

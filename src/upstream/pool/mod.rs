@@ -1,43 +1,12 @@
 //! Keep-alive HTTP/1.1 connections to one upstream, over hyper's connection API.
 //!
-//! Why not hyper-util's pooled client (`client::legacy`), which this replaced: on
-//! the cold path (`benches/load/harness.py --cold`, callgrind) each of its calls
-//! hashed the pool key (scheme and authority) with SipHash, went through its
-//! checkout machinery for every host it might serve, and, when the answer had a
-//! body, spawned a task that waited for the connection to be ready before putting
-//! it back: an allocation, a task poll and a wake-up per call. A pool per
-//! upstream needs no key, and a connection goes back when its answer has been read
-//! in full, by the call itself; the next call that takes it waits for it to be
-//! ready if the connection's task has not run yet: about a fifth fewer
-//! instructions a miss (docs/performance.md, "Upstream calls").
-//!
-//! What the legacy client gave is kept: keep-alive (most recently used first, so
-//! the idle rest can age out), an idle timeout, a bound on idle connections, no
-//! Nagle, the `Host` header. A connection is never reused after a call that did
-//! not read its answer to the end (timed out, cancelled, an unexpected status):
-//! it is dropped, which closes it. Idle connections past their timeout are
-//! dropped when a call takes or returns one; an upstream that is not called at all
-//! closes its side after its own keep-alive, and the connection's task then ends.
-//!
-//! A request on a reused connection that fails before any byte of an answer
-//! (hyper hands it back unwritten, or the connection was reset or closed
-//! before the answer began) is sent again, once, on a new connection: the
-//! upstream closed an idle connection under it (its keep-alive ran out), and
-//! the calls are idempotent GETs. That is no verdict; only what the new
-//! connection answers is. Idle connections are kept
-//! `upstreams.pool_idle_timeout_ms`, below common servers' keep-alive, so
-//! this is seldom needed.
-//!
-//! Where a connection fails says whose word it is (docs/rules.md, "Verdict or
-//! undecided"). The host is looked up first, apart from the connect, and the
-//! call's [`Phase`] is set to `Asked` only once an address is known (or an idle
-//! connection is taken): a call whose timeout runs out before that was still in
-//! the gateway's own phase (the lookup waits for a place on tokio's blocking
-//! pool), and is undecided. A connect error is the upstream's verdict (refused,
-//! reset, unreachable) unless its `errno` is the gateway's own trouble: out of
-//! file descriptors (EMFILE, ENFILE), of local ports (EADDRNOTAVAIL), of buffers
-//! or memory (ENOBUFS, ENOMEM) ([`local_errno`]); a failed host lookup is the
-//! gateway's own too (its resolver, not the upstream).
+//! Why a pool of our own: docs/design.md, "Upstreams". A connection is reused
+//! (most recently used first) only after a call that read its answer to the
+//! end. A request a reused connection failed before any byte of an answer is
+//! sent once more on a new connection (the upstream closed an idle one under
+//! it; the calls are idempotent GETs): no verdict. Whose word a failure is
+//! (docs/rules.md, "Verdict or undecided") is told by the call's [`Phase`] and
+//! the connect error's `errno` ([`local_errno`]).
 
 use std::collections::VecDeque;
 use std::io;
@@ -57,12 +26,10 @@ use super::error::UpstreamError;
 
 type Sender = SendRequest<Empty<Bytes>>;
 
-/// How far one call got: whether the upstream had the chance to answer, and
-/// how long the call waited inside the gateway before that (its host lookup).
-/// Atomics, not `Cell`s, so the call's future stays `Send`; one call writes
-/// them and reads them, so `Relaxed` is enough. No clock is read for a call
-/// that takes an idle connection (the cold path's usual case): only a new
-/// connection's host lookup is timed.
+/// How far one call got: whether the upstream was asked, and how long the call
+/// waited inside the gateway before that (its host lookup). Atomics, not
+/// `Cell`s, so the call's future stays `Send`; one call writes them and reads
+/// them, so `Relaxed` is enough.
 #[derive(Debug, Default)]
 pub(super) struct Phase {
     /// Microseconds the call waited before the upstream was asked, plus one
@@ -71,7 +38,6 @@ pub(super) struct Phase {
 }
 
 impl Phase {
-    /// The upstream is asked, `waited` after the call began.
     pub(super) fn set_asked(&self, waited: Duration) {
         let waited = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
         let _ = self.asked_after.compare_exchange(
@@ -82,24 +48,19 @@ impl Phase {
         );
     }
 
-    /// Whether the call got past the gateway's own phase (an address known, a
-    /// connection being opened or used): a timeout is then the upstream's.
     pub(super) fn asked(&self) -> bool {
         self.asked_after.load(Ordering::Relaxed) != 0
     }
 
-    /// How long the call waited inside the gateway before the upstream was
-    /// asked (zero when not asked yet).
+    /// How long the call waited before the upstream was asked.
     pub(super) fn waited(&self) -> Duration {
         Duration::from_micros(self.asked_after.load(Ordering::Relaxed).saturating_sub(1))
     }
 }
 
-/// The idle connections to one upstream and how to open another.
 pub(super) struct Pool {
     /// `host:port` to connect to (port 80 when the base URL names none).
     address: String,
-    /// The base URL's authority, sent as `Host`.
     host: HeaderValue,
     idle: Mutex<VecDeque<Idle>>,
     idle_timeout: Duration,
@@ -111,17 +72,14 @@ struct Idle {
     since: Instant,
 }
 
-/// A connection taken from the pool for one call. Dropped, it closes; given back
-/// with [`Pool::put_back`] once its answer has been read in full, it is reused.
+/// A connection taken from the pool for one call; dropped, it closes.
 pub(super) struct Conn {
     sender: Sender,
-    /// Taken idle from the pool (not opened for this call): the upstream may
-    /// have closed it meanwhile.
+    /// Taken idle: the upstream may have closed it meanwhile.
     reused: bool,
 }
 
 impl Pool {
-    /// A pool for the upstream at `authority` (`host` or `host:port`).
     pub(super) fn new(
         authority: &hyper::http::uri::Authority,
         idle_timeout: Duration,
@@ -139,9 +97,8 @@ impl Pool {
         }
     }
 
-    /// Sends `request` (origin-form URI) on `conn`, with this upstream's `Host`;
-    /// a request a reused connection handed back unwritten goes once more, on
-    /// a new connection that then replaces `conn` (the module's doc says why).
+    /// Sends `request` on `conn` with this upstream's `Host`; sends it once
+    /// more on a new connection when a reused one failed before any answer.
     pub(super) async fn send(
         &self,
         conn: &mut Conn,
@@ -156,10 +113,8 @@ impl Pool {
             Ok(response) => return Ok(response),
             Err(error) => error,
         };
-        // A reused connection that failed before any byte of an answer (not
-        // an answer that did not parse): the upstream closed it under the
-        // request. Sent once more, on a new connection: hyper hands back a
-        // request it never wrote, else it is built again.
+        // Not an answer that did not parse: hyper hands back a request it
+        // never wrote, else it is built again.
         if !conn.reused || error.error().is_parse() {
             return Err(connection_error("the request failed", error.error()));
         }
@@ -180,8 +135,6 @@ impl Pool {
             .map_err(|e| connection_error("the request failed", &e))
     }
 
-    /// An idle connection that is still open, or a new one; `phase` says
-    /// when the upstream is being asked.
     pub(super) async fn take(&self, phase: &Phase) -> Result<Conn, UpstreamError> {
         loop {
             let Some(idle) = self.lock().pop_back() else {
@@ -203,7 +156,6 @@ impl Pool {
         }
     }
 
-    /// Gives back a connection whose answer was read in full.
     pub(super) fn put_back(&self, conn: Conn) {
         if conn.sender.is_closed() {
             return;
@@ -225,8 +177,7 @@ impl Pool {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
-        // Nothing panics while holding it (pushes and pops), and a poisoned list
-        // of idle connections is still a list of idle connections.
+        // Nothing panics while holding it (pushes and pops).
         self.idle
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -263,8 +214,6 @@ impl Pool {
         let (sender, connection) = http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| connection_error("the handshake failed", &e))?;
-        // Ends when the connection closes: the sender dropped (not reused, or
-        // aged out) or the upstream hung up.
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(%error, "upstream connection ended");
@@ -277,8 +226,8 @@ impl Pool {
     }
 }
 
-/// Whether a socket error is the gateway's own trouble rather than the
-/// upstream's answer: out of descriptors, local ports, buffers or memory.
+/// Whether a socket error is the gateway's own trouble: out of descriptors,
+/// local ports, buffers or memory.
 pub(super) fn local_errno(error: &io::Error) -> bool {
     use rustix::io::Errno;
     Errno::from_io_error(error).is_some_and(|errno| {
@@ -293,7 +242,6 @@ pub(super) fn local_errno(error: &io::Error) -> bool {
     })
 }
 
-/// A failed connect, classified by its `errno` ([`local_errno`]).
 fn connect_error(error: &io::Error) -> UpstreamError {
     if local_errno(error) {
         UpstreamError::Local(format!("could not connect: {error}"))
@@ -315,9 +263,8 @@ fn connection_error(what: &str, error: &hyper::Error) -> UpstreamError {
     UpstreamError::Connect(text)
 }
 
-/// The next request head read from `socket` (bytes past it stay in
-/// `buffer`), for the test upstreams here and in `upstream`'s tests; `None`
-/// once the peer hangs up.
+/// The next request head read from `socket` (bytes past it stay in `buffer`);
+/// `None` once the peer hangs up.
 #[cfg(test)]
 pub(super) async fn read_head(
     socket: &mut tokio::net::TcpStream,

@@ -9,10 +9,9 @@ use super::*;
 use crate::domain::{AdId, UserId};
 use crate::upstream::{Call, Upstreams};
 
-/// A keep-alive upstream, counting the connections it accepted. It answers
-/// 200 with a phone, except: a path with `/users/404/`, 404 with a body; with
-/// `/users/500/`, 500; starting `/close`, 200 and then it hangs up without
-/// saying so.
+/// A keep-alive upstream counting the connections it accepted: 200 with a
+/// phone, but `/users/404/` 404 with a body, `/users/500/` 500, a path from
+/// `/close` 200 then a silent hang-up.
 async fn upstream() -> (hyper::http::uri::Authority, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let authority = listener.local_addr().unwrap().to_string().parse().unwrap();
@@ -119,8 +118,8 @@ async fn idle_connections_age_out_and_are_bounded() {
     );
 }
 
-/// The gateway's own socket trouble is undecided; the upstream refusing or
-/// resetting is its verdict.
+/// The gateway's own socket trouble is undecided; a refusal or reset is the
+/// upstream's verdict.
 #[test]
 fn errno_says_whose_trouble_a_connect_error_is() {
     use rustix::io::Errno;
@@ -199,10 +198,9 @@ async fn a_connection_the_upstream_closed_is_not_taken() {
     assert_eq!(accepted.load(Ordering::SeqCst), 5);
 }
 
-/// A reused connection whose task has ended (the upstream closed it just
-/// as the call took it) hands the request back unwritten: it is sent on a
-/// new connection, and answered. A connection opened for the call is not
-/// retried: what it says is the upstream's.
+/// A reused connection whose task has ended hands the request back unwritten:
+/// it is sent on a new connection. A connection opened for the call is not
+/// retried.
 #[tokio::test]
 async fn a_request_a_closed_connection_never_wrote_is_sent_on_a_new_one() {
     let (authority, accepted) = upstream().await;
