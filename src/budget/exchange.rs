@@ -1,20 +1,8 @@
 //! The exchange task: every `rate_limit.exchange_interval_ms` it reports what
-//! this replica's viewers spent (at most [`REPORT_MAX`] spends an exchange, in
-//! statements of [`REPORT_CHUNK`], each its own transaction), learns the
-//! fleet's totals back and with them each viewer's new share, writes the
-//! refusals of viewers it saw cross a budget, and reads those others wrote.
-//! At start it loads every refusal still in force before the replica counts
-//! as primed (`/readyz`), so a restart hands nobody a fresh budget. Beside
-//! it, on the same task, the keeper forgets idle ledgers and holds them under
-//! the cap ([`Budgets::keep`]) and retention deletes expired rows
-//! ([`super::retention`]): neither waits on an exchange, nor an exchange on
-//! them.
-//!
-//! The database down: the ledgers keep what was spent (reported once it is
-//! back, a bounded amount an exchange, so the backlog of a long outage clears
-//! in bounded statements), shares are not renewed, so each replica holds a
-//! viewer to the share it had (a metric and one log line say so); requests
-//! never wait on it.
+//! this replica's viewers spent, learns the fleet's totals and refusals back,
+//! and writes the refusals it saw crossed. Beside it, on the same task, run the
+//! keeper ([`Budgets::keep`]) and retention ([`super::retention`]); none waits
+//! on another. Faults and restarts: docs/budgets.md, "Faults".
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -41,7 +29,6 @@ const PRIME_RETRY_MIN: Duration = Duration::from_millis(500);
 /// milliseconds of the database's time, far inside any statement bound.
 pub const REPORT_CHUNK: usize = 5_000;
 /// Spends one exchange reports at most; the rest stay pending for the next.
-/// After an outage, 1,000,000 viewers' spends clear in about 40 exchanges.
 pub const REPORT_MAX: usize = 50_000;
 
 struct Gauges {
@@ -90,8 +77,7 @@ pub async fn run(budgets: Arc<Budgets>, store: BudgetStore, stop: CancellationTo
     );
 }
 
-/// What the exchange task's loops share: this replica's budgets and store,
-/// its random id among the replicas, and the token that stops them.
+/// What the exchange task's loops share.
 struct Exchanging<'a> {
     interval: Duration,
     replica: u64,
@@ -572,9 +558,8 @@ mod tests {
         }
     }
 
-    /// The task on a scratch SQLite store, with `interval` between exchanges:
-    /// its budgets (a minute's only, at most `cap` ledgers), the store, the token that stops it and
-    /// the task, once primed.
+    /// The task on a scratch SQLite store, `interval` between exchanges, once
+    /// primed: its budgets (a minute's only, at most `cap` ledgers) and handles.
     async fn running(
         interval: Duration,
         cap: usize,

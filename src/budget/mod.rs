@@ -1,26 +1,9 @@
 //! Viewer budgets, the fleet's (docs/budgets.md): how many numbers a viewer
 //! (`X-Viewer-Id`) may be shown per minute and per UTC day, whichever replica
-//! they ask.
-//!
-//! A request never waits on the database. Each replica keeps a ledger per
-//! viewer and decides alone; every `rate_limit.exchange_interval_ms` its
-//! [`exchange`] task adds what it spent to the fleet's totals (one upsert for
-//! all its viewers), learns the totals back, and reads who was refused
-//! elsewhere. Between two exchanges a replica spends at most its *share* of
-//! what remains of a viewer's budget: in proportion to what it spent of the
-//! fleet's total so far (all of it for a viewer a load balancer keeps sending
-//! to one replica), an even share over the live replicas for a viewer it sees
-//! first. So a viewer spread over `N` replicas gets past a budget by at most
-//! `N - 1` (the shares are rounded up) plus what the fleet's knowledge lags;
-//! the formula and the measured figures are in docs/budgets.md.
-//!
-//! Memory: one `Ledger` (28 bytes, and its 8-byte key) per viewer seen in
-//! the last two minutes, refused for the rest of a window, or with spends not
-//! yet reported (while the database is down); every [`FORGET_EVERY`] the others
-//! are forgotten. At most [`MAX_LEDGERS`], also during an outage: past three
-//! quarters of it the least recently used are evicted (their unreported spends
-//! dropped and counted), and a viewer new to a full table is refused for a
-//! second (see [`Budgets::keep`]).
+//! they ask. A request never waits on the database: each replica keeps a
+//! ledger per viewer and spends alone within its share, and its [`exchange`]
+//! task reports and learns the fleet's totals. Shares, overshoot and memory:
+//! docs/budgets.md.
 
 pub mod exchange;
 pub mod retention;
@@ -40,14 +23,12 @@ use crate::config::BudgetsConfig;
 use crate::domain::Viewer;
 use window::{Moment, minute_wait, share};
 
-/// The viewers' fleet keys: the same 64-bit hash of an id on every replica
-/// (and across versions: a test pins it, since a changed hash would hand
-/// every viewer a fresh budget during a rolling upgrade). Not keyed: viewer ids
-/// come from the trusted backend, not from whoever sends the request.
+/// The viewers' fleet keys: the same 64-bit hash of an id on every replica and
+/// across versions (a test pins it). Not keyed: viewer ids come from the
+/// trusted backend, not from whoever sends the request.
 const FLEET_SEED: u64 = 0x7068_6f6e_6573_6777;
 
-/// Ledgers a replica holds at most: about 86 MB (86 bytes a viewer measured
-/// with `benches/budget_memory.rs` at this size). See [`Budgets::keep`].
+/// Ledgers a replica holds at most (docs/budgets.md, "Memory and the database").
 pub const MAX_LEDGERS: usize = 1_000_000;
 /// How often idle ledgers are forgotten (and, past the cap's three quarters,
 /// the least recently used evicted); sooner when the table is full.
@@ -105,11 +86,9 @@ impl Window {
         u64::from(self.known) + u64::from(self.pending)
     }
 
-    /// This replica's share of `remaining` beyond what the fleet knew. In
-    /// proportion to what it spent of the fleet's total (see [`share`]) once
-    /// two reports have shown it: after one, other replicas that spent as
-    /// early may not have reported yet, so the share is no larger than an
-    /// even one (or the window before's proportion).
+    /// This replica's share of `remaining` beyond what the fleet knew: after
+    /// one report no larger than an even one (others may not have reported
+    /// yet), after two in proportion ([`share`]).
     fn lease(&self, remaining: u64, replicas: u32) -> u64 {
         let even = if self.hint > 0 {
             (remaining * u64::from(self.hint)).div_ceil(255)
@@ -162,7 +141,6 @@ struct Ledger {
 
 /// The viewers' ledgers and what the exchange learned of the fleet.
 pub struct Budgets {
-    /// `[rate_limit]`: the budgets (0 = off).
     config: BudgetsConfig,
     viewers: DashMap<u64, Ledger, foldhash::fast::RandomState>,
     /// Live replicas sharing the database (1 on SQLite or until known).
@@ -201,7 +179,6 @@ pub struct Kept {
     /// Reveals spent on evicted ledgers and never reported: the fleet's
     /// totals never count them.
     pub dropped: u64,
-    /// Ledgers left.
     pub ledgers: usize,
 }
 
@@ -308,13 +285,10 @@ impl Budgets {
         }
     }
 
-    /// Forgets the idle ledgers (nothing unreported, no refusal in force,
-    /// unused for over a minute). Then, past three quarters of the cap, evicts
-    /// down to it the least recently used, those refused by nobody first: what
-    /// they spent and did not report yet is dropped (the fleet's totals never
-    /// count it: an overshoot of at most that, for viewers idle the longest,
-    /// whose minute has mostly passed) and counted. Runs every
-    /// [`FORGET_EVERY`] and at once when a new viewer found the table full.
+    /// Forgets the idle ledgers, then past three quarters of the cap evicts
+    /// the least recently used, the refused last, dropping and counting what
+    /// they had not reported (docs/budgets.md, "Memory and the database").
+    /// Runs every [`FORGET_EVERY`] and at once when a new viewer found it full.
     pub fn keep(&self, now: Moment) -> Kept {
         let mut kept = Kept::default();
         self.viewers.retain(|_, ledger| {
@@ -365,7 +339,6 @@ impl Budgets {
         kept
     }
 
-    /// Viewers currently remembered.
     pub fn len(&self) -> usize {
         self.ledgers.load(Ordering::Relaxed)
     }

@@ -1,19 +1,6 @@
 //! Retention of the budgets' rows: the windows that ended and the refusals
 //! that ran out are deleted in the background, at least as fast as the
 //! exchanges write them (docs/budgets.md, "Memory and the database").
-//!
-//! A pass deletes batches of [`BATCH`] rows of each kind, one short
-//! transaction a batch with a pause between (on SQLite the gateway's other
-//! writers queue for the same lock), until no batch comes back full, or
-//! [`PASS_ROWS`] rows, or [`PASS_TIME`]. Passes run every [`EVERY`], or after
-//! [`BACKLOG_PAUSE`] while the one before stopped at its bound (the day rows of
-//! a whole day expire together at midnight), so the rate a replica can delete
-//! at is bounded by the pass's bounds, never by a fixed number a minute.
-//!
-//! Kept: the minute rows of the current minute and the two before (a report
-//! returns the previous minute's total), the day rows of the current day (and
-//! of the day before for [`DAY_GRACE`] after midnight, for reports in flight),
-//! the refusals in force.
 
 use std::time::Duration;
 
@@ -24,14 +11,12 @@ use crate::store::{BudgetStore, BudgetStoreError};
 
 /// Rows a statement deletes at most (each kind, each table).
 pub const BATCH: i64 = 5_000;
-/// Rows a pass deletes at most.
 pub const PASS_ROWS: u64 = 250_000;
 /// How long a pass goes on at most: well under `database.lock_timeout_ms`'s
 /// default (5 s), which a webhook waiting for SQLite's write lock is given.
 pub const PASS_TIME: Duration = Duration::from_secs(2);
 /// Between two batches: the other writers' turn.
 const PAUSE: Duration = Duration::from_millis(10);
-/// How often a pass runs.
 pub const EVERY: Duration = Duration::from_secs(10);
 /// The wait before the next pass when one stopped at its bounds.
 pub const BACKLOG_PAUSE: Duration = Duration::from_secs(1);
@@ -48,7 +33,8 @@ pub struct Pass {
 }
 
 /// The windows a pass at `now` deletes: (minute rows before, day rows before,
-/// refusals ended before the second).
+/// refusals ended before the second). Two minutes are kept: a report returns
+/// the previous minute's total.
 pub fn horizon(now: Moment) -> (u32, u32, u64) {
     let grace = u64::try_from(DAY_GRACE.as_millis()).unwrap_or(u64::MAX);
     (
@@ -58,7 +44,7 @@ pub fn horizon(now: Moment) -> (u32, u32, u64) {
     )
 }
 
-/// One pass of retention at `now` (see the module doc).
+/// One pass of retention at `now`.
 ///
 /// # Errors
 /// The database failed; what earlier batches deleted stays deleted.

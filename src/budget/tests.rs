@@ -156,10 +156,8 @@ fn the_day_budget_refuses_until_midnight() {
 }
 
 /// The table never holds more than its cap, also while nothing is ever
-/// reported (the database down): a new viewer at the cap is refused for a
-/// second and the keeper woken; the keeper evicts down to three quarters,
-/// the least recently used first and the refused last, counting what they
-/// had not reported; then new viewers pass again.
+/// reported (the database down): a new viewer at the cap is refused and the
+/// keeper woken, which evicts down to three quarters; then new viewers pass.
 #[test]
 fn the_ledgers_stay_under_their_cap_evicting_the_least_recently_used() {
     let budgets = Budgets::with_cap(&sizes(10, 100), 8).unwrap();

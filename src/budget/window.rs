@@ -1,13 +1,7 @@
 //! The arithmetic of the budgets, pure: where a moment falls in its windows,
 //! the minute's sliding estimate and how long until a request fits, and a
-//! replica's share of what remains.
-//!
-//! The minute budget is a sliding window approximated from two fixed ones (as
-//! Cloudflare counts it): the previous minute weighs by the part of it still
-//! inside the last 60 s, `before * (1 - f) + current`, with `f` how far into
-//! the current minute we are. Counts of fixed windows add up over replicas,
-//! which a per-viewer GCRA state does not. The day budget is a UTC calendar
-//! day.
+//! replica's share of what remains. Why a sliding minute from two fixed ones:
+//! docs/budgets.md, "The budgets".
 
 use crate::domain::wall_clock;
 

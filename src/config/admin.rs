@@ -1,10 +1,7 @@
-//! `[admin]`: who may call the admin API. `admin.token`, one token with every
-//! scope, and `[[admin.tokens]]`, named tokens each limited to the scopes it
-//! lists (docs/admin-access.md). Validation checks what the text says (names,
-//! scopes, exactly one of `token` and `token_file`); [`AdminConfig::read_tokens`]
-//! reads the token files once at start and refuses a file it cannot read and a
-//! value two entries share, naming the key. The files are read again while the
-//! service runs by the admin listener's token set (`http::api::access`).
+//! `[admin]`: who may call the admin API, `admin.token` with every scope and
+//! `[[admin.tokens]]` each limited to its own (docs/admin-access.md). Token
+//! files are read at start by [`AdminConfig::read_tokens`] and again while
+//! running by the admin listener's token set (`http::api::access`).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -19,7 +16,6 @@ use super::secret::Secret;
 pub struct AdminConfig {
     /// Every scope. Empty: no such token (never that the routes are open).
     pub token: Secret,
-    /// Named tokens, each with its scopes.
     #[serde(default)]
     pub tokens: Vec<NamedTokenConfig>,
 }
@@ -28,12 +24,9 @@ pub struct AdminConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NamedTokenConfig {
-    /// 1 to 64 of `a-z 0-9 - _`, unique: what the logs and metrics name.
     pub name: String,
-    /// The value itself (exactly one of `token` and `token_file`).
     #[serde(default)]
     pub token: Option<Secret>,
-    /// A file holding the value, re-read while running (rotation).
     #[serde(default)]
     pub token_file: Option<PathBuf>,
     /// Scopes as written; [`Scope::parse`] names an unknown one.
@@ -43,15 +36,10 @@ pub struct NamedTokenConfig {
 /// What an admin route needs its caller's token to carry (docs/admin-access.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
-    /// `GET` a seller's call-tracking status.
     StatusesRead,
-    /// The status webhook and the snapshot.
     StatusesWrite,
-    /// `POST /admin/v1/cache/invalidate`.
     CacheInvalidate,
-    /// Both reveal-log routes (personal data: who saw whose number).
     RevealsRead,
-    /// Profiling and the admin API's description.
     Debug,
 }
 
@@ -75,7 +63,6 @@ impl Scope {
         }
     }
 
-    /// The scope named `text`, if any.
     pub fn parse(text: &str) -> Option<Scope> {
         Scope::ALL.into_iter().find(|scope| scope.as_str() == text)
     }
@@ -259,22 +246,8 @@ impl AdminConfig {
 }
 
 /// Why `value` cannot be a bearer token, if it cannot; `None` for a value an
-/// `Authorization: Bearer <token>` header carries as it is.
-///
-/// A token is one or more visible ASCII characters, `!` to `~`: RFC 6750's
-/// `b64token` (letters, digits, `-._~+/`, trailing `=`) and the other visible
-/// characters, which header values carry as they are and the check compares
-/// byte for byte. Refused:
-/// - whitespace anywhere. At either end a header value loses it (field values
-///   are trimmed), so such a token could never match; inside, `Bearer a b` is
-///   not one credential in HTTP's grammar (RFC 9110 `token68` has no space:
-///   intermediaries and clients may read `b` as a parameter, or fold the
-///   spaces), so it could not be carried unambiguously;
-/// - control characters: a header value cannot hold a line ending, NUL or DEL;
-/// - anything outside ASCII (obsolete in header values; clients refuse to send
-///   it).
-///
-/// The reason never quotes the value.
+/// `Authorization: Bearer <token>` header carries as it is (docs/admin-access.md,
+/// "What a token may hold"). The reason never quotes the value.
 pub(super) fn token_problem(value: &str) -> Option<&'static str> {
     if value.is_empty() {
         return Some("is empty");
@@ -295,15 +268,12 @@ pub(super) fn token_problem(value: &str) -> Option<&'static str> {
     None
 }
 
-/// A token file's value: its contents less the whitespace around them (a
-/// trailing line ending, blank lines: `echo`, editors and Secret tools add
-/// them, and a header cannot carry them), which must then be a token an
-/// Authorization header carries ([`token_problem`]).
+/// A token file's value: its contents less the whitespace around them, which
+/// must then pass [`token_problem`].
 ///
 /// # Errors
-/// The file cannot be read or is not UTF-8; it holds nothing but whitespace;
-/// or what it holds is not a token a header can carry. The reason names the
-/// file, never the value.
+/// Unreadable, not UTF-8, only whitespace, or not a token a header can carry.
+/// The reason names the file, never the value.
 pub fn read_token_file(path: &Path) -> Result<Secret, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;

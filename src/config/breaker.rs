@@ -1,16 +1,7 @@
-//! `[breaker]`: the circuit breaker each upstream client has of its own.
-//!
-//! `min_sellers` (default 5): a window's failures must be about this many
-//! distinct sellers before the breaker opens for everyone (`upstream::breaker`
-//! says why). Five: one caller controls the sellers it asks about but rarely
-//! five sellers whose calls fail, while an upstream in real trouble fails for
-//! every seller and reaches five within its first failures (the default run is
-//! five failures, so a run spread over five sellers opens it as before). At
-//! most 32, the size of the set a window keeps.
-//!
-//! `min_requests` (default 5): and from this many distinct requests (a batch
-//! is one request), so that one caller's batch over many sellers cannot open
-//! it either. At most 32, likewise.
+//! `[breaker]`: the circuit breaker each upstream client has of its own
+//! (keys: docs/configuration.md; why distinct sellers: `upstream::breaker`).
+//! `min_sellers` and `min_requests` are at most 32, the size of the set a
+//! window keeps.
 
 use std::time::Duration;
 
@@ -20,7 +11,6 @@ use super::check::Checks as _;
 use super::error::{Mistake, invalid};
 use super::units;
 
-/// Circuit breaker settings, applied to each upstream.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BreakerConfig {
@@ -28,9 +18,7 @@ pub struct BreakerConfig {
     pub consecutive_failures: u32,
     pub failure_ratio: f64,
     pub min_calls: u32,
-    /// Distinct sellers a window's failures must be about to open the breaker.
     pub min_sellers: u32,
-    /// Distinct requests a window's failures must come from to open it.
     pub min_requests: u32,
     #[serde(rename = "window_s", deserialize_with = "units::seconds")]
     pub window: Duration,

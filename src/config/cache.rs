@@ -21,7 +21,6 @@ pub struct CachesConfig {
 }
 
 impl CachesConfig {
-    /// The cache of `source`'s numbers.
     pub fn of(&self, source: Source) -> &CacheConfig {
         match source {
             Source::Anonymous => &self.anonymous,

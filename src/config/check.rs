@@ -1,10 +1,5 @@
 //! The small checks every section's validation is made of: a number in a range,
 //! a URL of a scheme. Each names the key it checks.
-//!
-//! A section's `validate(&self, found: &mut Vec<Mistake>)` writes one line per
-//! ranged key through [`Checks`]: `found.range(key, value, low..=high)`, or
-//! `found.range_noting(key, value, low..=high, "why")` when the reason for the
-//! bounds belongs in the message.
 
 use std::fmt;
 use std::ops::RangeInclusive;

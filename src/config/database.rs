@@ -1,4 +1,5 @@
 //! `[database]`: where the store is, its pool, and the bounds of every call.
+//! Keys: docs/configuration.md.
 
 use std::time::Duration;
 
@@ -13,21 +14,14 @@ use super::units;
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
     pub url: Secret,
-    /// PostgreSQL itself, when `url` is a transaction-mode pooler: migrations
-    /// and LISTEN need a session of their own. Empty: `url`.
     pub direct_url: Secret,
     pub max_connections: u32,
     pub migrate_on_start: bool,
-    /// PostgreSQL only: `LISTEN` for change hints; `false` learns changes by
-    /// the catch-up poll alone (behind a transaction pooler, which cannot LISTEN).
     pub listen: bool,
     #[serde(rename = "sync_interval_ms", deserialize_with = "units::millis")]
     pub sync_interval: Duration,
-    /// One database statement at most (PostgreSQL: `statement_timeout`).
     #[serde(rename = "statement_timeout_ms", deserialize_with = "units::millis")]
     pub statement_timeout: Duration,
-    /// Waiting for a lock at most (PostgreSQL: `lock_timeout`; SQLite: its
-    /// busy timeout).
     #[serde(rename = "lock_timeout_ms", deserialize_with = "units::millis")]
     pub lock_timeout: Duration,
 }

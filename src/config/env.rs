@@ -12,11 +12,9 @@ pub const ENV_PREFIX: &str = "PHONES_GATEWAY__";
 /// `0123456789` as a number (dropping the zero) and `true` as a boolean.
 const SECRET_KEYS: [&str; 3] = ["admin.token", "database.url", "database.direct_url"];
 
-/// Environment variables that look meant for the gateway but are not read: a
-/// `PHONES_GATEWAY_` prefix with one underscore (`PHONES_GATEWAY_ADMIN__TOKEN`),
-/// which figment passes over in silence. A name without `__` after the prefix
-/// (`PHONES_GATEWAY_BIN`, the scripts' own) is not taken for an override. Names only, sorted: values may be
-/// secrets.
+/// Environment variables that look meant for the gateway but are not read
+/// (`PHONES_GATEWAY_ADMIN__TOKEN`, one underscore), which figment passes over
+/// in silence. Names only, sorted: values may be secrets.
 pub fn mistyped_environment() -> Vec<String> {
     let mut names: Vec<String> = std::env::vars_os()
         .filter_map(|(name, _)| name.into_string().ok())

@@ -11,7 +11,6 @@ pub struct LogConfig {
     pub format: LogFormat,
 }
 
-/// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {

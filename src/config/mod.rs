@@ -1,19 +1,10 @@
 //! The configuration tree: built-in defaults (`config/default.toml`, compiled in),
 //! an optional file, then `PHONES_GATEWAY__` environment variables; then validation.
+//! Every key and what a mistake reports: docs/configuration.md.
 //!
-//! [`Config::from_figment`] is pure so tests feed it strings; only
-//! [`Config::load`] reads files and the environment.
-//!
-//! Each section's struct, defaults and validation are in its own file; this
-//! one holds the tree, loading, and the checks that span sections (the
-//! request deadline against the upstream timeouts). `check` has the range
-//! helpers the sections' validations use, `error` what they report.
-//!
-//! A configuration that cannot run is refused with every mistake at once
-//! ([`ConfigError::Invalid`]), each naming its dotted key and where its value
-//! came from: serde stops at the first mistake of a struct, so extraction is
-//! retried with the defaults in place of each value at fault until the rest
-//! extracts, and each section's validation collects rather than returns.
+//! Each section's struct and checks are in its own file; this one holds the tree,
+//! loading, and the one check across sections. [`Config::from_figment`] is pure
+//! so tests feed it strings; only [`Config::load`] reads files and the environment.
 
 mod admin;
 mod breaker;
@@ -66,14 +57,9 @@ use check::{Checks as _, MAX_WAIT_MS};
 /// The documented defaults, key by key.
 pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
 /// What the default `server.request_deadline_ms` adds to the longest path
-/// through the upstream timeouts: the chain's own time between its calls (the
-/// real answer handed over, the call-tracking call started, its answer handed
-/// back), which the timeouts do not count. On an idle replica that is well
-/// under a millisecond; on a saturated one every hand-over waits for a worker,
-/// and with the deadline at the bare sum a call-tracking answer inside its own
-/// timeout was cut and the seller's real number shown (docs/rules.md has the
-/// figures). A fixed amount, not a share of the timeouts: scheduling delay does
-/// not grow with them.
+/// through the upstream timeouts: the chain's own scheduling between its calls,
+/// which the timeouts do not count (docs/rules.md, "Concurrency and the
+/// deadline"). Fixed: scheduling delay does not grow with the timeouts.
 pub const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Deserialize)]
@@ -93,17 +79,11 @@ pub struct Config {
     pub tracing: TracingConfig,
 }
 
-/// Rounds of "note the mistakes serde stopped at, put the default in their place,
-/// extract again" before giving up on finding more: serde stops at the first
-/// mistake of a struct, figment does not go on either.
+/// Rounds of [`Config::extract_noting_all`] before giving up on finding more.
 const MAX_EXTRACTION_ROUNDS: usize = 64;
 
-/// Where the value at `key` came from, for a mistake's message: a file's
-/// absolute path, or the environment variable's name. `None` for the built-in
-/// defaults (and values tests build from strings).
-///
-/// An element of a list (`selection.order[1]`, `admin.tokens[0].scopes`) is
-/// found by the list's key: the file or variable that gave the list.
+/// Where the value at `key` came from, for a mistake's message; `None` for the
+/// built-in defaults. A list's element is found by the list's key.
 fn source_of(figment: &Figment, key: &str) -> Option<String> {
     let key = key.split('[').next().unwrap_or(key);
     described(figment.find_metadata(key)?, key)
@@ -146,7 +126,6 @@ fn key_path(error: &figment::Error) -> Vec<String> {
     path
 }
 
-/// Whether a path segment is a list's index.
 fn is_index(segment: &str) -> bool {
     !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit())
 }
@@ -235,8 +214,6 @@ impl Config {
         Self::from_figment(Figment::from(Toml::string(DEFAULT_TOML)).merge(Toml::string(overlay)))
     }
 
-    /// Extracts and validates.
-    ///
     /// # Errors
     /// As [`Config::load`].
     pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
@@ -315,9 +292,7 @@ impl Config {
         None
     }
 
-    /// Checks what types cannot: every number in a range that runs (a duration
-    /// or size far out of range would overflow a clock or an allocation deep
-    /// inside a request), URLs, the order list. Each section checks its own keys.
+    /// Checks what types cannot; each section checks its own keys.
     ///
     /// # Errors
     /// Every key whose value cannot run, each named.
@@ -360,15 +335,13 @@ impl Config {
         found
     }
 
-    /// max(anonymous, real_phone + calltracking) of the configured timeouts: how
-    /// long a request may need when every call answers within its own timeout.
+    /// [`UpstreamsConfig::longest_path`].
     pub fn longest_upstream_path(&self) -> Duration {
         self.upstreams.longest_path()
     }
 
-    /// `server.request_deadline_ms`, or by default the longest path through the
-    /// upstream timeouts plus [`DEADLINE_MARGIN`], so a call answering within its
-    /// own timeout is never cut, also on a replica whose workers are busy.
+    /// `server.request_deadline_ms`, or the longest upstream path plus
+    /// [`DEADLINE_MARGIN`].
     pub fn request_deadline(&self) -> Duration {
         self.server
             .request_deadline
@@ -376,19 +349,10 @@ impl Config {
     }
 
     /// The most descriptors the process's own calls hold at once, which the
-    /// inbound connection cap keeps free (`server.max_connections`, derived
-    /// from `RLIMIT_NOFILE` less this and the fixed part in
-    /// `http::server::conns`):
-    /// - each upstream's calls in flight (`max_in_flight` as resolved): a call
-    ///   holds one connection, an idle pooled connection was one such call's,
-    ///   and a call takes an idle connection before it opens one, so one
-    ///   upstream's connections never outnumber its bound (its idle maximum
-    ///   is below it);
-    /// - the status feed's 2 calls in flight, when it is on;
-    /// - the database: 3 descriptors (SQLite's file, WAL and shared memory; one
-    ///   socket on PostgreSQL) for each of `database.max_connections`, and for
-    ///   two connections beside the pool (SQLite's reveal-log writer;
-    ///   PostgreSQL's LISTEN and pooler check on `direct_url`).
+    /// inbound connection cap keeps free (`server.max_connections`). A call
+    /// takes an idle pooled connection before it opens one, so an upstream's
+    /// connections never outnumber its bound; a database connection is 3 on
+    /// SQLite (file, WAL, shared memory), and two sit beside the pool.
     pub fn outbound_descriptors(&self) -> usize {
         let server = self.server.max_in_flight;
         let upstreams: usize = Source::ALL
@@ -649,9 +613,7 @@ pub(crate) mod tests {
         assert!(e.to_string().contains("/nonexistent/gw.toml"));
     }
 
-    /// The sample configuration of the contract (verbatim but for two comments
-    /// that cited its sections): every section of it parses and validates,
-    /// `[tracing]` included.
+    /// The contract's sample configuration: every section parses and validates.
     #[test]
     fn the_documented_sample_configuration_parses_and_validates() {
         const SAMPLE: &str = r#"

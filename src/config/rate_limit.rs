@@ -1,5 +1,4 @@
-//! `[rate_limit]`: the viewer budgets (docs/budgets.md), counted per replica and
-//! exchanged through the database so that they are the fleet's.
+//! `[rate_limit]`: the viewer budgets (docs/budgets.md).
 
 use std::time::Duration;
 
@@ -9,15 +8,11 @@ use super::check::Checks as _;
 use super::error::Mistake;
 use super::units;
 
-/// `[rate_limit]`, the viewers' budgets (docs/budgets.md): counted per
-/// replica, exchanged through the
-/// database every `exchange_interval_ms`, so that they are the fleet's.
 /// A plain value: the budgets hold it whole.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetsConfig {
     pub per_viewer_per_minute: u32,
-    /// Per UTC calendar day; 0 = off.
     pub per_viewer_per_day: u32,
     #[serde(rename = "exchange_interval_ms", deserialize_with = "units::millis")]
     pub exchange_interval: Duration,
@@ -42,8 +37,6 @@ impl BudgetsConfig {
             0..=65_535,
             "a budget is for people; the ledgers count in 16 bits",
         );
-        // Under a second: a viewer past a budget anywhere is refused everywhere
-        // within one exchange (and its bounded call).
         found.range_noting(
             "rate_limit.exchange_interval_ms",
             self.exchange_interval.as_millis(),

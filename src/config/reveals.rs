@@ -9,7 +9,6 @@ use super::check::Checks as _;
 use super::error::Mistake;
 use super::units;
 
-/// The reveal log (who was shown which seller's number).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RevealsConfig {
@@ -32,7 +31,6 @@ pub enum OnOverflow {
 }
 
 impl RevealsConfig {
-    /// How long reveals are kept.
     pub fn retention(&self) -> Duration {
         Duration::from_secs(u64::from(self.retention_days) * 86_400)
     }

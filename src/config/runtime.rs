@@ -8,7 +8,6 @@ use super::error::Mistake;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuntimeConfig {
-    /// 0: follow the cgroup CPU quota (or the cores when there is none).
     pub worker_threads: usize,
 }
 

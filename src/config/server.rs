@@ -1,5 +1,5 @@
 //! `[server]`: the listeners, their request and connection limits, shedding,
-//! cold admission and the shutdown sequence.
+//! cold admission and the shutdown sequence. Keys: docs/configuration.md.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -21,33 +21,13 @@ pub const MAX_CONNECTIONS: usize = 1_000_000;
 pub struct ServerConfig {
     pub public_addr: SocketAddr,
     pub admin_addr: SocketAddr,
-    /// A listener of its own for `/healthz`, `/readyz` and `/metrics` alone
-    /// (with its own small connection cap), so that callers crowding the admin
-    /// listener do not delay the probes; `None`: the probes are on the admin
-    /// listener only (they stay there either way).
     #[serde(default)]
     pub probe_addr: Option<SocketAddr>,
     pub max_body_bytes: usize,
-    /// Bytes that request bodies being read may hold in memory at once, every
-    /// request of both listeners together but the snapshot PUT (which streams
-    /// its body and has its own bound, `max_snapshot_uploads`): a body's bytes
-    /// are reserved as they arrive and released when its request ends; a body
-    /// that would go past it is answered 503 with `Retry-After`
-    /// (`http::server::bodies`).
     pub max_body_buffer_bytes: usize,
-    /// Bytes of public request bodies still arriving that one client (a
-    /// source address; IPv6 by its /64) may hold at once, within the public
-    /// listener's share of `max_body_buffer_bytes`; a chunk past it is
-    /// answered 503 with `Retry-After` (`http::server::bodies`).
     pub max_body_buffer_per_client_bytes: usize,
     pub max_snapshot_bytes: usize,
-    /// Snapshot PUTs in flight at once; one more is answered 503 with
-    /// `Retry-After` before its body is read (each holds its parsed ids, up to
-    /// 80 MB, and a parser thread).
     pub max_snapshot_uploads: usize,
-    /// The whole snapshot body must arrive within this (a 408 otherwise),
-    /// however steadily it trickles: `body_read_timeout_ms` bounds only the
-    /// pause between its chunks.
     #[serde(
         rename = "snapshot_body_timeout_ms",
         deserialize_with = "units::millis"
@@ -58,20 +38,10 @@ pub struct ServerConfig {
     #[serde(rename = "drain_timeout_ms", deserialize_with = "units::millis")]
     pub drain_timeout: Duration,
     pub max_in_flight: usize,
-    /// Connections the public listener holds open at once; past it new ones
-    /// wait in the listen backlog. 0: derived from `RLIMIT_NOFILE` less what
-    /// the process's own calls need (`http::server::conns::max_connections`).
     pub max_connections: usize,
-    /// When a ready request waits longer than this for a worker thread,
-    /// requests that need an upstream call are shed in proportion
-    /// (`resolve::admission`); zero: never.
     #[serde(rename = "max_queue_delay_ms", deserialize_with = "units::millis")]
     pub max_queue_delay: Duration,
-    /// `None`: the longest path through the configured upstream timeouts (see
-    /// [`Config::request_deadline`]); an explicit value may not be below it
-    /// (checked beside the upstreams, by `Config::validate`).
-    ///
-    /// [`Config::request_deadline`]: crate::config::Config::request_deadline
+    /// Read it through `Config::request_deadline`, which fills in `None`.
     #[serde(
         default,
         rename = "request_deadline_ms",

@@ -16,7 +16,6 @@ pub struct StatusFeedConfig {
     #[serde(rename = "interval_ms", deserialize_with = "units::millis")]
     pub interval: Duration,
     pub limit: u32,
-    /// The feed leader's lease (docs/status-sync.md, "Leadership").
     #[serde(rename = "lease_ttl_ms", deserialize_with = "units::millis")]
     pub lease_ttl: Duration,
 }

@@ -6,20 +6,14 @@ use serde::Deserialize;
 use super::check::parse_url;
 use super::error::{Mistake, invalid};
 
-/// Distributed tracing (docs/tracing.md): W3C trace context is always
-/// continued; spans are exported only when `otlp_endpoint` is set.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TracingConfig {
-    /// The OTLP/HTTP collector's base URL (spans go to `{otlp_endpoint}/v1/traces`);
-    /// empty: no export.
     pub otlp_endpoint: String,
-    /// The share of new traces recorded; a caller's sampled flag decides for its own.
     pub sample_ratio: f64,
 }
 
 impl TracingConfig {
-    /// Whether spans are exported at all.
     pub fn exports(&self) -> bool {
         !self.otlp_endpoint.is_empty()
     }

@@ -1,8 +1,5 @@
-//! `[upstreams]`: the time lost by the gateway a call tolerates
-//! (`lost_time_tolerance_ms`), how long idle connections are kept
-//! (`pool_idle_timeout_ms`), and `[upstreams.<name>]`: each upstream's
-//! address, timeout, `on_error` and bounds on calls in flight (the upstream's,
-//! a seller's, a request's); call tracking's also holds its status feed.
+//! `[upstreams]` and `[upstreams.<name>]`: each upstream's address, timeout,
+//! `on_error` and bounds on calls in flight. Keys: docs/configuration.md.
 
 use std::time::Duration;
 
@@ -17,14 +14,8 @@ use crate::domain::{OnError, Source, Sources};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamsConfig {
-    /// Time the gateway itself lost during a call (its timers late, its
-    /// process paused) that the call tolerates before that time is given back
-    /// (`runtime::lost`).
     #[serde(rename = "lost_time_tolerance_ms", deserialize_with = "units::millis")]
     pub lost_time_tolerance: Duration,
-    /// How long a pooled connection to an upstream is kept idle before it is
-    /// closed: below what common servers keep (gunicorn 2 s, Node 5 s), so
-    /// the gateway seldom writes on a connection the server just closed.
     #[serde(rename = "pool_idle_timeout_ms", deserialize_with = "units::millis")]
     pub pool_idle_timeout: Duration,
     pub real_phone: UpstreamConfig,
@@ -39,31 +30,19 @@ pub struct UpstreamConfig {
     #[serde(rename = "timeout_ms", deserialize_with = "units::millis")]
     pub timeout: Duration,
     pub on_error: OnError,
-    /// Calls to this upstream in flight at once; 0 means `server.max_in_flight`.
     /// Read it through [`UpstreamConfig::max_in_flight_or`].
     pub max_in_flight: usize,
-    /// Calls to this upstream about one seller in flight at once; 0 means the
-    /// upstream's [`seller_need`], at most an eighth of the upstream's bound and
-    /// at least 1 (why: `upstream::limit`).
     /// Read it through [`UpstreamConfig::max_in_flight_per_seller_or`].
     pub max_in_flight_per_seller: usize,
-    /// Calls to this upstream one request (a batch: all its items) has in
-    /// flight at once; its other items wait their turn (`resolve::fan_out`).
     pub max_in_flight_per_request: usize,
-    /// Whether the bound on calls in flight adapts below `max_in_flight` when
-    /// the upstream refuses load or slows down (`upstream::limit`).
     pub adaptive_limit: bool,
-    /// The adaptive bound's floor.
     pub min_in_flight: usize,
-    /// The short latency average over the long one that the adaptive bound
-    /// takes as a climb.
     pub latency_tolerance: f64,
 }
 
 impl UpstreamConfig {
     /// Calls in flight allowed to this upstream: its `max_in_flight`, or
-    /// `server_max_in_flight` (`server.max_in_flight`) when that is 0 (each
-    /// public request in flight makes at most one call to each upstream).
+    /// `server_max_in_flight` when that is 0.
     pub fn max_in_flight_or(&self, server_max_in_flight: usize) -> usize {
         match self.max_in_flight {
             0 => server_max_in_flight,
@@ -71,11 +50,9 @@ impl UpstreamConfig {
         }
     }
 
-    /// Calls in flight allowed to this upstream about one seller, under the
-    /// upstream's bound `max_in_flight` (as resolved by
-    /// [`UpstreamConfig::max_in_flight_or`]): its `max_in_flight_per_seller`, or
-    /// when that is 0, `need` ([`seller_need`]) but at most an eighth of
-    /// `max_in_flight`, at least 1.
+    /// Calls in flight allowed to this upstream about one seller, under its
+    /// resolved `max_in_flight`: `max_in_flight_per_seller`, or when that is 0,
+    /// `need` ([`seller_need`]) within an eighth of `max_in_flight`, at least 1.
     pub fn max_in_flight_per_seller_or(&self, max_in_flight: usize, need: usize) -> usize {
         match self.max_in_flight_per_seller {
             0 => need.min(max_in_flight / 8).max(1),
@@ -83,7 +60,6 @@ impl UpstreamConfig {
         }
     }
 
-    /// `section`'s keys (`upstreams.<name>`).
     fn validate(&self, section: &str, found: &mut Vec<Mistake>) {
         found.extend(validate_base_url(&format!("{section}.base_url"), &self.base_url).err());
         found.range(
@@ -123,12 +99,7 @@ impl UpstreamConfig {
 }
 
 /// The default bound per seller of `source`'s upstream, sized to what one
-/// seller needs: on the recorded stream (`benches/load/seller_need.py`, figures
-/// in docs/adaptive-limit.md) no seller ever had more than 3 distinct cold keys
-/// of the real phone, 2 of the anonymous and 1 of call tracking in flight at
-/// once, at 100,000 requests/s and 300 ms a call; these leave five times that
-/// and more (a seller's page of ads fetched together), and a flood of 100
-/// random phones or ads for one seller is held to them.
+/// seller needs (docs/adaptive-limit.md, "Per-seller bounds").
 pub fn seller_need(source: Source) -> usize {
     match source {
         Source::RealPhone | Source::Anonymous => 16,
@@ -138,11 +109,8 @@ pub fn seller_need(source: Source) -> usize {
 
 /// The call-tracking upstream: an upstream like the others, and its status feed.
 ///
-/// Its keys stay where they were (`upstreams.calltracking.timeout_ms`): read
-/// through [`CalltrackingKeys`], every key a field of its own, rather than with
-/// `#[serde(flatten)]`. Flattened keys are buffered by serde before they are
-/// read, so a mistake in one (`on_error = "maybe"`, a string for
-/// `timeout_ms`) lost its key and was reported against `upstreams.calltracking`.
+/// Read through [`CalltrackingKeys`], not `#[serde(flatten)]`: serde buffers
+/// flattened keys, so a mistake in one would lose its key in the message.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(from = "CalltrackingKeys")]
 pub struct CalltrackingUpstreamConfig {
@@ -188,7 +156,6 @@ impl From<CalltrackingKeys> for CalltrackingUpstreamConfig {
 }
 
 impl UpstreamsConfig {
-    /// The upstream asked for `source`'s numbers.
     pub fn of(&self, source: Source) -> &UpstreamConfig {
         match source {
             Source::Anonymous => &self.anonymous,
@@ -255,8 +222,6 @@ mod tests {
 
     #[test]
     fn the_calltracking_upstream_takes_the_common_keys_and_refuses_others() {
-        // `upstreams.calltracking` holds the common upstream keys beside its
-        // status feed: a typo is refused, as in every section.
         let e = error_of("[upstreams.calltracking]\ntimeout_ms = 100\ntimeout = 100");
         assert!(e.contains("upstreams.calltracking.timeout:"), "{e}");
         assert!(e.contains("unknown field"), "{e}");

@@ -1,7 +1,6 @@
-//! Identifiers parsed once at the edge: `UserId`, `AdId`, `CategoryId`.
-//!
-//! Each holds only values the contract allows (users and ads 1..=2^63-1,
-//! categories 1..=2^31-1), so nothing inside the service re-validates them.
+//! Identifiers parsed once at the edge: `UserId`, `AdId`, `CategoryId`, each
+//! holding only what the contract allows (users and ads 1..=2^63-1, categories
+//! 1..=2^31-1), so nothing inside the service re-validates them.
 
 use std::fmt;
 

@@ -1,8 +1,6 @@
 //! [`Known`]: what this replica knows of something without asking an
-//! upstream. A cache's entry for a key (a number, a cached "no number", or a
-//! miss), the status set's word on a seller's call tracking (on, off, or not
-//! known before the set is loaded) and the selection plan's input are all one
-//! of these, so no module translates another's.
+//! upstream; the caches, the status set and the selection plan all speak it,
+//! so no module translates another's.
 
 /// What is known without asking. `Yes` holds what is known (a cached number;
 /// `()` for a seller's call tracking being on), `No` that it is known to be

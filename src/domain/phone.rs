@@ -1,9 +1,7 @@
-//! The `Phone` type: an E.164 number parsed and normalised once at the edge.
-//!
-//! Stored as the integer value of its digits (E.164 allows at most 15 digits and
-//! no leading zero, so the value is unique and fits a `u64`): eight bytes per cached
-//! number instead of a heap string. `Display` gives the full normalised number for
-//! API bodies; `Debug` and [`Phone::masked`] give the form that may be logged.
+//! The `Phone` type: an E.164 number parsed and normalised once at the edge,
+//! held as the integer value of its digits (at most 15, no leading zero: unique,
+//! fits a `u64`). `Display` gives the full number for API bodies; `Debug` and
+//! [`Phone::masked`] give the form that may be logged.
 
 use std::fmt;
 use std::num::NonZeroU64;

@@ -1,22 +1,7 @@
 //! Why a buyer was shown the kind of number they were: the [`Reason`] the
 //! selection rules give with every answer, stored with its reveal and counted
-//! (docs/rules.md, "Why this number").
-//!
-//! A reason says, for each source above the one that answered (in
-//! `selection.order`), why it did not answer ([`Skip`]: it did not apply, it
-//! had no number, or it failed on its upstream's verdict, [`Failure`]), and
-//! where the answer came from ([`Origin`]: the cache, the upstream, a stale
-//! value and the failure or undecided outcome it stood in for, or the
-//! caller's `phone`). It is made where the rules decide
-//! (`resolve::rules::Rules::decide`), from the states they decided on, so it
-//! cannot disagree with the decision; nothing recomputes it afterwards.
-//!
-//! Every code is a fixed word (docs/rules.md lists them, and the docs test
-//! holds that list against [`Failure::ALL`] and [`Code::ALL`]). A reason is
-//! `Copy` and packs into 22 bits ([`Reason::encode`]): the reveal log stores
-//! that integer, never text. [`Reason::code`] is the one code that decided the
-//! answer, the label of `phones_gateway_answers_total{kind, reason}`: 26
-//! values at most.
+//! (docs/rules.md, "Why this number", owns every word and how the code is
+//! chosen). Made where the rules decide, so it cannot disagree with the answer.
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
@@ -33,41 +18,18 @@ use super::source::{Source, Sources};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Failure {
-    /// No answer in the time the upstream had.
     Timeout = 1,
-    /// A 5xx (or another status the contract does not allow) that is not a
-    /// load refusal.
     ErrorStatus = 2,
-    /// A 4xx other than 404 and 429: the upstream's word on this request
-    /// (that seller, that phone), not on its health.
     Rejected = 3,
-    /// The upstream refused or reset the connection.
     Connect = 4,
-    /// An answer that does not validate (a body that does not parse, a phone
-    /// that does not normalise).
     Invalid = 5,
-    /// Its breaker was open, after that upstream's failures for many sellers
-    /// and many requests.
     CircuitOpen = 6,
-    /// The upstream refused load: 429, or 503 with `Retry-After`.
     LoadRefused = 7,
-    /// A health failure while the gateway was backing off from load it may
-    /// have put on that upstream, before it could judge whose it was.
     Load = 8,
-    /// Not asked: a bound of the gateway's on calls in flight was reached
-    /// (the upstream's, the seller's, or the rate it backs off to).
     Bound = 9,
-    /// No answer in time, the gateway having lost time of its own (its process
-    /// paused or throttled, its timers late) that it could not give back
-    /// within the call's bound.
     LostTime = 10,
-    /// Still pending at the request deadline, the gateway's own bound.
     Deadline = 11,
-    /// The gateway's own trouble: its file descriptors, ports, memory or host
-    /// lookup, a fetch that panicked or was cancelled.
     Gateway = 12,
-    /// Not asked: the breaker was half-open and its probes had ended
-    /// undecided, so nothing had yet said whether the upstream was back.
     HalfOpen = 13,
 }
 
@@ -142,13 +104,8 @@ impl Failure {
 /// Why a source above the answering one did not answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Skip {
-    /// It does not apply to this request (anonymous outside its categories,
-    /// call tracking for a seller not in the status set).
     NotApplicable,
-    /// It applied and had no number (its upstream's 404, cached or not).
     NoNumber,
-    /// It applied and failed on its upstream's verdict, and its `on_error`
-    /// (`fall_through`) let the order go on.
     Failed(Failure),
 }
 
@@ -182,14 +139,10 @@ impl Skip {
 /// Where the answering number came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Origin {
-    /// A fresh cache entry.
     Cache,
-    /// The upstream's answer to this request (or to a fetch it joined).
     Upstream,
-    /// A stale cache entry (stale-if-error), standing in for this outcome of
-    /// the upstream's call.
+    /// A stale entry, standing in for this outcome of the upstream's call.
     Stale(Failure),
-    /// The caller's own `phone` parameter (the real source only).
     Phone,
 }
 
@@ -245,8 +198,7 @@ impl Code {
         "phone_calltracking_failed",
     ];
 
-    /// The caller's `phone` shown to a tracked seller's buyer because call
-    /// tracking failed on its upstream's verdict: the last of [`Code::ALL`].
+    /// `phone_calltracking_failed`: the last of [`Code::ALL`].
     const PHONE_CALLTRACKING_FAILED: Code = Code(25);
 
     fn origin(origin: Origin) -> Code {
@@ -333,12 +285,8 @@ impl Reason {
             .filter_map(|source| self.skipped[source].map(|skip| (source, skip)))
     }
 
-    /// The one code that decided the answer (the metric's label): an answer
-    /// from the caller's own `phone` is `phone_calltracking_failed` when call
-    /// tracking failed above it (a tracked seller shown a real number, the
-    /// caller's or not), else `phone`; else the verdict of the nearest source
-    /// above that failed, else the nearest that had no number; else where the
-    /// answer came from.
+    /// The one code that decided the answer (the metric's label), chosen as
+    /// docs/rules.md, "Why this number", says.
     pub fn code(&self) -> Code {
         if self.origin == Origin::Phone {
             return match self.skipped[Source::Calltracking] {
@@ -409,9 +357,7 @@ fn column(source: Source) -> u8 {
     source.column() as u8
 }
 
-/// The JSON the admin reveal pages show:
-/// `{"code", "sources": {name: skip, ...}, "origin"[, "stood_in_for"]}`, the
-/// sources above the answer in `selection.order`, keyed by name.
+/// The JSON the admin reveal pages show (docs/rules.md, "Why this number").
 impl Serialize for Reason {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         struct Skips<'a>(&'a Reason);

@@ -1,11 +1,7 @@
-//! The number sources (`anonymous`, `calltracking`, `real`) as named in
-//! `selection.order` and answers' `kind` (and as their upstreams and caches are
-//! named: `real_phone` for the real one), what a failed one does, and
-//! [`Sources`], one value per source: the table that states, policies, caches
-//! and per-source metrics are kept in (a fourth source is a variant here and a
-//! column in each table, found by the compiler). The configuration's
-//! `[upstreams]` and `[cache]` sections, like the file they are read from, and
-//! the upstream clients name each source as a field of its own.
+//! The number sources (`anonymous`, `calltracking`, `real`), what a failed one
+//! does, and [`Sources`], one value per source: the table states, policies,
+//! caches and per-source metrics are kept in (a fourth source is a variant
+//! here and a column in each table, found by the compiler).
 
 use std::ops::{Index, IndexMut};
 
@@ -63,10 +59,9 @@ impl Source {
         Source::ALL.into_iter().find(|s| s.as_str() == text)
     }
 
-    /// The column of this source in a [`Sources`] and its position in
-    /// [`Source::ALL`]: the declaration order, so the compiler knows it is below
-    /// 3 and indexing needs no bounds check. The one place it is computed (the
-    /// reveal's reason stores it too).
+    /// The column of this source in a [`Sources`] and in [`Source::ALL`]: the
+    /// declaration order, so indexing needs no bounds check. The reveal's
+    /// reason stores it too.
     pub const fn column(self) -> usize {
         self as usize
     }
@@ -88,7 +83,6 @@ impl<T> Sources<T> {
         Sources(Source::ALL.map(f))
     }
 
-    /// Each value through `f`.
     pub fn map<U>(self, f: impl FnMut(T) -> U) -> Sources<U> {
         Sources(self.0.map(f))
     }

@@ -1,8 +1,6 @@
-//! The replica's wall clock, read in one place: the budgets' windows, the
-//! reveal log's times and the status sync's lag all count from the Unix epoch
-//! by this clock. Replicas agree on such times as far as their clocks do; what
-//! needs only elapsed time within one process uses tokio's `Instant`, or
-//! [`Stopwatch`] where wall time is meant.
+//! The replica's wall clock, read in one place (the budgets' windows, the
+//! reveal log's times, the status sync's lag); elapsed time within one process
+//! uses tokio's `Instant`, or [`Stopwatch`] where wall time is meant.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

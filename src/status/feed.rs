@@ -1,24 +1,12 @@
-//! The status-feed puller (docs/status-sync.md): one replica at a time polls the call-tracking
-//! feed and stores what it gets through the same write path as the webhook, with
-//! the feed cursor in the same transaction as the changes it brought.
+//! The status-feed puller: one replica at a time polls the call-tracking feed
+//! and stores what it gets through the same write path as the webhook, with
+//! the feed cursor in the same transaction as the changes it brought. Which
+//! replica leads is the store's lease ([`crate::store::Leadership`]); the
+//! lease, its renewal and fencing: docs/status-sync.md, "Leadership".
 //!
-//! Which replica leads is the store's business ([`crate::store::Leadership`],
-//! a lease, handed in by `app`): a follower asks for the lease every third of
-//! its length (or every interval, when that is shorter); the leader renews it
-//! before every poll and at least as often, and stops leading the moment a
-//! renewal fails or does not answer in time, since it can no longer prove
-//! that it leads. Within a poll it asks the feed for a page only while the
-//! lease is still its own by the local clock (a leader woken from a freeze
-//! finds it expired and asks nothing; one frozen between that check and its
-//! send lets that one request out on waking), and each page is stored under the
-//! lease's fencing token, which the store checks in the page's transaction:
-//! a page read under a lease that was lost meanwhile is not stored, so the
-//! cursor never moves back behind a successor's.
-//!
-//! A clean stop (`stop` cancelled when the app's shutdown begins) ends the
-//! loop at the next page boundary, after the page under way is stored, and
-//! gives the lease back ([`crate::store::Leader::release`]), so the next
-//! replica takes the feed at its next ask rather than a lease later.
+//! A clean stop ends the loop at the next page boundary and gives the lease
+//! back ([`crate::store::Leader::release`]), so the next replica takes the
+//! feed at its next ask rather than a lease later.
 
 use std::time::Duration;
 

@@ -1,20 +1,12 @@
-//! [`Listed`]: the ids a snapshot enables, as the replica that took it applies
-//! them to its own memory. Built from the chunks the request parsed (consumed
-//! as it goes, so the ids and the listing are not both held whole for long),
-//! deduplicated, asked "is this seller listed?" once per entry of the set.
+//! [`Listed`]: the ids a snapshot enables, deduplicated, asked "is this seller
+//! listed?" once per entry of the set. Built from the chunks the request parsed,
+//! consumed as it goes, so the ids and the listing are not both held whole.
 //!
-//! A bitmap over the ids' range when they are dense enough for it to take no
-//! more room than the ids themselves (8 bytes an id: a range of at most 64
-//! times their number), which is what sellers' ids are: 10,000,000 ids spread
-//! over 70,000,000 take 8.75 MB and answer with one memory read. Sparser ids
-//! go to a hash set (about 16 bytes an id).
-//!
-//! On PostgreSQL the replica that stores a large snapshot leaves its listing
-//! in the database for the others ([`Listed::encode`], [`Listed::decode`]):
-//! a format byte, then the ascending ids as LEB128 gaps (the first from 0),
-//! about a byte an id for ids spread as sellers' are (10 MB for 10,000,000
-//! ids over 70,000,000), where reading the rows the snapshot stamped back
-//! took more than 10 s.
+//! A bitmap over the ids' range when it takes no more room than the ids (8
+//! bytes an id: a range of at most 64 times their number), else a hash set.
+//! The listing other replicas read ([`Listed::encode`]) is a format byte, then
+//! the ascending ids as LEB128 gaps (the first from 0). Why and sizes:
+//! docs/status-sync.md, "The snapshot and its floor".
 
 use std::collections::HashSet;
 

@@ -1,12 +1,7 @@
 //! The call-tracking status set: in-memory reads ([`StatusSet`]), the write path
 //! and catch-up ([`StatusService`]), and the background loops that keep replicas
-//! converged ([`sync`]) and pull the status feed ([`feed`]).
-//!
-//! Cache invalidation by seller: [`StatusService::invalidate`] drops a
-//! seller's numbers from this replica's caches and records the invalidation
-//! in the change log; each replica's catch-up drops them from its own caches
-//! as it reads the log, and a status whose call tracking flipped drops the
-//! seller's call-tracking numbers.
+//! converged ([`sync`]) and pull the status feed ([`feed`]). How replicas
+//! converge and what each call is bounded by: docs/status-sync.md.
 
 pub mod feed;
 mod listed;
@@ -32,18 +27,11 @@ use crate::telemetry::write_gauge;
 /// 100,000 sellers does not hold a worker thread for the whole page.
 const ROWS_PER_YIELD: usize = 1024;
 
-/// Owns the status set's consistency with the store.
-///
-/// Writes go to the store first (one transaction each) and are acknowledged after
-/// commit. Memory learns of every change from another replica one way:
-/// [`StatusService::catch_up`] reads the store's change log after the last row it
-/// applied, in change order, and overwrites those users in memory. A local delta
-/// catches up before it answers, so the writer reads its own write. A local
-/// snapshot is applied to memory from the ids its request holds, by the
-/// store's own version rule, and the change-log position moves past its rows
-/// (see [`StatusService::finish_snapshot`]): read back through the change log,
-/// a 10,000,000-id snapshot took minutes to reach the memory of the replica
-/// that had answered it.
+/// Owns the status set's consistency with the store: writes go to the store
+/// first and are acknowledged after commit; memory learns every change through
+/// [`StatusService::catch_up`], in change order. A local delta catches up
+/// before it answers, so the writer reads its own write; a local snapshot is
+/// applied from its ids ([`StatusService::finish_snapshot`]).
 #[derive(Clone)]
 pub struct StatusService {
     inner: Arc<Inner>,
@@ -51,7 +39,6 @@ pub struct StatusService {
 
 struct Inner {
     set: Arc<StatusSet>,
-    /// The status store and its change log: this service's alone.
     store: StatusStore,
     /// The replica's number caches, which forget what the change log says to
     /// (an invalidation: every number of the seller; a flip of call tracking:
@@ -68,7 +55,6 @@ struct Inner {
     watermark: tokio::sync::Mutex<Watermark>,
     /// Unix time (ms) of the last successful catch-up, for the sync-lag gauge.
     last_sync_ms: AtomicI64,
-    /// Whether this replica currently polls the status feed.
     feed_leader: AtomicBool,
 }
 
@@ -100,7 +86,6 @@ impl StatusService {
         }
     }
 
-    /// The read side, for the request path.
     pub fn set(&self) -> &Arc<StatusSet> {
         &self.inner.set
     }
@@ -125,7 +110,7 @@ impl StatusService {
         metrics::gauge!("phones_gateway_status_feed_leader").set(f64::from(u8::from(leader)));
     }
 
-    /// Appends the status set's gauges to its app's `/metrics` text, as they are now.
+    /// Appends the status set's gauges to its app's `/metrics` text.
     pub fn render_gauges(&self, out: &mut String) {
         let set = self.set();
         let lag = self.sync_lag_ms() as f64 / 1000.0;
@@ -152,11 +137,9 @@ impl StatusService {
     /// # Errors
     /// The store could not be read; nothing is marked loaded.
     pub async fn load(&self) -> Result<usize, StatusStoreError> {
-        // Each page within a small call's bound, not a read's (3 s + lock +
-        // 2 s): a start whose connection was lost silently under its first
-        // page then tries again soon enough to be ready within 10 s of the
-        // database answering (docs/status-sync.md, the bounds table). A page
-        // is a few thousand rows from an index, milliseconds when answered.
+        // Each page within a small call's bound, not a read's: a start whose
+        // connection was lost silently then retries soon enough to be ready
+        // within 10 s of the database answering (docs/status-sync.md).
         let count = self
             .catch_up_paged(Some(self.inner.store.short_bound()))
             .await?;
@@ -276,15 +259,9 @@ impl StatusService {
     }
 
     /// Applies a snapshot another replica stored, at `version`, from the
-    /// `listing` it left, to memory caught up to the change before it (a
-    /// catch-up reaches the snapshot's rows in change order), by the store's
-    /// own rule, as the replica that took it applied it; how many users it
-    /// set. `None` when there is no listing, or one that does not decode or
-    /// is of another version: the caller reads the rows.
-    ///
-    /// A row the snapshot stamped and a later change moved on is set to the
-    /// snapshot's state here, a state it had, and then to its own by the
-    /// rows after the snapshot's, which the catch-up reads next.
+    /// `listing` it left (docs/status-sync.md, "The snapshot and its floor");
+    /// how many users it set. `None` when there is no listing, or one that
+    /// does not decode or is of another version: the caller reads the rows.
     async fn apply_listing(&self, listing: Option<(u64, Vec<u8>)>, version: u64) -> Option<usize> {
         let (stored_version, bytes) = listing?;
         if stored_version != version {
@@ -337,9 +314,7 @@ impl StatusService {
     }
 
     /// When a small write (a delta, an invalidation), its wait for the
-    /// writers' turn included, is given up: `database.lock_timeout_ms` from
-    /// now ([`crate::store::Bounds::short`]), so that a database that stops
-    /// answering costs its caller that long, then a 503.
+    /// writers' turn included, is given up ([`crate::store::Bounds::short`]).
     fn short_deadline(&self) -> tokio::time::Instant {
         tokio::time::Instant::now() + self.inner.store.short_bound()
     }
@@ -376,9 +351,8 @@ impl StatusService {
     }
 
     /// Applies a delta delivery (webhook, or a feed page with its cursor and
-    /// the lease it was read under: see [`crate::store::Fence`]), within
-    /// `database.lock_timeout_ms` on PostgreSQL, its turn among the local
-    /// writers included.
+    /// the lease it was read under: see [`crate::store::Fence`]) within a
+    /// small write's deadline.
     ///
     /// # Errors
     /// The store refused it; nothing was applied.
@@ -410,21 +384,10 @@ impl StatusService {
 
     /// Applies a loaded snapshot at `version` (the ids pushed into `load`;
     /// `enabled`, the same ids as the request parsed them), and applies it to
-    /// this replica's memory before returning: when this returns `Ok`, every
-    /// lookup here sees the snapshot's state, at 10,000,000 ids too.
-    ///
-    /// Memory does not read the snapshot back through the change log (every
-    /// row it stamped: minutes at 10,000,000 ids, and a bounded catch-up that
-    /// gave up left the answer ahead of memory). Instead, in the writers'
-    /// turn, where no other change can be stored: memory catches up to the
-    /// change before the snapshot's, so it holds exactly the stored state the
-    /// snapshot applies to; the store applies it and commits; memory applies
-    /// it from `enabled` by the store's own version rule, telling the caches
-    /// of exactly the flips the store stamped; the watermark moves past the
-    /// snapshot's rows, so no catch-up reads them back. Changes stored after
-    /// it (a delta with a greater version) are caught up over it next, as
-    /// always. The watermark is held from the catch-up to the end, so no
-    /// catch-up runs in between; nothing can be stored meanwhile anyway.
+    /// this replica's memory before returning, in the writers' turn, by the
+    /// steps docs/status-sync.md, "The snapshot and its floor", lists. The
+    /// watermark is held from the catch-up to the end, so no catch-up runs in
+    /// between.
     ///
     /// # Errors
     /// The store refused it, or memory could not be caught up to it within
@@ -435,10 +398,8 @@ impl StatusService {
         version: u64,
         enabled: Vec<Vec<u64>>,
     ) -> Result<(), StatusStoreError> {
-        // Built on the blocking pool while the store indexes the ids (a
-        // bitmap: milliseconds at 10,000,000 ids; a hash set, for sparse
-        // ids, a second or so), with its encoding where the store keeps one
-        // for the other replicas.
+        // Built on the blocking pool while the store indexes the ids, with
+        // its encoding where the store keeps one for the other replicas.
         let encode = self.inner.store.keeps_listings();
         let listing = tokio::task::spawn_blocking(move || {
             let listed = Listed::new(enabled);

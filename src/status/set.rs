@@ -1,16 +1,8 @@
-//! [`StatusSet`]: which sellers have call tracking on, in memory.
-//!
-//! A `papaya` lock-free hash map from user id to `(version, enabled)` packed in one
-//! `u64`: readers never wait on a writer, not even for a shard lock (dashmap's
-//! shards are `RwLock`s), and a delta costs one insert instead of the copy of a
-//! whole copy-on-write set. The benches/status_set.rs table backs the choice.
+//! [`StatusSet`]: which sellers have call tracking on, in memory: a lock-free
+//! map (why: docs/status-sync.md, "Why a lock-free map"), the snapshot's
+//! *floor*, and whether the set was *loaded* (before, nothing is known).
 //! Writers must be serialised by the caller (`StatusService` does); each user's
 //! transition is then atomic, while a snapshot becomes visible user by user.
-//!
-//! Two facts beside the map: the *floor*, the version of the last snapshot, which
-//! every user the map does not hold has (disabled: a snapshot speaks for every
-//! user, listed or not); and whether the set was *loaded* at all. Before it is,
-//! nothing is known of anyone (`Known::NotKnown`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -143,17 +135,11 @@ impl StatusSet {
     }
 
     /// Applies a full snapshot at `version` enabling `listed`, by the rule the
-    /// store applied it with (`store::status`, the snapshot's finish): every
-    /// entry at or below `version` takes the snapshot's state at `version`,
-    /// one above keeps its own; a listed user without an entry is enabled
-    /// only if the floor is at or below `version`, and the floor moves up to
-    /// it. So a set that held the stored state just before the snapshot's
-    /// change holds the stored state just after it. `flipped` is told of each
-    /// user whose call tracking turns on or off, before the change is visible.
-    ///
-    /// Listed users first, then the others: a seller enabled before and
-    /// after is never seen disabled in between. Yields every
-    /// [`ROWS_PER_YIELD`] users, as a catch-up does; returns how many it set.
+    /// store applied it with (docs/status-sync.md, "The snapshot and its
+    /// floor"). `flipped` is told of each user whose call tracking turns on or
+    /// off, before the change is visible. Listed users first: a seller enabled
+    /// before and after is never seen disabled in between. Yields every
+    /// [`ROWS_PER_YIELD`] users; returns how many it set.
     pub(super) async fn apply_snapshot(
         &self,
         listed: &Listed,

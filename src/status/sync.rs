@@ -1,13 +1,8 @@
-//! The sync loop: keeps this replica's memory converged with the store.
-//!
-//! It catches up on a short poll (`database.sync_interval_ms`) and on every
-//! change hint the store gives (PostgreSQL notifications, and every reconnection
-//! of the listener). Hints are only hints: they are lost while the listener is
-//! away, which is why the poll exists. Either way the catch-up reads the change
-//! log after the last row applied, so nothing is skipped. Every catch-up is
-//! bounded by the store (`database.statement_timeout_ms`), so a lost connection
-//! costs one failed round, and the next poll after the database answers again
-//! catches up.
+//! The sync loop: keeps this replica's memory converged with the store,
+//! catching up on a poll (`database.sync_interval_ms`) and on every change
+//! hint. Hints are lost while the listener is away, which is why the poll
+//! exists; the catch-up reads the change log after the last row applied, so
+//! nothing is skipped (docs/status-sync.md, "Replication between replicas").
 
 use std::time::Duration;
 
