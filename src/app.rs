@@ -1,20 +1,8 @@
 //! Wiring: [`App::build`] turns a `Config` into bound listeners and the parts
 //! behind them; [`App::run`] serves both listeners until the shutdown future ends.
-//!
 //! Listeners are bound in `build` so a test can ask for port 0 and read the
-//! address before the app runs, exactly as `main` starts it.
-//!
-//! The parts that answer requests ([`Parts`]: the upstream clients, the
-//! caches, the status set, the resolver, the budgets and the reveal buffer)
-//! are built by [`Parts::build`], which the whole-app tests and the benches
-//! call too. Each part's constructor (or its background task's `run`) takes
-//! its own section (`&XConfig`, or an owned copy for a task, which outlives
-//! `build`), plus handles to other parts; a value of another section is
-//! passed as an argument of its own, and the call says why. The resolver
-//! alone reads several sections, so it takes the whole `Config`. Read here
-//! directly: the database's sync interval and the feed's lease (handed to the
-//! sync loop and to the lease), the connection cap, the body buffer, the
-//! shedding and the shutdown timings (`[server]`).
+//! address before the app runs. Which part takes which section of the
+//! configuration: docs/development.md, "Layout".
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -50,50 +38,34 @@ use crate::upstream::Upstreams;
 pub struct App {
     public: TcpListener,
     admin: TcpListener,
-    /// The probe listener and its front, when `server.probe_addr` is set.
     probe: Option<(TcpListener, Front)>,
     public_front: Front,
     admin_front: Front,
     status: StatusService,
-    /// The opened database: migrations and the pooler check at load, closed
-    /// last. Each part holds its own store handle made from it.
+    /// Closed last; each part holds its own store handle made from it.
     database: Database,
-    /// The reveal log's store, for the flush and retention tasks (the admin
-    /// routes hold a clone).
     reveal_store: RevealStore,
-    /// Feed leadership, for the feed loop.
     leadership: Leadership,
     upstreams: Arc<Upstreams>,
-    /// `server.max_connections` as it applies: the public listener's open
-    /// connections at most (derived from the open-files limit when 0,
-    /// [`conns::max_connections`]).
+    /// `server.max_connections` as it applies ([`conns::max_connections`]).
     max_connections: usize,
-    /// The sections of the tasks `run` starts (the status load, the sync and
-    /// feed loops, the budget exchange, the reveal flush and retention).
     config: Config,
-    /// The viewer budgets, exchanged with the fleet by a background task;
-    /// `None` when off.
     budgets: Option<Arc<Budgets>>,
-    /// The reveal log's buffer, flushed by a background task; `None` when off.
     reveals: Option<Reveals>,
     /// Flipped first on shutdown so `/readyz` turns 503 while requests drain.
     shutting_down: Arc<AtomicBool>,
-    /// Cold admission, watched by a background task.
     admission: Arc<crate::resolve::admission::Admission>,
-    /// The time the process lost, fed by the runtime's probe.
     lost: Arc<crate::runtime::lost::LostTime>,
-    /// The admin tokens, whose files a background task re-reads (rotation).
+    /// Their files are re-read by a background task (rotation).
     tokens: Arc<AdminTokens>,
 }
 
-/// The parts that answer requests, each built from its own section, by one
-/// function that the app, the whole-app tests (`tests/it/support/front.rs`)
-/// and the benches call, so a part added here is in what they run.
+/// The parts that answer requests, built by one function that the app, the
+/// whole-app tests (`tests/it/support/front.rs`) and the benches call.
 pub struct Parts {
     pub upstreams: Arc<Upstreams>,
     pub caches: Caches,
-    /// The call-tracking status set the resolver reads; the app's status
-    /// service writes it.
+    /// The resolver reads it; the app's status service writes it.
     pub status: Arc<StatusSet>,
     pub resolver: Arc<Resolver>,
     /// The viewer budgets; `None` when both are 0.
@@ -105,8 +77,7 @@ pub struct Parts {
 }
 
 impl Parts {
-    /// The parts of `config`. No background task is started here: the app
-    /// starts them ([`App::run`]).
+    /// The parts of `config`; their background tasks start in [`App::run`].
     pub fn build(config: &Config) -> Self {
         let upstreams = Arc::new(Upstreams::new(
             &config.upstreams,
@@ -136,10 +107,7 @@ impl Parts {
         }
     }
 
-    /// The public listener's front over these parts: the header limit and
-    /// shedding past `server.max_in_flight`, the lookup, the router; its
-    /// request bodies counted against its share of `bodies` when given (the
-    /// app's body buffer).
+    /// The public listener's front over these parts (bodies counted in `bodies`).
     pub fn public_front(&self, config: &Config, bodies: Option<&Arc<BodyBuffer>>) -> Front {
         let mut shed = Shed::new(config.server.max_in_flight, config.server.max_header_bytes);
         if let Some(bodies) = bodies {
@@ -169,8 +137,6 @@ impl App {
             .await
             .context("opening database.url")?;
         let reveal_store = database.reveals();
-        // The public listener's cap, from the open-files limit (which `main`
-        // raised to the hard limit) less what the process's own calls hold.
         let (max_connections, source) = conns::max_connections(
             config.server.max_connections,
             crate::runtime::open_files_limit(),
@@ -223,8 +189,6 @@ impl App {
             );
             (listener, front)
         });
-        // Both listeners' request bodies in memory (`server.max_body_buffer_bytes`),
-        // each client's on the public one at most its share.
         let bodies = BodyBuffer::new(
             config.server.max_body_buffer_bytes,
             config.server.max_body_buffer_per_client_bytes,
@@ -244,8 +208,6 @@ impl App {
             budgets: parts.budgets,
             reveals: parts.reveals,
             status,
-            // The lease is the feed's (`status_feed.lease_ttl_ms`); the
-            // database keeps it.
             leadership: database.leadership(config.upstreams.calltracking.status_feed.lease_ttl),
             database,
             reveal_store,
@@ -292,9 +254,8 @@ impl App {
         &self.database
     }
 
-    /// Migrates and loads the status set in the background, then runs the sync
-    /// and feed loops; serves both listeners; returns once `shutdown` has
-    /// completed, in-flight requests have drained and the loops are stopped.
+    /// Serves both listeners and runs the background tasks; returns once
+    /// `shutdown` has completed, requests have drained and the tasks stopped.
     ///
     /// # Errors
     /// A listener failed.
@@ -305,18 +266,16 @@ impl App {
         let background = Background::default();
         // Dropping `run` (a test, a caller giving up) stops the tasks too.
         let _stop_on_drop = background.token.clone().drop_guard();
-        // A one-way latch, cancelled once the database is migrated and the
-        // status set loaded: the other database work waits for it, so a first
-        // start on an empty database does not meet tables that are not there yet.
+        // A latch, cancelled once migrated and loaded: the other database work
+        // waits for it, so a first start does not meet tables not there yet.
         let loaded = CancellationToken::new();
         // Cancelled once the reveal log's own migrations, which run beside
         // the answers, are done too: its writer and retention wait for it.
         let reveal_log = CancellationToken::new();
         // A mistake no retry mends (a pooler without a session): stops the app.
         let (fatal_tx, mut fatal_rx) = mpsc::channel::<String>(1);
-        // Cancelled when the shutdown begins (or with every task): the duties
-        // that hand something on to another replica (the feed's lease) stop
-        // then, before the drain, not when the listeners have drained.
+        // Cancelled when the shutdown begins: duties that hand something on to
+        // another replica (the feed's lease) stop then, not after the drain.
         let stopping = background.token.child_token();
         self.start_status(&background, [&loaded, &reveal_log], &stopping, fatal_tx);
         self.start_budgets(&background, &loaded);
@@ -395,8 +354,7 @@ impl App {
     }
 
     /// The status set's load (which opens `loaded`), then its sync and, when
-    /// `status_feed.enabled`, the feed loop (which ends at `stopping`, giving
-    /// its lease back).
+    /// `status_feed.enabled`, the feed loop (which ends at `stopping`).
     fn start_status(
         &self,
         background: &Background,
@@ -431,8 +389,7 @@ impl App {
             );
             let (ready, stopping) = (loaded.clone(), stopping.clone());
             // Not cut off: it stores the page under way and gives the lease
-            // back once `stopping` is cancelled (bounded: a page's calls and
-            // one small statement).
+            // back once `stopping` is cancelled (bounded).
             background.spawn_until_stopped(|_| async move {
                 tokio::select! {
                     () = ready.cancelled() => run.await,
@@ -466,8 +423,7 @@ impl App {
         };
         let store = self.reveal_store.clone();
         let ready = reveal_log.clone();
-        // Not cut off at the stop: it writes what is buffered first (also
-        // when the stop comes before the load, then at once).
+        // Not cut off at the stop: it writes what is buffered first.
         background.spawn_until_stopped(|stop| async move {
             tokio::select! {
                 () = ready.cancelled() => {}
@@ -482,9 +438,7 @@ impl App {
     }
 }
 
-/// Binds `server.public_addr`, `server.admin_addr` and, when set,
-/// `server.probe_addr` (the latter two with a longer listen backlog,
-/// [`conns::LISTEN_BACKLOG`]).
+/// Binds the three listeners (admin and probe with [`conns::LISTEN_BACKLOG`]).
 async fn bind(config: &Config) -> anyhow::Result<(TcpListener, TcpListener, Option<TcpListener>)> {
     let server = &config.server;
     let public = TcpListener::bind(server.public_addr)
@@ -505,15 +459,12 @@ async fn bind(config: &Config) -> anyhow::Result<(TcpListener, TcpListener, Opti
 struct Stopping {
     /// `/readyz` answers 503 from then on.
     shutting_down: Arc<AtomicBool>,
-    /// The duties that hand on to another replica stop (see `stopping` in
-    /// [`App::run`]).
+    /// The duties that hand on to another replica stop.
     duties: CancellationToken,
 }
 
-/// The shutdown sequence, once `shutdown` completes: `/readyz` turns 503
-/// and the feed stops and gives its lease back (`stopping`), a pause for the
-/// load balancer, the listeners stop (`stop`), and after the drain timeout
-/// the returned receiver fires.
+/// The shutdown sequence once `shutdown` completes (docs/design.md, "Graceful
+/// shutdown"); the returned receiver fires after the drain timeout.
 fn start_shutdown(
     background: &Background,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -544,9 +495,7 @@ fn start_shutdown(
     deadline_rx
 }
 
-/// The app's background tasks (status load and sync, feed, budget exchange, metrics
-/// upkeep, the shutdown sequence): started in one place, stopped by one token,
-/// whether `run` ends normally or is dropped.
+/// The app's background tasks, stopped by one token whether `run` ends or is dropped.
 #[derive(Default)]
 struct Background {
     token: CancellationToken,
@@ -562,8 +511,7 @@ impl Background {
         });
     }
 
-    /// Runs the task made by `task` with the stop token: it ends by itself once
-    /// the token is cancelled (for work that must finish, such as a last flush).
+    /// Runs `task(stop)`, which ends by itself once `stop` is cancelled (a last flush).
     fn spawn_until_stopped<F, Fut>(&self, task: F)
     where
         F: FnOnce(CancellationToken) -> Fut,
@@ -572,7 +520,6 @@ impl Background {
         self.tracker.spawn(task(self.token.clone()));
     }
 
-    /// Cancels every task and waits until all have stopped.
     async fn stop(self) {
         self.token.cancel();
         self.tracker.close();
@@ -592,14 +539,11 @@ fn after(
     }
 }
 
-/// Checks the database can give what this replica needs (a session, when
-/// [`DatabaseConfig::needs_session`]), migrates (`database.migrate_on_start`)
-/// as far as answering needs and loads the status set, retrying until the
-/// database answers; then opens `loaded`. Then the reveal log's own
-/// migrations, beside the answers, retried the same way; then opens
-/// `reveal_log`. A transaction-mode pooler where a session is needed
-/// (`database.direct_url`, or `url` without it) is reported on `fatal` instead:
-/// retrying cannot mend it, and a LISTEN through it would break other clients.
+/// The start's database work, each step retried until the database answers
+/// (docs/operations.md, "Migrations at start"): the pooler check, the
+/// migrations answering needs and the status set's load, then opens `loaded`;
+/// the reveal log's own migrations, then opens `reveal_log`. A pooler without a
+/// session goes to `fatal`: no retry mends it.
 async fn load(
     status: StatusService,
     database: Database,
@@ -635,9 +579,7 @@ async fn load(
         }
         let result = async {
             if migrate_on_start {
-                // To the end, however long (each step that does not grow
-                // with the data is bounded): `/readyz` says which migration
-                // runs meanwhile.
+                // To the end, however long: `/readyz` says which migration runs.
                 left = database.migrate_for_answers().await?;
             }
             status.load().await
@@ -658,9 +600,6 @@ async fn load(
             }
         }
         tokio::time::sleep(delay).await;
-        // At most 2 s: with the bounds of the migrations' set-up and of the
-        // pooler check, a start against a silent database is ready within
-        // 10 s of it answering (`MIGRATION_BOUND`), a long migration apart.
         delay = (delay * 2).min(START_RETRY_MAX);
     }
     let mut delay = START_RETRY_FIRST;
@@ -678,15 +617,12 @@ async fn load(
 }
 
 /// The first pause between two tries of the start's database work, doubled
-/// after each failure: short, since the usual failure at start is a database
-/// (or its DNS name) not up yet by a fraction of a second.
+/// after each failure: a database is usually late by a fraction of a second.
 const START_RETRY_FIRST: Duration = Duration::from_millis(100);
-/// The longest pause between two tries of the start's database work.
 const START_RETRY_MAX: Duration = Duration::from_secs(2);
 
-/// What a replica says when the connection it needs a session on (`key`:
-/// `database.direct_url`, or `database.url` without it) is a transaction-mode
-/// pooler (docs/status-sync.md, "Behind a transaction-mode pooler").
+/// What a replica says when the connection it needs a session on (`key`) is a
+/// transaction-mode pooler (docs/status-sync.md, "Behind a transaction-mode pooler").
 pub fn pooler_without_session(key: &str) -> String {
     let fix = if key == "database.url" {
         "set database.direct_url to PostgreSQL itself"

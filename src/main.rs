@@ -10,10 +10,7 @@ use phones_gateway::config::{Config, DatabaseConfig, LogConfig, LogFormat, Secre
 use phones_gateway::domain::StatusItem;
 use phones_gateway::sim::{self, SimConfig};
 
-/// mimalloc rather than glibc's malloc: a miss makes about 40 allocations
-/// (hyper's client and server, the fetch's task, JSON), and glibc's free lists
-/// and arena locks were a sixth of its CPU (docs/performance.md, "The
-/// allocator").
+/// mimalloc rather than glibc's malloc: docs/performance.md, "The allocator".
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -84,17 +81,15 @@ fn main() -> anyhow::Result<()> {
 
 /// `serve`: the service as configured, until a signal stops it.
 fn run_serve(config: Config) -> anyhow::Result<()> {
-    // Dropped last, once the app and its runtime have stopped: the
-    // spans still buffered go out then.
+    // Dropped last, after the runtime: the spans still buffered go out then.
     let _export = phones_gateway::telemetry::init_logs_and_traces(&config.log, &config.tracing)?;
     log_mistyped_environment();
     // Before the runtime and its threads allocate: see runtime::no_huge_pages.
     phones_gateway::runtime::no_huge_pages();
     phones_gateway::runtime::raise_open_files();
     let served = runtime(config.runtime.worker_threads)?.block_on(serve(config));
-    // A start-up mistake (a port taken, a pooler without a session) is
-    // one line and exit status 1, not an anyhow report: with
-    // RUST_BACKTRACE=1 that would follow it with a backtrace of main.
+    // A start-up mistake is one line and exit status 1, not an anyhow report
+    // (with RUST_BACKTRACE=1, followed by a backtrace of main).
     if let Err(error) = served {
         tracing::error!("{error:#}");
         eprintln!("Error: {error:#}");
@@ -103,8 +98,7 @@ fn run_serve(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `check-config`: loads and validates, with warnings for what is valid but
-/// likely a mistake.
+/// `check-config`: loads and validates, warning of what is likely a mistake.
 fn check_config(file: Option<PathBuf>) -> anyhow::Result<()> {
     // `load` names the mistyped variables itself when it fails.
     let config = load(file);
@@ -129,13 +123,11 @@ fn check_config(file: Option<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `migrate`: applies the pending migrations, saying which (or, with
-/// `--status`, lists every migration as applied or pending and applies
-/// nothing), and exits.
+/// `migrate`: applies the pending migrations, saying which (with `--status`,
+/// lists them and applies nothing), and exits.
 fn run_migrate(config: Config, status_only: bool) -> anyhow::Result<()> {
     phones_gateway::telemetry::init_logs(&config.log)?;
     log_mistyped_environment();
-    // One connection is all a migration run takes.
     let database = DatabaseConfig {
         max_connections: 1,
         ..config.database
@@ -237,11 +229,9 @@ fn runtime(configured: usize) -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the tokio runtime")
 }
 
-/// The configuration, or every mistake in it on stderr (and the environment
-/// variables that look mistyped, which may be why) and exit status 2. Not
-/// an `anyhow` error out of `main`: with `RUST_BACKTRACE=1` that prints a
-/// backtrace of this function after the message, which says nothing about
-/// the configuration.
+/// The configuration, or every mistake in it (and the environment variables
+/// that look mistyped) on stderr and exit status 2: not an `anyhow` error,
+/// which `RUST_BACKTRACE=1` follows with a backtrace that says nothing of it.
 fn load(file: Option<PathBuf>) -> Config {
     match Config::load(file.as_deref()) {
         Ok(config) => config,
@@ -255,8 +245,7 @@ fn load(file: Option<PathBuf>) -> Config {
     }
 }
 
-/// A warning for each environment variable that looks meant for the gateway
-/// but is not read (`config::mistyped_environment`).
+/// A warning for each variable `config::mistyped_environment` finds.
 fn mistyped_environment() -> Vec<String> {
     phones_gateway::config::mistyped_environment()
         .into_iter()

@@ -1,6 +1,5 @@
-//! [`Caches`]: a replica's three number caches, one per source, and their
-//! generation tables, built from `[cache]`. What the resolver reads and what
-//! invalidation by seller bumps (`status`: the admin route, status changes).
+//! [`Caches`]: a replica's three number caches and their generation tables,
+//! built from `[cache]`; invalidated by seller from `status`.
 
 use std::sync::Arc;
 
@@ -9,34 +8,22 @@ use crate::config::CachesConfig;
 use crate::domain::{Source, Sources, UserId};
 use crate::telemetry::write_gauge;
 
-/// The three caches and their generation tables.
 #[derive(Clone)]
 pub struct Caches {
-    /// Each source's numbers: real and anonymous by [`CacheKey::ad`], call tracking
-    /// by [`CacheKey::real_phone`].
-    ///
-    /// [`CacheKey::ad`]: super::CacheKey::ad
-    /// [`CacheKey::real_phone`]: super::CacheKey::real_phone
+    /// Real and anonymous keyed by ad, call tracking by real number.
     pub phones: Sources<PhoneCache>,
     /// The real and anonymous caches' table.
     pub generations: Arc<Generations>,
-    /// The call-tracking cache's own table, so that a flip of call tracking
-    /// drops those numbers alone; larger (4 MiB), since a snapshot may flip
-    /// 100,000 sellers at once and each slot expires every seller hashed to it.
+    /// The call-tracking cache's own, larger table (docs/caching.md).
     pub calltracking_generations: Arc<Generations>,
-    /// The three caches' clock.
     pub clock: Clock,
-    /// The longest an entry may be served after its fetch (TTL plus max stale,
-    /// over the three caches).
     longest_use: std::time::Duration,
 }
 
-/// Bits of the call-tracking generation table: 2^20 slots, so a snapshot
-/// flipping 100,000 sellers expires about a tenth of the others' entries.
+/// Bits of the call-tracking generation table (docs/caching.md).
 const CALLTRACKING_GENERATION_BITS: u32 = 20;
 
 impl Caches {
-    /// The caches of `[cache]`, each with its capacity and TTLs.
     pub fn new(config: &CachesConfig) -> Self {
         let generations = Arc::new(Generations::default());
         let calltracking_generations =
@@ -49,8 +36,7 @@ impl Caches {
                 negative: c.negative_ttl,
                 max_stale: c.max_stale,
                 refresh_ahead: c.refresh_ahead(),
-                // docs/caching.md: an expired "no anonymous number" is never used;
-                // the seller may have paid since.
+                // Privacy: never an expired "no anonymous number" (docs/caching.md).
                 stale_negatives: source != Source::Anonymous,
             };
             let generations = match source {
@@ -104,8 +90,7 @@ impl Caches {
         self.calltracking_generations.invalidate(user);
     }
 
-    /// The longest an entry may be served after its fetch (TTL plus max stale,
-    /// over the three caches).
+    /// The longest an entry may be served after its fetch (TTL plus max stale).
     pub fn longest_use(&self) -> std::time::Duration {
         self.longest_use
     }

@@ -1,5 +1,5 @@
-//! Coalescing (the cache's module doc): one fetch per key and generation
-//! ([`Flight`]), registered until it ends however it ends ([`Registered`]).
+//! Coalescing: one fetch per key and generation ([`Flight`]), registered
+//! until it ends however it ends ([`Registered`]).
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock, PoisonError};
@@ -11,9 +11,8 @@ use super::{CacheKey, FetchResult, Inner, PhoneCache, Via};
 use crate::upstream::UpstreamError;
 
 /// One fetch under way: its result once it has ended, and the callers waiting
-/// for it. Two allocations per fetch (this and the task) where futures'
-/// `Shared` over the task's `JoinHandle` took four and a wake-up more: measured
-/// on the cold path (`harness.py --cold`).
+/// for it (why not a shared task handle: docs/performance.md, "The cold path
+/// against the Go design").
 pub(super) struct Flight {
     result: OnceLock<FetchResult>,
     ended: Notify,
@@ -27,8 +26,7 @@ impl Flight {
         })
     }
 
-    /// The fetch's result, once it has ended, however it ended (see
-    /// [`Registered`]): every caller of the key gets the same.
+    /// The fetch's result once it has ended, however it ended: the same for all.
     pub(super) async fn result(&self) -> FetchResult {
         loop {
             let ended = self.ended.notified();
@@ -43,7 +41,6 @@ impl Flight {
         }
     }
 
-    /// Ends the fetch with `result`, unless it has ended already.
     fn end(&self, result: FetchResult) {
         // The first result stands: the answer, before the guard's fallback.
         let _ = self.result.set(result);
@@ -77,7 +74,6 @@ impl PhoneCache {
         };
         // The task takes the inflight lock to remove itself, and we hold it until
         // the entry is inserted below, so it can never remove before we insert.
-        // The fetch logs under the span of the request that started it.
         // Detached: its callers wait on the flight, not on the task.
         drop(tokio::spawn(tracing::Instrument::in_current_span(
             async move {
@@ -94,13 +90,10 @@ impl PhoneCache {
     }
 }
 
-/// A fetch's place in the in-flight registry, given up however the fetch ends:
-/// answered, or its task panicked or was dropped. Otherwise every later request
-/// for the key would join the dead fetch and fail until the key's seller was
-/// invalidated. A fetch that ends without an answer ends its callers'
-/// wait with [`UpstreamError::Panicked`] (dropped while unwinding) or
-/// [`UpstreamError::Cancelled`] (its task dropped): both undecided, since the
-/// upstream said nothing (docs/rules.md), and neither reaches a breaker.
+/// A fetch's place in the in-flight registry, given up however the fetch ends
+/// (else later requests for the key would join a dead fetch). Without an answer
+/// its callers get [`UpstreamError::Panicked`] (unwinding) or
+/// [`UpstreamError::Cancelled`]: undecided (docs/rules.md), reaching no breaker.
 struct Registered {
     inner: Arc<Inner>,
     key: (CacheKey, u32),

@@ -1,16 +1,12 @@
-//! Invalidation by seller in O(1): [`Generations`], a table of counters that
-//! every cache entry is stamped from. An entry carries the generation of its
-//! seller's slot as its fetch started; bumping the slot makes every entry of
-//! that seller invisible at once, and a fetch that started before the bump
-//! writes an answer nobody will ever read. Slots are hashed, so an
-//! invalidation may also expire a few unrelated sellers: a harmless refetch.
+//! Invalidation by seller in O(1): [`Generations`], the hashed counters every
+//! cache entry is stamped from as its fetch starts (docs/caching.md).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::domain::UserId;
 
 /// Per-seller generation counters, hashed into a fixed table (bounded memory,
-/// lock-free reads: one relaxed atomic load per lookup).
+/// lock-free reads: one atomic load per lookup).
 pub struct Generations {
     slots: Box<[AtomicU32]>,
     /// 64 minus the table's bits: the hash's top bits index it.

@@ -1,47 +1,8 @@
-//! The number caches: one [`PhoneCache`] per upstream, here, and
-//! [`Caches`](caches::Caches), the three of a replica built from `[cache]`
-//! with their [`Generations`] tables for invalidation by seller, in
-//! [`caches`]: what one cache does is this file (its fetches shared in
-//! `flight`, its entries stamped from `generations`), how a replica sizes,
-//! names and invalidates its three is that one.
-//!
-//! What a cache does, beyond bounded storage:
-//! - **TTL per entry**, positive and negative (a 404 is cached as "no number").
-//! - **stale-if-error**: an expired entry is kept (until evicted by capacity) and
-//!   served for `max_stale` past its TTL, but only when the upstream fails. A cache
-//!   built with `stale_negatives = false` never serves an expired "no number": the
-//!   anonymous cache, whose seller may have paid since.
-//! - **Refresh ahead**: a fresh hit within `refresh_ahead` of its expiry (for a
-//!   cached "no number", within a tenth of its shorter TTL at most) is answered at
-//!   once and starts one background fetch of the key, coalesced with any other
-//!   fetch of it; the fetch stores its answer as any fetch does (so it obeys
-//!   invalidation) and, when it fails, leaves the entry as it was. A key asked for
-//!   more often than once per `refresh_ahead` therefore never misses. A failed
-//!   refresh is retried by the next hit in the window (the breaker keeps that
-//!   cheap while the upstream is down).
-//! - **Coalescing** (`flight`): concurrent misses for one key share one fetch.
-//!   The fetch runs in its own task, so a caller that gives up (its request was
-//!   cancelled or decided early) neither cancels it nor makes the next caller
-//!   start another; it ends by itself within the upstream timeout. Polling the fetch on the caller's own
-//!   task instead (handed to a task only when the caller left) was measured and
-//!   dropped: a miss cost more, as each of the fetch's wake-ups then polls the
-//!   whole request rather than the fetch alone (docs/performance.md,
-//!   "Coalescing on the caller's task").
-//! - **Invalidation by seller in O(1)** (`generations`): every entry carries the
-//!   generation of its seller's slot at the moment its fetch started; bumping
-//!   the slot makes every entry of that seller invisible at once, and a fetch
-//!   that started before the bump writes an answer nobody will ever read. Slots
-//!   are hashed (65,536 of them), so an invalidation may also expire a few
-//!   unrelated sellers: a harmless refetch.
-//!
-//! Storage is `quick_cache` (S3-FIFO, one flat table per shard) rather than moka:
-//! we keep expired entries on purpose (stale-if-error) and coalesce in detached
-//! tasks, so moka's TTL eviction and cancel-on-drop `get_with` would be features
-//! to work around, and quick_cache costs a fraction of moka's bytes per entry
-//! (docs/caching.md, "How an entry is stored"). An entry is 16 bytes: the phone as an `Option<Phone>`
-//! (eight bytes: `Phone` wraps a `NonZeroU64`, so "no number" is the niche), the
-//! expiry in deciseconds and the generation. A [`CacheKey`] carries its seller, whose
-//! generation guards the entry, so no lookup takes the seller separately.
+//! The number caches: one [`PhoneCache`] per upstream, here, and a replica's
+//! three, [`Caches`](caches::Caches), in [`caches`]. Fetches are shared in
+//! `flight`, entries stamped from `generations`. What a cache does (TTLs,
+//! stale-if-error, refresh ahead, coalescing, invalidation by seller in O(1))
+//! and how an entry is stored: docs/caching.md.
 
 use foldhash::HashMap;
 use std::future::Future;
@@ -60,12 +21,10 @@ mod generations;
 use flight::Flight;
 pub use generations::Generations;
 
-/// What an upstream said about a key: a number, or "none" (404); also what a
-/// caller of [`PhoneCache::get_or_fetch`] gets.
+/// What an upstream said about a key: a number, or "none" (404).
 pub type FetchResult = Result<Option<Phone>, UpstreamError>;
 
-/// What a cache is asked: something of one seller (an ad, or a real number to
-/// map), together with the seller, whose generation guards the entry.
+/// What a cache is asked: an item of one seller, whose generation guards the entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CacheKey {
     user: UserId,
@@ -99,14 +58,12 @@ impl CacheKey {
 /// Where the answer came from (for metrics and tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Via {
-    /// A fresh entry.
     Hit,
     /// This caller started the fetch.
     Miss,
     /// This caller joined a fetch already under way.
     Coalesced,
-    /// The fetch failed and an expired entry within `max_stale` was served,
-    /// standing in for this failure (or undecided outcome) of the fetch.
+    /// The fetch failed or was undecided; an expired entry within `max_stale` stood in.
     Stale(Failure),
 }
 
@@ -116,7 +73,6 @@ pub struct Lookup {
     pub via: Via,
 }
 
-/// Time-to-live settings of one cache.
 #[derive(Debug, Clone, Copy)]
 pub struct Ttls {
     pub positive: Duration,
@@ -138,12 +94,11 @@ struct Entry {
     generation: u32,
 }
 
-// The module doc's 16 bytes: `Option<Phone>` takes no more room than a `u64`.
+// `Option<Phone>` takes no more room than a `u64` (`Phone` wraps a `NonZeroU64`).
 const _: () = assert!(std::mem::size_of::<Entry>() == 16);
 
-/// The caches' time: deciseconds since an epoch. Caches sharing one can be
-/// asked with one reading of it ([`PhoneCache::get_fresh_refreshing`]): a clock read is
-/// a large part of a cache hit.
+/// The caches' time: deciseconds since an epoch, read once for several caches
+/// ([`PhoneCache::get_fresh_refreshing`]): a clock read is much of a hit's cost.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
     epoch: Instant,
@@ -180,19 +135,14 @@ pub struct PhoneCache {
 struct Inner {
     name: &'static str,
     entries: quick_cache::sync::Cache<CacheKey, Entry>,
-    /// Fetches under way, by key and generation. A plain mutex: it is held for a
-    /// map operation only, and only on misses. foldhash, not SipHash: three
-    /// hashes per miss were 750 instructions of it (callgrind).
+    /// Fetches under way; a plain mutex, held for one map operation on a miss.
     inflight: Mutex<HashMap<(CacheKey, u32), Arc<Flight>>>,
     generations: Arc<Generations>,
     ttls: Ttls,
-    /// The refresh-ahead windows in deciseconds, for a number and for a cached
-    /// "no number" (at most a tenth of the negative TTL, so a hot seller without
-    /// a phone is not refreshed on every hit); computed once, read per hit.
+    /// The refresh-ahead windows in deciseconds: a number's, a "no number"'s.
     refresh_window: [u32; 2],
     clock: Clock,
-    /// `phones_gateway_cache_lookups_total{cache, result}`, registered once so the
-    /// hit path increments an atomic instead of looking a metric up.
+    /// Registered once: the hit path increments an atomic, no metric lookup.
     lookups: LookupCounters,
 }
 
@@ -272,9 +222,8 @@ impl PhoneCache {
             .map_or(Known::NotKnown, |entry| Known::of(entry.phone))
     }
 
-    /// A fresh answer at `now`, a reading of this cache's [`Clock`]; a hit
-    /// within the refresh-ahead window of its expiry also starts `refresh` in
-    /// the background (see the module doc). The request path's lookup.
+    /// A fresh answer at `now` (a reading of this cache's [`Clock`]); a hit in
+    /// the refresh-ahead window also starts `refresh` in the background.
     pub fn get_fresh_refreshing<F, Fut>(&self, key: &CacheKey, now: u32, refresh: F) -> Known<Phone>
     where
         F: FnOnce() -> Fut,
@@ -294,12 +243,10 @@ impl PhoneCache {
     /// The entry of `key` if it is fresh at `now` for the seller's generation.
     fn fresh_entry(&self, key: &CacheKey, now: u32) -> Option<Entry> {
         let inner = &*self.inner;
-        // The generation is read first, as `lookup` does: its slot and the
-        // entry are two unrelated places in memory, and on keys spread over a
-        // large cache both are often outside the CPU's caches; read in this
-        // order the two loads are in flight together instead of one after
-        // the other (the entry's read takes the shard's lock, which later
-        // loads may not pass). A lookup is as of its generation read either way.
+        // The generation first, as `lookup` does: slot and entry are unrelated
+        // places in memory, often out of the CPU's caches, and in this order
+        // both loads are in flight together (the entry's read takes the shard's
+        // lock, which later loads may not pass).
         let generation = inner.generations.current(key.user);
         let entry = inner
             .entries
@@ -309,9 +256,7 @@ impl PhoneCache {
         Some(entry)
     }
 
-    /// An answer usable when the upstream has failed (stale-if-error): fresh, or
-    /// expired less than `max_stale` ago (never an expired "no number" where
-    /// `stale_negatives` is off). Counted as `stale_served` when there is one.
+    /// An answer usable when the upstream has failed (stale-if-error).
     pub fn get_stale(&self, key: &CacheKey) -> Known<Phone> {
         let inner = &*self.inner;
         let usable = inner
@@ -328,10 +273,9 @@ impl PhoneCache {
         }
     }
 
-    /// The cached answer if fresh; otherwise the result of `fetch`, shared with every
-    /// concurrent caller of the same key, falling back to a stale entry if it fails.
-    ///
-    /// `fetch` must bound its own duration (the upstream timeout does).
+    /// The cached answer if fresh; else `fetch`'s, shared with concurrent callers
+    /// of the key, or a stale entry if it fails. `fetch` must bound its own
+    /// duration (the upstream timeout does).
     pub async fn get_or_fetch<F, Fut>(&self, key: CacheKey, fetch: F) -> Lookup
     where
         F: FnOnce() -> Fut,
@@ -448,7 +392,6 @@ mod tests {
         Phone::parse(text).unwrap()
     }
 
-    /// Ad `ad` of seller `seller`.
     fn key(seller: u64, ad: u64) -> CacheKey {
         CacheKey::ad(user(seller), AdId::new(ad).unwrap())
     }
@@ -577,7 +520,6 @@ mod tests {
                 Ok(Some(p))
             }
         };
-        // The first caller starts the fetch and gives up after 10 ms.
         let first = tokio::time::timeout(
             Duration::from_millis(10),
             c.get_or_fetch(key(7, 7), fetch(calls.clone())),
@@ -658,8 +600,7 @@ mod tests {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
-        // The refreshed entry is fresh for a whole TTL from the refresh: past
-        // the old expiry the key is still a hit, with the new number.
+        // Refreshed for a whole TTL: past the old expiry it is a hit, the new number.
         tokio::time::advance(Duration::from_secs(5)).await;
         assert_eq!(c.get_fresh(&key(1, 1)), Known::Yes(new));
     }

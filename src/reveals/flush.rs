@@ -1,23 +1,8 @@
 //! The flush task: every `reveals.flush_interval_ms`, everything recorded since
-//! the last write goes to the database with its per-ad counts, in
-//! transactions of at most [`MAX_WRITE`] reveals (one, at the hit path's
-//! maximum on one core).
-//!
-//! Why at most [`MAX_WRITE`]: what a write holds in memory (the batch, its
-//! sort keys, its postings and runs, the statements' arguments: a few hundred
-//! bytes a reveal) grows with the batch, and the batch with how far the writer
-//! has fallen behind. Unbounded, a writer that lagged for a while (a loaded
-//! machine, a slow disk) made one write of everything it owed, and the
-//! process's memory peaked with the lag, that working set on top of the
-//! waiting reveals themselves; bounded, a lagging writer makes more writes of
-//! the same size, and what waits meanwhile waits in the channel (at most
-//! `reveals.max_buffered`, about 75 bytes a reveal: docs/reveal-log.md,
-//! "Memory").
-//!
-//! On SQLite it runs on a thread of its own ([`run_apart`]) at background priority (see
-//! [`crate::runtime`]): a flush of a second's reveals at half the hit path's
-//! maximum is tens of milliseconds of draining, sorting and binding before
-//! SQLite's own work, and on a tokio worker every request waited for it.
+//! the last write goes to the database with its per-ad counts, in transactions
+//! of at most [`MAX_WRITE`] reveals, so what a write holds in memory is bounded
+//! whatever the writer's lag (docs/reveal-log.md, "Memory"). On SQLite it runs
+//! on a thread of its own at background priority ([`run_apart`]).
 
 use std::time::Duration;
 
@@ -30,27 +15,16 @@ use crate::store::RevealStore;
 
 /// How long the last flush at shutdown keeps trying a failing database.
 const FINAL_FLUSH_FOR: Duration = Duration::from_secs(5);
-/// The pause after a failed write within [`FINAL_FLUSH_FOR`]: at most 25 tries,
-/// each a chance for a database that blinked to take the last reveals, without
-/// asking a dead one in a tight loop while the process waits to exit.
+/// The pause after a failed write within [`FINAL_FLUSH_FOR`]: no tight loop.
 const FINAL_FLUSH_PAUSE: Duration = Duration::from_millis(200);
 
-/// The most reveals one write (one transaction) takes: about a second of
-/// reveals at the hit path's maximum on one core, so that a writer keeping
-/// up writes each interval's reveals at once (one counter write per ad and
-/// kind a flush, as before), and one that fell behind writes them in
-/// transactions of this size, one after the other, until it has caught up.
+/// The most reveals one transaction takes: about a second's at the hit path's maximum.
 pub const MAX_WRITE: usize = 32_768;
 
-/// [`run`] every `reveals.flush_interval_ms` (of the section the buffer
-/// holds) on a thread of its own, at background priority, on a current-thread
-/// runtime; returns when it does. If the runtime or the thread cannot be
-/// made, [`run`] runs here instead.
-///
-/// SQLite only: its connections are threads of sqlx's, which any runtime may
-/// call. PostgreSQL's are sockets registered with the reactor of the runtime
-/// that opened them, and the pool is shared with the request path, so there
-/// the flush stays on the workers (the database's work is in its own process).
+/// [`run`] on a thread of its own at background priority, on a current-thread
+/// runtime (or here, if those cannot be made). SQLite only: its connections
+/// are sqlx threads any runtime may call; PostgreSQL's are sockets of the
+/// runtime that opened them, so there the flush stays on the workers.
 pub async fn run_apart(reveals: Reveals, store: RevealStore, stop: CancellationToken) {
     let interval = reveals.inner.config.flush_interval;
     if !store.is_embedded() {
@@ -58,8 +32,7 @@ pub async fn run_apart(reveals: Reveals, store: RevealStore, stop: CancellationT
     }
     let (done, finished) = tokio::sync::oneshot::channel::<()>();
     let (r, s, t) = (reveals.clone(), store.clone(), stop.clone());
-    // Built here, so that a runtime or a thread that cannot be made leaves the
-    // flush on this one rather than on none.
+    // Built here, so a runtime or thread that cannot be made leaves the flush here.
     let spawned = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -86,8 +59,7 @@ pub async fn run_apart(reveals: Reveals, store: RevealStore, stop: CancellationT
     }
 }
 
-/// Flushes every `interval` until `stop` is cancelled, then flushes what is left
-/// (trying for a few seconds if the database fails) and returns.
+/// Flushes every `interval` until `stop`, then what is left (for `FINAL_FLUSH_FOR`).
 pub async fn run(
     reveals: Reveals,
     store: RevealStore,
@@ -105,9 +77,8 @@ pub async fn run(
             () = tokio::time::sleep(interval) => {}
             () = stop.cancelled() => break,
         }
-        // Everything recorded by now, [`MAX_WRITE`] at a time; after a
-        // failed write the batch waits for the next interval, and what came
-        // since waits in the channel.
+        // Everything recorded by now, [`MAX_WRITE`] at a time; after a failed
+        // write the rest waits for the next interval.
         loop {
             let more = drain(&mut receiver, &mut batch);
             if !flush(&reveals, &store, &mut batch, &metrics).await || !more {
@@ -138,8 +109,7 @@ pub async fn run(
     }
 }
 
-/// Moves recorded reveals into `batch` until it holds [`MAX_WRITE`]; true
-/// when it stopped there, with more perhaps left in the channel.
+/// Moves recorded reveals into `batch` up to [`MAX_WRITE`]; true when it stopped there.
 fn drain(
     receiver: &mut tokio::sync::mpsc::UnboundedReceiver<Reveal>,
     batch: &mut Vec<Reveal>,
@@ -153,8 +123,7 @@ fn drain(
     true
 }
 
-/// Writes `batch`; on success empties it and returns true. On failure the batch
-/// stays for the next attempt.
+/// Writes `batch`; on success empties it and returns true (on failure it stays).
 async fn flush(
     reveals: &Reveals,
     store: &RevealStore,

@@ -1,25 +1,8 @@
-//! The reveal log (who was shown which seller's number) and the per-ad counts,
-//! written the way high-volume ingest is: buffered in memory, written in
-//! batches, counts aggregated before they reach a row.
-//!
-//! - [`Reveals::record`] is all the request path does: one send on an unbounded
-//!   channel (lock-free for senders: tokio's mpsc is a linked list of blocks
-//!   appended with atomics) and one atomic add. No lock a request can wait on.
-//! - [`flush::run`] drains the channel every `reveals.flush_interval_ms` and
-//!   writes the batch and its counts (one upsert per ad and kind) in one
-//!   transaction ([`crate::store::RevealStore::write_reveals`]), or, when more
-//!   than [`flush::MAX_WRITE`] waited (the writer fell behind), in
-//!   transactions of that many, one after the other: what one write holds in
-//!   memory is bounded, whatever the lag. When the database fails, the batch
-//!   stays in memory and is retried with what came since.
-//! - `reveals.max_buffered` bounds what waits in memory (channel and retried
-//!   batch together). Past it, `on_overflow = "drop"` drops the reveal and
-//!   counts it; `"refuse"` makes [`Reveals::record`] fail so the caller answers
-//!   503 instead of showing a number it cannot record.
-//! - A graceful shutdown flushes what is buffered before the process exits; a
-//!   crash loses at most the last flush interval.
-//! - [`retention::run`] deletes rows older than `reveals.retention_days` (by
-//!   the database's clock) in small batches; the counts are kept.
+//! The reveal log (who was shown which seller's number) and the per-ad counts:
+//! buffered in memory, written in batches by [`flush`], old rows deleted by
+//! [`retention`] (docs/reveal-log.md). [`Reveals::record`] is all the request
+//! path does: one send on an unbounded channel (lock-free for senders) and one
+//! atomic add, no lock a request can wait on.
 
 pub mod flush;
 pub mod retention;
@@ -43,13 +26,10 @@ struct Inner {
     sender: mpsc::UnboundedSender<Reveal>,
     /// Taken once by the flush task.
     receiver: Mutex<Option<mpsc::UnboundedReceiver<Reveal>>>,
-    /// Reveals in memory not yet written: in the channel or in a batch that
-    /// failed to write.
+    /// Reveals in memory not yet written (in the channel or a failed batch).
     buffered: AtomicUsize,
-    /// When the oldest reveal the flush task holds unwritten was recorded
-    /// (microseconds since the epoch; 0: it holds none). Set before a write and
-    /// kept while writes fail, so a hung or failing database shows as a growing
-    /// age at scrape time.
+    /// When the oldest reveal held unwritten was recorded (microseconds since
+    /// the epoch; 0: none); kept while writes fail, so a hung database shows.
     oldest_unwritten_us: AtomicI64,
     /// `[reveals]`: `max_buffered` and `on_overflow` are read here.
     config: RevealsConfig,
@@ -89,9 +69,8 @@ impl Reveals {
     /// Records one number shown.
     ///
     /// # Errors
-    /// [`Full`] when the buffer is full and `on_overflow = "refuse"` (nothing is
-    /// recorded: the caller must not show the number). With `"drop"` a full
-    /// buffer drops the reveal, counts it, and answers `Ok`.
+    /// [`Full`] when the buffer is full and `on_overflow = "refuse"`: the caller
+    /// must not show the number.
     pub fn record(&self, reveal: Reveal) -> Result<(), Full> {
         let inner = &*self.inner;
         // Taken before it is checked, so racing recorders cannot overshoot.
@@ -126,7 +105,6 @@ impl Reveals {
 
     /// How long the oldest reveal being written, or waiting after a failed
     /// write, has been unwritten; zero when the last write succeeded.
-    /// Reveals still in the channel are younger than one flush interval.
     pub fn oldest_unwritten(&self) -> std::time::Duration {
         match self.inner.oldest_unwritten_us.load(Ordering::Acquire) {
             0 => std::time::Duration::ZERO,
@@ -177,8 +155,7 @@ pub fn now_us() -> i64 {
 }
 
 /// This replica's clock set off by a test, to play a replica whose clock is
-/// wrong (retention must not follow it). Per thread, so tests running beside
-/// each other do not see it; zero outside unit tests.
+/// wrong; per thread, so tests beside each other do not see it.
 #[cfg(test)]
 pub(crate) mod test_clock {
     use std::cell::Cell;

@@ -1,12 +1,7 @@
 //! Retention: reveals older than `reveals.retention_days` are deleted in the
-//! background, a small batch per transaction, so no delete holds locks for long
-//! or competes with the flush for more than a moment. The per-ad counts are kept.
-//! "Older" is by the database's clock, the one clock every replica shares: a
-//! replica whose own clock ran days ahead once deleted everyone's recent reveals.
-//! Batch deletes rather than dropping daily partitions: they work the same on
-//! both databases, and measured on PostgreSQL (`cargo bench --bench reveals`,
-//! docs/performance.md) they remove a day of a busy replica's reveals in
-//! seconds of background work.
+//! background, a small batch per transaction (no lock held for long); the
+//! per-ad counts are kept. "Older" is by the database's clock, the one every
+//! replica shares, so a replica whose clock runs ahead deletes nothing recent.
 
 use std::time::Duration;
 
@@ -18,8 +13,7 @@ pub const BATCH: i64 = 5_000;
 /// How often retention looks for old rows.
 pub const EVERY: Duration = Duration::from_secs(600);
 
-/// Deletes what is older than `reveals.retention_days`, then again every
-/// [`EVERY`]. Runs until its task is cancelled.
+/// Deletes what is older than `reveals.retention_days` every [`EVERY`], until cancelled.
 pub async fn run(config: RevealsConfig, store: RevealStore) {
     let keep = config.retention();
     loop {
@@ -32,10 +26,9 @@ pub async fn run(config: RevealsConfig, store: RevealStore) {
     }
 }
 
-/// Deletes every reveal older than `keep` by the database's clock, at most
-/// [`BATCH`] rows a transaction, until a batch finds none. (Until none rather
-/// than until a short batch: on SQLite a batch is the oldest ids, of which a
-/// few may be younger and stay; see `RevealStore::delete_reveals_older_than`.)
+/// Deletes every reveal older than `keep` by the database's clock, [`BATCH`]
+/// rows a transaction, until a batch finds none (not a short one: on SQLite a
+/// batch is the oldest ids, a few of which may stay).
 ///
 /// # Errors
 /// The database failed; what was deleted before stays deleted.

@@ -1,21 +1,12 @@
-//! Time the process lost: how late its timers and tasks ran (a CPU quota's
-//! throttle, a paused process, a stalled worker), as a running total. An
-//! upstream call's timer reads it (`upstream::timer`; the rule is
-//! docs/rules.md, "Whose time"), and cold admission reads the least lateness
-//! of each of its intervals (`resolve::admission`): a wait that stood.
+//! Time the process lost: how late its timers ran (a CPU quota's throttle, a
+//! paused process, a stalled worker), as a running total. An upstream call's
+//! timer reads it (`upstream::timer`; docs/rules.md, "Whose time"), cold
+//! admission the least lateness of each interval (`resolve::admission`).
 //!
-//! [`probe`], a task of the app's for the process's whole life, sleeps
-//! [`PROBE_PERIOD`] at a time and adds how late it woke, less tokio's
-//! millisecond of granularity. A stall is seen before the probe runs again
-//! too: the total read at any moment includes the gap since the probe last
-//! woke beyond its period ([`LostTime::mark`]), so whatever runs first after a
-//! pause (a call's timer, most often) sees it.
-//!
-//! Its cost: 200 wake-ups a second, each a timer entry and a few atomic
-//! stores; measured idle (docs/performance.md, "The idle background").
-//!
-//! Every late wake is observed in `phones_gateway_lost_time_seconds` (a
-//! histogram: its `_sum` rate is the share of time lost).
+//! [`probe`] sleeps [`PROBE_PERIOD`] at a time and adds how late it woke, less
+//! tokio's millisecond. A reading ([`LostTime::mark`]) also counts the gap since
+//! the probe last woke beyond its period, so whatever runs first after a stall
+//! sees it. Late wakes go to `phones_gateway_lost_time_seconds`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -23,22 +14,19 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// How long the probe sleeps between wakes: a stall longer than this (and
-/// the timer's millisecond) is seen as lost time.
+/// The probe's sleep: a stall longer than this (plus 1 ms) is lost time.
 pub const PROBE_PERIOD: Duration = Duration::from_millis(5);
 
 /// The process's lost time so far, and the tolerance a call allows.
 pub struct LostTime {
-    /// Microseconds lost since start, as the probe measured them.
+    /// Microseconds lost since start.
     total_us: AtomicU64,
     /// The least lateness since [`LostTime::take_least`], in microseconds
     /// (`u64::MAX`: no wake since).
     least_us: AtomicU64,
-    /// When the probe last woke, microseconds after `epoch`, plus one (0:
-    /// never).
+    /// The probe's last wake, microseconds after `epoch`, plus one (0: never).
     woke_us: AtomicU64,
     epoch: Instant,
-    /// How long the probe sleeps between wakes.
     period: Duration,
     /// `upstreams.lost_time_tolerance_ms`.
     tolerance: Duration,
@@ -46,8 +34,6 @@ pub struct LostTime {
 }
 
 impl LostTime {
-    /// `tolerance`: what a call's timer allows before giving time back;
-    /// `period`: the probe's sleep.
     pub fn new(tolerance: Duration, period: Duration) -> Self {
         LostTime {
             total_us: AtomicU64::new(0),
@@ -60,8 +46,7 @@ impl LostTime {
         }
     }
 
-    /// The probe woke at `now`, `late` beyond its due time and the timer's
-    /// granularity ([`lateness`]).
+    /// The probe woke at `now`, `late` ([`lateness`]).
     pub fn woke(&self, now: Instant, late: Duration) {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         self.least_us.fetch_min(micros(late), Ordering::Relaxed);
@@ -100,8 +85,7 @@ impl LostTime {
         Duration::from_micros(self.mark().0.saturating_sub(mark.0))
     }
 
-    /// What a call's timer allows: a call that had its timeout less this of
-    /// the gateway's running time had all of it.
+    /// What a call's timer allows before giving time back.
     pub fn tolerance(&self) -> Duration {
         self.tolerance
     }
@@ -124,8 +108,7 @@ pub async fn probe(lost: std::sync::Arc<LostTime>, stop: CancellationToken) {
     }
 }
 
-/// How late a timer due at `due` fired at `now`, less the millisecond tokio's
-/// timer takes at best.
+/// How late a timer due at `due` fired at `now`, less tokio's 1 ms granularity.
 pub fn lateness(due: Instant, now: Instant) -> Duration {
     now.saturating_duration_since(due)
         .saturating_sub(Duration::from_millis(1))
@@ -149,9 +132,8 @@ mod tests {
         assert_eq!(lost.since(mark), Duration::from_micros(400_250));
     }
 
-    /// A stall is seen before the probe wakes again: the gap since its last
-    /// wake, beyond its period and the timer's millisecond, counts at once,
-    /// and the probe's own report of it later adds nothing twice.
+    /// A stall counts before the probe wakes again (the gap beyond its period
+    /// and 1 ms), and the probe's own report of it later adds nothing twice.
     #[tokio::test(start_paused = true)]
     async fn a_stall_is_seen_before_the_probe_runs_again() {
         let lost = LostTime::new(Duration::from_millis(30), PERIOD);

@@ -1,46 +1,12 @@
-//! The runtime's parts: how late it runs ([`lost`], the lost-time probe every
-//! upstream call's timer and cold admission read), and its sizing.
-//!
-//! Sizing: how many tokio worker threads. In a container the CPU quota
-//! (cgroup), not the host's core count, is what the process may use; running more
-//! workers than the quota allows gets the process throttled (the original
-//! service lost a night to that). `runtime.worker_threads` overrides.
-//!
-//! And the priority of background threads: work that may trail the requests
-//! (the reveal log's flush and its SQLite writer) runs at nice
-//! [`BACKGROUND_NICE`], so that a burst of it does not take the core from the
-//! workers (at the default priority a flush got half of the core for its
-//! length, and requests queued behind it). Nice 8 weighs 172 against nice 0's
-//! 1024: when both want the core the background thread still gets a seventh of
-//! it, and all of it when the workers are idle. That is more than the log needs
-//! at the hit path's maximum, so a saturated core slows the background work but
-//! does not starve it (nice 10 would come close); nice 5 (a quarter) left the
-//! workers too little while a flush ran in the soak's shape. The figures, with
-//! their commands: docs/performance.md, "The background priority". Linux keeps
-//! a nice value per thread; elsewhere this does nothing.
-//!
-//! And the open-files limit (`RLIMIT_NOFILE`): at start the soft limit is
-//! raised to the hard one ([`raise_open_files`]), since every inbound
-//! connection, upstream call and database connection is a descriptor and a
-//! soft limit of 1024 (a common default) runs out long before the CPU does.
-//! The limit then sizes the inbound connection cap (`server.max_connections`,
-//! `http::server::conns`), which keeps a reserve for the process's own calls.
-//!
-//! And transparent huge pages, turned off for the process at start
-//! ([`no_huge_pages`], `PR_SET_THP_DISABLE`; Linux only). mimalloc asks for
-//! them on its arena (`MADV_HUGEPAGE` on the 1 GiB it reserves), so on a host
-//! whose THP setting is `madvise` (a common default) or `always` the kernel
-//! backs any 2 MiB of the arena that is touched with a whole huge page, and
-//! khugepaged later fills in the ranges that mimalloc had partly given back:
-//! the process's memory then rose in 2 MiB steps while its live data did not.
-//! Measured when this was made (a debug build under the recorded stream, the
-//! same binary with and without `MIMALLOC_ALLOW_THP=0`): the arena held
-//! 18 MiB at start, all of it huge pages, against 5.5 MiB without them, and
-//! 41.6 against 13.8 MiB after 80 s of requests. With them off, the soak
-//! over 20 million reveals (BENCHMARKS.md, "The reveal log's memory as it
-//! ages", runs 4 to 6) keeps 2 to 4 MiB in huge pages, constant: what
-//! mimalloc touched before the process turned them off. The hit path makes
-//! small allocations only, which gain nothing from huge pages.
+//! The runtime's parts: lost time ([`lost`]), and the process's sizing:
+//! - tokio workers from the container's CPU quota (cgroup), not the host's
+//!   cores (more get the process throttled); `runtime.worker_threads` overrides;
+//! - background threads (the reveal log's flush, its SQLite writer) at nice
+//!   [`BACKGROUND_NICE`] (docs/reveal-log.md, "How it is written"; Linux only);
+//! - the soft open-files limit raised to the hard one ([`raise_open_files`]),
+//!   which then sizes `server.max_connections`;
+//! - transparent huge pages off ([`no_huge_pages`], Linux only): mimalloc's
+//!   arena grew in 2 MiB steps with them (docs/reveal-log.md, "Memory").
 
 use std::path::Path;
 
@@ -71,7 +37,7 @@ fn cgroup_cpus(root: &Path) -> Option<usize> {
     quota_cpus(&format!("{} {}", quota.trim(), period.trim()))
 }
 
-/// The nice value of background threads (see the module doc).
+/// The nice value of background threads.
 pub const BACKGROUND_NICE: i32 = 8;
 
 /// Lowers the calling thread to [`BACKGROUND_NICE`].
@@ -80,8 +46,7 @@ pub fn lower_this_thread() {
     lower_thread(rustix::thread::gettid());
 }
 
-/// Lowers the thread `tid` of this process to [`BACKGROUND_NICE`]. Best effort:
-/// a failure is logged and the thread keeps its priority.
+/// Lowers thread `tid` of this process to [`BACKGROUND_NICE`]; a failure is logged.
 #[cfg(target_os = "linux")]
 pub fn lower_thread(tid: rustix::process::Pid) {
     // PRIO_PROCESS with a thread's id sets that thread's nice value on Linux.
@@ -90,9 +55,7 @@ pub fn lower_thread(tid: rustix::process::Pid) {
     }
 }
 
-/// Turns transparent huge pages off for this process (see the module doc);
-/// true when they are off. Best effort: a failure is logged, and the process
-/// runs with the host's setting.
+/// Turns transparent huge pages off for this process; true when they are off.
 pub fn no_huge_pages() -> bool {
     #[cfg(target_os = "linux")]
     {
@@ -115,14 +78,12 @@ pub struct OpenFiles {
     pub before: Option<u64>,
     /// The soft limit now (the hard one, unless raising it failed).
     pub soft: Option<u64>,
-    /// The hard limit.
     pub hard: Option<u64>,
 }
 
-/// Raises the soft `RLIMIT_NOFILE` to the hard limit and logs both. Best effort:
-/// a failure is logged and the soft limit stays where it was. An unlimited hard
-/// limit (which Linux does not allow as a soft `RLIMIT_NOFILE`) raises the soft
-/// one to `fs.nr_open`, the most a process may have.
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (an unlimited hard one,
+/// which Linux does not allow as a soft one: to `fs.nr_open`) and logs both.
+/// Best effort: a failure is logged and the soft limit stays.
 pub fn raise_open_files() -> OpenFiles {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let found = getrlimit(Resource::Nofile);

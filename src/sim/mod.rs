@@ -1,14 +1,8 @@
-//! The upstream simulator: docs/rules.md for all three upstreams and the status feed on
-//! one listener (the paths do not collide, so every base URL may point at it),
-//! with deterministic data and configurable latency, failures and hangs. Used by
-//! the demo, the load harness and tests.
-//!
-//! The data, as a function of the ids (so a test or a load script can predict it):
-//! - real phone: every seller has `+7916` and seven digits derived from the user
-//!   id, except sellers whose id is a multiple of 50 (404, no phone);
-//! - anonymous: connected when `(user_id + ad_id) % 3 == 0` (`+7800...`), else 404;
-//! - virtual numbers: every (user, phone) has one (`+7495...`);
-//! - status feed: users 4, 8, 12, ... (`statuses` of them) enabled at version 1.
+//! The upstream simulator: all three upstreams and the status feed on one
+//! listener (every base URL may point at it), with configurable latency,
+//! failures and hangs, for the demo, the load harness and tests. Its data is a
+//! function of the ids, so a test can predict it ([`real_phone`],
+//! [`anonymous_phone`], [`virtual_phone`], [`calltracking_enabled`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,8 +72,7 @@ struct Sim {
     sequence: Arc<AtomicU64>,
 }
 
-/// SplitMix64's first output for the seed `x`: a fast, well-spread hash for
-/// deterministic pseudo-random choices.
+/// SplitMix64's first output for `x`: a well-spread hash for deterministic choices.
 fn mix(x: u64) -> u64 {
     SplitMix64::seed_from_u64(x).next_u64()
 }

@@ -1,6 +1,5 @@
-//! Logs, metrics and traces plumbing: the tracing subscriber (and, in
-//! [`trace`], trace context and the span export), the process-wide Prometheus
-//! recorder, request ids.
+//! Logs, metrics and traces plumbing: the tracing subscriber ([`trace`]: trace
+//! context and span export), the Prometheus recorder, request ids.
 //!
 //! Phone numbers never reach a log line or a label: code logs `phone.masked()`,
 //! and `Phone`'s `Debug` is masked too.
@@ -19,12 +18,10 @@ use crate::config::{LogConfig, TracingConfig};
 
 pub mod trace;
 
-/// The header carrying a request's id, taken from the caller or set by us,
-/// answered back and forwarded to the upstreams.
+/// The request id's header: the caller's or ours, answered and forwarded.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 tokio::task_local! {
-    /// The id of the request this task serves.
     static REQUEST_ID: HeaderValue;
 }
 
@@ -41,9 +38,7 @@ pub fn with_request_id<F: Future>(
     REQUEST_ID.scope(id, future)
 }
 
-/// Installs the global subscriber of `[log]`: `RUST_LOG` if set, else
-/// `log.filter`; `log.format`, JSON lines for production or readable text for
-/// people.
+/// Installs the global subscriber of `[log]` (`RUST_LOG` over `log.filter`).
 ///
 /// # Errors
 /// A filter that does not parse, or a subscriber already installed.
@@ -60,9 +55,8 @@ pub fn init_logs(log: &LogConfig) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!(e))
 }
 
-/// As [`init_logs`], and with `tracing.otlp_endpoint` set the span export too
-/// (returned: dropping it flushes what is buffered). Without an endpoint the
-/// subscriber is exactly `init_logs`'s: no tracing layer, no per-span cost.
+/// As [`init_logs`], plus the span export when `tracing.otlp_endpoint` is set
+/// (returned: dropping it flushes what is buffered).
 ///
 /// # Errors
 /// As [`init_logs`], or an exporter that cannot be built.
@@ -99,9 +93,7 @@ pub fn init_logs_and_traces(
     Ok(Some(export))
 }
 
-/// Whether the text format colours its lines: only when they go to a terminal
-/// (the fmt layer writes to stdout). Written to a file or a pipe, escape codes
-/// are noise a reader or a log shipper has to strip.
+/// Whether the text format colours its lines: only when stdout is a terminal.
 fn colour() -> bool {
     use std::io::IsTerminal as _;
     std::io::stdout().is_terminal()
@@ -118,8 +110,7 @@ fn env_filter(filter: &str) -> anyhow::Result<EnvFilter> {
 /// (kept as is: no copy), else sixteen hex digits we make.
 ///
 /// # Errors
-/// An id we make when the caller sent `x-request-id` more than once: the
-/// request is refused (400) under that id, as any header read singly is.
+/// An id we make when `x-request-id` came more than once: the request is a 400.
 pub fn request_id_of(headers: &HeaderMap) -> Result<HeaderValue, HeaderValue> {
     static SEQUENCE: AtomicU64 = AtomicU64::new(0);
     static SEED: OnceLock<foldhash::fast::RandomState> = OnceLock::new();
@@ -144,9 +135,7 @@ pub fn request_id_of(headers: &HeaderMap) -> Result<HeaderValue, HeaderValue> {
     if repeated { Err(made) } else { Ok(made) }
 }
 
-/// Upper bounds of every `_seconds` histogram, in nanoseconds: the recorder's
-/// and the request-duration buckets of `http::api::durations` alike (0.3 s is the
-/// default upstream timeout).
+/// Upper bounds of every `_seconds` histogram, in nanoseconds (`http::api::durations` too).
 pub const DURATION_BOUNDS_NS: [u64; 15] = [
     100_000,
     250_000,
@@ -168,13 +157,11 @@ pub const DURATION_BOUNDS_NS: [u64; 15] = [
 /// The crate's version (`Cargo.toml`).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// The commit it was built from (`build.rs`: `git rev-parse --short HEAD`, or
-/// "unknown" where the build had no repository).
+/// The commit it was built from (`build.rs`), or "unknown" without a repository.
 pub const COMMIT: &str = env!("PHONES_GATEWAY_COMMIT");
 
-/// The process-wide Prometheus recorder (the `metrics` facade is global; several
-/// apps in one test process share it), with
-/// `phones_gateway_build_info{version, commit}` set to 1 once installed.
+/// The process-wide Prometheus recorder (several apps in one test process share
+/// it), with `phones_gateway_build_info{version, commit}` set to 1.
 pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
@@ -197,11 +184,8 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-/// Appends a gauge family in the Prometheus text format: one series per
-/// `(labels, value)`. For the gauges an owner computes at scrape time from its
-/// own state: written into its app's `/metrics` text, not set on the
-/// process-wide recorder, so that each app's scrape shows its own values, also
-/// beside other apps in one process.
+/// Appends a gauge family, one series per `(labels, value)`, to an app's own
+/// `/metrics` text: not the shared recorder, so each app shows its own values.
 pub fn write_gauge<'a>(
     out: &mut String,
     name: &str,
@@ -219,10 +203,8 @@ pub fn write_gauge<'a>(
     }
 }
 
-/// Drains recorded histogram samples into their buckets every 5 s. The Prometheus
-/// recorder keeps raw samples until a scrape or an upkeep; without this, a
-/// replica nobody scrapes grows by every request's sample (the soak found it:
-/// about 0.7 MiB/s at 40k requests/s). Runs until aborted.
+/// Drains raw histogram samples into their buckets every 5 s, so a replica
+/// nobody scrapes does not grow by every request's. Runs until aborted.
 pub async fn metrics_upkeep() {
     let handle = metrics_handle();
     loop {

@@ -1,17 +1,8 @@
 //! W3C Trace Context in and out: `traceparent` parsed and written, the trace a
-//! request's upstream calls continue ([`TraceContext`], parsed lazily through
-//! [`Incoming`]), the headers of one upstream call, and continuing a caller's
-//! trace in an exported span, and the mark of an exported span
-//! ([`EXPORTED_FIELD`], [`current_is_exported`]), which the export reads too.
-//! Nothing here exports: that is [`super::export`].
-//!
-//! `traceparent` is parsed and written here rather than through
-//! `opentelemetry_sdk`'s `TraceContextPropagator`: without export a caller's
-//! `tracestate` is forwarded byte for byte (the propagator parses it and drops
-//! the whole header for one bad entry), and an upstream call's headers are made
-//! without building an OpenTelemetry `Context`. With export, the caller's
-//! `tracestate` is parsed into the span's context as the SDK does
-//! ([`continue_trace`]). Not measured against the propagator.
+//! request's upstream calls continue ([`TraceContext`], via [`Incoming`]), a
+//! call's headers, and the mark of an exported span ([`EXPORTED_FIELD`]).
+//! Written by hand, not with the SDK's propagator, which drops a whole
+//! `tracestate` for one bad entry. Exporting is [`super::export`]'s.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,13 +11,10 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-/// The field that marks a span's callsite as exported (`otel.kind`, which
-/// `tracing-opentelemetry` reads as the span kind): every other span, and every
-/// event, stays in the logs only.
+/// The field marking a span's callsite as exported; other spans and events are logs only.
 pub const EXPORTED_FIELD: &str = "otel.kind";
 
-/// Whether the current span is an exported one: read from its callsite's
-/// fields, without touching the span (no reference count, no lookup).
+/// Whether the current span is exported: read from its callsite, not the span itself.
 pub fn current_is_exported() -> bool {
     tracing::dispatcher::get_default(|dispatch| {
         dispatch
@@ -36,14 +24,10 @@ pub fn current_is_exported() -> bool {
     })
 }
 
-/// The W3C header naming the caller's trace and span.
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-/// The W3C header carrying vendors' trace state, forwarded as is.
 pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
-/// The caller's `traceparent`, when there is exactly one: two are invalid
-/// (W3C Trace Context: which parent would the request have?), so the request
-/// starts a new trace, as with any invalid one, and is answered as usual.
+/// The caller's `traceparent`, when there is exactly one (two are invalid).
 pub fn traceparent_of(headers: &HeaderMap) -> Option<&HeaderValue> {
     let mut values = headers.get_all(TRACEPARENT).iter();
     match (values.next(), values.next()) {
@@ -60,10 +44,7 @@ pub struct Parent {
     pub sampled: bool,
 }
 
-/// Parses a `traceparent` value as W3C Trace Context level 1 reads it:
-/// `version-traceid-parentid-flags` in lowercase hex; version `ff` and all-zero
-/// ids are invalid; a version above 00 may append `-...` fields, which are
-/// ignored. `None` for anything else (the request then starts a new trace).
+/// Parses a `traceparent` as W3C level 1 does (docs/tracing.md); `None` when invalid.
 pub fn parse_traceparent(value: &[u8]) -> Option<Parent> {
     if value.len() < 55 {
         return None;
@@ -136,8 +117,7 @@ pub struct TraceContext {
 }
 
 impl TraceContext {
-    /// The caller's trace if its `traceparent` is valid, else a new one. A new
-    /// trace is not sampled: nothing of it is recorded here.
+    /// The caller's trace if its `traceparent` is valid, else a new, unsampled one.
     pub fn continue_or_start(
         traceparent: Option<&HeaderValue>,
         tracestate: Option<&HeaderValue>,
@@ -152,7 +132,6 @@ impl TraceContext {
         }
     }
 
-    /// A new trace.
     pub fn start() -> Self {
         TraceContext {
             trace_id: random_id(),
@@ -162,12 +141,9 @@ impl TraceContext {
     }
 }
 
-/// The trace of one request as its caller sent it (`traceparent`,
-/// `tracestate`), made by the HTTP layer from the request's headers and read by
-/// the resolver without knowing of HTTP. Parsed once, on first use: an
-/// upstream call (the miss path) parses it, a hit never does; every lookup of
-/// a request (a batch's items, a refresh ahead beside a miss) shares the one
-/// context, a new trace too.
+/// The trace of one request as its caller sent it, made by the HTTP layer and
+/// read by the resolver without knowing of HTTP. Parsed once, on first use (a
+/// hit never does); every lookup of the request shares it, a new trace too.
 #[derive(Debug, Default)]
 pub struct RequestTrace<'h> {
     traceparent: Option<&'h HeaderValue>,
@@ -177,8 +153,7 @@ pub struct RequestTrace<'h> {
 }
 
 impl<'h> RequestTrace<'h> {
-    /// The trace these headers name (none, or an invalid `traceparent`: a new
-    /// trace, started on first use).
+    /// The trace these headers name (a new one when none is valid).
     pub fn of(headers: &'h HeaderMap) -> Self {
         RequestTrace {
             traceparent: traceparent_of(headers),
@@ -198,9 +173,7 @@ impl<'h> RequestTrace<'h> {
     }
 }
 
-/// What one lookup knows of its request's trace: the request's
-/// [`RequestTrace`] (none: a new trace of its own), and whether the current
-/// span is exported.
+/// What one lookup knows of its request's trace, and whether its span is exported.
 #[derive(Debug, Default)]
 pub struct Incoming<'a> {
     trace: Option<&'a RequestTrace<'a>>,
@@ -211,9 +184,7 @@ pub struct Incoming<'a> {
 }
 
 impl<'a> Incoming<'a> {
-    /// The lookup of a request with this trace (`None`: a new trace), under
-    /// the current span; `export` is whether spans are exported at all (off,
-    /// the current span is not even looked at).
+    /// The lookup of a request with this trace; with `export` off no span is read.
     pub fn new(trace: Option<&'a RequestTrace<'a>>, export: bool) -> Self {
         Incoming {
             trace,
@@ -222,13 +193,11 @@ impl<'a> Incoming<'a> {
         }
     }
 
-    /// Whether the request's span is exported (sampled, export on): only then
-    /// are events worth making.
+    /// Whether the request's span is exported: only then are events worth making.
     pub fn exported(&self) -> bool {
         self.exported
     }
 
-    /// The trace upstream calls continue.
     pub fn context(&self) -> &TraceContext {
         match self.trace {
             Some(trace) => trace.context(),
@@ -237,10 +206,9 @@ impl<'a> Incoming<'a> {
     }
 }
 
-/// The `traceparent` (and `tracestate`) of one upstream call made under `span`:
-/// the span's own context when spans are recorded; otherwise `inherited`'s
-/// trace (a new trace when the call serves no request, as a status-feed poll)
-/// with a fresh span id, as the span would have had.
+/// The `traceparent` (and `tracestate`) of one upstream call under `span`: the
+/// span's own context when recorded, else `inherited`'s trace (or a new one,
+/// as for a status-feed poll) with a fresh span id.
 pub fn call_headers(
     span: &tracing::Span,
     inherited: Option<&TraceContext>,
@@ -275,8 +243,7 @@ pub fn call_headers(
     )
 }
 
-/// Makes `span` (a sampled request's, export on) continue the caller's trace
-/// when its `traceparent` is valid; otherwise the span starts a trace of its own.
+/// Makes `span` continue the caller's trace when its `traceparent` is valid.
 pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
     let Some(parent) = traceparent_of(headers).and_then(|v| parse_traceparent(v.as_bytes())) else {
         return;
@@ -298,17 +265,12 @@ pub fn continue_trace(span: &tracing::Span, headers: &HeaderMap) {
         true,
         state,
     );
-    // Fails only without the layer or once the span has started; neither
-    // happens on a fresh request span with export on.
+    // Fails only without the layer or on a started span: not a fresh request's.
     let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(context));
 }
 
-/// Random bytes for a new trace or span id, never all zero.
-///
-/// From the OS's generator, drawn 512 bytes at a time into a buffer of the
-/// thread's: a miss asks for a trace id and a span id per upstream call, and a
-/// `getrandom` system call for each was 3% of a miss's CPU (perf, `harness.py
-/// --cold`). The bytes are the same quality; only the calls are fewer.
+/// Random bytes for a new trace or span id, never all zero: the OS's, drawn 512
+/// bytes at a time into a thread's buffer rather than a system call per id.
 fn random_id<const N: usize>() -> [u8; N] {
     let mut id = [0u8; N];
     let drawn = RANDOM.with_borrow_mut(|pool| pool.take(&mut id));

@@ -1,11 +1,7 @@
 //! The OpenTelemetry export of spans (docs/tracing.md), when
 //! `tracing.otlp_endpoint` is set: the per-request sampling decision
-//! ([`sampled`]), which spans are exported (those whose callsite has
-//! [`EXPORTED_FIELD`]: requests and their upstream calls), events on them, and
-//! the provider, layer and OTLP/HTTP exporter ([`Export`], owned by `main`).
-//! Trace context (ids, headers) is [`super::context`]'s, and the export reads
-//! it (`traceparent`'s sampled flag and the mark of an exported span), never
-//! the reverse.
+//! ([`sampled`]), which spans are exported (callsites with [`EXPORTED_FIELD`]),
+//! events on them, and [`Export`], owned by `main`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -24,7 +20,6 @@ use super::context::{EXPORTED_FIELD, current_is_exported, parse_traceparent, tra
 use crate::config::TracingConfig;
 use crate::domain::wall_clock::Stopwatch;
 
-/// The service name spans are exported under.
 const SERVICE_NAME: &str = "phones-gateway";
 
 /// Whether a request with these headers is recorded, export on: a valid
@@ -37,8 +32,7 @@ pub fn sampled(headers: &HeaderMap, ratio: f64) -> bool {
         return true;
     }
     // A mixed counter: uniform enough to sample by, and no system call per
-    // request (ids come from the OS; this decides nothing but a share). The
-    // seed is drawn once per process.
+    // request. The seed is drawn once per process.
     use std::hash::BuildHasher;
     static SEQUENCE: AtomicU64 = AtomicU64::new(0);
     static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -48,13 +42,10 @@ pub fn sampled(headers: &HeaderMap, ratio: f64) -> bool {
 }
 
 /// The `sequence`th draw of a process seeded with `seed`: SplitMix64's output
-/// with its state `sequence` of its own steps (a Weyl sequence) past `seed`,
-/// which spreads consecutive counters over the whole range whatever the seed. A
-/// general-purpose hasher does not promise that for consecutive integers: with
-/// foldhash's fast hasher, one run of the unit tests drew 10,000 consecutive
-/// counters all in the upper half, so a ratio of 0.5 would have sampled nothing
-/// (the seed was not kept; 2,000 fresh seeds did not repeat it). SplitMix64 is
-/// a bijection with full avalanche, per draw.
+/// `sequence` of its own steps past `seed`, which spreads consecutive counters
+/// over the whole range whatever the seed. A general-purpose hasher does not
+/// promise that: foldhash's once drew 10,000 consecutive counters all in the
+/// upper half, so a ratio of 0.5 would have sampled nothing.
 fn share_draw(seed: u64, sequence: u64) -> u64 {
     // SplitMix64's step (its "gamma", 2^64 over the golden ratio), which
     // rand_xoshiro keeps private.
@@ -62,10 +53,7 @@ fn share_draw(seed: u64, sequence: u64) -> u64 {
     SplitMix64::seed_from_u64(seed.wrapping_add(sequence.wrapping_mul(STEP))).next_u64()
 }
 
-/// The span of one upstream call: exported (a child of the request's exported
-/// span, named by the call's `traceparent`) when the current span is an
-/// exported request's, else the log's alone. Status-feed polls serve no
-/// request and are not exported.
+/// An upstream call's span: exported when the current span is an exported request's.
 pub fn upstream_span(upstream: &'static str) -> tracing::Span {
     if current_is_exported() {
         tracing::debug_span!(
@@ -80,9 +68,8 @@ pub fn upstream_span(upstream: &'static str) -> tracing::Span {
     }
 }
 
-/// Adds an event to the current span when it is exported (a sampled request's);
-/// otherwise does nothing, cheaply. Names, keys and values are fixed words:
-/// never a number from a request or an upstream.
+/// Adds an event to the current span when it is exported, else nothing. Names,
+/// keys and values are fixed words: never a number from a request or upstream.
 pub fn event(name: &'static str, attributes: &[(&'static str, &'static str)]) {
     if !current_is_exported() {
         return;
@@ -96,18 +83,15 @@ pub fn event(name: &'static str, attributes: &[(&'static str, &'static str)]) {
     );
 }
 
-/// The OTLP export, when `tracing.otlp_endpoint` is set: the tracer provider
-/// behind the `tracing-opentelemetry` layer. Dropping it flushes and shuts the
-/// provider down, so it has one owner (`main`, for the process's life) and is
-/// not `Clone`: a clone dropped early would stop the export for everyone.
+/// The tracer provider behind the export layer. Dropping it flushes and shuts it
+/// down, so it has one owner (`main`) and is not `Clone`.
 #[derive(Debug)]
 pub struct Export {
     provider: SdkTracerProvider,
 }
 
 impl Export {
-    /// Builds the exporter and its batch processor (its own thread). The
-    /// sample ratio is applied per request ([`sampled`]), not here.
+    /// Builds the exporter and its batch processor (its own thread).
     ///
     /// # Errors
     /// The endpoint does not parse as a URI or the HTTP client cannot be built.
@@ -135,8 +119,7 @@ impl Export {
         Ok(Export { provider })
     }
 
-    /// The layer recording the exported spans (marked by their `otel.kind`
-    /// field) and no event.
+    /// The layer recording the exported spans and no event.
     pub fn layer<S>(&self) -> impl tracing_subscriber::Layer<S> + Send + Sync + 'static
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
@@ -158,8 +141,7 @@ impl Export {
 
 impl Drop for Export {
     /// Exports what is buffered and stops the batch thread. Blocks up to the
-    /// export timeout: drop it off the async workers (after the runtime, as
-    /// `main` does).
+    /// export timeout: drop it off the async workers, as `main` does.
     fn drop(&mut self) {
         if let Err(error) = self.provider.shutdown() {
             tracing::warn!(%error, "flushing the last spans failed");
@@ -167,9 +149,7 @@ impl Drop for Export {
     }
 }
 
-/// The export layer's filter: the spans of this crate whose callsite has the
-/// [`EXPORTED_FIELD`], decided once per callsite (every other span and event
-/// costs the layer nothing).
+/// The export layer's filter: this crate's spans with [`EXPORTED_FIELD`], per callsite.
 struct ExportedOnly;
 
 impl ExportedOnly {
@@ -206,11 +186,7 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Export failures are logged at most this often (and always counted).
 const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
-/// The OTLP exporter, its failures counted
-/// (`phones_gateway_trace_export_failures_total`) and logged at most once a
-/// minute: a collector down must not flood the log. Requests never wait on
-/// it: spans are queued (bounded; the SDK drops past 2,048) and sent from the
-/// batch thread.
+/// The OTLP exporter, its failures counted and logged at most once a minute.
 #[derive(Debug)]
 struct LoggedFailures<E> {
     inner: E,
