@@ -529,7 +529,7 @@ const PENDING: &[(&str, &str)] = &[];
 /// Types of std or a dependency that the docs name and the code uses without
 /// importing them by name (the prelude, a path written out, or a type it
 /// replaced).
-const ELSEWHERE: &[&str] = &["Debug", "JoinHandle", "Shared", "Uri", "Vec"];
+const ELSEWHERE: &[&str] = &["Debug", "JoinHandle", "Option", "Shared", "Uri", "Vec"];
 
 /// `text` without its fenced code blocks.
 fn without_fences(text: &str) -> String {

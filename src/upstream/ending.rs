@@ -249,7 +249,7 @@ mod tests {
         );
     }
 
-/// An answer and a 404 are the upstream up; a few of the table's lines.
+    /// An answer and a 404 are the upstream up; a few of the table's lines.
     #[test]
     fn answers_and_the_tables_lines() {
         let answered = Row {

@@ -107,7 +107,7 @@ mod tests {
         }
     }
 
-/// A call that never answers, and how long it took to end.
+    /// A call that never answers, and how long it took to end.
     async fn never_answered(
         lost: &LostTime,
         phase: &Phase,
