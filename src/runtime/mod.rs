@@ -1,4 +1,5 @@
-//! The runtime's parts: lost time ([`lost`]), and the process's sizing:
+//! The runtime's parts: lost time ([`lost`]), a task on a thread of its own
+//! ([`apart`]: the probe listener), and the process's sizing:
 //! - tokio workers from the container's CPU quota (cgroup), not the host's
 //!   cores (more get the process throttled); `runtime.worker_threads` overrides;
 //! - background threads (the reveal log's flush, its SQLite writer) at nice
