@@ -127,31 +127,24 @@ mod tests {
     #[test]
     fn all_misses_are_admitted_until_requests_wait_too_long() {
         let admission = Admission::new(LIMIT, lost());
-        admission.adjust(Duration::from_millis(20));
-        assert_eq!(admitted_of(&admission, 1000), 1000);
-        admission.adjust(Duration::from_millis(60));
-        assert_eq!(
-            admitted_of(&admission, 1000),
-            750,
-            "a quarter off just over"
-        );
-        admission.adjust(Duration::from_millis(30));
-        assert_eq!(
-            admitted_of(&admission, 1000),
-            750,
-            "held between half and the limit"
-        );
+        #[rustfmt::skip]
+        let steps = [
+            (20, 1000, "all under the limit"),
+            (60, 750, "a quarter off just over"),
+            (30, 750, "held between half and the limit"),
+        ];
+        for (wait, admitted, case) in steps {
+            admission.adjust(Duration::from_millis(wait));
+            assert_eq!(admitted_of(&admission, 1000), admitted, "{case}");
+        }
     }
 
     #[test]
     fn a_swamped_replica_cuts_hard_at_once() {
         let admission = Admission::new(LIMIT, lost());
         admission.adjust(Duration::from_millis(500));
-        assert_eq!(
-            admitted_of(&admission, 1000),
-            100,
-            "limit/lateness, at most nine tenths off"
-        );
+        let admitted = admitted_of(&admission, 1000);
+        assert_eq!(admitted, 100, "limit/lateness, at most nine tenths off");
     }
 
     #[test]
@@ -161,19 +154,13 @@ mod tests {
             admission.adjust(Duration::from_secs(1));
         }
         assert_eq!(admission.share.load(Ordering::Relaxed), FLOOR);
-        assert_eq!(
-            admitted_of(&admission, 6400),
-            100,
-            "a trickle keeps filling the caches"
-        );
+        let admitted = admitted_of(&admission, 6400);
+        assert_eq!(admitted, 100, "a trickle keeps filling the caches");
         for _ in 0..10 {
             admission.adjust(Duration::from_millis(1));
         }
-        assert_eq!(
-            admission.share.load(Ordering::Relaxed),
-            ALL,
-            "all admitted within a second"
-        );
+        let share = admission.share.load(Ordering::Relaxed);
+        assert_eq!(share, ALL, "all admitted within a second");
         assert_eq!(admitted_of(&admission, 1000), 1000);
     }
 
@@ -206,10 +193,8 @@ mod tests {
             shares.push(on.share.load(Ordering::Relaxed));
         }
         assert_eq!(shares[0], ALL, "one late interval is no queue");
-        assert!(
-            shares[9] <= ALL * 3 / 4 * 3 / 4,
-            "cut and cut again: {shares:?}"
-        );
+        let twice_cut = ALL * 3 / 4 * 3 / 4;
+        assert!(shares[9] <= twice_cut, "cut and cut again: {shares:?}");
         stop.cancel();
         watching.await.unwrap();
         probing.await.unwrap();
@@ -232,11 +217,9 @@ mod tests {
                 tokio::time::advance(Duration::from_millis(900)).await;
                 for _ in 0..(INTERVAL * 3).as_millis() {
                     tokio::time::sleep(Duration::from_millis(1)).await;
-                    assert_eq!(
-                        on.share.load(Ordering::Relaxed),
-                        ALL,
-                        "a stall {stall_at} ms into a turn cut the share (probe: {probed})"
-                    );
+                    let share = on.share.load(Ordering::Relaxed);
+                    let case = format!("a stall {stall_at} ms into a turn (probe: {probed})");
+                    assert_eq!(share, ALL, "{case} cut the share");
                 }
             }
             stop.cancel();

@@ -607,15 +607,11 @@ mod tests {
             progress.states
         };
         let stale = |phone| SourceState::Found(phone, Origin::Stale(Failure::Deadline));
-        assert_eq!(
-            at_deadline(&req, None),
-            States::new(stale(anonymous), stale(virtual_number), stale(real))
-        );
+        let all_stale = States::new(stale(anonymous), stale(virtual_number), stale(real));
+        assert_eq!(at_deadline(&req, None), all_stale);
         // The real number already known: call tracking's stale value for it.
-        assert_eq!(
-            at_deadline(&req, Some(real))[Source::Calltracking],
-            stale(virtual_number)
-        );
+        let states = at_deadline(&req, Some(real));
+        assert_eq!(states[Source::Calltracking], stale(virtual_number));
         // Nothing usable (another seller): everything pending is undecided.
         let other = Request {
             user: UserId::new(43).unwrap(),
@@ -644,11 +640,13 @@ mod tests {
             (Via::Stale(Failure::LoadRefused),     Origin::Stale(Failure::LoadRefused)),
         ];
         for (via, origin) in numbers {
+            let state = state_of(&lookup(Ok(Some(found)), via));
+            assert_eq!(state, SourceState::Found(found, origin), "{via:?}");
             assert_eq!(
-                state_of(&lookup(Ok(Some(found)), via)),
-                SourceState::Found(found, origin)
+                state_of(&lookup(Ok(None), via)),
+                SourceState::NotFound,
+                "{via:?}"
             );
-            assert_eq!(state_of(&lookup(Ok(None), via)), SourceState::NotFound);
         }
         use SourceState::{Failed, Undecided};
         #[rustfmt::skip]

@@ -236,31 +236,19 @@ fn stale_or_undecided(stale: Known<Phone>) -> SourceState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{Reason, Skip};
+    use crate::domain::Skip;
+    use crate::resolve::rules::tests::{A, BOUND, C, NA, NO, R, TIMEOUT, answer_from as answer};
+    use crate::resolve::rules::tests::{p, rules};
     use Source::{Anonymous, Calltracking, RealPhone};
     use SourceState::{Failed, Found, NotApplicable, NotFound, Pending, Undecided, Unknown};
 
-    const A: u64 = 78_000_000_001;
-    const C: u64 = 78_000_000_002;
-    const R: u64 = 79_161_234_567;
     const ANON_CATEGORY: u64 = 9;
     const PLAIN_CATEGORY: u64 = 1;
-
-    fn p(n: u64) -> Phone {
-        Phone::from_u64(n).unwrap()
-    }
 
     /// The default `[selection]` and policies.
     fn selection() -> Selection {
         Selection {
-            rules: Rules {
-                order: vec![Anonymous, Calltracking, RealPhone],
-                policy: Sources::new(
-                    OnError::FailClosed,
-                    OnError::FallThrough,
-                    OnError::FallThrough,
-                ),
-            },
+            rules: rules(),
             anonymous_categories: [ANON_CATEGORY].into_iter().collect(),
         }
     }
@@ -301,71 +289,31 @@ mod tests {
     /// Each source's state: anonymous, call tracking, real.
     type Three = (SourceState, SourceState, SourceState);
 
-    /// A row of the start table: the request, the seller's call tracking and
-    /// the caches; then the states, what is asked at once and the decision.
-    #[derive(Clone, Copy)]
-    struct Start {
-        category: u64,
-        given: Option<u64>,
-        tracking: Known<()>,
-        held: Held,
-        states: Three,
-        asks: (bool, Option<u64>, bool),
-        want: Decision,
-    }
+    /// A row of the start table: the request's category and given phone, the
+    /// seller's call tracking and the caches; then the states, what is asked
+    /// at once and the decision.
+    type Start = (
+        u64,
+        Option<u64>,
+        Known<()>,
+        Held,
+        Three,
+        (bool, Option<u64>, bool),
+        Decision,
+    );
 
-    fn start(
-        category: u64,
-        given: Option<u64>,
-        tracking: Known<()>,
-        held: Held,
-        states: Three,
-        asks: (bool, Option<u64>, bool),
-        want: Decision,
-    ) -> Start {
-        Start {
-            category,
-            given,
-            tracking,
-            held,
-            states,
-            asks,
-            want,
-        }
-    }
-
-    /// A row of the deadline table: the inputs, the answers before the deadline
-    /// and the stale values at it; then the states and the decision.
-    #[derive(Clone, Copy)]
-    struct AtDeadline {
-        category: u64,
-        tracking: Known<()>,
-        cached: Held,
-        answered: &'static [(Source, SourceState)],
-        stale: Held,
-        states: Three,
-        want: Decision,
-    }
-
-    fn deadline(
-        category: u64,
-        tracking: Known<()>,
-        cached: Held,
-        answered: &'static [(Source, SourceState)],
-        stale: Held,
-        states: Three,
-        want: Decision,
-    ) -> AtDeadline {
-        AtDeadline {
-            category,
-            tracking,
-            cached,
-            answered,
-            stale,
-            states,
-            want,
-        }
-    }
+    /// A row of the deadline table: the category and call tracking, the
+    /// caches at start, the answers before the deadline and the stale values
+    /// at it; then the states and the decision.
+    type AtDeadline = (
+        u64,
+        Known<()>,
+        Held,
+        &'static [(Source, SourceState)],
+        Held,
+        Three,
+        Decision,
+    );
 
     fn cached(n: u64) -> SourceState {
         Found(p(n), Origin::Cache)
@@ -383,20 +331,7 @@ mod tests {
         Found(p(n), Origin::Stale(Failure::Deadline))
     }
 
-    const TIMEOUT: SourceState = Failed(Failure::Timeout);
-    const BOUND: SourceState = Undecided(Failure::Bound);
     const LATE: SourceState = Undecided(Failure::Deadline);
-    const NA: Skip = Skip::NotApplicable;
-    const NO: Skip = Skip::NoNumber;
-
-    /// The answer of `source`'s number `n` from `origin`, the sources above
-    /// passed over as `skips`: the decision with its reason.
-    fn answer(source: Source, n: u64, origin: Origin, skips: &[(Source, Skip)]) -> Decision {
-        let reason = skips
-            .iter()
-            .fold(Reason::new(origin), |r, &(s, skip)| r.skipped(s, skip));
-        Decision::Answer(source, p(n), reason)
-    }
 
     const CACHE: Origin = Origin::Cache;
     const UPSTREAM: Origin = Origin::Upstream;
@@ -406,51 +341,40 @@ mod tests {
     fn the_start_table() {
         let (on, off, unknown) = (ON, OFF, UNKNOWN_SET);
         #[rustfmt::skip]
-        let table = [
+        let table: [Start; 14] = [
             // category   given    tracking  cached (anon, ct, real)      -> states (anon, ct, real)            asks (anon, ct of, real)  decision
             // everything cached: the hit path decides
-            start(PLAIN_CATEGORY, None, on,  (MISS, has(C), has(R)),   (NotApplicable, cached(C), cached(R)),     (false, None, false),     answer(Calltracking, C, CACHE, &[(Anonymous, NA)])),
-            start(ANON_CATEGORY,  None, on,  (has(A), MISS, MISS),     (cached(A), Pending, Pending),             (false, None, true),      answer(Anonymous, A, CACHE, &[])),
-            start(PLAIN_CATEGORY, None, off, (MISS, has(C), has(R)),   (NotApplicable, NotApplicable, cached(R)), (false, None, false),     answer(RealPhone, R, CACHE, &[(Anonymous, NA), (Calltracking, NA)])),
-            start(ANON_CATEGORY,  None, off, (NONE, MISS, has(R)),     (NotFound, NotApplicable, cached(R)),      (false, None, false),     answer(RealPhone, R, CACHE, &[(Anonymous, NO), (Calltracking, NA)])),
+            (PLAIN_CATEGORY, None, on,  (MISS, has(C), has(R)),   (NotApplicable, cached(C), cached(R)),     (false, None, false),     answer(Calltracking, C, CACHE, &[(Anonymous, NA)])),
+            (ANON_CATEGORY,  None, on,  (has(A), MISS, MISS),     (cached(A), Pending, Pending),             (false, None, true),      answer(Anonymous, A, CACHE, &[])),
+            (PLAIN_CATEGORY, None, off, (MISS, has(C), has(R)),   (NotApplicable, NotApplicable, cached(R)), (false, None, false),     answer(RealPhone, R, CACHE, &[(Anonymous, NA), (Calltracking, NA)])),
+            (ANON_CATEGORY,  None, off, (NONE, MISS, has(R)),     (NotFound, NotApplicable, cached(R)),      (false, None, false),     answer(RealPhone, R, CACHE, &[(Anonymous, NO), (Calltracking, NA)])),
             // the real-then-calltracking chain: nothing cached asks real first
-            start(PLAIN_CATEGORY, None, on,  (MISS, MISS, MISS),       (NotApplicable, Pending, Pending),         (false, None, true),      Decision::Wait),
+            (PLAIN_CATEGORY, None, on,  (MISS, MISS, MISS),       (NotApplicable, Pending, Pending),         (false, None, true),      Decision::Wait),
             // real cached, its call-tracking number not: call tracking at once
-            start(PLAIN_CATEGORY, None, on,  (MISS, MISS, has(R)),     (NotApplicable, Pending, cached(R)),       (false, Some(R), false),  Decision::Wait),
+            (PLAIN_CATEGORY, None, on,  (MISS, MISS, has(R)),     (NotApplicable, Pending, cached(R)),       (false, Some(R), false),  Decision::Wait),
             // a given phone saves the real-phone call and feeds call tracking
-            start(PLAIN_CATEGORY, Some(R), on, (MISS, MISS, MISS),     (NotApplicable, Pending, given(R)),        (false, Some(R), false),  Decision::Wait),
-            start(PLAIN_CATEGORY, Some(R), on, (MISS, NONE, MISS),     (NotApplicable, NotFound, given(R)),       (false, None, false),     answer(RealPhone, R, Origin::Phone, &[(Anonymous, NA), (Calltracking, NO)])),
-            start(PLAIN_CATEGORY, Some(R), off, (MISS, MISS, MISS),    (NotApplicable, NotApplicable, given(R)),  (false, None, false),     answer(RealPhone, R, Origin::Phone, &[(Anonymous, NA), (Calltracking, NA)])),
+            (PLAIN_CATEGORY, Some(R), on, (MISS, MISS, MISS),     (NotApplicable, Pending, given(R)),        (false, Some(R), false),  Decision::Wait),
+            (PLAIN_CATEGORY, Some(R), on, (MISS, NONE, MISS),     (NotApplicable, NotFound, given(R)),       (false, None, false),     answer(RealPhone, R, Origin::Phone, &[(Anonymous, NA), (Calltracking, NO)])),
+            (PLAIN_CATEGORY, Some(R), off, (MISS, MISS, MISS),    (NotApplicable, NotApplicable, given(R)),  (false, None, false),     answer(RealPhone, R, Origin::Phone, &[(Anonymous, NA), (Calltracking, NA)])),
             // a seller with no phone has no call-tracking number either
-            start(PLAIN_CATEGORY, None, on,  (MISS, MISS, NONE),       (NotApplicable, NotFound, NotFound),       (false, None, false),     Decision::NoPhone),
+            (PLAIN_CATEGORY, None, on,  (MISS, MISS, NONE),       (NotApplicable, NotFound, NotFound),       (false, None, false),     Decision::NoPhone),
             // anonymous pending above everything
-            start(ANON_CATEGORY,  None, on,  (MISS, has(C), has(R)),   (Pending, cached(C), cached(R)),           (true, None, false),      Decision::Wait),
+            (ANON_CATEGORY,  None, on,  (MISS, has(C), has(R)),   (Pending, cached(C), cached(R)),           (true, None, false),      Decision::Wait),
             // the status set not loaded: call tracking unknown, nothing below shown
-            start(PLAIN_CATEGORY, None, unknown, (MISS, has(C), has(R)), (NotApplicable, Unknown, cached(R)),     (false, None, false),     Decision::Unavailable { fail_closed: None }),
-            start(PLAIN_CATEGORY, None, unknown, (MISS, MISS, MISS),   (NotApplicable, Unknown, Pending),         (false, None, true),      Decision::Unavailable { fail_closed: None }),
-            start(ANON_CATEGORY,  None, unknown, (has(A), MISS, MISS), (cached(A), Unknown, Pending),             (false, None, true),      answer(Anonymous, A, CACHE, &[])),
+            (PLAIN_CATEGORY, None, unknown, (MISS, has(C), has(R)), (NotApplicable, Unknown, cached(R)),     (false, None, false),     Decision::Unavailable { fail_closed: None }),
+            (PLAIN_CATEGORY, None, unknown, (MISS, MISS, MISS),   (NotApplicable, Unknown, Pending),         (false, None, true),      Decision::Unavailable { fail_closed: None }),
+            (ANON_CATEGORY,  None, unknown, (has(A), MISS, MISS), (cached(A), Unknown, Pending),             (false, None, true),      answer(Anonymous, A, CACHE, &[])),
         ];
         let selection = selection();
-        for (i, row) in table.iter().enumerate() {
-            let Start {
-                category,
-                given,
-                tracking,
-                held,
-                states: (a, c, r),
-                asks: (ask_a, ask_c, ask_r),
-                want,
-            } = *row;
+        for (i, row) in table.into_iter().enumerate() {
+            let (category, given, tracking, held, (a, c, r), (ask_a, ask_c, ask_r), want) = row;
             let req = request(category, given.map(p));
             let progress = selection.start(&req, || tracking, reader(held));
             assert_eq!(progress.states, States::new(a, c, r), "row {i}");
             let asks = progress.asks();
             assert_eq!(asks[Anonymous].is_some(), ask_a, "row {i}");
-            assert_eq!(
-                asks[Calltracking],
-                ask_c.map(|n| Ask::Calltracking(p(n))),
-                "row {i}"
-            );
+            let ask_c = ask_c.map(|n| Ask::Calltracking(p(n)));
+            assert_eq!(asks[Calltracking], ask_c, "row {i}");
             assert_eq!(asks[RealPhone].is_some(), ask_r, "row {i}");
             assert_eq!(selection.decide(&progress), want, "row {i}");
         }
@@ -462,15 +386,10 @@ mod tests {
         let mut selection = selection();
         selection.rules.order = vec![Anonymous, RealPhone];
         let req = request(PLAIN_CATEGORY, None);
-        let progress = selection.start(
-            &req,
-            || panic!("tracking asked"),
-            reader((MISS, has(C), has(R))),
-        );
-        assert_eq!(
-            selection.decide(&progress),
-            answer(RealPhone, R, CACHE, &[(Anonymous, NA)])
-        );
+        let tracking = || panic!("tracking asked");
+        let progress = selection.start(&req, tracking, reader((MISS, has(C), has(R))));
+        let want = answer(RealPhone, R, CACHE, &[(Anonymous, NA)]);
+        assert_eq!(selection.decide(&progress), want);
     }
 
     /// Only real in the order and call tracking off: the real number is not
@@ -480,14 +399,11 @@ mod tests {
         let mut selection = selection();
         selection.rules.order = vec![Anonymous, Calltracking];
         let req = request(ANON_CATEGORY, None);
-        let progress = selection.start(
-            &req,
-            || OFF,
-            |ask| match ask {
-                Ask::Anonymous => has(A),
-                other => panic!("{other:?} read"),
-            },
-        );
+        let read = |ask| match ask {
+            Ask::Anonymous => has(A),
+            other => panic!("{other:?} read"),
+        };
+        let progress = selection.start(&req, || OFF, read);
         assert_eq!(
             selection.decide(&progress),
             answer(Anonymous, A, CACHE, &[])
@@ -549,11 +465,8 @@ mod tests {
         for (i, &(answer, want)) in anonymous.iter().enumerate() {
             let req = request(ANON_CATEGORY, None);
             let mut progress = selection.start(&req, || OFF, reader((MISS, MISS, has(R))));
-            assert_eq!(
-                progress.answered(Anonymous, answer),
-                None,
-                "anonymous row {i}"
-            );
+            let next = progress.answered(Anonymous, answer);
+            assert_eq!(next, None, "anonymous row {i}");
             assert_eq!(selection.decide(&progress), want, "anonymous row {i}");
         }
     }
@@ -565,47 +478,39 @@ mod tests {
         let (on, off, unknown) = (ON, OFF, UNKNOWN_SET);
         let unavailable = Decision::Unavailable { fail_closed: None };
         #[rustfmt::skip]
-        let table = [
+        let table: [AtDeadline; 16] = [
             // category   tracking cached at start    answered before        stale at the deadline     -> states                                  decision
-            deadline(ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (has(A), has(C), has(R)), (stale(A), stale(C), stale(R)),         answer(Anonymous, A, STALE, &[])),
-            deadline(ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, MISS),       (LATE, LATE, LATE),                      Decision::Undecided(Anonymous)),
+            (ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (has(A), has(C), has(R)), (stale(A), stale(C), stale(R)),         answer(Anonymous, A, STALE, &[])),
+            (ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, MISS),       (LATE, LATE, LATE),                      Decision::Undecided(Anonymous)),
             // the real number known (cached): call tracking's stale value for it
-            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), has(R)),   (NotApplicable, stale(C), cached(R)),    answer(Calltracking, C, STALE, &[(Anonymous, NA)])),
+            (PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), has(R)),   (NotApplicable, stale(C), cached(R)),    answer(Calltracking, C, STALE, &[(Anonymous, NA)])),
             // call tracking pending at the deadline, nothing stale: never the real number
-            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, MISS, has(R)),     (NotApplicable, LATE, cached(R)),        Decision::Undecided(Calltracking)),
+            (PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, MISS, has(R)),     (NotApplicable, LATE, cached(R)),        Decision::Undecided(Calltracking)),
             // the real number known: its stale entry is not read again (were it,
             // a stale "no phone" would hide the known number's call tracking)
-            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), NONE),     (NotApplicable, stale(C), cached(R)),    answer(Calltracking, C, STALE, &[(Anonymous, NA)])),
+            (PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[],                       (MISS, has(C), NONE),     (NotApplicable, stale(C), cached(R)),    answer(Calltracking, C, STALE, &[(Anonymous, NA)])),
             // a stale "no phone": no call-tracking number either
-            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[],                       (MISS, has(C), NONE),     (NotApplicable, NotFound, NotFound),     Decision::NoPhone),
+            (PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[],                       (MISS, has(C), NONE),     (NotApplicable, NotFound, NotFound),     Decision::NoPhone),
             // a stale real number alone: call tracking undecided, nothing shown
-            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, has(R)),     (NotApplicable, LATE, stale(R)),         Decision::Undecided(Calltracking)),
+            (PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[],                       (MISS, MISS, has(R)),     (NotApplicable, LATE, stale(R)),         Decision::Undecided(Calltracking)),
             // not tracked: the stale real number is served, standing in for the deadline
-            deadline(PLAIN_CATEGORY, off, (MISS, MISS, MISS),   &[],                       (MISS, MISS, has(R)),     (NotApplicable, NotApplicable, stale(R)), answer(RealPhone, R, STALE, &[(Anonymous, NA), (Calltracking, NA)])),
+            (PLAIN_CATEGORY, off, (MISS, MISS, MISS),   &[],                       (MISS, MISS, has(R)),     (NotApplicable, NotApplicable, stale(R)), answer(RealPhone, R, STALE, &[(Anonymous, NA), (Calltracking, NA)])),
             // call tracking failed by its verdict before the deadline: the cached real number
-            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[(Calltracking, TIMEOUT)], (MISS, MISS, has(R)),   (NotApplicable, TIMEOUT, cached(R)),     answer(RealPhone, R, CACHE, &[(Anonymous, NA), (Calltracking, Skip::Failed(Failure::Timeout))])),
+            (PLAIN_CATEGORY, on,  (MISS, MISS, has(R)), &[(Calltracking, TIMEOUT)], (MISS, MISS, has(R)),   (NotApplicable, TIMEOUT, cached(R)),     answer(RealPhone, R, CACHE, &[(Anonymous, NA), (Calltracking, Skip::Failed(Failure::Timeout))])),
             // the status set not loaded: call tracking unknown, nothing below shown
-            deadline(PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, has(C), has(R)),   (NotApplicable, Unknown, stale(R)),      unavailable),
-            deadline(PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, MISS, MISS),       (NotApplicable, Unknown, LATE),          unavailable),
-            deadline(ANON_CATEGORY,  unknown, (MISS, MISS, MISS), &[],                     (has(A), MISS, has(R)),   (stale(A), Unknown, stale(R)),           answer(Anonymous, A, STALE, &[])),
+            (PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, has(C), has(R)),   (NotApplicable, Unknown, stale(R)),      unavailable),
+            (PLAIN_CATEGORY, unknown, (MISS, MISS, MISS), &[],                     (MISS, MISS, MISS),       (NotApplicable, Unknown, LATE),          unavailable),
+            (ANON_CATEGORY,  unknown, (MISS, MISS, MISS), &[],                     (has(A), MISS, has(R)),   (stale(A), Unknown, stale(R)),           answer(Anonymous, A, STALE, &[])),
             // an undecided real number: call tracking, which needed it, stays undecided
-            deadline(PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[(RealPhone, BOUND)],     (MISS, has(C), has(R)),   (NotApplicable, BOUND, BOUND),           Decision::Undecided(Calltracking)),
-            deadline(PLAIN_CATEGORY, off, (MISS, MISS, MISS),   &[(RealPhone, BOUND)],     (MISS, MISS, has(R)),     (NotApplicable, NotApplicable, BOUND),   Decision::Undecided(RealPhone)),
+            (PLAIN_CATEGORY, on,  (MISS, MISS, MISS),   &[(RealPhone, BOUND)],     (MISS, has(C), has(R)),   (NotApplicable, BOUND, BOUND),           Decision::Undecided(Calltracking)),
+            (PLAIN_CATEGORY, off, (MISS, MISS, MISS),   &[(RealPhone, BOUND)],     (MISS, MISS, has(R)),     (NotApplicable, NotApplicable, BOUND),   Decision::Undecided(RealPhone)),
             // an undecided anonymous source: 503, whatever the deadline settles below
-            deadline(ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[(Anonymous, BOUND)],     (MISS, MISS, has(R)),     (BOUND, LATE, stale(R)),                 Decision::Undecided(Anonymous)),
-            deadline(ANON_CATEGORY,  off, (MISS, MISS, has(R)), &[(Anonymous, BOUND)],     (has(A), MISS, has(R)),   (BOUND, NotApplicable, cached(R)),       Decision::Undecided(Anonymous)),
+            (ANON_CATEGORY,  on,  (MISS, MISS, MISS),   &[(Anonymous, BOUND)],     (MISS, MISS, has(R)),     (BOUND, LATE, stale(R)),                 Decision::Undecided(Anonymous)),
+            (ANON_CATEGORY,  off, (MISS, MISS, has(R)), &[(Anonymous, BOUND)],     (has(A), MISS, has(R)),   (BOUND, NotApplicable, cached(R)),       Decision::Undecided(Anonymous)),
         ];
         let selection = selection();
-        for (i, row) in table.iter().enumerate() {
-            let AtDeadline {
-                category,
-                tracking,
-                cached,
-                answered,
-                stale,
-                states: (a, c, r),
-                want,
-            } = *row;
+        for (i, row) in table.into_iter().enumerate() {
+            let (category, tracking, cached, answered, stale, (a, c, r), want) = row;
             let req = request(category, None);
             let mut progress = selection.start(&req, || tracking, reader(cached));
             for &(slot, answer) in answered {
@@ -621,9 +526,7 @@ mod tests {
         progress.answered(Calltracking, BOUND);
         progress.at_deadline(reader((MISS, has(C), has(R))));
         assert_eq!(progress.states[Calltracking], BOUND);
-        assert_eq!(
-            selection.decide(&progress),
-            Decision::Undecided(Calltracking)
-        );
+        let want = Decision::Undecided(Calltracking);
+        assert_eq!(selection.decide(&progress), want);
     }
 }

@@ -92,13 +92,14 @@ impl Rules {
     }
 }
 
+/// The test values the plan's tests share too.
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use Source::*;
     use SourceState::*;
 
-    fn p(n: u64) -> Phone {
+    pub(crate) fn p(n: u64) -> Phone {
         Phone::from_u64(n).unwrap()
     }
 
@@ -107,11 +108,12 @@ mod tests {
         Found(p(n), Origin::Upstream)
     }
 
-    const TIMEOUT: SourceState = Failed(Failure::Timeout);
+    pub(crate) const TIMEOUT: SourceState = Failed(Failure::Timeout);
     const BREAKER: SourceState = Failed(Failure::CircuitOpen);
-    const BOUND: SourceState = Undecided(Failure::Bound);
+    pub(crate) const BOUND: SourceState = Undecided(Failure::Bound);
 
-    fn rules() -> Rules {
+    /// The default order and policies.
+    pub(crate) fn rules() -> Rules {
         Rules {
             order: vec![Anonymous, Calltracking, RealPhone],
             policy: Sources::new(
@@ -122,25 +124,31 @@ mod tests {
         }
     }
 
-    const A: u64 = 78_000_000_001;
-    const C: u64 = 78_000_000_002;
-    const R: u64 = 79_161_234_567;
+    pub(crate) const A: u64 = 78_000_000_001;
+    pub(crate) const C: u64 = 78_000_000_002;
+    pub(crate) const R: u64 = 79_161_234_567;
 
-    /// An answer of `source`'s number `n` from the upstream, the sources above
-    /// passed over as `skips`.
+    /// An answer of `source`'s number `n` from the upstream.
     fn answer(source: Source, n: u64, skips: &[(Source, Skip)]) -> Decision {
         answer_from(source, n, Origin::Upstream, skips)
     }
 
-    fn answer_from(source: Source, n: u64, origin: Origin, skips: &[(Source, Skip)]) -> Decision {
+    /// The answer of `source`'s number `n` from `origin`, the sources above
+    /// passed over as `skips`: the decision with its reason.
+    pub(crate) fn answer_from(
+        source: Source,
+        n: u64,
+        origin: Origin,
+        skips: &[(Source, Skip)],
+    ) -> Decision {
         let reason = skips
             .iter()
             .fold(Reason::new(origin), |r, &(s, skip)| r.skipped(s, skip));
         Decision::Answer(source, p(n), reason)
     }
 
-    const NA: Skip = Skip::NotApplicable;
-    const NO: Skip = Skip::NoNumber;
+    pub(crate) const NA: Skip = Skip::NotApplicable;
+    pub(crate) const NO: Skip = Skip::NoNumber;
 
     #[test]
     fn the_rule_table() {
@@ -205,23 +213,15 @@ mod tests {
             Origin::Stale(Failure::LostTime),
         ] {
             let states = States::new(NotApplicable, TIMEOUT, Found(p(R), origin));
-            assert_eq!(
-                rules.decide(&states),
-                answer_from(
-                    RealPhone,
-                    R,
-                    origin,
-                    &[
-                        (Anonymous, NA),
-                        (Calltracking, Skip::Failed(Failure::Timeout))
-                    ]
-                )
-            );
+            let skips = [
+                (Anonymous, NA),
+                (Calltracking, Skip::Failed(Failure::Timeout)),
+            ];
+            let want = answer_from(RealPhone, R, origin, &skips);
+            assert_eq!(rules.decide(&states), want, "{origin:?}");
             let states = States::new(Found(p(A), origin), Pending, Pending);
-            assert_eq!(
-                rules.decide(&states),
-                answer_from(Anonymous, A, origin, &[])
-            );
+            let want = answer_from(Anonymous, A, origin, &[]);
+            assert_eq!(rules.decide(&states), want, "{origin:?}");
         }
     }
 
@@ -230,26 +230,19 @@ mod tests {
         let mut rules = rules();
         rules.policy[Anonymous] = OnError::FallThrough;
         let states = States::new(Failed(Failure::ErrorStatus), NotApplicable, up(R));
-        assert_eq!(
-            rules.decide(&states),
-            answer(
-                RealPhone,
-                R,
-                &[
-                    (Anonymous, Skip::Failed(Failure::ErrorStatus)),
-                    (Calltracking, NA)
-                ]
-            )
-        );
+        let skips = [
+            (Anonymous, Skip::Failed(Failure::ErrorStatus)),
+            (Calltracking, NA),
+        ];
+        assert_eq!(rules.decide(&states), answer(RealPhone, R, &skips));
 
         rules.policy[Calltracking] = OnError::FailClosed;
         let states = States::new(NotFound, TIMEOUT, up(R));
-        assert_eq!(
-            rules.decide(&states),
-            Decision::Unavailable {
-                fail_closed: Some(Calltracking)
-            }
-        );
+        let closed = Some(Calltracking);
+        let want = Decision::Unavailable {
+            fail_closed: closed,
+        };
+        assert_eq!(rules.decide(&states), want);
 
         let rules = Rules {
             order: vec![RealPhone, Anonymous],
@@ -258,9 +251,7 @@ mod tests {
         let states = States::new(up(A), up(C), up(R));
         assert_eq!(rules.decide(&states), answer(RealPhone, R, &[]));
         let states = States::new(up(A), up(C), NotFound);
-        assert_eq!(
-            rules.decide(&states),
-            answer(Anonymous, A, &[(RealPhone, NO)])
-        );
+        let want = answer(Anonymous, A, &[(RealPhone, NO)]);
+        assert_eq!(rules.decide(&states), want);
     }
 }

@@ -94,19 +94,6 @@ mod tests {
         phase
     }
 
-    /// The probe, as the runtime runs it, on a process stopped for `stop`
-    /// once every `every` wakes.
-    async fn probe(lost: std::sync::Arc<LostTime>, every: u32, stop: Duration) {
-        let period = crate::runtime::lost::PROBE_PERIOD;
-        for wake in 1.. {
-            let due = Instant::now() + period;
-            let until = if wake % every == 0 { due + stop } else { due };
-            tokio::time::sleep_until(until).await;
-            let now = Instant::now();
-            lost.woke(now, lateness(due, now));
-        }
-    }
-
     /// A call that never answers, and how long it took to end.
     async fn never_answered(
         lost: &LostTime,
@@ -117,6 +104,25 @@ mod tests {
         (result, began.elapsed())
     }
 
+    /// A call that never answers, with the probe run as the runtime runs it
+    /// on a process stopped for `stop` once every `every` wakes.
+    async fn throttled(every: u32, stop: Duration) -> (Result<(), UpstreamError>, Duration) {
+        let lost = std::sync::Arc::new(lost());
+        let feeder = lost.clone();
+        let probe = tokio::spawn(async move {
+            for wake in 1.. {
+                let due = Instant::now() + crate::runtime::lost::PROBE_PERIOD;
+                let until = if wake % every == 0 { due + stop } else { due };
+                tokio::time::sleep_until(until).await;
+                let now = Instant::now();
+                feeder.woke(now, lateness(due, now));
+            }
+        });
+        let ended = never_answered(&lost, &asked()).await;
+        probe.abort();
+        ended
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_answer_in_time_is_taken() {
         let lost = lost();
@@ -124,10 +130,8 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
             Ok(7)
         };
-        assert_eq!(
-            timed(&lost, TIMEOUT, call, &asked(), Instant::now()).await,
-            Ok(7)
-        );
+        let answered = timed(&lost, TIMEOUT, call, &asked(), Instant::now()).await;
+        assert_eq!(answered, Ok(7));
     }
 
     /// With no time lost, the timeout is the upstream's at its due time.
@@ -182,12 +186,8 @@ mod tests {
     /// had its whole timeout of running time timed out, however throttled.
     #[tokio::test(start_paused = true)]
     async fn a_throttled_call_that_had_its_whole_timeout_is_judged() {
-        let lost = std::sync::Arc::new(lost());
-        let feeder = lost.clone();
         // The process stopped 40 ms of every 100 ms.
-        let probe = tokio::spawn(probe(feeder, 20, Duration::from_millis(40)));
-        let (result, took) = never_answered(&lost, &asked()).await;
-        probe.abort();
+        let (result, took) = throttled(20, Duration::from_millis(40)).await;
         assert_eq!(result, Err(UpstreamError::Timeout));
         assert!(took > TIMEOUT + Duration::from_millis(60), "{took:?}");
         assert!(took < TIMEOUT * (1 + GIVEN_BACK), "{took:?}");
@@ -196,17 +196,11 @@ mod tests {
     /// A call losing more than can be given back within its bound is undecided.
     #[tokio::test(start_paused = true)]
     async fn a_call_that_keeps_losing_beyond_its_bound_is_lost_time() {
-        let lost = std::sync::Arc::new(lost());
-        let feeder = lost.clone();
         // Stopped 45 ms of every 50 ms.
-        let probe = tokio::spawn(probe(feeder, 1, Duration::from_millis(45)));
-        let (result, took) = never_answered(&lost, &asked()).await;
-        probe.abort();
+        let (result, took) = throttled(1, Duration::from_millis(45)).await;
         assert_eq!(result, Err(UpstreamError::LostTime));
-        assert!(
-            took <= TIMEOUT * (1 + GIVEN_BACK) + Duration::from_millis(10),
-            "{took:?}"
-        );
+        let bound = TIMEOUT * (1 + GIVEN_BACK) + Duration::from_millis(10);
+        assert!(took <= bound, "{took:?}");
     }
 
     /// A connection closed while the gateway lost time is the gateway's
@@ -215,20 +209,16 @@ mod tests {
     async fn a_connection_closed_while_time_was_lost_is_lost_time() {
         let lost = lost();
         lost.woke(Instant::now(), Duration::ZERO);
-        let closed = || async { Err::<(), _>(UpstreamError::Connect("reset".into())) };
-        let began = Instant::now();
-        assert_eq!(
-            timed(&lost, TIMEOUT, closed(), &asked(), began).await,
-            Err(UpstreamError::Connect("reset".into()))
-        );
+        let reset = || UpstreamError::Connect("reset".into());
+        let closed = async { Err::<(), _>(reset()) };
+        let judged = timed(&lost, TIMEOUT, closed, &asked(), Instant::now()).await;
+        assert_eq!(judged, Err(reset()));
         let call = async {
             tokio::time::advance(Duration::from_millis(100)).await;
-            Err::<(), _>(UpstreamError::Connect("reset".into()))
+            Err::<(), _>(reset())
         };
-        assert_eq!(
-            timed(&lost, TIMEOUT, call, &asked(), Instant::now()).await,
-            Err(UpstreamError::LostTime)
-        );
+        let judged = timed(&lost, TIMEOUT, call, &asked(), Instant::now()).await;
+        assert_eq!(judged, Err(UpstreamError::LostTime));
     }
 
     /// The wait before the upstream was asked (a host lookup) is given back too.

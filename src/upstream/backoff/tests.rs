@@ -23,6 +23,52 @@ async fn carry(backoff: &Backoff, per_bucket: u32, buckets: u32) {
     }
 }
 
+/// A back-off that learned 10 calls a bucket, past the warm-up.
+async fn warmed(spread: Spread) -> Backoff {
+    let backoff = Backoff::new(TIMEOUT, spread);
+    carry(&backoff, 10, WARM_UP + 4).await;
+    backoff
+}
+
+/// One warmed, then backed off by a burst of 30 failures.
+async fn backed_off(spread: Spread) -> Backoff {
+    let backoff = warmed(spread).await;
+    burst_failing(&backoff, 30);
+    backoff
+}
+
+/// A bucket later, calls sent until the hold stops them, each answered.
+async fn calm_bucket(backoff: &Backoff) {
+    tokio::time::advance(BUCKET).await;
+    let now = Instant::now();
+    for _ in 0..100 {
+        if backoff.send(now).is_err() {
+            break;
+        }
+        backoff.answered(now);
+    }
+}
+
+/// Calls sent now until one is not: why it was not.
+fn over_the_hold(backoff: &Backoff) -> Unsent {
+    loop {
+        if let Err(unsent) = backoff.send(Instant::now()) {
+            break unsent;
+        }
+    }
+}
+
+/// One call sent now, failed by `caller`: its judgement.
+fn fail_one(backoff: &Backoff, caller: Caller) -> Judgement {
+    let now = Instant::now();
+    let sent = backoff.send(now).expect("sent");
+    backoff.failed(sent, now, caller)
+}
+
+fn is_beta_of_40(hold: Option<f64>) -> bool {
+    (hold.unwrap() - BETA * 40.0).abs() < 0.01
+}
+
 /// Sends `n` calls at once and fails each; their judgements.
 fn burst_failing(backoff: &Backoff, n: u32) -> Vec<Option<Judgement>> {
     let now = Instant::now();
@@ -54,11 +100,8 @@ async fn what_the_upstream_carried_is_learned_from_answers_outside_trouble() {
 /// once, and backs nothing off.
 #[tokio::test(start_paused = true)]
 async fn a_failure_at_the_usual_rate_is_a_verdict_at_once() {
-    let backoff = Backoff::new(TIMEOUT, ANYONE);
-    carry(&backoff, 10, WARM_UP + 4).await;
-    let now = Instant::now();
-    let sent = backoff.send(now).unwrap();
-    assert_eq!(backoff.failed(sent, now, CALLER), Judgement::Verdict);
+    let backoff = warmed(ANYONE).await;
+    assert_eq!(fail_one(&backoff, CALLER), Judgement::Verdict);
     assert_eq!(backoff.hold(), None);
 }
 
@@ -68,10 +111,8 @@ async fn with_no_history_every_failure_is_a_verdict() {
     let backoff = Backoff::new(TIMEOUT, ANYONE);
     carry(&backoff, 10, WARM_UP - 1).await;
     let judged = burst_failing(&backoff, 50);
-    assert!(
-        judged.iter().all(|j| *j == Some(Judgement::Verdict)),
-        "{judged:?}"
-    );
+    let verdicts = judged.iter().all(|j| *j == Some(Judgement::Verdict));
+    assert!(verdicts, "{judged:?}");
     assert_eq!(backoff.hold(), None);
 }
 
@@ -79,20 +120,16 @@ async fn with_no_history_every_failure_is_a_verdict() {
 /// off to a fraction of what was carried: calls over the hold are not sent.
 #[tokio::test(start_paused = true)]
 async fn failures_above_the_usual_rate_are_load_and_back_off() {
-    let backoff = Backoff::new(TIMEOUT, ANYONE);
-    carry(&backoff, 10, WARM_UP + 4).await;
+    let backoff = warmed(ANYONE).await;
     // Usual: up to 10 x 1.25 + 8 = 20.5 a bucket, the last bucket's 10 included.
     let judged = burst_failing(&backoff, 30);
-    assert!(
-        judged[..10].iter().all(|j| *j == Some(Judgement::Verdict)),
-        "{judged:?}"
-    );
+    let verdicts = judged[..10].iter().all(|j| *j == Some(Judgement::Verdict));
+    assert!(verdicts, "{judged:?}");
     // The first failure above it is load and, with the verdicts, over a
     // tenth of the calls ended lately: the rest of the burst is not sent.
     assert_eq!(judged[10], Some(Judgement::Load), "{judged:?}");
     assert!(judged[11..].iter().all(Option::is_none), "{judged:?}");
-    let hold = backoff.hold().expect("backing off");
-    assert!((hold - BETA * 40.0).abs() < 0.01, "{hold}");
+    assert!(is_beta_of_40(backoff.hold()), "{:?}", backoff.hold());
     assert!(backoff.send(Instant::now()).is_err());
 }
 
@@ -100,21 +137,12 @@ async fn failures_above_the_usual_rate_are_load_and_back_off() {
 /// the hold climbs back until the back-off ends.
 #[tokio::test(start_paused = true)]
 async fn failures_that_stop_at_the_lower_rate_were_load() {
-    let backoff = Backoff::new(TIMEOUT, ANYONE);
-    carry(&backoff, 10, WARM_UP + 4).await;
-    burst_failing(&backoff, 30);
+    let backoff = backed_off(ANYONE).await;
     assert!(backoff.hold().is_some());
     // Calm buckets: answered at the hold's rate.
     let mut buckets = 0;
     while backoff.hold().is_some() {
-        tokio::time::advance(BUCKET).await;
-        let now = Instant::now();
-        for _ in 0..100 {
-            if backoff.send(now).is_err() {
-                break;
-            }
-            backoff.answered(now);
-        }
+        calm_bucket(&backoff).await;
         buckets += 1;
         assert!(buckets < 100, "never ended");
     }
@@ -126,9 +154,7 @@ async fn failures_that_stop_at_the_lower_rate_were_load() {
 /// settling time, are the upstream's verdict; before it, load.
 #[tokio::test(start_paused = true)]
 async fn failures_that_go_on_once_backed_off_are_verdicts() {
-    let backoff = Backoff::new(TIMEOUT, ANYONE);
-    carry(&backoff, 10, WARM_UP + 4).await;
-    burst_failing(&backoff, 30);
+    let backoff = backed_off(ANYONE).await;
     let began = Instant::now();
     let mut first_verdict = None;
     for _ in 0..16 {
@@ -145,7 +171,7 @@ async fn failures_that_go_on_once_backed_off_are_verdicts() {
     assert!(at >= settle(TIMEOUT), "{at:?}");
     assert!(at <= settle(TIMEOUT) + BUCKET, "{at:?}");
     // Still held to the fraction: failures do not let it climb.
-    assert!((backoff.hold().unwrap() - BETA * 40.0).abs() < 0.01);
+    assert!(is_beta_of_40(backoff.hold()));
 }
 
 /// Once a call sent at the fraction failed as a verdict, a call over the hold
@@ -153,118 +179,69 @@ async fn failures_that_go_on_once_backed_off_are_verdicts() {
 /// is held.
 #[tokio::test(start_paused = true)]
 async fn calls_over_the_hold_take_the_verdict_while_it_goes_on() {
-    let backoff = Backoff::new(TIMEOUT, ANYONE);
-    carry(&backoff, 10, WARM_UP + 4).await;
-    burst_failing(&backoff, 30);
-    let over_the_hold = |backoff: &Backoff, now| loop {
-        if let Err(unsent) = backoff.send(now) {
-            break unsent;
-        }
-    };
-    assert_eq!(
-        over_the_hold(&backoff, Instant::now()),
-        Unsent::Held,
-        "cutting"
-    );
+    let backoff = backed_off(ANYONE).await;
+    assert_eq!(over_the_hold(&backoff), Unsent::Held, "cutting");
     tokio::time::advance(settle(TIMEOUT) + BUCKET).await;
-    let now = Instant::now();
-    let sent = backoff.send(now).expect("a token refilled");
-    assert_eq!(backoff.failed(sent, now, CALLER), Judgement::Verdict);
-    assert_eq!(over_the_hold(&backoff, now), Unsent::Failing);
+    assert_eq!(fail_one(&backoff, CALLER), Judgement::Verdict);
+    assert_eq!(over_the_hold(&backoff), Unsent::Failing);
     // A bucket in which the calls sent were answered well: calm again.
     tokio::time::advance(BUCKET).await;
     let now = Instant::now();
     backoff.send(now).expect("a token refilled");
     backoff.answered(now);
     tokio::time::advance(BUCKET).await;
-    assert_eq!(over_the_hold(&backoff, Instant::now()), Unsent::Held);
+    assert_eq!(over_the_hold(&backoff), Unsent::Held);
 }
 
 /// One seller's verdicts at the fraction do not make calls over the hold take
 /// a verdict: that needs the spread that opens a breaker.
 #[tokio::test(start_paused = true)]
 async fn one_sellers_verdicts_leave_the_others_held() {
-    let backoff = Backoff::new(TIMEOUT, (3, 3));
-    carry(&backoff, 10, WARM_UP + 4).await;
-    burst_failing(&backoff, 30);
+    let backoff = backed_off((3, 3)).await;
     tokio::time::advance(settle(TIMEOUT) + BUCKET).await;
-    let over_the_hold = |now| loop {
-        if let Err(unsent) = backoff.send(now) {
-            break unsent;
-        }
-    };
     let fail = |seller, ticket| {
-        let now = Instant::now();
-        let sent = backoff.send(now).expect("a token refilled");
-        let caller = Caller {
-            seller,
-            ticket: crate::upstream::Ticket(ticket),
-        };
-        assert_eq!(backoff.failed(sent, now, caller), Judgement::Verdict);
+        let ticket = crate::upstream::Ticket(ticket);
+        let judged = fail_one(&backoff, Caller { seller, ticket });
+        assert_eq!(judged, Judgement::Verdict);
     };
     for ticket in 1..=5 {
         fail(42, ticket);
     }
-    assert_eq!(over_the_hold(Instant::now()), Unsent::Held, "one seller");
+    assert_eq!(over_the_hold(&backoff), Unsent::Held, "one seller");
     tokio::time::advance(BUCKET).await;
     for seller in [43, 44] {
         fail(seller, 10 + seller);
     }
-    assert_eq!(
-        over_the_hold(Instant::now()),
-        Unsent::Failing,
-        "three sellers"
-    );
+    assert_eq!(over_the_hold(&backoff), Unsent::Failing, "three sellers");
 }
 
 /// A failure of a call sent while the hold climbed is load again, and cuts
 /// the hold back to the fraction with a new settling time.
 #[tokio::test(start_paused = true)]
 async fn a_failure_while_climbing_cuts_back_and_settles_again() {
-    let backoff = Backoff::new(TIMEOUT, ANYONE);
-    carry(&backoff, 10, WARM_UP + 4).await;
-    burst_failing(&backoff, 30);
+    let backoff = backed_off(ANYONE).await;
     for _ in 0..3 {
-        tokio::time::advance(BUCKET).await;
-        let now = Instant::now();
-        for _ in 0..100 {
-            if backoff.send(now).is_err() {
-                break;
-            }
-            backoff.answered(now);
-        }
+        calm_bucket(&backoff).await;
     }
     assert!(backoff.hold().unwrap() > BETA * 40.0);
     tokio::time::advance(settle(TIMEOUT)).await;
-    let now = Instant::now();
-    let sent = backoff.send(now).unwrap();
-    assert_eq!(
-        backoff.failed(sent, now, CALLER),
-        Judgement::Load,
-        "sent while climbing"
-    );
-    assert!(
-        (backoff.hold().unwrap() - BETA * 40.0).abs() < 0.01,
-        "cut back"
-    );
+    let judged = fail_one(&backoff, CALLER);
+    assert_eq!(judged, Judgement::Load, "sent while climbing");
+    assert!(is_beta_of_40(backoff.hold()), "cut back");
     // Sent at the fraction but before the new settling time: load.
     tokio::time::advance(BUCKET).await;
-    let now = Instant::now();
-    let sent = backoff.send(now).unwrap();
-    assert_eq!(backoff.failed(sent, now, CALLER), Judgement::Load);
+    assert_eq!(fail_one(&backoff, CALLER), Judgement::Load);
 }
 
 /// Buckets in which no call ended do not let the hold climb: the first call
 /// after them, past the settling time, is sent at the fraction: a verdict.
 #[tokio::test(start_paused = true)]
 async fn silence_does_not_climb_the_hold() {
-    let backoff = Backoff::new(TIMEOUT, ANYONE);
-    carry(&backoff, 10, WARM_UP + 4).await;
-    burst_failing(&backoff, 30);
+    let backoff = backed_off(ANYONE).await;
     tokio::time::advance(settle(TIMEOUT) + BUCKET * 8).await;
     let now = Instant::now();
     let sent = backoff.send(now).unwrap();
-    assert!((backoff.hold().unwrap() - BETA * 40.0).abs() < 0.01);
+    assert!(is_beta_of_40(backoff.hold()));
     assert_eq!(backoff.failed(sent, now, CALLER), Judgement::Verdict);
 }
 
@@ -294,9 +271,7 @@ async fn a_callers_warm_up_does_not_raise_the_usual_rate() {
 /// the hold goes out, and before the settling time every failure is load.
 #[tokio::test(start_paused = true)]
 async fn a_callers_calls_cannot_hasten_a_verdict() {
-    let backoff = Backoff::new(TIMEOUT, ANYONE);
-    carry(&backoff, 10, WARM_UP + 4).await;
-    burst_failing(&backoff, 30);
+    let backoff = backed_off(ANYONE).await;
     let began = Instant::now();
     while Instant::now() < began + settle(TIMEOUT) - Duration::from_millis(10) {
         tokio::time::advance(Duration::from_millis(10)).await;
@@ -310,25 +285,21 @@ async fn a_callers_calls_cannot_hasten_a_verdict() {
 /// load, but back nothing off.
 #[tokio::test(start_paused = true)]
 async fn sporadic_failures_above_the_usual_rate_back_nothing_off() {
-    let backoff = Backoff::new(TIMEOUT, ANYONE);
-    carry(&backoff, 10, WARM_UP + 4).await;
+    let backoff = warmed(ANYONE).await;
     carry(&backoff, 30, 2).await;
     let now = Instant::now();
     for _ in 0..29 {
         let _ = backoff.send(now).unwrap();
         backoff.answered(now);
     }
-    let sent = backoff.send(now).unwrap();
-    assert_eq!(backoff.failed(sent, now, CALLER), Judgement::Load);
+    assert_eq!(fail_one(&backoff, CALLER), Judgement::Load);
     assert_eq!(backoff.hold(), None);
 }
 
 /// After two quiet minutes nothing of before counts.
 #[tokio::test(start_paused = true)]
 async fn a_long_quiet_spell_forgets_the_back_off() {
-    let backoff = Backoff::new(TIMEOUT, ANYONE);
-    carry(&backoff, 10, WARM_UP + 4).await;
-    burst_failing(&backoff, 30);
+    let backoff = backed_off(ANYONE).await;
     assert!(backoff.hold().is_some());
     tokio::time::advance(BUCKET * 481).await;
     assert!(backoff.send(Instant::now()).is_ok());
@@ -337,9 +308,7 @@ async fn a_long_quiet_spell_forgets_the_back_off() {
 
 #[test]
 fn settling_is_twice_the_timeout_and_at_least_a_second() {
-    assert_eq!(settle(Duration::from_millis(300)), Duration::from_secs(1));
-    assert_eq!(
-        settle(Duration::from_millis(800)),
-        Duration::from_millis(1600)
-    );
+    let ms = Duration::from_millis;
+    assert_eq!(settle(ms(300)), ms(1000));
+    assert_eq!(settle(ms(800)), ms(1600));
 }

@@ -4,13 +4,19 @@ fn user(id: u64) -> UserId {
     UserId::new(id).unwrap()
 }
 
-fn adaptive(max: usize, min: usize) -> Bound {
+/// An adaptive bound of `max` and floor `min` (tolerance 2, climb floor
+/// 100 ms: a 300 ms timeout's), its limit shown on `gauge`.
+fn adaptive_on(max: usize, min: usize, gauge: metrics::Gauge) -> Bound {
     let adapt = Adapt {
         min,
         tolerance: 2.0,
         climb_floor: Adapt::climb_floor(Duration::from_millis(300)),
     };
-    Bound::new(max, Some(adapt), metrics::Gauge::noop())
+    Bound::new(max, Some(adapt), gauge)
+}
+
+fn adaptive(max: usize, min: usize) -> Bound {
+    adaptive_on(max, min, metrics::Gauge::noop())
 }
 
 /// Answers of 0.1 ms, then of 60 ms: hundreds of times the long average, but
@@ -77,24 +83,20 @@ async fn the_long_average_follows_latency_down() {
 async fn the_adaptive_limit_cuts_on_refusals_and_climbs_and_grows_back() {
     let bound = adaptive(100, 4);
     let ms = Duration::from_millis;
+    let (refused, latency) = (Signal::Refused, |n| Signal::Latency(ms(n)));
     // (held, signal, wait before it, limit after)
-    let rows: &[(usize, Option<Signal>, Duration, usize)] = &[
-        // Answers at a steady 20 ms with 10 of 100 in flight: app-limited, no growth.
-        (10, Some(Signal::Latency(ms(20))), ms(0), 100),
-        // A refusal with 20 in flight: cut to 0.9 x 20.
-        (20, Some(Signal::Refused), ms(1), 18),
-        // A second refusal of a call that started before the cut: ignored.
-        (20, Some(Signal::Refused), ms(0), 18),
-        // Answers at the limit grow it by about 1/limit each.
-        (17, Some(Signal::Latency(ms(20))), ms(5), 18),
-        // A latency climb (short average past twice the long) cuts.
-        (17, Some(Signal::Latency(ms(800))), ms(5), 15),
-        // Many refusals, each after the last cut: down to the floor, not below.
-        (3, Some(Signal::Refused), ms(5), 4),
-        (3, Some(Signal::Refused), ms(5), 4),
+    #[rustfmt::skip]
+    let rows = [
+        (10, latency(20), ms(0), 100), // steady 20 ms, 10 of 100 in flight: app-limited, no growth
+        (20, refused, ms(1), 18),      // a refusal with 20 in flight: cut to 0.9 x 20
+        (20, refused, ms(0), 18),      // a refusal of a call started before the cut: ignored
+        (17, latency(20), ms(5), 18),  // answers at the limit grow it by about 1/limit each
+        (17, latency(800), ms(5), 15), // a latency climb (short past twice the long) cuts
+        (3, refused, ms(5), 4),        // refusals, each after the last cut: down to the floor,
+        (3, refused, ms(5), 4),        // not below
     ];
     let mut started = Instant::now();
-    for (i, &(held, signal, wait, after)) in rows.iter().enumerate() {
+    for (i, (held, signal, wait, after)) in rows.into_iter().enumerate() {
         let slots: Vec<_> = (0..held).map_while(|_| bound.slot()).collect();
         if !wait.is_zero() {
             // A call that starts after the last cut.
@@ -107,9 +109,7 @@ async fn the_adaptive_limit_cuts_on_refusals_and_climbs_and_grows_back() {
             started,
             before: slot.before,
         };
-        if let Some(signal) = signal {
-            bound.learn(signal, &slot);
-        }
+        bound.learn(signal, &slot);
         drop(slot);
         // The hand-made slot gave back a place it had not taken.
         bound.in_flight.fetch_add(1, Ordering::AcqRel);
@@ -292,29 +292,29 @@ fn the_long_average_moves_as_its_formulas_say() {
 /// happens. The averages after one answer are exact in binary.
 #[test]
 fn the_averages_compare_strictly() {
-    let ms = Duration::from_millis;
-    // The long average lands at exactly twice the short one (0.875 and
-    // 0.375 + 0.5 / 8): it does not follow the short one down.
-    let (mut state, t) = limit_state(100.0, Some(0.375), Some(0.875));
-    state.learn(Signal::Latency(ms(875)), t, 1, 10, t);
-    assert_eq!((state.short, state.long), (Some(0.4375), Some(0.875)));
-    // The short average lands at exactly the tolerance (2) x the long
-    // one (0.9375 - 0.5 / 8 and 0.4375): no cut.
-    let (mut state, t) = limit_state(100.0, Some(0.9375), Some(0.4375));
-    let limit = state.learn(Signal::Latency(Duration::from_micros(437_500)), t, 1, 10, t);
-    assert_eq!((state.short, state.long), (Some(0.875), Some(0.4375)));
-    assert_eq!(limit, 100.0);
-    // The short average lands at exactly the climb floor (0.25), far
-    // above twice the long one: no cut.
-    let (mut state, t) = limit_state(100.0, Some(0.25), Some(0.0625));
-    state.climb_floor = 0.25;
-    let limit = state.learn(Signal::Latency(ms(250)), t, 1, 10, t);
-    assert_eq!(state.short, Some(0.25));
-    assert_eq!(limit, 100.0);
-    // Just above it: a cut to 0.9 x the 10 in flight.
-    let (mut state, t) = limit_state(100.0, Some(0.25), Some(0.0625));
-    state.climb_floor = 0.249;
-    assert_eq!(state.learn(Signal::Latency(ms(250)), t, 1, 10, t), 9.0);
+    // (case, short, long, climb floor, latency in us; short, long and limit after)
+    #[rustfmt::skip]
+    let cases = [
+        // 0.875 and 0.375 + 0.5 / 8: the long average does not follow the short one down
+        ("long at twice short", 0.375, 0.875, 0.1, 875_000, 0.4375, 0.875, 100.0),
+        // 0.9375 - 0.5 / 8 and 0.4375: no cut
+        ("short at tolerance x long", 0.9375, 0.4375, 0.1, 437_500, 0.875, 0.4375, 100.0),
+        // far above twice the long one: no cut
+        ("short at the climb floor", 0.25, 0.0625, 0.25, 250_000, 0.25, 0.063_232_421_875, 100.0),
+        // a cut to 0.9 x the 10 in flight
+        ("short above the floor", 0.25, 0.0625, 0.249, 250_000, 0.25, 0.063_232_421_875, 9.0),
+    ];
+    for (case, short, long, floor, latency, short_after, long_after, limit) in cases {
+        let (mut state, t) = limit_state(100.0, Some(short), Some(long));
+        state.climb_floor = floor;
+        let learned = state.learn(Signal::Latency(Duration::from_micros(latency)), t, 1, 10, t);
+        assert_eq!(learned, limit, "{case}");
+        assert_eq!(
+            (state.short, state.long),
+            (Some(short_after), Some(long_after)),
+            "{case}"
+        );
+    }
 }
 
 /// An answer grows the limit when the calls in flight as it started were
@@ -323,20 +323,19 @@ fn the_averages_compare_strictly() {
 #[test]
 fn an_answer_grows_the_limit_by_one_over_it_and_only_at_half_of_it() {
     let ms = Duration::from_millis;
-    let latency = Signal::Latency(ms(20));
-    // Half of 6 in flight: 6 + 1/6.
-    let (mut state, t) = limit_state(6.0, None, None);
-    let grown = state.learn(latency, t, 3, 3, t + ms(20));
-    assert!((grown - (6.0 + 1.0 / 6.0)).abs() < 1e-12, "{grown}");
-    // 4 + 1/4, exact.
-    let (mut state, t) = limit_state(4.0, None, None);
-    assert_eq!(state.learn(latency, t, 2, 2, t + ms(20)), 4.25);
-    // Fewer than half of 4 in flight: no growth.
-    let (mut state, t) = limit_state(4.0, None, None);
-    assert_eq!(state.learn(latency, t, 1, 1, t + ms(20)), 4.0);
-    // A second without a cut: one place.
-    let (mut state, t) = limit_state(4.0, None, None);
-    assert_eq!(state.learn(latency, t, 2, 2, t + PROBE_AFTER), 5.0);
+    // (case, limit, calls in flight as it started and as it ends, answered at; limit after)
+    #[rustfmt::skip]
+    let cases = [
+        ("half of 6 in flight", 6.0, 3, ms(20), 6.0 + 1.0 / 6.0),
+        ("4 + 1/4, exact", 4.0, 2, ms(20), 4.25),
+        ("fewer than half of 4: no growth", 4.0, 1, ms(20), 4.0),
+        ("a second without a cut: one place", 4.0, 2, PROBE_AFTER, 5.0),
+    ];
+    for (case, limit, in_flight, after, want) in cases {
+        let (mut state, t) = limit_state(limit, None, None);
+        let grown = state.learn(Signal::Latency(ms(20)), t, in_flight, in_flight, t + after);
+        assert_eq!(grown, want, "{case}");
+    }
 }
 
 #[test]
@@ -368,12 +367,7 @@ impl metrics::GaugeFn for Sets {
 #[tokio::test(start_paused = true)]
 async fn the_gauge_follows_the_limit_when_it_moves() {
     let sets = std::sync::Arc::new(Sets::default());
-    let adapt = Adapt {
-        min: 2,
-        tolerance: 2.0,
-        climb_floor: Duration::from_millis(100),
-    };
-    let bound = Bound::new(64, Some(adapt), metrics::Gauge::from_arc(sets.clone()));
+    let bound = adaptive_on(64, 2, metrics::Gauge::from_arc(sets.clone()));
     // An idle answer: the limit stays.
     let slot = bound.slot().unwrap();
     tokio::time::advance(Duration::from_millis(10)).await;

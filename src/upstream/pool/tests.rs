@@ -2,47 +2,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http_body_util::BodyExt;
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
 
 use super::*;
-use crate::domain::{AdId, UserId};
-use crate::upstream::{Call, Upstreams};
+use crate::upstream::tests;
 
-/// A keep-alive upstream counting the connections it accepted: 200 with a
-/// phone, but `/users/404/` 404 with a body, `/users/500/` 500, a path from
-/// `/close` 200 then a silent hang-up.
+/// The upstream of `upstream::tests` and its count of accepted connections.
 async fn upstream() -> (hyper::http::uri::Authority, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let authority = listener.local_addr().unwrap().to_string().parse().unwrap();
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            count.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let mut buffer = Vec::new();
-                while let Some(line) = read_head(&mut socket, &mut buffer).await {
-                    let (status, body) = if line.contains("/users/404/") {
-                        ("404 Not Found", "{}")
-                    } else if line.contains("/users/500/") {
-                        ("500 Internal Server Error", "{}")
-                    } else {
-                        ("200 OK", r#"{"phone": "+79161234567"}"#)
-                    };
-                    let reply = format!(
-                        "HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let close = line.starts_with("GET /close");
-                    if socket.write_all(reply.as_bytes()).await.is_err() || close {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (authority, accepted)
+    let (address, accepted, _) = tests::upstream(false).await;
+    (address.parse().unwrap(), accepted)
 }
 
 /// One call whose answer is read in full and whose connection goes back.
@@ -61,32 +28,21 @@ async fn call(pool: &Pool, path: &str) {
 #[tokio::test]
 async fn a_connection_is_reused_only_after_its_answer_was_read() {
     let (authority, accepted) = upstream().await;
-    let config = crate::config::Config::from_toml(&format!(
-        "[upstreams.real_phone]\nbase_url = \"http://{authority}\""
-    ))
-    .unwrap();
-    let upstreams = Upstreams::new(&config.upstreams, config.breaker, 16);
+    let upstreams = tests::upstreams(authority.as_str(), "");
     let accepted = || accepted.load(Ordering::SeqCst);
-    let ad = AdId::new(1).unwrap();
-    let real_phone = |user| upstreams.real_phone(UserId::new(user).unwrap(), ad, Call::default());
+    let real_phone = |user| tests::real_phone(&upstreams, user, 1);
     for _ in 0..3 {
         assert!(real_phone(1).await.unwrap().is_some());
     }
     assert_eq!(accepted(), 1, "kept alive");
     assert_eq!(real_phone(404).await, Ok(None));
     assert!(real_phone(1).await.unwrap().is_some());
-    assert_eq!(
-        accepted(),
-        1,
-        "a 404's answer is read, and its connection reused"
-    );
+    let reused = "a 404's answer is read, and its connection reused";
+    assert_eq!(accepted(), 1, "{reused}");
     assert_eq!(real_phone(500).await, Err(UpstreamError::Status(500)));
     assert!(real_phone(1).await.unwrap().is_some());
-    assert_eq!(
-        accepted(),
-        2,
-        "the connection of an unread answer was reused"
-    );
+    let not_reused = "the connection of an unread answer was reused";
+    assert_eq!(accepted(), 2, "{not_reused}");
 }
 
 #[tokio::test]
@@ -96,12 +52,8 @@ async fn idle_connections_age_out_and_are_bounded() {
     call(&pool, "/ok").await;
     tokio::time::sleep(Duration::from_millis(120)).await;
     call(&pool, "/ok").await;
-    assert_eq!(
-        accepted.load(Ordering::SeqCst),
-        2,
-        "an aged-out connection was taken"
-    );
-
+    let accepted = accepted.load(Ordering::SeqCst);
+    assert_eq!(accepted, 2, "an aged-out connection was taken");
     let phase = Phase::default();
     let conns = [
         pool.take(&phase).await,
@@ -111,11 +63,8 @@ async fn idle_connections_age_out_and_are_bounded() {
     for conn in conns {
         pool.put_back(conn.unwrap());
     }
-    assert_eq!(
-        pool.lock().len(),
-        2,
-        "more idle connections kept than the bound"
-    );
+    let idle = pool.lock().len();
+    assert_eq!(idle, 2, "more idle connections kept than the bound");
 }
 
 /// The gateway's own socket trouble is undecided; a refusal or reset is the
@@ -174,13 +123,8 @@ fn a_timeout_during_the_host_lookup_is_the_gateways_own() {
         let busy = tokio::task::spawn_blocking(move || {
             let _ = wait.recv();
         });
-        let config = crate::config::Config::from_toml(
-            "[upstreams.real_phone]\nbase_url = \"http://localhost:9\"\ntimeout_ms = 100",
-        )
-        .unwrap();
-        let upstreams = Upstreams::new(&config.upstreams, config.breaker, 16);
-        let (user, ad) = (UserId::new(1).unwrap(), AdId::new(1).unwrap());
-        let got = upstreams.real_phone(user, ad, Call::default()).await;
+        let upstreams = tests::upstreams("localhost:9", "timeout_ms = 100");
+        let got = tests::real_phone(&upstreams, 1, 1).await;
         release.send(()).unwrap();
         busy.await.unwrap();
         assert_eq!(got, Err(UpstreamError::LocalTimeout));
@@ -205,36 +149,23 @@ async fn a_connection_the_upstream_closed_is_not_taken() {
 async fn a_request_a_closed_connection_never_wrote_is_sent_on_a_new_one() {
     let (authority, accepted) = upstream().await;
     let pool = Pool::new(&authority, Duration::from_secs(20), 4);
-    // A connection whose task is gone: hyper refuses to write on it.
-    let closed = || async {
+    let (pool, phase) = (&pool, &Phase::default());
+    // A request sent on a connection whose task is gone: hyper refuses to
+    // write on it. The answer, and whether the connection is still reused.
+    let send_on_closed = |reused| async move {
         let stream = TcpStream::connect(pool.address.as_str()).await.unwrap();
         let (sender, connection) = http1::handshake(TokioIo::new(stream)).await.unwrap();
         drop(connection);
-        sender
+        let mut conn = Conn { sender, reused };
+        let request = hyper::Request::get("/ok").body(Empty::new()).unwrap();
+        let sent = pool.send(&mut conn, request, phase, || Err(UpstreamError::Request));
+        (sent.await, conn.reused)
     };
-    let phase = Phase::default();
-    let mut conn = Conn {
-        sender: closed().await,
-        reused: true,
-    };
-    let request = hyper::Request::get("/ok").body(Empty::new()).unwrap();
-    let response = pool
-        .send(&mut conn, request, &phase, || Err(UpstreamError::Request))
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    assert!(!conn.reused, "the new connection replaced the closed one");
+    let (response, reused) = send_on_closed(true).await;
+    assert_eq!(response.unwrap().status(), 200);
+    assert!(!reused, "the new connection replaced the closed one");
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
-
-    let mut fresh = Conn {
-        sender: closed().await,
-        reused: false,
-    };
-    let request = hyper::Request::get("/ok").body(Empty::new()).unwrap();
-    let error = pool
-        .send(&mut fresh, request, &phase, || Err(UpstreamError::Request))
-        .await
-        .unwrap_err();
+    let error = send_on_closed(false).await.0.unwrap_err();
     assert!(!error.undecided(), "{error:?}");
     // The upstream's accept loop counts in its own time.
     tokio::time::sleep(Duration::from_millis(100)).await;
