@@ -427,7 +427,7 @@ mod tests {
     use super::*;
     use crate::budget::MAX_LEDGERS;
     use crate::budget::Refusal;
-    use crate::budget::tests::sizes;
+    use crate::budget::tests::{sizes, spent};
 
     const AT: Moment = Moment(1_800_000_000_000 + 5_000);
 
@@ -439,19 +439,33 @@ mod tests {
         n
     }
 
+    /// The fleet's total `spent` of viewer 1's window `window` of `kind`.
+    fn total(kind: u8, window: u32, spent: u64) -> Total {
+        let (viewer, before) = (1, 0);
+        Total {
+            viewer,
+            kind,
+            window,
+            spent,
+            before,
+        }
+    }
+
     fn report(budgets: &Budgets, total: u64, now: Moment) -> Vec<(u64, u64)> {
         let spends = budgets.take_spends(now, usize::MAX);
         let totals: Vec<Total> = spends
             .iter()
             .map(|s| Total {
                 viewer: s.viewer,
-                kind: s.kind,
-                window: s.window,
-                spent: total,
-                before: 0,
+                ..self::total(s.kind, s.window, total)
             })
             .collect();
         budgets.reported(&spends, &totals, now, &Gauges::new())
+    }
+
+    async fn scratch() -> (tempfile::TempDir, BudgetStore) {
+        let (dir, database) = crate::store::Database::scratch().await;
+        (dir, database.budgets())
     }
 
     #[test]
@@ -524,8 +538,7 @@ mod tests {
     /// first request after that.
     #[tokio::test]
     async fn primed_once_the_refusals_in_force_are_loaded() {
-        let (_dir, database) = crate::store::Database::scratch().await;
-        let store = database.budgets();
+        let (_dir, store) = scratch().await;
         let viewer = 7;
         let until_s = Moment::now().seconds() + 600;
         store.refuse(&[(viewer, until_s)]).await.unwrap();
@@ -570,8 +583,7 @@ mod tests {
         CancellationToken,
         tokio::task::JoinHandle<()>,
     ) {
-        let (dir, database) = crate::store::Database::scratch().await;
-        let store = database.budgets();
+        let (dir, store) = scratch().await;
         let mut config = sizes(10, 0);
         config.exchange_interval = interval;
         let budgets = Budgets::with_cap(&config, cap).unwrap();
@@ -652,15 +664,14 @@ mod tests {
             handle.render()
         };
         let up = "phones_gateway_budget_database_up ";
-        assert!(
-            render(&[true]).contains(&format!("{up}1\n")),
-            "{}",
-            render(&[true])
-        );
-        let down = render(&[true, false]);
-        assert!(down.contains(&format!("{up}0\n")), "{down}");
-        let again = render(&[true, false, true]);
-        assert!(again.contains(&format!("{up}1\n")), "{again}");
+        for (outcomes, gauge) in [
+            (&[true][..], 1),
+            (&[true, false], 0),
+            (&[true, false, true], 1),
+        ] {
+            let metrics = render(outcomes);
+            assert!(metrics.contains(&format!("{up}{gauge}\n")), "{metrics}");
+        }
     }
 
     /// A report whose total crosses the day's budget refuses the viewer until
@@ -672,25 +683,15 @@ mod tests {
         budgets.check_at(1, 2, AT).unwrap();
         let spends = budgets.take_spends(AT, usize::MAX);
         assert_eq!(spends.len(), 1);
-        let totals = [Total {
-            viewer: 1,
-            kind: 1,
-            window: AT.day(),
-            spent: 10,
-            before: 0,
-        }];
+        let totals = [total(1, AT.day(), 10)];
         let midnight_s = (AT.0 + AT.rest_of_day()) / 1000;
         let gauges = Gauges::new();
         assert_eq!(
             budgets.reported(&spends, &totals, AT, &gauges),
             vec![(1, midnight_s)]
         );
-        assert_eq!(
-            budgets.check_at(1, 1, AT),
-            Err(Refusal::Spent {
-                retry_after_s: AT.rest_of_day().div_ceil(1000)
-            })
-        );
+        let retry_after_s = AT.rest_of_day().div_ceil(1000);
+        assert_eq!(budgets.check_at(1, 1, AT), spent(retry_after_s));
         assert_eq!(budgets.reported(&spends, &totals, AT, &gauges), vec![]);
     }
 
@@ -704,17 +705,9 @@ mod tests {
         let spends = budgets.take_spends(AT, usize::MAX);
         let next = Moment((AT.minute() as u64 + 1) * 60_000);
         budgets.check_at(1, 1, next).unwrap();
-        let totals = [Total {
-            viewer: 1,
-            kind: 0,
-            window: AT.minute(),
-            spent: 10,
-            before: 0,
-        }];
-        assert_eq!(
-            budgets.reported(&spends, &totals, next, &Gauges::new()),
-            vec![]
-        );
+        let totals = [total(0, AT.minute(), 10)];
+        let refusals = budgets.reported(&spends, &totals, next, &Gauges::new());
+        assert_eq!(refusals, vec![]);
         assert!(
             budgets.check_at(1, 1, next).is_err(),
             "the fleet's 10 of the minute before not weighed"
@@ -753,8 +746,7 @@ mod tests {
     /// fleet's totals exactly once.
     #[tokio::test]
     async fn a_backlog_is_reported_a_bounded_amount_an_exchange() {
-        let (_dir, database) = crate::store::Database::scratch().await;
-        let store = database.budgets();
+        let (_dir, store) = scratch().await;
         let budgets = Budgets::new(&sizes(10, 10)).unwrap();
         let viewers = 40_000u64;
         for viewer in 0..viewers {

@@ -124,16 +124,39 @@ fn wait_after(pass: Option<&Pass>) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Spend;
+    use crate::store::{BudgetStore, Spend};
+
+    const NOW: Moment = Moment(1_800_000_000_000 + 3_600_000);
+
+    async fn scratch() -> (tempfile::TempDir, BudgetStore) {
+        let (dir, database) = crate::store::Database::scratch().await;
+        (dir, database.budgets())
+    }
+
+    fn spend(viewer: u64, kind: u8, window: u32) -> Spend {
+        Spend {
+            viewer,
+            kind,
+            window,
+            n: 1,
+        }
+    }
+
+    fn pass_of(rows: u64, batches: u32, done: bool) -> Pass {
+        Pass {
+            rows,
+            batches,
+            done,
+        }
+    }
 
     /// Rows of many distinct viewers over many expired windows, more than a
     /// pass deletes, are all gone within a bounded number of passes; what is
     /// still in force stays.
     #[tokio::test]
     async fn every_expired_row_goes_within_a_few_passes_and_the_current_ones_stay() {
-        let (_dir, database) = crate::store::Database::scratch().await;
-        let store = database.budgets();
-        let now = Moment(1_800_000_000_000 + 3_600_000);
+        let (_dir, store) = scratch().await;
+        let now = NOW;
         let (minute, day) = (now.minute(), now.day());
         // 10 expired minutes of 5,000 viewers each, the current and the two
         // minutes before, 3 expired days: 68,001 expired rows, over 3 passes'
@@ -154,12 +177,7 @@ mod tests {
         {
             for back in 0..windows {
                 let spends: Vec<Spend> = (0..viewers)
-                    .map(|v| Spend {
-                        viewer: u64::from(back) << 32 | v,
-                        kind,
-                        window: current - back,
-                        n: 1,
-                    })
+                    .map(|v| spend(u64::from(back) << 32 | v, kind, current - back))
                     .collect();
                 if back >= kept {
                     expired += spends.len() as u64;
@@ -198,26 +216,11 @@ mod tests {
     /// A pass at its own bounds deletes what expired and keeps the rest.
     #[tokio::test]
     async fn a_pass_deletes_what_expired() {
-        let (_dir, database) = crate::store::Database::scratch().await;
-        let store = database.budgets();
-        let now = Moment(1_800_000_000_000 + 3_600_000);
-        for window in [now.minute() - 10, now.minute()] {
-            let spend = Spend {
-                viewer: 1,
-                kind: 0,
-                window,
-                n: 1,
-            };
-            store.report(&[spend]).await.unwrap();
+        let (_dir, store) = scratch().await;
+        for window in [NOW.minute() - 10, NOW.minute()] {
+            store.report(&[spend(1, 0, window)]).await.unwrap();
         }
-        assert_eq!(
-            pass(&store, now).await.unwrap(),
-            Pass {
-                rows: 1,
-                batches: 1,
-                done: true
-            }
-        );
+        assert_eq!(pass(&store, NOW).await.unwrap(), pass_of(1, 1, true));
         assert_eq!(store.rows().await.unwrap(), (1, 0, 0));
     }
 
@@ -225,39 +228,22 @@ mod tests {
     /// for the next pass: one batch, not done.
     #[tokio::test]
     async fn a_pass_out_of_time_stops_after_one_batch_not_done() {
-        let (_dir, database) = crate::store::Database::scratch().await;
-        let store = database.budgets();
-        let now = Moment(1_800_000_000_000 + 3_600_000);
+        let (_dir, store) = scratch().await;
         let batch = u64::try_from(BATCH).unwrap();
         // Two batches' worth of expired minute rows (ten minutes back).
         let spends: Vec<Spend> = (0..2 * batch)
-            .map(|viewer| Spend {
-                viewer,
-                kind: 0,
-                window: now.minute() - 10,
-                n: 1,
-            })
+            .map(|viewer| spend(viewer, 0, NOW.minute() - 10))
             .collect();
         for chunk in spends.chunks(5_000) {
             store.report(chunk).await.unwrap();
         }
-
-        let pass = pass_within(&store, now, PASS_ROWS, Duration::ZERO)
-            .await
-            .unwrap();
-        assert_eq!(
-            pass,
-            Pass {
-                rows: batch,
-                batches: 1,
-                done: false
-            }
-        );
+        let pass = pass_within(&store, NOW, PASS_ROWS, Duration::ZERO);
+        let pass = pass.await.unwrap();
+        assert_eq!(pass, pass_of(batch, 1, false));
         assert_eq!(wait_after(Some(&pass)), BACKLOG_PAUSE);
         // With time to spare, the next pass takes the rest and is done.
-        let pass = pass_within(&store, now, PASS_ROWS, PASS_TIME)
-            .await
-            .unwrap();
+        let pass = pass_within(&store, NOW, PASS_ROWS, PASS_TIME);
+        let pass = pass.await.unwrap();
         assert_eq!(pass.rows, batch);
         assert!(pass.done, "{pass:?}");
         assert_eq!(wait_after(Some(&pass)), EVERY);
@@ -267,18 +253,11 @@ mod tests {
     /// after the full interval.
     #[test]
     fn the_next_pass_comes_soon_only_while_behind() {
-        let behind = Pass {
-            rows: PASS_ROWS,
-            batches: 50,
-            done: false,
-        };
-        let caught_up = Pass {
-            rows: 3,
-            batches: 1,
-            done: true,
-        };
-        assert_eq!(wait_after(Some(&behind)), BACKLOG_PAUSE);
-        assert_eq!(wait_after(Some(&caught_up)), EVERY);
+        assert_eq!(
+            wait_after(Some(&pass_of(PASS_ROWS, 50, false))),
+            BACKLOG_PAUSE
+        );
+        assert_eq!(wait_after(Some(&pass_of(3, 1, true))), EVERY);
         assert_eq!(wait_after(None), EVERY);
     }
 

@@ -16,6 +16,31 @@ fn viewer(id: &str) -> Viewer {
     Viewer::parse(id.as_bytes()).unwrap()
 }
 
+/// A refusal for `retry_after_s`, as a check gives it.
+pub(super) fn spent(retry_after_s: u64) -> Result<(), Refusal> {
+    Err(Refusal::Spent { retry_after_s })
+}
+
+/// A refusal of `items` that a minute's `budget` can never pass.
+fn never(items: u32, budget: u32) -> Result<(), Refusal> {
+    let per = "minute";
+    Err(Refusal::Never { items, budget, per })
+}
+
+fn kept(forgotten: usize, evicted: usize, dropped: u64, ledgers: usize) -> Kept {
+    Kept {
+        forgotten,
+        evicted,
+        dropped,
+        ledgers,
+    }
+}
+
+/// Sets a refusal of viewer `key` by the fleet until second `until_s`.
+fn refuse_until(budgets: &Budgets, key: u64, until_s: u64) {
+    budgets.viewers.get_mut(&key).unwrap().refused_until_s = u32::try_from(until_s).unwrap();
+}
+
 #[test]
 fn the_fleet_key_of_a_viewer_never_changes() {
     // Pinned: a dependency update that changed it would hand every viewer a
@@ -99,14 +124,7 @@ fn the_check_takes_from_the_viewers_budget() {
         Err(Refusal::Spent { .. })
     ));
     budgets.check(&viewer("buyer-2"), 1).unwrap();
-    assert_eq!(
-        budgets.check(&viewer("buyer-3"), 2),
-        Err(Refusal::Never {
-            items: 2,
-            budget: 1,
-            per: "minute"
-        })
-    );
+    assert_eq!(budgets.check(&viewer("buyer-3"), 2), never(2, 1));
 }
 
 #[test]
@@ -121,14 +139,7 @@ fn alone_a_replica_spends_the_whole_budget_then_refuses_until_it_fits() {
     // 3 spent at the minute's start: in the next one, a third in.
     assert_eq!(retry_after_s, 60 + 20);
     budgets.check_at(2, 3, AT).unwrap();
-    assert_eq!(
-        budgets.check_at(3, 4, AT),
-        Err(Refusal::Never {
-            items: 4,
-            budget: 3,
-            per: "minute"
-        })
-    );
+    assert_eq!(budgets.check_at(3, 4, AT), never(4, 3));
 }
 
 #[test]
@@ -138,11 +149,8 @@ fn a_first_sight_in_a_fleet_takes_an_even_share() {
     for _ in 0..15 {
         budgets.check_at(1, 1, AT).unwrap();
     }
-    assert_eq!(
-        budgets.check_at(1, 1, AT),
-        Err(Refusal::Spent { retry_after_s: 1 }),
-        "past the share until the next exchange"
-    );
+    let past_the_share = "past the share until the next exchange";
+    assert_eq!(budgets.check_at(1, 1, AT), spent(1), "{past_the_share}");
 }
 
 #[test]
@@ -169,13 +177,9 @@ fn the_ledgers_stay_under_their_cap_evicting_the_least_recently_used() {
         budgets.check_at(viewer, 1, AT).unwrap();
     }
     // The oldest of all, but refused by the fleet: evicted last.
-    budgets.viewers.get_mut(&1).unwrap().refused_until_s =
-        u32::try_from(AT.seconds() + 600).unwrap();
+    refuse_until(&budgets, 1, AT.seconds() + 600);
     assert_eq!(budgets.len(), 8);
-    assert_eq!(
-        budgets.check_at(9, 1, AT),
-        Err(Refusal::Spent { retry_after_s: 1 })
-    );
+    assert_eq!(budgets.check_at(9, 1, AT), spent(1));
     assert_eq!(budgets.len(), 8);
     // Known viewers still pass.
     budgets.check_at(5, 1, AT).unwrap();
@@ -187,21 +191,10 @@ fn the_ledgers_stay_under_their_cap_evicting_the_least_recently_used() {
         "the keeper was not woken"
     );
 
-    let kept = budgets.keep(AT);
-    assert_eq!(
-        kept,
-        Kept {
-            forgotten: 0,
-            evicted: 2,
-            dropped: 4,
-            ledgers: 6
-        }
-    );
+    assert_eq!(budgets.keep(AT), kept(0, 2, 4, 6));
     assert_eq!(budgets.viewers.len(), 6);
-    assert!(
-        budgets.viewers.contains_key(&1),
-        "the refused one was evicted"
-    );
+    let refused = budgets.viewers.contains_key(&1);
+    assert!(refused, "the refused one was evicted");
     for viewer in 5..=8 {
         assert!(budgets.viewers.contains_key(&viewer), "{viewer}");
     }
@@ -219,16 +212,7 @@ fn the_ledgers_stay_under_their_cap_evicting_the_least_recently_used() {
     // the others still have spends pending (5 to 8) or a refusal in force
     // (1), so are not idle; six left, under three quarters: no eviction.
     let later = Moment(AT.0 + 3 * 60_000);
-    let kept = budgets.keep(later);
-    assert_eq!(
-        kept,
-        Kept {
-            forgotten: 2,
-            evicted: 0,
-            dropped: 0,
-            ledgers: 6
-        }
-    );
+    assert_eq!(budgets.keep(later), kept(2, 0, 0, 6));
     assert!(!budgets.viewers.contains_key(&9));
     assert!(!budgets.viewers.contains_key(&10));
     assert_eq!(budgets.len(), 6);
@@ -256,23 +240,23 @@ fn reported_alone(budgets: &Budgets, key: u64) {
 fn a_ledger_moves_to_the_windows_of_now() {
     let start = Moment(AT.0 - AT.into_minute());
     let at = |ms: u64| Moment(start.0 + ms);
-    let budgets = Budgets::new(&sizes(3, 0)).unwrap();
-    budgets.check_at(1, 3, at(0)).unwrap();
-    reported_alone(&budgets, 1);
+    let spent_alone = |size: BudgetsConfig, items, at| {
+        let budgets = Budgets::new(&size).unwrap();
+        budgets.check_at(1, items, at).unwrap();
+        reported_alone(&budgets, 1);
+        budgets
+    };
+    let budgets = spent_alone(sizes(3, 0), 3, at(0));
     // The next minute's start: all 3 still weigh.
     assert!(budgets.check_at(1, 1, at(60_000)).is_err());
     // Halfway through it: 1.5 weigh, one more fits.
     budgets.check_at(1, 1, at(90_000)).unwrap();
     // Two minutes on, nothing of the first weighs.
-    let budgets = Budgets::new(&sizes(3, 0)).unwrap();
-    budgets.check_at(1, 3, at(0)).unwrap();
-    reported_alone(&budgets, 1);
+    let budgets = spent_alone(sizes(3, 0), 3, at(0));
     budgets.check_at(1, 3, at(120_000)).unwrap();
 
     let midnight = Moment(AT.0 + AT.rest_of_day());
-    let budgets = Budgets::new(&sizes(0, 2)).unwrap();
-    budgets.check_at(1, 2, Moment(midnight.0 - 1)).unwrap();
-    reported_alone(&budgets, 1);
+    let budgets = spent_alone(sizes(0, 2), 2, Moment(midnight.0 - 1));
     assert!(budgets.check_at(1, 1, Moment(midnight.0 - 1)).is_err());
     budgets.check_at(1, 2, midnight).unwrap();
     assert!(budgets.check_at(1, 1, midnight).is_err());
@@ -284,16 +268,9 @@ fn a_ledger_moves_to_the_windows_of_now() {
 fn a_refusal_from_the_fleet_holds_until_its_second() {
     let budgets = Budgets::new(&sizes(10, 0)).unwrap();
     budgets.check_at(1, 1, AT).unwrap();
-    budgets.viewers.get_mut(&1).unwrap().refused_until_s =
-        u32::try_from(AT.seconds() + 10).unwrap();
-    assert_eq!(
-        budgets.check_at(1, 1, AT),
-        Err(Refusal::Spent { retry_after_s: 10 })
-    );
-    assert_eq!(
-        budgets.check_at(1, 1, Moment(AT.0 + 9_000)),
-        Err(Refusal::Spent { retry_after_s: 1 })
-    );
+    refuse_until(&budgets, 1, AT.seconds() + 10);
+    assert_eq!(budgets.check_at(1, 1, AT), spent(10));
+    assert_eq!(budgets.check_at(1, 1, Moment(AT.0 + 9_000)), spent(1));
     budgets.check_at(1, 1, Moment(AT.0 + 10_000)).unwrap();
 }
 
@@ -302,12 +279,8 @@ fn a_refusal_from_the_fleet_holds_until_its_second() {
 fn refused_by_both_budgets_the_longer_wait_is_said() {
     let budgets = Budgets::new(&sizes(3, 3)).unwrap();
     budgets.check_at(1, 3, AT).unwrap();
-    assert_eq!(
-        budgets.check_at(1, 1, AT),
-        Err(Refusal::Spent {
-            retry_after_s: AT.rest_of_day().div_ceil(1000)
-        })
-    );
+    let midnight_s = AT.rest_of_day().div_ceil(1000);
+    assert_eq!(budgets.check_at(1, 1, AT), spent(midnight_s));
 }
 
 #[test]
@@ -344,26 +317,14 @@ fn eviction_takes_the_oldest_then_the_refused_and_only_as_many_as_are_over() {
     ];
     for (viewer, minutes, until) in ledgers {
         budgets.check_at(viewer, 1, ago(minutes)).unwrap();
-        budgets.viewers.get_mut(&viewer).unwrap().refused_until_s = u32::try_from(until).unwrap();
+        refuse_until(&budgets, viewer, until);
     }
-    let kept = budgets.keep(AT);
-    assert_eq!(
-        kept,
-        Kept {
-            forgotten: 0,
-            evicted: 2,
-            dropped: 2,
-            ledgers: 6
-        }
-    );
+    assert_eq!(budgets.keep(AT), kept(0, 2, 2, 6));
     assert!(!budgets.viewers.contains_key(&3), "the oldest was kept");
     let of_3_minutes = [4, 5].map(|v| budgets.viewers.contains_key(&v));
     assert_eq!(of_3_minutes.iter().filter(|&&kept| kept).count(), 1);
     for viewer in [1, 2, 6, 7, 8] {
-        assert!(
-            budgets.viewers.contains_key(&viewer),
-            "{viewer} was evicted"
-        );
+        assert!(budgets.viewers.contains_key(&viewer), "{viewer} evicted");
     }
 }
 

@@ -412,25 +412,38 @@ mod tests {
         )
     }
 
+    /// A lookup of `key` whose fetch, if one is made, answers `answer`.
+    async fn fetch(c: &PhoneCache, key: CacheKey, answer: FetchResult) -> (FetchResult, Via) {
+        let got = c.get_or_fetch(key, move || async move { answer }).await;
+        (got.answer, got.via)
+    }
+
+    /// A hit on key (1, 1) now, refreshing it with a [`counted`] fetch.
+    fn refreshing(c: &PhoneCache, calls: &Arc<AtomicUsize>, answer: FetchResult) -> Known<Phone> {
+        let now = c.inner.now();
+        c.get_fresh_refreshing(&key(1, 1), now, counted(calls, answer))
+    }
+
     #[tokio::test(start_paused = true)]
     async fn fresh_entries_are_hits_until_their_ttl() {
         let c = cache(true);
         let p = phone("+79161234567");
-        let got = c
-            .get_or_fetch(key(1, 1), || async move { Ok(Some(p)) })
-            .await;
-        assert_eq!((got.answer, got.via), (Ok(Some(p)), Via::Miss));
-        let got = c.get_or_fetch(key(1, 1), || async { Ok(None) }).await;
-        assert_eq!((got.answer, got.via), (Ok(Some(p)), Via::Hit));
+        assert_eq!(
+            fetch(&c, key(1, 1), Ok(Some(p))).await,
+            (Ok(Some(p)), Via::Miss)
+        );
+        assert_eq!(
+            fetch(&c, key(1, 1), Ok(None)).await,
+            (Ok(Some(p)), Via::Hit)
+        );
         tokio::time::advance(Duration::from_secs(11)).await;
-        let got = c.get_or_fetch(key(1, 1), || async { Ok(None) }).await;
-        assert_eq!((got.answer, got.via), (Ok(None), Via::Miss));
+        assert_eq!(fetch(&c, key(1, 1), Ok(None)).await, (Ok(None), Via::Miss));
     }
 
     #[tokio::test(start_paused = true)]
     async fn negative_entries_use_the_negative_ttl() {
         let c = cache(true);
-        c.get_or_fetch(key(1, 1), || async { Ok(None) }).await;
+        assert_eq!(fetch(&c, key(1, 1), Ok(None)).await, (Ok(None), Via::Miss));
         assert_eq!(c.get_fresh(&key(1, 1)), Known::No);
         tokio::time::advance(Duration::from_secs(3)).await;
         assert_eq!(c.get_fresh(&key(1, 1)), Known::NotKnown);
@@ -442,39 +455,27 @@ mod tests {
         let p = phone("+79161234567");
         c.insert(key(1, 1), Some(p));
         tokio::time::advance(Duration::from_secs(30)).await;
-        let got = c
-            .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Timeout) })
-            .await;
-        assert_eq!(
-            (got.answer, got.via),
-            (Ok(Some(p)), Via::Stale(Failure::Timeout))
-        );
+        let got = fetch(&c, key(1, 1), Err(UpstreamError::Timeout)).await;
+        assert_eq!(got, (Ok(Some(p)), Via::Stale(Failure::Timeout)));
         tokio::time::advance(Duration::from_secs(41)).await;
-        let got = c
-            .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Timeout) })
-            .await;
-        assert_eq!(got.answer, Err(UpstreamError::Timeout));
+        let got = fetch(&c, key(1, 1), Err(UpstreamError::Timeout)).await;
+        assert_eq!(got.0, Err(UpstreamError::Timeout));
     }
 
     #[tokio::test(start_paused = true)]
     async fn expired_negatives_are_not_served_stale_when_forbidden() {
-        let c = cache(false);
-        c.insert(key(1, 1), None);
-        tokio::time::advance(Duration::from_secs(3)).await;
-        let got = c
-            .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Status(500)) })
-            .await;
-        assert_eq!(got.answer, Err(UpstreamError::Status(500)));
-        let c = cache(true);
-        c.insert(key(1, 1), None);
-        tokio::time::advance(Duration::from_secs(3)).await;
-        let got = c
-            .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Status(500)) })
-            .await;
+        let stale_negative = |stale_negatives| async move {
+            let c = cache(stale_negatives);
+            c.insert(key(1, 1), None);
+            tokio::time::advance(Duration::from_secs(3)).await;
+            fetch(&c, key(1, 1), Err(UpstreamError::Status(500))).await
+        };
         assert_eq!(
-            (got.answer, got.via),
-            (Ok(None), Via::Stale(Failure::ErrorStatus))
+            stale_negative(false).await.0,
+            Err(UpstreamError::Status(500))
         );
+        let served = (Ok(None), Via::Stale(Failure::ErrorStatus));
+        assert_eq!(stale_negative(true).await, served);
     }
 
     #[tokio::test]
@@ -488,10 +489,10 @@ mod tests {
         assert_eq!(got.answer, Err(UpstreamError::Panicked));
         // The next request starts a fetch of its own instead of joining the dead one.
         let p = phone("+79161234567");
-        let got = c
-            .get_or_fetch(key(1, 1), || async move { Ok(Some(p)) })
-            .await;
-        assert_eq!((got.answer, got.via), (Ok(Some(p)), Via::Miss));
+        assert_eq!(
+            fetch(&c, key(1, 1), Ok(Some(p))).await,
+            (Ok(Some(p)), Via::Miss)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -554,10 +555,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(10)).await;
         c.inner.generations.invalidate(user(1));
         // ...is not joined by a request after the invalidation...
-        let fresh = c
-            .get_or_fetch(key(1, 2), || async move { Ok(Some(new)) })
-            .await;
-        assert_eq!((fresh.answer, fresh.via), (Ok(Some(new)), Via::Miss));
+        let fresh = fetch(&c, key(1, 2), Ok(Some(new))).await;
+        assert_eq!(fresh, (Ok(Some(new)), Via::Miss));
         // ...and does not write its older answer back.
         assert_eq!(slow.await.unwrap().answer, Ok(Some(old)));
         assert_eq!(c.get_fresh(&key(1, 2)), Known::Yes(new));
@@ -587,16 +586,12 @@ mod tests {
         c.insert(key(1, 1), Some(old));
         // Outside the window (TTL 10 s, refresh 2 s ahead): a plain hit.
         tokio::time::advance(Duration::from_secs(7)).await;
-        let now = c.inner.now();
-        let got = c.get_fresh_refreshing(&key(1, 1), now, counted(&calls, Ok(Some(new))));
-        assert_eq!(got, Known::Yes(old));
+        assert_eq!(refreshing(&c, &calls, Ok(Some(new))), Known::Yes(old));
         assert_eq!(calls.load(Ordering::SeqCst), 0);
         // Inside it: the old number at once, one refresh for any number of hits.
         tokio::time::advance(Duration::from_secs(2)).await;
-        let now = c.inner.now();
         for _ in 0..3 {
-            let got = c.get_fresh_refreshing(&key(1, 1), now, counted(&calls, Ok(Some(new))));
-            assert_eq!(got, Known::Yes(old));
+            assert_eq!(refreshing(&c, &calls, Ok(Some(new))), Known::Yes(old));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -612,12 +607,8 @@ mod tests {
         let calls = Arc::new(AtomicUsize::new(0));
         c.insert(key(1, 1), Some(old));
         tokio::time::advance(Duration::from_secs(9)).await;
-        let now = c.inner.now();
-        let failing = counted(&calls, Err(UpstreamError::Status(500)));
-        assert_eq!(
-            c.get_fresh_refreshing(&key(1, 1), now, failing),
-            Known::Yes(old)
-        );
+        let failing = Err(UpstreamError::Status(500));
+        assert_eq!(refreshing(&c, &calls, failing), Known::Yes(old));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         assert_eq!(c.get_fresh(&key(1, 1)), Known::Yes(old));
@@ -634,8 +625,7 @@ mod tests {
         let calls = Arc::new(AtomicUsize::new(0));
         c.insert(key(1, 1), Some(old));
         tokio::time::advance(Duration::from_secs(9)).await;
-        let now = c.inner.now();
-        c.get_fresh_refreshing(&key(1, 1), now, counted(&calls, Ok(Some(new))));
+        refreshing(&c, &calls, Ok(Some(new)));
         c.inner.generations.invalidate(user(1));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -649,13 +639,11 @@ mod tests {
         c.insert(key(1, 1), None);
         // Negative TTL 2 s: the window is 0.2 s, not the configured 2 s.
         tokio::time::advance(Duration::from_millis(1500)).await;
-        let now = c.inner.now();
-        c.get_fresh_refreshing(&key(1, 1), now, counted(&calls, Ok(None)));
+        refreshing(&c, &calls, Ok(None));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 0);
         tokio::time::advance(Duration::from_millis(300)).await;
-        let now = c.inner.now();
-        c.get_fresh_refreshing(&key(1, 1), now, counted(&calls, Ok(None)));
+        refreshing(&c, &calls, Ok(None));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
@@ -665,9 +653,7 @@ mod tests {
         let c = cache(true);
         c.insert(key(1, 1), Some(phone("+79161234567")));
         c.inner.generations.invalidate(user(1));
-        let got = c
-            .get_or_fetch(key(1, 1), || async { Err(UpstreamError::Timeout) })
-            .await;
-        assert_eq!(got.answer, Err(UpstreamError::Timeout));
+        let got = fetch(&c, key(1, 1), Err(UpstreamError::Timeout)).await;
+        assert_eq!(got.0, Err(UpstreamError::Timeout));
     }
 }

@@ -293,6 +293,12 @@ mod tests {
     use crate::config::Config;
     use crate::config::tests::assert_refused;
 
+    /// The tokens of `toml`, or the error reading them says.
+    fn read_tokens(toml: &str) -> Result<Vec<AdminToken>, String> {
+        let config = Config::from_toml(toml).unwrap();
+        config.admin.read_tokens().map_err(|e| e.to_string())
+    }
+
     #[test]
     fn scopes_parse_as_documented() {
         for scope in Scope::ALL {
@@ -348,15 +354,11 @@ mod tests {
             ("[admin]\ntoken = \" 0123456789\"", "admin.token"),
         ]);
         // Verbatim: not trimmed, not read as a number.
-        let config = Config::from_toml("[admin]\ntoken = \"0123456789\"").unwrap();
-        assert_eq!(
-            config.admin.read_tokens().unwrap()[0].value.expose(),
-            "0123456789"
-        );
+        let tokens = read_tokens("[admin]\ntoken = \"0123456789\"").unwrap();
+        assert_eq!(tokens[0].value.expose(), "0123456789");
         let ok = "[[admin.tokens]]\nname = \"calltracking-sync_2\"\ntoken = \"x\"\n\
                   scopes = [\"statuses:write\", \"debug\"]";
-        let config = Config::from_toml(ok).unwrap();
-        let tokens = config.admin.read_tokens().unwrap();
+        let tokens = read_tokens(ok).unwrap();
         assert_eq!(tokens.len(), 1);
         assert_eq!(
             tokens[0].scopes,
@@ -374,12 +376,7 @@ mod tests {
             "[admin]\ntoken = \"s3cr3t-value\"\n[[admin.tokens]]\nname = \"a\"\n\
              token_file = {file:?}\nscopes = []"
         );
-        let e = Config::from_toml(&shared)
-            .unwrap()
-            .admin
-            .read_tokens()
-            .unwrap_err()
-            .to_string();
+        let e = read_tokens(&shared).unwrap_err();
         assert!(
             e.contains("admin.tokens[0].token_file") && e.contains("admin.token"),
             "{e}"
@@ -389,40 +386,21 @@ mod tests {
             "[[admin.tokens]]\nname = \"a\"\ntoken_file = {:?}\nscopes = []",
             dir.join("missing")
         );
-        let e = Config::from_toml(&missing)
-            .unwrap()
-            .admin
-            .read_tokens()
-            .unwrap_err()
-            .to_string();
+        let e = read_tokens(&missing).unwrap_err();
         assert!(e.contains("admin.tokens[0].token_file"), "{e}");
         std::fs::write(&file, "\n").unwrap();
         let empty = format!("[[admin.tokens]]\nname = \"a\"\ntoken_file = {file:?}\nscopes = []");
-        let e = Config::from_toml(&empty)
-            .unwrap()
-            .admin
-            .read_tokens()
-            .unwrap_err()
-            .to_string();
+        let e = read_tokens(&empty).unwrap_err();
         assert!(e.contains("is empty"), "{e}");
         for uncarried in ["s3cr3t value\n", "s3cr3t\tvalue", "s3cr3t\u{7f}", "s3cr3té"] {
             std::fs::write(&file, uncarried).unwrap();
-            let e = Config::from_toml(&empty)
-                .unwrap()
-                .admin
-                .read_tokens()
-                .unwrap_err()
-                .to_string();
+            let e = read_tokens(&empty).unwrap_err();
             assert!(e.contains("admin.tokens[0].token_file"), "{e}");
             assert!(e.contains("cannot carry"), "{e}");
             assert!(!e.contains("s3cr3t"), "the value is never printed: {e}");
         }
         std::fs::write(&file, "\n\n  s3cr3t-value \r\n\n").unwrap();
-        let tokens = Config::from_toml(&empty)
-            .unwrap()
-            .admin
-            .read_tokens()
-            .unwrap();
+        let tokens = read_tokens(&empty).unwrap();
         assert_eq!(
             tokens[0].value.expose(),
             "s3cr3t-value",

@@ -226,10 +226,8 @@ mod tests {
         assert!(e.contains("upstreams.calltracking.timeout:"), "{e}");
         assert!(e.contains("unknown field"), "{e}");
         let e = error_of("[upstreams.calltracking.status_feed]\nenabeld = true");
-        assert!(
-            e.contains("upstreams.calltracking.status_feed.enabeld"),
-            "{e}"
-        );
+        let key = "upstreams.calltracking.status_feed.enabeld";
+        assert!(e.contains(key), "{e}");
         let e = error_of("[upstreams.calltracking]\ntimeout_ms = 0");
         assert!(e.contains("upstreams.calltracking.timeout_ms"), "{e}");
         let c = Config::from_toml(
@@ -261,15 +259,11 @@ max_in_flight_per_seller = 3",
         assert_eq!(calltracking.max_in_flight_per_seller_or(4096, 8), 8);
         assert_eq!(calltracking.max_in_flight_per_seller_or(4096, 16), 16);
         assert_eq!(calltracking.max_in_flight_per_seller_or(4, 8), 1);
-        assert_eq!(
-            c.upstreams.real_phone.max_in_flight_per_seller_or(64, 16),
-            3
-        );
+        let real_phone = &c.upstreams.real_phone;
+        assert_eq!(real_phone.max_in_flight_per_seller_or(64, 16), 3);
         let e = error_of("[upstreams.anonymous]\nmax_in_flight_per_seller = 2000000");
-        assert!(
-            e.contains("upstreams.anonymous.max_in_flight_per_seller"),
-            "{e}"
-        );
+        let key = "upstreams.anonymous.max_in_flight_per_seller";
+        assert!(e.contains(key), "{e}");
     }
 
     #[test]
@@ -299,25 +293,12 @@ max_in_flight_per_seller = 3",
     #[test]
     fn upstream_concurrency_defaults_to_the_public_bound() {
         let c = Config::from_toml("[server]\nmax_in_flight = 64").unwrap();
-        assert_eq!(
-            c.upstreams
-                .real_phone
-                .max_in_flight_or(c.server.max_in_flight),
-            64
-        );
+        let public = c.server.max_in_flight;
+        assert_eq!(c.upstreams.real_phone.max_in_flight_or(public), 64);
         let c = Config::from_toml("[upstreams.anonymous]\nmax_in_flight = 7").unwrap();
-        assert_eq!(
-            c.upstreams
-                .anonymous
-                .max_in_flight_or(c.server.max_in_flight),
-            7
-        );
-        assert_eq!(
-            c.upstreams
-                .real_phone
-                .max_in_flight_or(c.server.max_in_flight),
-            4096
-        );
+        let public = c.server.max_in_flight;
+        assert_eq!(c.upstreams.anonymous.max_in_flight_or(public), 7);
+        assert_eq!(c.upstreams.real_phone.max_in_flight_or(public), 4096);
     }
 
     #[test]

@@ -492,54 +492,34 @@ mod tests {
 
     #[test]
     fn the_code_is_the_nearest_failure_then_no_number_then_the_origin() {
-        let timeout = Skip::Failed(Failure::Timeout);
+        use Origin::{Cache, Phone, Upstream};
+        use Skip::{Failed, NoNumber, NotApplicable as Na};
+        let timeout = Failed(Failure::Timeout);
+        let (connect, new) = (Failed(Failure::Connect), Reason::new);
+        // Anonymous skipped first, then call-tracking.
+        let two = |origin, a, c| new(origin).skipped(Anonymous, a).skipped(Calltracking, c);
         let table = [
-            (Reason::new(Origin::Cache), "cache"),
-            (Reason::new(Origin::Stale(Failure::Timeout)), "stale"),
+            (new(Cache), "cache"),
+            (new(Origin::Stale(Failure::Timeout)), "stale"),
+            (new(Upstream).skipped(Anonymous, Na), "upstream"),
+            (two(Upstream, NoNumber, Na), "anonymous_no_number"),
+            (two(Cache, NoNumber, timeout), "calltracking_timeout"),
             (
-                Reason::new(Origin::Upstream).skipped(Anonymous, Skip::NotApplicable),
-                "upstream",
-            ),
-            (
-                Reason::new(Origin::Upstream)
-                    .skipped(Anonymous, Skip::NoNumber)
-                    .skipped(Calltracking, Skip::NotApplicable),
-                "anonymous_no_number",
-            ),
-            (
-                Reason::new(Origin::Cache)
-                    .skipped(Anonymous, Skip::NoNumber)
-                    .skipped(Calltracking, timeout),
-                "calltracking_timeout",
-            ),
-            (
-                Reason::new(Origin::Cache)
-                    .skipped(Anonymous, Skip::Failed(Failure::ErrorStatus))
-                    .skipped(Calltracking, Skip::NoNumber),
+                two(Cache, Failed(Failure::ErrorStatus), NoNumber),
                 "anonymous_error_status",
             ),
             (
-                Reason::new(Origin::Upstream)
-                    .skipped(Anonymous, Skip::Failed(Failure::Connect))
-                    .skipped(Calltracking, Skip::Failed(Failure::CircuitOpen)),
+                two(Upstream, connect, Failed(Failure::CircuitOpen)),
                 "calltracking_circuit_open",
             ),
             (
-                Reason::new(Origin::Phone).skipped(Calltracking, timeout),
+                new(Phone).skipped(Calltracking, timeout),
                 "phone_calltracking_failed",
             ),
+            (two(Phone, connect, NoNumber), "phone"),
+            (new(Phone).skipped(Calltracking, Na), "phone"),
             (
-                Reason::new(Origin::Phone)
-                    .skipped(Anonymous, Skip::Failed(Failure::Connect))
-                    .skipped(Calltracking, Skip::NoNumber),
-                "phone",
-            ),
-            (
-                Reason::new(Origin::Phone).skipped(Calltracking, Skip::NotApplicable),
-                "phone",
-            ),
-            (
-                Reason::new(Origin::Upstream).skipped(RealPhone, Skip::Failed(Failure::Rejected)),
+                new(Upstream).skipped(RealPhone, Failed(Failure::Rejected)),
                 "real_rejected",
             ),
         ];

@@ -229,6 +229,14 @@ mod tests {
         UserId::new(id).unwrap()
     }
 
+    fn status(enabled: bool, version: u64) -> Status {
+        Status { enabled, version }
+    }
+
+    fn applied(applied: u64, ignored: u64) -> Applied {
+        Applied { applied, ignored }
+    }
+
     #[test]
     fn newer_versions_apply_older_and_equal_are_ignored() {
         let set = StatusSet::default();
@@ -239,49 +247,19 @@ mod tests {
             item(2, true, 1),
             item(1, false, 6),
         ]);
-        assert_eq!(
-            got,
-            Applied {
-                applied: 3,
-                ignored: 2
-            }
-        );
-        assert_eq!(
-            set.get(user(1)),
-            Status {
-                enabled: false,
-                version: 6
-            }
-        );
+        assert_eq!(got, applied(3, 2));
+        assert_eq!(set.get(user(1)), status(false, 6));
         assert!(set.is_enabled(user(2)));
-        assert_eq!(
-            set.get(user(3)),
-            Status {
-                enabled: false,
-                version: 0
-            }
-        );
+        assert_eq!(set.get(user(3)), status(false, 0));
     }
 
     #[test]
     fn an_unseen_user_has_the_floor() {
         let set = StatusSet::default();
         set.put_floor(100);
-        assert_eq!(
-            set.get(user(7)),
-            Status {
-                enabled: false,
-                version: 100
-            }
-        );
+        assert_eq!(set.get(user(7)), status(false, 100));
         let got = set.apply_changes(&[item(7, true, 50), item(7, true, 100), item(8, true, 101)]);
-        assert_eq!(
-            got,
-            Applied {
-                applied: 1,
-                ignored: 2
-            }
-        );
+        assert_eq!(got, applied(1, 2));
         assert!(!set.is_enabled(user(7)));
         assert!(set.is_enabled(user(8)));
     }
@@ -309,18 +287,12 @@ mod tests {
         let mut after = before.clone();
         for (user, status) in after.iter_mut() {
             if status.version <= version {
-                *status = Status {
-                    enabled: listed.contains(user),
-                    version,
-                };
+                *status = self::status(listed.contains(user), version);
             }
         }
         if floor <= version {
             for user in listed {
-                after.entry(*user).or_insert(Status {
-                    enabled: true,
-                    version,
-                });
+                after.entry(*user).or_insert(status(true, version));
             }
         }
         (after, floor.max(version))
@@ -343,10 +315,7 @@ mod tests {
             let mut before = HashMap::new();
             for user in 1..=40 {
                 if next(3) > 0 {
-                    let status = Status {
-                        enabled: next(2) == 1,
-                        version: floor + 1 + next(6),
-                    };
+                    let status = status(next(2) == 1, floor + 1 + next(6));
                     set.put(user, status);
                     before.insert(user, status);
                 }
@@ -363,10 +332,8 @@ mod tests {
             assert_eq!(set.floor(), want_floor, "round {round}");
             assert_eq!(set.len(), want.len(), "round {round}");
             for user in 1..=60 {
-                let want_status = want.get(&user).copied().unwrap_or(Status {
-                    enabled: false,
-                    version: want_floor,
-                });
+                let want_status = want.get(&user).copied();
+                let want_status = want_status.unwrap_or(status(false, want_floor));
                 assert_eq!(
                     set.get(self::user(user)),
                     want_status,
@@ -386,12 +353,6 @@ mod tests {
     fn the_largest_version_round_trips() {
         let set = StatusSet::default();
         set.apply_changes(&[item(1, true, MAX_VERSION)]);
-        assert_eq!(
-            set.get(user(1)),
-            Status {
-                enabled: true,
-                version: MAX_VERSION
-            }
-        );
+        assert_eq!(set.get(user(1)), status(true, MAX_VERSION));
     }
 }

@@ -242,13 +242,7 @@ mod tests {
 
     #[test]
     fn a_reload_swaps_the_value_and_keeps_it_when_the_file_fails() {
-        let dir = std::env::temp_dir().join(format!("pg-access-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("sync");
-        std::fs::write(&file, "one\n").unwrap();
-        let mut entry = token("sync", "one", Scopes::of([Scope::StatusesWrite]));
-        entry.file = Some(file.clone());
-        let tokens = AdminTokens::new(vec![token("other", "other", Scopes::ALL), entry]);
+        let (dir, tokens, file) = with_a_file("pg-access");
         std::fs::write(&file, "two").unwrap();
         tokens.reload();
         assert!(tokens.check(&bearer("Bearer two")).is_some());
@@ -281,21 +275,24 @@ mod tests {
         handle.render()
     }
 
-    fn with_a_file(dir: &std::path::Path) -> (AdminTokens, PathBuf) {
-        std::fs::create_dir_all(dir).unwrap();
+    /// Tokens "other" and "sync", the second read from a file holding "one"
+    /// in a fresh directory `name` (with this process's id): the directory,
+    /// the tokens and the file.
+    fn with_a_file(name: &str) -> (PathBuf, AdminTokens, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("sync");
         std::fs::write(&file, "one\n").unwrap();
         let mut entry = token("sync", "one", Scopes::of([Scope::StatusesWrite]));
         entry.file = Some(file.clone());
         let tokens = AdminTokens::new(vec![token("other", "other", Scopes::ALL), entry]);
-        (tokens, file)
+        (dir, tokens, file)
     }
 
     /// A rotation is counted once; a file that fails at every read.
     #[test]
     fn a_reload_counts_each_rotation_once_and_each_failed_read() {
-        let dir = std::env::temp_dir().join(format!("pg-access-once-{}", std::process::id()));
-        let (tokens, file) = with_a_file(&dir);
+        let (dir, tokens, file) = with_a_file("pg-access-once");
         let metrics = on_record(|| {
             std::fs::write(&file, "two").unwrap();
             tokens.reload();
@@ -306,14 +303,12 @@ mod tests {
         });
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(tokens.check(&bearer("Bearer two")).is_some());
-        assert!(
-            metrics.contains("phones_gateway_admin_token_rotations_total{name=\"sync\"} 1\n"),
-            "{metrics}"
-        );
-        assert!(
-            metrics.contains("phones_gateway_admin_token_reload_errors_total{name=\"sync\"} 2\n"),
-            "{metrics}"
-        );
+        for line in [
+            "phones_gateway_admin_token_rotations_total{name=\"sync\"} 1\n",
+            "phones_gateway_admin_token_reload_errors_total{name=\"sync\"} 2\n",
+        ] {
+            assert!(metrics.contains(line), "{metrics}");
+        }
     }
 
     /// The warning lines `run` logged, under a subscriber of this thread's.
@@ -350,27 +345,18 @@ mod tests {
     /// A failure is logged once, when it begins; after recovery, again.
     #[test]
     fn a_failing_file_is_logged_when_it_begins() {
-        let dir = std::env::temp_dir().join(format!("pg-access-log-{}", std::process::id()));
-        let (tokens, file) = with_a_file(&dir);
+        let (dir, tokens, file) = with_a_file("pg-access-log");
         let unusable = "admin token file unusable";
         let logs = warnings(|| {
             std::fs::write(&file, "").unwrap();
             tokens.reload();
         });
-        assert_eq!(
-            logs.matches(unusable).count(),
-            1,
-            "the first failure: {logs}"
-        );
+        assert_eq!(logs.matches(unusable).count(), 1, "first failure: {logs}");
         let logs = warnings(|| {
             tokens.reload();
             tokens.reload();
         });
-        assert_eq!(
-            logs.matches(unusable).count(),
-            0,
-            "the same failure again: {logs}"
-        );
+        assert_eq!(logs.matches(unusable).count(), 0, "same again: {logs}");
         std::fs::write(&file, "two").unwrap();
         tokens.reload();
         let logs = warnings(|| {
@@ -401,8 +387,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_watcher_rotates_a_token_without_a_call() {
-        let dir = std::env::temp_dir().join(format!("pg-access-watch-{}", std::process::id()));
-        let (tokens, file) = with_a_file(&dir);
+        let (dir, tokens, file) = with_a_file("pg-access-watch");
         let tokens = Arc::new(tokens);
         let watcher = tokio::spawn(tokens.clone().watch());
         std::fs::write(&file, "two").unwrap();

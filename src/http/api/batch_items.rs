@@ -355,45 +355,19 @@ mod tests {
     /// the same `ad_id` beside a problem.
     #[test]
     fn reduced_items_answer_as_values_did() {
-        let values = [
-            "1",
-            "0",
-            "-1",
-            "9223372036854775807",
-            "9223372036854775808",
-            "18446744073709551615",
-            "18446744073709551616",
-            "-9223372036854775808",
-            "1.0",
-            "1.5",
-            "-0",
-            "1e3",
-            "true",
-            "null",
-            "\"1\"",
-            "\"+79161234567\"",
-            "\"+7 (916) 123-45-67\"",
-            "\"79161234567\"",
-            "\"\"",
-            "[]",
-            "[1]",
-            "{}",
-            "{\"a\":[1,{}]}",
-            "2147483648",
-            "2147483647",
-        ];
-        let keys = [
-            "user_id",
-            "ad_id",
-            "category_id",
-            "phone",
-            "other",
-            "user\\u005fid",
-        ];
-        let mut items: Vec<String> = ["1", "\"x\"", "null", "[]", "[{}]", "true", "-2.5"]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect();
+        // JSON texts, split at " | ".
+        let values = concat!(
+            r#"1 | 0 | -1 | 9223372036854775807 | 9223372036854775808 | "#,
+            r#"18446744073709551615 | 18446744073709551616 | -9223372036854775808 | "#,
+            r#"1.0 | 1.5 | -0 | 1e3 | true | null | "1" | "+79161234567" | "#,
+            r#""+7 (916) 123-45-67" | "79161234567" | "" | [] | [1] | {} | {"a":[1,{}]} | "#,
+            r#"2147483648 | 2147483647"#
+        );
+        let values: Vec<&str> = values.split(" | ").collect();
+        let keys = "user_id ad_id category_id phone other user\\u005fid";
+        let keys: Vec<&str> = keys.split(' ').collect();
+        let items = ["1", "\"x\"", "null", "[]", "[{}]", "true", "-2.5"];
+        let mut items: Vec<String> = items.iter().map(|s| (*s).to_owned()).collect();
         let mut seed = 7u64;
         let mut next = |n: usize| {
             seed = seed
@@ -449,16 +423,14 @@ mod tests {
         let zeros = format!("{{\"items\":[{}0]}}", "0,".repeat(100));
         let body: Body = serde_json::from_str(&zeros).unwrap();
         assert_eq!((body.items.kept.len(), body.items.count), (100, 101));
-        let e = serde_json::from_str::<Body>(r#"{"items":"x"}"#)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(e.contains("expected a sequence"), "{e}");
-        let e = serde_json::from_str::<Body>(r#"{"items":[1,2"#)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(e.contains("EOF"), "{e}");
+        for (body, error) in [
+            (r#"{"items":"x"}"#, "expected a sequence"),
+            (r#"{"items":[1,2"#, "EOF"),
+        ] {
+            let e = serde_json::from_str::<Body>(body).err();
+            let e = e.unwrap().to_string();
+            assert!(e.contains(error), "{e}");
+        }
     }
 
     // The allocator counts, so the test below can measure a parse (stats_alloc

@@ -321,6 +321,10 @@ mod tests {
 
     const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
+    fn parse(value: impl AsRef<[u8]>) -> Option<Parent> {
+        parse_traceparent(value.as_ref())
+    }
+
     /// Drawn from a buffer refilled every 512 bytes: ids across many refills
     /// are all distinct and none is zero.
     #[test]
@@ -337,7 +341,7 @@ mod tests {
 
     #[test]
     fn a_valid_traceparent_parses_and_formats_back() {
-        let parent = parse_traceparent(VALID.as_bytes()).unwrap();
+        let parent = parse(VALID).unwrap();
         assert!(parent.sampled);
         assert_eq!(parent.trace_id[0], 0x4b);
         assert_eq!(parent.span_id[7], 0xb7);
@@ -345,14 +349,9 @@ mod tests {
             format_traceparent(parent.trace_id, parent.span_id, parent.sampled),
             VALID
         );
-        let unsampled = VALID.replace("-01", "-00");
-        assert!(!parse_traceparent(unsampled.as_bytes()).unwrap().sampled);
+        assert!(!parse(VALID.replace("-01", "-00")).unwrap().sampled);
         // Other flags than sampled are read past.
-        assert!(
-            parse_traceparent(VALID.replace("-01", "-03").as_bytes())
-                .unwrap()
-                .sampled
-        );
+        assert!(parse(VALID.replace("-01", "-03")).unwrap().sampled);
     }
 
     #[test]
@@ -372,16 +371,15 @@ mod tests {
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0g",
             "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
         ] {
-            assert_eq!(parse_traceparent(bad.as_bytes()), None, "{bad}");
+            assert_eq!(parse(bad), None, "{bad}");
         }
     }
 
     #[test]
     fn a_later_version_may_append_fields() {
         let later = format!("{}-whatever", VALID.replacen("00", "cc", 1));
-        assert!(parse_traceparent(later.as_bytes()).is_some());
-        let exact = VALID.replacen("00", "cc", 1);
-        assert!(parse_traceparent(exact.as_bytes()).is_some());
+        assert!(parse(&later).is_some());
+        assert!(parse(VALID.replacen("00", "cc", 1)).is_some());
     }
 
     #[test]
@@ -395,20 +393,12 @@ mod tests {
         let span = tracing::Span::none();
         let (first, state) = call_headers(&span, Some(trace));
         let (second, _) = call_headers(&span, Some(trace));
-        let (first, second) = (
-            parse_traceparent(first.as_bytes()).unwrap(),
-            parse_traceparent(second.as_bytes()).unwrap(),
-        );
-        assert_eq!(
-            first.trace_id,
-            parse_traceparent(VALID.as_bytes()).unwrap().trace_id
-        );
+        let (first, second) = (parse(&first).unwrap(), parse(&second).unwrap());
+        assert_eq!(first.trace_id, parse(VALID).unwrap().trace_id);
         assert_eq!(first.trace_id, second.trace_id);
         assert_ne!(first.span_id, second.span_id);
-        assert_ne!(
-            first.span_id,
-            [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]
-        );
+        let incoming_span = [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7];
+        assert_ne!(first.span_id, incoming_span);
         assert!(first.sampled);
         assert_eq!(state.unwrap(), "vendor=x");
     }
@@ -431,23 +421,16 @@ mod tests {
                 "every lookup of the request (a batch's items) continues it"
             );
             assert!(!trace.sampled);
-            assert_eq!(
-                trace.state, None,
-                "tracestate goes only with its traceparent"
-            );
+            let why = "tracestate goes only with its traceparent";
+            assert_eq!(trace.state, None, "{why}");
             assert_ne!(trace.trace_id, [0; 16]);
-            assert_ne!(
-                trace.trace_id,
-                RequestTrace::of(&headers).context().trace_id
-            );
+            let other = RequestTrace::of(&headers);
+            assert_ne!(trace.trace_id, other.context().trace_id);
             let (call, state) = call_headers(&tracing::Span::none(), Some(&trace));
-            assert_eq!(
-                parse_traceparent(call.as_bytes()).unwrap().trace_id,
-                trace.trace_id
-            );
+            assert_eq!(parse(&call).unwrap().trace_id, trace.trace_id);
             assert_eq!(state, None);
         }
         let (call, _) = call_headers(&tracing::Span::none(), None);
-        assert!(parse_traceparent(call.as_bytes()).is_some());
+        assert!(parse(&call).is_some());
     }
 }

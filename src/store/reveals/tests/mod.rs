@@ -12,13 +12,10 @@ use crate::store::pool::{Backend, Bounds, Sqlite};
 /// A reveal of seller 42's ad `ad` in category 9, at one fixed instant.
 pub(super) fn reveal(ad: u64, kind: Source, viewer: Option<&str>) -> Reveal {
     Reveal {
-        at_us: 1_700_000_000_000_000,
-        viewer: viewer.map(|v| Viewer::parse(v.as_bytes()).unwrap()),
-        user: UserId::new(42).unwrap(),
         ad: AdId::new(ad).unwrap(),
         category: CategoryId::new(9).unwrap(),
         kind,
-        reason: None,
+        ..reveal_at(1_700_000_000_000_000, 42, viewer)
     }
 }
 
@@ -56,13 +53,20 @@ pub(super) async fn migrated_before(version: i64) -> (tempfile::TempDir, sqlx::S
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/old.db?mode=rwc", dir.path().display());
     let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-    for migration in sqlx::migrate!("migrations/sqlite")
-        .iter()
-        .filter(|m| m.version < version)
-    {
-        sqlx::raw_sql(&migration.sql).execute(&pool).await.unwrap();
-    }
+    migrate(&pool, |v| v < version).await;
     (dir, pool)
+}
+
+/// The migrations whose version `which` takes, in order.
+async fn migrate(pool: &sqlx::SqlitePool, which: impl Fn(i64) -> bool) {
+    let migrations = sqlx::migrate!("migrations/sqlite");
+    for migration in migrations.iter().filter(|m| which(m.version)) {
+        exec(pool, &migration.sql).await;
+    }
+}
+
+pub(super) async fn exec(pool: &sqlx::SqlitePool, sql: &str) {
+    sqlx::raw_sql(sql).execute(pool).await.unwrap();
 }
 
 pub(super) fn migration(version: i64) -> String {
@@ -73,22 +77,32 @@ pub(super) fn migration(version: i64) -> String {
 
 /// Migration `version` and every later one.
 pub(super) async fn migrate_from(pool: &sqlx::SqlitePool, version: i64) {
-    for migration in sqlx::migrate!("migrations/sqlite")
-        .iter()
-        .filter(|m| m.version >= version)
-    {
-        sqlx::raw_sql(&migration.sql).execute(pool).await.unwrap();
-    }
+    migrate(pool, |v| v >= version).await;
 }
 
 /// A reveal store on a migrated SQLite file in a fresh directory.
 pub(super) async fn scratch() -> (tempfile::TempDir, RevealStore) {
     let (dir, pool) = migrated_before(i64::MAX).await;
-    let sqlite = Sqlite {
-        pool,
-        bounds: Bounds::default(),
-    };
-    (dir, RevealStore::of(Backend::Sqlite(sqlite), None))
+    (dir, store_on(pool))
+}
+
+pub(super) fn store_on(pool: sqlx::SqlitePool) -> RevealStore {
+    let bounds = Bounds::default();
+    RevealStore::of(Backend::Sqlite(Sqlite { pool, bounds }), None)
+}
+
+pub(super) fn seller(user: u64) -> RevealsOf {
+    RevealsOf::Seller(UserId::new(user).unwrap())
+}
+
+pub(super) fn viewer(viewer: &str) -> RevealsOf {
+    RevealsOf::Viewer(Viewer::parse(viewer.as_bytes()).unwrap())
+}
+
+/// Retention of the `n` lowest ids; how many it deleted.
+async fn retain(store: &RevealStore, n: i64) -> u64 {
+    let zero = std::time::Duration::ZERO;
+    store.delete_reveals_older_than(zero, n).await.unwrap()
 }
 
 pub(super) fn sqlite(store: &RevealStore) -> &sqlx::SqlitePool {
@@ -105,12 +119,7 @@ pub(super) async fn rows(store: &RevealStore, table: &str) -> i64 {
 }
 
 pub(super) async fn delete_every_reveal(store: &RevealStore) {
-    while store
-        .delete_reveals_older_than(std::time::Duration::ZERO, 4)
-        .await
-        .unwrap()
-        > 0
-    {}
+    while retain(store, 4).await > 0 {}
 }
 
 /// `of`'s reveals in the window, newest first, by a scan of every row.
@@ -140,32 +149,50 @@ pub(super) async fn scan(store: &RevealStore, of: &RevealsOf, since: i64, until:
 }
 
 /// Forty flushes of twelve reveals at drawn times and viewers, overlapping in
-/// time; then retention of the 150 lowest ids, so some runs and postings are
-/// gone and some cut.
+/// time. With `buckets`, eight flushes a bucket, every other bucket older in
+/// time than the one before it, the first flush of each crossing its edge.
 pub(super) async fn write_overlapping_flushes(
     store: &RevealStore,
     seed: u64,
+    buckets: bool,
     mut make: impl FnMut(i64, Option<&str>, &mut Draws) -> Reveal,
 ) {
     let mut draws = Draws::new(seed);
     let viewers = [Some("a"), Some("b"), Some("c"), None];
     for flush in 0..40i64 {
+        let bucket = if buckets { flush / 8 } else { 0 };
+        if flush % 8 == 0 && bucket > 0 {
+            // Six ids before the edge: this flush's twelve cross it.
+            next_id_at(store, (bucket << super::buckets::SHIFT) - 6).await;
+        }
+        let back = if bucket % 2 == 1 { 400 } else { 0 };
         let batch: Vec<Reveal> = (0..12)
             .map(|_| {
-                let at = flush * 20 + i64::try_from(draws.below(20)).unwrap() * 10 - 100;
+                let at = flush * 20 + i64::try_from(draws.below(20)).unwrap() * 10 - 100 - back;
                 let viewer = viewers[usize::try_from(draws.below(4)).unwrap()];
                 make(1_000_000 + at, viewer, &mut draws)
             })
             .collect();
         store.write_reveals(&batch).await.unwrap();
     }
-    assert_eq!(
-        store
-            .delete_reveals_older_than(std::time::Duration::ZERO, 150)
-            .await
-            .unwrap(),
-        150
-    );
+}
+
+/// Page walks of sellers 1 to 3 (each with more than 50 reveals) and 99 (none)
+/// match [`scan`].
+async fn sellers_match_scan(store: &RevealStore) {
+    for user in [1u64, 2, 3, 99] {
+        let all = walks_match_scan(store, &seller(user)).await;
+        if user != 99 {
+            assert!(all > 50, "seller {user}: too few to page through");
+        }
+    }
+}
+
+/// Page walks of viewers a, b, c and one with none match [`scan`].
+async fn viewers_match_scan(store: &RevealStore) {
+    for name in ["a", "b", "c", "nobody"] {
+        walks_match_scan(store, &viewer(name)).await;
+    }
 }
 
 /// Checks page walks of `of` in three windows and five page sizes against
@@ -256,11 +283,12 @@ async fn a_flush_in_viewer_order_still_pages_newest_first() {
     let ads = |reveals: Vec<StoredReveal>| -> Vec<u64> {
         reveals.iter().map(|r| r.reveal.ad.get()).collect()
     };
-    let by_seller = ads(every_page(&store, RevealsOf::Seller(UserId::new(42).unwrap()), 2).await);
+    let by_seller = ads(every_page(&store, seller(42), 2).await);
     assert_eq!(by_seller, (100..112).rev().collect::<Vec<u64>>());
-    let by_viewer =
-        ads(every_page(&store, RevealsOf::Viewer(Viewer::parse(b"b").unwrap()), 2).await);
-    assert_eq!(by_viewer, [109, 105, 101]);
+    assert_eq!(
+        ads(every_page(&store, viewer("b"), 2).await),
+        [109, 105, 101]
+    );
 }
 
 /// A flush of 10,000 reveals (six statements) writes and counts every row.
@@ -280,14 +308,7 @@ async fn a_flush_of_many_chunks_writes_and_counts_every_reveal() {
             .total();
     }
     assert_eq!(total, 10_000);
-    let rows = every_page(
-        &store,
-        RevealsOf::Viewer(Viewer::parse(b"v").unwrap()),
-        1000,
-    )
-    .await
-    .len();
-    assert_eq!(rows, 10_000);
+    assert_eq!(every_page(&store, viewer("v"), 1000).await.len(), 10_000);
 }
 
 /// Pages through runs are a scan of every row, for every viewer, window and
@@ -295,11 +316,9 @@ async fn a_flush_of_many_chunks_writes_and_counts_every_reveal() {
 #[tokio::test]
 async fn pages_through_runs_are_those_of_a_scan_of_every_row() {
     let (_dir, store) = scratch().await;
-    write_overlapping_flushes(&store, 7, |at_us, viewer, _| reveal_at(at_us, 1, viewer)).await;
-    for viewer in ["a", "b", "c", "nobody"] {
-        let of = RevealsOf::Viewer(Viewer::parse(viewer.as_bytes()).unwrap());
-        walks_match_scan(&store, &of).await;
-    }
+    write_overlapping_flushes(&store, 7, false, |at_us, v, _| reveal_at(at_us, 1, v)).await;
+    assert_eq!(retain(&store, 150).await, 150);
+    viewers_match_scan(&store).await;
 }
 
 /// Retention takes the runs whose reveals are all gone, and only those.
@@ -316,10 +335,7 @@ async fn retention_deletes_the_runs_of_deleted_reveals() {
     assert_eq!(rows(&store, "reveal_viewer_runs").await, 9);
     // Ids 1..=7: the first flush's runs (a, b, c) and the second's "a"
     // (ids 7 and 8) is cut, not gone.
-    store
-        .delete_reveals_older_than(std::time::Duration::ZERO, 7)
-        .await
-        .unwrap();
+    retain(&store, 7).await;
     assert_eq!(rows(&store, "reveal_viewer_runs").await, 6);
     delete_every_reveal(&store).await;
     assert_eq!(rows(&store, "reveal_viewer_runs").await, 0);
@@ -330,22 +346,16 @@ async fn retention_deletes_the_runs_of_deleted_reveals() {
 #[tokio::test]
 async fn pages_through_postings_are_those_of_a_scan_of_every_row() {
     let (_dir, store) = scratch().await;
-    write_overlapping_flushes(&store, 11, |at_us, viewer, draws| {
-        reveal_at(at_us, 1 + draws.below(3), viewer)
-    })
-    .await;
+    write_overlapping_flushes(&store, 11, false, three_sellers).await;
+    assert_eq!(retain(&store, 150).await, 150);
     // Rows gone above the lowest id left, as after a clock stepped back.
-    sqlx::query("DELETE FROM reveals WHERE id % 7 = 0 AND id > 300")
-        .execute(sqlite(&store))
-        .await
-        .unwrap();
-    for user in [1u64, 2, 3, 99] {
-        let of = RevealsOf::Seller(UserId::new(user).unwrap());
-        let all = walks_match_scan(&store, &of).await;
-        if user != 99 {
-            assert!(all > 50, "seller {user}: too few to page through");
-        }
-    }
+    let gone = "DELETE FROM reveals WHERE id % 7 = 0 AND id > 300";
+    exec(sqlite(&store), gone).await;
+    sellers_match_scan(&store).await;
+}
+
+fn three_sellers(at_us: i64, viewer: Option<&str>, draws: &mut Draws) -> Reveal {
+    reveal_at(at_us, 1 + draws.below(3), viewer)
 }
 
 /// Retention takes the postings whose reveals are all gone, and only those.
@@ -368,22 +378,12 @@ async fn retention_deletes_the_postings_of_deleted_reveals() {
     assert_eq!(rows(&store, "reveal_seller_postings").await, 9);
     // Ids 1..=5: seller 2's posting (2, 4) and 3's (3, 5) are gone, 1's
     // (1, 6) is cut, not gone.
-    store
-        .delete_reveals_older_than(std::time::Duration::ZERO, 5)
-        .await
-        .unwrap();
+    retain(&store, 5).await;
     assert_eq!(rows(&store, "reveal_seller_postings").await, 7);
-    let page = store
-        .read_reveals(&RevealQuery::newest(
-            RevealsOf::Seller(UserId::new(1).unwrap()),
-            100,
-        ))
-        .await
-        .unwrap();
-    assert_eq!(
-        page.iter().map(|r| r.id).collect::<Vec<_>>(),
-        [18, 13, 12, 7, 6]
-    );
+    let query = RevealQuery::newest(seller(1), 100);
+    let page = store.read_reveals(&query).await.unwrap();
+    let ids: Vec<i64> = page.iter().map(|r| r.id).collect();
+    assert_eq!(ids, [18, 13, 12, 7, 6]);
     delete_every_reveal(&store).await;
     assert_eq!(rows(&store, "reveal_seller_postings").await, 0);
 }
@@ -396,25 +396,16 @@ async fn a_posting_never_shows_a_row_it_does_not_hold() {
     let batch: Vec<Reveal> = (0..3).map(|i| reveal_at(100 + i, 1, Some("a"))).collect();
     store.write_reveals(&batch).await.unwrap();
     let pool = sqlite(&store);
-    sqlx::query("DELETE FROM reveals")
-        .execute(pool)
-        .await
-        .unwrap();
+    exec(pool, "DELETE FROM reveals").await;
     let batch: Vec<Reveal> = (0..2).map(|i| reveal_at(50 + i, 1, Some("a"))).collect();
     store.write_reveals(&batch).await.unwrap();
     let page = |since_us, limit| {
+        let query = RevealQuery {
+            since_us,
+            ..RevealQuery::newest(seller(1), limit)
+        };
         let store = &store;
-        async move {
-            store
-                .read_reveals(&RevealQuery {
-                    of: RevealsOf::Seller(UserId::new(1).unwrap()),
-                    since_us,
-                    until_us: i64::MAX,
-                    after: None,
-                    limit,
-                })
-                .await
-        }
+        async move { store.read_reveals(&query).await }
     };
     let ids = |page: Vec<crate::domain::StoredReveal>| {
         page.iter()
@@ -424,14 +415,10 @@ async fn a_posting_never_shows_a_row_it_does_not_hold() {
     assert_eq!(ids(page(i64::MIN, 10).await.unwrap()), [(51, 5), (50, 4)]);
     // Stale postings: one naming row 4 (at 50) as at 70, one naming a row that
     // is not there. Neither shows, and a page is still full.
-    sqlx::query(
-        "INSERT INTO reveal_seller_postings \
+    let stale = "INSERT INTO reveal_seller_postings \
          (user_id, max_at_us, min_at_us, first_id, last_id, entries) \
-         VALUES (1, 70, 70, 4, 4, NULL), (1, 998, 998, 9, 9, NULL)",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
+         VALUES (1, 70, 70, 4, 4, NULL), (1, 998, 998, 9, 9, NULL)";
+    exec(pool, stale).await;
     assert_eq!(ids(page(51, 10).await.unwrap()), [(51, 5)]);
     assert_eq!(ids(page(i64::MIN, 1).await.unwrap()), [(51, 5)]);
     assert_eq!(ids(page(i64::MIN, 10).await.unwrap()), [(51, 5), (50, 4)]);
@@ -457,25 +444,23 @@ fn counts_are_one_row_per_ad_and_kind() {
 #[tokio::test]
 async fn the_counts_survive_their_rebuild_without_rowid() {
     let (_dir, pool) = migrated_before(8).await;
-    sqlx::raw_sql(
-        "INSERT INTO ad_reveal_counts (ad_id, kind, n) \
-         VALUES (7, 'real', 3), (7, 'anonymous', 1), (9, 'calltracking', 12)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::raw_sql(&migration(8)).execute(&pool).await.unwrap();
+    let counts = "INSERT INTO ad_reveal_counts (ad_id, kind, n) \
+         VALUES (7, 'real', 3), (7, 'anonymous', 1), (9, 'calltracking', 12)";
+    exec(&pool, counts).await;
+    exec(&pool, &migration(8)).await;
     let counts: Vec<(i64, String, i64)> =
         sqlx::query_as("SELECT ad_id, kind, n FROM ad_reveal_counts ORDER BY ad_id, kind")
             .fetch_all(&pool)
             .await
             .unwrap();
-    let expected = [(7, "anonymous", 1), (7, "real", 3), (9, "calltracking", 12)];
-    let expected: Vec<(i64, String, i64)> = expected
-        .into_iter()
-        .map(|(ad, kind, n)| (ad, kind.to_owned(), n))
+    let counts: Vec<_> = counts
+        .iter()
+        .map(|(a, k, n)| (*a, k.as_str(), *n))
         .collect();
-    assert_eq!(counts, expected);
+    assert_eq!(
+        counts,
+        [(7, "anonymous", 1), (7, "real", 3), (9, "calltracking", 12)]
+    );
     let rowid = sqlx::query("SELECT rowid FROM ad_reveal_counts")
         .fetch_all(&pool)
         .await;
@@ -500,24 +485,7 @@ async fn next_id_at(store: &RevealStore, id: i64) {
 #[tokio::test]
 async fn pages_across_buckets_are_those_of_a_scan_of_every_row() {
     let (_dir, store) = scratch().await;
-    let mut draws = Draws::new(23);
-    let viewers = [Some("a"), Some("b"), Some("c"), None];
-    for flush in 0..40i64 {
-        let bucket = flush / 8;
-        if flush % 8 == 0 && bucket > 0 {
-            // Six ids before the edge: this flush's twelve cross it.
-            next_id_at(&store, (bucket << super::buckets::SHIFT) - 6).await;
-        }
-        let back = if bucket % 2 == 1 { 400 } else { 0 };
-        let batch: Vec<Reveal> = (0..12)
-            .map(|_| {
-                let at = flush * 20 + i64::try_from(draws.below(20)).unwrap() * 10 - 100 - back;
-                let viewer = viewers[usize::try_from(draws.below(4)).unwrap()];
-                reveal_at(1_000_000 + at, 1 + draws.below(3), viewer)
-            })
-            .collect();
-        store.write_reveals(&batch).await.unwrap();
-    }
+    write_overlapping_flushes(&store, 23, true, three_sellers).await;
     let pool = sqlite(&store);
     let buckets = |table: &'static str| async move {
         let sql = format!(
@@ -535,24 +503,9 @@ async fn pages_across_buckets_are_those_of_a_scan_of_every_row() {
     assert_eq!(buckets("reveal_seller_postings").await, [0, 1, 2, 3, 4]);
     assert_eq!(buckets("reveal_viewer_runs").await, [0, 1, 2, 3, 4]);
     assert_eq!(rows(&store, "reveal_buckets").await, 5);
-    assert_eq!(
-        store
-            .delete_reveals_older_than(std::time::Duration::ZERO, 150)
-            .await
-            .unwrap(),
-        150
-    );
-    for user in [1u64, 2, 3, 99] {
-        let of = RevealsOf::Seller(UserId::new(user).unwrap());
-        let all = walks_match_scan(&store, &of).await;
-        if user != 99 {
-            assert!(all > 50, "seller {user}: too few to page through");
-        }
-    }
-    for viewer in ["a", "b", "c", "nobody"] {
-        let of = RevealsOf::Viewer(Viewer::parse(viewer.as_bytes()).unwrap());
-        walks_match_scan(&store, &of).await;
-    }
+    assert_eq!(retain(&store, 150).await, 150);
+    sellers_match_scan(&store).await;
+    viewers_match_scan(&store).await;
 }
 
 /// Retention takes a bucket's span with its last run and posting, not before.
@@ -572,10 +525,7 @@ async fn retention_deletes_the_buckets_of_deleted_runs_and_postings() {
     assert_eq!(rows(&store, "reveal_buckets").await, 3);
     // Ids 1 and 2 (bucket 0's two) and the row before bucket 1: bucket 0
     // is empty, bucket 1 is whole.
-    store
-        .delete_reveals_older_than(std::time::Duration::ZERO, 3)
-        .await
-        .unwrap();
+    retain(&store, 3).await;
     let left: Vec<(i64,)> = sqlx::query_as("SELECT bucket FROM reveal_buckets ORDER BY bucket")
         .fetch_all(sqlite(&store))
         .await
@@ -590,7 +540,7 @@ async fn retention_deletes_the_buckets_of_deleted_runs_and_postings() {
 async fn the_runs_and_postings_before_buckets_get_theirs() {
     let (_dir, pool) = migrated_before(11).await;
     let edge = 1i64 << 18;
-    sqlx::raw_sql(&format!(
+    let log = format!(
         "INSERT INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind) VALUES \
          (1, 100, 'a', 7, 1, 1, 'real'), (2, 90, 'a', 7, 1, 1, 'real'), \
          ({edge}, 300, 'a', 7, 1, 1, 'real'); \
@@ -600,10 +550,8 @@ async fn the_runs_and_postings_before_buckets_get_theirs() {
          (user_id, max_at_us, min_at_us, first_id, last_id, entries) \
          VALUES (7, 100, 100, 1, 1, NULL), (7, 90, 90, 2, 2, NULL), \
          (7, 300, 300, {edge}, {edge}, NULL)"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
+    );
+    exec(&pool, &log).await;
     migrate_from(&pool, 11).await;
     let spans: Vec<(i64, i64, i64)> =
         sqlx::query_as("SELECT bucket, min_at_us, max_at_us FROM reveal_buckets ORDER BY bucket")
@@ -611,16 +559,8 @@ async fn the_runs_and_postings_before_buckets_get_theirs() {
             .await
             .unwrap();
     assert_eq!(spans, [(0, 90, 100), (1, 300, 300)]);
-    let store = RevealStore::of(
-        Backend::Sqlite(Sqlite {
-            pool,
-            bounds: Bounds::default(),
-        }),
-        None,
-    );
-    let seller = RevealsOf::Seller(UserId::new(7).unwrap());
-    let viewer = RevealsOf::Viewer(Viewer::parse(b"a").unwrap());
-    for of in [seller, viewer] {
+    let store = store_on(pool);
+    for of in [seller(7), viewer("a")] {
         assert_eq!(walk(&store, &of, i64::MIN, i64::MAX, 2).await, [edge, 1, 2]);
     }
 }

@@ -1,10 +1,9 @@
 //! The reasons stored with the reveals, read back as they were written.
 
-use super::{every_page, migrate_from, migrated_before, reveal, reveal_at, scratch, sqlite};
+use super::{every_page, exec, migrate_from, migrated_before, reveal, reveal_at, scratch};
+use super::{seller, sqlite, store_on, viewer};
 use crate::domain::reason::{Failure, Origin, Reason, Skip};
-use crate::domain::{Reveal, RevealQuery, RevealsOf, Source, UserId, Viewer};
-use crate::store::pool::{Backend, Bounds, Sqlite};
-use crate::store::reveals::RevealStore;
+use crate::domain::{Reveal, RevealQuery, Source};
 
 /// Reasons of every shape the rules give, and none.
 fn some_reasons() -> Vec<Option<Reason>> {
@@ -51,23 +50,13 @@ async fn a_reason_is_read_back_as_it_was_written() {
         written.extend(batch);
     }
     let reason_of_ad = |ad: u64| written.iter().find(|r| r.ad.get() == ad).unwrap().reason;
-    let by_seller = every_page(&store, RevealsOf::Seller(UserId::new(42).unwrap()), 5).await;
+    let by_seller = every_page(&store, seller(42), 5).await;
+    let by_viewer = every_page(&store, viewer("b"), 5).await;
     assert_eq!(by_seller.len(), written.len());
-    for row in &by_seller {
-        assert_eq!(
-            row.reveal.reason,
-            reason_of_ad(row.reveal.ad.get()),
-            "{row:?}"
-        );
-    }
-    let by_viewer = every_page(&store, RevealsOf::Viewer(Viewer::parse(b"b").unwrap()), 5).await;
     assert_eq!(by_viewer.len(), 12);
-    for row in &by_viewer {
-        assert_eq!(
-            row.reveal.reason,
-            reason_of_ad(row.reveal.ad.get()),
-            "{row:?}"
-        );
+    for row in by_seller.iter().chain(&by_viewer) {
+        let written = reason_of_ad(row.reveal.ad.get());
+        assert_eq!(row.reveal.reason, written, "{row:?}");
     }
     let seen: Vec<Option<Reason>> = by_seller.iter().map(|r| r.reveal.reason).collect();
     for reason in &reasons {
@@ -106,7 +95,7 @@ async fn a_reason_that_does_not_decode_reads_as_none() {
             .await
             .unwrap();
     }
-    let page = every_page(&store, RevealsOf::Viewer(Viewer::parse(b"v").unwrap()), 10).await;
+    let page = every_page(&store, viewer("v"), 10).await;
     let mut reasons: Vec<(i64, Option<Reason>)> =
         page.iter().map(|r| (r.id, r.reveal.reason)).collect();
     reasons.sort_unstable_by_key(|r| r.0);
@@ -117,27 +106,17 @@ async fn a_reason_that_does_not_decode_reads_as_none() {
 #[tokio::test]
 async fn the_reveals_before_reasons_read_back_without_one() {
     let (_dir, pool) = migrated_before(10).await;
-    sqlx::raw_sql(
-        "INSERT INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind) VALUES \
+    let log = "INSERT INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind) VALUES \
          (1, 100, 'a', 7, 1, 1, 'real'); \
          INSERT INTO reveal_viewer_runs (viewer, max_at_us, min_at_us, first_id, last_id) \
          VALUES ('a', 100, 100, 1, 1); \
          INSERT INTO reveal_seller_postings \
          (user_id, max_at_us, min_at_us, first_id, last_id, entries) \
-         VALUES (7, 100, 100, 1, 1, NULL)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+         VALUES (7, 100, 100, 1, 1, NULL)";
+    exec(&pool, log).await;
     // 0010 and those after it (0011's buckets).
     migrate_from(&pool, 10).await;
-    let store = RevealStore::of(
-        Backend::Sqlite(Sqlite {
-            pool,
-            bounds: Bounds::default(),
-        }),
-        None,
-    );
+    let store = store_on(pool);
     let cache = Reason::new(Origin::Cache);
     store
         .write_reveals(&[Reveal {
@@ -147,13 +126,8 @@ async fn the_reveals_before_reasons_read_back_without_one() {
         }])
         .await
         .unwrap();
-    let page = store
-        .read_reveals(&RevealQuery::newest(
-            RevealsOf::Seller(UserId::new(7).unwrap()),
-            10,
-        ))
-        .await
-        .unwrap();
+    let query = RevealQuery::newest(seller(7), 10);
+    let page = store.read_reveals(&query).await.unwrap();
     let reasons: Vec<(i64, Option<Reason>)> =
         page.iter().map(|r| (r.id, r.reveal.reason)).collect();
     assert_eq!(reasons, [(2, Some(cache)), (1, None)]);
