@@ -452,12 +452,13 @@ impl Resolver {
         // Boxed once here: the call's future is large, and unboxed it was
         // copied whole into the lookup, the task and its every stage change.
         Box::pin(async move {
-            let _place = place;
             let call = Call {
                 ticket,
+                batch_item: place.is_some(),
                 request_id: request_id.as_ref(),
                 trace: trace.as_ref(),
             };
+            let _place = place;
             match ask {
                 Ask::Anonymous => upstreams.anonymous(user, ad, call).await,
                 Ask::RealPhone => upstreams.real_phone(user, ad, call).await,

@@ -267,7 +267,12 @@ impl Upstreams {
         };
         // A would-be probe that finds no place is not sent; the breaker's
         // word stands.
-        let Some(slot) = endpoint.in_flight.slot() else {
+        let slot = if call.batch_item {
+            endpoint.in_flight.batch_slot()
+        } else {
+            endpoint.in_flight.slot()
+        };
+        let Some(slot) = slot else {
             if allowed == Allow::Probe {
                 told.release();
                 return Err(if endpoint.breaker.probes_undecided() {
@@ -384,6 +389,8 @@ impl Ticket {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Call<'a> {
     pub ticket: Ticket,
+    /// An item of a batch (its place on the bound: `Bound::batch_slot`).
+    pub batch_item: bool,
     pub request_id: Option<&'a HeaderValue>,
     pub trace: Option<&'a TraceContext>,
 }

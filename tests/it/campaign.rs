@@ -3,10 +3,9 @@
 //! tracked sellers all along. It counts honest tracked sellers shown their real
 //! number: none, outside the control phases in which the configured rule must
 //! still fall through to the real number (so a gateway that simply closed
-//! would fail it); and at least 85% of the honest asks outside the controls are
-//! answered with a number (90.3% to 91.6% measured on two shared cores; the bar here
-//! leaves room for a slower machine, whose attacks hold the upstream's places
-//! longer). Every premise is asserted to have happened (the
+//! would fail it); and at least 90% of the honest asks outside the controls are
+//! answered with a number (measured: docs/adaptive-limit.md, "The batches'
+//! share"). Every premise is asserted to have happened (the
 //! pauses overlapped calls in flight, calls queued, load refusals came back,
 //! time was lost), so the campaign cannot pass for want of an attack.
 //!
@@ -842,7 +841,7 @@ async fn a_campaign_of_faults_shows_no_honest_tracked_seller_a_real_number() {
         "the throttle stopped the process {throttled} times"
     );
     assert!(
-        answered * 100 >= outside.len() * 85,
+        answered * 100 >= outside.len() * 90,
         "honest asks answered with a number outside the controls: {answered} of {}: {:?}",
         outside.len(),
         kinds(&outside)

@@ -20,6 +20,8 @@ use tokio::time::Instant;
 use crate::domain::UserId;
 
 const CUT: f64 = 0.9;
+/// The share of the limit that items of batches may hold, as a fraction.
+const BATCH_SHARE: (usize, usize) = (3, 4);
 /// Weight of a new latency in the short average (about its last 8 calls).
 const SHORT: f64 = 1.0 / 8.0;
 /// Weight of a new latency in the long average (about its last 256 calls).
@@ -152,11 +154,23 @@ impl Bound {
         }
     }
 
+    /// A place, if one is free.
     pub(super) fn slot(&self) -> Option<Slot<'_>> {
+        self.take(self.limit.load(Ordering::Acquire))
+    }
+
+    /// A place for an item of a batch: none past [`BATCH_SHARE`] of the
+    /// limit, so that batches leave room for single lookups.
+    pub(super) fn batch_slot(&self) -> Option<Slot<'_>> {
+        let limit = self.limit.load(Ordering::Acquire);
+        self.take((limit * BATCH_SHARE.0 / BATCH_SHARE.1).max(1))
+    }
+
+    fn take(&self, limit: usize) -> Option<Slot<'_>> {
         // Taken before it is checked, so two calls racing for the last place
         // cannot both have it; the loser gives it back.
         let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
-        if before >= self.limit.load(Ordering::Acquire) {
+        if before >= limit {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
             return None;
         }

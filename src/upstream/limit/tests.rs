@@ -379,3 +379,16 @@ async fn the_gauge_follows_the_limit_when_it_moves() {
     assert_eq!(*sets.0.lock().unwrap(), [64.0, 27.0]);
     drop(held);
 }
+
+/// Items of batches hold at most three quarters of the limit; a single lookup
+/// still finds a place beside them, and a limit of one is the batches' too.
+#[test]
+fn batches_leave_a_quarter_of_the_bound_to_single_lookups() {
+    let bound = Bound::new(8, None, metrics::Gauge::noop());
+    let items: Vec<_> = (0..8).map_while(|_| bound.batch_slot()).collect();
+    assert_eq!(items.len(), 6);
+    let singles: Vec<_> = (0..8).map_while(|_| bound.slot()).collect();
+    assert_eq!(singles.len(), 2);
+    let one = Bound::new(1, None, metrics::Gauge::noop());
+    assert!(one.batch_slot().is_some());
+}
