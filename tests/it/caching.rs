@@ -45,15 +45,13 @@ async fn a_cached_number_is_served_without_asking_again() {
     app.calltracking.reply(Reply::Phone(VIRTUAL));
     app.enable_calltracking(1, 1).await;
     for _ in 0..3 {
-        app.phone(1, 1, ANON_CATEGORY)
-            .await
-            .assert_number(VIRTUAL, "calltracking");
+        app.assert_phone(1, 1, ANON_CATEGORY, VIRTUAL, "calltracking")
+            .await;
     }
     app.assert_calls(1, 1, 1);
     // Another ad of the same seller is another key.
-    app.phone(1, 2, ANON_CATEGORY)
-        .await
-        .assert_number(VIRTUAL, "calltracking");
+    app.assert_phone(1, 2, ANON_CATEGORY, VIRTUAL, "calltracking")
+        .await;
     app.assert_calls(2, 2, 1);
 }
 
@@ -72,9 +70,7 @@ async fn failures_are_not_cached() {
     app.real.reply(Reply::Status(500));
     app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(503);
     app.real.reply(Reply::Phone(REAL));
-    app.phone(1, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    app.assert_phone(1, 1, PLAIN_CATEGORY, REAL, "real").await;
     assert_eq!(app.real.calls(), 2);
 }
 
@@ -89,13 +85,9 @@ async fn entries_expire_after_their_ttl() {
     .await;
     app.real.reply(Reply::Phone(REAL));
     let cached = Instant::now();
-    app.phone(1, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    app.assert_phone(1, 1, PLAIN_CATEGORY, REAL, "real").await;
     app.real.reply(Reply::NotFound);
-    app.phone(1, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    app.assert_phone(1, 1, PLAIN_CATEGORY, REAL, "real").await;
     assert_eq!(app.real.calls(), 1);
     eventually("the number to expire", Duration::from_secs(10), || async {
         app.phone(1, 1, PLAIN_CATEGORY).await.status == 404
@@ -126,21 +118,15 @@ async fn an_expired_number_is_served_while_the_upstream_fails() {
     let app = TestApp::spawn_with(SHORT_TTLS).await;
     app.real.reply(Reply::Phone(REAL));
     app.anonymous.reply(Reply::Phone(ANON));
-    app.phone(1, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
-    app.phone(2, 1, ANON_CATEGORY)
-        .await
-        .assert_number(ANON, "anonymous");
+    app.assert_phone(1, 1, PLAIN_CATEGORY, REAL, "real").await;
+    app.assert_phone(2, 1, ANON_CATEGORY, ANON, "anonymous")
+        .await;
     tokio::time::sleep(PAST_TTL).await;
     app.real.reply(Reply::Status(500));
     app.anonymous.reply(Reply::Hang);
-    app.phone(1, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
-    app.phone(2, 1, ANON_CATEGORY)
-        .await
-        .assert_number(ANON, "anonymous");
+    app.assert_phone(1, 1, PLAIN_CATEGORY, REAL, "real").await;
+    app.assert_phone(2, 1, ANON_CATEGORY, ANON, "anonymous")
+        .await;
     // Stale only while failing: a working upstream's new answer wins.
     app.real.reply(Reply::NotFound);
     app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(404);
@@ -151,9 +137,7 @@ async fn an_expired_no_anonymous_number_is_never_used() {
     let app = TestApp::spawn_with(SHORT_TTLS).await;
     app.real.reply(Reply::Phone(REAL));
     app.anonymous.reply(Reply::NotFound);
-    app.phone(1, 1, ANON_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    app.assert_phone(1, 1, ANON_CATEGORY, REAL, "real").await;
     tokio::time::sleep(PAST_TTL).await;
     app.anonymous.reply(Reply::Status(500));
     // The seller may have paid since: fail closed, never the real number.
@@ -166,24 +150,16 @@ async fn an_expired_no_anonymous_number_is_never_used() {
 async fn invalidation_drops_every_number_of_the_seller() {
     let app = TestApp::spawn().await;
     app.real.reply(Reply::Phone(REAL));
-    app.phone(1, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
-    app.phone(1, 2, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
-    app.phone(2, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    app.assert_phone(1, 1, PLAIN_CATEGORY, REAL, "real").await;
+    app.assert_phone(1, 2, PLAIN_CATEGORY, REAL, "real").await;
+    app.assert_phone(2, 1, PLAIN_CATEGORY, REAL, "real").await;
     assert_eq!(app.real.calls(), 3);
     app.invalidate(&[1]).await;
     app.real.reply(Reply::Phone(crate::NEW_REAL));
-    app.phone(1, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(crate::NEW_REAL, "real");
-    app.phone(1, 2, PLAIN_CATEGORY)
-        .await
-        .assert_number(crate::NEW_REAL, "real");
+    app.assert_phone(1, 1, PLAIN_CATEGORY, crate::NEW_REAL, "real")
+        .await;
+    app.assert_phone(1, 2, PLAIN_CATEGORY, crate::NEW_REAL, "real")
+        .await;
     assert_eq!(app.real.calls(), 5);
 }
 
@@ -191,9 +167,7 @@ async fn invalidation_drops_every_number_of_the_seller() {
 async fn invalidated_numbers_are_not_served_stale_either() {
     let app = TestApp::spawn().await;
     app.real.reply(Reply::Phone(REAL));
-    app.phone(1, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    app.assert_phone(1, 1, PLAIN_CATEGORY, REAL, "real").await;
     app.invalidate(&[1]).await;
     app.real.reply(Reply::Status(500));
     app.phone(1, 1, PLAIN_CATEGORY).await.assert_problem(503);
@@ -222,15 +196,13 @@ async fn a_fetch_started_before_an_invalidation_never_writes_its_answer_back() {
     app.invalidate(&[1]).await;
     app.real.reply(Reply::Phone(crate::NEW_REAL));
     // After the invalidation: not joined to the old fetch.
-    app.phone(1, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(crate::NEW_REAL, "real");
+    app.assert_phone(1, 1, PLAIN_CATEGORY, crate::NEW_REAL, "real")
+        .await;
     // The old fetch ends with the old number for its own caller...
     before.await.unwrap().assert_number(REAL, "real");
     // ...and does not overwrite the new one.
-    app.phone(1, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(crate::NEW_REAL, "real");
+    app.assert_phone(1, 1, PLAIN_CATEGORY, crate::NEW_REAL, "real")
+        .await;
     assert_eq!(app.real.calls(), 2);
 }
 
@@ -261,9 +233,8 @@ async fn a_calltracking_upstream_that_hangs_at_the_end_of_the_chain_serves_its_s
     app.enable_calltracking(42, 1).await;
     app.real.reply(Reply::Phone(REAL));
     app.calltracking.reply(Reply::Phone(VIRTUAL));
-    app.phone(42, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(VIRTUAL, "calltracking");
+    app.assert_phone(42, 1, PLAIN_CATEGORY, VIRTUAL, "calltracking")
+        .await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
     // The real number comes late in its timeout, then call tracking hangs: the
     // request reaches the end of the chain with call tracking pending. Its stale
@@ -271,9 +242,8 @@ async fn a_calltracking_upstream_that_hangs_at_the_end_of_the_chain_serves_its_s
     app.real
         .reply_after(Reply::Phone(REAL), Duration::from_millis(280));
     app.calltracking.reply(Reply::Hang);
-    app.phone(42, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(VIRTUAL, "calltracking");
+    app.assert_phone(42, 1, PLAIN_CATEGORY, VIRTUAL, "calltracking")
+        .await;
 }
 
 /// docs/caching.md: invalidation drops the seller's anonymous and call-tracking numbers
@@ -285,28 +255,22 @@ async fn invalidation_drops_anonymous_and_calltracking_numbers() {
     app.anonymous.reply(Reply::Phone(ANON));
     app.calltracking.reply(Reply::Phone(VIRTUAL));
     app.enable_calltracking(2, 1).await;
-    app.phone(1, 1, ANON_CATEGORY)
-        .await
-        .assert_number(ANON, "anonymous");
-    app.phone(2, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(VIRTUAL, "calltracking");
+    app.assert_phone(1, 1, ANON_CATEGORY, ANON, "anonymous")
+        .await;
+    app.assert_phone(2, 1, PLAIN_CATEGORY, VIRTUAL, "calltracking")
+        .await;
     app.anonymous.reply(Reply::Phone(NEW_ANON));
     app.calltracking.reply(Reply::Phone(OTHER_VIRTUAL));
     // Still cached.
-    app.phone(1, 1, ANON_CATEGORY)
-        .await
-        .assert_number(ANON, "anonymous");
-    app.phone(2, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(VIRTUAL, "calltracking");
+    app.assert_phone(1, 1, ANON_CATEGORY, ANON, "anonymous")
+        .await;
+    app.assert_phone(2, 1, PLAIN_CATEGORY, VIRTUAL, "calltracking")
+        .await;
     app.invalidate(&[1, 2]).await;
-    app.phone(1, 1, ANON_CATEGORY)
-        .await
-        .assert_number(NEW_ANON, "anonymous");
-    app.phone(2, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(OTHER_VIRTUAL, "calltracking");
+    app.assert_phone(1, 1, ANON_CATEGORY, NEW_ANON, "anonymous")
+        .await;
+    app.assert_phone(2, 1, PLAIN_CATEGORY, OTHER_VIRTUAL, "calltracking")
+        .await;
     assert_eq!((app.anonymous.calls(), app.calltracking.calls()), (2, 2));
 }
 
@@ -317,15 +281,13 @@ async fn a_cache_at_capacity_evicts() {
     let app = TestApp::spawn_with("[cache.real_phone]\ncapacity = 10").await;
     app.real.reply(Reply::Phone(REAL));
     for user in 1..=100 {
-        app.phone(user, 1, PLAIN_CATEGORY)
-            .await
-            .assert_number(REAL, "real");
+        app.assert_phone(user, 1, PLAIN_CATEGORY, REAL, "real")
+            .await;
     }
     assert_eq!(app.real.calls(), 100);
     for user in 1..=100 {
-        app.phone(user, 1, PLAIN_CATEGORY)
-            .await
-            .assert_number(REAL, "real");
+        app.assert_phone(user, 1, PLAIN_CATEGORY, REAL, "real")
+            .await;
     }
     // At most a handful of the 100 can still be held.
     let again = app.real.calls() - 100;
@@ -357,14 +319,10 @@ async fn invalidation_on_a_reaches_b(overlay: &str, limit: Duration) -> Duration
     let a = TestApp::spawn_on(Some(&db.url), overlay).await;
     let b = TestApp::spawn_on(Some(&db.url), overlay).await;
     b.real.reply(Reply::Phone(REAL));
-    b.phone(5, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    b.assert_phone(5, 1, PLAIN_CATEGORY, REAL, "real").await;
     // The seller changed the number: B's upstream knows, B's cache does not.
     b.real.reply(Reply::Phone(NEW_REAL));
-    b.phone(5, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    b.assert_phone(5, 1, PLAIN_CATEGORY, REAL, "real").await;
     let sent = Instant::now();
     a.invalidate(&[5]).await;
     answers(&b, 5, NEW_REAL, limit).await;
@@ -391,13 +349,9 @@ async fn b_caching_an_old_number(url: &str, overlay: &str) -> (TestApp, TestApp)
     let a = TestApp::spawn_on(Some(url), overlay).await;
     let b = TestApp::spawn_on(Some(url), overlay).await;
     b.real.reply(Reply::Phone(REAL));
-    b.phone(5, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    b.assert_phone(5, 1, PLAIN_CATEGORY, REAL, "real").await;
     b.real.reply(Reply::Phone(NEW_REAL));
-    b.phone(5, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    b.assert_phone(5, 1, PLAIN_CATEGORY, REAL, "real").await;
     (a, b)
 }
 
@@ -513,9 +467,7 @@ async fn a_fetch_in_flight_on_the_other_replica_is_not_written_back() {
         "the request in flight is answered"
     );
     // What that fetch brought back was not kept: B asks again.
-    b.phone(6, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(NEW_REAL, "real");
+    b.assert_phone(6, 1, PLAIN_CATEGORY, NEW_REAL, "real").await;
 }
 
 #[tokio::test]
@@ -524,9 +476,7 @@ async fn with_the_database_down_an_invalidation_answers_503_and_drops_locally() 
     let cluster = db.cluster.as_ref().unwrap();
     let a = TestApp::spawn_on(Some(&db.url), "").await;
     a.real.reply(Reply::Phone(REAL));
-    a.phone(7, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    a.assert_phone(7, 1, PLAIN_CATEGORY, REAL, "real").await;
     cluster.stop_server().unwrap();
     a.real.reply(Reply::Phone(NEW_REAL));
     let answer = a
@@ -535,9 +485,7 @@ async fn with_the_database_down_an_invalidation_answers_503_and_drops_locally() 
     answer.assert_problem(503);
     assert!(answer.retry_after.is_some());
     // The caller retries; meanwhile this replica already asks again.
-    a.phone(7, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(NEW_REAL, "real");
+    a.assert_phone(7, 1, PLAIN_CATEGORY, NEW_REAL, "real").await;
     cluster.start_server().unwrap();
 }
 
@@ -554,17 +502,15 @@ async fn a_re_enable_after_a_disable_answers_the_new_forwarding_number_on_the_ot
     b.converged(8, 1, Duration::from_secs(3)).await;
     b.real.reply(Reply::Phone(REAL));
     b.calltracking.reply(Reply::Phone(VIRTUAL));
-    b.phone(8, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(VIRTUAL, "calltracking");
+    b.assert_phone(8, 1, PLAIN_CATEGORY, VIRTUAL, "calltracking")
+        .await;
     // Released and handed out anew while tracking was off.
     b.calltracking.reply(Reply::Phone(OTHER_VIRTUAL));
     assert_eq!(a.set_status(8, false, 2).await, 200);
     assert_eq!(a.set_status(8, true, 3).await, 200);
     b.converged(8, 3, Duration::from_secs(3)).await;
-    b.phone(8, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(OTHER_VIRTUAL, "calltracking");
+    b.assert_phone(8, 1, PLAIN_CATEGORY, OTHER_VIRTUAL, "calltracking")
+        .await;
 }
 
 #[tokio::test]
@@ -573,16 +519,14 @@ async fn snapshots_that_turn_tracking_off_then_on_drop_the_forwarding_number() {
     app.enable_calltracking(9, 1).await;
     app.real.reply(Reply::Phone(REAL));
     app.calltracking.reply(Reply::Phone(VIRTUAL));
-    app.phone(9, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(VIRTUAL, "calltracking");
+    app.assert_phone(9, 1, PLAIN_CATEGORY, VIRTUAL, "calltracking")
+        .await;
     app.calltracking.reply(Reply::Phone(OTHER_VIRTUAL));
     for (version, ids) in [(2, json!([])), (3, json!([9]))] {
         let snapshot = json!({ "version": version, "enabled_user_ids": ids });
         let answer = app.send_admin(Method::PUT, STATUSES, &snapshot).await;
         assert_eq!(answer.status, 200, "{:?}", answer.body);
     }
-    app.phone(9, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(OTHER_VIRTUAL, "calltracking");
+    app.assert_phone(9, 1, PLAIN_CATEGORY, OTHER_VIRTUAL, "calltracking")
+        .await;
 }

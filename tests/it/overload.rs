@@ -1,7 +1,6 @@
 //! Overload (docs/rules.md "Other gates, before the rules", docs/runbook.md
-//! "PhonesGatewayShedding"): cold admission and load shedding while cached
-//! answers and the admin listener keep answering, and upstream concurrency
-//! bounded whatever clients do. The viewer budgets are in `budgets.rs`.
+//! "PhonesGatewayShedding"): cold admission and load shedding, and upstream
+//! concurrency bounded whatever clients do. Viewer budgets: `budgets.rs`.
 
 use std::time::{Duration, Instant};
 
@@ -34,7 +33,6 @@ async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
             })
         })
         .collect();
-    // Both slots taken: both requests are at the upstream.
     eventually("both requests in service", Duration::from_secs(10), || {
         let calls = app.real.calls();
         async move { calls == 2 }
@@ -44,8 +42,7 @@ async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
     let shed = app.phone(3, 1, PLAIN_CATEGORY).await;
     shed.assert_problem(503);
     assert!(shed.retry_after.is_some());
-    // Queued, it would wait for a slot (about 3 s); the bound leaves room for
-    // two busy cores.
+    // Queued, it would wait for a slot (about 3 s).
     assert!(
         start.elapsed() < Duration::from_millis(1500),
         "shed at once, not queued: {:?}",
@@ -55,21 +52,18 @@ async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
     for request in slow {
         request.await.unwrap().assert_number(REAL, "real");
     }
-    app.phone(3, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    app.assert_phone(3, 1, PLAIN_CATEGORY, REAL, "real").await;
 }
 
-/// Cold admission (docs/caching.md#a-cold-replica): while ready work waits too
-/// long for the worker, uncached requests are shed at once and cached ones
-/// answered; when the pressure goes, uncached ones are let in again. The
-/// pressure is a task that holds this test's runtime (one thread, the app's too)
-/// 30 ms at a time.
+/// Cold admission (docs/caching.md#a-cold-replica): while ready work waits
+/// too long, uncached requests are shed at once and cached ones answered;
+/// when the pressure goes, uncached ones get in again. The pressure: a task
+/// holding this test's one thread 30 ms at a time.
 #[tokio::test]
 async fn saturated_workers_shed_uncached_requests_and_keep_answering_cached_ones() {
     let app = TestApp::spawn_with("[server]\nmax_queue_delay_ms = 10").await;
     app.real.reply(Reply::Phone(REAL));
-    // Starting up was busy work too: the share may still be climbing back.
+    // Start-up was busy work too: the share may still be climbing back.
     eventually("a first number cached", Duration::from_secs(10), || async {
         app.phone(1, 1, PLAIN_CATEGORY).await.status == 200
     })
@@ -79,8 +73,7 @@ async fn saturated_workers_shed_uncached_requests_and_keep_answering_cached_ones
         let busy = busy.clone();
         async move {
             while busy.load(std::sync::atomic::Ordering::Relaxed) {
-                // Blocks the thread (busy time to the runtime), then lets the
-                // app's tasks run once.
+                // Busy time to the runtime, then the app's tasks run once.
                 std::thread::sleep(Duration::from_millis(30));
                 tokio::task::yield_now().await;
             }
@@ -108,9 +101,7 @@ async fn saturated_workers_shed_uncached_requests_and_keep_answering_cached_ones
     );
     // Cached answers are never shed for CPU.
     for _ in 0..20 {
-        app.phone(1, 1, PLAIN_CATEGORY)
-            .await
-            .assert_number(REAL, "real");
+        app.assert_phone(1, 1, PLAIN_CATEGORY, REAL, "real").await;
     }
     busy.store(false, std::sync::atomic::Ordering::Relaxed);
     hog.await.unwrap();
@@ -129,11 +120,9 @@ async fn saturated_workers_shed_uncached_requests_and_keep_answering_cached_ones
     assert!(app.real.calls() > calls);
 }
 
-/// Clients that ask and give up at once leave their fetches holding the real
-/// phone's two places: the next requests fail at once (503) without calling
-/// it, and each refusal is counted as `saturated`. The gateway runs as its
-/// own process, so the count read on its /metrics is this test's alone (the
-/// adaptive tests saturate upstreams too).
+/// Clients that give up at once leave their fetches holding the real phone's
+/// two places: the next requests fail at once (503) without calling it, each
+/// counted as `saturated` (on the gateway process's own /metrics).
 #[tokio::test]
 async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
     const SATURATED: &str =
@@ -158,13 +147,11 @@ async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
             .map_or(0.0, |v| v.trim().parse::<f64>().unwrap())
     };
     assert_eq!(saturated().await, 0.0);
-    // Clients that ask and give up at once, each for another ad.
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(100))
         .build()
         .unwrap();
-    // Each for another seller too: one seller alone would meet its own bound
-    // (an eighth of the upstream's, at least 1) before the upstream's.
+    // Another seller each: one seller alone meets its own bound first.
     for ad in 1..=2 {
         let url = format!("{}{}", app.public, phone_path(ad, ad, PLAIN_CATEGORY));
         let sent = impatient.get(url).send().await;
@@ -174,9 +161,7 @@ async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
         real.calls() == 2
     })
     .await;
-    // The fetches those clients left behind still hold both places: the next
-    // requests do not call the upstream and fail at once (503, real being the
-    // last source).
+    // The abandoned fetches hold both places: the next requests fail at once.
     for ad in 3..=6 {
         let start = Instant::now();
         app.get_public_with(&phone_path(ad, ad, PLAIN_CATEGORY), &[])
