@@ -290,8 +290,7 @@ async fn with_the_database_down_a_replica_holds_a_viewer_to_its_share_and_report
     let db = pg::or_skip!(pg::cluster());
     let cluster = db.cluster.as_ref().unwrap();
     let overlay = replica_overlay("per_viewer_per_day = 10");
-    let a = TestApp::spawn_on(Some(&db.url), &overlay).await;
-    let b = TestApp::spawn_on(Some(&db.url), &overlay).await;
+    let (a, b) = TestApp::pair(&db.url, &overlay).await;
     for app in [&a, &b] {
         app.real.reply(Reply::Phone(REAL));
     }

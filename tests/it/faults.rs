@@ -1199,8 +1199,7 @@ async fn a_catch_up_longer_than_the_lease_renews_it_and_goes_on() {
          limit = 2\nlease_ttl_ms = {ttl_ms}\n",
         source.url
     );
-    let a = TestApp::spawn_on(Some(&db.url), &overlay).await;
-    let b = TestApp::spawn_on(Some(&db.url), &overlay).await;
+    let (a, b) = TestApp::pair(&db.url, &overlay).await;
     // Every term the lease had and its last renewal, watched from the side.
     let mut epochs = Vec::<i64>::new();
     let mut renewed_ms = 0.0;

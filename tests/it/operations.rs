@@ -378,19 +378,10 @@ async fn shutdown_turns_readyz_503_then_drains_in_flight_requests() {
     .await;
     app.real
         .reply_after(Reply::Phone(REAL), Duration::from_millis(2500));
-    let in_flight = {
-        let (public, http) = (app.public.clone(), app.http.clone());
-        tokio::spawn(async move {
-            let url =
-                format!("{public}/v1/public-phone?user_id=1&ad_id=1&category_id={PLAIN_CATEGORY}");
-            read(http.get(url).send().await.unwrap()).await
-        })
-    };
-    eventually("the request in service", Duration::from_secs(10), || {
-        let calls = app.real.calls();
-        async move { calls == 1 }
-    })
-    .await;
+    let in_flight = app.phone_in_background(1, 1, PLAIN_CATEGORY);
+    app.real
+        .until_calls("the request in service", 1, Duration::from_secs(10))
+        .await;
     let stopped = app.shutdown();
     // During the pause: not ready, still serving.
     eventually(
@@ -434,11 +425,9 @@ async fn the_drain_has_a_hard_deadline() {
     });
     // An idle keep-alive connection must not hold the drain open either.
     assert_eq!(app.get_admin(HEALTHZ).await.status, 200);
-    eventually("the request in service", Duration::from_secs(10), || {
-        let calls = app.real.calls();
-        async move { calls == 1 }
-    })
-    .await;
+    app.real
+        .until_calls("the request in service", 1, Duration::from_secs(10))
+        .await;
     let start = Instant::now();
     app.shutdown().await.unwrap().unwrap();
     // 300 ms of drain; the request would hold it 10 s.
@@ -473,13 +462,10 @@ async fn sigterm_drains_an_in_flight_request_and_exits_zero() {
         let http = process.http.clone();
         tokio::spawn(async move { read(http.get(url).send().await.unwrap()).await })
     };
-    eventually(
+    real.until_calls(
         "the request to reach the upstream",
+        1,
         Duration::from_secs(10),
-        || {
-            let calls = real.calls();
-            async move { calls == 1 }
-        },
     )
     .await;
     let status = tokio::task::spawn_blocking(move || process.sigterm())
@@ -559,8 +545,7 @@ async fn first_start_complaints(database_url: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn a_first_start_on_a_fresh_sqlite_file_logs_no_warning() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/fresh.db?mode=rwc", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("fresh.db?mode=rwc");
     let complaints = first_start_complaints(&url).await;
     assert!(complaints.is_empty(), "{complaints:#?}");
 }
@@ -622,8 +607,7 @@ async fn an_upstreams_failures_are_logged_at_warn_at_the_default_level() {
         .unwrap();
     let real = Fake::start(Upstream::RealPhone).await;
     real.reply(Reply::Phone(REAL));
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let calltracking = format!("http://{closed}");
     let process = Process::start_with(
         &url,
@@ -907,8 +891,7 @@ fn migrate_says_what_it_applied_and_what_is_pending(url: &str, kind: &str) {
 
 #[test]
 fn migrate_says_what_it_applied_and_what_is_pending_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/gateway.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("gateway.db");
     migrate_says_what_it_applied_and_what_is_pending(&url, "sqlite");
 }
 
@@ -1101,8 +1084,7 @@ async fn no_full_phone_number_in_the_logs() {
         let real = Fake::start(Upstream::RealPhone).await;
         let anonymous = Fake::start(Upstream::Anonymous).await;
         let calltracking = Fake::start(Upstream::Calltracking).await;
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/gw.db", dir.path().display());
+        let (_dir, url) = crate::support::sqlite_file("gw.db");
         let process = Process::start_with(
             &url,
             &[

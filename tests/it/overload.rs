@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::child::Process;
 use crate::support::paths::{METRICS, READYZ, phone_path};
-use crate::support::{Fake, Reply, TestApp, Upstream, eventually, read};
+use crate::support::{Fake, Reply, TestApp, Upstream, eventually};
 use crate::{PLAIN_CATEGORY, REAL};
 
 #[tokio::test]
@@ -18,26 +18,11 @@ async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
     app.real
         .reply_after(Reply::Phone(REAL), Duration::from_millis(3000));
     let slow: Vec<_> = (1..=2)
-        .map(|user| {
-            let (public, http) = (app.public.clone(), app.http.clone());
-            tokio::spawn(async move {
-                read(
-                    http.get(format!(
-                        "{public}/v1/public-phone?user_id={user}&ad_id=1&category_id=1"
-                    ))
-                    .send()
-                    .await
-                    .unwrap(),
-                )
-                .await
-            })
-        })
+        .map(|user| app.phone_in_background(user, 1, PLAIN_CATEGORY))
         .collect();
-    eventually("both requests in service", Duration::from_secs(10), || {
-        let calls = app.real.calls();
-        async move { calls == 2 }
-    })
-    .await;
+    app.real
+        .until_calls("both requests in service", 2, Duration::from_secs(10))
+        .await;
     let start = Instant::now();
     let shed = app.phone(3, 1, PLAIN_CATEGORY).await;
     shed.assert_problem(503);

@@ -24,8 +24,7 @@ async fn gateway() -> Gateway {
     let real = Fake::start(Upstream::RealPhone).await;
     let anonymous = Fake::start(Upstream::Anonymous).await;
     let calltracking = Fake::start(Upstream::Calltracking).await;
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let (dir, url) = crate::support::sqlite_file("gw.db");
     let process = Process::start_with(
         &url,
         &[

@@ -261,8 +261,7 @@ async fn reasons_read_back_on_the_admin_pages(url: &str) {
 
 #[tokio::test]
 async fn reasons_read_back_on_the_admin_pages_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/reasons.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("reasons.db");
     reasons_read_back_on_the_admin_pages(&url).await;
 }
 
@@ -395,8 +394,7 @@ async fn reveals_off_records_nothing_and_the_routes_are_404() {
 
 #[tokio::test]
 async fn a_graceful_shutdown_writes_what_is_buffered() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/reveals.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("reveals.db");
     // A far flush interval: only the shutdown can write them.
     let mut app = TestApp::spawn_on(Some(&url), "[reveals]\nflush_interval_ms = 60000").await;
     app.real.reply(Reply::Phone(REAL));
@@ -470,8 +468,7 @@ async fn a_hot_ad_counts_exactly_with_one_counter_write_per_flush() {
 #[tokio::test]
 async fn counts_are_summed_over_replicas_on_postgres() {
     let db = pg::or_skip!(pg::database().await);
-    let a = TestApp::spawn_on(Some(&db.url), FAST).await;
-    let b = TestApp::spawn_on(Some(&db.url), FAST).await;
+    let (a, b) = TestApp::pair(&db.url, FAST).await;
     for app in [&a, &b] {
         app.real.reply(Reply::Phone(REAL));
         for user in 1..=3 {
@@ -618,8 +615,7 @@ async fn past_max_buffered_reveals_are_dropped_and_counted_or_the_number_refused
 
 #[tokio::test]
 async fn retention_deletes_old_reveals_and_keeps_the_counts() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/retention.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("retention.db");
     let mut app = TestApp::spawn_on(Some(&url), FAST).await;
     app.real.reply(Reply::Phone(REAL));
     app.get_public_as(None, &phone_path(5, 1, PLAIN_CATEGORY))
@@ -812,8 +808,7 @@ fn nice_of_threads(pid: u32, names: &[&str]) -> Vec<(String, i32)> {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn the_flush_and_its_sqlite_writer_run_at_background_priority() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let process = Process::start_with(&url, &[("REVEALS__FLUSH_INTERVAL_MS", "50")]).await;
     let pid = process.child.id();
     let want = phones_gateway::runtime::BACKGROUND_NICE;
@@ -885,8 +880,7 @@ async fn a_crash_loses_at_most_the_last_flush_interval_of_reveals() {
     use std::sync::{Arc, Mutex};
     const FLUSH_MS: u64 = 500;
     const SELLER: u64 = 31;
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/crash.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("crash.db");
     let real = Fake::start(Upstream::RealPhone).await;
     real.reply(Reply::Phone(REAL));
     let flush_ms = FLUSH_MS.to_string();

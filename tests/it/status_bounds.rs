@@ -136,8 +136,7 @@ async fn on_a_stalled_disk_writes_answer_503_within_the_gateways_own_bound_and_a
     // What a loaded 2-core runner may add to an answer after the bound.
     let slack = Duration::from_millis(800);
     let stalling = *STALLING_VERSIONS.start();
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let app = TestApp::spawn_on(
         Some(&url),
         &format!(

@@ -18,8 +18,7 @@ use std::time::{Duration, Instant};
 #[tokio::test]
 async fn a_change_on_one_replica_is_on_the_other_within_a_second() {
     let db = pg::or_skip!(pg::database().await);
-    let a = TestApp::spawn_on(Some(&db.url), "").await;
-    let b = TestApp::spawn_on(Some(&db.url), "").await;
+    let (a, b) = TestApp::pair(&db.url, "").await;
     let mut took = Vec::new();
     for i in 1..=100u64 {
         let writer = if i % 2 == 0 { &a } else { &b };
@@ -62,8 +61,7 @@ async fn a_lost_notification_is_covered_by_the_poll() {
 #[tokio::test]
 async fn a_restarted_replica_catches_up_on_what_it_missed() {
     let db = pg::or_skip!(pg::database().await);
-    let a = TestApp::spawn_on(Some(&db.url), "").await;
-    let b = TestApp::spawn_on(Some(&db.url), "").await;
+    let (a, b) = TestApp::pair(&db.url, "").await;
     assert_eq!(a.set_status(1, true, 1).await, 200);
     b.converged(1, 1, Duration::from_secs(1)).await;
     drop(b);
@@ -87,8 +85,7 @@ async fn replicas_reconnect_and_converge_after_postgres_restarts() {
     let db = pg::or_skip!(pg::cluster());
     let _timing = crate::support::one_timing_test_at_a_time().await;
     let cluster = db.cluster.as_ref().unwrap();
-    let a = TestApp::spawn_on(Some(&db.url), "").await;
-    let b = TestApp::spawn_on(Some(&db.url), "").await;
+    let (a, b) = TestApp::pair(&db.url, "").await;
     assert_eq!(a.set_status(1, true, 1).await, 200);
     b.converged(1, 1, Duration::from_secs(1)).await;
 
@@ -125,8 +122,7 @@ async fn replicas_reconnect_and_converge_after_postgres_restarts() {
 
 #[tokio::test]
 async fn sqlite_webhook_answers_503_when_the_database_is_gone() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let (dir, url) = crate::support::sqlite_file("gw.db");
     let app = TestApp::spawn_on(Some(&url), "").await;
     assert_eq!(app.set_status(1, true, 1).await, 200);
     // Another connection holds the write lock past the busy timeout.
@@ -741,8 +737,7 @@ async fn status_of(app: &TestApp, user: u64) -> Value {
 /// resumes from its stored cursor.
 #[tokio::test]
 async fn a_restarted_replica_resumes_the_feed_from_its_stored_cursor() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let first = TestApp::spawn_on(Some(&url), feed_overlay()).await;
     first.calltracking.feed(&feed_items(1..=30));
     eventually("the whole feed", Duration::from_secs(10), || async {
@@ -793,8 +788,7 @@ async fn assert_status(app: &TestApp, user: u64, enabled: bool, version: u64) {
 
 #[tokio::test]
 async fn a_snapshot_speaks_for_users_it_never_saw_and_survives_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/floor.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("floor.db");
     let mut app = TestApp::spawn_on(Some(&url), "").await;
     snapshot_then_late_delta(&app).await;
     assert_status(&app, 7, false, 100).await;
@@ -823,8 +817,7 @@ async fn a_snapshot_speaks_for_users_it_never_saw_and_survives_a_restart() {
 #[tokio::test]
 async fn every_replica_agrees_on_the_snapshot_floor_on_postgres() {
     let db = pg::or_skip!(pg::database().await);
-    let a = TestApp::spawn_on(Some(&db.url), "").await;
-    let b = TestApp::spawn_on(Some(&db.url), "").await;
+    let (a, b) = TestApp::pair(&db.url, "").await;
     let put = a
         .send_admin(
             Method::PUT,
@@ -902,8 +895,7 @@ async fn assert_sees_large_snapshot(app: &TestApp, ids: u64, when: &str) {
 #[tokio::test]
 async fn a_large_snapshot_is_seen_whole_by_its_replica_when_it_answers() {
     const IDS: u64 = 200_000;
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/large.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("large.db");
     let overlay = "[database]\nlock_timeout_ms = 100\n";
     let mut app = TestApp::spawn_on(Some(&url), overlay).await;
     let took = put_large_snapshot(&app, IDS).await;
@@ -929,8 +921,7 @@ async fn a_large_snapshot_on_postgres_is_whole_on_its_replica_at_once_and_on_ano
     const IDS: u64 = 200_000;
     let db = pg::or_skip!(pg::database().await);
     let overlay = "[database]\nlock_timeout_ms = 100\n";
-    let a = TestApp::spawn_on(Some(&db.url), overlay).await;
-    let b = TestApp::spawn_on(Some(&db.url), overlay).await;
+    let (a, b) = TestApp::pair(&db.url, overlay).await;
     let took = put_large_snapshot(&a, IDS).await;
     let answered = Instant::now();
     assert_sees_large_snapshot(&a, IDS, "when answered").await;
@@ -957,8 +948,7 @@ async fn a_large_snapshot_on_postgres_is_whole_on_its_replica_at_once_and_on_ano
 #[tokio::test]
 async fn a_snapshot_of_a_million_ids_with_the_defaults_is_answered_and_seen_on_sqlite() {
     const IDS: u64 = 1_000_000;
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/million.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("million.db");
     let app = TestApp::spawn_on(Some(&url), "").await;
     let took = put_large_snapshot(&app, IDS).await;
     eprintln!("a snapshot of {IDS} ids on SQLite, defaults: answered after {took:?}");
@@ -974,8 +964,7 @@ async fn a_snapshot_of_a_million_ids_is_answered_and_seen_on_postgres_each_state
     const IDS: u64 = 1_000_000;
     let db = pg::or_skip!(pg::database().await);
     let overlay = "[database]\nstatement_timeout_ms = 3000\nlock_timeout_ms = 1000\n";
-    let a = TestApp::spawn_on(Some(&db.url), overlay).await;
-    let b = TestApp::spawn_on(Some(&db.url), overlay).await;
+    let (a, b) = TestApp::pair(&db.url, overlay).await;
     let took = put_large_snapshot(&a, IDS).await;
     let answered = Instant::now();
     assert_sees_large_snapshot(&a, IDS, "when answered").await;
@@ -1237,8 +1226,7 @@ pub fn enabled(app: &TestApp, user: u64) -> bool {
 #[tokio::test]
 async fn the_feed_is_pulled_into_the_set_with_its_cursor_stored() {
     let feed_url = feed(30).await;
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let app = TestApp::spawn_on(Some(&url), &overlay(&feed_url)).await;
     wait_for("the whole feed", Duration::from_secs(5), || {
         enabled(&app, 120)

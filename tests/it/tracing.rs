@@ -606,11 +606,9 @@ async fn a_coalesced_fetch_carries_the_trace_of_the_request_that_started_it() {
         async move { read(request.send().await.unwrap()).await }
     };
     let first = tokio::spawn(send(first_trace));
-    eventually("the first request's fetch", Duration::from_secs(5), || {
-        let calls = app.real.calls();
-        async move { calls == 1 }
-    })
-    .await;
+    app.real
+        .until_calls("the first request's fetch", 1, Duration::from_secs(5))
+        .await;
     let second = send(second_trace).await;
     second.assert_number(REAL, "real");
     first.await.unwrap().assert_number(REAL, "real");

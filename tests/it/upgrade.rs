@@ -266,8 +266,7 @@ fn versions_applied(names: &[i64]) -> String {
 /// and every reveal and its reason read back.
 #[tokio::test]
 async fn an_upgrade_over_reveals_becomes_ready_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/upgrade.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("upgrade.db");
     let at_us = phones_gateway::reveals::now_us() - 3_600_000_000;
     let filled = Instant::now();
     let n = reveals_n();
@@ -432,8 +431,7 @@ async fn a_replica_waits_for_the_migrations_lock_another_holds() {
 async fn each_migration_over_reveals_timed() {
     let n = reveals_n();
     let million = n as f64 / 1e6;
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/timed.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("timed.db");
     {
         use sqlx::ConnectOptions as _;
         let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();

@@ -83,6 +83,12 @@ impl TestApp {
         app
     }
 
+    /// Two replicas on the database at `url`, started one after the other.
+    pub async fn pair(url: &str, overlay: &str) -> (TestApp, TestApp) {
+        let a = TestApp::spawn_on(Some(url), overlay).await;
+        (a, TestApp::spawn_on(Some(url), overlay).await)
+    }
+
     /// Starts the app without waiting for readiness.
     pub async fn start_on(url: Option<&str>, overlay: &str) -> TestApp {
         init_logs();
@@ -190,6 +196,18 @@ impl TestApp {
 
     pub async fn phone(&self, user: u64, ad: u64, category: u64) -> Answer {
         self.get_public(&phone_path(user, ad, category)).await
+    }
+
+    /// [`TestApp::phone`] in a task of its own.
+    pub fn phone_in_background(
+        &self,
+        user: u64,
+        ad: u64,
+        category: u64,
+    ) -> tokio::task::JoinHandle<Answer> {
+        let (http, public) = (self.http.clone(), self.public.clone());
+        let path = phone_path(user, ad, category);
+        tokio::spawn(async move { get_with(&http, &public, &path, &[]).await })
     }
 
     /// Asserts a 200 with this number and kind for the seller's number.

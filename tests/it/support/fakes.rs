@@ -225,6 +225,16 @@ impl Fake {
         self.calls.load(Ordering::SeqCst)
     }
 
+    /// Waits until exactly `n` number lookups were received; panics naming
+    /// `what` after `limit`.
+    pub async fn until_calls(&self, what: &str, n: usize, limit: Duration) {
+        super::eventually(what, limit, || {
+            let calls = self.calls();
+            async move { calls == n }
+        })
+        .await;
+    }
+
     /// The path and query of every number lookup received.
     pub fn uris(&self) -> Vec<String> {
         self.uris.lock().unwrap().clone()

@@ -142,6 +142,13 @@ pub fn tracking(users: impl IntoIterator<Item = u64>) -> Vec<serde_json::Value> 
         .collect()
 }
 
+/// A temporary directory and the URL of the SQLite file `name` in it.
+pub fn sqlite_file(name: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/{name}", dir.path().display());
+    (dir, url)
+}
+
 /// The tests' HTTP client: it drops pooled connections idle for 2 s, under
 /// the gateway's head deadline (`server.header_read_timeout_ms`), so a request
 /// never races the gateway closing its connection.
