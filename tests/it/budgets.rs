@@ -467,8 +467,8 @@ async fn prunes_past_windows(url: &str) {
 
 #[tokio::test]
 async fn past_windows_and_ended_refusals_are_pruned_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    prunes_past_windows(&format!("sqlite://{}/gw.db", dir.path().display())).await;
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
+    prunes_past_windows(&url).await;
 }
 
 #[tokio::test]

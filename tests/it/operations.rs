@@ -108,12 +108,12 @@ async fn traffic_scrapes() -> &'static Scrapes {
 /// Every kind of answer once: miss, hit, call tracking, fail closed, fall
 /// through, 404, timeout, stale, shed, rate-limited, webhook and snapshot.
 async fn traffic_moving_every_family() -> Scrapes {
-    let dir = tempfile::tempdir().unwrap();
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let real = Fake::start(Upstream::RealPhone).await;
     let anonymous = Fake::start(Upstream::Anonymous).await;
     let calltracking = Fake::start(Upstream::Calltracking).await;
     let app = Process::start_with(
-        &format!("sqlite://{}/gw.db", dir.path().display()),
+        &url,
         &[
             ("RATE_LIMIT__PER_VIEWER_PER_MINUTE", "1"),
             ("SERVER__MAX_IN_FLIGHT", "1"),
@@ -326,10 +326,8 @@ async fn metrics_hold_no_phone_number() {
 /// Profiled in a process of its own: SIGPROF stays out of the test binary.
 #[tokio::test]
 async fn a_cpu_profile_is_taken_on_demand_behind_the_token() {
-    let dir = tempfile::tempdir().unwrap();
-    let process =
-        crate::support::child::Process::start(&format!("sqlite://{}/gw.db", dir.path().display()))
-            .await;
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
+    let process = crate::support::child::Process::start(&url).await;
     let url = |query: &str| format!("{}{PROFILE}?{query}", process.admin);
     let without = read(process.http.get(url("seconds=1")).send().await.unwrap()).await;
     without.assert_problem(401);
@@ -442,11 +440,11 @@ async fn the_drain_has_a_hard_deadline() {
 /// process exits 0.
 #[tokio::test]
 async fn sigterm_drains_an_in_flight_request_and_exits_zero() {
-    let dir = tempfile::tempdir().unwrap();
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let real = Fake::start(Upstream::RealPhone).await;
     real.reply_after(Reply::Phone(REAL), Duration::from_millis(1500));
     let process = Process::start_with(
-        &format!("sqlite://{}/gw.db", dir.path().display()),
+        &url,
         &[
             ("UPSTREAMS__REAL_PHONE__BASE_URL", &real.url),
             ("UPSTREAMS__REAL_PHONE__TIMEOUT_MS", "5000"),
@@ -561,15 +559,7 @@ async fn a_first_start_on_a_fresh_postgres_logs_no_warning() {
 async fn a_database_that_refuses_is_named_with_its_address_and_cause() {
     let port = pg::free_port();
     let url = format!("postgres://gateway:s3cret-pw@127.0.0.1:{port}/gateway");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_phones-gateway"));
-    command
-        .arg("serve")
-        .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
-        .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
-        .env("PHONES_GATEWAY__DATABASE__URL", &url)
-        .env("PHONES_GATEWAY__LOG__FORMAT", "json")
-        .env_remove("RUST_LOG");
-    let child = Spawned::spawn(command, "phones-gateway serve");
+    let child = Spawned::spawn(serve_json(&url), "phones-gateway serve");
     let mut seen = Vec::new();
     eventually("a line naming the cause", Duration::from_secs(10), || {
         seen.extend(child.lines_so_far());
@@ -667,18 +657,8 @@ async fn the_version_and_commit_are_in_the_version_the_start_log_and_a_metric() 
         format!("phones-gateway {version} ({commit})")
     );
 
-    let dir = tempfile::tempdir().unwrap();
-    let mut command = binary();
-    command
-        .arg("serve")
-        .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
-        .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
-        .env(
-            "PHONES_GATEWAY__DATABASE__URL",
-            format!("sqlite://{}/gw.db", dir.path().display()),
-        )
-        .env("PHONES_GATEWAY__LOG__FORMAT", "json");
-    let child = Spawned::spawn(command, "phones-gateway serve");
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
+    let child = Spawned::spawn(serve_json(&url), "phones-gateway serve");
     let limit = Duration::from_secs(30);
     let logged = child
         .logged("phones-gateway starting", &["version", "commit"], limit)
@@ -735,8 +715,8 @@ fn listed_as_absent() -> Vec<String> {
 /// missing series sees nothing, not 0).
 #[tokio::test]
 async fn every_series_an_alert_reads_is_there_from_the_start_or_listed_as_absent() {
-    let dir = tempfile::tempdir().unwrap();
-    let process = Process::start(&format!("sqlite://{}/gw.db", dir.path().display())).await;
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
+    let process = Process::start(&url).await;
     let metrics = process.get_admin(METRICS).await.text;
     let listed = listed_as_absent();
     let is_listed = |name: &str| {
@@ -768,6 +748,18 @@ async fn every_series_an_alert_reads_is_there_from_the_start_or_listed_as_absent
     );
 }
 
+/// `serve` on the database at `url`, listeners on port 0, logging JSON.
+fn serve_json(url: &str) -> Command {
+    let mut command = binary();
+    command
+        .arg("serve")
+        .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
+        .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
+        .env("PHONES_GATEWAY__DATABASE__URL", url)
+        .env("PHONES_GATEWAY__LOG__FORMAT", "json");
+    command
+}
+
 fn binary() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_phones-gateway"));
     // The settings of whoever runs the tests are not the test's.
@@ -791,14 +783,11 @@ fn run(mut command: Command, name: &str) -> (Output, String, String) {
 
 #[test]
 fn text_logs_to_a_pipe_carry_no_colour_codes() {
-    let dir = tempfile::tempdir().unwrap();
+    let (_dir, url) = crate::support::sqlite_file("gateway.db");
     let mut command = binary();
     command
         .arg("migrate")
-        .env(
-            "PHONES_GATEWAY__DATABASE__URL",
-            format!("sqlite://{}/gateway.db", dir.path().display()),
-        )
+        .env("PHONES_GATEWAY__DATABASE__URL", url)
         .env("PHONES_GATEWAY__LOG__FORMAT", "text");
     let (output, stdout, stderr) = run(command, "phones-gateway migrate");
     assert!(output.status.success(), "{stdout}\n{stderr}");
@@ -999,7 +988,7 @@ fn check_config_names_a_bad_list_element_among_the_other_mistakes() {
 #[test]
 fn a_fatal_start_is_one_line_without_a_backtrace() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let (_dir, url) = crate::support::sqlite_file("gateway.db");
     let mut command = binary();
     command
         .arg("serve")
@@ -1009,10 +998,7 @@ fn a_fatal_start_is_one_line_without_a_backtrace() {
             taken.local_addr().unwrap().to_string(),
         )
         .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
-        .env(
-            "PHONES_GATEWAY__DATABASE__URL",
-            format!("sqlite://{}/gateway.db", dir.path().display()),
-        );
+        .env("PHONES_GATEWAY__DATABASE__URL", url);
     let (output, stdout, stderr) = run(command, "phones-gateway serve");
     assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
     assert!(
@@ -1053,18 +1039,9 @@ fn check_config_warns_of_a_mistyped_environment_prefix() {
 
 #[tokio::test]
 async fn a_start_warns_of_a_mistyped_environment_prefix() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut command = binary();
-    command
-        .arg("serve")
-        .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
-        .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
-        .env(
-            "PHONES_GATEWAY__DATABASE__URL",
-            format!("sqlite://{}/gateway.db", dir.path().display()),
-        )
-        .env("PHONES_GATEWAY__LOG__FORMAT", "json")
-        .env("PHONES_GATEWAY_ADMIN__TOKEN", "not-read-0123456789");
+    let (_dir, url) = crate::support::sqlite_file("gateway.db");
+    let mut command = serve_json(&url);
+    command.env("PHONES_GATEWAY_ADMIN__TOKEN", "not-read-0123456789");
     let child = crate::support::child::Spawned::spawn(command, "phones-gateway serve");
     let named = child
         .logged(

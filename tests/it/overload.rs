@@ -114,9 +114,9 @@ async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
         "phones_gateway_upstream_requests_total{upstream=\"real_phone\",outcome=\"saturated\"}";
     let real = Fake::start(Upstream::RealPhone).await;
     real.reply(Reply::Hang);
-    let dir = tempfile::tempdir().unwrap();
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let app = Process::start_with(
-        &format!("sqlite://{}/gw.db", dir.path().display()),
+        &url,
         &[
             ("UPSTREAMS__REAL_PHONE__BASE_URL", &real.url),
             ("UPSTREAMS__REAL_PHONE__MAX_IN_FLIGHT", "2"),

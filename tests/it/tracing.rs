@@ -412,9 +412,9 @@ async fn export_run() -> Export {
     real.reply(Reply::Phone(REAL));
     anonymous.reply(Reply::Phone(ANON));
     calltracking.reply(Reply::NotFound);
-    let dir = tempfile::tempdir().unwrap();
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let process = Process::start_with(
-        &format!("sqlite://{}/gw.db", dir.path().display()),
+        &url,
         &[
             ("UPSTREAMS__REAL_PHONE__BASE_URL", &real.url),
             ("UPSTREAMS__ANONYMOUS__BASE_URL", &anonymous.url),
