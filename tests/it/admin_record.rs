@@ -84,9 +84,7 @@ async fn series(process: &Process, series: &str) -> f64 {
         .text()
         .await
         .unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |value| value.trim().parse().unwrap())
+    crate::support::series_value(&text, series).unwrap_or(0.0)
 }
 
 /// Each admin call on the process's own record (200, 403, 401 for an unknown

@@ -1130,10 +1130,7 @@ async fn a_start_against_a_silent_database_is_ready_within_10_s_of_it_answering(
 /// `phones_gateway_status_sync_lag_seconds` on the replica's own `/metrics`.
 async fn sync_lag(app: &TestApp) -> f64 {
     let metrics = app.get_admin(METRICS).await.text;
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("phones_gateway_status_sync_lag_seconds "))
-        .and_then(|v| v.trim().parse().ok())
+    crate::support::series_value(&metrics, "phones_gateway_status_sync_lag_seconds")
         .expect("the gauge is published")
 }
 

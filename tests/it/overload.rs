@@ -127,9 +127,7 @@ async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
     .await;
     let saturated = || async {
         let text = app.get_admin(METRICS).await.text;
-        text.lines()
-            .find_map(|l| l.strip_prefix(SATURATED)?.strip_prefix(' '))
-            .map_or(0.0, |v| v.trim().parse::<f64>().unwrap())
+        crate::support::series_value(&text, SATURATED).unwrap_or(0.0)
     };
     assert_eq!(saturated().await, 0.0);
     let impatient = reqwest::Client::builder()

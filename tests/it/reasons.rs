@@ -95,14 +95,9 @@ impl Gateway {
 
     /// `phones_gateway_answers_total{kind, reason}` on this process's /metrics.
     async fn answers(&self, kind: &str, reason: &str) -> f64 {
-        let series =
-            format!("phones_gateway_answers_total{{kind=\"{kind}\",reason=\"{reason}\"}} ");
+        let series = format!("phones_gateway_answers_total{{kind=\"{kind}\",reason=\"{reason}\"}}");
         let metrics = self.process.get_admin(METRICS).await.text;
-        metrics
-            .lines()
-            .find_map(|line| line.strip_prefix(&series))
-            .and_then(|value| value.trim().parse().ok())
-            .unwrap_or(0.0)
+        crate::support::series_value(&metrics, &series).unwrap_or(0.0)
     }
 }
 

@@ -500,9 +500,7 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
     // The age of the oldest unwritten reveal grows while writes fail.
     let oldest = || async {
         let text = app.get_admin(METRICS).await.text;
-        text.lines()
-            .find_map(|line| line.strip_prefix("phones_gateway_reveals_oldest_unwritten_seconds "))
-            .and_then(|value| value.parse::<f64>().ok())
+        crate::support::series_value(&text, "phones_gateway_reveals_oldest_unwritten_seconds")
     };
     eventually(
         "the oldest unwritten reveal ages",
@@ -531,9 +529,7 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
 /// The unlabelled series `name` on a process's own /metrics (0 when absent).
 async fn metric_of(process: &Process, name: &str) -> f64 {
     let text = process.get_admin(METRICS).await.text;
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .map_or(0.0, |value| value.trim().parse().unwrap())
+    crate::support::series_value(&text, name).unwrap_or(0.0)
 }
 
 /// While the database is down, two reveals fit in `max_buffered = 2`; past

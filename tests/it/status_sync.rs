@@ -887,6 +887,21 @@ async fn assert_sees_large_snapshot(app: &TestApp, ids: u64, when: &str) {
     assert_status(app, ids + 2, true, 5).await;
 }
 
+/// Waits (up to 10 s) until `app` has the last seller of a
+/// [`put_large_snapshot`] of `ids` on and the unlisted one at version 2.
+async fn until_sees_large_snapshot(app: &TestApp, ids: u64) {
+    let (last, unlisted) = (UserId::new(ids).unwrap(), UserId::new(ids + 1).unwrap());
+    eventually(
+        "the replica to see the snapshot",
+        Duration::from_secs(10),
+        || async {
+            let set = app.status.set();
+            set.is_enabled(last) && set.get(unlisted).version == 2
+        },
+    )
+    .await;
+}
+
 /// docs/status-sync.md, "The snapshot and its floor": the replica that
 /// answers a snapshot 2xx sees the whole of it, however large. With
 /// `lock_timeout_ms` at 100 ms, reading 200,000 rows back through the change
@@ -925,16 +940,7 @@ async fn a_large_snapshot_on_postgres_is_whole_on_its_replica_at_once_and_on_ano
     let took = put_large_snapshot(&a, IDS).await;
     let answered = Instant::now();
     assert_sees_large_snapshot(&a, IDS, "when answered").await;
-    let (last, unlisted) = (UserId::new(IDS).unwrap(), UserId::new(IDS + 1).unwrap());
-    eventually(
-        "the other replica to see the snapshot",
-        Duration::from_secs(10),
-        || async {
-            let set = b.status.set();
-            set.is_enabled(last) && set.get(unlisted).version == 2
-        },
-    )
-    .await;
+    until_sees_large_snapshot(&b, IDS).await;
     eprintln!(
         "a snapshot of {IDS} ids on PostgreSQL: answered after {took:?}, on the other replica {:?} later",
         answered.elapsed()
@@ -968,16 +974,7 @@ async fn a_snapshot_of_a_million_ids_is_answered_and_seen_on_postgres_each_state
     let took = put_large_snapshot(&a, IDS).await;
     let answered = Instant::now();
     assert_sees_large_snapshot(&a, IDS, "when answered").await;
-    let (last, unlisted) = (UserId::new(IDS).unwrap(), UserId::new(IDS + 1).unwrap());
-    eventually(
-        "the other replica to see the snapshot",
-        Duration::from_secs(10),
-        || async {
-            let set = b.status.set();
-            set.is_enabled(last) && set.get(unlisted).version == 2
-        },
-    )
-    .await;
+    until_sees_large_snapshot(&b, IDS).await;
     // The finish's statements, from the process's own /metrics.
     let metrics = a.get_admin(crate::support::paths::METRICS).await.text;
     let finish = metrics
@@ -999,11 +996,9 @@ async fn a_snapshot_of_a_million_ids_is_answered_and_seen_on_postgres_each_state
 /// How many times the process ran database `operation`, by its /metrics.
 async fn db_operations(process: &Process, operation: &str) -> f64 {
     let series =
-        format!("phones_gateway_db_operation_duration_seconds_count{{operation=\"{operation}\"}} ");
+        format!("phones_gateway_db_operation_duration_seconds_count{{operation=\"{operation}\"}}");
     let text = process.get_admin(crate::support::paths::METRICS).await.text;
-    text.lines()
-        .find_map(|line| line.strip_prefix(&series))
-        .map_or(0.0, |value| value.trim().parse().unwrap())
+    crate::support::series_value(&text, &series).unwrap_or(0.0)
 }
 
 /// On PostgreSQL a large snapshot leaves its listing in the database, and a

@@ -142,6 +142,15 @@ pub fn tracking(users: impl IntoIterator<Item = u64>) -> Vec<serde_json::Value> 
         .collect()
 }
 
+/// The value of `series` (a name and its labels, as written) in a /metrics
+/// text, if there.
+pub fn series_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.trim().parse().unwrap())
+}
+
 /// A temporary directory and the URL of the SQLite file `name` in it.
 pub fn sqlite_file(name: &str) -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
