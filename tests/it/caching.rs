@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::json;
 
-use crate::support::paths::{INVALIDATE, STATUSES};
+use crate::support::paths::INVALIDATE;
 use crate::support::{Reply, TestApp, eventually, pg};
 use crate::{
     ANON, ANON_CATEGORY, NEW_ANON, NEW_REAL, OTHER_VIRTUAL, PLAIN_CATEGORY, REAL, VIRTUAL,
@@ -472,9 +472,8 @@ async fn snapshots_that_turn_tracking_off_then_on_drop_the_forwarding_number() {
     app.assert_phone(9, 1, PLAIN_CATEGORY, VIRTUAL, "calltracking")
         .await;
     app.calltracking.reply(Reply::Phone(OTHER_VIRTUAL));
-    for (version, ids) in [(2, json!([])), (3, json!([9]))] {
-        let snapshot = json!({ "version": version, "enabled_user_ids": ids });
-        let answer = app.send_admin(Method::PUT, STATUSES, &snapshot).await;
+    for (version, ids) in [(2, &[][..]), (3, &[9])] {
+        let answer = app.put_snapshot(version, ids).await;
         assert_eq!(answer.status, 200, "{:?}", answer.body);
     }
     app.assert_phone(9, 1, PLAIN_CATEGORY, OTHER_VIRTUAL, "calltracking")

@@ -395,11 +395,7 @@ async fn a_snapshot_against_a_locked_sqlite_file_answers_503_within_its_bound_an
         ),
     )
     .await;
-    let snapshot =
-        |version: u64, ids: &[u64]| json!({ "version": version, "enabled_user_ids": ids });
-    let put = app
-        .send_admin(Method::PUT, STATUSES, &snapshot(1, &[1]))
-        .await;
+    let put = app.put_snapshot(1, &[1]).await;
     assert_eq!(put.status, 200, "{put:?}");
     app.real.reply(Reply::Phone(REAL));
     app.assert_phone(5, 1, PLAIN_CATEGORY, REAL, "real").await;
@@ -413,12 +409,9 @@ async fn a_snapshot_against_a_locked_sqlite_file_answers_503_within_its_bound_an
         .await
         .unwrap();
     let sent = Instant::now();
-    let refused = tokio::time::timeout(
-        Duration::from_secs(60),
-        app.send_admin(Method::PUT, STATUSES, &snapshot(2, &[2])),
-    )
-    .await
-    .expect("a snapshot hung on a locked file");
+    let refused = tokio::time::timeout(Duration::from_secs(60), app.put_snapshot(2, &[2]))
+        .await
+        .expect("a snapshot hung on a locked file");
     let took = sent.elapsed();
     let sent = Instant::now();
     let invalidated = tokio::time::timeout(
@@ -471,9 +464,7 @@ async fn a_snapshot_against_a_locked_sqlite_file_answers_503_within_its_bound_an
         .await
         .unwrap();
     drop(locker);
-    let put = app
-        .send_admin(Method::PUT, STATUSES, &snapshot(2, &[2]))
-        .await;
+    let put = app.put_snapshot(2, &[2]).await;
     assert_eq!(put.status, 200, "taken once the lock is gone: {put:?}");
     let stored = app.get_admin(&status_path(2)).await;
     assert_eq!(stored.body["enabled"], true, "{stored:?}");

@@ -68,11 +68,7 @@ async fn a_restarted_replica_catches_up_on_what_it_missed() {
     for v in 2..=5 {
         assert_eq!(a.set_status(1, v % 2 == 1, v).await, 200);
     }
-    let snapshot = json!({ "version": 6, "enabled_user_ids": [2, 3] });
-    assert_eq!(
-        a.send_admin(Method::PUT, STATUSES, &snapshot).await.status,
-        200
-    );
+    assert_eq!(a.put_snapshot(6, &[2, 3]).await.status, 200);
     let b = TestApp::spawn_on(Some(&db.url), "").await;
     let got = b.get_admin(&status_path(1)).await.body;
     assert_eq!(got, json!({ "user_id": 1, "enabled": false, "version": 6 }));
@@ -329,8 +325,7 @@ async fn load_round(app: &TestApp, round: u64) {
         });
     }
     futures_util::future::join_all(asks).await;
-    let snapshot = json!({ "version": 10_000 + round, "enabled_user_ids": [round] });
-    let answer = app.send_admin(Method::PUT, STATUSES, &snapshot).await;
+    let answer = app.put_snapshot(10_000 + round, &[round]).await;
     assert_eq!(answer.status, 200, "{answer:?}");
 }
 
@@ -708,8 +703,7 @@ async fn a_snapshot_overrides_an_entry_at_exactly_its_version() {
         app.send_admin(Method::POST, STATUSES, &items).await.status,
         200
     );
-    let snapshot = json!({ "version": 7, "enabled_user_ids": [2] });
-    let got = app.send_admin(Method::PUT, STATUSES, &snapshot).await;
+    let got = app.put_snapshot(7, &[2]).await;
     assert_eq!(got.status, 200, "{got:?}");
     for (user, enabled, version) in [(1, false, 7), (2, true, 7), (3, true, 8)] {
         assert_status(&app, user, enabled, version).await;
@@ -805,11 +799,7 @@ async fn a_snapshot_speaks_for_users_it_never_saw_and_survives_a_restart() {
     assert_eq!(got.body, json!({ "applied": 1, "ignored": 0 }), "{got:?}");
     assert_status(&app, 8, true, 101).await;
     // An older snapshot arriving late lowers nothing.
-    let older = json!({ "version": 90, "enabled_user_ids": [7] });
-    assert_eq!(
-        app.send_admin(Method::PUT, STATUSES, &older).await.status,
-        200
-    );
+    assert_eq!(app.put_snapshot(90, &[7]).await.status, 200);
     assert_status(&app, 7, false, 100).await;
     assert_status(&app, 9, false, 100).await;
 }
@@ -1061,8 +1051,7 @@ async fn a_snapshot_applies_over_what_another_replica_stored_just_before_it() {
     a.calltracking.reply(Reply::Phone(crate::OTHER_VIRTUAL));
     assert_eq!(b.set_status(7, false, 2).await, 200);
     assert_eq!(b.set_status(8, true, 5).await, 200);
-    let snapshot = json!({ "version": 4, "enabled_user_ids": [7, 9] });
-    let answer = a.send_admin(Method::PUT, STATUSES, &snapshot).await;
+    let answer = a.put_snapshot(4, &[7, 9]).await;
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_status(&a, 7, true, 4).await;
     assert_status(&a, 8, true, 5).await;
@@ -1315,10 +1304,7 @@ async fn replicas_behind_a_transaction_pooler_converge_by_polling() {
         },
     )
     .await;
-    let snapshot = json!({ "version": 5, "enabled_user_ids": [7, 8, 9] });
-    let answer = b
-        .send_admin(reqwest::Method::PUT, STATUSES, &snapshot)
-        .await;
+    let answer = b.put_snapshot(5, &[7, 8, 9]).await;
     assert_eq!(answer.status, 200, "{:?}", answer.body);
     wait_for(
         "the snapshot on every replica",

@@ -341,6 +341,12 @@ impl TestApp {
         start.elapsed()
     }
 
+    /// A status snapshot of `version` listing `ids`.
+    pub async fn put_snapshot(&self, version: u64, ids: &[u64]) -> Answer {
+        let body = serde_json::json!({ "version": version, "enabled_user_ids": ids });
+        self.send_admin(Method::PUT, STATUSES, &body).await
+    }
+
     /// Turns call tracking on for `user` at `version`; panics unless 200.
     pub async fn enable_calltracking(&self, user: u64, version: u64) {
         let answer = self.send_status(user, true, version).await;
