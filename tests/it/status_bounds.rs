@@ -68,16 +68,9 @@ async fn writes_against_a_locked_sqlite_file_answer_503_within_the_lock_bound() 
         );
     }
     let sent = Instant::now();
-    let snapshot = tokio::time::timeout(
-        Duration::from_secs(20),
-        app.send_admin(
-            Method::PUT,
-            STATUSES,
-            &json!({ "version": 5, "enabled_user_ids": [13] }),
-        ),
-    )
-    .await
-    .expect("a snapshot hung on a locked file");
+    let snapshot = tokio::time::timeout(Duration::from_secs(20), app.put_snapshot(5, &[13]))
+        .await
+        .expect("a snapshot hung on a locked file");
     let took = sent.elapsed();
     eprintln!(
         "snapshot on a locked file: {} after {took:?}",
@@ -175,16 +168,9 @@ async fn on_a_stalled_disk_writes_answer_503_within_the_gateways_own_bound_and_a
 
     // The snapshot stalls after its update (user 1 disabled, in its transaction).
     let sent = Instant::now();
-    let snapshot = tokio::time::timeout(
-        Duration::from_secs(30),
-        app.send_admin(
-            Method::PUT,
-            STATUSES,
-            &json!({ "version": stalling, "enabled_user_ids": [3] }),
-        ),
-    )
-    .await
-    .expect("a snapshot hung on a stalled disk");
+    let snapshot = tokio::time::timeout(Duration::from_secs(30), app.put_snapshot(stalling, &[3]))
+        .await
+        .expect("a snapshot hung on a stalled disk");
     let took = sent.elapsed();
     eprintln!(
         "snapshot on a stalled disk: {} after {took:?}",
@@ -208,13 +194,7 @@ async fn on_a_stalled_disk_writes_answer_503_within_the_gateways_own_bound_and_a
     // Recovered by itself: the write lock is free again.
     assert_eq!(app.get_admin(READYZ).await.status, 200);
     assert_eq!(app.set_status(2, true, 3).await, 200);
-    let answer = app
-        .send_admin(
-            Method::PUT,
-            STATUSES,
-            &json!({ "version": 4, "enabled_user_ids": [2, 3] }),
-        )
-        .await;
+    let answer = app.put_snapshot(4, &[2, 3]).await;
     assert_eq!(answer.status, 200, "{answer:?}");
     for (user, enabled) in [(1, false), (2, true), (3, true)] {
         let stored = app.get_admin(&status_path(user)).await.body;

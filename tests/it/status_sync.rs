@@ -479,11 +479,7 @@ async fn the_status_set_decides_calltracking() {
     app.enable_calltracking(42, 1).await;
     app.assert_phone(42, 2, PLAIN_CATEGORY, VIRTUAL, "calltracking")
         .await;
-    let off = json!({ "items": [{ "user_id": 42, "enabled": false, "version": 2 }] });
-    assert_eq!(
-        app.send_admin(Method::POST, STATUSES, &off).await.status,
-        200
-    );
+    assert_eq!(app.set_status(42, false, 2).await, 200);
     app.assert_phone(42, 3, PLAIN_CATEGORY, REAL, "real").await;
 }
 
@@ -496,13 +492,7 @@ async fn snapshot_enables_exactly_the_listed_users_except_newer_entries() {
         { "user_id": 3, "enabled": false, "version": 50 },
     ]});
     app.send_admin(Method::POST, STATUSES, &deltas).await;
-    let got = app
-        .send_admin(
-            Method::PUT,
-            STATUSES,
-            &json!({ "version": 10, "enabled_user_ids": [3, 4, 4] }),
-        )
-        .await;
+    let got = app.put_snapshot(10, &[3, 4, 4]).await;
     assert_eq!(got.status, 200, "{got:?}");
     let status = |user| {
         let app = &app;
@@ -525,11 +515,8 @@ async fn snapshot_enables_exactly_the_listed_users_except_newer_entries() {
         json!({ "user_id": 4, "enabled": true, "version": 10 })
     );
     // Deltas older than the snapshot's version no longer apply to its entries.
-    let late = json!({ "items": [{ "user_id": 1, "enabled": true, "version": 9 }] });
-    assert_eq!(
-        app.send_admin(Method::POST, STATUSES, &late).await.body,
-        json!({ "applied": 0, "ignored": 1 })
-    );
+    let late = app.send_status(1, true, 9).await;
+    assert_eq!(late.body, json!({ "applied": 0, "ignored": 1 }));
 }
 
 #[tokio::test]
@@ -759,13 +746,7 @@ async fn a_restarted_replica_resumes_the_feed_from_its_stored_cursor() {
 
 /// PUT a snapshot at 100 listing only user 1, then a late delta for user 7.
 async fn snapshot_then_late_delta(app: &TestApp) {
-    let put = app
-        .send_admin(
-            Method::PUT,
-            STATUSES,
-            &json!({ "version": 100, "enabled_user_ids": [1] }),
-        )
-        .await;
+    let put = app.put_snapshot(100, &[1]).await;
     assert_eq!(put.status, 200, "{put:?}");
     let late = app.send_status(7, true, 50).await;
     assert_eq!(late.body, json!({ "applied": 0, "ignored": 1 }), "{late:?}");
@@ -791,11 +772,9 @@ async fn a_snapshot_speaks_for_users_it_never_saw_and_survives_a_restart() {
 
     let app = TestApp::spawn_on(Some(&url), "").await;
     assert_status(&app, 7, false, 100).await;
-    let at_floor = json!({ "items": [{ "user_id": 8, "enabled": true, "version": 100 }] });
-    let got = app.send_admin(Method::POST, STATUSES, &at_floor).await;
+    let got = app.send_status(8, true, 100).await;
     assert_eq!(got.body, json!({ "applied": 0, "ignored": 1 }), "{got:?}");
-    let above = json!({ "items": [{ "user_id": 8, "enabled": true, "version": 101 }] });
-    let got = app.send_admin(Method::POST, STATUSES, &above).await;
+    let got = app.send_status(8, true, 101).await;
     assert_eq!(got.body, json!({ "applied": 1, "ignored": 0 }), "{got:?}");
     assert_status(&app, 8, true, 101).await;
     // An older snapshot arriving late lowers nothing.
@@ -808,17 +787,10 @@ async fn a_snapshot_speaks_for_users_it_never_saw_and_survives_a_restart() {
 async fn every_replica_agrees_on_the_snapshot_floor_on_postgres() {
     let db = pg::or_skip!(pg::database().await);
     let (a, b) = TestApp::pair(&db.url, "").await;
-    let put = a
-        .send_admin(
-            Method::PUT,
-            STATUSES,
-            &json!({ "version": 100, "enabled_user_ids": [1] }),
-        )
-        .await;
+    let put = a.put_snapshot(100, &[1]).await;
     assert_eq!(put.status, 200, "{put:?}");
     // The late delta reaches the other replica: it is ignored there too.
-    let late = json!({ "items": [{ "user_id": 7, "enabled": true, "version": 50 }] });
-    let got = b.send_admin(Method::POST, STATUSES, &late).await;
+    let got = b.send_status(7, true, 50).await;
     assert_eq!(got.body, json!({ "applied": 0, "ignored": 1 }), "{got:?}");
     for app in [&a, &b] {
         eventually("the floor replicated", Duration::from_secs(5), || async {
