@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::support::child::Process;
 use crate::support::paths::{
-    METRICS, OPENAPI_ADMIN, REVEALS, STATUSES, ad_reveals_path, phone_path,
+    BATCH, METRICS, OPENAPI_ADMIN, REVEALS, STATUSES, ad_reveals_path, phone_path,
 };
 use crate::support::{Fake, Reply, TestApp, Upstream, eventually, pg};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL};
@@ -48,39 +48,23 @@ async fn every_answered_number_is_recorded_and_nothing_else() {
     app.get_public_as(Some("v-1"), &phone_path(42, 1, PLAIN_CATEGORY))
         .await
         .assert_number(REAL, "real");
+    let items = json!({ "items": [
+        { "user_id": 42, "ad_id": 2, "category_id": ANON_CATEGORY },
+        { "user_id": 42, "ad_id": 3, "category_id": PLAIN_CATEGORY },
+        { "user_id": 42, "ad_id": 0, "category_id": PLAIN_CATEGORY },
+    ]});
     let batch = app
-        .http
-        .post(format!("{}/v1/public-phones/batch", app.public))
-        .header("x-viewer-id", "v-2")
-        .header("content-type", "application/json")
-        .body(
-            json!({ "items": [
-                { "user_id": 42, "ad_id": 2, "category_id": ANON_CATEGORY },
-                { "user_id": 42, "ad_id": 3, "category_id": PLAIN_CATEGORY },
-                { "user_id": 42, "ad_id": 0, "category_id": PLAIN_CATEGORY },
-            ]})
-            .to_string(),
-        )
-        .send()
-        .await
-        .unwrap();
-    let batch = crate::support::read(batch).await;
+        .post_public_with(BATCH, &[("x-viewer-id", "v-2")], items.to_string())
+        .await;
     assert_eq!(
         batch.body["results"][2]["error"]["status"], 400,
         "{batch:?}"
     );
     // Not reveals: HEAD, a 404, a bad request.
-    let head = app
-        .http
-        .head(format!(
-            "{}{}",
-            app.public,
-            phone_path(42, 4, PLAIN_CATEGORY)
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(head.status(), 200);
+    assert_eq!(
+        app.head_public(&phone_path(42, 4, PLAIN_CATEGORY)).await,
+        200
+    );
     app.real.reply(Reply::NotFound);
     app.anonymous.reply(Reply::NotFound);
     app.get_public_as(None, &phone_path(42, 5, PLAIN_CATEGORY))
@@ -277,21 +261,10 @@ async fn a_viewer_id_must_be_1_to_128_visible_ascii_characters() {
     app.real.reply(Reply::Phone(REAL));
     let long = "x".repeat(129);
     for bad in ["", long.as_str(), "two words", "caf\u{e9}"] {
+        let viewer = [("x-viewer-id", bad)];
         let answer = app
-            .http
-            .get(format!(
-                "{}{}",
-                app.public,
-                phone_path(1, 1, PLAIN_CATEGORY)
-            ))
-            .header(
-                "x-viewer-id",
-                reqwest::header::HeaderValue::from_bytes(bad.as_bytes()).unwrap(),
-            )
-            .send()
-            .await
-            .unwrap();
-        let answer = crate::support::read(answer).await;
+            .get_public_with(&phone_path(1, 1, PLAIN_CATEGORY), &viewer)
+            .await;
         answer.assert_problem(400);
         assert!(
             answer.body["detail"]
@@ -300,19 +273,10 @@ async fn a_viewer_id_must_be_1_to_128_visible_ascii_characters() {
                 .contains("X-Viewer-Id"),
             "{answer:?}"
         );
-        let batch = app
-            .http
-            .post(format!("{}/v1/public-phones/batch", app.public))
-            .header(
-                "x-viewer-id",
-                reqwest::header::HeaderValue::from_bytes(bad.as_bytes()).unwrap(),
-            )
-            .header("content-type", "application/json")
-            .body(json!({ "items": [{ "user_id": 1, "ad_id": 1, "category_id": 1 }] }).to_string())
-            .send()
+        let items = json!({ "items": [{ "user_id": 1, "ad_id": 1, "category_id": 1 }] });
+        app.post_public_with(BATCH, &viewer, items.to_string())
             .await
-            .unwrap();
-        crate::support::read(batch).await.assert_problem(400);
+            .assert_problem(400);
     }
     app.get_public_as(Some(&"x".repeat(128)), &phone_path(1, 1, PLAIN_CATEGORY))
         .await

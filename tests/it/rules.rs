@@ -315,16 +315,8 @@ async fn a_replica_whose_status_set_is_not_loaded_never_shows_a_real_number() {
             ))
             .await;
         given.assert_problem(503);
-        let head = app
-            .http
-            .head(format!(
-                "{}/v1/public-phone?user_id={user}&ad_id=2&category_id={PLAIN_CATEGORY}",
-                app.public
-            ))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(head.status(), 503);
+        let path = crate::support::paths::phone_path(user, 2, PLAIN_CATEGORY);
+        assert_eq!(app.head_public(&path).await, 503);
     }
     let batch = app
         .post_public(
@@ -676,17 +668,9 @@ async fn calls_reuse_one_kept_alive_connection_and_say_who_is_calling() {
     let raw = RawServer::start(RawReply::Phone).await;
     let app = app_on(&raw).await;
     for user in 1..=20 {
-        let answer = app
-            .http
-            .get(format!(
-                "{}/v1/public-phone?user_id={user}&ad_id=1&category_id={PLAIN_CATEGORY}",
-                app.public
-            ))
-            .header("x-request-id", format!("req-{user}"))
-            .send()
-            .await
-            .unwrap();
-        crate::support::read(answer)
+        let request_id = format!("req-{user}");
+        let path = crate::support::paths::phone_path(user, 1, PLAIN_CATEGORY);
+        app.get_public_with(&path, &[("x-request-id", &request_id)])
             .await
             .assert_number(REAL, "real");
     }

@@ -232,6 +232,12 @@ impl TestApp {
         self.get_public_with(path_and_query, &headers).await
     }
 
+    /// The status of a HEAD on the public listener.
+    pub async fn head_public(&self, path_and_query: &str) -> u16 {
+        let url = format!("{}{path_and_query}", self.public);
+        self.http.head(url).send().await.unwrap().status().as_u16()
+    }
+
     /// A GET on the admin listener with the token.
     pub async fn get_admin(&self, path: &str) -> Answer {
         self.admin_request(Method::GET, path, &[("authorization", &bearer())], "")
