@@ -262,15 +262,11 @@ async fn a_third_concurrent_snapshot_upload_is_refused_before_its_body_is_read()
         "both uploads to hold their place",
         Duration::from_secs(10),
         || async {
-            app.http
-                .put(format!("{}{STATUSES}", app.admin))
-                .header("authorization", bearer())
-                .header("content-type", "application/json")
-                .body("not a snapshot")
-                .send()
+            let probe = "not a snapshot";
+            let headers = crate::support::json_with_token();
+            app.admin_request(Method::PUT, STATUSES, &headers, probe)
                 .await
-                .unwrap()
-                .status()
+                .status
                 == 503
         },
     )

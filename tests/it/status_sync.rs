@@ -631,15 +631,11 @@ async fn slow_snapshot_uploads_hold_no_database_connection() {
         "every upload to hold its place",
         Duration::from_secs(10),
         || async {
-            app.http
-                .put(format!("{}{STATUSES}", app.admin))
-                .header("authorization", crate::support::bearer())
-                .header("content-type", "application/json")
-                .body("not a snapshot")
-                .send()
+            let probe = "not a snapshot";
+            let headers = crate::support::json_with_token();
+            app.admin_request(Method::PUT, STATUSES, &headers, probe)
                 .await
-                .unwrap()
-                .status()
+                .status
                 == 503
         },
     )
@@ -1302,18 +1298,9 @@ async fn the_reveal_log_is_written_and_read_through_the_pooler() {
     let a = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
     a.real.reply(crate::support::Reply::Phone(crate::REAL));
     for _ in 0..3 {
-        let answer = a
-            .http
-            .get(format!(
-                "{}/v1/public-phone?user_id=5&ad_id=77&category_id={}",
-                a.public,
-                crate::PLAIN_CATEGORY
-            ))
-            .header("x-viewer-id", "buyer-1")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(answer.status(), 200);
+        let path = crate::support::paths::phone_path(5, 77, crate::PLAIN_CATEGORY);
+        let answer = a.get_public_as(Some("buyer-1"), &path).await;
+        assert_eq!(answer.status, 200);
     }
     eventually("three reveals counted", Duration::from_secs(5), || async {
         let counts = a.get_admin(&ad_reveals_path(77)).await;
