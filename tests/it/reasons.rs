@@ -57,18 +57,6 @@ impl Gateway {
         self.process.get_public_with(path, &[]).await
     }
 
-    async fn track(&self, users: &[u64]) {
-        let items: Vec<Value> = users
-            .iter()
-            .map(|user| json!({"user_id": user, "enabled": true, "version": 1}))
-            .collect();
-        let status = self
-            .process
-            .send(reqwest::Method::POST, json!({ "items": items }))
-            .await;
-        assert_eq!(status, 200);
-    }
-
     /// `user`'s reveals, newest first, once there are `n` (up to 10 s).
     async fn reveals(&self, user: u64, n: usize) -> Vec<Value> {
         let path = format!("{REVEALS}?user_id={user}");
@@ -141,8 +129,8 @@ async fn every_answer_carries_the_reason_the_rules_gave() {
     gw.anonymous.reply(Reply::NotFound);
 
     // Tracked, and call tracking answered.
-    gw.track(&[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 18, 19])
-        .await;
+    let tracked = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 18, 19];
+    gw.process.track(tracked).await;
     let reason = json!({"code": "upstream", "origin": "upstream",
         "sources": {"anonymous": "not_applicable"}});
     family(&gw, 3, &plain(3, 1), VIRTUAL, "calltracking", reason).await;
@@ -226,7 +214,7 @@ async fn every_answer_carries_the_reason_the_rules_gave() {
     // A tracked seller, the breaker still open, the caller sending the
     // seller's own number: real shown because call tracking failed, with a
     // code that says so.
-    gw.track(&[21]).await;
+    gw.process.track([21]).await;
     let path = format!("{}&phone=%2B{}", plain(21, 1), &REAL[1..]);
     let reason = json!({"code": "phone_calltracking_failed", "origin": "phone",
         "sources": {"anonymous": "not_applicable", "calltracking": "circuit_open"}});
@@ -237,19 +225,15 @@ async fn every_answer_carries_the_reason_the_rules_gave() {
     // alone, then seller 13 in a batch, the breaker still open.
     let single = plain(12, 1);
     gw.ask(&single).await.assert_number(REAL, "real");
-    let answer = gw
+    let items = json!({"items": [{"user_id": 13, "ad_id": 1, "category_id": PLAIN_CATEGORY}]});
+    let request = gw
         .process
         .http
-        .post(format!("{}{BATCH}", gw.process.public))
-        .header("content-type", "application/json")
-        .body(
-            json!({"items": [{"user_id": 13, "ad_id": 1, "category_id": PLAIN_CATEGORY}]})
-                .to_string(),
-        )
-        .send()
+        .post(format!("{}{BATCH}", gw.process.public));
+    let request = request.header("content-type", "application/json");
+    let body = crate::support::send_with(request.body(items.to_string()), &[])
         .await
-        .unwrap();
-    let body: Value = serde_json::from_str(&answer.text().await.unwrap()).unwrap();
+        .body;
     assert_eq!(body["results"][0]["kind"], "real", "{body}");
     assert_eq!(gw.reason_of(13).await, gw.reason_of(12).await);
     // HEAD is not a reveal, and is not counted.
