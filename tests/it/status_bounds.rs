@@ -6,7 +6,7 @@
 //! `server.snapshot_body_timeout_ms` are refused.
 
 use crate::support::paths::{INVALIDATE, READYZ, STATUSES, status_path};
-use crate::support::{Reply, TestApp, bearer};
+use crate::support::{Answer, Reply, TestApp, bearer};
 use crate::{PLAIN_CATEGORY, REAL};
 use phones_gateway::store::faults::STALLING_VERSIONS;
 use reqwest::Method;
@@ -14,6 +14,22 @@ use serde_json::json;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+/// `answer` awaited (panicking after `limit`), printed with `what`, and how
+/// long it took.
+async fn timed(
+    what: &str,
+    limit: Duration,
+    answer: impl std::future::Future<Output = Answer>,
+) -> (Answer, Duration) {
+    let sent = Instant::now();
+    let answer = tokio::time::timeout(limit, answer)
+        .await
+        .unwrap_or_else(|_| panic!("{what} hung"));
+    let took = sent.elapsed();
+    eprintln!("{what}: {} after {took:?}", answer.status);
+    (answer, took)
+}
 
 /// Another connection holds the file's write lock (`BEGIN EXCLUSIVE`) past the
 /// lock bound: three webhooks sent at once each answer 503 with `Retry-After`
@@ -67,15 +83,13 @@ async fn writes_against_a_locked_sqlite_file_answer_503_within_the_lock_bound() 
             "a webhook took {took:?} with lock_timeout_ms = {LOCK_MS}"
         );
     }
-    let sent = Instant::now();
-    let snapshot = tokio::time::timeout(Duration::from_secs(20), app.put_snapshot(5, &[13]))
-        .await
-        .expect("a snapshot hung on a locked file");
-    let took = sent.elapsed();
-    eprintln!(
-        "snapshot on a locked file: {} after {took:?}",
-        snapshot.status
-    );
+    let snapshot = app.put_snapshot(5, &[13]);
+    let (snapshot, took) = timed(
+        "snapshot on a locked file",
+        Duration::from_secs(20),
+        snapshot,
+    )
+    .await;
     snapshot.assert_problem(503);
     assert!(snapshot.retry_after.is_some(), "{snapshot:?}");
     assert!(
@@ -83,15 +97,10 @@ async fn writes_against_a_locked_sqlite_file_answer_503_within_the_lock_bound() 
         "a snapshot took {took:?} with lock_timeout_ms = {LOCK_MS}"
     );
     let calls = app.real.calls();
-    let sent = Instant::now();
-    let invalidated = app
-        .send_admin(Method::POST, INVALIDATE, &json!({ "user_ids": [7] }))
-        .await;
-    let took = sent.elapsed();
-    eprintln!(
-        "invalidation on a locked file: {} after {took:?}",
-        invalidated.status
-    );
+    let body = json!({ "user_ids": [7] });
+    let invalidation = app.send_admin(Method::POST, INVALIDATE, &body);
+    let what = "invalidation on a locked file";
+    let (invalidated, took) = timed(what, Duration::from_secs(20), invalidation).await;
     assert_eq!(invalidated.status, 200, "{invalidated:?}");
     assert!(
         took < Duration::from_millis(LOCK_MS),
@@ -140,25 +149,17 @@ async fn on_a_stalled_disk_writes_answer_503_within_the_gateways_own_bound_and_a
     assert_eq!(app.set_status(1, true, 1).await, 200);
 
     // The delivery stalls after its rows are written (user 2 among them).
-    let sent = Instant::now();
-    let webhook = tokio::time::timeout(
+    let items = json!({ "items": [
+        { "user_id": 1, "enabled": false, "version": 2 },
+        { "user_id": 2, "enabled": true, "version": stalling },
+    ] });
+    let webhook = app.send_admin(Method::POST, STATUSES, &items);
+    let (webhook, took) = timed(
+        "webhook on a stalled disk",
         Duration::from_secs(30),
-        app.send_admin(
-            Method::POST,
-            STATUSES,
-            &json!({ "items": [
-                { "user_id": 1, "enabled": false, "version": 2 },
-                { "user_id": 2, "enabled": true, "version": stalling },
-            ] }),
-        ),
+        webhook,
     )
-    .await
-    .expect("a webhook hung on a stalled disk");
-    let took = sent.elapsed();
-    eprintln!(
-        "webhook on a stalled disk: {} after {took:?}",
-        webhook.status
-    );
+    .await;
     webhook.assert_problem(503);
     assert!(webhook.retry_after.is_some(), "{webhook:?}");
     assert!(
@@ -167,15 +168,9 @@ async fn on_a_stalled_disk_writes_answer_503_within_the_gateways_own_bound_and_a
     );
 
     // The snapshot stalls after its update (user 1 disabled, in its transaction).
-    let sent = Instant::now();
-    let snapshot = tokio::time::timeout(Duration::from_secs(30), app.put_snapshot(stalling, &[3]))
-        .await
-        .expect("a snapshot hung on a stalled disk");
-    let took = sent.elapsed();
-    eprintln!(
-        "snapshot on a stalled disk: {} after {took:?}",
-        snapshot.status
-    );
+    let snapshot = app.put_snapshot(stalling, &[3]);
+    let what = "snapshot on a stalled disk";
+    let (snapshot, took) = timed(what, Duration::from_secs(30), snapshot).await;
     snapshot.assert_problem(503);
     assert!(snapshot.retry_after.is_some(), "{snapshot:?}");
     assert!(
@@ -384,23 +379,13 @@ async fn a_snapshot_against_a_locked_sqlite_file_answers_503_within_its_bound_an
     sqlx::Executor::execute(&mut locker, "BEGIN IMMEDIATE")
         .await
         .unwrap();
-    let sent = Instant::now();
-    let refused = tokio::time::timeout(Duration::from_secs(60), app.put_snapshot(2, &[2]))
-        .await
-        .expect("a snapshot hung on a locked file");
-    let took = sent.elapsed();
-    let sent = Instant::now();
-    let invalidated = tokio::time::timeout(
-        Duration::from_secs(60),
-        app.send_admin(Method::POST, INVALIDATE, &json!({ "user_ids": [5] })),
-    )
-    .await
-    .expect("an invalidation hung on a locked file");
-    let invalidation_took = sent.elapsed();
-    eprintln!(
-        "on a locked file: snapshot {} after {took:?}, invalidation {} after {invalidation_took:?}",
-        refused.status, invalidated.status
-    );
+    let limit = Duration::from_secs(60);
+    let snapshot = app.put_snapshot(2, &[2]);
+    let (refused, took) = timed("snapshot on a locked file", limit, snapshot).await;
+    let body = json!({ "user_ids": [5] });
+    let invalidation = app.send_admin(Method::POST, INVALIDATE, &body);
+    let what = "invalidation on a locked file";
+    let (invalidated, invalidation_took) = timed(what, limit, invalidation).await;
     refused.assert_problem(503);
     assert!(refused.retry_after.is_some(), "{refused:?}");
     assert!(
