@@ -118,20 +118,29 @@ const MAX_LINES: usize = 800;
 /// The most lines of a file of `src/upstream/`.
 const MAX_UPSTREAM_LINES: usize = 500;
 
+/// The files under `dir` (from the repository root) over `max` lines, with
+/// their counts; asserts it read more than `at_least` files.
+fn files_over(dir: &str, max: usize, at_least: usize) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = rust_files(&root.join(dir));
+    assert!(files.len() > at_least, "read the files: {files:?}");
+    let lines = |path: &PathBuf| std::fs::read_to_string(path).unwrap().lines().count();
+    files
+        .iter()
+        .filter(|path| lines(path) > max)
+        .map(|path| {
+            format!(
+                "{}: {} lines",
+                path.strip_prefix(root).unwrap().display(),
+                lines(path)
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn no_file_of_src_is_over_the_size_rule() {
-    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
-    let files = rust_files(src);
-    assert!(files.len() > 50, "read the files: {files:?}");
-    let over: Vec<String> = files
-        .iter()
-        .map(|path| {
-            let lines = std::fs::read_to_string(path).unwrap().lines().count();
-            (path.strip_prefix(src).unwrap().display().to_string(), lines)
-        })
-        .filter(|(_, lines)| *lines > MAX_LINES)
-        .map(|(file, lines)| format!("src/{file}: {lines} lines"))
-        .collect();
+    let over = files_over("src", MAX_LINES, 50);
     assert!(
         over.is_empty(),
         "files over {MAX_LINES} lines: {}",
@@ -143,20 +152,7 @@ fn no_file_of_src_is_over_the_size_rule() {
 /// `src/upstream/` is over [`MAX_UPSTREAM_LINES`].
 #[test]
 fn no_file_of_the_upstream_call_is_over_its_size_rule() {
-    let upstream = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src/upstream"));
-    let files = rust_files(upstream);
-    assert!(files.len() > 10, "read the files: {files:?}");
-    let over: Vec<String> = files
-        .iter()
-        .map(|path| {
-            (
-                path.display().to_string(),
-                std::fs::read_to_string(path).unwrap().lines().count(),
-            )
-        })
-        .filter(|(_, lines)| *lines > MAX_UPSTREAM_LINES)
-        .map(|(file, lines)| format!("{file}: {lines} lines"))
-        .collect();
+    let over = files_over("src/upstream", MAX_UPSTREAM_LINES, 10);
     assert!(
         over.is_empty(),
         "files over {MAX_UPSTREAM_LINES} lines: {}",
