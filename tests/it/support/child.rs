@@ -48,7 +48,6 @@ impl Spawned {
         }
     }
 
-    /// The child's process id.
     pub fn id(&self) -> u32 {
         self.child.id()
     }

@@ -99,10 +99,8 @@ fn pg_command(program: &str, args: &[&str]) -> Result<(), String> {
 }
 
 impl PgCluster {
-    /// Starts a new cluster.
-    ///
-    /// # Errors
-    /// The PostgreSQL binaries are missing or failed.
+    /// Starts a new cluster; fails when the PostgreSQL binaries are missing
+    /// or fail.
     pub fn start() -> Result<PgCluster, String> {
         let dir = tempfile::Builder::new()
             .prefix("pg-test-")
