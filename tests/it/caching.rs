@@ -340,9 +340,7 @@ async fn an_invalidation_whose_notification_is_lost_reaches_the_other_replica_by
     let db = pg::or_skip!(pg::database().await);
     let overlay = "[database]\nsync_interval_ms = 300\n";
     let (_a, b) = b_caching_an_old_number(&db.url, overlay).await;
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
-        .await
-        .unwrap();
+    let mut conn = crate::support::pg_connection(&db.url).await;
     let listening: i64 =
         sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%'")
             .fetch_one(&mut conn)
@@ -376,9 +374,7 @@ async fn an_invalidation_sent_while_the_listener_is_down_reaches_the_other_repli
     let db = pg::or_skip!(pg::database().await);
     let overlay = "[database]\nsync_interval_ms = 300\n";
     let (a, b) = b_caching_an_old_number(&db.url, overlay).await;
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
-        .await
-        .unwrap();
+    let mut conn = crate::support::pg_connection(&db.url).await;
     let killed: Vec<bool> = sqlx::query_scalar(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%'",
     )

@@ -1112,9 +1112,7 @@ async fn a_start_against_a_silent_database_is_ready_within_10_s_of_it_answering(
     let took = answering.elapsed();
     eprintln!("ready {took:?} after the database answered again");
     // Each migration's time (ns), which the migrations' bound must fit.
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
-        .await
-        .unwrap();
+    let mut conn = crate::support::pg_connection(&db.url).await;
     let times: Vec<(i64, i64)> =
         sqlx::query_as("SELECT version, execution_time FROM _sqlx_migrations ORDER BY version")
             .fetch_all(&mut conn)

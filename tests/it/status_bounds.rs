@@ -51,9 +51,7 @@ async fn writes_against_a_locked_sqlite_file_answer_503_within_the_lock_bound() 
     app.real.reply(Reply::Phone(REAL));
     app.assert_phone(7, 1, PLAIN_CATEGORY, REAL, "real").await;
 
-    let mut locker = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
-        .await
-        .unwrap();
+    let mut locker = crate::support::sqlite_connection(&url).await;
     sqlx::Executor::execute(&mut locker, "BEGIN EXCLUSIVE")
         .await
         .unwrap();
@@ -373,9 +371,7 @@ async fn a_snapshot_against_a_locked_sqlite_file_answers_503_within_its_bound_an
     app.assert_phone(5, 1, PLAIN_CATEGORY, REAL, "real").await;
     assert_eq!(app.real.calls(), 1, "cached");
 
-    let mut locker = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
-        .await
-        .unwrap();
+    let mut locker = crate::support::sqlite_connection(&url).await;
     sqlx::Executor::execute(&mut locker, "BEGIN IMMEDIATE")
         .await
         .unwrap();

@@ -419,9 +419,7 @@ async fn a_busy_pool_is_explained_without_one_more_connection() {
     )
     .await;
     proxy.reset_most();
-    let mut locker = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
-        .await
-        .unwrap();
+    let mut locker = crate::support::pg_connection(&db.url).await;
     sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
     sqlx::query("SELECT pg_advisory_xact_lock(x'6374737461747573'::bigint)")
         .execute(&mut locker)
@@ -1079,9 +1077,7 @@ async fn postgres_statuses_survive_a_sigkill() {
 async fn with_every_table_locked_writes_answer_503_in_bounded_time_and_apply_nothing() {
     let db = pg::or_skip!(pg::database().await);
     let a = TestApp::spawn_on(Some(&db.url), "[database]\nlock_timeout_ms = 500\n").await;
-    let mut locker = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
-        .await
-        .unwrap();
+    let mut locker = crate::support::pg_connection(&db.url).await;
     sqlx::Executor::execute(
         &mut locker,
         "BEGIN; LOCK TABLE calltracking_status, cache_invalidations, status_feed_cursor, \

@@ -127,9 +127,7 @@ async fn sqlite_at_0010(url: &str, n: i64, at_us: i64) {
 
 /// A PostgreSQL database at migration `last` holding `n` reveals.
 async fn postgres_at(url: &str, last: i64, n: i64, at_us: i64) {
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(url)
-        .await
-        .unwrap();
+    let mut conn = crate::support::pg_connection(url).await;
     migrator_until(&sqlx::migrate!("migrations/postgres"), last)
         .run(&mut conn)
         .await
@@ -317,9 +315,7 @@ async fn an_upgrade_over_reveals_becomes_ready_on_sqlite() {
     }
     assert_eq!(written.len(), 1, "{written:?}");
     assert_eq!(written[0]["ad_id"].as_i64(), Some(n + 1), "{written:?}");
-    let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
-        .await
-        .unwrap();
+    let mut conn = crate::support::sqlite_connection(&url).await;
     let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY 1")
         .fetch_all(&mut conn)
         .await
@@ -367,9 +363,7 @@ async fn an_upgrade_over_reveals_becomes_ready_on_postgres() {
     let app = TestApp::start_on(Some(&db.url), "").await;
     let (took, said) = until_ready(&app, Duration::from_secs(300)).await;
     eprintln!("ready {took:?} after the start; /readyz said {said:?}");
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
-        .await
-        .unwrap();
+    let mut conn = crate::support::pg_connection(&db.url).await;
     let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY 1")
         .fetch_all(&mut conn)
         .await
@@ -386,9 +380,7 @@ async fn an_upgrade_over_reveals_becomes_ready_on_postgres() {
 async fn a_replica_waits_for_the_migrations_lock_another_holds() {
     let db = pg::or_skip!(pg::database().await);
     postgres_at(&db.url, 7, 10, 0).await;
-    let mut holder = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
-        .await
-        .unwrap();
+    let mut holder = crate::support::pg_connection(&db.url).await;
     let name: String = sqlx::query_scalar("SELECT current_database()")
         .fetch_one(&mut holder)
         .await
@@ -458,9 +450,7 @@ async fn each_migration_over_reveals_timed() {
         }
     }
     let db = pg::or_skip!(pg::database().await);
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
-        .await
-        .unwrap();
+    let mut conn = crate::support::pg_connection(&db.url).await;
     let all = sqlx::migrate!("migrations/postgres");
     migrator_until(&all, 6).run(&mut conn).await.unwrap();
     for sql in fill_sql("WITH n(i) AS (SELECT generate_series(1, $1::bigint))") {

@@ -151,6 +151,20 @@ pub fn series_value(metrics: &str, series: &str) -> Option<f64> {
         .map(|value| value.trim().parse().unwrap())
 }
 
+/// A connection of the test's own to the PostgreSQL database at `url`.
+pub async fn pg_connection(url: &str) -> sqlx::PgConnection {
+    <sqlx::PgConnection as sqlx::Connection>::connect(url)
+        .await
+        .unwrap()
+}
+
+/// A connection of the test's own to the SQLite database at `url`.
+pub async fn sqlite_connection(url: &str) -> sqlx::SqliteConnection {
+    <sqlx::SqliteConnection as sqlx::Connection>::connect(url)
+        .await
+        .unwrap()
+}
+
 /// A temporary directory and the URL of the SQLite file `name` in it.
 pub fn sqlite_file(name: &str) -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
