@@ -70,16 +70,13 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
         Instant::now()
     });
     let mut took = Vec::new();
+    let change =
+        |version: u64| json!({ "items": [{ "user_id": 2, "enabled": true, "version": version }] });
+    let invalidation = json!({ "user_ids": [2] });
     for (path, body) in [
-        (
-            STATUSES,
-            json!({ "items": [{ "user_id": 2, "enabled": true, "version": 1 }] }),
-        ),
-        (
-            STATUSES,
-            json!({ "items": [{ "user_id": 2, "enabled": true, "version": 2 }] }),
-        ),
-        (INVALIDATE, json!({ "user_ids": [2] })),
+        (STATUSES, change(1)),
+        (STATUSES, change(2)),
+        (INVALIDATE, invalidation),
     ] {
         let sent = Instant::now();
         let answer = tokio::time::timeout(
@@ -498,29 +495,18 @@ async fn on_a_silent_database_a_lease_renewal_gives_up_within_lock_timeout() {
 
 /// The binary's feed settings for a fault test, and the feed through `tap`.
 fn feed_env(tap: &Proxy, ttl_ms: u64, interval_ms: u64) -> Vec<(String, String)> {
-    [
+    let feed = "UPSTREAMS__CALLTRACKING__STATUS_FEED__";
+    vec![
         (
-            "UPSTREAMS__CALLTRACKING__BASE_URL",
+            "UPSTREAMS__CALLTRACKING__BASE_URL".into(),
             format!("http://{}", tap.addr),
         ),
-        (
-            "UPSTREAMS__CALLTRACKING__STATUS_FEED__ENABLED",
-            "true".into(),
-        ),
-        (
-            "UPSTREAMS__CALLTRACKING__STATUS_FEED__INTERVAL_MS",
-            interval_ms.to_string(),
-        ),
-        ("UPSTREAMS__CALLTRACKING__STATUS_FEED__LIMIT", "7".into()),
-        (
-            "UPSTREAMS__CALLTRACKING__STATUS_FEED__LEASE_TTL_MS",
-            ttl_ms.to_string(),
-        ),
-        ("DATABASE__LOCK_TIMEOUT_MS", "1000".into()),
+        (format!("{feed}ENABLED"), "true".into()),
+        (format!("{feed}INTERVAL_MS"), interval_ms.to_string()),
+        (format!("{feed}LIMIT"), "7".into()),
+        (format!("{feed}LEASE_TTL_MS"), ttl_ms.to_string()),
+        ("DATABASE__LOCK_TIMEOUT_MS".into(), "1000".into()),
     ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect()
 }
 
 async fn start_with_feed(url: &str, tap: &Proxy, ttl_ms: u64, interval_ms: u64) -> Process {
