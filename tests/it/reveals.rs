@@ -266,13 +266,7 @@ async fn a_viewer_id_must_be_1_to_128_visible_ascii_characters() {
             .get_public_with(&phone_path(1, 1, PLAIN_CATEGORY), &viewer)
             .await;
         answer.assert_problem(400);
-        assert!(
-            answer.body["detail"]
-                .as_str()
-                .unwrap()
-                .contains("X-Viewer-Id"),
-            "{answer:?}"
-        );
+        assert!(answer.detail().contains("X-Viewer-Id"), "{answer:?}");
         let items = json!({ "items": [{ "user_id": 1, "ad_id": 1, "category_id": 1 }] });
         app.post_public_with(BATCH, &viewer, items.to_string())
             .await

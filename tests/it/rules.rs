@@ -413,9 +413,7 @@ async fn on_a_busy_worker_a_calltracking_answer_within_its_timeout_is_not_cut_by
     // 20 ms of slack).
     let rounds = [1..=8, 9..=16, 17..=24];
     for users in rounds.clone() {
-        for user in users {
-            app.enable_calltracking(user, 1).await;
-        }
+        app.track(users).await;
     }
     // Connect before the worker is busy: connecting under the hog is not
     // what this test is about.
@@ -753,9 +751,7 @@ async fn a_failing_status_feed_never_moves_tracked_sellers_onto_their_real_numbe
     app.calltracking.fail_feed(Some(500));
     app.real.reply(Reply::Phone(REAL));
     app.calltracking.reply(Reply::Phone(VIRTUAL));
-    for user in 1..=10 {
-        app.enable_calltracking(user, 1).await;
-    }
+    app.track(1..=10).await;
     // Five failures open a breaker: the feed is not polled for open_ms (5 s).
     // Open once no poll came for ten intervals.
     let quiet = std::sync::Mutex::new((0, std::time::Instant::now()));
@@ -795,9 +791,7 @@ async fn flood(app: &TestApp, attacked: u64) -> (Vec<String>, Vec<serde_json::Va
     app.calltracking
         .reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(250));
     app.enable_calltracking(attacked, 1).await;
-    for user in 1..=10 {
-        app.enable_calltracking(user, 1).await;
-    }
+    app.track(1..=10).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let next_phone = Arc::new(AtomicUsize::new(0));
     let attackers: Vec<_> = (0..3)
@@ -941,9 +935,7 @@ async fn a_source_refused_by_the_gateway_is_undecided_not_failed() {
     .await;
     app.real.reply(Reply::Phone(REAL));
     app.calltracking.reply(Reply::Phone(VIRTUAL));
-    for user in 1..=3 {
-        app.enable_calltracking(user, 1).await;
-    }
+    app.track(1..=3).await;
     // User 2's call-tracking number is cached, then expires (stale but usable).
     app.assert_phone(2, 1, PLAIN_CATEGORY, VIRTUAL, "calltracking")
         .await;

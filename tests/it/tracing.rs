@@ -51,9 +51,7 @@ async fn two_call_app() -> TestApp {
     let app = TestApp::spawn().await;
     app.real.reply(Reply::Phone(REAL));
     app.calltracking.reply(Reply::Phone(VIRTUAL));
-    for user in 1..=10 {
-        app.enable_calltracking(user, 1).await;
-    }
+    app.track(1..=10).await;
     app
 }
 

@@ -73,9 +73,7 @@ async fn a_429_flood_reveals_no_real_number_and_opens_no_breaker() {
     app.calltracking.capacity(8);
     let flooded: Vec<u64> = (500..550).collect();
     let others: Vec<u64> = (601..=610).collect();
-    for &user in flooded.iter().chain(&others) {
-        app.enable_calltracking(user, 1).await;
-    }
+    app.track(flooded.iter().chain(&others).copied()).await;
 
     let batch = |round: u64| {
         let app = &app;
@@ -192,9 +190,7 @@ async fn a_panicking_fetch_is_undecided_and_opens_no_breaker() {
         .take(10)
         .collect();
     const OTHER: u64 = 700;
-    for &user in &panicking {
-        app.enable_calltracking(user, 1).await;
-    }
+    app.track(panicking.iter().copied()).await;
     app.enable_calltracking(OTHER, 1).await;
     for round in 0..3 {
         for &user in &panicking {
@@ -216,9 +212,7 @@ async fn a_503_with_retry_after_refuses_load_and_one_without_it_is_a_verdict() {
     app.real.reply(Reply::Phone(REAL));
     app.calltracking.reply(Reply::RetryAfter(503));
     let users: Vec<u64> = (800..820).collect();
-    for &user in &users {
-        app.enable_calltracking(user, 1).await;
-    }
+    app.track(users.iter().copied()).await;
     for &user in &users {
         assert_undecided(&app.get_public(&given(user, 1)).await);
     }

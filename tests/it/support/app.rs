@@ -434,6 +434,11 @@ impl Answer {
         assert_eq!(self.body["kind"], kind, "{self:?}");
     }
 
+    /// The problem document's `detail` ("" when there is none).
+    pub fn detail(&self) -> &str {
+        self.body["detail"].as_str().unwrap_or_default()
+    }
+
     /// Asserts a problem document with this status.
     #[track_caller]
     pub fn assert_problem(&self, status: u16) {
