@@ -927,17 +927,11 @@ async fn a_snapshot_of_a_million_ids_is_answered_and_seen_on_postgres_each_state
     until_sees_large_snapshot(&b, IDS).await;
     // The finish's statements, from the process's own /metrics.
     let metrics = a.get_admin(crate::support::paths::METRICS).await.text;
-    let finish = metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(
-                "phones_gateway_db_operation_duration_seconds_sum{operation=\"finish_snapshot\"} ",
-            )
-        })
-        .unwrap_or("?");
+    let finish = "phones_gateway_db_operation_duration_seconds_sum{operation=\"finish_snapshot\"}";
+    let finish = crate::support::series_value(&metrics, finish);
     eprintln!(
         "a snapshot of {IDS} ids on PostgreSQL, 3 s a statement: answered after {took:?} \
-         (its finish {finish} s), on the other replica {:?} later",
+         (its finish {finish:?} s), on the other replica {:?} later",
         answered.elapsed()
     );
     assert_sees_large_snapshot(&b, IDS, "on the other replica").await;
