@@ -187,10 +187,7 @@ async fn a_rotated_token_file_takes_over_without_a_restart() {
     };
     assert!(ok(OLD).await);
     assert!(!ok(NEW).await);
-    // Written as an editor or kubelet would: a new file moved over the old.
-    let staged = dir.path().join("staged");
-    std::fs::write(&staged, NEW).unwrap();
-    std::fs::rename(&staged, &file).unwrap();
+    replace_file(&file, NEW);
     let written = Instant::now();
     loop {
         // Once the new value works, the old must already fail.
@@ -247,13 +244,7 @@ async fn a_rotated_token_file_takes_over_without_a_restart() {
 /// `phones_gateway_admin_token_reload_errors_total{name="rotating"}` so far.
 async fn reload_errors(app: &TestApp) -> u64 {
     let text = app.get_admin_without_token(METRICS).await.text;
-    text.lines()
-        .find(|l| {
-            l.starts_with("phones_gateway_admin_token_reload_errors_total")
-                && l.contains("name=\"rotating\"")
-        })
-        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .unwrap_or(0)
+    reload_errors_in(&text, "rotating")
 }
 
 fn check_config(toml: &str, dir: &std::path::Path) -> (Option<i32>, String) {
