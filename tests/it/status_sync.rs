@@ -837,19 +837,32 @@ async fn assert_sees_large_snapshot(app: &TestApp, ids: u64, when: &str) {
     assert_status(app, ids + 2, true, 5).await;
 }
 
-/// Waits (up to 10 s) until `app` has the last seller of a
-/// [`put_large_snapshot`] of `ids` on and the unlisted one at version 2.
-async fn until_sees_large_snapshot(app: &TestApp, ids: u64) {
+/// A [`put_large_snapshot`] of `ids` through `a` of two replicas on `url`:
+/// whole on `a` when answered, and on the other within 10 s (it waits for its
+/// last listed seller on and the unlisted one at version 2). Returns `a`, the
+/// time to the answer and the time from it to the other's.
+async fn large_snapshot_on_two(
+    url: &str,
+    overlay: &str,
+    ids: u64,
+) -> (TestApp, Duration, Duration) {
+    let (a, b) = TestApp::pair(url, overlay).await;
+    let took = put_large_snapshot(&a, ids).await;
+    let answered = Instant::now();
+    assert_sees_large_snapshot(&a, ids, "when answered").await;
     let (last, unlisted) = (UserId::new(ids).unwrap(), UserId::new(ids + 1).unwrap());
     eventually(
-        "the replica to see the snapshot",
+        "the other replica to see the snapshot",
         Duration::from_secs(10),
         || async {
-            let set = app.status.set();
+            let set = b.status.set();
             set.is_enabled(last) && set.get(unlisted).version == 2
         },
     )
     .await;
+    let later = answered.elapsed();
+    assert_sees_large_snapshot(&b, ids, "on the other replica").await;
+    (a, took, later)
 }
 
 /// docs/status-sync.md, "The snapshot and its floor": the replica that
@@ -886,16 +899,10 @@ async fn a_large_snapshot_on_postgres_is_whole_on_its_replica_at_once_and_on_ano
     const IDS: u64 = 200_000;
     let db = pg::or_skip!(pg::database().await);
     let overlay = "[database]\nlock_timeout_ms = 100\n";
-    let (a, b) = TestApp::pair(&db.url, overlay).await;
-    let took = put_large_snapshot(&a, IDS).await;
-    let answered = Instant::now();
-    assert_sees_large_snapshot(&a, IDS, "when answered").await;
-    until_sees_large_snapshot(&b, IDS).await;
+    let (_, took, later) = large_snapshot_on_two(&db.url, overlay, IDS).await;
     eprintln!(
-        "a snapshot of {IDS} ids on PostgreSQL: answered after {took:?}, on the other replica {:?} later",
-        answered.elapsed()
+        "a snapshot of {IDS} ids on PostgreSQL: answered after {took:?}, on the other replica {later:?} later"
     );
-    assert_sees_large_snapshot(&b, IDS, "on the other replica").await;
 }
 
 /// The largest snapshot (10,000,000 ids) in short, 1,000,000 ids, with the
@@ -920,21 +927,15 @@ async fn a_snapshot_of_a_million_ids_is_answered_and_seen_on_postgres_each_state
     const IDS: u64 = 1_000_000;
     let db = pg::or_skip!(pg::database().await);
     let overlay = "[database]\nstatement_timeout_ms = 3000\nlock_timeout_ms = 1000\n";
-    let (a, b) = TestApp::pair(&db.url, overlay).await;
-    let took = put_large_snapshot(&a, IDS).await;
-    let answered = Instant::now();
-    assert_sees_large_snapshot(&a, IDS, "when answered").await;
-    until_sees_large_snapshot(&b, IDS).await;
+    let (a, took, later) = large_snapshot_on_two(&db.url, overlay, IDS).await;
     // The finish's statements, from the process's own /metrics.
     let metrics = a.get_admin(crate::support::paths::METRICS).await.text;
     let finish = "phones_gateway_db_operation_duration_seconds_sum{operation=\"finish_snapshot\"}";
     let finish = crate::support::series_value(&metrics, finish);
     eprintln!(
         "a snapshot of {IDS} ids on PostgreSQL, 3 s a statement: answered after {took:?} \
-         (its finish {finish:?} s), on the other replica {:?} later",
-        answered.elapsed()
+         (its finish {finish:?} s), on the other replica {later:?} later"
     );
-    assert_sees_large_snapshot(&b, IDS, "on the other replica").await;
 }
 
 /// How many times the process ran database `operation`, by its /metrics.
