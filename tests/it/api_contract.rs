@@ -785,52 +785,40 @@ fn host_port(base: &str) -> String {
     base.trim_start_matches("http://").to_owned()
 }
 
+/// Writes `bytes` on a new connection to `base` and reads until the server
+/// closes it, for at most 3 s: whether it closed, what it sent, and how long
+/// the read took.
+async fn slow_client(base: &str, bytes: &[u8]) -> (bool, String, Duration) {
+    let mut stream = TcpStream::connect(host_port(base)).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    let start = Instant::now();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut answer)).await;
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    (read.is_ok(), text, start.elapsed())
+}
+
 #[tokio::test]
 async fn a_body_sent_too_slowly_gets_408() {
     let app = TestApp::spawn_with(LIMITS).await;
-    let mut stream = TcpStream::connect(host_port(&app.public)).await.unwrap();
-    stream
-        .write_all(b"POST /v1/public-phones/batch HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 60\r\n\r\n{\"items\": [")
-        .await
-        .unwrap();
-    let start = Instant::now();
-    let mut answer = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut answer)).await;
-    let text = String::from_utf8_lossy(&answer);
+    let head = b"POST /v1/public-phones/batch HTTP/1.1\r\nhost: x\r\n\
+                 content-type: application/json\r\ncontent-length: 60\r\n\r\n{\"items\": [";
+    let (_, text, took) = slow_client(&app.public, head).await;
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("application/problem+json"), "{text}");
-    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(took < Duration::from_secs(2));
 }
 
 #[tokio::test]
 async fn a_request_head_sent_too_slowly_closes_the_connection() {
     let app = TestApp::spawn_with(LIMITS).await;
-    let mut stream = TcpStream::connect(host_port(&app.public)).await.unwrap();
-    stream
-        .write_all(b"GET /v1/public-phone?user_id=1 HTTP/1.1\r\nhost: x\r\n")
-        .await
-        .unwrap();
-    let start = Instant::now();
-    let mut answer = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut answer)).await;
-    assert!(
-        read.is_ok(),
-        "the server kept a slow client's connection open"
-    );
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        start.elapsed()
-    );
+    let head = b"GET /v1/public-phone?user_id=1 HTTP/1.1\r\nhost: x\r\n";
+    let (closed, _, took) = slow_client(&app.public, head).await;
+    assert!(closed, "the server kept a slow client's connection open");
+    assert!(took < Duration::from_secs(2), "{took:?}");
     // The admin listener applies the same rule.
-    let mut stream = TcpStream::connect(host_port(&app.admin)).await.unwrap();
-    stream
-        .write_all(b"GET /healthz HTTP/1.1\r\n")
-        .await
-        .unwrap();
-    let read =
-        tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut Vec::new())).await;
-    assert!(read.is_ok());
+    let (closed, _, _) = slow_client(&app.admin, b"GET /healthz HTTP/1.1\r\n").await;
+    assert!(closed);
 }
 
 #[tokio::test]
