@@ -470,10 +470,7 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
     eventually(
         "written once the database is back",
         Duration::from_secs(15),
-        || async {
-            let page = app.get_admin(&format!("{REVEALS}?user_id=3")).await;
-            page.status == 200 && page.body["items"].as_array().unwrap().len() == 4
-        },
+        || async { has_items(&app.get_admin(&format!("{REVEALS}?user_id=3")).await, 4) },
     )
     .await;
     eventually(
@@ -482,6 +479,11 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
         || async { oldest().await == Some(0.0) },
     )
     .await;
+}
+
+/// Whether `page` is a 200 listing `n` items.
+fn has_items(page: &crate::support::Answer, n: usize) -> bool {
+    page.status == 200 && page.body["items"].as_array().unwrap().len() == n
 }
 
 /// The unlabelled series `name` on a process's own /metrics (0 when absent).
@@ -544,19 +546,13 @@ async fn past_max_buffered_reveals_are_dropped_and_counted_or_the_number_refused
     eventually(
         "the buffered two written",
         Duration::from_secs(15),
-        || async {
-            let page = drop.get_admin(&format!("{REVEALS}?user_id=10")).await;
-            page.status == 200 && page.body["items"].as_array().unwrap().len() == 2
-        },
+        || async { has_items(&drop.get_admin(&format!("{REVEALS}?user_id=10")).await, 2) },
     )
     .await;
     eventually(
         "the buffered two written",
         Duration::from_secs(15),
-        || async {
-            let page = refuse.get_admin(&format!("{REVEALS}?user_id=11")).await;
-            page.status == 200 && page.body["items"].as_array().unwrap().len() == 2
-        },
+        || async { has_items(&refuse.get_admin(&format!("{REVEALS}?user_id=11")).await, 2) },
     )
     .await;
     assert_eq!(metric_of(&drop, DROPPED).await, 2.0, "nothing else dropped");
