@@ -1,12 +1,7 @@
-//! The documentation checked against the repository, with file reads only
-//! (but for the reason codes, read from the crate itself): every key of
-//! `config/default.toml` is documented in `docs/configuration.md`, every code
-//! of a reason (`src/domain/reason.rs`) is listed in `docs/rules.md` and every
-//! word listed there is one,
-//! the docs point at nothing outside the repository, their relative links
-//! resolve, and the README, the pages under docs/, the module map and the
-//! comments under src/ name only files, modules and types that exist (the rules
-//! are above `PATH_ROOTS`; the checker is tested on small texts too).
+//! The documentation checked against the repository, by file reads (reason
+//! codes from the crate itself): config keys and reason codes documented, no
+//! links outside the repository, and the docs, module map and comments under
+//! src/ name only what exists (rules above `PATH_ROOTS`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -23,10 +18,9 @@ fn read(path: &Path) -> String {
     fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Every key `config/default.toml` sets (the compiled-in defaults), as a
-/// dotted path (`upstreams.real_phone.timeout_ms`) with its value written as
-/// the documentation writes it (`300`, `"info"`, `["a", "b"]`). Keys only
-/// commented out (`# request_deadline_ms = 700`) are no keys here.
+/// Every key `config/default.toml` sets, as a dotted path with its value
+/// written as the docs write it (`300`, `"info"`); keys only commented out
+/// are no keys here.
 fn default_keys(toml: &str) -> BTreeMap<String, String> {
     fn walk(prefix: &str, table: &toml::Table, keys: &mut BTreeMap<String, String>) {
         for (name, value) in table {
@@ -65,12 +59,9 @@ fn default_keys(toml: &str) -> BTreeMap<String, String> {
 }
 
 /// The keys docs/configuration.md documents, each with its default (`None`:
-/// unset). A key is recognised in a table row `| keys | default | meaning |`
-/// whose first cell holds backticked dotted keys: one, or several that share
-/// a meaning, comma-separated. The second cell is the default: a backticked
-/// value for one key (prose may follow); for several, their values in the
-/// keys' order separated by ` / `; or, for every key of the row, a cell that
-/// starts with `unset` (the key is only commented out in default.toml).
+/// unset), from table rows `| keys | default | meaning |`: backticked dotted
+/// keys, comma-separated; a backticked default (values ` / `-separated for
+/// several keys), or a cell starting `unset` (commented out in default.toml).
 fn documented_keys(doc: &str) -> Vec<(String, Option<String>)> {
     let mut found = Vec::new();
     for line in doc.lines() {
@@ -107,8 +98,7 @@ fn commented_out(toml: &str, key: &str) -> bool {
     let (section, leaf) = key.rsplit_once('.').expect("a dotted key");
     let mut current = "";
     toml.lines().any(|line| {
-        // A commented-out array of tables (`# [[admin.tokens]]`) opens a
-        // section of example keys too.
+        // A commented-out `# [[admin.tokens]]` opens a section of examples too.
         let header = line.strip_prefix('[').or_else(|| {
             line.strip_prefix("# [[")
                 .map(|rest| rest.trim_start_matches('['))
@@ -208,9 +198,8 @@ fn the_documented_keys_are_the_defaults() {
     );
 }
 
-/// The words of each table of `section` in `doc` (a `## ` heading's text),
-/// by the table's first header cell: the backticked word that opens each
-/// row's first cell. A table is a header row, a `|---|` row, then rows.
+/// The words of each table of the `## section` of `doc`, by the table's first
+/// header cell: the backticked word opening each row.
 fn listed_words(doc: &str, section: &str) -> BTreeMap<String, Vec<String>> {
     let heading = format!("## {section}");
     let body = doc
@@ -248,10 +237,9 @@ fn listed_words(doc: &str, section: &str) -> BTreeMap<String, Vec<String>> {
     tables
 }
 
-/// The words of a reason, from the code: each failure ([`Failure::ALL`]),
-/// the skips that are not failures, each origin, and the metric's codes
-/// ([`Code::ALL`]). A new kind of skip or origin fails to compile here until
-/// it is listed.
+/// A reason's words from the code: failures ([`Failure::ALL`]), skips,
+/// origins and metric codes ([`Code::ALL`]); a new skip or origin fails to
+/// compile here until listed.
 fn reason_words() -> BTreeMap<String, BTreeSet<String>> {
     use phones_gateway::domain::reason::{Code, Failure, Origin, Skip};
     let skip = |skip: Skip| match skip {
@@ -299,9 +287,7 @@ fn reason_words() -> BTreeMap<String, BTreeSet<String>> {
 }
 
 /// docs/rules.md, "Why this number", lists every code a reason is written
-/// with (each failure, skip, origin and metric label), once, and nothing
-/// else: a code added in src/domain/reason.rs and not documented fails
-/// here, and so does a documented word that is no code.
+/// with, once, and nothing else.
 #[test]
 fn every_reason_code_is_documented_and_every_documented_one_is_a_code() {
     let doc = read(&root().join("docs/rules.md"));
@@ -369,9 +355,8 @@ fn the_documentation_points_at_nothing_outside_the_repository() {
     }
 }
 
-/// The code cites the project's docs, not a contract kept elsewhere: no "SPEC"
-/// followed by a section number, however spelled (bare, after "section", after
-/// the section sign), in a comment under src/, tests/ or benches/.
+/// No comment under src/, tests/ or benches/ cites "SPEC" with a section
+/// number, however spelled.
 #[test]
 fn the_code_cites_nothing_outside_the_repository() {
     let mut dirs = vec![
@@ -460,34 +445,19 @@ fn relative_links_in_the_documentation_resolve() {
 }
 
 // ---------------------------------------------------------------------------
-// The docs name only what exists.
-//
-// Checked in README.md, every page under docs/ and the module map (the `//!`
-// doc of src/lib.rs); fenced code blocks are skipped (commands, JSON, diagrams).
-// - A path under one of `PATH_ROOTS` in backticks or as a link target (a
-//   command's words included: `benches/load/harness.py --cold`) exists in the
-//   repository; `--bench NAME`, `--test NAME` and `--example NAME` name a target
-//   that exists. URLs and tokens holding a placeholder (`*`, `<`, `{`, `...`)
-//   are left alone.
-// - A backticked type name (`BudgetStore`, `Sources<T>`, `Phone::parse`) is
-//   defined in src/ (`struct`, `enum`, `trait`, `type`, `union`) or imported by a
-//   `use` somewhere in src/, tests/, benches/ or examples/ (a dependency's type
-//   the code really uses), or is in `NOT_TYPES`. Config keys, metric names and
-//   environment variables are not capitalised words, so they are not read as
-//   types.
-// - In the module map, an intra-doc link or backticked path (`[`http::api`]`,
-//   `crate::store`, `resolve::plan`) starting at a top-level module resolves to
-//   a module file (src/a/b.rs or src/a/b/mod.rs) or a `pub` item of the module
-//   it names.
-// - In Markdown, a bare file name (`reveals.rs`, `status/`) is under the folder
-//   of the last repository path its paragraph named, or anywhere without one.
-// In every `//!` module doc under src/, a backticked path under `PATH_ROOTS`
-// exists, and a bare file name exists beside the file, in the file's own module
-// folder, or at the top of src/. In every comment under src/, a backticked Rust
-// path into this crate (`status::sqlite`, `crate::store::Bounds::short`), read
-// from the commented module or any module around it, resolves to a module file
-// or an item declared in one. `PENDING` lists the few stale names known and
-// not yet mended, each until its comment is rewritten.
+// The docs name only what exists: in README.md, docs/ and the module map
+// (fenced code blocks skipped):
+// - a path under `PATH_ROOTS` (backticked, a command's words, a link target)
+//   exists; `--bench`/`--test`/`--example NAME` names a target; URLs and
+//   placeholders (`*`, `<`, `{`, `...`) are left alone;
+// - a backticked type name is defined or imported in src/, tests/, benches/
+//   or examples/, or is in `NOT_TYPES`;
+// - in the map, a path from a top-level module resolves to a module file or a
+//   `pub` item of it;
+// - in Markdown, a bare file name is under the folder its paragraph last named.
+// In `//!` docs under src/, paths exist and bare names lie beside the file,
+// in its module folder or at the top of src/; in every comment under src/, a
+// Rust path into this crate resolves. `PENDING` lists known stale names.
 // ---------------------------------------------------------------------------
 
 /// Where a repository path starts.
@@ -505,8 +475,7 @@ const PATH_ROOTS: [&str; 11] = [
     ".ci/",
 ];
 
-/// Capitalised words the docs use that are no Rust type: Kubernetes kinds, an
-/// HTTP header, a file.
+/// Capitalised words the docs use that are no Rust type.
 const NOT_TYPES: &[&str] = &[
     "ConfigMap",
     "Deployment",
@@ -521,14 +490,10 @@ const NOT_TYPES: &[&str] = &[
     "Dockerfile",
 ];
 
-/// Names known to be stale in a comment whose rewrite is pending, as (file,
-/// name): each is left out of the checks until its comment is rewritten, then
-/// its entry goes.
+/// Names known stale in a comment pending its rewrite, as (file, name).
 const PENDING: &[(&str, &str)] = &[];
 
-/// Types of std or a dependency that the docs name and the code uses without
-/// importing them by name (the prelude, a path written out, or a type it
-/// replaced).
+/// Types of std or a dependency the docs name and the code uses unimported.
 const ELSEWHERE: &[&str] = &["Debug", "JoinHandle", "Option", "Shared", "Uri", "Vec"];
 
 /// `text` without its fenced code blocks.
@@ -586,9 +551,8 @@ fn module_doc(rust: &str) -> String {
         .join("\n")
 }
 
-/// A word as a repository path, trimmed of what surrounds it in prose (an
-/// anchor, a line number, punctuation); None if it is no path or holds a
-/// placeholder.
+/// A word as a repository path, trimmed of anchor, line number and
+/// punctuation; None if no path or a placeholder.
 fn as_path(word: &str) -> Option<&str> {
     let word = word.trim_matches(|c: char| "\"'(),;".contains(c));
     let word = word.split('#').next().unwrap_or_default();
@@ -635,10 +599,8 @@ fn missing_paths(span: &str, exists: &dyn Fn(&str) -> bool) -> Vec<String> {
     missing
 }
 
-/// A type name a backticked span stands for: `Phone` of `Phone`,
-/// `Sources<T>`, `Phone::parse`, `crate::store::BudgetStore`; None for what is no
-/// type name (`phones_gateway_shed_total`, `server.max_in_flight`, `COPY`,
-/// `Retry-After`, `PHONES_GATEWAY__ADMIN__TOKEN`).
+/// The type name a backticked span stands for (`Phone` of `Sources<T>`,
+/// `Phone::parse`, `crate::store::BudgetStore`); None for no type name.
 fn type_name(span: &str) -> Option<&str> {
     let head = span.split('<').next().unwrap_or_default();
     let segments: Vec<&str> = head.split("::").collect();
@@ -653,8 +615,6 @@ fn type_name(span: &str) -> Option<&str> {
     });
     let word = name.chars().all(|c| c.is_ascii_alphanumeric());
     let has_lower = name.chars().any(|c| c.is_ascii_lowercase());
-    // A generic's arguments or a method after it are fine; anything else
-    // (spaces, a call, an HTTP header) is not a type name.
     let tail_ok = span.len() == head.len() && !span.contains(' ') || span.ends_with('>');
     (module_path && word && has_lower && tail_ok && span.len() > 1).then_some(name)
 }
@@ -667,8 +627,7 @@ fn unknown_type<'a>(span: &'a str, known: &std::collections::HashSet<String>) ->
     (!known.contains(name) && !listed && !name.starts_with("PhonesGateway")).then_some(name)
 }
 
-/// The capitalised identifiers `code` defines (`struct X`, `enum X`, `trait X`,
-/// `type X`, `union X`) or imports (`use a::{X, y::Z}`).
+/// The capitalised identifiers `code` defines or imports.
 fn type_names_of(code: &str, names: &mut std::collections::HashSet<String>) {
     let ident = |s: &str| -> String {
         s.chars()
@@ -712,8 +671,7 @@ fn module_text(path: &[&str], read: &dyn Fn(&str) -> Option<String>) -> Option<S
 }
 
 /// Whether module source `text` declares `item` (only `pub` ones when
-/// `public_only`): a struct, enum, trait, type, fn, const, static, mod, union
-/// or macro, or a name its `use` lines bring in (a re-export).
+/// `public_only`), or brings it in with `use`.
 fn declares(text: &str, item: &str, public_only: bool) -> bool {
     let named = |r: &str| {
         r.starts_with(item)
@@ -752,10 +710,9 @@ fn declares(text: &str, item: &str, public_only: bool) -> bool {
     })
 }
 
-/// Whether the Rust path `segments` (without `crate::`), read from module
-/// `base`, names a module or an item of one: the longest prefix that is a module
-/// with a file, then the next segment declared in it (what follows, a method or
-/// a variant, is not checked).
+/// Whether the Rust path `segments` (no `crate::`), read from module `base`,
+/// names a module with a file or an item declared in one (a trailing method
+/// or variant is not checked).
 fn resolves(
     base: &[&str],
     segments: &[&str],
@@ -775,8 +732,7 @@ fn resolves(
     }
     match rest {
         [] => true,
-        // More after an item: a type's method or variant, never a module that
-        // has no file (`http::snapshot` is no item `http` of a module).
+        // After an item, only a type's method or variant.
         [item, _, ..] if !item.starts_with(|c: char| c.is_ascii_uppercase()) => false,
         [item, ..] => {
             module_text(&module, read).is_some_and(|text| declares(&text, item, public_only))
@@ -793,13 +749,10 @@ fn mentions_word(text: &str, word: &str) -> bool {
     })
 }
 
-/// The backticked Rust paths of `doc` (`http::api`, `crate::store::Database`,
-/// `status::sqlite`, `[`resolve::plan`]`) that start at a module of this crate,
-/// read from the module `file` is (from the crate root, or from any module
-/// around it), and resolve to nothing. A path into a dependency that shares a
-/// module's name (`http::Uri`, with `http` among `dependencies`) is left alone when
-/// it does not resolve here and names a type. The map (`public_only`) names
-/// only `pub` items and may name a module alone (`[`config`]`).
+/// The backticked Rust paths of `doc` into this crate, read from the module
+/// `file` is or any around it, that resolve to nothing. A dependency's path
+/// sharing a module's name (`http::Uri`) is left alone when it names a type.
+/// The map (`public_only`) names only `pub` items and may name a module alone.
 fn unresolved_rust_paths(
     doc: &str,
     file: &str,
@@ -834,8 +787,7 @@ fn unresolved_rust_paths(
             continue;
         }
         let bases: &[&[&str]] = if from_crate { &bases[..1] } else { &bases };
-        // Ours when it says so (`crate::`), or its first segment is a module
-        // here or around the file, or it is an intra-doc link of the map.
+        // Ours: `crate::`, a module here or around the file, or a map link.
         let ours = from_crate
             || segments.len() == 1
             || bases.iter().any(|b| {
@@ -861,9 +813,8 @@ fn unresolved_rust_paths(
     unresolved
 }
 
-/// The bare file names of a module doc (`reveals.rs`, `status/`) that exist
-/// neither beside the file, nor in its own module folder, nor at the top of
-/// src/. `file`: the documented file's path from the repository root.
+/// The bare file names of a module doc that exist neither beside `file`, nor
+/// in its module folder, nor at the top of src/.
 fn missing_siblings(doc: &str, file: &str, exists: &dyn Fn(&str) -> bool) -> Vec<String> {
     let dir = file.rsplit_once('/').map_or("", |(d, _)| d);
     let own = file
@@ -892,10 +843,8 @@ fn missing_siblings(doc: &str, file: &str, exists: &dyn Fn(&str) -> bool) -> Vec
     missing
 }
 
-/// The bare file names of a Markdown text (`reveals.rs`, `status/`) that are
-/// not where the paragraph points: under the folder of the last repository
-/// path named before them in their paragraph (`src/store/`, or
-/// `src/http/api/routes.rs` for its folder), else anywhere in the repository.
+/// The bare file names of a Markdown text not under the folder of the last
+/// repository path named before them in their paragraph (else anywhere).
 /// `found(dir, name)`: whether `dir` or a folder below it holds `name`.
 fn misplaced_names(text: &str, found: &dyn Fn(&str, &str) -> bool) -> Vec<String> {
     let mut misplaced = Vec::new();
@@ -928,8 +877,8 @@ fn misplaced_names(text: &str, found: &dyn Fn(&str, &str) -> bool) -> Vec<String
     misplaced
 }
 
-/// Whether `dir` (the repository when empty) or a folder below it holds a file
-/// or folder called `name`; build output and version control are not searched.
+/// Whether `dir` (the repository when empty) or below holds `name`; build
+/// output and version control are not searched.
 fn found_under(dir: &str, name: &str) -> bool {
     let mut dirs = vec![root().join(dir)];
     while let Some(dir) = dirs.pop() {
@@ -987,8 +936,7 @@ fn read_in_repo(path: &str) -> Option<String> {
     fs::read_to_string(root().join(path)).ok()
 }
 
-/// README.md, the pages under docs/ and the module map, each with the text
-/// checked.
+/// README.md, docs/ and the module map, each with the text checked.
 fn named_places() -> Vec<(String, String)> {
     let mut places: Vec<(String, String)> = documentation()
         .into_iter()
@@ -1076,7 +1024,6 @@ fn the_module_map_names_only_modules_that_exist() {
         unresolved.is_empty(),
         "src/lib.rs names what is not there: {unresolved:?}"
     );
-    // Every top-level module is on the map.
     let absent: Vec<&String> = modules
         .iter()
         .filter(|m| !doc.contains(&format!("[`{m}`]")))
@@ -1087,8 +1034,7 @@ fn the_module_map_names_only_modules_that_exist() {
     );
 }
 
-/// The crates of Cargo.lock: what the code may name through a dependency
-/// (`http::Uri` is the `http` crate's, re-exported by hyper and axum).
+/// The crates of Cargo.lock: what the code may name through a dependency.
 fn dependencies() -> Vec<String> {
     read(&root().join("Cargo.lock"))
         .lines()
@@ -1097,8 +1043,8 @@ fn dependencies() -> Vec<String> {
         .collect()
 }
 
-/// Every comment under src/ (`//!`, `///` and `//`) that names a path into this
-/// crate names one that exists, beside the module map's stricter check.
+/// Every comment under src/ that names a path into this crate names one that
+/// exists.
 #[test]
 fn the_comments_name_only_modules_and_items_that_exist() {
     let dependencies = dependencies();
@@ -1124,6 +1070,14 @@ fn the_comments_name_only_modules_and_items_that_exist() {
     );
 }
 
+/// The text of `path` among `texts`, as (path, text) pairs.
+fn reader(texts: &[(&str, &str)], path: &str) -> Option<String> {
+    texts
+        .iter()
+        .find(|(f, _)| *f == path)
+        .map(|(_, t)| t.to_string())
+}
+
 /// The checker itself, on small texts and a made-up repository.
 #[test]
 fn the_name_checker_catches_stale_names_and_leaves_the_rest() {
@@ -1138,62 +1092,46 @@ fn the_name_checker_catches_stale_names_and_leaves_the_rest() {
         "benches/load/harness.py",
         "tests/it/main.rs",
     ];
-    let dirs = [
-        "src",
-        "src/store",
-        "src/store/reveals",
-        "src/http",
-        "src/http/api",
-        "benches",
-        "benches/load",
-        "tests",
-        "tests/it",
-    ];
+    // A path exists as one of `files` or a folder above one.
     let exists = |p: &str| {
         let p = p.trim_end_matches('/');
-        files.contains(&p) || dirs.contains(&p)
+        files
+            .iter()
+            .any(|f| *f == p || f.starts_with(&format!("{p}/")))
     };
 
-    // Paths: backticked, as a command's words, as link targets.
-    assert_eq!(
-        missing_paths("src/http/extract.rs", &exists),
-        ["src/http/extract.rs"]
-    );
-    assert!(missing_paths("src/http/api/extract.rs", &exists).is_empty());
-    assert!(missing_paths("src/store/reveals/", &exists).is_empty());
-    assert_eq!(
-        missing_paths("src/store/reveals.rs", &exists),
-        ["src/store/reveals.rs"]
-    );
-    assert!(missing_paths("GO_SEED_BIN=... benches/load/harness.py --cold", &exists).is_empty());
-    assert_eq!(
-        missing_paths("benches/load/fleet.py --quick", &exists),
-        ["benches/load/fleet.py"]
-    );
-    assert!(missing_paths("cargo bench --bench cache_memory", &exists).is_empty());
-    assert!(missing_paths("<bench binary> --bench router/h", &exists).is_empty());
-    assert!(missing_paths("cargo bench --bench NAME", &exists).is_empty());
-    assert_eq!(
-        missing_paths("cargo bench --bench cache_mem", &exists),
-        ["--bench cache_mem"]
-    );
-    assert!(missing_paths("cargo test --test it rules::", &exists).is_empty());
-    assert_eq!(
-        missing_paths("cargo test --test its", &exists),
-        ["--test its"]
-    );
-    assert!(missing_paths("src/http/api/extract.rs:12", &exists).is_empty());
-    assert!(missing_paths("tests/it/main.rs#L3", &exists).is_empty());
-    // Placeholders, URLs, keys and prose are left alone.
-    for span in [
-        "src/*/mod.rs",
-        "helm/<chart>/values.yaml",
-        "https://example.invalid/src/x.rs",
-        "server.max_in_flight",
-        "phones_gateway_shed_total",
-        "a sentence with src in it",
+    // Paths: backticked, as a command's words, as link targets; placeholders,
+    // URLs, keys and prose are left alone.
+    for (span, missing) in [
+        ("src/http/extract.rs", Some("src/http/extract.rs")),
+        ("src/http/api/extract.rs", None),
+        ("src/store/reveals/", None),
+        ("src/store/reveals.rs", Some("src/store/reveals.rs")),
+        ("GO_SEED_BIN=... benches/load/harness.py --cold", None),
+        (
+            "benches/load/fleet.py --quick",
+            Some("benches/load/fleet.py"),
+        ),
+        ("cargo bench --bench cache_memory", None),
+        ("<bench binary> --bench router/h", None),
+        ("cargo bench --bench NAME", None),
+        ("cargo bench --bench cache_mem", Some("--bench cache_mem")),
+        ("cargo test --test it rules::", None),
+        ("cargo test --test its", Some("--test its")),
+        ("src/http/api/extract.rs:12", None),
+        ("tests/it/main.rs#L3", None),
+        ("src/*/mod.rs", None),
+        ("helm/<chart>/values.yaml", None),
+        ("https://example.invalid/src/x.rs", None),
+        ("server.max_in_flight", None),
+        ("phones_gateway_shed_total", None),
+        ("a sentence with src in it", None),
     ] {
-        assert!(missing_paths(span, &exists).is_empty(), "{span}");
+        assert_eq!(
+            missing_paths(span, &exists),
+            Vec::from_iter(missing),
+            "{span}"
+        );
     }
 
     // Types: defined or imported by the code, or listed.
@@ -1212,28 +1150,25 @@ fn the_name_checker_catches_stale_names_and_leaves_the_rest() {
     ] {
         assert!(known.contains(name), "{name}: {known:?}");
     }
-    assert_eq!(unknown_type("PublicState", &known), Some("PublicState"));
-    assert_eq!(
-        unknown_type("crate::store::BudgetStores", &known),
-        Some("BudgetStores")
-    );
-    assert_eq!(unknown_type("Sources<T>", &known), Some("Sources"));
-    assert_eq!(unknown_type("Source::parse", &known), None);
-    assert_eq!(unknown_type("BudgetStore", &known), None);
-    for span in [
-        "server.max_in_flight",
-        "phones_gateway_budget_refused_total",
-        "PHONES_GATEWAY__ADMIN__TOKEN",
-        "COPY",
-        "Retry-After",
-        "X-Viewer-Id",
-        "Authorization: Bearer <admin.token>",
-        "PhonesGatewayTargetDown",
-        "ConfigMap",
-        "GET /v1/public-phone",
-        "+*********67",
+    for (span, unknown) in [
+        ("PublicState", Some("PublicState")),
+        ("crate::store::BudgetStores", Some("BudgetStores")),
+        ("Sources<T>", Some("Sources")),
+        ("Source::parse", None),
+        ("BudgetStore", None),
+        ("server.max_in_flight", None),
+        ("phones_gateway_budget_refused_total", None),
+        ("PHONES_GATEWAY__ADMIN__TOKEN", None),
+        ("COPY", None),
+        ("Retry-After", None),
+        ("X-Viewer-Id", None),
+        ("Authorization: Bearer <admin.token>", None),
+        ("PhonesGatewayTargetDown", None),
+        ("ConfigMap", None),
+        ("GET /v1/public-phone", None),
+        ("+*********67", None),
     ] {
-        assert_eq!(unknown_type(span, &known), None, "{span}");
+        assert_eq!(unknown_type(span, &known), unknown, "{span}");
     }
 
     // Module paths in the map.
@@ -1249,12 +1184,7 @@ fn the_name_checker_catches_stale_names_and_leaves_the_rest() {
             "pub mod extract;\npub struct RequestLimits;\n",
         ),
     ];
-    let read = |p: &str| {
-        texts
-            .iter()
-            .find(|(f, _)| *f == p)
-            .map(|(_, t)| t.to_string())
-    };
+    let read = |p: &str| reader(&texts, p);
     let deps = ["http".to_string(), "tower".to_string()];
     let doc = "- [`store`]: `RevealStore` of `crate::store::RevealStore::write`; [`http::api`] \
                with `http::api::RequestLimits` and `http::api::extract`, and \
@@ -1286,12 +1216,7 @@ fn the_name_checker_catches_stale_names_and_leaves_the_rest() {
         ),
         ("src/http/api/durations.rs", ""),
     ];
-    let read = |p: &str| {
-        texts
-            .iter()
-            .find(|(f, _)| *f == p)
-            .map(|(_, t)| t.to_string())
-    };
+    let read = |p: &str| reader(&texts, p);
     let doc = "`status::sqlite::BEGIN_WRITE`, `store::database::Pg`, `database::Pg::new`, \
                `http::durations`, `api::durations`, `crate::status::sqlite`, `status`";
     assert_eq!(
@@ -1369,9 +1294,8 @@ fn the_name_checker_catches_stale_names_and_leaves_the_rest() {
     assert_eq!(backticked("`a` and `b::C`, ``"), ["a", "b::C", ""]);
 }
 
-/// docs/rules.md, "Verdict or undecided": its table of how a call ends is the
-/// code's one table (`upstream::ending`), row by row: kind, code, class,
-/// breaker, what the bound learns, outcome.
+/// docs/rules.md, "Verdict or undecided": its table of how a call ends is
+/// `upstream::ending`'s, row by row.
 #[test]
 fn the_table_of_how_a_call_ends_is_the_codes() {
     let doc = read(&root().join("docs/rules.md"));
@@ -1411,10 +1335,8 @@ fn the_table_of_how_a_call_ends_is_the_codes() {
     assert_eq!(rows, code, "docs/rules.md against upstream::ending's table");
 }
 
-/// docs/runbook.md gives each alert of the chart its expression, how long it
-/// must hold and the values it reads, as the chart renders them with the
-/// default values (`tests/it/support/alerts.rs`): a threshold or expression
-/// changed in the chart and not in the runbook fails here.
+/// docs/runbook.md gives each alert the expression, duration and values the
+/// chart renders by default (`tests/it/support/alerts.rs`).
 #[test]
 fn the_runbook_shows_each_alerts_expression_and_threshold() {
     let runbook = read(&root().join("docs/runbook.md"));
@@ -1448,10 +1370,9 @@ fn the_runbook_shows_each_alerts_expression_and_threshold() {
     }
 }
 
-/// Every migration of either dialect is named in CHANGELOG.md (as `NNNN
-/// description`, the way `phones-gateway migrate --status` lists it), so a
-/// new one is entered with whether it is costly; and docs/operations.md has
-/// the upgrade procedure, which starts from `migrate --status`.
+/// Every migration of either dialect is named in CHANGELOG.md (`NNNN
+/// description`, as `migrate --status` lists it), and docs/operations.md has
+/// the upgrade procedure, starting from `migrate --status`.
 #[test]
 fn the_changelog_names_every_migration_and_the_upgrade_is_documented() {
     let changelog = read(&root().join("CHANGELOG.md"));
@@ -1496,10 +1417,8 @@ fn the_changelog_names_every_migration_and_the_upgrade_is_documented() {
     }
 }
 
-/// `config/simulator.toml`, the example config for `serve` against
-/// `phones-gateway simulate`, loads, and points every upstream at the address
-/// the simulator listens on by default (the `simulate` command's own default,
-/// read through its flags).
+/// `config/simulator.toml` loads and points every upstream at the address
+/// `phones-gateway simulate` listens on by default (read through its flags).
 #[test]
 fn the_simulator_example_points_every_upstream_at_the_simulator() {
     use clap::Parser;

@@ -1,23 +1,12 @@
 //! Imports go one way: http -> resolve -> (cache, upstream, status) -> store
-//! -> domain. This test parses every file of `src/` with syn and reads the
-//! paths it names (`crate::`, `super::`, `self::` and relative ones, `use`
-//! groups expanded, paths in macro calls too), builds the graph between
-//! top-level modules and fails on a cycle, naming it, and on a low module
-//! importing anything above it (`domain` imports nothing of the crate;
-//! `config` only the domain; `telemetry` only config and domain).
+//! -> domain. Every file of `src/` is parsed with syn for the paths it names;
+//! the graph between top-level modules must have no cycle, and a low module
+//! imports nothing above it (see `LOW`). Inside a folder files may import
+//! each other both ways (a folder is one module to the rest).
 //!
-//! Inside a folder, files may import each other both ways: a folder is one
-//! module to the rest of the crate, and a file is folded into its sibling
-//! where that reads better, never kept apart only to keep a cycle away.
-//!
-//! It also fails when a file outside `store` names sqlx: the database is the
-//! store's, and the rest of the crate reaches it through the store's handles.
-//!
-//! Inside `http`, the server imports the API and never the reverse
-//! (`http::server -> http::api`). And the route table is the one place a route's
-//! path is written: no route path literal appears twice in `src/`.
-//!
-//! And no file of `src/` is over [`MAX_LINES`] lines, its unit tests included.
+//! Also: only `store` names sqlx; `http::server -> http::api`, never the
+//! reverse; no route path literal appears twice in `src/`; no file of `src/`
+//! is over [`MAX_LINES`] lines.
 
 #![allow(clippy::unwrap_used)]
 
@@ -59,9 +48,8 @@ fn low_modules_import_nothing_above_them() {
     }
 }
 
-/// `http::server -> http::api`: the server runs the API (its front answers the
-/// lookup, speaks `ApiError`, reads the route table); the API does not know how
-/// it is served.
+/// `http::server -> http::api`: the server runs the API; the API does not
+/// know how it is served.
 #[test]
 fn the_api_does_not_import_the_server() {
     let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
@@ -73,10 +61,9 @@ fn the_api_does_not_import_the_server() {
     );
 }
 
-/// The route table names its handlers, so nothing it reaches names the table:
-/// the handlers take their paths from the leaf `paths`, the OpenAPI documents
-/// and the request-duration histogram are handed the table's rows, and no
-/// circle runs through the files of `http::api`.
+/// The route table names its handlers, so nothing it reaches names the table
+/// (handlers take paths from the leaf `paths`), and no circle runs through
+/// the files of `http::api`.
 #[test]
 fn the_files_of_the_api_form_no_cycle() {
     let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
@@ -90,10 +77,8 @@ fn the_files_of_the_api_form_no_cycle() {
     }
 }
 
-/// Every path of the route table is written once in `src/` (in
-/// `http/api/paths.rs`), and no other literal that looks like one of our
-/// routes (`"/v1/...`, `"/admin...`) is written twice: a second copy is a second
-/// place to change.
+/// Every route table path is written once in `src/` (`http/api/paths.rs`),
+/// and no other route-like literal (`"/v1/...`, `"/admin...`) twice.
 #[test]
 fn no_route_path_is_written_twice() {
     let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
@@ -127,27 +112,35 @@ fn no_route_path_is_written_twice() {
     );
 }
 
-/// The most lines a file of `src/` may have, its unit tests included: past
-/// it, a file holds more than one reader can keep in mind; split it by
-/// concern (or move its tests to a sibling file).
+/// The most lines a file of `src/` may have, unit tests included: past it,
+/// split it by concern (or move its tests to a sibling file).
 const MAX_LINES: usize = 800;
 /// The most lines of a file of `src/upstream/`.
 const MAX_UPSTREAM_LINES: usize = 500;
 
+/// The files under `dir` (from the repository root) over `max` lines, with
+/// their counts; asserts it read more than `at_least` files.
+fn files_over(dir: &str, max: usize, at_least: usize) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = rust_files(&root.join(dir));
+    assert!(files.len() > at_least, "read the files: {files:?}");
+    let lines = |path: &PathBuf| std::fs::read_to_string(path).unwrap().lines().count();
+    files
+        .iter()
+        .filter(|path| lines(path) > max)
+        .map(|path| {
+            format!(
+                "{}: {} lines",
+                path.strip_prefix(root).unwrap().display(),
+                lines(path)
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn no_file_of_src_is_over_the_size_rule() {
-    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
-    let files = rust_files(src);
-    assert!(files.len() > 50, "read the files: {files:?}");
-    let over: Vec<String> = files
-        .iter()
-        .map(|path| {
-            let lines = std::fs::read_to_string(path).unwrap().lines().count();
-            (path.strip_prefix(src).unwrap().display().to_string(), lines)
-        })
-        .filter(|(_, lines)| *lines > MAX_LINES)
-        .map(|(file, lines)| format!("src/{file}: {lines} lines"))
-        .collect();
+    let over = files_over("src", MAX_LINES, 50);
     assert!(
         over.is_empty(),
         "files over {MAX_LINES} lines: {}",
@@ -159,20 +152,7 @@ fn no_file_of_src_is_over_the_size_rule() {
 /// `src/upstream/` is over [`MAX_UPSTREAM_LINES`].
 #[test]
 fn no_file_of_the_upstream_call_is_over_its_size_rule() {
-    let upstream = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src/upstream"));
-    let files = rust_files(upstream);
-    assert!(files.len() > 10, "read the files: {files:?}");
-    let over: Vec<String> = files
-        .iter()
-        .map(|path| {
-            (
-                path.display().to_string(),
-                std::fs::read_to_string(path).unwrap().lines().count(),
-            )
-        })
-        .filter(|(_, lines)| *lines > MAX_UPSTREAM_LINES)
-        .map(|(file, lines)| format!("{file}: {lines} lines"))
-        .collect();
+    let over = files_over("src/upstream", MAX_UPSTREAM_LINES, 10);
     assert!(
         over.is_empty(),
         "files over {MAX_UPSTREAM_LINES} lines: {}",
@@ -222,14 +202,13 @@ fn the_sqlx_check_reads_code_not_comments() {
     assert!(!names_sqlx("use my_sqlx::Thing;"));
 }
 
-/// Whether `text` names the sqlx crate in code (a path `sqlx::...`, or
-/// `extern crate sqlx`), comments skipped.
+/// Whether `text` names the sqlx crate in code, comments skipped.
 fn names_sqlx(text: &str) -> bool {
     names_crate(text, "sqlx")
 }
 
-/// Whether `text` names the crate `name` in code: a path `name::...` (not
-/// `crate::name::`, a module of ours), or `extern crate name`.
+/// Whether `text` names crate `name` in code: `name::...` (not
+/// `crate::name::`) or `extern crate name`.
 fn names_crate(text: &str, name: &str) -> bool {
     crate_in(&names_in(text), name)
 }
@@ -243,8 +222,8 @@ fn crate_in(names: &Names, name: &str) -> bool {
             .any(|p| p.segments.len() >= 2 && p.segments[0] == name)
 }
 
-/// The selection rules and the fan-out know nothing of HTTP: the request's
-/// trace comes in as `telemetry::trace::RequestTrace`, not as headers.
+/// The selection rules and the fan-out know nothing of HTTP: the trace comes
+/// in as `telemetry::trace::RequestTrace`, not as headers.
 #[test]
 fn resolve_imports_nothing_of_http() {
     let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
@@ -313,8 +292,7 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// Top-level module -> the top-level modules its files name (`mod` is
-/// `lib.rs`, the crate root).
+/// Top-level module -> the top-level modules its files name (`mod`: lib.rs).
 fn module_graph(src: &Path) -> Graph {
     folder_graph(src, src)
 }
@@ -484,14 +462,13 @@ fn folder_graph(src: &Path, folder: &Path) -> Graph {
     graph
 }
 
-/// Whether `path` is the root module of its folder (`mod.rs`; `lib.rs` and
-/// `main.rs` in `src/`).
+/// Whether `path` is its folder's root module (`mod.rs`; lib.rs, main.rs).
 fn is_root(src: &Path, path: &Path) -> bool {
     path.ends_with("mod.rs") || path == src.join("lib.rs") || path == src.join("main.rs")
 }
 
-/// Adds the imports from `node` (of the folder at `folder`, whose child nodes
-/// are `children`) that the text of the module `module` draws.
+/// Adds the imports from `node` (its folder's children `children`) that the
+/// text of `module` draws.
 fn add_imports(
     graph: &mut Graph,
     folder: &[String],
@@ -516,9 +493,8 @@ fn add_imports(
     graph.entry(node.to_owned()).or_default().extend(targets);
 }
 
-/// A path as written in a file: its segments, the inline modules (`mod x {
-/// .. }`) around it, whether it starts with `::` (another crate) and whether
-/// it sits in a `#[cfg(test)]` inline module.
+/// A path as written: its segments, the inline modules around it, whether it
+/// starts with `::` and whether it sits in a `#[cfg(test)]` inline module.
 struct WrittenPath {
     inline: Vec<String>,
     segments: Vec<String>,
@@ -526,12 +502,10 @@ struct WrittenPath {
     in_test: bool,
 }
 
-/// What the checks read from one file, parsed by syn: the paths it names in
-/// code (`use` trees expanded: `a::{b, c::D}` is `a::b` and `a::c::D`,
-/// `a::{self, *}` is `a`), its string literals and the crates of its `extern
-/// crate` items. Inside a macro call or an attribute's arguments, which syn
-/// keeps as tokens, a path is a run of identifiers joined by `::` and a
-/// literal is a literal token; doc comments are no code.
+/// What the checks read from one file: the paths it names in code (`use`
+/// trees expanded), its string literals and its `extern crate`s. In macro
+/// calls and attribute arguments a path is a run of `::`-joined identifiers;
+/// doc comments are no code.
 #[derive(Default)]
 struct Names {
     paths: Vec<WrittenPath>,
@@ -539,9 +513,8 @@ struct Names {
     extern_crates: Vec<String>,
 }
 
-/// What [`names_in`] reads from the file at `path` under `src/`, each file
-/// parsed once for all the tests (a file is read by its folder and each
-/// folder above it).
+/// What [`names_in`] reads from `path` under `src/`, each file parsed once
+/// for all the tests.
 fn parsed(path: &Path) -> &'static Names {
     static FILES: OnceLock<BTreeMap<PathBuf, Names>> = OnceLock::new();
     let files = FILES.get_or_init(|| {
@@ -568,7 +541,7 @@ fn names_in(text: &str) -> Names {
 #[derive(Default)]
 struct Reader {
     names: Names,
-    /// The inline modules the walk is in, and whether one is a test's.
+    /// The inline modules around, and whether each is a test's.
     inline: Vec<(String, bool)>,
 }
 
@@ -646,7 +619,6 @@ fn use_paths(tree: &syn::UseTree, mut prefix: Vec<String>, out: &mut Vec<Vec<Str
 
 impl<'ast> Visit<'ast> for Reader {
     fn visit_item_mod(&mut self, item: &'ast syn::ItemMod) {
-        // A `mod x;` declaration names no path.
         if item.content.is_none() {
             return;
         }
@@ -705,13 +677,10 @@ impl<'ast> Visit<'ast> for Reader {
     }
 }
 
-/// Every path of two segments or more that `text` (the module `module`,
-/// segments after `crate`) names, as the crate-absolute path it resolves to:
-/// `crate::`, `super::`, `self::` and bare paths (relative to the module they
-/// are written in, inline `mod x { ... }` modules included). The paths of a
-/// `#[cfg(test)]` inline module are left out: a module's tests may drive it
-/// through the folder's `mod.rs` without making the shipped code go round in
-/// a cycle.
+/// Every path of two segments or more that `text` (module `module`) names,
+/// resolved crate-absolute (`crate::`, `super::`, `self::`, bare, inline
+/// modules included). A `#[cfg(test)]` inline module's paths are left out:
+/// a module's tests may go through the folder's `mod.rs`.
 fn paths_of(text: &str, module: &[String]) -> Vec<Vec<String>> {
     paths_in(&names_in(text), module)
 }
@@ -730,8 +699,8 @@ fn paths_in(names: &Names, module: &[String]) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The crate-absolute path of `path` written in the module `here`, if it has
-/// two segments or more and stays inside the crate.
+/// The crate-absolute path of `path` written in module `here`, if of two
+/// segments or more and inside the crate.
 fn resolve(here: &[String], path: &[String]) -> Option<Vec<String>> {
     if path.len() < 2 {
         return None;

@@ -1,9 +1,7 @@
-//! The adaptive bound on calls in flight (docs/adaptive-limit.md), whole-app: a
-//! real-phone upstream that serves a fixed number of calls at once and answers
-//! 429 beyond; the limit (the test's own app's, read from its upstream client:
-//! `phones_gateway_upstream_limit` on /metrics is the process's recorder,
-//! which every app of the test binary writes) comes down near that capacity
-//! and climbs back when it is raised.
+//! The adaptive bound on calls in flight (docs/adaptive-limit.md), whole-app:
+//! against an upstream serving a fixed number of calls and 429 beyond, the
+//! app's own limit (read from its upstream client, not the process-wide
+//! metric) comes down near that capacity and climbs back when it is raised.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -61,8 +59,7 @@ async fn the_limit_comes_down_to_a_fixed_capacity_and_climbs_back_when_it_is_rai
         ))
         .await,
     );
-    // 48 clients, each asking for new sellers' numbers without pause: six
-    // times what the upstream serves at once.
+    // 48 clients asking for new sellers without pause: six times capacity.
     let stop = Arc::new(AtomicBool::new(false));
     let next = Arc::new(AtomicUsize::new(1));
     let clients: Vec<_> = (0..48)
@@ -76,10 +73,8 @@ async fn the_limit_comes_down_to_a_fixed_capacity_and_climbs_back_when_it_is_rai
             })
         })
         .collect();
-    // Down near the capacity: a cut lands at 0.9 x the calls in flight, and the
-    // limit then grows about one place per round trip until the next 429, so
-    // it stays within a few places of 8; 16 (twice the capacity) leaves room
-    // for a busy box, and is far below the configured 256.
+    // Down near the capacity (8): 16 leaves room for a busy box, far below
+    // the configured 256.
     eventually(
         "the limit came down near 8",
         Duration::from_secs(10),

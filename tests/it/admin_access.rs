@@ -59,9 +59,8 @@ fn token_of(scope: Scope) -> &'static str {
     }
 }
 
-/// A request each guarded row of the route table answers cheaply when
-/// admitted (a bad body or parameter is a 400, never a 401 or 403), and a
-/// method it does not serve.
+/// A cheap request for each guarded route (a bad body or parameter is a 400,
+/// never 401 or 403), and a method it does not serve.
 fn request_for(path: &str) -> (Method, String, Method) {
     match path {
         "/admin/v1/calltracking/statuses" => (Method::POST, path.into(), Method::DELETE),
@@ -90,10 +89,8 @@ async fn send(
     app.admin_request(method, path, &headers, "{}").await
 }
 
-/// Each scope against each guarded route of the table: the token with the
-/// route's scope is admitted (whatever the handler then says), every other
-/// is a 403 naming the scope; the token with every scope is admitted
-/// everywhere.
+/// Each scope against each guarded route: the route's scope is admitted,
+/// every other is a 403 naming the scope; the all-scopes token everywhere.
 #[tokio::test]
 async fn each_scope_against_each_admin_route() {
     let app = TestApp::spawn_with(&one_token_per_scope()).await;
@@ -170,10 +167,10 @@ async fn unauthorized_then_forbidden_then_not_found_or_not_allowed() {
         .assert_problem(401);
 }
 
-/// A token file rewritten under the running app: a caller that switches once
-/// the new value is written is never refused (the old value works until the
-/// new one does, and stops that same moment), within 10 s; an emptied or
-/// removed file keeps the last good value and says so.
+/// A token file rewritten under the running app: a caller switching once the
+/// new value is written is never refused (the old works until the new does,
+/// then stops), within 10 s; an emptied or removed file keeps the last good
+/// value and says so.
 #[tokio::test]
 async fn a_rotated_token_file_takes_over_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -190,14 +187,10 @@ async fn a_rotated_token_file_takes_over_without_a_restart() {
     };
     assert!(ok(OLD).await);
     assert!(!ok(NEW).await);
-    // Written as an editor or kubelet would: a new file moved over the old.
-    let staged = dir.path().join("staged");
-    std::fs::write(&staged, NEW).unwrap();
-    std::fs::rename(&staged, &file).unwrap();
+    replace_file(&file, NEW);
     let written = Instant::now();
     loop {
-        // The new value first: once it works, the swap has happened, so the
-        // old one must already fail (no moment when both work).
+        // Once the new value works, the old must already fail.
         if ok(NEW).await {
             assert!(
                 !ok(OLD).await,
@@ -206,9 +199,8 @@ async fn a_rotated_token_file_takes_over_without_a_restart() {
             );
             break;
         }
-        // Not swapped when the new one was tried: the old one works, unless
-        // the swap came in between, and then the new one must (no moment
-        // when neither works).
+        // Else the old works, unless the swap came in between, and then the
+        // new one must.
         if !ok(OLD).await {
             assert!(ok(NEW).await, "neither the old nor the new value worked");
             break;
@@ -252,13 +244,7 @@ async fn a_rotated_token_file_takes_over_without_a_restart() {
 /// `phones_gateway_admin_token_reload_errors_total{name="rotating"}` so far.
 async fn reload_errors(app: &TestApp) -> u64 {
     let text = app.get_admin_without_token(METRICS).await.text;
-    text.lines()
-        .find(|l| {
-            l.starts_with("phones_gateway_admin_token_reload_errors_total")
-                && l.contains("name=\"rotating\"")
-        })
-        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .unwrap_or(0)
+    reload_errors_in(&text, "rotating")
 }
 
 fn check_config(toml: &str, dir: &std::path::Path) -> (Option<i32>, String) {
@@ -283,9 +269,8 @@ fn check_config(toml: &str, dir: &std::path::Path) -> (Option<i32>, String) {
     (output.status.code(), stderr)
 }
 
-/// `check-config` refuses, naming the key: an unknown scope, a duplicate name,
-/// a token two entries share, a token file that cannot be read; and never
-/// prints a token's value.
+/// `check-config` refuses, naming the key, never printing a token's value: an
+/// unknown scope, a duplicate name, a shared token, an unreadable file.
 #[test]
 fn bad_tokens_are_refused_at_start_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -330,13 +315,12 @@ fn bad_tokens_are_refused_at_start_naming_the_key() {
     assert_eq!(code, Some(0), "{stderr}");
 }
 
-/// The values of the token file the binary re-reads in
+/// The token file values of
 /// `whitespace_around_a_token_file_s_value_is_not_part_of_it`.
 pub const FILE_OLD: &str = "tok-file-old-8d2e5a";
 pub const FILE_NEW: &str = "tok-file-new-3b7c91";
 
-/// `path` written as an editor or kubelet writes it: a new file moved over the
-/// old.
+/// `path` written as an editor or kubelet writes it: a new file moved over.
 fn replace_file(path: &std::path::Path, contents: &str) {
     let staged = path.with_extension("staged");
     std::fs::write(&staged, contents).unwrap();
@@ -355,12 +339,10 @@ fn reload_errors_in(metrics: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// docs/admin-access.md, "Rotation", on the binary as operators run it: a token
-/// file rewritten with blank lines and spaces around its value (as `echo`,
-/// editors and Secret tools leave it) rotates to the value without them, the
-/// old value stopping; a file rewritten with a value a header cannot carry
-/// (a space inside it), then emptied, keeps that last good value, and says so:
-/// a warning with the reason and the process's own reload-error counter.
+/// docs/admin-access.md, "Rotation", on the binary: a token file rewritten
+/// with blank lines and spaces around its value rotates to the bare value;
+/// one with a value no header can carry, then emptied, keeps the last good
+/// value and says so (a warning and the reload-error counter).
 #[tokio::test]
 async fn whitespace_around_a_token_file_s_value_is_not_part_of_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -392,8 +374,7 @@ async fn whitespace_around_a_token_file_s_value_is_not_part_of_it() {
 
     replace_file(&file, &format!("\n  {FILE_NEW} \r\n\n\n"));
     let written = Instant::now();
-    // The old value first: once it fails, the swap has happened, so the new
-    // one must work.
+    // Once the old value fails, the new one must work.
     while status(FILE_OLD).await == 200 {
         assert!(
             written.elapsed() < Duration::from_secs(10),
@@ -441,12 +422,10 @@ async fn whitespace_around_a_token_file_s_value_is_not_part_of_it() {
     assert_eq!(status(FILE_OLD).await, 401);
 }
 
-/// `check-config` refuses a token file holding a value a header cannot carry
-/// (a space or a tab inside it, a control character, a character outside
-/// ASCII) or nothing but whitespace, naming the key and never the value; a
-/// file whose value has blank lines and spaces around it is fine. A token set
-/// in the configuration is taken verbatim, so one with a line ending is
-/// refused, naming `admin.token`.
+/// `check-config` refuses a token file value no header can carry (space,
+/// tab, control or non-ASCII character) or only whitespace, naming the key
+/// and never the value; blank lines and spaces around it are fine. A token
+/// in the configuration is verbatim: one with a line ending is refused.
 #[test]
 fn a_token_file_a_header_cannot_carry_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();

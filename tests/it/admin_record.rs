@@ -1,10 +1,7 @@
-//! docs/admin-access.md, what every admin call leaves on record, read where
-//! no other test writes: the log lines and the `/metrics` of a gateway
-//! running as its own process (support/child.rs). Every admin call is one
-//! line naming its token (never the value: the privacy scanner reads every
-//! line for each test token), its route and its status, and one count; a read
-//! of the reveal log is one line at INFO naming the reader and whose history
-//! it read (`user_id`, `viewer` or `ad_id`).
+//! docs/admin-access.md, what every admin call leaves on record, read on a
+//! gateway process of its own (its log and `/metrics`): one line naming the
+//! token (never its value), route and status, and one count per call; a
+//! reveal log read is one INFO line naming the reader and the subject.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -20,8 +17,8 @@ use crate::support::paths::{METRICS, REVEALS, STATUSES, ad_reveals_path};
 /// How long a line written may take to come through the process's pipe.
 const LOG_LAG: Duration = Duration::from_secs(10);
 
-/// `[[admin.tokens]]` as an environment value: one token that reads the
-/// reveal log, one with the `debug` scope only.
+/// `[[admin.tokens]]` as an environment value: a reveal-log reader and a
+/// `debug`-only token.
 fn tokens() -> String {
     format!(
         "[{{name=\"reveals-read\",token=\"{REVEALS_READ}\",scopes=[\"reveals:read\"]}},\
@@ -29,8 +26,7 @@ fn tokens() -> String {
     )
 }
 
-/// A gateway of this test's own on a fresh SQLite file, with [`tokens`]
-/// beside `admin.token`.
+/// A gateway of this test's own on a fresh SQLite file, with [`tokens`].
 async fn gateway(dir: &tempfile::TempDir) -> Process {
     let url = format!("sqlite://{}/gw.db", dir.path().display());
     Process::start_with(&url, &[("ADMIN__TOKENS", &tokens())]).await
@@ -52,8 +48,8 @@ async fn call(process: &Process, method: Method, path: &str, token: Option<&str>
     request.send().await.unwrap().status().as_u16()
 }
 
-/// The process's JSON log lines whose message is `message`, as read so far
-/// (appended to `seen`, which keeps every line read before).
+/// The process's JSON log lines with `message`, read so far (appended to
+/// `seen`).
 fn logged(process: &Process, seen: &mut Vec<Value>, message: &str) -> Vec<Value> {
     seen.extend(
         process
@@ -77,8 +73,7 @@ fn field(line: &Value, name: &str) -> String {
     }
 }
 
-/// The value of the series `name{labels}` on the process's own /metrics
-/// (0 when absent: a counter not yet incremented).
+/// The series `name{labels}` on the process's /metrics (0 when absent).
 async fn series(process: &Process, series: &str) -> f64 {
     let text = process
         .http
@@ -89,17 +84,13 @@ async fn series(process: &Process, series: &str) -> f64 {
         .text()
         .await
         .unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |value| value.trim().parse().unwrap())
+    crate::support::series_value(&text, series).unwrap_or(0.0)
 }
 
-/// Each admin call on this process's own record: a 200 with a token that
-/// has the scope, a 403 with one that has not, a 401 with an unknown token
-/// and one without any, a webhook with `admin.token`. Each is one INFO line
-/// with the token's name, the method, the route and the status, and one
-/// count of `phones_gateway_admin_requests_total{token,route,status}`; a
-/// caller without a known token is `none`.
+/// Each admin call on the process's own record (200, 403, 401 for an unknown
+/// and for no token, a webhook with `admin.token`): one INFO line with token
+/// name, method, route and status, and one count of
+/// `phones_gateway_admin_requests_total`; an unknown caller is `none`.
 #[tokio::test]
 async fn every_admin_call_is_on_its_own_record_by_token_name() {
     let dir = tempfile::tempdir().unwrap();
@@ -167,9 +158,8 @@ async fn every_admin_call_is_on_its_own_record_by_token_name() {
     }
 }
 
-/// Reads of the reveal log, by seller, by viewer and by ad: each is one line
-/// at INFO, `reveal log read`, naming the token (`reveals-read`, or
-/// `admin.token`) and the one subject asked about, on this process's own log.
+/// Reads of the reveal log by seller, viewer and ad: each one INFO line
+/// `reveal log read` naming the token and the one subject asked about.
 #[tokio::test]
 async fn a_read_of_the_reveal_log_is_logged_at_info_with_the_reader_and_the_subject() {
     let dir = tempfile::tempdir().unwrap();

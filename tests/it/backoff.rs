@@ -1,10 +1,7 @@
 //! Back off first, judge after (docs/rules.md, "Whose load", "Whose time",
-//! "Verdict or undecided"): a connection the upstream closed under a request,
-//! a caller that raised what the upstream carried and then bursts past its
-//! capacity, and a breaker whose probes are refused for load show no tracked
-//! seller their real number; an outage during a surge of demand applies
-//! `fall_through` once the gateway has backed off. Evidence is the test's own
-//! app's answers and its own upstream's counts.
+//! "Verdict or undecided"): upstream connection closes, a caller that bursts
+//! past capacity and load-refused breaker probes show no tracked seller their
+//! real number; an outage in a surge applies `fall_through` once backed off.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,8 +30,7 @@ async fn outcomes(app: &TestApp) -> Vec<String> {
         .collect()
 }
 
-/// What `path` shows on `app`, or `error` when the request failed below
-/// HTTP (a keep-alive connection of the test's client closed under it).
+/// What `path` shows on `app`, or `error` when the request failed below HTTP.
 async fn ask(app: &TestApp, path: &str) -> String {
     match reqwest::get(format!("{}{path}", app.public)).await {
         Ok(answer) => {
@@ -72,12 +68,12 @@ enum Serve {
     /// Always a virtual number; connections idle this long are closed.
     ClosingIdle(Duration),
     /// A virtual number while fewer than this many were answered in the last
-    /// second; a plain 500 beyond.
+    /// second; 500 beyond.
     Capacity(usize),
 }
 
-/// Call tracking as a raw HTTP/1.1 server (keep-alive, its own idle close):
-/// lookups as `serve` says, the status feed an empty page. Counts lookups.
+/// Call tracking as a raw HTTP/1.1 server (keep-alive, its own idle close);
+/// the feed an empty page. Counts lookups.
 async fn raw_calltracking(serve: Serve) -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -100,7 +96,6 @@ async fn raw_calltracking(serve: Serve) -> (String, Arc<AtomicUsize>) {
                         .await
                     {
                         Ok(Some(head)) => head,
-                        // Idle past its keep-alive, or the peer hung up: closed.
                         _ => return,
                     };
                     let (status, body) = if head.starts_with("GET /v1/statuses") {
@@ -161,11 +156,9 @@ async fn read_head(socket: &mut tokio::net::TcpStream, buffer: &mut Vec<u8>) -> 
     Some(head)
 }
 
-/// Call tracking answers at once and closes connections idle for 300 ms
-/// (the gateway would keep them longer were its idle timeout set so); waves
-/// of 20 cold lookups come spaced around that idle time. A request written on
-/// a connection the upstream just closed is sent again on a new one: no
-/// tracked seller is shown the real number, with the breaker off and on.
+/// Call tracking closes connections idle for 300 ms; waves of 20 cold lookups
+/// come around that idle time. A request written on a just-closed connection
+/// is sent again: no tracked seller sees the real number, breaker off or on.
 #[tokio::test]
 async fn an_upstream_closing_idle_connections_shows_no_tracked_seller_a_real_number() {
     for breaker in ["false", "true"] {
@@ -184,7 +177,6 @@ async fn an_upstream_closing_idle_connections_shows_no_tracked_seller_a_real_num
                 async move { kind_of(&app.get_public(&path).await) }
             });
             kinds.extend(futures_util::future::join_all(asks).await);
-            // Around the upstream's idle time: 290 to 320 ms.
             tokio::time::sleep(Duration::from_millis(290 + (wave % 4) * 10)).await;
         }
         crate::support::tally(&format!("idle close, breaker {breaker}"), &kinds);
@@ -204,11 +196,10 @@ async fn an_upstream_closing_idle_connections_shows_no_tracked_seller_a_real_num
     }
 }
 
-/// Call tracking carries 100 lookups a second and answers a plain 500
-/// beyond. One caller first sends 80 cold lookups a second, all answered
-/// (what the upstream carried rises), then bursts at 110 a second; honest
-/// buyers of other tracked sellers ask meanwhile. Nobody is shown the real
-/// number: the failures of the burst are load, and the gateway backs off.
+/// Call tracking carries 100 lookups a second, 500 beyond. One caller sends
+/// 80 a second (what the upstream carried rises), then bursts at 110; other
+/// buyers ask meanwhile. Nobody sees the real number: the burst's failures
+/// are load, and the gateway backs off.
 #[tokio::test]
 async fn a_caller_that_raised_the_baseline_then_bursts_shows_nobody_a_real_number() {
     let (url, calls) = raw_calltracking(Serve::Capacity(100)).await;
@@ -250,8 +241,7 @@ async fn a_caller_that_raised_the_baseline_then_bursts_shows_nobody_a_real_numbe
     };
     let warm = send_at(80, 8, 1_000_000).await;
     let answered = warm.iter().filter(|k| *k == "calltracking").count();
-    // Mostly answered: what the upstream carried rose (a busy test process
-    // may bunch a few sends past its capacity).
+    // Mostly answered (a busy process may bunch a few past capacity).
     assert!(
         answered * 10 >= warm.len() * 7,
         "{answered} of {}: {warm:?} {:?}",
@@ -293,9 +283,8 @@ async fn a_caller_that_raised_the_baseline_then_bursts_shows_nobody_a_real_numbe
     );
 }
 
-/// Fresh lookups of sellers 1 to 500 at `rate` a second for `duration`, sent
-/// without waiting for the answers (`n` numbers them across calls): each
-/// answer's kind with when it was asked.
+/// Fresh lookups of sellers 1 to 500 at `rate` a second for `duration`, not
+/// waiting for answers; each answer's kind with when it was asked.
 async fn asks_at(
     app: &TestApp,
     n: &AtomicUsize,
@@ -318,10 +307,8 @@ async fn fell_through_after_ten_seconds(app: &TestApp, what: &str, outage: &[(Du
     crate::support::assert_fell_through_after_ten_seconds(what, outage, &outcomes);
 }
 
-/// Demand rises fivefold (fresh lookups of many sellers), and then call
-/// tracking answers 500 to everyone. After the first 10 s of the outage at
-/// least 90% of the answers fall through to the real number, as `on_error`
-/// says, whatever the surge.
+/// Demand rises fivefold, then call tracking answers 500 to everyone: after
+/// 10 s of outage at least 90% of answers fall through to the real number.
 #[tokio::test]
 async fn an_outage_during_a_surge_falls_through_after_ten_seconds() {
     let app = TestApp::spawn().await;
@@ -339,11 +326,9 @@ async fn an_outage_during_a_surge_falls_through_after_ten_seconds() {
     fell_through_after_ten_seconds(&app, "outage in a surge, after 10 s", &outage).await;
 }
 
-/// Demand runs at 4 fresh lookups a second long enough to be usual, then
-/// ramps to 60 a second while one caller asks every 4 s for a seller whose
-/// calls always fail; then call tracking answers 500 to everyone. The one
-/// seller's failures are judged at once and hold nothing back: after the
-/// first 10 s of the outage at least 90% fall through to the real number.
+/// Demand runs at 4 fresh lookups a second, then ramps to 60 while one caller
+/// asks every 4 s for a seller whose calls always fail; then an outage. That
+/// seller's failures are judged at once: after 10 s at least 90% fall through.
 #[tokio::test]
 async fn an_outage_beside_one_failing_seller_falls_through_after_ten_seconds() {
     let app = TestApp::spawn().await;
@@ -356,7 +341,6 @@ async fn an_outage_beside_one_failing_seller_falls_through_after_ten_seconds() {
     let one = {
         let (app, stop) = (&app, stop.clone());
         async move {
-            // The usual rate is learnt before the first failure.
             tokio::time::sleep(Duration::from_secs(3)).await;
             let mut asked = 0u64;
             while !stop.is_cancelled() {
@@ -398,10 +382,9 @@ async fn an_outage_beside_one_failing_seller_falls_through_after_ten_seconds() {
     .await;
 }
 
-/// The breaker opened on an outage; call tracking comes back refusing load
-/// (429). The half-open breaker's probes end undecided, and meanwhile every
-/// other call is undecided too, not `circuit_open`: no tracked seller is
-/// shown the real number.
+/// After an outage opened the breaker, call tracking refuses load (429): the
+/// probes and every other call end undecided, not `circuit_open`; no tracked
+/// seller sees the real number.
 #[tokio::test]
 async fn a_half_open_breaker_whose_probes_are_refused_for_load_shows_no_real_number() {
     let app = TestApp::spawn_with("[breaker]\nopen_ms = 300").await;

@@ -1,8 +1,6 @@
-//! The viewers' budgets (docs/budgets.md), per minute and per day, the
-//! fleet's: a viewer's spends on any replica count on every replica, a restart
-//! hands nobody a fresh budget, and the database down holds each viewer to a
-//! replica's share, reported once it is back. A single replica on SQLite, then
-//! real PostgreSQL replicas.
+//! The viewers' budgets (docs/budgets.md): per minute and per day, fleet-wide,
+//! kept over restarts and database outages. A replica on SQLite, then real
+//! PostgreSQL replicas.
 
 use std::time::{Duration, Instant};
 
@@ -32,15 +30,14 @@ async fn a_viewer_past_the_budget_gets_429_and_no_upstream_is_called() {
     let refused = as_viewer(&app, Some("buyer-1"), 4).await;
     refused.assert_problem(429);
     let retry: u64 = refused.retry_after.as_deref().unwrap().parse().unwrap();
-    // The sliding minute: spent at once, it fits again a third into the next one.
+    // Spent at once, it fits again a third into the next minute.
     assert!((1..=120).contains(&retry), "{retry}");
     assert_eq!(
         app.real.calls(),
         calls,
         "no upstream call for a refused request"
     );
-    // Cached answers count too: a fresh viewer asks for what is now cached; the
-    // cache answers each time, and the fourth request is refused all the same.
+    // Cached answers count too: the fourth is refused all the same.
     for _ in 0..3 {
         as_viewer(&app, Some("buyer-5"), 1)
             .await
@@ -58,7 +55,6 @@ async fn a_viewer_past_the_budget_gets_429_and_no_upstream_is_called() {
     for _ in 0..5 {
         as_viewer(&app, None, 1).await.assert_number(REAL, "real");
     }
-    // Each batch item counts as one.
     let batch = |n: usize| {
         json!({ "items": vec![json!({ "user_id": 9, "ad_id": 1, "category_id": 1 }); n] })
             .to_string()
@@ -87,8 +83,8 @@ async fn a_viewer_past_the_budget_gets_429_and_no_upstream_is_called() {
         detail.contains("rate_limit.per_viewer_per_minute = 3"),
         "{detail}"
     );
-    // Items refused for a bad parameter cost nothing: 3 bad and 3 good items
-    // fit a budget of 3, and the viewer has nothing left after.
+    // Items refused for a bad parameter cost nothing: 3 bad and 3 good fit a
+    // budget of 3, with nothing left after.
     let bad = json!({ "user_id": 0, "ad_id": 1, "category_id": 1 });
     let good = json!({ "user_id": 9, "ad_id": 1, "category_id": 1 });
     let mixed = json!({ "items": [bad, good, bad, good, bad, good] }).to_string();
@@ -107,15 +103,13 @@ async fn a_viewer_past_the_budget_gets_429_and_no_upstream_is_called() {
         .assert_problem(429);
 }
 
-/// Asks for a number as `viewer` on `app`; for a user that is cached after the
-/// first call.
+/// Asks for a number as `viewer` on `app` (cached after the first call).
 async fn reveal(app: &TestApp, viewer: &str) -> Answer {
     as_viewer(app, Some(viewer), 1).await
 }
 
-/// Spends `n` of `viewer`'s budget on `app`: a refusal for the replica's share
-/// (`Retry-After: 1`, renewed at its next exchange) is asked again, within
-/// `limit`. Panics on any other answer.
+/// Spends `n` of `viewer`'s budget on `app`, asking again within `limit` on a
+/// refusal for the replica's share (`Retry-After: 1`); panics on any other.
 async fn spend(app: &TestApp, viewer: &str, n: usize, limit: Duration) {
     let start = Instant::now();
     let mut spent = 0;
@@ -131,8 +125,7 @@ async fn spend(app: &TestApp, viewer: &str, n: usize, limit: Duration) {
     }
 }
 
-/// Waits until at least `left` of the current UTC minute remain, so that a
-/// test of the minute budget stays in one window.
+/// Waits until at least `left` of the current UTC minute remains.
 async fn with_minute_left(left: Duration) {
     let remaining = Duration::from_millis(60_000 - Moment::now().into_minute());
     if remaining < left {
@@ -140,8 +133,7 @@ async fn with_minute_left(left: Duration) {
     }
 }
 
-/// Until `app` refuses `viewer` (within `limit`), counting what it still
-/// answered meanwhile.
+/// Counts what `app` answers `viewer` until it refuses (within `limit`).
 async fn answered_until_refused(app: &TestApp, viewer: &str, limit: Duration) -> usize {
     let start = Instant::now();
     let mut answered = 0;
@@ -165,22 +157,18 @@ fn replica_overlay(budgets: &str) -> String {
     format!("[rate_limit]\n{budgets}\nexchange_interval_ms = 100")
 }
 
-/// The text of the exchange's read of recent refusals
-/// (`store::budgets`), by which a proxy in front of a replica's database sees
-/// each of its reads begin (its statements are unnamed: each execution sends
-/// the text once).
+/// The text of the exchange's read of refusals (`store::budgets`), by which a
+/// proxy sees each read begin.
 const REFUSALS_READ_SQL: &str = "FROM viewer_refusals WHERE at >";
 
 /// docs/budgets.md: once a viewer is past a budget anywhere, every replica
 /// refuses them within 1 s.
 const REFUSED_EVERYWHERE: Duration = Duration::from_secs(1);
 
-/// The viewer spends the budget over two replicas; the refusal is stored, and
-/// every replica has read it (two of its reads of the refusals began after
-/// the refusal was seen stored: the first has returned by the time the second
-/// begins, an exchange being one call after another), all within 1 s of the
-/// last spend's answer; then each refuses the viewer at once, the third too,
-/// which never saw them.
+/// The viewer spends the budget over two replicas; within 1 s of the last
+/// spend's answer the refusal is stored and every replica has read it (two
+/// of its reads began after it was stored); then each refuses the viewer at
+/// once, the third too, which never saw them.
 #[tokio::test]
 async fn a_viewer_who_spent_the_budget_on_two_replicas_is_refused_everywhere_within_a_second() {
     let db = pg::or_skip!(pg::database().await);
@@ -196,7 +184,7 @@ async fn a_viewer_who_spent_the_budget_on_two_replicas_is_refused_everywhere_wit
     }
     let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
     with_minute_left(Duration::from_secs(20)).await;
-    // Each replica alone would allow 6: three on each is the whole budget.
+    // Three on each of two replicas is the whole budget.
     spend(&replicas[0].0, "scraper", 3, Duration::from_secs(3)).await;
     spend(&replicas[1].0, "scraper", 3, Duration::from_secs(3)).await;
     let spent = Instant::now();
@@ -243,9 +231,7 @@ async fn a_viewer_who_spent_the_budget_on_two_replicas_is_refused_everywhere_wit
              (docs/budgets.md: every replica refuses within {REFUSED_EVERYWHERE:?})"
         );
     }
-    // Each refuses them at once: A, whose share was the 3 that remained when
-    // it last reported, B, and C, which never saw the viewer; with the wait
-    // the sliding minute gives.
+    // Each refuses them at once, C too; with the sliding minute's wait.
     for (app, _, _) in &replicas {
         let refused = reveal(app, "scraper").await;
         refused.assert_problem(429);
@@ -295,8 +281,8 @@ async fn the_day_budget_holds_across_a_restart() {
     );
 }
 
-/// How long the outage test keeps the database down after its spends: past
-/// the pool's acquire timeout (3 s), so that reports fail meanwhile.
+/// How long the outage keeps the database down after the spends: past the
+/// pool's acquire timeout (3 s), so that reports fail.
 const REPORTS_FAIL: Duration = Duration::from_secs(5);
 
 #[tokio::test]
@@ -304,15 +290,12 @@ async fn with_the_database_down_a_replica_holds_a_viewer_to_its_share_and_report
     let db = pg::or_skip!(pg::cluster());
     let cluster = db.cluster.as_ref().unwrap();
     let overlay = replica_overlay("per_viewer_per_day = 10");
-    let a = TestApp::spawn_on(Some(&db.url), &overlay).await;
-    let b = TestApp::spawn_on(Some(&db.url), &overlay).await;
+    let (a, b) = TestApp::pair(&db.url, &overlay).await;
     for app in [&a, &b] {
         app.real.reply(Reply::Phone(REAL));
     }
-    // Two on A in two reports, known to the fleet: two reports that show A
-    // alone make its share all that remains. Each spend is reported once the
-    // fleet's total holds it; the second report is applied on A once A has
-    // marked itself alive after it (`seen_at`, after each exchange).
+    // Two on A in two reports: A's share becomes all that remains. Each
+    // report is applied on A once A marked itself alive after it.
     let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
     let day_total = "SELECT COALESCE(sum(spent), 0)::int8 FROM viewer_budgets WHERE kind = 1";
     for total in 1..=2 {
@@ -351,16 +334,12 @@ async fn with_the_database_down_a_replica_holds_a_viewer_to_its_share_and_report
         spent, 10,
         "A's share was all that remained: it alone had spent"
     );
-    // Down until reports have failed: a report's connection is given up
-    // after the pool's acquire timeout (3 s, the database refusing each
-    // attempt), and A exchanges every 100 ms. What A spent stays pending
-    // until a report of it succeeds.
+    // Down until reports have failed; what A spent stays pending.
     tokio::time::sleep(REPORTS_FAIL).await;
 
     cluster.start_server().unwrap();
-    // Back: A reports what was spent meanwhile and, its total now the budget,
-    // refuses the viewer for the fleet. B, which never saw them, then refuses
-    // them too, without answering once.
+    // Back: A reports, its total now the budget, and refuses the viewer for
+    // the fleet; B, which never saw them, refuses without answering once.
     let start = Instant::now();
     while a.set_status(1, true, 1).await != 200 {
         assert!(
@@ -389,21 +368,17 @@ async fn with_the_database_down_a_replica_holds_a_viewer_to_its_share_and_report
         reported("SELECT count(*) FROM viewer_refusals").await == 1
     })
     .await;
-    // B has read the refusal once it has run a full exchange after it was
-    // written: every replica's `seen_at` moves past a mark taken now, and
-    // then past a second mark.
+    // B read the refusal once it ran a full exchange after it: `seen_at` past
+    // two marks taken from now.
     exchanged_since_now(&pool, "B's first exchange after the refusal").await;
     exchanged_since_now(&pool, "B's second exchange after the refusal").await;
     let refused = reveal(&b, "scraper").await;
     refused.assert_problem(429);
 }
 
-/// Waits until both replicas on the database marked themselves alive after
-/// now (`budget_replicas.seen_at`, on the database's clock). A replica marks
-/// itself at most once a second, after an exchange that worked, in the same
-/// round: so what it had stored before now (a report, a refusal) it had
-/// applied before that mark; an exchange that begins after now (to read what
-/// is stored now) takes a second call.
+/// Waits until both replicas marked themselves alive after now
+/// (`budget_replicas.seen_at`, the database's clock), at most once a second
+/// after a working exchange: what was stored before now was applied by then.
 async fn exchanged_since_now(pool: &sqlx::PgPool, what: &str) {
     let mark: String = sqlx::query_scalar("SELECT clock_timestamp()::text")
         .fetch_one(pool)
@@ -425,8 +400,7 @@ async fn exchanged_since_now(pool: &sqlx::PgPool, what: &str) {
     .await;
 }
 
-/// Retention: past windows and ended refusals go, current ones stay; on both
-/// databases.
+/// Retention: past windows and ended refusals go, current ones stay.
 async fn prunes_past_windows(url: &str) {
     use phones_gateway::store::{Database, Spend};
     let database = Database::connect(url, 2).await.unwrap();
@@ -463,8 +437,8 @@ async fn prunes_past_windows(url: &str) {
     let again = store.report(&[spend(1, 0, minute)]).await.unwrap();
     assert_eq!(again[0].spent, 2, "{again:?}");
 
-    // Many distinct viewers over expired windows of both kinds: batch after
-    // batch until none is full, each batch bounded, nothing current touched.
+    // Many viewers over expired windows: batch after batch until none is
+    // full, nothing current touched.
     let expired: Vec<Spend> = (0..2_500u64)
         .flat_map(|v| {
             [
@@ -493,8 +467,8 @@ async fn prunes_past_windows(url: &str) {
 
 #[tokio::test]
 async fn past_windows_and_ended_refusals_are_pruned_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    prunes_past_windows(&format!("sqlite://{}/gw.db", dir.path().display())).await;
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
+    prunes_past_windows(&url).await;
 }
 
 #[tokio::test]

@@ -1,8 +1,7 @@
 //! Faults the database and the replicas meet in a fleet (docs/status-sync.md,
-//! "Leadership" and "Bounded calls"; docs/budgets.md, "Faults"): a database that
-//! accepts connections and then says nothing (a proxy that stops forwarding,
-//! support/proxy.rs), and a replica frozen with SIGSTOP while it leads the
-//! status feed (the binary as a child process, support/child.rs).
+//! "Leadership" and "Bounded calls"; docs/budgets.md, "Faults"): a database
+//! that accepts connections and then says nothing (support/proxy.rs), and a
+//! feed leader frozen with SIGSTOP (support/child.rs).
 
 use std::time::{Duration, Instant};
 
@@ -15,8 +14,7 @@ use crate::support::paths::{INVALIDATE, METRICS, READYZ, STATUSES, phone_path, s
 use crate::support::proxy::Proxy;
 use crate::support::{Fake, Reply, TestApp, Upstream, eventually, pg};
 
-/// The lock bound the silent-database test sets, and what it allows on top
-/// for a loaded machine (the bound before was the statement's, a minute).
+/// The lock bound the silent-database test sets, and slack on top of it.
 const LOCK: Duration = Duration::from_millis(1000);
 const SLACK: Duration = Duration::from_millis(1500);
 /// docs/status-sync.md: the sync loop catches up within 1 s of the database
@@ -26,9 +24,9 @@ const CATCH_UP: Duration = Duration::from_secs(1);
 /// connection stays open is replaced within 10 s.
 const REPLACED: Duration = Duration::from_secs(10);
 
-/// The feed settings of the silent-database test's replicas: the feed through
-/// `tap`, a lease of 1.5 s, `lock_timeout_ms` = [`LOCK`], and a poll every 2 s,
-/// longer than [`CATCH_UP`], so the poll alone does not meet it.
+/// The silent-database test's feed settings: the feed through `tap`, a lease
+/// of 1.5 s, `lock_timeout_ms` = [`LOCK`], and a poll every 2 s, longer than
+/// [`CATCH_UP`], so the poll alone does not meet it.
 fn silent_test_overlay(tap: &Proxy) -> String {
     format!(
         "[database]\nlock_timeout_ms = {}\nsync_interval_ms = 2000\n\
@@ -40,12 +38,11 @@ fn silent_test_overlay(tap: &Proxy) -> String {
     )
 }
 
-/// The webhook and invalidation answer 503 within `lock_timeout_ms` while the
-/// database is silent; the other replica takes the feed within 10 s of the
-/// silence, and the silent one, once the database answers again, catches up
-/// within 1 s and asks the feed nothing while the other leads (it leads again
-/// once the other goes); nothing acknowledged before is lost, nothing refused
-/// is applied.
+/// While the database is silent the webhook and invalidation answer 503
+/// within `lock_timeout_ms` and the other replica takes the feed within 10 s;
+/// once it answers, the silent one catches up within 1 s, asks the feed
+/// nothing while the other leads, and leads again once it goes. Nothing
+/// acknowledged is lost, nothing refused applied.
 #[tokio::test]
 async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_resumes() {
     let db = pg::or_skip!(pg::database().await);
@@ -53,7 +50,6 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
     let (proxy, through) = Proxy::in_front_of(&db.url).await;
     let feed_url = feed(20).await;
     let sim = feed_url.trim_start_matches("http://");
-    // Each replica's feed requests through a tap of its own, counted apart.
     let (tap_a, tap_b) = (Proxy::start(sim).await, Proxy::start(sim).await);
     let a = TestApp::spawn_on(Some(&through), &silent_test_overlay(&tap_a)).await;
     assert_eq!(a.set_status(1, true, 1).await, 200, "acknowledged before");
@@ -61,13 +57,11 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
         a.status.is_feed_leader() && enabled(&a, 80)
     })
     .await;
-    // The other replica, on the database itself, follows while A leads.
     let b = TestApp::spawn_on(Some(&db.url), &silent_test_overlay(&tap_b)).await;
     assert!(!b.status.is_feed_leader(), "one leader");
 
     proxy.silence();
     let silenced = Instant::now();
-    // When the other replica first leads, watched from the silence on.
     let other = b.status.clone();
     let took_over = tokio::spawn(async move {
         while !other.is_feed_leader() {
@@ -76,16 +70,13 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
         Instant::now()
     });
     let mut took = Vec::new();
+    let change =
+        |version: u64| json!({ "items": [{ "user_id": 2, "enabled": true, "version": version }] });
+    let invalidation = json!({ "user_ids": [2] });
     for (path, body) in [
-        (
-            STATUSES,
-            json!({ "items": [{ "user_id": 2, "enabled": true, "version": 1 }] }),
-        ),
-        (
-            STATUSES,
-            json!({ "items": [{ "user_id": 2, "enabled": true, "version": 2 }] }),
-        ),
-        (INVALIDATE, json!({ "user_ids": [2] })),
+        (STATUSES, change(1)),
+        (STATUSES, change(2)),
+        (INVALIDATE, invalidation),
     ] {
         let sent = Instant::now();
         let answer = tokio::time::timeout(
@@ -105,8 +96,7 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
     eprintln!("503s on a silent database after {took:?}");
     // A change the silent replica cannot see yet.
     assert_eq!(b.set_status(3, true, 1).await, 200);
-    // The other replica takes the feed: the silent one's lease runs out on
-    // the database's clock, and a leader that cannot prove it leads says so.
+    // A leader that cannot prove it leads says so.
     let replaced = tokio::time::timeout(REPLACED + Duration::from_secs(10), took_over)
         .await
         .expect("the other replica never led the feed")
@@ -132,8 +122,7 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
         synced < CATCH_UP,
         "caught up {synced:?} after the database answered again (docs/status-sync.md: within {CATCH_UP:?})"
     );
-    // Woken, the old leader follows: for three leases it leads nothing and
-    // asks its feed nothing, while the other keeps leading.
+    // Woken, for three leases it leads and asks nothing; the other leads.
     let until = Instant::now() + Duration::from_millis(3 * 1500);
     while Instant::now() < until {
         assert!(
@@ -148,7 +137,6 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Its feed duty resumes: once the other goes, it leads again.
     drop(b);
     wait_for("the feed to lead again", Duration::from_secs(10), || {
         a.status.is_feed_leader()
@@ -156,8 +144,7 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
     .await;
     eprintln!("after the database answered again: caught up in {synced:?}");
     assert_eq!(a.get_admin(&status_path(1)).await.body["enabled"], true);
-    // Nothing refused was applied: no row for user 2 in the status table nor
-    // in the invalidation log, read on the database itself.
+    // Nothing refused was applied, read on the database itself.
     let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
     for table in ["calltracking_status", "cache_invalidations"] {
         let rows: i64 =
@@ -174,13 +161,11 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
     );
 }
 
-/// Public lookups never wait on the database (docs/status-sync.md): with the
-/// database silent, lookups answered from the cache and lookups that ask an
-/// upstream (a seller never asked before, each time) are answered, with the
-/// viewer's budget and the reveal log on and their duties failing beside
-/// them, each well before the smallest bound a database call is given
-/// (`lock_timeout_ms`): a lookup that waited on any database call would
-/// take that long, or hang.
+/// Public lookups never wait on the database (docs/status-sync.md): with it
+/// silent, cached and uncached lookups (with viewer budgets and the reveal
+/// log on, their duties failing) are answered well before `lock_timeout_ms`,
+/// the smallest bound a database call has; one that waited would take that
+/// long, or hang.
 #[tokio::test]
 async fn on_a_silent_database_public_lookups_answer_at_once_cached_and_uncached() {
     let db = pg::or_skip!(pg::database().await);
@@ -222,8 +207,7 @@ async fn on_a_silent_database_public_lookups_answer_at_once_cached_and_uncached(
     let silenced = Instant::now();
     let mut slowest = Duration::ZERO;
     let mut uncached = 100;
-    // Past the first failures of the background duties (the flush, the
-    // budgets' exchange, the sync loop: each gives up after its bound).
+    // Past the background duties' first failures.
     while silenced.elapsed() < Duration::from_secs(4) {
         for (user, number, kind) in [
             (1, crate::REAL, "real"),
@@ -259,8 +243,8 @@ struct Logged<'a> {
 }
 
 impl Logged<'_> {
-    /// When the test first read a line logged with `message` after `since`;
-    /// panics after `limit`.
+    /// When a line with `message` after `since` was first read; panics after
+    /// `limit`.
     async fn first(&mut self, message: &str, since: Instant, limit: Duration) -> Instant {
         let asked = Instant::now();
         loop {
@@ -284,33 +268,27 @@ impl Logged<'_> {
     }
 }
 
-/// The bounds of the background duties' calls with the settings of the test
-/// below (docs/status-sync.md, "Every call and its bound"): `statement` and
-/// `lock` 1 s; 3 s is the pool's acquire timeout.
+/// The background duties' call bound in the test below (docs/status-sync.md,
+/// "Every call and its bound"): statement and lock 1 s, acquire 3 s.
 const DUTY_CALL: Duration = Duration::from_secs(3 + 1 + 1);
 const DUTY_READ: Duration = Duration::from_secs(3 + 1 + 2);
-/// A call is given up at its bound, by its own timer; what the test sees on
-/// top: the timer's and a loaded scheduler's lateness, and the log line's way
-/// to the test. Half the gap between the two bounds above, so that a call
-/// bounded by the longer one where the shorter is documented would show.
+/// Lateness allowed on top of a call's bound (timer, scheduler, log line):
+/// half the gap between the two bounds, so a call bounded by the longer one
+/// would show.
 const GIVEN_UP_LATE: Duration = Duration::from_millis(500);
 
-/// The reveal log's flush, the budgets' exchange and the budgets' retention
-/// on a database that falls silent while the connections stay open (docs/status-sync.md,
-/// "Bounded calls"): each gives up its call within the call's bound, counted from
-/// when the call could have begun at the earliest, and says it will retry,
-/// while lookups go on; once the database answers, each resumes by itself:
-/// the reveals and the spends made meanwhile are stored, the exchange says
-/// the database answers again, and the next retention pass works. (Reveals'
-/// retention deletes with the same bound as the flush writes, but runs at
-/// start and then every ten minutes.)
+/// The reveal log's flush, the budgets' exchange and their retention on a
+/// database that falls silent with connections open (docs/status-sync.md,
+/// "Bounded calls"): each gives up its call within its bound and says it will
+/// retry, while lookups go on; once the database answers each resumes: the
+/// reveals and spends made meanwhile are stored, and the next retention pass
+/// works.
 #[tokio::test]
 async fn on_a_silent_database_the_flush_the_exchange_and_retention_give_up_in_bounded_time_and_resume()
  {
     let db = pg::or_skip!(pg::database().await);
     let (proxy, through) = Proxy::in_front_of(&db.url).await;
-    // The exchange loads the refusals in force once, as it starts; its
-    // retention passes come every `EVERY` from then.
+    // The exchange loads refusals once at start; retention every `EVERY`.
     let started = proxy.watch("FROM viewer_refusals WHERE until_s > $1");
     let sim = feed(0).await;
     let env = [
@@ -399,11 +377,8 @@ async fn on_a_silent_database_the_flush_the_exchange_and_retention_give_up_in_bo
         "on a silent database: the flush gave up {flush_failed:?} after the silence, the exchange \
          {exchange_failed:?}, retention {retention_failed:?} after its pass was due"
     );
-    // The flush of the reveals of the silence began within an interval of
-    // the last of them.
     let flush_bound = looked_up + Duration::from_millis(100) + DUTY_CALL;
-    // An exchange under way at the silence, or the next one, gives up at
-    // its first call (a read of refusals at the longest).
+    // The exchange gives up at its first call (a read of refusals at most).
     let exchange_bound = Duration::from_millis(100) + DUTY_READ;
     for (duty, took, bound) in [
         ("the reveal flush's write", flush_failed, flush_bound),
@@ -415,8 +390,6 @@ async fn on_a_silent_database_the_flush_the_exchange_and_retention_give_up_in_bo
             "{duty} gave up {took:?} on the silent database (its call's bound: {bound:?})"
         );
     }
-    // Lookups never waited meanwhile; the flush kept its reveals, the
-    // ledger its spends.
     assert_eq!(stored(reveals).await, 3);
 
     proxy.resume();
@@ -433,7 +406,6 @@ async fn on_a_silent_database_the_flush_the_exchange_and_retention_give_up_in_bo
         Duration::from_secs(10),
     )
     .await;
-    // The next retention pass comes `EVERY` after the failed one, and works.
     log.first(
         "viewer budgets: retention works again",
         resumed,
@@ -442,10 +414,9 @@ async fn on_a_silent_database_the_flush_the_exchange_and_retention_give_up_in_bo
     .await;
 }
 
-/// Reveals' retention (every ten minutes, too rare for the whole app's
-/// test above): its delete gives up within its bound on a silent database
-/// (`Bounds::call`, as the flush's write) and works again once the database
-/// answers; the loop around it logs and tries again at its next round.
+/// Reveals' retention (every ten minutes, too rare for the test above): its
+/// delete gives up within `Bounds::call` on a silent database and works again
+/// once it answers.
 #[tokio::test]
 async fn on_a_silent_database_the_reveals_retention_delete_gives_up_within_its_bound() {
     use phones_gateway::store::{Bounds, Database};
@@ -487,11 +458,9 @@ async fn on_a_silent_database_the_reveals_retention_delete_gives_up_within_its_b
     assert!(again.is_ok(), "once the database answers: {again:?}");
 }
 
-/// The lease renewal itself gives up within its bound on a silent database
-/// (`database.lock_timeout_ms`, `Bounds::short`): it answers false (not
-/// leading) within the bound, long before the lease would run out by the local
-/// clock, so a leader cut off from the database stops at its next renewal,
-/// not only once its lease ends.
+/// The lease renewal gives up within `database.lock_timeout_ms`
+/// (`Bounds::short`) on a silent database, answering false (not leading):
+/// a leader cut off stops at its next renewal, not when its lease ends.
 #[tokio::test]
 async fn on_a_silent_database_a_lease_renewal_gives_up_within_lock_timeout() {
     use phones_gateway::store::{Bounds, Database};
@@ -505,7 +474,6 @@ async fn on_a_silent_database_a_lease_renewal_gives_up_within_lock_timeout() {
         .await
         .unwrap();
     database.migrate().await.unwrap();
-    // A lease far longer than the test: only the renewal's bound can end it.
     let leadership = database.leadership(Duration::from_secs(600));
     let mut leader = leadership.try_take().await.unwrap().expect("a free lease");
     assert!(leader.renew(&leadership).await, "renewed while answered");
@@ -527,29 +495,18 @@ async fn on_a_silent_database_a_lease_renewal_gives_up_within_lock_timeout() {
 
 /// The binary's feed settings for a fault test, and the feed through `tap`.
 fn feed_env(tap: &Proxy, ttl_ms: u64, interval_ms: u64) -> Vec<(String, String)> {
-    [
+    let feed = "UPSTREAMS__CALLTRACKING__STATUS_FEED__";
+    vec![
         (
-            "UPSTREAMS__CALLTRACKING__BASE_URL",
+            "UPSTREAMS__CALLTRACKING__BASE_URL".into(),
             format!("http://{}", tap.addr),
         ),
-        (
-            "UPSTREAMS__CALLTRACKING__STATUS_FEED__ENABLED",
-            "true".into(),
-        ),
-        (
-            "UPSTREAMS__CALLTRACKING__STATUS_FEED__INTERVAL_MS",
-            interval_ms.to_string(),
-        ),
-        ("UPSTREAMS__CALLTRACKING__STATUS_FEED__LIMIT", "7".into()),
-        (
-            "UPSTREAMS__CALLTRACKING__STATUS_FEED__LEASE_TTL_MS",
-            ttl_ms.to_string(),
-        ),
-        ("DATABASE__LOCK_TIMEOUT_MS", "1000".into()),
+        (format!("{feed}ENABLED"), "true".into()),
+        (format!("{feed}INTERVAL_MS"), interval_ms.to_string()),
+        (format!("{feed}LIMIT"), "7".into()),
+        (format!("{feed}LEASE_TTL_MS"), ttl_ms.to_string()),
+        ("DATABASE__LOCK_TIMEOUT_MS".into(), "1000".into()),
     ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect()
 }
 
 async fn start_with_feed(url: &str, tap: &Proxy, ttl_ms: u64, interval_ms: u64) -> Process {
@@ -558,8 +515,8 @@ async fn start_with_feed(url: &str, tap: &Proxy, ttl_ms: u64, interval_ms: u64) 
     Process::start_with(url, &env).await
 }
 
-/// `phones_gateway_status_feed_leader` of a running binary (`None`: not
-/// published yet, or no answer within a second).
+/// `phones_gateway_status_feed_leader` of a running binary (`None`: not yet
+/// published, or no answer within a second).
 async fn leads(process: &Process) -> Option<bool> {
     let metrics = process
         .http
@@ -598,15 +555,14 @@ async fn stored_cursor(url: &str) -> Option<u64> {
     cursor?.parse().ok()
 }
 
-/// The feed leader is frozen (SIGSTOP): another replica leads within 10 s.
-/// Woken (SIGCONT), the old leader asks the feed nothing while the new one
-/// leads but the one request a freeze may have caught under way (counted at
-/// the feed, told apart by page size), says it does not lead, and the cursor
-/// never moved back; when the new leader goes, the old one leads again.
+/// The feed leader is frozen (SIGSTOP): another leads within 10 s. Woken, the
+/// old leader asks the feed nothing while the new one leads (but the one
+/// request a freeze may have caught, told apart by page size), says it does
+/// not lead, and the cursor never moves back; when the new leader goes, the
+/// old one leads again.
 #[tokio::test]
 async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new_one() {
     let db = pg::or_skip!(pg::database().await);
-    // A feed of 20 items that grows while the cursor is watched.
     let source = Fake::start(Upstream::Calltracking).await;
     let first: Vec<_> = (1..=20).map(|u| (u, true, 1)).collect();
     source.feed(&first);
@@ -631,9 +587,8 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
         ),
     )
     .await;
-    // The feed grows by an item every 50 ms from now on (the leader reads 7
-    // every 100 ms, so it keeps up), and the cursor, watched from the side,
-    // rises with it and never moves back.
+    // The feed grows by an item every 50 ms (the leader reads 7 every 100 ms);
+    // the cursor, watched from the side, never moves back.
     let grower = {
         let source = source.clone();
         tokio::spawn(async move {
@@ -668,13 +623,10 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
     .await;
     let took = frozen.elapsed();
     eprintln!("hand-over after SIGSTOP: {took:?}");
-    // The frozen leader's last renewal was at most a third of the lease (its
-    // renewal period; it renews before each poll, so mostly an interval) before
-    // the freeze, so its lease ran out at most `ttl` after it; the follower asks
-    // every `interval`, and its take is one statement bounded by
-    // `lock_timeout_ms` (1000 ms here), which is the margin: the hand-over is
-    // within ttl + interval + lock_timeout_ms. Not before the lease could have
-    // run out either: ttl less a renewal period and an interval.
+    // The hand-over is within ttl + interval + lock_timeout_ms (the frozen
+    // leader's lease ran out at most `ttl` after the freeze; the follower asks
+    // every `interval`, its take bounded by the lock timeout), and not before
+    // ttl less a renewal period and an interval.
     let (ttl, interval) = (
         Duration::from_millis(ttl_ms),
         Duration::from_millis(interval_ms),
@@ -695,10 +647,9 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
     .await;
 
     signal(&a, "-CONT");
-    // The woken leader's polls, told from the new one's by their page size
-    // (7 and 6). One may go out on waking: a freeze that landed between its
-    // lease check and its send lets that request out, and the fence refuses
-    // its page (the watcher below holds that the cursor never moves back).
+    // The woken leader's polls, told by page size (7, the new one's 6). One
+    // may go out on waking (a freeze between lease check and send); the fence
+    // refuses its page.
     let polls_of_a = || {
         source
             .feed_uris()
@@ -708,7 +659,6 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
     };
     let asked = polls_of_a();
     let polled = tap_b.sent();
-    // Three leases' time: a woken leader that still polled would have.
     let until = Instant::now() + Duration::from_millis(3 * ttl_ms);
     while Instant::now() < until {
         let since = polls_of_a() - asked;
@@ -719,7 +669,6 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
     assert!(tap_b.sent() > polled, "the new leader kept polling");
     assert_eq!(leads(&a).await, Some(false), "the woken leader says so");
 
-    // And back: the new leader goes, the old one leads again.
     drop(b);
     eventually(
         "the old leader to lead again",
@@ -734,8 +683,7 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
         seen.windows(2).all(|w| w[0] <= w[1]),
         "the cursor moved back: {seen:?}"
     );
-    // The window was a real one: the cursor rose many times from 20, also
-    // while the new leader led.
+    // The cursor rose many times from 20, also under the new leader.
     assert!(seen.len() >= 10, "the cursor hardly moved: {seen:?}");
     assert!(
         seen.last().is_some_and(|&last| last > at_handover),
@@ -743,9 +691,8 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
     );
 }
 
-/// A page read under a lease that was lost meanwhile (its leader froze, and
-/// another took the lease) is refused, cursor and changes alike; the lost
-/// lease cannot be renewed; the new one can.
+/// A page read under a lease lost meanwhile is refused, cursor and changes
+/// alike; the lost lease cannot be renewed, the new one can.
 #[tokio::test]
 async fn a_late_feed_write_under_a_lost_lease_is_refused() {
     use phones_gateway::domain::StatusChange;
@@ -772,7 +719,6 @@ async fn a_late_feed_write_under_a_lost_lease_is_refused() {
         .apply_changes(&[change(1, 1)], Some(("10", old.fence())))
         .await
         .unwrap();
-    // The first leader sleeps past its lease; the second takes it.
     tokio::time::sleep(ttl + Duration::from_millis(100)).await;
     assert!(!old.is_valid());
     let mut new = second.try_take().await.unwrap().expect("an expired lease");
@@ -782,7 +728,6 @@ async fn a_late_feed_write_under_a_lost_lease_is_refused() {
         .apply_changes(&[change(2, 1)], Some(("20", new.fence())))
         .await
         .unwrap();
-    // The first wakes with a page it read before.
     let late = service
         .apply_changes(&[change(3, 1)], Some(("15", old.fence())))
         .await
@@ -803,10 +748,9 @@ async fn a_late_feed_write_under_a_lost_lease_is_refused() {
     assert!(first.try_take().await.unwrap().is_none(), "and held");
 }
 
-/// The hand-over time after SIGSTOP, with the default lease (5 s) and a 300
-/// ms interval, over 10 tries: two binaries, the leader frozen each time and
-/// woken once the other leads. By hand:
-/// `cargo test --test it measure_handover_after_sigstop -- --ignored --nocapture`
+/// The hand-over time after SIGSTOP, default lease (5 s), 300 ms interval,
+/// over 10 tries. By hand: `cargo test --test it
+/// measure_handover_after_sigstop -- --ignored --nocapture`
 /// (`HANDOVER_LEASE_TTL_MS` for another lease).
 #[tokio::test]
 #[ignore = "a measurement, run by hand"]
@@ -864,9 +808,8 @@ async fn measure_handover_after_sigstop() {
     );
 }
 
-/// The lease's own calls (`src/store/leadership/`), on PostgreSQL: a replica
-/// that asks again while it holds the lease takes it again under a new
-/// epoch, and its old term's fence is then void.
+/// The lease on PostgreSQL (`src/store/leadership/`): taken again while held,
+/// it has a new epoch, and the old term's fence is void.
 #[tokio::test]
 async fn a_lease_retaken_by_its_holder_moves_the_epoch_on_and_voids_the_old_term() {
     let db = pg::or_skip!(pg::database().await);
@@ -882,9 +825,8 @@ async fn a_lease_retaken_by_its_holder_moves_the_epoch_on_and_voids_the_old_term
     assert!(again.renew(&first).await, "the new one renews");
 }
 
-/// After a failed renewal (the lease ran out and another replica took it)
-/// the old leader says it does not lead, by its own clock too, and cannot
-/// take the lease back while the new holder keeps it.
+/// After a failed renewal the old leader says it does not lead, by its own
+/// clock too, and cannot take the lease back from the new holder.
 #[tokio::test]
 async fn after_a_failed_renewal_the_leader_knows_it_does_not_lead() {
     let db = pg::or_skip!(pg::database().await);
@@ -909,13 +851,13 @@ async fn after_a_failed_renewal_the_leader_knows_it_does_not_lead() {
     );
 }
 
-/// A lease given back is taken by another replica at once; a release
-/// under a stale epoch (a term already lost) does nothing.
+/// A lease given back is taken by another at once; a release under a stale
+/// epoch does nothing.
 #[tokio::test]
 async fn a_released_lease_is_taken_at_once_and_a_stale_release_does_nothing() {
     let db = pg::or_skip!(pg::database().await);
     let database = lease_database(&db.url).await;
-    // Long: a take that succeeds below does so because of the release.
+    // Long: a take below succeeds only because of the release.
     let ttl = Duration::from_secs(60);
     let (first, second, third) = (
         database.leadership(ttl),
@@ -931,8 +873,7 @@ async fn a_released_lease_is_taken_at_once_and_a_stale_release_does_nothing() {
         .unwrap()
         .expect("a released lease is taken at once");
 
-    // A stale term: the first takes a short lease, loses it, then gives it
-    // back after another took it.
+    // A stale term: a short lease lost, then given back after another took it.
     let short = Duration::from_millis(300);
     let (stale_side, taker) = (database.leadership(short), database.leadership(short));
     assert!(new.release(&second).await);
@@ -960,17 +901,15 @@ async fn lease_database(url: &str) -> phones_gateway::store::Database {
     database
 }
 
-/// The feed's interval and lease in the hand-over tests: the lease as long
-/// as the settings allow, so that a replica that waited for it to run out
-/// (rather than being handed it) would be seconds late.
+/// The hand-over tests' feed interval; the lease as long as the settings
+/// allow, so a replica that waited for it to run out would be seconds late.
 const HANDOVER_INTERVAL_MS: u64 = 300;
 const HANDOVER_TTL_MS: u64 = 6000;
 /// docs/status-sync.md: the feed is polled again within two intervals of the
-/// next replica being ready (a clean stop hands it on at once).
+/// next replica being ready.
 const HANDOVER_BOUND: Duration = Duration::from_millis(2 * HANDOVER_INTERVAL_MS);
 
-/// A replica of the hand-over tests: the binary, polling the feed through
-/// `tap`.
+/// A hand-over test's replica: the binary, polling the feed through `tap`.
 async fn feed_replica(url: &str, tap: &Proxy) -> Process {
     start_with_feed(url, tap, HANDOVER_TTL_MS, HANDOVER_INTERVAL_MS).await
 }
@@ -995,8 +934,7 @@ async fn stop_cleanly(process: &Process) {
     gone(process).await;
 }
 
-/// The process id of the feed lease's holder while the lease is in force,
-/// read on the database (a holder is `host/pid/random`).
+/// The pid of the feed lease's holder while in force (holder: `host/pid/random`).
 async fn lease_holder(url: &str) -> Option<u32> {
     let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(url)
         .await
@@ -1011,9 +949,8 @@ async fn lease_holder(url: &str) -> Option<u32> {
     holder.split('/').nth(1)?.parse().ok()
 }
 
-/// The feed leader restarts cleanly (SIGTERM, then the binary again): it gave
-/// its lease back, so the restarted replica polls the feed within two
-/// intervals of being ready, not once the old lease ran out (6 s).
+/// A feed leader restarted cleanly gave its lease back: the new replica polls
+/// the feed within two intervals of being ready, not once the lease ran out.
 #[tokio::test]
 async fn a_leader_restarted_cleanly_polls_again_within_two_intervals_of_ready() {
     let db = pg::or_skip!(pg::database().await);
@@ -1028,7 +965,6 @@ async fn a_leader_restarted_cleanly_polls_again_within_two_intervals_of_ready() 
     .await;
     stop_cleanly(&old).await;
     let new = feed_replica(&db.url, &tap_new).await;
-    // From the moment it is seen ready.
     let took = crate::support::took_until(
         "the restarted replica to poll",
         Duration::from_secs(10),
@@ -1045,10 +981,8 @@ async fn a_leader_restarted_cleanly_polls_again_within_two_intervals_of_ready() 
     assert_eq!(lease_holder(&db.url).await, Some(new.child.id()));
 }
 
-/// Stops the feed's leader among `running` (found by the lease on the
-/// database) with SIGTERM; how long after the signal another of them polled
-/// the feed (its tap's bytes). Waits until the stopped one no longer
-/// answers, and takes it out of `running`.
+/// Stops the feed's leader among `running` with SIGTERM, waits until it is
+/// gone and takes it out; returns how long after the signal another polled.
 async fn stop_the_leader(url: &str, running: &mut Vec<(Process, &Proxy)>) -> Duration {
     eventually(
         "one of the replicas to lead",
@@ -1082,10 +1016,8 @@ async fn stop_the_leader(url: &str, running: &mut Vec<(Process, &Proxy)>) -> Dur
     took
 }
 
-/// A rolling replacement (each new replica started, then the one leading the
-/// feed stopped with SIGTERM, twice): the feed is polled again by another
-/// replica within two intervals of each leader's SIGTERM, and one replica
-/// leads at the end.
+/// A rolling replacement, twice: the feed is polled again by another replica
+/// within two intervals of each leader's SIGTERM, and one leads at the end.
 #[tokio::test]
 async fn a_rolling_replacement_hands_the_feed_on_within_two_intervals() {
     let db = pg::or_skip!(pg::database().await);
@@ -1118,8 +1050,7 @@ async fn a_rolling_replacement_hands_the_feed_on_within_two_intervals() {
             i + 1
         );
     }
-    // One of the two left leads, and says so. (A replica that never led has
-    // not published the gauge yet: `None`.)
+    // One of the two leads and says so (one that never led publishes `None`).
     let holder = lease_holder(&db.url).await;
     let leaders: Vec<_> = running
         .iter()
@@ -1137,19 +1068,16 @@ async fn a_rolling_replacement_hands_the_feed_on_within_two_intervals() {
     );
 }
 
-/// A replica that starts while its database is silent on an open connection
-/// (each connection passes its set-up, then nothing comes back: the
-/// migrations hang) is not ready; once the database answers (new connections
-/// work, the old ones stay lost) it is ready within 10 s, without a restart:
-/// the migrations are bounded on the client and retried.
+/// A replica started on a silent database (migrations hang) is not ready;
+/// once the database answers (old connections stay lost) it is ready within
+/// 10 s without a restart: the migrations are bounded and retried.
 #[tokio::test]
 async fn a_start_against_a_silent_database_is_ready_within_10_s_of_it_answering() {
     let db = pg::or_skip!(pg::database().await);
     let (proxy, through) = Proxy::in_front_of(&db.url).await;
     proxy.strand_after_setup(true);
     let app = TestApp::start_on(Some(&through), "").await;
-    // Longer than the migrations' bound: tries that timed out were retried,
-    // and those hang too.
+    // Longer than the migrations' bound: retries hang too.
     let until = Instant::now() + phones_gateway::store::MIGRATION_BOUND + Duration::from_secs(2);
     while Instant::now() < until {
         assert_eq!(
@@ -1169,11 +1097,8 @@ async fn a_start_against_a_silent_database_is_ready_within_10_s_of_it_answering(
     .await;
     let took = answering.elapsed();
     eprintln!("ready {took:?} after the database answered again");
-    // What the migrations' bound must fit: each one's time, as the migrator
-    // recorded it (nanoseconds).
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
-        .await
-        .unwrap();
+    // Each migration's time (ns), which the migrations' bound must fit.
+    let mut conn = crate::support::pg_connection(&db.url).await;
     let times: Vec<(i64, i64)> =
         sqlx::query_as("SELECT version, execution_time FROM _sqlx_migrations ORDER BY version")
             .fetch_all(&mut conn)
@@ -1186,15 +1111,10 @@ async fn a_start_against_a_silent_database_is_ready_within_10_s_of_it_answering(
     );
 }
 
-/// `phones_gateway_status_sync_lag_seconds`, the time since this replica
-/// last heard from its database (a catch-up that worked), on its own
-/// `/metrics`.
+/// `phones_gateway_status_sync_lag_seconds` on the replica's own `/metrics`.
 async fn sync_lag(app: &TestApp) -> f64 {
     let metrics = app.get_admin(METRICS).await.text;
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("phones_gateway_status_sync_lag_seconds "))
-        .and_then(|v| v.trim().parse().ok())
+    crate::support::series_value(&metrics, "phones_gateway_status_sync_lag_seconds")
         .expect("the gauge is published")
 }
 
@@ -1227,9 +1147,8 @@ async fn the_sync_lag_grows_while_the_database_is_silent_and_drops_back_after() 
     .await;
 }
 
-/// The feed lease's row as the store keeps it: its epoch, and how long after
-/// the term's take it was last renewed, in ms (`None` before the first take:
-/// the row's times are `-infinity` then).
+/// The feed lease's row: its epoch and ms from the term's take to the last
+/// renewal (`None` before the first take).
 async fn lease_row(url: &str) -> Option<(i64, f64)> {
     let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(url)
         .await
@@ -1243,11 +1162,10 @@ async fn lease_row(url: &str) -> Option<(i64, f64)> {
     .ok()?
 }
 
-/// A catch-up of many pages that outlasts the lease (a slow feed: 30 pages
-/// of 100 ms each against a lease of 600 ms) is not cut short: the leader
-/// renews the lease under the same term and goes on at once (the interval is
-/// a minute, so a catch-up that waited for the next poll would not finish),
-/// every item is stored, and no two polls are ever under way at once.
+/// A catch-up that outlasts the lease (30 pages of 100 ms, lease 600 ms) is
+/// not cut short: the leader renews under the same term and goes on at once
+/// (the interval is a minute), every item is stored, and no two polls
+/// overlap.
 #[tokio::test]
 async fn a_catch_up_longer_than_the_lease_renews_it_and_goes_on() {
     let db = pg::or_skip!(pg::database().await);
@@ -1262,10 +1180,8 @@ async fn a_catch_up_longer_than_the_lease_renews_it_and_goes_on() {
          limit = 2\nlease_ttl_ms = {ttl_ms}\n",
         source.url
     );
-    let a = TestApp::spawn_on(Some(&db.url), &overlay).await;
-    let b = TestApp::spawn_on(Some(&db.url), &overlay).await;
-    // Watched from the side while it runs: every term the lease had, and how
-    // far its last renewal was from the take.
+    let (a, b) = TestApp::pair(&db.url, &overlay).await;
+    // Every term the lease had and its last renewal, watched from the side.
     let mut epochs = Vec::<i64>::new();
     let mut renewed_ms = 0.0;
     let start = Instant::now();
@@ -1286,16 +1202,14 @@ async fn a_catch_up_longer_than_the_lease_renews_it_and_goes_on() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Every item, in both replicas' sets (the leader's by its writes, the
-    // other's by its sync).
+    // Every item, in both replicas' sets.
     eventually(
         "every item in both sets",
         Duration::from_secs(10),
         || async { (1..=60).all(|u| enabled(&a, u) && enabled(&b, u)) },
     )
     .await;
-    // One term throughout, renewed well past its first lease: the catch-up
-    // outlasted the lease and the leader renewed it rather than letting go.
+    // One term throughout, renewed well past its first lease.
     let (epoch, renewed_ms) = lease_row(&db.url).await.expect("the lease");
     assert_eq!(epochs, vec![epoch], "the term changed during the catch-up");
     assert!(
@@ -1303,8 +1217,8 @@ async fn a_catch_up_longer_than_the_lease_renews_it_and_goes_on() {
         "the term was not renewed past two leases: last renewed {renewed_ms} ms after the take"
     );
     assert_eq!(source.max_feed_in_flight(), 1, "two polls at once");
-    // One reader: the pages asked for never go back (a page cut off by the
-    // lease's end is asked again) and reach the end of the feed.
+    // One reader: pages never go back (a cut one is asked again) and reach
+    // the end of the feed.
     let afters = || -> Vec<usize> {
         source
             .feed_uris()

@@ -1,19 +1,7 @@
 //! Whole-app tests: the real app on real sockets (and its public front
-//! without sockets, `support::front`), fake upstreams that are real HTTP
-//! servers. Mostly a module per page of docs/ (docs/README.md lists them):
-//! `rules` (docs/rules.md), `verdicts` (its "Verdict or undecided"),
-//! `attribution` (its "Whose time", "Whose load"), `reasons` (its "Reason
-//! codes"), `resources` (the gateway's own resources never decide an answer),
-//! `caching`, `admin_access` (and `admin_record`, what admin calls leave on a
-//! gateway's own log and metrics), `status_sync` (and `status_bounds`, its
-//! bounds on the embedded database and the snapshot's body), `faults` (a
-//! silent database, a frozen leader), `reveals` (docs/api.md#the-reveal-log),
-//! `api_contract` (docs/api.md and docs/errors.md), `budgets`, `overload`,
-//! `tracing`, `operations` (configuration, runbook, privacy), `adaptive`
-//! (docs/adaptive-limit.md), `campaign` (what can go wrong at once, for over a
-//! minute), `upgrade` (docs/operations.md, "Migrations at start"). The
-//! harness is in `support/`.
-
+//! without sockets, `support::front`) against fake upstreams that are real
+//! HTTP servers. Mostly a module per page of docs/ (docs/README.md lists
+//! them), named after it. The harness is in `support/`.
 #![allow(clippy::unwrap_used)]
 // A test binary exports nothing (`pub` only shares helpers between its
 // modules), and it times real sockets and processes: wall time is meant.

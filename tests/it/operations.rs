@@ -1,15 +1,8 @@
 //! Operating it (docs/configuration.md, docs/runbook.md, the README): request
-//! ids, every metric family moving after real traffic (the `metrics_*` tests),
-//! the CPU profile, graceful shutdown (readiness first, a pause, a drain with a
-//! hard deadline; SIGTERM to the binary), background tasks stopped with the app,
-//! a first start on a fresh database, a database error naming its cause and
-//! address, the command line (`check-config`, every configuration mistake in one
-//! run, mistyped environment prefixes, no colour codes into a pipe), and privacy
-//! (docs/README.md#privacy): no full number in any log line. Besides those two
-//! tests, every log line of the test binary (both formats, trace level) and of
-//! every child process is scanned as it is written (`support::privacy`), and
-//! every `TestApp` fails its test on any leak when dropped, so the traffic of
-//! the entire suite is covered.
+//! ids, every metric family moving (the `metrics_*` tests), the CPU profile,
+//! graceful shutdown, background tasks stopped with the app, a first start,
+//! database errors, the command line, and privacy (docs/README.md#privacy;
+//! every log line of the suite is also scanned, `support::privacy`).
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -82,15 +75,13 @@ fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
-/// The binary's `/metrics` before and after one run of traffic that moves every
-/// family (`traffic_scrapes`).
+/// The binary's `/metrics` before and after [`traffic_moving_every_family`].
 struct Scrapes {
     before: String,
     after: String,
 }
 
 impl Scrapes {
-    /// Asserts that the series of `name` whose labels include `labels` grew.
     #[track_caller]
     fn assert_moved(&self, name: &str, labels: &[(&str, &str)]) {
         let (b, a) = (
@@ -105,35 +96,29 @@ impl Scrapes {
     }
 }
 
-/// The metrics recorder is process-wide: in the test binary, every other test's
-/// app moves the same families and sets the same gauges. So the traffic runs
-/// through the binary in a process of its own, against fake upstreams of its
-/// own, and that process is scraped before and after: every movement seen is
-/// this traffic's. It runs once, for the first test that asks (again for the
-/// next one if it failed); the `metrics_*` tests each read one group of
-/// families off the same two scrapes.
+/// The metrics recorder is process-wide, so the traffic runs through the
+/// binary in a process of its own, scraped before and after: every movement
+/// seen is this traffic's. Run once, for the first test that asks (again if
+/// it failed); each `metrics_*` test reads its families off the two scrapes.
 async fn traffic_scrapes() -> &'static Scrapes {
     static SCRAPES: tokio::sync::OnceCell<Scrapes> = tokio::sync::OnceCell::const_new();
     SCRAPES.get_or_init(traffic_moving_every_family).await
 }
 
-/// Every kind of answer once: a miss, a hit, a call-tracking number, a fail
-/// closed, a fall through, a 404, a timeout, a stale answer, a shed request, a
-/// rate-limited viewer, a webhook and a snapshot.
+/// Every kind of answer once: miss, hit, call tracking, fail closed, fall
+/// through, 404, timeout, stale, shed, rate-limited, webhook and snapshot.
 async fn traffic_moving_every_family() -> Scrapes {
-    let dir = tempfile::tempdir().unwrap();
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let real = Fake::start(Upstream::RealPhone).await;
     let anonymous = Fake::start(Upstream::Anonymous).await;
     let calltracking = Fake::start(Upstream::Calltracking).await;
     let app = Process::start_with(
-        &format!("sqlite://{}/gw.db", dir.path().display()),
+        &url,
         &[
             ("RATE_LIMIT__PER_VIEWER_PER_MINUTE", "1"),
             ("SERVER__MAX_IN_FLIGHT", "1"),
-            // The upstreams' bound defaults to server.max_in_flight; at 1, a
-            // fetch that outlives its request (user 3's real number, answered
-            // 503 by the anonymous source first) made the next real call fail
-            // as saturated. Only the server's bound is under test here.
+            // Only the server's bound is under test: at 1, a fetch outliving
+            // its request would make the next real call fail as saturated.
             ("UPSTREAMS__REAL_PHONE__MAX_IN_FLIGHT", "16"),
             ("UPSTREAMS__ANONYMOUS__MAX_IN_FLIGHT", "16"),
             ("UPSTREAMS__CALLTRACKING__MAX_IN_FLIGHT", "16"),
@@ -172,8 +157,7 @@ async fn traffic_moving_every_family() -> Scrapes {
     phone(4, PLAIN_CATEGORY).await.assert_problem(404);
     real.reply(Reply::Hang);
     phone(5, PLAIN_CATEGORY).await.assert_problem(503); // timeout
-    // Past user 1's one-second TTL (a time, not a synchronisation), with real
-    // hanging: stale served.
+    // Past user 1's one-second TTL, with real hanging: stale served.
     tokio::time::sleep(Duration::from_millis(1300)).await;
     phone(1, PLAIN_CATEGORY).await.assert_number(REAL, "real");
     // A second request while one is in service: max_in_flight = 1 sheds it.
@@ -255,23 +239,27 @@ async fn metrics_count_cache_lookups_by_result_and_gauge_the_entries() {
 #[tokio::test]
 async fn metrics_count_selections_and_how_sources_failed() {
     let scrapes = traffic_scrapes().await;
-    scrapes.assert_moved("phones_gateway_selections_total", &[("kind", "real")]);
-    scrapes.assert_moved(
-        "phones_gateway_selections_total",
-        &[("kind", "calltracking")],
-    );
-    scrapes.assert_moved(
-        "phones_gateway_fail_closed_total",
-        &[("source", "anonymous")],
-    );
-    scrapes.assert_moved(
-        "phones_gateway_fall_through_total",
-        &[("source", "calltracking")],
-    );
-    scrapes.assert_moved(
-        "phones_gateway_resolve_failures_total",
-        &[("reason", "no_phone")],
-    );
+    for (name, labels) in [
+        ("phones_gateway_selections_total", [("kind", "real")]),
+        (
+            "phones_gateway_selections_total",
+            [("kind", "calltracking")],
+        ),
+        (
+            "phones_gateway_fail_closed_total",
+            [("source", "anonymous")],
+        ),
+        (
+            "phones_gateway_fall_through_total",
+            [("source", "calltracking")],
+        ),
+        (
+            "phones_gateway_resolve_failures_total",
+            [("reason", "no_phone")],
+        ),
+    ] {
+        scrapes.assert_moved(name, &labels);
+    }
 }
 
 #[tokio::test]
@@ -297,17 +285,13 @@ async fn metrics_time_status_writes_and_gauge_the_status_set() {
 }
 
 /// Two apps in one process: each one's `/metrics` shows its own request
-/// durations, status set, cache entries and reveal buffer (none, with the
-/// reveal log off), not the other's (the recorder's families are the
-/// process's; these are rendered by each app).
+/// durations, status set, cache entries and reveal buffer, not the other's.
 #[tokio::test]
 async fn each_app_in_a_process_shows_its_own_metrics() {
     let busy = TestApp::spawn().await;
     let idle = TestApp::spawn_with("[reveals]\nenabled = false\n").await;
     busy.real.reply(Reply::Phone(REAL));
-    busy.phone(1, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    busy.assert_phone(1, 1, PLAIN_CATEGORY, REAL, "real").await;
     assert_eq!(busy.set_status(7, true, 1).await, 200);
     let lookups = format!(
         "phones_gateway_http_request_duration_seconds_count{{route=\"{PUBLIC_PHONE}\",status=\"200\"}}"
@@ -339,14 +323,11 @@ async fn metrics_hold_no_phone_number() {
     assert!(!after.contains("79161234567") && !after.contains("74951234567"));
 }
 
-/// Profiled in a process of its own: the profiler's SIGPROF stays out of the
-/// test binary.
+/// Profiled in a process of its own: SIGPROF stays out of the test binary.
 #[tokio::test]
 async fn a_cpu_profile_is_taken_on_demand_behind_the_token() {
-    let dir = tempfile::tempdir().unwrap();
-    let process =
-        crate::support::child::Process::start(&format!("sqlite://{}/gw.db", dir.path().display()))
-            .await;
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
+    let process = crate::support::child::Process::start(&url).await;
     let url = |query: &str| format!("{}{PROFILE}?{query}", process.admin);
     let without = read(process.http.get(url("seconds=1")).send().await.unwrap()).await;
     without.assert_problem(401);
@@ -368,7 +349,6 @@ async fn a_cpu_profile_is_taken_on_demand_behind_the_token() {
     let top = get("seconds=1&format=top").await;
     assert_eq!(top.status, 200, "{top:?}");
     assert!(top.text.contains("samples over 1s"), "{}", top.text);
-    // Some work to sample while the flamegraph is taken.
     let busy = {
         let (http, admin) = (process.http.clone(), process.admin.clone());
         tokio::spawn(async move {
@@ -396,19 +376,10 @@ async fn shutdown_turns_readyz_503_then_drains_in_flight_requests() {
     .await;
     app.real
         .reply_after(Reply::Phone(REAL), Duration::from_millis(2500));
-    let in_flight = {
-        let (public, http) = (app.public.clone(), app.http.clone());
-        tokio::spawn(async move {
-            let url =
-                format!("{public}/v1/public-phone?user_id=1&ad_id=1&category_id={PLAIN_CATEGORY}");
-            read(http.get(url).send().await.unwrap()).await
-        })
-    };
-    eventually("the request in service", Duration::from_secs(10), || {
-        let calls = app.real.calls();
-        async move { calls == 1 }
-    })
-    .await;
+    let in_flight = app.phone_in_background(1, 1, PLAIN_CATEGORY);
+    app.real
+        .until_calls("the request in service", 1, Duration::from_secs(10))
+        .await;
     let stopped = app.shutdown();
     // During the pause: not ready, still serving.
     eventually(
@@ -452,14 +423,12 @@ async fn the_drain_has_a_hard_deadline() {
     });
     // An idle keep-alive connection must not hold the drain open either.
     assert_eq!(app.get_admin(HEALTHZ).await.status, 200);
-    eventually("the request in service", Duration::from_secs(10), || {
-        let calls = app.real.calls();
-        async move { calls == 1 }
-    })
-    .await;
+    app.real
+        .until_calls("the request in service", 1, Duration::from_secs(10))
+        .await;
     let start = Instant::now();
     app.shutdown().await.unwrap().unwrap();
-    // 300 ms of drain; the request would hold it 10 s. Room for busy cores.
+    // 300 ms of drain; the request would hold it 10 s.
     assert!(
         start.elapsed() < Duration::from_secs(5),
         "{:?}",
@@ -471,11 +440,11 @@ async fn the_drain_has_a_hard_deadline() {
 /// process exits 0.
 #[tokio::test]
 async fn sigterm_drains_an_in_flight_request_and_exits_zero() {
-    let dir = tempfile::tempdir().unwrap();
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let real = Fake::start(Upstream::RealPhone).await;
     real.reply_after(Reply::Phone(REAL), Duration::from_millis(1500));
     let process = Process::start_with(
-        &format!("sqlite://{}/gw.db", dir.path().display()),
+        &url,
         &[
             ("UPSTREAMS__REAL_PHONE__BASE_URL", &real.url),
             ("UPSTREAMS__REAL_PHONE__TIMEOUT_MS", "5000"),
@@ -491,13 +460,10 @@ async fn sigterm_drains_an_in_flight_request_and_exits_zero() {
         let http = process.http.clone();
         tokio::spawn(async move { read(http.get(url).send().await.unwrap()).await })
     };
-    eventually(
+    real.until_calls(
         "the request to reach the upstream",
+        1,
         Duration::from_secs(10),
-        || {
-            let calls = real.calls();
-            async move { calls == 1 }
-        },
     )
     .await;
     let status = tokio::task::spawn_blocking(move || process.sigterm())
@@ -540,13 +506,11 @@ async fn dropping_a_running_app_stops_its_background_tasks() {
     );
 }
 
-/// The WARN and ERROR lines of a first start, once it is ready and its
-/// background work (the first retention round, the first flush) has run.
+/// The WARN and ERROR lines of a first start, once ready and its first
+/// retention round and flush have run.
 async fn first_start_complaints(database_url: &str) -> Vec<String> {
     let process = Process::start_with(database_url, &[("REVEALS__FLUSH_INTERVAL_MS", "50")]).await;
-    // The first retention round runs right after the load: wait until its
-    // delete has been timed on this process's own /metrics (a child process,
-    // so its recorder is its own).
+    // Wait for the first retention delete on the child's own /metrics.
     eventually(
         "the first retention round",
         Duration::from_secs(10),
@@ -579,8 +543,7 @@ async fn first_start_complaints(database_url: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn a_first_start_on_a_fresh_sqlite_file_logs_no_warning() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/fresh.db?mode=rwc", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("fresh.db?mode=rwc");
     let complaints = first_start_complaints(&url).await;
     assert!(complaints.is_empty(), "{complaints:#?}");
 }
@@ -596,15 +559,7 @@ async fn a_first_start_on_a_fresh_postgres_logs_no_warning() {
 async fn a_database_that_refuses_is_named_with_its_address_and_cause() {
     let port = pg::free_port();
     let url = format!("postgres://gateway:s3cret-pw@127.0.0.1:{port}/gateway");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_phones-gateway"));
-    command
-        .arg("serve")
-        .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
-        .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
-        .env("PHONES_GATEWAY__DATABASE__URL", &url)
-        .env("PHONES_GATEWAY__LOG__FORMAT", "json")
-        .env_remove("RUST_LOG");
-    let child = Spawned::spawn(command, "phones-gateway serve");
+    let child = Spawned::spawn(serve_json(&url), "phones-gateway serve");
     let mut seen = Vec::new();
     eventually("a line naming the cause", Duration::from_secs(10), || {
         seen.extend(child.lines_so_far());
@@ -620,7 +575,6 @@ async fn a_database_that_refuses_is_named_with_its_address_and_cause() {
     );
 }
 
-/// The commit the binary was built from, as build.rs reads it.
 fn built_commit() -> String {
     let output = Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
@@ -632,10 +586,9 @@ fn built_commit() -> String {
     }
 }
 
-/// Call tracking refuses every connection while seven tracked sellers are
-/// looked up: at the default log level the failures are on the log at WARN,
-/// named by upstream and outcome with their count (one line per 10 s at
-/// most), so the runbook's first look (WARN and ERROR) finds them.
+/// Call tracking refuses every connection: at the default log level the
+/// failures are logged at WARN by upstream and outcome with their count (a
+/// line per 10 s at most), where the runbook's first look finds them.
 #[tokio::test]
 async fn an_upstreams_failures_are_logged_at_warn_at_the_default_level() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
@@ -644,8 +597,7 @@ async fn an_upstreams_failures_are_logged_at_warn_at_the_default_level() {
         .unwrap();
     let real = Fake::start(Upstream::RealPhone).await;
     real.reply(Reply::Phone(REAL));
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let calltracking = format!("http://{closed}");
     let process = Process::start_with(
         &url,
@@ -690,8 +642,8 @@ async fn an_upstreams_failures_are_logged_at_warn_at_the_default_level() {
     assert!(line["fields"]["count"].as_u64() >= Some(1), "{line}");
 }
 
-/// The version and the commit: `--version` shows both, `serve` logs them at
-/// start, and `phones_gateway_build_info{version, commit}` is 1.
+/// `--version` shows version and commit, `serve` logs them, and
+/// `phones_gateway_build_info{version, commit}` is 1.
 #[tokio::test]
 async fn the_version_and_commit_are_in_the_version_the_start_log_and_a_metric() {
     let commit = built_commit();
@@ -705,18 +657,8 @@ async fn the_version_and_commit_are_in_the_version_the_start_log_and_a_metric() 
         format!("phones-gateway {version} ({commit})")
     );
 
-    let dir = tempfile::tempdir().unwrap();
-    let mut command = binary();
-    command
-        .arg("serve")
-        .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
-        .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
-        .env(
-            "PHONES_GATEWAY__DATABASE__URL",
-            format!("sqlite://{}/gw.db", dir.path().display()),
-        )
-        .env("PHONES_GATEWAY__LOG__FORMAT", "json");
-    let child = Spawned::spawn(command, "phones-gateway serve");
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
+    let child = Spawned::spawn(serve_json(&url), "phones-gateway serve");
     let limit = Duration::from_secs(30);
     let logged = child
         .logged("phones-gateway starting", &["version", "commit"], limit)
@@ -746,9 +688,8 @@ async fn the_version_and_commit_are_in_the_version_the_start_log_and_a_metric() 
     );
 }
 
-/// The series docs/operations.md lists as absent until first used: the
-/// backticked `phones_gateway_*` names of that section (a trailing `*` a
-/// prefix), without labels.
+/// The `phones_gateway_*` series docs/operations.md lists as absent until
+/// first used (a trailing `*` a prefix), without labels.
 fn listed_as_absent() -> Vec<String> {
     let doc = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"),
@@ -758,7 +699,6 @@ fn listed_as_absent() -> Vec<String> {
         .find("### Series that are absent until first used")
         .unwrap();
     let section = &doc[start..];
-    // The list, after the families said to be there from the start.
     let section = &section[section.find("These are not").unwrap()..];
     let section = &section[..section.find("What that means for alerts").unwrap()];
     section
@@ -770,14 +710,13 @@ fn listed_as_absent() -> Vec<String> {
         .collect()
 }
 
-/// Every series an alert of the chart reads (with the labels it matches
-/// exactly) is on a fresh replica's /metrics before any request, or
-/// docs/operations.md lists it as absent until first used: an alert over a
-/// series that is not there yet sees nothing, not 0.
+/// Every series a chart alert reads is on a fresh replica's /metrics, or
+/// docs/operations.md lists it as absent until first used (an alert over a
+/// missing series sees nothing, not 0).
 #[tokio::test]
 async fn every_series_an_alert_reads_is_there_from_the_start_or_listed_as_absent() {
-    let dir = tempfile::tempdir().unwrap();
-    let process = Process::start(&format!("sqlite://{}/gw.db", dir.path().display())).await;
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
+    let process = Process::start(&url).await;
     let metrics = process.get_admin(METRICS).await.text;
     let listed = listed_as_absent();
     let is_listed = |name: &str| {
@@ -809,6 +748,18 @@ async fn every_series_an_alert_reads_is_there_from_the_start_or_listed_as_absent
     );
 }
 
+/// `serve` on the database at `url`, listeners on port 0, logging JSON.
+fn serve_json(url: &str) -> Command {
+    let mut command = binary();
+    command
+        .arg("serve")
+        .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
+        .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
+        .env("PHONES_GATEWAY__DATABASE__URL", url)
+        .env("PHONES_GATEWAY__LOG__FORMAT", "json");
+    command
+}
+
 fn binary() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_phones-gateway"));
     // The settings of whoever runs the tests are not the test's.
@@ -820,8 +771,7 @@ fn binary() -> Command {
     command
 }
 
-/// Runs `command` to its end with stdout and stderr to pipes; both are scanned
-/// for phone numbers like every other log.
+/// Runs `command` to its end, stdout and stderr piped and scanned for numbers.
 fn run(mut command: Command, name: &str) -> (Output, String, String) {
     let output = command.output().expect("the binary runs");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
@@ -833,14 +783,11 @@ fn run(mut command: Command, name: &str) -> (Output, String, String) {
 
 #[test]
 fn text_logs_to_a_pipe_carry_no_colour_codes() {
-    let dir = tempfile::tempdir().unwrap();
+    let (_dir, url) = crate::support::sqlite_file("gateway.db");
     let mut command = binary();
     command
         .arg("migrate")
-        .env(
-            "PHONES_GATEWAY__DATABASE__URL",
-            format!("sqlite://{}/gateway.db", dir.path().display()),
-        )
+        .env("PHONES_GATEWAY__DATABASE__URL", url)
         .env("PHONES_GATEWAY__LOG__FORMAT", "text");
     let (output, stdout, stderr) = run(command, "phones-gateway migrate");
     assert!(output.status.success(), "{stdout}\n{stderr}");
@@ -853,9 +800,8 @@ fn text_logs_to_a_pipe_carry_no_colour_codes() {
     }
 }
 
-/// `migrate --status` lists every migration of the store's kind as pending or
-/// applied and applies nothing; `migrate` lists those it applied, and run
-/// again says nothing was pending.
+/// `migrate --status` lists every migration as pending or applied and applies
+/// nothing; `migrate` lists what it applied, and again says none pending.
 fn migrate_says_what_it_applied_and_what_is_pending(url: &str, kind: &str) {
     let files: Vec<String> = {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -866,7 +812,6 @@ fn migrate_says_what_it_applied_and_what_is_pending(url: &str, kind: &str) {
             .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         names.sort();
-        // `0011_reveal_buckets.sql` as listed: `0011 reveal buckets`.
         names
             .iter()
             .map(|name| {
@@ -935,8 +880,7 @@ fn migrate_says_what_it_applied_and_what_is_pending(url: &str, kind: &str) {
 
 #[test]
 fn migrate_says_what_it_applied_and_what_is_pending_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/gateway.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("gateway.db");
     migrate_says_what_it_applied_and_what_is_pending(&url, "sqlite");
 }
 
@@ -951,8 +895,7 @@ async fn migrate_says_what_it_applied_and_what_is_pending_on_postgres() {
     .unwrap();
 }
 
-/// A file with three mistakes: an unknown key, a value of the wrong type, a
-/// value out of range.
+/// A file with three mistakes: unknown key, wrong type, out of range.
 const THREE_MISTAKES: &str = "[server]\npublic_adr = \"0.0.0.0:1\"\n\
     [upstreams.real_phone]\ntimeout_ms = \"fast\"\n\
     [cache.anonymous]\ncapacity = 0\n";
@@ -962,10 +905,9 @@ const THREE_KEYS: [&str; 3] = [
     "cache.anonymous.capacity",
 ];
 
-/// `command` (`check-config` or `serve`) on [`THREE_MISTAKES`], given by a path
-/// relative to where it runs, with `RUST_BACKTRACE=1`: one run names all three
-/// keys as documented (no figment profile), the file by its absolute path, and
-/// prints no backtrace.
+/// `command` (`check-config` or `serve`) on [`THREE_MISTAKES`] by a relative
+/// path, with `RUST_BACKTRACE=1`: one run names all three keys, the file by
+/// its absolute path, and prints no backtrace.
 fn names_every_mistake_at_once(command: &str) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("gw.toml"), THREE_MISTAKES).unwrap();
@@ -1003,10 +945,9 @@ fn a_start_with_a_bad_configuration_names_every_mistake_in_one_run() {
     names_every_mistake_at_once("serve");
 }
 
-/// A bad element of a list is one mistake among the others, each named with
-/// where it came from: `check-config` on a file with a bad source in
-/// `selection.order` and a capacity of 0, and a variable with a bad category,
-/// names all three in one run, the list's elements by their index.
+/// A bad list element is one mistake among others: `check-config` names a bad
+/// `selection.order` source, a capacity of 0 and a bad category variable in
+/// one run, list elements by index.
 #[test]
 fn check_config_names_a_bad_list_element_among_the_other_mistakes() {
     let dir = tempfile::tempdir().unwrap();
@@ -1042,12 +983,12 @@ fn check_config_names_a_bad_list_element_among_the_other_mistakes() {
     }
 }
 
-/// A start that cannot go on (here: its port is taken) ends with one line and
-/// exit status 1, also with `RUST_BACKTRACE=1` (no anyhow report of main).
+/// A start that cannot go on (port taken) ends with one line and exit status
+/// 1, also with `RUST_BACKTRACE=1`.
 #[test]
 fn a_fatal_start_is_one_line_without_a_backtrace() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let (_dir, url) = crate::support::sqlite_file("gateway.db");
     let mut command = binary();
     command
         .arg("serve")
@@ -1057,10 +998,7 @@ fn a_fatal_start_is_one_line_without_a_backtrace() {
             taken.local_addr().unwrap().to_string(),
         )
         .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
-        .env(
-            "PHONES_GATEWAY__DATABASE__URL",
-            format!("sqlite://{}/gateway.db", dir.path().display()),
-        );
+        .env("PHONES_GATEWAY__DATABASE__URL", url);
     let (output, stdout, stderr) = run(command, "phones-gateway serve");
     assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
     assert!(
@@ -1101,18 +1039,9 @@ fn check_config_warns_of_a_mistyped_environment_prefix() {
 
 #[tokio::test]
 async fn a_start_warns_of_a_mistyped_environment_prefix() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut command = binary();
-    command
-        .arg("serve")
-        .env("PHONES_GATEWAY__SERVER__PUBLIC_ADDR", "127.0.0.1:0")
-        .env("PHONES_GATEWAY__SERVER__ADMIN_ADDR", "127.0.0.1:0")
-        .env(
-            "PHONES_GATEWAY__DATABASE__URL",
-            format!("sqlite://{}/gateway.db", dir.path().display()),
-        )
-        .env("PHONES_GATEWAY__LOG__FORMAT", "json")
-        .env("PHONES_GATEWAY_ADMIN__TOKEN", "not-read-0123456789");
+    let (_dir, url) = crate::support::sqlite_file("gateway.db");
+    let mut command = serve_json(&url);
+    command.env("PHONES_GATEWAY_ADMIN__TOKEN", "not-read-0123456789");
     let child = crate::support::child::Spawned::spawn(command, "phones-gateway serve");
     let named = child
         .logged(
@@ -1124,17 +1053,15 @@ async fn a_start_warns_of_a_mistyped_environment_prefix() {
     assert_eq!(named, ["PHONES_GATEWAY_ADMIN__TOKEN"]);
 }
 
-/// A gateway of its own process in each log format, so that what is read is
-/// its own log: its lines speak of numbers, masked, and (every line scanned
-/// as it is written, `support::privacy`) hold no full one.
+/// A gateway process in each log format: its lines speak of numbers, masked,
+/// and hold no full one.
 #[tokio::test]
 async fn no_full_phone_number_in_the_logs() {
     for format in ["json", "text"] {
         let real = Fake::start(Upstream::RealPhone).await;
         let anonymous = Fake::start(Upstream::Anonymous).await;
         let calltracking = Fake::start(Upstream::Calltracking).await;
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/gw.db", dir.path().display());
+        let (_dir, url) = crate::support::sqlite_file("gw.db");
         let process = Process::start_with(
             &url,
             &[
@@ -1188,8 +1115,8 @@ async fn no_full_phone_number_in_the_logs() {
     assert_no_leaks();
 }
 
-/// A parser's message quotes the body; a bare-number phone (or
-/// any body quoting a number) must not reach the log of the failed call.
+/// A parser's message quotes the body: a number in a body must not reach the
+/// log of the failed call.
 #[tokio::test]
 async fn upstream_bodies_quoting_a_number_are_never_logged() {
     let app = TestApp::spawn().await;
@@ -1225,9 +1152,7 @@ async fn upstream_bodies_quoting_a_number_are_never_logged() {
         app.phone(1, ad, ANON_CATEGORY).await.assert_problem(503);
         // Call tracking falls through to the real number.
         app.calltracking.reply(Reply::Body(virtual_body));
-        app.phone(2, ad, PLAIN_CATEGORY)
-            .await
-            .assert_number(REAL, "real");
+        app.assert_phone(2, ad, PLAIN_CATEGORY, REAL, "real").await;
         // Real fails: 503.
         app.real.reply(Reply::Body(phone_body));
         app.phone(3, ad, PLAIN_CATEGORY).await.assert_problem(503);

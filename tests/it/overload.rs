@@ -1,13 +1,12 @@
 //! Overload (docs/rules.md "Other gates, before the rules", docs/runbook.md
-//! "PhonesGatewayShedding"): cold admission and load shedding while cached
-//! answers and the admin listener keep answering, and upstream concurrency
-//! bounded whatever clients do. The viewer budgets are in `budgets.rs`.
+//! "PhonesGatewayShedding"): cold admission and load shedding, and upstream
+//! concurrency bounded whatever clients do. Viewer budgets: `budgets.rs`.
 
 use std::time::{Duration, Instant};
 
 use crate::support::child::Process;
 use crate::support::paths::{METRICS, READYZ, phone_path};
-use crate::support::{Fake, Reply, TestApp, Upstream, eventually, read};
+use crate::support::{Fake, Reply, TestApp, Upstream, eventually};
 use crate::{PLAIN_CATEGORY, REAL};
 
 #[tokio::test]
@@ -19,33 +18,16 @@ async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
     app.real
         .reply_after(Reply::Phone(REAL), Duration::from_millis(3000));
     let slow: Vec<_> = (1..=2)
-        .map(|user| {
-            let (public, http) = (app.public.clone(), app.http.clone());
-            tokio::spawn(async move {
-                read(
-                    http.get(format!(
-                        "{public}/v1/public-phone?user_id={user}&ad_id=1&category_id=1"
-                    ))
-                    .send()
-                    .await
-                    .unwrap(),
-                )
-                .await
-            })
-        })
+        .map(|user| app.phone_in_background(user, 1, PLAIN_CATEGORY))
         .collect();
-    // Both slots taken: both requests are at the upstream.
-    eventually("both requests in service", Duration::from_secs(10), || {
-        let calls = app.real.calls();
-        async move { calls == 2 }
-    })
-    .await;
+    app.real
+        .until_calls("both requests in service", 2, Duration::from_secs(10))
+        .await;
     let start = Instant::now();
     let shed = app.phone(3, 1, PLAIN_CATEGORY).await;
     shed.assert_problem(503);
     assert!(shed.retry_after.is_some());
-    // Queued, it would wait for a slot (about 3 s); the bound leaves room for
-    // two busy cores.
+    // Queued, it would wait for a slot (about 3 s).
     assert!(
         start.elapsed() < Duration::from_millis(1500),
         "shed at once, not queued: {:?}",
@@ -55,21 +37,18 @@ async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
     for request in slow {
         request.await.unwrap().assert_number(REAL, "real");
     }
-    app.phone(3, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    app.assert_phone(3, 1, PLAIN_CATEGORY, REAL, "real").await;
 }
 
-/// Cold admission (docs/caching.md#a-cold-replica): while ready work waits too
-/// long for the worker, uncached requests are shed at once and cached ones
-/// answered; when the pressure goes, uncached ones are let in again. The
-/// pressure is a task that holds this test's runtime (one thread, the app's too)
-/// 30 ms at a time.
+/// Cold admission (docs/caching.md#a-cold-replica): while ready work waits
+/// too long, uncached requests are shed at once and cached ones answered;
+/// when the pressure goes, uncached ones get in again. The pressure: a task
+/// holding this test's one thread 30 ms at a time.
 #[tokio::test]
 async fn saturated_workers_shed_uncached_requests_and_keep_answering_cached_ones() {
     let app = TestApp::spawn_with("[server]\nmax_queue_delay_ms = 10").await;
     app.real.reply(Reply::Phone(REAL));
-    // Starting up was busy work too: the share may still be climbing back.
+    // Start-up was busy work too: the share may still be climbing back.
     eventually("a first number cached", Duration::from_secs(10), || async {
         app.phone(1, 1, PLAIN_CATEGORY).await.status == 200
     })
@@ -79,8 +58,7 @@ async fn saturated_workers_shed_uncached_requests_and_keep_answering_cached_ones
         let busy = busy.clone();
         async move {
             while busy.load(std::sync::atomic::Ordering::Relaxed) {
-                // Blocks the thread (busy time to the runtime), then lets the
-                // app's tasks run once.
+                // Busy time to the runtime, then the app's tasks run once.
                 std::thread::sleep(Duration::from_millis(30));
                 tokio::task::yield_now().await;
             }
@@ -108,9 +86,7 @@ async fn saturated_workers_shed_uncached_requests_and_keep_answering_cached_ones
     );
     // Cached answers are never shed for CPU.
     for _ in 0..20 {
-        app.phone(1, 1, PLAIN_CATEGORY)
-            .await
-            .assert_number(REAL, "real");
+        app.assert_phone(1, 1, PLAIN_CATEGORY, REAL, "real").await;
     }
     busy.store(false, std::sync::atomic::Ordering::Relaxed);
     hog.await.unwrap();
@@ -129,20 +105,18 @@ async fn saturated_workers_shed_uncached_requests_and_keep_answering_cached_ones
     assert!(app.real.calls() > calls);
 }
 
-/// Clients that ask and give up at once leave their fetches holding the real
-/// phone's two places: the next requests fail at once (503) without calling
-/// it, and each refusal is counted as `saturated`. The gateway runs as its
-/// own process, so the count read on its /metrics is this test's alone (the
-/// adaptive tests saturate upstreams too).
+/// Clients that give up at once leave their fetches holding the real phone's
+/// two places: the next requests fail at once (503) without calling it, each
+/// counted as `saturated` (on the gateway process's own /metrics).
 #[tokio::test]
 async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
     const SATURATED: &str =
         "phones_gateway_upstream_requests_total{upstream=\"real_phone\",outcome=\"saturated\"}";
     let real = Fake::start(Upstream::RealPhone).await;
     real.reply(Reply::Hang);
-    let dir = tempfile::tempdir().unwrap();
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let app = Process::start_with(
-        &format!("sqlite://{}/gw.db", dir.path().display()),
+        &url,
         &[
             ("UPSTREAMS__REAL_PHONE__BASE_URL", &real.url),
             ("UPSTREAMS__REAL_PHONE__MAX_IN_FLIGHT", "2"),
@@ -153,18 +127,14 @@ async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
     .await;
     let saturated = || async {
         let text = app.get_admin(METRICS).await.text;
-        text.lines()
-            .find_map(|l| l.strip_prefix(SATURATED)?.strip_prefix(' '))
-            .map_or(0.0, |v| v.trim().parse::<f64>().unwrap())
+        crate::support::series_value(&text, SATURATED).unwrap_or(0.0)
     };
     assert_eq!(saturated().await, 0.0);
-    // Clients that ask and give up at once, each for another ad.
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(100))
         .build()
         .unwrap();
-    // Each for another seller too: one seller alone would meet its own bound
-    // (an eighth of the upstream's, at least 1) before the upstream's.
+    // Another seller each: one seller alone meets its own bound first.
     for ad in 1..=2 {
         let url = format!("{}{}", app.public, phone_path(ad, ad, PLAIN_CATEGORY));
         let sent = impatient.get(url).send().await;
@@ -174,9 +144,7 @@ async fn abandoned_requests_cannot_push_an_upstream_past_its_bound() {
         real.calls() == 2
     })
     .await;
-    // The fetches those clients left behind still hold both places: the next
-    // requests do not call the upstream and fail at once (503, real being the
-    // last source).
+    // The abandoned fetches hold both places: the next requests fail at once.
     for ad in 3..=6 {
         let start = Instant::now();
         app.get_public_with(&phone_path(ad, ad, PLAIN_CATEGORY), &[])

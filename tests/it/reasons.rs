@@ -1,10 +1,7 @@
 //! Why this number (docs/rules.md, "Reason codes"): every answer carries the
 //! reason the rules gave, on record with its reveal and counted in
-//! `phones_gateway_answers_total{kind, reason}`. One family of reasons after
-//! another, against a gateway running as its own process (the metrics recorder
-//! is one per process, so the counters are this gateway's alone): each reveal's
-//! reason is read back from the admin reveal page, each count from /metrics,
-//! and a batch item's reason is the single route's.
+//! `phones_gateway_answers_total{kind, reason}`, one family after another.
+//! The gateway runs as its own process so that the counters are its alone.
 
 use std::time::Duration;
 
@@ -27,8 +24,7 @@ async fn gateway() -> Gateway {
     let real = Fake::start(Upstream::RealPhone).await;
     let anonymous = Fake::start(Upstream::Anonymous).await;
     let calltracking = Fake::start(Upstream::Calltracking).await;
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let (dir, url) = crate::support::sqlite_file("gw.db");
     let process = Process::start_with(
         &url,
         &[
@@ -61,18 +57,6 @@ impl Gateway {
         self.process.get_public_with(path, &[]).await
     }
 
-    async fn track(&self, users: &[u64]) {
-        let items: Vec<Value> = users
-            .iter()
-            .map(|user| json!({"user_id": user, "enabled": true, "version": 1}))
-            .collect();
-        let status = self
-            .process
-            .send(reqwest::Method::POST, json!({ "items": items }))
-            .await;
-        assert_eq!(status, 200);
-    }
-
     /// `user`'s reveals, newest first, once there are `n` (up to 10 s).
     async fn reveals(&self, user: u64, n: usize) -> Vec<Value> {
         let path = format!("{REVEALS}?user_id={user}");
@@ -99,14 +83,9 @@ impl Gateway {
 
     /// `phones_gateway_answers_total{kind, reason}` on this process's /metrics.
     async fn answers(&self, kind: &str, reason: &str) -> f64 {
-        let series =
-            format!("phones_gateway_answers_total{{kind=\"{kind}\",reason=\"{reason}\"}} ");
+        let series = format!("phones_gateway_answers_total{{kind=\"{kind}\",reason=\"{reason}\"}}");
         let metrics = self.process.get_admin(METRICS).await.text;
-        metrics
-            .lines()
-            .find_map(|line| line.strip_prefix(&series))
-            .and_then(|value| value.trim().parse().ok())
-            .unwrap_or(0.0)
+        crate::support::series_value(&metrics, &series).unwrap_or(0.0)
     }
 }
 
@@ -138,74 +117,41 @@ async fn every_answer_carries_the_reason_the_rules_gave() {
     gw.anonymous.reply(Reply::NotFound);
 
     // Not tracked: nothing above the real number applied.
-    family(
-        &gw,
-        1,
-        &plain(1, 1),
-        REAL,
-        "real",
-        json!({"code": "upstream", "origin": "upstream",
-               "sources": {"anonymous": "not_applicable", "calltracking": "not_applicable"}}),
-    )
-    .await;
+    let reason = json!({"code": "upstream", "origin": "upstream",
+        "sources": {"anonymous": "not_applicable", "calltracking": "not_applicable"}});
+    family(&gw, 1, &plain(1, 1), REAL, "real", reason).await;
 
     // Anonymous answered (its category): nothing above it.
     gw.anonymous.reply(Reply::Phone(ANON));
-    family(
-        &gw,
-        2,
-        &format!("/v1/public-phone?user_id=2&ad_id=1&category_id={ANON_CATEGORY}"),
-        ANON,
-        "anonymous",
-        json!({"code": "upstream", "origin": "upstream", "sources": {}}),
-    )
-    .await;
+    let path = format!("/v1/public-phone?user_id=2&ad_id=1&category_id={ANON_CATEGORY}");
+    let reason = json!({"code": "upstream", "origin": "upstream", "sources": {}});
+    family(&gw, 2, &path, ANON, "anonymous", reason).await;
     gw.anonymous.reply(Reply::NotFound);
 
     // Tracked, and call tracking answered.
-    gw.track(&[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 18, 19])
-        .await;
-    family(
-        &gw,
-        3,
-        &plain(3, 1),
-        VIRTUAL,
-        "calltracking",
-        json!({"code": "upstream", "origin": "upstream",
-               "sources": {"anonymous": "not_applicable"}}),
-    )
-    .await;
+    let tracked = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 18, 19];
+    gw.process.track(tracked).await;
+    let reason = json!({"code": "upstream", "origin": "upstream",
+        "sources": {"anonymous": "not_applicable"}});
+    family(&gw, 3, &plain(3, 1), VIRTUAL, "calltracking", reason).await;
 
-    // No number: call tracking has none for this phone, and the anonymous
-    // source none in its category.
+    // No number from call tracking for this phone, nor from the anonymous
+    // source in its category.
     gw.calltracking.reply_for(4, Reply::NotFound);
-    family(
-        &gw,
-        4,
-        &format!("/v1/public-phone?user_id=4&ad_id=1&category_id={ANON_CATEGORY}"),
-        REAL,
-        "real",
-        json!({"code": "calltracking_no_number", "origin": "upstream",
-               "sources": {"anonymous": "no_number", "calltracking": "no_number"}}),
-    )
-    .await;
+    let path = format!("/v1/public-phone?user_id=4&ad_id=1&category_id={ANON_CATEGORY}");
+    let reason = json!({"code": "calltracking_no_number", "origin": "upstream",
+        "sources": {"anonymous": "no_number", "calltracking": "no_number"}});
+    family(&gw, 4, &path, REAL, "real", reason).await;
 
     // The caller's own phone, call tracking off for this seller: `phone`.
-    family(
-        &gw,
-        20,
-        &format!("{}&phone=%2B{}", plain(20, 1), &REAL[1..]),
-        REAL,
-        "real",
-        json!({"code": "phone", "origin": "phone",
-               "sources": {"anonymous": "not_applicable", "calltracking": "not_applicable"}}),
-    )
-    .await;
+    let path = format!("{}&phone=%2B{}", plain(20, 1), &REAL[1..]);
+    let reason = json!({"code": "phone", "origin": "phone",
+        "sources": {"anonymous": "not_applicable", "calltracking": "not_applicable"}});
+    family(&gw, 20, &path, REAL, "real", reason).await;
 
     // Tracked, call tracking timed out: fall_through, and the reason says so.
-    // On a busy machine the gateway may itself lose time beyond its tolerance
-    // during the call: that call is undecided (a 503, no reveal), and the next
-    // seller is tried.
+    // A call the gateway itself lost time in is undecided (503, no reveal):
+    // the next seller is tried.
     let timed_out = json!({"code": "calltracking_timeout", "origin": "upstream",
                            "sources": {"anonymous": "not_applicable", "calltracking": "timeout"}});
     let mut undecided = 0;
@@ -234,8 +180,7 @@ async fn every_answer_carries_the_reason_the_rules_gave() {
         "five timeouts in a row were the gateway's lost time"
     );
 
-    // A stale value standing in: a seller's real number, expired, and the
-    // real-phone upstream failing (500).
+    // A stale value standing in: a real number, expired, its upstream at 500.
     gw.ask(&plain(30, 1)).await.assert_number(REAL, "real");
     tokio::time::sleep(Duration::from_millis(1200)).await;
     gw.real.reply_for(30, Reply::Status(500));
@@ -251,68 +196,44 @@ async fn every_answer_carries_the_reason_the_rules_gave() {
     // The breaker opened on call tracking's 500s for five sellers in five
     // requests: those fell through on `error_status`, the next on
     // `circuit_open`. An answer first, so that the run of failures is these
-    // five's alone (seller 5's timeout was one).
+    // five's alone.
     gw.ask(&plain(15, 1))
         .await
         .assert_number(VIRTUAL, "calltracking");
     gw.calltracking.reply(Reply::Status(500));
     for user in 6..=10 {
-        family(
-            &gw,
-            user,
-            &plain(user, 1),
-            REAL,
-            "real",
-            json!({"code": "calltracking_error_status", "origin": "upstream",
-                   "sources": {"anonymous": "not_applicable", "calltracking": "error_status"}}),
-        )
-        .await;
+        let reason = json!({"code": "calltracking_error_status", "origin": "upstream",
+            "sources": {"anonymous": "not_applicable", "calltracking": "error_status"}});
+        family(&gw, user, &plain(user, 1), REAL, "real", reason).await;
     }
     gw.calltracking.reply(Reply::Phone(VIRTUAL));
-    family(
-        &gw,
-        11,
-        &plain(11, 1),
-        REAL,
-        "real",
-        json!({"code": "calltracking_circuit_open", "origin": "upstream",
-               "sources": {"anonymous": "not_applicable", "calltracking": "circuit_open"}}),
-    )
-    .await;
+    let reason = json!({"code": "calltracking_circuit_open", "origin": "upstream",
+        "sources": {"anonymous": "not_applicable", "calltracking": "circuit_open"}});
+    family(&gw, 11, &plain(11, 1), REAL, "real", reason).await;
 
-    // A tracked seller, the breaker still open, and the caller sending the
-    // seller's own number: a real number shown because call tracking failed,
-    // with a code that says so (and the alert's series counts it).
-    gw.track(&[21]).await;
-    family(
-        &gw,
-        21,
-        &format!("{}&phone=%2B{}", plain(21, 1), &REAL[1..]),
-        REAL,
-        "real",
-        json!({"code": "phone_calltracking_failed", "origin": "phone",
-               "sources": {"anonymous": "not_applicable", "calltracking": "circuit_open"}}),
-    )
-    .await;
+    // A tracked seller, the breaker still open, the caller sending the
+    // seller's own number: real shown because call tracking failed, with a
+    // code that says so.
+    gw.process.track([21]).await;
+    let path = format!("{}&phone=%2B{}", plain(21, 1), &REAL[1..]);
+    let reason = json!({"code": "phone_calltracking_failed", "origin": "phone",
+        "sources": {"anonymous": "not_applicable", "calltracking": "circuit_open"}});
+    family(&gw, 21, &path, REAL, "real", reason).await;
     assert_eq!(gw.answers("real", "phone").await, 1.0, "seller 20's alone");
 
     // A batch item carries the same reason as the single route: seller 12
     // alone, then seller 13 in a batch, the breaker still open.
     let single = plain(12, 1);
     gw.ask(&single).await.assert_number(REAL, "real");
-    let answer = gw
+    let items = json!({"items": [{"user_id": 13, "ad_id": 1, "category_id": PLAIN_CATEGORY}]});
+    let request = gw
         .process
         .http
-        .post(format!("{}{BATCH}", gw.process.public))
-        .header("content-type", "application/json")
-        .body(
-            json!({"items": [{"user_id": 13, "ad_id": 1, "category_id": PLAIN_CATEGORY}]})
-                .to_string(),
-        )
-        .send()
+        .post(format!("{}{BATCH}", gw.process.public));
+    let request = request.header("content-type", "application/json");
+    let body = crate::support::send_with(request.body(items.to_string()), &[])
         .await
-        .unwrap();
-    let body: Value = serde_json::from_str(&answer.text().await.unwrap()).unwrap();
+        .body;
     assert_eq!(body["results"][0]["kind"], "real", "{body}");
     assert_eq!(gw.reason_of(13).await, gw.reason_of(12).await);
     // HEAD is not a reveal, and is not counted.

@@ -1,5 +1,5 @@
-//! The reveal log (docs/api.md#the-reveal-log): every number answered is recorded in batches, with
-//! per-ad counts written once per flush, through faults and shutdowns.
+//! The reveal log (docs/api.md#the-reveal-log): every number answered is
+//! recorded in batches, with per-ad counts, through faults and shutdowns.
 
 use std::time::{Duration, Instant};
 
@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::support::child::Process;
 use crate::support::paths::{
-    METRICS, OPENAPI_ADMIN, REVEALS, STATUSES, ad_reveals_path, phone_path,
+    BATCH, METRICS, OPENAPI_ADMIN, REVEALS, STATUSES, ad_reveals_path, phone_path,
 };
 use crate::support::{Fake, Reply, TestApp, Upstream, eventually, pg};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL};
@@ -48,39 +48,23 @@ async fn every_answered_number_is_recorded_and_nothing_else() {
     app.get_public_as(Some("v-1"), &phone_path(42, 1, PLAIN_CATEGORY))
         .await
         .assert_number(REAL, "real");
+    let items = json!({ "items": [
+        { "user_id": 42, "ad_id": 2, "category_id": ANON_CATEGORY },
+        { "user_id": 42, "ad_id": 3, "category_id": PLAIN_CATEGORY },
+        { "user_id": 42, "ad_id": 0, "category_id": PLAIN_CATEGORY },
+    ]});
     let batch = app
-        .http
-        .post(format!("{}/v1/public-phones/batch", app.public))
-        .header("x-viewer-id", "v-2")
-        .header("content-type", "application/json")
-        .body(
-            json!({ "items": [
-                { "user_id": 42, "ad_id": 2, "category_id": ANON_CATEGORY },
-                { "user_id": 42, "ad_id": 3, "category_id": PLAIN_CATEGORY },
-                { "user_id": 42, "ad_id": 0, "category_id": PLAIN_CATEGORY },
-            ]})
-            .to_string(),
-        )
-        .send()
-        .await
-        .unwrap();
-    let batch = crate::support::read(batch).await;
+        .post_public_with(BATCH, &[("x-viewer-id", "v-2")], items.to_string())
+        .await;
     assert_eq!(
         batch.body["results"][2]["error"]["status"], 400,
         "{batch:?}"
     );
     // Not reveals: HEAD, a 404, a bad request.
-    let head = app
-        .http
-        .head(format!(
-            "{}{}",
-            app.public,
-            phone_path(42, 4, PLAIN_CATEGORY)
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(head.status(), 200);
+    assert_eq!(
+        app.head_public(&phone_path(42, 4, PLAIN_CATEGORY)).await,
+        200
+    );
     app.real.reply(Reply::NotFound);
     app.anonymous.reply(Reply::NotFound);
     app.get_public_as(None, &phone_path(42, 5, PLAIN_CATEGORY))
@@ -94,7 +78,7 @@ async fn every_answered_number_is_recorded_and_nothing_else() {
         reveals_of(&app, "user_id=42").await.len() >= 3
     })
     .await;
-    // A flush later, still three: nothing else was recorded.
+    // A flush later, still three.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let items = reveals_of(&app, "user_id=42").await;
     assert_eq!(items.len(), 3, "{items:?}");
@@ -120,8 +104,7 @@ async fn every_answered_number_is_recorded_and_nothing_else() {
             "viewer"
         ]
     );
-    // Each item's reason as the admin document describes it; the anonymous
-    // number was the first source's answer: nothing above it.
+    // Each item's reason as the admin document describes it.
     let schema = reason_schema(&app).await;
     for item in &items {
         assert_reason_shape(&schema, &item["reason"]);
@@ -139,7 +122,6 @@ async fn every_answered_number_is_recorded_and_nothing_else() {
     assert!(items[0]["at"].as_str().unwrap() >= at);
     // No number is stored or answered.
     assert!(!items.iter().any(|i| i.to_string().contains("7916")));
-    // The viewer's view, and the counts.
     let of_viewer = reveals_of(&app, "viewer=v-2").await;
     assert_eq!(of_viewer.len(), 2);
     assert_eq!(
@@ -158,10 +140,9 @@ async fn reason_schema(app: &TestApp) -> Value {
     schema
 }
 
-/// `reason` is null (a reveal recorded before reasons were kept, or not yet
-/// given one) or the object `schema` describes: its required fields, no
-/// other, each word one of its field's list, `stood_in_for` only with a
-/// stale origin.
+/// `reason` is null or the object `schema` describes: its required fields, no
+/// other, each word from its field's list, `stood_in_for` only with a stale
+/// origin.
 fn assert_reason_shape(schema: &Value, reason: &Value) {
     if reason.is_null() {
         return;
@@ -205,10 +186,9 @@ fn assert_reason_shape(schema: &Value, reason: &Value) {
     );
 }
 
-/// A reveal's reason, as the flush writes it (`RevealStore::write_reveals`,
-/// beside the app), reads back on the admin pages as the JSON the docs
-/// give (docs/api.md), by seller and by viewer; a reveal without one (the
-/// log before reasons were kept) as null. Run on `url`'s database.
+/// A reveal's reason as the flush writes it (`RevealStore::write_reveals`)
+/// reads back on the admin pages as docs/api.md gives it, by seller and by
+/// viewer; one without a reason as null. Run on `url`'s database.
 async fn reasons_read_back_on_the_admin_pages(url: &str) {
     use phones_gateway::domain::reason::{Failure, Origin, Reason, Skip};
     use phones_gateway::domain::{AdId, CategoryId, Reveal, Source, UserId, Viewer};
@@ -265,8 +245,7 @@ async fn reasons_read_back_on_the_admin_pages(url: &str) {
 
 #[tokio::test]
 async fn reasons_read_back_on_the_admin_pages_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/reasons.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("reasons.db");
     reasons_read_back_on_the_admin_pages(&url).await;
 }
 
@@ -282,42 +261,16 @@ async fn a_viewer_id_must_be_1_to_128_visible_ascii_characters() {
     app.real.reply(Reply::Phone(REAL));
     let long = "x".repeat(129);
     for bad in ["", long.as_str(), "two words", "caf\u{e9}"] {
+        let viewer = [("x-viewer-id", bad)];
         let answer = app
-            .http
-            .get(format!(
-                "{}{}",
-                app.public,
-                phone_path(1, 1, PLAIN_CATEGORY)
-            ))
-            .header(
-                "x-viewer-id",
-                reqwest::header::HeaderValue::from_bytes(bad.as_bytes()).unwrap(),
-            )
-            .send()
-            .await
-            .unwrap();
-        let answer = crate::support::read(answer).await;
+            .get_public_with(&phone_path(1, 1, PLAIN_CATEGORY), &viewer)
+            .await;
         answer.assert_problem(400);
-        assert!(
-            answer.body["detail"]
-                .as_str()
-                .unwrap()
-                .contains("X-Viewer-Id"),
-            "{answer:?}"
-        );
-        let batch = app
-            .http
-            .post(format!("{}/v1/public-phones/batch", app.public))
-            .header(
-                "x-viewer-id",
-                reqwest::header::HeaderValue::from_bytes(bad.as_bytes()).unwrap(),
-            )
-            .header("content-type", "application/json")
-            .body(json!({ "items": [{ "user_id": 1, "ad_id": 1, "category_id": 1 }] }).to_string())
-            .send()
+        assert!(answer.detail().contains("X-Viewer-Id"), "{answer:?}");
+        let items = json!({ "items": [{ "user_id": 1, "ad_id": 1, "category_id": 1 }] });
+        app.post_public_with(BATCH, &viewer, items.to_string())
             .await
-            .unwrap();
-        crate::support::read(batch).await.assert_problem(400);
+            .assert_problem(400);
     }
     app.get_public_as(Some(&"x".repeat(128)), &phone_path(1, 1, PLAIN_CATEGORY))
         .await
@@ -399,9 +352,8 @@ async fn reveals_off_records_nothing_and_the_routes_are_404() {
 
 #[tokio::test]
 async fn a_graceful_shutdown_writes_what_is_buffered() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/reveals.db", dir.path().display());
-    // A flush interval far beyond the test: only the shutdown can write them.
+    let (_dir, url) = crate::support::sqlite_file("reveals.db");
+    // A far flush interval: only the shutdown can write them.
     let mut app = TestApp::spawn_on(Some(&url), "[reveals]\nflush_interval_ms = 60000").await;
     app.real.reply(Reply::Phone(REAL));
     for ad in 1..=3 {
@@ -474,8 +426,7 @@ async fn a_hot_ad_counts_exactly_with_one_counter_write_per_flush() {
 #[tokio::test]
 async fn counts_are_summed_over_replicas_on_postgres() {
     let db = pg::or_skip!(pg::database().await);
-    let a = TestApp::spawn_on(Some(&db.url), FAST).await;
-    let b = TestApp::spawn_on(Some(&db.url), FAST).await;
+    let (a, b) = TestApp::pair(&db.url, FAST).await;
     for app in [&a, &b] {
         app.real.reply(Reply::Phone(REAL));
         for user in 1..=3 {
@@ -504,13 +455,10 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
             .await
             .assert_number(REAL, "real");
     }
-    // The age of the oldest unwritten reveal grows while writes fail, on this
-    // app's own `/metrics` (polled: it grows with time).
+    // The age of the oldest unwritten reveal grows while writes fail.
     let oldest = || async {
         let text = app.get_admin(METRICS).await.text;
-        text.lines()
-            .find_map(|line| line.strip_prefix("phones_gateway_reveals_oldest_unwritten_seconds "))
-            .and_then(|value| value.parse::<f64>().ok())
+        crate::support::series_value(&text, "phones_gateway_reveals_oldest_unwritten_seconds")
     };
     eventually(
         "the oldest unwritten reveal ages",
@@ -522,10 +470,7 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
     eventually(
         "written once the database is back",
         Duration::from_secs(15),
-        || async {
-            let page = app.get_admin(&format!("{REVEALS}?user_id=3")).await;
-            page.status == 200 && page.body["items"].as_array().unwrap().len() == 4
-        },
+        || async { has_items(&app.get_admin(&format!("{REVEALS}?user_id=3")).await, 4) },
     )
     .await;
     eventually(
@@ -536,20 +481,21 @@ async fn reveals_wait_in_memory_through_a_database_outage() {
     .await;
 }
 
-/// The value of the unlabelled series `name` on a gateway process's own
-/// /metrics (0 when absent).
+/// Whether `page` is a 200 listing `n` items.
+fn has_items(page: &crate::support::Answer, n: usize) -> bool {
+    page.status == 200 && page.body["items"].as_array().unwrap().len() == n
+}
+
+/// The unlabelled series `name` on a process's own /metrics (0 when absent).
 async fn metric_of(process: &Process, name: &str) -> f64 {
     let text = process.get_admin(METRICS).await.text;
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .map_or(0.0, |value| value.trim().parse().unwrap())
+    crate::support::series_value(&text, name).unwrap_or(0.0)
 }
 
 /// While the database is down, two reveals fit in `max_buffered = 2`; past
-/// them, a gateway that drops shows the numbers and counts each reveal
-/// dropped (read on its own /metrics: a process of its own, so the count is
-/// this test's alone), and one that refuses answers 503. Once the database is
-/// back, the two buffered are written, and nothing more was dropped.
+/// them, a gateway that drops shows the numbers and counts each one dropped
+/// (its own /metrics), and one that refuses answers 503. Once the database is
+/// back the two are written, and nothing more was dropped.
 #[tokio::test]
 async fn past_max_buffered_reveals_are_dropped_and_counted_or_the_number_refused() {
     const DROPPED: &str = "phones_gateway_reveals_dropped_total";
@@ -574,7 +520,6 @@ async fn past_max_buffered_reveals_are_dropped_and_counted_or_the_number_refused
     refuse.real.reply(Reply::Phone(REAL));
     assert_eq!(metric_of(&drop, DROPPED).await, 0.0);
     cluster.stop_server().unwrap();
-    // Two fit in each buffer.
     for ad in 1..=2 {
         drop.get_public_with(&phone_path(10, ad, PLAIN_CATEGORY), &[])
             .await
@@ -601,19 +546,13 @@ async fn past_max_buffered_reveals_are_dropped_and_counted_or_the_number_refused
     eventually(
         "the buffered two written",
         Duration::from_secs(15),
-        || async {
-            let page = drop.get_admin(&format!("{REVEALS}?user_id=10")).await;
-            page.status == 200 && page.body["items"].as_array().unwrap().len() == 2
-        },
+        || async { has_items(&drop.get_admin(&format!("{REVEALS}?user_id=10")).await, 2) },
     )
     .await;
     eventually(
         "the buffered two written",
         Duration::from_secs(15),
-        || async {
-            let page = refuse.get_admin(&format!("{REVEALS}?user_id=11")).await;
-            page.status == 200 && page.body["items"].as_array().unwrap().len() == 2
-        },
+        || async { has_items(&refuse.get_admin(&format!("{REVEALS}?user_id=11")).await, 2) },
     )
     .await;
     assert_eq!(metric_of(&drop, DROPPED).await, 2.0, "nothing else dropped");
@@ -626,8 +565,7 @@ async fn past_max_buffered_reveals_are_dropped_and_counted_or_the_number_refused
 
 #[tokio::test]
 async fn retention_deletes_old_reveals_and_keeps_the_counts() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/retention.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("retention.db");
     let mut app = TestApp::spawn_on(Some(&url), FAST).await;
     app.real.reply(Reply::Phone(REAL));
     app.get_public_as(None, &phone_path(5, 1, PLAIN_CATEGORY))
@@ -657,7 +595,7 @@ async fn retention_deletes_old_reveals_and_keeps_the_counts() {
         .await
         .unwrap();
     pool.close().await;
-    // Retention runs at start: more than one batch of old rows goes.
+    // Retention runs at start: more than one batch goes.
     let app = TestApp::spawn_on(Some(&url), "").await;
     eventually("old reveals deleted", Duration::from_secs(10), || async {
         reveals_of(&app, "user_id=5&until=2100-01-01T00:00:00Z&limit=1000")
@@ -670,9 +608,8 @@ async fn retention_deletes_old_reveals_and_keeps_the_counts() {
 }
 
 /// docs/status-sync.md: on SQLite the gateway's own writers never refuse each
-/// other. The reveal log flushes every 10 ms under steady public traffic while
-/// 40 deliveries of 5,000 statuses and 4 snapshots are written beside it: none
-/// of them is answered 503 ("database is locked").
+/// other: flushes every 10 ms under public traffic beside 40 deliveries of
+/// 5,000 statuses and 4 snapshots, none answered 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_writes_beside_a_reveal_log_flushing_every_10_ms_are_never_refused() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -686,9 +623,7 @@ async fn status_writes_beside_a_reveal_log_flushing_every_10_ms_are_never_refuse
             let mut n = 0;
             while !done.load(Ordering::Relaxed) {
                 n += 1;
-                // 50 keys, cached after their first answer: every answer is a
-                // reveal to flush, and no upstream call (which a loaded 2-core
-                // runner can make miss its 300 ms) decides what this test sees.
+                // 50 cached keys: every answer a reveal, no upstream call.
                 let key = n % 50 + 1;
                 let got = app
                     .get_public_as(Some(viewer), &phone_path(key, key, PLAIN_CATEGORY))
@@ -750,10 +685,8 @@ async fn status_writes_beside_a_reveal_log_flushing_every_10_ms_are_never_refuse
     );
 }
 
-/// Retention cuts by the database's clock on PostgreSQL too (`now()` in the
-/// statement): of reveals 1, 29, 31 and 400 days old, a 30-day retention keeps
-/// the first two. (The unit test in src/reveals/retention.rs shows a replica's
-/// own clock, set far ahead, is not consulted.)
+/// Retention cuts by the database's clock on PostgreSQL too (`now()`): of
+/// reveals 1, 29, 31 and 400 days old, 30 days keeps the first two.
 #[tokio::test]
 async fn retention_on_postgres_cuts_by_the_database_clock() {
     use phones_gateway::domain::{AdId, CategoryId, Reveal, Source, UserId};
@@ -794,8 +727,8 @@ async fn retention_on_postgres_cuts_by_the_database_clock() {
     assert_eq!(left, [(1,), (29,)]);
 }
 
-/// The nice value of each thread of process `pid` whose name starts with one
-/// of `names`, by name.
+/// The nice value of each thread of `pid` whose name starts with one of
+/// `names`.
 #[cfg(target_os = "linux")]
 fn nice_of_threads(pid: u32, names: &[&str]) -> Vec<(String, i32)> {
     let mut found = Vec::new();
@@ -811,8 +744,7 @@ fn nice_of_threads(pid: u32, names: &[&str]) -> Vec<(String, i32)> {
         };
         let name = name.trim().to_owned();
         if names.iter().any(|n| name.starts_with(n)) {
-            // Fields after the name's closing parenthesis: state is the 3rd
-            // field of stat, nice the 19th.
+            // After the name's `)`: state is stat's 3rd field, nice the 19th.
             let after = stat.rsplit_once(')').unwrap().1;
             let nice: i32 = after.split_whitespace().nth(16).unwrap().parse().unwrap();
             found.push((name, nice));
@@ -821,19 +753,16 @@ fn nice_of_threads(pid: u32, names: &[&str]) -> Vec<(String, i32)> {
     found
 }
 
-/// The flush and the log's SQLite writer yield the core to requests:
-/// both threads run at the background nice value, the writer also when its
-/// connection is opened by retention rather than by a flush.
+/// The flush and the log's SQLite writer run at the background nice value
+/// (the writer also when retention opened its connection).
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn the_flush_and_its_sqlite_writer_run_at_background_priority() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let process = Process::start_with(&url, &[("REVEALS__FLUSH_INTERVAL_MS", "50")]).await;
     let pid = process.child.id();
     let want = phones_gateway::runtime::BACKGROUND_NICE;
-    // The writer's thread is named when sqlx starts it and lowered once its
-    // connection is open, a moment later: wait for both.
+    // The writer's thread is lowered a moment after it is named.
     eventually(
         &format!("the flush and writer threads at nice {want}"),
         Duration::from_secs(10),
@@ -854,17 +783,15 @@ async fn the_flush_and_its_sqlite_writer_run_at_background_priority() {
     );
 }
 
-/// A reveal the crash test asked for: its viewer's number, when it was sent,
-/// and when its 200 came back (none: no answer, the process was killed).
+/// A reveal the crash test asked for: its viewer, when sent, and when its
+/// 200 came back (none: killed first).
 struct Asked {
     n: usize,
     answered: Option<Instant>,
 }
 
-/// The longest flush the process has made so far, by its own histogram
-/// (`phones_gateway_reveals_flush_duration_seconds`): the upper bound of the
-/// smallest bucket that holds them all; with how many there were and their
-/// mean.
+/// The longest flush so far by the process's histogram (the smallest bucket
+/// holding them all), with their count and mean.
 async fn longest_flush(process: &Process) -> (Duration, u64, Duration) {
     const NAME: &str = "phones_gateway_reveals_flush_duration_seconds";
     let text = process.get_admin(METRICS).await.text;
@@ -893,22 +820,17 @@ async fn longest_flush(process: &Process) -> (Duration, u64, Duration) {
 }
 
 /// docs/reveal-log.md: a crash (SIGKILL) loses at most the reveals of the last
-/// `reveals.flush_interval_ms`, plus the flush under way at the kill. The
-/// gateway runs as its own process on an SQLite file; one seller's cached
-/// number is asked every 5 ms, each time by another viewer (`crash-N`), so
-/// every reveal is told apart; the process is killed in mid-stream and
-/// started again, and the log is read back. Every reveal answered more than
-/// `flush_interval_ms` plus two flushes before the kill (the flush before
-/// the last drain, and the one under way) is there. A flush's length is
-/// measured, not guessed: the longest on the process's own histogram, and
-/// nothing was dropped (its own count).
+/// `reveals.flush_interval_ms`, plus the flush under way. A process on SQLite
+/// answers one cached number every 5 ms, each to another viewer; it is killed
+/// mid-stream and restarted. Every reveal answered more than the interval plus
+/// two flushes before the kill is there; flush length is measured on the
+/// process's histogram, and nothing was dropped.
 #[tokio::test]
 async fn a_crash_loses_at_most_the_last_flush_interval_of_reveals() {
     use std::sync::{Arc, Mutex};
     const FLUSH_MS: u64 = 500;
     const SELLER: u64 = 31;
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/crash.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("crash.db");
     let real = Fake::start(Upstream::RealPhone).await;
     real.reply(Reply::Phone(REAL));
     let flush_ms = FLUSH_MS.to_string();
@@ -918,7 +840,7 @@ async fn a_crash_loses_at_most_the_last_flush_interval_of_reveals() {
     ];
     let mut process = Process::start_with(&url, &env).await;
     let path = phone_path(SELLER, 1, PLAIN_CATEGORY);
-    // Cached from now on: every later answer is a reveal, and no upstream call.
+    // Cached from now on: every answer a reveal, no upstream call.
     process
         .get_public_with(&path, &[("x-viewer-id", "crash-warm")])
         .await
@@ -948,11 +870,9 @@ async fn a_crash_loses_at_most_the_last_flush_interval_of_reveals() {
             }
         }
     });
-    // A few flushes of the stream, for their length; then the kill, placed
-    // in the cycle: after a flush is seen done, half an interval past the
-    // next one's end (interval and two flushes later). Every reveal lost
-    // there is younger than the bound; a flush that came less often than
-    // every interval would lose older ones.
+    // A few flushes for their length; then the kill, half an interval past
+    // the next flush's end. A flush coming less often than every interval
+    // would lose older reveals than the bound.
     let started = Instant::now();
     eventually(
         "four flushes of the stream",
@@ -1009,8 +929,7 @@ async fn a_crash_loses_at_most_the_last_flush_interval_of_reveals() {
             None => break,
         }
     }
-    // The interval, the flush whose drain came last (it must have finished
-    // for its reveals to be written) and the flush under way at the kill.
+    // The interval, the last drain's flush and the flush under way.
     let window = interval + 2 * longest;
     let answered: Vec<(usize, Instant)> = asked
         .iter()

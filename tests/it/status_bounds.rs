@@ -1,18 +1,12 @@
-//! docs/status-sync.md, "Bounded calls" on the embedded database and the
-//! snapshot's own bounds: a webhook and a snapshot against an SQLite file
-//! another connection holds locked answer 503 within
-//! `database.lock_timeout_ms`, the webhook's turn among the local writers
-//! included, and apply nothing (an invalidation, which SQLite records
-//! nowhere, is answered at once); on a disk that stalls (the `test-faults`
-//! injection, src/store/faults.rs), which SQLite's busy timeout does not
-//! bound, the webhook and the snapshot answer 503 within the gateway's own
-//! bound on each call, apply nothing, and writes are taken again at once;
-//! one snapshot upload over `server.max_snapshot_uploads` is refused before
-//! its body is read; a body that trickles in within the pause bound but past
-//! `server.snapshot_body_timeout_ms` is answered 408.
+//! docs/status-sync.md, "Bounded calls" on the embedded database, and the
+//! snapshot's own bounds: webhooks and snapshots against a locked SQLite file
+//! or a stalled disk (the `test-faults` injection, src/store/faults.rs) answer
+//! 503 within their bound and apply nothing; uploads over
+//! `server.max_snapshot_uploads` and bodies past
+//! `server.snapshot_body_timeout_ms` are refused.
 
 use crate::support::paths::{INVALIDATE, READYZ, STATUSES, status_path};
-use crate::support::{Reply, TestApp, bearer};
+use crate::support::{Answer, Reply, TestApp, bearer};
 use crate::{PLAIN_CATEGORY, REAL};
 use phones_gateway::store::faults::STALLING_VERSIONS;
 use reqwest::Method;
@@ -21,16 +15,27 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Another connection holds the file's write lock (`BEGIN EXCLUSIVE`) for
-/// longer than the lock bound: three webhooks sent at once each answer 503
-/// with `Retry-After` within about `lock_timeout_ms`, not one after the other
-/// (they queue for the local writers' turn, and that wait is inside the
-/// bound), and none applies; a snapshot too. SQLite's own busy timeout is
-/// `lock_timeout_ms` as well, so here it may be SQLite's wait that ends the
-/// call (the stalled-disk test below reaches the gateway's own bound). An
-/// invalidation records nothing on SQLite (one replica: docs/status-sync.md,
-/// the bounds table), so the lock does not hold it: answered 200 at once,
-/// and the seller's cached number is gone (the upstream is asked again).
+/// `answer` awaited (panicking after `limit`), printed with `what`, and how
+/// long it took.
+async fn timed(
+    what: &str,
+    limit: Duration,
+    answer: impl std::future::Future<Output = Answer>,
+) -> (Answer, Duration) {
+    let sent = Instant::now();
+    let answer = tokio::time::timeout(limit, answer)
+        .await
+        .unwrap_or_else(|_| panic!("{what} hung"));
+    let took = sent.elapsed();
+    eprintln!("{what}: {} after {took:?}", answer.status);
+    (answer, took)
+}
+
+/// Another connection holds the file's write lock (`BEGIN EXCLUSIVE`) past the
+/// lock bound: three webhooks sent at once each answer 503 with `Retry-After`
+/// within about `lock_timeout_ms`, not one after another, and none applies; a
+/// snapshot too. An invalidation records nothing on SQLite, so it is answered
+/// 200 at once and the seller's cached number is gone.
 #[tokio::test]
 async fn writes_against_a_locked_sqlite_file_answer_503_within_the_lock_bound() {
     const LOCK_MS: u64 = 1000;
@@ -44,13 +49,9 @@ async fn writes_against_a_locked_sqlite_file_answer_503_within_the_lock_bound() 
     .await;
     assert_eq!(app.set_status(1, true, 1).await, 200);
     app.real.reply(Reply::Phone(REAL));
-    app.phone(7, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    app.assert_phone(7, 1, PLAIN_CATEGORY, REAL, "real").await;
 
-    let mut locker = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
-        .await
-        .unwrap();
+    let mut locker = crate::support::sqlite_connection(&url).await;
     sqlx::Executor::execute(&mut locker, "BEGIN EXCLUSIVE")
         .await
         .unwrap();
@@ -74,29 +75,19 @@ async fn writes_against_a_locked_sqlite_file_answer_503_within_the_lock_bound() 
     for (answer, took) in answers {
         answer.assert_problem(503);
         assert!(answer.retry_after.is_some(), "{answer:?}");
-        // The bound and a margin for a loaded machine; one after the other,
-        // the third would take three bounds.
+        // One after the other, the third would take three bounds.
         assert!(
             took < Duration::from_millis(LOCK_MS + 800),
             "a webhook took {took:?} with lock_timeout_ms = {LOCK_MS}"
         );
     }
-    let sent = Instant::now();
-    let snapshot = tokio::time::timeout(
+    let snapshot = app.put_snapshot(5, &[13]);
+    let (snapshot, took) = timed(
+        "snapshot on a locked file",
         Duration::from_secs(20),
-        app.send_admin(
-            Method::PUT,
-            STATUSES,
-            &json!({ "version": 5, "enabled_user_ids": [13] }),
-        ),
+        snapshot,
     )
-    .await
-    .expect("a snapshot hung on a locked file");
-    let took = sent.elapsed();
-    eprintln!(
-        "snapshot on a locked file: {} after {took:?}",
-        snapshot.status
-    );
+    .await;
     snapshot.assert_problem(503);
     assert!(snapshot.retry_after.is_some(), "{snapshot:?}");
     assert!(
@@ -104,23 +95,16 @@ async fn writes_against_a_locked_sqlite_file_answer_503_within_the_lock_bound() 
         "a snapshot took {took:?} with lock_timeout_ms = {LOCK_MS}"
     );
     let calls = app.real.calls();
-    let sent = Instant::now();
-    let invalidated = app
-        .send_admin(Method::POST, INVALIDATE, &json!({ "user_ids": [7] }))
-        .await;
-    let took = sent.elapsed();
-    eprintln!(
-        "invalidation on a locked file: {} after {took:?}",
-        invalidated.status
-    );
+    let body = json!({ "user_ids": [7] });
+    let invalidation = app.send_admin(Method::POST, INVALIDATE, &body);
+    let what = "invalidation on a locked file";
+    let (invalidated, took) = timed(what, Duration::from_secs(20), invalidation).await;
     assert_eq!(invalidated.status, 200, "{invalidated:?}");
     assert!(
         took < Duration::from_millis(LOCK_MS),
         "an invalidation waited {took:?} on a lock it does not need"
     );
-    app.phone(7, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    app.assert_phone(7, 1, PLAIN_CATEGORY, REAL, "real").await;
     assert_eq!(app.real.calls(), calls + 1, "the cached number was dropped");
     sqlx::Executor::execute(&mut locker, "ROLLBACK")
         .await
@@ -138,17 +122,11 @@ async fn writes_against_a_locked_sqlite_file_answer_503_within_the_lock_bound() 
     assert_eq!(app.set_status(1, false, 2).await, 200);
 }
 
-/// A disk that stops answering in the middle of a status write (the
-/// `test-faults` stall, src/store/faults.rs: the write never returns, holding
-/// SQLite's write lock; the busy timeout, which bounds lock waits, cannot end
-/// it). The gateway's own bound on each call does (docs/status-sync.md, the
-/// bounds table): a webhook answers 503 with `Retry-After` after
-/// `lock_timeout_ms`, a snapshot after its finish's bound, `lock_timeout_ms`
-/// + 4 x `statement_timeout_ms` + 1 s; each no sooner (it was the bound that
-/// ended it) and not much later. Nothing either had written in its
-/// transaction applies, and the gateway recovers by itself: the write lock and
-/// the writers' turn are free again, so the next webhook and snapshot are
-/// taken.
+/// A disk that stops answering mid-write (the `test-faults` stall, holding
+/// SQLite's write lock: the busy timeout cannot end it). The gateway's own
+/// call bound does (docs/status-sync.md, the bounds table): a webhook answers
+/// 503 after `lock_timeout_ms`, a snapshot after its finish's bound; no sooner
+/// and not much later. Nothing applies, and the next writes are taken.
 #[tokio::test]
 async fn on_a_stalled_disk_writes_answer_503_within_the_gateways_own_bound_and_apply_nothing() {
     const LOCK_MS: u64 = 500;
@@ -158,8 +136,7 @@ async fn on_a_stalled_disk_writes_answer_503_within_the_gateways_own_bound_and_a
     // What a loaded 2-core runner may add to an answer after the bound.
     let slack = Duration::from_millis(800);
     let stalling = *STALLING_VERSIONS.start();
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/gw.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let app = TestApp::spawn_on(
         Some(&url),
         &format!(
@@ -170,25 +147,17 @@ async fn on_a_stalled_disk_writes_answer_503_within_the_gateways_own_bound_and_a
     assert_eq!(app.set_status(1, true, 1).await, 200);
 
     // The delivery stalls after its rows are written (user 2 among them).
-    let sent = Instant::now();
-    let webhook = tokio::time::timeout(
+    let items = json!({ "items": [
+        { "user_id": 1, "enabled": false, "version": 2 },
+        { "user_id": 2, "enabled": true, "version": stalling },
+    ] });
+    let webhook = app.send_admin(Method::POST, STATUSES, &items);
+    let (webhook, took) = timed(
+        "webhook on a stalled disk",
         Duration::from_secs(30),
-        app.send_admin(
-            Method::POST,
-            STATUSES,
-            &json!({ "items": [
-                { "user_id": 1, "enabled": false, "version": 2 },
-                { "user_id": 2, "enabled": true, "version": stalling },
-            ] }),
-        ),
+        webhook,
     )
-    .await
-    .expect("a webhook hung on a stalled disk");
-    let took = sent.elapsed();
-    eprintln!(
-        "webhook on a stalled disk: {} after {took:?}",
-        webhook.status
-    );
+    .await;
     webhook.assert_problem(503);
     assert!(webhook.retry_after.is_some(), "{webhook:?}");
     assert!(
@@ -197,22 +166,9 @@ async fn on_a_stalled_disk_writes_answer_503_within_the_gateways_own_bound_and_a
     );
 
     // The snapshot stalls after its update (user 1 disabled, in its transaction).
-    let sent = Instant::now();
-    let snapshot = tokio::time::timeout(
-        Duration::from_secs(30),
-        app.send_admin(
-            Method::PUT,
-            STATUSES,
-            &json!({ "version": stalling, "enabled_user_ids": [3] }),
-        ),
-    )
-    .await
-    .expect("a snapshot hung on a stalled disk");
-    let took = sent.elapsed();
-    eprintln!(
-        "snapshot on a stalled disk: {} after {took:?}",
-        snapshot.status
-    );
+    let snapshot = app.put_snapshot(stalling, &[3]);
+    let what = "snapshot on a stalled disk";
+    let (snapshot, took) = timed(what, Duration::from_secs(30), snapshot).await;
     snapshot.assert_problem(503);
     assert!(snapshot.retry_after.is_some(), "{snapshot:?}");
     assert!(
@@ -228,17 +184,10 @@ async fn on_a_stalled_disk_writes_answer_503_within_the_gateways_own_bound_and_a
             "user {user}: nothing stalled applies"
         );
     }
-    // Recovered by itself: the write lock is free again (held, the next
-    // write would wait for it and answer 503 after the busy timeout).
+    // Recovered by itself: the write lock is free again.
     assert_eq!(app.get_admin(READYZ).await.status, 200);
     assert_eq!(app.set_status(2, true, 3).await, 200);
-    let answer = app
-        .send_admin(
-            Method::PUT,
-            STATUSES,
-            &json!({ "version": 4, "enabled_user_ids": [2, 3] }),
-        )
-        .await;
+    let answer = app.put_snapshot(4, &[2, 3]).await;
     assert_eq!(answer.status, 200, "{answer:?}");
     for (user, enabled) in [(1, false), (2, true), (3, true)] {
         let stored = app.get_admin(&status_path(user)).await.body;
@@ -261,8 +210,7 @@ fn chunk(data: &str) -> String {
     format!("{:x}\r\n{data}\r\n", data.len())
 }
 
-/// Reads one answer's status line and headers from `stream` (within
-/// `limit`); the status and the head's text.
+/// Reads one answer's status line and headers from `stream` within `limit`.
 async fn read_head(stream: &mut (impl AsyncReadExt + Unpin), limit: Duration) -> (u16, String) {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
@@ -285,10 +233,9 @@ async fn read_head(stream: &mut (impl AsyncReadExt + Unpin), limit: Duration) ->
 }
 
 /// Two uploads trickle in (the default `server.max_snapshot_uploads`): a third
-/// is answered 503, a problem with `Retry-After`, before it sends a byte of its
-/// body (without the bound it would wait for its body until
-/// `body_read_timeout_ms`, 10 s, and answer 408). The two still apply, and
-/// once they are answered an upload is taken again.
+/// is answered 503 with `Retry-After` before it sends a byte of body (not 408
+/// after `body_read_timeout_ms`). The two still apply, and then an upload is
+/// taken again.
 #[tokio::test]
 async fn a_third_concurrent_snapshot_upload_is_refused_before_its_body_is_read() {
     let app = TestApp::spawn().await;
@@ -302,22 +249,17 @@ async fn a_third_concurrent_snapshot_upload_is_refused_before_its_body_is_read()
             .unwrap();
         uploads.push(stream);
     }
-    // Both are in their handler, waiting for more of their body: each holds
-    // one of the two places, so a probe is refused 503 (a probe that got a
-    // place would be refused 400 for its body, and apply nothing).
+    // Each holds one of the two places: a probe is refused 503 (with a place
+    // it would be 400 for its body).
     crate::support::eventually(
         "both uploads to hold their place",
         Duration::from_secs(10),
         || async {
-            app.http
-                .put(format!("{}{STATUSES}", app.admin))
-                .header("authorization", bearer())
-                .header("content-type", "application/json")
-                .body("not a snapshot")
-                .send()
+            let probe = "not a snapshot";
+            let headers = crate::support::json_with_token();
+            app.admin_request(Method::PUT, STATUSES, &headers, probe)
                 .await
-                .unwrap()
-                .status()
+                .status
                 == 503
         },
     )
@@ -359,9 +301,8 @@ async fn a_third_concurrent_snapshot_upload_is_refused_before_its_body_is_read()
     assert_eq!(answer.status, 200, "{answer:?}");
 }
 
-/// A body that trickles in, each chunk well within `body_read_timeout_ms` of
-/// the one before, is still cut off at `snapshot_body_timeout_ms`: a 408
-/// problem, and nothing applied.
+/// A body trickling in within `body_read_timeout_ms` a chunk is still cut off
+/// at `snapshot_body_timeout_ms`: 408, nothing applied.
 #[tokio::test]
 async fn a_snapshot_body_trickling_past_its_total_time_is_answered_408() {
     const TOTAL_MS: u64 = 2500;
@@ -378,7 +319,6 @@ async fn a_snapshot_body_trickling_past_its_total_time_is_answered_408() {
         .unwrap();
     let sent = Instant::now();
     let trickle = tokio::spawn(async move {
-        // A few bytes every 300 ms, for ever (until the server stops reading).
         loop {
             tokio::time::sleep(Duration::from_millis(300)).await;
             if writer.write_all(chunk(", 7").as_bytes()).await.is_err() {
@@ -403,22 +343,17 @@ async fn a_snapshot_body_trickling_past_its_total_time_is_answered_408() {
     assert_eq!(stored.body["version"], 0, "nothing applied: {stored:?}");
 }
 
-/// Another connection holds the file's write lock (`BEGIN IMMEDIATE`, as
-/// the gateway's own writers take it): a snapshot answers 503 with
-/// `Retry-After` within its finish's documented bound on SQLite (`lock` + 4 x
-/// `statement` + 1 s; in fact after the wait for the write lock, `lock`),
-/// and applies nothing; an invalidation, which SQLite records nowhere (one
-/// replica: docs/status-sync.md, the bounds table), answers at once and
-/// drops the seller's cached numbers. Once the lock is gone the snapshot is
-/// taken.
+/// Another connection holds the write lock (`BEGIN IMMEDIATE`): a snapshot
+/// answers 503 with `Retry-After` within its finish's bound on SQLite and
+/// applies nothing; an invalidation answers at once and drops the seller's
+/// cached numbers. Once the lock is gone the snapshot is taken.
 #[tokio::test]
 async fn a_snapshot_against_a_locked_sqlite_file_answers_503_within_its_bound_and_applies_nothing()
 {
     const LOCK_MS: u64 = 300;
     const STATEMENT_MS: u64 = 300;
     const LOCK: Duration = Duration::from_millis(LOCK_MS);
-    // docs/status-sync.md, "Every call and its bound": a snapshot's finish on
-    // SQLite (the other calls of a snapshot do not meet the file's lock).
+    // docs/status-sync.md, "Every call and its bound": a snapshot's finish.
     const FINISH_BOUND: Duration = Duration::from_millis(LOCK_MS + 4 * STATEMENT_MS + 1000);
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("gw.db").display());
@@ -429,48 +364,24 @@ async fn a_snapshot_against_a_locked_sqlite_file_answers_503_within_its_bound_an
         ),
     )
     .await;
-    let snapshot =
-        |version: u64, ids: &[u64]| json!({ "version": version, "enabled_user_ids": ids });
-    let put = app
-        .send_admin(Method::PUT, STATUSES, &snapshot(1, &[1]))
-        .await;
+    let put = app.put_snapshot(1, &[1]).await;
     assert_eq!(put.status, 200, "{put:?}");
-    // A seller's number, cached.
     app.real.reply(Reply::Phone(REAL));
-    app.phone(5, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
-    app.phone(5, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    app.assert_phone(5, 1, PLAIN_CATEGORY, REAL, "real").await;
+    app.assert_phone(5, 1, PLAIN_CATEGORY, REAL, "real").await;
     assert_eq!(app.real.calls(), 1, "cached");
 
-    let mut locker = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
-        .await
-        .unwrap();
+    let mut locker = crate::support::sqlite_connection(&url).await;
     sqlx::Executor::execute(&mut locker, "BEGIN IMMEDIATE")
         .await
         .unwrap();
-    let sent = Instant::now();
-    let refused = tokio::time::timeout(
-        Duration::from_secs(60),
-        app.send_admin(Method::PUT, STATUSES, &snapshot(2, &[2])),
-    )
-    .await
-    .expect("a snapshot hung on a locked file");
-    let took = sent.elapsed();
-    let sent = Instant::now();
-    let invalidated = tokio::time::timeout(
-        Duration::from_secs(60),
-        app.send_admin(Method::POST, INVALIDATE, &json!({ "user_ids": [5] })),
-    )
-    .await
-    .expect("an invalidation hung on a locked file");
-    let invalidation_took = sent.elapsed();
-    eprintln!(
-        "on a locked file: snapshot {} after {took:?}, invalidation {} after {invalidation_took:?}",
-        refused.status, invalidated.status
-    );
+    let limit = Duration::from_secs(60);
+    let snapshot = app.put_snapshot(2, &[2]);
+    let (refused, took) = timed("snapshot on a locked file", limit, snapshot).await;
+    let body = json!({ "user_ids": [5] });
+    let invalidation = app.send_admin(Method::POST, INVALIDATE, &body);
+    let what = "invalidation on a locked file";
+    let (invalidated, invalidation_took) = timed(what, limit, invalidation).await;
     refused.assert_problem(503);
     assert!(refused.retry_after.is_some(), "{refused:?}");
     assert!(
@@ -486,8 +397,8 @@ async fn a_snapshot_against_a_locked_sqlite_file_answers_503_within_its_bound_an
         invalidation_took < LOCK,
         "the invalidation waited {invalidation_took:?} on the locked file"
     );
-    // Nothing of the snapshot applied, in memory or in the file (read on the
-    // locker's own connection, inside its transaction).
+    // Nothing of the snapshot applied, in memory or in the file (read inside
+    // the locker's transaction).
     for (user, enabled) in [(1, true), (2, false)] {
         let stored = app.get_admin(&status_path(user)).await;
         assert_eq!(
@@ -503,18 +414,14 @@ async fn a_snapshot_against_a_locked_sqlite_file_answers_503_within_its_bound_an
             .unwrap();
     assert_eq!(floor, 1, "the stored floor moved");
     // The invalidation dropped the seller's number: asked again.
-    app.phone(5, 1, PLAIN_CATEGORY)
-        .await
-        .assert_number(REAL, "real");
+    app.assert_phone(5, 1, PLAIN_CATEGORY, REAL, "real").await;
     assert_eq!(app.real.calls(), 2, "the cached number was dropped");
 
     sqlx::Executor::execute(&mut locker, "ROLLBACK")
         .await
         .unwrap();
     drop(locker);
-    let put = app
-        .send_admin(Method::PUT, STATUSES, &snapshot(2, &[2]))
-        .await;
+    let put = app.put_snapshot(2, &[2]).await;
     assert_eq!(put.status, 200, "taken once the lock is gone: {put:?}");
     let stored = app.get_admin(&status_path(2)).await;
     assert_eq!(stored.body["enabled"], true, "{stored:?}");

@@ -1,6 +1,5 @@
-//! docs/tracing.md: W3C trace context continued to the upstreams, and the OTLP
-//! export of spans to a collector the test runs (the `export_*` tests, which
-//! read one run of the binary).
+//! docs/tracing.md: W3C trace context continued to the upstreams, and OTLP
+//! export to a collector the test runs (the `export_*` tests).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -47,15 +46,12 @@ fn parse(traceparent: &str) -> (String, String, String, String) {
     )
 }
 
-/// A seller with call tracking: one request makes two upstream calls (the real
-/// number, then its call-tracking number).
+/// A seller with call tracking: one request makes two upstream calls.
 async fn two_call_app() -> TestApp {
     let app = TestApp::spawn().await;
     app.real.reply(Reply::Phone(REAL));
     app.calltracking.reply(Reply::Phone(VIRTUAL));
-    for user in 1..=10 {
-        app.enable_calltracking(user, 1).await;
-    }
+    app.track(1..=10).await;
     app
 }
 
@@ -140,8 +136,8 @@ async fn a_request_without_a_traceparent_starts_a_trace_of_its_own() {
     assert_ne!(real[0].0, real[1].0, "a new trace per request");
 }
 
-/// A batch is one request: without a `traceparent`, all its items' upstream
-/// calls share one new trace (each item still a span id per call).
+/// A batch is one request: without a `traceparent`, its items' upstream calls
+/// share one new trace (a span id per call).
 #[tokio::test]
 async fn a_batch_without_a_traceparent_is_one_trace() {
     let app = two_call_app().await;
@@ -182,9 +178,8 @@ async fn a_batch_without_a_traceparent_is_one_trace() {
     assert_ne!(traces[0], traces[1], "a new trace per batch");
 }
 
-/// A refresh ahead and a miss made by the same request without a `traceparent`
-/// continue one trace: the refresh of the cached real number, and the
-/// call-tracking number looked up for it.
+/// A refresh ahead and a miss made by one request without a `traceparent`
+/// continue one trace.
 #[tokio::test]
 async fn a_refresh_ahead_and_a_miss_of_one_request_are_one_trace() {
     // Within 2 s of expiry after 1 s: a hit then starts a refresh.
@@ -263,8 +258,7 @@ async fn an_invalid_traceparent_starts_a_new_trace_and_the_request_is_answered()
     }
 }
 
-/// What the collector the test runs received: each POST's content type and
-/// decoded body.
+/// What the test's collector received: each POST's content type and body.
 #[derive(Clone, Default)]
 struct Collector {
     posts: Arc<Mutex<Vec<(String, Bytes)>>>,
@@ -323,8 +317,7 @@ impl Collector {
         spans
     }
 
-    /// Fails on any phone number in what was exported: the raw bytes (as text)
-    /// and the decoded spans.
+    /// Fails on any phone number in the raw bytes or the decoded spans.
     fn assert_no_numbers(&self) {
         for (_, body) in self.posts.lock().unwrap().iter() {
             let raw = String::from_utf8_lossy(body);
@@ -359,11 +352,9 @@ fn string_attribute(
 
 /// What one run of the real binary with export on exported (`exported_run`).
 struct Export {
-    /// Every span the collector received.
     spans: Vec<Span>,
-    /// The collector, for the raw bytes of what it received.
     collector: Collector,
-    /// What the upstreams were sent in `traceparent`: (trace id, parent id, flags).
+    /// What the upstreams were sent: (trace id, parent id, flags).
     sent: Vec<(String, String, String)>,
 }
 
@@ -384,8 +375,8 @@ impl Export {
             .expect("the request span")
     }
 
-    /// The trace the binary started for the request without a `traceparent`,
-    /// as its upstream call was told; asserts that it was sampled (ratio 1.0).
+    /// The trace started for the request without a `traceparent`, as its
+    /// upstream call was told; asserts it was sampled.
     fn new_trace(&self) -> String {
         self.sent
             .iter()
@@ -401,13 +392,10 @@ impl Export {
 /// The trace a caller sends unsampled.
 const UNSAMPLED_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 
-/// The real binary with export on (sample ratio 1.0) against a collector the
-/// test runs: a request in a caller's sampled trace (anonymous and real asked
-/// at once), one in a caller's unsampled trace, and one without a
-/// `traceparent`, twice (a miss, then a hit); then SIGTERM, which flushes the
-/// last spans before the process exits. It runs once, for the first test that
-/// asks (again for the next one if it failed); the `export_*` tests each check
-/// one thing in what it exported.
+/// The real binary with export on (ratio 1.0) against the test's collector:
+/// a request in a caller's sampled trace, one in an unsampled trace, and one
+/// without a `traceparent` twice (miss, hit); then SIGTERM, which flushes the
+/// last spans. Run once, for the first test that asks (again if it failed).
 async fn exported_run() -> &'static Export {
     static EXPORT: tokio::sync::OnceCell<Export> = tokio::sync::OnceCell::const_new();
     EXPORT.get_or_init(export_run).await
@@ -422,9 +410,9 @@ async fn export_run() -> Export {
     real.reply(Reply::Phone(REAL));
     anonymous.reply(Reply::Phone(ANON));
     calltracking.reply(Reply::NotFound);
-    let dir = tempfile::tempdir().unwrap();
+    let (_dir, url) = crate::support::sqlite_file("gw.db");
     let process = Process::start_with(
-        &format!("sqlite://{}/gw.db", dir.path().display()),
+        &url,
         &[
             ("UPSTREAMS__REAL_PHONE__BASE_URL", &real.url),
             ("UPSTREAMS__ANONYMOUS__BASE_URL", &anonymous.url),
@@ -452,8 +440,7 @@ async fn export_run() -> Export {
         )
         .await
         .assert_number(REAL, "real");
-    // No traceparent: a new trace, sampled at ratio 1.0; then the same again,
-    // answered from the cache (a hit is traced too).
+    // No traceparent: a new trace; then again, from the cache (traced too).
     for _ in 0..2 {
         process
             .get_public_with(&phone_path(9, 1, PLAIN_CATEGORY), &[])
@@ -475,7 +462,6 @@ async fn export_run() -> Export {
             (trace, parent, flags)
         })
         .collect();
-    // SIGTERM: the last spans are flushed before the process exits.
     let status = tokio::task::spawn_blocking(move || process.sigterm())
         .await
         .unwrap();
@@ -618,11 +604,9 @@ async fn a_coalesced_fetch_carries_the_trace_of_the_request_that_started_it() {
         async move { read(request.send().await.unwrap()).await }
     };
     let first = tokio::spawn(send(first_trace));
-    eventually("the first request's fetch", Duration::from_secs(5), || {
-        let calls = app.real.calls();
-        async move { calls == 1 }
-    })
-    .await;
+    app.real
+        .until_calls("the first request's fetch", 1, Duration::from_secs(5))
+        .await;
     let second = send(second_trace).await;
     second.assert_number(REAL, "real");
     first.await.unwrap().assert_number(REAL, "real");

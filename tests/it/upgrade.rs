@@ -1,10 +1,8 @@
 //! Upgrades (docs/operations.md, "Migrations at start", "Upgrading"): a
-//! replica started on a database of an earlier schema holding reveals runs
-//! the pending migrations to the end, however long they take, says in
-//! `/readyz` which one runs, is ready once those that answering needs are
-//! done (the reveal log's own run beside its answers), and every reveal and
-//! its reason read back; a replica that starts while another holds the
-//! migrations' lock waits for it and applies nothing meanwhile.
+//! replica on an earlier schema holding reveals runs the pending migrations,
+//! names the running one in `/readyz`, is ready once answering needs no more,
+//! and reads every reveal back; one that starts while another holds the
+//! migrations' lock waits and applies nothing meanwhile.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -22,10 +20,7 @@ use crate::support::pg;
 use crate::{PLAIN_CATEGORY, REAL};
 
 /// Reveals in the upgraded database: `UPGRADE_REVEALS`, else 1,000,000
-/// (SQLite's 0011 then lasts about half a minute in a debug build: long
-/// enough to be answered through). `benches/load/upgrade.sh` runs these
-/// tests at 20,000,000 too, and the timing of each migration (ignored
-/// here).
+/// (`benches/load/upgrade.sh` runs these tests at 20,000,000 too).
 fn reveals_n() -> i64 {
     std::env::var("UPGRADE_REVEALS")
         .ok()
@@ -34,19 +29,15 @@ fn reveals_n() -> i64 {
 }
 
 /// Sellers whose reveals are read back on the admin pages of a database of
-/// `n` reveals, of `of` (the pages of a debug build read about a thousand
-/// reveals a second from SQLite's postings, so those of 10,000 reveals;
-/// every row is checked in SQL besides).
+/// `n` reveals, of `of` (every row is checked in SQL besides).
 fn paged(n: i64, of: i64) -> i64 {
     (of * 10_000 / n).clamp(1, of)
 }
-/// Sellers they are spread over (a page of 1000 holds one seller's whole
-/// share at 100,000).
+/// Sellers the reveals are spread over.
 const SELLERS: i64 = 100;
 const VIEWERS: i64 = 50;
 
-/// The reasons stored, by `ad_id % 5` (4: none, a reveal from before
-/// reasons were kept).
+/// The reasons stored, by `ad_id % 5` (4: none).
 fn reasons() -> [Option<Reason>; 5] {
     [
         Some(
@@ -82,9 +73,8 @@ fn migrator_until(migrator: &Migrator, last: i64) -> Migrator {
     }
 }
 
-/// An SQLite file at migration 0010 (the release before the reveal log's
-/// buckets) holding `n` reveals, as that release kept them: a posting per
-/// seller and a run per viewer for each reveal (what 0007 and 0009 backfill).
+/// An SQLite file at migration 0010 holding `n` reveals, with a posting per
+/// seller and a run per viewer for each (what 0007 and 0009 backfill).
 async fn sqlite_at_0010(url: &str, n: i64, at_us: i64) {
     use sqlx::ConnectOptions as _;
     let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
@@ -137,9 +127,7 @@ async fn sqlite_at_0010(url: &str, n: i64, at_us: i64) {
 
 /// A PostgreSQL database at migration `last` holding `n` reveals.
 async fn postgres_at(url: &str, last: i64, n: i64, at_us: i64) {
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(url)
-        .await
-        .unwrap();
+    let mut conn = crate::support::pg_connection(url).await;
     migrator_until(&sqlx::migrate!("migrations/postgres"), last)
         .run(&mut conn)
         .await
@@ -178,7 +166,6 @@ async fn until_ready(app: &TestApp, limit: Duration) -> (Duration, Vec<String>) 
         }
         assert_eq!(answer.status, 503, "{answer:?}");
         let detail = answer.body["detail"].as_str().unwrap_or_default();
-        // The figures vary (seconds so far, rows): the latest of each shape.
         let shape = |d: &str| -> String { d.chars().filter(|c| !c.is_ascii_digit()).collect() };
         match seen.iter_mut().find(|s| shape(s) == shape(detail)) {
             Some(same) => detail.clone_into(same),
@@ -231,9 +218,8 @@ async fn pages(app: &TestApp, query: &str) -> Vec<Value> {
     }
 }
 
-/// Every reveal of `n`, with its seller, viewer and reason as stored (ad `i`
-/// is reveal `i`): on the admin pages of the first `paged` sellers (all of
-/// them: every reveal) and of one viewer.
+/// Every reveal of `n` (ad `i` is reveal `i`) with its seller, viewer and
+/// reason, on the admin pages of the first `paged` sellers and of a viewer.
 async fn reveals_read_back(app: &TestApp, n: i64, paged: i64) {
     let reasons = reasons().map(|r| serde_json::to_value(r).unwrap());
     let check = |item: &Value| {
@@ -272,16 +258,13 @@ fn versions_applied(names: &[i64]) -> String {
         .join(",")
 }
 
-/// SQLite at the previous release's schema (0010) holding reveals. 0011
-/// rebuilds the runs' and postings' indexes over every reveal and touches the
-/// reveal log alone: the replica is ready before it ends and answers
-/// lookups meanwhile, `/readyz` naming the migration; the reveals of those
-/// lookups wait and are written once it is done, and every reveal and its
-/// reason read back.
+/// SQLite at 0010 holding reveals: 0011 rebuilds the log's indexes and
+/// touches the log alone, so the replica is ready before it ends and answers
+/// meanwhile, `/readyz` naming it; those reveals are written once it is done,
+/// and every reveal and its reason read back.
 #[tokio::test]
 async fn an_upgrade_over_reveals_becomes_ready_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/upgrade.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("upgrade.db");
     let at_us = phones_gateway::reveals::now_us() - 3_600_000_000;
     let filled = Instant::now();
     let n = reveals_n();
@@ -332,15 +315,12 @@ async fn an_upgrade_over_reveals_becomes_ready_on_sqlite() {
     }
     assert_eq!(written.len(), 1, "{written:?}");
     assert_eq!(written[0]["ad_id"].as_i64(), Some(n + 1), "{written:?}");
-    let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
-        .await
-        .unwrap();
+    let mut conn = crate::support::sqlite_connection(&url).await;
     let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY 1")
         .fetch_all(&mut conn)
         .await
         .unwrap();
     assert_eq!(versions_applied(&applied[9..]), "0010,0011");
-    // Every row as it was stored, and some sellers' on the admin pages.
     let [r0, r1, r2, r3, _] = reasons().map(code);
     let wrong: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM reveals WHERE ad_id <= ?1 AND (\
@@ -370,10 +350,8 @@ async fn an_upgrade_over_reveals_becomes_ready_on_sqlite() {
     eprintln!("read back on the admin pages in {:?}", read.elapsed());
 }
 
-/// PostgreSQL at 0007 (the reasons kept, the snapshot listings not yet: the
-/// previous release's schema is the current one, so one migration short of
-/// it) holding reveals: ready once migrated, every reveal and its reason
-/// read back.
+/// PostgreSQL at 0007, one migration short of the previous release, holding
+/// reveals: ready once migrated, every reveal and its reason read back.
 #[tokio::test]
 async fn an_upgrade_over_reveals_becomes_ready_on_postgres() {
     let db = pg::or_skip!(pg::database().await);
@@ -385,30 +363,24 @@ async fn an_upgrade_over_reveals_becomes_ready_on_postgres() {
     let app = TestApp::start_on(Some(&db.url), "").await;
     let (took, said) = until_ready(&app, Duration::from_secs(300)).await;
     eprintln!("ready {took:?} after the start; /readyz said {said:?}");
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
-        .await
-        .unwrap();
+    let mut conn = crate::support::pg_connection(&db.url).await;
     let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY 1")
         .fetch_all(&mut conn)
         .await
         .unwrap();
     assert_eq!(versions_applied(&applied[6..]), "0007,0008");
-    // PostgreSQL's pages are quick: every seller at the test's count.
     reveals_read_back(&app, n, paged(n, SELLERS * 10)).await;
 }
 
 /// Two replicas starting together run each migration once: while another
-/// session holds the migrator's advisory lock (sqlx's key,
-/// `migration_lock_key`), a starting replica waits for it, says so on
-/// `/readyz`, and applies nothing; once it is released the replica migrates
-/// and is ready. The wait is longer than `MIGRATION_BOUND`: it is not cut off.
+/// session holds the migrator's advisory lock, a starting replica waits, says
+/// so on `/readyz` and applies nothing; once released it migrates and is
+/// ready. The wait is longer than `MIGRATION_BOUND`: it is not cut off.
 #[tokio::test]
 async fn a_replica_waits_for_the_migrations_lock_another_holds() {
     let db = pg::or_skip!(pg::database().await);
     postgres_at(&db.url, 7, 10, 0).await;
-    let mut holder = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
-        .await
-        .unwrap();
+    let mut holder = crate::support::pg_connection(&db.url).await;
     let name: String = sqlx::query_scalar("SELECT current_database()")
         .fetch_one(&mut holder)
         .await
@@ -444,16 +416,14 @@ async fn a_replica_waits_for_the_migrations_lock_another_holds() {
 }
 
 /// Each migration that reads or rewrites the reveal log, timed over
-/// `UPGRADE_REVEALS` reveals (a reveal a cold ad, as the cold path writes
-/// them): filled at the schema before the first (SQLite 0005, PostgreSQL
-/// 0006), then each applied alone. `benches/load/upgrade.sh` runs it.
+/// `UPGRADE_REVEALS` reveals, each applied alone. `benches/load/upgrade.sh`
+/// runs it.
 #[tokio::test]
 #[ignore = "a bench: benches/load/upgrade.sh"]
 async fn each_migration_over_reveals_timed() {
     let n = reveals_n();
     let million = n as f64 / 1e6;
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/timed.db", dir.path().display());
+    let (_dir, url) = crate::support::sqlite_file("timed.db");
     {
         use sqlx::ConnectOptions as _;
         let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
@@ -480,9 +450,7 @@ async fn each_migration_over_reveals_timed() {
         }
     }
     let db = pg::or_skip!(pg::database().await);
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
-        .await
-        .unwrap();
+    let mut conn = crate::support::pg_connection(&db.url).await;
     let all = sqlx::migrate!("migrations/postgres");
     migrator_until(&all, 6).run(&mut conn).await.unwrap();
     for sql in fill_sql("WITH n(i) AS (SELECT generate_series(1, $1::bigint))") {
@@ -500,7 +468,7 @@ async fn each_migration_over_reveals_timed() {
 }
 
 /// The reveals (ad `i` reveal `i`) and their per-ad counts, at the first
-/// release's columns, over the ids `n(i)` that `series` names.
+/// release's columns, over the ids `n(i)` of `series`.
 fn fill_sql(series: &str) -> [String; 2] {
     [
         format!(

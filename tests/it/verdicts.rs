@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::support::paths::BATCH;
-use crate::support::{Answer, Reply, TestApp, eventually, read};
+use crate::support::{Answer, Reply, TestApp, eventually};
 use crate::{PLAIN_CATEGORY, REAL, VIRTUAL};
 
 /// The `detail` of the 503 of an undecided source (src/http/api/error.rs).
@@ -54,18 +54,14 @@ fn phones(seed: u64, n: usize) -> Vec<String> {
         .collect()
 }
 
-/// An upstream with room for 8 calls at once, answering 429 past that, flooded
-/// by one caller's batches over fifty tracked sellers (random phones, so
-/// nothing coalesces), six batches at once: six requests, many sellers, far
-/// past what the upstream takes. No answer, a flooded seller's or anyone
-/// else's, is ever the real number (a load refusal is no verdict), and every
-/// other tracked seller gets its call-tracking number within 2 s of the
-/// flood's end: the refusals, about many sellers in many requests, opened no
-/// breaker.
+/// An upstream with room for 8 calls, 429 past that, flooded by one caller's
+/// six concurrent batches over fifty tracked sellers (random phones, so
+/// nothing coalesces). No answer is ever the real number (a load refusal is no
+/// verdict), and every other tracked seller gets its call-tracking number
+/// within 2 s of the flood's end: the refusals opened no breaker.
 #[tokio::test]
 async fn a_429_flood_reveals_no_real_number_and_opens_no_breaker() {
-    // Timeouts long enough that a busy test machine never turns a slow
-    // answer into a verdict: what is tested is the upstream's refusals.
+    // Long timeouts: only the upstream's refusals are tested.
     let app = TestApp::spawn_with(
         "[upstreams.real_phone]\ntimeout_ms = 3000\n\
          [upstreams.calltracking]\ntimeout_ms = 3000",
@@ -77,9 +73,7 @@ async fn a_429_flood_reveals_no_real_number_and_opens_no_breaker() {
     app.calltracking.capacity(8);
     let flooded: Vec<u64> = (500..550).collect();
     let others: Vec<u64> = (601..=610).collect();
-    for &user in flooded.iter().chain(&others) {
-        app.enable_calltracking(user, 1).await;
-    }
+    app.track(flooded.iter().chain(&others).copied()).await;
 
     let batch = |round: u64| {
         let app = &app;
@@ -94,15 +88,9 @@ async fn a_429_flood_reveals_no_real_number_and_opens_no_breaker() {
                             "category_id": PLAIN_CATEGORY, "phone": phone })
                 })
                 .collect();
-            let response = app
-                .http
-                .post(format!("{}{BATCH}", app.public))
-                .header("content-type", "application/json")
-                .body(json!({ "items": items }).to_string())
-                .send()
-                .await
-                .unwrap();
-            let answer = read(response).await;
+            let answer = app
+                .post_public(BATCH, json!({ "items": items }).to_string())
+                .await;
             assert_eq!(answer.status, 200, "{answer:?}");
             answer.body["results"].as_array().unwrap().clone()
         }
@@ -146,7 +134,6 @@ async fn a_429_flood_reveals_no_real_number_and_opens_no_breaker() {
         }
     }
 
-    // After the flood: every other seller has its call-tracking number.
     for &user in &others {
         let path = given(user, 200);
         eventually(
@@ -192,9 +179,8 @@ async fn one_sellers_failing_calls_leave_the_breaker_closed_for_others() {
         .assert_number(VIRTUAL, "calltracking");
 }
 
-/// A fetch that panics (the `test-faults` feature, src/upstream/faults.rs):
-/// undecided, 503 with `Retry-After`, never the real number; and however many
-/// sellers' fetches panic, the breaker stays closed for others.
+/// A fetch that panics (`test-faults`, src/upstream/faults.rs): undecided, 503
+/// with `Retry-After`, never the real number; the breaker stays closed.
 #[tokio::test]
 async fn a_panicking_fetch_is_undecided_and_opens_no_breaker() {
     let app = TestApp::spawn().await;
@@ -204,9 +190,7 @@ async fn a_panicking_fetch_is_undecided_and_opens_no_breaker() {
         .take(10)
         .collect();
     const OTHER: u64 = 700;
-    for &user in &panicking {
-        app.enable_calltracking(user, 1).await;
-    }
+    app.track(panicking.iter().copied()).await;
     app.enable_calltracking(OTHER, 1).await;
     for round in 0..3 {
         for &user in &panicking {
@@ -219,19 +203,16 @@ async fn a_panicking_fetch_is_undecided_and_opens_no_breaker() {
         .assert_number(VIRTUAL, "calltracking");
 }
 
-/// A 503 with `Retry-After` is the upstream refusing load: undecided for every
-/// seller, a 503 with `Retry-After` to the buyer, never the real number, and no
-/// breaker opens however many sellers and requests it was about. A 503 without
-/// it is the upstream's verdict: that seller falls through.
+/// A 503 with `Retry-After` is the upstream refusing load: undecided, a 503
+/// to the buyer, never the real number, and no breaker opens. A 503 without
+/// it is a verdict: that seller falls through.
 #[tokio::test]
 async fn a_503_with_retry_after_refuses_load_and_one_without_it_is_a_verdict() {
     let app = TestApp::spawn().await;
     app.real.reply(Reply::Phone(REAL));
     app.calltracking.reply(Reply::RetryAfter(503));
     let users: Vec<u64> = (800..820).collect();
-    for &user in &users {
-        app.enable_calltracking(user, 1).await;
-    }
+    app.track(users.iter().copied()).await;
     for &user in &users {
         assert_undecided(&app.get_public(&given(user, 1)).await);
     }

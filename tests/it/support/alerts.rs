@@ -1,13 +1,9 @@
-//! The chart's alerts (`helm/phones-gateway/templates/prometheusrule.yaml`) as
-//! they render with the default values (`values.yaml`, `prometheusRule.*`),
-//! the selector of the release's series left out: what docs/runbook.md shows
-//! for each alert (tests/docs.rs) and the series a fresh replica must have or
-//! docs/operations.md must list as absent until first used (tests/it). Read
-//! with string matching: the template's few forms are known, and one it does
-//! not know fails the reader.
+//! The chart's alerts (`helm/phones-gateway/templates/prometheusrule.yaml`)
+//! rendered with the default values, release selector left out: for
+//! docs/runbook.md (tests/docs.rs) and the series a fresh replica must have
+//! (tests/it). Read by string matching; an unknown template form fails.
 
-// Two test crates include this file (tests/docs.rs by `#[path]`), each
-// reading part of it.
+// tests/docs.rs includes this file too (`#[path]`), each reading a part.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -19,7 +15,6 @@ pub(crate) struct Alert {
     pub(crate) name: String,
     /// The expression, whitespace collapsed to single spaces.
     pub(crate) expr: String,
-    /// Its `for`.
     pub(crate) hold: String,
     /// The `prometheusRule.*` keys its expression and `for` read.
     pub(crate) keys: Vec<String>,
@@ -136,9 +131,8 @@ pub(crate) fn chart_alerts(root: &Path) -> Vec<Alert> {
     alerts
 }
 
-/// The series an expression reads: each `phones_gateway_*` name (a
-/// histogram's `_bucket`, `_sum` or `_count` as written) with the labels its
-/// selector matches exactly (`reason="undecided"`, written so), in order.
+/// The series an expression reads: each `phones_gateway_*` name as written,
+/// with the labels its selector matches exactly, in order.
 pub(crate) fn series_read(expr: &str) -> Vec<(String, Vec<String>)> {
     let mut found = Vec::new();
     let mut rest = expr;

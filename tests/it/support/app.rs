@@ -27,9 +27,8 @@ pub struct TestApp {
     pub http: reqwest::Client,
     /// The app's status service (leadership, direct checks).
     pub status: phones_gateway::status::StatusService,
-    /// The app's upstream clients (their adaptive limits: the app's own, where
-    /// the recorder's part of /metrics is the process's, shared by every app of
-    /// the test binary).
+    /// The app's upstream clients (their adaptive limits are the app's own;
+    /// /metrics shows the process's).
     pub upstreams: std::sync::Arc<phones_gateway::upstream::Upstreams>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     running: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
@@ -37,8 +36,8 @@ pub struct TestApp {
 }
 
 impl Drop for TestApp {
-    /// Every request the app made had a shape docs/rules.md defines, and no log line
-    /// written so far, by this test or any other, held a full number.
+    /// Every request the app made had a shape docs/rules.md defines, and no
+    /// log line written so far held a full number.
     fn drop(&mut self) {
         if std::thread::panicking() {
             return;
@@ -71,18 +70,23 @@ impl TestApp {
         Self::spawn_with("").await
     }
 
-    /// Starts the app with `overlay` (TOML) over the test defaults, on a fresh
-    /// SQLite file.
+    /// Starts the app with `overlay` (TOML) over the test defaults.
     pub async fn spawn_with(overlay: &str) -> TestApp {
         Self::spawn_on(None, overlay).await
     }
 
-    /// Starts the app on the database at `url` (a fresh SQLite file when `None`)
-    /// and waits until it is ready.
+    /// Starts the app on the database at `url` (fresh SQLite when `None`) and
+    /// waits until it is ready.
     pub async fn spawn_on(url: Option<&str>, overlay: &str) -> TestApp {
         let app = Self::start_on(url, overlay).await;
         app.wait_ready().await;
         app
+    }
+
+    /// Two replicas on the database at `url`, started one after the other.
+    pub async fn pair(url: &str, overlay: &str) -> (TestApp, TestApp) {
+        let a = TestApp::spawn_on(Some(url), overlay).await;
+        (a, TestApp::spawn_on(Some(url), overlay).await)
     }
 
     /// Starts the app without waiting for readiness.
@@ -171,8 +175,8 @@ impl TestApp {
         panic!("app never became ready");
     }
 
-    /// Sends the shutdown signal (as SIGTERM does) and returns the running app's
-    /// handle, which completes once it has drained.
+    /// Sends the shutdown signal (as SIGTERM does); the app's handle
+    /// completes once it has drained.
     pub fn shutdown(&mut self) -> tokio::task::JoinHandle<anyhow::Result<()>> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -180,8 +184,8 @@ impl TestApp {
         self.running.take().expect("shut down once")
     }
 
-    /// Waits up to `limit` for the app to stop by itself (a start-up mistake
-    /// no retry mends); what `App::run` returned.
+    /// Waits up to `limit` for the app to stop by itself; what `App::run`
+    /// returned.
     pub async fn stopped_by_itself(&mut self, limit: Duration) -> anyhow::Result<()> {
         let running = self.running.take().expect("still running");
         tokio::time::timeout(limit, running)
@@ -194,21 +198,44 @@ impl TestApp {
         self.get_public(&phone_path(user, ad, category)).await
     }
 
+    /// [`TestApp::phone`] in a task of its own.
+    pub fn phone_in_background(
+        &self,
+        user: u64,
+        ad: u64,
+        category: u64,
+    ) -> tokio::task::JoinHandle<Answer> {
+        let (http, public) = (self.http.clone(), self.public.clone());
+        let path = phone_path(user, ad, category);
+        tokio::spawn(async move { get_with(&http, &public, &path, &[]).await })
+    }
+
+    /// Asserts a 200 with this number and kind for the seller's number.
+    pub async fn assert_phone(&self, user: u64, ad: u64, category: u64, phone: &str, kind: &str) {
+        self.phone(user, ad, category)
+            .await
+            .assert_number(phone, kind);
+    }
+
     pub async fn get_public(&self, path_and_query: &str) -> Answer {
         self.get_public_with(path_and_query, &[]).await
     }
 
-    /// A GET on the public listener with these headers (`x-viewer-id`,
-    /// `x-request-id`, `traceparent`, ...).
+    /// A GET on the public listener with these headers.
     pub async fn get_public_with(&self, path_and_query: &str, headers: &[(&str, &str)]) -> Answer {
         get_with(&self.http, &self.public, path_and_query, headers).await
     }
 
-    /// A GET on the public listener as `viewer` (`x-viewer-id`), or as an
-    /// anonymous caller.
+    /// A GET on the public listener as `viewer` (`x-viewer-id`), or anonymous.
     pub async fn get_public_as(&self, viewer: Option<&str>, path_and_query: &str) -> Answer {
         let headers: Vec<(&str, &str)> = viewer.map(|v| ("x-viewer-id", v)).into_iter().collect();
         self.get_public_with(path_and_query, &headers).await
+    }
+
+    /// The status of a HEAD on the public listener.
+    pub async fn head_public(&self, path_and_query: &str) -> u16 {
+        let url = format!("{}{path_and_query}", self.public);
+        self.http.head(url).send().await.unwrap().status().as_u16()
     }
 
     /// A GET on the admin listener with the token.
@@ -227,7 +254,7 @@ impl TestApp {
         self.post_public_with(path, &[], body).await
     }
 
-    /// A JSON body to the public listener with these headers (`x-viewer-id`).
+    /// A JSON body to the public listener with these headers.
     pub async fn post_public_with(
         &self,
         path: &str,
@@ -248,9 +275,8 @@ impl TestApp {
             .await
     }
 
-    /// An admin request as a test needs it: any method, path, headers and body,
-    /// sent as given (no token unless `headers` carries one: `bearer()` is the
-    /// test token's), the answer read whole.
+    /// An admin request of any method, path, headers and body, sent as given
+    /// (no token unless `headers` carries one: see `bearer()`).
     pub async fn admin_request(
         &self,
         method: Method,
@@ -265,10 +291,9 @@ impl TestApp {
         send_with(request, headers).await
     }
 
-    /// An admin request written on a bare socket, so that any method and any
-    /// bytes of path go out as given: `authorization: Bearer {token}` only when
-    /// `token` is given, a JSON content type and an empty body; the answer with
-    /// all its headers (`www-authenticate`, `content-length`).
+    /// An admin request on a bare socket, so any method and path bytes go out
+    /// as given: the token only when `token` is given, an empty JSON body;
+    /// the answer with all its headers.
     pub async fn raw_admin_request(
         &self,
         method: &Method,
@@ -282,8 +307,7 @@ impl TestApp {
         raw_request(&self.admin, request.as_bytes()).await
     }
 
-    /// Asserts how many calls each fake upstream has had so far, in the order
-    /// docs/rules.md names them: real phone, anonymous, call tracking.
+    /// Asserts each fake's calls so far: real phone, anonymous, call tracking.
     #[track_caller]
     pub fn assert_calls(&self, real: usize, anonymous: usize, calltracking: usize) {
         assert_eq!(
@@ -323,6 +347,12 @@ impl TestApp {
         start.elapsed()
     }
 
+    /// A status snapshot of `version` listing `ids`.
+    pub async fn put_snapshot(&self, version: u64, ids: &[u64]) -> Answer {
+        let body = serde_json::json!({ "version": version, "enabled_user_ids": ids });
+        self.send_admin(Method::PUT, STATUSES, &body).await
+    }
+
     /// Turns call tracking on for `user` at `version`; panics unless 200.
     pub async fn enable_calltracking(&self, user: u64, version: u64) {
         let answer = self.send_status(user, true, version).await;
@@ -358,8 +388,7 @@ pub fn json_with_token() -> [(&'static str, &'static str); 2] {
     ]
 }
 
-/// A GET of `path` on `base` (`http://host:port`) with these headers, the
-/// answer read whole.
+/// A GET of `path` on `base` (`http://host:port`) with these headers.
 pub async fn get_with(
     http: &reqwest::Client,
     base: &str,
@@ -403,6 +432,11 @@ impl Answer {
         assert_eq!(self.status, 200, "{self:?}");
         assert_eq!(self.body["phone"], phone, "{self:?}");
         assert_eq!(self.body["kind"], kind, "{self:?}");
+    }
+
+    /// The problem document's `detail` ("" when there is none).
+    pub fn detail(&self) -> &str {
+        self.body["detail"].as_str().unwrap_or_default()
     }
 
     /// Asserts a problem document with this status.

@@ -1,7 +1,6 @@
-//! Child processes (the `phones-gateway` binary, as operators run it) with their
-//! output captured: every line of stdout and stderr goes through the privacy
-//! scanner, and the addresses they bound (port 0) are read back from their
-//! "listening" line, so no port is guessed free and taken later.
+//! The `phones-gateway` binary as a child process, its output captured: every
+//! line goes through the privacy scanner, and the addresses it bound (port 0)
+//! are read back from its "listening" line.
 
 use std::io::BufRead;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -49,13 +48,12 @@ impl Spawned {
         }
     }
 
-    /// The child's process id.
     pub fn id(&self) -> u32 {
         self.child.id()
     }
 
-    /// The values of `fields` in the first line logged with `message` (JSON or
-    /// text format), waiting up to `limit`.
+    /// The values of `fields` in the first line logged with `message`,
+    /// waiting up to `limit`.
     pub async fn logged(&self, message: &str, fields: &[&str], limit: Duration) -> Vec<String> {
         let start = Instant::now();
         loop {
@@ -101,7 +99,6 @@ fn without_ansi(line: &str) -> String {
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
         if c == '\x1b' {
-            // ESC [ parameters, ended by a letter.
             for c in chars.by_ref() {
                 if c.is_ascii_alphabetic() {
                     break;
@@ -127,8 +124,8 @@ fn field_of(line: &str, message: &str, field: &str) -> Option<String> {
 }
 
 impl Drop for Spawned {
-    /// Stops the process, reads its output to the end, and fails the test if
-    /// any line of it (or of anything else so far) held a full number.
+    /// Stops the process, reads its output to the end, and fails the test on
+    /// any full number so far.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -136,9 +133,7 @@ impl Drop for Spawned {
             let _ = reader.join();
         }
         if std::thread::panicking() {
-            // What the process said last, for the failure's report: its WARN
-            // and ERROR lines and the upstream calls (its log never holds a
-            // full number; the scan above checks that on every passing run).
+            // Its WARN and ERROR lines and upstream calls, for the report.
             let lines: Vec<String> = self
                 .lines
                 .try_iter()
@@ -158,8 +153,8 @@ impl Drop for Spawned {
     }
 }
 
-/// The real binary, started as operators start it, logging JSON (as production
-/// does) at trace level into the privacy scanner.
+/// The real binary, started as operators start it, logging JSON at trace
+/// level into the privacy scanner.
 pub struct Process {
     pub child: Spawned,
     pub public: String,
@@ -174,15 +169,14 @@ impl Process {
         Self::start_with(database_url, &[]).await
     }
 
-    /// Starts the binary with extra `PHONES_GATEWAY__*` settings; both listeners
-    /// on port 0, their addresses read back from the "listening" line.
+    /// Starts the binary with extra `PHONES_GATEWAY__*` settings, listeners on
+    /// port 0.
     pub async fn start_with(database_url: &str, env: &[(&str, &str)]) -> Process {
         Self::start_under(&[], database_url, env).await
     }
 
-    /// As [`Process::start_with`], the binary started by `wrapper` (a command
-    /// and its arguments that runs the binary in its own process, as
-    /// `prlimit --nofile=256:256` does); no wrapper: the binary itself.
+    /// As [`Process::start_with`], run by `wrapper` (a command and its
+    /// arguments, as `prlimit --nofile=256:256`); none: the binary itself.
     pub async fn start_under(
         wrapper: &[&str],
         database_url: &str,
@@ -205,10 +199,8 @@ impl Process {
             .env("PHONES_GATEWAY__DATABASE__URL", database_url)
             .env("PHONES_GATEWAY__LOG__FILTER", "phones_gateway=trace,info")
             .env("PHONES_GATEWAY__LOG__FORMAT", "json")
-            // Cold admission off, as in TestApp's base config: on a loaded
-            // 2-core runner a task can wait 50 ms for a worker, and uncached
-            // requests would then be shed (503). Admission has tests of its own
-            // (overload.rs); a test here may set it again through `env`.
+            // Cold admission off, as in TestApp's base config (overload.rs
+            // tests it); `env` may set it again.
             .env("PHONES_GATEWAY__SERVER__MAX_QUEUE_DELAY_MS", "0")
             .env_remove("RUST_LOG");
         for (key, value) in env {
@@ -236,8 +228,7 @@ impl Process {
         process
     }
 
-    /// A GET on the public listener with these headers, as
-    /// `TestApp::get_public_with`.
+    /// A GET on the public listener with these headers.
     pub async fn get_public_with(&self, path_and_query: &str, headers: &[(&str, &str)]) -> Answer {
         get_with(&self.http, &self.public, path_and_query, headers).await
     }
@@ -253,8 +244,6 @@ impl Process {
         .await
     }
 
-    /// A JSON body to the status webhook (POST) or snapshot (PUT), with the
-    /// token; the answer's status code.
     /// Turns call tracking on for every seller of `users`; panics unless 200.
     pub async fn track(&self, users: impl IntoIterator<Item = u64>) {
         for body in super::tracking(users) {

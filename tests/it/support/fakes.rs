@@ -1,7 +1,6 @@
-//! The fake upstreams: real HTTP servers on 127.0.0.1:0 whose answers, delays and
-//! call counts the test controls, answering only the request shapes docs/rules.md
-//! defines (anything else is answered 400 and recorded; `TestApp`'s drop fails the
-//! test on it, so a wrong path cannot pass as "the seller has no phone").
+//! The fake upstreams: real HTTP servers on 127.0.0.1:0 whose answers, delays
+//! and call counts the test controls. They answer only the request shapes
+//! docs/rules.md defines; anything else is recorded, see `support` (mod.rs).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,7 +18,6 @@ use serde_json::Value;
 pub enum Reply {
     /// 200 with the phone in the upstream's field (`phone` or `virtual_phone`).
     Phone(&'static str),
-    /// 404.
     NotFound,
     /// Any status with an empty body.
     Status(u16),
@@ -63,11 +61,9 @@ struct Behaviour {
 /// The `traceparent` (empty when missing) and `tracestate` of a call.
 pub type Traced = (String, Option<String>);
 
-/// A lookup rate's cap and the times of the lookups answered within the
-/// last second.
+/// A lookup rate's cap and the times of the lookups of the last second.
 type RateCap = (usize, std::collections::VecDeque<tokio::time::Instant>);
 
-/// A fake upstream: a real HTTP server on 127.0.0.1:0.
 #[derive(Clone)]
 pub struct Fake {
     pub url: String,
@@ -90,33 +86,26 @@ pub struct Fake {
     feed_in_flight: Arc<Mutex<(usize, usize)>>,
     /// Replies for one seller's lookups, over the behaviour's reply.
     for_seller: Arc<Mutex<HashMap<u64, Reply>>>,
-    /// When set, the most lookups answered at once: past it, a lookup is
-    /// answered 429 at once, as an upstream refusing load does.
+    /// When set, the most lookups answered at once; past it, 429 at once.
     capacity: Arc<Mutex<Option<usize>>>,
     in_flight: Arc<AtomicUsize>,
     /// Lookups answered 429 past the capacity.
     refused: Arc<AtomicUsize>,
-    /// Per seller (`user_id`): number lookups in flight now, and the most
-    /// at once so far.
+    /// Per seller: number lookups in flight now, and the most at once.
     per_seller: Arc<Mutex<HashMap<u64, (usize, usize)>>>,
-    /// When set, the most lookups served at once: past it a lookup waits its
-    /// turn (first come, first served), as an upstream with a queue does.
+    /// When set, the most lookups served at once; past it a lookup queues.
     queue: Arc<Mutex<Option<Arc<tokio::sync::Semaphore>>>>,
-    /// Lookups that found the queue full and waited their turn.
     queued: Arc<AtomicUsize>,
-    /// When set, the most lookups answered well in any second: past it a
-    /// lookup is answered a plain 500, as an overloaded upstream does. With
-    /// the times of those answered.
+    /// When set, the most lookups answered well in any second (past it a
+    /// plain 500), with the times of those answered.
     per_second: Arc<Mutex<Option<RateCap>>>,
-    /// Lookups answered 500 past `per_second`.
     over_rate: Arc<AtomicUsize>,
-    /// Replies for call-tracking lookups of phones whose digits start with a
-    /// prefix, over the seller's and the behaviour's reply.
+    /// Replies for call-tracking lookups by phone digit prefix, over the
+    /// seller's and the behaviour's reply.
     for_phones: Arc<Mutex<Vec<(String, Reply)>>>,
 }
 
-/// A status-feed poll under way; counted out on drop (also when its caller
-/// gave it up).
+/// A status-feed poll under way; counted out on drop.
 struct FeedPoll(Arc<Mutex<(usize, usize)>>);
 
 impl FeedPoll {
@@ -179,14 +168,13 @@ impl Fake {
         fake
     }
 
-    /// Serve at most `max` lookups at once from now on; the others wait their
-    /// turn (an upstream that queues rather than refuses).
+    /// Serve at most `max` lookups at once from now on; the others queue.
     pub fn queue(&self, max: usize) {
         *self.queue.lock().unwrap() = Some(Arc::new(tokio::sync::Semaphore::new(max)));
     }
 
-    /// Answer call-tracking lookups of phones whose digits (after `+`) start
-    /// with `prefix` with `reply`, whoever the seller.
+    /// Answer call-tracking lookups of phones whose digits start with
+    /// `prefix` with `reply`, whoever the seller.
     pub fn reply_for_phones(&self, prefix: &str, reply: Reply) {
         self.for_phones
             .lock()
@@ -194,23 +182,20 @@ impl Fake {
             .push((prefix.to_owned(), reply));
     }
 
-    /// Lookups that waited in the queue (`queue`) for their turn.
     pub fn queued(&self) -> usize {
         self.queued.load(Ordering::SeqCst)
     }
 
-    /// Answer at most `max` lookups in any second (`None`: no bound), a plain
-    /// 500 to those past it.
+    /// Answer at most `max` lookups in any second (`None`: no bound), 500
+    /// past it.
     pub fn per_second(&self, max: Option<usize>) {
         *self.per_second.lock().unwrap() = max.map(|max| (max, Default::default()));
     }
 
-    /// Lookups answered 500 past `per_second`.
     pub fn over_rate(&self) -> usize {
         self.over_rate.load(Ordering::SeqCst)
     }
 
-    /// Lookups answered 429 because the capacity was reached.
     pub fn refused(&self) -> usize {
         self.refused.load(Ordering::SeqCst)
     }
@@ -240,6 +225,16 @@ impl Fake {
         self.calls.load(Ordering::SeqCst)
     }
 
+    /// Waits until exactly `n` number lookups were received; panics naming
+    /// `what` after `limit`.
+    pub async fn until_calls(&self, what: &str, n: usize, limit: Duration) {
+        super::eventually(what, limit, || {
+            let calls = self.calls();
+            async move { calls == n }
+        })
+        .await;
+    }
+
     /// The path and query of every number lookup received.
     pub fn uris(&self) -> Vec<String> {
         self.uris.lock().unwrap().clone()
@@ -255,14 +250,13 @@ impl Fake {
         self.request_ids.lock().unwrap().clone()
     }
 
-    /// The `traceparent` (empty when missing) and `tracestate` of every number
-    /// lookup received.
+    /// The `traceparent` and `tracestate` of every number lookup received.
     pub fn traces(&self) -> Vec<Traced> {
         self.traces.lock().unwrap().clone()
     }
 
-    /// Serves `(user_id, enabled, version)` items on the status feed (call
-    /// tracking only), in this order; cursors are positions in the list.
+    /// Serves `(user_id, enabled, version)` items on the status feed, in
+    /// order; cursors are positions in the list.
     pub fn feed(&self, items: &[(u64, bool, u64)]) {
         *self.feed.lock().unwrap() = items
             .iter()
@@ -272,8 +266,8 @@ impl Fake {
             .collect();
     }
 
-    /// Appends `(user_id, enabled, version)` items to the status feed (a feed
-    /// that grows while its readers poll it); returns its new length.
+    /// Appends `(user_id, enabled, version)` items to the status feed;
+    /// returns its new length.
     pub fn extend_feed(&self, items: &[(u64, bool, u64)]) -> usize {
         let mut feed = self.feed.lock().unwrap();
         feed.extend(items.iter().map(|&(user_id, enabled, version)| {
@@ -282,9 +276,8 @@ impl Fake {
         feed.len()
     }
 
-    /// The most number lookups for seller `user` this fake had in flight at
-    /// once (each counted from its arrival until its answer, or until the
-    /// caller gave it up).
+    /// The most number lookups for seller `user` in flight at once (until
+    /// answered or given up).
     pub fn max_in_flight_of(&self, user: u64) -> usize {
         self.per_seller
             .lock()
@@ -299,15 +292,12 @@ impl Fake {
         *self.feed_failure.lock().unwrap() = status;
     }
 
-    /// Every status-feed poll is answered after `delay` from now on (a slow
-    /// feed, so that a catch-up of many pages takes long).
+    /// Every status-feed poll is answered after `delay` from now on.
     pub fn delay_feed(&self, delay: Duration) {
         *self.feed_delay.lock().unwrap() = delay;
     }
 
-    /// The most status-feed polls this fake had in flight at once (each
-    /// counted from its arrival until its answer, or until the caller gave
-    /// it up).
+    /// The most status-feed polls in flight at once.
     pub fn max_feed_in_flight(&self) -> usize {
         self.feed_in_flight.lock().unwrap().1
     }
@@ -348,8 +338,7 @@ fn seller_of(path: &str, query: &str) -> Option<u64> {
         .and_then(|(_, user)| user.parse().ok())
 }
 
-/// One lookup in flight for a seller, counted until dropped (answered, or
-/// its connection closed by the caller).
+/// One lookup in flight for a seller, counted until dropped.
 struct InFlight {
     counts: Arc<Mutex<HashMap<u64, (usize, usize)>>>,
     user: u64,

@@ -1,10 +1,7 @@
 //! The public listener's service (`Front`) without sockets, built by the
-//! app's own builder (`app::Parts`) on the default configuration, over
-//! upstreams that are never asked: for contract cases decided before any
-//! upstream call (a route, a method, a content type, a parameter), and the
-//! lookup among them, answered by the front as in production. Driven with
-//! `tower::ServiceExt::oneshot`; `Front` is a hyper service, so it is wrapped
-//! in `tower::service_fn`.
+//! app's own builder (`app::Parts`) over upstreams never asked: for contract
+//! cases decided before any upstream call. Driven with
+//! `tower::ServiceExt::oneshot` through `tower::service_fn`.
 
 use std::convert::Infallible;
 

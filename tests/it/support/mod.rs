@@ -1,23 +1,10 @@
-//! Test harness: the real app on 127.0.0.1:0 against three fake upstreams that are
-//! real HTTP servers whose answers, delays and call counts the test controls.
+//! Test harness: the real app on 127.0.0.1:0 against three fake upstreams
+//! that are real HTTP servers the test controls.
 //!
-//! Two guards run under every test:
-//! - the fakes answer only the request shapes docs/rules.md defines (method, path and
-//!   query); anything else is answered 400 and recorded, and `TestApp`'s drop
-//!   fails the test, so a wrong path cannot pass as "the seller has no phone";
-//! - the privacy scanner (`privacy`) reads every log line as it is written, in the
-//!   text and the JSON format, at trace level for the crate, and records every
-//!   full phone number it finds; `TestApp`'s drop (and `Process`'s for the
-//!   binary's own output) fails the test on any leak recorded so far.
-//!
-//! One file per part: `app` (TestApp, the app in-process), `fakes` (the fake
-//! upstreams), `privacy` (the log scanner), `pg` (PostgreSQL clusters),
-//! `pgbouncer` (a transaction-mode pooler in front of one), `child` (the binary
-//! as a child process), `front` (the public front without sockets, for
-//! `oneshot`), `proxy` (a TCP proxy that can fall silent), `raw` (HTTP/1.1 on a
-//! bare socket: an upstream and a client), `paths` (the routes, typed once),
-//! `alerts` (the chart's alerts as they render, which tests/docs.rs reads too).
-
+//! Two guards run under every test: the fakes answer only the request shapes
+//! docs/rules.md defines (anything else is recorded and fails the test on
+//! `TestApp`'s drop), and the privacy scanner (`privacy`) fails it on any full
+//! number logged. One file per part.
 use std::time::{Duration, Instant};
 
 pub mod alerts;
@@ -37,8 +24,7 @@ pub use fakes::*;
 pub use privacy::*;
 pub use raw::*;
 
-/// Prints what a finding's test showed, by kind (or status), for the record
-/// of a longer run.
+/// Prints what a finding's test showed, by kind (or status).
 pub fn tally(test: &str, kinds: &[String]) {
     let mut counts = std::collections::BTreeMap::new();
     for kind in kinds {
@@ -47,9 +33,9 @@ pub fn tally(test: &str, kinds: &[String]) {
     eprintln!("{test}: {} lookups, by kind {counts:?}", kinds.len());
 }
 
-/// Asks `ask(n)` for n = 0, 1, ... every `every` for `length`, without
-/// waiting for the answers (an open loop: slow answers do not slow the
-/// asking; a tick missed is skipped); each answer with when it was asked.
+/// Asks `ask(n)` for n = 0, 1, ... every `every` for `length` without waiting
+/// for the answers (an open loop; a missed tick is skipped); each answer with
+/// when it was asked.
 pub async fn open_loop<T, F: std::future::Future<Output = T>>(
     every: Duration,
     length: Duration,
@@ -100,8 +86,7 @@ pub fn assert_fell_through_after_ten_seconds(
 }
 
 /// How many times over the findings' tests run their lookups:
-/// `FINDINGS_SCALE` (1 by default). `scripts/findings` runs them at a scale
-/// that makes each at least 10,000 lookups.
+/// `FINDINGS_SCALE` (1 by default; `scripts/findings` sets it).
 pub fn scale() -> u64 {
     std::env::var("FINDINGS_SCALE")
         .ok()
@@ -110,23 +95,17 @@ pub fn scale() -> u64 {
         .unwrap_or(1)
 }
 
-/// Held by each test that asserts a time the SPEC bounds tightly (a catch-up
-/// within 1 s or within `database.sync_interval_ms`, a hand-over within two
-/// feed intervals, a refusal everywhere within 1 s): such tests run one at a
-/// time, so that on a busy two-core machine they do not take each other's
-/// CPU and their bounds stay the SPEC's, not widened for the load. Taken
-/// after the test's PostgreSQL cluster (`pg`), never before, so that a test
-/// holding it never waits for a cluster another test holds while waiting for
-/// it.
+/// Held by each test asserting a tight time bound, so that such tests run one
+/// at a time and do not take each other's CPU on a busy two-core machine.
+/// Taken after the test's PostgreSQL cluster (`pg`), never before, so that no
+/// test holding it waits for a cluster held by a test waiting for it.
 pub async fn one_timing_test_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
     static TIMING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     TIMING.lock().await
 }
 
-/// Polls `done` every millisecond until it holds, and returns how long that
-/// took; panics naming `what` after `limit`. For a time a test asserts a
-/// bound on: measured to the millisecond, the bound checked by the caller
-/// (with the time in its message), `limit` only ends a wait that went wrong.
+/// Polls `done` every millisecond until it holds; returns how long that took
+/// (the caller checks its bound), panicking naming `what` after `limit`.
 pub async fn took_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
     let start = Instant::now();
     while !done() {
@@ -137,8 +116,7 @@ pub async fn took_until(what: &str, limit: Duration, mut done: impl FnMut() -> b
 }
 
 /// Polls `done` every 10 ms until it holds; panics naming `what` after `limit`.
-/// Used instead of sleeping a guessed time: on two busy cores a guess is either
-/// too short (flaky) or too long (slow).
+/// Used instead of sleeping a guessed time.
 pub async fn eventually<F: std::future::Future<Output = bool>>(
     what: &str,
     limit: Duration,
@@ -164,10 +142,39 @@ pub fn tracking(users: impl IntoIterator<Item = u64>) -> Vec<serde_json::Value> 
         .collect()
 }
 
-/// The tests' HTTP client: it drops a pooled connection idle for 2 s, under
-/// the gateway's head deadline (`server.header_read_timeout_ms`, 5 s), as a
-/// well-behaved client does; a request written on a connection the gateway
-/// is closing at that moment would fail the test for the client's race.
+/// The value of `series` (a name and its labels, as written) in a /metrics
+/// text, if there.
+pub fn series_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.trim().parse().unwrap())
+}
+
+/// A connection of the test's own to the PostgreSQL database at `url`.
+pub async fn pg_connection(url: &str) -> sqlx::PgConnection {
+    <sqlx::PgConnection as sqlx::Connection>::connect(url)
+        .await
+        .unwrap()
+}
+
+/// A connection of the test's own to the SQLite database at `url`.
+pub async fn sqlite_connection(url: &str) -> sqlx::SqliteConnection {
+    <sqlx::SqliteConnection as sqlx::Connection>::connect(url)
+        .await
+        .unwrap()
+}
+
+/// A temporary directory and the URL of the SQLite file `name` in it.
+pub fn sqlite_file(name: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/{name}", dir.path().display());
+    (dir, url)
+}
+
+/// The tests' HTTP client: it drops pooled connections idle for 2 s, under
+/// the gateway's head deadline (`server.header_read_timeout_ms`), so a request
+/// never races the gateway closing its connection.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .pool_idle_timeout(std::time::Duration::from_secs(2))

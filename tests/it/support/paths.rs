@@ -1,6 +1,5 @@
-//! The routes the tests call, typed once. They are the contract's paths
-//! (docs/api.md), written out here rather than taken from the crate, so that a
-//! route moved in the code fails the tests instead of moving them along.
+//! The routes the tests call, typed once, written out rather than taken from
+//! the crate (docs/api.md), so that a route moved in the code fails the tests.
 
 /// The public lookup of one number.
 pub const PUBLIC_PHONE: &str = "/v1/public-phone";
@@ -18,8 +17,7 @@ pub const PROFILE: &str = "/admin/v1/debug/pprof/profile";
 pub const HEALTHZ: &str = "/healthz";
 pub const READYZ: &str = "/readyz";
 pub const METRICS: &str = "/metrics";
-/// The OpenAPI documents: the public one on the public listener, the admin one
-/// (behind the token) on the admin listener.
+/// The OpenAPI documents (the admin one behind the token).
 pub const OPENAPI_PUBLIC: &str = "/openapi/public.json";
 pub const OPENAPI_ADMIN: &str = "/openapi/admin.json";
 

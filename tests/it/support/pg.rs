@@ -1,26 +1,20 @@
-//! Throwaway PostgreSQL clusters for tests: `initdb` in a temp dir, a free port,
-//! run as the `postgres` user when we are root (PostgreSQL refuses root). Each test
-//! that needs PostgreSQL gets its own cluster, stopped when dropped, so a test may
-//! stop or restart it freely. With `TEST_POSTGRES_URL` set, tests that do not
-//! need to stop the server use a fresh database on that server instead.
+//! Throwaway PostgreSQL clusters: `initdb` in a temp dir on a free port, run
+//! as `postgres` when we are root. Each test gets its own cluster, stopped
+//! when dropped, so it may stop or restart it; with `TEST_POSTGRES_URL`, tests
+//! that do not stop the server use a fresh database there instead. A start
+//! whose port was taken meanwhile is retried; at most `MAX_CLUSTERS` run at
+//! once.
 //!
-//! PostgreSQL must be told its port before it starts, so the port is asked for
-//! free and may be taken by someone else in between: a start that fails is
-//! retried on another port. At most `MAX_CLUSTERS` clusters run at once in a
-//! process, so that the tests do not starve each other (and the machine) of CPU.
-//!
-//! With `REQUIRE_POSTGRES` or `CI` set to anything but empty, `0` or `false`
-//! (`.ci/run` sets `REQUIRE_POSTGRES=1`), a PostgreSQL that cannot be had fails
-//! the test; elsewhere the test says `SKIPPED` in its output, leaves a marker in
-//! `SKIPPED_DIR` when set (`scripts/test` counts them) and returns. A test
-//! opens with `let db = pg::or_skip!(pg::database().await);` (or `pg::cluster()`,
-//! or `pgbouncer::pooled()`), which does both.
+//! With `REQUIRE_POSTGRES` or `CI` set (not empty, `0` or `false`), a missing
+//! PostgreSQL fails the test; elsewhere the test says `SKIPPED`, leaves a
+//! marker in `SKIPPED_DIR` when set (`scripts/test` counts them) and returns.
+//! A test opens with `let db = pg::or_skip!(pg::database().await);` (or
+//! `pg::cluster()`, or `pgbouncer::pooled()`).
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Condvar, Mutex};
 
-/// Clusters running at once in this process.
 const MAX_CLUSTERS: usize = 2;
 static RUNNING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
 
@@ -105,10 +99,8 @@ fn pg_command(program: &str, args: &[&str]) -> Result<(), String> {
 }
 
 impl PgCluster {
-    /// Starts a new cluster.
-    ///
-    /// # Errors
-    /// The PostgreSQL binaries are missing or failed.
+    /// Starts a new cluster; fails when the PostgreSQL binaries are missing
+    /// or fail.
     pub fn start() -> Result<PgCluster, String> {
         let dir = tempfile::Builder::new()
             .prefix("pg-test-")
@@ -141,8 +133,7 @@ impl PgCluster {
                 "--no-sync",
             ],
         )?;
-        // The port was free when asked for; another process may have taken it
-        // since. Try a few.
+        // Another process may have taken the port since: try a few.
         let mut result = cluster.start_server();
         for _ in 0..4 {
             if result.is_ok() {
@@ -222,13 +213,10 @@ fn unavailable(why: &str) -> Option<TestDb> {
 }
 
 /// Says the calling test is skipped, and why: `SKIPPED` on stderr, and a
-/// marker file (the test's name, then the reason) in `SKIPPED_DIR` when it is
-/// set, so `scripts/test` counts the skips instead of letting them pass as
-/// runs.
+/// marker file (test name, then reason) in `SKIPPED_DIR` when set.
 pub fn skipped(why: &str) {
     let thread = std::thread::current();
-    // A bench (run once by `cargo test --all-targets`) runs on `main`: named
-    // by its binary instead.
+    // A bench runs on `main`: named by its binary instead.
     let test = match thread.name() {
         Some("main") | None => std::env::args().next().map_or_else(
             || "a PostgreSQL test".to_owned(),
@@ -248,13 +236,10 @@ pub fn skipped(why: &str) {
     }
 }
 
-/// The `Some` value of `$wanted` (`database().await`, `cluster()`,
-/// `pgbouncer::pooled()`), or a return from the calling test (or helper, with
-/// its return type's default) when it is `None`: PostgreSQL cannot be had and
-/// is not required, and `SKIPPED` is already said. Where it is required, the
-/// call has panicked instead, failing the test.
-// The benches include this file too (`#[path]`) and ask for their clusters
-// themselves: unused there.
+/// The `Some` value of `$wanted`, or a return from the caller (with its
+/// return type's default) when PostgreSQL cannot be had and is not required
+/// (where it is, the call has panicked).
+// The benches include this file too (`#[path]`): unused there.
 #[allow(unused_macros)]
 macro_rules! or_skip {
     ($wanted:expr) => {

@@ -1,10 +1,7 @@
-//! A PgBouncer in transaction mode in front of one PostgreSQL cluster, for the
-//! tests of docs/status-sync.md#behind-a-transaction-mode-pooler. The pooler is
-//! started as the `postgres` user when we are root (it refuses root, like
-//! PostgreSQL), with fewer server connections than the replicas' pools hold, so
-//! statements from different replicas really share server connections.
-//! `scripts/test` installs PgBouncer when it is missing; with
-//! `REQUIRE_POSTGRES`/`CI` set a test without one fails, elsewhere it says SKIPPED.
+//! A PgBouncer in transaction mode in front of one PostgreSQL cluster
+//! (docs/status-sync.md#behind-a-transaction-mode-pooler), with fewer server
+//! connections than the replicas' pools, so replicas really share them. Run
+//! as `postgres` when we are root; skipped or failed as `pg` says.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -127,8 +124,7 @@ impl Drop for PgBouncer {
     }
 }
 
-/// PostgreSQL and a PgBouncer in front of it, or `None` (the test is skipped)
-/// where neither is required; where they are, a failure panics.
+/// PostgreSQL and a PgBouncer in front of it, or `None` (skipped).
 pub fn pooled() -> Option<(pg::TestDb, PgBouncer)> {
     let db = pg::cluster()?;
     let port: u16 = db

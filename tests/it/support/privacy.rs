@@ -1,8 +1,7 @@
-//! The privacy scanner (docs/README.md#privacy): every log line the test binary
-//! writes, in the text and the JSON format, at trace level for the crate, is read
-//! as it is written and every full phone number (and admin token value) found is recorded; `TestApp`'s
-//! drop (and `Process`'s for the binary's own output) fails the test on any leak
-//! recorded so far.
+//! The privacy scanner (docs/README.md#privacy): every log line the test
+//! binary writes (text and JSON, trace level) is scanned as written, and every
+//! full phone number or admin token value found is recorded; `TestApp`'s and
+//! `Process`'s drop fail the test on any leak so far.
 
 use std::sync::{Mutex, OnceLock};
 
@@ -35,16 +34,10 @@ fn percent_decoded(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The full phone numbers in one log line:
-/// - `+` then 8 or more digits, separators (space, `-`, `()`, `.`, `/`) allowed;
-/// - a fixture number's digits (`crate::NUMBERS`), with or without `+`;
-/// - a mask that shows more than the last two digits (`+*******4567`,
-///   `7916*****67`);
-///
-/// each in the line as written and percent-decoded (`%2B7916...`).
-///
-/// And any admin token value the tests configure (`crate::SECRETS`), named by
-/// its position in that list, never quoted.
+/// The full phone numbers in one log line, as written and percent-decoded:
+/// `+` then 8 or more digits (separators allowed), a fixture number's digits
+/// (`crate::NUMBERS`), a mask showing more than the last two digits; and any
+/// admin token value (`crate::SECRETS`), named by its index, never quoted.
 pub fn leaks_in(line: &str) -> Vec<String> {
     let decoded = percent_decoded(line);
     let mut found = Vec::new();
@@ -55,9 +48,8 @@ pub fn leaks_in(line: &str) -> Vec<String> {
     }
     for text in [line, decoded.as_str()] {
         let mut chars: Vec<char> = text.chars().collect();
-        // A lone `*` (no digit or `*` beside it) is an operator, as in the SQL
-        // sqlx quotes when it logs a slow statement (`now()) * 1000000`), not
-        // a mask: a mask's stars touch each other or the digits they hide.
+        // A lone `*` is an operator (as in SQL sqlx logs), not a mask: a
+        // mask's stars touch each other or the digits they hide.
         let part_of_mask = |c: Option<&char>| c.is_some_and(|c| c.is_ascii_digit() || *c == '*');
         for k in 0..chars.len() {
             if chars[k] == '*'
@@ -74,7 +66,6 @@ pub fn leaks_in(line: &str) -> Vec<String> {
                 i += 1;
                 continue;
             }
-            // A run: an optional `+`, then digits and `*`, separators between them.
             let mut run = String::new();
             if c == '+' {
                 run.push('+');
@@ -117,9 +108,9 @@ pub fn leaks_in(line: &str) -> Vec<String> {
     found
 }
 
-/// Every full number found so far, with where it was written.
+/// Every full number found so far, with where.
 static LEAKS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-/// Everything the test binary logged (text format), for tests that look at it.
+/// Everything the test binary logged (text format).
 static LOGS: Mutex<Vec<u8>> = Mutex::new(Vec::new());
 
 /// Scans `text` line by line and records any leak, naming `source`.
@@ -135,9 +126,8 @@ pub fn scan(source: &str, text: &str) {
     }
 }
 
-/// Fails the calling test if any log line written so far, by any test, held a
-/// full number. Leaks are never cleared: the test that caused one fails, and so
-/// does every later check, which is what a leak deserves.
+/// Fails the calling test if any log line so far, by any test, held a full
+/// number. Leaks are never cleared: every later check fails too.
 #[track_caller]
 pub fn assert_no_leaks() {
     let leaks = LEAKS
@@ -160,8 +150,7 @@ pub fn captured_logs() -> String {
     .into_owned()
 }
 
-/// One event's output, scanned when the formatter is done with it (a fmt layer
-/// writes each event through its own writer).
+/// One event's output, scanned when the formatter is done with it.
 struct ScanningWriter {
     json: bool,
     buffer: Vec<u8>,
@@ -207,7 +196,6 @@ pub(super) fn init_logs() {
                 json: false,
                 buffer: Vec::new(),
             });
-        // As `telemetry::init_logs` configures JSON for production.
         let json = tracing_subscriber::fmt::layer()
             .json()
             .with_current_span(true)
@@ -255,7 +243,6 @@ fn the_scanner_finds_numbers_in_every_disguise() {
     assert!(finds("phone=+*******4567"));
     assert!(finds("phone=7916*****67"));
     assert!(finds("+7916*****67"));
-    // In JSON.
     assert!(finds(r#"{"fields":{"phone":"+79161234567"}}"#));
 }
 

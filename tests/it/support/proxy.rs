@@ -1,14 +1,10 @@
-//! A TCP proxy on 127.0.0.1 that can fall silent: it stops forwarding in both
-//! directions while it keeps every connection open (and accepts new ones), as
-//! a network that drops packets does, or a database host that froze. Told to
-//! resume, it forwards what was held back. It also counts the bytes it has
-//! forwarded from clients, which tells whether a client asked anything; the
-//! connections open through it at once (now, and the most so far), which is
-//! what its one client costs the server in connections; and, for any text a
-//! test asks it to watch for, each time a client sent it: in front of
-//! PostgreSQL that counts one statement's executions exactly, since the
-//! gateway's statements are unnamed and each execution sends its text once
-//! (a `Parse`, or a simple `Query`), in the clear (no TLS on 127.0.0.1).
+//! A TCP proxy on 127.0.0.1 that can fall silent: it stops forwarding both
+//! ways while keeping every connection open (and accepting new ones), as a
+//! partitioned network or a frozen database host does; resumed, it forwards
+//! what was held back. It counts the bytes clients sent, the connections open
+//! at once, and each sending of a watched text: in front of PostgreSQL that
+//! counts one statement's executions exactly (unnamed statements send their
+//! text each time, in the clear on 127.0.0.1).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,7 +15,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 pub struct Proxy {
-    /// host:port where clients connect.
     pub addr: String,
     silent: watch::Sender<bool>,
     sent: Arc<AtomicU64>,
@@ -36,7 +31,7 @@ struct Connections {
     most: AtomicU64,
 }
 
-/// What the test watches for in what clients send, each with when it was seen.
+/// Watched texts, each with when it was seen.
 type Watched = Arc<Mutex<Vec<Arc<Sightings>>>>;
 
 /// The times a client sent one watched text (see [`Proxy::watch`]).
@@ -46,12 +41,11 @@ pub struct Sightings {
 }
 
 impl Sightings {
-    /// How many times it was sent so far.
     pub fn count(&self) -> usize {
         self.times.lock().unwrap().len()
     }
 
-    /// When it was sent (read by the proxy), in order.
+    /// When it was sent, in order.
     pub fn times(&self) -> Vec<Instant> {
         self.times.lock().unwrap().clone()
     }
@@ -76,7 +70,6 @@ impl Proxy {
         let (target, counter, strands) = (target.to_owned(), sent.clone(), stranding.clone());
         let (counted, watches) = (connections.clone(), watched.clone());
         let accepting = tokio::spawn(async move {
-            // Dropped with the accept loop: every connection goes with it.
             let mut tasks = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
                 let (target, watching, counter) =
@@ -125,20 +118,18 @@ impl Proxy {
         self.connections.open.load(Ordering::SeqCst)
     }
 
-    /// The most connections that were open through the proxy at once, since
-    /// it started.
+    /// The most connections open through the proxy at once.
     pub fn most_open(&self) -> u64 {
         self.connections.most.load(Ordering::SeqCst)
     }
 
-    /// Starts the high-water mark of [`Proxy::most_open`] again from the
-    /// connections open now (start-up's own connections left out).
+    /// Restarts [`Proxy::most_open`]'s high-water mark from those open now.
     pub fn reset_most(&self) {
         self.connections.most.store(self.open(), Ordering::SeqCst);
     }
 
     /// From now on, records each time a client sends `needle` (also split
-    /// over two reads); the sightings so far, which go on growing.
+    /// over two reads); the sightings, which go on growing.
     pub fn watch(&self, needle: &str) -> Arc<Sightings> {
         let sightings = Arc::new(Sightings {
             needle: needle.as_bytes().to_vec(),
@@ -148,17 +139,14 @@ impl Proxy {
         sightings
     }
 
-    /// With `on`, each new PostgreSQL connection passes its set-up (SSL
-    /// request, startup, password) and then nothing, for ever, also after
-    /// this is turned off: a database whose old connections were lost
-    /// without a word (its host failed over, a firewall forgot them) while
-    /// new ones work.
+    /// With `on`, each new PostgreSQL connection passes its set-up and then
+    /// nothing, for ever: old connections lost without a word (a failover, a
+    /// firewall) while new ones work.
     pub fn strand_after_setup(&self, on: bool) {
         self.stranding.store(on, Ordering::Relaxed);
     }
 
-    /// A proxy to the host and port of `url` (`scheme://[user@]host:port/...`),
-    /// and `url` through it.
+    /// A proxy to the host and port of `url`, and `url` through it.
     pub async fn in_front_of(url: &str) -> (Proxy, String) {
         let (scheme, rest) = url.split_once("://").unwrap();
         let (user, rest) = match rest.split_once('@') {
@@ -193,19 +181,17 @@ impl Drop for Proxy {
     }
 }
 
-/// What the client-to-server side of a connection does besides copying: it
-/// counts the bytes, looks for the watched texts, and may strand the
-/// connection after its set-up.
+/// The client-to-server side's work besides copying: counting bytes, looking
+/// for watched texts, stranding after set-up.
 struct Upstream {
     counter: Arc<AtomicU64>,
     watches: Watched,
     stranded: bool,
 }
 
-/// Copies `from` to `to` while not silent; a chunk read just before the
-/// silence is held until it ends, and so is the end of the stream (a close or
-/// a reset read while silent): a partition delivers no FIN either, so the
-/// other side sees an open, silent connection until the silence ends.
+/// Copies `from` to `to` while not silent; whatever is read during the
+/// silence (data, a close, a reset) is held until it ends: a partition
+/// delivers no FIN either.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
@@ -213,8 +199,7 @@ async fn pump(
     upstream: Option<Upstream>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
-    // The end of what was read before, so that a watched text split over two
-    // reads is seen (once) in the second.
+    // The end of the last read, so a watched text split over two is seen.
     let mut tail: Vec<u8> = Vec::new();
     loop {
         if silent.wait_for(|s| !*s).await.is_err() {
@@ -222,15 +207,13 @@ async fn pump(
         }
         let read = from.read(&mut buf).await;
         if let (Some(upstream), Ok(n)) = (&upstream, &read) {
-            // After the set-up, a client's messages begin with their type (a
-            // query, a parse); the set-up's begin with a length (0) or are
-            // the password (`p`).
+            // After set-up, messages begin with their type; set-up's begin
+            // with a length (0) or are the password (`p`).
             if upstream.stranded && *n > 0 && !matches!(buf[0], 0 | b'p') {
                 std::future::pending::<()>().await;
             }
             look_for_watched(&upstream.watches, &mut tail, &buf[..*n]);
         }
-        // Held while silent, whatever was read: data, an end or an error.
         if silent.wait_for(|s| !*s).await.is_err() {
             break;
         }
@@ -248,9 +231,8 @@ async fn pump(
     let _ = to.shutdown().await;
 }
 
-/// Records each watched text that ends in `chunk` (it may begin in `tail`,
-/// the end of the connection's previous reads), then keeps the end of
-/// `chunk` as the next `tail`.
+/// Records each watched text that ends in `chunk` (maybe begun in `tail`),
+/// then keeps the end of `chunk` as the next `tail`.
 fn look_for_watched(watches: &Watched, tail: &mut Vec<u8>, chunk: &[u8]) {
     let watches = watches.lock().unwrap();
     let now = Instant::now();
@@ -265,7 +247,6 @@ fn look_for_watched(watches: &Watched, tail: &mut Vec<u8>, chunk: &[u8]) {
         let found = seen
             .windows(needle.len())
             .enumerate()
-            // Those that end in this chunk: the others were counted before.
             .filter(|(at, window)| at + needle.len() > tail.len() && *window == &needle[..])
             .count();
         let mut times = watch.times.lock().unwrap();
@@ -275,8 +256,8 @@ fn look_for_watched(watches: &Watched, tail: &mut Vec<u8>, chunk: &[u8]) {
     *tail = seen[from..].to_vec();
 }
 
-/// The proxy's own claim: while silent, a client's close reaches nobody (the
-/// server reads neither bytes nor an end); once resumed, both arrive, in order.
+/// While silent, a client's close reaches nobody; resumed, both arrive, in
+/// order.
 #[tokio::test]
 async fn a_silent_proxy_holds_a_close_until_it_resumes() {
     let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -305,9 +286,8 @@ async fn a_silent_proxy_holds_a_close_until_it_resumes() {
     assert_eq!(got, b"last words");
 }
 
-/// The proxy's own counts: a watched text is seen once per time it is sent,
-/// also when a send splits it over two reads; connections are counted open
-/// while they are, and the most at once is kept.
+/// A watched text is seen once per sending, also split over two reads;
+/// connections are counted open while they are, and the most at once kept.
 #[tokio::test]
 async fn a_proxy_counts_watched_texts_and_open_connections() {
     let server = TcpListener::bind("127.0.0.1:0").await.unwrap();

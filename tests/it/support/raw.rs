@@ -1,8 +1,7 @@
-//! Both ends of HTTP/1.1 on a bare socket, for what a client library would hide
-//! or refuse to send: `RawServer`, an upstream that shows what arrives on the
-//! wire (heads, connections) and answers in ways a well-behaved server would
-//! not; `raw_request`, a client that writes any bytes and reads the answer
-//! with all its headers.
+//! Both ends of HTTP/1.1 on a bare socket, for what a client library would
+//! hide or refuse: `RawServer`, an upstream showing what arrives on the wire
+//! and answering as a well-behaved server would not; `raw_request`, a client
+//! writing any bytes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,8 +18,7 @@ use crate::REAL;
 pub enum RawReply {
     /// 200 with a phone, keep-alive.
     Phone,
-    /// 200 with a phone padded with whitespace to 8 MiB (valid JSON, so only
-    /// the bound can refuse it).
+    /// 200 with a phone padded to 8 MiB (valid JSON: only the bound refuses).
     Huge,
     /// 200 with its head at once and the body one byte every 100 ms.
     Trickle,
@@ -28,8 +26,7 @@ pub enum RawReply {
     Redirect,
 }
 
-/// An upstream on a bare socket: counts connections and keeps every request
-/// head it reads.
+/// An upstream on a bare socket: counts connections, keeps request heads.
 pub struct RawServer {
     pub url: String,
     connections: Arc<Mutex<usize>>,
@@ -142,8 +139,7 @@ async fn serve(
     }
 }
 
-/// An answer read off a bare socket: the status, every header (names in lower
-/// case) and the body as text.
+/// An answer off a bare socket: status, headers (lower case) and body text.
 #[derive(Debug)]
 pub struct RawAnswer {
     pub status: u16,
@@ -152,8 +148,8 @@ pub struct RawAnswer {
 }
 
 impl RawAnswer {
-    /// Asserts a whole problem document with this status: the content type, a
-    /// `content-length` that matches the body, and `title` and `status` in it.
+    /// Asserts a whole problem document with this status (content type, a
+    /// matching `content-length`, `title` and `status`).
     #[track_caller]
     pub fn assert_problem(&self, status: u16) -> Value {
         assert_eq!(self.status, status, "{self:?}");
@@ -174,15 +170,13 @@ impl RawAnswer {
     }
 }
 
-/// Writes `request` on a fresh connection to `base` (`http://host:port`) and
-/// reads the answer until the server closes the connection (requests that
-/// parse should say `connection: close`).
+/// Writes `request` on a fresh connection to `base` and reads the answer until
+/// the server closes (parsed requests should say `connection: close`).
 pub async fn raw_request(base: &str, request: &[u8]) -> RawAnswer {
     let mut stream = TcpStream::connect(base.trim_start_matches("http://"))
         .await
         .unwrap();
-    // The server may answer and close before it read everything: a write error
-    // is not the test's concern, the answer is.
+    // The server may answer and close before reading everything.
     let _ = stream.write_all(request).await;
     let mut answer = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(5), async {
@@ -222,13 +216,11 @@ pub async fn raw_request(base: &str, request: &[u8]) -> RawAnswer {
     }
 }
 
-/// The bytes of `METHOD path HTTP/1.1` with `extra` header lines (each ending
-/// in `\r\n`) and `connection: close`.
+/// `METHOD path HTTP/1.1` with `extra` header lines and `connection: close`.
 pub fn raw_head(method: &str, path: &str, extra: &str) -> Vec<u8> {
     format!("{method} {path} HTTP/1.1\r\nhost: x\r\n{extra}connection: close\r\n\r\n").into_bytes()
 }
 
-/// `raw_head` for a GET.
 pub fn raw_get(path: &str, extra: &str) -> Vec<u8> {
     raw_head("GET", path, extra)
 }
