@@ -1,7 +1,5 @@
-//! The adaptive bound on calls in flight (docs/adaptive-limit.md), whole-app:
-//! against an upstream serving a fixed number of calls and 429 beyond, the
-//! app's own limit (read from its upstream client, not the process-wide
-//! metric) comes down near that capacity and climbs back when it is raised.
+//! The adaptive bound on calls in flight (docs/adaptive-limit.md), whole-app,
+//! read from the app's own upstream client, not the process-wide metric.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -41,7 +39,6 @@ async fn capacity_fake(servers: Arc<AtomicUsize>) -> String {
     url
 }
 
-/// The app's own real-phone limit now.
 fn limit(app: &TestApp) -> usize {
     app.upstreams.limit(Source::RealPhone)
 }
@@ -59,7 +56,6 @@ async fn the_limit_comes_down_to_a_fixed_capacity_and_climbs_back_when_it_is_rai
         ))
         .await,
     );
-    // 48 clients asking for new sellers without pause: six times capacity.
     let stop = Arc::new(AtomicBool::new(false));
     let next = Arc::new(AtomicUsize::new(1));
     let clients: Vec<_> = (0..48)
@@ -73,8 +69,7 @@ async fn the_limit_comes_down_to_a_fixed_capacity_and_climbs_back_when_it_is_rai
             })
         })
         .collect();
-    // Down near the capacity (8): 16 leaves room for a busy box, far below
-    // the configured 256.
+    // 16 leaves room for a busy box, far below the configured 256.
     eventually(
         "the limit came down near 8",
         Duration::from_secs(10),

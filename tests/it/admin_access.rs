@@ -1,7 +1,5 @@
-//! docs/admin-access.md: named tokens and their scopes against every admin
-//! route (a table over the route table), the order of 401, 403, 404 and 405,
-//! a token file rotated under the running app, what every admin call leaves on
-//! record, and the start-up refusals.
+//! docs/admin-access.md: named tokens and scopes against every admin route,
+//! the order of refusals, token files rotated under the app, start-up checks.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -20,11 +18,9 @@ pub const CACHE_INVALIDATE: &str = "tok-cache-invalidate-71c4e8";
 pub const REVEALS_READ: &str = "tok-reveals-read-3d9f6a";
 pub const DEBUG: &str = "tok-debug-b28e17";
 pub const NO_SCOPE: &str = "tok-no-scope-60da4c";
-/// A rotated token's value before and after.
 pub const OLD: &str = "tok-rotating-old-c7a1e3";
 pub const NEW: &str = "tok-rotating-new-f04b9d";
 
-/// One token per scope, and one with none.
 fn one_token_per_scope() -> String {
     let mut toml = String::new();
     for (scope, value) in [
@@ -59,8 +55,7 @@ fn token_of(scope: Scope) -> &'static str {
     }
 }
 
-/// A cheap request for each guarded route (a bad body or parameter is a 400,
-/// never 401 or 403), and a method it does not serve.
+/// A cheap request for each guarded route, and a method it does not serve.
 fn request_for(path: &str) -> (Method, String, Method) {
     match path {
         "/admin/v1/calltracking/statuses" => (Method::POST, path.into(), Method::DELETE),
@@ -89,8 +84,7 @@ async fn send(
     app.admin_request(method, path, &headers, "{}").await
 }
 
-/// Each scope against each guarded route: the route's scope is admitted,
-/// every other is a 403 naming the scope; the all-scopes token everywhere.
+/// Each route admits its scope only; any other is a 403 naming the scope.
 #[tokio::test]
 async fn each_scope_against_each_admin_route() {
     let app = TestApp::spawn_with(&one_token_per_scope()).await;
@@ -133,8 +127,7 @@ fn got_in(status: u16, set: &[u16]) -> bool {
     set.contains(&status)
 }
 
-/// 401 before anything else; 403 before the route's 404 or 405; 404 for an
-/// unknown path with any valid token, a token without scopes too.
+/// 401 before anything else, 403 before the route's 404 or 405.
 #[tokio::test]
 async fn unauthorized_then_forbidden_then_not_found_or_not_allowed() {
     let app = TestApp::spawn_with(&one_token_per_scope()).await;
@@ -167,10 +160,8 @@ async fn unauthorized_then_forbidden_then_not_found_or_not_allowed() {
         .assert_problem(401);
 }
 
-/// A token file rewritten under the running app: a caller switching once the
-/// new value is written is never refused (the old works until the new does,
-/// then stops), within 10 s; an emptied or removed file keeps the last good
-/// value and says so.
+/// A rewritten token file: the old value works until the new one does, then
+/// stops; an emptied or removed file keeps the last good value and says so.
 #[tokio::test]
 async fn a_rotated_token_file_takes_over_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -199,8 +190,7 @@ async fn a_rotated_token_file_takes_over_without_a_restart() {
             );
             break;
         }
-        // Else the old works, unless the swap came in between, and then the
-        // new one must.
+        // Unless the swap came in between, the old one still works.
         if !ok(OLD).await {
             assert!(ok(NEW).await, "neither the old nor the new value worked");
             break;
@@ -222,7 +212,6 @@ async fn a_rotated_token_file_takes_over_without_a_restart() {
         "the rotation is logged"
     );
 
-    // Emptied, then removed: the last good value stays, said by the metric.
     std::fs::write(&file, "").unwrap();
     eventually("an empty file counted", Duration::from_secs(10), || async {
         reload_errors(&app).await >= 1
@@ -241,7 +230,6 @@ async fn a_rotated_token_file_takes_over_without_a_restart() {
     assert!(captured_logs().contains("admin token file unusable; keeping its last good value"));
 }
 
-/// `phones_gateway_admin_token_reload_errors_total{name="rotating"}` so far.
 async fn reload_errors(app: &TestApp) -> u64 {
     let text = app.get_admin_without_token(METRICS).await.text;
     reload_errors_in(&text, "rotating")
@@ -269,8 +257,7 @@ fn check_config(toml: &str, dir: &std::path::Path) -> (Option<i32>, String) {
     (output.status.code(), stderr)
 }
 
-/// `check-config` refuses, naming the key, never printing a token's value: an
-/// unknown scope, a duplicate name, a shared token, an unreadable file.
+/// `check-config` refuses bad tokens naming the key, never the value.
 #[test]
 fn bad_tokens_are_refused_at_start_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -315,8 +302,6 @@ fn bad_tokens_are_refused_at_start_naming_the_key() {
     assert_eq!(code, Some(0), "{stderr}");
 }
 
-/// The token file values of
-/// `whitespace_around_a_token_file_s_value_is_not_part_of_it`.
 pub const FILE_OLD: &str = "tok-file-old-8d2e5a";
 pub const FILE_NEW: &str = "tok-file-new-3b7c91";
 
@@ -327,7 +312,6 @@ fn replace_file(path: &std::path::Path, contents: &str) {
     std::fs::rename(&staged, path).unwrap();
 }
 
-/// `phones_gateway_admin_token_reload_errors_total{name}` in a /metrics text.
 fn reload_errors_in(metrics: &str, name: &str) -> u64 {
     metrics
         .lines()
@@ -339,10 +323,8 @@ fn reload_errors_in(metrics: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// docs/admin-access.md, "Rotation", on the binary: a token file rewritten
-/// with blank lines and spaces around its value rotates to the bare value;
-/// one with a value no header can carry, then emptied, keeps the last good
-/// value and says so (a warning and the reload-error counter).
+/// docs/admin-access.md, "Rotation", on the binary: the value is trimmed; one
+/// no header can carry, or none, keeps the last good one and says so.
 #[tokio::test]
 async fn whitespace_around_a_token_file_s_value_is_not_part_of_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -410,7 +392,6 @@ async fn whitespace_around_a_token_file_s_value_is_not_part_of_it() {
     assert!(errors >= 1, "{errors}");
     assert_eq!(status(FILE_NEW).await, 200, "the last good value is kept");
 
-    // Emptied but for blank lines: still the last good value, still counted.
     replace_file(&file, "\n \n");
     eventually(
         "the emptied file counted",
@@ -422,10 +403,8 @@ async fn whitespace_around_a_token_file_s_value_is_not_part_of_it() {
     assert_eq!(status(FILE_OLD).await, 401);
 }
 
-/// `check-config` refuses a token file value no header can carry (space,
-/// tab, control or non-ASCII character) or only whitespace, naming the key
-/// and never the value; blank lines and spaces around it are fine. A token
-/// in the configuration is verbatim: one with a line ending is refused.
+/// `check-config` refuses a token file value no header can carry, naming the
+/// key, never the value; a configured token is verbatim, so a line end fails.
 #[test]
 fn a_token_file_a_header_cannot_carry_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,7 +1,5 @@
-//! docs/admin-access.md, what every admin call leaves on record, read on a
-//! gateway process of its own (its log and `/metrics`): one line naming the
-//! token (never its value), route and status, and one count per call; a
-//! reveal log read is one INFO line naming the reader and the subject.
+//! docs/admin-access.md: what every admin call leaves on record, read on a
+//! gateway process of its own (its log and `/metrics`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -17,8 +15,7 @@ use crate::support::paths::{METRICS, REVEALS, STATUSES, ad_reveals_path};
 /// How long a line written may take to come through the process's pipe.
 const LOG_LAG: Duration = Duration::from_secs(10);
 
-/// `[[admin.tokens]]` as an environment value: a reveal-log reader and a
-/// `debug`-only token.
+/// `[[admin.tokens]]` as an environment value.
 fn tokens() -> String {
     format!(
         "[{{name=\"reveals-read\",token=\"{REVEALS_READ}\",scopes=[\"reveals:read\"]}},\
@@ -26,7 +23,6 @@ fn tokens() -> String {
     )
 }
 
-/// A gateway of this test's own on a fresh SQLite file, with [`tokens`].
 async fn gateway(dir: &tempfile::TempDir) -> Process {
     let url = format!("sqlite://{}/gw.db", dir.path().display());
     Process::start_with(&url, &[("ADMIN__TOKENS", &tokens())]).await
@@ -48,8 +44,7 @@ async fn call(process: &Process, method: Method, path: &str, token: Option<&str>
     request.send().await.unwrap().status().as_u16()
 }
 
-/// The process's JSON log lines with `message`, read so far (appended to
-/// `seen`).
+/// The JSON log lines with `message` so far (appended to `seen`).
 fn logged(process: &Process, seen: &mut Vec<Value>, message: &str) -> Vec<Value> {
     seen.extend(
         process
@@ -87,10 +82,7 @@ async fn series(process: &Process, series: &str) -> f64 {
     crate::support::series_value(&text, series).unwrap_or(0.0)
 }
 
-/// Each admin call on the process's own record (200, 403, 401 for an unknown
-/// and for no token, a webhook with `admin.token`): one INFO line with token
-/// name, method, route and status, and one count of
-/// `phones_gateway_admin_requests_total`; an unknown caller is `none`.
+/// Each admin call: one INFO line and one count by token name (never its value).
 #[tokio::test]
 async fn every_admin_call_is_on_its_own_record_by_token_name() {
     let dir = tempfile::tempdir().unwrap();
@@ -158,8 +150,7 @@ async fn every_admin_call_is_on_its_own_record_by_token_name() {
     }
 }
 
-/// Reads of the reveal log by seller, viewer and ad: each one INFO line
-/// `reveal log read` naming the token and the one subject asked about.
+/// Each read of the reveal log is one INFO line naming reader and subject.
 #[tokio::test]
 async fn a_read_of_the_reveal_log_is_logged_at_info_with_the_reader_and_the_subject() {
     let dir = tempfile::tempdir().unwrap();

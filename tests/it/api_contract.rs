@@ -1,8 +1,5 @@
-//! docs/api.md and docs/errors.md: the contract a client and an operator see:
-//! routes and their problem documents (also for what hyper refuses first),
-//! bad input, body and header limits, slow clients, HEAD, the batch route,
-//! the admin token, the operations routes and the OpenAPI documents. Cases
-//! that need no socket run on the front service with `oneshot`.
+//! docs/api.md and docs/errors.md: the contract clients and operators see,
+//! every refusal a problem document (socketless cases via `oneshot`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -22,8 +19,6 @@ use crate::support::paths::{
 };
 use crate::support::{Reply, TOKEN, TestApp, raw_get, raw_head, raw_request};
 use crate::{ANON, ANON_CATEGORY, PLAIN_CATEGORY, REAL, VIRTUAL};
-
-// The admin token, checked before anything else.
 
 #[tokio::test]
 async fn without_the_token_every_admin_path_and_method_is_401_and_with_it_404_or_405() {
@@ -49,8 +44,7 @@ async fn without_the_token_every_admin_path_and_method_is_401_and_with_it_404_or
         (&Method::POST, REVEALS, 405),
         (&Method::GET, &ad_reveals_path(42), 200),
         (&Method::GET, &ad_reveals_path("%FF"), 400),
-        // The API descriptions are admin routes; a path outside `/admin`
-        // tells nothing either.
+        // The API descriptions are admin routes.
         (&Method::GET, OPENAPI_ADMIN, 200),
         (&Method::GET, OPENAPI_PUBLIC, 404),
         (&Method::GET, "/administrator", 404),
@@ -73,8 +67,6 @@ async fn without_the_token_every_admin_path_and_method_is_401_and_with_it_404_or
             got.assert_problem(with_token);
         }
     }
-    // Only operations answer without the token; the public description is
-    // open on the public listener.
     for path in [HEALTHZ, READYZ, METRICS] {
         let got = raw_request(&app.admin, &raw_get(path, "")).await;
         assert_eq!(got.status, 200, "{path}: {got:?}");
@@ -83,8 +75,6 @@ async fn without_the_token_every_admin_path_and_method_is_401_and_with_it_404_or
     assert_eq!(got.status, 200, "{got:?}");
     assert!(got.body.contains(PUBLIC_PHONE), "{got:?}");
 }
-
-// Every rejection is a problem document, on both listeners.
 
 #[tokio::test]
 async fn an_undecodable_path_parameter_is_a_400_problem_naming_it() {
@@ -113,10 +103,9 @@ async fn heads_over_hyper_s_bound_are_431_problems_on_both_listeners() {
     let app = TestApp::spawn().await;
     app.real.reply(Reply::Phone(REAL));
     let query = phone_path(1, 1, PLAIN_CATEGORY);
-    // On the admin listener an open route: the token comes before the head's
-    // limit.
+    // On the admin listener an open route, as the token comes first.
     for (base, target) in [(&app.public, query.as_str()), (&app.admin, "/healthz?x=1")] {
-        // 64 KiB query, 200 KiB header: hyper refuses before the service.
+        // Hyper refuses these before the service.
         let long = format!("{target}&pad={}", "a".repeat(64 * 1024));
         let problem = raw_request(base, &raw_get(&long, ""))
             .await
@@ -150,7 +139,7 @@ async fn heads_over_hyper_s_bound_are_431_problems_on_both_listeners() {
 
 #[tokio::test]
 async fn a_target_over_hyper_s_uri_bound_is_a_414_problem() {
-    // A head limit above hyper's 65,534-byte target bound: hyper's 414.
+    // A head limit above hyper's target bound.
     let app = TestApp::spawn_with("[server]\nmax_header_bytes = 200000").await;
     let long = format!("/healthz?pad={}", "a".repeat(70_000));
     raw_request(&app.admin, &raw_get(&long, ""))
@@ -202,13 +191,10 @@ async fn unknown_methods_are_405_problems_naming_the_allowed_ones() {
     let got = raw_request(&app.admin, &foo(STATUSES, &auth)).await;
     got.assert_problem(405);
     assert!(got.headers.contains_key("allow"), "{got:?}");
-    // On no route at all, the unknown method is a 404 like any other.
     raw_request(&app.public, &foo("/nope", ""))
         .await
         .assert_problem(404);
 }
-
-// HEAD tells nothing a GET's body would.
 
 /// The answer to `HEAD path`, its headers but `date` and `x-request-id`.
 async fn head(app: &TestApp, path: &str) -> (u16, HashMap<String, String>) {
@@ -226,7 +212,7 @@ async fn head_answers_get_s_status_and_no_header_varies_with_the_kind() {
     app.anonymous.reply(Reply::Phone(ANON));
     app.calltracking.reply(Reply::Phone(VIRTUAL));
     app.enable_calltracking(71, 1).await;
-    // Numbers of one length, kinds of three (GET bodies of 67, 70, 62 bytes).
+    // Numbers of one length whose GET bodies differ in length by kind.
     let mut answers = Vec::new();
     for (user, category, phone, kind) in [
         (70, ANON_CATEGORY, ANON, "anonymous"),
@@ -265,8 +251,6 @@ async fn head_answers_get_s_status_and_no_header_varies_with_the_kind() {
         );
     }
 }
-
-// JSON routes demand JSON.
 
 /// Each JSON route: listener, method, path and a body it accepts.
 fn json_routes(app: &TestApp) -> [(String, Method, &'static str, String); 4] {
@@ -347,10 +331,8 @@ async fn json_routes_refuse_other_content_types_with_415() {
             .await
             .assert_problem(415);
     }
-    // Nothing of the refused deliveries applied.
     let got = app.get_admin(&status_path(42)).await;
     assert_eq!(got.body["version"], 0, "{got:?}");
-    // The OpenAPI documents list the 415.
     let public = app.get_public(OPENAPI_PUBLIC).await.body;
     let admin = app.get_admin(OPENAPI_ADMIN).await.body;
     for (document, method, path) in [
@@ -398,7 +380,6 @@ async fn admin_routes_need_the_bearer_token() {
     for (method, path) in routes {
         let prefix = format!("Bearer {}", &TOKEN[..TOKEN.len() - 1]);
         let basic = format!("Basic {TOKEN}");
-        // None, a wrong one, a prefix of the right one, the right one as Basic.
         for auth in [None, Some("Bearer nope"), Some(&*prefix), Some(&*basic)] {
             let headers: Vec<(&str, &str)> =
                 auth.map(|a| ("authorization", a)).into_iter().collect();
@@ -419,7 +400,6 @@ async fn no_token_configured_means_every_admin_route_refuses() {
             .await
             .assert_problem(401);
     }
-    // Operations stay open.
     for path in [HEALTHZ, READYZ] {
         let got = app.admin_request(Method::GET, path, &[], "").await;
         assert_eq!(got.status, 200, "{path}: {got:?}");
@@ -464,7 +444,6 @@ async fn the_openapi_documents_describe_both_listeners() {
     assert!(public.body["paths"][BATCH]["post"].is_object());
     let admin = app.get_admin(OPENAPI_ADMIN).await;
     assert_eq!(admin.status, 200);
-    // Without the token the admin document is refused like every admin route.
     let refused = app.get_admin_without_token(OPENAPI_ADMIN).await;
     assert_eq!(refused.status, 401, "{}", refused.text);
     assert!(!refused.text.contains(STATUSES), "{}", refused.text);
@@ -533,8 +512,7 @@ async fn every_bad_query_parameter_is_a_400_naming_it() {
 }
 
 /// A header read once, given twice, is a 400 naming it, as a repeated query
-/// parameter is: nothing asked, nothing recorded. Two `traceparent` headers
-/// are an invalid one (a new trace), never an error.
+/// parameter is; two `traceparent` headers are a new trace, never an error.
 #[tokio::test]
 async fn every_header_read_singly_is_a_400_naming_it_when_repeated() {
     let app = TestApp::spawn().await;
@@ -581,7 +559,6 @@ async fn every_header_read_singly_is_a_400_naming_it_when_repeated() {
         .admin_request(Method::GET, &status_path(42), &tokens[..1], "")
         .await;
     assert_ne!(got.status, 400, "{got:?}");
-    // Two trace parents: a new trace, the request answered.
     let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let got = app
         .get_public_with(&lookup, &twice("traceparent", parent, parent))
@@ -690,8 +667,7 @@ async fn bad_admin_bodies_are_400_and_change_nothing() {
     }
 }
 
-/// The item-count limits: a body limit large enough for 10,001 items, so only
-/// the count can refuse them.
+/// A body limit large enough that only the item count can refuse.
 #[tokio::test]
 async fn ten_thousand_items_pass_and_one_more_is_a_400() {
     let app = TestApp::spawn_with("[server]\nmax_body_bytes = 2097152").await;
@@ -729,9 +705,8 @@ async fn unknown_routes_and_methods_are_problem_documents() {
         .assert_problem(405);
 }
 
-/// A body of the largest allowed size holding half a million items is refused
-/// as any batch over 100 items, quickly: items past the hundredth are counted
-/// while parsing, never built (src/http/extract.rs measures the allocation).
+/// A largest body of tiny items is refused quickly: items past the hundredth
+/// are counted while parsing, never built (src/http/extract.rs).
 #[tokio::test]
 async fn a_megabyte_of_zero_items_is_a_quick_400_with_the_count() {
     let app = TestApp::spawn().await;
@@ -785,9 +760,7 @@ fn host_port(base: &str) -> String {
     base.trim_start_matches("http://").to_owned()
 }
 
-/// Writes `bytes` on a new connection to `base` and reads until the server
-/// closes it, for at most 3 s: whether it closed, what it sent, and how long
-/// the read took.
+/// Writes `bytes` and reads to the close, at most 3 s: closed, text, time taken.
 async fn slow_client(base: &str, bytes: &[u8]) -> (bool, String, Duration) {
     let mut stream = TcpStream::connect(host_port(base)).await.unwrap();
     stream.write_all(bytes).await.unwrap();
@@ -816,14 +789,13 @@ async fn a_request_head_sent_too_slowly_closes_the_connection() {
     let (closed, _, took) = slow_client(&app.public, head).await;
     assert!(closed, "the server kept a slow client's connection open");
     assert!(took < Duration::from_secs(2), "{took:?}");
-    // The admin listener applies the same rule.
     let (closed, _, _) = slow_client(&app.admin, b"GET /healthz HTTP/1.1\r\n").await;
     assert!(closed);
 }
 
 #[tokio::test]
 async fn a_connection_in_service_is_kept_and_an_idle_one_is_closed() {
-    // Head deadline 200 ms; the answer takes 700 ms.
+    // The answer takes longer than the head deadline.
     let app = TestApp::spawn_with(
         "[server]\nheader_read_timeout_ms = 200\nrequest_deadline_ms = 3000\n\
          [upstreams.real_phone]\ntimeout_ms = 2000",
@@ -848,8 +820,7 @@ async fn a_connection_in_service_is_kept_and_an_idle_one_is_closed() {
     }
     let text = String::from_utf8_lossy(&answer);
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    // Idle after its answer: closed within one to two periods (with slack);
-    // kept, it would hold the read the whole 10 s.
+    // Idle after its answer: closed within one to two periods, not held 10 s.
     let idle = Instant::now();
     let read =
         tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut Vec::new())).await;
@@ -866,8 +837,7 @@ async fn a_connection_in_service_is_kept_and_an_idle_one_is_closed() {
     );
 }
 
-/// docs/api.md: a batch item's problem is the single route's document, 404
-/// included.
+/// docs/api.md: a batch item's problem is the single route's, 404 included.
 #[tokio::test]
 async fn a_batch_items_problem_is_the_single_routes_a_404_included() {
     let app = TestApp::spawn().await;
@@ -947,9 +917,6 @@ async fn batch_answers_each_item_in_order_with_mixed_results() {
     assert_eq!(results[5]["ad_id"], serde_json::Value::Null);
     assert_eq!(results[5]["error"]["status"], 400);
 }
-
-// Contract cases that need no socket: the public front driven with `oneshot`
-// (support::front), decided before any upstream is asked.
 
 /// One way in: the front answers the lookup (every method) before the public
 /// router, so nothing on the router alone reaches code production skips.

@@ -1,12 +1,6 @@
 //! Whose trouble it was (docs/rules.md, "Whose time", "Whose load", "What a
-//! breaker counts"): a timeout, a breaker and the deadline are the upstream's
-//! verdict only when the time and the load were the upstream's. One caller's
-//! batch, a 4xx about one request, a pause of the gateway's own process and
-//! the deadline reached by the gateway's own delay never show a tracked seller
-//! their real number; an upstream that answers no one still gets the
-//! configured rule on a throttled replica. Evidence is the test's own app's
-//! answers; the pauses stop a gateway running as its own process (SIGSTOP,
-//! SIGCONT).
+//! breaker counts"): a batch, a 4xx or the gateway's own pauses show no tracked
+//! seller their real number; a real outage still gets the configured rule.
 
 use std::time::Duration;
 
@@ -17,7 +11,6 @@ use crate::support::paths::BATCH;
 use crate::support::{Fake, Reply, TestApp, Upstream};
 use crate::{PLAIN_CATEGORY, REAL, VIRTUAL};
 
-/// A Russian mobile number of its own for `n`: `+7926` then seven digits.
 fn phone_of(n: u64) -> String {
     format!("+7926{:07}", n % 10_000_000)
 }
@@ -37,8 +30,7 @@ fn kind_of(answer: &crate::support::Answer) -> String {
         .map_or_else(|| format!("{}", answer.status), str::to_owned)
 }
 
-/// One batch of 100 items over the tracked sellers `first..first + 100`, each
-/// with a phone of the caller's choosing; the kinds of its items.
+/// One batch over the tracked sellers from `first`; the kinds of its items.
 async fn batch_over(app: &TestApp, first: u64, round: u64) -> Vec<String> {
     let items: Vec<Value> = (0..100)
         .map(|i| {
@@ -66,11 +58,8 @@ async fn batch_over(app: &TestApp, first: u64, round: u64) -> Vec<String> {
         .collect()
 }
 
-/// Call tracking serves 8 calls at a time, 40 ms each, and queues the rest;
-/// one caller sends three batches of 100 items over 100 tracked sellers while
-/// five other tracked sellers are asked all along. Nobody is answered the real
-/// number: a batch takes a few places on the upstream at a time (its other
-/// items wait their turn), so it queues the upstream for no one.
+/// One caller's batches against a call tracking that queues show nobody a real
+/// number: a batch takes few places on the upstream, so it queues no one else.
 async fn batches_against_a_queueing_calltracking(overlay: &str) {
     let app = TestApp::spawn_with(overlay).await;
     app.real.reply(Reply::Phone(REAL));
@@ -112,7 +101,6 @@ async fn batches_against_a_queueing_calltracking(overlay: &str) {
         real_items, 0,
         "batch items shown the real number: {batch_kinds:?}"
     );
-    // After the batches, the others get their call-tracking numbers.
     for &user in &others {
         let answer = app.get_public(&given(user, 9_999_000 + user, REAL)).await;
         answer.assert_number(VIRTUAL, "calltracking");
@@ -124,18 +112,14 @@ async fn one_callers_batches_over_tracked_sellers_show_nobody_a_real_number() {
     batches_against_a_queueing_calltracking("").await;
 }
 
-/// The same with the breaker off: a seller's own call no longer queues behind
-/// a batch's hundred.
+/// With the breaker off, no seller's own call queues behind a batch.
 #[tokio::test]
 async fn with_the_breaker_off_no_call_queues_behind_a_batch_into_a_timeout() {
     batches_against_a_queueing_calltracking("[breaker]\nenabled = false").await;
 }
 
-/// Call tracking answers 422 to phones it does not accept (`+7999...`): the
-/// upstream's word on that request. Its source fails (so the caller's own
-/// phone is shown, `fall_through`), and no breaker counts it: six such
-/// lookups for six sellers open nothing, and once the breaker is half-open
-/// (opened on real failures), one seller's 422 does not open it again.
+/// A 422 is the upstream's word on one request: the caller's own phone is
+/// shown, and no breaker counts it, not even as a half-open breaker's probe.
 #[tokio::test]
 async fn a_4xx_about_one_request_opens_no_breaker_nor_reopens_a_half_open_one() {
     let app = TestApp::spawn_with("[breaker]\nopen_ms = 300").await;
@@ -156,8 +140,7 @@ async fn a_4xx_about_one_request_opens_no_breaker_nor_reopens_a_half_open_one() 
         answer.assert_number(VIRTUAL, "calltracking");
     }
 
-    // Open it on the upstream's own failures: 500 for five sellers in five
-    // requests.
+    // Open it on the upstream's own failures.
     app.calltracking.reply(Reply::Status(500));
     for (i, user) in (30_201..=30_205).enumerate() {
         app.enable_calltracking(user, 1).await;
@@ -167,7 +150,6 @@ async fn a_4xx_about_one_request_opens_no_breaker_nor_reopens_a_half_open_one() 
         assert_eq!(kind_of(&answer), "real", "{answer:?}");
     }
     app.calltracking.reply(Reply::Phone(VIRTUAL));
-    // Open: a healthy upstream is not asked.
     let before = app.calltracking.calls();
     let answer = app.get_public(&given(others[0], 2, &phone_of(200))).await;
     assert_eq!(
@@ -192,8 +174,7 @@ async fn a_4xx_about_one_request_opens_no_breaker_nor_reopens_a_half_open_one() 
     }
 }
 
-/// The three fakes and a gateway of its own process pointed at them, on a
-/// fresh SQLite file; `env` adds `PHONES_GATEWAY__*` settings.
+/// A gateway process of its own with its fakes; `env` adds settings.
 async fn gateway_process(env: &[(&str, &str)]) -> (Process, Fake, Fake, tempfile::TempDir) {
     let real = Fake::start(Upstream::RealPhone).await;
     let anonymous = Fake::start(Upstream::Anonymous).await;
@@ -214,8 +195,7 @@ async fn gateway_process(env: &[(&str, &str)]) -> (Process, Fake, Fake, tempfile
     (process, real, calltracking, dir)
 }
 
-/// Stops the process for `pause` (SIGSTOP, then SIGCONT): what a CPU quota's
-/// throttle or a VM pause does to it.
+/// What a CPU quota's throttle or a VM pause does to the process.
 async fn pause(process: &Process, pause: Duration) {
     use rustix::process::{Pid, Signal, kill_process};
     let pid = Pid::from_raw(i32::try_from(process.child.id()).unwrap()).unwrap();
@@ -224,9 +204,7 @@ async fn pause(process: &Process, pause: Duration) {
     kill_process(pid, Signal::CONT).unwrap();
 }
 
-/// Lets the process run for `run`, then stops it for `stop`, over and over
-/// (what a container's CPU quota does to a busy pod) until `done`; how many
-/// times it stopped it.
+/// Runs then stops the process until `done`; how many stops.
 async fn throttle_until(
     process: &Process,
     (run, stop): (Duration, Duration),
@@ -241,12 +219,8 @@ async fn throttle_until(
     paused
 }
 
-/// The gateway's process stops for 400 ms while twelve lookups for tracked
-/// sellers are in flight and call tracking, healthy, answers in 100 ms: the
-/// calls' timers run out during the pause and fire before the answers already
-/// in the sockets are read. That time was the gateway's: each call gets it
-/// back, reads its answer, and nobody is shown a real number; no breaker
-/// opens, so the next tracked seller gets call tracking too.
+/// A pause longer than the calls' timeout, with the answers already in the
+/// sockets: the time was the gateway's, given back; no real number, no breaker.
 #[tokio::test]
 async fn a_pause_of_the_gateway_is_not_the_upstreams_timeout() {
     let (process, real, calltracking, _dir) = gateway_process(&[]).await;
@@ -276,13 +250,8 @@ async fn a_pause_of_the_gateway_is_not_the_upstreams_timeout() {
     next.assert_number(VIRTUAL, "calltracking");
 }
 
-/// A pause of the gateway's process is not load: every timer fires late
-/// once, then on time. So cold admission, on as shipped, sheds nothing for
-/// it (docs/caching.md, "A cold replica"): lookups of new keys at 40 a second
-/// for 4 s, the real upstream answering in 100 ms, the process stopped for
-/// 900 ms twice; `phones_gateway_shed_total{reason="cold"}` stays 0, and each
-/// lookup is answered (a number, or a 503 of the adaptive bound: a pause
-/// still counts as a latency climb there, an open finding).
+/// A pause is not load: cold admission sheds nothing for it (docs/caching.md,
+/// "A cold replica"), though the adaptive bound may still answer 503.
 #[tokio::test]
 async fn a_pause_of_the_gateway_is_not_load_to_cold_admission() {
     let (process, real, _calltracking, _dir) =
@@ -305,8 +274,7 @@ async fn a_pause_of_the_gateway_is_not_load_to_cold_admission() {
     );
 }
 
-/// Lookups of new keys of untracked sellers at 40 a second for 4 s while the
-/// process is stopped for 900 ms at 1 s and at 2.5 s; their statuses.
+/// The statuses of cold lookups while the process is paused twice.
 async fn paused_twice(process: &Process) -> Vec<u16> {
     let began = tokio::time::Instant::now();
     let asking =
@@ -328,11 +296,8 @@ async fn paused_twice(process: &Process) -> Vec<u16> {
     asked.into_iter().map(|(_, status)| status).collect()
 }
 
-/// The real upstream answers in 250 ms and call tracking in 280 ms, both
-/// inside their 300 ms; the gateway's process stops for 200 ms as the real
-/// number arrives, so call tracking, asked late, is still pending at the
-/// request deadline (700 ms). The deadline is the gateway's own bound: call
-/// tracking is undecided there, a 503, never the real number.
+/// A pause as the real number arrives leaves call tracking pending at the
+/// request deadline: the gateway's own bound, so a 503, never the real number.
 #[tokio::test]
 async fn the_deadline_reached_by_the_gateways_own_delay_shows_no_real_number() {
     let (process, real, calltracking, _dir) = gateway_process(&[]).await;
@@ -364,10 +329,7 @@ async fn the_deadline_reached_by_the_gateways_own_delay_shows_no_real_number() {
     }
 }
 
-/// The gateway's process is stopped 40 ms of every 100 ms (what a
-/// container's CPU quota does to a busy pod) while call tracking, healthy,
-/// answers in 100 ms: 120 lookups of tracked sellers, none shown the real
-/// number. Each call's lost time is given back as often as it is lost.
+/// Lost time is given back as often as it is lost: a throttle shows no real one.
 #[tokio::test]
 async fn a_throttled_replica_shows_no_tracked_seller_a_real_number() {
     let (process, real, calltracking, _dir) = gateway_process(&[]).await;
@@ -413,13 +375,8 @@ async fn a_throttled_replica_shows_no_tracked_seller_a_real_number() {
     assert!(answered * 10 >= kinds.len() * 9, "{kinds:?}");
 }
 
-/// Call tracking answers no one (it takes each request and never answers)
-/// while the gateway's process is stopped 75 ms of every 100 ms (a busy pod
-/// held to a quarter of a core, the most a call's timer still judges), 50
-/// fresh lookups a second for tracked sellers, each with its phone. The time
-/// the gateway lost is given back, but each call had its timeout of the
-/// gateway's running time: after the first 10 s of the outage at least 90% of
-/// the lookups fall through to the real number (`on_error`), throttled or not.
+/// Throttled to a quarter of a core while call tracking hangs, each call still
+/// gets its timeout of running time: after 10 s at least 90% fall through.
 #[tokio::test]
 async fn a_throttled_replica_applies_the_rule_when_call_tracking_answers_no_one() {
     let (process, real, calltracking, _dir) = gateway_process(&[]).await;
@@ -454,16 +411,13 @@ async fn a_throttled_replica_applies_the_rule_when_call_tracking_answers_no_one(
     );
 }
 
-/// Call tracking's answer (250 ms, inside its 300 ms) arrives during a
-/// 200 ms stop of the gateway that ends about 20 ms after the calls' timers
-/// were due: the stall is seen by the timers before the lost-time probe runs
-/// again, the time is given back, and the answers are read.
+/// A stall ending just after the timers were due is seen by them before the
+/// lost-time probe runs again; the time is given back and the answers read.
 #[tokio::test]
 async fn a_stall_ending_just_after_the_timer_was_due_is_given_back() {
     let (process, real, calltracking, _dir) = gateway_process(&[]).await;
     real.reply(Reply::Phone(REAL));
     calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(250));
-    // Rounds of 10 lookups (up to 50 in longer runs), each with its stall.
     let (rounds, per_round) = (crate::support::scale(), 10 * crate::support::scale().min(5));
     let users: Vec<u64> = (43_001..=43_000 + rounds * per_round).collect();
     process.track(users.iter().copied()).await;

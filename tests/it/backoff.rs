@@ -1,7 +1,6 @@
 //! Back off first, judge after (docs/rules.md, "Whose load", "Whose time",
-//! "Verdict or undecided"): upstream connection closes, a caller that bursts
-//! past capacity and load-refused breaker probes show no tracked seller their
-//! real number; an outage in a surge applies `fall_through` once backed off.
+//! "Verdict or undecided"): load shows no tracked seller their real number; a
+//! real outage still falls through once backed off.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,7 +14,6 @@ use crate::support::paths::METRICS;
 use crate::support::{Reply, TestApp};
 use crate::{PLAIN_CATEGORY, REAL, VIRTUAL};
 
-/// Call tracking's call outcomes on `app` so far.
 async fn outcomes(app: &TestApp) -> Vec<String> {
     app.get_admin(METRICS)
         .await
@@ -45,7 +43,7 @@ async fn ask(app: &TestApp, path: &str) -> String {
     }
 }
 
-/// A cold call-tracking lookup: a phone of its own for `n`, given.
+/// A cold call-tracking lookup: a phone of its own for `n`.
 fn lookup(user: u64, n: u64) -> String {
     format!(
         "/v1/public-phone?user_id={user}&ad_id={}&category_id={PLAIN_CATEGORY}&phone=%2B7926{:07}",
@@ -61,19 +59,16 @@ fn kind_of(answer: &crate::support::Answer) -> String {
         .map_or_else(|| format!("{}", answer.status), str::to_owned)
 }
 
-/// How a raw call-tracking upstream answers a lookup, given how many it
-/// answered in the last second.
+/// How a raw call-tracking upstream answers a lookup.
 #[derive(Clone, Copy)]
 enum Serve {
     /// Always a virtual number; connections idle this long are closed.
     ClosingIdle(Duration),
-    /// A virtual number while fewer than this many were answered in the last
-    /// second; 500 beyond.
+    /// This many a second, 500 beyond.
     Capacity(usize),
 }
 
-/// Call tracking as a raw HTTP/1.1 server (keep-alive, its own idle close);
-/// the feed an empty page. Counts lookups.
+/// Call tracking as a raw HTTP/1.1 server with its own idle close; counts lookups.
 async fn raw_calltracking(serve: Serve) -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -156,9 +151,7 @@ async fn read_head(socket: &mut tokio::net::TcpStream, buffer: &mut Vec<u8>) -> 
     Some(head)
 }
 
-/// Call tracking closes connections idle for 300 ms; waves of 20 cold lookups
-/// come around that idle time. A request written on a just-closed connection
-/// is sent again: no tracked seller sees the real number, breaker off or on.
+/// A request written on a just-closed connection is sent again, breaker or not.
 #[tokio::test]
 async fn an_upstream_closing_idle_connections_shows_no_tracked_seller_a_real_number() {
     for breaker in ["false", "true"] {
@@ -196,10 +189,7 @@ async fn an_upstream_closing_idle_connections_shows_no_tracked_seller_a_real_num
     }
 }
 
-/// Call tracking carries 100 lookups a second, 500 beyond. One caller sends
-/// 80 a second (what the upstream carried rises), then bursts at 110; other
-/// buyers ask meanwhile. Nobody sees the real number: the burst's failures
-/// are load, and the gateway backs off.
+/// A burst past capacity after raising the baseline is load: nobody sees real.
 #[tokio::test]
 async fn a_caller_that_raised_the_baseline_then_bursts_shows_nobody_a_real_number() {
     let (url, calls) = raw_calltracking(Serve::Capacity(100)).await;
@@ -283,8 +273,7 @@ async fn a_caller_that_raised_the_baseline_then_bursts_shows_nobody_a_real_numbe
     );
 }
 
-/// Fresh lookups of sellers 1 to 500 at `rate` a second for `duration`, not
-/// waiting for answers; each answer's kind with when it was asked.
+/// Open-loop fresh lookups at `rate` a second; each kind with when asked.
 async fn asks_at(
     app: &TestApp,
     n: &AtomicUsize,
@@ -300,15 +289,13 @@ async fn asks_at(
     .await
 }
 
-/// [`crate::support::assert_fell_through_after_ten_seconds`], with call
-/// tracking's outcomes so far when it fails.
+/// [`crate::support::assert_fell_through_after_ten_seconds`], with outcomes.
 async fn fell_through_after_ten_seconds(app: &TestApp, what: &str, outage: &[(Duration, String)]) {
     let outcomes = outcomes(app).await;
     crate::support::assert_fell_through_after_ten_seconds(what, outage, &outcomes);
 }
 
-/// Demand rises fivefold, then call tracking answers 500 to everyone: after
-/// 10 s of outage at least 90% of answers fall through to the real number.
+/// An outage after demand rose fivefold: after 10 s at least 90% fall through.
 #[tokio::test]
 async fn an_outage_during_a_surge_falls_through_after_ten_seconds() {
     let app = TestApp::spawn().await;
@@ -317,7 +304,6 @@ async fn an_outage_during_a_surge_falls_through_after_ten_seconds() {
     app.track(1..=500).await;
     let n = AtomicUsize::new(0);
     let ask_for = |rate, duration| asks_at(&app, &n, rate, duration);
-    // 20 a second for 3 s, rising to 100 a second; then the outage.
     ask_for(20, Duration::from_secs(3)).await;
     ask_for(60, Duration::from_secs(1)).await;
     ask_for(100, Duration::from_secs(2)).await;
@@ -326,9 +312,8 @@ async fn an_outage_during_a_surge_falls_through_after_ten_seconds() {
     fell_through_after_ten_seconds(&app, "outage in a surge, after 10 s", &outage).await;
 }
 
-/// Demand runs at 4 fresh lookups a second, then ramps to 60 while one caller
-/// asks every 4 s for a seller whose calls always fail; then an outage. That
-/// seller's failures are judged at once: after 10 s at least 90% fall through.
+/// An outage in a ramp beside one always-failing seller, whose failures are
+/// judged at once: after 10 s at least 90% fall through.
 #[tokio::test]
 async fn an_outage_beside_one_failing_seller_falls_through_after_ten_seconds() {
     let app = TestApp::spawn().await;
@@ -382,9 +367,7 @@ async fn an_outage_beside_one_failing_seller_falls_through_after_ten_seconds() {
     .await;
 }
 
-/// After an outage opened the breaker, call tracking refuses load (429): the
-/// probes and every other call end undecided, not `circuit_open`; no tracked
-/// seller sees the real number.
+/// Half-open probes refused for load end undecided, not `circuit_open`.
 #[tokio::test]
 async fn a_half_open_breaker_whose_probes_are_refused_for_load_shows_no_real_number() {
     let app = TestApp::spawn_with("[breaker]\nopen_ms = 300").await;

@@ -1,6 +1,5 @@
-//! The viewers' budgets (docs/budgets.md): per minute and per day, fleet-wide,
-//! kept over restarts and database outages. A replica on SQLite, then real
-//! PostgreSQL replicas.
+//! The viewers' budgets (docs/budgets.md): fleet-wide, kept over restarts and
+//! database outages.
 
 use std::time::{Duration, Instant};
 
@@ -48,7 +47,6 @@ async fn a_viewer_past_the_budget_gets_429_and_no_upstream_is_called() {
         .await
         .assert_problem(429);
     assert_eq!(app.real.calls(), calls, "the cached answers made no call");
-    // Other viewers, and requests without a viewer, are not affected.
     as_viewer(&app, Some("buyer-2"), 1)
         .await
         .assert_number(REAL, "real");
@@ -83,8 +81,7 @@ async fn a_viewer_past_the_budget_gets_429_and_no_upstream_is_called() {
         detail.contains("rate_limit.per_viewer_per_minute = 3"),
         "{detail}"
     );
-    // Items refused for a bad parameter cost nothing: 3 bad and 3 good fit a
-    // budget of 3, with nothing left after.
+    // Items refused for a bad parameter cost nothing.
     let bad = json!({ "user_id": 0, "ad_id": 1, "category_id": 1 });
     let good = json!({ "user_id": 9, "ad_id": 1, "category_id": 1 });
     let mixed = json!({ "items": [bad, good, bad, good, bad, good] }).to_string();
@@ -103,13 +100,11 @@ async fn a_viewer_past_the_budget_gets_429_and_no_upstream_is_called() {
         .assert_problem(429);
 }
 
-/// Asks for a number as `viewer` on `app` (cached after the first call).
 async fn reveal(app: &TestApp, viewer: &str) -> Answer {
     as_viewer(app, Some(viewer), 1).await
 }
 
-/// Spends `n` of `viewer`'s budget on `app`, asking again within `limit` on a
-/// refusal for the replica's share (`Retry-After: 1`); panics on any other.
+/// Spends `n`, retrying within `limit` a refusal for the replica's share.
 async fn spend(app: &TestApp, viewer: &str, n: usize, limit: Duration) {
     let start = Instant::now();
     let mut spent = 0;
@@ -157,18 +152,14 @@ fn replica_overlay(budgets: &str) -> String {
     format!("[rate_limit]\n{budgets}\nexchange_interval_ms = 100")
 }
 
-/// The text of the exchange's read of refusals (`store::budgets`), by which a
-/// proxy sees each read begin.
+/// How a proxy sees each of the exchange's reads of refusals begin.
 const REFUSALS_READ_SQL: &str = "FROM viewer_refusals WHERE at >";
 
-/// docs/budgets.md: once a viewer is past a budget anywhere, every replica
-/// refuses them within 1 s.
+/// docs/budgets.md: every replica refuses a viewer past a budget within this.
 const REFUSED_EVERYWHERE: Duration = Duration::from_secs(1);
 
-/// The viewer spends the budget over two replicas; within 1 s of the last
-/// spend's answer the refusal is stored and every replica has read it (two
-/// of its reads began after it was stored); then each refuses the viewer at
-/// once, the third too, which never saw them.
+/// A budget spent over two replicas: within a second every replica has read
+/// the refusal and refuses the viewer, the third too, which never saw them.
 #[tokio::test]
 async fn a_viewer_who_spent_the_budget_on_two_replicas_is_refused_everywhere_within_a_second() {
     let db = pg::or_skip!(pg::database().await);
@@ -188,7 +179,6 @@ async fn a_viewer_who_spent_the_budget_on_two_replicas_is_refused_everywhere_wit
     spend(&replicas[0].0, "scraper", 3, Duration::from_secs(3)).await;
     spend(&replicas[1].0, "scraper", 3, Duration::from_secs(3)).await;
     let spent = Instant::now();
-    // B's report finds the budget spent and stores the refusal.
     eventually("the refusal stored", Duration::from_secs(10), || async {
         stored(&pool, "SELECT count(*) FROM viewer_refusals").await == 1
     })
@@ -231,20 +221,17 @@ async fn a_viewer_who_spent_the_budget_on_two_replicas_is_refused_everywhere_wit
              (docs/budgets.md: every replica refuses within {REFUSED_EVERYWHERE:?})"
         );
     }
-    // Each refuses them at once, C too; with the sliding minute's wait.
     for (app, _, _) in &replicas {
         let refused = reveal(app, "scraper").await;
         refused.assert_problem(429);
         let retry: u64 = refused.retry_after.as_deref().unwrap().parse().unwrap();
         assert!((2..=120).contains(&retry), "{retry}");
     }
-    // Another viewer is not affected, on any replica.
     for (app, _, _) in &replicas {
         reveal(app, "buyer").await.assert_number(REAL, "real");
     }
 }
 
-/// One number the database holds (a count or a sum), read by `sql`.
 async fn stored(pool: &sqlx::PgPool, sql: &str) -> i64 {
     sqlx::query_scalar::<_, i64>(sql)
         .fetch_one(pool)
@@ -281,8 +268,7 @@ async fn the_day_budget_holds_across_a_restart() {
     );
 }
 
-/// How long the outage keeps the database down after the spends: past the
-/// pool's acquire timeout (3 s), so that reports fail.
+/// Past the pool's acquire timeout, so that reports fail.
 const REPORTS_FAIL: Duration = Duration::from_secs(5);
 
 #[tokio::test]
@@ -368,16 +354,14 @@ async fn with_the_database_down_a_replica_holds_a_viewer_to_its_share_and_report
         reported("SELECT count(*) FROM viewer_refusals").await == 1
     })
     .await;
-    // B read the refusal once it ran a full exchange after it: `seen_at` past
-    // two marks taken from now.
+    // Two marks: B ran a full exchange after the refusal.
     exchanged_since_now(&pool, "B's first exchange after the refusal").await;
     exchanged_since_now(&pool, "B's second exchange after the refusal").await;
     let refused = reveal(&b, "scraper").await;
     refused.assert_problem(429);
 }
 
-/// Waits until both replicas marked themselves alive after now
-/// (`budget_replicas.seen_at`, the database's clock), at most once a second
+/// Waits until both replicas marked themselves alive after now, which they do
 /// after a working exchange: what was stored before now was applied by then.
 async fn exchanged_since_now(pool: &sqlx::PgPool, what: &str) {
     let mark: String = sqlx::query_scalar("SELECT clock_timestamp()::text")
@@ -437,8 +421,7 @@ async fn prunes_past_windows(url: &str) {
     let again = store.report(&[spend(1, 0, minute)]).await.unwrap();
     assert_eq!(again[0].spent, 2, "{again:?}");
 
-    // Many viewers over expired windows: batch after batch until none is
-    // full, nothing current touched.
+    // Batch after batch until none is full, nothing current touched.
     let expired: Vec<Spend> = (0..2_500u64)
         .flat_map(|v| {
             [

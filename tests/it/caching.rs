@@ -1,6 +1,5 @@
-//! docs/caching.md: TTLs, "none" entries, failures not cached, coalescing,
-//! stale-if-error, eviction at capacity, and invalidation: of every cache of a
-//! seller, of fetches in flight, and across the fleet.
+//! docs/caching.md: TTLs, coalescing, stale-if-error, eviction and
+//! invalidation, on one replica and across the fleet.
 
 use std::time::{Duration, Instant};
 
@@ -71,8 +70,7 @@ async fn failures_are_not_cached() {
     assert_eq!(app.real.calls(), 2);
 }
 
-/// TTLs of 3 s, so "still cached" holds on two busy cores; expiry is waited
-/// for by polling.
+/// TTLs of 3 s, so "still cached" holds on busy cores; expiry is polled for.
 #[tokio::test]
 async fn entries_expire_after_their_ttl() {
     let app = TestApp::spawn_with(
@@ -186,9 +184,8 @@ async fn a_fetch_started_before_an_invalidation_never_writes_its_answer_back() {
     // After the invalidation: not joined to the old fetch.
     app.assert_phone(1, 1, PLAIN_CATEGORY, crate::NEW_REAL, "real")
         .await;
-    // The old fetch ends with the old number for its own caller...
+    // The old fetch answers its own caller but does not overwrite.
     before.await.unwrap().assert_number(REAL, "real");
-    // ...and does not overwrite the new one.
     app.assert_phone(1, 1, PLAIN_CATEGORY, crate::NEW_REAL, "real")
         .await;
     assert_eq!(app.real.calls(), 2);
@@ -232,8 +229,6 @@ async fn a_calltracking_upstream_that_hangs_at_the_end_of_the_chain_serves_its_s
         .await;
 }
 
-/// docs/caching.md: invalidation drops the anonymous and call-tracking
-/// numbers too.
 #[tokio::test]
 async fn invalidation_drops_anonymous_and_calltracking_numbers() {
     let app = TestApp::spawn().await;
@@ -260,7 +255,6 @@ async fn invalidation_drops_anonymous_and_calltracking_numbers() {
     assert_eq!((app.anonymous.calls(), app.calltracking.calls()), (2, 2));
 }
 
-/// docs/caching.md: past capacity, entries are evicted and asked for again.
 #[tokio::test]
 async fn a_cache_at_capacity_evicts() {
     let app = TestApp::spawn_with("[cache.real_phone]\ncapacity = 10").await;
@@ -274,7 +268,6 @@ async fn a_cache_at_capacity_evicts() {
         app.assert_phone(user, 1, PLAIN_CATEGORY, REAL, "real")
             .await;
     }
-    // At most a handful of the 100 can still be held.
     let again = app.real.calls() - 100;
     assert!(again >= 50, "only {again} of 100 asked again: not bounded");
 }
@@ -296,8 +289,7 @@ async fn answers(app: &TestApp, user: u64, phone: &str, limit: Duration) -> Dura
     }
 }
 
-/// Replicas A and B on PostgreSQL with seller 5's old number cached on B;
-/// its upstream has the new one.
+/// Replicas A and B, seller 5's old number cached on B, the new one upstream.
 async fn b_caching_an_old_number(url: &str, overlay: &str) -> (TestApp, TestApp) {
     let (a, b) = TestApp::pair(url, overlay).await;
     b.real.reply(Reply::Phone(REAL));
@@ -307,7 +299,7 @@ async fn b_caching_an_old_number(url: &str, overlay: &str) -> (TestApp, TestApp)
     (a, b)
 }
 
-/// The invalidation goes to A; B must ask its upstream again within `limit`.
+/// An invalidation on A; B must ask again within `limit`.
 async fn invalidation_on_a_reaches_b(overlay: &str, limit: Duration) -> Duration {
     let db = pg::or_skip!(pg::database().await);
     let (a, b) = b_caching_an_old_number(&db.url, overlay).await;
@@ -331,10 +323,8 @@ async fn without_listen_an_invalidation_reaches_the_other_replica_by_the_poll() 
     eprintln!("invalidation seen on the other replica after {took:?} (poll)");
 }
 
-/// docs/caching.md, "Invalidation": a notification is a hint, the change log
-/// the record. An invalidation recorded in the change log as the store does,
-/// but with no NOTIFY (B's listener stays up and hears nothing), still drops
-/// B's numbers of the seller by B's catch-up (`database.sync_interval_ms`).
+/// docs/caching.md, "Invalidation": the change log is the record, so one
+/// written without its NOTIFY still reaches B by its catch-up.
 #[tokio::test]
 async fn an_invalidation_whose_notification_is_lost_reaches_the_other_replica_by_its_sync() {
     let db = pg::or_skip!(pg::database().await);
@@ -366,9 +356,7 @@ async fn an_invalidation_whose_notification_is_lost_reaches_the_other_replica_by
     );
 }
 
-/// The same with B's listener killed just before the invalidation on A: the
-/// notification is lost; B drops the numbers within its sync interval and a
-/// reconnection.
+/// One sent while B's listener is down reaches B by its catch-up too.
 #[tokio::test]
 async fn an_invalidation_sent_while_the_listener_is_down_reaches_the_other_replica() {
     let db = pg::or_skip!(pg::database().await);
@@ -396,15 +384,13 @@ async fn a_fetch_in_flight_on_the_other_replica_is_not_written_back() {
     let db = pg::or_skip!(pg::database().await);
     let overlay = "[upstreams.real_phone]\ntimeout_ms = 3000\n";
     let (a, b) = TestApp::pair(&db.url, overlay).await;
-    // B starts a fetch of the old number that takes a while.
     b.real
         .reply_after(Reply::Phone(REAL), Duration::from_millis(1500));
     let in_flight = b.phone_in_background(6, 1, PLAIN_CATEGORY);
     b.real
         .until_calls("B's fetch to reach its upstream", 1, Duration::from_secs(5))
         .await;
-    // The invalidation lands on A during B's fetch; once B has the status
-    // change after it, it has applied the invalidation.
+    // Once B has A's status change after the invalidation, it applied it.
     a.invalidate(&[6]).await;
     assert_eq!(a.set_status(900, true, 1).await, 200);
     b.converged(900, 1, Duration::from_secs(1)).await;

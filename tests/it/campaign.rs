@@ -1,48 +1,8 @@
-//! A campaign: for about two and a half minutes, what can go wrong at once,
-//! against a gateway running as its own process, while honest callers ask for
-//! tracked sellers all along. It counts honest tracked sellers shown their real
-//! number: none, outside the control phases in which the configured rule must
-//! still fall through to the real number (so a gateway that simply closed
-//! would fail it); and at least 90% of the honest asks outside the controls are
-//! answered with a number (measured: docs/adaptive-limit.md, "The batches'
-//! share"). Every premise is asserted to have happened (the
-//! pauses overlapped calls in flight, calls queued, load refusals came back,
-//! time was lost), so the campaign cannot pass for want of an attack.
-//!
-//! The attacks, mixed over the attack window:
-//! - pauses of the gateway's process (SIGSTOP, SIGCONT), 50 to 900 ms, past
-//!   call tracking's 600 ms timeout;
-//! - one caller's batches of 100 items over 400 tracked sellers, random phones;
-//! - phones call tracking answers 422 (a fifth of the batches' items);
-//! - call tracking refusing load for some sellers (429, and 503 with
-//!   `Retry-After`), a twentieth of the batches' sellers;
-//! - call tracking that queues: 8 calls at a time, the rest wait (a batch
-//!   sends 16 at a time);
-//! - then a sustained throttle: the process stopped 40 ms of every 100 ms for
-//!   5 s, call tracking healthy;
-//! - then one caller raising what call tracking carried (60 lookups a second
-//!   for 20 s, beside the honest 40, under the 140 a second it answers; a
-//!   plain 500 past that) and bursting (120 a second for 4 s).
-//!
-//! (An upstream closing idle connections needs an upstream of its own:
-//! tests/it/backoff.rs.)
-//!
-//! The control phases, honest traffic at its usual rate throughout:
-//! 1. call tracking answers 500 to everyone;
-//! 2. call tracking answers no one (it hangs);
-//! 3. three single sellers whose calls alone hang or answer 500;
-//! 4. call tracking answers 500 to everyone while the process is throttled;
-//! 5. the same while one caller asks every 4 s for a seller whose calls always
-//!    fail;
-//! 6. the same during a surge: many buyers (160 more fresh lookups a second)
-//!    from 3 s before the outage on.
-//!
-//! Phases 4 to 6 last 15 s and must fall through at least 90% after their
-//! first 10 s (docs/rules.md, "Whose load": a real outage applies `on_error` within 10 s). After each
-//! control the breaker's settling time is left out of the counts. Honest
-//! callers ask a new seller each time (a cold call-tracking lookup), 40 a
-//! second, each ask its own task (an open loop: slow answers do not slow the
-//! callers).
+//! A campaign of faults at once against a gateway run as its own process, while
+//! honest callers ask for tracked sellers: outside the control phases none sees
+//! their real number and 90% get a number; in the controls (real outages,
+//! docs/rules.md, "Whose load") the rule must still fall through, so a closed
+//! gateway fails. Every attack's premise is asserted to have happened.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -55,11 +15,8 @@ use crate::support::paths::METRICS;
 use crate::support::{Fake, Reply, Upstream};
 use crate::{PLAIN_CATEGORY, REAL, VIRTUAL};
 
-/// Call tracking's timeout here: below the longest pauses, so that they reach
-/// it, and long enough that the fakes (30 ms), in this busy test process, are
-/// never slow enough to time out when they answer at all (a verdict on a fake
-/// starved by the test process's other tests would be one the gateway rightly
-/// gave).
+/// Below the longest pauses, so they reach it; far above a busy test process's
+/// fakes, so a fake that answers never times out.
 const CALLTRACKING_TIMEOUT: Duration = Duration::from_millis(600);
 /// How long the outage controls last, and the part of them the rule is given.
 const OUTAGE: Duration = Duration::from_secs(15);
@@ -109,7 +66,6 @@ impl Clock {
             .map(|(at, _)| *at)
     }
 
-    /// The phase at `at`.
     fn at(&self, at: Instant) -> Phase {
         let phases = self.phases.lock().unwrap();
         phases
@@ -147,8 +103,7 @@ struct Target {
 }
 
 impl Target {
-    /// The kind shown, the status of a problem, or `error` when the request
-    /// failed below HTTP (a keep-alive connection closed under it).
+    /// The kind shown, a problem's status, or `error` below HTTP.
     async fn ask(&self, path: &str) -> String {
         let sent = self
             .http
@@ -165,8 +120,7 @@ impl Target {
     }
 }
 
-/// Sends honest asks, each for a new tracked seller (from `first`), every
-/// `HONEST_EVERY` until `stop`.
+/// Honest asks, each for a new tracked seller, every `HONEST_EVERY`.
 fn honest_callers(
     process: &Target,
     first: u64,
@@ -188,8 +142,7 @@ fn honest_callers(
     )
 }
 
-/// Asks every `every` until `stop`, each ask its own task (an open loop: slow
-/// answers do not slow the caller), about the seller and path `next` gives.
+/// An open loop: each ask its own task, so slow answers do not slow the caller.
 fn open_loop(
     process: &Target,
     every: Duration,
@@ -223,7 +176,6 @@ fn open_loop(
     })
 }
 
-/// Asks `user` every `every` until `stop`, into `into`.
 fn single_seller(
     process: &Target,
     user: u64,
@@ -272,7 +224,6 @@ async fn enable(process: &Process, users: impl Iterator<Item = u64>) {
     }
 }
 
-/// Stops the process for `pause`.
 async fn pause(pid: u32, pause: Duration) {
     use rustix::process::{Pid, Signal, kill_process};
     let pid = Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
@@ -281,8 +232,7 @@ async fn pause(pid: u32, pause: Duration) {
     kill_process(pid, Signal::CONT).unwrap();
 }
 
-/// Stops the process 40 ms of every 100 ms for `length` (a CPU quota's
-/// throttle); how many stops.
+/// A CPU quota's throttle for `length`; how many stops.
 async fn throttle(pid: u32, length: Duration) -> usize {
     let (start, mut stops) = (Instant::now(), 0);
     while start.elapsed() < length {
@@ -305,9 +255,7 @@ async fn metric(process: &Process, name: &str) -> f64 {
         .sum()
 }
 
-/// A batch of 100 items over the attacker's sellers, random phones, a fifth of
-/// them ones call tracking answers 422; the kinds of the items whose phone it
-/// accepts.
+/// One attacking batch; the kinds of its items whose phones are accepted.
 async fn attack_batch(process: &Target, draws: &mut Draws) -> Vec<String> {
     let mut accepted = Vec::new();
     let items: Vec<Value> = (0..100)
@@ -366,7 +314,7 @@ async fn outcomes(process: &Process) -> std::collections::BTreeMap<String, u64> 
         .collect()
 }
 
-/// What changed between two snapshots of [`outcomes`], the nonzero ones.
+/// The nonzero changes between two snapshots of [`outcomes`].
 fn delta(
     before: &std::collections::BTreeMap<String, u64>,
     after: &std::collections::BTreeMap<String, u64>,
@@ -381,18 +329,14 @@ fn delta(
 const HONEST: u64 = 1_000_000;
 const ATTACKED: u64 = 500_000;
 const REFUSING: u64 = 500_300;
-/// Sellers call tracking refuses load for: a twentieth of the batches'
-/// sellers. Every refusal cuts the adaptive bound for everyone (docs/adaptive-limit.md); with
-/// a quarter of the batches' items refused, the bound stayed near its floor
-/// and a sixth of the honest asks were refused by the gateway (503, nothing
-/// revealed).
+/// Few: every load refusal cuts the adaptive bound for everyone
+/// (docs/adaptive-limit.md), and more would starve the honest asks.
 const REFUSING_SELLERS: u64 = 20;
 const SINGLES: [u64; 3] = [600_001, 600_002, 600_003];
 /// The surge's buyers ask for these sellers, each a new one.
 const SURGE: u64 = 2_000_000;
 
-/// Asks for a tracked seller of the attacker's with a phone of its own, a
-/// new ad each time, every `every` for `length`; the kinds shown.
+/// The attacker's cold lookups every `every` for `length`; the kinds shown.
 async fn attack_at(
     process: &Target,
     every: Duration,
@@ -520,11 +464,9 @@ async fn a_campaign_of_faults_shows_no_honest_tracked_seller_a_real_number() {
     };
     let paused = pausing.await.unwrap();
     let batch_kinds = batching.await.unwrap();
-    // A sustained throttle, call tracking healthy.
     let throttled = throttle(pid, Duration::from_secs(5)).await;
     let lost = metric(&process, "phones_gateway_lost_time_seconds_sum").await - lost_before;
-    // One caller raises what call tracking carried, then bursts past what it
-    // answers.
+    // One caller raises what call tracking carried, then bursts past it.
     calltracking.per_second(Some(140));
     let mut raising = attack_at(
         &target,
@@ -559,12 +501,10 @@ async fn a_campaign_of_faults_shows_no_honest_tracked_seller_a_real_number() {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     seen.push(("between", outcomes(&process).await));
-    // Control 2: call tracking answers nobody.
+    // Control 2: call tracking answers nobody; long, so the first second
+    // (undecided refusals until the breaker opens) is a small part of it.
     clock.enter(Phase::NobodyAnswered);
     calltracking.reply(Reply::Hang);
-    // Long enough that the first second, before the breaker opens (calls past
-    // the adaptive limit the attack's refusals brought down are refused by the
-    // gateway, undecided), is a small part of it.
     tokio::time::sleep(Duration::from_secs(15)).await;
     calltracking.reply_after(Reply::Phone(VIRTUAL), Duration::from_millis(30));
     seen.push(("nobody answered", outcomes(&process).await));
@@ -574,8 +514,7 @@ async fn a_campaign_of_faults_shows_no_honest_tracked_seller_a_real_number() {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     seen.push(("between", outcomes(&process).await));
-    // Control 3: three sellers whose calls alone fail (two hang, one 500),
-    // each asked twice a second; everyone else as usual.
+    // Control 3: three sellers whose calls alone fail.
     clock.enter(Phase::SingleSellers);
     calltracking.reply_for(SINGLES[0], Reply::Hang);
     calltracking.reply_for(SINGLES[1], Reply::Hang);
@@ -606,8 +545,7 @@ async fn a_campaign_of_faults_shows_no_honest_tracked_seller_a_real_number() {
     clock.enter(Phase::Settle);
     tokio::time::sleep(OPEN + CALLTRACKING_TIMEOUT + Duration::from_millis(500)).await;
 
-    // Control 4: call tracking answers 500 to everyone while the process is
-    // throttled.
+    // Control 4: everyone fails while the process is throttled.
     clock.enter(Phase::ThrottledOutage);
     calltracking.reply(Reply::Status(500));
     throttle(pid, OUTAGE).await;
@@ -616,8 +554,7 @@ async fn a_campaign_of_faults_shows_no_honest_tracked_seller_a_real_number() {
     seen.push(("throttled outage", outcomes(&process).await));
     tokio::time::sleep(OPEN + CALLTRACKING_TIMEOUT + Duration::from_secs(3)).await;
 
-    // Control 5: the same, not throttled, while one caller asks every 4 s
-    // for a seller whose calls always fail (from before the outage on).
+    // Control 5: everyone fails beside one seller that always fails.
     calltracking.reply_for(SINGLES[2], Reply::Status(500));
     let one_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let one = single_seller(
@@ -679,7 +616,6 @@ async fn a_campaign_of_faults_shows_no_honest_tracked_seller_a_real_number() {
         before = now.clone();
     }
 
-    // The counts.
     let asked = asked.lock().unwrap().clone();
     let of = |phase: Phase| -> Vec<&Asked> {
         asked
@@ -730,8 +666,7 @@ async fn a_campaign_of_faults_shows_no_honest_tracked_seller_a_real_number() {
         nobody_answered * 100.0,
         single_sellers * 100.0,
     );
-    // The outages' shares fallen through, after their first 10 s (the
-    // surge's buyers counted with the honest ones).
+    // The surge's buyers count with the honest ones.
     let surge_asked = surge_asked.lock().unwrap().clone();
     let surge_before: Vec<&Asked> = surge_asked
         .iter()
@@ -761,8 +696,6 @@ async fn a_campaign_of_faults_shows_no_honest_tracked_seller_a_real_number() {
         (what, got, n, kinds(&asks))
     })
     .collect();
-    // The premises: pauses over honest calls in flight, calls queued, load
-    // refused, time lost, a throttle.
     let overlapped = paused
         .iter()
         .filter(|(at, length)| asked.iter().any(|a| a.sent < *at && a.done > *at + *length))
@@ -792,7 +725,6 @@ async fn a_campaign_of_faults_shows_no_honest_tracked_seller_a_real_number() {
             .map(|(what, got, n, kinds)| format!("{what}: {:.1}% of {n} {kinds:?}", got * 100.0))
             .collect::<Vec<_>>(),
     );
-    // Where the refusals outside the controls fell, by 5 s from the start.
     let mut refused_when = std::collections::BTreeMap::new();
     for ask in outside.iter().filter(|a| a.kind != "calltracking") {
         let at = ask

@@ -1,7 +1,6 @@
-//! Faults the database and the replicas meet in a fleet (docs/status-sync.md,
-//! "Leadership" and "Bounded calls"; docs/budgets.md, "Faults"): a database
-//! that accepts connections and then says nothing (support/proxy.rs), and a
-//! feed leader frozen with SIGSTOP (support/child.rs).
+//! Fleet faults (docs/status-sync.md, "Leadership" and "Bounded calls";
+//! docs/budgets.md, "Faults"): a database that accepts connections and then
+//! says nothing, and a feed leader frozen with SIGSTOP.
 
 use std::time::{Duration, Instant};
 
@@ -14,19 +13,13 @@ use crate::support::paths::{INVALIDATE, METRICS, READYZ, STATUSES, phone_path, s
 use crate::support::proxy::Proxy;
 use crate::support::{Fake, Reply, TestApp, Upstream, eventually, pg};
 
-/// The lock bound the silent-database test sets, and slack on top of it.
 const LOCK: Duration = Duration::from_millis(1000);
 const SLACK: Duration = Duration::from_millis(1500);
-/// docs/status-sync.md: the sync loop catches up within 1 s of the database
-/// answering again.
+/// docs/status-sync.md: the bounds a silent database's tests hold the app to.
 const CATCH_UP: Duration = Duration::from_secs(1);
-/// docs/status-sync.md: a feed leader cut off from the database while its
-/// connection stays open is replaced within 10 s.
 const REPLACED: Duration = Duration::from_secs(10);
 
-/// The silent-database test's feed settings: the feed through `tap`, a lease
-/// of 1.5 s, `lock_timeout_ms` = [`LOCK`], and a poll every 2 s, longer than
-/// [`CATCH_UP`], so the poll alone does not meet it.
+/// The feed through `tap`; a poll slower than [`CATCH_UP`] cannot meet it.
 fn silent_test_overlay(tap: &Proxy) -> String {
     format!(
         "[database]\nlock_timeout_ms = {}\nsync_interval_ms = 2000\n\
@@ -38,11 +31,8 @@ fn silent_test_overlay(tap: &Proxy) -> String {
     )
 }
 
-/// While the database is silent the webhook and invalidation answer 503
-/// within `lock_timeout_ms` and the other replica takes the feed within 10 s;
-/// once it answers, the silent one catches up within 1 s, asks the feed
-/// nothing while the other leads, and leads again once it goes. Nothing
-/// acknowledged is lost, nothing refused applied.
+/// On a silent database writes answer 503 within `lock_timeout_ms` and another
+/// takes the feed; after, the silent one catches up and leads once it goes.
 #[tokio::test]
 async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_resumes() {
     let db = pg::or_skip!(pg::database().await);
@@ -96,7 +86,6 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
     eprintln!("503s on a silent database after {took:?}");
     // A change the silent replica cannot see yet.
     assert_eq!(b.set_status(3, true, 1).await, 200);
-    // A leader that cannot prove it leads says so.
     let replaced = tokio::time::timeout(REPLACED + Duration::from_secs(10), took_over)
         .await
         .expect("the other replica never led the feed")
@@ -122,7 +111,7 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
         synced < CATCH_UP,
         "caught up {synced:?} after the database answered again (docs/status-sync.md: within {CATCH_UP:?})"
     );
-    // Woken, for three leases it leads and asks nothing; the other leads.
+    // For three leases the woken one neither leads nor polls.
     let until = Instant::now() + Duration::from_millis(3 * 1500);
     while Instant::now() < until {
         assert!(
@@ -161,11 +150,8 @@ async fn on_a_silent_database_writes_answer_503_in_lock_timeout_and_every_duty_r
     );
 }
 
-/// Public lookups never wait on the database (docs/status-sync.md): with it
-/// silent, cached and uncached lookups (with viewer budgets and the reveal
-/// log on, their duties failing) are answered well before `lock_timeout_ms`,
-/// the smallest bound a database call has; one that waited would take that
-/// long, or hang.
+/// Public lookups never wait on the database: silent, they answer before
+/// `lock_timeout_ms`, the smallest bound a database call has.
 #[tokio::test]
 async fn on_a_silent_database_public_lookups_answer_at_once_cached_and_uncached() {
     let db = pg::or_skip!(pg::database().await);
@@ -227,7 +213,6 @@ async fn on_a_silent_database_public_lookups_answer_at_once_cached_and_uncached(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     eprintln!("lookups on a silent database: the slowest took {slowest:?}");
-    // The uncached ones asked their upstream; the cached ones did not.
     assert_eq!(
         app.real.calls() + app.calltracking.calls(),
         calls + (uncached - 100) as usize,
@@ -243,8 +228,7 @@ struct Logged<'a> {
 }
 
 impl Logged<'_> {
-    /// When a line with `message` after `since` was first read; panics after
-    /// `limit`.
+    /// When a line with `message` after `since` was first read.
     async fn first(&mut self, message: &str, since: Instant, limit: Duration) -> Instant {
         let asked = Instant::now();
         loop {
@@ -268,21 +252,15 @@ impl Logged<'_> {
     }
 }
 
-/// The background duties' call bound in the test below (docs/status-sync.md,
-/// "Every call and its bound"): statement and lock 1 s, acquire 3 s.
+/// The duties' call bounds (docs/status-sync.md, "Every call and its bound").
 const DUTY_CALL: Duration = Duration::from_secs(3 + 1 + 1);
 const DUTY_READ: Duration = Duration::from_secs(3 + 1 + 2);
-/// Lateness allowed on top of a call's bound (timer, scheduler, log line):
-/// half the gap between the two bounds, so a call bounded by the longer one
+/// Half the gap between the two bounds, so a call bounded by the longer one
 /// would show.
 const GIVEN_UP_LATE: Duration = Duration::from_millis(500);
 
-/// The reveal log's flush, the budgets' exchange and their retention on a
-/// database that falls silent with connections open (docs/status-sync.md,
-/// "Bounded calls"): each gives up its call within its bound and says it will
-/// retry, while lookups go on; once the database answers each resumes: the
-/// reveals and spends made meanwhile are stored, and the next retention pass
-/// works.
+/// The reveal flush, the budgets' exchange and retention give up within their
+/// bounds on a silent database and resume, storing what was made meanwhile.
 #[tokio::test]
 async fn on_a_silent_database_the_flush_the_exchange_and_retention_give_up_in_bounded_time_and_resume()
  {
@@ -414,9 +392,7 @@ async fn on_a_silent_database_the_flush_the_exchange_and_retention_give_up_in_bo
     .await;
 }
 
-/// Reveals' retention (every ten minutes, too rare for the test above): its
-/// delete gives up within `Bounds::call` on a silent database and works again
-/// once it answers.
+/// Reveals' retention gives up within `Bounds::call` and works again after.
 #[tokio::test]
 async fn on_a_silent_database_the_reveals_retention_delete_gives_up_within_its_bound() {
     use phones_gateway::store::{Bounds, Database};
@@ -458,8 +434,7 @@ async fn on_a_silent_database_the_reveals_retention_delete_gives_up_within_its_b
     assert!(again.is_ok(), "once the database answers: {again:?}");
 }
 
-/// The lease renewal gives up within `database.lock_timeout_ms`
-/// (`Bounds::short`) on a silent database, answering false (not leading):
+/// A renewal on a silent database fails within `database.lock_timeout_ms`:
 /// a leader cut off stops at its next renewal, not when its lease ends.
 #[tokio::test]
 async fn on_a_silent_database_a_lease_renewal_gives_up_within_lock_timeout() {
@@ -493,7 +468,6 @@ async fn on_a_silent_database_a_lease_renewal_gives_up_within_lock_timeout() {
     proxy.resume();
 }
 
-/// The binary's feed settings for a fault test, and the feed through `tap`.
 fn feed_env(tap: &Proxy, ttl_ms: u64, interval_ms: u64) -> Vec<(String, String)> {
     let feed = "UPSTREAMS__CALLTRACKING__STATUS_FEED__";
     vec![
@@ -515,8 +489,7 @@ async fn start_with_feed(url: &str, tap: &Proxy, ttl_ms: u64, interval_ms: u64) 
     Process::start_with(url, &env).await
 }
 
-/// `phones_gateway_status_feed_leader` of a running binary (`None`: not yet
-/// published, or no answer within a second).
+/// `phones_gateway_status_feed_leader` (`None`: unpublished or no answer).
 async fn leads(process: &Process) -> Option<bool> {
     let metrics = process
         .http
@@ -555,11 +528,8 @@ async fn stored_cursor(url: &str) -> Option<u64> {
     cursor?.parse().ok()
 }
 
-/// The feed leader is frozen (SIGSTOP): another leads within 10 s. Woken, the
-/// old leader asks the feed nothing while the new one leads (but the one
-/// request a freeze may have caught, told apart by page size), says it does
-/// not lead, and the cursor never moves back; when the new leader goes, the
-/// old one leads again.
+/// A frozen leader is replaced; woken, it polls at most the one request the
+/// freeze caught, the cursor never moves back, and it leads once the other goes.
 #[tokio::test]
 async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new_one() {
     let db = pg::or_skip!(pg::database().await);
@@ -587,8 +557,7 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
         ),
     )
     .await;
-    // The feed grows by an item every 50 ms (the leader reads 7 every 100 ms);
-    // the cursor, watched from the side, never moves back.
+    // The feed grows faster than one poll's page, so the cursor keeps moving.
     let grower = {
         let source = source.clone();
         tokio::spawn(async move {
@@ -623,10 +592,8 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
     .await;
     let took = frozen.elapsed();
     eprintln!("hand-over after SIGSTOP: {took:?}");
-    // The hand-over is within ttl + interval + lock_timeout_ms (the frozen
-    // leader's lease ran out at most `ttl` after the freeze; the follower asks
-    // every `interval`, its take bounded by the lock timeout), and not before
-    // ttl less a renewal period and an interval.
+    // Not before the frozen lease ran out (less a renewal period), and within
+    // the lease, an interval and the take's lock timeout.
     let (ttl, interval) = (
         Duration::from_millis(ttl_ms),
         Duration::from_millis(interval_ms),
@@ -647,9 +614,8 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
     .await;
 
     signal(&a, "-CONT");
-    // The woken leader's polls, told by page size (7, the new one's 6). One
-    // may go out on waking (a freeze between lease check and send); the fence
-    // refuses its page.
+    // The woken leader's polls, told by page size; one caught by the freeze
+    // may go out, and the fence refuses its page.
     let polls_of_a = || {
         source
             .feed_uris()
@@ -683,7 +649,6 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
         seen.windows(2).all(|w| w[0] <= w[1]),
         "the cursor moved back: {seen:?}"
     );
-    // The cursor rose many times from 20, also under the new leader.
     assert!(seen.len() >= 10, "the cursor hardly moved: {seen:?}");
     assert!(
         seen.last().is_some_and(|&last| last > at_handover),
@@ -691,8 +656,7 @@ async fn a_frozen_feed_leader_is_replaced_and_woken_does_not_poll_beside_the_new
     );
 }
 
-/// A page read under a lease lost meanwhile is refused, cursor and changes
-/// alike; the lost lease cannot be renewed, the new one can.
+/// A page read under a lease lost meanwhile is refused, cursor and changes alike.
 #[tokio::test]
 async fn a_late_feed_write_under_a_lost_lease_is_refused() {
     use phones_gateway::domain::StatusChange;
@@ -748,10 +712,8 @@ async fn a_late_feed_write_under_a_lost_lease_is_refused() {
     assert!(first.try_take().await.unwrap().is_none(), "and held");
 }
 
-/// The hand-over time after SIGSTOP, default lease (5 s), 300 ms interval,
-/// over 10 tries. By hand: `cargo test --test it
-/// measure_handover_after_sigstop -- --ignored --nocapture`
-/// (`HANDOVER_LEASE_TTL_MS` for another lease).
+/// The hand-over time after SIGSTOP; run by hand with `--ignored
+/// --nocapture` (`HANDOVER_LEASE_TTL_MS` for another lease).
 #[tokio::test]
 #[ignore = "a measurement, run by hand"]
 async fn measure_handover_after_sigstop() {
@@ -808,8 +770,7 @@ async fn measure_handover_after_sigstop() {
     );
 }
 
-/// The lease on PostgreSQL (`src/store/leadership/`): taken again while held,
-/// it has a new epoch, and the old term's fence is void.
+/// A lease taken again by its holder has a new epoch; the old term is void.
 #[tokio::test]
 async fn a_lease_retaken_by_its_holder_moves_the_epoch_on_and_voids_the_old_term() {
     let db = pg::or_skip!(pg::database().await);
@@ -825,8 +786,7 @@ async fn a_lease_retaken_by_its_holder_moves_the_epoch_on_and_voids_the_old_term
     assert!(again.renew(&first).await, "the new one renews");
 }
 
-/// After a failed renewal the old leader says it does not lead, by its own
-/// clock too, and cannot take the lease back from the new holder.
+/// After a failed renewal the old leader knows it, by its own clock too.
 #[tokio::test]
 async fn after_a_failed_renewal_the_leader_knows_it_does_not_lead() {
     let db = pg::or_skip!(pg::database().await);
@@ -851,8 +811,6 @@ async fn after_a_failed_renewal_the_leader_knows_it_does_not_lead() {
     );
 }
 
-/// A lease given back is taken by another at once; a release under a stale
-/// epoch does nothing.
 #[tokio::test]
 async fn a_released_lease_is_taken_at_once_and_a_stale_release_does_nothing() {
     let db = pg::or_skip!(pg::database().await);
@@ -891,7 +849,6 @@ async fn a_released_lease_is_taken_at_once_and_a_stale_release_does_nothing() {
     assert!(current.renew(&taker).await, "and renews it");
 }
 
-/// A migrated PostgreSQL database for the lease's own tests.
 async fn lease_database(url: &str) -> phones_gateway::store::Database {
     use phones_gateway::store::{Bounds, Database};
     let database = Database::connect_via(url, None, 2, Bounds::default())
@@ -901,20 +858,16 @@ async fn lease_database(url: &str) -> phones_gateway::store::Database {
     database
 }
 
-/// The hand-over tests' feed interval; the lease as long as the settings
-/// allow, so a replica that waited for it to run out would be seconds late.
 const HANDOVER_INTERVAL_MS: u64 = 300;
+/// As long as allowed, so waiting for it to run out would be seconds late.
 const HANDOVER_TTL_MS: u64 = 6000;
-/// docs/status-sync.md: the feed is polled again within two intervals of the
-/// next replica being ready.
+/// docs/status-sync.md: polled again within two intervals.
 const HANDOVER_BOUND: Duration = Duration::from_millis(2 * HANDOVER_INTERVAL_MS);
 
-/// A hand-over test's replica: the binary, polling the feed through `tap`.
 async fn feed_replica(url: &str, tap: &Proxy) -> Process {
     start_with_feed(url, tap, HANDOVER_TTL_MS, HANDOVER_INTERVAL_MS).await
 }
 
-/// Waits (up to 30 s) until a replica sent SIGTERM no longer answers.
 async fn gone(process: &Process) {
     eventually("the replica to stop", Duration::from_secs(30), || async {
         process
@@ -928,7 +881,6 @@ async fn gone(process: &Process) {
     .await;
 }
 
-/// SIGTERM, then waits (up to 30 s) until the replica no longer answers.
 async fn stop_cleanly(process: &Process) {
     signal(process, "-TERM");
     gone(process).await;
@@ -949,8 +901,8 @@ async fn lease_holder(url: &str) -> Option<u32> {
     holder.split('/').nth(1)?.parse().ok()
 }
 
-/// A feed leader restarted cleanly gave its lease back: the new replica polls
-/// the feed within two intervals of being ready, not once the lease ran out.
+/// A leader restarted cleanly gave its lease back: the new replica polls
+/// within two intervals of being ready, not once the lease ran out.
 #[tokio::test]
 async fn a_leader_restarted_cleanly_polls_again_within_two_intervals_of_ready() {
     let db = pg::or_skip!(pg::database().await);
@@ -981,8 +933,7 @@ async fn a_leader_restarted_cleanly_polls_again_within_two_intervals_of_ready() 
     assert_eq!(lease_holder(&db.url).await, Some(new.child.id()));
 }
 
-/// Stops the feed's leader among `running` with SIGTERM, waits until it is
-/// gone and takes it out; returns how long after the signal another polled.
+/// SIGTERMs the leader among `running`; how long until another polled.
 async fn stop_the_leader(url: &str, running: &mut Vec<(Process, &Proxy)>) -> Duration {
     eventually(
         "one of the replicas to lead",
@@ -1016,8 +967,7 @@ async fn stop_the_leader(url: &str, running: &mut Vec<(Process, &Proxy)>) -> Dur
     took
 }
 
-/// A rolling replacement, twice: the feed is polled again by another replica
-/// within two intervals of each leader's SIGTERM, and one leads at the end.
+/// Twice, another replica polls within two intervals of the leader's SIGTERM.
 #[tokio::test]
 async fn a_rolling_replacement_hands_the_feed_on_within_two_intervals() {
     let db = pg::or_skip!(pg::database().await);
@@ -1068,9 +1018,8 @@ async fn a_rolling_replacement_hands_the_feed_on_within_two_intervals() {
     );
 }
 
-/// A replica started on a silent database (migrations hang) is not ready;
-/// once the database answers (old connections stay lost) it is ready within
-/// 10 s without a restart: the migrations are bounded and retried.
+/// Started on a silent database it is not ready; once the database answers
+/// it is ready without a restart: the migrations are bounded and retried.
 #[tokio::test]
 async fn a_start_against_a_silent_database_is_ready_within_10_s_of_it_answering() {
     let db = pg::or_skip!(pg::database().await);
@@ -1097,7 +1046,7 @@ async fn a_start_against_a_silent_database_is_ready_within_10_s_of_it_answering(
     .await;
     let took = answering.elapsed();
     eprintln!("ready {took:?} after the database answered again");
-    // Each migration's time (ns), which the migrations' bound must fit.
+    // What the migrations' bound must fit.
     let mut conn = crate::support::pg_connection(&db.url).await;
     let times: Vec<(i64, i64)> =
         sqlx::query_as("SELECT version, execution_time FROM _sqlx_migrations ORDER BY version")
@@ -1111,15 +1060,14 @@ async fn a_start_against_a_silent_database_is_ready_within_10_s_of_it_answering(
     );
 }
 
-/// `phones_gateway_status_sync_lag_seconds` on the replica's own `/metrics`.
 async fn sync_lag(app: &TestApp) -> f64 {
     let metrics = app.get_admin(METRICS).await.text;
     crate::support::series_value(&metrics, "phones_gateway_status_sync_lag_seconds")
         .expect("the gauge is published")
 }
 
-/// The staleness gauge grows while the database is silent and drops back
-/// once it answers (docs/runbook.md, PhonesGatewayStatusSyncLagging).
+/// The sync lag grows while the database is silent and drops back once it
+/// answers (docs/runbook.md, PhonesGatewayStatusSyncLagging).
 #[tokio::test]
 async fn the_sync_lag_grows_while_the_database_is_silent_and_drops_back_after() {
     let db = pg::or_skip!(pg::database().await);
@@ -1147,8 +1095,7 @@ async fn the_sync_lag_grows_while_the_database_is_silent_and_drops_back_after() 
     .await;
 }
 
-/// The feed lease's row: its epoch and ms from the term's take to the last
-/// renewal (`None` before the first take).
+/// The feed lease's epoch and ms from the term's take to its last renewal.
 async fn lease_row(url: &str) -> Option<(i64, f64)> {
     let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(url)
         .await
@@ -1162,10 +1109,8 @@ async fn lease_row(url: &str) -> Option<(i64, f64)> {
     .ok()?
 }
 
-/// A catch-up that outlasts the lease (30 pages of 100 ms, lease 600 ms) is
-/// not cut short: the leader renews under the same term and goes on at once
-/// (the interval is a minute), every item is stored, and no two polls
-/// overlap.
+/// A catch-up outlasting the lease is not cut short: the leader renews under
+/// one term and reads on at once (the interval is a minute), one poll at a time.
 #[tokio::test]
 async fn a_catch_up_longer_than_the_lease_renews_it_and_goes_on() {
     let db = pg::or_skip!(pg::database().await);
@@ -1181,7 +1126,6 @@ async fn a_catch_up_longer_than_the_lease_renews_it_and_goes_on() {
         source.url
     );
     let (a, b) = TestApp::pair(&db.url, &overlay).await;
-    // Every term the lease had and its last renewal, watched from the side.
     let mut epochs = Vec::<i64>::new();
     let mut renewed_ms = 0.0;
     let start = Instant::now();
@@ -1202,14 +1146,12 @@ async fn a_catch_up_longer_than_the_lease_renews_it_and_goes_on() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Every item, in both replicas' sets.
     eventually(
         "every item in both sets",
         Duration::from_secs(10),
         || async { (1..=60).all(|u| enabled(&a, u) && enabled(&b, u)) },
     )
     .await;
-    // One term throughout, renewed well past its first lease.
     let (epoch, renewed_ms) = lease_row(&db.url).await.expect("the lease");
     assert_eq!(epochs, vec![epoch], "the term changed during the catch-up");
     assert!(
@@ -1217,8 +1159,7 @@ async fn a_catch_up_longer_than_the_lease_renews_it_and_goes_on() {
         "the term was not renewed past two leases: last renewed {renewed_ms} ms after the take"
     );
     assert_eq!(source.max_feed_in_flight(), 1, "two polls at once");
-    // One reader: pages never go back (a cut one is asked again) and reach
-    // the end of the feed.
+    // One reader: pages never go back, and reach the end of the feed.
     let afters = || -> Vec<usize> {
         source
             .feed_uris()
