@@ -445,19 +445,14 @@ fn relative_links_in_the_documentation_resolve() {
 }
 
 // ---------------------------------------------------------------------------
-// The docs name only what exists: in README.md, docs/ and the module map
-// (fenced code blocks skipped):
-// - a path under `PATH_ROOTS` (backticked, a command's words, a link target)
-//   exists; `--bench`/`--test`/`--example NAME` names a target; URLs and
-//   placeholders (`*`, `<`, `{`, `...`) are left alone;
-// - a backticked type name is defined or imported in src/, tests/, benches/
-//   or examples/, or is in `NOT_TYPES`;
-// - in the map, a path from a top-level module resolves to a module file or a
-//   `pub` item of it;
-// - in Markdown, a bare file name is under the folder its paragraph last named.
-// In `//!` docs under src/, paths exist and bare names lie beside the file,
-// in its module folder or at the top of src/; in every comment under src/, a
-// Rust path into this crate resolves. `PENDING` lists known stale names.
+// The docs name only what exists (README.md, docs/, the module map; fences skipped):
+// - a path under `PATH_ROOTS` exists; `--bench`/`--test`/`--example NAME` a target;
+// - a backticked type name is defined or imported by the code, or in `NOT_TYPES`;
+// - in the map, a module path resolves to a module file or a `pub` item of it;
+// - in Markdown, a bare file name is under the folder its paragraph last named;
+// - in `//!` docs under src/, paths exist and bare names lie near the file;
+// - in every comment under src/, a Rust path into this crate resolves.
+// `PENDING` lists known stale names.
 // ---------------------------------------------------------------------------
 
 /// Where a repository path starts.

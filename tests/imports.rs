@@ -1,12 +1,11 @@
 //! Imports go one way: http -> resolve -> (cache, upstream, status) -> store
-//! -> domain. Every file of `src/` is parsed with syn for the paths it names;
-//! the graph between top-level modules must have no cycle, and a low module
-//! imports nothing above it (see `LOW`). Inside a folder files may import
-//! each other both ways (a folder is one module to the rest).
-//!
-//! Also: only `store` names sqlx; `http::server -> http::api`, never the
-//! reverse; no route path literal appears twice in `src/`; no file of `src/`
-//! is over [`MAX_LINES`] lines.
+//! -> domain. Every file of `src/` is parsed with syn for the paths it names.
+//! - no cycle between top-level modules; a low module imports nothing above it (`LOW`);
+//! - inside a folder, files may import each other both ways (one module to the rest);
+//! - only `store` names sqlx;
+//! - `http::server -> http::api`, never the reverse;
+//! - no route path literal appears twice in `src/`;
+//! - no file of `src/` is over [`MAX_LINES`] lines.
 
 #![allow(clippy::unwrap_used)]
 

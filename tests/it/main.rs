@@ -1,7 +1,6 @@
-//! Whole-app tests: the real app on real sockets (and its public front
-//! without sockets, `support::front`) against fake upstreams that are real
-//! HTTP servers. Mostly a module per page of docs/ (docs/README.md lists
-//! them), named after it. The harness is in `support/`.
+//! Whole-app tests: the real app on real sockets (or its public front without
+//! them, `support::front`) against fake upstreams that are real HTTP servers;
+//! mostly a module per page of docs/, named after it. Harness: `support/`.
 #![allow(clippy::unwrap_used)]
 // A test binary exports nothing (`pub` only shares helpers between its
 // modules), and it times real sockets and processes: wall time is meant.

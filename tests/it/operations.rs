@@ -1,8 +1,7 @@
 //! Operating it (docs/configuration.md, docs/runbook.md, the README): request
-//! ids, every metric family moving (the `metrics_*` tests), the CPU profile,
-//! graceful shutdown, background tasks stopped with the app, a first start,
-//! database errors, the command line, and privacy (docs/README.md#privacy;
-//! every log line of the suite is also scanned, `support::privacy`).
+//! ids, every metric family moving, the CPU profile, graceful shutdown,
+//! background tasks, a first start, database errors, the command line, and
+//! privacy (docs/README.md#privacy; every log line is scanned, `support::privacy`).
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -97,9 +96,8 @@ impl Scrapes {
 }
 
 /// The metrics recorder is process-wide, so the traffic runs through the
-/// binary in a process of its own, scraped before and after: every movement
-/// seen is this traffic's. Run once, for the first test that asks (again if
-/// it failed); each `metrics_*` test reads its families off the two scrapes.
+/// binary in a process of its own, scraped before and after, once for all the
+/// `metrics_*` tests (again if it failed).
 async fn traffic_scrapes() -> &'static Scrapes {
     static SCRAPES: tokio::sync::OnceCell<Scrapes> = tokio::sync::OnceCell::const_new();
     SCRAPES.get_or_init(traffic_moving_every_family).await
@@ -319,7 +317,6 @@ async fn each_app_in_a_process_shows_its_own_metrics() {
 #[tokio::test]
 async fn metrics_hold_no_phone_number() {
     let after = &traffic_scrapes().await.after;
-    // No phone number in any label or value line.
     assert!(!after.contains("79161234567") && !after.contains("74951234567"));
 }
 
@@ -510,7 +507,6 @@ async fn dropping_a_running_app_stops_its_background_tasks() {
 /// retention round and flush have run.
 async fn first_start_complaints(database_url: &str) -> Vec<String> {
     let process = Process::start_with(database_url, &[("REVEALS__FLUSH_INTERVAL_MS", "50")]).await;
-    // Wait for the first retention delete on the child's own /metrics.
     eventually(
         "the first retention round",
         Duration::from_secs(10),
@@ -586,9 +582,8 @@ fn built_commit() -> String {
     }
 }
 
-/// Call tracking refuses every connection: at the default log level the
-/// failures are logged at WARN by upstream and outcome with their count (a
-/// line per 10 s at most), where the runbook's first look finds them.
+/// Call tracking refuses every connection: the failures are logged at WARN by
+/// upstream and outcome with their count (a line per 10 s at most).
 #[tokio::test]
 async fn an_upstreams_failures_are_logged_at_warn_at_the_default_level() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
@@ -945,9 +940,8 @@ fn a_start_with_a_bad_configuration_names_every_mistake_in_one_run() {
     names_every_mistake_at_once("serve");
 }
 
-/// A bad list element is one mistake among others: `check-config` names a bad
-/// `selection.order` source, a capacity of 0 and a bad category variable in
-/// one run, list elements by index.
+/// `check-config` names a bad `selection.order` source, a capacity of 0 and a
+/// bad category variable in one run, list elements by index.
 #[test]
 fn check_config_names_a_bad_list_element_among_the_other_mistakes() {
     let dir = tempfile::tempdir().unwrap();
@@ -1146,14 +1140,11 @@ async fn upstream_bodies_quoting_a_number_are_never_logged() {
     ];
     for (i, (phone_body, virtual_body)) in bodies.into_iter().enumerate() {
         let ad = i as u64 + 1;
-        // Anonymous fails closed: 503.
         app.anonymous.reply(Reply::Body(phone_body));
         app.real.reply(Reply::Phone(REAL));
         app.phone(1, ad, ANON_CATEGORY).await.assert_problem(503);
-        // Call tracking falls through to the real number.
         app.calltracking.reply(Reply::Body(virtual_body));
         app.assert_phone(2, ad, PLAIN_CATEGORY, REAL, "real").await;
-        // Real fails: 503.
         app.real.reply(Reply::Body(phone_body));
         app.phone(3, ad, PLAIN_CATEGORY).await.assert_problem(503);
     }

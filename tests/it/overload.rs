@@ -40,10 +40,9 @@ async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
     app.assert_phone(3, 1, PLAIN_CATEGORY, REAL, "real").await;
 }
 
-/// Cold admission (docs/caching.md#a-cold-replica): while ready work waits
-/// too long, uncached requests are shed at once and cached ones answered;
-/// when the pressure goes, uncached ones get in again. The pressure: a task
-/// holding this test's one thread 30 ms at a time.
+/// Cold admission (docs/caching.md#a-cold-replica): while ready work waits too
+/// long (a task hogging this test's one thread), uncached requests are shed at
+/// once and cached ones answered; when the pressure goes, uncached get in.
 #[tokio::test]
 async fn saturated_workers_shed_uncached_requests_and_keep_answering_cached_ones() {
     let app = TestApp::spawn_with("[server]\nmax_queue_delay_ms = 10").await;

@@ -1,7 +1,6 @@
-//! Why this number (docs/rules.md, "Reason codes"): every answer carries the
-//! reason the rules gave, on record with its reveal and counted in
-//! `phones_gateway_answers_total{kind, reason}`, one family after another.
-//! The gateway runs as its own process so that the counters are its alone.
+//! Why this number (docs/rules.md, "Reason codes"): every answer's reason, on
+//! record with its reveal and counted in `phones_gateway_answers_total`, family
+//! by family. The gateway runs as a process so that the counters are its own.
 
 use std::time::Duration;
 
@@ -193,10 +192,9 @@ async fn every_answer_carries_the_reason_the_rules_gave() {
     );
     assert_eq!(gw.answers("real", "stale").await, 1.0);
 
-    // The breaker opened on call tracking's 500s for five sellers in five
-    // requests: those fell through on `error_status`, the next on
-    // `circuit_open`. An answer first, so that the run of failures is these
-    // five's alone.
+    // The breaker opened on call tracking's 500s for five sellers: those fell
+    // through on `error_status`, the next on `circuit_open`. An answer first, so
+    // that the run of failures is these five's alone.
     gw.ask(&plain(15, 1))
         .await
         .assert_number(VIRTUAL, "calltracking");

@@ -1,15 +1,7 @@
-//! The gateway's own resources never decide an answer (docs/rules.md: its own
-//! trouble leaves a source undecided): under a low open-files limit, idle
-//! clients cannot take the descriptors a lookup's upstream call needs
-//! (`server.max_connections`, docs/runbook.md, "Connections at their cap");
-//! callers without a token cannot hold the admin listener's connections so
-//! that the probes go unanswered (docs/operations.md, "Connections");
-//! unfinished uploads cannot take the process's memory
-//! (`server.max_body_buffer_bytes`), nor one client all of it
-//! (`server.max_body_buffer_per_client_bytes`); probes on a listener of their
-//! own answer while callers storm the admin one (`server.probe_addr`); the
-//! process runs without transparent huge pages, which rounded its allocator's memory up to 2 MiB pages
-//! (`runtime::no_huge_pages`).
+//! The gateway's own resources never decide an answer (docs/rules.md): neither
+//! descriptors (`server.max_connections`), the admin listener's connections,
+//! upload memory (`server.max_body_buffer_bytes` and its per-client share), nor
+//! probes (`server.probe_addr`); no transparent huge pages (`runtime::no_huge_pages`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -78,12 +70,9 @@ fn public_value(metrics: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// The binary under `RLIMIT_NOFILE` 256 with the cap derived from it; more idle
-/// clients than the limit connect. A lookup on a connection opened before, of
-/// a tracked seller whose call-tracking number needs a new upstream connection,
-/// still answers call tracking (without the cap the accept loop took the last
-/// descriptor, the call failed with EMFILE and the real number was shown). Once
-/// the idle clients leave, new connections are accepted again.
+/// More idle clients than `RLIMIT_NOFILE`: a lookup needing a new upstream
+/// connection still answers call tracking (uncapped, the accept loop took the
+/// last descriptor and the real number was shown); later connections are taken.
 #[tokio::test]
 async fn idle_clients_cannot_take_the_descriptors_a_lookup_needs() {
     assert!(
@@ -230,8 +219,7 @@ async fn answer_of<R: AsyncRead + Unpin>(reader: &mut R) -> Option<(u16, String,
 }
 
 /// A GET of `path` on a new connection to `addr`, with these extra header
-/// lines; `None` when its connection closes without an answer, or none comes
-/// within 10 s.
+/// lines; `None` without an answer within 10 s.
 async fn fresh_get(addr: &str, path: &str, extra: &str) -> Option<(u16, String, Vec<u8>)> {
     let ask = async {
         let mut stream = TcpStream::connect(addr).await.ok()?;
@@ -245,9 +233,8 @@ async fn fresh_get(addr: &str, path: &str, extra: &str) -> Option<(u16, String, 
         .flatten()
 }
 
-/// A caller without a token sending request after request on its connection
-/// (each a 401) for as long as it stays open, then connecting again; counts
-/// its answers in `answered`.
+/// A caller without a token sending request after request (each a 401),
+/// reconnecting when closed; counts its answers in `answered`.
 async fn knock(addr: String, answered: Arc<AtomicUsize>) {
     let head = format!("GET {} HTTP/1.1\r\nhost: x\r\n\r\n", status_path(1));
     loop {
@@ -297,17 +284,9 @@ fn metric(metrics: &str, prefix: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// docs/api.md, "Operations": `/healthz`, `/readyz` and `/metrics` answer,
-/// and so does a caller with a token, while callers without one hold the admin
-/// listener: 64 sending request after request (each a 401) and 96 more that
-/// connect and send nothing, all connecting again whenever closed (two and a
-/// half times the cap of 64; fewer than the cap and the listen backlog, 128,
-/// together, past which the kernel drops new connections before the listener
-/// sees them: docs/operations.md), the head deadline set long enough that it
-/// closes none of them. A 401 closes its
-/// connection. A caller with the token whose request head is still on its way
-/// all that time is not closed to make room: its request is answered when its
-/// head is complete.
+/// docs/api.md, "Operations": while callers without a token hold the admin
+/// listener past its cap, the probes answer, and so does a caller with the
+/// token, even one whose request head is still on its way all that time.
 #[tokio::test]
 async fn probes_answer_while_callers_without_a_token_hold_the_admin_listener() {
     let dir = tempfile::tempdir().unwrap();
@@ -383,7 +362,6 @@ async fn probes_answer_while_callers_without_a_token_hold_the_admin_listener() {
     );
     assert!(evicted.is_some_and(|n| n > 0.0), "{evicted:?}");
 
-    // The head on its way all along: completed now, answered.
     let mut slow = slow.unwrap();
     slow.write_all(format!("{bearer}\r\n").as_bytes())
         .await
@@ -413,14 +391,9 @@ async fn reconnect(addr: String, answered: Arc<AtomicUsize>) {
     }
 }
 
-/// docs/operations.md, "Probes under a reconnect storm": with
-/// `server.probe_addr` set, `/healthz`, `/readyz` and `/metrics` have a
-/// listener of their own, which 600 callers without a token reconnecting to the
-/// admin listener as fast as they are closed do not reach. Every probe there is
-/// answered 200 on a new connection, half of them within 100 ms and every one
-/// within 500 ms (on the admin listener, 1 s at worst). A caller with the token
-/// asking the admin API on new connections meanwhile is answered every time. A path of the admin API is a 404 on the
-/// probe listener, token or not.
+/// docs/operations.md, "Probes under a reconnect storm": on `server.probe_addr`
+/// every probe is answered 200 promptly while callers storm the admin listener,
+/// a caller with the token still is, and an admin path is a 404 there.
 #[tokio::test]
 async fn probes_on_their_own_listener_answer_while_callers_storm_the_admin_one() {
     const CALLERS: usize = 600;
@@ -572,17 +545,9 @@ async fn unfinished_upload(addr: String, sent: usize) -> Option<(u16, String, Ve
     answer
 }
 
-/// `server.max_body_buffer_bytes`, at its default (64 MiB; the public
-/// listener's bodies may take three quarters of it): 200 batch uploads that
-/// send 960 KiB of a declared 1 MiB and stop (about 190 MiB in all). Past the
-/// bound they are answered 503 with `Retry-After` (a problem document) as
-/// their bytes arrive, the others 408 once `server.body_read_timeout_ms`
-/// passes; the process's peak memory grows by much less than the uploads
-/// sent; and, all answered, the buffer holds nothing (each request's bytes are
-/// released however it ended). Without the bound every upload is held until
-/// its 408, and the memory with it. Each client's share is the whole buffer
-/// here, so that the bound of all clients together is what refuses (the share
-/// has a test of its own, below).
+/// `server.max_body_buffer_bytes`: unfinished uploads past it are refused 503
+/// with `Retry-After` as their bytes arrive, memory stays bounded, and all
+/// answered the buffer is empty (the per-client share is the whole buffer here).
 #[tokio::test]
 async fn unfinished_uploads_cannot_take_the_process_s_memory() {
     const UPLOADS: usize = 200;
@@ -672,16 +637,9 @@ async fn body_buffer_bytes(process: &Process) -> f64 {
     metric(&metrics, "phones_gateway_body_buffer_bytes ").unwrap_or(f64::NAN)
 }
 
-/// One client, 127.0.0.2, holds all of the body buffer it can: uploads to the
-/// batch route that declare 1 MiB, each sending a piece and then nothing,
-/// pieces of 960 KiB while they are taken, then of half the size after each
-/// refusal, down to 1 KiB (a refused body gives its bytes back, so the buffer
-/// is filled to the byte). Then 17 batches of 100 items from another client,
-/// 127.0.0.1, are all answered 200, while the first one's uploads stay open:
-/// it holds at most `server.max_body_buffer_per_client_bytes` (8 MiB by
-/// default), refused past it with a 503 problem and `Retry-After`. Without a
-/// share per client it held the public listener's whole 48 MiB, and every
-/// batch got 503 until `server.body_read_timeout_ms` ended its uploads.
+/// One client filling its share of the body buffer
+/// (`server.max_body_buffer_per_client_bytes`, refused past it with a 503 and
+/// `Retry-After`) leaves room for another client's batches, all answered 200.
 #[tokio::test]
 async fn one_client_holding_all_it_can_of_the_body_buffer_leaves_room_for_others() {
     let real = Fake::start(Upstream::RealPhone).await;
@@ -704,7 +662,6 @@ async fn one_client_holding_all_it_can_of_the_body_buffer_leaves_room_for_others
     .await;
     let public = process.public.trim_start_matches("http://").to_owned();
 
-    // The greedy client's uploads, open until the end.
     let mut held = Vec::new();
     let mut refusals = Vec::new();
     let mut piece = 960 * 1024;
@@ -741,7 +698,6 @@ async fn one_client_holding_all_it_can_of_the_body_buffer_leaves_room_for_others
         } else {
             refusals.push(answer.await.unwrap());
             piece /= 2;
-            // Its bytes given back.
             eventually(
                 "a refused upload's bytes to be released",
                 Duration::from_secs(10),
@@ -822,10 +778,9 @@ async fn one_client_holding_all_it_can_of_the_body_buffer_leaves_room_for_others
     drop(held);
 }
 
-/// The serving process has transparent huge pages off (the kernel's
-/// `THP_enabled` of the process, Linux 5.0 on), whatever the host's setting:
-/// mimalloc asks for them on its arena, and they rounded the process's
-/// memory up in 2 MiB steps as it aged (docs/reveal-log.md, "Memory").
+/// The serving process has transparent huge pages off, whatever the host's
+/// setting: they rounded its memory up in 2 MiB steps as it aged
+/// (docs/reveal-log.md, "Memory").
 #[tokio::test]
 async fn the_process_runs_without_transparent_huge_pages() {
     let dir = tempfile::tempdir().unwrap();

@@ -104,7 +104,6 @@ async fn every_answered_number_is_recorded_and_nothing_else() {
             "viewer"
         ]
     );
-    // Each item's reason as the admin document describes it.
     let schema = reason_schema(&app).await;
     for item in &items {
         assert_reason_shape(&schema, &item["reason"]);
@@ -120,7 +119,6 @@ async fn every_answered_number_is_recorded_and_nothing_else() {
     let at = first["at"].as_str().unwrap();
     assert!(at.len() == 24 && at.ends_with('Z'), "{at}");
     assert!(items[0]["at"].as_str().unwrap() >= at);
-    // No number is stored or answered.
     assert!(!items.iter().any(|i| i.to_string().contains("7916")));
     let of_viewer = reveals_of(&app, "viewer=v-2").await;
     assert_eq!(of_viewer.len(), 2);
@@ -186,9 +184,8 @@ fn assert_reason_shape(schema: &Value, reason: &Value) {
     );
 }
 
-/// A reveal's reason as the flush writes it (`RevealStore::write_reveals`)
-/// reads back on the admin pages as docs/api.md gives it, by seller and by
-/// viewer; one without a reason as null. Run on `url`'s database.
+/// A reveal's reason as the flush writes it reads back on the admin pages as
+/// docs/api.md gives it, by seller and by viewer (none as null), on `url`.
 async fn reasons_read_back_on_the_admin_pages(url: &str) {
     use phones_gateway::domain::reason::{Failure, Origin, Reason, Skip};
     use phones_gateway::domain::{AdId, CategoryId, Reveal, Source, UserId, Viewer};
@@ -492,10 +489,9 @@ async fn metric_of(process: &Process, name: &str) -> f64 {
     crate::support::series_value(&text, name).unwrap_or(0.0)
 }
 
-/// While the database is down, two reveals fit in `max_buffered = 2`; past
-/// them, a gateway that drops shows the numbers and counts each one dropped
-/// (its own /metrics), and one that refuses answers 503. Once the database is
-/// back the two are written, and nothing more was dropped.
+/// While the database is down, `max_buffered` reveals wait; past them a gateway
+/// that drops shows the numbers and counts each drop, one that refuses answers
+/// 503. Once the database is back the buffered ones are written.
 #[tokio::test]
 async fn past_max_buffered_reveals_are_dropped_and_counted_or_the_number_refused() {
     const DROPPED: &str = "phones_gateway_reveals_dropped_total";
@@ -608,8 +604,7 @@ async fn retention_deletes_old_reveals_and_keeps_the_counts() {
 }
 
 /// docs/status-sync.md: on SQLite the gateway's own writers never refuse each
-/// other: flushes every 10 ms under public traffic beside 40 deliveries of
-/// 5,000 statuses and 4 snapshots, none answered 503.
+/// other: frequent flushes beside status deliveries and snapshots, none a 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_writes_beside_a_reveal_log_flushing_every_10_ms_are_never_refused() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -727,8 +722,7 @@ async fn retention_on_postgres_cuts_by_the_database_clock() {
     assert_eq!(left, [(1,), (29,)]);
 }
 
-/// The nice value of each thread of `pid` whose name starts with one of
-/// `names`.
+/// The nice value of `pid`'s threads whose names start with one of `names`.
 #[cfg(target_os = "linux")]
 fn nice_of_threads(pid: u32, names: &[&str]) -> Vec<(String, i32)> {
     let mut found = Vec::new();
@@ -820,11 +814,8 @@ async fn longest_flush(process: &Process) -> (Duration, u64, Duration) {
 }
 
 /// docs/reveal-log.md: a crash (SIGKILL) loses at most the reveals of the last
-/// `reveals.flush_interval_ms`, plus the flush under way. A process on SQLite
-/// answers one cached number every 5 ms, each to another viewer; it is killed
-/// mid-stream and restarted. Every reveal answered more than the interval plus
-/// two flushes before the kill is there; flush length is measured on the
-/// process's histogram, and nothing was dropped.
+/// `reveals.flush_interval_ms` plus the flush under way: killed mid-stream, every
+/// reveal answered before that window is there, and nothing was dropped.
 #[tokio::test]
 async fn a_crash_loses_at_most_the_last_flush_interval_of_reveals() {
     use std::sync::{Arc, Mutex};

@@ -1,8 +1,7 @@
-//! docs/rules.md: which number a buyer sees. The selection matrix, fail
-//! closed and fall through, concurrency and the request deadline, "Before the
-//! status set is loaded", circuit breakers, undecided sources (not failed), and
-//! what counts as a failed source (docs/errors.md "Upstream failures"; the
-//! upstream client against a raw HTTP/1.1 server, `support::raw`).
+//! docs/rules.md: which number a buyer sees. The selection matrix, fail closed
+//! and fall through, the deadline, the status set not yet loaded, breakers,
+//! undecided sources, and what counts as a failed source (the upstream client
+//! against a raw HTTP/1.1 server, `support::raw`).
 
 use std::process::Command;
 use std::sync::Arc;
@@ -395,10 +394,8 @@ fn fakes_on_their_own_thread() -> (Fake, Fake) {
 }
 
 /// docs/rules.md#concurrency-and-the-deadline: the default deadline leaves the
-/// chain room for its own scheduling. The app runs on this test's one thread,
-/// held 12 ms at a time (a saturated replica); the upstreams answer in 280 ms,
-/// within their 300 ms timeouts. A deadline at the bare 600 ms sum cut most
-/// of these requests and showed the real number.
+/// chain room for its own scheduling: on a saturated single thread, in-time
+/// upstreams still give call tracking (at the bare sum of timeouts they did not).
 #[tokio::test(flavor = "current_thread")]
 async fn on_a_busy_worker_a_calltracking_answer_within_its_timeout_is_not_cut_by_the_default_deadline()
  {
@@ -454,8 +451,6 @@ async fn on_a_busy_worker_a_calltracking_answer_within_its_timeout_is_not_cut_by
 
 #[tokio::test]
 async fn an_open_circuit_fails_fast_and_a_probe_closes_it() {
-    // The breaker opens only on failures of `min_sellers` distinct sellers in
-    // `min_requests` requests.
     let app = TestApp::spawn_with(
         "[breaker]\nconsecutive_failures = 3\nmin_sellers = 3\nmin_requests = 3\nopen_ms = 500",
     )
@@ -520,9 +515,8 @@ async fn the_request_deadline_follows_the_configured_timeouts() {
 /// timeouts, plus the margin (`config::DEADLINE_MARGIN`).
 const DEADLINE_MS: u64 = 700;
 
-/// Sends `n` anonymous-eligible requests (10 at a time) for fresh sellers;
-/// each must be 503 or the anonymous number, within the deadline and slack.
-/// Returns (anonymous, 503) counts.
+/// Sends `n` anonymous-eligible requests for fresh sellers, each 503 or the
+/// anonymous number within the deadline; returns (anonymous, 503) counts.
 async fn never_reveals(app: &TestApp, first_user: u64, n: u64) -> (usize, usize) {
     let results: Vec<_> = futures_util::stream::iter(first_user..first_user + n)
         .map(|user| async move {
@@ -738,10 +732,9 @@ async fn kinds_of_sellers(app: &TestApp, users: std::ops::RangeInclusive<u64>) -
     kinds
 }
 
-/// The status feed shares call tracking's base URL, not its client: a feed
-/// failing long enough opens its own breaker, and tracked sellers still get
-/// their call-tracking number, never the real one (docs/rules.md, "Verdict or
-/// undecided").
+/// The status feed shares call tracking's base URL, not its client: a failing
+/// feed opens its own breaker, and tracked sellers still get their
+/// call-tracking number (docs/rules.md, "Verdict or undecided").
 #[tokio::test]
 async fn a_failing_status_feed_never_moves_tracked_sellers_onto_their_real_number() {
     let app = TestApp::spawn_with(
@@ -782,10 +775,9 @@ async fn a_failing_status_feed_never_moves_tracked_sellers_onto_their_real_numbe
     );
 }
 
-/// One caller floods one tracked seller with concurrent batches of 100 items
-/// (distinct `phone`s, so nothing coalesces) against a slow call tracking,
-/// while ten other tracked sellers are asked in turn. Returns their kinds and
-/// the attacked seller's items.
+/// One caller floods one tracked seller with batches of distinct `phone`s (so
+/// nothing coalesces) against a slow call tracking, while ten other tracked
+/// sellers are asked in turn. Returns their kinds and the attacked one's items.
 async fn flood(app: &TestApp, attacked: u64) -> (Vec<String>, Vec<serde_json::Value>) {
     app.real.reply(Reply::Phone(REAL));
     app.calltracking
@@ -882,14 +874,12 @@ fn assert_flood_contained(kinds: &[String], items: &[serde_json::Value]) -> usiz
             }
         }
     }
-    // The flood did reach the bound: some items were refused, as undecided.
     assert!(refused > 0, "{} items, none refused", items.len());
     refused
 }
 
-/// The per-seller bound refused the flood: call tracking had at most, and at
-/// some moment exactly, `per_seller` lookups in flight for the attacked
-/// seller (counted by this test's own fake).
+/// Call tracking had at most, and at some moment exactly, `per_seller` lookups
+/// in flight for the attacked seller.
 fn assert_seller_bound_hit(app: &TestApp, attacked: u64, per_seller: usize) {
     assert_eq!(
         app.calltracking.max_in_flight_of(attacked),

@@ -1,9 +1,7 @@
-//! docs/status-sync.md, "Bounded calls" on the embedded database, and the
-//! snapshot's own bounds: webhooks and snapshots against a locked SQLite file
-//! or a stalled disk (the `test-faults` injection, src/store/faults.rs) answer
-//! 503 within their bound and apply nothing; uploads over
-//! `server.max_snapshot_uploads` and bodies past
-//! `server.snapshot_body_timeout_ms` are refused.
+//! docs/status-sync.md, "Bounded calls" on SQLite: webhooks and snapshots
+//! against a locked file or a stalled disk (`test-faults`, src/store/faults.rs)
+//! answer 503 within their bound and apply nothing; `server.max_snapshot_uploads`
+//! and `server.snapshot_body_timeout_ms` refuse.
 
 use crate::support::paths::{INVALIDATE, READYZ, STATUSES, status_path};
 use crate::support::{Answer, Reply, TestApp, bearer};
@@ -31,11 +29,9 @@ async fn timed(
     (answer, took)
 }
 
-/// Another connection holds the file's write lock (`BEGIN EXCLUSIVE`) past the
-/// lock bound: three webhooks sent at once each answer 503 with `Retry-After`
-/// within about `lock_timeout_ms`, not one after another, and none applies; a
-/// snapshot too. An invalidation records nothing on SQLite, so it is answered
-/// 200 at once and the seller's cached number is gone.
+/// The file's write lock held past the lock bound: concurrent webhooks and a
+/// snapshot each answer 503 within about `lock_timeout_ms` (not one after
+/// another), none applies; an invalidation (no write on SQLite) answers at once.
 #[tokio::test]
 async fn writes_against_a_locked_sqlite_file_answer_503_within_the_lock_bound() {
     const LOCK_MS: u64 = 1000;
@@ -118,15 +114,12 @@ async fn writes_against_a_locked_sqlite_file_answer_503_within_the_lock_bound() 
             "nothing applied: {stored:?}"
         );
     }
-    // The lock gone, the same change is taken.
     assert_eq!(app.set_status(1, false, 2).await, 200);
 }
 
-/// A disk that stops answering mid-write (the `test-faults` stall, holding
-/// SQLite's write lock: the busy timeout cannot end it). The gateway's own
-/// call bound does (docs/status-sync.md, the bounds table): a webhook answers
-/// 503 after `lock_timeout_ms`, a snapshot after its finish's bound; no sooner
-/// and not much later. Nothing applies, and the next writes are taken.
+/// A disk that stops mid-write holds SQLite's write lock where the busy timeout
+/// cannot end it; the gateway's own call bound does (docs/status-sync.md): 503
+/// near the bound, nothing applied, and the next writes taken.
 #[tokio::test]
 async fn on_a_stalled_disk_writes_answer_503_within_the_gateways_own_bound_and_apply_nothing() {
     const LOCK_MS: u64 = 500;
@@ -232,10 +225,8 @@ async fn read_head(stream: &mut (impl AsyncReadExt + Unpin), limit: Duration) ->
     (status, text.to_ascii_lowercase())
 }
 
-/// Two uploads trickle in (the default `server.max_snapshot_uploads`): a third
-/// is answered 503 with `Retry-After` before it sends a byte of body (not 408
-/// after `body_read_timeout_ms`). The two still apply, and then an upload is
-/// taken again.
+/// Past `server.max_snapshot_uploads` trickling uploads, another is refused 503
+/// before its body is read (not 408 later); the two apply and free their places.
 #[tokio::test]
 async fn a_third_concurrent_snapshot_upload_is_refused_before_its_body_is_read() {
     let app = TestApp::spawn().await;
@@ -343,10 +334,9 @@ async fn a_snapshot_body_trickling_past_its_total_time_is_answered_408() {
     assert_eq!(stored.body["version"], 0, "nothing applied: {stored:?}");
 }
 
-/// Another connection holds the write lock (`BEGIN IMMEDIATE`): a snapshot
-/// answers 503 with `Retry-After` within its finish's bound on SQLite and
-/// applies nothing; an invalidation answers at once and drops the seller's
-/// cached numbers. Once the lock is gone the snapshot is taken.
+/// Another connection holds the write lock: a snapshot answers 503 within its
+/// finish's bound and applies nothing, an invalidation answers at once and drops
+/// the seller's cached numbers; once the lock is gone the snapshot is taken.
 #[tokio::test]
 async fn a_snapshot_against_a_locked_sqlite_file_answers_503_within_its_bound_and_applies_nothing()
 {

@@ -192,15 +192,12 @@ async fn listeners(url: &str) -> i64 {
     n
 }
 
-/// The catch-up read's text (`store::status`'s `changes_after`), by which a
-/// proxy sees each read begin.
+/// The catch-up read's text, by which a proxy sees each read begin.
 pub const CATCH_UP_SQL: &str = "false AS invalidation";
 
 /// docs/status-sync.md: with `database.listen = false`, a change reaches the
 /// other replica by polling alone, within `database.sync_interval_ms` of its
-/// 2xx. Each change is sent at another phase of the reader's poll (a fifth to
-/// seven tenths of an interval after a read began), so that it commits
-/// between two reads; not at the edge, where scheduler jitter decides.
+/// 2xx. Each change commits mid-way between two reads, not where jitter decides.
 #[tokio::test]
 async fn without_listen_replicas_converge_by_the_poll_alone() {
     const SYNC_INTERVAL: Duration = Duration::from_millis(200);
@@ -252,10 +249,8 @@ async fn without_listen_replicas_converge_by_the_poll_alone() {
     drop(listening);
 }
 
-/// docs/status-sync.md, cluster size: a replica's steady load is one catch-up
-/// query per `database.sync_interval_ms`. Three idle replicas; one's reads,
-/// counted at a proxy over two seconds, begin at least an interval apart (at
-/// most one more than the intervals), and the poll does run (at least half).
+/// docs/status-sync.md, cluster size: an idle replica's steady load is one
+/// catch-up query per `database.sync_interval_ms`, and the poll does run.
 #[tokio::test]
 async fn idle_a_replica_reads_the_change_log_once_per_sync_interval() {
     const SYNC_INTERVAL: Duration = Duration::from_millis(100);
@@ -302,7 +297,7 @@ async fn idle_a_replica_reads_the_change_log_once_per_sync_interval() {
     assert!(a.status.is_loaded() && others.iter().all(|o| o.status.is_loaded()));
 }
 
-/// One round of load on `app`: 24 requests at once, then a snapshot.
+/// One round of load on `app`: requests at once, then a snapshot.
 async fn load_round(app: &TestApp, round: u64) {
     let mut asks = Vec::new();
     for k in 0..24u64 {
@@ -329,12 +324,9 @@ async fn load_round(app: &TestApp, round: u64) {
     assert_eq!(answer.status, 200, "{answer:?}");
 }
 
-/// docs/status-sync.md, cluster size: a replica costs the database at most
-/// `database.max_connections` in the pool, one listener and one while it
-/// leads the feed. Two replicas, pools of 3, each behind a counting proxy;
-/// every database duty runs under a load asking for more connections at once
-/// than the pool holds. Each reached its pool and its listener (so a larger
-/// pool would show), and neither went past its bound.
+/// docs/status-sync.md, cluster size: a replica costs the database at most its
+/// pool, one listener and one while it leads the feed. Loaded past its pool, each
+/// reached that bound (so a larger pool would show) and went no further.
 #[tokio::test]
 async fn a_replica_holds_its_pool_one_connection_for_notifications_and_one_while_leading() {
     const POOL: u64 = 3;
@@ -386,11 +378,9 @@ async fn a_replica_holds_its_pool_one_connection_for_notifications_and_one_while
     );
 }
 
-/// A pool busy past its acquire timeout (3 s): its only connection held by a
-/// webhook waiting for the writers' lock another session holds for 3.6 s. The
-/// sync loop's catch-up fails with its cause said ("every pooled connection
-/// stayed busy") without opening one more connection. The gateway runs as a
-/// process so that the log read is its own.
+/// A pool busy past its acquire timeout: the sync loop's catch-up fails saying
+/// every pooled connection stayed busy, without opening one more. The gateway
+/// runs as a process so that the log read is its own.
 #[tokio::test]
 async fn a_busy_pool_is_explained_without_one_more_connection() {
     let db = pg::or_skip!(pg::database().await);
@@ -584,9 +574,8 @@ async fn a_webhook_of_ten_thousand_items_applies_in_one_delivery() {
     assert_status(&app, 10_000, true, 1).await;
 }
 
-/// A trickling snapshot upload holds no pooled connection while its body
-/// arrives: with more of them open than the pool (8), webhooks still answer
-/// 200, and an upload that ends applies.
+/// A trickling snapshot upload holds no pooled connection: with more open than
+/// the pool, webhooks still answer 200, and an upload that ends applies.
 #[tokio::test]
 async fn slow_snapshot_uploads_hold_no_database_connection() {
     use std::sync::Arc;
@@ -793,10 +782,9 @@ async fn every_replica_agrees_on_the_snapshot_floor_on_postgres() {
     assert_status(&c, 1, true, 100).await;
 }
 
-/// A snapshot of sellers 1..=ids at version 2 through `app`, over seller
-/// `ids + 1` on at 1 (unlisted: turned off) and `ids + 2` on at 5 (above it:
-/// stays on); returns how long until the answer. Set-up webhooks are retried
-/// until taken (the 100 ms lock bound may rightly refuse one 503).
+/// A snapshot of sellers 1..=ids at version 2 through `app`, over one unlisted
+/// seller (turned off) and one above it (stays on); how long until answered.
+/// Set-up webhooks are retried: the 100 ms lock bound may rightly refuse one.
 async fn put_large_snapshot(app: &TestApp, ids: u64) -> Duration {
     for (user, version) in [(ids + 1, 1), (ids + 2, 5)] {
         eventually(
@@ -814,9 +802,7 @@ async fn put_large_snapshot(app: &TestApp, ids: u64) -> Duration {
     took
 }
 
-/// Asserts what `app` holds of a [`put_large_snapshot`] of `ids`: every listed
-/// seller on at version 2, and its answers for the last listed and the two
-/// unlisted sellers.
+/// Asserts `app` holds the whole of a [`put_large_snapshot`] of `ids`.
 async fn assert_sees_large_snapshot(app: &TestApp, ids: u64, when: &str) {
     let set = app.status.set();
     let stale = (1..=ids)
@@ -837,10 +823,8 @@ async fn assert_sees_large_snapshot(app: &TestApp, ids: u64, when: &str) {
     assert_status(app, ids + 2, true, 5).await;
 }
 
-/// A [`put_large_snapshot`] of `ids` through `a` of two replicas on `url`:
-/// whole on `a` when answered, and on the other within 10 s (it waits for its
-/// last listed seller on and the unlisted one at version 2). Returns `a`, the
-/// time to the answer and the time from it to the other's.
+/// A [`put_large_snapshot`] through `a` of two replicas on `url`: whole on `a`
+/// when answered, on the other within 10 s. Returns `a` and both times.
 async fn large_snapshot_on_two(
     url: &str,
     overlay: &str,
@@ -865,11 +849,9 @@ async fn large_snapshot_on_two(
     (a, took, later)
 }
 
-/// docs/status-sync.md, "The snapshot and its floor": the replica that
-/// answers a snapshot 2xx sees the whole of it, however large. With
-/// `lock_timeout_ms` at 100 ms, reading 200,000 rows back through the change
-/// log cannot be done in time, so a replica that learned its own snapshot
-/// that way would answer before it saw it.
+/// docs/status-sync.md, "The snapshot and its floor": the replica answering a
+/// snapshot 2xx sees all of it, however large. Under a 100 ms lock bound, one
+/// that read it back through the change log would answer before it saw it.
 #[tokio::test]
 async fn a_large_snapshot_is_seen_whole_by_its_replica_when_it_answers() {
     const IDS: u64 = 200_000;
@@ -905,9 +887,8 @@ async fn a_large_snapshot_on_postgres_is_whole_on_its_replica_at_once_and_on_ano
     );
 }
 
-/// The largest snapshot (10,000,000 ids) in short, 1,000,000 ids, with the
-/// defaults (the full size: `benches/load/snapshot_reach.py --ids 10000000`):
-/// answered 2xx and seen whole by its replica.
+/// The largest snapshot in short (`benches/load/snapshot_reach.py` runs it in
+/// full), with the defaults: answered 2xx and seen whole by its replica.
 #[tokio::test]
 async fn a_snapshot_of_a_million_ids_with_the_defaults_is_answered_and_seen_on_sqlite() {
     const IDS: u64 = 1_000_000;
@@ -918,17 +899,14 @@ async fn a_snapshot_of_a_million_ids_with_the_defaults_is_answered_and_seen_on_s
     assert_sees_large_snapshot(&app, IDS, "when answered").await;
 }
 
-/// The same on PostgreSQL with two replicas: the rows are written in batches,
-/// each statement bounded by itself; the answering replica sees it whole at
-/// once, the other within 10 s. A 3 s statement timeout fits a batch, not one
-/// statement over every id.
+/// The same on PostgreSQL with two replicas, under a statement timeout that fits
+/// a batch of rows, not one statement over every id.
 #[tokio::test]
 async fn a_snapshot_of_a_million_ids_is_answered_and_seen_on_postgres_each_statement_within_3_s() {
     const IDS: u64 = 1_000_000;
     let db = pg::or_skip!(pg::database().await);
     let overlay = "[database]\nstatement_timeout_ms = 3000\nlock_timeout_ms = 1000\n";
     let (a, took, later) = large_snapshot_on_two(&db.url, overlay, IDS).await;
-    // The finish's statements, from the process's own /metrics.
     let metrics = a.get_admin(crate::support::paths::METRICS).await.text;
     let finish = "phones_gateway_db_operation_duration_seconds_sum{operation=\"finish_snapshot\"}";
     let finish = crate::support::series_value(&metrics, finish);
@@ -946,10 +924,9 @@ async fn db_operations(process: &Process, operation: &str) -> f64 {
     crate::support::series_value(&text, &series).unwrap_or(0.0)
 }
 
-/// On PostgreSQL a large snapshot leaves its listing in the database, and a
-/// replica started after it loads it from there: one listing read and two
-/// change-log pages, not one page per 50,000 rows stamped (by its /metrics);
-/// its answers are the snapshot's.
+/// On PostgreSQL a large snapshot leaves its listing in the database: a replica
+/// started after it loads it in one read, not a change-log page per batch of
+/// rows, and answers as the snapshot says.
 #[tokio::test]
 async fn another_replica_applies_a_large_snapshot_from_its_listing() {
     const IDS: u64 = 200_000;
@@ -987,10 +964,9 @@ async fn another_replica_applies_a_large_snapshot_from_its_listing() {
     );
 }
 
-/// A snapshot applies over what another replica stored just before it and
-/// the answering one had not caught up yet: memory catches up first. A seller
-/// put above the snapshot's version keeps its state; one turned off and back
-/// on by it does not serve the forwarding number cached before.
+/// A snapshot applies over what another replica stored just before it: memory
+/// catches up first. A seller above its version keeps its state; one turned off
+/// and on by it does not serve the number cached before.
 #[tokio::test]
 async fn a_snapshot_applies_over_what_another_replica_stored_just_before_it() {
     let db = pg::or_skip!(pg::database().await);
@@ -1271,7 +1247,6 @@ async fn replicas_behind_a_transaction_pooler_converge_by_polling() {
     .await;
     // More client connections than the pooler's three server connections.
     assert!(server_connections(&db.url).await <= 3 + 1);
-    // A replica started now loads the set through the pooler.
     let d = TestApp::spawn_on(Some(&bouncer.url()), &overlay).await;
     assert!(enabled(&d, 8) && !enabled(&d, 2000));
 }
@@ -1321,11 +1296,9 @@ async fn the_feed_has_one_leader_behind_the_pooler_and_fails_over() {
     eprintln!("feed failover behind the pooler: {took:?}");
 }
 
-/// `database.url` is PgBouncer in transaction mode: a replica without
-/// `direct_url` stops with one line naming the key; with it, it listens on
-/// PostgreSQL itself. A correctly configured replica's 40 webhooks all pass
-/// (a listener through the pooler failed 30 of 40 with a stray
-/// NotificationResponse).
+/// `database.url` is PgBouncer in transaction mode: without `direct_url` a
+/// replica stops naming the key; with it, it listens on PostgreSQL itself and
+/// its webhooks pass (through the pooler, stray NotificationResponses).
 #[tokio::test]
 async fn a_would_be_listener_through_a_pooler_harms_no_other_replica() {
     let (db, bouncer) = pg::or_skip!(crate::support::pgbouncer::pooled());

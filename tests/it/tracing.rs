@@ -392,10 +392,9 @@ impl Export {
 /// The trace a caller sends unsampled.
 const UNSAMPLED_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 
-/// The real binary with export on (ratio 1.0) against the test's collector:
-/// a request in a caller's sampled trace, one in an unsampled trace, and one
-/// without a `traceparent` twice (miss, hit); then SIGTERM, which flushes the
-/// last spans. Run once, for the first test that asks (again if it failed).
+/// The real binary exporting to the test's collector: a request in a sampled
+/// caller trace, one in an unsampled one, one without `traceparent` twice, then
+/// SIGTERM to flush. Run once, for the first test that asks (again if it failed).
 async fn exported_run() -> &'static Export {
     static EXPORT: tokio::sync::OnceCell<Export> = tokio::sync::OnceCell::const_new();
     EXPORT.get_or_init(export_run).await

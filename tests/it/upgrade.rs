@@ -1,8 +1,6 @@
-//! Upgrades (docs/operations.md, "Migrations at start", "Upgrading"): a
-//! replica on an earlier schema holding reveals runs the pending migrations,
-//! names the running one in `/readyz`, is ready once answering needs no more,
-//! and reads every reveal back; one that starts while another holds the
-//! migrations' lock waits and applies nothing meanwhile.
+//! Upgrades (docs/operations.md, "Migrations at start", "Upgrading"): a replica
+//! on an earlier schema migrates, names the running migration in `/readyz`, and
+//! reads every reveal back; one finding the migrations' lock held waits.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -258,10 +256,9 @@ fn versions_applied(names: &[i64]) -> String {
         .join(",")
 }
 
-/// SQLite at 0010 holding reveals: 0011 rebuilds the log's indexes and
-/// touches the log alone, so the replica is ready before it ends and answers
-/// meanwhile, `/readyz` naming it; those reveals are written once it is done,
-/// and every reveal and its reason read back.
+/// SQLite at 0010 holding reveals: 0011 touches the log alone, so the replica
+/// is ready and answers while it runs, `/readyz` naming it; the reveals held
+/// meanwhile are written after, and every reveal and its reason read back.
 #[tokio::test]
 async fn an_upgrade_over_reveals_becomes_ready_on_sqlite() {
     let (_dir, url) = crate::support::sqlite_file("upgrade.db");
@@ -304,7 +301,6 @@ async fn an_upgrade_over_reveals_becomes_ready_on_sqlite() {
     assert!(detail.contains("being migrated"), "{reading:?}");
     let (took, said) = until_migrated(&app, Duration::from_secs(1200)).await;
     eprintln!("migrated {took:?} after ready; /readyz said {said:?}");
-    // The lookup's reveal, held meanwhile, is written.
     let mut written = Vec::new();
     for _ in 0..100 {
         written = pages(&app, &format!("user_id={}", SELLERS + 1)).await;
@@ -372,10 +368,9 @@ async fn an_upgrade_over_reveals_becomes_ready_on_postgres() {
     reveals_read_back(&app, n, paged(n, SELLERS * 10)).await;
 }
 
-/// Two replicas starting together run each migration once: while another
-/// session holds the migrator's advisory lock, a starting replica waits, says
-/// so on `/readyz` and applies nothing; once released it migrates and is
-/// ready. The wait is longer than `MIGRATION_BOUND`: it is not cut off.
+/// Two replicas starting together run each migration once: one finding the
+/// migrator's advisory lock held waits, says so on `/readyz` and applies
+/// nothing, past `MIGRATION_BOUND` (not cut off); released, it migrates.
 #[tokio::test]
 async fn a_replica_waits_for_the_migrations_lock_another_holds() {
     let db = pg::or_skip!(pg::database().await);
@@ -415,9 +410,8 @@ async fn a_replica_waits_for_the_migrations_lock_another_holds() {
     eprintln!("ready {took:?} after the lock was released");
 }
 
-/// Each migration that reads or rewrites the reveal log, timed over
-/// `UPGRADE_REVEALS` reveals, each applied alone. `benches/load/upgrade.sh`
-/// runs it.
+/// Each migration that reads or rewrites the reveal log, timed alone over
+/// `UPGRADE_REVEALS` reveals (`benches/load/upgrade.sh` runs it).
 #[tokio::test]
 #[ignore = "a bench: benches/load/upgrade.sh"]
 async fn each_migration_over_reveals_timed() {

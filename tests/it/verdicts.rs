@@ -1,7 +1,6 @@
 //! Only the upstream's word is a verdict (docs/rules.md, "Verdict or
 //! undecided"): a load refusal, a panicked fetch, one seller's failing calls
-//! never move a seller onto a number the rules do not allow, and never open a
-//! breaker for everyone. Evidence is the test's own app's answers.
+//! never move a seller onto a number the rules do not allow, nor open a breaker.
 
 use std::time::Duration;
 
@@ -22,8 +21,7 @@ fn given(user: u64, ad: u64) -> String {
     )
 }
 
-/// Asserts an undecided 503: a problem document with `Retry-After`, the
-/// undecided detail (not the admission's "overloaded").
+/// Asserts an undecided 503: a problem with `Retry-After` and the undecided detail.
 #[track_caller]
 fn assert_undecided(answer: &Answer) {
     answer.assert_problem(503);
@@ -54,11 +52,9 @@ fn phones(seed: u64, n: usize) -> Vec<String> {
         .collect()
 }
 
-/// An upstream with room for 8 calls, 429 past that, flooded by one caller's
-/// six concurrent batches over fifty tracked sellers (random phones, so
-/// nothing coalesces). No answer is ever the real number (a load refusal is no
-/// verdict), and every other tracked seller gets its call-tracking number
-/// within 2 s of the flood's end: the refusals opened no breaker.
+/// An upstream with room for 8 calls, 429 past that, flooded by one caller: no
+/// answer is the real number (a load refusal is no verdict), and other tracked
+/// sellers get call tracking right after: the refusals opened no breaker.
 #[tokio::test]
 async fn a_429_flood_reveals_no_real_number_and_opens_no_breaker() {
     // Long timeouts: only the upstream's refusals are tested.

@@ -221,7 +221,6 @@ impl TestApp {
         self.get_public_with(path_and_query, &[]).await
     }
 
-    /// A GET on the public listener with these headers.
     pub async fn get_public_with(&self, path_and_query: &str, headers: &[(&str, &str)]) -> Answer {
         get_with(&self.http, &self.public, path_and_query, headers).await
     }
@@ -244,17 +243,14 @@ impl TestApp {
             .await
     }
 
-    /// A GET on the admin listener without the token.
     pub async fn get_admin_without_token(&self, path: &str) -> Answer {
         self.admin_request(Method::GET, path, &[], "").await
     }
 
-    /// A JSON body to the public listener.
     pub async fn post_public(&self, path: &str, body: impl Into<reqwest::Body>) -> Answer {
         self.post_public_with(path, &[], body).await
     }
 
-    /// A JSON body to the public listener with these headers.
     pub async fn post_public_with(
         &self,
         path: &str,
@@ -413,7 +409,6 @@ pub async fn read(response: reqwest::Response) -> Answer {
 }
 
 impl Answer {
-    /// The answer of this status, headers and body text.
     pub fn new(status: u16, headers: &reqwest::header::HeaderMap, text: String) -> Answer {
         let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
         Answer {

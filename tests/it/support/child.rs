@@ -85,7 +85,6 @@ impl Spawned {
         self.child.wait().unwrap();
     }
 
-    /// SIGTERM, then the exit status.
     pub fn sigterm(&mut self) -> ExitStatus {
         let pid = self.child.id().to_string();
         Command::new("kill").args(["-TERM", &pid]).status().unwrap();
@@ -228,7 +227,6 @@ impl Process {
         process
     }
 
-    /// A GET on the public listener with these headers.
     pub async fn get_public_with(&self, path_and_query: &str, headers: &[(&str, &str)]) -> Answer {
         get_with(&self.http, &self.public, path_and_query, headers).await
     }
@@ -275,7 +273,6 @@ impl Process {
         serde_json::from_str(&response.text().await.unwrap()).unwrap()
     }
 
-    /// SIGTERM, then the exit status.
     pub fn sigterm(mut self) -> std::process::ExitStatus {
         self.child.sigterm()
     }

@@ -73,35 +73,26 @@ pub struct Fake {
     uris: Arc<Mutex<Vec<String>>>,
     unexpected: Arc<Mutex<Vec<String>>>,
     request_ids: Arc<Mutex<Vec<String>>>,
-    /// The `traceparent` and `tracestate` (if any) of every number lookup.
     traces: Arc<Mutex<Vec<Traced>>>,
     /// The status feed's items (call tracking only); the cursor is an index.
     feed: Arc<Mutex<Vec<Value>>>,
     feed_uris: Arc<Mutex<Vec<String>>>,
-    /// When set, every status-feed poll is answered this status, empty.
     feed_failure: Arc<Mutex<Option<u16>>>,
-    /// How long every status-feed poll waits before its answer.
     feed_delay: Arc<Mutex<Duration>>,
     /// Status-feed polls in flight now, and the most at once so far.
     feed_in_flight: Arc<Mutex<(usize, usize)>>,
     /// Replies for one seller's lookups, over the behaviour's reply.
     for_seller: Arc<Mutex<HashMap<u64, Reply>>>,
-    /// When set, the most lookups answered at once; past it, 429 at once.
     capacity: Arc<Mutex<Option<usize>>>,
     in_flight: Arc<AtomicUsize>,
     /// Lookups answered 429 past the capacity.
     refused: Arc<AtomicUsize>,
     /// Per seller: number lookups in flight now, and the most at once.
     per_seller: Arc<Mutex<HashMap<u64, (usize, usize)>>>,
-    /// When set, the most lookups served at once; past it a lookup queues.
     queue: Arc<Mutex<Option<Arc<tokio::sync::Semaphore>>>>,
     queued: Arc<AtomicUsize>,
-    /// When set, the most lookups answered well in any second (past it a
-    /// plain 500), with the times of those answered.
     per_second: Arc<Mutex<Option<RateCap>>>,
     over_rate: Arc<AtomicUsize>,
-    /// Replies for call-tracking lookups by phone digit prefix, over the
-    /// seller's and the behaviour's reply.
     for_phones: Arc<Mutex<Vec<(String, Reply)>>>,
 }
 
@@ -297,7 +288,6 @@ impl Fake {
         *self.feed_delay.lock().unwrap() = delay;
     }
 
-    /// The most status-feed polls in flight at once.
     pub fn max_feed_in_flight(&self) -> usize {
         self.feed_in_flight.lock().unwrap().1
     }

@@ -1,7 +1,6 @@
-//! The public listener's service (`Front`) without sockets, built by the
-//! app's own builder (`app::Parts`) over upstreams never asked: for contract
-//! cases decided before any upstream call. Driven with
-//! `tower::ServiceExt::oneshot` through `tower::service_fn`.
+//! The public listener's service (`Front`) without sockets, built by the app's
+//! own builder (`app::Parts`) over upstreams never asked, for contract cases
+//! decided before any upstream call; driven by `tower::ServiceExt::oneshot`.
 
 use std::convert::Infallible;
 

@@ -1,10 +1,8 @@
 //! Test harness: the real app on 127.0.0.1:0 against three fake upstreams
-//! that are real HTTP servers the test controls.
-//!
-//! Two guards run under every test: the fakes answer only the request shapes
-//! docs/rules.md defines (anything else is recorded and fails the test on
-//! `TestApp`'s drop), and the privacy scanner (`privacy`) fails it on any full
-//! number logged. One file per part.
+//! that are real HTTP servers the test controls. Two guards run under every
+//! test: the fakes answer only the request shapes docs/rules.md defines (else
+//! recorded, failing on `TestApp`'s drop), and the privacy scanner (`privacy`)
+//! fails it on any full number logged.
 use std::time::{Duration, Instant};
 
 pub mod alerts;
@@ -116,7 +114,6 @@ pub async fn took_until(what: &str, limit: Duration, mut done: impl FnMut() -> b
 }
 
 /// Polls `done` every 10 ms until it holds; panics naming `what` after `limit`.
-/// Used instead of sleeping a guessed time.
 pub async fn eventually<F: std::future::Future<Output = bool>>(
     what: &str,
     limit: Duration,
@@ -142,8 +139,7 @@ pub fn tracking(users: impl IntoIterator<Item = u64>) -> Vec<serde_json::Value> 
         .collect()
 }
 
-/// The value of `series` (a name and its labels, as written) in a /metrics
-/// text, if there.
+/// The value of `series` (name and labels as written) in a /metrics text.
 pub fn series_value(metrics: &str, series: &str) -> Option<f64> {
     metrics
         .lines()

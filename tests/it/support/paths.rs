@@ -1,17 +1,12 @@
 //! The routes the tests call, typed once, written out rather than taken from
 //! the crate (docs/api.md), so that a route moved in the code fails the tests.
 
-/// The public lookup of one number.
 pub const PUBLIC_PHONE: &str = "/v1/public-phone";
-/// The public batch of lookups.
 pub const BATCH: &str = "/v1/public-phones/batch";
 /// The call-tracking status webhook (POST) and snapshot (PUT).
 pub const STATUSES: &str = "/admin/v1/calltracking/statuses";
-/// Dropping sellers from the caches.
 pub const INVALIDATE: &str = "/admin/v1/cache/invalidate";
-/// The reveal log, by seller.
 pub const REVEALS: &str = "/admin/v1/reveals";
-/// The CPU profile.
 pub const PROFILE: &str = "/admin/v1/debug/pprof/profile";
 /// The operations routes on the admin listener, open without the token.
 pub const HEALTHZ: &str = "/healthz";

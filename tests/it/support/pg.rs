@@ -1,15 +1,11 @@
 //! Throwaway PostgreSQL clusters: `initdb` in a temp dir on a free port, run
-//! as `postgres` when we are root. Each test gets its own cluster, stopped
-//! when dropped, so it may stop or restart it; with `TEST_POSTGRES_URL`, tests
-//! that do not stop the server use a fresh database there instead. A start
-//! whose port was taken meanwhile is retried; at most `MAX_CLUSTERS` run at
-//! once.
+//! as `postgres` when we are root, one per test (which may stop or restart it),
+//! at most `MAX_CLUSTERS` at once; with `TEST_POSTGRES_URL`, tests that do not
+//! stop the server get a fresh database there instead.
 //!
 //! With `REQUIRE_POSTGRES` or `CI` set (not empty, `0` or `false`), a missing
-//! PostgreSQL fails the test; elsewhere the test says `SKIPPED`, leaves a
-//! marker in `SKIPPED_DIR` when set (`scripts/test` counts them) and returns.
-//! A test opens with `let db = pg::or_skip!(pg::database().await);` (or
-//! `pg::cluster()`, or `pgbouncer::pooled()`).
+//! PostgreSQL fails the test; elsewhere it says `SKIPPED`, leaves a marker in
+//! `SKIPPED_DIR` when set, and returns: `pg::or_skip!(pg::database().await)`.
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -1,10 +1,8 @@
 //! A TCP proxy on 127.0.0.1 that can fall silent: it stops forwarding both
-//! ways while keeping every connection open (and accepting new ones), as a
-//! partitioned network or a frozen database host does; resumed, it forwards
-//! what was held back. It counts the bytes clients sent, the connections open
-//! at once, and each sending of a watched text: in front of PostgreSQL that
-//! counts one statement's executions exactly (unnamed statements send their
-//! text each time, in the clear on 127.0.0.1).
+//! ways but keeps every connection open, as a partitioned network or a frozen
+//! database host does; resumed, it forwards what was held back. It counts bytes
+//! sent, connections open at once, and each sending of a watched text (in front
+//! of PostgreSQL, a statement's executions: unnamed statements send their text).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -118,7 +116,6 @@ impl Proxy {
         self.connections.open.load(Ordering::SeqCst)
     }
 
-    /// The most connections open through the proxy at once.
     pub fn most_open(&self) -> u64 {
         self.connections.most.load(Ordering::SeqCst)
     }
