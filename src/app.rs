@@ -1,8 +1,6 @@
-//! Wiring: [`App::build`] turns a `Config` into bound listeners and the parts
-//! behind them; [`App::run`] serves both listeners until the shutdown future ends.
-//! Listeners are bound in `build` so a test can ask for port 0 and read the
-//! address before the app runs. Which part takes which section of the
-//! configuration: docs/development.md, "Layout".
+//! Wiring: [`App::build`] turns a `Config` into bound listeners (bound here so a
+//! test can read a port-0 address) and the parts behind them; [`App::run`] serves
+//! them until shutdown. Which part reads which section: docs/development.md, "Layout".
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -126,10 +124,6 @@ impl Parts {
 impl App {
     /// Builds every part and binds both listeners. The status set is loaded by
     /// [`App::run`], so the listeners answer (and `/readyz` says 503) meanwhile.
-    ///
-    /// # Errors
-    /// A listener address that cannot be bound, an HTTP client that cannot be
-    /// built, or a database URL that cannot be opened.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         // The recorder first: the parts register their metrics as they are built.
         let metrics = crate::telemetry::metrics_handle();
@@ -156,8 +150,7 @@ impl App {
         );
         let admission = parts.resolver.admission();
         let lost = parts.upstreams.lost_time();
-        // Read now so that a token file that cannot be read stops the start,
-        // naming its key.
+        // Read now, so an unreadable token file stops the start, naming its key.
         let tokens = Arc::new(AdminTokens::new(config.admin.read_tokens()?));
         let shutting_down = Arc::new(AtomicBool::new(false));
         let admin_state = AdminState {
@@ -254,11 +247,8 @@ impl App {
         &self.database
     }
 
-    /// Serves both listeners and runs the background tasks; returns once
-    /// `shutdown` has completed, requests have drained and the tasks stopped.
-    ///
-    /// # Errors
-    /// A listener failed.
+    /// Serves both listeners and runs the background tasks until `shutdown`
+    /// completes, requests have drained and the tasks stopped.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -303,8 +293,7 @@ impl App {
             Inbound::making_room("admin", conns::ADMIN_MAX_CONNECTIONS),
             stopped(stop_rx.clone()),
         );
-        // Stops with the others; `/readyz` there turns 503 first as well. On a
-        // thread of its own (`runtime::apart`).
+        // Stops with the others (its `/readyz` turns 503 first too); on its own thread.
         let probe = async {
             let Some((listener, front)) = self.probe else {
                 return Ok(());
@@ -540,10 +529,8 @@ fn after(
 }
 
 /// The start's database work, each step retried until the database answers
-/// (docs/operations.md, "Migrations at start"): the pooler check, the
-/// migrations answering needs and the status set's load, then opens `loaded`;
-/// the reveal log's own migrations, then opens `reveal_log`. A pooler without a
-/// session goes to `fatal`: no retry mends it.
+/// (docs/operations.md, "Migrations at start"); a pooler without a session goes
+/// to `fatal`: no retry mends it.
 async fn load(
     status: StatusService,
     database: Database,

@@ -1,8 +1,7 @@
 //! phones-gateway decides which phone number a buyer sees for a classified ad:
 //! a paid anonymous number, a call-tracking number or the seller's real number.
-//! What it does is in `docs/` (`docs/README.md` lists the pages); this is the
-//! map of the code. Which way imports go: docs/development.md, "Layout" (a
-//! folder is one module to the rest of the crate).
+//! The map of the code (what it does: `docs/README.md`; which way imports go:
+//! docs/development.md, "Layout"):
 //!
 //! - [`app`]: builds the parts ([`app::Parts`]), runs both listeners, owns the tasks.
 //! - [`http`]: the server imports the API, never the reverse.

@@ -123,8 +123,7 @@ fn check_config(file: Option<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `migrate`: applies the pending migrations, saying which (with `--status`,
-/// lists them and applies nothing), and exits.
+/// `migrate`: applies the pending migrations, saying which (`--status`: lists only).
 fn run_migrate(config: Config, status_only: bool) -> anyhow::Result<()> {
     phones_gateway::telemetry::init_logs(&config.log)?;
     log_mistyped_environment();

@@ -1,8 +1,7 @@
-//! The exchange task: every `rate_limit.exchange_interval_ms` it reports what
-//! this replica's viewers spent, learns the fleet's totals and refusals back,
-//! and writes the refusals it saw crossed. Beside it, on the same task, run the
-//! keeper ([`Budgets::keep`]) and retention ([`super::retention`]); none waits
-//! on another. Faults and restarts: docs/budgets.md, "Faults".
+//! The exchange task: every `rate_limit.exchange_interval_ms` it reports this
+//! replica's spends, learns the fleet's totals and refusals, and writes the
+//! refusals it saw crossed; the keeper and retention run on the same task.
+//! Faults and restarts: docs/budgets.md, "Faults".
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,10 +19,8 @@ use crate::store::{BudgetStore, Spend, Total};
 const ALIVE_S: u32 = 5;
 /// How often (in exchanges, at most) the live replicas are counted.
 const COUNT_REPLICAS_EVERY: Duration = Duration::from_secs(1);
-/// The shortest pause between two tries to load the refusals in force at
-/// start: the exchange interval (which may be 10 ms), but no more than twice a
-/// second, so that replicas starting against a database that does not answer
-/// do not ask it in a tight loop.
+/// The shortest pause between tries to load the refusals in force at start, so
+/// replicas facing a silent database do not ask it in a tight loop.
 const PRIME_RETRY_MIN: Duration = Duration::from_millis(500);
 /// Spends (or refusals) one statement reports at most: a few tens of
 /// milliseconds of the database's time, far inside any statement bound.
@@ -77,7 +74,6 @@ pub async fn run(budgets: Arc<Budgets>, store: BudgetStore, stop: CancellationTo
     );
 }
 
-/// What the exchange task's loops share.
 struct Exchanging<'a> {
     interval: Duration,
     replica: u64,
@@ -88,8 +84,7 @@ struct Exchanging<'a> {
 }
 
 impl Exchanging<'_> {
-    /// Loads the refusals in force, retrying, then counts the replica as
-    /// primed; false when stopped first.
+    /// Loads the refusals in force (retried) and counts the replica primed; false if stopped.
     async fn prime(&self) -> bool {
         let (budgets, store) = (self.budgets, self.store);
         loop {
@@ -142,10 +137,8 @@ impl Exchanging<'_> {
         self.report_at_shutdown(refusals).await;
     }
 
-    /// Stopping: reports what was spent since the last exchange, as much as
-    /// an exchange reports, and writes `refusals` (those not yet written)
-    /// with the ones that report makes (the next replica to start loads
-    /// them).
+    /// Stopping: reports what was spent since the last exchange and writes
+    /// `refusals` (those not yet written) with the ones that report makes.
     async fn report_at_shutdown(&self, mut refusals: Vec<(u64, u64)>) {
         let (budgets, store) = (self.budgets, self.store);
         let now = Moment::now();
@@ -277,10 +270,8 @@ impl Budgets {
         gauges.replicas.set(f64::from(n));
     }
 
-    /// What was spent since the last acknowledged report, per viewer and
-    /// window, about `max` spends at most (a viewer's two windows are taken
-    /// together). It stays pending until a report of it succeeds, so a failed
-    /// one needs no undoing.
+    /// What was spent since the last acknowledged report, about `max` spends at
+    /// most; pending until a report succeeds, so a failed one needs no undoing.
     fn take_spends(&self, now: Moment, max: usize) -> Vec<Spend> {
         let (minute, day) = (now.minute(), now.day());
         let mut spends = Vec::new();
@@ -291,8 +282,7 @@ impl Budgets {
             let ledger = entry.value();
             for (kind, window, current) in [(0, &ledger.minute, minute), (1, &ledger.day, day)] {
                 if window.pending > 0 {
-                    // The full id back from its low bits: at most a few
-                    // windows before `current`.
+                    // The full id back from its low bits: a few windows before `current`.
                     let back = u32::from(low16(current).wrapping_sub(window.id));
                     spends.push(Spend {
                         viewer: *entry.key(),
@@ -306,10 +296,9 @@ impl Budgets {
         spends
     }
 
-    /// The fleet's totals after a report of `spends`: what was reported is no
-    /// longer pending, each viewer's share follows the new totals, and the
-    /// viewers this report saw cross a budget are returned, with the second
-    /// until which every replica should refuse them.
+    /// The fleet's totals after a report of `spends`: updates the shares and
+    /// returns the viewers this report saw cross a budget, with the second until
+    /// which every replica should refuse them.
     fn reported(
         &self,
         spends: &[Spend],
@@ -343,10 +332,8 @@ impl Budgets {
         crossed
     }
 
-    /// The fleet's `total` of a window, after a report that sent `n` of it, in
-    /// the viewer's ledger: `n` is no longer pending and the fleet's spend is
-    /// known. Returns how long from `now` the viewer is to be refused when
-    /// the window is the current one and the total crossed its budget.
+    /// Applies the fleet's `total` of a window after a report that sent `n` of
+    /// it; returns how long from `now` to refuse the viewer if it crossed its budget.
     fn apply_total(
         &self,
         ledger: &mut Ledger,
@@ -362,8 +349,7 @@ impl Budgets {
             &mut ledger.day
         };
         if window.id == next {
-            // Reported for the window before, after the ledger moved on
-            // with it pending: it counts there.
+            // Reported for the window before, after the ledger moved on: it counts there.
             window.pending = window.pending.saturating_sub(n);
             if total.kind == 0 {
                 ledger.before = ledger.before.max(count(total.spent));
@@ -405,8 +391,7 @@ impl Budgets {
         }
     }
 
-    /// Refusals written by this or another replica: each viewer is refused
-    /// here until then.
+    /// Refusals written by this or another replica: each viewer is refused here until then.
     fn refused(&self, refusals: &[(u64, u64)], now: Moment) {
         for &(viewer, until_s) in refusals {
             // A viewer new here, the table full: read again by the next

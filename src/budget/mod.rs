@@ -1,9 +1,7 @@
-//! Viewer budgets, the fleet's (docs/budgets.md): how many numbers a viewer
-//! (`X-Viewer-Id`) may be shown per minute and per UTC day, whichever replica
-//! they ask. A request never waits on the database: each replica keeps a
-//! ledger per viewer and spends alone within its share, and its [`exchange`]
-//! task reports and learns the fleet's totals. Shares, overshoot and memory:
-//! docs/budgets.md.
+//! Viewer budgets, the fleet's: how many numbers a viewer (`X-Viewer-Id`) may be
+//! shown per minute and per UTC day on any replica. A request never waits on the
+//! database: each replica spends alone within its share, and its [`exchange`]
+//! task learns the fleet's totals. See docs/budgets.md.
 
 pub mod exchange;
 pub mod retention;
@@ -24,8 +22,7 @@ use crate::domain::Viewer;
 use window::{Moment, minute_wait, share};
 
 /// The viewers' fleet keys: the same 64-bit hash of an id on every replica and
-/// across versions (a test pins it). Not keyed: viewer ids come from the
-/// trusted backend, not from whoever sends the request.
+/// version (a test pins it). Not keyed: viewer ids come from the trusted backend.
 const FLEET_SEED: u64 = 0x7068_6f6e_6573_6777;
 
 /// Ledgers a replica holds at most (docs/budgets.md, "Memory and the database").
@@ -33,8 +30,7 @@ pub const MAX_LEDGERS: usize = 1_000_000;
 /// How often idle ledgers are forgotten (and, past the cap's three quarters,
 /// the least recently used evicted); sooner when the table is full.
 pub const FORGET_EVERY: Duration = Duration::from_secs(10);
-/// Ages (in minutes since a ledger's last use) told apart when evicting; older
-/// ones count as this old.
+/// Ages (minutes since a ledger's last use) told apart when evicting; older count as this.
 const AGES: usize = 64;
 
 /// Why a request was refused, and for how long.
@@ -86,9 +82,8 @@ impl Window {
         u64::from(self.known) + u64::from(self.pending)
     }
 
-    /// This replica's share of `remaining` beyond what the fleet knew: after
-    /// one report no larger than an even one (others may not have reported
-    /// yet), after two in proportion ([`share`]).
+    /// This replica's share of `remaining` beyond what the fleet knew: at most an
+    /// even one after one report, in proportion ([`share`]) after two.
     fn lease(&self, remaining: u64, replicas: u32) -> u64 {
         let even = if self.hint > 0 {
             (remaining * u64::from(self.hint)).div_ceil(255)
@@ -221,11 +216,8 @@ impl Budgets {
         foldhash::fast::FixedState::with_seed(FLEET_SEED).hash_one(viewer.as_str().as_bytes())
     }
 
-    /// Takes `items` from the viewer's budgets, or says why not. Never waits.
-    ///
-    /// # Errors
-    /// The viewer is past a budget or this replica's share of it, or `items`
-    /// is more than a budget holds.
+    /// Takes `items` from the viewer's budgets, or says why not (past a budget or
+    /// this replica's share, or more than a budget holds). Never waits.
     pub fn check(&self, viewer: &Viewer, items: u32) -> Result<(), Refusal> {
         self.check_at(Self::key(viewer), items, Moment::now())
     }
@@ -285,10 +277,9 @@ impl Budgets {
         }
     }
 
-    /// Forgets the idle ledgers, then past three quarters of the cap evicts
-    /// the least recently used, the refused last, dropping and counting what
-    /// they had not reported (docs/budgets.md, "Memory and the database").
-    /// Runs every [`FORGET_EVERY`] and at once when a new viewer found it full.
+    /// Forgets idle ledgers, then past three quarters of the cap evicts the least
+    /// recently used (docs/budgets.md, "Memory and the database"). Runs every
+    /// [`FORGET_EVERY`] and at once when a new viewer found it full.
     pub fn keep(&self, now: Moment) -> Kept {
         let mut kept = Kept::default();
         self.viewers.retain(|_, ledger| {
@@ -365,9 +356,8 @@ fn count(n: u64) -> u16 {
 }
 
 impl Ledger {
-    /// Moves to the windows `now` falls in. What was spent here and not yet
-    /// reported moves along (reported in the new window: a reveal within one
-    /// exchange of a boundary may count in the next window, never in none).
+    /// Moves to the windows `now` falls in, carrying what is unreported (a reveal
+    /// near a boundary may count in the next window, never in none).
     fn roll(&mut self, now: Moment) {
         let minute = low16(now.minute());
         if self.minute.id != minute {

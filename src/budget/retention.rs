@@ -1,6 +1,5 @@
-//! Retention of the budgets' rows: the windows that ended and the refusals
-//! that ran out are deleted in the background, at least as fast as the
-//! exchanges write them (docs/budgets.md, "Memory and the database").
+//! Retention of the budgets' rows: ended windows and refusals are deleted in the
+//! background (docs/budgets.md, "Memory and the database").
 
 use std::time::Duration;
 
@@ -44,15 +43,11 @@ pub fn horizon(now: Moment) -> (u32, u32, u64) {
     )
 }
 
-/// One pass of retention at `now`.
-///
-/// # Errors
-/// The database failed; what earlier batches deleted stays deleted.
+/// One pass of retention at `now` (on an error, earlier batches' deletes stay).
 pub async fn pass(store: &BudgetStore, now: Moment) -> Result<Pass, BudgetStoreError> {
     pass_within(store, now, PASS_ROWS, PASS_TIME).await
 }
 
-/// [`pass`] with its bounds given.
 async fn pass_within(
     store: &BudgetStore,
     now: Moment,
@@ -111,9 +106,8 @@ pub async fn run(store: BudgetStore, stop: CancellationToken) {
     }
 }
 
-/// The wait before the next pass, after `pass` (`None`: it failed): a pass
-/// that stopped at its bounds left a backlog, so the next comes after
-/// [`BACKLOG_PAUSE`]; one that caught up, or failed, waits the full [`EVERY`].
+/// The wait after `pass` (`None`: it failed): [`BACKLOG_PAUSE`] after one that
+/// stopped at its bounds, else the full [`EVERY`].
 fn wait_after(pass: Option<&Pass>) -> Duration {
     match pass {
         Some(pass) if !pass.done => BACKLOG_PAUSE,

@@ -1,7 +1,5 @@
-//! The arithmetic of the budgets, pure: where a moment falls in its windows,
-//! the minute's sliding estimate and how long until a request fits, and a
-//! replica's share of what remains. Why a sliding minute from two fixed ones:
-//! docs/budgets.md, "The budgets".
+//! The budgets' pure arithmetic: windows, the sliding minute's estimate and wait,
+//! a replica's share. Why a sliding minute: docs/budgets.md, "The budgets".
 
 use crate::domain::wall_clock;
 
@@ -58,9 +56,8 @@ pub fn minute_estimate(before: u64, current: u64, into: u64) -> u64 {
     (before * (MINUTE_MS - into)).div_ceil(MINUTE_MS) + current
 }
 
-/// Milliseconds until `n` more fit, if nothing more is spent meanwhile (the
-/// previous minute weighs less as time passes; the current one becomes the
-/// previous). `None` when `n` can never fit.
+/// Milliseconds until `n` more fit if nothing more is spent (the previous
+/// minute weighs less as time passes); `None` when `n` can never fit.
 pub fn minute_wait(before: u64, current: u64, n: u64, budget: u64, into: u64) -> Option<u64> {
     if n > budget {
         return None;
@@ -78,10 +75,9 @@ pub fn minute_wait(before: u64, current: u64, n: u64, budget: u64, into: u64) ->
     Some(MINUTE_MS - into + r.min(MINUTE_MS))
 }
 
-/// A replica's share of `remaining`: in proportion to what it spent of the
-/// fleet's total (`own` of `known`), rounded up, so that each replica serving
-/// the viewer may spend at least one while anything remains. Where the
-/// replica knows nothing yet (`known` 0), an even share over `replicas`.
+/// A replica's share of `remaining`: in proportion to its `own` of the fleet's
+/// `known` spend, rounded up so each serving replica may spend one while anything
+/// remains; an even share over `replicas` while `known` is 0.
 pub fn share(remaining: u64, own: u64, known: u64, replicas: u32) -> u64 {
     if remaining == 0 {
         0

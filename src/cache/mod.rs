@@ -1,8 +1,6 @@
 //! The number caches: one [`PhoneCache`] per upstream, here, and a replica's
-//! three, [`Caches`](caches::Caches), in [`caches`]. Fetches are shared in
-//! `flight`, entries stamped from `generations`. What a cache does (TTLs,
-//! stale-if-error, refresh ahead, coalescing, invalidation by seller in O(1))
-//! and how an entry is stored: docs/caching.md.
+//! three, [`Caches`](caches::Caches), in [`caches`]; fetches shared in `flight`,
+//! entries stamped from `generations`. What a cache does: docs/caching.md.
 
 use foldhash::HashMap;
 use std::future::Future;
@@ -244,9 +242,8 @@ impl PhoneCache {
     fn fresh_entry(&self, key: &CacheKey, now: u32) -> Option<Entry> {
         let inner = &*self.inner;
         // The generation first, as `lookup` does: slot and entry are unrelated
-        // places in memory, often out of the CPU's caches, and in this order
-        // both loads are in flight together (the entry's read takes the shard's
-        // lock, which later loads may not pass).
+        // places in memory, and in this order both loads are in flight together
+        // (the entry's read takes the shard's lock, which later loads may not pass).
         let generation = inner.generations.current(key.user);
         let entry = inner
             .entries

@@ -1,7 +1,5 @@
-//! `[admin]`: who may call the admin API, `admin.token` with every scope and
-//! `[[admin.tokens]]` each limited to its own (docs/admin-access.md). Token
-//! files are read at start by [`AdminConfig::read_tokens`] and again while
-//! running by the admin listener's token set (`http::api::access`).
+//! `[admin]`: who may call the admin API (docs/admin-access.md). Token files are
+//! read at start by [`AdminConfig::read_tokens`] and re-read by `http::api::access`.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -67,7 +65,6 @@ impl Scope {
         Scope::ALL.into_iter().find(|scope| scope.as_str() == text)
     }
 
-    /// This scope's bit in a [`Scopes`] set.
     const fn bit(self) -> u8 {
         1 << self as u8
     }
@@ -104,9 +101,8 @@ impl Scopes {
     }
 }
 
-/// A token as the admin listener holds it once read: its name (`admin.token`
-/// for the token with every scope), its value, its scopes and the file it is
-/// re-read from, if any.
+/// A token as the admin listener holds it: name (`admin.token` for the one with
+/// every scope), value, scopes, and the file it is re-read from, if any.
 #[derive(Debug, Clone)]
 pub struct AdminToken {
     pub name: String,
@@ -124,9 +120,8 @@ const MAX_NAME_LEN: usize = 64;
 
 impl AdminConfig {
     pub(super) fn validate(&self, found: &mut Vec<Mistake>) {
-        // Verbatim (`0123456789` stays ten characters, and nothing is
-        // trimmed), so a value a header cannot carry is refused rather than
-        // never matching.
+        // Verbatim (nothing trimmed), so a value a header cannot carry is refused
+        // rather than never matching.
         if !self.token.is_empty() {
             if let Some(problem) = token_problem(self.token.expose()) {
                 found.push(invalid("admin.token", format!("the token {problem}")));
@@ -183,11 +178,8 @@ impl AdminConfig {
     }
 
     /// Every token the admin listener starts with: `admin.token` (when not
-    /// empty) with every scope, then each named token, its file read now.
-    ///
-    /// # Errors
-    /// A token file that cannot be read or is empty, and a value that two
-    /// entries share (a token must say who calls), each naming its key.
+    /// empty) with every scope, then each named token, its file read now. Fails
+    /// on an unreadable or empty file, or a value two entries share.
     pub fn read_tokens(&self) -> Result<Vec<AdminToken>, ConfigError> {
         let mut found = Vec::new();
         let mut tokens: Vec<AdminToken> = Vec::new();
@@ -268,12 +260,8 @@ pub(super) fn token_problem(value: &str) -> Option<&'static str> {
     None
 }
 
-/// A token file's value: its contents less the whitespace around them, which
-/// must then pass [`token_problem`].
-///
-/// # Errors
-/// Unreadable, not UTF-8, only whitespace, or not a token a header can carry.
-/// The reason names the file, never the value.
+/// A token file's value, trimmed, which must then pass [`token_problem`]. An
+/// error names the file, never the value.
 pub fn read_token_file(path: &Path) -> Result<Secret, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;

@@ -1,7 +1,6 @@
-//! `[breaker]`: the circuit breaker each upstream client has of its own
-//! (keys: docs/configuration.md; why distinct sellers: `upstream::breaker`).
-//! `min_sellers` and `min_requests` are at most 32, the size of the set a
-//! window keeps.
+//! `[breaker]`: each upstream client's circuit breaker (docs/configuration.md;
+//! why distinct sellers: `upstream::breaker`). `min_sellers` and `min_requests`
+//! are at most 32, the size of a window's set.
 
 use std::time::Duration;
 

@@ -1,5 +1,4 @@
-//! The small checks every section's validation is made of: a number in a range,
-//! a URL of a scheme. Each names the key it checks.
+//! The small checks of every section's validation, each naming the key it checks.
 
 use std::fmt;
 use std::ops::RangeInclusive;
@@ -12,15 +11,13 @@ pub(super) const MAX_WAIT_MS: u64 = 600_000;
 /// Range checks on the list of mistakes a section's validation fills: each
 /// pushes a mistake naming the key and the range when the value is outside.
 pub(super) trait Checks {
-    /// `value` must be in `range`.
     fn range<T: PartialOrd + fmt::Display>(
         &mut self,
         key: &str,
         value: T,
         range: RangeInclusive<T>,
     );
-    /// `value` must be in `range`, for the reason `note` (said in parentheses
-    /// after the range).
+    /// `value` must be in `range`, for the reason `note` (said after the range).
     fn range_noting<T: PartialOrd + fmt::Display>(
         &mut self,
         key: &str,

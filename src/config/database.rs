@@ -1,5 +1,4 @@
-//! `[database]`: where the store is, its pool, and the bounds of every call.
-//! Keys: docs/configuration.md.
+//! `[database]`: the store, its pool, and every call's bounds (docs/configuration.md).
 
 use std::time::Duration;
 

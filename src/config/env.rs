@@ -1,6 +1,5 @@
-//! The environment's overrides: `PHONES_GATEWAY__` variables, `__` between
-//! levels, secrets taken verbatim; and the names that look meant for the
-//! gateway but are not read.
+//! The environment's overrides (`PHONES_GATEWAY__` variables, secrets verbatim),
+//! and the names that look meant for the gateway but are not read.
 
 use figment::Figment;
 use figment::providers::Env;

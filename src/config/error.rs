@@ -8,8 +8,7 @@ use std::fmt;
 pub enum ConfigError {
     #[error("configuration file {0} does not exist")]
     MissingFile(String),
-    /// Every mistake found, in one run: extraction (unknown keys, wrong types)
-    /// and validation (ranges, URLs) alike.
+    /// Every mistake found in one run, of extraction and validation alike.
     #[error("{}", list(.0))]
     Invalid(Vec<Mistake>),
 }

@@ -1,10 +1,7 @@
-//! The configuration tree: built-in defaults (`config/default.toml`, compiled in),
-//! an optional file, then `PHONES_GATEWAY__` environment variables; then validation.
-//! Every key and what a mistake reports: docs/configuration.md.
-//!
-//! Each section's struct and checks are in its own file; this one holds the tree,
-//! loading, and the one check across sections. [`Config::from_figment`] is pure
-//! so tests feed it strings; only [`Config::load`] reads files and the environment.
+//! The configuration tree: compiled-in defaults (`config/default.toml`), an
+//! optional file, then `PHONES_GATEWAY__` environment variables; then validation
+//! (docs/configuration.md). Each section is in its own file. Only [`Config::load`]
+//! reads files and the environment; [`Config::from_figment`] is pure.
 
 mod admin;
 mod breaker;
@@ -56,10 +53,9 @@ use check::{Checks as _, MAX_WAIT_MS};
 
 /// The documented defaults, key by key.
 pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
-/// What the default `server.request_deadline_ms` adds to the longest path
-/// through the upstream timeouts: the chain's own scheduling between its calls,
-/// which the timeouts do not count (docs/rules.md, "Concurrency and the
-/// deadline"). Fixed: scheduling delay does not grow with the timeouts.
+/// What the default `server.request_deadline_ms` adds to the upstream timeouts'
+/// longest path: the chain's own scheduling, which does not grow with the
+/// timeouts (docs/rules.md, "Concurrency and the deadline").
 pub const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Deserialize)]
@@ -107,9 +103,8 @@ fn described(metadata: &figment::Metadata, key: &str) -> Option<String> {
     None
 }
 
-/// The path of an extraction error, without figment's profile: its
-/// segments, and for an unknown or missing field the field itself. A list's
-/// element is a segment of digits, its index.
+/// The path of an extraction error without figment's profile, an unknown or
+/// missing field included; a list's element is its index.
 fn key_path(error: &figment::Error) -> Vec<String> {
     use figment::error::Kind;
     let mut path = error.path.clone();
@@ -186,17 +181,12 @@ fn repair(
 }
 
 impl Config {
-    /// Defaults, then `file` if given, then the environment.
-    ///
-    /// # Errors
-    /// A missing file, a value of the wrong type, an unknown key, or a value that
-    /// fails [`Config::validate`].
+    /// Defaults, then `file` if given, then the environment; validated.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
         if let Some(path) = file {
-            // Absolute, so every message names the file wherever it was run
-            // from (figment would also search the parent directories for a
-            // relative one).
+            // Absolute, so every message names the file wherever it was run from
+            // (figment would also search parent directories for a relative one).
             let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
             if !path.is_file() {
                 return Err(ConfigError::MissingFile(path.display().to_string()));
@@ -207,15 +197,11 @@ impl Config {
     }
 
     /// The built-in defaults with `overlay` (TOML text) merged over them.
-    ///
-    /// # Errors
-    /// As [`Config::load`].
     pub fn from_toml(overlay: &str) -> Result<Self, ConfigError> {
         Self::from_figment(Figment::from(Toml::string(DEFAULT_TOML)).merge(Toml::string(overlay)))
     }
 
-    /// # Errors
-    /// As [`Config::load`].
+    /// Extracts and validates `figment`, failing as [`Config::load`] does.
     pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
         let mut found = Vec::new();
         let config = match figment.extract::<Config>() {
@@ -234,12 +220,9 @@ impl Config {
         }
     }
 
-    /// After `first` failed the extraction: notes every mistake serde stops
-    /// at, one round at a time, each round with the defaults put in place of
-    /// the values at fault, until the rest extracts. Returns that config (its
-    /// repaired values are the defaults, so validating it finds the other
-    /// mistakes, not these), or `None` when the data cannot be read at all (a
-    /// file that is not TOML).
+    /// After `first` failed: notes every mistake serde stops at, a round at a
+    /// time with defaults in place of the faulty values, and returns what then
+    /// extracts (to validate for the rest); `None` for data that is not TOML.
     fn extract_noting_all(
         figment: &Figment,
         first: figment::Error,
@@ -293,9 +276,6 @@ impl Config {
     }
 
     /// Checks what types cannot; each section checks its own keys.
-    ///
-    /// # Errors
-    /// Every key whose value cannot run, each named.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let found = self.mistakes();
         if found.is_empty() {
@@ -349,10 +329,8 @@ impl Config {
     }
 
     /// The most descriptors the process's own calls hold at once, which the
-    /// inbound connection cap keeps free (`server.max_connections`). A call
-    /// takes an idle pooled connection before it opens one, so an upstream's
-    /// connections never outnumber its bound; a database connection is 3 on
-    /// SQLite (file, WAL, shared memory), and two sit beside the pool.
+    /// inbound cap keeps free (`server.max_connections`): each upstream's bound,
+    /// 3 per SQLite connection (file, WAL, shared memory), and two beside the pool.
     pub fn outbound_descriptors(&self) -> usize {
         let server = self.server.max_in_flight;
         let upstreams: usize = Source::ALL

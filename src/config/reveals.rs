@@ -1,5 +1,4 @@
-//! `[reveals]`: the reveal log (who was shown which seller's number): its
-//! buffer, how often it is written, what a full buffer does, how long rows stay.
+//! `[reveals]`: the reveal log's buffer, write interval, overflow and retention.
 
 use std::time::Duration;
 

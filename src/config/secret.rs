@@ -31,9 +31,8 @@ impl fmt::Debug for Secret {
 }
 
 impl<'de> Deserialize<'de> for Secret {
-    /// Strings only: a secret read as a number would already have lost its
-    /// leading zeros. From the environment, secrets arrive verbatim as strings
-    /// (`env::SECRET_KEYS`).
+    /// Strings only: a secret read as a number would have lost its leading zeros
+    /// (the environment's arrive verbatim: `env::SECRET_KEYS`).
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         String::deserialize(d).map(Secret)
     }

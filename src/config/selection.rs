@@ -1,5 +1,4 @@
-//! `[selection]`: the order sources are asked in, and the categories whose ads
-//! show anonymous numbers.
+//! `[selection]`: the order sources are asked in, and the anonymous-number categories.
 
 use serde::Deserialize;
 

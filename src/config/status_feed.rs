@@ -1,5 +1,4 @@
-//! `[upstreams.calltracking.status_feed]`: polling call tracking's status feed,
-//! and the lease of the replica that polls it.
+//! `[upstreams.calltracking.status_feed]`: polling the status feed, and its lease.
 
 use std::time::Duration;
 

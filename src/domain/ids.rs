@@ -21,8 +21,7 @@ macro_rules! id_type {
         impl $name {
             pub const MAX: u64 = $max;
 
-            /// # Errors
-            /// A value outside `1..=MAX`.
+            /// `value`, if within `1..=MAX`.
             pub fn new(value: u64) -> Result<Self, IdError> {
                 if (1..=Self::MAX).contains(&value) {
                     Ok(Self(value))
@@ -31,10 +30,7 @@ macro_rules! id_type {
                 }
             }
 
-            /// Parses decimal text (an optional leading `+` is not accepted).
-            ///
-            /// # Errors
-            /// Text that is not a decimal integer in `1..=MAX`.
+            /// Parses decimal text in `1..=MAX`; a leading `+` is refused.
             pub fn parse(text: &str) -> Result<Self, IdError> {
                 if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
                     return Err(IdError { max: Self::MAX });

@@ -1,12 +1,9 @@
-//! [`Known`]: what this replica knows of something without asking an
-//! upstream; the caches, the status set and the selection plan all speak it,
-//! so no module translates another's.
+//! [`Known`]: what this replica knows of something without asking an upstream,
+//! the one language of the caches, the status set and the selection plan.
 
-/// What is known without asking. `Yes` holds what is known (a cached number;
-/// `()` for a seller's call tracking being on), `No` that it is known to be
-/// absent (a cached "no number", call tracking off), `NotKnown` that it is
-/// not known here (a cache miss, to be asked; the status set not loaded yet,
-/// so the seller may have call tracking on).
+/// What is known without asking: `Yes` what (a cached number; `()` for call
+/// tracking on), `No` known absent (a cached "no number", call tracking off),
+/// `NotKnown` not known here (a miss; the status set not loaded: it may be on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Known<T> {
     Yes(T),

@@ -1,6 +1,5 @@
-//! The domain: types that can only hold valid values, parsed once at the edge,
-//! and the rules that need no I/O. Everything else imports from here; this
-//! module imports nothing of the crate above it.
+//! The domain: types that hold only valid values, parsed once at the edge, and
+//! the rules that need no I/O; it imports nothing of the crate above it.
 
 pub mod ids;
 pub mod known;

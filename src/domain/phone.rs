@@ -30,11 +30,8 @@ pub enum PhoneError {
 }
 
 impl Phone {
-    /// Parses a number, dropping spaces, hyphens and parentheses.
-    ///
-    /// # Errors
-    /// Anything that is not `+` followed by 8 to 15 digits (first not 0) once the
-    /// separators are dropped.
+    /// Parses `+` and 8 to 15 digits (first not 0), dropping spaces, hyphens and
+    /// parentheses.
     pub fn parse(input: &str) -> Result<Self, PhoneError> {
         let mut chars = input
             .bytes()

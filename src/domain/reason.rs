@@ -1,20 +1,15 @@
 //! Why a buyer was shown the kind of number they were: the [`Reason`] the
-//! selection rules give with every answer, stored with its reveal and counted
-//! (docs/rules.md, "Why this number", owns every word and how the code is
-//! chosen). Made where the rules decide, so it cannot disagree with the answer.
+//! selection rules give with every answer, stored with its reveal and counted.
+//! Every word and code: docs/rules.md, "Why this number".
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use super::source::{Source, Sources};
 
 /// How a source's call ended without an answer: its upstream's verdict (the
-/// first six), or undecided (the rest: no word from the upstream).
-///
-/// Each has an explicit number, stored in the reveal log inside a reason
-/// ([`Reason::encode`]): a number once given is never changed nor reused
-/// (the test `stored_numbers_are_frozen` holds them), and a new failure takes
-/// the next one. The verdicts keep 1 to 6: a code per source is taken for each
-/// ([`Code::ALL`]).
+/// first six), or undecided (the rest: no word from the upstream). Each number is
+/// stored in the reveal log ([`Reason::encode`]) and never changed nor reused (the
+/// test `stored_numbers_are_frozen`); the verdicts keep 1 to 6 ([`Code::ALL`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Failure {
@@ -70,9 +65,8 @@ impl Failure {
         }
     }
 
-    /// Whether this is the upstream's verdict (the source has failed, its
-    /// `on_error` applies) rather than undecided. Exhaustive: a new failure
-    /// is not undecided by default.
+    /// Whether this is the upstream's verdict (its `on_error` applies) rather than
+    /// undecided. Exhaustive: a new failure is not undecided by default.
     pub fn is_verdict(self) -> bool {
         match self {
             Failure::Timeout
@@ -276,8 +270,7 @@ impl Reason {
         self.origin
     }
 
-    /// The sources above the answer with why each did not answer, in
-    /// `selection.order`.
+    /// The sources above the answer with why each did not answer, in `selection.order`.
     pub fn skips(&self) -> impl Iterator<Item = (Source, Skip)> + '_ {
         self.order[..usize::from(self.above)]
             .iter()
@@ -331,8 +324,7 @@ impl Reason {
         bits | order << 18
     }
 
-    /// The reason [`Reason::encode`] gave `bits`; `None` for bits it never
-    /// gives.
+    /// The reason [`Reason::encode`] gave `bits`; `None` for bits it never gives.
     pub fn decode(bits: u32) -> Option<Reason> {
         let origin = match (bits >> 12) & 0b11 {
             0 => Origin::Cache,

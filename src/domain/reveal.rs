@@ -7,8 +7,7 @@ use super::ids::{AdId, CategoryId, UserId};
 use super::reason::Reason;
 use super::source::Source;
 
-/// The buyer as the trusted backend names them (`X-Viewer-Id`): 1 to 128
-/// visible ASCII characters.
+/// The buyer as the trusted backend names them (`X-Viewer-Id`): 1 to 128 visible ASCII.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Viewer(Box<str>);
 
@@ -20,8 +19,7 @@ pub struct ViewerError;
 impl Viewer {
     pub const MAX_LEN: usize = 128;
 
-    /// # Errors
-    /// Empty, longer than [`Viewer::MAX_LEN`], or a byte that is not visible ASCII.
+    /// Parses 1 to [`Viewer::MAX_LEN`] bytes of visible ASCII.
     pub fn parse(bytes: &[u8]) -> Result<Self, ViewerError> {
         if bytes.is_empty()
             || bytes.len() > Self::MAX_LEN

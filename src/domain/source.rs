@@ -1,6 +1,5 @@
 //! The number sources (`anonymous`, `calltracking`, `real`), what a failed one
-//! does, and [`Sources`], one value per source: the table states, policies,
-//! caches and per-source metrics are kept in (a fourth source is a variant
+//! does, and [`Sources`], one value per source (a fourth source is a variant
 //! here and a column in each table, found by the compiler).
 
 use std::ops::{Index, IndexMut};
@@ -43,9 +42,8 @@ impl Source {
         }
     }
 
-    /// The source as its config sections (`[upstreams.real_phone]`,
-    /// `[cache.real_phone]`) and the `upstream` and `cache` metric labels name
-    /// it: its upstream's name.
+    /// The source's upstream name, as its config sections (`[upstreams.real_phone]`)
+    /// and the `upstream` and `cache` metric labels write it.
     pub fn upstream_name(self) -> &'static str {
         match self {
             Source::Anonymous => "anonymous",
@@ -59,9 +57,8 @@ impl Source {
         Source::ALL.into_iter().find(|s| s.as_str() == text)
     }
 
-    /// The column of this source in a [`Sources`] and in [`Source::ALL`]: the
-    /// declaration order, so indexing needs no bounds check. The reveal's
-    /// reason stores it too.
+    /// This source's column in a [`Sources`] and [`Source::ALL`] (declaration
+    /// order, so indexing needs no bounds check); the reveal's reason stores it.
     pub const fn column(self) -> usize {
         self as usize
     }

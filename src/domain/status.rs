@@ -1,6 +1,5 @@
-//! The call-tracking status model: a user's status, the changes that move it,
-//! and the one rule that decides which change applies (a newer version wins),
-//! shared by the in-memory set and both databases.
+//! The call-tracking status model: a user's status, its changes, and the one rule
+//! that decides which applies (a newer version wins), for the set and both stores.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -25,14 +24,12 @@ pub struct Applied {
     pub ignored: u64,
 }
 
-/// A version of a user's status at the source: `1..=MAX_VERSION`, monotonic per
-/// user.
+/// A version of a user's status at the source: `1..=MAX_VERSION`, monotonic per user.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Version(u64);
 
 impl Version {
-    /// # Errors
-    /// A value outside `1..=MAX_VERSION`.
+    /// `value`, if within `1..=MAX_VERSION`.
     pub fn new(value: u64) -> Result<Self, InvalidItem> {
         if (1..=MAX_VERSION).contains(&value) {
             Ok(Version(value))
@@ -86,8 +83,7 @@ impl fmt::Display for InvalidItem {
 }
 
 impl StatusItem {
-    /// # Errors
-    /// A user id or version out of range, naming the field.
+    /// Checks the ranges; an error names the field out of range.
     pub fn parse(self) -> Result<StatusChange, InvalidItem> {
         let user = UserId::new(self.user_id).map_err(|e| InvalidItem {
             field: "user_id",
@@ -111,10 +107,9 @@ impl From<StatusChange> for StatusItem {
     }
 }
 
-/// Which changes of a delivery apply, given the stored versions by user id,
-/// taking them in order as if each were its own delivery; and the final row of
-/// each changed user, by user id. A user with no stored version has the `floor`
-/// (the last snapshot's version).
+/// Which changes of a delivery apply, given the stored versions by user id (the
+/// `floor` for none), each as if its own delivery; and each changed user's final
+/// row, by user id.
 pub fn plan_changes(
     changes: &[StatusChange],
     stored: &HashMap<u64, u64>,

@@ -1,10 +1,7 @@
-//! The HTTP edge, in two modules, the server importing the API and never the
-//! reverse (`tests/imports.rs` holds it):
-//! - [`server`]: the hand-built HTTP server: connections, the front service
-//!   every request meets, and hyper's own rejections as problem documents;
-//! - [`api`]: what the service answers: the route table, routers, handlers,
-//!   extractors, problem documents, the OpenAPI documents. Its contract is
-//!   tested through the public front (`tests/it/api_contract.rs`).
+//! The HTTP edge: [`server`], the hand-built server (connections, the front
+//! every request meets), and [`api`], what it answers (routes, handlers, problem
+//! documents, OpenAPI). The server imports the API, never the reverse
+//! (`tests/imports.rs` holds it).
 
 pub mod api;
 pub mod server;

@@ -1,13 +1,8 @@
 //! Cold admission: while requests wait too long for the worker threads, only a
 //! share of the requests that need an upstream call is let in; the rest are shed
-//! at once (503 with `Retry-After`, `phones_gateway_shed_total{reason="cold"}`).
-//!
-//! The rule (a wait that stood for two intervals, as CoDel reads a standing
-//! queue; the share steered by AIMD down to a floor) is docs/caching.md, "A
-//! cold replica"; why this signal and not another, docs/design.md, "Cold
-//! admission". The lateness is the least of each [`INTERVAL`]'s wakes of the
-//! runtime's probe (`runtime::lost`). Admission is a deterministic stride
-//! (every n-th miss): one atomic add per miss and nothing on the hit path.
+//! at once (503 with `Retry-After`). The rule: docs/caching.md, "A cold replica";
+//! why this signal: docs/design.md, "Cold admission". Admission is a stride
+//! (every n-th miss): one atomic add per miss, nothing on the hit path.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

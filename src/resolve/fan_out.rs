@@ -1,8 +1,6 @@
-//! One request's places on the upstreams
-//! (`upstreams.<name>.max_in_flight_per_request`; the rule is docs/rules.md,
-//! "Whose load"). A batch shares one [`Batch`] among its items: its ticket,
-//! its deadline, and a semaphore per upstream. A fetch an item starts holds
-//! the place until the fetch ends; one it joins gives it back at once.
+//! One request's places on the upstreams (`upstreams.<name>.max_in_flight_per_request`;
+//! docs/rules.md, "Whose load"). A batch shares one [`Batch`] among its items. A
+//! fetch an item starts holds the place until it ends; one it joins gives it back.
 
 use std::sync::Arc;
 
@@ -28,9 +26,8 @@ impl Batch {
         }
     }
 
-    /// A place on `source`'s upstream, once one is free. `None` only if the
-    /// semaphore were closed, which nothing does: the item then goes on
-    /// without a place rather than never.
+    /// A place on `source`'s upstream, once one is free; `None` only if the
+    /// semaphore were closed (nothing does): the item then goes on without one.
     pub(super) async fn place(&self, source: Source) -> Option<OwnedSemaphorePermit> {
         self.places[source].clone().acquire_owned().await.ok()
     }

@@ -1,11 +1,8 @@
-//! Resolving one request: asking the sources (through the caches)
-//! concurrently, and deciding with [`rules::Rules::decide`] as answers arrive.
-//!
-//! What applies and what each answer settles is the pure [`plan`]; the walk
-//! over the states is the pure [`rules`]. This module keeps the I/O: the cache
-//! reads and fetches, the futures, the deadline timer and the counters. The
-//! order of asking and the deadline: docs/rules.md, "Concurrency and the
-//! deadline". A hit in every cache decides without starting any future.
+//! Resolving one request: asking the sources (through the caches) concurrently
+//! and deciding with [`rules::Rules::decide`] as answers arrive. The pure parts
+//! are [`plan`] and [`rules`]; this module keeps the I/O: cache reads and
+//! fetches, the futures, the deadline timer, the counters. Order and deadline:
+//! docs/rules.md, "Concurrency and the deadline".
 
 pub mod admission;
 pub mod fan_out;
@@ -59,8 +56,7 @@ struct Asking<'h> {
     progress: Progress,
 }
 
-/// Answers every request of a replica: built by
-/// [`Parts::build`](crate::app::Parts::build) and shared.
+/// Answers every request of a replica; built by [`Parts::build`](crate::app::Parts::build).
 pub struct Resolver {
     selection: Selection,
     /// Shared with the fetch tasks the caches spawn, which outlive a request.
@@ -220,8 +216,7 @@ impl Resolver {
         self.resolve_in(req, trace, None).await
     }
 
-    /// [`Resolver::resolve`] for an item of `batch` (`None`: a request of its
-    /// own).
+    /// [`Resolver::resolve`] for an item of `batch` (`None`: a request of its own).
     pub async fn resolve_in(
         &self,
         req: &Request,

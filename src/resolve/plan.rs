@@ -1,13 +1,8 @@
 //! The selection plan of one request, as pure functions: which sources apply,
-//! what the caches (or the caller) already settle, what must be asked and in
-//! which order, what each answer settles, and what the deadline turns a pending
-//! source into (docs/rules.md, "Concurrency and the deadline").
-//! [`rules::Rules::decide`](super::rules::Rules::decide) then walks the states.
-//!
-//! Each cache is read through a function handed in (the resolver's reads a
-//! cache; a test's reads a table), in the order the hit path reads them. A new
-//! selection condition is a change to `[selection]` (`SelectionConfig`), to
-//! [`Selection`] and [`Selection::start`], and to the table tests below.
+//! what the caches already settle, what must be asked and in which order, and
+//! what each answer or the deadline settles (docs/rules.md, "Concurrency and the
+//! deadline"); [`rules::Rules::decide`](super::rules::Rules::decide) walks the
+//! states. Each cache is read through a function handed in, so tests read a table.
 
 use foldhash::HashSet;
 
@@ -42,8 +37,7 @@ pub enum Ask {
 }
 
 impl Ask {
-    /// The source this asks about (the real number for call tracking is
-    /// asked as `RealPhone`).
+    /// The source asked about (call tracking's real number is asked as `RealPhone`).
     pub fn source(self) -> Source {
         match self {
             Ask::Anonymous => Source::Anonymous,
@@ -172,8 +166,7 @@ impl Progress {
                 }
                 match state {
                     SourceState::Found(phone, _) => Some(Ask::Calltracking(phone)),
-                    // Call tracking shares the real number's fate (undecided
-                    // included).
+                    // Call tracking shares the real number's fate (undecided included).
                     other => {
                         self.states[Source::Calltracking] = other;
                         None
@@ -223,8 +216,7 @@ fn fresh_state(cached: Known<Phone>) -> SourceState {
     }
 }
 
-/// A stale cache answer at the deadline as a source state; none usable leaves
-/// the source undecided.
+/// A stale cache answer at the deadline as a source state, else undecided.
 fn stale_or_undecided(stale: Known<Phone>) -> SourceState {
     match stale {
         Known::Yes(phone) => SourceState::Found(phone, Origin::Stale(Failure::Deadline)),

@@ -1,7 +1,6 @@
-//! The selection rules of docs/rules.md ("The walk") as a pure function:
-//! given what each source has answered so far, is the request decided, and
-//! how? An answer carries its [`Reason`], made by the same walk, so it cannot
-//! disagree with the decision.
+//! The selection rules of docs/rules.md ("The walk") as a pure function: given
+//! what each source has answered so far, is the request decided, and how? Its
+//! [`Reason`] is made by the same walk, so it cannot disagree with the decision.
 
 use crate::domain::{Failure, OnError, Origin, Phone, Reason, Skip, Source, Sources};
 

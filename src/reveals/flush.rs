@@ -1,8 +1,6 @@
-//! The flush task: every `reveals.flush_interval_ms`, everything recorded since
-//! the last write goes to the database with its per-ad counts, in transactions
-//! of at most [`MAX_WRITE`] reveals, so what a write holds in memory is bounded
-//! whatever the writer's lag (docs/reveal-log.md, "Memory"). On SQLite it runs
-//! on a thread of its own at background priority ([`run_apart`]).
+//! The flush task: every `reveals.flush_interval_ms` it writes what was recorded
+//! with its per-ad counts, at most [`MAX_WRITE`] reveals a transaction, so memory
+//! stays bounded (docs/reveal-log.md, "Memory"). On SQLite it runs apart ([`run_apart`]).
 
 use std::time::Duration;
 
@@ -22,9 +20,8 @@ const FINAL_FLUSH_PAUSE: Duration = Duration::from_millis(200);
 pub const MAX_WRITE: usize = 32_768;
 
 /// [`run`] on a thread of its own at background priority, on a current-thread
-/// runtime (or here, if those cannot be made). SQLite only: its connections
-/// are sqlx threads any runtime may call; PostgreSQL's are sockets of the
-/// runtime that opened them, so there the flush stays on the workers.
+/// runtime (or here, if those cannot be made). SQLite only: PostgreSQL's
+/// connections are sockets of the runtime that opened them.
 pub async fn run_apart(reveals: Reveals, store: RevealStore, stop: CancellationToken) {
     let interval = reveals.inner.config.flush_interval;
     if !store.is_embedded() {

@@ -66,11 +66,8 @@ impl Reveals {
         }
     }
 
-    /// Records one number shown.
-    ///
-    /// # Errors
-    /// [`Full`] when the buffer is full and `on_overflow = "refuse"`: the caller
-    /// must not show the number.
+    /// Records one number shown; [`Full`] when the buffer is full and
+    /// `on_overflow = "refuse"`: the caller must not show the number.
     pub fn record(&self, reveal: Reveal) -> Result<(), Full> {
         let inner = &*self.inner;
         // Taken before it is checked, so racing recorders cannot overshoot.

@@ -1,7 +1,6 @@
-//! Retention: reveals older than `reveals.retention_days` are deleted in the
-//! background, a small batch per transaction (no lock held for long); the
-//! per-ad counts are kept. "Older" is by the database's clock, the one every
-//! replica shares, so a replica whose clock runs ahead deletes nothing recent.
+//! Retention: reveals older than `reveals.retention_days` are deleted in small
+//! batches (no lock held long); per-ad counts are kept. "Older" is by the
+//! database's clock, so a replica whose clock runs ahead deletes nothing recent.
 
 use std::time::Duration;
 
@@ -29,9 +28,6 @@ pub async fn run(config: RevealsConfig, store: RevealStore) {
 /// Deletes every reveal older than `keep` by the database's clock, [`BATCH`]
 /// rows a transaction, until a batch finds none (not a short one: on SQLite a
 /// batch is the oldest ids, a few of which may stay).
-///
-/// # Errors
-/// The database failed; what was deleted before stays deleted.
 pub async fn delete_older_than(
     store: &RevealStore,
     keep: Duration,

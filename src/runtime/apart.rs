@@ -1,16 +1,11 @@
 //! A task on a thread of its own, with a single-threaded runtime: the probe
-//! listener runs there, as linkerd2-proxy runs its admin server, so that the
-//! kubelet's probes are not queued behind the workers' tasks when a storm of
-//! connections keeps the workers busy. The kernel wakes the thread when a probe
-//! connects; its cost is one thread, idle between probes.
+//! listener runs there (as linkerd2-proxy's admin server does) so the kubelet's
+//! probes are not queued behind busy workers. Its cost is one idle thread.
 
 use std::future::Future;
 
 /// Runs the future `task` builds on a new thread named `name`, with a
 /// current-thread runtime, and waits for its output.
-///
-/// # Errors
-/// The thread or its runtime could not be made, or the task panicked.
 pub async fn run_apart<T, F, Fut>(name: &str, task: F) -> std::io::Result<T>
 where
     F: FnOnce() -> Fut + Send + 'static,

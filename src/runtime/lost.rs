@@ -1,12 +1,9 @@
-//! Time the process lost: how late its timers ran (a CPU quota's throttle, a
-//! paused process, a stalled worker), as a running total. An upstream call's
-//! timer reads it (`upstream::timer`; docs/rules.md, "Whose time"), cold
-//! admission the least lateness of each interval (`resolve::admission`).
-//!
-//! [`probe`] sleeps [`PROBE_PERIOD`] at a time and adds how late it woke, less
-//! tokio's millisecond. A reading ([`LostTime::mark`]) also counts the gap since
-//! the probe last woke beyond its period, so whatever runs first after a stall
-//! sees it. Late wakes go to `phones_gateway_lost_time_seconds`.
+//! Time the process lost: how late its timers ran (CPU throttle, a paused
+//! process, a stalled worker), as a running total read by an upstream call's
+//! timer (docs/rules.md, "Whose time") and by cold admission. [`probe`] sleeps
+//! [`PROBE_PERIOD`] at a time and adds how late it woke; a reading
+//! ([`LostTime::mark`]) also counts the gap since the probe last woke, so
+//! whatever runs first after a stall sees it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -1,13 +1,11 @@
 //! The runtime's parts: lost time ([`lost`]), a task on a thread of its own
-//! ([`apart`]: the probe listener), and the process's sizing:
-//! - tokio workers from the container's CPU quota (cgroup), not the host's
-//!   cores (more get the process throttled); `runtime.worker_threads` overrides;
-//! - background threads (the reveal log's flush, its SQLite writer) at nice
-//!   [`BACKGROUND_NICE`] (docs/reveal-log.md, "How it is written"; Linux only);
-//! - the soft open-files limit raised to the hard one ([`raise_open_files`]),
-//!   which then sizes `server.max_connections`;
-//! - transparent huge pages off ([`no_huge_pages`], Linux only): mimalloc's
-//!   arena grew in 2 MiB steps with them (docs/reveal-log.md, "Memory").
+//! ([`apart`]), and the process's sizing:
+//! - tokio workers from the container's CPU quota, not the host's cores;
+//! - background threads at nice [`BACKGROUND_NICE`] (docs/reveal-log.md, "How it
+//!   is written"; Linux only);
+//! - the soft open-files limit raised to the hard one ([`raise_open_files`]);
+//! - transparent huge pages off ([`no_huge_pages`], Linux only; docs/reveal-log.md,
+//!   "Memory").
 
 use std::path::Path;
 

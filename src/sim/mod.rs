@@ -1,8 +1,6 @@
 //! The upstream simulator: all three upstreams and the status feed on one
-//! listener (every base URL may point at it), with configurable latency,
-//! failures and hangs, for the demo, the load harness and tests. Its data is a
-//! function of the ids, so a test can predict it ([`real_phone`],
-//! [`anonymous_phone`], [`virtual_phone`], [`calltracking_enabled`]).
+//! listener, with configurable latency, failures and hangs, for the demo, load
+//! runs and tests. Its data is a function of the ids ([`real_phone`] and others).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -204,9 +202,6 @@ pub fn router(config: SimConfig) -> Router {
 }
 
 /// Serves the simulator on `listener` until `shutdown` completes.
-///
-/// # Errors
-/// The listener failed.
 pub async fn serve(
     listener: TcpListener,
     config: SimConfig,

@@ -1,12 +1,8 @@
-//! The status-feed puller: one replica at a time polls the call-tracking feed
-//! and stores what it gets through the same write path as the webhook, with
-//! the feed cursor in the same transaction as the changes it brought. Which
-//! replica leads is the store's lease ([`crate::store::Leadership`]); the
-//! lease, its renewal and fencing: docs/status-sync.md, "Leadership".
-//!
-//! A clean stop ends the loop at the next page boundary and gives the lease
-//! back ([`crate::store::Leader::release`]), so the next replica takes the
-//! feed at its next ask rather than a lease later.
+//! The status-feed puller: one replica at a time (the store's lease,
+//! [`crate::store::Leadership`]; docs/status-sync.md, "Leadership") polls the
+//! call-tracking feed and stores what it gets through the webhook's write path,
+//! the cursor in the same transaction. A clean stop gives the lease back at the
+//! next page boundary, so the next replica takes the feed without a lease's wait.
 
 use std::time::Duration;
 
@@ -22,9 +18,8 @@ use crate::upstream::Upstreams;
 /// A failure to ask for the lease is logged at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// Polls as `[upstreams.calltracking.status_feed]` says while this replica
-/// holds the lease; returns once `stop` is cancelled, the lease given back
-/// if it held it.
+/// Polls as `[upstreams.calltracking.status_feed]` says while this replica holds
+/// the lease; returns once `stop` is cancelled, the lease given back.
 pub async fn run(
     config: StatusFeedConfig,
     service: StatusService,
@@ -66,7 +61,6 @@ pub async fn run(
     }
 }
 
-/// What leading takes: the loop's settings and handles.
 struct Leading<'a> {
     service: &'a StatusService,
     leadership: &'a Leadership,
@@ -77,8 +71,7 @@ struct Leading<'a> {
 }
 
 impl Leading<'_> {
-    /// Leads while the lease holds (see [`Leading::hold`]); on a stop, gives
-    /// the lease back.
+    /// Leads while the lease holds (see [`Leading::hold`]); on a stop, gives it back.
     async fn lead(&self, mut leader: Leader) {
         let stopped = self.hold(&mut leader).await;
         self.service.set_feed_leader(false);
@@ -89,10 +82,9 @@ impl Leading<'_> {
         }
     }
 
-    /// Polls every `interval` while the lease holds, renewing it before each
-    /// poll and at least every [`Leadership::renew_every`]. True when it
-    /// ended for the stop (the lease may still be this replica's), false
-    /// when the lease was lost.
+    /// Polls every `interval` while the lease holds, renewing it before each poll
+    /// and at least every [`Leadership::renew_every`]. True when it ended for the
+    /// stop (the lease may still be ours), false when the lease was lost.
     async fn hold(&self, leader: &mut Leader) -> bool {
         let (service, leadership, upstreams) = (self.service, self.leadership, self.upstreams);
         let (interval, limit, stop) = (self.interval, self.limit, self.stop);
@@ -154,13 +146,11 @@ enum Polled {
     Expired,
     /// The lease is gone: stop leading.
     LeaseLost,
-    /// The app is stopping: the page under way was stored (or refused), no
-    /// other is asked for.
+    /// The app is stopping: the page under way was stored (or refused), no other asked.
     Stopped,
 }
 
-/// Reads pages from the stored cursor until the feed is caught up, while the
-/// lease is this replica's.
+/// Reads pages from the stored cursor until caught up, while the lease is ours.
 async fn poll(
     service: &StatusService,
     upstreams: &Upstreams,

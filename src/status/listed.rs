@@ -1,12 +1,7 @@
-//! [`Listed`]: the ids a snapshot enables, deduplicated, asked "is this seller
-//! listed?" once per entry of the set. Built from the chunks the request parsed,
-//! consumed as it goes, so the ids and the listing are not both held whole.
-//!
-//! A bitmap over the ids' range when it takes no more room than the ids (8
-//! bytes an id: a range of at most 64 times their number), else a hash set.
-//! The listing other replicas read ([`Listed::encode`]) is a format byte, then
-//! the ascending ids as LEB128 gaps (the first from 0). Why and sizes:
-//! docs/status-sync.md, "The snapshot and its floor".
+//! [`Listed`]: the ids a snapshot enables, deduplicated, built from the request's
+//! chunks as they are consumed: a bitmap over the ids' range when no bigger than
+//! the ids, else a hash set. [`Listed::encode`] writes the listing other replicas
+//! read. Why and sizes: docs/status-sync.md, "The snapshot and its floor".
 
 use std::collections::HashSet;
 
@@ -35,7 +30,6 @@ enum Ids {
 }
 
 impl Listed {
-    /// The distinct ids of `chunks`.
     pub(super) fn new(chunks: Vec<Vec<u64>>) -> Listed {
         let mut ids = chunks.iter().flatten().copied();
         let Some(first) = ids.next() else {
@@ -81,7 +75,6 @@ impl Listed {
         Listed { ids, len }
     }
 
-    /// Distinct ids listed.
     pub(super) fn len(&self) -> usize {
         self.len
     }

@@ -1,7 +1,6 @@
 //! The call-tracking status set: in-memory reads ([`StatusSet`]), the write path
-//! and catch-up ([`StatusService`]), and the background loops that keep replicas
-//! converged ([`sync`]) and pull the status feed ([`feed`]). How replicas
-//! converge and what each call is bounded by: docs/status-sync.md.
+//! and catch-up ([`StatusService`]), and the [`sync`] and [`feed`] loops. How
+//! replicas converge and what bounds each call: docs/status-sync.md.
 
 pub mod feed;
 mod listed;
@@ -40,18 +39,15 @@ pub struct StatusService {
 struct Inner {
     set: Arc<StatusSet>,
     store: StatusStore,
-    /// The replica's number caches, which forget what the change log says to
-    /// (an invalidation: every number of the seller; a flip of call tracking:
-    /// the seller's call-tracking numbers, since a forwarding number released
-    /// meanwhile may be another seller's now); `None` in tools and benches
-    /// that have none.
+    /// The replica's number caches, which forget what the change log says (a
+    /// flip of call tracking drops the seller's call-tracking numbers: a released
+    /// forwarding number may be another seller's now); `None` in tools and benches.
     caches: Option<Caches>,
     /// One local writer at a time: SQLite has one writer anyway, and PostgreSQL
     /// writers queue on the advisory lock; queueing here spares a connection.
     writer: tokio::sync::Mutex<()>,
-    /// The change-log position applied to memory; the mutex makes catch-ups
-    /// (and a local snapshot's apply) run one at a time so rows are applied in
-    /// order.
+    /// The change-log position applied to memory; the mutex runs catch-ups (and
+    /// a local snapshot's apply) one at a time so rows apply in order.
     watermark: tokio::sync::Mutex<Watermark>,
     /// Unix time (ms) of the last successful catch-up, for the sync-lag gauge.
     last_sync_ms: AtomicI64,
@@ -95,8 +91,7 @@ impl StatusService {
         &self.inner.store
     }
 
-    /// Whether the first catch-up (the load) finished; `/readyz` and the
-    /// request path wait for it.
+    /// Whether the first catch-up (the load) finished; `/readyz` and requests wait for it.
     pub fn is_loaded(&self) -> bool {
         self.inner.set.is_loaded()
     }
@@ -126,16 +121,12 @@ impl StatusService {
         }
     }
 
-    /// Milliseconds since the last successful catch-up (or, before the first,
-    /// since this service was created).
+    /// Milliseconds since the last successful catch-up (or since creation, before one).
     pub fn sync_lag_ms(&self) -> i64 {
         (unix_ms() - self.inner.last_sync_ms.load(Ordering::Acquire)).max(0)
     }
 
     /// Loads the whole set (a catch-up from the start), then marks it loaded.
-    ///
-    /// # Errors
-    /// The store could not be read; nothing is marked loaded.
     pub async fn load(&self) -> Result<usize, StatusStoreError> {
         // Each page within a small call's bound, not a read's: a start whose
         // connection was lost silently then retries soon enough to be ready
@@ -148,19 +139,13 @@ impl StatusService {
     }
 
     /// Applies every change after the watermark to memory; returns how many users
-    /// it set (the snapshot floor's row is not a user). An invalidation drops
-    /// the seller's cached numbers; a status whose call tracking flipped since
-    /// the watermark drops the seller's call-tracking numbers first, then is set
-    /// (so no request sees it on while an old forwarding number is still cached).
-    ///
-    /// # Errors
-    /// The store could not be read; what was applied before the error stays.
+    /// it set. A status whose call tracking flipped drops the seller's call-tracking
+    /// numbers first, then is set (no request sees it on with an old number cached).
     pub async fn catch_up(&self) -> Result<usize, StatusStoreError> {
         self.catch_up_paged(None).await
     }
 
-    /// [`StatusService::catch_up`], each page within `page_bound` as well as
-    /// the store's own read bound.
+    /// [`StatusService::catch_up`], each page also within `page_bound`.
     async fn catch_up_paged(
         &self,
         page_bound: Option<Duration>,
@@ -286,13 +271,8 @@ impl StatusService {
     }
 
     /// Drops every cached number of `users` here at once, then records the
-    /// invalidation so that every other replica drops them too (with SQLite,
-    /// one replica, nothing to record). A fetch of them under way on any
-    /// replica is not written back.
-    ///
-    /// # Errors
-    /// The store could not record it: this replica's entries are dropped all
-    /// the same, the others' are not; the caller should retry.
+    /// invalidation for every other replica; a fetch of them under way is not
+    /// written back. If recording fails, the others keep theirs: retry.
     pub async fn invalidate(&self, users: &[UserId]) -> Result<(), StatusStoreError> {
         let caches = self.inner.caches.as_ref();
         if let Some(caches) = caches {
@@ -319,8 +299,7 @@ impl StatusService {
         tokio::time::Instant::now() + self.inner.store.short_bound()
     }
 
-    /// The local writers' turn for a small write, waited for until its
-    /// `deadline`.
+    /// The local writers' turn for a small write, waited for until `deadline`.
     async fn writer_until(
         &self,
         deadline: tokio::time::Instant,
@@ -352,10 +331,7 @@ impl StatusService {
 
     /// Applies a delta delivery (webhook, or a feed page with its cursor and
     /// the lease it was read under: see [`crate::store::Fence`]) within a
-    /// small write's deadline.
-    ///
-    /// # Errors
-    /// The store refused it; nothing was applied.
+    /// small write's deadline, all or nothing.
     pub async fn apply_changes(
         &self,
         changes: &[StatusChange],
@@ -375,23 +351,14 @@ impl StatusService {
 
     /// Starts a full snapshot (see [`SnapshotLoad`]); finish it with
     /// [`StatusService::finish_snapshot`].
-    ///
-    /// # Errors
-    /// The store is unreachable.
     pub async fn begin_snapshot(&self) -> Result<SnapshotLoad, StatusStoreError> {
         self.inner.store.begin_snapshot().await
     }
 
-    /// Applies a loaded snapshot at `version` (the ids pushed into `load`;
-    /// `enabled`, the same ids as the request parsed them), and applies it to
-    /// this replica's memory before returning, in the writers' turn, by the
-    /// steps docs/status-sync.md, "The snapshot and its floor", lists. The
-    /// watermark is held from the catch-up to the end, so no catch-up runs in
-    /// between.
-    ///
-    /// # Errors
-    /// The store refused it, or memory could not be caught up to it within
-    /// the finish's bound; nothing was applied.
+    /// Applies a loaded snapshot at `version` (`enabled`: the ids as the request
+    /// parsed them) in the store and in memory before returning, in the writers'
+    /// turn (docs/status-sync.md, "The snapshot and its floor"). The watermark is
+    /// held throughout, so no catch-up runs in between; on error nothing applied.
     pub async fn finish_snapshot(
         &self,
         load: SnapshotLoad,
@@ -427,9 +394,8 @@ impl StatusService {
         let listed = match listing {
             Ok((listed, _)) => listed,
             Err(error) => {
-                // Only a panic (a bug) or a runtime shutting down: memory reads
-                // the snapshot back through the change log, as another
-                // replica does, before the answer.
+                // Only a panic (a bug) or a runtime shutting down: memory reads the
+                // snapshot back through the change log before the answer.
                 tracing::error!(%error, "a snapshot's listing failed; reading it back");
                 if let Err(error) = self.catch_up_locked(&mut watermark, None).await {
                     tracing::warn!(%error, "reading a snapshot back failed; the sync loop will retry");
@@ -455,9 +421,6 @@ impl StatusService {
     }
 
     /// A whole snapshot from ids in memory (benches, tools).
-    ///
-    /// # Errors
-    /// As [`StatusService::finish_snapshot`].
     pub async fn apply_snapshot(
         &self,
         version: u64,

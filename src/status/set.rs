@@ -134,12 +134,10 @@ impl StatusSet {
         self.map.pin().get(&user_id).map(|p| unpack(*p))
     }
 
-    /// Applies a full snapshot at `version` enabling `listed`, by the rule the
-    /// store applied it with (docs/status-sync.md, "The snapshot and its
-    /// floor"). `flipped` is told of each user whose call tracking turns on or
-    /// off, before the change is visible. Listed users first: a seller enabled
-    /// before and after is never seen disabled in between. Yields every
-    /// [`ROWS_PER_YIELD`] users; returns how many it set.
+    /// Applies a full snapshot at `version` enabling `listed` (docs/status-sync.md,
+    /// "The snapshot and its floor"), telling `flipped` of each user whose call
+    /// tracking flips before it is visible. Listed users first, so a seller
+    /// enabled before and after is never seen disabled. Returns how many it set.
     pub(super) async fn apply_snapshot(
         &self,
         listed: &Listed,
@@ -185,13 +183,10 @@ impl StatusSet {
         set
     }
 
-    /// The users whose entry a snapshot at `version` disables (or moves up
-    /// to `version`) once its listed users are applied: an entry below
-    /// `version`, or one enabled at exactly `version` and not listed. Read
-    /// in one pass, yielding as [`StatusSet::apply_snapshot`] does; the
-    /// guard held meanwhile (one that may cross an `await`) keeps no retired
-    /// entry alive, since the caller is the set's only writer and does not
-    /// write during the pass.
+    /// The users whose entry a snapshot at `version` disables (or moves up to
+    /// `version`): below `version`, or enabled at exactly it and not listed.
+    /// The guard held across `await`s keeps no retired entry alive: the caller
+    /// is the only writer and does not write during the pass.
     async fn unlisted(&self, listed: &Listed, version: u64) -> Vec<u64> {
         let map = self.map.pin_owned();
         let mut users = Vec::new();

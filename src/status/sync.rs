@@ -1,8 +1,6 @@
-//! The sync loop: keeps this replica's memory converged with the store,
-//! catching up on a poll (`database.sync_interval_ms`) and on every change
-//! hint. Hints are lost while the listener is away, which is why the poll
-//! exists; the catch-up reads the change log after the last row applied, so
-//! nothing is skipped (docs/status-sync.md, "Replication between replicas").
+//! The sync loop: keeps memory converged with the store, catching up on a poll
+//! (`database.sync_interval_ms`, for hints lost while the listener is away) and
+//! on every change hint (docs/status-sync.md, "Replication between replicas").
 
 use std::time::Duration;
 

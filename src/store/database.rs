@@ -246,9 +246,8 @@ async fn connect_sqlite(
         .await?)
 }
 
-/// The page cache of the reveal log's SQLite writer, in KiB, so that a flush
-/// does not spill dirty pages mid-transaction; RSS grows by at most this much
-/// (docs/reveal-log.md, "Memory").
+/// The page cache of the reveal log's SQLite writer, in KiB, so a flush does not
+/// spill dirty pages mid-transaction; RSS grows by at most this much.
 pub(super) const SQLITE_LOG_CACHE_KIB: u32 = 32 * 1024;
 
 /// WAL pages after which a commit on the reveal log's writer checkpoints
@@ -347,8 +346,7 @@ pub fn keeps_sessions(
     })
 }
 
-/// The pooler check's bound, whole (docs/status-sync.md, "Every call and its
-/// bound").
+/// The pooler check's bound, whole (docs/status-sync.md, "Every call and its bound").
 pub const PROBE_BOUND: Duration = Duration::from_secs(6);
 
 async fn probe_sessions(options: &PgConnectOptions) -> Result<bool, StoreError> {

@@ -1,6 +1,5 @@
-//! The migrations a replica runs at start, one at a time and each to its end,
-//! so that `/readyz` and the log can say which one runs ([`Migrations`]). See
-//! docs/operations.md, "Migrations at start".
+//! The migrations a replica runs at start, one at a time, so `/readyz` and the log
+//! can say which one runs ([`Migrations`]). See docs/operations.md, "Migrations at start".
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU32, Ordering};

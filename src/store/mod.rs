@@ -12,9 +12,7 @@
 //! | [`ChangeHints`] | "the change log may have grown" | the sync loop |
 //! | [`Database`] | opening, migrations, the pooler check, closing; makes the handles | `app` |
 //!
-//! No caller matches on the database kind. A new capability is a folder (its
-//! interface in `mod.rs`, a file per dialect), a migration per dialect in
-//! `migrations/`, a constructor on [`Database`] and a row above.
+//! No caller matches on the database kind.
 
 mod budgets;
 mod database;

@@ -161,8 +161,7 @@ impl Backend {
         self.bounded(operation, self.call_bound(), f).await
     }
 
-    /// The client's bound on a snapshot's finish (on PostgreSQL, on what comes
-    /// before its batches).
+    /// The client's bound on a snapshot's finish (PostgreSQL: before its batches).
     pub(super) fn finish_bound(&self) -> Duration {
         match self {
             Backend::Postgres(pg) => pg.bounds.call(),

@@ -1,8 +1,6 @@
-//! Logs, metrics and traces plumbing: the tracing subscriber ([`trace`]: trace
-//! context and span export), the Prometheus recorder, request ids.
-//!
-//! Phone numbers never reach a log line or a label: code logs `phone.masked()`,
-//! and `Phone`'s `Debug` is masked too.
+//! Logs, metrics and traces plumbing: the tracing subscriber ([`trace`]), the
+//! Prometheus recorder, request ids. Phone numbers never reach a log line or a
+//! label: code logs `phone.masked()`, and `Phone`'s `Debug` is masked too.
 
 use std::future::Future;
 use std::hash::BuildHasher;
@@ -39,9 +37,6 @@ pub fn with_request_id<F: Future>(
 }
 
 /// Installs the global subscriber of `[log]` (`RUST_LOG` over `log.filter`).
-///
-/// # Errors
-/// A filter that does not parse, or a subscriber already installed.
 pub fn init_logs(log: &LogConfig) -> anyhow::Result<()> {
     let builder = tracing_subscriber::fmt().with_env_filter(env_filter(&log.filter)?);
     match log.format {
@@ -55,11 +50,7 @@ pub fn init_logs(log: &LogConfig) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!(e))
 }
 
-/// As [`init_logs`], plus the span export when `tracing.otlp_endpoint` is set
-/// (returned: dropping it flushes what is buffered).
-///
-/// # Errors
-/// As [`init_logs`], or an exporter that cannot be built.
+/// As [`init_logs`], plus the span export (returned) when `tracing.otlp_endpoint` is set.
 pub fn init_logs_and_traces(
     log: &LogConfig,
     tracing: &TracingConfig,
@@ -107,10 +98,8 @@ fn env_filter(filter: &str) -> anyhow::Result<EnvFilter> {
 }
 
 /// A request's id: the caller's `x-request-id` if it is short, visible ASCII
-/// (kept as is: no copy), else sixteen hex digits we make.
-///
-/// # Errors
-/// An id we make when `x-request-id` came more than once: the request is a 400.
+/// (kept as is: no copy), else sixteen hex digits we make (as the `Err` when
+/// the header came more than once: the request is a 400).
 pub fn request_id_of(headers: &HeaderMap) -> Result<HeaderValue, HeaderValue> {
     static SEQUENCE: AtomicU64 = AtomicU64::new(0);
     static SEED: OnceLock<foldhash::fast::RandomState> = OnceLock::new();

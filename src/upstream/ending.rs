@@ -1,7 +1,6 @@
 //! How a call ends, and everything that follows from it, in one table
-//! ([`Ending::row`]). A new way to end is one arm of one `match` (no
-//! wildcard); docs/rules.md's table ("Verdict or undecided") is held to
-//! [`table`] row by row by the docs test.
+//! ([`Ending::row`]): a new way to end is one arm of one `match`. The docs test
+//! holds docs/rules.md's table ("Verdict or undecided") to [`table`].
 
 use super::error::UpstreamError;
 use super::limit::End;

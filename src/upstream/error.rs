@@ -1,8 +1,6 @@
-//! `UpstreamError`: every way an upstream call can fail, as one cheap,
-//! cloneable value (coalesced waiters all receive the same failure). What
-//! follows from each is the one table in `ending`. Each error is made where it
-//! arises (the pool maps `errno`, the timer judges lost time, the back-off
-//! judges load), so the class is never guessed from a message.
+//! `UpstreamError`: every way an upstream call can fail, as one cheap, cloneable
+//! value (coalesced waiters all receive it). What follows from each: `ending`.
+//! Each is made where it arises, so the class is never guessed from a message.
 
 use std::fmt;
 

@@ -1,9 +1,7 @@
 //! Faults a whole-app test can inject, compiled only with the `test-faults`
-//! cargo feature: a fetch that panics.
-//!
-//! The feature is on only through `Cargo.toml`'s dev-dependency of the crate
-//! on itself, so the release binary holds no such code, not even a dormant
-//! branch; a `#[cfg(test)]` hook would not reach the whole-app tests.
+//! cargo feature: a fetch that panics. The feature is on only through
+//! `Cargo.toml`'s dev-dependency of the crate on itself, so the release binary
+//! holds no such code; a `#[cfg(test)]` hook would not reach whole-app tests.
 
 use std::ops::RangeInclusive;
 

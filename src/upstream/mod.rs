@@ -1,13 +1,9 @@
-//! The three upstreams, as typed calls over a keep-alive pool per upstream.
-//!
-//! A call meets its gates in this order: the seller's place (`limit`), the
-//! breaker (`breaker`), the adaptive bound (`limit`), the back-off
-//! (`backoff`), the timer (`timer`); the endpoint (`endpoint`) sends the GET
-//! on a pooled connection (`pool`). How a call ends is one table (`ending`).
-//! Nothing here caches or decides which number is shown; see `resolve`. The
-//! status feed is an endpoint of its own, so a failing feed opens no breaker
-//! that lookups go through. Why hyper's connection API and no client crate:
-//! docs/design.md, "Upstreams".
+//! The three upstreams, as typed calls over a keep-alive pool per upstream. A
+//! call meets its gates in this order: the seller's place (`limit`), the breaker
+//! (`breaker`), the adaptive bound (`limit`), the back-off (`backoff`), the timer
+//! (`timer`); then `endpoint` sends the GET on a pooled connection (`pool`). The
+//! status feed is an endpoint of its own, so a failing feed opens no breaker that
+//! lookups go through. Why no client crate: docs/design.md, "Upstreams".
 
 mod backoff;
 mod breaker;

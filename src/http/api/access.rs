@@ -1,11 +1,8 @@
 //! Who may call the admin API (docs/admin-access.md): the token set the admin
-//! listener's front checks ([`AdminTokens::check`]), the [`Caller`] it hands
-//! the handlers, the [`record`] of every admin call, and the poller that
-//! re-reads token files ([`AdminTokens::watch`]).
-//!
-//! Only the values change at run time (rotation), so they sit in one
-//! [`ArcSwap`], loaded once per request (no lock) and swapped whole: a new
-//! value works, and the old one stops, at the same store.
+//! front checks, the [`Caller`] it hands the handlers, the [`record`] of every
+//! call, and the token files' poller. The values sit in one [`ArcSwap`], loaded
+//! once per request and swapped whole: a new value works, and the old one stops,
+//! at the same store.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,8 +35,7 @@ struct Entry {
     failing: AtomicBool,
 }
 
-/// The caller of an admin route, in the request's extensions, for handlers
-/// that put who asked on record.
+/// The caller of an admin route, in the request's extensions, for the record.
 #[derive(Debug, Clone)]
 pub struct Caller {
     /// The token's name, never its value.

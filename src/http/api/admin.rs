@@ -1,6 +1,5 @@
 //! The admin API (docs/api.md): status sync, status lookup, cache invalidation,
-//! each behind a bearer token with the route's scope, which the front checks
-//! before routing (docs/admin-access.md); and the open operations routes.
+//! each behind a token with the route's scope (docs/admin-access.md); and operations.
 
 use std::sync::atomic::Ordering;
 

@@ -1,6 +1,5 @@
 //! The batch body's items, read by visitors of our own rather than as a
-//! `serde_json::Value` each; [`batch_item`] makes a request of one, answering
-//! as the single lookup's query does (the same 400 naming the bad field).
+//! `serde_json::Value` each; [`batch_item`] answers as the single lookup's query.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -14,9 +13,8 @@ use super::limits::MAX_BATCH_ITEMS;
 use crate::domain::{AdId, CategoryId, Phone, UserId};
 use crate::resolve::Request as ResolveRequest;
 
-/// The `items` of a batch body: the first [`MAX_BATCH_ITEMS`] kept, the rest
-/// only counted (`IgnoredAny`, no allocation), so the 400 can say how many
-/// there were without a `serde_json::Value` per item.
+/// The `items` of a batch body: the first [`MAX_BATCH_ITEMS`] kept, the rest only
+/// counted (`IgnoredAny`, no allocation) so the 400 can say how many.
 #[derive(Debug, Default)]
 pub struct BatchItems {
     pub kept: Vec<BatchItem>,
@@ -52,9 +50,8 @@ impl<'de> Deserialize<'de> for BatchItems {
     }
 }
 
-/// One batch item as far as [`batch_item`] reads it. Unknown keys and nested
-/// values are skipped while parsing; of duplicate keys the last wins, as in a
-/// `serde_json::Map`.
+/// One batch item as far as [`batch_item`] reads it: unknown keys and nested
+/// values skipped, the last of duplicate keys kept (as in a `serde_json::Map`).
 #[derive(Debug, Default)]
 pub struct BatchItem {
     object: bool,
@@ -270,10 +267,8 @@ impl<'de> Deserialize<'de> for BatchItem {
     }
 }
 
-/// Parses one batch item (the query's fields, numbers as JSON integers).
-///
-/// # Errors
-/// As `extract::public_phone_query`.
+/// Parses one batch item (numbers as JSON integers), refused as
+/// `extract::public_phone_query` refuses a query.
 pub fn batch_item(item: &BatchItem) -> Result<ResolveRequest, ApiError> {
     if !item.object {
         return Err(ApiError::bad_request("item: must be a JSON object"));

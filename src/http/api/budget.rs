@@ -1,6 +1,5 @@
-//! The viewer budgets as the public API speaks them (docs/budgets.md): a 429
-//! with `Retry-After`, or a 400 for a batch larger than a budget, which no
-//! wait would let through. The budgets themselves are in [`crate::budget`].
+//! The viewer budgets as the public API speaks them (docs/budgets.md): a 429 with
+//! `Retry-After`, or a 400 for a batch larger than a budget (no wait lets it in).
 
 use super::error::ApiError;
 use crate::budget::{Budgets, Refusal};
@@ -9,12 +8,8 @@ use crate::domain::Viewer;
 /// The header the trusted backend sets to the buyer's id.
 pub const VIEWER_HEADER: &str = "x-viewer-id";
 
-/// Takes `items` reveals from the viewer's budgets; a request without a viewer
-/// is not limited, nor one that asks for nothing.
-///
-/// # Errors
-/// `TooManyRequests` with the seconds until the request fits, or `BadRequest`
-/// when it never can.
+/// Takes `items` reveals from the viewer's budgets (none without a viewer or
+/// items): a 429 with the seconds until it fits, or a 400 when it never can.
 pub fn check(budgets: &Budgets, viewer: Option<&Viewer>, items: usize) -> Result<(), ApiError> {
     let Some(viewer) = viewer.filter(|_| items > 0) else {
         return Ok(());

@@ -1,11 +1,7 @@
 //! `phones_gateway_http_request_duration_seconds{route, status}`: every request
-//! on both listeners of one app, in fixed buckets of atomics.
-//!
-//! Not the `metrics` recorder's histogram, which queues every sample until a
-//! scrape drains it (docs/design.md, "Hand-made parts"): here a request costs
-//! a scan of a few slots and two relaxed adds, nothing to drain. One
-//! [`Durations`] per app, shared by its fronts and its `/metrics`, so an app
-//! counts its own requests alone (also beside other apps in one process).
+//! on both listeners of one app, in fixed buckets of atomics rather than the
+//! `metrics` recorder's queue of samples (docs/design.md, "Hand-made parts").
+//! One [`Durations`] per app, so an app counts its own requests alone.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};

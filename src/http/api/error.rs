@@ -16,7 +16,6 @@ pub enum ApiError {
     BadRequest(String),
     /// The seller has no number to show.
     NoPhone,
-    /// No such route.
     RouteNotFound,
     MethodNotAllowed,
     /// Body over the route's limit (bytes).

@@ -1,6 +1,5 @@
-//! Extractors whose rejections are `ApiError`s: a JSON body (415, 413, 400 with
-//! serde's explanation), path parameters, the lookup's query, and the one
-//! value of a header read singly (a repeated one is a 400 naming it).
+//! Extractors whose rejections are `ApiError`s: a JSON body, path parameters, the
+//! lookup's query, and a header read singly (a repeated one is a 400 naming it).
 
 use std::borrow::Cow;
 
@@ -53,9 +52,6 @@ where
 }
 
 /// A 415 unless the body is declared JSON; checked before the body is read.
-///
-/// # Errors
-/// `UnsupportedMediaType`.
 pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     let mut values = headers.get_all(header::CONTENT_TYPE).iter();
     let (Some(value), None) = (values.next(), values.next()) else {
@@ -83,12 +79,9 @@ pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// The value of a header the gateway reads one value of, if given. One map
-/// lookup, as `get` is (the hit path reads `X-Viewer-Id` through this).
-///
-/// # Errors
-/// A 400 naming the header (`shown`, as the docs write it) when it is given
-/// more than once: which one would the caller mean?
+/// The value of a header read singly, if given, in one map lookup (the hit
+/// path reads `X-Viewer-Id` so). A 400 naming the header (`shown`, as the docs
+/// write it) when it is given more than once.
 pub fn single_header<'h>(
     headers: &'h HeaderMap,
     name: impl AsHeaderName,
@@ -140,9 +133,6 @@ fn path_error(rejection: &PathRejection) -> ApiError {
 /// a known one given twice is refused. Form-decoded, with one leniency: a
 /// `phone` whose raw value starts with a literal `+` keeps it as a plus (the
 /// common client mistake; no valid number starts with a space).
-///
-/// # Errors
-/// The first missing, repeated or invalid parameter, named.
 pub fn public_phone_query(query: Option<&str>) -> Result<ResolveRequest, ApiError> {
     let query = query.unwrap_or_default();
     let QueryFields {
@@ -183,9 +173,8 @@ struct QueryFields<'a> {
 
 impl<'a> QueryFields<'a> {
     fn of(query: &'a str) -> Result<Self, ApiError> {
-        // Without `%` or `+` form decoding changes nothing: split in place
-        // (the hit path). `&` and `=` are ASCII, so every slice below is on a
-        // character boundary.
+        // Without `%` or `+` form decoding changes nothing: split in place (the hit
+        // path); `&` and `=` are ASCII, so every slice is on a character boundary.
         let mut fields = QueryFields::default();
         let (mut start, mut equals) = (0, None);
         for (i, byte) in query.bytes().chain([b'&']).enumerate() {

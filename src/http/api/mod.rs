@@ -1,15 +1,10 @@
 //! The API both listeners serve (docs/api.md): the route table ([`routes`]),
-//! the two routers built from it, their handlers ([`public`], [`admin`],
-//! [`reveals`], [`profile`], [`openapi`]), the admin tokens ([`access`]), the
-//! extractors ([`extract`], [`batch_items`]), problem documents ([`error`]),
-//! the states ([`state`]), the request limits ([`limits`]) and the duration
-//! histogram ([`durations`]). It does not know how it is served
-//! (`crate::http::server` imports it, not the reverse).
+//! the routers built from it and their handlers, tokens ([`access`]), extractors,
+//! problem documents ([`error`]), states, limits and the duration histogram. It
+//! does not know how it is served (`crate::http::server` imports it).
 //!
-//! Every error on either router is an `ApiError` problem document, unknown
-//! routes and methods included. An unknown method that is a valid token
-//! (`BREW`) is a 405 with `Allow` on an existing route, not a 501: it tells the
-//! client what to send, and docs/api.md lists no 5xx for bad input.
+//! Every error on either router is an `ApiError` problem document; an unknown
+//! method that is a valid token (`BREW`) is a 405 with `Allow`, not a 501.
 
 pub mod access;
 pub mod admin;
@@ -40,8 +35,7 @@ pub fn public_router(state: PublicState) -> Router {
     router_of(routes::PUBLIC, state, max_body)
 }
 
-/// The admin routes ([`routes::ADMIN`]). The front checks the token before
-/// this router runs (its fallbacks included).
+/// The admin routes ([`routes::ADMIN`]); the front checks the token before this router.
 pub fn admin_router(state: AdminState) -> Router {
     // Bounds what the JSON extractor reads; the snapshot bounds its own.
     let max_body = state.server.max_body_bytes;

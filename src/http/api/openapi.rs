@@ -1,6 +1,5 @@
 //! The OpenAPI documents of both listeners (`/openapi/public.json`,
-//! `/openapi/admin.json`): the info here; operations and schemas from the
-//! route table's rows; for the admin listener each row's scope.
+//! `/openapi/admin.json`), built from the route table's rows.
 
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};

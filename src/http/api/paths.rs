@@ -1,7 +1,6 @@
-//! The path of every route of both listeners, each written once: the route
-//! table ([`routes`](super::routes)) and the handlers' `#[utoipa::path]`
-//! annotations name these constants. A leaf, so that the table and its
-//! handlers, which name each other's items, do not import each other for them.
+//! The path of every route of both listeners, written once and named by the
+//! route table ([`routes`](super::routes)) and the handlers' `#[utoipa::path]`.
+//! A leaf, so the table and its handlers need not import each other for them.
 
 pub const PUBLIC_PHONE: &str = "/v1/public-phone";
 pub const BATCH: &str = "/v1/public-phones/batch";

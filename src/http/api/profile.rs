@@ -1,7 +1,6 @@
-//! CPU profiling on demand, behind the admin token (docs/api.md): samples every
-//! thread at 99 Hz for N seconds with `pprof` and answers an SVG flamegraph, or
-//! the top functions as text. One profile at a time (409 while one runs); the
-//! process keeps serving while it is sampled.
+//! CPU profiling on demand, behind the admin token (docs/api.md): `pprof` samples
+//! every thread at 99 Hz for N seconds and answers an SVG flamegraph or the top
+//! functions. One profile at a time (409 while one runs).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

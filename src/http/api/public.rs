@@ -42,8 +42,7 @@ impl PublicState {
 
     /// Records a number about to be shown (docs/api.md, "The reveal log") and
     /// counts it; with `on_overflow = "refuse"` a full log is a 503 instead.
-    /// Takes the viewer by value: the single lookup hands over its last use,
-    /// so a reveal costs no copy on the request worker.
+    /// Takes the viewer by value: no copy on the request worker.
     fn record(
         &self,
         request: &Request,
@@ -71,10 +70,8 @@ impl PublicState {
     }
 }
 
-/// The request's `X-Viewer-Id`, if any.
-///
-/// # Errors
-/// A 400 unless it is one header of 1 to 128 visible ASCII characters.
+/// The request's `X-Viewer-Id`, if any; a 400 unless it is one header of 1 to
+/// 128 visible ASCII characters.
 fn viewer_of(headers: &HeaderMap) -> Result<Option<Viewer>, ApiError> {
     single_header(headers, VIEWER_HEADER, "X-Viewer-Id")?
         .map(|v| Viewer::parse(v.as_bytes()))

@@ -1,8 +1,6 @@
 //! The reveal log's admin routes (docs/api.md, "The reveal log"): a seller's or
 //! a viewer's reveals, newest first in keyset pages, and an ad's counts over
-//! every replica; 404 when `reveals.enabled` is false. Each read is logged
-//! with the caller's token name (docs/admin-access.md). An item's reason has
-//! the schema [`RevealReason`], whose words come from the code itself.
+//! every replica; 404 when `reveals.enabled` is false.
 
 use axum::Extension;
 use axum::extract::{RawQuery, State};
@@ -271,8 +269,7 @@ pub async fn ad_counts(
     .into_response())
 }
 
-/// On (else 404), and no migration of the log runs (else 503; `/readyz` names
-/// the migration).
+/// On (else 404), and no migration of the log running (else 503, named by `/readyz`).
 fn readable(state: &AdminState) -> Result<(), ApiError> {
     if state.reveals.is_none() {
         return Err(ApiError::RouteNotFound);

@@ -1,13 +1,8 @@
-//! The route table of both listeners, one row per route: its path (a constant
-//! of [`paths`](super::paths)), who may call it (open, or a token with a
-//! scope), its handlers by method (none for the lookup, which the front
-//! answers) and its OpenAPI entries. The routers, the OpenAPI documents, the
-//! front's per-request row ([`RouteId`]) and the duration series ([`LABELS`])
-//! are all read from here: a new route is its path's constant, its row here
-//! and its handler.
-//!
-//! Two tables, not one with a listener column: each router has its own state
-//! type, so a handler cannot land on the wrong listener.
+//! The route table of both listeners, one row per route: its path, who may call
+//! it, its handlers by method and its OpenAPI entries. The routers, the OpenAPI
+//! documents, the front's [`RouteId`] and the duration series ([`LABELS`]) are
+//! all read from here. Two tables, not one with a listener column: each router
+//! has its own state type, so a handler cannot land on the wrong listener.
 
 use axum::routing::{MethodRouter, get, post, put};
 use utoipa::openapi::OpenApi;
@@ -25,9 +20,8 @@ pub const PUBLIC: &[Route<PublicState>] = &[
     Route::open(OPENAPI_PUBLIC, || get(public_json)),
 ];
 
-/// The admin listener's routes. Only the operations are open; the admin API's
-/// description wants a token, so a caller without one learns nothing. Each
-/// other row names its scope (docs/admin-access.md, "Scopes").
+/// The admin listener's routes. Only the operations are open (a caller without a
+/// token learns nothing); the others name their scope (docs/admin-access.md, "Scopes").
 pub const ADMIN: &[Route<AdminState>] = &[
     Route::token(STATUSES, Scope::StatusesWrite, || {
         put(admin::put_statuses).post(admin::post_statuses)
@@ -196,8 +190,7 @@ impl RouteId {
         }
     }
 
-    /// `None` for the open rows and for unmatched paths (any valid token, then
-    /// a 404 or 405).
+    /// `None` for the open rows and unmatched paths (any valid token, then a 404 or 405).
     pub fn scope(self) -> Option<Scope> {
         match self.admin_row()?.access {
             Access::Token(scope) => Some(scope),
@@ -210,8 +203,7 @@ impl RouteId {
     }
 }
 
-/// Not an `async fn`: its future's hidden type would name the table it is a
-/// row of.
+/// Not an `async fn`: its future's hidden type would name the table it is a row of.
 fn public_json() -> std::future::Ready<axum::Json<OpenApi>> {
     std::future::ready(axum::Json(openapi::public_api(
         PUBLIC.iter().map(Route::entry),
@@ -225,9 +217,8 @@ fn admin_json() -> std::future::Ready<axum::Json<OpenApi>> {
 }
 
 /// A handler's OpenAPI entry from what `#[utoipa::path]` generated, as
-/// `#[derive(OpenApi)]` adds its `paths(...)`. `Tags` and `SchemaReferences`
-/// are utoipa's hidden traits; `Cargo.lock` pins utoipa, and the documents'
-/// tests fail if an update moved them.
+/// `#[derive(OpenApi)]` adds it. `Tags` and `SchemaReferences` are utoipa's hidden
+/// traits: `Cargo.lock` pins utoipa, and the documents' tests catch a move.
 fn doc<P>(api: &mut OpenApi)
 where
     P: utoipa::Path + for<'t> utoipa::__dev::Tags<'t> + utoipa::__dev::SchemaReferences,

@@ -1,13 +1,8 @@
-//! The snapshot PUT: up to 10,000,000 ids, parsed as the body streams in, and
-//! written to the database only once the whole body is read.
-//!
-//! The body flows through bounded channels into a parser thread and back as
-//! chunks of ids; only once it is complete and valid is a database connection
-//! taken, so a trickling upload holds no pooled connection, transaction or
-//! lock, and a bad value refuses it all. The parsed ids are held (80 MB at the
-//! maximum), so uploads in flight are bounded ([`Uploads`]). The parser's
-//! thread is its own, not tokio's blocking pool: it blocks as long as the body
-//! trickles in (minutes), and that pool is where upstream host lookups run.
+//! The snapshot PUT: up to 10,000,000 ids, parsed as the body streams in through
+//! bounded channels on a parser thread of its own (not tokio's blocking pool,
+//! where host lookups run: it blocks while the body trickles in). A database
+//! connection is taken only once the body is complete and valid, so a trickling
+//! upload holds no connection or lock; uploads in flight are bounded ([`Uploads`]).
 
 use std::fmt;
 use std::io::{self, Read};
@@ -29,9 +24,8 @@ pub const MAX_SNAPSHOT_IDS: usize = 10_000_000;
 const TOO_LARGE: &str = "snapshot body over the limit";
 const TIMED_OUT: &str = "snapshot body not received in time";
 
-/// The snapshot uploads in flight (`server.max_snapshot_uploads`): each holds
-/// its parsed ids and a parser thread until applied, so one more is refused
-/// before its body is read, not queued.
+/// The snapshot uploads in flight (`server.max_snapshot_uploads`): each holds its
+/// ids and a parser thread, so one more is refused before its body is read.
 #[derive(Debug, Clone)]
 pub struct Uploads {
     permits: Arc<Semaphore>,
@@ -44,10 +38,8 @@ impl Uploads {
         }
     }
 
-    /// An upload's place, held until it is answered.
-    ///
-    /// # Errors
-    /// `max` uploads are in flight already: a 503 with `Retry-After`.
+    /// An upload's place, held until it is answered; a 503 with `Retry-After`
+    /// when `max` are in flight already.
     pub fn start(&self) -> Result<OwnedSemaphorePermit, ApiError> {
         match self.permits.clone().try_acquire_owned() {
             Ok(permit) => Ok(permit),
@@ -71,10 +63,7 @@ enum Forwarded {
 }
 
 /// Streams `body` into a snapshot and applies it; returns (version, ids read).
-///
-/// # Errors
-/// 400 for a body that does not parse or holds a bad value, 413 over `limit`
-/// bytes, 503 when the store fails.
+/// A 400 for a bad body, 413 over `limit` bytes, 503 when the store fails.
 pub async fn load(
     status: &StatusService,
     body: Body,
@@ -167,9 +156,6 @@ pub async fn load(
 
 /// Parses a snapshot body from `reader`, handing ids to `deliver` in chunks (it
 /// answers false to abandon the parse); returns the version. Blocking.
-///
-/// # Errors
-/// A body that is not JSON of the snapshot's shape, or holds a bad value.
 pub fn parse(
     reader: impl Read,
     deliver: impl FnMut(Vec<u64>) -> bool,

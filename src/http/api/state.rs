@@ -1,6 +1,5 @@
-//! The two listeners' states: what the public handlers reach and what the
-//! admin handlers reach; the public one built by `Parts::public_front`, the
-//! admin one by `App::build`.
+//! The two listeners' states: what the public handlers reach (built by
+//! `Parts::public_front`) and what the admin handlers reach (by `App::build`).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -36,8 +35,7 @@ impl axum::extract::FromRef<PublicState> for ServerConfig {
     }
 }
 
-/// What the admin routes reach. Not the resolver: nothing on the admin
-/// listener looks a number up.
+/// What the admin routes reach; not the resolver: nothing there looks a number up.
 #[derive(Clone)]
 pub struct AdminState {
     /// The status set's write side; also announces invalidations to every

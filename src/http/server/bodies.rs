@@ -1,14 +1,9 @@
 //! The bound on request bodies held in memory (`server.max_body_buffer_bytes`).
-//!
-//! A JSON route reads its body whole before parsing it, so a body is memory from
-//! its first byte. Every request body is read through [`Counted`], which
-//! reserves each chunk from the process's [`BodyBuffer`] as it arrives; the
-//! request's [`Reservation`] gives them back when the request ends, however it
-//! ends (it is dropped with the body and the front's answer). A chunk past the
-//! bound fails the body and the front answers 503. The public listener gets
-//! three quarters of the bound, each of its clients a share ([`Clients`]); the
-//! snapshot PUT is not counted (it streams). See docs/operations.md, "Request
-//! bodies in memory".
+//! Every body is read through [`Counted`], which reserves each chunk from the
+//! process's [`BodyBuffer`]; the request's [`Reservation`] gives them back however
+//! it ends. A chunk past the bound fails the body (503). The public listener gets
+//! three quarters, each client a share ([`Clients`]). See docs/operations.md,
+//! "Request bodies in memory".
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -192,8 +187,7 @@ impl Share {
     }
 }
 
-/// One request's bytes in a [`BodyBuffer`], given back when the last clone is
-/// dropped (the body's and the front's).
+/// One request's bytes in a [`BodyBuffer`], given back when its last clone is dropped.
 #[derive(Clone)]
 pub struct Reservation(Arc<Reserved>);
 

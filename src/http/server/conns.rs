@@ -1,16 +1,9 @@
-//! The inbound connection cap, and accepting under it.
-//!
-//! Every connection is a file descriptor, as is every upstream call; without a
-//! cap, idle clients could take the one a lookup needs for its upstream call.
-//! So each listener holds at most so many connections ([`Inbound`]): the public
-//! one `server.max_connections` (default derived from `RLIMIT_NOFILE`,
-//! [`max_connections`]), the admin one [`ADMIN_MAX_CONNECTIONS`]. At the public
-//! cap new connections wait in the kernel's backlog; at the admin cap the one
-//! idle longest is closed to make room ([`Room`]), so the probes, which carry
-//! no token, still get in. See docs/operations.md, "Connections at the cap".
-//!
-//! `accept` failing for lack of descriptors or memory backs off (10 ms doubling
-//! to 1 s: an immediate retry fails again), each failure counted by kind.
+//! The inbound connection cap, and accepting under it: each listener holds at
+//! most so many connections ([`Inbound`]) so idle clients cannot take the
+//! descriptor a lookup needs upstream. At the public cap new connections wait in
+//! the backlog; at the admin cap the longest idle is closed ([`Room`]) so probes
+//! get in. See docs/operations.md, "Connections at the cap". A failing `accept`
+//! backs off 10 ms doubling to 1 s.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -23,8 +16,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 /// The admin listener's cap; part of the public cap's reserve.
 pub const ADMIN_MAX_CONNECTIONS: usize = 64;
 
-/// The probe listener's cap (`server.probe_addr`); part of the public cap's
-/// reserve whether or not the listener is on.
+/// The probe listener's cap (`server.probe_addr`), in the public cap's reserve either way.
 pub const PROBE_MAX_CONNECTIONS: usize = 16;
 
 /// The listen backlog of the admin and probe listeners (the default is 128):
@@ -33,9 +25,6 @@ pub const PROBE_MAX_CONNECTIONS: usize = 16;
 pub const LISTEN_BACKLOG: u32 = 1024;
 
 /// A listener on `addr` with a backlog of [`LISTEN_BACKLOG`].
-///
-/// # Errors
-/// The socket cannot be made, bound or put to listen.
 pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?

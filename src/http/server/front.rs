@@ -1,13 +1,8 @@
-//! What a listener runs for every request, around the router: request tracking
-//! (an id, a span, a duration by route and status), on the admin listener the
-//! token and its scope ([`Inner::authorize`], each call put on record by
-//! `access::record`), the header limit, the body buffer (`bodies`) and
-//! shedding on the public listener (`shed`). The public lookup is answered
-//! here without the router. The probe listener is the admin listener's open
-//! rows alone ([`Front::probes`]). The order of answers: docs/admin-access.md,
-//! "Scopes". A path is matched against the route table once, here
-//! (`RouteId`). One hand-written service instead of `from_fn` layers: see
-//! docs/design.md, "The hit path".
+//! What a listener runs for every request, around the router: request tracking,
+//! on the admin listener the token and its scope ([`Inner::authorize`]), the
+//! header limit, the body buffer and shedding; the public lookup is answered
+//! here without the router. Order of answers: docs/admin-access.md, "Scopes";
+//! why one hand-written service: docs/design.md, "The hit path".
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -239,9 +234,8 @@ where
 }
 
 impl Front {
-    /// Answers `request` from `peer` (its body counts against that client's
-    /// share), keeping `held` until the answer is made (the watchdog counts
-    /// the request in service meanwhile). Trace context: docs/tracing.md.
+    /// Answers `request` from `peer` (its body counts against that client's share),
+    /// keeping `held` (the watchdog's count of requests in service) until answered.
     pub fn call_holding<B, H>(
         &self,
         request: axum::http::Request<B>,

@@ -1,16 +1,9 @@
-//! Hyper's automatic answers, rewritten as problem documents (docs/api.md: every
-//! rejection is one, also those made before a route is chosen).
-//!
-//! When hyper cannot parse a request head it answers by itself (400, 414 or
-//! 431, no body, no headers of ours) and closes the connection, without calling
-//! our service; it offers no hook for it. So [`ProblemIo`] wraps a connection's
-//! socket and recognises that head as it is written (a 400, 414 or 431 status
-//! line, `content-length: 0`, no `content-type`: every answer of ours carries
-//! one), reports hyper's bytes as written and sends in their place the same
-//! status line with a problem document. A normal write pays one comparison.
-//!
-//! Limit: the head is recognised at the start of a write; an automatic answer
-//! behind an unsent pipelined answer keeps hyper's bare head.
+//! Hyper's automatic answers (400, 414, 431, no body), rewritten as problem
+//! documents (docs/api.md). Hyper writes them without calling our service and
+//! offers no hook, so [`ProblemIo`] wraps the socket, recognises such a head as
+//! it is written (no `content-type`: every answer of ours has one), and sends the
+//! same status line with a problem document instead. A normal write pays one
+//! comparison. Limit: a head behind an unsent pipelined answer stays bare.
 
 use std::io;
 use std::pin::Pin;
@@ -52,8 +45,7 @@ impl<T: AsyncWrite + Unpin> ProblemIo<T> {
         Poll::Ready(Ok(()))
     }
 
-    /// `buf` is hyper's automatic head: queue its rewrite, start sending it, and
-    /// report `buf` as written.
+    /// `buf` is hyper's automatic head: queue its rewrite and report `buf` as written.
     fn rewrite(
         &mut self,
         cx: &mut Context<'_>,

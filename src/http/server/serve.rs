@@ -1,14 +1,7 @@
-//! Serving a listener's [`Front`] through hyper directly, with what
-//! `axum::serve` does not expose: a deadline for the request head (slowloris),
-//! a hard bound on the head's size, and graceful shutdown (idle connections
-//! closed at once, busy ones after their answer; also for one connection the
-//! admin listener's room asks to close, `conns`).
-//!
-//! The head deadline is a watchdog per connection, not hyper's timer per
-//! request (docs/performance.md, "The hit path"): a connection with no request
-//! in service and no new head or answer for a whole period is closed (see
-//! docs/design.md, "Limits"). [`ProblemIo`] rewrites hyper's bare 400/431 as
-//! problem documents; the finer limit (`server.max_header_bytes`) is in `shed`.
+//! Serving a listener's [`Front`] through hyper directly, with what `axum::serve`
+//! does not expose: a request-head deadline (a watchdog per connection:
+//! docs/performance.md, "The hit path"), a hard bound on the head's size, and
+//! graceful shutdown (idle connections closed at once, busy ones after their answer).
 
 use std::future::Future;
 use std::io;
@@ -38,9 +31,6 @@ const MIN_HEAD_BUFFER: usize = 16 * 1024;
 
 /// Serves `front` until `shutdown` completes, then closes the listener and waits
 /// for open connections to finish (the caller bounds that wait).
-///
-/// # Errors
-/// None today: accept errors are counted, logged and retried after a back-off.
 pub async fn serve(
     listener: TcpListener,
     front: Front,
@@ -110,8 +100,7 @@ pub async fn serve(
     Ok(())
 }
 
-/// Completes when a whole `period` passed with no request in service, no new
-/// request head and no answer.
+/// Completes once a whole `period` passes with no request in service, head or answer.
 async fn stalled(activity: &Activity, period: Duration) {
     let mut last = 0;
     loop {

@@ -1,9 +1,6 @@
-//! The header limit and shedding, the first checks a request meets inside
-//! request tracking ([`super::front`]): a 431 over `server.max_header_bytes`;
-//! at most `server.max_in_flight` public requests at once, one more answered
-//! 503 at once, never queued (a counter, no `Buffer` or concurrency limit);
-//! the admin listener is not shed. Also holds the listener's share of the
-//! request-body buffer (`bodies`).
+//! The header limit and shedding, the first checks inside request tracking: a
+//! 431 over `server.max_header_bytes`; past `server.max_in_flight` public
+//! requests a 503 at once, never queued; the admin listener is not shed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,8 +18,7 @@ pub struct Shed {
     /// Held here so the shed path does not look the counter up.
     shed: metrics::Counter,
     max_header_bytes: usize,
-    /// This listener's share of the body buffer; `None`: bodies are not
-    /// counted (a front built without the app, in benches and tests).
+    /// This listener's share of the body buffer; `None`: not counted (benches and tests).
     bodies: Option<(Arc<BodyBuffer>, usize)>,
 }
 
@@ -60,9 +56,6 @@ impl Shed {
     }
 
     /// A 431 when the request line and headers are over the limit.
-    ///
-    /// # Errors
-    /// `HeadersTooLarge`.
     pub fn check_head(&self, request: &Request) -> Result<(), ApiError> {
         let head: usize = request
             .headers()
@@ -79,10 +72,8 @@ impl Shed {
         Ok(())
     }
 
-    /// A place among the requests in flight, held until the answer is made.
-    ///
-    /// # Errors
-    /// `Unavailable` (503) when every place is taken.
+    /// A place among the requests in flight, held until the answer is made; a
+    /// 503 when every place is taken.
     pub fn permit(&self) -> Result<Permit<'_>, ApiError> {
         // Taken before it is checked, so two requests racing for the last place
         // cannot both have it; the loser gives it back.

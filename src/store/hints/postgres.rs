@@ -1,5 +1,4 @@
-//! Change hints on PostgreSQL: a listener on a connection of its own to
-//! PostgreSQL itself, each (re)connection a hint.
+//! Change hints on PostgreSQL: a listener of its own, each (re)connection a hint.
 
 use std::time::Duration;
 

@@ -1,6 +1,5 @@
-//! Feed leadership: this replica alone polls the status feed. A lease row on
-//! PostgreSQL (SQLite's one replica always leads): see docs/status-sync.md,
-//! "Leadership".
+//! Feed leadership: this replica alone polls the status feed; a lease row on
+//! PostgreSQL, SQLite's one replica always leads (docs/status-sync.md, "Leadership").
 
 mod postgres;
 

@@ -1,8 +1,6 @@
-//! SQLite's runs and postings in buckets of reveal ids (migrations/sqlite/0011):
-//! keyed by the bucket before the viewer or the seller, so that a flush's
-//! entries land in the newest part of each index as the log ages
-//! (docs/reveal-log.md, "How it is written"). A page walks the buckets that
-//! hold an entry for it newest first until settled ([`ToWalk::settles`]).
+//! SQLite's runs and postings in buckets of reveal ids (migrations/sqlite/0011),
+//! so a flush's entries land in the newest part of each index (docs/reveal-log.md,
+//! "How it is written"). A page walks the buckets newest first ([`ToWalk::settles`]).
 
 use sqlx::SqliteConnection;
 

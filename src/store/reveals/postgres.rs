@@ -1,5 +1,4 @@
-//! The reveal log on PostgreSQL: a flush is one `COPY` and one upsert of its
-//! counts.
+//! The reveal log on PostgreSQL: a flush is one `COPY` and one upsert of its counts.
 
 use super::{RevealRow, reason_column};
 use crate::domain::{AdId, Reveal, RevealQuery, RevealsOf, Source, Viewer};

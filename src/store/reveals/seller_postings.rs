@@ -1,6 +1,5 @@
-//! SQLite's way to a seller's reveals: one posting a seller a flush, not an
-//! index entry per reveal (migrations/sqlite/0009). A seller's reveals of a
-//! flush are not consecutive ids (viewer order): a posting lists them.
+//! SQLite's way to a seller's reveals (migrations/sqlite/0009): one posting per
+//! seller a flush, listing its reveals, which are not consecutive ids.
 //!
 //! A posting is one row of `reveal_seller_postings`: the seller, the newest
 //! and oldest `at_us`, the id range, and its entries in a blob: for each,
@@ -16,8 +15,7 @@ use super::{REVEAL_COLUMNS, RevealRow};
 use crate::domain::{Reveal, RevealQuery};
 use crate::store::pool::signed;
 
-/// Postings a page looks up first; doubled each time the page is not yet
-/// settled, up to [`MOST_POSTINGS`].
+/// Postings a page looks up first, doubled while it is not settled (to [`MOST_POSTINGS`]).
 const FIRST_POSTINGS: usize = 16;
 const MOST_POSTINGS: usize = 1_024;
 
@@ -45,8 +43,7 @@ pub(super) fn postings_of(rows: &[(i64, &Reveal)]) -> Vec<Posting> {
     postings
 }
 
-/// One seller's posting: `entries` are `(user_id, at_us, id)`, oldest first,
-/// not empty.
+/// One seller's posting: `entries` are `(user_id, at_us, id)`, oldest first, not empty.
 fn posting(entries: &[(i64, i64, i64)]) -> Posting {
     let (user_id, min_at_us, _) = entries.first().copied().unwrap_or_default();
     let max_at_us = entries.last().map_or(0, |e| e.1);
@@ -97,8 +94,7 @@ fn take_varint(bytes: &mut &[u8]) -> Option<u64> {
     None
 }
 
-/// The entries of a posting, newest first; a blob that does not decode ends
-/// the list rather than panic.
+/// The entries of a posting, newest first; a blob that does not decode ends the list.
 fn entries(
     max_at_us: i64,
     first_id: i64,

@@ -1,6 +1,5 @@
-//! SQLite's way to a viewer's reveals: runs, not an index entry per reveal
-//! (migrations/sqlite/0007). A flush's reveals are in viewer order, so one
-//! viewer's reveals of a flush are consecutive ids: a run.
+//! SQLite's way to a viewer's reveals (migrations/sqlite/0007): a flush's reveals
+//! are in viewer order, so one viewer's are consecutive ids, a run.
 
 use sqlx::SqliteConnection;
 
@@ -9,8 +8,7 @@ use super::inserts::{sqlite_chunks, sqlite_insert};
 use super::{REVEAL_COLUMNS, RevealRow};
 use crate::domain::{Reveal, RevealQuery, Viewer};
 
-/// Runs a page reads first; doubled each time the page is not yet settled, up
-/// to [`MOST_RUNS`].
+/// Runs a page reads first; doubled while the page is not settled, up to [`MOST_RUNS`].
 const FIRST_RUNS: usize = 16;
 const MOST_RUNS: usize = 1_024;
 
@@ -24,8 +22,7 @@ pub(super) struct Run<'a> {
     pub last_id: i64,
 }
 
-/// The runs of a flush, `rows` in viewer order; a reveal without a viewer is
-/// in none.
+/// The runs of a flush, `rows` in viewer order; a reveal without a viewer is in none.
 pub(super) fn runs_of<'a>(rows: &[(i64, &'a Reveal)]) -> Vec<Run<'a>> {
     let mut runs: Vec<Run<'a>> = Vec::new();
     for &(id, reveal) in rows {

@@ -1,6 +1,5 @@
-//! The status store: the call-tracking status set's rows, and the change log
-//! they share with cache invalidations, in one order. Held by the status
-//! service alone. See docs/status-sync.md, "Replication between replicas".
+//! The status store: the status set's rows and the change log they share with cache
+//! invalidations, in one order (docs/status-sync.md, "Replication between replicas").
 
 mod postgres;
 mod sqlite;
@@ -273,8 +272,7 @@ impl SnapshotLoad {
     }
 }
 
-/// A snapshot holding the writers' turn; dropped unfinished, it rolls back
-/// and gives the turn up.
+/// A snapshot holding the writers' turn; dropped unfinished, it rolls back and yields it.
 pub struct PreparedSnapshot {
     tx: SnapshotTx,
     backend: Backend,

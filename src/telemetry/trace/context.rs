@@ -1,8 +1,7 @@
 //! W3C Trace Context in and out: `traceparent` parsed and written, the trace a
-//! request's upstream calls continue ([`TraceContext`], via [`Incoming`]), a
-//! call's headers, and the mark of an exported span ([`EXPORTED_FIELD`]).
-//! Written by hand, not with the SDK's propagator, which drops a whole
-//! `tracestate` for one bad entry. Exporting is [`super::export`]'s.
+//! request's upstream calls continue ([`TraceContext`], via [`Incoming`]), and the
+//! mark of an exported span ([`EXPORTED_FIELD`]). By hand: the SDK's propagator
+//! drops a whole `tracestate` for one bad entry.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};

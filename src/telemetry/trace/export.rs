@@ -1,7 +1,6 @@
-//! The OpenTelemetry export of spans (docs/tracing.md), when
-//! `tracing.otlp_endpoint` is set: the per-request sampling decision
-//! ([`sampled`]), which spans are exported (callsites with [`EXPORTED_FIELD`]),
-//! events on them, and [`Export`], owned by `main`.
+//! The OpenTelemetry export of spans when `tracing.otlp_endpoint` is set
+//! (docs/tracing.md): the per-request sampling ([`sampled`]), the exported spans
+//! (callsites with [`EXPORTED_FIELD`]) and [`Export`], owned by `main`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -42,10 +41,8 @@ pub fn sampled(headers: &HeaderMap, ratio: f64) -> bool {
 }
 
 /// The `sequence`th draw of a process seeded with `seed`: SplitMix64's output
-/// `sequence` of its own steps past `seed`, which spreads consecutive counters
-/// over the whole range whatever the seed. A general-purpose hasher does not
-/// promise that: foldhash's once drew 10,000 consecutive counters all in the
-/// upper half, so a ratio of 0.5 would have sampled nothing.
+/// `sequence` steps past `seed`, which spreads consecutive counters over the
+/// whole range whatever the seed (a general-purpose hasher does not promise it).
 fn share_draw(seed: u64, sequence: u64) -> u64 {
     // SplitMix64's step (its "gamma", 2^64 over the golden ratio), which
     // rand_xoshiro keeps private.
@@ -92,9 +89,6 @@ pub struct Export {
 
 impl Export {
     /// Builds the exporter and its batch processor (its own thread).
-    ///
-    /// # Errors
-    /// The endpoint does not parse as a URI or the HTTP client cannot be built.
     pub fn new(config: &TracingConfig) -> anyhow::Result<Self> {
         use opentelemetry_otlp::WithExportConfig as _;
         let endpoint = format!("{}/v1/traces", config.otlp_endpoint.trim_end_matches('/'));

@@ -1,9 +1,7 @@
 //! Distributed tracing (docs/tracing.md): [`context`], W3C trace context in and
-//! out and the mark of an exported span; [`export`], the OTLP span export,
-//! which reads `context`. Their items are re-exported here.
-//!
-//! Never a phone number in a span: its values are fixed words, status codes
-//! and the request id.
+//! out; [`export`], the OTLP span export. Their items are re-exported here.
+//! Never a phone number in a span: its values are fixed words, status codes and
+//! the request id.
 
 pub mod context;
 pub mod export;

@@ -1,10 +1,8 @@
 //! Back off first, judge after: whether a health failure is the upstream's
 //! verdict or load the gateway may have put on it, decided only once the
-//! gateway has cut what it sends. The rule, with each threshold below, is
-//! docs/rules.md, "Whose load"; this is its gate.
-//!
-//! Its cost is on the cold path only: one uncontended mutex and a few float
-//! operations per call sent and per call ended.
+//! gateway has cut what it sends. The rule and its thresholds: docs/rules.md,
+//! "Whose load". Cold path only: one uncontended mutex and a few float
+//! operations per call.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;

@@ -1,15 +1,10 @@
 //! A circuit breaker per upstream: after a run of failures, or a high failure
 //! ratio within a window, the upstream is not called for `open_ms`; then it is
 //! half-open, one probe per seller for up to `breaker.min_sellers` sellers.
-//! What it counts, and the spread over sellers and requests it needs to open:
-//! docs/rules.md, "What a breaker counts". A call that panics or is dropped
-//! is recorded on its way out, so it frees its probe's place.
-//!
-//! The distinct sellers and requests are kept in small fixed-size sets per
-//! window (no allocation, at most [`MAX_MIN_SELLERS`] ids, compared
-//! linearly: touched on failures only, under the lock the state already
-//! takes). State changes are logged and exported as
-//! `phones_gateway_circuit_open{upstream}` (1 while open or half-open).
+//! What it counts: docs/rules.md, "What a breaker counts". A call that panics or
+//! is dropped is recorded on its way out, so it frees its probe's place.
+//! Distinct sellers and requests are kept in fixed-size sets per window (at most
+//! [`MAX_MIN_SELLERS`] ids, no allocation, under the state's lock).
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;

@@ -1,13 +1,9 @@
 //! The bounds on one upstream's calls in flight: the whole upstream's
 //! (`upstreams.<name>.max_in_flight`, adaptive unless
 //! `upstreams.<name>.adaptive_limit = false`) and each seller's
-//! (`upstreams.<name>.max_in_flight_per_seller`).
-//!
-//! The adaptive algorithm, its cost and why no crate, and the per-seller
-//! defaults: docs/adaptive-limit.md. The seller's count is exact (a sharded
-//! map of sellers with calls in flight), not a hashed table of counters, where
-//! a seller hashed beside a flooding one would share its bound. Both places
-//! are guards released on drop, so a call that ends any way gives them back.
+//! (`upstreams.<name>.max_in_flight_per_seller`); see docs/adaptive-limit.md.
+//! The seller's count is exact, so no seller shares a flooding one's bound.
+//! Both places are guards released on drop.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -154,7 +150,6 @@ impl Bound {
         }
     }
 
-    /// A place, if one is free.
     pub(super) fn slot(&self) -> Option<Slot<'_>> {
         self.take(self.limit.load(Ordering::Acquire))
     }

@@ -1,12 +1,8 @@
-//! Keep-alive HTTP/1.1 connections to one upstream, over hyper's connection API.
-//!
-//! Why a pool of our own: docs/design.md, "Upstreams". A connection is reused
-//! (most recently used first) only after a call that read its answer to the
-//! end. A request a reused connection failed before any byte of an answer is
-//! sent once more on a new connection (the upstream closed an idle one under
-//! it; the calls are idempotent GETs): no verdict. Whose word a failure is
-//! (docs/rules.md, "Verdict or undecided") is told by the call's [`Phase`] and
-//! the connect error's `errno` ([`local_errno`]).
+//! Keep-alive HTTP/1.1 connections to one upstream, over hyper's connection API
+//! (why: docs/design.md, "Upstreams"). A connection is reused, most recent first,
+//! only after a call that read its answer to the end. A request a reused
+//! connection failed before any answer byte is sent once more on a new one (the
+//! calls are idempotent GETs). Whose word a failure is: [`Phase`], [`local_errno`].
 
 use std::collections::VecDeque;
 use std::io;
