@@ -532,28 +532,27 @@ mod tests {
         let stop = CancellationToken::new();
         let task = tokio::spawn(run(budgets.clone(), store, stop.clone()));
         until_primed(&budgets).await;
-        assert!(
-            matches!(
-                budgets.check_at(viewer, 1, Moment::now()),
-                Err(Refusal::Spent { .. })
-            ),
-            "the refusal in force was not loaded"
-        );
+        let checked = budgets.check_at(viewer, 1, Moment::now());
+        let refused = matches!(checked, Err(Refusal::Spent { .. }));
+        assert!(refused, "the refusal in force was not loaded");
         assert!(budgets.check_at(8, 1, Moment::now()).is_ok());
         stop.cancel();
         task.await.unwrap();
     }
 
-    /// Waits (at most 10 s) until the task has loaded the refusals in force.
-    async fn until_primed(budgets: &Budgets) {
+    /// Waits (at most `within`, polling) until `done`; else fails saying `late`.
+    async fn until(late: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
         let start = tokio::time::Instant::now();
-        while !budgets.is_primed() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "not primed within 10 s"
-            );
+        while !done().await {
+            assert!(start.elapsed() < within, "{late}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// Waits (at most 10 s) until the task has loaded the refusals in force.
+    async fn until_primed(budgets: &Budgets) {
+        let primed = async || budgets.is_primed();
+        until("not primed within 10 s", Duration::from_secs(10), primed).await;
     }
 
     /// The task on a scratch SQLite store, `interval` between exchanges, once
@@ -584,14 +583,13 @@ mod tests {
         let (_dir, budgets, store, stop, task) =
             running(Duration::from_millis(50), MAX_LEDGERS).await;
         budgets.check_at(1, 3, Moment::now()).unwrap();
-        let start = tokio::time::Instant::now();
-        while store.rows().await.unwrap() != (1, 0, 0) {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "not reported within 10 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let reported = async || store.rows().await.unwrap() == (1, 0, 0);
+        until(
+            "not reported within 10 s",
+            Duration::from_secs(10),
+            reported,
+        )
+        .await;
         assert!(budgets.take_spends(Moment::now(), usize::MAX).is_empty());
         stop.cancel();
         task.await.unwrap();
@@ -619,15 +617,10 @@ mod tests {
         for viewer in 1..=8 {
             budgets.check_at(viewer, 1, Moment::now()).unwrap();
         }
-        assert!(
-            budgets.check_at(9, 1, Moment::now()).is_err(),
-            "a ninth ledger"
-        );
-        let start = tokio::time::Instant::now();
-        while budgets.len() > 6 {
-            assert!(start.elapsed() < FORGET_EVERY / 2, "not evicted at once");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let ninth = budgets.check_at(9, 1, Moment::now());
+        assert!(ninth.is_err(), "a ninth ledger");
+        let evicted = async || budgets.len() <= 6;
+        until("not evicted at once", FORGET_EVERY / 2, evicted).await;
         stop.cancel();
         task.await.unwrap();
     }
@@ -671,10 +664,8 @@ mod tests {
         let totals = [total(1, AT.day(), 10)];
         let midnight_s = (AT.0 + AT.rest_of_day()) / 1000;
         let gauges = Gauges::new();
-        assert_eq!(
-            budgets.reported(&spends, &totals, AT, &gauges),
-            vec![(1, midnight_s)]
-        );
+        let refusals = budgets.reported(&spends, &totals, AT, &gauges);
+        assert_eq!(refusals, vec![(1, midnight_s)]);
         let retry_after_s = AT.rest_of_day().div_ceil(1000);
         assert_eq!(budgets.check_at(1, 1, AT), spent(retry_after_s));
         assert_eq!(budgets.reported(&spends, &totals, AT, &gauges), vec![]);
@@ -693,10 +684,8 @@ mod tests {
         let totals = [total(0, AT.minute(), 10)];
         let refusals = budgets.reported(&spends, &totals, next, &Gauges::new());
         assert_eq!(refusals, vec![]);
-        assert!(
-            budgets.check_at(1, 1, next).is_err(),
-            "the fleet's 10 of the minute before not weighed"
-        );
+        let weighed = budgets.check_at(1, 1, next).is_err();
+        assert!(weighed, "the fleet's 10 of the minute before not weighed");
     }
 
     /// The count of live replicas sets the shares: four, a quarter each;

@@ -179,10 +179,8 @@ mod tests {
                 write(spends).await;
             }
         }
-        store
-            .refuse(&[(1, now.seconds() - 1), (2, now.seconds() + 60)])
-            .await
-            .unwrap();
+        let refusals = [(1, now.seconds() - 1), (2, now.seconds() + 60)];
+        store.refuse(&refusals).await.unwrap();
         expired += 1;
         assert!(expired > 3 * MAX_ROWS, "{expired}");
 
@@ -247,10 +245,8 @@ mod tests {
     /// after the full interval.
     #[test]
     fn the_next_pass_comes_soon_only_while_behind() {
-        assert_eq!(
-            wait_after(Some(&pass_of(PASS_ROWS, 50, false))),
-            BACKLOG_PAUSE
-        );
+        let behind = pass_of(PASS_ROWS, 50, false);
+        assert_eq!(wait_after(Some(&behind)), BACKLOG_PAUSE);
         assert_eq!(wait_after(Some(&pass_of(3, 1, true))), EVERY);
         assert_eq!(wait_after(None), EVERY);
     }
@@ -260,10 +256,8 @@ mod tests {
         let midnight = Moment(1_800_000_000_000 / 86_400_000 * 86_400_000);
         let day = midnight.day();
         assert_eq!(horizon(Moment(midnight.0 + 60_000)).1, day - 1);
-        assert_eq!(horizon(Moment(midnight.0 + 11 * 60_000)).1, day);
-        assert_eq!(
-            horizon(Moment(midnight.0 + 11 * 60_000)).0,
-            midnight.minute() + 9
-        );
+        let later = horizon(Moment(midnight.0 + 11 * 60_000));
+        assert_eq!(later.1, day);
+        assert_eq!(later.0, midnight.minute() + 9);
     }
 }

@@ -64,28 +64,19 @@ fn a_new_window_carries_the_pending_and_the_proportion_spent_here() {
         hint: 9,
     };
     let next = |window: Window| window.next(7);
-    assert_eq!(
-        next(reported(60, 30, 2)),
-        Window {
-            id: 7,
-            pending: 5,
-            hint: 128,
-            ..Window::default()
-        }
-    );
+    let carried = |hint| Window {
+        id: 7,
+        pending: 5,
+        hint,
+        ..Window::default()
+    };
+    assert_eq!(next(reported(60, 30, 2)), carried(128));
     assert_eq!(next(reported(60, 1, 2)).hint, 5);
     assert_eq!(next(reported(60, 60, 2)).hint, 255);
     // One report may not have shown the others' spends yet; none, nothing.
     assert_eq!(next(reported(60, 30, 1)).hint, 0);
     assert_eq!(next(reported(0, 0, 2)).hint, 0);
-    assert_eq!(
-        next(reported(0, 0, 0)),
-        Window {
-            id: 7,
-            pending: 5,
-            ..Window::default()
-        }
-    );
+    assert_eq!(next(reported(0, 0, 0)), carried(0));
 }
 
 /// Before any report in a window, a replica's share is the proportion it
@@ -119,10 +110,8 @@ fn a_lease_follows_the_reports_of_its_window() {
 fn the_check_takes_from_the_viewers_budget() {
     let budgets = Budgets::new(&sizes(1, 0)).unwrap();
     budgets.check(&viewer("buyer-1"), 1).unwrap();
-    assert!(matches!(
-        budgets.check(&viewer("buyer-1"), 1),
-        Err(Refusal::Spent { .. })
-    ));
+    let second = budgets.check(&viewer("buyer-1"), 1);
+    assert!(matches!(second, Err(Refusal::Spent { .. })));
     budgets.check(&viewer("buyer-2"), 1).unwrap();
     assert_eq!(budgets.check(&viewer("buyer-3"), 2), never(2, 1));
 }
@@ -186,10 +175,8 @@ fn the_ledgers_stay_under_their_cap_evicting_the_least_recently_used() {
     // The keeper was woken (a permit is stored).
     let woken = budgets.full.notified();
     tokio::pin!(woken);
-    assert!(
-        futures_util::FutureExt::now_or_never(woken.as_mut()).is_some(),
-        "the keeper was not woken"
-    );
+    let permit = futures_util::FutureExt::now_or_never(woken.as_mut());
+    assert!(permit.is_some(), "the keeper was not woken");
 
     assert_eq!(budgets.keep(AT), kept(0, 2, 4, 6));
     assert_eq!(budgets.viewers.len(), 6);

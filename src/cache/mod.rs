@@ -423,18 +423,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn fresh_entries_are_hits_until_their_ttl() {
-        let c = cache(true);
+        let (c, k) = (cache(true), key(1, 1));
         let p = phone("+79161234567");
-        assert_eq!(
-            fetch(&c, key(1, 1), Ok(Some(p))).await,
-            (Ok(Some(p)), Via::Miss)
-        );
-        assert_eq!(
-            fetch(&c, key(1, 1), Ok(None)).await,
-            (Ok(Some(p)), Via::Hit)
-        );
+        assert_eq!(fetch(&c, k, Ok(Some(p))).await, (Ok(Some(p)), Via::Miss));
+        assert_eq!(fetch(&c, k, Ok(None)).await, (Ok(Some(p)), Via::Hit));
         tokio::time::advance(Duration::from_secs(11)).await;
-        assert_eq!(fetch(&c, key(1, 1), Ok(None)).await, (Ok(None), Via::Miss));
+        assert_eq!(fetch(&c, k, Ok(None)).await, (Ok(None), Via::Miss));
     }
 
     #[tokio::test(start_paused = true)]
@@ -467,10 +461,8 @@ mod tests {
             tokio::time::advance(Duration::from_secs(3)).await;
             fetch(&c, key(1, 1), Err(UpstreamError::Status(500))).await
         };
-        assert_eq!(
-            stale_negative(false).await.0,
-            Err(UpstreamError::Status(500))
-        );
+        let refused = Err(UpstreamError::Status(500));
+        assert_eq!(stale_negative(false).await.0, refused);
         let served = (Ok(None), Via::Stale(Failure::ErrorStatus));
         assert_eq!(stale_negative(true).await, served);
     }
@@ -486,10 +478,8 @@ mod tests {
         assert_eq!(got.answer, Err(UpstreamError::Panicked));
         // The next request starts a fetch of its own instead of joining the dead one.
         let p = phone("+79161234567");
-        assert_eq!(
-            fetch(&c, key(1, 1), Ok(Some(p))).await,
-            (Ok(Some(p)), Via::Miss)
-        );
+        let fetched = fetch(&c, key(1, 1), Ok(Some(p))).await;
+        assert_eq!(fetched, (Ok(Some(p)), Via::Miss));
     }
 
     #[tokio::test(start_paused = true)]

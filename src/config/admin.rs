@@ -301,46 +301,25 @@ mod tests {
 
     #[test]
     fn bad_entries_are_refused_naming_the_key() {
-        assert_refused(&[
-            (
-                "[[admin.tokens]]\nname = \"a\"\ntoken = \"x\"\nscopes = [\"statuses:wrote\"]",
-                "admin.tokens[0].scopes",
-            ),
-            (
-                "[[admin.tokens]]\nname = \"a\"\ntoken = \"x\"\nscopes = []\n\
-                 [[admin.tokens]]\nname = \"a\"\ntoken = \"y\"\nscopes = []",
-                "admin.tokens[1].name",
-            ),
-            (
-                "[[admin.tokens]]\nname = \"A b\"\ntoken = \"x\"\nscopes = []",
-                "admin.tokens[0].name",
-            ),
-            (
-                &format!(
-                    "[[admin.tokens]]\nname = \"{}\"\ntoken = \"x\"\nscopes = []",
-                    "a".repeat(65)
-                ),
-                "admin.tokens[0].name",
-            ),
-            (
-                "[[admin.tokens]]\nname = \"a\"\nscopes = []",
-                "admin.tokens[0].token",
-            ),
-            (
-                "[[admin.tokens]]\nname = \"a\"\ntoken = \"x\"\ntoken_file = \"/f\"\nscopes = []",
-                "admin.tokens[0].token",
-            ),
-            (
-                "[[admin.tokens]]\nname = \"a\"\ntoken = \"\"\nscopes = []",
-                "admin.tokens[0].token",
-            ),
-            (
-                "[[admin.tokens]]\nname = \"a\"\ntoken = \"x y\"\nscopes = []",
-                "admin.tokens[0].token",
-            ),
+        let long_name = format!(
+            "[[admin.tokens]]\nname = \"{}\"\ntoken = \"x\"\nscopes = []",
+            "a".repeat(65)
+        );
+        #[rustfmt::skip]
+        let cases = [
+            ("[[admin.tokens]]\nname = \"a\"\ntoken = \"x\"\nscopes = [\"statuses:wrote\"]", "admin.tokens[0].scopes"),
+            ("[[admin.tokens]]\nname = \"a\"\ntoken = \"x\"\nscopes = []\n\
+              [[admin.tokens]]\nname = \"a\"\ntoken = \"y\"\nscopes = []", "admin.tokens[1].name"),
+            ("[[admin.tokens]]\nname = \"A b\"\ntoken = \"x\"\nscopes = []", "admin.tokens[0].name"),
+            (long_name.as_str(), "admin.tokens[0].name"),
+            ("[[admin.tokens]]\nname = \"a\"\nscopes = []", "admin.tokens[0].token"),
+            ("[[admin.tokens]]\nname = \"a\"\ntoken = \"x\"\ntoken_file = \"/f\"\nscopes = []", "admin.tokens[0].token"),
+            ("[[admin.tokens]]\nname = \"a\"\ntoken = \"\"\nscopes = []", "admin.tokens[0].token"),
+            ("[[admin.tokens]]\nname = \"a\"\ntoken = \"x y\"\nscopes = []", "admin.tokens[0].token"),
             ("[admin]\ntoken = \"0123456789\\n\"", "admin.token"),
             ("[admin]\ntoken = \" 0123456789\"", "admin.token"),
-        ]);
+        ];
+        assert_refused(&cases);
         // Verbatim: not trimmed, not read as a number.
         let tokens = read_tokens("[admin]\ntoken = \"0123456789\"").unwrap();
         assert_eq!(tokens[0].value.expose(), "0123456789");
@@ -348,10 +327,8 @@ mod tests {
                   scopes = [\"statuses:write\", \"debug\"]";
         let tokens = read_tokens(ok).unwrap();
         assert_eq!(tokens.len(), 1);
-        assert_eq!(
-            tokens[0].scopes,
-            Scopes::of([Scope::StatusesWrite, Scope::Debug])
-        );
+        let scopes = Scopes::of([Scope::StatusesWrite, Scope::Debug]);
+        assert_eq!(tokens[0].scopes, scopes);
     }
 
     #[test]
@@ -365,10 +342,8 @@ mod tests {
              token_file = {file:?}\nscopes = []"
         );
         let e = read_tokens(&shared).unwrap_err();
-        assert!(
-            e.contains("admin.tokens[0].token_file") && e.contains("admin.token"),
-            "{e}"
-        );
+        let both = e.contains("admin.tokens[0].token_file") && e.contains("admin.token");
+        assert!(both, "{e}");
         assert!(!e.contains("s3cr3t"), "the value is never printed: {e}");
         let missing = format!(
             "[[admin.tokens]]\nname = \"a\"\ntoken_file = {:?}\nscopes = []",
@@ -389,11 +364,8 @@ mod tests {
         }
         std::fs::write(&file, "\n\n  s3cr3t-value \r\n\n").unwrap();
         let tokens = read_tokens(&empty).unwrap();
-        assert_eq!(
-            tokens[0].value.expose(),
-            "s3cr3t-value",
-            "whitespace around it dropped"
-        );
+        let dropped = "whitespace around it dropped";
+        assert_eq!(tokens[0].value.expose(), "s3cr3t-value", "{dropped}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

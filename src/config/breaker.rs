@@ -45,28 +45,19 @@ impl BreakerConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::tests::assert_refused;
+    use crate::config::tests::assert_refused_keys;
 
     #[test]
     fn breaker_values_are_bounded() {
-        assert_refused(&[
-            (
-                "[breaker]\nwindow_s = 9223372036854775807",
-                "breaker.window_s",
-            ),
-            (
-                "[breaker]\nopen_ms = 9223372036854775807",
-                "breaker.open_ms",
-            ),
-            ("[breaker]\nmin_calls = 0", "breaker.min_calls"),
-            ("[breaker]\nmin_sellers = 0", "breaker.min_sellers"),
-            ("[breaker]\nmin_sellers = 33", "breaker.min_sellers"),
-            ("[breaker]\nmin_requests = 0", "breaker.min_requests"),
-            ("[breaker]\nmin_requests = 33", "breaker.min_requests"),
-            (
-                "[breaker]\nconsecutive_failures = 0",
-                "breaker.consecutive_failures",
-            ),
+        assert_refused_keys(&[
+            ("breaker", "window_s", "9223372036854775807"),
+            ("breaker", "open_ms", "9223372036854775807"),
+            ("breaker", "min_calls", "0"),
+            ("breaker", "min_sellers", "0"),
+            ("breaker", "min_sellers", "33"),
+            ("breaker", "min_requests", "0"),
+            ("breaker", "min_requests", "33"),
+            ("breaker", "consecutive_failures", "0"),
         ]);
     }
 }

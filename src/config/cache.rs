@@ -101,7 +101,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::config::Config;
-    use crate::config::tests::{assert_refused, error_of};
+    use crate::config::tests::{assert_refused_keys, error_of};
 
     #[test]
     fn refresh_ahead_defaults_to_a_tenth_of_the_ttl() {
@@ -116,16 +116,10 @@ mod tests {
 
     #[test]
     fn cache_sizes_and_ttls_are_bounded() {
-        assert_refused(&[
-            (
-                "[cache.real_phone]\ncapacity = 9223372036854775807",
-                "cache.real_phone.capacity",
-            ),
-            (
-                "[cache.calltracking]\nmax_stale_s = 9223372036854775807",
-                "cache.calltracking.max_stale_s",
-            ),
-            ("[cache.anonymous]\nttl_s = 0", "cache.anonymous.ttl_s"),
+        assert_refused_keys(&[
+            ("cache.real_phone", "capacity", "9223372036854775807"),
+            ("cache.calltracking", "max_stale_s", "9223372036854775807"),
+            ("cache.anonymous", "ttl_s", "0"),
         ]);
     }
 }

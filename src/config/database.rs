@@ -84,31 +84,19 @@ impl DatabaseConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::tests::assert_refused;
+    use crate::config::tests::{assert_refused, assert_refused_keys};
 
     #[test]
     fn database_waits_are_bounded() {
-        assert_refused(&[
-            (
-                "[database]\nsync_interval_ms = 9223372036854775807",
-                "database.sync_interval_ms",
-            ),
-            (
-                "[database]\nstatement_timeout_ms = 0",
-                "database.statement_timeout_ms",
-            ),
-            (
-                "[database]\nstatement_timeout_ms = 9223372036854775807",
-                "database.statement_timeout_ms",
-            ),
-            (
-                "[database]\nlock_timeout_ms = 5",
-                "database.lock_timeout_ms",
-            ),
-            (
-                "[database]\nstatement_timeout_ms = 1000\nlock_timeout_ms = 2000",
-                "database.lock_timeout_ms",
-            ),
+        assert_refused_keys(&[
+            ("database", "sync_interval_ms", "9223372036854775807"),
+            ("database", "statement_timeout_ms", "0"),
+            ("database", "statement_timeout_ms", "9223372036854775807"),
+            ("database", "lock_timeout_ms", "5"),
         ]);
+        assert_refused(&[(
+            "[database]\nstatement_timeout_ms = 1000\nlock_timeout_ms = 2000",
+            "database.lock_timeout_ms",
+        )]);
     }
 }

@@ -103,16 +103,11 @@ mod tests {
     fn secrets_from_the_environment_are_taken_verbatim() {
         figment::Jail::expect_with(|jail| {
             jail.set_env("PHONES_GATEWAY__ADMIN__TOKEN", "0123456789");
-            jail.set_env(
-                "PHONES_GATEWAY__DATABASE__URL",
-                "postgres://gw:007@db/gw?sslmode=disable",
-            );
+            let url = "postgres://gw:007@db/gw?sslmode=disable";
+            jail.set_env("PHONES_GATEWAY__DATABASE__URL", url);
             let c = Config::load(None).expect("loads");
             assert_eq!(c.admin.token.expose(), "0123456789");
-            assert_eq!(
-                c.database.url.expose(),
-                "postgres://gw:007@db/gw?sslmode=disable"
-            );
+            assert_eq!(c.database.url.expose(), url);
             for verbatim in ["true", "[1,2]", "1e3"] {
                 jail.set_env("PHONES_GATEWAY__ADMIN__TOKEN", verbatim);
                 let c = Config::load(None).expect("loads");

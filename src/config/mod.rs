@@ -365,22 +365,28 @@ pub(crate) mod tests {
         }
     }
 
+    /// Each `(section, key, value)`: `key = value` under `[section]` is
+    /// refused, naming `section.key`.
+    pub(crate) fn assert_refused_keys(cases: &[(&str, &str, &str)]) {
+        for (section, key, value) in cases {
+            let e = error_of(&format!("[{section}]\n{key} = {value}"));
+            let named = format!("{section}.{key}");
+            assert!(e.contains(&named), "[{section}] {key} = {value}: {e}");
+        }
+    }
+
     #[test]
     fn defaults_match_the_contract() {
         let c = Config::from_toml("").unwrap();
         assert_eq!(c.server.public_addr.to_string(), "0.0.0.0:8080");
         assert_eq!(c.server.admin_addr.to_string(), "0.0.0.0:8081");
         assert_eq!(c.server.max_body_bytes, 1 << 20);
-        assert_eq!(
-            c.selection.order,
-            [Source::Anonymous, Source::Calltracking, Source::RealPhone]
-        );
+        let order = [Source::Anonymous, Source::Calltracking, Source::RealPhone];
+        assert_eq!(c.selection.order, order);
         assert_eq!(c.selection.anonymous_categories, [9, 24]);
         assert_eq!(c.upstreams.anonymous.on_error, OnError::FailClosed);
-        assert_eq!(
-            c.upstreams.calltracking.upstream.on_error,
-            OnError::FallThrough
-        );
+        let calltracking = &c.upstreams.calltracking.upstream;
+        assert_eq!(calltracking.on_error, OnError::FallThrough);
         assert_eq!(c.upstreams.real_phone.timeout, Duration::from_millis(300));
         assert_eq!(c.cache.real_phone.capacity, 5_000_000);
         assert_eq!(c.cache.calltracking.capacity, 500_000);
@@ -389,31 +395,23 @@ pub(crate) mod tests {
         assert_eq!(c.cache.real_phone.negative_ttl, Duration::from_secs(60));
         assert_eq!(c.cache.real_phone.max_stale, Duration::from_secs(3600));
         assert!(c.admin.token.is_empty());
-        assert_eq!(
-            c.database.url.expose(),
-            "sqlite://phones-gateway.db?mode=rwc"
-        );
+        let url = "sqlite://phones-gateway.db?mode=rwc";
+        assert_eq!(c.database.url.expose(), url);
         assert_eq!(c.rate_limit.per_viewer_per_minute, 0);
     }
 
     #[test]
     fn errors_name_the_key() {
-        let e = error_of("[selection]\norder = [\"anonymous\", \"anonymous\"]");
-        assert!(e.contains("selection.order"), "{e}");
-        let e = error_of("[upstreams.real_phone]\nbase_url = \"not a url\"");
-        assert!(e.contains("upstreams.real_phone.base_url"), "{e}");
-        let e = error_of("[upstreams.anonymous]\ntimeout_ms = 0");
-        assert!(e.contains("upstreams.anonymous.timeout_ms"), "{e}");
-        let e = error_of("[cache.anonymous]\ncapacity = 0");
-        assert!(e.contains("cache.anonymous.capacity"), "{e}");
-        let e = error_of("[upstreams.anonymous]\non_error = \"maybe\"");
-        assert!(e.contains("upstreams.anonymous.on_error"), "{e}");
-        let e = error_of("[upstreams.calltracking]\non_error = \"maybe\"");
-        assert!(e.contains("upstreams.calltracking.on_error"), "{e}");
-        let e = error_of("[server]\npublic_adr = \"0.0.0.0:1\"");
-        assert!(e.contains("public_adr"), "{e}");
-        let e = error_of("[selection]\nanonymous_categories = [0]");
-        assert!(e.contains("selection.anonymous_categories"), "{e}");
+        assert_refused_keys(&[
+            ("selection", "order", "[\"anonymous\", \"anonymous\"]"),
+            ("upstreams.real_phone", "base_url", "\"not a url\""),
+            ("upstreams.anonymous", "timeout_ms", "0"),
+            ("cache.anonymous", "capacity", "0"),
+            ("upstreams.anonymous", "on_error", "\"maybe\""),
+            ("upstreams.calltracking", "on_error", "\"maybe\""),
+            ("server", "public_adr", "\"0.0.0.0:1\""),
+            ("selection", "anonymous_categories", "[0]"),
+        ]);
         // A bad element of a list, by its index, among the other mistakes.
         let e = error_of(
             "[selection]\norder = [\"anonymous\", \"bogus\"]\n[cache.anonymous]\ncapacity = 0",
@@ -493,17 +491,10 @@ pub(crate) mod tests {
     #[allow(clippy::result_large_err)] // figment's Jail API, not ours
     fn an_unknown_enum_value_names_its_key_and_the_allowed_values() {
         figment::Jail::expect_with(|jail| {
+            let on_error = &["fail_closed", "fall_through"][..];
             for (section, leaf, allowed) in [
-                (
-                    "upstreams.calltracking",
-                    "on_error",
-                    &["fail_closed", "fall_through"][..],
-                ),
-                (
-                    "upstreams.real_phone",
-                    "on_error",
-                    &["fail_closed", "fall_through"],
-                ),
+                ("upstreams.calltracking", "on_error", on_error),
+                ("upstreams.real_phone", "on_error", on_error),
                 ("log", "format", &["json", "text"]),
                 ("reveals", "on_overflow", &["drop", "refuse"]),
                 ("selection", "order", &["anonymous", "calltracking", "real"]),
@@ -562,27 +553,25 @@ pub(crate) mod tests {
 
     #[test]
     fn the_request_deadline_defaults_to_the_longest_upstream_path_and_a_margin() {
-        let c = Config::from_toml("").unwrap();
-        assert_eq!(c.request_deadline(), Duration::from_millis(700));
-        let c = Config::from_toml("[upstreams.anonymous]\ntimeout_ms = 800").unwrap();
-        assert_eq!(c.request_deadline(), Duration::from_millis(900));
-        let c = Config::from_toml(
-            "[upstreams.real_phone]\ntimeout_ms = 250\n[upstreams.calltracking]\ntimeout_ms = 400",
-        )
-        .unwrap();
-        assert_eq!(c.request_deadline(), Duration::from_millis(750));
-        let c = Config::from_toml("[server]\nrequest_deadline_ms = 900").unwrap();
-        assert_eq!(c.request_deadline(), Duration::from_millis(900));
+        let deadline = |toml: &str| Config::from_toml(toml).unwrap().request_deadline();
+        assert_eq!(deadline(""), Duration::from_millis(700));
+        let anonymous = "[upstreams.anonymous]\ntimeout_ms = 800";
+        assert_eq!(deadline(anonymous), Duration::from_millis(900));
+        let c =
+            "[upstreams.real_phone]\ntimeout_ms = 250\n[upstreams.calltracking]\ntimeout_ms = 400";
+        assert_eq!(deadline(c), Duration::from_millis(750));
+        let server = |ms: u32| format!("[server]\nrequest_deadline_ms = {ms}");
+        assert_eq!(deadline(&server(900)), Duration::from_millis(900));
         // The bare longest path may be set explicitly (no margin)...
-        let c = Config::from_toml("[server]\nrequest_deadline_ms = 600").unwrap();
-        assert_eq!(c.request_deadline(), Duration::from_millis(600));
+        assert_eq!(deadline(&server(600)), Duration::from_millis(600));
         // ...but not less: refused, naming the key.
-        let e = error_of("[server]\nrequest_deadline_ms = 599");
-        assert!(e.contains("server.request_deadline_ms"), "{e}");
-        let e = error_of(
-            "[server]\nrequest_deadline_ms = 700\n[upstreams.anonymous]\ntimeout_ms = 800",
-        );
-        assert!(e.contains("server.request_deadline_ms"), "{e}");
+        assert_refused(&[
+            (&server(599), "server.request_deadline_ms"),
+            (
+                &format!("{}\n{anonymous}", server(700)),
+                "server.request_deadline_ms",
+            ),
+        ]);
     }
 
     #[test]
@@ -651,10 +640,8 @@ retention_days = 30
         let c = Config::from_toml(SAMPLE).unwrap();
         assert_eq!(c.tracing.otlp_endpoint, "");
         assert!((c.tracing.sample_ratio - 0.01).abs() < f64::EPSILON);
-        assert_eq!(
-            c.upstreams.calltracking.upstream.base_url,
-            "http://127.0.0.1:9103"
-        );
+        let calltracking = &c.upstreams.calltracking.upstream;
+        assert_eq!(calltracking.base_url, "http://127.0.0.1:9103");
         assert_eq!(c.reveals.retention_days, 30);
     }
 }

@@ -48,13 +48,10 @@ impl BudgetsConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::tests::assert_refused;
+    use crate::config::tests::assert_refused_keys;
 
     #[test]
     fn budgets_are_bounded() {
-        assert_refused(&[(
-            "[rate_limit]\nper_viewer_per_minute = 4294967295",
-            "rate_limit.per_viewer_per_minute",
-        )]);
+        assert_refused_keys(&[("rate_limit", "per_viewer_per_minute", "4294967295")]);
     }
 }

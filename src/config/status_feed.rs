@@ -42,23 +42,15 @@ impl StatusFeedConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::tests::assert_refused;
+    use crate::config::tests::assert_refused_keys;
 
     #[test]
     fn the_feeds_interval_and_lease_are_bounded() {
-        assert_refused(&[
-            (
-                "[upstreams.calltracking.status_feed]\ninterval_ms = 9223372036854775807",
-                "upstreams.calltracking.status_feed.interval_ms",
-            ),
-            (
-                "[upstreams.calltracking.status_feed]\nlease_ttl_ms = 100",
-                "upstreams.calltracking.status_feed.lease_ttl_ms",
-            ),
-            (
-                "[upstreams.calltracking.status_feed]\nlease_ttl_ms = 10000",
-                "upstreams.calltracking.status_feed.lease_ttl_ms",
-            ),
+        let feed = "upstreams.calltracking.status_feed";
+        assert_refused_keys(&[
+            (feed, "interval_ms", "9223372036854775807"),
+            (feed, "lease_ttl_ms", "100"),
+            (feed, "lease_ttl_ms", "10000"),
         ]);
     }
 }

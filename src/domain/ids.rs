@@ -79,17 +79,9 @@ mod tests {
 
     #[test]
     fn parse_rejects_non_decimal_text() {
-        for bad in [
-            "",
-            "-1",
-            "+1",
-            "1.0",
-            "1e3",
-            " 1",
-            "0x10",
-            "abc",
-            "99999999999999999999",
-        ] {
+        #[rustfmt::skip]
+        let refused = ["", "-1", "+1", "1.0", "1e3", " 1", "0x10", "abc", "99999999999999999999"];
+        for bad in refused {
             assert!(AdId::parse(bad).is_err(), "{bad:?}");
         }
         assert_eq!(AdId::parse("0042").map(AdId::get), Ok(42));

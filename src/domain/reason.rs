@@ -378,7 +378,7 @@ impl Serialize for Reason {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use Source::{Anonymous, Calltracking, RealPhone};
 
@@ -386,41 +386,26 @@ mod tests {
     /// for a few shapes. A change here renumbers reveals already stored.
     #[test]
     fn stored_numbers_are_frozen() {
-        let numbers: Vec<(&str, u32)> = Failure::ALL
+        let numbers: Vec<_> = Failure::ALL
             .iter()
             .map(|f| (f.as_str(), f.bits()))
             .collect();
-        assert_eq!(
-            numbers,
-            [
-                ("timeout", 1),
-                ("error_status", 2),
-                ("rejected", 3),
-                ("connect", 4),
-                ("invalid", 5),
-                ("circuit_open", 6),
-                ("load_refused", 7),
-                ("load", 8),
-                ("bound", 9),
-                ("lost_time", 10),
-                ("deadline", 11),
-                ("gateway", 12),
-                ("half_open", 13),
-            ]
-        );
+        #[rustfmt::skip]
+        let frozen = [
+            ("timeout", 1), ("error_status", 2), ("rejected", 3), ("connect", 4), ("invalid", 5),
+            ("circuit_open", 6), ("load_refused", 7), ("load", 8), ("bound", 9),
+            ("lost_time", 10), ("deadline", 11), ("gateway", 12), ("half_open", 13),
+        ];
+        assert_eq!(numbers, frozen);
         let stale = Reason::new(Origin::Stale(Failure::LostTime))
             .skipped(Calltracking, Skip::Failed(Failure::Connect));
-        assert_eq!(
-            stale.encode(),
-            (6 << 4) | (2 << 12) | (10 << 14) | (2 << 18)
-        );
+        let bits = (6 << 4) | (2 << 12) | (10 << 14) | (2 << 18);
+        assert_eq!(stale.encode(), bits);
         let real = Reason::new(Origin::Upstream)
             .skipped(Anonymous, Skip::NotApplicable)
             .skipped(Calltracking, Skip::Failed(Failure::Timeout));
-        assert_eq!(
-            real.encode(),
-            1 | (3 << 4) | (1 << 12) | ((1 | (2 << 2)) << 18)
-        );
+        let bits = 1 | (3 << 4) | (1 << 12) | ((1 | (2 << 2)) << 18);
+        assert_eq!(real.encode(), bits);
     }
 
     /// At most two sources are above any answer: a third is not taken (its
@@ -435,7 +420,8 @@ mod tests {
         assert_eq!(three.skips().count(), 2);
     }
 
-    fn every_reason() -> Vec<Reason> {
+    /// Every origin alone and under every one or two skips above it.
+    pub(crate) fn every_reason() -> Vec<Reason> {
         let skips: Vec<Skip> = [Skip::NotApplicable, Skip::NoNumber]
             .into_iter()
             .chain(Failure::ALL.map(Skip::Failed))
@@ -447,21 +433,15 @@ mod tests {
         let mut all = Vec::new();
         for &origin in &origins {
             all.push(Reason::new(origin));
+            let two =
+                |a, first, b, second| Reason::new(origin).skipped(a, first).skipped(b, second);
             for &first in &skips {
                 for above in [Anonymous, Calltracking] {
                     all.push(Reason::new(origin).skipped(above, first));
                 }
                 for &second in &skips {
-                    all.push(
-                        Reason::new(origin)
-                            .skipped(Anonymous, first)
-                            .skipped(Calltracking, second),
-                    );
-                    all.push(
-                        Reason::new(origin)
-                            .skipped(RealPhone, first)
-                            .skipped(Anonymous, second),
-                    );
+                    all.push(two(Anonymous, first, Calltracking, second));
+                    all.push(two(RealPhone, first, Anonymous, second));
                 }
             }
         }
@@ -490,30 +470,19 @@ mod tests {
         let (connect, new) = (Failed(Failure::Connect), Reason::new);
         // Anonymous skipped first, then call-tracking.
         let two = |origin, a, c| new(origin).skipped(Anonymous, a).skipped(Calltracking, c);
+        #[rustfmt::skip]
         let table = [
             (new(Cache), "cache"),
             (new(Origin::Stale(Failure::Timeout)), "stale"),
             (new(Upstream).skipped(Anonymous, Na), "upstream"),
             (two(Upstream, NoNumber, Na), "anonymous_no_number"),
             (two(Cache, NoNumber, timeout), "calltracking_timeout"),
-            (
-                two(Cache, Failed(Failure::ErrorStatus), NoNumber),
-                "anonymous_error_status",
-            ),
-            (
-                two(Upstream, connect, Failed(Failure::CircuitOpen)),
-                "calltracking_circuit_open",
-            ),
-            (
-                new(Phone).skipped(Calltracking, timeout),
-                "phone_calltracking_failed",
-            ),
+            (two(Cache, Failed(Failure::ErrorStatus), NoNumber), "anonymous_error_status"),
+            (two(Upstream, connect, Failed(Failure::CircuitOpen)), "calltracking_circuit_open"),
+            (new(Phone).skipped(Calltracking, timeout), "phone_calltracking_failed"),
             (two(Phone, connect, NoNumber), "phone"),
             (new(Phone).skipped(Calltracking, Na), "phone"),
-            (
-                new(Upstream).skipped(RealPhone, Failed(Failure::Rejected)),
-                "real_rejected",
-            ),
+            (new(Upstream).skipped(RealPhone, Failed(Failure::Rejected)), "real_rejected"),
         ];
         for (reason, code) in table {
             assert_eq!(reason.code().as_str(), code, "{reason:?}");

@@ -122,10 +122,8 @@ mod tests {
         }
         assert_eq!(Source::from_name("real_phone"), None);
         let upstreams = Sources::from_fn(Source::upstream_name);
-        assert_eq!(
-            upstreams,
-            Sources::new("anonymous", "calltracking", "real_phone")
-        );
+        let names = Sources::new("anonymous", "calltracking", "real_phone");
+        assert_eq!(upstreams, names);
         let table = Sources::from_fn(Source::as_str);
         assert_eq!(table, Sources::new("anonymous", "calltracking", "real"));
         for (source, name) in table.iter() {

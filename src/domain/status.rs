@@ -149,6 +149,10 @@ mod tests {
         .unwrap()
     }
 
+    fn applied(applied: u64, ignored: u64) -> Applied {
+        Applied { applied, ignored }
+    }
+
     #[test]
     fn plan_takes_changes_in_order_against_stored_versions() {
         let stored = HashMap::from([(1, 10), (2, 3)]);
@@ -162,17 +166,9 @@ mod tests {
             change(2, false, 2),
         ];
         let (counts, rows) = plan_changes(&changes, &stored, 0);
-        assert_eq!(
-            counts,
-            Applied {
-                applied: 3,
-                ignored: 4
-            }
-        );
-        assert_eq!(
-            rows,
-            [change(1, false, 11), change(2, true, 4), change(3, true, 1)]
-        );
+        assert_eq!(counts, applied(3, 4));
+        let want = [change(1, false, 11), change(2, true, 4), change(3, true, 1)];
+        assert_eq!(rows, want);
     }
 
     #[test]
@@ -183,13 +179,7 @@ mod tests {
             change(8, true, 101),
         ];
         let (counts, rows) = plan_changes(&changes, &HashMap::new(), 100);
-        assert_eq!(
-            counts,
-            Applied {
-                applied: 1,
-                ignored: 2
-            }
-        );
+        assert_eq!(counts, applied(1, 2));
         assert_eq!(rows, [change(8, true, 101)]);
     }
 
@@ -202,13 +192,9 @@ mod tests {
         };
         assert_eq!(item(0, 1).parse().unwrap_err().field, "user_id");
         assert_eq!(item(1, 0).parse().unwrap_err().field, "version");
-        assert_eq!(
-            item(1, MAX_VERSION + 1).parse().unwrap_err().field,
-            "version"
-        );
-        assert_eq!(
-            item(1, MAX_VERSION).parse().unwrap(),
-            change(1, true, MAX_VERSION)
-        );
+        let past = item(1, MAX_VERSION + 1).parse().unwrap_err();
+        assert_eq!(past.field, "version");
+        let largest = item(1, MAX_VERSION).parse().unwrap();
+        assert_eq!(largest, change(1, true, MAX_VERSION));
     }
 }

@@ -109,10 +109,8 @@ mod tests {
     const LIMIT: Duration = Duration::from_millis(50);
 
     fn lost() -> Arc<LostTime> {
-        Arc::new(LostTime::new(
-            Duration::from_millis(30),
-            crate::runtime::lost::PROBE_PERIOD,
-        ))
+        let tolerance = Duration::from_millis(30);
+        Arc::new(LostTime::new(tolerance, crate::runtime::lost::PROBE_PERIOD))
     }
 
     fn admitted_of(admission: &Admission, n: usize) -> usize {

@@ -556,25 +556,17 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn at_the_deadline_pending_sources_serve_usable_stale_values_or_fail() {
-        let config = Config::from_toml(
-            "[cache.real_phone]\ncapacity = 100\n[cache.anonymous]\ncapacity = 100\n\
-             [cache.calltracking]\ncapacity = 100",
-        )
-        .unwrap();
+        let toml = "[cache.real_phone]\ncapacity = 100\n[cache.anonymous]\ncapacity = 100\n\
+             [cache.calltracking]\ncapacity = 100";
+        let config = Config::from_toml(toml).unwrap();
         let caches = Caches::new(&config.cache);
         let status = Arc::new(StatusSet::default());
         status.mark_loaded();
-        let upstreams = Arc::new(Upstreams::new(
-            &config.upstreams,
-            config.breaker,
-            config.server.max_in_flight,
-        ));
+        let bound = config.server.max_in_flight;
+        let upstreams = Arc::new(Upstreams::new(&config.upstreams, config.breaker, bound));
         let resolver = Resolver::new(&config, upstreams, caches.clone(), status);
-        let (real, virtual_number, anonymous) = (
-            phone("+79161234567"),
-            phone("+74951234567"),
-            phone("+78001112233"),
-        );
+        let real = phone("+79161234567");
+        let (virtual_number, anonymous) = (phone("+74951234567"), phone("+78001112233"));
         let user = UserId::new(42).unwrap();
         let req = Request {
             user,
@@ -638,11 +630,8 @@ mod tests {
         for (via, origin) in numbers {
             let state = state_of(&lookup(Ok(Some(found)), via));
             assert_eq!(state, SourceState::Found(found, origin), "{via:?}");
-            assert_eq!(
-                state_of(&lookup(Ok(None), via)),
-                SourceState::NotFound,
-                "{via:?}"
-            );
+            let none = state_of(&lookup(Ok(None), via));
+            assert_eq!(none, SourceState::NotFound, "{via:?}");
         }
         use SourceState::{Failed, Undecided};
         #[rustfmt::skip]

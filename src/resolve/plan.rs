@@ -396,10 +396,8 @@ mod tests {
             other => panic!("{other:?} read"),
         };
         let progress = selection.start(&req, || OFF, read);
-        assert_eq!(
-            selection.decide(&progress),
-            answer(Anonymous, A, CACHE, &[])
-        );
+        let want = answer(Anonymous, A, CACHE, &[]);
+        assert_eq!(selection.decide(&progress), want);
     }
 
     /// Answers as they arrive, for a tracked seller with nothing cached:

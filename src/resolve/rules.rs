@@ -212,10 +212,8 @@ pub(super) mod tests {
             Origin::Stale(Failure::LostTime),
         ] {
             let states = States::new(NotApplicable, TIMEOUT, Found(p(R), origin));
-            let skips = [
-                (Anonymous, NA),
-                (Calltracking, Skip::Failed(Failure::Timeout)),
-            ];
+            let timed_out = Skip::Failed(Failure::Timeout);
+            let skips = [(Anonymous, NA), (Calltracking, timed_out)];
             let want = answer_from(RealPhone, R, origin, &skips);
             assert_eq!(rules.decide(&states), want, "{origin:?}");
             let states = States::new(Found(p(A), origin), Pending, Pending);
@@ -229,10 +227,8 @@ pub(super) mod tests {
         let mut rules = rules();
         rules.policy[Anonymous] = OnError::FallThrough;
         let states = States::new(Failed(Failure::ErrorStatus), NotApplicable, up(R));
-        let skips = [
-            (Anonymous, Skip::Failed(Failure::ErrorStatus)),
-            (Calltracking, NA),
-        ];
+        let failed = Skip::Failed(Failure::ErrorStatus);
+        let skips = [(Anonymous, failed), (Calltracking, NA)];
         assert_eq!(rules.decide(&states), answer(RealPhone, R, &skips));
 
         rules.policy[Calltracking] = OnError::FailClosed;

@@ -216,23 +216,15 @@ mod tests {
         stop.cancel();
         flushing.await.unwrap();
         assert_eq!(reveals.buffered(), 0);
-        let newest = database
-            .reveals()
-            .read_reveals(&RevealQuery::newest(
-                RevealsOf::Viewer(Viewer::parse(b"v").unwrap()),
-                1,
-            ))
-            .await
-            .unwrap();
+        let viewer = RevealsOf::Viewer(Viewer::parse(b"v").unwrap());
+        let query = RevealQuery::newest(viewer, 1);
+        let newest = database.reveals().read_reveals(&query).await.unwrap();
         // The last write's highest seller: the first of the last MAX_WRITE.
         let first_of_last = top - u64::try_from(2 * MAX_WRITE).unwrap();
         assert_eq!(newest[0].reveal.user.get(), first_of_last);
         assert_eq!(newest[0].id, i64::try_from(n).unwrap());
-        let counts = database
-            .reveals()
-            .ad_reveal_counts(AdId::new(1).unwrap())
-            .await
-            .unwrap();
+        let ad = AdId::new(1).unwrap();
+        let counts = database.reveals().ad_reveal_counts(ad).await.unwrap();
         assert_eq!(counts.total(), u64::try_from(n).unwrap());
         database.close().await;
     }

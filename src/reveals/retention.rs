@@ -78,13 +78,8 @@ mod tests {
         crate::reveals::test_clock::set_skew_us(0);
 
         assert_eq!(deleted.unwrap(), 2);
-        let kept = store
-            .read_reveals(&RevealQuery::newest(
-                RevealsOf::Seller(UserId::new(42).unwrap()),
-                100,
-            ))
-            .await
-            .unwrap();
+        let query = RevealQuery::newest(RevealsOf::Seller(UserId::new(42).unwrap()), 100);
+        let kept = store.read_reveals(&query).await.unwrap();
         let mut ads: Vec<u64> = kept.iter().map(|r| r.reveal.ad.get()).collect();
         ads.sort_unstable();
         assert_eq!(ads, [1, 29]);

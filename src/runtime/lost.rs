@@ -147,16 +147,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn lateness_leaves_out_the_timers_millisecond() {
-        let due = Instant::now();
+        let (due, ms) = (Instant::now(), Duration::from_millis);
         assert_eq!(lateness(due, due), Duration::ZERO);
-        assert_eq!(
-            lateness(due, due + Duration::from_millis(1)),
-            Duration::ZERO
-        );
-        assert_eq!(
-            lateness(due, due + Duration::from_millis(151)),
-            Duration::from_millis(150)
-        );
+        assert_eq!(lateness(due, due + ms(1)), Duration::ZERO);
+        assert_eq!(lateness(due, due + ms(151)), ms(150));
         assert_eq!(lateness(due + Duration::from_secs(1), due), Duration::ZERO);
     }
 

@@ -320,26 +320,19 @@ mod tests {
             let listed: Vec<u64> = (0..next(30)).map(|_| 1 + next(50)).collect();
             let (want, want_floor) = stored_after_snapshot(&before, floor, &listed, version);
             let mut flipped = Vec::new();
-            set.apply_snapshot(&Listed::new(vec![listed.clone()]), version, |user| {
-                flipped.push(user)
-            })
-            .await;
+            let flip = |user| flipped.push(user);
+            set.apply_snapshot(&Listed::new(vec![listed.clone()]), version, flip)
+                .await;
             assert_eq!(set.floor(), want_floor, "round {round}");
             assert_eq!(set.len(), want.len(), "round {round}");
             for user in 1..=60 {
                 let want_status = want.get(&user).copied();
                 let want_status = want_status.unwrap_or(status(false, want_floor));
-                assert_eq!(
-                    set.get(self::user(user)),
-                    want_status,
-                    "round {round}, user {user}"
-                );
+                let at = format!("round {round}, user {user}");
+                assert_eq!(set.get(self::user(user)), want_status, "{at}");
                 let was = before.get(&user).is_some_and(|s| s.enabled);
-                assert_eq!(
-                    flipped.contains(&user),
-                    was != want_status.enabled,
-                    "round {round}, user {user}: told of a flip"
-                );
+                let flip = was != want_status.enabled;
+                assert_eq!(flipped.contains(&user), flip, "{at}: told of a flip");
             }
         }
     }

@@ -447,39 +447,32 @@ mod tests {
         pending,
     };
 
-    fn versions(migrator: &Migrator, indexes: &[usize]) -> Vec<i64> {
-        indexes
-            .iter()
-            .map(|&i| migrator.migrations[i].version)
-            .collect()
+    /// The versions of the migrations [`pending`] runs, `applied` applied.
+    fn left(migrator: &Migrator, applied: &[i64], until: Until, beside: &[i64]) -> Vec<i64> {
+        let version = |i: usize| migrator.migrations[i].version;
+        let indexes = pending(migrator, applied, until, beside);
+        indexes.into_iter().map(version).collect()
     }
 
     #[test]
     fn answers_wait_for_every_migration_up_to_the_last_that_is_not_the_reveal_logs() {
         let sqlite = sqlx::migrate!("migrations/sqlite");
-        let beside = BESIDE_ANSWERS_SQLITE;
+        let (beside, none) = (BESIDE_ANSWERS_SQLITE, Vec::<i64>::new());
         let to = |last: i64| (1..=last).collect::<Vec<i64>>();
-        let answers =
-            |applied: &[i64]| versions(&sqlite, &pending(&sqlite, applied, Until::Answers, beside));
-        let all =
-            |applied: &[i64]| versions(&sqlite, &pending(&sqlite, applied, Until::All, beside));
-        assert_eq!(answers(&[]), (1..=11).collect::<Vec<i64>>());
+        let answers = |applied: &[i64]| left(&sqlite, applied, Until::Answers, beside);
+        let all = |applied: &[i64]| left(&sqlite, applied, Until::All, beside);
+        assert_eq!(answers(&[]), to(11));
         assert_eq!(answers(&to(2)), [3, 4, 5]);
-        assert_eq!(answers(&to(5)), Vec::<i64>::new());
-        assert_eq!(answers(&to(10)), Vec::<i64>::new());
+        assert_eq!(answers(&to(5)), none);
+        assert_eq!(answers(&to(10)), none);
         assert_eq!(all(&to(5)), [6, 7, 8, 9, 10, 11]);
         assert_eq!(all(&to(10)), [11]);
         let postgres = sqlx::migrate!("migrations/postgres");
         let beside = BESIDE_ANSWERS_POSTGRES;
-        let answers = |applied: &[i64]| {
-            versions(
-                &postgres,
-                &pending(&postgres, applied, Until::Answers, beside),
-            )
-        };
+        let answers = |applied: &[i64]| left(&postgres, applied, Until::Answers, beside);
         // The reveal log's 0007 comes before 0008, which answering needs.
         assert_eq!(answers(&to(6)), [7, 8]);
-        assert_eq!(answers(&to(8)), Vec::<i64>::new());
+        assert_eq!(answers(&to(8)), none);
     }
 
     /// The SQL of a migration in lower case, without its `--` comments.
@@ -528,12 +521,10 @@ mod tests {
                 || table.starts_with("reveal_")
                 || table.starts_with("ad_reveal_counts")
         };
+        let postgres = sqlx::migrate!("migrations/postgres");
         for (migrator, beside) in [
             (sqlx::migrate!("migrations/sqlite"), BESIDE_ANSWERS_SQLITE),
-            (
-                sqlx::migrate!("migrations/postgres"),
-                BESIDE_ANSWERS_POSTGRES,
-            ),
+            (postgres, BESIDE_ANSWERS_POSTGRES),
         ] {
             let listed = |version: i64| beside.contains(&version);
             let others: Vec<String> = migrator
@@ -541,10 +532,8 @@ mod tests {
                 .filter(|m| !listed(m.version))
                 .flat_map(|m| created(&code_of(&m.sql)))
                 .collect();
-            assert!(
-                others.iter().any(|t| t == "calltracking_status"),
-                "{others:?}"
-            );
+            let status = others.iter().any(|t| t == "calltracking_status");
+            assert!(status, "{others:?}");
             for &version in beside {
                 let migration = migrator.iter().find(|m| m.version == version);
                 let sql = code_of(&migration.expect("a listed migration exists").sql);
@@ -564,9 +553,7 @@ mod tests {
     /// CRC-32 (ISO-HDLC)'s check value: the CRC of "123456789" is 0xCBF43926.
     #[test]
     fn the_lock_key_is_sqlxs() {
-        assert_eq!(
-            migration_lock_key("123456789"),
-            0x3d32_ad9e * 0xCBF4_3926_i64
-        );
+        let key = 0x3d32_ad9e * 0xCBF4_3926_i64;
+        assert_eq!(migration_lock_key("123456789"), key);
     }
 }

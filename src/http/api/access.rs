@@ -367,12 +367,8 @@ mod tests {
     #[test]
     fn an_admin_call_is_put_on_record() {
         let metrics = on_record(|| record("sync", &Method::POST, "/admin/v1/x", 202));
-        assert!(
-            metrics.contains(
-                "phones_gateway_admin_requests_total{token=\"sync\",route=\"/admin/v1/x\",status=\"202\"} 1\n"
-            ),
-            "{metrics}"
-        );
+        let line = "phones_gateway_admin_requests_total{token=\"sync\",route=\"/admin/v1/x\",status=\"202\"} 1\n";
+        assert!(metrics.contains(line), "{metrics}");
     }
 
     #[test]
@@ -389,10 +385,8 @@ mod tests {
         std::fs::write(&file, "two").unwrap();
         let deadline = tokio::time::Instant::now() + RELOAD_INTERVAL * 5;
         while tokens.check(&bearer("Bearer two")).is_none() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "not rotated within five intervals"
-            );
+            let late = "not rotated within five intervals";
+            assert!(tokio::time::Instant::now() < deadline, "{late}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         watcher.abort();

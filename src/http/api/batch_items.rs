@@ -392,16 +392,10 @@ mod tests {
         for text in &items {
             let value: serde_json::Value = serde_json::from_str(text).unwrap();
             let reduced: BatchItem = serde_json::from_str(text).unwrap();
-            assert_eq!(
-                outcome(batch_item(&reduced)),
-                outcome(reference(&value)),
-                "{text}"
-            );
-            assert_eq!(
-                reduced.ad_id(),
-                value.get("ad_id").and_then(serde_json::Value::as_i64),
-                "{text}"
-            );
+            let want = outcome(reference(&value));
+            assert_eq!(outcome(batch_item(&reduced)), want, "{text}");
+            let ad_id = value.get("ad_id").and_then(serde_json::Value::as_i64);
+            assert_eq!(reduced.ad_id(), ad_id, "{text}");
         }
     }
 

@@ -201,11 +201,8 @@ mod tests {
     #[test]
     fn each_histogram_holds_its_own_requests() {
         let (one, other) = (Durations::new(&LABELS), Durations::new(&LABELS));
-        one.record(
-            RouteId::admin(paths::METRICS).index(),
-            200,
-            Duration::from_millis(1),
-        );
+        let metrics = RouteId::admin(paths::METRICS).index();
+        one.record(metrics, 200, Duration::from_millis(1));
         assert!(rendered(&one).contains(NAME));
         assert_eq!(rendered(&other), "");
     }

@@ -243,10 +243,8 @@ mod tests {
 
     #[test]
     fn parses_a_full_query() {
-        let r = public_phone_query(Some(
-            "user_id=42&ad_id=1001&category_id=9&phone=%2B7%20916%20123-45-67&x=1",
-        ))
-        .unwrap();
+        let full = "user_id=42&ad_id=1001&category_id=9&phone=%2B7%20916%20123-45-67&x=1";
+        let r = public_phone_query(Some(full)).unwrap();
         assert_eq!(r.user.get(), 42);
         assert_eq!(r.ad.get(), 1001);
         assert_eq!(r.category.get(), 9);

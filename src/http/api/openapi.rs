@@ -213,11 +213,10 @@ mod tests {
                         assert_eq!(op[SCOPE_EXTENSION], scope.as_str(), "{method} {}", row.path);
                         assert_eq!(op["security"], serde_json::json!([{"bearer": []}]));
                         assert!(op["description"].as_str().unwrap().contains(scope.as_str()));
-                        assert_eq!(
-                            op["responses"]["403"]["content"]["application/problem+json"]["schema"]
-                                ["$ref"],
-                            "#/components/schemas/Problem"
-                        );
+                        let problem =
+                            &op["responses"]["403"]["content"]["application/problem+json"];
+                        let reference = &problem["schema"]["$ref"];
+                        assert_eq!(reference, "#/components/schemas/Problem");
                     }
                     routes::Access::Open => {
                         assert!(op.get(SCOPE_EXTENSION).is_none(), "{}", row.path);
@@ -256,11 +255,8 @@ mod tests {
                             errors += 1;
                             let types: Vec<_> =
                                 response["content"].as_object().unwrap().keys().collect();
-                            assert_eq!(
-                                types,
-                                ["application/problem+json"],
-                                "{method} {path} {status}"
-                            );
+                            let problem = ["application/problem+json"];
+                            assert_eq!(types, problem, "{method} {path} {status}");
                         }
                     }
                 }

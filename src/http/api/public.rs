@@ -303,15 +303,11 @@ mod tests {
 
     #[test]
     fn the_written_body_is_what_serde_writes() {
+        let most = i64::MAX as u64;
         for (phone, kind, user, ad) in [
             ("+79161234567", Source::RealPhone, 1, 1),
             ("+12345678", Source::Anonymous, 42, 1001),
-            (
-                "+999999999999999",
-                Source::Calltracking,
-                i64::MAX as u64,
-                10,
-            ),
+            ("+999999999999999", Source::Calltracking, most, 10),
         ] {
             let body = PublicPhone {
                 phone: Phone::parse(phone).unwrap(),
@@ -319,10 +315,8 @@ mod tests {
                 user_id: UserId::new(user).unwrap(),
                 ad_id: AdId::new(ad).unwrap(),
             };
-            assert_eq!(
-                String::from_utf8(body.to_json()).unwrap(),
-                serde_json::to_string(&body).unwrap()
-            );
+            let written = String::from_utf8(body.to_json()).unwrap();
+            assert_eq!(written, serde_json::to_string(&body).unwrap());
         }
     }
 }

@@ -246,10 +246,8 @@ mod tests {
         let user = STATUS_OF_USER.replace("{user_id}", "42");
         let ad = REVEALS_OF_AD.replace("{ad_id}", "7");
         assert_eq!(label(RouteId::public(PUBLIC_PHONE)), PUBLIC_PHONE);
-        assert_eq!(
-            label(RouteId::public(&format!("{PUBLIC_PHONE}/"))),
-            "unmatched"
-        );
+        let slashed = format!("{PUBLIC_PHONE}/");
+        assert_eq!(label(RouteId::public(&slashed)), "unmatched");
         assert_eq!(label(RouteId::public(HEALTHZ)), "unmatched");
         assert_eq!(label(RouteId::admin(PUBLIC_PHONE)), "unmatched");
         assert_eq!(label(RouteId::admin(HEALTHZ)), HEALTHZ);
@@ -295,10 +293,8 @@ mod tests {
     fn each_admin_route_needs_its_scope() {
         let scope = |path: &str| RouteId::admin(path).scope();
         assert_eq!(scope(STATUSES), Some(Scope::StatusesWrite));
-        assert_eq!(
-            scope("/admin/v1/calltracking/statuses/42"),
-            Some(Scope::StatusesRead)
-        );
+        let status = scope("/admin/v1/calltracking/statuses/42");
+        assert_eq!(status, Some(Scope::StatusesRead));
         assert_eq!(scope(INVALIDATE), Some(Scope::CacheInvalidate));
         assert_eq!(scope(REVEALS), Some(Scope::RevealsRead));
         assert_eq!(scope("/admin/v1/ads/7/reveals"), Some(Scope::RevealsRead));
@@ -307,10 +303,8 @@ mod tests {
         assert_eq!(scope("/admin/nothing"), None);
         assert_eq!(scope(HEALTHZ), None);
         for wanted in Scope::ALL {
-            assert!(
-                ADMIN.iter().any(|r| r.access == Access::Token(wanted)),
-                "{wanted} guards no route"
-            );
+            let guards = ADMIN.iter().any(|r| r.access == Access::Token(wanted));
+            assert!(guards, "{wanted} guards no route");
         }
     }
 

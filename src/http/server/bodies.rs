@@ -405,10 +405,8 @@ mod tests {
         let public = Reservation::new(&buffer, buffer.public_share(), None);
         let mut body = public.count(body_of(&[75, 1]));
         body.frame().await.unwrap().unwrap();
-        assert!(
-            body.frame().await.unwrap().is_err(),
-            "the public share is full"
-        );
+        let full = body.frame().await.unwrap();
+        assert!(full.is_err(), "the public share is full");
         let admin = Reservation::new(&buffer, buffer.admin_share(), None);
         let mut webhook = admin.count(body_of(&[25]));
         webhook.frame().await.unwrap().unwrap();
@@ -443,17 +441,12 @@ mod tests {
         let third = Reservation::new(&buffer, 75, greedy);
         let mut next = third.count(body_of(&[4]));
         next.frame().await.unwrap().unwrap();
-        assert_eq!(
-            buffer.held(),
-            75,
-            "the buffer holds arrived bodies until their answers"
-        );
+        let until_answered = "the buffer holds arrived bodies until their answers";
+        assert_eq!(buffer.held(), 75, "{until_answered}");
         drop((held, next, honest));
         for reservation in [first, third, other] {
-            assert_eq!(
-                reservation.answer(Response::new(Body::empty())).status(),
-                200
-            );
+            let answer = reservation.answer(Response::new(Body::empty()));
+            assert_eq!(answer.status(), 200);
         }
         assert_eq!((buffer.held(), buffer.clients_holding()), (0, 0));
     }

@@ -420,22 +420,16 @@ mod tests {
     #[test]
     fn the_derived_cap_is_the_limit_less_the_reserve() {
         let reserve = 100 + ADMIN_MAX_CONNECTIONS + PROBE_MAX_CONNECTIONS + BASE_DESCRIPTORS;
-        assert_eq!(
-            max_connections(500, Some(10), 100).0,
-            500,
-            "configured wins"
+        let (cap, most) = (
+            |c, limit| max_connections(c, limit, 100).0,
+            crate::config::MAX_CONNECTIONS,
         );
-        assert_eq!(max_connections(0, Some(65_536), 100).0, 65_536 - reserve);
-        assert_eq!(
-            max_connections(0, Some(u64::MAX), 100).0,
-            crate::config::MAX_CONNECTIONS
-        );
-        assert_eq!(
-            max_connections(0, None, 100).0,
-            crate::config::MAX_CONNECTIONS
-        );
-        assert_eq!(max_connections(0, Some(256), 100).0, 128);
-        assert_eq!(max_connections(0, Some(0), 100).0, 1);
+        assert_eq!(cap(500, Some(10)), 500, "configured wins");
+        assert_eq!(cap(0, Some(65_536)), 65_536 - reserve);
+        assert_eq!(cap(0, Some(u64::MAX)), most);
+        assert_eq!(cap(0, None), most);
+        assert_eq!(cap(0, Some(256)), 128);
+        assert_eq!(cap(0, Some(0)), 1);
     }
 
     /// The room closes the connection idle longest once idle for the grace, never
@@ -475,10 +469,8 @@ mod tests {
         });
         newer.asked_to_close().await;
         let idle_for = room.now() - newer.idle_since.load(Ordering::Relaxed);
-        assert!(
-            idle_for >= IDLE_GRACE.as_millis() as u64,
-            "closed after {idle_for} ms idle"
-        );
+        let grace = IDLE_GRACE.as_millis() as u64;
+        assert!(idle_for >= grace, "closed after {idle_for} ms idle");
         for other in [&serving, &heard, &older] {
             assert!(!other.closing.load(Ordering::Relaxed));
         }

@@ -63,10 +63,8 @@ mod tests {
         let again: Vec<u32> = sqlite_chunks(&rows, 6).flatten().copied().collect();
         assert_eq!(again, rows, "every row once, in order");
         assert_eq!(sqlite_chunks::<u32>(&[], 6).count(), 0);
-        assert_eq!(
-            sqlite_chunks(&[1], 6).map(<[i32]>::len).collect::<Vec<_>>(),
-            [1]
-        );
+        let one: Vec<usize> = sqlite_chunks(&[1], 6).map(<[i32]>::len).collect();
+        assert_eq!(one, [1]);
         // Eight values a row: 4,096 rows would be 32,768 parameters.
         let sizes: Vec<usize> = sqlite_chunks(&rows, 8).map(<[u32]>::len).collect();
         assert_eq!(sizes[..4], [2_048; 4]);

@@ -331,7 +331,7 @@ async fn rows_of(
 mod tests {
     use super::*;
     use crate::domain::{RevealsOf, UserId};
-    use crate::store::reveals::tests::{migrate_from, migrated_before, reveal_at as reveal};
+    use crate::store::reveals::tests::{exec, migrate_from, migrated_before, reveal_at as reveal};
 
     #[test]
     fn a_posting_lists_one_sellers_reveals_newest_first() {
@@ -358,16 +358,9 @@ mod tests {
             }
         );
         let one = &postings[1];
-        assert_eq!(
-            (
-                one.user_id,
-                one.max_at_us,
-                one.min_at_us,
-                one.first_id,
-                one.last_id
-            ),
-            (1, 300_000_000, 5, 10, 14)
-        );
+        let (user, max, min) = (one.user_id, one.max_at_us, one.min_at_us);
+        let got = (user, max, min, one.first_id, one.last_id);
+        assert_eq!(got, (1, 300_000_000, 5, 10, 14));
         let listed: Vec<(i64, i64)> =
             entries(one.max_at_us, one.first_id, one.entries.as_deref()).collect();
         assert_eq!(listed, [(300_000_000, 14), (9, 12), (5, 13), (5, 10)]);
@@ -383,14 +376,10 @@ mod tests {
     #[tokio::test]
     async fn the_reveals_before_postings_get_one_each() {
         let (_dir, pool) = migrated_before(9).await;
-        sqlx::raw_sql(
-            "INSERT INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind) VALUES \
+        let log = "INSERT INTO reveals (id, at_us, viewer, user_id, ad_id, category_id, kind) VALUES \
              (1, 100, 'a', 7, 1, 1, 'real'), (2, 90, 'b', 8, 1, 1, 'real'), \
-             (3, 100, NULL, 7, 2, 1, 'anonymous'), (4, 120, 'a', 7, 1, 1, 'real')",
-        )
-        .execute(&pool)
-        .await
-        .unwrap();
+             (3, 100, NULL, 7, 2, 1, 'anonymous'), (4, 120, 'a', 7, 1, 1, 'real')";
+        exec(&pool, log).await;
         migrate_from(&pool, 9).await;
         let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM reveal_seller_postings")
             .fetch_one(&pool)

@@ -212,18 +212,13 @@ mod tests {
             user: UserId::new(user).unwrap(),
             ..r.clone()
         };
-        let (b, a) = (
-            reveal(1, Source::RealPhone, Some("b")),
-            reveal(1, Source::RealPhone, Some("a")),
-        );
+        let b = reveal(1, Source::RealPhone, Some("b"));
+        let a = reveal(1, Source::RealPhone, Some("a"));
         let none = reveal(1, Source::RealPhone, None);
+        #[rustfmt::skip]
         let batch = [
-            at(&b, 5, 7),
-            at(&a, 4, 9),
-            at(&none, 3, 8),
-            at(&b, 2, 6),
-            at(&a, 1, 9),
-            at(&b, 0, 7),
+            at(&b, 5, 7), at(&a, 4, 9), at(&none, 3, 8),
+            at(&b, 2, 6), at(&a, 1, 9), at(&b, 0, 7),
         ];
         let order: Vec<(Option<&str>, u64, i64)> = in_viewer_order(&batch)
             .into_iter()
@@ -232,16 +227,11 @@ mod tests {
                 (viewer, r.user.get(), r.at_us - none.at_us)
             })
             .collect();
-        assert_eq!(
-            order,
-            [
-                (None, 8, 3),
-                (Some("a"), 9, 1),
-                (Some("a"), 9, 4),
-                (Some("b"), 6, 2),
-                (Some("b"), 7, 0),
-                (Some("b"), 7, 5),
-            ]
-        );
+        #[rustfmt::skip]
+        let want = [
+            (None, 8, 3), (Some("a"), 9, 1), (Some("a"), 9, 4),
+            (Some("b"), 6, 2), (Some("b"), 7, 0), (Some("b"), 7, 5),
+        ];
+        assert_eq!(order, want);
     }
 }

@@ -187,25 +187,14 @@ mod tests {
         ];
         let rows: Vec<(i64, &Reveal)> = (10..).zip(&batch).collect();
         let runs = runs_of(&rows);
-        assert_eq!(
-            runs,
-            [
-                Run {
-                    viewer: "a",
-                    max_at_us: 7,
-                    min_at_us: 3,
-                    first_id: 11,
-                    last_id: 12
-                },
-                Run {
-                    viewer: "b",
-                    max_at_us: 9,
-                    min_at_us: 1,
-                    first_id: 13,
-                    last_id: 14
-                },
-            ]
-        );
+        let run = |viewer, max_at_us, min_at_us, first_id, last_id| Run {
+            viewer,
+            max_at_us,
+            min_at_us,
+            first_id,
+            last_id,
+        };
+        assert_eq!(runs, [run("a", 7, 3, 11, 12), run("b", 9, 1, 13, 14)]);
         // A gap in the ids starts a new run, even for the same viewer.
         let gapped: Vec<(i64, &Reveal)> = vec![(1, &batch[1]), (3, &batch[2])];
         assert_eq!(runs_of(&gapped).len(), 2);

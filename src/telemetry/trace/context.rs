@@ -344,10 +344,8 @@ mod tests {
         assert!(parent.sampled);
         assert_eq!(parent.trace_id[0], 0x4b);
         assert_eq!(parent.span_id[7], 0xb7);
-        assert_eq!(
-            format_traceparent(parent.trace_id, parent.span_id, parent.sampled),
-            VALID
-        );
+        let formatted = format_traceparent(parent.trace_id, parent.span_id, parent.sampled);
+        assert_eq!(formatted, VALID);
         assert!(!parse(VALID.replace("-01", "-00")).unwrap().sampled);
         // Other flags than sampled are read past.
         assert!(parse(VALID.replace("-01", "-03")).unwrap().sampled);
@@ -414,11 +412,9 @@ mod tests {
             let incoming = Incoming::new(Some(&request), false);
             let trace = incoming.context().clone();
             assert_eq!(&trace, incoming.context(), "made once per request");
-            assert_eq!(
-                &trace,
-                Incoming::new(Some(&request), false).context(),
-                "every lookup of the request (a batch's items) continues it"
-            );
+            let again = Incoming::new(Some(&request), false);
+            let continued = "every lookup of the request (a batch's items) continues it";
+            assert_eq!(&trace, again.context(), "{continued}");
             assert!(!trace.sampled);
             let why = "tracestate goes only with its traceparent";
             assert_eq!(trace.state, None, "{why}");

@@ -268,16 +268,12 @@ mod tests {
         assert!((800..1_200).contains(&tenth), "{tenth}");
         headers.insert(TRACEPARENT, HeaderValue::from_static(VALID));
         assert!(sampled(&headers, 0.0), "the caller sampled it");
-        headers.insert(
-            TRACEPARENT,
-            HeaderValue::from_str(&VALID.replace("-01", "-00")).unwrap(),
-        );
+        let unsampled = VALID.replace("-01", "-00");
+        headers.insert(TRACEPARENT, HeaderValue::from_str(&unsampled).unwrap());
         assert!(!sampled(&headers, 1.0), "the caller did not");
         headers.insert(TRACEPARENT, HeaderValue::from_static("00-bad"));
-        assert!(
-            sampled(&headers, 1.0) && !sampled(&headers, 0.0),
-            "invalid: the ratio"
-        );
+        let by_the_ratio = sampled(&headers, 1.0) && !sampled(&headers, 0.0);
+        assert!(by_the_ratio, "invalid: the ratio");
         // Two, each valid and sampled: invalid, so the ratio decides.
         headers.insert(TRACEPARENT, HeaderValue::from_static(VALID));
         headers.append(TRACEPARENT, HeaderValue::from_static(VALID));
@@ -301,10 +297,8 @@ mod tests {
         assert!(exporter.export(Vec::new()).await.is_err());
         let first = exporter.last_logged.lock().unwrap().expect("logged");
         assert!(exporter.export(Vec::new()).await.is_err());
-        assert_eq!(
-            *exporter.last_logged.lock().unwrap(),
-            Some(first),
-            "the second failure within the minute is not logged"
-        );
+        let last = *exporter.last_logged.lock().unwrap();
+        let not_logged = "the second failure within the minute is not logged";
+        assert_eq!(last, Some(first), "{not_logged}");
     }
 }

@@ -11,14 +11,19 @@ const CALLER: Caller = Caller {
     ticket: crate::upstream::Ticket(1),
 };
 
+/// `n` calls sent now, each answered well.
+fn answered_now(backoff: &Backoff, n: u32) {
+    let now = Instant::now();
+    for _ in 0..n {
+        backoff.send(now).expect("sent");
+        backoff.answered(now);
+    }
+}
+
 /// `per_bucket` calls a bucket for `buckets` buckets, each answered well.
 async fn carry(backoff: &Backoff, per_bucket: u32, buckets: u32) {
     for _ in 0..buckets {
-        for _ in 0..per_bucket {
-            let now = Instant::now();
-            backoff.send(now).expect("sent");
-            backoff.answered(now);
-        }
+        answered_now(backoff, per_bucket);
         tokio::time::advance(BUCKET).await;
     }
 }
@@ -253,11 +258,8 @@ async fn a_callers_warm_up_does_not_raise_the_usual_rate() {
     carry(&backoff, 10, 480).await;
     carry(&backoff, 30, 120).await;
     tokio::time::advance(BUCKET / 2).await;
+    answered_now(&backoff, 15);
     let now = Instant::now();
-    for _ in 0..15 {
-        backoff.send(now).unwrap();
-        backoff.answered(now);
-    }
     // 31 sent over the last bucket's length (half of the last bucket's 30,
     // 15, this one): usual by the 30 s average alone (about 22.6 a bucket),
     // not by the settled one (about 14.4).
@@ -287,11 +289,7 @@ async fn a_callers_calls_cannot_hasten_a_verdict() {
 async fn sporadic_failures_above_the_usual_rate_back_nothing_off() {
     let backoff = warmed(ANYONE).await;
     carry(&backoff, 30, 2).await;
-    let now = Instant::now();
-    for _ in 0..29 {
-        let _ = backoff.send(now).unwrap();
-        backoff.answered(now);
-    }
+    answered_now(&backoff, 29);
     assert_eq!(fail_one(&backoff, CALLER), Judgement::Load);
     assert_eq!(backoff.hold(), None);
 }

@@ -94,19 +94,16 @@ async fn a_failed_probe_opens_again_and_a_lost_probe_is_replaced() {
 
 #[tokio::test(start_paused = true)]
 async fn a_high_failure_ratio_opens() {
-    let b = breaker();
-    for i in 0..10 {
-        assert!(b.allows(0));
-        b.record(if i % 2 == 0 { &ANSWERED } else { &FAILED }, by(0, 0));
+    // 5 of 10 failing opens it; below the ratio, 4 of 10 (never 3 in a row), not.
+    let every = |k: u64, at: u64| move |i: u64| i % k == at;
+    for (failing, n) in [(every(2, 1), 5), (every(3, 0), 4)] {
+        let b = breaker();
+        for i in 0..10 {
+            assert!(b.allows(0), "opened at {i} calls, {n} of 10 failing");
+            b.record(if failing(i) { &FAILED } else { &ANSWERED }, by(0, 0));
+        }
+        assert_eq!(b.allows(0), n < 5, "{n} of 10 failed");
     }
-    assert!(!b.allows(0), "5 of 10 failed");
-    // Below the ratio: 4 of 10, never 3 in a row.
-    let b = breaker();
-    for i in 0..10 {
-        assert!(b.allows(0), "opened at {i} calls, 4 of 10 failing");
-        b.record(if i % 3 == 0 { &FAILED } else { &ANSWERED }, by(0, 0));
-    }
-    assert!(b.allows(0), "4 of 10 failed");
 }
 
 #[tokio::test(start_paused = true)]

@@ -229,16 +229,14 @@ pub(super) async fn walk(
     let mut after = None;
     let mut short = false;
     loop {
-        let page = store
-            .read_reveals(&RevealQuery {
-                of: of.clone(),
-                since_us: since,
-                until_us: until,
-                after,
-                limit,
-            })
-            .await
-            .unwrap();
+        let query = RevealQuery {
+            of: of.clone(),
+            since_us: since,
+            until_us: until,
+            after,
+            limit,
+        };
+        let page = store.read_reveals(&query).await.unwrap();
         assert!(page.len() <= limit as usize);
         assert!(!short || page.is_empty(), "a short page was not the last");
         short = page.len() < limit as usize;
@@ -253,13 +251,11 @@ pub(super) async fn walk(
 async fn every_page(store: &RevealStore, of: RevealsOf, limit: u32) -> Vec<StoredReveal> {
     let mut all: Vec<StoredReveal> = Vec::new();
     loop {
-        let page = store
-            .read_reveals(&RevealQuery {
-                after: all.last().map(|r| (r.reveal.at_us, r.id)),
-                ..RevealQuery::newest(of.clone(), limit)
-            })
-            .await
-            .unwrap();
+        let query = RevealQuery {
+            after: all.last().map(|r| (r.reveal.at_us, r.id)),
+            ..RevealQuery::newest(of.clone(), limit)
+        };
+        let page = store.read_reveals(&query).await.unwrap();
         if page.is_empty() {
             return all;
         }
@@ -285,10 +281,8 @@ async fn a_flush_in_viewer_order_still_pages_newest_first() {
     };
     let by_seller = ads(every_page(&store, seller(42), 2).await);
     assert_eq!(by_seller, (100..112).rev().collect::<Vec<u64>>());
-    assert_eq!(
-        ads(every_page(&store, viewer("b"), 2).await),
-        [109, 105, 101]
-    );
+    let by_viewer = ads(every_page(&store, viewer("b"), 2).await);
+    assert_eq!(by_viewer, [109, 105, 101]);
 }
 
 /// A flush of 10,000 reveals (six statements) writes and counts every row.
@@ -301,11 +295,8 @@ async fn a_flush_of_many_chunks_writes_and_counts_every_reveal() {
     store.write_reveals(&batch).await.unwrap();
     let mut total = 0;
     for ad in 1..=3 {
-        total += store
-            .ad_reveal_counts(AdId::new(ad).unwrap())
-            .await
-            .unwrap()
-            .total();
+        let ad = AdId::new(ad).unwrap();
+        total += store.ad_reveal_counts(ad).await.unwrap().total();
     }
     assert_eq!(total, 10_000);
     assert_eq!(every_page(&store, viewer("v"), 1000).await.len(), 10_000);
@@ -326,10 +317,7 @@ async fn pages_through_runs_are_those_of_a_scan_of_every_row() {
 async fn retention_deletes_the_runs_of_deleted_reveals() {
     let (_dir, store) = scratch().await;
     for _ in 0..3 {
-        let batch: Vec<Reveal> = ["a", "a", "b", "c", "c", "c"]
-            .iter()
-            .map(|v| reveal_at(1_000_000, 1, Some(v)))
-            .collect();
+        let batch = ["a", "a", "b", "c", "c", "c"].map(|v| reveal_at(1_000_000, 1, Some(v)));
         store.write_reveals(&batch).await.unwrap();
     }
     assert_eq!(rows(&store, "reveal_viewer_runs").await, 9);
@@ -516,10 +504,7 @@ async fn retention_deletes_the_buckets_of_deleted_runs_and_postings() {
         if bucket > 0 {
             next_id_at(&store, bucket << super::buckets::SHIFT).await;
         }
-        let batch: Vec<Reveal> = ["a", "b"]
-            .iter()
-            .map(|v| reveal_at(1_000_000, 1, Some(v)))
-            .collect();
+        let batch = ["a", "b"].map(|v| reveal_at(1_000_000, 1, Some(v)));
         store.write_reveals(&batch).await.unwrap();
     }
     assert_eq!(rows(&store, "reveal_buckets").await, 3);

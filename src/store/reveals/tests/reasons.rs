@@ -118,14 +118,12 @@ async fn the_reveals_before_reasons_read_back_without_one() {
     migrate_from(&pool, 10).await;
     let store = store_on(pool);
     let cache = Reason::new(Origin::Cache);
-    store
-        .write_reveals(&[Reveal {
-            at_us: 200,
-            reason: Some(cache),
-            ..reveal_at(200, 7, Some("a"))
-        }])
-        .await
-        .unwrap();
+    let cached = Reveal {
+        at_us: 200,
+        reason: Some(cache),
+        ..reveal_at(200, 7, Some("a"))
+    };
+    store.write_reveals(&[cached]).await.unwrap();
     let query = RevealQuery::newest(seller(7), 10);
     let page = store.read_reveals(&query).await.unwrap();
     let reasons: Vec<(i64, Option<Reason>)> =
