@@ -1443,3 +1443,39 @@ fn the_simulator_example_points_every_upstream_at_the_simulator() {
         );
     }
 }
+
+/// A comment under src/ that points to a rule's section (`docs/rules.md,
+/// "Whose time"`) names a heading of that page: the rule is told there once.
+#[test]
+fn the_comments_point_to_sections_that_exist() {
+    let mut missing = Vec::new();
+    for file in rust_files(&["src"]) {
+        let code = read(&file);
+        let text: Vec<&str> = code
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("//"))
+            .map(|l| l.trim_start_matches(['/', '!']).trim())
+            .collect();
+        let text = text.join(" ");
+        for (at, _) in text.match_indices(".md, \"") {
+            let start = text[..at].rfind([' ', '(', '`']).map_or(0, |i| i + 1);
+            let page = &text[start..at + 3];
+            let rest = &text[at + 6..];
+            let section = &rest[..rest.find('"').unwrap_or(rest.len())];
+            let path = if page.contains('/') || exists_in_repo(page) {
+                page.to_string()
+            } else {
+                format!("docs/{page}")
+            };
+            let found = read_in_repo(&path).is_some_and(|doc| {
+                doc.lines()
+                    .filter(|l| l.starts_with('#'))
+                    .any(|l| l.trim_start_matches('#').trim().contains(section))
+            });
+            if !found {
+                missing.push(format!("{}: {path}, \"{section}\"", relative(&file)));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "no such section: {missing:#?}");
+}
