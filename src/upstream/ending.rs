@@ -220,9 +220,68 @@ pub fn table() -> Vec<Line> {
         .collect()
 }
 
+impl UpstreamError {
+    /// The failure a reason stores for this error: its row's, else the
+    /// gateway's own.
+    pub fn failure(&self) -> Failure {
+        Ending::Failed(self)
+            .row()
+            .failure
+            .unwrap_or(Failure::Gateway)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::upstream::Class::{Undecided, Verdict};
+
+    /// Every variant, its code, its class, its label, and whether a breaker
+    /// counts it.
+    #[test]
+    fn every_error_kind_has_its_code_and_class() {
+        use Failure as F;
+        #[rustfmt::skip]
+        let table = [
+            (UpstreamError::Timeout,                     F::Timeout,     Verdict,   "timeout",          true),
+            (UpstreamError::Connect("reset".into()),     F::Connect,     Verdict,   "connect",          true),
+            (UpstreamError::Status(500),                 F::ErrorStatus, Verdict,   "status",           true),
+            (UpstreamError::Status(503),                 F::ErrorStatus, Verdict,   "status",           true),
+            (UpstreamError::Status(599),                 F::ErrorStatus, Verdict,   "status",           true),
+            (UpstreamError::Status(302),                 F::ErrorStatus, Verdict,   "status",           false),
+            (UpstreamError::Status(600),                 F::ErrorStatus, Verdict,   "status",           false),
+            (UpstreamError::Status(400),                 F::Rejected,    Verdict,   "status",           false),
+            (UpstreamError::Status(422),                 F::Rejected,    Verdict,   "status",           false),
+            (UpstreamError::Status(499),                 F::Rejected,    Verdict,   "status",           false),
+            // A 404 where none is allowed (the status feed's page) is no
+            // rejection, nor is a 429 (never made: it is a load refusal).
+            (UpstreamError::Status(404),                 F::ErrorStatus, Verdict,   "status",           false),
+            (UpstreamError::Status(429),                 F::ErrorStatus, Verdict,   "status",           false),
+            (UpstreamError::Decode("invalid JSON body"), F::Invalid,     Verdict,   "decode",           false),
+            (UpstreamError::CircuitOpen,                 F::CircuitOpen, Verdict,   "circuit_open",     false),
+            (UpstreamError::LostTime,                    F::LostTime,    Undecided, "lost_time",        false),
+            (UpstreamError::Load,                        F::Load,        Undecided, "load",             false),
+            (UpstreamError::LocalTimeout,                F::Gateway,     Undecided, "local_timeout",    false),
+            (UpstreamError::Local("EMFILE".into()),      F::Gateway,     Undecided, "local",            false),
+            (UpstreamError::LoadRefused(429),            F::LoadRefused, Undecided, "load_refused",     false),
+            (UpstreamError::LoadRefused(503),            F::LoadRefused, Undecided, "load_refused",     false),
+            (UpstreamError::Saturated,                   F::Bound,       Undecided, "saturated",        false),
+            (UpstreamError::SellerSaturated,             F::Bound,       Undecided, "seller_saturated", false),
+            (UpstreamError::Panicked,                    F::Gateway,     Undecided, "panicked",         false),
+            (UpstreamError::Cancelled,                   F::Gateway,     Undecided, "cancelled",        false),
+            (UpstreamError::Request,                     F::Gateway,     Undecided, "request",          false),
+            (UpstreamError::HalfOpen,                    F::HalfOpen,    Undecided, "half_open",        false),
+            (UpstreamError::BackingOff,                  F::Bound,       Undecided, "backing_off",      false),
+        ];
+        for (error, failure, class, kind, health) in table {
+            assert_eq!(error.failure(), failure, "{error:?}");
+            assert_eq!(error.class(), class, "{error:?}");
+            assert_eq!(error.undecided(), class == Undecided, "{error:?}");
+            assert_eq!(error.kind(), kind, "{error:?}");
+            let down = Ending::Failed(&error).row().health == Health::Down;
+            assert_eq!(down, health, "{error:?}");
+        }
+    }
 
     /// The `outcome` labels, which dashboards and alerts read: frozen.
     #[test]

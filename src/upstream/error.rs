@@ -4,8 +4,7 @@
 
 use std::fmt;
 
-use super::ending::Ending;
-use crate::domain::{Failure, Source};
+use crate::domain::Source;
 
 /// What each variant means, and its class: docs/rules.md's table, "Verdict
 /// or undecided" (held to `ending` by the docs test).
@@ -59,13 +58,6 @@ pub enum Class {
 }
 
 impl UpstreamError {
-    pub fn failure(&self) -> Failure {
-        Ending::Failed(self)
-            .row()
-            .failure
-            .unwrap_or(Failure::Gateway)
-    }
-
     pub fn class(&self) -> Class {
         if self.failure().is_verdict() {
             Class::Verdict
@@ -129,55 +121,7 @@ impl fmt::Display for UpstreamName {
 
 #[cfg(test)]
 mod tests {
-    use super::Class::{Undecided, Verdict};
     use super::*;
-
-    /// Every variant, its code, its class, its label, and whether a breaker
-    /// counts it.
-    #[test]
-    fn every_error_kind_has_its_code_and_class() {
-        use Failure as F;
-        #[rustfmt::skip]
-        let table = [
-            (UpstreamError::Timeout,                     F::Timeout,     Verdict,   "timeout",          true),
-            (UpstreamError::Connect("reset".into()),     F::Connect,     Verdict,   "connect",          true),
-            (UpstreamError::Status(500),                 F::ErrorStatus, Verdict,   "status",           true),
-            (UpstreamError::Status(503),                 F::ErrorStatus, Verdict,   "status",           true),
-            (UpstreamError::Status(599),                 F::ErrorStatus, Verdict,   "status",           true),
-            (UpstreamError::Status(302),                 F::ErrorStatus, Verdict,   "status",           false),
-            (UpstreamError::Status(600),                 F::ErrorStatus, Verdict,   "status",           false),
-            (UpstreamError::Status(400),                 F::Rejected,    Verdict,   "status",           false),
-            (UpstreamError::Status(422),                 F::Rejected,    Verdict,   "status",           false),
-            (UpstreamError::Status(499),                 F::Rejected,    Verdict,   "status",           false),
-            // A 404 where none is allowed (the status feed's page) is no
-            // rejection, nor is a 429 (never made: it is a load refusal).
-            (UpstreamError::Status(404),                 F::ErrorStatus, Verdict,   "status",           false),
-            (UpstreamError::Status(429),                 F::ErrorStatus, Verdict,   "status",           false),
-            (UpstreamError::Decode("invalid JSON body"), F::Invalid,     Verdict,   "decode",           false),
-            (UpstreamError::CircuitOpen,                 F::CircuitOpen, Verdict,   "circuit_open",     false),
-            (UpstreamError::LostTime,                    F::LostTime,    Undecided, "lost_time",        false),
-            (UpstreamError::Load,                        F::Load,        Undecided, "load",             false),
-            (UpstreamError::LocalTimeout,                F::Gateway,     Undecided, "local_timeout",    false),
-            (UpstreamError::Local("EMFILE".into()),      F::Gateway,     Undecided, "local",            false),
-            (UpstreamError::LoadRefused(429),            F::LoadRefused, Undecided, "load_refused",     false),
-            (UpstreamError::LoadRefused(503),            F::LoadRefused, Undecided, "load_refused",     false),
-            (UpstreamError::Saturated,                   F::Bound,       Undecided, "saturated",        false),
-            (UpstreamError::SellerSaturated,             F::Bound,       Undecided, "seller_saturated", false),
-            (UpstreamError::Panicked,                    F::Gateway,     Undecided, "panicked",         false),
-            (UpstreamError::Cancelled,                   F::Gateway,     Undecided, "cancelled",        false),
-            (UpstreamError::Request,                     F::Gateway,     Undecided, "request",          false),
-            (UpstreamError::HalfOpen,                    F::HalfOpen,    Undecided, "half_open",        false),
-            (UpstreamError::BackingOff,                  F::Bound,       Undecided, "backing_off",      false),
-        ];
-        for (error, failure, class, kind, health) in table {
-            assert_eq!(error.failure(), failure, "{error:?}");
-            assert_eq!(error.class(), class, "{error:?}");
-            assert_eq!(error.undecided(), class == Undecided, "{error:?}");
-            assert_eq!(error.kind(), kind, "{error:?}");
-            let down = Ending::Failed(&error).row().health == super::super::ending::Health::Down;
-            assert_eq!(down, health, "{error:?}");
-        }
-    }
 
     /// The names logs and metric labels carry.
     #[test]
