@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::support::child::Process;
-use crate::support::paths::{METRICS, READYZ, phone_path};
+use crate::support::paths::{BATCH, METRICS, READYZ, phone_path};
 use crate::support::{Fake, Reply, TestApp, Upstream, eventually};
 use crate::{PLAIN_CATEGORY, REAL};
 
@@ -38,6 +38,37 @@ async fn saturation_sheds_at_once_while_the_admin_listener_answers() {
         request.await.unwrap().assert_number(REAL, "real");
     }
     app.assert_phone(3, 1, PLAIN_CATEGORY, REAL, "real").await;
+}
+
+/// docs/adaptive-limit.md, "The batches' share": a batch's items hold at
+/// most three of an upstream's four places, so a single lookup meanwhile
+/// still finds the fourth (with all four taken it would be a 503).
+#[tokio::test]
+async fn a_batch_leaves_a_single_lookup_a_place() {
+    let app = TestApp::spawn_with(
+        "[server]\nrequest_deadline_ms = 10000\n[upstreams.real_phone]\ntimeout_ms = 5000\n\
+         max_in_flight = 4\nadaptive_limit = false",
+    )
+    .await;
+    app.real
+        .reply_after(Reply::Phone(REAL), Duration::from_millis(1500));
+    let items: Vec<_> = (1..=8)
+        .map(|user| serde_json::json!({"user_id": user, "ad_id": 1, "category_id": PLAIN_CATEGORY}))
+        .collect();
+    let batch = app.post_public(BATCH, serde_json::json!({ "items": items }).to_string());
+    let single = async {
+        eventually("the batch's calls", Duration::from_secs(10), || async {
+            app.real.calls() >= 3
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let held = app.real.calls();
+        (held, app.phone(100, 1, PLAIN_CATEGORY).await)
+    };
+    let (batch, (held, single)) = tokio::join!(batch, single);
+    assert_eq!(batch.status, 200);
+    assert_eq!(held, 3, "the batch's items held more than three places");
+    single.assert_number(REAL, "real");
 }
 
 /// Cold admission (docs/caching.md#a-cold-replica): while ready work waits too
